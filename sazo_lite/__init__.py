@@ -1,0 +1,16 @@
+"""sazo-lite: fine-tuning without backpropagation, from toy quadratics to language models.
+
+MeZO (two forward passes per step, seeded in-place perturbations) and SAZO (sample-adaptive
+importance sampling driven by the per-example directional differences MeZO already computes).
+"""
+from .engine import MeZO, ZOStep, derive_seed, draw_direction
+from .samplers import OracleSampler, SAZOSampler, Sampler, UniformSampler
+from .train import History, queries_to_target, train
+from . import problems, variance
+from .config import fast_mode, pick
+
+__version__ = "0.1.0"
+
+__all__ = ["MeZO", "ZOStep", "derive_seed", "draw_direction", "Sampler", "UniformSampler",
+           "SAZOSampler", "OracleSampler", "History", "train", "queries_to_target",
+           "problems", "variance", "fast_mode", "pick"]

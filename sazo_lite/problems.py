@@ -1,0 +1,180 @@
+"""Finite-sum problems with exact per-example losses, gradients and gradient norms.
+
+F(θ) = (1/N) Σ_i f_i(θ). Each problem has a heterogeneity knob σ: per-example scales
+s_i = exp(σ·ξ_i − σ²/2), ξ_i ~ N(0, 1) (log-normal with mean 1; σ = 0 gives s_i = 1).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["FiniteSumProblem", "LeastSquares", "LogisticRegression", "lognormal_scales"]
+
+
+def lognormal_scales(num_examples: int, heterogeneity: float, generator: torch.Generator) -> torch.Tensor:
+    """s_i = exp(σξ_i − σ²/2): mean-one log-normal scales; all ones when σ = 0."""
+    if not math.isfinite(heterogeneity) or heterogeneity < 0:
+        raise ValueError(f"Invalid heterogeneity: {heterogeneity} (expected a finite number >= 0)")
+    xi = torch.randn(num_examples, generator=generator, dtype=torch.float64)
+    return torch.exp(heterogeneity * xi - heterogeneity ** 2 / 2)
+
+
+class FiniteSumProblem:
+    """Shared interface. Subclasses define ``losses`` and ``per_example_grads``.
+
+    Attributes:
+        num_examples: N.
+        dim: d, the number of parameters.
+        optimum: θ* (float64 [d]); ``optimal_loss`` is F(θ*).
+    """
+
+    num_examples: int
+    dim: int
+    optimum: torch.Tensor
+
+    def losses(self, theta: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-example losses f_i(θ) for ``indices`` (all examples if None), shape [B]."""
+        raise NotImplementedError
+
+    def per_example_grads(self, theta: torch.Tensor) -> torch.Tensor:
+        """∇f_i(θ) for every example, float64 [N, d]."""
+        raise NotImplementedError
+
+    def norms(self, theta: torch.Tensor) -> torch.Tensor:
+        """‖∇f_i(θ)‖ for every example, float64 [N] (what the oracle samples by)."""
+        return self.per_example_grads(theta).norm(dim=1)
+
+    def gradient(self, theta: torch.Tensor) -> torch.Tensor:
+        """∇F(θ), float64 [d]."""
+        return self.per_example_grads(theta).mean(dim=0)
+
+    def full_loss(self, theta: torch.Tensor) -> float:
+        """F(θ), computed in float64."""
+        return float(self.losses(theta.detach().double()).mean())
+
+    @property
+    def optimal_loss(self) -> float:
+        return self.full_loss(self.optimum)
+
+    def gap(self, theta: torch.Tensor) -> float:
+        """F(θ) − F(θ*) ≥ 0."""
+        return self.full_loss(theta) - self.optimal_loss
+
+    def initial_theta(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """The starting point θ₀ = 0."""
+        return torch.zeros(self.dim, dtype=dtype)
+
+    def closure(self, theta: torch.Tensor, indices: torch.Tensor):
+        """A closure for ``MeZO.step``: per-example losses of ``indices`` at the live θ."""
+        return lambda: self.losses(theta, indices)
+
+
+class LeastSquares(FiniteSumProblem):
+    """f_i(θ) = ½ s_i (x_iᵀθ − y_i)², with x_i ~ N(0, I_d) and y_i = x_iᵀθ_true + noise.
+
+    ‖∇f_i(θ)‖ = s_i |x_iᵀθ − y_i| ‖x_i‖; the optimum is the weighted least-squares solution.
+
+    Example:
+        >>> problem = LeastSquares(num_examples=64, dim=5, heterogeneity=1.5, seed=0)
+        >>> problem.losses(problem.initial_theta()).shape
+        torch.Size([64])
+    """
+
+    def __init__(self, num_examples: int = 256, dim: int = 20, *, heterogeneity: float = 0.0,
+                 noise: float = 0.5, seed: int = 0):
+        if num_examples < 1 or dim < 1:
+            raise ValueError(f"Invalid num_examples/dim: {num_examples}, {dim} (expected >= 1)")
+        g = torch.Generator().manual_seed(seed)
+        self.num_examples, self.dim, self.heterogeneity = num_examples, dim, heterogeneity
+        self.features = torch.randn(num_examples, dim, generator=g, dtype=torch.float64)
+        theta_true = torch.randn(dim, generator=g, dtype=torch.float64)
+        self.targets = self.features @ theta_true + noise * torch.randn(num_examples, generator=g, dtype=torch.float64)
+        self.scales = lognormal_scales(num_examples, heterogeneity, g)
+        weighted = self.features * self.scales[:, None]
+        self.optimum = torch.linalg.solve(weighted.T @ self.features, weighted.T @ self.targets)
+
+    def _rows(self, theta, indices):
+        x, y, s = self.features, self.targets, self.scales
+        if indices is not None:
+            x, y, s = x[indices], y[indices], s[indices]
+        return x.to(theta.dtype), y.to(theta.dtype), s.to(theta.dtype)
+
+    def losses(self, theta, indices=None):
+        x, y, s = self._rows(theta, indices)
+        return 0.5 * s * (x @ theta - y) ** 2
+
+    def per_example_grads(self, theta):
+        residual = self.features @ theta.detach().double() - self.targets
+        return (self.scales * residual)[:, None] * self.features
+
+
+class LogisticRegression(FiniteSumProblem):
+    """f_i(θ) = s_i·log(1 + exp(−y_i x_iᵀθ)) + (l2/2)‖θ‖², labels y_i ∈ {±1}.
+
+    Features are standardised and get a bias column. ``from_sklearn`` loads a dataset that
+    ships inside scikit-learn (no download).
+
+    Example:
+        >>> problem = LogisticRegression.from_sklearn("breast_cancer")
+        >>> problem.num_examples, problem.dim
+        (569, 31)
+    """
+
+    def __init__(self, features: torch.Tensor, labels: torch.Tensor, *, l2: float = 1e-3,
+                 heterogeneity: float = 0.0, seed: int = 0):
+        features = torch.as_tensor(features, dtype=torch.float64)
+        labels = torch.as_tensor(labels, dtype=torch.float64)
+        if set(labels.unique().tolist()) - {-1.0, 1.0}:
+            raise ValueError("Invalid labels: expected values in {-1, +1}")
+        features = (features - features.mean(0)) / features.std(0).clamp_min(1e-12)
+        self.features = torch.cat([features, torch.ones(len(features), 1, dtype=torch.float64)], dim=1)
+        self.labels, self.l2, self.heterogeneity = labels, float(l2), heterogeneity
+        self.num_examples, self.dim = self.features.shape
+        self.scales = lognormal_scales(self.num_examples, heterogeneity, torch.Generator().manual_seed(seed))
+        self.optimum = self._newton()
+
+    @classmethod
+    def from_sklearn(cls, name: str = "breast_cancer", **kwargs) -> "LogisticRegression":
+        """Binary logistic regression on 'breast_cancer' or 'digits' (digit < 5 vs ≥ 5)."""
+        from sklearn import datasets
+
+        if name == "breast_cancer":
+            data = datasets.load_breast_cancer()
+            labels = 2.0 * torch.as_tensor(data.target, dtype=torch.float64) - 1.0
+        elif name == "digits":
+            data = datasets.load_digits()
+            labels = torch.where(torch.as_tensor(data.target) < 5, -1.0, 1.0).double()
+        else:
+            raise ValueError(f"Invalid name: {name!r} (expected 'breast_cancer' or 'digits')")
+        return cls(torch.as_tensor(data.data), labels, **kwargs)
+
+    def _rows(self, theta, indices):
+        x, y, s = self.features, self.labels, self.scales
+        if indices is not None:
+            x, y, s = x[indices], y[indices], s[indices]
+        return x.to(theta.dtype), y.to(theta.dtype), s.to(theta.dtype)
+
+    def losses(self, theta, indices=None):
+        x, y, s = self._rows(theta, indices)
+        return s * torch.nn.functional.softplus(-y * (x @ theta)) + 0.5 * self.l2 * (theta @ theta)
+
+    def per_example_grads(self, theta):
+        theta = theta.detach().double()
+        margin = self.labels * (self.features @ theta)
+        coef = -self.scales * self.labels * torch.sigmoid(-margin)  # d f_i / d (x_iᵀθ)
+        return coef[:, None] * self.features + self.l2 * theta
+
+    def _newton(self, iters: int = 50) -> torch.Tensor:
+        """θ* by Newton's method on the strongly convex (l2 > 0) objective, in float64."""
+        theta = torch.zeros(self.dim, dtype=torch.float64)
+        eye = torch.eye(self.dim, dtype=torch.float64)
+        for _ in range(iters):
+            prob = torch.sigmoid(self.labels * (self.features @ theta))
+            curvature = self.scales * prob * (1 - prob)
+            hessian = (self.features * curvature[:, None]).T @ self.features / self.num_examples + self.l2 * eye
+            step = torch.linalg.solve(hessian, self.gradient(theta))
+            theta = theta - step
+            if float(step.norm()) < 1e-12:
+                break
+        return theta

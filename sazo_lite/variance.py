@@ -1,0 +1,80 @@
+"""Plain maths of importance-sampled ZO estimates (see the design page's notation).
+
+With per-example gradients a_i = ∇f_i, sampling distribution p and B i.i.d. draws:
+
+    E‖ĝ‖² = (d+2) · [ (1/B)·V(p) + (1 − 1/B)·‖∇F‖² ],   V(p) = (1/N²) Σ_i ‖a_i‖² / p_i
+    p*_i = ‖a_i‖ / Σ_j ‖a_j‖,   V(p*) = ((1/N) Σ_i ‖a_i‖)²,   V(u)/V(p*) = 1 + CV²
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["oracle_probs", "sampling_variance", "variance_ratio", "uniform_gain",
+           "zo_second_moment", "tv_distance", "spearman", "mix_with_uniform"]
+
+
+def _as64(x) -> torch.Tensor:
+    return torch.as_tensor(x).detach().to("cpu", torch.float64)
+
+
+def oracle_probs(norms) -> torch.Tensor:
+    """p* ∝ ‖∇f_i‖ (uniform if every norm is 0)."""
+    norms = _as64(norms)
+    total = norms.sum()
+    return norms / total if total > 0 else torch.full_like(norms, 1.0 / len(norms))
+
+
+def mix_with_uniform(probs, uniform_mix: float) -> torch.Tensor:
+    """(1−λ)·p + λ/N."""
+    probs = _as64(probs)
+    return (1.0 - uniform_mix) * probs + uniform_mix / len(probs)
+
+
+def sampling_variance(norms, probs) -> float:
+    """V(p) = (1/N²) Σ_i ‖∇f_i‖² / p_i: the only p-dependent part of E‖ĝ‖²."""
+    norms, probs = _as64(norms), _as64(probs)
+    n = len(norms)
+    terms = torch.where(norms > 0, norms ** 2 / probs, torch.zeros_like(norms))
+    return float(terms.sum()) / n ** 2
+
+
+def variance_ratio(norms, probs) -> float:
+    """V(p)/V(p*) ≥ 1: how far p is from the minimum-variance oracle."""
+    optimum = sampling_variance(norms, oracle_probs(norms))
+    return sampling_variance(norms, probs) / optimum if optimum > 0 else 1.0
+
+
+def uniform_gain(norms) -> float:
+    """1 + CV² of the per-example norms, which equals V(u)/V(p*)."""
+    norms = _as64(norms)
+    mean = norms.mean()
+    return float(1.0 + norms.var(unbiased=False) / mean ** 2) if mean > 0 else 1.0
+
+
+def zo_second_moment(norms, probs, full_grad_norm: float, dim: int, batch_size: int) -> float:
+    """E‖ĝ‖² for Gaussian z and B i.i.d. importance-sampled examples (exact for linear f_i)."""
+    v = sampling_variance(norms, probs)
+    return (dim + 2) * (v / batch_size + (1.0 - 1.0 / batch_size) * full_grad_norm ** 2)
+
+
+def tv_distance(p, q) -> float:
+    """Total-variation distance ½ Σ |p_i − q_i| ∈ [0, 1]."""
+    return 0.5 * float((_as64(p) - _as64(q)).abs().sum())
+
+
+def _ranks(x: torch.Tensor) -> torch.Tensor:
+    """Average ranks (ties share the mean rank), as Spearman's ρ needs."""
+    order = torch.argsort(x, stable=True)
+    ranks = torch.empty_like(x)
+    ranks[order] = torch.arange(len(x), dtype=x.dtype)
+    values, inverse, counts = torch.unique(x, return_inverse=True, return_counts=True)
+    sums = torch.zeros(len(values), dtype=x.dtype).index_add_(0, inverse, ranks)
+    return (sums / counts)[inverse]
+
+
+def spearman(a, b) -> float:
+    """Spearman rank correlation of two vectors (0 if either is constant)."""
+    ra, rb = _ranks(_as64(a)), _ranks(_as64(b))
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    denom = float(ra.norm() * rb.norm())
+    return float((ra * rb).sum()) / denom if denom > 0 else 0.0

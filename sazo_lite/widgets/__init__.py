@@ -1,0 +1,10 @@
+"""Interactive dashboards for the notebooks (ipywidgets + plotly FigureWidget).
+
+Each public ``*_dashboard()`` can be called with no arguments and returns a ``Dashboard``
+(an ipywidgets VBox with ``controls``, ``figures`` and ``refresh()``). The maths they plot
+lives in the library (``sazo_lite.variance``, ``sazo_lite.problems``, ...), not here.
+"""
+from ._common import Dashboard
+
+__all__ = ["Dashboard"]
+# Each dashboard module adds its import and __all__ entry below.

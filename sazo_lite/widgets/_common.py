@@ -1,0 +1,90 @@
+"""Building blocks shared by every dashboard: captioned sliders, presets, the dashboard box.
+
+A dashboard is an ``ipywidgets.VBox`` with three extra attributes that tests and notebooks use:
+``controls`` (name → widget), ``figures`` (name → ``plotly.graph_objects.FigureWidget``) and
+``refresh()`` (recompute and redraw now). Setting a control's value from code redraws at once.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import ipywidgets as widgets
+
+__all__ = ["slider", "log_slider", "int_slider", "question", "captioned", "presets", "Dashboard"]
+
+_LAYOUT = dict(width="420px")
+_STYLE = dict(description_width="110px")
+
+
+def slider(description: str, value: float, low: float, high: float, step: float, *,
+           continuous_update: bool = False, readout_format: str = ".3g") -> widgets.FloatSlider:
+    """A float slider labelled with its parameter's plain name ("ε", "EMA decay β")."""
+    return widgets.FloatSlider(value=value, min=low, max=high, step=step, description=description,
+                               continuous_update=continuous_update, readout_format=readout_format,
+                               layout=_LAYOUT, style=_STYLE)
+
+
+def log_slider(description: str, value: float, low_exp: float, high_exp: float, step: float = 0.25, *,
+               continuous_update: bool = False) -> widgets.FloatLogSlider:
+    """A log-scale slider from 10**low_exp to 10**high_exp (for ε, learning rates)."""
+    return widgets.FloatLogSlider(value=value, base=10, min=low_exp, max=high_exp, step=step,
+                                  description=description, continuous_update=continuous_update,
+                                  readout_format=".1e", layout=_LAYOUT, style=_STYLE)
+
+
+def int_slider(description: str, value: int, low: int, high: int, step: int = 1, *,
+               continuous_update: bool = False) -> widgets.IntSlider:
+    """An integer slider (batch size B, dimension d, number of directions q)."""
+    return widgets.IntSlider(value=value, min=low, max=high, step=step, description=description,
+                             continuous_update=continuous_update, layout=_LAYOUT, style=_STYLE)
+
+
+def question(text: str) -> widgets.HTML:
+    """The caption under a control: the question the student answers by moving it."""
+    return widgets.HTML(f"<div style='color:#555;font-size:0.9em;margin:0 0 6px 118px'><i>{text}</i></div>")
+
+
+def captioned(control: widgets.Widget, text: str) -> widgets.VBox:
+    """A control with its question underneath."""
+    return widgets.VBox([control, question(text)])
+
+
+def presets(choices: dict[str, dict[str, object]], controls: dict[str, widgets.Widget],
+            refresh: Callable[[], None], hold: list[bool]) -> widgets.HBox:
+    """Buttons that set several controls at once and redraw once.
+
+    ``hold`` is a one-element list used as a flag: while a preset writes its values the
+    per-control observers must skip redrawing (``if hold[0]: return``).
+    """
+    buttons = []
+    for label, values in choices.items():
+        button = widgets.Button(description=label, layout=widgets.Layout(width="auto"))
+
+        def apply(_button, values=values):
+            hold[0] = True
+            try:
+                for name, value in values.items():
+                    controls[name].value = value
+            finally:
+                hold[0] = False
+            refresh()
+
+        button.on_click(apply)
+        buttons.append(button)
+    return widgets.HBox([widgets.HTML("<b>Presets:</b>&nbsp;"), *buttons])
+
+
+class Dashboard(widgets.VBox):
+    """A VBox that exposes ``controls``, ``figures``, ``readout`` and ``refresh`` for tests."""
+
+    def __init__(self, title: str, rows: list[widgets.Widget], controls: dict[str, widgets.Widget],
+                 figures: dict, refresh: Callable[[], None], readout: widgets.HTML | None = None):
+        header = widgets.HTML(f"<h3 style='margin:4px 0'>{title}</h3>")
+        parts = [header, *rows] + ([readout] if readout is not None else []) + list(figures.values())
+        super().__init__(parts)
+        self.controls, self.figures, self.readout = controls, figures, readout
+        self._refresh = refresh
+
+    def refresh(self) -> None:
+        """Recompute and redraw with the current control values."""
+        self._refresh()
