@@ -6,6 +6,7 @@ importance sampling driven by the per-example directional differences MeZO alrea
 from .engine import MeZO, ZOStep, derive_seed, draw_direction
 from .samplers import OracleSampler, SAZOSampler, Sampler, UniformSampler
 from .train import History, queries_to_target, train
+from .seedlog import SeedLog
 from . import problems, variance
 from .config import fast_mode, pick
 
@@ -13,4 +14,4 @@ __version__ = "0.1.0"
 
 __all__ = ["MeZO", "ZOStep", "derive_seed", "draw_direction", "Sampler", "UniformSampler",
            "SAZOSampler", "OracleSampler", "History", "train", "queries_to_target",
-           "problems", "variance", "fast_mode", "pick"]
+           "problems", "variance", "fast_mode", "pick", "SeedLog"]

@@ -128,6 +128,7 @@ class MeZO(torch.optim.Optimizer):
         defaults = dict(lr=lr, eps=eps, weight_decay=weight_decay, perturbation=perturbation)
         super().__init__(params, defaults)
         self._generators: dict[torch.device, torch.Generator] = {}
+        self.log = None  # an optional SeedLog that records every step (see sazo_lite.seedlog)
         self.state[self._first_param()].update(step=0, seed=int(seed))
 
     def add_param_group(self, param_group: dict) -> None:
@@ -177,6 +178,30 @@ class MeZO(torch.optim.Optimizer):
     def _shift(self, seed: int, multiple_of_eps: float) -> None:
         self._pass(seed, lambda group: multiple_of_eps * group["eps"])
 
+    def _restore_and_update(self, seed: int, projected_grad: float) -> None:
+        """θ ← (1 − lr·wd)(θ + εz) − lr·g·z in one pass, from θ − εz; counts the step."""
+        if self.log is not None:
+            self.log.record_step(self, seed, projected_grad)
+        eps = self.param_groups[0]["eps"]
+        self._pass(seed, lambda group: eps - group["lr"] * (projected_grad + group["weight_decay"] * eps),
+                   decay=True)
+        self.state[self._first_param()]["step"] += 1
+
+    @torch.no_grad()
+    def replay_step(self, seed: int, projected_grad: float) -> None:
+        """Repeat a logged step's three passes without evaluating anything (bit-exact replay)."""
+        self._shift(seed, +1.0)
+        self._shift(seed, -2.0)
+        self._restore_and_update(seed, projected_grad)
+
+    @torch.no_grad()
+    def replay_failure(self, seed: int, failed_call: int) -> None:
+        """Repeat the shifts of a step whose closure failed on call 1 (at θ+εz) or 2 (at θ−εz)."""
+        self._shift(seed, +1.0)
+        if failed_call == 2:
+            self._shift(seed, -2.0)
+        self._shift(seed, -1.0 if failed_call == 1 else +1.0)
+
     def _evaluate(self, closure, seed: int, undo: float) -> torch.Tensor:
         """Call the closure; on an exception or a non-finite loss, shift back, then raise."""
         try:
@@ -189,6 +214,8 @@ class MeZO(torch.optim.Optimizer):
                 raise FloatingPointError("closure returned a non-finite loss; parameters restored")
         except BaseException:
             self._shift(seed, undo)
+            if self.log is not None:
+                self.log.record_failure(seed, failed_call=1 if undo < 0 else 2)
             raise
         return losses.to("cpu", torch.float64)
 
@@ -216,11 +243,12 @@ class MeZO(torch.optim.Optimizer):
             self._check_shapes(plus, minus, weights)
         except ValueError:
             self._shift(seed, +1.0)
+            if self.log is not None:
+                self.log.record_failure(seed, failed_call=2)
             raise
         diffs = (plus - minus) / (2.0 * eps)
         g = float((diffs * weights).mean()) if weights is not None else float(diffs.mean())
-        self._pass(seed, lambda group: eps - group["lr"] * (g + group["weight_decay"] * eps), decay=True)
-        self.state[self._first_param()]["step"] += 1
+        self._restore_and_update(seed, g)
         mean_loss = (plus + minus) / 2.0
         loss = float((mean_loss * weights).mean()) if weights is not None else float(mean_loss.mean())
         per_example = plus.dim() == 1
