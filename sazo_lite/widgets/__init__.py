@@ -8,3 +8,9 @@ from ._common import Dashboard
 
 __all__ = ["Dashboard"]
 # Each dashboard module adds its import and __all__ entry below.
+from .estimator import dimension_dashboard, epsilon_dashboard, estimator_dashboard
+__all__ += ["estimator_dashboard", "epsilon_dashboard", "dimension_dashboard"]
+from .mezo import memory_figure, mezo_dashboard
+__all__ += ["memory_figure", "mezo_dashboard"]
+from .importance import batch_gain_dashboard, importance_dashboard, unbiased_dashboard
+__all__ += ["importance_dashboard", "unbiased_dashboard", "batch_gain_dashboard"]

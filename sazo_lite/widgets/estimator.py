@@ -1,0 +1,227 @@
+"""Dashboards for notebook 01: the two-point estimator, its error against ε, and its variance.
+
+The maths lives in ``sazo_lite.estimators``; this module only wires sliders to plots.
+"""
+from __future__ import annotations
+
+import math
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+import torch
+
+from .. import estimators
+from ._common import Dashboard, captioned, int_slider, log_slider, presets, slider
+
+__all__ = ["estimator_dashboard", "epsilon_dashboard", "dimension_dashboard"]
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _observe(controls: dict, refresh, hold: list[bool]) -> None:
+    """Redraw when any control changes, except while a preset is writing several values."""
+    for control in controls.values():
+        if hasattr(control, "value"):
+            control.observe(lambda _change: None if hold[0] else refresh(), names="value")
+
+
+def _arrow(start: torch.Tensor, vector: torch.Tensor) -> tuple[list[float], list[float]]:
+    """x and y lists of a line segment from ``start`` to ``start + vector`` (for an arrow trace)."""
+    end = start + vector
+    return [float(start[0]), float(end[0])], [float(start[1]), float(end[1])]
+
+
+def _precision_toggle(value: str = "float32") -> widgets.ToggleButtons:
+    return widgets.ToggleButtons(options=list(_DTYPES), value=value, description="precision",
+                                 style=dict(description_width="110px", button_width="80px"))
+
+
+# -- the 2-D picture -------------------------------------------------------------------------
+def _contour_trace(curvatures, span: float = 2.0, points: int = 41) -> go.Contour:
+    grid = torch.linspace(-span, span, points, dtype=torch.float64)
+    xx, yy = torch.meshgrid(grid, grid, indexing="xy")
+    values = estimators.bowl_loss(torch.stack([xx, yy], -1), curvatures)
+    return go.Contour(x=grid.tolist(), y=grid.tolist(), z=values.tolist(), showscale=False,
+                      colorscale="Blues", opacity=0.5, contours=dict(coloring="lines"), name="f")
+
+
+def estimator_dashboard(theta=(1.2, 0.8), *, seed: int = 0) -> Dashboard:
+    """Two-point estimates on the quadratic f(θ) = ½(a₁θ₁² + a₂θ₂²), drawn as arrows.
+
+    Grey dots are single-direction estimates g_j z_j; the orange arrow is their mean ĝ, the
+    black arrow the true gradient. The readout gives ‖ĝ − ∇f‖/‖∇f‖.
+
+    Args:
+        theta: the point θ (2 numbers) where the gradient is estimated.
+        seed: seed of the first set of directions ("new directions" draws the next ones).
+    """
+    point = torch.tensor(theta, dtype=torch.float64)
+    controls = {
+        "q": int_slider("directions q", 4, 1, 200),
+        "eps": log_slider("ε", 1e-3, -10, 0),
+        "curvature": slider("curvature a₂", 4.0, 0.25, 20.0, 0.25),
+        "precision": _precision_toggle(),
+    }
+    state = {"seed": seed}
+    fig = go.FigureWidget(layout=dict(width=520, height=480, xaxis=dict(range=[-2, 2], title="θ₁"),
+                                      yaxis=dict(range=[-2, 2], title="θ₂", scaleanchor="x"),
+                                      margin=dict(l=40, r=10, t=30, b=40), legend=dict(x=0, y=1)))
+    fig.add_trace(_contour_trace([1.0, controls["curvature"].value]))
+    fig.add_scatter(mode="markers", marker=dict(color="grey", size=5), name="single estimates g_j z_j")
+    fig.add_scatter(mode="lines+markers", line=dict(color="black", width=3),
+                    marker=dict(symbol="arrow", angleref="previous", size=14), name="true ∇f")
+    fig.add_scatter(mode="lines+markers", line=dict(color="darkorange", width=3),
+                    marker=dict(symbol="arrow", angleref="previous", size=14), name="estimate ĝ (mean)")
+    readout = widgets.HTML()
+
+    def refresh() -> None:
+        curvatures = [1.0, controls["curvature"].value]
+        fn = lambda x: estimators.bowl_loss(x, curvatures)
+        dtype = _DTYPES[controls["precision"].value]
+        z = estimators.random_directions(controls["q"].value, 2, seed=state["seed"])
+        _, singles = estimators.two_point_estimates(fn, point.to(dtype), z, controls["eps"].value)
+        singles, true = singles.double(), estimators.bowl_grad(point, curvatures)
+        mean = singles.mean(0)
+        scale = 1.0 / float(true.norm())  # the true arrow has length 1
+        cloud = point + scale * singles
+        error = float((mean - true).norm() / true.norm())
+        with fig.batch_update():
+            contour = _contour_trace(curvatures)
+            fig.data[0].z = contour.z
+            fig.data[1].x, fig.data[1].y = cloud[:, 0].tolist(), cloud[:, 1].tolist()
+            fig.data[2].x, fig.data[2].y = _arrow(point, scale * true)
+            fig.data[3].x, fig.data[3].y = _arrow(point, scale * mean)
+        state["error"] = error
+        readout.value = (f"relative error ‖ĝ − ∇f‖/‖∇f‖ = <b>{error:.3g}</b> "
+                         f"(expected about √(3/q) = {math.sqrt(3 / controls['q'].value):.3g} for Gaussian z in d = 2)")
+
+    def new_directions(_button) -> None:
+        state["seed"] += 1
+        refresh()
+
+    hold = [False]
+    _observe(controls, refresh, hold)
+    button = widgets.Button(description="new directions")
+    button.on_click(new_directions)
+    rows = [
+        captioned(controls["q"], "How many directions until the orange arrow sits on the black one? Does the error fall like 1/√q?"),
+        captioned(controls["eps"], "For a quadratic the central difference is exact: can any ε break it? (Try the smallest in float32.)"),
+        captioned(controls["curvature"], "Stretch the bowl: do the single estimates still scatter around the true gradient?"),
+        captioned(controls["precision"], "Does float64 rescue a tiny ε?"),
+        button,
+        presets({"one direction": dict(q=1, eps=1e-3, precision="float32"),
+                 "many directions": dict(q=200, eps=1e-3, precision="float32"),
+                 "ε too small": dict(q=50, eps=1e-9, precision="float32"),
+                 "ill-conditioned": dict(q=50, curvature=20.0, eps=1e-3)}, controls, refresh, hold),
+    ]
+    refresh()
+    dashboard = Dashboard("Two-point estimates of a gradient", rows, controls, {"arrows": fig}, refresh, readout)
+    dashboard.state = state
+    return dashboard
+
+
+# -- the U-shaped error curve ----------------------------------------------------------------
+def epsilon_dashboard(theta=(1.0, -0.8, 0.5), *, num_directions: int = 8) -> Dashboard:
+    """Relative error of one finite difference, |g(z) − zᵀ∇f|/|zᵀ∇f|, against ε (log-log).
+
+    f(θ) = Σ_j (a_j/2)θ_j² + (κ/4)Σ_j θ_j⁴ + c: the quartic term κ gives the curvature error
+    at large ε (∝ ε²), the precision and the loss level c set the rounding error at tiny ε (∝ u·|f|/ε).
+    """
+    point = torch.tensor(theta, dtype=torch.float64)
+    curvatures = torch.linspace(1.0, 3.0, len(point), dtype=torch.float64)
+    grid = torch.logspace(-10, 0, 41, dtype=torch.float64)
+    controls = {
+        "eps": log_slider("ε", 1e-3, -10, 0),
+        "precision": _precision_toggle(),
+        "quartic": slider("quartic term κ", 1.0, 0.0, 5.0, 0.25),
+        "offset": slider("loss level c", 0.0, 0.0, 1000.0, 10.0),
+    }
+    fig = go.FigureWidget(layout=dict(width=620, height=420, margin=dict(l=50, r=10, t=30, b=50),
+                                      xaxis=dict(type="log", title="ε", exponentformat="power"),
+                                      yaxis=dict(type="log", title="relative error of g(z)", exponentformat="power")))
+    for name in _DTYPES:
+        fig.add_scatter(x=grid.tolist(), mode="lines", name=name)
+    fig.add_scatter(mode="markers", marker=dict(size=14, color="crimson"), name="current ε")
+    readout = widgets.HTML()
+    curves = {}
+
+    def refresh() -> None:
+        quartic, offset = controls["quartic"].value, controls["offset"].value
+        fn = lambda x: estimators.bowl_loss(x, curvatures, quartic, offset)
+        grad = estimators.bowl_grad(point, curvatures, quartic)
+        precision, eps = controls["precision"].value, controls["eps"].value
+        for name, dtype in _DTYPES.items():
+            curves[name] = estimators.error_vs_eps(fn, grad, point, grid, dtype=dtype,
+                                                   num_directions=num_directions).clamp_min(1e-17)
+        z = estimators.random_directions(num_directions, len(point))
+        current = max(estimators.directional_error(fn, grad, point.to(_DTYPES[precision]), z, eps), 1e-17)
+        with fig.batch_update():
+            for trace, name in zip(fig.data[:2], _DTYPES):
+                trace.y = curves[name].tolist()
+                trace.line.width = 4 if name == precision else 1.5
+                trace.opacity = 1.0 if name == precision else 0.35
+            fig.data[2].x, fig.data[2].y = [eps], [current]
+        best = int(curves[precision].argmin())
+        readout.value = (f"error at ε = {eps:.1e} in {precision}: <b>{current:.2g}</b>; "
+                         f"best ε on the grid ≈ {float(grid[best]):.0e} (error {float(curves[precision][best]):.1g})")
+
+    hold = [False]
+    _observe(controls, refresh, hold)
+    rows = [
+        captioned(controls["eps"], "Where is the bottom of the U? Which side is curvature, which side is rounding?"),
+        captioned(controls["precision"], "How far does float64 move the best ε, and why roughly to the cube root of the unit round-off?"),
+        captioned(controls["quartic"], "Set κ = 0 (a quadratic): what happens to the right arm of the U?"),
+        captioned(controls["offset"], "A large loss value: which arm moves, and why does adding a constant change anything?"),
+        presets({"ε too small": dict(eps=1e-9, precision="float32"),
+                 "ε too large": dict(eps=0.5, precision="float32"),
+                 "quadratic (κ = 0)": dict(quartic=0.0),
+                 "float64": dict(precision="float64", eps=1e-5)}, controls, refresh, hold),
+    ]
+    refresh()
+    return Dashboard("Error of the two-point difference against ε", rows, controls, {"curve": fig}, refresh, readout)
+
+
+# -- variance against d and q ----------------------------------------------------------------
+def dimension_dashboard(dims=(2, 4, 8, 16, 32, 64, 128, 256, 512), *, directions_drawn: int = 800) -> Dashboard:
+    """E‖ĝ − ∇f‖²/‖∇f‖² against the dimension d for q directions: Monte-Carlo dots, (d+1)/q line.
+
+    Each dot averages ``directions_drawn // q`` trials (at least 16), so redraws cost about the same for any q.
+    """
+    controls = {"q": int_slider("directions q", 1, 1, 64),
+                "perturbation": widgets.ToggleButtons(options=["gaussian", "rademacher"], description="direction z",
+                                                      style=dict(description_width="110px", button_width="90px"))}
+    fig = go.FigureWidget(layout=dict(width=620, height=420, margin=dict(l=50, r=10, t=30, b=50),
+                                      xaxis=dict(type="log", title="dimension d"),
+                                      yaxis=dict(type="log", title="E‖ĝ − ∇f‖² / ‖∇f‖²")))
+    fig.add_scatter(x=list(dims), mode="markers", marker=dict(size=9), name="Monte-Carlo")
+    fig.add_scatter(x=list(dims), mode="lines", name="theory")
+    fig.add_scatter(x=list(dims), y=[1.0] * len(dims), mode="lines", line=dict(dash="dot", color="grey"),
+                    name="error as large as the gradient")
+    readout = widgets.HTML()
+    cache: dict[tuple, list[float]] = {}
+
+    def refresh() -> None:
+        q, perturbation = controls["q"].value, controls["perturbation"].value
+        key = (q, perturbation)
+        if key not in cache:
+            with estimators.one_thread():
+                trials = max(16, directions_drawn // q)
+                cache[key] = [estimators.relative_error_monte_carlo(d, q, trials=trials, perturbation=perturbation)
+                              for d in dims]
+        theory = [estimators.relative_error_theory(d, q, perturbation) for d in dims]
+        with fig.batch_update():
+            fig.data[0].y = cache[key]
+            fig.data[1].y = theory
+            fig.data[1].name = "(d+1)/q" if perturbation == "gaussian" else "(d−1)/q"
+        readout.value = (f"with q = {q}: the estimate is as noisy as the gradient is large once d ≈ "
+                         f"{q - 1 if perturbation == 'gaussian' else q + 1}; a 1B-parameter model has d = 10⁹")
+
+    hold = [False]
+    _observe(controls, refresh, hold)
+    rows = [
+        captioned(controls["q"], "Double q: by how much does the whole line drop? What does that cost in forward passes?"),
+        captioned(controls["perturbation"], "Does ±1 beat Gaussian noise? By how much, at d = 2 and at d = 512?"),
+        presets({"one direction": dict(q=1), "q = 64": dict(q=64)}, controls, refresh, hold),
+    ]
+    refresh()
+    return Dashboard("Variance of the ZO estimate against dimension", rows, controls, {"variance": fig}, refresh, readout)

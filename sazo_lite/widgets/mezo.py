@@ -1,0 +1,110 @@
+"""Dashboards and figures for notebook 02: MeZO's memory, and MeZO against backprop SGD.
+
+The measurements and the training runs live in ``sazo_lite.estimators``.
+"""
+from __future__ import annotations
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from .. import estimators, problems
+from ._common import Dashboard, captioned, int_slider, log_slider, presets
+from .estimator import _observe
+
+__all__ = ["memory_figure", "mezo_dashboard"]
+
+_COLORS = {"MeZO": "darkorange", "SGD (backprop)": "steelblue"}
+
+
+def memory_figure(measurements: dict[str, int]) -> go.Figure:
+    """Bars of peak live-tensor bytes, e.g. the dict returned by ``estimators.step_memory``.
+
+    Example:
+        >>> fig = memory_figure({"inference": 2**20, "MeZO step": 2**20, "backprop step": 5 * 2**20})
+        >>> [round(v, 1) for v in fig.data[0].y]
+        [1.0, 1.0, 5.0]
+    """
+    if not measurements:
+        raise ValueError("Invalid measurements: expected a non-empty dict of name -> bytes")
+    names = list(measurements)
+    mib = [measurements[name] / 2 ** 20 for name in names]
+    fig = go.Figure(go.Bar(x=names, y=mib, text=[f"{v:.2f} MiB" for v in mib], textposition="outside"))
+    fig.update_layout(width=560, height=380, yaxis_title="MiB", margin=dict(l=50, r=10, t=30, b=40),
+                      title="peak bytes of live tensors, beyond the parameters")
+    return fig
+
+
+def _race_figure(x_title: str) -> go.FigureWidget:
+    fig = go.FigureWidget(layout=dict(width=470, height=360, margin=dict(l=50, r=10, t=30, b=50),
+                                      xaxis_title=x_title, legend=dict(x=0.35, y=1),
+                                      yaxis=dict(type="log", title="F(θ) − F(θ*)", exponentformat="power")))
+    for name, color in _COLORS.items():
+        fig.add_scatter(mode="lines", name=name, line=dict(color=color, width=2.5))
+    return fig
+
+
+def mezo_dashboard(problem=None, *, steps: int = 200, seed: int = 0) -> Dashboard:
+    """MeZO against backprop SGD on logistic regression (float32 θ, same B, uniform minibatches).
+
+    Left: optimality gap against per-example queries (MeZO: 2B per step; SGD: B forward+backward).
+    Right: the same runs against training wall-clock seconds (measured once per setting, then cached).
+
+    Args:
+        problem: a ``FiniteSumProblem``; default: breast-cancer logistic regression from scikit-learn.
+        steps: steps per method and redraw.
+        seed: seed of the minibatches and of MeZO's directions.
+    """
+    problem = problem if problem is not None else problems.LogisticRegression.from_sklearn("breast_cancer")
+    controls = {
+        "eps": log_slider("ε", 1e-3, -9, -1),
+        "batch_size": int_slider("batch size B", 16, 1, 128),
+        "lr_zo": log_slider("learning rate η (MeZO)", 0.02, -4, 0),
+        "lr_sgd": log_slider("learning rate η (SGD)", 0.5, -3, 1),
+    }
+    figures = {"queries": _race_figure("per-example queries"), "seconds": _race_figure("training seconds")}
+    readout = widgets.HTML()
+    state: dict = {}
+    cache: dict[tuple, dict] = {}
+
+    def run(method: str) -> dict:
+        """One method's run, cached by the controls it depends on (SGD ignores ε and MeZO's η)."""
+        key = (method, controls["batch_size"].value,
+               *((controls["eps"].value, controls["lr_zo"].value) if method == "MeZO" else (controls["lr_sgd"].value,)))
+        if key not in cache:
+            cache[key] = estimators.race_mezo_sgd(
+                problem, steps=steps, batch_size=controls["batch_size"].value, lr_zo=controls["lr_zo"].value,
+                lr_sgd=controls["lr_sgd"].value, eps=controls["eps"].value, seed=seed,
+                log_every=max(1, steps // 20), methods=(method,))[method]
+        return cache[key]
+
+    def refresh() -> None:
+        try:
+            runs = {method: run(method) for method in estimators.RACE_METHODS}
+        except FloatingPointError as error:  # MeZO refuses a non-finite loss: the lr diverged
+            readout.value = f"<b style='color:crimson'>training diverged: {error}</b>"
+            return
+        state["runs"] = runs
+        with figures["queries"].batch_update(), figures["seconds"].batch_update():
+            for index, curve in enumerate(runs.values()):
+                gap = [max(g, 1e-12) for g in curve["gap"]]
+                figures["queries"].data[index].x, figures["queries"].data[index].y = curve["queries"], gap
+                figures["seconds"].data[index].x, figures["seconds"].data[index].y = curve["seconds"], gap
+        readout.value = " &nbsp; ".join(
+            f"{name}: gap {curve['gap'][-1]:.3g} after {curve['queries'][-1]} queries, "
+            f"{1e3 * curve['seconds'][-1] / steps:.2f} ms/step" for name, curve in runs.items())
+
+    hold = [False]
+    _observe(controls, refresh, hold)
+    rows = [
+        captioned(controls["eps"], "θ is float32 here: below which ε does MeZO stop learning, and why?"),
+        captioned(controls["batch_size"], "A larger B costs more queries per step: does MeZO get more per query, or just more per step?"),
+        captioned(controls["lr_zo"], "How large can MeZO's step be before the noise of g·z wins? Compare with SGD's best η."),
+        captioned(controls["lr_sgd"], "Which method is ahead per query? Per second? Why can those answers differ?"),
+        presets({"ε too small": dict(eps=1e-9), "large batch": dict(batch_size=128),
+                 "η too large (MeZO)": dict(lr_zo=0.5), "defaults": dict(eps=1e-3, batch_size=16, lr_zo=0.02, lr_sgd=0.5)},
+                controls, refresh, hold),
+    ]
+    refresh()
+    dashboard = Dashboard("MeZO against backprop SGD: logistic regression", rows, controls, figures, refresh, readout)
+    dashboard.state = state
+    return dashboard
