@@ -14,3 +14,5 @@ from .mezo import memory_figure, mezo_dashboard
 __all__ += ["memory_figure", "mezo_dashboard"]
 from .importance import batch_gain_dashboard, importance_dashboard, unbiased_dashboard
 __all__ += ["importance_dashboard", "unbiased_dashboard", "batch_gain_dashboard"]
+from .memory import measured_vs_predicted_figure, memory_dashboard
+__all__ += ["memory_dashboard", "measured_vs_predicted_figure"]
