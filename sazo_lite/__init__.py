@@ -8,10 +8,10 @@ from .samplers import OracleSampler, SAZOSampler, Sampler, UniformSampler
 from .train import History, queries_to_target, train
 from .seedlog import SeedLog
 from . import problems, variance
-from .config import fast_mode, pick
+from .config import fast_mode, one_thread, pick
 
 __version__ = "0.1.0"
 
 __all__ = ["MeZO", "ZOStep", "derive_seed", "draw_direction", "Sampler", "UniformSampler",
            "SAZOSampler", "OracleSampler", "History", "train", "queries_to_target",
-           "problems", "variance", "fast_mode", "pick", "SeedLog"]
+           "problems", "variance", "fast_mode", "pick", "one_thread", "SeedLog"]

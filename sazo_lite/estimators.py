@@ -24,32 +24,18 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from .config import one_thread
 from . import engine, variance
 from .engine import MeZO, derive_seed
 from .samplers import UniformSampler
 from .train import train
 
-__all__ = ["one_thread", "bowl_loss", "bowl_grad", "random_directions", "two_point_estimates", "zo_gradient",
+__all__ = ["bowl_loss", "bowl_grad", "random_directions", "two_point_estimates", "zo_gradient",
            "directional_error", "error_vs_eps", "relative_error_theory", "relative_error_monte_carlo",
            "peak_tensor_bytes", "step_memory", "DirectionCounter", "mezo_step_reference", "count_passes",
            "RACE_METHODS", "race_mezo_sgd", "path_point", "sample_minibatches", "minibatch_zo_estimates",
            "weighted_loss_estimates", "gain_vs_batch"]
 
-
-@contextlib.contextmanager
-def one_thread():
-    """Run small tensor maths on one intra-op thread, then restore the setting.
-
-    On a busy 2-core machine, ops on a few thousand numbers were measured ~400× slower with
-    two intra-op threads (12 ms vs 0.03 ms for a 569×31 logistic loss): threads wait on each
-    other. Toy problems gain nothing from threads, and their timings become meaningful.
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _check_positive(name: str, value) -> None:

@@ -8,6 +8,10 @@ from ._common import Dashboard
 
 __all__ = ["Dashboard"]
 # Each dashboard module adds its import and __all__ entry below.
+from .sazo import sazo_dashboard, trace_readout
+__all__ += ["sazo_dashboard", "trace_readout"]
+from .race import race_dashboard, race_figure, race_table_html
+__all__ += ["race_dashboard", "race_figure", "race_table_html"]
 from .estimator import dimension_dashboard, epsilon_dashboard, estimator_dashboard
 __all__ += ["estimator_dashboard", "epsilon_dashboard", "dimension_dashboard"]
 from .mezo import memory_figure, mezo_dashboard

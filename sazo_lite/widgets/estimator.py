@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 import torch
 
 from .. import estimators
+from ..config import one_thread
 from ._common import Dashboard, captioned, int_slider, log_slider, presets, slider
 
 __all__ = ["estimator_dashboard", "epsilon_dashboard", "dimension_dashboard"]
@@ -204,7 +205,7 @@ def dimension_dashboard(dims=(2, 4, 8, 16, 32, 64, 128, 256, 512), *, directions
         q, perturbation = controls["q"].value, controls["perturbation"].value
         key = (q, perturbation)
         if key not in cache:
-            with estimators.one_thread():
+            with one_thread():
                 trials = max(16, directions_drawn // q)
                 cache[key] = [estimators.relative_error_monte_carlo(d, q, trials=trials, perturbation=perturbation)
                               for d in dims]

@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 import torch
 
 from .. import estimators, problems, variance
+from ..config import one_thread
 from ._common import Dashboard, captioned, int_slider, presets, slider
 from .estimator import _observe
 
@@ -106,7 +107,7 @@ def importance_dashboard(*, num_examples: int = 256, dim: int = 20, trials: int 
     def refresh() -> None:
         sigma, mix = controls["sigma"].value, controls["uniform_mix"].value
         batch_size, progress = controls["batch_size"].value, controls["progress"].value
-        with estimators.one_thread():
+        with one_thread():
             grads = snapshots.grads(sigma, progress)
             probs = _sampling_distributions(grads.norm(dim=1), mix)
             moments = {name: second_moments(grads, p, batch_size, seed) for name, p in probs.items()}
@@ -163,7 +164,7 @@ def unbiased_dashboard(*, num_examples: int = 256, dim: int = 20, trials: int = 
     def refresh() -> None:
         sigma, mix = controls["sigma"].value, controls["uniform_mix"].value
         batch_size, progress = controls["batch_size"].value, controls["progress"].value
-        with estimators.one_thread():
+        with one_thread():
             problem = snapshots.problem(sigma)
             theta = estimators.path_point(problem, progress)
             losses = problem.losses(theta)
@@ -230,7 +231,7 @@ def batch_gain_dashboard(*, num_examples: int = 256, dim: int = 20, seed: int = 
 
     def refresh() -> None:
         sigma, batch_size, progress = (controls[k].value for k in ("sigma", "batch_size", "progress"))
-        with estimators.one_thread():
+        with one_thread():
             start, now = gains(sigma, 0.0, batch_grid), gains(sigma, progress, batch_grid)
             over_t = [gains(sigma, t, [1, batch_size]) for t in progress_grid]
             current = float(gains(sigma, progress, [batch_size])[0])

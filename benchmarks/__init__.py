@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that print measured numbers (run with python -m benchmarks.NAME)."""

@@ -1,0 +1,280 @@
+"""Reusable runs behind notebooks 04–05 and their dashboards (plain code, no widgets).
+
+Two experiments:
+
+* ``run_sazo_trace``: train with SAZO and, every ``log_every`` steps, compare what SAZO
+  believes (sqrt(Ĝ_i), p_SAZO) with the truth (‖∇f_i‖, p*), plus V(p)/V(p*) for
+  uniform, SAZO and the oracle along the same trajectory.
+* ``race``: loss gap against queries for uniform MeZO, SAZO and the oracle over seeds,
+  and the queries each needs to reach a target gap.
+
+Both only wire together ``MeZO``, the samplers, ``train`` and ``variance``; nothing here
+re-implements them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .config import one_thread
+from .engine import MeZO
+from .problems import FiniteSumProblem, LeastSquares, LogisticRegression
+from .samplers import OracleSampler, SAZOSampler, UniformSampler
+from .train import queries_to_target, train
+from . import variance
+
+__all__ = ["PROBLEMS", "make_problem", "make_sampler", "SAZOTrace", "run_sazo_trace",
+           "roughness", "RaceResult", "race", "SAMPLERS"]
+
+SAMPLERS = ("uniform", "sazo", "oracle")
+PROBLEMS = ("heterogeneous quadratic", "homogeneous quadratic", "logistic regression (breast cancer)")
+
+
+def make_problem(name: str = "heterogeneous quadratic", *, heterogeneity: float = 1.5,
+                 num_examples: int = 128, dim: int = 10, seed: int = 0) -> FiniteSumProblem:
+    """Build one of ``PROBLEMS``.
+
+    The homogeneous quadratic ignores ``heterogeneity`` (σ = 0); the logistic regression
+    uses scikit-learn's breast-cancer data (N = 569, d = 31) and ignores N and d.
+
+    Example:
+        >>> make_problem("homogeneous quadratic", num_examples=32, dim=4).heterogeneity
+        0.0
+    """
+    if name == "heterogeneous quadratic":
+        return LeastSquares(num_examples, dim, heterogeneity=heterogeneity, seed=seed)
+    if name == "homogeneous quadratic":
+        return LeastSquares(num_examples, dim, heterogeneity=0.0, seed=seed)
+    if name == "logistic regression (breast cancer)":
+        return LogisticRegression.from_sklearn("breast_cancer", heterogeneity=heterogeneity, seed=seed)
+    raise ValueError(f"Invalid name: {name!r} (expected one of {PROBLEMS})")
+
+
+def make_sampler(name: str, problem: FiniteSumProblem, theta: torch.Tensor, *, seed: int = 0,
+                 ema_decay: float = 0.9, uniform_mix: float = 0.1):
+    """A sampler by name: "uniform", "sazo" (β, λ) or "oracle" (exact p* at the live θ)."""
+    n = problem.num_examples
+    if name == "uniform":
+        return UniformSampler(n, seed=seed)
+    if name == "sazo":
+        return SAZOSampler(n, ema_decay=ema_decay, uniform_mix=uniform_mix, seed=seed)
+    if name == "oracle":
+        return OracleSampler(n, lambda: problem.norms(theta), seed=seed)
+    raise ValueError(f"Invalid sampler: {name!r} (expected one of {SAMPLERS})")
+
+
+
+# -- 04: what SAZO estimates ----------------------------------------------------------------
+
+@dataclass
+class SAZOTrace:
+    """Per-log-point arrays of one SAZO run (T log points, N examples; numpy float64).
+
+    Attributes:
+        steps, queries: [T] step count and cumulative queries (2·B per step).
+        gap: [T] F(θ_t) − F(θ*).
+        sqrt_g: [T, N] sqrt(Ĝ_i), SAZO's estimate of ‖∇f_i‖.
+        norms: [T, N] true ‖∇f_i(θ_t)‖.
+        p_sazo, p_star: [T, N] SAZO's sampling distribution and the oracle p* ∝ ‖∇f_i‖.
+        spearman, tv: [T] rank correlation of sqrt(G) with the norms; TV(p_SAZO, p*).
+        ratio: {"uniform", "sazo", "oracle"} → [T] V(p)/V(p*) (the oracle's is 1).
+        tracked: [k] example indices whose G trajectory a plot follows.
+    """
+
+    steps: np.ndarray
+    queries: np.ndarray
+    gap: np.ndarray
+    sqrt_g: np.ndarray
+    norms: np.ndarray
+    p_sazo: np.ndarray
+    p_star: np.ndarray
+    spearman: np.ndarray
+    tv: np.ndarray
+    ratio: dict[str, np.ndarray] = field(default_factory=dict)
+    tracked: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
+
+
+class _TraceRecorder:
+    """``train``'s evaluate callback: snapshots SAZO's estimates next to the truth."""
+
+    def __init__(self, problem, theta, sampler):
+        self.problem, self.theta, self.sampler = problem, theta, sampler
+        self.rows: list[dict] = []
+
+    def __call__(self) -> float:
+        norms = self.problem.norms(self.theta)                               # [N]
+        g_hat = self.sampler.squared_norm_estimates().clamp_min(0)           # [N]
+        p_sazo, p_star = self.sampler.probs, variance.oracle_probs(norms)
+        uniform = torch.full_like(norms, 1.0 / len(norms))
+        gap = self.problem.gap(self.theta)
+        self.rows.append(dict(
+            gap=gap, sqrt_g=g_hat.sqrt(), norms=norms, p_sazo=p_sazo, p_star=p_star,
+            spearman=variance.spearman(g_hat, norms), tv=variance.tv_distance(p_sazo, p_star),
+            uniform=variance.variance_ratio(norms, uniform), sazo=variance.variance_ratio(norms, p_sazo)))
+        return gap
+
+
+def _stack(rows: list[dict], key: str) -> np.ndarray:
+    values = [row[key] for row in rows]
+    if isinstance(values[0], torch.Tensor):
+        return torch.stack(values).numpy()
+    return np.asarray(values, dtype=np.float64)
+
+
+def _tracked_examples(norms: torch.Tensor, quantiles=(0.98, 0.75, 0.5)) -> np.ndarray:
+    """Examples at the given quantiles of the initial norms (large ones get sampled often)."""
+    order = torch.argsort(norms)                           # ascending
+    picks = [int(order[min(len(order) - 1, int(q * len(order)))]) for q in quantiles]
+    return np.asarray(picks, dtype=int)
+
+
+def run_sazo_trace(problem: FiniteSumProblem, *, steps: int = 300, batch_size: int = 4,
+                   lr: float = 0.01, eps: float = 1e-3, ema_decay: float = 0.9,
+                   uniform_mix: float = 0.1, seed: int = 0, log_every: int = 3,
+                   dtype: torch.dtype = torch.float32, progress: bool = False) -> SAZOTrace:
+    """Train with SAZO and record its estimates against the truth every ``log_every`` steps.
+
+    θ lives in ``dtype`` (float32 by default, like a language model), so that a tiny ε shows
+    its rounding error in d_k = (f_k(θ+εz) − f_k(θ−εz))/(2ε) and hence in G.
+
+    Example:
+        >>> trace = run_sazo_trace(make_problem(num_examples=32, dim=4), steps=30, log_every=10)
+        >>> trace.sqrt_g.shape, trace.ratio["oracle"].tolist()
+        ((4, 32), [1.0, 1.0, 1.0, 1.0])
+    """
+    if steps < 1:
+        raise ValueError(f"Invalid steps: {steps} (expected >= 1)")
+    theta = problem.initial_theta(dtype)
+    optimizer = MeZO([theta], lr=lr, eps=eps, seed=seed)
+    sampler = make_sampler("sazo", problem, theta, seed=seed, ema_decay=ema_decay, uniform_mix=uniform_mix)
+    recorder = _TraceRecorder(problem, theta, sampler)
+    with one_thread():
+        recorder()  # the starting point θ₀
+        history = train(optimizer, sampler, lambda idx: problem.losses(theta, idx), steps,
+                        batch_size=batch_size, evaluate=recorder, log_every=log_every,
+                        progress=progress, description="SAZO trace")
+    rows = recorder.rows
+    logged = np.asarray([0] + history.logged_steps)
+    return SAZOTrace(
+        steps=logged, queries=2 * batch_size * logged, gap=_stack(rows, "gap"),
+        sqrt_g=_stack(rows, "sqrt_g"), norms=_stack(rows, "norms"), p_sazo=_stack(rows, "p_sazo"),
+        p_star=_stack(rows, "p_star"), spearman=_stack(rows, "spearman"), tv=_stack(rows, "tv"),
+        ratio={"uniform": _stack(rows, "uniform"), "sazo": _stack(rows, "sazo"),
+               "oracle": np.ones(len(rows))},
+        tracked=_tracked_examples(rows[0]["norms"]))
+
+
+def roughness(trajectory) -> float:
+    """Mean |Δ log x| between consecutive positive points of a trajectory [T] or [T, k].
+
+    A smoother (more averaged) estimate moves less from one log point to the next; steps
+    from or to a zero (an example not estimated yet) are left out.
+
+    Example:
+        >>> roughness([1.0, 2.0, 1.0]) > roughness([0.0, 1.0, 1.1, 1.2])
+        True
+    """
+    values = np.asarray(trajectory, dtype=np.float64)
+    if values.shape[0] < 2:
+        raise ValueError("Invalid trajectory: needs at least two points")
+    both = (values[1:] > 0) & (values[:-1] > 0)
+    if not both.any():
+        raise ValueError("Invalid trajectory: no two consecutive positive points")
+    logs = np.log(np.where(values > 0, values, 1.0))
+    return float(np.abs(np.diff(logs, axis=0))[both].mean())
+
+
+# -- 05: the race ----------------------------------------------------------------------------
+
+@dataclass
+class RaceResult:
+    """Loss gap against queries per method and seed.
+
+    Attributes:
+        queries: [T] logged query counts (the same grid for every run).
+        gaps: method → [S, T] array of F(θ) − F(θ*) per seed (NaN if the loss overflowed).
+        initial_gap: F(θ₀) − F(θ*).
+        target: the gap to reach (``target_fraction`` × ``initial_gap``).
+        to_target: method → list (per seed) of queries to reach ``target`` (None: never).
+    """
+
+    queries: np.ndarray
+    gaps: dict[str, np.ndarray]
+    initial_gap: float
+    target: float
+    to_target: dict[str, list]
+
+    def median_to_target(self, method: str) -> float:
+        """Median over seeds of queries to target (inf counts as "never", so may be inf)."""
+        values = [np.inf if q is None else q for q in self.to_target[method]]
+        return float(np.median(values))
+
+    def speedup(self, method: str, baseline: str = "uniform") -> float:
+        """How many times fewer queries than ``baseline`` ``method`` needs (medians over seeds).
+
+        inf when only ``method`` reaches the target (the true factor is then above
+        ``queries[-1] / median_to_target(method)``); NaN when ``method`` does not reach it.
+        """
+        ours, theirs = self.median_to_target(method), self.median_to_target(baseline)
+        if not np.isfinite(ours):
+            return float("nan")
+        return theirs / ours
+
+
+def _run_one(problem, method: str, seed: int, *, steps, batch_size, lr, eps, ema_decay,
+             uniform_mix, log_every, dtype):
+    """One training run; returns its ``History`` (None if the loss overflowed)."""
+    theta = problem.initial_theta(dtype)
+    optimizer = MeZO([theta], lr=lr, eps=eps, seed=seed)
+    sampler = make_sampler(method, problem, theta, seed=seed, ema_decay=ema_decay, uniform_mix=uniform_mix)
+    try:
+        return train(optimizer, sampler, lambda idx: problem.losses(theta, idx), steps,
+                     batch_size=batch_size, evaluate=lambda: problem.gap(theta),
+                     log_every=log_every, progress=False)
+    except FloatingPointError:  # diverged (a too-large lr): the whole curve is NaN
+        return None
+
+
+def race(problem: FiniteSumProblem, *, samplers=SAMPLERS, seeds=(0, 1, 2), steps: int = 400,
+         batch_size: int = 1, lr: float = 0.01, eps: float = 1e-3, ema_decay: float = 0.9,
+         uniform_mix: float = 0.1, log_every: int = 10, target_fraction: float = 0.05,
+         dtype: torch.dtype = torch.float64, progress: bool = False) -> RaceResult:
+    """Train every sampler from θ₀ with every seed; record the gap against queries.
+
+    Every run sees the same MeZO directions for a given seed (the seed stream is shared),
+    so differences between methods come from which examples they sample.
+
+    Example:
+        >>> result = race(make_problem(num_examples=32, dim=4), seeds=(0,), steps=20, log_every=10)
+        >>> result.gaps["sazo"].shape
+        (1, 3)
+    """
+    from tqdm.auto import tqdm
+
+    if not samplers or not seeds:
+        raise ValueError("Invalid samplers/seeds: need at least one of each")
+    if not 0.0 < target_fraction < 1.0:
+        raise ValueError(f"Invalid target_fraction: {target_fraction} (expected a number in (0, 1))")
+    logged = [s for s in range(1, steps + 1) if s % log_every == 0 or s == steps]
+    queries = 2 * batch_size * np.asarray([0] + logged)
+    initial_gap = problem.gap(problem.initial_theta(torch.float64))
+    target = target_fraction * initial_gap
+    gaps, to_target = {}, {}
+    jobs = [(m, s) for m in samplers for s in seeds]
+    for method, seed in tqdm(jobs, desc="race", disable=not progress, leave=False):
+        with one_thread():
+            history = _run_one(problem, method, seed, steps=steps, batch_size=batch_size, lr=lr, eps=eps,
+                               ema_decay=ema_decay, uniform_mix=uniform_mix, log_every=log_every,
+                               dtype=dtype)
+        row = np.full(len(queries), np.nan)
+        row[0] = initial_gap
+        if history is not None:
+            row[1:] = history.metrics
+        gaps.setdefault(method, []).append(row)
+        to_target.setdefault(method, []).append(
+            queries_to_target(history, target) if history is not None else None)
+    return RaceResult(queries=queries, gaps={m: np.stack(r) for m, r in gaps.items()},
+                      initial_gap=initial_gap, target=target, to_target=to_target)
+

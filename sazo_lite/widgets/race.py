@@ -1,0 +1,255 @@
+"""Notebook 05's dashboard: uniform MeZO, SAZO and the oracle race to a target loss.
+
+The plot shows the optimality gap F(θ) − F(θ*) (relative to its start) against queries,
+with a median line and a min–max band over seeds per method; the readout is a table of
+queries to reach the target. Runs come from ``sazo_lite.experiments.race``.
+"""
+from __future__ import annotations
+
+import html
+import warnings
+
+import numpy as np
+import plotly.graph_objects as go
+import ipywidgets as widgets
+import torch
+
+from ..config import pick
+from ..experiments import PROBLEMS, SAMPLERS, RaceResult, make_problem, race
+from ._common import Dashboard, captioned, int_slider, log_slider, presets, slider
+
+__all__ = ["race_dashboard", "race_figure", "race_table_html", "merge_results", "PROBLEM_DEFAULTS"]
+
+_COLORS = {"uniform": "#7f7f7f", "sazo": "#1f77b4", "oracle": "#d62728"}
+_FILLS = {"uniform": "rgba(127,127,127,0.2)", "sazo": "rgba(31,119,180,0.2)", "oracle": "rgba(214,39,40,0.15)"}
+_LABELS = {"uniform": "uniform MeZO", "sazo": "SAZO", "oracle": "oracle p*"}
+
+# What the dropdown sets when a problem is chosen (σ, η, B that give a readable race).
+PROBLEM_DEFAULTS = {
+    "heterogeneous quadratic": dict(heterogeneity=1.0, lr=0.01, batch_size=2),
+    "homogeneous quadratic": dict(heterogeneity=0.0, lr=0.02, batch_size=2),
+    "logistic regression (breast cancer)": dict(heterogeneity=0.0, lr=0.1, batch_size=8),
+}
+
+_HETERO, _HOMOG = "heterogeneous quadratic", "homogeneous quadratic"
+_BASE = dict(eps=1e-3, ema_decay=0.9, uniform_mix=0.1)
+
+
+def _preset(problem: str, **changes) -> dict:
+    """A complete regime: the problem's defaults, then the changes (earlier presets don't leak)."""
+    return {"problem": problem, **_BASE, **PROBLEM_DEFAULTS[problem], **changes}
+
+
+PRESETS = {
+    "ε too small": _preset(_HETERO, eps=1e-9),
+    "homogeneous data": _preset(_HOMOG),
+    "large batch": _preset(_HETERO, batch_size=32),
+    "oracle": _preset(_HETERO, heterogeneity=2.0, batch_size=1, lr=0.005, uniform_mix=0.05),
+}
+
+
+_CEILING = 1e3  # relative gaps above this (a diverging run) are drawn at it, to keep the axis readable
+
+
+def _band(result: RaceResult, method: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Median, min and max over seeds of the relative gap, capped at ``_CEILING``."""
+    relative = np.minimum(result.gaps[method] / result.initial_gap, _CEILING)   # [S, T]; NaN stays NaN
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # columns where every seed diverged
+        return np.nanmedian(relative, 0), np.nanmin(relative, 0), np.nanmax(relative, 0)
+
+
+def _band_xy(queries: np.ndarray, low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A closed polygon (upper edge left→right, lower edge right→left) for fill='toself'."""
+    keep = np.isfinite(low) & np.isfinite(high)
+    q, low, high = queries[keep], low[keep], high[keep]
+    return np.concatenate([q, q[::-1]]), np.concatenate([high, low[::-1]])
+
+
+def _empty_race_figure(methods=SAMPLERS, widget: bool = True, **layout):
+    figure_class = go.FigureWidget if widget else go.Figure
+    fig = figure_class(layout=dict(height=420, width=760, margin=dict(l=60, r=20, t=50, b=50), **layout))
+    for method in methods:
+        fig.add_scatter(name=f"{_LABELS[method]} (min–max)", mode="lines", fill="toself",
+                        fillcolor=_FILLS[method], line=dict(width=0), hoverinfo="skip", showlegend=False)
+        fig.add_scatter(name=_LABELS[method], mode="lines", line=dict(color=_COLORS[method], width=2))
+    fig.add_scatter(name="target", mode="lines", line=dict(color="black", dash="dash", width=1))
+    fig.update_xaxes(title="queries (2·B per step)")
+    fig.update_yaxes(type="log", title="gap (F(θ) − F(θ*)) / initial gap")
+    return fig
+
+
+def _draw_race(fig, result: RaceResult, methods=SAMPLERS) -> None:
+    q = result.queries
+    with fig.batch_update():
+        for k, method in enumerate(methods):
+            median, low, high = _band(result, method)
+            fig.data[2 * k].update(dict(zip("xy", _band_xy(q, low, high))))
+            fig.data[2 * k + 1].update(x=q, y=median)
+        ratio = result.target / result.initial_gap
+        fig.data[2 * len(methods)].update(x=[q[0], q[-1]], y=[ratio, ratio])
+
+
+def race_figure(result: RaceResult, title: str = "") -> go.Figure:
+    """A static race plot of a ``RaceResult`` (median lines and min–max bands over seeds)."""
+    methods = tuple(m for m in SAMPLERS if m in result.gaps)
+    fig = _empty_race_figure(methods, widget=False, title=title)
+    _draw_race(fig, result, methods)
+    return fig
+
+
+def _format_queries(value: float) -> str:
+    return "never" if not np.isfinite(value) else f"{value:,.0f}"
+
+
+def _format_speedup(result: RaceResult, method: str) -> str:
+    """"2.50×"; "> 3.1×" when only ``method`` gets there (uniform needs more than the whole run)."""
+    speedup = result.speedup(method)
+    if np.isnan(speedup):
+        return "—"
+    if np.isinf(speedup):
+        return f"> {result.queries[-1] / result.median_to_target(method):.1f}×"
+    return f"{speedup:.2f}×"
+
+
+def race_table_html(result: RaceResult) -> str:
+    """An HTML table: median queries to target per method, the speed-up over uniform, seeds that got there."""
+    rows = []
+    for method in (m for m in SAMPLERS if m in result.to_target):
+        reached = sum(q is not None for q in result.to_target[method])
+        speedup = _format_speedup(result, method) if "uniform" in result.to_target else "—"
+        rows.append(f"<tr><td>{html.escape(_LABELS[method])}</td>"
+                    f"<td>{_format_queries(result.median_to_target(method))}</td>"
+                    f"<td>{speedup}</td>"
+                    f"<td>{reached}/{len(result.to_target[method])}</td></tr>")
+    fraction = result.target / result.initial_gap
+    head = ("<tr><th>method</th><th>median queries to target</th><th>fewer than uniform</th>"
+            "<th>seeds reaching it</th></tr>")
+    return (f"<div><b>Queries to reach {fraction:.0%} of the initial gap</b>"
+            f"<table style='border-collapse:collapse' cellpadding='4'>{head}{''.join(rows)}</table></div>")
+
+
+def merge_results(parts: list[RaceResult]) -> RaceResult:
+    """Join races run one method at a time on the same problem and query grid."""
+    first = parts[0]
+    gaps, to_target = {}, {}
+    for part in parts:
+        if not np.array_equal(part.queries, first.queries):
+            raise ValueError("Invalid parts: races must share one query grid")
+        gaps.update(part.gaps)
+        to_target.update(part.to_target)
+    return RaceResult(queries=first.queries, gaps=gaps, initial_gap=first.initial_gap,
+                      target=first.target, to_target=to_target)
+
+
+# -- the dashboard ---------------------------------------------------------------------------
+
+def _controls(problem: str) -> dict[str, widgets.Widget]:
+    defaults = PROBLEM_DEFAULTS[problem]
+    dropdown = widgets.Dropdown(options=PROBLEMS, value=problem, description="problem",
+                                layout=dict(width="420px"), style=dict(description_width="110px"))
+    return {
+        "problem": dropdown,
+        "eps": log_slider("ε", _BASE["eps"], -10, 0),
+        "ema_decay": slider("EMA decay β", _BASE["ema_decay"], 0.0, 0.995, 0.005),
+        "batch_size": int_slider("batch size B", defaults["batch_size"], 1, 64),
+        "lr": log_slider("learning rate η", defaults["lr"], -4, 0),
+        "uniform_mix": slider("uniform mix λ", _BASE["uniform_mix"], 0.01, 1.0, 0.01),
+        "heterogeneity": slider("heterogeneity σ", defaults["heterogeneity"], 0.0, 2.5, 0.1),
+    }
+
+
+_QUESTIONS = {
+    "problem": "On which problem does SAZO gain most — and does it ever lose to uniform?",
+    "eps": "θ is float32: at which ε do all three methods stall, whatever they sample?",
+    "ema_decay": "Does a larger β help SAZO late in the race, when the norms have stopped moving?",
+    "batch_size": "Per query, does a bigger batch help uniform or SAZO more?",
+    "lr": "Is one η fair to all three? Find the largest η at which uniform still converges.",
+    "uniform_mix": "λ bounds the weights by 1/λ: what happens to SAZO's band as λ → 0.01?",
+    "heterogeneity": "How does the oracle's lead over uniform grow with σ (compare with 1 + CV²)?",
+}
+
+_SAZO_ONLY = ("ema_decay", "uniform_mix")
+
+
+def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: int = 64, dim: int = 5,
+                   seeds: int | None = None,
+                   steps: int | None = None, log_every: int = 10, target_fraction: float = 0.1,
+                   cache_size: int = 96) -> Dashboard:
+    """Uniform MeZO vs SAZO vs the oracle: gap against queries with seed bands, live.
+
+    Args:
+        problem: the initial entry of ``sazo_lite.experiments.PROBLEMS``.
+        num_examples, dim: N and d of the quadratics (the logistic regression has its own).
+        seeds: seeds per method (default 3; 2 under ``SAZO_FAST=1``).
+        steps: steps per run (default 200; 100 under ``SAZO_FAST=1``).
+        log_every: steps between evaluations of the gap.
+        target_fraction: the table's target, as a fraction of the initial gap.
+        cache_size: runs kept; a method's runs are keyed only by the controls it depends on,
+            so moving β or λ retrains SAZO alone.
+
+    Returns:
+        A ``Dashboard`` with figure "race" and an HTML queries-to-target table as readout.
+
+    Example:
+        >>> dash = race_dashboard(seeds=1, steps=20)
+        >>> dash.controls["problem"].value = "homogeneous quadratic"
+    """
+    seeds = tuple(range(seeds if seeds is not None else pick(3, 2)))
+    steps = steps if steps is not None else pick(200, 100)
+    controls = _controls(problem)
+    figures = {"race": _empty_race_figure(title="Gap against queries")}
+    readout = widgets.HTML()
+    problems, runs, hold = {}, {}, [False]
+
+    def run_method(method: str, values: dict) -> RaceResult:
+        relevant = {k: v for k, v in values.items() if method == "sazo" or k not in _SAZO_ONLY}
+        key = (method, tuple(sorted(relevant.items())))
+        if key not in runs:
+            name, sigma = values["problem"], values["heterogeneity"]
+            if (name, sigma) not in problems:
+                problems[(name, sigma)] = make_problem(name, heterogeneity=sigma, num_examples=num_examples,
+                                                        dim=dim)
+            if len(runs) >= cache_size:
+                runs.pop(next(iter(runs)))  # oldest first
+            runs[key] = race(problems[(name, sigma)], samplers=(method,), seeds=seeds, steps=steps,
+                             batch_size=values["batch_size"], lr=values["lr"], eps=values["eps"],
+                             ema_decay=values["ema_decay"], uniform_mix=values["uniform_mix"],
+                             log_every=log_every, target_fraction=target_fraction, dtype=torch.float32)
+        return runs[key]
+
+    def refresh() -> None:
+        values = {name: control.value for name, control in controls.items()}
+        if values["problem"] == "homogeneous quadratic":
+            values["heterogeneity"] = 0.0  # σ is fixed by the problem's definition
+        result = merge_results([run_method(method, values) for method in SAMPLERS])
+        _draw_race(figures["race"], result)
+        figures["race"].layout.title.text = f"{values['problem']}: gap against queries ({len(seeds)} seeds)"
+        readout.value = race_table_html(result)
+
+    def on_change(_change) -> None:
+        if not hold[0]:
+            refresh()
+
+    def on_problem(change) -> None:
+        controls["heterogeneity"].disabled = change["new"] == "homogeneous quadratic"
+        if hold[0]:
+            return  # a preset sets its own values and redraws once
+        hold[0] = True
+        try:
+            for name, value in PROBLEM_DEFAULTS[change["new"]].items():
+                controls[name].value = value
+        finally:
+            hold[0] = False
+        refresh()
+
+    controls["problem"].observe(on_problem, names="value")
+    for name, control in controls.items():
+        if name != "problem":
+            control.observe(on_change, names="value")
+    controls["heterogeneity"].disabled = problem == "homogeneous quadratic"
+    rows = [presets(PRESETS, controls, refresh, hold)]
+    rows += [captioned(control, _QUESTIONS[name]) for name, control in controls.items()]
+    dash = Dashboard("The race: queries to reach a target loss", rows, controls, figures, refresh, readout)
+    refresh()
+    return dash

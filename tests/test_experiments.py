@@ -1,0 +1,144 @@
+"""sazo_lite.experiments: SAZO traces (notebook 04) and the race (notebook 05)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import spearmanr
+
+from sazo_lite import experiments as E
+from sazo_lite import variance
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return E.make_problem(heterogeneity=1.5, num_examples=64, dim=6, seed=1)
+
+
+@pytest.fixture(scope="module")
+def trace(problem):
+    return E.run_sazo_trace(problem, steps=120, batch_size=8, lr=0.01, log_every=10)
+
+
+def test_trace_shapes_and_distributions(trace, problem):
+    n, t = problem.num_examples, len(trace.steps)
+    assert trace.steps.tolist() == list(range(0, 121, 10))
+    assert trace.queries.tolist() == [2 * 8 * s for s in trace.steps]
+    assert trace.sqrt_g.shape == trace.norms.shape == trace.p_sazo.shape == trace.p_star.shape == (t, n)
+    np.testing.assert_allclose(trace.p_sazo.sum(1), 1.0, atol=1e-9)
+    np.testing.assert_allclose(trace.p_star.sum(1), 1.0, atol=1e-9)
+    assert trace.sqrt_g[0].max() == 0.0  # nothing observed before the first step
+    assert (trace.sqrt_g[-1] > 0).all()
+
+
+def test_trace_metrics_match_plain_references(trace):
+    """Each logged metric equals an independent computation from the logged arrays."""
+    for k in range(1, len(trace.steps)):
+        norms, p = trace.norms[k], trace.p_sazo[k]
+        assert trace.spearman[k] == pytest.approx(spearmanr(trace.sqrt_g[k], norms).statistic, abs=1e-9)
+        assert trace.tv[k] == pytest.approx(0.5 * np.abs(p - norms / norms.sum()).sum(), abs=1e-12)
+        v_star = norms.mean() ** 2
+        assert trace.ratio["sazo"][k] == pytest.approx((norms ** 2 / p).sum() / len(p) ** 2 / v_star)
+        assert trace.ratio["uniform"][k] == pytest.approx(1 + norms.var() / norms.mean() ** 2)
+    np.testing.assert_array_equal(trace.ratio["oracle"], 1.0)
+
+
+def test_trace_norms_are_the_true_norms_along_the_run(trace, problem):
+    assert trace.norms[0] == pytest.approx(problem.norms(problem.initial_theta()).numpy())
+    assert trace.gap[0] == pytest.approx(problem.gap(problem.initial_theta()))
+    assert trace.gap[-1] < 0.5 * trace.gap[0]  # training made progress
+
+
+def test_sazo_beats_uniform_and_learns_the_ranking(trace):
+    late = slice(len(trace.steps) // 2, None)
+    assert np.median(trace.spearman[late]) > 0.4
+    assert np.median(trace.ratio["sazo"][late]) < np.median(trace.ratio["uniform"][late])
+
+
+def test_tiny_eps_in_float32_destroys_the_estimates(problem):
+    kwargs = dict(steps=120, batch_size=8, lr=0.01, log_every=10)
+    good = E.run_sazo_trace(problem, eps=1e-3, **kwargs)
+    bad = E.run_sazo_trace(problem, eps=1e-9, **kwargs)
+    assert bad.spearman[-1] < good.spearman[-1] - 0.3
+    assert bad.tv[-1] > good.tv[-1]
+
+
+def test_larger_ema_decay_smooths_the_g_trajectory(problem):
+    kwargs = dict(steps=150, batch_size=8, lr=0.01, log_every=2)
+    fast = E.run_sazo_trace(problem, ema_decay=0.3, **kwargs)
+    slow = E.run_sazo_trace(problem, ema_decay=0.99, **kwargs)
+    assert np.array_equal(fast.tracked, slow.tracked)
+    assert E.roughness(slow.sqrt_g[:, slow.tracked]) < 0.7 * E.roughness(fast.sqrt_g[:, fast.tracked])
+
+
+def test_roughness():
+    assert E.roughness([1.0, 2.0, 4.0]) == pytest.approx(np.log(2))
+    assert E.roughness([0.0, 0.0, 1.0, np.e]) == pytest.approx(1.0)  # steps from zero are skipped
+    with pytest.raises(ValueError, match="trajectory"):
+        E.roughness([1.0])
+    with pytest.raises(ValueError, match="trajectory"):
+        E.roughness([0.0, 0.0])
+
+
+def test_bad_names_raise():
+    with pytest.raises(ValueError, match="name"):
+        E.make_problem("cubic")
+    with pytest.raises(ValueError, match="sampler"):
+        E.make_sampler("greedy", E.make_problem(num_examples=4, dim=2), torch.zeros(2))
+    with pytest.raises(ValueError, match="steps"):
+        E.run_sazo_trace(E.make_problem(num_examples=4, dim=2), steps=0)
+
+
+# -- race --------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_race():
+    problem = E.make_problem("heterogeneous quadratic", heterogeneity=1.0, num_examples=64, dim=5)
+    return E.race(problem, seeds=(0, 1, 2), steps=200, batch_size=2, lr=0.01, log_every=10,
+                  target_fraction=0.1)
+
+
+def test_race_shapes_and_targets(small_race):
+    r = small_race
+    assert r.queries.tolist() == [0] + [2 * 2 * s for s in range(10, 201, 10)]
+    assert r.target == pytest.approx(0.1 * r.initial_gap)
+    for method in E.SAMPLERS:
+        gaps = r.gaps[method]
+        assert gaps.shape == (3, len(r.queries))
+        np.testing.assert_array_equal(gaps[:, 0], r.initial_gap)
+        for seed, queries in enumerate(r.to_target[method]):  # a plain scan of the curve
+            below = np.flatnonzero(gaps[seed] <= r.target)
+            assert queries == (int(r.queries[below[0]]) if len(below) else None)
+
+
+def test_race_oracle_beats_uniform_on_heterogeneous_data(small_race):
+    assert small_race.median_to_target("oracle") < small_race.median_to_target("uniform")
+    assert small_race.speedup("oracle") > 1.5
+    final = {m: np.median(small_race.gaps[m][:, -1]) for m in E.SAMPLERS}
+    assert final["sazo"] < final["uniform"]
+
+
+def test_race_sazo_does_not_lose_on_homogeneous_data():
+    problem = E.make_problem("homogeneous quadratic", num_examples=64, dim=5)
+    r = E.race(problem, samplers=("uniform", "sazo"), seeds=(0, 1, 2, 3), steps=150, batch_size=2,
+               lr=0.02, log_every=10, target_fraction=0.1)
+    assert r.median_to_target("sazo") <= 1.25 * r.median_to_target("uniform")
+
+
+def test_race_is_reproducible_and_a_diverging_run_never_reaches_the_target():
+    problem = E.make_problem(num_examples=16, dim=3)
+    a = E.race(problem, samplers=("sazo",), seeds=(4,), steps=20, log_every=5)
+    b = E.race(problem, samplers=("sazo",), seeds=(4,), steps=20, log_every=5)
+    np.testing.assert_array_equal(a.gaps["sazo"], b.gaps["sazo"])
+    wild = E.race(problem, samplers=("uniform",), seeds=(0,), steps=200, lr=50.0, log_every=5)
+    assert (wild.gaps["uniform"][0, 1:] > 1e6 * wild.initial_gap).all()
+    assert wild.to_target["uniform"] == [None] and np.isnan(wild.speedup("uniform"))
+    assert wild.median_to_target("uniform") == np.inf
+
+
+def test_race_bad_arguments():
+    problem = E.make_problem(num_examples=8, dim=2)
+    with pytest.raises(ValueError, match="target_fraction"):
+        E.race(problem, target_fraction=1.5)
+    with pytest.raises(ValueError, match="samplers"):
+        E.race(problem, samplers=())

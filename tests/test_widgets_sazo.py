@@ -1,0 +1,190 @@
+"""Headless tests of notebook 04's and 05's dashboards: set controls from code, check the plots."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("plotly")
+pytest.importorskip("anywidget")
+
+from sazo_lite import experiments as E  # noqa: E402
+from sazo_lite import widgets  # noqa: E402
+from sazo_lite.widgets.race import merge_results, race_figure, race_table_html  # noqa: E402
+
+
+def _number(readout: str, label: str) -> float:
+    return float(re.search(rf"{re.escape(label)} = (-?[0-9.]+)", readout).group(1))
+
+
+def _press(dashboard, label: str) -> None:
+    """Click the preset button with this label."""
+    presets_row = dashboard.children[1]
+    [button] = [b for b in presets_row.children if getattr(b, "description", None) == label]
+    button.click()
+
+
+# -- notebook 04 ------------------------------------------------------------------------------
+
+@pytest.fixture()
+def sazo():
+    return widgets.sazo_dashboard(num_examples=64, dim=6, steps=90, log_every=3)
+
+
+def test_sazo_dashboard_builds_with_no_arguments():
+    dash = widgets.sazo_dashboard()
+    assert isinstance(dash, widgets.Dashboard)
+    labels = {c.description for c in dash.controls.values()}
+    assert {"ε", "EMA decay β", "batch size B", "uniform mix λ", "heterogeneity σ"} <= labels
+    training = [c for name, c in dash.controls.items() if name != "step"]
+    assert all(c.continuous_update is False for c in training)
+    assert set(dash.figures) == {"scatter", "trajectory", "probs", "variance"}
+    assert "Spearman ρ = " in dash.readout.value and "TV = " in dash.readout.value
+
+
+def test_larger_beta_smooths_the_g_trajectory(sazo):
+    def tracked_roughness():
+        data = sazo.figures["trajectory"].data
+        return E.roughness(np.stack([np.asarray(data[2 * k].y) for k in range(3)], axis=1))
+
+    sazo.controls["ema_decay"].value = 0.3
+    rough = tracked_roughness()
+    sazo.controls["ema_decay"].value = 0.99
+    assert tracked_roughness() < 0.7 * rough
+
+
+def test_tiny_eps_breaks_the_estimates(sazo):
+    before, tv_before = _number(sazo.readout.value, "Spearman ρ"), _number(sazo.readout.value, "TV")
+    scatter_before = np.asarray(sazo.figures["scatter"].data[0].y).copy()
+    _press(sazo, "ε too small")
+    assert sazo.controls["eps"].value == pytest.approx(1e-9)
+    assert _number(sazo.readout.value, "Spearman ρ") < before - 0.2
+    assert _number(sazo.readout.value, "TV") > tv_before
+    assert not np.allclose(sazo.figures["scatter"].data[0].y, scatter_before)
+
+
+def test_homogeneous_data_shrinks_uniforms_variance_ratio(sazo):
+    uniform_before = np.asarray(sazo.figures["variance"].data[0].y)
+    _press(sazo, "homogeneous data")
+    uniform_after = np.asarray(sazo.figures["variance"].data[0].y)
+    assert sazo.controls["heterogeneity"].value == 0.0
+    assert np.median(uniform_after) < np.median(uniform_before) - 1.0  # 1 + CV² falls with σ
+    np.testing.assert_array_equal(sazo.figures["variance"].data[2].y, 1.0)  # the oracle's V(p*)/V(p*)
+
+
+def test_step_slider_moves_the_snapshot_without_retraining(sazo):
+    trajectory = np.asarray(sazo.figures["trajectory"].data[0].y).copy()
+    sazo.controls["step"].value = 0
+    assert "step 0:" in sazo.readout.value
+    assert np.all(np.asarray(sazo.figures["scatter"].data[0].y) == 0)  # nothing observed yet
+    sazo.controls["step"].value = 45
+    assert "step 45:" in sazo.readout.value
+    np.testing.assert_array_equal(sazo.figures["trajectory"].data[0].y, trajectory)
+    probs = sazo.figures["probs"].data
+    assert np.all(np.diff(probs[1].y) <= 0)  # p* drawn sorted, largest first
+    assert sum(probs[0].y) == pytest.approx(1.0)
+
+
+def test_sazo_probabilities_follow_lambda(sazo):
+    sazo.controls["uniform_mix"].value = 1.0  # λ = 1 is uniform sampling
+    p_sazo = np.asarray(sazo.figures["probs"].data[0].y)
+    np.testing.assert_allclose(p_sazo, 1.0 / len(p_sazo))
+    assert _number(sazo.readout.value, "V(p_SAZO)/V(p*)") == pytest.approx(
+        _number(sazo.readout.value, "V(uniform)/V(p*)"), abs=0.01)
+
+
+def test_sazo_presets_set_their_values(sazo):
+    _press(sazo, "large batch")
+    assert sazo.controls["batch_size"].value == 32
+    _press(sazo, "oracle")
+    assert sazo.controls["uniform_mix"].value == pytest.approx(0.05)
+
+
+# -- notebook 05 ------------------------------------------------------------------------------
+
+@pytest.fixture()
+def racer():
+    return widgets.race_dashboard(seeds=2, steps=60, log_every=10)
+
+
+def _median_curve(dash, method_index: int) -> np.ndarray:
+    return np.asarray(dash.figures["race"].data[2 * method_index + 1].y, dtype=float)
+
+
+def test_race_dashboard_builds_with_no_arguments():
+    dash = widgets.race_dashboard()
+    labels = {c.description for c in dash.controls.values()}
+    assert {"problem", "ε", "EMA decay β", "batch size B", "uniform mix λ", "heterogeneity σ"} <= labels
+    assert all(c.continuous_update is False for name, c in dash.controls.items() if name != "problem")
+    assert dash.readout.value.count("<tr>") == 4  # header + three methods
+
+
+def test_race_bands_enclose_the_median(racer):
+    data = racer.figures["race"].data
+    for k in range(3):
+        band_y = np.asarray(data[2 * k].y, dtype=float)
+        upper, lower = np.split(band_y, 2)
+        median = _median_curve(racer, k)
+        assert np.all(upper + 1e-12 >= median) and np.all(lower[::-1] - 1e-12 <= median)
+
+
+def test_beta_retrains_only_sazo(racer):
+    uniform, sazo, oracle = (_median_curve(racer, k) for k in range(3))
+    racer.controls["ema_decay"].value = 0.2
+    np.testing.assert_array_equal(_median_curve(racer, 0), uniform)
+    np.testing.assert_array_equal(_median_curve(racer, 2), oracle)
+    assert not np.array_equal(_median_curve(racer, 1), sazo)
+
+
+def test_problem_dropdown_switches_problem_and_fixes_sigma(racer):
+    before = _median_curve(racer, 0)
+    racer.controls["problem"].value = "homogeneous quadratic"
+    assert racer.controls["heterogeneity"].disabled
+    assert racer.controls["heterogeneity"].value == 0.0
+    assert "homogeneous quadratic" in racer.figures["race"].layout.title.text
+    assert not np.array_equal(_median_curve(racer, 0), before)
+    racer.controls["problem"].value = "logistic regression (breast cancer)"
+    assert not racer.controls["heterogeneity"].disabled
+    assert racer.controls["lr"].value == pytest.approx(0.1)
+
+
+def test_race_tiny_eps_stalls_every_method(racer):
+    finals = [_median_curve(racer, k)[-1] for k in range(3)]
+    _press(racer, "ε too small")
+    stalled = [_median_curve(racer, k)[-1] for k in range(3)]
+    assert all(s > f for s, f in zip(stalled, finals))
+
+
+def test_race_table_and_static_figure():
+    problem = E.make_problem(num_examples=32, dim=3)
+    result = E.race(problem, seeds=(0, 1), steps=100, batch_size=2, lr=0.02, log_every=10)
+    table = race_table_html(result)
+    for method, label in (("uniform", "uniform MeZO"), ("sazo", "SAZO"), ("oracle", "oracle p*")):
+        reached = sum(q is not None for q in result.to_target[method])
+        assert re.search(rf"{re.escape(label)}</td><td>[^<]*</td><td>[^<]*</td><td>{reached}/2<", table)
+    fig = race_figure(result, title="x")
+    assert len(fig.data) == 7 and fig.layout.title.text == "x"
+    np.testing.assert_allclose(fig.data[3].y, np.median(result.gaps["sazo"], 0) / result.initial_gap)
+
+
+def test_merge_results_rejects_different_grids():
+    problem = E.make_problem(num_examples=8, dim=2)
+    a = E.race(problem, samplers=("uniform",), seeds=(0,), steps=10, log_every=5)
+    b = E.race(problem, samplers=("sazo",), seeds=(0,), steps=20, log_every=5)
+    with pytest.raises(ValueError, match="parts"):
+        merge_results([a, b])
+    assert set(merge_results([a, E.race(problem, samplers=("sazo",), seeds=(0,), steps=10, log_every=5)]).gaps) \
+        == {"uniform", "sazo"}
+
+
+@pytest.mark.parametrize("build", [lambda: widgets.sazo_dashboard(num_examples=32, dim=4, steps=30),
+                                   lambda: widgets.race_dashboard(seeds=1, steps=20)], ids=["sazo", "race"])
+def test_presets_are_complete_regimes(build):
+    """A preset resets what earlier presets changed (ε stays tiny only under "ε too small")."""
+    dash = build()
+    _press(dash, "ε too small")
+    assert dash.controls["eps"].value == pytest.approx(1e-9)
+    _press(dash, "homogeneous data")
+    assert dash.controls["eps"].value == pytest.approx(1e-3)
+    assert dash.controls["heterogeneity"].value == 0.0
