@@ -6,8 +6,10 @@ Samplers know nothing of models or optimisers: they see indices and directional 
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
+import numpy as np
 import torch
 
 __all__ = ["Sampler", "UniformSampler", "SAZOSampler", "OracleSampler"]
@@ -145,83 +147,212 @@ class OracleSampler(Sampler):
         return (1.0 - self.uniform_mix) * p_star + self.uniform_mix * uniform
 
 
+STATISTICS = ("abs", "square")
+
+
 class SAZOSampler(Sampler):
-    """Sample-adaptive ZO: importance sampling from EMAs of the squared diffs d².
+    """Sample-adaptive ZO: importance sampling from per-example estimates of ‖∇f_i‖.
 
-    State: G_i, an estimate of ‖∇f_i‖² (E_z[d_i²] = ‖∇f_i‖²), and n_i, how often i was seen.
+    Each MeZO step gives, for free, d_k = (f_k(θ+εz) − f_k(θ−εz))/(2ε) ≈ zᵀ∇f_k with
+    E[d_k²] = ‖∇f_k‖² and E|d_k| = sqrt(2/π)·‖∇f_k‖ (Gaussian z). SAZO keeps one score G_i
+    per example (∝ its norm) and samples p_i ∝ G_i, mixed with uniform:
 
-        p_i = (1−λ) · sqrt(Ĝ_i) / Σ_j sqrt(Ĝ_j) + λ/N,    Ĝ_i = G_i if n_i > 0 else Ḡ
-        on observing d_i²:  β_i = min(β, (n_i + c)/(n_i + c + 1)),  G_i ← β_i Ĝ_i + (1−β_i) d_i²
+        level:   L ← (1−a)·L + a·mean_k(w_k·|d_k|),       a = max(1/t, 1 − level_decay)
+        observe: o_i = |d_i| / L                          (mean over duplicates in the batch)
+        prior:   Ḡ = sqrt(mean of G_j² over the examples seen so far)   (running sums)
+        update:  β_i = min(β, (n_i + c)/(n_i + c + 1)),   G_i ← β_i·(G_i if n_i > 0 else Ḡ) + (1−β_i)·o_i
+        sample:  p_i = (1−λ)·Ĝ_i/Σ_j Ĝ_j + λ/N,          Ĝ_i = G_i if n_i > 0 else Ḡ
 
-    Ḡ is the mean estimate over the examples seen so far, so unseen examples are neither
-    starved nor favoured; a new example starts from the prior Ḡ held with the weight of
-    ``prior_strength`` (c) observations, which damps the χ²₁ noise of a single d².
+    Why each piece (a naive EMA of d² from a constant start needed ~1.8× more queries than
+    uniform sampling on a mildly heterogeneous problem; single d² are χ²₁-noisy and an
+    example is seen about once every N/B steps):
+    - Unseen examples take the prior Ḡ, neither starved nor favoured by a stale start;
+      before any data SAZO is uniform sampling. Ḡ is the root-mean-square score: an unseen
+      example's expected ‖∇f‖² is the data set's mean ‖∇f_j‖², and p ∝ sqrt(E‖∇f_i‖²)
+      minimises the expected V(p). With heavy-tailed norms this puts unseen examples above
+      the typical one (so the rare huge ones are found sooner); with alike norms Ḡ ≈ mean.
+    - A first observation is blended with ``prior_strength`` c pseudo-observations of Ḡ,
+      and β_i grows with the count n_i (a running mean first, the EMA β later, like Adam's
+      bias correction): one noisy observation cannot starve an example.
+    - The level L, an importance-weighted (w = 1/(N·p_i)) running mean of |d| over the
+      whole data set, follows all norms as they shrink during training. Scores are stored
+      relative to L at the time they were observed, so an example seen long ago (when every
+      norm was larger) is not over-sampled just because its estimate is old.
+    - |d| (``statistic="abs"``) instead of d² (``"square"``, p ∝ sqrt(G)): both estimate the
+      norm, but |d| has relative variance π/2 − 1 ≈ 0.57 against 2 for d² and lighter
+      tails, so one lucky draw moves the EMA less; it did as well or better in our runs.
+    - λ = 0.1 keeps every example reachable and bounds the importance weights w ≤ 1/λ = 10.
+
+    Measured with ``python -m sazo_lite.bench queries`` (best lr per method, median of 3
+    seeds, 2% of the initial gap): about uniform's queries on the homogeneous quadratic,
+    ~2.8× fewer on the σ = 1.5 quadratic and ~3.5× fewer on logistic regression. SAZO learns an
+    example's norm only when it samples it, so it trails the oracle, most of all early on.
 
     Args:
         num_examples: N.
-        ema_decay: β ∈ [0, 1); larger tracks slowly but averages more noise away.
-        uniform_mix: λ ∈ (0, 1]; keeps every example reachable and bounds w ≤ 1/λ.
-        prior_strength: c ≥ 0 pseudo-observations of the prior Ḡ for a new example.
+        ema_decay: β ∈ [0, 1): the EMA decay once an example has been seen often.
+        uniform_mix: λ ∈ (0, 1]; 1 is uniform sampling.
+        prior_strength: c ≥ 0 pseudo-observations of the prior Ḡ blended into a first observation.
+        statistic: "abs" (G tracks |d|, p ∝ G) or "square" (G tracks d², p ∝ sqrt(G)).
+        level_decay: decay ∈ [0, 1) of the data-set-wide level L (0.99: averages ~100 steps).
         seed: seed of the sampling generator.
 
     Example:
         >>> s = SAZOSampler(100, seed=0)
         >>> idx, w = s.sample(8)
         >>> s.update(idx, torch.randn(8))
-        >>> float(s.probs.sum())
-        1.0
+        >>> round(float(s.probs.sum()), 12), bool((s.probs >= 0.1 / 100).all())
+        (1.0, True)
     """
 
     def __init__(self, num_examples: int, *, ema_decay: float = 0.9, uniform_mix: float = 0.1,
-                 prior_strength: float = 1.0, seed: int = 0):
+                 prior_strength: float = 1.0, statistic: str = "abs", level_decay: float = 0.99,
+                 seed: int = 0):
         super().__init__(num_examples, seed=seed)
         self.ema_decay = _check_fraction("ema_decay", ema_decay, 0.0, 1.0, closed_low=True, closed_high=False)
         self.uniform_mix = _check_fraction("uniform_mix", uniform_mix, 0.0, 1.0, closed_low=False, closed_high=True)
         self.prior_strength = _check_fraction("prior_strength", prior_strength, 0.0, float("inf"),
                                               closed_low=True, closed_high=False)
-        self.estimates = torch.zeros(num_examples, dtype=torch.float32)  # G_i, O(N)
-        self.counts = torch.zeros(num_examples, dtype=torch.int32)       # n_i, O(N)
+        self.level_decay = _check_fraction("level_decay", level_decay, 0.0, 1.0, closed_low=True, closed_high=False)
+        if statistic not in STATISTICS:
+            raise ValueError(f"Invalid statistic: {statistic!r} (expected one of {STATISTICS})")
+        self.statistic = statistic
+        # Per-example state lives in numpy (B-sized updates cost ~1 µs per op instead of
+        # ~5 µs in torch); ``estimates``/``counts`` are torch views of the same memory.
+        self._g = np.zeros(num_examples)                     # G_i, relative to L, [N] float64
+        self._n = np.zeros(num_examples, dtype=np.int64)     # n_i, [N]
+        self.level, self.level_steps = 0.0, 0                # L and how often it was updated
+        self._seen_sum, self._seen_sq, self._seen_count = 0.0, 0.0, 0  # running Σ G, Σ G² over seen
+        self._since_resync = 0
+        self._p = np.full(num_examples, 1.0 / num_examples)  # cached probs, refreshed per update
+        self._cdf = np.cumsum(self._p)                       # for inverse-CDF sampling
 
+    @property
+    def estimates(self) -> torch.Tensor:
+        """G [N] float64 (relative to the level at observation time; 0 where unseen), a view."""
+        return torch.from_numpy(self._g)
+
+    @property
+    def counts(self) -> torch.Tensor:
+        """n [N] int64: how often each example was observed, a view."""
+        return torch.from_numpy(self._n)
+
+    # -- reading the state ----------------------------------------------------------------
     def prior(self) -> float:
-        """Ḡ: the mean estimate over seen examples (0 before any observation)."""
-        seen = self.counts > 0
-        return float(self.estimates[seen].double().mean()) if bool(seen.any()) else 0.0
+        """Ḡ: the score of an example not seen yet (0 before any observation).
+
+        The score whose square is the mean squared score over the seen examples, i.e. the
+        root-mean-square norm estimate: under the data set's spread of norms, an unseen
+        example's expected ‖∇f‖² is the mean of ‖∇f_j‖², and p ∝ sqrt(E‖∇f_i‖²) minimises
+        the expected V(p). ("square" scores already live in squared units: their mean.)
+        """
+        if not self._seen_count:
+            return 0.0
+        if self.statistic == "square":
+            return self._seen_sum / self._seen_count
+        return math.sqrt(max(self._seen_sq, 0.0) / self._seen_count)
+
+    def scores(self) -> torch.Tensor:
+        """Ĝ [N] float64 (relative units): G_i for seen examples, the prior Ḡ for unseen ones."""
+        return torch.from_numpy(self._scores())
+
+    def _scores(self) -> np.ndarray:
+        return np.where(self._n > 0, self._g, self.prior())
+
+    def norm_estimates(self) -> torch.Tensor:
+        """Estimates of ‖∇f_i‖ [N] at the current level (Gaussian z), float64."""
+        scores = self.scores().clamp_min(0)
+        if self.statistic == "abs":  # E|d| = sqrt(2/π)·‖∇f‖
+            return scores * self.level * math.sqrt(math.pi / 2)
+        return (scores * self.level).sqrt()
 
     def squared_norm_estimates(self) -> torch.Tensor:
-        """Ĝ [N] float64: G_i for seen examples, the prior Ḡ for unseen ones."""
-        estimates = self.estimates.double()
-        return torch.where(self.counts > 0, estimates, torch.full_like(estimates, self.prior()))
+        """Estimates of ‖∇f_i‖² [N] (what E[d_i²] measures), float64."""
+        return self.norm_estimates() ** 2
 
     @property
     def probs(self) -> torch.Tensor:
-        scores = self.squared_norm_estimates().clamp_min(0).sqrt()
-        uniform = torch.full_like(scores, 1.0 / self.num_examples)
-        total = scores.sum()
-        adaptive = scores / total if total > 0 else uniform
-        return (1.0 - self.uniform_mix) * adaptive + self.uniform_mix * uniform
+        """p_i = (1−λ)·Ĝ_i/ΣĜ + λ/N (Ĝ: norm scores), float64 [N], a copy."""
+        return torch.tensor(self._p)
 
+    def sample(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draw B indices i.i.d. from ``probs`` by inverse CDF (O(B log N)); weights 1/(N·p_i)."""
+        _check_count("batch_size", batch_size)
+        uniforms = torch.rand(batch_size, generator=self._generator, dtype=torch.float64).numpy()
+        indices = np.searchsorted(self._cdf, uniforms * self._cdf[-1], side="right")
+        indices = np.minimum(indices, self.num_examples - 1)  # guards u·total rounding up
+        return torch.from_numpy(indices), torch.from_numpy(1.0 / (self.num_examples * self._p[indices]))
+
+    # -- learning -------------------------------------------------------------------------
     def _observe(self, indices: torch.Tensor, diffs: torch.Tensor) -> None:
-        unique, inverse = torch.unique(indices, return_inverse=True)
-        squared = torch.zeros(len(unique), dtype=torch.float64).index_add_(0, inverse, diffs ** 2)
-        squared /= torch.bincount(inverse, minlength=len(unique)).double()  # duplicates: mean d²
-        prior = self.prior()
-        counts = self.counts[unique].double()
-        old = torch.where(counts > 0, self.estimates[unique].double(), torch.full_like(squared, prior))
-        c = self.prior_strength
-        if prior == 0.0 and not bool((counts > 0).any()):
-            c = 0.0  # nothing seen yet: there is no prior to blend with
-        decay = ((counts + c) / (counts + c + 1.0)).clamp_max(self.ema_decay)  # running mean, then EMA
-        self.estimates[unique] = (decay * old + (1.0 - decay) * squared).float()
-        self.counts[unique] += 1
+        if not indices.numel():
+            return
+        indices, diffs = indices.numpy(), diffs.numpy()
+        stat = np.abs(diffs) if self.statistic == "abs" else diffs * diffs     # [B]
+        self._update_level(stat, indices)
+        if len(indices) == 1:
+            unique, observed = indices, stat
+        else:  # duplicates: the mean of their statistic
+            unique, inverse = np.unique(indices, return_inverse=True)
+            observed = np.bincount(inverse, weights=stat) / np.bincount(inverse)
+        observed = observed / self.level if self.level > 0 else np.zeros_like(observed)
+        self._blend(unique, observed)
+        self._refresh_probs()
 
+    def _update_level(self, stat: np.ndarray, indices: np.ndarray) -> None:
+        """L ← EMA of mean_k(w_k·stat_k): an unbiased estimate of (1/N)·Σ_i E[stat_i]."""
+        weights = 1.0 / (self.num_examples * self._p[indices])               # the sampling weights
+        self.level_steps += 1
+        rate = max(1.0 / self.level_steps, 1.0 - self.level_decay)
+        self.level = (1.0 - rate) * self.level + rate * float((weights * stat).sum()) / len(stat)
+
+    def _blend(self, unique: np.ndarray, observed: np.ndarray) -> None:
+        """G_i ← β_i·old_i + (1−β_i)·o_i with the prior standing in for unseen examples."""
+        counts = self._n[unique]
+        seen = counts > 0
+        old = np.where(seen, self._g[unique], self.prior())
+        strength = self.prior_strength if self._seen_count else 0.0  # no prior before any data
+        decay = np.minimum((counts + strength) / (counts + strength + 1.0), self.ema_decay)
+        new = decay * old + (1.0 - decay) * observed
+        self._seen_sum += float(new.sum() - old[seen].sum())
+        self._seen_sq += float((new * new).sum() - (old[seen] ** 2).sum())
+        self._seen_count += int(len(unique) - seen.sum())
+        self._g[unique] = new
+        self._n[unique] += 1
+        self._since_resync += len(unique)
+        if self._since_resync >= self.num_examples:  # bound the running sum's rounding drift
+            self._resync()
+
+    def _resync(self) -> None:
+        seen = self._n > 0
+        self._seen_sum, self._seen_sq = float(self._g[seen].sum()), float((self._g[seen] ** 2).sum())
+        self._seen_count, self._since_resync = int(seen.sum()), 0
+
+    def _refresh_probs(self) -> None:
+        scores = np.maximum(self._scores(), 0.0)
+        if self.statistic == "square":
+            scores = np.sqrt(scores)
+        total = float(scores.sum())
+        uniform = 1.0 / self.num_examples
+        if total > 0:
+            self._p = (1.0 - self.uniform_mix) * scores / total + self.uniform_mix * uniform
+        else:
+            self._p = np.full(self.num_examples, uniform)
+        self._cdf = np.cumsum(self._p)
+
+    # -- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {**super().state_dict(), "estimates": self.estimates.clone(), "counts": self.counts.clone(),
-                "ema_decay": self.ema_decay, "uniform_mix": self.uniform_mix,
-                "prior_strength": self.prior_strength}
+                "level": self.level, "level_steps": self.level_steps,
+                "hyperparameters": dict(ema_decay=self.ema_decay, uniform_mix=self.uniform_mix,
+                                        prior_strength=self.prior_strength, statistic=self.statistic,
+                                        level_decay=self.level_decay)}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.estimates.copy_(state["estimates"])
-        self.counts.copy_(state["counts"])
-        self.ema_decay, self.uniform_mix = state["ema_decay"], state["uniform_mix"]
-        self.prior_strength = state["prior_strength"]
+        self._g[:] = torch.as_tensor(state["estimates"], dtype=torch.float64).numpy()
+        self._n[:] = torch.as_tensor(state["counts"], dtype=torch.int64).numpy()
+        self.level, self.level_steps = float(state["level"]), int(state["level_steps"])
+        self.__dict__.update(state["hyperparameters"])
+        self._resync()
+        self._refresh_probs()
