@@ -12,6 +12,11 @@ One step, with a fresh seed s, smoothing radius ε and per-example losses f_k:
 z is never stored: it is regenerated from (step seed, tensor index) with an explicit
 ``torch.Generator`` on each parameter's device, so peak memory is inference memory
 plus one parameter tensor's worth of z.
+
+Speed: generating z, not the arithmetic, dominates a pass. ``MeZO(..., noise=...)`` swaps the
+plain loop for a faster source (``sazo_lite.noise``): ``TorchNoise`` (same z bit for bit,
+chunked and threaded), ``NoiseTable`` (windows of a shared table; different z) or, on CUDA,
+``sazo_lite.kernels.TritonNoise`` (z generated in registers).
 """
 from __future__ import annotations
 
@@ -107,6 +112,8 @@ class MeZO(torch.optim.Optimizer):
         weight_decay: decoupled L2 coefficient ≥ 0.
         perturbation: "gaussian" (z ~ N(0, I)) or "rademacher" (z ∈ {±1}^d).
         seed: base of the seed stream; step t uses ``derive_seed(seed, t)``.
+        noise: None for the plain loop below, or an object with ``apply(jobs)`` that does
+            θ ← shrink·θ + c·z for a list of ``sazo_lite.noise.Job`` (see that module).
 
     Example:
         >>> theta = torch.zeros(3)
@@ -117,7 +124,7 @@ class MeZO(torch.optim.Optimizer):
     """
 
     def __init__(self, params, lr: float, eps: float = 1e-3, *, weight_decay: float = 0.0,
-                 perturbation: str = "gaussian", seed: int = 0):
+                 perturbation: str = "gaussian", seed: int = 0, noise=None):
         lr = _check_finite_number("lr", lr, 0.0, strict=False)
         eps = _check_finite_number("eps", eps, 0.0, strict=True)
         weight_decay = _check_finite_number("weight_decay", weight_decay, 0.0, strict=False)
@@ -125,9 +132,12 @@ class MeZO(torch.optim.Optimizer):
             raise ValueError(f"Invalid perturbation: {perturbation!r} (expected one of {PERTURBATIONS})")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"Invalid seed: {seed!r} (expected an int)")
+        if noise is not None and not callable(getattr(noise, "apply", None)):
+            raise ValueError(f"Invalid noise: {noise!r} (expected None or an object with apply(jobs))")
         defaults = dict(lr=lr, eps=eps, weight_decay=weight_decay, perturbation=perturbation)
         super().__init__(params, defaults)
         self._generators: dict[torch.device, torch.Generator] = {}
+        self.noise = noise
         self.log = None  # an optional SeedLog that records every step (see sazo_lite.seedlog)
         self.state[self._first_param()].update(step=0, seed=int(seed))
 
@@ -163,6 +173,9 @@ class MeZO(torch.optim.Optimizer):
     # -- passes over the parameters ------------------------------------------------------
     def _pass(self, seed: int, coefficient: Callable[[dict], float], decay: bool = False) -> None:
         """One pass: θ ← a·θ + c·z for every tensor, z regenerated from (seed, tensor index)."""
+        if self.noise is not None:
+            self.noise.apply(self._jobs(seed, coefficient, decay))
+            return
         index = 0
         for group in self.param_groups:
             c = coefficient(group)
@@ -174,6 +187,17 @@ class MeZO(torch.optim.Optimizer):
                     p.mul_(shrink)
                 p.add_(z, alpha=c)
                 index += 1
+
+    def _jobs(self, seed: int, coefficient, decay: bool) -> list:
+        """The pass as a list of ``noise.Job`` (param, seed, c, shrink, perturbation)."""
+        from .noise import Job  # noise imports this module
+
+        jobs = []
+        for group in self.param_groups:
+            c = coefficient(group)
+            shrink = 1.0 - group["lr"] * group["weight_decay"] if decay else 1.0
+            jobs += [Job(p, 0, c, shrink, group["perturbation"]) for p in group["params"]]
+        return [job._replace(seed=derive_seed(seed, index)) for index, job in enumerate(jobs)]
 
     def _shift(self, seed: int, multiple_of_eps: float) -> None:
         self._pass(seed, lambda group: multiple_of_eps * group["eps"])
@@ -233,6 +257,9 @@ class MeZO(torch.optim.Optimizer):
         if closure is None:
             raise ValueError("Invalid closure: MeZO.step needs a closure that returns losses")
         weights = self._check_weights(weights)
+        if self.log is not None and not getattr(self.noise, "replayable", self.noise is None):
+            raise ValueError(f"Invalid noise: SeedLog replays with the plain loop, which cannot "
+                             f"reproduce {type(self.noise).__name__}'s directions")
         seed = self.next_seed()
         eps = self.param_groups[0]["eps"]
         self._shift(seed, +1.0)

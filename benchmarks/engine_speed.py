@@ -1,0 +1,273 @@
+"""Engine benchmarks: step speed, peak memory, SAZO's overhead and the sampler's cost.
+
+Every number is a ratio of two measurements taken in the same run (timings on shared
+machines drift up to 2×), over interleaved rounds (speed: best round of each, as other
+processes only ever add time; the medians are in the JSON too):
+
+    speed      ZO step ÷ (2 × forward) for SmolLM2-135M and a tiny GPT-2, B=8, seq 64, float32:
+               a plain reference MeZO loop (global ``torch.manual_seed``, 4 out-of-place passes,
+               as in the original MeZO code) and sazo_lite with noise=None / TorchNoise / NoiseTable
+    memory     peak RSS of one ZO step ÷ peak RSS of one inference forward, each in a fresh process
+    overhead   SAZO step ÷ uniform (MeZO) step on the tiny GPT-2, and the sampler's extra state
+    sampler    sample + update for N = 10⁶, B = 32: SAZOSampler, UniformSampler and a bare SumTree
+
+Run one part: ``python -m benchmarks.engine_speed speed --model gpt2-tiny`` (the whole table:
+``make bench``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+from sazo_lite import MeZO, SAZOSampler, UniformSampler
+from sazo_lite.noise import NoiseTable, TorchNoise
+from sazo_lite.sumtree import SumTree
+
+MODELS = ("smollm2", "gpt2-tiny")
+VARIANTS = ("reference", "plain", "torch_noise", "noise_table")
+
+
+# -- models and losses ------------------------------------------------------------------
+def build_model(name: str) -> torch.nn.Module:
+    """SmolLM2-135M (offline cache, float32) or a tiny GPT-2 (random init, GPT-2's vocabulary)."""
+    if name == "smollm2":
+        from sazo_lite.llm import load_smollm2
+        return load_smollm2(verbose=False)[0]
+    if name == "gpt2-tiny":
+        from transformers import GPT2Config, GPT2LMHeadModel
+        config = GPT2Config(n_embd=128, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0,
+                            embd_pdrop=0.0, attn_pdrop=0.0)  # 50257-token vocabulary: 6.8M parameters
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            return GPT2LMHeadModel(config).eval()
+    raise ValueError(f"Invalid model: {name!r} (expected one of {MODELS})")
+
+
+def distinct_parameters(model) -> list[torch.Tensor]:
+    """model.parameters() with tied tensors once (the embedding is also the LM head)."""
+    return list({id(p): p for p in model.parameters()}.values())
+
+
+def random_tokens(model, batch: int, seq: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(model.config.vocab_size, (batch, seq), generator=g)  # [B, seq]
+
+
+def lm_losses(model, tokens: torch.Tensor) -> torch.Tensor:
+    """Per-row next-token cross-entropy [B] (what a MeZO closure returns)."""
+    with torch.no_grad():
+        logits = model(tokens).logits[:, :-1]                                  # [B, seq−1, V]
+        losses = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten(),
+                                                   reduction="none")
+    return losses.view(tokens.shape[0], -1).mean(1)
+
+
+# -- the reference loop -----------------------------------------------------------------
+@torch.no_grad()
+def reference_mezo_step(params, closure, eps: float, lr: float, seed: int) -> float:
+    """Original MeZO: z from the global seed, four out-of-place passes (θ.data = θ.data + c·z)."""
+    def perturb(scale: float) -> None:
+        torch.manual_seed(seed)
+        for p in params:
+            z = torch.normal(mean=0, std=1, size=p.shape, dtype=p.dtype)
+            p.data = p.data + scale * eps * z
+
+    perturb(+1)
+    plus = float(closure().mean())
+    perturb(-2)
+    minus = float(closure().mean())
+    perturb(+1)
+    g = (plus - minus) / (2 * eps)
+    torch.manual_seed(seed)
+    for p in params:
+        z = torch.normal(mean=0, std=1, size=p.shape, dtype=p.dtype)
+        p.data = p.data - lr * g * z
+    return g
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def step_functions(model, params, closure) -> dict:
+    """One callable per variant, each taking one ZO step (lr = 0: θ only drifts by rounding)."""
+    optimisers = {"plain": MeZO(params, lr=0.0, eps=1e-3),
+                  "torch_noise": MeZO(params, lr=0.0, eps=1e-3, noise=TorchNoise(workers=2)),
+                  "noise_table": MeZO(params, lr=0.0, eps=1e-3, noise=NoiseTable())}
+    steps = {name: (lambda opt=opt: opt.step(closure)) for name, opt in optimisers.items()}
+    counter = iter(range(10 ** 9))
+    steps["reference"] = lambda: reference_mezo_step(params, closure, 1e-3, 0.0, next(counter))
+    return steps
+
+
+def speed(name: str, rounds: int = 3, batch: int = 8, seq: int = 64) -> dict:
+    """step ÷ (2 × forward) for every variant: best of interleaved rounds (and medians)."""
+    torch.manual_seed(0)
+    model = build_model(name)
+    tokens = random_tokens(model, batch, seq)
+    closure = lambda: lm_losses(model, tokens)  # noqa: E731
+    params = distinct_parameters(model)
+    steps = step_functions(model, params, closure)
+    closure()
+    for fn in steps.values():  # warm-up: thread pool, buffers, the noise table
+        fn()
+    times = {key: [] for key in ("two_forwards", *VARIANTS)}
+    for _ in range(rounds):
+        times["two_forwards"].append(_timed(lambda: (closure(), closure())))
+        for variant in VARIANTS:
+            times[variant].append(_timed(steps[variant]))
+    # other processes only ever add time: the best round is the least disturbed one
+    best = {key: min(values) for key, values in times.items()}
+    out = dict(model=name, params=sum(p.numel() for p in params), batch=batch, seq=seq, rounds=rounds,
+               threads=torch.get_num_threads(), forward_s=best["two_forwards"] / 2, times=times)
+    for variant in VARIANTS:
+        out[f"{variant}_s"] = best[variant]
+        out[f"{variant}_ratio"] = best[variant] / best["two_forwards"]
+        out[f"{variant}_median_ratio"] = statistics.median(times[variant]) / statistics.median(times["two_forwards"])
+    return out
+
+
+# -- memory (fresh processes) -------------------------------------------------------------
+MEMORY_MODES = ("inference", "plain", "torch_noise", "noise_table")
+
+
+def _peak_rss() -> int:
+    # VmHWM on Linux: ru_maxrss would include the parent's RSS inherited across fork/exec
+    from sazo_lite.memory_measure import _peak_rss_bytes
+    return _peak_rss_bytes()
+
+
+def _memory_child(name: str, mode: str, batch: int = 8, seq: int = 64) -> dict:
+    torch.manual_seed(0)
+    model = build_model(name)
+    params = distinct_parameters(model)
+    noise = {"plain": None, "torch_noise": TorchNoise(workers=2), "noise_table": NoiseTable()}.get(mode)
+    opt = MeZO(params, lr=0.0, eps=1e-3, noise=noise) if mode != "inference" else None
+    run = (lambda t: lm_losses(model, t)) if opt is None else (lambda t: opt.step(lambda: lm_losses(model, t)))
+    run(random_tokens(model, batch, seq))  # warm-up: allocator, kernels, noise table
+    run(random_tokens(model, batch, seq, seed=1))
+    return dict(peak_rss=_peak_rss(), weights=sum(p.numel() * p.element_size() for p in params))
+
+
+def memory(name: str, modes=MEMORY_MODES, timeout: float = 300.0) -> dict:
+    """Peak RSS per mode (one process each) and each ZO mode's peak ÷ the inference peak."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", HF_HUB_OFFLINE="1")  # big frees return to the OS
+    peaks = {}
+    for mode in modes:
+        done = subprocess.run([sys.executable, "-m", "benchmarks.engine_speed", "memory-child", name, mode],
+                              env=env, capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"memory child {name}/{mode} failed:\n{done.stderr[-2000:]}")
+        peaks[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+    out = dict(model=name, weights=peaks["inference"]["weights"],
+               **{f"{mode}_peak": peaks[mode]["peak_rss"] for mode in modes})
+    for mode in modes[1:]:
+        out[f"{mode}_ratio"] = peaks[mode]["peak_rss"] / peaks["inference"]["peak_rss"]
+    return out
+
+
+# -- SAZO's overhead and the sampler's cost -----------------------------------------------
+def state_bytes(sampler) -> int:
+    """Bytes of the array/tensor attributes a sampler holds (its O(N) state)."""
+    total = 0
+    for value in vars(sampler).values():
+        if isinstance(value, np.ndarray):
+            total += value.nbytes
+        elif isinstance(value, torch.Tensor):
+            total += value.numel() * value.element_size()
+    return total
+
+
+def _train_step(opt, sampler, tokens, batch: int, model) -> None:
+    indices, weights = sampler.sample(batch)
+    rows = tokens[indices % len(tokens)]  # the pool stands in for N examples
+    out = opt.step(lambda: lm_losses(model, rows), weights=weights)
+    sampler.update(indices, out.directional_diffs)
+
+
+def sampler_seconds(sampler, batch: int, repeats: int = 50, seed: int = 0) -> float:
+    """Median seconds of one sample(B) + update(B) round trip (after 20 warm-up rounds)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def round_trip():
+        indices, _ = sampler.sample(batch)
+        sampler.update(indices, torch.randn(batch, generator=g, dtype=torch.float64))
+
+    for _ in range(20):
+        round_trip()
+    return statistics.median(_timed(round_trip) for _ in range(repeats))
+
+
+def overhead(name: str = "gpt2-tiny", sizes=(10 ** 5, 10 ** 6), rounds: int = 5, batch: int = 8) -> dict:
+    """SAZO's cost over MeZO per step, two ways, and its extra state bytes per N.
+
+    direct ratio: SAZO training step ÷ uniform training step (best of interleaved rounds);
+        on a shared machine its noise (a few %) exceeds the effect.
+    component ratio: 1 + (SAZO sampler round trip − uniform's) ÷ uniform training step, with
+        the round trips timed in isolation (median of 50): resolves effects below 1%.
+    """
+    torch.manual_seed(0)
+    model = build_model(name)
+    tokens = random_tokens(model, 64, 64)
+    opt = MeZO(distinct_parameters(model), lr=0.0, eps=1e-3, noise=TorchNoise(workers=2))
+    out = dict(model=name, batch=batch)
+    for n in sizes:
+        samplers = {"uniform": UniformSampler(n, seed=0), "sazo": SAZOSampler(n, seed=0)}
+        times = {key: [] for key in samplers}
+        for key, sampler in samplers.items():  # warm-up
+            _train_step(opt, sampler, tokens, batch, model)
+        for _ in range(rounds):
+            for key, sampler in samplers.items():
+                times[key].append(_timed(lambda: _train_step(opt, sampler, tokens, batch, model)))
+        uniform, sazo = (min(times[k]) for k in ("uniform", "sazo"))
+        extra = sampler_seconds(SAZOSampler(n, seed=1), batch) - sampler_seconds(UniformSampler(n, seed=1), batch)
+        out[f"N={n:.0e}"] = dict(uniform_step_s=uniform, sazo_step_s=sazo, ratio=sazo / uniform,
+                                 median_ratio=statistics.median(times["sazo"]) / statistics.median(times["uniform"]),
+                                 sampler_extra_s=extra, component_ratio=1 + extra / uniform,
+                                 extra_state_bytes=state_bytes(samplers["sazo"]) - state_bytes(samplers["uniform"]))
+    return out
+
+
+def sampler_cost(n: int = 10 ** 6, batch: int = 32, repeats: int = 20) -> dict:
+    """Median seconds of sample(B) + update(B) at N examples; a bare SumTree and multinomial."""
+    g = torch.Generator().manual_seed(0)
+    out = dict(num_examples=n, batch=batch)
+    for name, sampler in (("uniform", UniformSampler(n, seed=0)), ("sazo", SAZOSampler(n, seed=0))):
+        out[f"{name}_s"] = sampler_seconds(sampler, batch, repeats)
+    tree = SumTree(torch.rand(n, generator=g, dtype=torch.float64))
+    def tree_round_trip():
+        indices = tree.sample(batch, g)
+        tree.update(indices, torch.rand(batch, generator=g, dtype=torch.float64))
+    out["sumtree_s"] = statistics.median(_timed(tree_round_trip) for _ in range(repeats))
+    probs = torch.rand(n, generator=g, dtype=torch.float64)
+    out["multinomial_s"] = statistics.median(
+        _timed(lambda: torch.multinomial(probs, batch, replacement=True, generator=g)) for _ in range(repeats))
+    return out
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("part", choices=("speed", "memory", "overhead", "sampler", "memory-child"))
+    parser.add_argument("model", nargs="?", default="gpt2-tiny", choices=MODELS)
+    parser.add_argument("mode", nargs="?", default="plain", choices=MEMORY_MODES)
+    args = parser.parse_args(argv)
+    if args.part == "memory-child":
+        print(json.dumps(_memory_child(args.model, args.mode)))
+        return
+    run = {"speed": lambda: speed(args.model), "memory": lambda: memory(args.model),
+           "overhead": lambda: overhead(args.model), "sampler": sampler_cost}[args.part]
+    print(json.dumps(run(), indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""GPU check of the Triton pass (run on a CUDA machine in a few minutes; no downloads):
+
+    python -m benchmarks.gpu_check            # writes benchmarks/results/gpu_check.json (or $OUT/)
+
+1. correctness: for float32 and bfloat16 tensors, the kernel's pass equals shrink·θ + c·z with
+   z = ``triton_direction`` (relative error ≤ 2e-7 / 1e-2), z has mean ≈ 0 and variance ≈ 1,
+   and a MeZO step's +εz, −2εz, +εz shifts restore θ after a failed closure;
+2. timing: one pass over SmolLM2-135M-shaped parameters (134.5M floats, synthetic values) with
+   the plain torch loop (``noise=None``) and with ``TritonNoise``, plus a bare θ.add_(θ) pass
+   (the memory-bandwidth floor), each the median of 10 after warm-up.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from sazo_lite.engine import MeZO
+from sazo_lite.kernels import TritonNoise, triton_available, triton_direction
+from sazo_lite.noise import Job
+
+# SmolLM2-135M's distinct tensors: embedding, 30 × (7 matrices + 2 norms), final norm
+SMOLLM2_SHAPES = [(49152, 576)] + [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576),
+                                  (1536, 576), (576, 1536), (576,), (576,)] * 30 + [(576,)]
+
+
+def check_correctness(device) -> dict:
+    g = torch.Generator(device=device).manual_seed(0)
+    out, noise = {}, TritonNoise()
+    for dtype, tol in [(torch.float32, 2e-7), (torch.bfloat16, 1e-2)]:
+        for perturbation in ("gaussian", "rademacher"):
+            theta = torch.randn(3_000_001, generator=g, device=device).to(dtype)
+            old = theta.clone()
+            z = triton_direction(theta, 99, perturbation)
+            noise.apply([Job(theta, 99, 0.25, 0.5, perturbation)])
+            expected = 0.5 * old.float() + 0.25 * z
+            err = float(((theta.float() - expected).abs() / (old.float().abs() + 0.25 * z.abs())).max())
+            key = f"{dtype}/{perturbation}"
+            out[key] = dict(rel_err=err, ok=err <= tol, z_mean=float(z.mean()), z_var=float(z.var()))
+    theta = torch.randn(1_000_000, generator=g, device=device)
+    before = theta.clone()
+    try:
+        MeZO([theta], lr=0.1, eps=1e-3, noise=noise).step(lambda: 1 / 0)
+    except ZeroDivisionError:
+        pass
+    out["restore_max_abs"] = float((theta - before).abs().max())
+    return out
+
+
+def time_pass(apply, repeats=10) -> float:
+    apply()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        apply()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def check_timing(device) -> dict:
+    params = [torch.randn(s, device=device) for s in SMOLLM2_SHAPES]
+    plain = MeZO(params, lr=1e-6)
+    fast = MeZO(params, lr=1e-6, noise=TritonNoise())
+    out = {"params": sum(p.numel() for p in params)}
+    out["plain_s"] = time_pass(lambda: plain._shift(7, 1.0))
+    out["triton_s"] = time_pass(lambda: fast._shift(7, 1.0))
+    out["add_only_s"] = time_pass(lambda: [p.add_(p, alpha=1e-9) for p in params])
+    out["speedup"] = out["plain_s"] / out["triton_s"]
+    return out
+
+
+def main() -> dict:
+    usable, reason = triton_available()
+    if not torch.cuda.is_available() or not usable:
+        raise SystemExit(f"gpu_check needs a CUDA device and triton ({reason})")
+    device = torch.device("cuda")
+    result = {"device": torch.cuda.get_device_name(), "correctness": check_correctness(device),
+              "timing": check_timing(device)}
+    target = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "gpu_check.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

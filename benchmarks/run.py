@@ -1,0 +1,225 @@
+"""``make bench``: the whole benchmark table in one command (≈ 10 minutes on 2 CPU cores).
+
+    python -m benchmarks.run            # full run; prints one table, writes benchmarks/results/bench.json
+    python -m benchmarks.run --quick    # smoke run (tiny GPT-2 only, 1 seed, short budgets)
+
+Sections (each a ratio measured within this run; see the modules for the method):
+  1. queries to target: uniform / SAZO / oracle on the quadratics and logistic regression
+     (``sazo_lite.bench``) and on the offline LLM task (``benchmarks.llm_queries``, tiny model);
+  2. engine speed: ZO step ÷ (2 × forward), reference MeZO loop vs sazo_lite (``engine_speed.speed``);
+  3. memory: ZO-step peak RSS ÷ inference peak RSS, fresh processes (``engine_speed.memory``);
+  4. SAZO overhead over MeZO: step-time ratio and extra state bytes (``engine_speed.overhead``);
+  5. sampler cost: sample + update at N = 10⁶, B = 32 (``engine_speed.sampler_cost``).
+A section that fails is reported as such in the table; the others still run.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import time
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from benchmarks import engine_speed
+
+RESULTS = Path(__file__).parent / "results"
+TARGETS = {"speed": 1.15, "memory": 1.05, "overhead": 1.02, "sazo_gain_heterogeneous": 3.0,
+           "sazo_cost_homogeneous": 1.1}
+
+
+def queries_section(quick: bool) -> dict:
+    """uniform/SAZO/oracle queries on the three small problems, via ``sazo_lite.bench``."""
+    from sazo_lite.bench import default_problems, format_table, run_queries_benchmark
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny problems: threads only add overhead
+    try:
+        seeds, target = ([0], 0.1) if quick else ([0, 1, 2], 0.02)
+        result = run_queries_benchmark(default_problems(quick), seeds, target)
+    finally:
+        torch.set_num_threads(threads)
+    result["table"] = format_table(result)
+    return result
+
+
+def llm_queries_section(quick: bool) -> dict:
+    """MeZO vs SAZO queries to a target loss on the offline LLM task (tiny model)."""
+    from benchmarks.llm_queries import one_seed
+
+    # llm_queries' defaults, with a shorter budget so that `make bench` stays under 15 minutes
+    args = SimpleNamespace(model="tiny", task="sentiment", num_train=48, num_test=48, noise=0.15,
+                           steps=60 if quick else 150, batch=4, lr=2e-3, eps=1e-3, log_every=15,
+                           target=None, target_fraction=0.95)
+    seeds = [0] if quick else [0, 1, 2]
+    runs = [one_seed(args, seed) for seed in seeds]
+    ratios = [r["mezo"]["queries"] / r["sazo"]["queries"] for r in runs
+              if r["mezo"]["queries"] and r["sazo"]["queries"]]
+    return dict(settings=vars(args), seeds=seeds, runs=runs,
+                uniform_over_sazo=statistics.median(ratios) if ratios else None, reached=len(ratios))
+
+
+def run_sections(quick: bool, save=None, only=None, previous=None) -> dict:
+    models = ["gpt2-tiny"] if quick else ["smollm2", "gpt2-tiny"]
+    rounds = 2 if quick else 3  # SmolLM2: ≈ 30 s per round on 2 cores
+    sections = {
+        "queries": lambda: queries_section(quick),
+        "llm_queries": lambda: llm_queries_section(quick),
+        **{f"speed/{m}": (lambda m=m: engine_speed.speed(m, rounds=rounds)) for m in models},
+        **{f"memory/{m}": (lambda m=m: engine_speed.memory(m)) for m in models},
+        "overhead": lambda: engine_speed.overhead("gpt2-tiny", rounds=3 if quick else 5),
+        "sampler": lambda: engine_speed.sampler_cost(),
+    }
+    unknown = set(only or ()) - set(sections)
+    if unknown:
+        raise ValueError(f"Invalid --only: {sorted(unknown)} (sections: {list(sections)})")
+    results = dict(previous or {})
+    for name, fn in sections.items():
+        if only is not None and name not in only:
+            continue
+        started = time.perf_counter()
+        print(f"[bench] {name} ...", flush=True)
+        try:
+            results[name] = fn()
+        except Exception as error:  # noqa: BLE001 -- one broken section must not hide the rest
+            results[name] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+        results[name]["seconds"] = round(time.perf_counter() - started, 1)
+        print(f"[bench] {name} done in {results[name]['seconds']} s", flush=True)
+        if save is not None:
+            save(results)  # partial results survive an interrupted run
+    return results
+
+
+# -- the table --------------------------------------------------------------------------
+def _fmt(value, spec=".2f", suffix="") -> str:
+    return "–" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _verdict(value, limit, higher_is_better=False) -> str:
+    if value is None:
+        return "?"
+    return "yes" if (value >= limit if higher_is_better else value <= limit) else "NO"
+
+
+def _query_rows(result: dict) -> list[tuple]:
+    rows = []
+    for row in result.get("rows", []):
+        name, gain = row["problem"], row.get("uniform/sazo")
+        if "σ=0" in name and "quadratic" in name:
+            cost = None if gain is None else 1 / gain
+            rows.append(("1 queries", f"{name}: SAZO ÷ uniform", _fmt(cost, suffix="×"),
+                         f"≤ {TARGETS['sazo_cost_homogeneous']}", _verdict(cost, TARGETS["sazo_cost_homogeneous"])))
+        elif "quadratic" in name:
+            rows.append(("1 queries", f"{name}: uniform ÷ SAZO", _fmt(gain, suffix="×"),
+                         f"≥ {TARGETS['sazo_gain_heterogeneous']}",
+                         _verdict(gain, TARGETS["sazo_gain_heterogeneous"], higher_is_better=True)))
+        else:
+            rows.append(("1 queries", f"{name}: uniform ÷ SAZO", _fmt(gain, suffix="×"), "", ""))
+        rows.append(("1 queries", f"{name}: uniform ÷ oracle", _fmt(row.get("uniform/oracle"), suffix="×"), "", ""))
+    return rows
+
+
+def table_rows(results: dict) -> list[tuple]:
+    rows = []
+    if "error" in results.get("queries", {}):
+        rows.append(("1 queries", "small problems", "failed", "", ""))
+    rows += _query_rows(results.get("queries", {}))
+    llm = results.get("llm_queries", {})
+    rows.append(("1 queries", f"LLM task (tiny, {llm.get('reached', 0)}/{len(llm.get('seeds', []))} seeds reached): "
+                 "uniform ÷ SAZO", "failed" if "error" in llm else _fmt(llm.get("uniform_over_sazo"), suffix="×"), "", ""))
+    for key in sorted(k for k in results if k.startswith("speed/")):
+        r = results[key]
+        if "error" in r:
+            rows.append(("2 speed", key, "failed", "", ""))
+            continue
+        limit = f"≤ {TARGETS['speed']}" if r["model"] == "smollm2" else ""
+        rows.append(("2 speed", f"{r['model']}: forward (s)", _fmt(r["forward_s"], ".3f"), "", ""))
+        for variant in engine_speed.VARIANTS:
+            verdict = _verdict(r[f"{variant}_ratio"], TARGETS["speed"]) if limit else ""
+            rows.append(("2 speed", f"{r['model']}: {variant} step ÷ 2·forward",
+                         _fmt(r[f"{variant}_ratio"]), limit, verdict))
+    for key in sorted(k for k in results if k.startswith("memory/")):
+        r = results[key]
+        if "error" in r:
+            rows.append(("3 memory", key, "failed", "", ""))
+            continue
+        rows.append(("3 memory", f"{r['model']}: inference peak RSS (MiB)", _fmt(r["inference_peak"] / 2 ** 20, ".0f"), "", ""))
+        for mode in engine_speed.MEMORY_MODES[1:]:
+            rows.append(("3 memory", f"{r['model']}: {mode} ZO peak ÷ inference peak", _fmt(r[f"{mode}_ratio"], ".3f"),
+                         f"≤ {TARGETS['memory']}", _verdict(r[f"{mode}_ratio"], TARGETS["memory"])))
+    over = results.get("overhead", {})
+    for key, value in over.items():
+        if key.startswith("N="):
+            rows.append(("4 SAZO overhead", f"{over['model']} {key}: SAZO step ÷ MeZO step, direct (noisy)",
+                         _fmt(value["ratio"], ".3f"), "", ""))
+            rows.append(("4 SAZO overhead", f"{over['model']} {key}: 1 + sampler extra ÷ MeZO step",
+                         _fmt(value["component_ratio"], ".4f"), f"≤ {TARGETS['overhead']}",
+                         _verdict(value["component_ratio"], TARGETS["overhead"])))
+            rows.append(("4 SAZO overhead", f"{key}: extra state (MiB)", _fmt(value["extra_state_bytes"] / 2 ** 20, ".1f"), "", ""))
+    if "error" in over:
+        rows.append(("4 SAZO overhead", "overhead", "failed", "", ""))
+    sampler, speed = results.get("sampler", {}), results.get("speed/smollm2", {})
+    if "sazo_s" in sampler:
+        for name in ("uniform", "sazo", "sumtree", "multinomial"):
+            rows.append(("5 sampler", f"N=1e6 B=32: {name} (ms)", _fmt(sampler[f"{name}_s"] * 1e3, ".2f"), "", ""))
+        if "torch_noise_s" in speed:
+            share = 1 + (sampler["sazo_s"] - sampler["uniform_s"]) / speed["torch_noise_s"]
+            rows.append(("4 SAZO overhead", "smollm2 N=1e6 B=32: 1 + sampler extra ÷ MeZO step", _fmt(share, ".4f"),
+                         f"≤ {TARGETS['overhead']}", _verdict(share, TARGETS["overhead"])))
+    elif "error" in sampler:
+        rows.append(("5 sampler", "sampler", "failed", "", ""))
+    return rows
+
+
+def format_table(rows: list[tuple]) -> str:
+    lines = ["| section | quantity | value | target | met |", "|---|---|---|---|---|"]
+    return "\n".join(lines + [f"| {' | '.join(map(str, row))} |" for row in rows])
+
+
+def machine() -> dict:
+    return dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                platform=platform.platform(), processor=platform.processor() or platform.machine(),
+                cpus=os.cpu_count(), torch=torch.__version__, threads=torch.get_num_threads(),
+                python=platform.python_version())
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run (also when SAZO_FAST=1)")
+    parser.add_argument("--out", default=str(RESULTS / "bench.json"))
+    parser.add_argument("--only", nargs="+", default=None,
+                        help="rerun these sections (e.g. memory/smollm2) and merge them into --out")
+    args = parser.parse_args(argv)
+    quick = args.quick or os.environ.get("SAZO_FAST") == "1"
+    started = time.perf_counter()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(results: dict) -> str:
+        info = machine() | dict(quick=quick, seconds=round(time.perf_counter() - started, 1))
+        table = format_table(table_rows(results))
+        out.write_text(json.dumps(dict(machine=info, table=table, results=results), indent=1,
+                                  ensure_ascii=False, default=str))
+        return table
+
+    previous = json.loads(out.read_text())["results"] if args.only and out.exists() else None
+    results = run_sections(quick, save, args.only, previous)
+    table = save(results)
+    info = machine() | dict(quick=quick, seconds=round(time.perf_counter() - started, 1))
+    print(f"\nsazo-lite benchmarks, {info['date']}, {info['processor']}, {info['cpus']} CPUs, "
+          f"torch {info['torch']}, {info['seconds']} s{' (quick)' if quick else ''}")
+    if "table" in results.get("queries", {}):
+        print("\nQueries to target (median [min–max] over seeds, best lr per method):\n" + results["queries"]["table"])
+    print("\n" + table)
+    print(f"\nwrote {out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
