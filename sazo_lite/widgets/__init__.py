@@ -20,3 +20,5 @@ from .importance import batch_gain_dashboard, importance_dashboard, unbiased_das
 __all__ += ["importance_dashboard", "unbiased_dashboard", "batch_gain_dashboard"]
 from .memory import measured_vs_predicted_figure, memory_dashboard
 __all__ += ["memory_dashboard", "measured_vs_predicted_figure"]
+from .llm import llm_dashboard, top_sampled_rows
+__all__ += ["llm_dashboard", "top_sampled_rows"]

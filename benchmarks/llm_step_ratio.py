@@ -1,0 +1,76 @@
+"""ZO step time ÷ (2 × forward time) for SmolLM2-135M-Instruct on this machine, B=8, seq=64.
+
+A MeZO step is two forwards plus three passes over the parameters (+εz, −2εz, restore+update),
+each regenerating z from a seed. The ratio says how much the passes cost on top of the two
+forwards (1.0 = free). Measured back to back in one process, median of ``--repeats``:
+
+    forward        answer-token CE (``answer_losses``) on B random 64-token rows, float32
+    full step      ``MeZO`` over all 134.5M parameters (plain loop, and with ``noise=TorchNoise()``)
+    LoRA step      ``MeZO`` over rank-8 q/v adapters only (peft)
+    sparse step    ``SparseMeZO`` over a fixed 1% of every tensor
+
+Run: ``python -m benchmarks.llm_step_ratio [--repeats 3] [--batch 8] [--seq 64]``
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from sazo_lite import MeZO
+from sazo_lite.noise import TorchNoise
+from sazo_lite.llm import (SparseMeZO, TokenBatch, add_lora, answer_losses, full_parameters, load_smollm2,
+                           sparse_indices, trainable_parameters)
+
+
+def random_rows(batch: int, seq: int, vocab: int, seed: int = 0) -> TokenBatch:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(100, vocab, (batch, seq), generator=g).tolist()
+    return TokenBatch(ids=ids, prompt_lengths=[seq // 2] * batch, pad_id=0)
+
+
+def seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def paired_ratio(forward, step, repeats: int) -> tuple[float, float, float]:
+    """Median over repeats of step / (2 × forward), each pair timed back to back (load drifts)."""
+    pairs = [(seconds(forward), seconds(step)) for _ in range(repeats)]
+    ratios = [s / (2 * f) for f, s in pairs]
+    return (statistics.median(f for f, _ in pairs), statistics.median(s for _, s in pairs),
+            statistics.median(ratios))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=64)
+    args = parser.parse_args()
+    model, tokenizer = load_smollm2()
+    rows = random_rows(args.batch, args.seq, tokenizer.vocab_size)
+    closure = lambda: answer_losses(model, rows)  # noqa: E731
+    closure()  # warm-up
+    params = full_parameters(model)
+    full_opt = MeZO(params, lr=0.0, eps=1e-3)
+    sparse_opt = SparseMeZO(params, sparse_indices(params, 0.01), lr=0.0, eps=1e-3)
+    fast_opt = MeZO(params, lr=0.0, eps=1e-3, noise=TorchNoise())  # same z, chunked + 2 threads
+    results = {"full": paired_ratio(closure, lambda: full_opt.step(closure), args.repeats),
+               "full, TorchNoise": paired_ratio(closure, lambda: fast_opt.step(closure), args.repeats),
+               "sparse 1%": paired_ratio(closure, lambda: sparse_opt.step(closure), args.repeats)}
+    peft_model = add_lora(model, rank=8)
+    lora_closure = lambda: answer_losses(peft_model, rows)  # noqa: E731
+    lora_opt = MeZO(trainable_parameters(peft_model), lr=0.0, eps=1e-3)
+    results["LoRA r=8"] = paired_ratio(lora_closure, lambda: lora_opt.step(lora_closure), args.repeats)
+    print(f"SmolLM2-135M, B={args.batch}, seq={args.seq}, float32, {torch.get_num_threads()} threads, "
+          f"median of {args.repeats} back-to-back pairs")
+    for name, (forward, step, ratio) in results.items():
+        print(f"{name:17s} forward {forward:.3f} s  step {step:.3f} s  step / (2 × forward) = {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""Language models fine-tuned by forward passes alone: offline models, losses, tuning modes, tasks.
+
+    from sazo_lite.llm import load_smollm2, make_task, add_lora, trainable_parameters, zo_finetune
+    model, tok = load_smollm2()                           # offline, cached float32 copy
+    task = make_task("sentiment", num_train=64, noise=0.15)
+    model = add_lora(model, rank=4)
+    run = zo_finetune(model, trainable_parameters(model), task.encode(tok, "train"),
+                      task.encode(tok, "test"), method="sazo", steps=200)
+
+Needs the ``llm`` extra (transformers, peft, gguf, accelerate).
+"""
+from .finetune import FinetuneRun, METHODS, mean_loss, restore_snapshot, snapshot, zo_finetune
+from .losses import (TokenBatch, accuracy, answer_losses, batched_closure, classification_logits,
+                     classification_losses, encode_answers, encode_classification, label_word_ids, predict)
+from .models import (TINY_FAMILIES, cache_dir, default_device, load_causal_lm, load_minilm, load_smollm2,
+                     minilm_dir, smollm2_gguf_path, tiny_causal_lm)
+from .tasks import TASKS, ClassificationTask, Example, load_hf_task, make_task
+from .tuning import (Float32Master, SparseMeZO, add_lora, full_parameters, parameter_count, restore_bound,
+                     sparse_indices, trainable_parameters, unit_roundoff)
+
+__all__ = ["FinetuneRun", "METHODS", "mean_loss", "restore_snapshot", "snapshot", "zo_finetune",
+           "TokenBatch", "accuracy", "answer_losses", "batched_closure", "classification_logits",
+           "classification_losses", "encode_answers", "encode_classification", "label_word_ids", "predict",
+           "TINY_FAMILIES", "cache_dir", "default_device", "load_causal_lm", "load_minilm", "load_smollm2",
+           "minilm_dir", "smollm2_gguf_path", "tiny_causal_lm", "TASKS", "ClassificationTask", "Example",
+           "load_hf_task", "make_task", "Float32Master", "SparseMeZO", "add_lora", "full_parameters",
+           "parameter_count", "restore_bound", "sparse_indices", "trainable_parameters", "unit_roundoff"]

@@ -1,0 +1,117 @@
+"""Fine-tune a causal LM on a prompt-classification task with MeZO (uniform) or SAZO sampling.
+
+One call = one run of ``sazo_lite.train`` (sample → two forwards → update the sampler), plus
+the bookkeeping the notebook and benchmarks need: full training loss and held-out accuracy
+at every log point, and how often each training example was drawn.
+
+    run = zo_finetune(model, params, train_batch, test_batch, method="sazo", steps=200)
+    run.queries, run.train_loss, run.test_accuracy, run.sample_counts
+
+``snapshot``/``restore_snapshot`` put the tuned parameters back so that MeZO and SAZO start
+from the same weights.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..engine import MeZO
+from ..samplers import SAZOSampler, UniformSampler
+from ..train import History, train
+from .losses import TokenBatch, accuracy, batched_closure, classification_losses
+
+__all__ = ["FinetuneRun", "zo_finetune", "mean_loss", "snapshot", "restore_snapshot", "METHODS"]
+
+METHODS = ("mezo", "sazo")
+
+
+@dataclass
+class FinetuneRun:
+    """What one fine-tuning run recorded (lists are per log point, starting at 0 queries)."""
+
+    method: str
+    queries: list[int] = field(default_factory=list)
+    train_loss: list[float] = field(default_factory=list)
+    test_accuracy: list[float] = field(default_factory=list)
+    sample_counts: torch.Tensor | None = None   # [N] how often each train example was drawn
+    probs: torch.Tensor | None = None           # [N] the sampler's final distribution
+    history: History | None = None
+
+
+def mean_loss(model, batch: TokenBatch, *, chunk: int = 32, autocast_dtype=None) -> float:
+    """F(θ) = mean per-example classification loss over a whole split."""
+    total = 0.0
+    for start in range(0, len(batch), chunk):
+        indices = list(range(start, min(start + chunk, len(batch))))
+        total += float(classification_losses(model, batch, indices, autocast_dtype=autocast_dtype).sum())
+    return total / len(batch)
+
+
+@torch.no_grad()
+def snapshot(params) -> list[torch.Tensor]:
+    """Copies of the tuned tensors (cheap for LoRA / sparse; a full model copy otherwise)."""
+    return [p.detach().clone() for p in params]
+
+
+@torch.no_grad()
+def restore_snapshot(params, saved) -> None:
+    for p, s in zip(params, saved):
+        p.copy_(s)
+
+
+def _sampler(method: str, n: int, *, ema_decay: float, uniform_mix: float, seed: int):
+    if method == "mezo":
+        return UniformSampler(n, seed=seed)
+    if method == "sazo":
+        return SAZOSampler(n, ema_decay=ema_decay, uniform_mix=uniform_mix, seed=seed)
+    raise ValueError(f"Invalid method: {method!r} (expected one of {METHODS})")
+
+
+def zo_finetune(model, params, train_batch: TokenBatch, test_batch: TokenBatch | None = None, *,
+                method: str = "sazo", steps: int = 100, batch_size: int = 8, lr: float = 1e-3,
+                eps: float = 1e-3, ema_decay: float = 0.9, uniform_mix: float = 0.1, seed: int = 0,
+                log_every: int = 10, optimizer=None, on_log: Callable[[FinetuneRun], None] | None = None,
+                progress: bool = True, autocast_dtype=None, stop_below: float | None = None) -> FinetuneRun:
+    """ZO fine-tuning with uniform minibatches ("mezo") or SAZO importance sampling ("sazo").
+
+    Each step: indices, w ~ sampler; MeZO step on w·f(indices); sampler sees d_k. Costs 2·B queries.
+
+    Args:
+        model: causal LM in eval mode; params: the tensors to perturb (e.g. LoRA adapters).
+        train_batch / test_batch: ``TokenBatch`` from ``ClassificationTask.encode``.
+        method: "mezo" or "sazo"; steps, batch_size, lr, eps: the MeZO settings.
+        ema_decay, uniform_mix: SAZO's β and λ.
+        optimizer: a ready optimiser (e.g. ``SparseMeZO``); default ``MeZO(params, lr, eps, seed)``.
+        on_log: called with the run so far at every log point (live dashboards).
+        stop_below: stop once the full training loss drops below this value.
+
+    Returns:
+        A ``FinetuneRun``.
+    """
+    run = FinetuneRun(method)
+    sampler = _sampler(method, len(train_batch), ema_decay=ema_decay, uniform_mix=uniform_mix, seed=seed)
+    optimizer = optimizer or MeZO(params, lr=lr, eps=eps, seed=seed)
+    counts = torch.zeros(len(train_batch), dtype=torch.float64)
+    losses = batched_closure(model, train_batch, autocast_dtype=autocast_dtype)
+
+    def counted(indices):  # called twice per step (θ+εz, θ−εz): count each draw once
+        counts.index_add_(0, torch.as_tensor(indices).long(), torch.full((len(indices),), 0.5, dtype=torch.float64))
+        return losses(indices)
+
+    def log(queries: int) -> float:
+        run.queries.append(queries)
+        run.train_loss.append(mean_loss(model, train_batch, autocast_dtype=autocast_dtype))
+        if test_batch is not None:
+            run.test_accuracy.append(accuracy(model, test_batch, autocast_dtype=autocast_dtype))
+        run.sample_counts, run.probs = counts.clone(), sampler.probs.clone()
+        if on_log is not None:
+            on_log(run)
+        return run.train_loss[-1]
+
+    log(0)
+    run.history = train(optimizer, sampler, counted, steps, batch_size=batch_size, log_every=log_every,
+                        evaluate=lambda: log(optimizer.step_count * 2 * batch_size), progress=progress,
+                        stop_below=stop_below, description=f"{method} fine-tuning")
+    return run
