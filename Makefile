@@ -38,3 +38,17 @@ bench: install
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
+
+# Graded labs (otter-grader, no Docker): see labs/README.md.
+.PHONY: labs grade grade-all
+WORKERS ?= 1
+labs: install
+	$(PY) -m sazo_lite.labs assign
+
+grade: install
+	@test -n "$(LAB)" -a -n "$(SUBMISSION)" || { echo "usage: make grade LAB=lab1 SUBMISSION=path/to/notebook.ipynb"; exit 2; }
+	$(PY) -m sazo_lite.labs grade $(LAB) $(SUBMISSION)
+
+grade-all: install
+	@test -n "$(LAB)" -a -n "$(SUBMISSIONS)" || { echo "usage: make grade-all LAB=lab1 SUBMISSIONS=folder/ [WORKERS=2]"; exit 2; }
+	$(PY) -m sazo_lite.labs grade-all $(LAB) $(SUBMISSIONS) --workers $(WORKERS)
