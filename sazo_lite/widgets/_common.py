@@ -10,7 +10,8 @@ from typing import Callable
 
 import ipywidgets as widgets
 
-__all__ = ["slider", "log_slider", "int_slider", "question", "captioned", "presets", "Dashboard"]
+__all__ = ["slider", "log_slider", "int_slider", "question", "captioned", "presets", "redraw_on_change",
+           "assemble", "Dashboard"]
 
 _LAYOUT = dict(width="420px")
 _STYLE = dict(description_width="110px")
@@ -88,3 +89,28 @@ class Dashboard(widgets.VBox):
     def refresh(self) -> None:
         """Recompute and redraw with the current control values."""
         self._refresh()
+
+
+def redraw_on_change(controls: dict[str, widgets.Widget], refresh: Callable[[], None], hold: list[bool]) -> None:
+    """Redraw when any control's value changes, except while a preset is writing several values."""
+    for control in controls.values():
+        if hasattr(control, "value"):
+            control.observe(lambda _change: None if hold[0] else refresh(), names="value")
+
+
+def assemble(title: str, controls: dict[str, widgets.Widget], questions: dict[str, str],
+             choices: dict[str, dict[str, object]], figures: dict, refresh: Callable[[], None],
+             readout: widgets.HTML | None = None, extra_rows=()) -> Dashboard:
+    """Wire every control to ``refresh``, caption each with its question, add presets, draw once.
+
+    Args:
+        questions: control name → the question its caption asks, in display order.
+        choices: preset label → {control name: value}.
+        extra_rows: widgets shown between the captioned controls and the presets (buttons).
+    """
+    hold = [False]
+    redraw_on_change(controls, refresh, hold)
+    rows = [captioned(controls[name], text) for name, text in questions.items()]
+    rows += [*extra_rows, presets(choices, controls, refresh, hold)]
+    refresh()
+    return Dashboard(title, rows, controls, figures, refresh, readout)

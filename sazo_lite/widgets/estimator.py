@@ -12,18 +12,11 @@ import torch
 
 from .. import estimators
 from ..config import one_thread
-from ._common import Dashboard, captioned, int_slider, log_slider, presets, slider
+from ._common import Dashboard, assemble, int_slider, log_slider, slider
 
 __all__ = ["estimator_dashboard", "epsilon_dashboard", "dimension_dashboard"]
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-def _observe(controls: dict, refresh, hold: list[bool]) -> None:
-    """Redraw when any control changes, except while a preset is writing several values."""
-    for control in controls.values():
-        if hasattr(control, "value"):
-            control.observe(lambda _change: None if hold[0] else refresh(), names="value")
 
 
 def _arrow(start: torch.Tensor, vector: torch.Tensor) -> tuple[list[float], list[float]]:
@@ -100,23 +93,20 @@ def estimator_dashboard(theta=(1.2, 0.8), *, seed: int = 0) -> Dashboard:
         state["seed"] += 1
         refresh()
 
-    hold = [False]
-    _observe(controls, refresh, hold)
     button = widgets.Button(description="new directions")
     button.on_click(new_directions)
-    rows = [
-        captioned(controls["q"], "How many directions until the orange arrow sits on the black one? Does the error fall like 1/√q?"),
-        captioned(controls["eps"], "For a quadratic the central difference is exact: can any ε break it? (Try the smallest in float32.)"),
-        captioned(controls["curvature"], "Stretch the bowl: do the single estimates still scatter around the true gradient?"),
-        captioned(controls["precision"], "Does float64 rescue a tiny ε?"),
-        button,
-        presets({"one direction": dict(q=1, eps=1e-3, precision="float32"),
-                 "many directions": dict(q=200, eps=1e-3, precision="float32"),
-                 "ε too small": dict(q=50, eps=1e-9, precision="float32"),
-                 "ill-conditioned": dict(q=50, curvature=20.0, eps=1e-3)}, controls, refresh, hold),
-    ]
-    refresh()
-    dashboard = Dashboard("Two-point estimates of a gradient", rows, controls, {"arrows": fig}, refresh, readout)
+    questions = {
+        "q": "How many directions until the orange arrow sits on the black one? Does the error fall like 1/√q?",
+        "eps": "For a quadratic the central difference is exact: can any ε break it? (Try the smallest in float32.)",
+        "curvature": "Stretch the bowl: do the single estimates still scatter around the true gradient?",
+        "precision": "Does float64 rescue a tiny ε?",
+    }
+    choices = {"one direction": dict(q=1, eps=1e-3, precision="float32"),
+               "many directions": dict(q=200, eps=1e-3, precision="float32"),
+               "ε too small": dict(q=50, eps=1e-9, precision="float32"),
+               "ill-conditioned": dict(q=50, curvature=20.0, eps=1e-3)}
+    dashboard = assemble("Two-point estimates of a gradient", controls, questions, choices,
+                         {"arrows": fig}, refresh, readout, extra_rows=[button])
     dashboard.state = state
     return dashboard
 
@@ -166,20 +156,18 @@ def epsilon_dashboard(theta=(1.0, -0.8, 0.5), *, num_directions: int = 8) -> Das
         readout.value = (f"error at ε = {eps:.1e} in {precision}: <b>{current:.2g}</b>; "
                          f"best ε on the grid ≈ {float(grid[best]):.0e} (error {float(curves[precision][best]):.1g})")
 
-    hold = [False]
-    _observe(controls, refresh, hold)
-    rows = [
-        captioned(controls["eps"], "Where is the bottom of the U? Which side is curvature, which side is rounding?"),
-        captioned(controls["precision"], "How far does float64 move the best ε, and why roughly to the cube root of the unit round-off?"),
-        captioned(controls["quartic"], "Set κ = 0 (a quadratic): what happens to the right arm of the U?"),
-        captioned(controls["offset"], "A large loss value: which arm moves, and why does adding a constant change anything?"),
-        presets({"ε too small": dict(eps=1e-9, precision="float32"),
-                 "ε too large": dict(eps=0.5, precision="float32"),
-                 "quadratic (κ = 0)": dict(quartic=0.0),
-                 "float64": dict(precision="float64", eps=1e-5)}, controls, refresh, hold),
-    ]
-    refresh()
-    return Dashboard("Error of the two-point difference against ε", rows, controls, {"curve": fig}, refresh, readout)
+    questions = {
+        "eps": "Where is the bottom of the U? Which side is curvature, which side is rounding?",
+        "precision": "How far does float64 move the best ε, and why roughly to the cube root of the unit round-off?",
+        "quartic": "Set κ = 0 (a quadratic): what happens to the right arm of the U?",
+        "offset": "A large loss value: which arm moves, and why does adding a constant change anything?",
+    }
+    choices = {"ε too small": dict(eps=1e-9, precision="float32"),
+               "ε too large": dict(eps=0.5, precision="float32"),
+               "quadratic (κ = 0)": dict(quartic=0.0),
+               "float64": dict(precision="float64", eps=1e-5)}
+    return assemble("Error of the two-point difference against ε", controls, questions, choices,
+                    {"curve": fig}, refresh, readout)
 
 
 # -- variance against d and q ----------------------------------------------------------------
@@ -217,12 +205,10 @@ def dimension_dashboard(dims=(2, 4, 8, 16, 32, 64, 128, 256, 512), *, directions
         readout.value = (f"with q = {q}: the estimate is as noisy as the gradient is large once d ≈ "
                          f"{q - 1 if perturbation == 'gaussian' else q + 1}; a 1B-parameter model has d = 10⁹")
 
-    hold = [False]
-    _observe(controls, refresh, hold)
-    rows = [
-        captioned(controls["q"], "Double q: by how much does the whole line drop? What does that cost in forward passes?"),
-        captioned(controls["perturbation"], "Does ±1 beat Gaussian noise? By how much, at d = 2 and at d = 512?"),
-        presets({"one direction": dict(q=1), "q = 64": dict(q=64)}, controls, refresh, hold),
-    ]
-    refresh()
-    return Dashboard("Variance of the ZO estimate against dimension", rows, controls, {"variance": fig}, refresh, readout)
+    questions = {
+        "q": "Double q: by how much does the whole line drop? What does that cost in forward passes?",
+        "perturbation": "Does ±1 beat Gaussian noise? By how much, at d = 2 and at d = 512?",
+    }
+    choices = {"one direction": dict(q=1), "q = 64": dict(q=64)}
+    return assemble("Variance of the ZO estimate against dimension", controls, questions, choices,
+                    {"variance": fig}, refresh, readout)

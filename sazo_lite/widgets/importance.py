@@ -12,8 +12,7 @@ import torch
 
 from .. import estimators, problems, variance
 from ..config import one_thread
-from ._common import Dashboard, captioned, int_slider, presets, slider
-from .estimator import _observe
+from ._common import Dashboard, assemble, int_slider, slider
 
 __all__ = ["importance_dashboard", "unbiased_dashboard", "batch_gain_dashboard"]
 
@@ -46,7 +45,7 @@ def _sampling_distributions(norms: torch.Tensor, uniform_mix: float) -> dict[str
     uniform = torch.full_like(norms, 1.0 / len(norms))
     oracle = variance.oracle_probs(norms)
     return {"uniform": uniform, f"mix λ = {uniform_mix:.2f}": variance.mix_with_uniform(oracle, uniform_mix),
-            "oracle p*": oracle}
+        "oracle p*": oracle}
 
 
 def _sigma_slider(value: float = 1.5):
@@ -125,20 +124,17 @@ def importance_dashboard(*, num_examples: int = 256, dim: int = 20, trials: int 
                          f"uniform/oracle E‖ĝ‖²: theory {moments['uniform'][1] / reference:.3g}, "
                          f"Monte-Carlo {moments['uniform'][0] / moments['oracle p*'][0]:.3g}")
 
-    hold = [False]
-    _observe(controls, refresh, hold)
-    rows = [
-        captioned(controls["sigma"], "How heterogeneous must the examples be before the oracle is worth having?"),
-        captioned(controls["uniform_mix"], "How much uniform mixing can you add and keep most of the oracle's gain?"),
-        captioned(controls["batch_size"], "Why do all bars move closer together as B grows?"),
-        captioned(controls["progress"], "Early (t = 0) or late (t = 1) in training: when does sampling matter more?"),
-        presets({"homogeneous data": dict(sigma=0.0), "oracle": dict(uniform_mix=0.0),
-                 "uniform": dict(uniform_mix=1.0), "large batch": dict(batch_size=64),
-                 "late in training": dict(progress=1.0, batch_size=1)}, controls, refresh, hold),
-    ]
-    refresh()
-    return Dashboard("Importance sampling: uniform, mixed and the oracle", rows, controls,
-                     {"variance": bars, "law": law}, refresh, readout)
+    questions = {
+        "sigma": "How heterogeneous must the examples be before the oracle is worth having?",
+        "uniform_mix": "How much uniform mixing can you add and keep most of the oracle's gain?",
+        "batch_size": "Why do all bars move closer together as B grows?",
+        "progress": "Early (t = 0) or late (t = 1) in training: when does sampling matter more?",
+    }
+    choices = {"homogeneous data": dict(sigma=0.0), "oracle": dict(uniform_mix=0.0),
+               "uniform": dict(uniform_mix=1.0), "large batch": dict(batch_size=64),
+               "late in training": dict(progress=1.0, batch_size=1)}
+    return assemble("Importance sampling: uniform, mixed and the oracle", controls, questions, choices,
+                    {"variance": bars, "law": law}, refresh, readout)
 
 
 # -- the weights keep the estimate unbiased ---------------------------------------------------------
@@ -186,18 +182,16 @@ def unbiased_dashboard(*, num_examples: int = 256, dim: int = 20, trials: int = 
                          f"unweighted {float(samples[1].mean()):.4g}; largest weight 1/(N p_i) = "
                          f"{float(1 / (num_examples * probs.min())):.3g}")
 
-    hold = [False]
-    _observe(controls, refresh, hold)
-    rows = [
-        captioned(controls["sigma"], "Which estimate drifts away from F as the examples get more different?"),
-        captioned(controls["uniform_mix"], "At λ = 1 the weights are all 1: what happens to the two histograms?"),
-        captioned(controls["batch_size"], "Does a larger B remove the bias of the unweighted estimate, or only its spread?"),
-        captioned(controls["progress"], "The oracle follows gradient norms, not losses: does the bias change sign anywhere?"),
-        presets({"oracle": dict(uniform_mix=0.0), "uniform": dict(uniform_mix=1.0),
-                 "homogeneous data": dict(sigma=0.0), "large batch": dict(batch_size=64)}, controls, refresh, hold),
-    ]
-    refresh()
-    return Dashboard("The weights 1/(N p_i) keep the estimate unbiased", rows, controls, {"histogram": fig},
+    questions = {
+        "sigma": "Which estimate drifts away from F as the examples get more different?",
+        "uniform_mix": "At λ = 1 the weights are all 1: what happens to the two histograms?",
+        "batch_size": "Does a larger B remove the bias of the unweighted estimate, or only its spread?",
+        "progress": "The oracle follows gradient norms, not losses: does the bias change sign anywhere?",
+    }
+    choices = {"oracle": dict(uniform_mix=0.0), "uniform": dict(uniform_mix=1.0),
+               "homogeneous data": dict(sigma=0.0), "large batch": dict(batch_size=64)}
+    return assemble("The weights 1/(N p_i) keep the estimate unbiased", controls, questions, choices,
+                    {"histogram": fig},
                      refresh, readout)
 
 
@@ -244,15 +238,12 @@ def batch_gain_dashboard(*, num_examples: int = 256, dim: int = 20, seed: int = 
         readout.value = (f"gain at B = {batch_size}, t = {progress:.2f}: <b>{current:.3g}</b> "
                          f"(1 + CV² = {float(now[0]):.3g} is the most it can be)")
 
-    hold = [False]
-    _observe(controls, refresh, hold)
-    rows = [
-        captioned(controls["sigma"], "With σ = 0, is there any B or t at which the oracle helps?"),
-        captioned(controls["batch_size"], "Double B: how much of the gain survives? Why does the ‖∇F‖² term not care about p?"),
-        captioned(controls["progress"], "Slide to the optimum (t = 1): why does the gain stop depending on B there?"),
-        presets({"large batch": dict(batch_size=256), "late in training": dict(progress=1.0),
-                 "early in training": dict(progress=0.0), "homogeneous data": dict(sigma=0.0)}, controls, refresh, hold),
-    ]
-    refresh()
-    return Dashboard("Where importance sampling pays: batch size and training progress", rows, controls,
-                     {"by_batch": by_batch, "by_progress": by_progress}, refresh, readout)
+    questions = {
+        "sigma": "With σ = 0, is there any B or t at which the oracle helps?",
+        "batch_size": "Double B: how much of the gain survives? Why does the ‖∇F‖² term not care about p?",
+        "progress": "Slide to the optimum (t = 1): why does the gain stop depending on B there?",
+    }
+    choices = {"large batch": dict(batch_size=256), "late in training": dict(progress=1.0),
+               "early in training": dict(progress=0.0), "homogeneous data": dict(sigma=0.0)}
+    return assemble("Where importance sampling pays: batch size and training progress", controls, questions, choices,
+                    {"by_batch": by_batch, "by_progress": by_progress}, refresh, readout)

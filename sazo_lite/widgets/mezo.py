@@ -8,8 +8,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from .. import estimators, problems
-from ._common import Dashboard, captioned, int_slider, log_slider, presets
-from .estimator import _observe
+from ._common import Dashboard, assemble, int_slider, log_slider
 
 __all__ = ["memory_figure", "mezo_dashboard"]
 
@@ -93,18 +92,15 @@ def mezo_dashboard(problem=None, *, steps: int = 200, seed: int = 0) -> Dashboar
             f"{name}: gap {curve['gap'][-1]:.3g} after {curve['queries'][-1]} queries, "
             f"{1e3 * curve['seconds'][-1] / steps:.2f} ms/step" for name, curve in runs.items())
 
-    hold = [False]
-    _observe(controls, refresh, hold)
-    rows = [
-        captioned(controls["eps"], "θ is float32 here: below which ε does MeZO stop learning, and why?"),
-        captioned(controls["batch_size"], "A larger B costs more queries per step: does MeZO get more per query, or just more per step?"),
-        captioned(controls["lr_zo"], "How large can MeZO's step be before the noise of g·z wins? Compare with SGD's best η."),
-        captioned(controls["lr_sgd"], "Which method is ahead per query? Per second? Why can those answers differ?"),
-        presets({"ε too small": dict(eps=1e-9), "large batch": dict(batch_size=128),
-                 "η too large (MeZO)": dict(lr_zo=0.5), "defaults": dict(eps=1e-3, batch_size=16, lr_zo=0.02, lr_sgd=0.5)},
-                controls, refresh, hold),
-    ]
-    refresh()
-    dashboard = Dashboard("MeZO against backprop SGD: logistic regression", rows, controls, figures, refresh, readout)
+    questions = {
+        "eps": "θ is float32 here: below which ε does MeZO stop learning, and why?",
+        "batch_size": "A larger B costs more queries per step: does MeZO get more per query, or just more per step?",
+        "lr_zo": "How large can MeZO's step be before the noise of g·z wins? Compare with SGD's best η.",
+        "lr_sgd": "Which method is ahead per query? Per second? Why can those answers differ?",
+    }
+    choices = {"ε too small": dict(eps=1e-9), "large batch": dict(batch_size=128),
+               "η too large (MeZO)": dict(lr_zo=0.5), "defaults": dict(eps=1e-3, batch_size=16, lr_zo=0.02, lr_sgd=0.5)}
+    dashboard = assemble("MeZO against backprop SGD: logistic regression", controls, questions, choices,
+                         figures, refresh, readout)
     dashboard.state = state
     return dashboard
