@@ -112,7 +112,7 @@ def browser():
 def open_and_run(browser, lab, notebook: str, timeout_s: float = 240):
     """Open ``notebook`` in JupyterLab, run all cells, wait until all ran and the kernel is idle."""
     url, token = lab
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context = browser.new_context(viewport={"width": 1400, "height": 2400})  # tall: whole dashboards
     page = context.new_page()
     page.set_default_timeout(30_000)
     page.goto(f"{url}/lab/tree/{notebook}?reset&token={token}")  # reset: no restored workspace
@@ -163,9 +163,13 @@ def press_slider(page, label: str, key: str = "ArrowRight", times: int = 1) -> N
 
 
 def screenshot(page, name: str) -> Path:
+    """Save the page and, beside it, the first dashboard output (sliders and plots) alone."""
     ARTIFACTS.mkdir(exist_ok=True)
     path = ARTIFACTS / name
-    page.screenshot(path=str(path), full_page=True)
+    page.screenshot(path=str(path))
+    dashboard = page.locator(".jp-OutputArea-output", has=page.locator(".js-plotly-plot")).first
+    dashboard.scroll_into_view_if_needed()
+    dashboard.screenshot(path=str(path.with_name(path.stem + "_dashboard.png")))
     assert path.stat().st_size > 10_000
     return path
 
@@ -187,7 +191,7 @@ def test_memory_calculator_ratio_follows_context_length(lab, browser):
     context, page = open_and_run(browser, lab, "07_memory_on_device.ipynb")
     try:
         assert_rendered(page, "notebook 07")
-        readout = page.locator(".widget-html", has_text="×").first
+        readout = page.locator(".widget-html", has=page.locator("b.ratio")).first  # "BP/ZO memory ratio …×"
         before = readout.inner_text()
         press_slider(page, "context N", times=2)
         wait_until(lambda: readout.inner_text() != before, 60, "the BP/ZO ratio to change with context N")
