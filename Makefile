@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $@
 
 lab: install
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root,) notebooks/
 
 test: install
 	SAZO_FAST=1 $(PY) -m pytest -q tests
