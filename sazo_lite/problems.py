@@ -32,6 +32,9 @@ class FiniteSumProblem:
     num_examples: int
     dim: int
     optimum: torch.Tensor
+    features: torch.Tensor   # [N, d]
+    responses: torch.Tensor  # [N]: targets y_i or labels ±1
+    scales: torch.Tensor     # [N]: per-example s_i
 
     def losses(self, theta: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         """Per-example losses f_i(θ) for ``indices`` (all examples if None), shape [B]."""
@@ -65,6 +68,13 @@ class FiniteSumProblem:
         """The starting point θ₀ = 0."""
         return torch.zeros(self.dim, dtype=dtype)
 
+    def _rows(self, theta: torch.Tensor, indices):
+        """(features, responses, scales) of ``indices`` (all if None), cast to θ's dtype."""
+        columns = (self.features, self.responses, self.scales)
+        if indices is not None:
+            columns = tuple(column[indices] for column in columns)
+        return tuple(column.to(theta.dtype) for column in columns)
+
     def closure(self, theta: torch.Tensor, indices: torch.Tensor):
         """A closure for ``MeZO.step``: per-example losses of ``indices`` at the live θ."""
         return lambda: self.losses(theta, indices)
@@ -91,14 +101,9 @@ class LeastSquares(FiniteSumProblem):
         theta_true = torch.randn(dim, generator=g, dtype=torch.float64)
         self.targets = self.features @ theta_true + noise * torch.randn(num_examples, generator=g, dtype=torch.float64)
         self.scales = lognormal_scales(num_examples, heterogeneity, g)
+        self.responses = self.targets
         weighted = self.features * self.scales[:, None]
         self.optimum = torch.linalg.solve(weighted.T @ self.features, weighted.T @ self.targets)
-
-    def _rows(self, theta, indices):
-        x, y, s = self.features, self.targets, self.scales
-        if indices is not None:
-            x, y, s = x[indices], y[indices], s[indices]
-        return x.to(theta.dtype), y.to(theta.dtype), s.to(theta.dtype)
 
     def losses(self, theta, indices=None):
         x, y, s = self._rows(theta, indices)
@@ -130,6 +135,7 @@ class LogisticRegression(FiniteSumProblem):
         features = (features - features.mean(0)) / features.std(0).clamp_min(1e-12)
         self.features = torch.cat([features, torch.ones(len(features), 1, dtype=torch.float64)], dim=1)
         self.labels, self.l2, self.heterogeneity = labels, float(l2), heterogeneity
+        self.responses = self.labels
         self.num_examples, self.dim = self.features.shape
         self.scales = lognormal_scales(self.num_examples, heterogeneity, torch.Generator().manual_seed(seed))
         self.optimum = self._newton()
@@ -148,12 +154,6 @@ class LogisticRegression(FiniteSumProblem):
         else:
             raise ValueError(f"Invalid name: {name!r} (expected 'breast_cancer' or 'digits')")
         return cls(torch.as_tensor(data.data), labels, **kwargs)
-
-    def _rows(self, theta, indices):
-        x, y, s = self.features, self.labels, self.scales
-        if indices is not None:
-            x, y, s = x[indices], y[indices], s[indices]
-        return x.to(theta.dtype), y.to(theta.dtype), s.to(theta.dtype)
 
     def losses(self, theta, indices=None):
         x, y, s = self._rows(theta, indices)
