@@ -25,8 +25,8 @@ from typing import Callable
 import torch
 
 from .engine import MeZO
+from .experiments import make_sampler
 from .problems import FiniteSumProblem, LeastSquares, LogisticRegression
-from .samplers import OracleSampler, SAZOSampler, UniformSampler
 from .train import queries_to_target, train
 from .variance import uniform_gain
 
@@ -51,17 +51,6 @@ class _Diverged(Exception):
     """Raised from the evaluate callback to abandon a run whose gap exploded."""
 
 
-def _make_sampler(method: str, problem: FiniteSumProblem, theta: torch.Tensor, seed: int):
-    n = problem.num_examples
-    if method == "uniform":
-        return UniformSampler(n, seed=seed)
-    if method == "sazo":
-        return SAZOSampler(n, seed=seed)
-    if method == "oracle":  # p ∝ true ‖∇f_i‖ at the live θ
-        return OracleSampler(n, lambda: problem.norms(theta), seed=seed)
-    raise ValueError(f"Invalid method: {method!r} (expected one of {METHODS})")
-
-
 class TargetRun:
     """One MeZO run (float64 θ) that can be extended step budget by step budget.
 
@@ -78,7 +67,7 @@ class TargetRun:
         self.initial_gap = problem.full_loss(self.theta) - self.optimal
         self.target_gap = target * self.initial_gap
         self.optimizer = MeZO([self.theta], lr=lr, eps=eps, seed=seed)
-        self.sampler = _make_sampler(method, problem, self.theta, seed)
+        self.sampler = make_sampler(method, problem, self.theta, seed=seed)
         self.steps, self.queries, self.failed = 0, None, False
 
     @property
