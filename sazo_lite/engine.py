@@ -196,8 +196,9 @@ class MeZO(torch.optim.Optimizer):
         for group in self.param_groups:
             c = coefficient(group)
             shrink = 1.0 - group["lr"] * group["weight_decay"] if decay else 1.0
-            jobs += [Job(p, 0, c, shrink, group["perturbation"]) for p in group["params"]]
-        return [job._replace(seed=derive_seed(seed, index)) for index, job in enumerate(jobs)]
+            jobs += [Job(p, derive_seed(seed, len(jobs) + k), c, shrink, group["perturbation"])
+                     for k, p in enumerate(group["params"])]
+        return jobs
 
     def _shift(self, seed: int, multiple_of_eps: float) -> None:
         self._pass(seed, lambda group: multiple_of_eps * group["eps"])
