@@ -178,13 +178,15 @@ def memory(name: str, modes=MEMORY_MODES, timeout: float = 300.0) -> dict:
 
 # -- SAZO's overhead and the sampler's cost -----------------------------------------------
 def state_bytes(sampler) -> int:
-    """Bytes of the array/tensor attributes a sampler holds (its O(N) state)."""
+    """Bytes of the arrays/tensors a sampler holds (its O(N) state), inside helper objects too."""
     total = 0
     for value in vars(sampler).values():
         if isinstance(value, np.ndarray):
             total += value.nbytes
         elif isinstance(value, torch.Tensor):
             total += value.numel() * value.element_size()
+        elif type(value).__module__.startswith("sazo_lite"):  # e.g. SAZO's sum trees
+            total += state_bytes(value)
     return total
 
 

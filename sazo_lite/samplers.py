@@ -12,6 +12,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .sumtree import SumTree
+
 __all__ = ["Sampler", "UniformSampler", "SAZOSampler", "OracleSampler"]
 
 
@@ -149,6 +151,70 @@ class OracleSampler(Sampler):
 
 STATISTICS = ("abs", "square")
 
+# From this N on, SAZOSampler keeps sum trees (O(B log N) per update) instead of refreshing an
+# O(N) CDF. Measured here, sample + update with B = 32: both ~0.5 ms at N = 2¹⁶; at N = 10⁶ the
+# CDF refresh takes ~7 ms and the trees ~0.6 ms; at N = 4096 the CDF wins (0.09 against 0.46 ms).
+SUM_TREE_MIN_EXAMPLES = 2 ** 16
+
+
+class _SeenUnseenTrees:
+    """SAZO's p_i = (1−λ)·s_i/S + λ/N in O(log N) per change, with two sum trees.
+
+    s_i is a seen example's score and s̄ (the prior, which moves with every update) an unseen
+    one's, S = Σ_seen s_i + s̄·n_unseen. One tree holds the seen scores (0 where unseen), one the
+    0/1 "unseen" flags, so a change of s̄ touches no leaf. A draw picks uniform (λ), seen ∝ s_i
+    ((1−λ)·Σ_seen s/S) or unseen uniformly (the rest); the marginal of the mixture is p.
+    """
+
+    def __init__(self, num_examples: int):
+        self.num_examples = num_examples
+        self.scores = SumTree(torch.zeros(num_examples, dtype=torch.float64))
+        self.unseen = SumTree(torch.ones(num_examples, dtype=torch.float64))
+
+    def set(self, indices: np.ndarray, scores: np.ndarray, seen: np.ndarray) -> None:
+        """Set the leaves of distinct ``indices``: score where seen, the unseen flag elsewhere."""
+        scores, flags = np.where(seen, scores, 0.0), (~seen).astype(np.float64)
+        if len(indices) == self.num_examples:  # every leaf (a loaded state): rebuild, O(N)
+            order = np.argsort(indices)
+            self.scores, self.unseen = SumTree(torch.from_numpy(scores[order])), SumTree(torch.from_numpy(flags[order]))
+            return
+        index = torch.from_numpy(np.asarray(indices, dtype=np.int64))
+        self.scores.update(index, torch.from_numpy(scores))
+        self.unseen.update(index, torch.from_numpy(flags))
+
+    def _mass(self, prior_score: float) -> tuple[float, float, float]:
+        seen_total, unseen_count = self.scores.total, self.unseen.total
+        return seen_total, unseen_count, seen_total + prior_score * unseen_count
+
+    def probs_at(self, indices: np.ndarray, uniform_mix: float, prior_score: float) -> np.ndarray:
+        """p_i for the given indices, from two leaf lookups and the trees' totals."""
+        total = self._mass(prior_score)[2]
+        if not total > 0:  # nothing seen yet: uniform
+            return np.full(len(indices), 1.0 / self.num_examples)
+        index = torch.from_numpy(np.asarray(indices, dtype=np.int64))
+        unseen = self.unseen.weights(index).numpy() > 0
+        scores = np.where(unseen, prior_score, self.scores.weights(index).numpy())
+        return (1.0 - uniform_mix) * scores / total + uniform_mix / self.num_examples
+
+    def sample(self, batch_size: int, generator: torch.Generator, uniform_mix: float,
+               prior_score: float) -> np.ndarray:
+        """B i.i.d. indices from the mixture (int64 [B])."""
+        seen_total, unseen_count, total = self._mass(prior_score)
+        if not total > 0:
+            return torch.randint(self.num_examples, (batch_size,), generator=generator).numpy()
+        u = torch.rand(batch_size, generator=generator, dtype=torch.float64).numpy()
+        part = np.where(u < uniform_mix, 0, np.where(u < uniform_mix + (1.0 - uniform_mix) * seen_total / total, 1, 2))
+        part[(part == 2) & (unseen_count <= 0)] = 1   # rounding at the edge: no unseen left
+        part[(part == 1) & (seen_total <= 0)] = 2     # ... or no seen score mass
+        indices = np.empty(batch_size, dtype=np.int64)
+        draws = (lambda k: torch.randint(self.num_examples, (k,), generator=generator),
+                 lambda k: self.scores.sample(k, generator), lambda k: self.unseen.sample(k, generator))
+        for which, draw in enumerate(draws):
+            chosen = part == which
+            if chosen.any():
+                indices[chosen] = draw(int(chosen.sum())).numpy()
+        return indices
+
 
 class SAZOSampler(Sampler):
     """Sample-adaptive ZO: importance sampling from per-example estimates of ‖∇f_i‖.
@@ -195,6 +261,9 @@ class SAZOSampler(Sampler):
         prior_strength: c ≥ 0 pseudo-observations of the prior Ḡ blended into a first observation.
         statistic: "abs" (G tracks |d|, p ∝ G) or "square" (G tracks d², p ∝ sqrt(G)).
         level_decay: decay ∈ [0, 1) of the data-set-wide level L (0.99: averages ~100 steps).
+        sum_tree: keep p in sum trees, O(B log N) per update, instead of an O(N) CDF refresh.
+            None (default) chooses by N (trees from ``SUM_TREE_MIN_EXAMPLES`` = 2¹⁶ on). Same
+            distribution either way; the index streams of the two differ.
         seed: seed of the sampling generator.
 
     Example:
@@ -207,7 +276,7 @@ class SAZOSampler(Sampler):
 
     def __init__(self, num_examples: int, *, ema_decay: float = 0.9, uniform_mix: float = 0.1,
                  prior_strength: float = 1.0, statistic: str = "abs", level_decay: float = 0.99,
-                 seed: int = 0):
+                 sum_tree: bool | None = None, seed: int = 0):
         super().__init__(num_examples, seed=seed)
         self.ema_decay = _check_fraction("ema_decay", ema_decay, 0.0, 1.0, closed_low=True, closed_high=False)
         self.uniform_mix = _check_fraction("uniform_mix", uniform_mix, 0.0, 1.0, closed_low=False, closed_high=True)
@@ -224,8 +293,13 @@ class SAZOSampler(Sampler):
         self.level, self.level_steps = 0.0, 0                # L and how often it was updated
         self._seen_sum, self._seen_sq, self._seen_count = 0.0, 0.0, 0  # running Σ G, Σ G² over seen
         self._since_resync = 0
-        self._p = np.full(num_examples, 1.0 / num_examples)  # cached probs, refreshed per update
-        self._cdf = np.cumsum(self._p)                       # for inverse-CDF sampling
+        if sum_tree is None:
+            sum_tree = num_examples >= SUM_TREE_MIN_EXAMPLES
+        elif not isinstance(sum_tree, bool):
+            raise ValueError(f"Invalid sum_tree: {sum_tree!r} (expected True, False or None)")
+        self._trees = _SeenUnseenTrees(num_examples) if sum_tree else None
+        self._p = self._cdf = None  # CDF mode: cached probs [N] and their CDF, refreshed per update
+        self._refresh_probs()
 
     @property
     def estimates(self) -> torch.Tensor:
@@ -273,15 +347,35 @@ class SAZOSampler(Sampler):
     @property
     def probs(self) -> torch.Tensor:
         """p_i = (1−λ)·Ĝ_i/ΣĜ + λ/N (Ĝ: norm scores), float64 [N], a copy."""
-        return torch.tensor(self._p)
+        if self._trees is None:
+            return torch.tensor(self._p)
+        return torch.from_numpy(self._probs_at(np.arange(self.num_examples)))
 
     def sample(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draw B indices i.i.d. from ``probs`` by inverse CDF (O(B log N)); weights 1/(N·p_i)."""
+        """Draw B indices i.i.d. from ``probs`` (O(B log N)); weights 1/(N·p_i).
+
+        Inverse CDF over a cached CDF; with ``sum_tree``, a draw from the mixture
+        uniform (λ) / seen ∝ score / unseen uniformly, whose marginal is exactly ``probs``.
+        """
         _check_count("batch_size", batch_size)
-        uniforms = torch.rand(batch_size, generator=self._generator, dtype=torch.float64).numpy()
-        indices = np.searchsorted(self._cdf, uniforms * self._cdf[-1], side="right")
-        indices = np.minimum(indices, self.num_examples - 1)  # guards u·total rounding up
-        return torch.from_numpy(indices), torch.from_numpy(1.0 / (self.num_examples * self._p[indices]))
+        if self._trees is not None:
+            indices = self._trees.sample(batch_size, self._generator, self.uniform_mix, self._prior_score())
+        else:
+            uniforms = torch.rand(batch_size, generator=self._generator, dtype=torch.float64).numpy()
+            indices = np.searchsorted(self._cdf, uniforms * self._cdf[-1], side="right")
+            indices = np.minimum(indices, self.num_examples - 1)  # guards u·total rounding up
+        return torch.from_numpy(indices), torch.from_numpy(1.0 / (self.num_examples * self._probs_at(indices)))
+
+    def _probs_at(self, indices: np.ndarray) -> np.ndarray:
+        """p_i for the given indices: a lookup in CDF mode, O(1) each from the trees' totals."""
+        if self._trees is None:
+            return self._p[indices]
+        return self._trees.probs_at(indices, self.uniform_mix, self._prior_score())
+
+    def _prior_score(self) -> float:
+        """The sampling score of an unseen example (Ḡ, or sqrt(Ḡ) for "square")."""
+        prior = max(self.prior(), 0.0)
+        return math.sqrt(prior) if self.statistic == "square" else prior
 
     # -- learning -------------------------------------------------------------------------
     def _observe(self, indices: torch.Tensor, diffs: torch.Tensor) -> None:
@@ -297,11 +391,11 @@ class SAZOSampler(Sampler):
             observed = np.bincount(inverse, weights=stat) / np.bincount(inverse)
         observed = observed / self.level if self.level > 0 else np.zeros_like(observed)
         self._blend(unique, observed)
-        self._refresh_probs()
+        self._refresh_probs(unique)
 
     def _update_level(self, stat: np.ndarray, indices: np.ndarray) -> None:
         """L ← EMA of mean_k(w_k·stat_k): an unbiased estimate of (1/N)·Σ_i E[stat_i]."""
-        weights = 1.0 / (self.num_examples * self._p[indices])               # the sampling weights
+        weights = 1.0 / (self.num_examples * self._probs_at(indices))       # the sampling weights
         self.level_steps += 1
         rate = max(1.0 / self.level_steps, 1.0 - self.level_decay)
         self.level = (1.0 - rate) * self.level + rate * float((weights * stat).sum()) / len(stat)
@@ -328,7 +422,14 @@ class SAZOSampler(Sampler):
         self._seen_sum, self._seen_sq = float(self._g[seen].sum()), float((self._g[seen] ** 2).sum())
         self._seen_count, self._since_resync = int(seen.sum()), 0
 
-    def _refresh_probs(self) -> None:
+    def _refresh_probs(self, changed: np.ndarray | None = None) -> None:
+        """CDF mode: recompute p and its CDF, O(N). Tree mode: reset the changed leaves, O(B log N)."""
+        if self._trees is not None:
+            changed = np.arange(self.num_examples) if changed is None else changed
+            scores = np.maximum(self._g[changed], 0.0)
+            self._trees.set(changed, np.sqrt(scores) if self.statistic == "square" else scores,
+                            seen=self._n[changed] > 0)
+            return
         scores = np.maximum(self._scores(), 0.0)
         if self.statistic == "square":
             scores = np.sqrt(scores)

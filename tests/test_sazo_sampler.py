@@ -59,8 +59,9 @@ def test_bad_batch_size(b):
     ([0, 1], [1.0, 2.0, 3.0], "directional_diffs"), ([0, 1], [1.0], "directional_diffs"),
     ([0, 1], [1.0, float("inf")], "directional_diffs"), ([0, 1], [float("nan"), 1.0], "directional_diffs"),
 ])
-def test_bad_update_is_rejected_whole(indices, diffs, name):
-    sampler = SAZOSampler(10, seed=1)
+@pytest.mark.parametrize("sum_tree", [False, True])
+def test_bad_update_is_rejected_whole(indices, diffs, name, sum_tree):
+    sampler = SAZOSampler(10, seed=1, sum_tree=sum_tree)
     for _ in range(5):
         idx, _ = sampler.sample(3)
         sampler.update(idx, torch.randn(3))
@@ -73,9 +74,10 @@ def test_bad_update_is_rejected_whole(indices, diffs, name):
 # -- the distribution -----------------------------------------------------------------------
 @pytest.mark.parametrize("statistic", ["abs", "square"])
 @pytest.mark.parametrize("mix", [0.05, 0.1, 1.0])
-def test_probs_sum_to_one_and_respect_the_floor(statistic, mix):
+@pytest.mark.parametrize("sum_tree", [False, True])
+def test_probs_sum_to_one_and_respect_the_floor(statistic, mix, sum_tree):
     n = 50
-    sampler = SAZOSampler(n, uniform_mix=mix, statistic=statistic, seed=3)
+    sampler = SAZOSampler(n, uniform_mix=mix, statistic=statistic, sum_tree=sum_tree, seed=3)
     gen = torch.Generator().manual_seed(0)
     for step in range(200):
         idx, w = sampler.sample(4)
@@ -91,18 +93,20 @@ def test_probs_sum_to_one_and_respect_the_floor(statistic, mix):
         assert torch.allclose(sampler.probs, torch.full((n,), 1.0 / n, dtype=torch.float64))
 
 
-def test_samples_follow_probs():
-    """Inverse-CDF sampling: empirical frequencies match p (chi-square-sized tolerance)."""
-    sampler = SAZOSampler(5, uniform_mix=0.2, seed=0)
-    sampler.update(torch.tensor([0, 1, 2, 3, 4]), torch.tensor([0.1, 0.2, 0.5, 1.0, 4.0]))
+@pytest.mark.parametrize("sum_tree", [False, True])
+def test_samples_follow_probs(sum_tree):
+    """Inverse CDF or the trees' mixture: empirical frequencies match p (chi-square-sized tolerance)."""
+    sampler = SAZOSampler(6, uniform_mix=0.2, sum_tree=sum_tree, seed=0)
+    sampler.update(torch.tensor([0, 1, 2, 3, 4]), torch.tensor([0.1, 0.2, 0.5, 1.0, 4.0]))  # 5 stays unseen
     p = sampler.probs
-    counts = torch.bincount(sampler.sample(200_000)[0], minlength=5).double() / 200_000
+    counts = torch.bincount(sampler.sample(200_000)[0], minlength=6).double() / 200_000
     assert float((counts - p).abs().max()) < 5 * math.sqrt(0.25 / 200_000)
 
 
 @pytest.mark.parametrize("statistic", ["abs", "square"])
-def test_before_any_data_sampling_is_uniform_and_unseen_examples_take_the_prior(statistic):
-    sampler = SAZOSampler(8, statistic=statistic, seed=0)
+@pytest.mark.parametrize("sum_tree", [False, True])
+def test_before_any_data_sampling_is_uniform_and_unseen_examples_take_the_prior(statistic, sum_tree):
+    sampler = SAZOSampler(8, statistic=statistic, sum_tree=sum_tree, seed=0)
     assert torch.allclose(sampler.probs, torch.full((8,), 1 / 8, dtype=torch.float64))
     sampler.update(torch.tensor([0, 1, 2]), torch.tensor([1.0, 2.0, 6.0]))
     seen = sampler.estimates[:3]
@@ -127,14 +131,15 @@ def test_duplicates_use_the_mean_of_their_statistic(statistic, pair, single):
     assert torch.allclose(twice.squared_norm_estimates(), once.squared_norm_estimates())
 
 
-def test_state_dict_round_trip_gives_identical_future():
-    a = SAZOSampler(30, seed=5, ema_decay=0.8)
+@pytest.mark.parametrize("sum_tree", [False, True])
+def test_state_dict_round_trip_gives_identical_future(sum_tree):
+    a = SAZOSampler(30, seed=5, ema_decay=0.8, sum_tree=sum_tree)
     gen = torch.Generator().manual_seed(1)
     for _ in range(40):
         idx, _ = a.sample(3)
         a.update(idx, torch.randn(3, generator=gen))
     state = a.state_dict()
-    b = SAZOSampler(30, seed=99)  # different seed and hyperparameters: all restored from the state
+    b = SAZOSampler(30, seed=99, sum_tree=sum_tree)  # different seed and hyperparameters: restored
     b.load_state_dict(state)
     assert b.ema_decay == 0.8 and torch.equal(a.probs, b.probs)
     for _ in range(20):
@@ -146,6 +151,39 @@ def test_state_dict_round_trip_gives_identical_future():
     assert torch.equal(a.probs, b.probs) and torch.equal(a.estimates, b.estimates)
     state["estimates"][0] = 123.0  # the saved state is a copy, not a view of the live one
     assert float(a.estimates[0]) != 123.0
+
+
+@pytest.mark.parametrize("statistic", ["abs", "square"])
+def test_sum_tree_mode_has_the_cdf_modes_distribution(statistic):
+    """Same updates, same p and weights, whether p lives in a CDF (O(N)) or in sum trees (O(log N))."""
+    cdf, tree = (SAZOSampler(300, statistic=statistic, sum_tree=flag, seed=0) for flag in (False, True))
+    gen = torch.Generator().manual_seed(1)
+    for step in range(300):
+        idx = torch.randint(300, (8,), generator=gen)  # duplicates included
+        diffs = torch.randn(8, generator=gen, dtype=torch.float64) * (1 + idx.double() / 30)
+        cdf.update(idx, diffs)
+        tree.update(idx, diffs)
+        if step % 50 == 0:
+            assert torch.allclose(cdf.probs, tree.probs, rtol=1e-12, atol=0)
+            drawn, weights = tree.sample(16)
+            assert torch.allclose(weights, 1.0 / (300 * cdf.probs[drawn]), rtol=1e-12, atol=0)
+        if step == 50:
+            assert 0 < int((tree.counts == 0).sum()) < 300  # seen and unseen examples both in play
+    assert torch.allclose(cdf.probs, tree.probs, rtol=1e-12, atol=0)
+
+
+def test_sum_tree_is_chosen_from_its_threshold_and_validated():
+    from sazo_lite.samplers import SUM_TREE_MIN_EXAMPLES
+
+    big = SAZOSampler(SUM_TREE_MIN_EXAMPLES, seed=0)
+    small = SAZOSampler(SUM_TREE_MIN_EXAMPLES, sum_tree=False, seed=0)
+    for sampler in (big, small):
+        sampler.update(torch.arange(64), torch.linspace(0.1, 5.0, 64))
+    assert big._trees is not None and small._trees is None
+    idx, weights = big.sample(32)
+    assert torch.allclose(weights, 1.0 / (SUM_TREE_MIN_EXAMPLES * small.probs[idx]), rtol=1e-12, atol=0)
+    with pytest.raises(ValueError, match="sum_tree"):
+        SAZOSampler(10, sum_tree="yes")
 
 
 def test_state_dict_rejects_other_sizes():
