@@ -101,7 +101,7 @@ def _timed(fn) -> float:
 
 def step_functions(model, params, closure) -> dict:
     """One callable per variant, each taking one ZO step (lr = 0: θ only drifts by rounding)."""
-    optimisers = {"plain": MeZO(params, lr=0.0, eps=1e-3),
+    optimisers = {"plain": MeZO(params, lr=0.0, eps=1e-3, noise=None),
                   "torch_noise": MeZO(params, lr=0.0, eps=1e-3, noise=TorchNoise(workers=2)),
                   "noise_table": MeZO(params, lr=0.0, eps=1e-3, noise=NoiseTable())}
     steps = {name: (lambda opt=opt: opt.step(closure)) for name, opt in optimisers.items()}
