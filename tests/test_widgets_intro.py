@@ -163,3 +163,19 @@ def test_batch_gain_shrinks_with_batch_and_grows_late():
     assert max(late_curve) == pytest.approx(min(late_curve))  # ‖∇F‖ = 0: the gain no longer depends on B
     dashboard.controls["sigma"].value = 0.0
     assert marker.y[0] < large
+
+
+def test_displaying_a_dashboard_syncs_its_figures_state_for_late_pages():
+    """A page that connects after the first draw (Voilà, a re-display) renders the synced state."""
+    dashboard = sw.importance_dashboard(trials=2000)
+    figure = dashboard.figures["variance"]
+    plotted = [list(trace.y) for trace in figure.data if trace.y is not None]
+    assert plotted
+    synced = lambda: [list(t.get("y", ())) for t in figure._widget_data if t.get("y") is not None]
+    assert synced() != plotted  # traces were drawn after the widget was created: stale state
+    bundle = dashboard._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert synced() == plotted
+    dashboard.controls["sigma"].value = 2.0  # a redraw after display
+    dashboard._repr_mimebundle_()
+    assert synced() == [list(trace.y) for trace in figure.data if trace.y is not None]

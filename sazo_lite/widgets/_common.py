@@ -6,12 +6,13 @@ A dashboard is an ``ipywidgets.VBox`` with three extra attributes that tests and
 """
 from __future__ import annotations
 
+import copy
 from typing import Callable
 
 import ipywidgets as widgets
 
 __all__ = ["slider", "log_slider", "int_slider", "question", "captioned", "presets", "redraw_on_change",
-           "assemble", "Dashboard"]
+           "assemble", "Dashboard", "sync_figure_state"]
 
 _LAYOUT = dict(width="420px")
 _STYLE = dict(description_width="110px")
@@ -89,6 +90,23 @@ class Dashboard(widgets.VBox):
     def refresh(self) -> None:
         """Recompute and redraw with the current control values."""
         self._refresh()
+
+    def _repr_mimebundle_(self, **kwargs):
+        # A FigureWidget copies its figure into its synced widget state only when it is itself
+        # displayed (plotly's own _repr_mimebundle_ does this); inside a box it is not. Edits
+        # made before display (every dashboard's first draw) then travel only as one-off
+        # messages, which a page that connects later never sees: Voilà, which runs the
+        # notebook first, showed empty plots, and so would a re-display or saved widget state.
+        for figure in self.figures.values():
+            sync_figure_state(figure)
+        return super()._repr_mimebundle_(**kwargs)
+
+
+def sync_figure_state(figure) -> None:
+    """Make a ``FigureWidget``'s synced state (what a newly connected page renders) its current figure."""
+    if hasattr(figure, "_widget_data"):  # FigureWidget; a plain go.Figure has no widget state
+        figure._widget_layout = copy.deepcopy(figure._layout_obj._props)
+        figure._widget_data = copy.deepcopy(figure._data)
 
 
 def redraw_on_change(controls: dict[str, widgets.Widget], refresh: Callable[[], None], hold: list[bool]) -> None:
