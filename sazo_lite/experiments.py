@@ -263,7 +263,7 @@ def race(problem: FiniteSumProblem, *, samplers=SAMPLERS, seeds=(0, 1, 2), steps
     target = target_fraction * initial_gap
     gaps, to_target = {}, {}
     jobs = [(m, s) for m in samplers for s in seeds]
-    for method, seed in tqdm(jobs, desc="race", disable=not progress, leave=False):
+    for method, seed in tqdm(jobs, desc="race", disable=not progress):
         with one_thread():
             history = _run_one(problem, method, seed, steps=steps, batch_size=batch_size, lr=lr, eps=eps,
                                ema_decay=ema_decay, uniform_mix=uniform_mix, log_every=log_every,

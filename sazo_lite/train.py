@@ -63,7 +63,7 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
         raise ValueError(f"Invalid steps/log_every: {steps}, {log_every}")
     history = History()
     queries = 0
-    bar = tqdm(range(steps), desc=description, disable=not progress, leave=False)
+    bar = tqdm(range(steps), desc=description, disable=not progress)
     for step in bar:
         indices, weights = sampler.sample(batch_size)
         result = optimizer.step(lambda: batch_losses(indices), weights)

@@ -1,0 +1,138 @@
+"""Real browser: the race notebook as a standalone Voilà app (``make app``) draws and reacts.
+
+Voilà runs the whole notebook before the page's widgets connect, so it catches what JupyterLab
+does not: a FigureWidget whose first draw never reached its synced state shows up empty
+(``Dashboard._repr_mimebundle_`` syncs it). This test starts ``voila`` from this environment on a
+free port over a scratch copy of notebooks/ in full mode, drives Debian's Chromium with
+Playwright (never ``playwright install``) and reads the dashboard's plot data from the DOM.
+Screenshots land in ``test-artifacts/``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_browser import ARTIFACTS, CHROMIUM, FLAGS, free_port, press_slider, wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = "05_the_race.ipynb"
+# The full notebook, as `make app` serves it (~20 s here): its progress bars are widgets too,
+# and a bar closed before the page connects showed "Error displaying widget" in fast mode's blind spot.
+FULL_MODE_ENV = {key: value for key, value in os.environ.items() if key != "SAZO_FAST"}
+
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
+                                 "(apt-get install chromium; .ci/run installs it)")]
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    """``voila`` serving the race notebook from a scratch copy of notebooks/ (outputs never reach the repo)."""
+    voila = Path(sys.executable).parent / "voila"
+    if not voila.exists():
+        pytest.skip("voila is not installed (pip install -e '.[app]')")
+    workdir = tmp_path_factory.mktemp("app")
+    for notebook in (ROOT / "notebooks").glob("*.ipynb"):
+        shutil.copy(notebook, workdir)
+    port = free_port()
+    log = (workdir / "voila.log").open("w")
+    server = subprocess.Popen(
+        [str(voila), NOTEBOOK, "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1"],
+        cwd=workdir, env=FULL_MODE_ENV, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True)
+
+    def answering():
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return True
+        except OSError:
+            return server.poll() is not None  # exited: stop waiting, the check below reports it
+
+    try:
+        wait_until(answering, 60, "voila to listen")
+        assert server.poll() is None, f"voila exited:\n{(workdir / 'voila.log').read_text()}"
+        yield f"http://127.0.0.1:{port}/", workdir / "voila.log"
+    finally:
+        stop_server(server)
+        log.close()
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    """SIGTERM voila's process group, SIGKILL it if it lingers, then any kernel left behind."""
+    import psutil
+
+    children = psutil.Process(server.pid).children(recursive=True) if server.poll() is None else []
+    try:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=15)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=10)
+    for child in children:
+        if child.is_running():
+            child.kill()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        instance = playwright.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS, headless=True)
+        try:
+            yield instance
+        finally:
+            instance.close()
+
+
+# The dashboard's plot is the FigureWidget inside the widget box; the races above it are static figures.
+_DASHBOARD_PLOT = ".widget-vbox .js-plotly-plot"
+
+
+def dashboard_data(page) -> list:
+    """The traces of the dashboard's plot as the page holds them: [[x, y], ...] (empty if not drawn)."""
+    return json.loads(page.evaluate(
+        f"JSON.stringify([...document.querySelectorAll('{_DASHBOARD_PLOT}')]"
+        ".map(g => (g.data || []).map(t => [t.x, t.y])))"))
+
+
+def drawn(data: list) -> list | None:
+    """``data`` if every plot in it has traces with x and y, else None."""
+    full = bool(data) and all(traces and all(x and y for x, y in traces) for traces in data)
+    return data if full else None
+
+
+def test_race_app_draws_and_reacts_to_ema_decay(app, browser):
+    url, log = app
+    context = browser.new_context(viewport={"width": 1400, "height": 2400})
+    page = context.new_page()
+    try:
+        page.goto(url, timeout=180_000)  # Voilà runs the notebook before it shows it
+        page.wait_for_selector(_DASHBOARD_PLOT, timeout=180_000)
+        body = page.inner_text("body")
+        assert "Error displaying widget" not in body, "a widget failed to render"
+        assert "Traceback" not in body, f"a cell raised:\n{body[-3000:]}"
+        before = wait_until(lambda: drawn(dashboard_data(page)), 30,
+                            "the dashboard's plot to hold trace data (an empty plot means the "
+                            "FigureWidget's first draw never reached its widget state)")
+        press_slider(page, "EMA decay", times=3)
+        wait_until(lambda: dashboard_data(page) != before, 60, "the plot to change after moving EMA decay β")
+        assert drawn(dashboard_data(page))
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "05_the_race_app.png"))
+        dashboard = page.locator(".widget-vbox", has=page.locator(".js-plotly-plot")).first
+        dashboard.screenshot(path=str(ARTIFACTS / "05_the_race_app_dashboard.png"))
+        assert (ARTIFACTS / "05_the_race_app.png").stat().st_size > 10_000
+    finally:
+        context.close()
+        print(f"voila log (tail):\n{log.read_text()[-3000:]}")  # pytest shows it on failure
