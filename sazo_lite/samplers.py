@@ -297,9 +297,10 @@ class SAZOSampler(Sampler):
             sum_tree = num_examples >= SUM_TREE_MIN_EXAMPLES
         elif not isinstance(sum_tree, bool):
             raise ValueError(f"Invalid sum_tree: {sum_tree!r} (expected True, False or None)")
-        self._trees = _SeenUnseenTrees(num_examples) if sum_tree else None
+        self._trees = _SeenUnseenTrees(num_examples) if sum_tree else None  # built all unseen
         self._p = self._cdf = None  # CDF mode: cached probs [N] and their CDF, refreshed per update
-        self._refresh_probs()
+        if self._trees is None:
+            self._refresh_probs()
 
     @property
     def estimates(self) -> torch.Tensor:
