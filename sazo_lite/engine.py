@@ -27,7 +27,7 @@ from typing import Callable, Iterable
 
 import torch
 
-__all__ = ["MeZO", "ZOStep", "derive_seed", "draw_direction", "PERTURBATIONS"]
+__all__ = ["MeZO", "ZOStep", "derive_seed", "draw_direction", "rademacher_signs", "PERTURBATIONS"]
 
 PERTURBATIONS = ("gaussian", "rademacher")
 _MASK64 = (1 << 64) - 1
@@ -64,8 +64,31 @@ def draw_direction(like: torch.Tensor, seed: int, perturbation: str,
     generator.manual_seed(seed)
     if perturbation == "gaussian":
         return torch.randn(like.shape, generator=generator, device=like.device, dtype=dtype)
-    z = torch.empty(like.shape, device=like.device, dtype=dtype)
-    return z.bernoulli_(0.5, generator=generator).mul_(2).sub_(1)  # ±1 with prob ½
+    return rademacher_signs(like.numel(), dtype, like.device, generator).view(like.shape)
+
+
+def rademacher_signs(numel: int, dtype: torch.dtype, device, generator: torch.Generator) -> torch.Tensor:
+    """``numel`` independent ±1 (probability ½ each), 8 from every random byte the generator draws.
+
+    Each byte b picks row b of a 256 × 8 table of its bits' signs: ~0.75 ns a sign on this CPU,
+    against ~2.4 for ``randn`` and ~10 for ``bernoulli_(0.5)``. The generator hands out one
+    byte per element in order, so drawing 8·k signs at a time continues the same stream
+    (``sazo_lite.noise.TorchNoise`` draws large tensors in chunks).
+    """
+    random_bytes = torch.randint(0, 256, ((numel + 7) // 8,), generator=generator, device=device)  # int64
+    return _sign_table(dtype, torch.device(device)).index_select(0, random_bytes).view(-1)[:numel]
+
+
+_SIGN_TABLES: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _sign_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[256, 8]: row b holds 2·bit_k(b) − 1 for k = 0..7 (built once per dtype and device)."""
+    key = (dtype, device)
+    if key not in _SIGN_TABLES:
+        bits = (torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1
+        _SIGN_TABLES[key] = (2 * bits - 1).to(dtype=dtype, device=device)
+    return _SIGN_TABLES[key]
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ one of these objects as ``MeZO(..., noise=...)``; ``noise=None`` keeps the plain
     * chunking: z for a large CPU tensor is drawn in chunks of ``chunk`` normals into a reused
       buffer. torch's CPU ``randn`` consumes its generator 16 values at a time, so chunks that
       are multiples of 16 (and a last chunk of ≥ 16) reproduce the one-shot draw exactly, while
-      z stays in cache and no parameter-sized temporary is allocated;
+      z stays in cache and no parameter-sized temporary is allocated. Rademacher signs come
+      8 to a random byte (``rademacher_signs``), so chunks starting at multiples of 8 do too;
     * threads: tensors are shared among ``workers`` threads, each with its own generator.
       Every tensor has its own seed, so the order of work does not change any value.
 
@@ -47,7 +48,7 @@ from typing import NamedTuple
 
 import torch
 
-from .engine import derive_seed, draw_direction
+from .engine import derive_seed, draw_direction, rademacher_signs
 
 __all__ = ["Job", "TorchNoise", "NoiseTable", "split_jobs", "chunk_bounds", "z_dtype"]
 
@@ -140,8 +141,8 @@ class TorchNoise(_Threaded):
     """The plain loop's z (``draw_direction``), drawn in chunks and on several threads.
 
     Results equal ``MeZO(noise=None)`` bit for bit (tested), so ``SeedLog`` replay stays exact.
-    Gaussian z on CPU tensors of ≥ 2·chunk entries is drawn in chunks; everything else (CUDA,
-    Rademacher, small tensors) is drawn whole by ``draw_direction``.
+    z for CPU tensors of ≥ 2·chunk entries is drawn in chunks; everything else (CUDA, small
+    tensors) is drawn whole by ``draw_direction``.
 
     Args:
         workers: threads drawing different tensors at once (1 = no threads).
@@ -173,15 +174,17 @@ class TorchNoise(_Threaded):
     def _apply_one(self, job: Job, slot: int) -> None:
         p = job.param
         generator = self._generator(slot, p.device)
-        chunked = (job.perturbation == "gaussian" and p.device.type == "cpu"
-                   and p.is_contiguous() and p.numel() >= 2 * self.chunk)
+        chunked = p.device.type == "cpu" and p.is_contiguous() and p.numel() >= 2 * self.chunk
         if not chunked:
             _add(p, draw_direction(p, job.seed, job.perturbation, generator), job.coefficient, job.shrink)
             return
         generator.manual_seed(job.seed)
         buffer, flat = self._buffer(slot, z_dtype(p)), p.view(-1)
-        for start, stop in chunk_bounds(p.numel(), self.chunk):
-            z = torch.randn(stop - start, generator=generator, out=buffer[:stop - start])
+        for start, stop in chunk_bounds(p.numel(), self.chunk):  # chunk starts: multiples of 16
+            if job.perturbation == "gaussian":
+                z = torch.randn(stop - start, generator=generator, out=buffer[:stop - start])
+            else:
+                z = rademacher_signs(stop - start, buffer.dtype, p.device, generator)
             _add(flat[start:stop], z, job.coefficient, job.shrink)
 
     def __getstate__(self):

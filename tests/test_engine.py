@@ -208,6 +208,17 @@ def test_rademacher_directions_are_signs_and_seeded():
     assert not torch.equal(z1, z3)
 
 
+def test_rademacher_signs_from_bytes_are_balanced_and_uncorrelated():
+    """8 signs per random byte: every bit position fair, neighbours (same byte or not) independent."""
+    z = engine.rademacher_signs(80_003, torch.float64, "cpu", torch.Generator().manual_seed(0))
+    assert z.shape == (80_003,) and set(z.unique().tolist()) == {-1.0, 1.0}
+    bound = 5 / math.sqrt(len(z) / 8)  # 5 standard errors of a mean over ~10⁴ signs
+    by_position = z[:80_000].view(-1, 8)
+    assert float(by_position.mean(0).abs().max()) < bound
+    for lag in (1, 7, 8, 9):
+        assert abs(float((z[:-lag] * z[lag:]).mean())) < bound / math.sqrt(8)
+
+
 def test_half_precision_parameters_draw_float32_directions():
     like = torch.empty(10, dtype=torch.bfloat16)
     z = engine.draw_direction(like, 1, "gaussian", torch.Generator())
