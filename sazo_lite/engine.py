@@ -73,7 +73,8 @@ def rademacher_signs(numel: int, dtype: torch.dtype, device, generator: torch.Ge
     Each byte b picks row b of a 256 × 8 table of its bits' signs: ~0.75 ns a sign on this CPU,
     against ~2.4 for ``randn`` and ~10 for ``bernoulli_(0.5)``. The generator hands out one
     byte per element in order, so drawing 8·k signs at a time continues the same stream
-    (``sazo_lite.noise.TorchNoise`` draws large tensors in chunks).
+    (``sazo_lite.noise.TorchNoise`` draws large tensors in chunks). Besides z (4·n bytes in
+    float32) it holds the ⌈n/8⌉ draws as int64 (n bytes) for a moment.
     """
     random_bytes = torch.randint(0, 256, ((numel + 7) // 8,), generator=generator, device=device)  # int64
     return _sign_table(dtype, torch.device(device)).index_select(0, random_bytes).view(-1)[:numel]
