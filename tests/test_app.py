@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from test_browser import ARTIFACTS, CHROMIUM, FLAGS, free_port, press_slider, wait_until
+from test_browser import ARTIFACTS, CHROMIUM, browser, free_port, press_slider, wait_until  # noqa: F401 (browser: a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = "05_the_race.ipynb"
@@ -81,18 +81,6 @@ def stop_server(server: subprocess.Popen) -> None:
     for child in children:
         if child.is_running():
             child.kill()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        instance = playwright.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS, headless=True)
-        try:
-            yield instance
-        finally:
-            instance.close()
 
 
 # The dashboard's plot is the FigureWidget inside the widget box; the races above it are static figures.
