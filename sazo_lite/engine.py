@@ -153,8 +153,8 @@ class MeZO(torch.optim.Optimizer):
         perturbation: "gaussian" (z ~ N(0, I)) or "rademacher" (z ∈ {±1}^d).
         seed: base of the seed stream; step t uses ``derive_seed(seed, t)``.
         noise: where z comes from. "auto" (default): ``sazo_lite.noise.TorchNoise`` (the
-            plain loop's z bit for bit, chunked and on up to 2 threads; 1.5× instead of 2.25×
-            two forwards on SmolLM2-135M here) when every parameter is on the CPU and they
+            plain loop's z bit for bit, chunked and on up to 2 threads; a step ≈ 1.5× instead of
+            ≈ 2.1× two forwards on SmolLM2-135M here) when every parameter is on the CPU and they
             hold ≥ ``AUTO_NOISE_MIN_ENTRIES`` entries in all, else the plain loop. None: the
             plain loop below. Or an object with ``apply(jobs)`` that does θ ← shrink·θ + c·z
             for a list of ``sazo_lite.noise.Job`` (see that module).
