@@ -1,0 +1,50 @@
+"""Argument checks shared by every public entry point.
+
+Each check returns the cleaned value or raises ``ValueError("Invalid <name>: ...")`` (the
+torch.optim convention) before the caller changes any state. Plain maths, no torch state.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+__all__ = ["check_int", "check_count", "check_number", "check_fraction", "check_choice"]
+
+
+def check_int(name: str, value, low: int | None = None) -> int:
+    """An int (not a bool, not a float) that is >= ``low`` when given."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (low is not None and value < low):
+        bound = f" >= {low}" if low is not None else ""
+        raise ValueError(f"Invalid {name}: {value!r} (expected an int{bound})")
+    return int(value)
+
+
+def check_count(name: str, value) -> int:
+    """An int >= 1 (a number of examples, steps, directions ...)."""
+    return check_int(name, value, 1)
+
+
+def check_number(name: str, value, low: float = -math.inf, high: float = math.inf, *,
+                 closed_low: bool = True, closed_high: bool = True) -> float:
+    """A finite real number (not a bool or a string) in the interval (low|[low, high]|)."""
+    if isinstance(value, (bool, str, bytes)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"Invalid {name}: {value!r} (expected a number)")
+    value = float(value)
+    above = value >= low if closed_low else value > low
+    below = value <= high if closed_high else value < high
+    if not (math.isfinite(value) and above and below):
+        interval = f"{'[' if closed_low else '('}{low}, {high}{']' if closed_high else ')'}"
+        raise ValueError(f"Invalid {name}: {value} (expected a finite number in {interval})")
+    return value
+
+
+def check_fraction(name: str, value, low: float, high: float, *, closed_low: bool, closed_high: bool) -> float:
+    """A number in an interval whose ends are named explicitly (e.g. λ ∈ (0, 1])."""
+    return check_number(name, value, low, high, closed_low=closed_low, closed_high=closed_high)
+
+
+def check_choice(name: str, value, choices) -> str:
+    """One of a fixed set of names."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"Invalid {name}: {value!r} (expected one of {tuple(choices)})")
+    return value
