@@ -4,7 +4,7 @@ MeZO (two forward passes per step, seeded in-place perturbations) and SAZO (samp
 importance sampling driven by the per-example directional differences MeZO already computes).
 """
 from .engine import MeZO, ZOStep, derive_seed, draw_direction
-from .samplers import OracleSampler, SAZOSampler, Sampler, UniformSampler
+from .samplers import OracleSampler, PlainSAZOSampler, SAZOSampler, Sampler, UniformSampler
 from .train import History, queries_to_target, train
 from .seedlog import SeedLog
 from . import problems, variance
@@ -13,5 +13,5 @@ from .config import fast_mode, one_thread, pick
 __version__ = "0.1.0"
 
 __all__ = ["MeZO", "ZOStep", "derive_seed", "draw_direction", "Sampler", "UniformSampler",
-           "SAZOSampler", "OracleSampler", "History", "train", "queries_to_target",
+           "SAZOSampler", "PlainSAZOSampler", "OracleSampler", "History", "train", "queries_to_target",
            "problems", "variance", "fast_mode", "pick", "one_thread", "SeedLog"]

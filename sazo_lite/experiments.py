@@ -6,7 +6,8 @@ Two experiments:
   believes (sqrt(Ĝ_i), p_SAZO) with the truth (‖∇f_i‖, p*), plus V(p)/V(p*) for
   uniform, SAZO and the oracle along the same trajectory.
 * ``race``: loss gap against queries for uniform MeZO, SAZO and the oracle over seeds,
-  and the queries each needs to reach a target gap.
+  and the queries each needs to reach a target gap (``tune_lr`` picks each method's own
+  learning rate from a grid first, as ``make bench`` does).
 
 Both only wire together ``MeZO``, the samplers, ``train`` and ``variance``; nothing here
 re-implements them.
@@ -21,14 +22,15 @@ import torch
 from .config import one_thread
 from .engine import MeZO
 from .problems import FiniteSumProblem, LeastSquares, LogisticRegression
-from .samplers import OracleSampler, SAZOSampler, UniformSampler
+from .samplers import OracleSampler, PlainSAZOSampler, SAZOSampler, UniformSampler
 from .train import queries_to_target, train
 from . import variance
 
-__all__ = ["PROBLEMS", "make_problem", "make_sampler", "SAZOTrace", "run_sazo_trace",
-           "roughness", "RaceResult", "race", "SAMPLERS"]
+__all__ = ["PROBLEMS", "make_problem", "make_sampler", "SAZOTrace", "run_sazo_trace", "RULES",
+           "roughness", "RaceResult", "race", "tune_lr", "SAMPLERS"]
 
 SAMPLERS = ("uniform", "sazo", "oracle")
+RULES = ("robust", "plain")  # SAZOSampler's rule, and the design page's plain rule (PlainSAZOSampler)
 PROBLEMS = ("heterogeneous quadratic", "homogeneous quadratic", "logistic regression (breast cancer)")
 
 
@@ -54,15 +56,18 @@ def make_problem(name: str = "heterogeneous quadratic", *, heterogeneity: float 
 
 def make_sampler(name: str, problem: FiniteSumProblem, theta: torch.Tensor, *, seed: int = 0,
                  ema_decay: float = 0.9, uniform_mix: float = 0.1):
-    """A sampler by name: "uniform", "sazo" (β, λ) or "oracle" (exact p* at the live θ)."""
+    """A sampler by name: "uniform", "sazo" (robust rule; β, λ), "sazo-plain" (the design page's
+    plain rule: EMA of d² from G = 1, p ∝ sqrt(G); β, λ) or "oracle" (exact p* at the live θ)."""
     n = problem.num_examples
     if name == "uniform":
         return UniformSampler(n, seed=seed)
     if name == "sazo":
         return SAZOSampler(n, ema_decay=ema_decay, uniform_mix=uniform_mix, seed=seed)
+    if name == "sazo-plain":
+        return PlainSAZOSampler(n, ema_decay=ema_decay, uniform_mix=uniform_mix, seed=seed)
     if name == "oracle":
         return OracleSampler(n, lambda: problem.norms(theta), seed=seed)
-    raise ValueError(f"Invalid sampler: {name!r} (expected one of {SAMPLERS})")
+    raise ValueError(f"Invalid sampler: {name!r} (expected one of {SAMPLERS + ('sazo-plain',)})")
 
 
 
@@ -81,6 +86,8 @@ class SAZOTrace:
         spearman, tv: [T] rank correlation of sqrt(G) with the norms; TV(p_SAZO, p*).
         ratio: {"uniform", "sazo", "oracle"} → [T] V(p)/V(p*) (the oracle's is 1).
         tracked: [k] example indices whose G trajectory a plot follows.
+        counts: [T, N] how often each example had been observed (sampled) by then.
+        rule: "robust" (``SAZOSampler``) or "plain" (``PlainSAZOSampler``).
     """
 
     steps: np.ndarray
@@ -94,6 +101,15 @@ class SAZOTrace:
     tv: np.ndarray
     ratio: dict[str, np.ndarray] = field(default_factory=dict)
     tracked: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
+    counts: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=int))
+    rule: str = "robust"
+
+
+def _squared_norm_estimates(sampler) -> torch.Tensor:
+    """Ĝ [N]: the robust sampler converts its scores; the plain one's G already estimates ‖∇f_i‖²."""
+    if hasattr(sampler, "squared_norm_estimates"):
+        return sampler.squared_norm_estimates()
+    return sampler.estimates.clone()
 
 
 class _TraceRecorder:
@@ -105,12 +121,13 @@ class _TraceRecorder:
 
     def __call__(self) -> float:
         norms = self.problem.norms(self.theta)                               # [N]
-        g_hat = self.sampler.squared_norm_estimates().clamp_min(0)           # [N]
+        g_hat = _squared_norm_estimates(self.sampler).clamp_min(0)           # [N]
         p_sazo, p_star = self.sampler.probs, variance.oracle_probs(norms)
         uniform = torch.full_like(norms, 1.0 / len(norms))
         gap = self.problem.gap(self.theta)
         self.rows.append(dict(
             gap=gap, sqrt_g=g_hat.sqrt(), norms=norms, p_sazo=p_sazo, p_star=p_star,
+            counts=self.sampler.counts.clone(),
             spearman=variance.spearman(g_hat, norms), tv=variance.tv_distance(p_sazo, p_star),
             uniform=variance.variance_ratio(norms, uniform), sazo=variance.variance_ratio(norms, p_sazo)))
         return gap
@@ -133,11 +150,14 @@ def _tracked_examples(norms: torch.Tensor, quantiles=(0.98, 0.75, 0.5)) -> np.nd
 def run_sazo_trace(problem: FiniteSumProblem, *, steps: int = 300, batch_size: int = 4,
                    lr: float = 0.01, eps: float = 1e-3, ema_decay: float = 0.9,
                    uniform_mix: float = 0.1, seed: int = 0, log_every: int = 3,
-                   dtype: torch.dtype = torch.float32, progress: bool = False) -> SAZOTrace:
+                   dtype: torch.dtype = torch.float32, progress: bool = False,
+                   rule: str = "robust") -> SAZOTrace:
     """Train with SAZO and record its estimates against the truth every ``log_every`` steps.
 
     θ lives in ``dtype`` (float32 by default, like a language model), so that a tiny ε shows
     its rounding error in d_k = (f_k(θ+εz) − f_k(θ−εz))/(2ε) and hence in G.
+    ``rule`` picks the sampler: "robust" (``SAZOSampler``, what the library runs) or "plain"
+    (``PlainSAZOSampler``: EMA of d² from a constant start, the rule notebook 04 shows first).
 
     Example:
         >>> trace = run_sazo_trace(make_problem(num_examples=32, dim=4), steps=30, log_every=10)
@@ -146,9 +166,14 @@ def run_sazo_trace(problem: FiniteSumProblem, *, steps: int = 300, batch_size: i
     """
     if steps < 1:
         raise ValueError(f"Invalid steps: {steps} (expected >= 1)")
+    if rule not in RULES:
+        raise ValueError(f"Invalid rule: {rule!r} (expected one of {RULES})")
     theta = problem.initial_theta(dtype)
     optimizer = MeZO([theta], lr=lr, eps=eps, seed=seed)
-    sampler = make_sampler("sazo", problem, theta, seed=seed, ema_decay=ema_decay, uniform_mix=uniform_mix)
+    if rule == "plain":
+        sampler = PlainSAZOSampler(problem.num_examples, ema_decay=ema_decay, uniform_mix=uniform_mix, seed=seed)
+    else:
+        sampler = make_sampler("sazo", problem, theta, seed=seed, ema_decay=ema_decay, uniform_mix=uniform_mix)
     recorder = _TraceRecorder(problem, theta, sampler)
     with one_thread():
         recorder()  # the starting point θ₀
@@ -163,7 +188,7 @@ def run_sazo_trace(problem: FiniteSumProblem, *, steps: int = 300, batch_size: i
         p_star=_stack(rows, "p_star"), spearman=_stack(rows, "spearman"), tv=_stack(rows, "tv"),
         ratio={"uniform": _stack(rows, "uniform"), "sazo": _stack(rows, "sazo"),
                "oracle": np.ones(len(rows))},
-        tracked=_tracked_examples(rows[0]["norms"]))
+        tracked=_tracked_examples(rows[0]["norms"]), counts=_stack(rows, "counts").astype(np.int64), rule=rule)
 
 
 def roughness(trajectory) -> float:
@@ -198,6 +223,7 @@ class RaceResult:
         initial_gap: F(θ₀) − F(θ*).
         target: the gap to reach (``target_fraction`` × ``initial_gap``).
         to_target: method → list (per seed) of queries to reach ``target`` (None: never).
+        lrs: method → the learning rate it ran with.
     """
 
     queries: np.ndarray
@@ -205,6 +231,7 @@ class RaceResult:
     initial_gap: float
     target: float
     to_target: dict[str, list]
+    lrs: dict[str, float] = field(default_factory=dict)
 
     def median_to_target(self, method: str) -> float:
         """Median over seeds of queries to target (inf counts as "never", so may be inf)."""
@@ -238,13 +265,15 @@ def _run_one(problem, method: str, seed: int, *, steps, batch_size, lr, eps, ema
 
 
 def race(problem: FiniteSumProblem, *, samplers=SAMPLERS, seeds=(0, 1, 2), steps: int = 400,
-         batch_size: int = 1, lr: float = 0.01, eps: float = 1e-3, ema_decay: float = 0.9,
+         batch_size: int = 1, lr: float | dict[str, float] = 0.01, eps: float = 1e-3, ema_decay: float = 0.9,
          uniform_mix: float = 0.1, log_every: int = 10, target_fraction: float = 0.05,
          dtype: torch.dtype = torch.float64, progress: bool = False) -> RaceResult:
     """Train every sampler from θ₀ with every seed; record the gap against queries.
 
     Every run sees the same MeZO directions for a given seed (the seed stream is shared),
-    so differences between methods come from which examples they sample.
+    so differences between methods come from which examples they sample. ``lr`` is one
+    learning rate for all, or a dict method → its own rate (e.g. from ``tune_lr``): one rate
+    for all is not neutral, since importance weights also rescale the per-example curvatures.
 
     Example:
         >>> result = race(make_problem(num_examples=32, dim=4), seeds=(0,), steps=20, log_every=10)
@@ -255,6 +284,10 @@ def race(problem: FiniteSumProblem, *, samplers=SAMPLERS, seeds=(0, 1, 2), steps
 
     if not samplers or not seeds:
         raise ValueError("Invalid samplers/seeds: need at least one of each")
+    lrs = {m: float(lr[m] if isinstance(lr, dict) else lr) for m in samplers} if not isinstance(lr, dict) or \
+        set(samplers) <= set(lr) else None
+    if lrs is None:
+        raise ValueError(f"Invalid lr: {lr!r} (a dict needs a rate for each of {tuple(samplers)})")
     if not 0.0 < target_fraction < 1.0:
         raise ValueError(f"Invalid target_fraction: {target_fraction} (expected a number in (0, 1))")
     logged = [s for s in range(1, steps + 1) if s % log_every == 0 or s == steps]
@@ -265,7 +298,7 @@ def race(problem: FiniteSumProblem, *, samplers=SAMPLERS, seeds=(0, 1, 2), steps
     jobs = [(m, s) for m in samplers for s in seeds]
     for method, seed in tqdm(jobs, desc="race", disable=not progress):
         with one_thread():
-            history = _run_one(problem, method, seed, steps=steps, batch_size=batch_size, lr=lr, eps=eps,
+            history = _run_one(problem, method, seed, steps=steps, batch_size=batch_size, lr=lrs[method], eps=eps,
                                ema_decay=ema_decay, uniform_mix=uniform_mix, log_every=log_every,
                                dtype=dtype)
         row = np.full(len(queries), np.nan)
@@ -276,5 +309,34 @@ def race(problem: FiniteSumProblem, *, samplers=SAMPLERS, seeds=(0, 1, 2), steps
         to_target.setdefault(method, []).append(
             queries_to_target(history, target) if history is not None else None)
     return RaceResult(queries=queries, gaps={m: np.stack(r) for m, r in gaps.items()},
-                      initial_gap=initial_gap, target=target, to_target=to_target)
+                      initial_gap=initial_gap, target=target, to_target=to_target, lrs=lrs)
+
+
+def tune_lr(problem: FiniteSumProblem, method: str, grid, **race_kwargs) -> tuple[float, RaceResult]:
+    """The grid rate with the fewest median queries to target for one method (``make bench``'s rule).
+
+    Ties (e.g. no rate reaches the target) go to the smaller median final gap. ``race_kwargs``
+    are passed to ``race`` (seeds, steps, batch_size, target_fraction, ...).
+
+    Returns:
+        (best rate, the race of ``method`` at that rate).
+
+    Example:
+        >>> best, result = tune_lr(make_problem(num_examples=32, dim=4), "uniform", [0.005, 0.02],
+        ...                        seeds=(0,), steps=40)
+        >>> best in (0.005, 0.02), result.lrs["uniform"] == best
+        (True, True)
+    """
+    grid = [float(lr) for lr in grid]
+    if not grid:
+        raise ValueError("Invalid grid: expected at least one learning rate")
+    results = {lr: race(problem, samplers=(method,), lr=lr, **race_kwargs) for lr in grid}
+
+    def cost(lr: float) -> tuple[float, float]:
+        final = results[lr].gaps[method][:, -1]
+        final_gap = float(np.median(np.where(np.isfinite(final), final, np.inf)))
+        return results[lr].median_to_target(method), final_gap
+
+    best = min(grid, key=cost)
+    return best, results[best]
 

@@ -13,8 +13,9 @@ import numpy as np
 import torch
 
 from .sumtree import SumTree
+from .validation import check_fraction, check_number
 
-__all__ = ["Sampler", "UniformSampler", "SAZOSampler", "OracleSampler"]
+__all__ = ["Sampler", "UniformSampler", "PlainSAZOSampler", "SAZOSampler", "OracleSampler"]
 
 
 def _check_count(name: str, value) -> int:
@@ -147,6 +148,104 @@ class OracleSampler(Sampler):
         total = norms.sum()
         p_star = norms / total if total > 0 else uniform
         return (1.0 - self.uniform_mix) * p_star + self.uniform_mix * uniform
+
+
+class PlainSAZOSampler(Sampler):
+    """The design page's plain SAZO rule, for teaching: what to implement first and see fail.
+
+        state:   G_i = ``initial_estimate`` for every example (a constant start)
+        sample:  p_i = (1−λ)·sqrt(G_i)/Σ_j sqrt(G_j) + λ/N,   weights w = 1/(N·p_i)
+        update:  G_i ← β·G_i + (1−β)·d_i²    (d_i²: the mean of d² over duplicates in the batch)
+
+    No prior for unseen examples, no level, no count-adaptive decay: a single d² is
+    χ²₁-noisy and the constant start favours (or starves) every example not seen yet, which
+    is what the robust ``SAZOSampler`` fixes.
+
+    Args:
+        num_examples: N.
+        ema_decay: β ∈ [0, 1).
+        uniform_mix: λ ∈ (0, 1]; 1 is uniform sampling.
+        initial_estimate: G_0 > 0, the constant start (in units of d²).
+        seed: seed of the sampling generator.
+
+    Example:
+        >>> s = PlainSAZOSampler(4, seed=0)
+        >>> s.update(torch.tensor([0]), torch.tensor([3.0]))   # G_0 ← 0.9·1 + 0.1·9 = 1.8
+        >>> round(float(s.estimates[0]), 12), bool(s.probs[0] > s.probs[1])
+        (1.8, True)
+    """
+
+    def __init__(self, num_examples: int, *, ema_decay: float = 0.9, uniform_mix: float = 0.1,
+                 initial_estimate: float = 1.0, seed: int = 0):
+        super().__init__(num_examples, seed=seed)
+        self.ema_decay = check_fraction("ema_decay", ema_decay, 0.0, 1.0, closed_low=True, closed_high=False)
+        self.uniform_mix = check_fraction("uniform_mix", uniform_mix, 0.0, 1.0, closed_low=False, closed_high=True)
+        self.initial_estimate = check_number("initial_estimate", initial_estimate, 0.0, closed_low=False)
+        self._g = np.full(num_examples, self.initial_estimate)   # G_i, [N] float64, units of d²
+        self._n = np.zeros(num_examples, dtype=np.int64)          # n_i: observations (diagnostics only)
+
+    @property
+    def estimates(self) -> torch.Tensor:
+        """G [N] float64 (EMA of d², an estimate of ‖∇f_i‖²), a view."""
+        return torch.from_numpy(self._g)
+
+    @property
+    def counts(self) -> torch.Tensor:
+        """n [N] int64: how often each example was observed, a view."""
+        return torch.from_numpy(self._n)
+
+    @property
+    def probs(self) -> torch.Tensor:
+        """p_i = (1−λ)·sqrt(G_i)/Σ sqrt(G) + λ/N, float64 [N]."""
+        return torch.from_numpy(_mix_with_uniform(np.sqrt(self._g), self.uniform_mix))
+
+    def _observe(self, indices: torch.Tensor, diffs: torch.Tensor) -> None:
+        if not indices.numel():
+            return
+        with np.errstate(over="ignore"):  # an overflow is caught below, before any change
+            unique, squared = _mean_by_index(indices.numpy(), diffs.numpy() ** 2)
+            new = self.ema_decay * self._g[unique] + (1.0 - self.ema_decay) * squared
+        if not np.isfinite(new).all():
+            raise ValueError("Invalid directional_diffs: d² overflows float64 (|d| > ~1e154)")
+        self._g[unique] = new
+        self._n[unique] += 1
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "estimates": self.estimates.clone(), "counts": self.counts.clone(),
+                "hyperparameters": dict(ema_decay=self.ema_decay, uniform_mix=self.uniform_mix,
+                                        initial_estimate=self.initial_estimate)}
+
+    def load_state_dict(self, state: dict) -> None:
+        hyper = state["hyperparameters"]
+        checked = dict(ema_decay=check_fraction("ema_decay", hyper["ema_decay"], 0.0, 1.0, closed_low=True, closed_high=False),
+                       uniform_mix=check_fraction("uniform_mix", hyper["uniform_mix"], 0.0, 1.0, closed_low=False, closed_high=True),
+                       initial_estimate=check_number("initial_estimate", hyper["initial_estimate"], 0.0, closed_low=False))
+        g = torch.as_tensor(state["estimates"]).detach().to("cpu", torch.float64).numpy().copy()
+        n = torch.as_tensor(state["counts"]).detach().to("cpu", torch.int64).numpy().copy()
+        if g.shape != (self.num_examples,) or n.shape != (self.num_examples,):
+            raise ValueError(f"Invalid state: estimates/counts must have shape ({self.num_examples},)")
+        if not (np.isfinite(g).all() and (g >= 0).all() and (n >= 0).all()):
+            raise ValueError("Invalid state: estimates must be finite and >= 0, counts >= 0")
+        super().load_state_dict(state)
+        self.__dict__.update(checked)
+        self._g[:], self._n[:] = g, n
+
+
+def _mix_with_uniform(scores: np.ndarray, uniform_mix: float) -> np.ndarray:
+    """The score → probability transform: p_i = (1−λ)·s_i/Σ_j s_j + λ/N (uniform if Σ s = 0)."""
+    total = float(scores.sum())
+    uniform = 1.0 / len(scores)
+    if not total > 0:
+        return np.full(len(scores), uniform)
+    return (1.0 - uniform_mix) * scores / total + uniform_mix * uniform
+
+
+def _mean_by_index(indices: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct indices and the mean of ``values`` over each one's duplicates."""
+    if len(indices) == 1:
+        return indices, values
+    unique, inverse = np.unique(indices, return_inverse=True)
+    return unique, np.bincount(inverse, weights=values) / np.bincount(inverse)
 
 
 STATISTICS = ("abs", "square")
