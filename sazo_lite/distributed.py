@@ -27,6 +27,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from .engine import MeZO
 from .samplers import SAZOSampler
+from .validation import check_count, check_int
 
 __all__ = ["shard", "gather_losses", "distributed_closure", "communication_bytes", "run_demo"]
 
@@ -38,7 +39,15 @@ def _world() -> tuple[int, int]:
 
 
 def shard(indices: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
-    """This rank's contiguous block of the global batch (B must divide evenly)."""
+    """This rank's contiguous block of the global batch (B must divide evenly).
+
+    Raises ValueError for a world size below 1 or a rank outside [0, world_size): such a
+    rank would otherwise get an empty block and silently train on nothing.
+    """
+    world_size = check_count("world_size", world_size)
+    rank = check_int("rank", rank, 0)
+    if rank >= world_size:
+        raise ValueError(f"Invalid rank: {rank} (expected an int in [0, {world_size}))")
     if len(indices) % world_size:
         raise ValueError(f"Invalid batch_size: {len(indices)} is not divisible by world size {world_size}")
     size = len(indices) // world_size

@@ -52,3 +52,10 @@ def test_shard_and_communication_table():
         distributed.shard(torch.arange(7), 0, 2)
     table = distributed.communication_bytes(batch_size=16, num_params=134_515_008, world_size=8)
     assert table["ddp"] / table["zo"] > 1e6
+
+
+@pytest.mark.parametrize("rank, world_size", [(2, 2), (-1, 2), (0, 0), (1.0, 2), (True, 2)])
+def test_a_rank_outside_the_world_raises_instead_of_an_empty_shard(rank, world_size):
+    # issue 17: shard(idx, rank=2, world_size=2) used to return an empty block (that rank trained on nothing)
+    with pytest.raises(ValueError, match="Invalid (rank|world_size)"):
+        distributed.shard(torch.arange(8), rank, world_size)
