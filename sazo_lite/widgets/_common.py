@@ -12,7 +12,7 @@ from typing import Callable
 import ipywidgets as widgets
 
 __all__ = ["slider", "log_slider", "int_slider", "question", "captioned", "presets", "redraw_on_change",
-           "assemble", "Dashboard", "sync_figure_state"]
+           "assemble", "Dashboard", "sync_figure_state", "static_dashboard_html"]
 
 _LAYOUT = dict(width="420px")
 _STYLE = dict(description_width="110px")
@@ -99,7 +99,63 @@ class Dashboard(widgets.VBox):
         # notebook first, showed empty plots, and so would a re-display or saved widget state.
         for figure in self.figures.values():
             sync_figure_state(figure)
-        return super()._repr_mimebundle_(**kwargs)
+        bundle = super()._repr_mimebundle_(**kwargs)
+        # A frontend without a kernel (the course website, nbconvert) cannot draw the widget;
+        # it falls back to this HTML: the figures as drawn now, the readout, a launch link.
+        # JupyterLab, Voilà and VS Code prefer the widget view.
+        bundle["text/html"] = static_dashboard_html(self)
+        return bundle
+
+
+def static_dashboard_html(board: Dashboard) -> str:
+    """A dashboard as static HTML: title, the control values, readout, figures, a launch note.
+
+    The figures are drawn with ``Plotly.newPlot`` when the page has plotly.js (the course
+    website loads it); elsewhere the script does nothing and the note remains. The link
+    goes to Binder; the website points it at the current page's own launch URL.
+
+    Example:
+        >>> from sazo_lite.widgets import estimator_dashboard
+        >>> "Static view" in static_dashboard_html(estimator_dashboard())
+        True
+    """
+    import html
+    import uuid
+
+    import plotly.io as pio
+
+    def shown(value):
+        return f"{value:.3g}" if isinstance(value, float) else html.escape(str(value))
+
+    settings = ", ".join(f"{html.escape(c.description)} = {shown(c.value)}" for c in board.controls.values()
+                         if getattr(c, "description", "") and hasattr(c, "value"))
+    parts = [board.children[0].value,  # the title header
+             "<p class='sazo-static-note' style='margin:4px 0 8px 0'><b>Static view</b>: the figures "
+             f"as drawn at {settings or 'the default settings'}. The controls need a live Python kernel: "
+             "<a class='sazo-launch' href='https://mybinder.org' target='_blank' rel='noopener' "
+             "style='display:inline-block;padding:1px 10px;border:1px solid #888;border-radius:4px;"
+             "text-decoration:none'>&#9654; launch this notebook</a> (or run it locally with <code>make lab</code>).</p>"]
+    if board.readout is not None:
+        parts.append(board.readout.value)
+    for figure in board.figures.values():
+        if not _drawn(figure):
+            continue  # nothing drawn yet (a dashboard that trains after it is displayed)
+        div = f"sazo-static-{uuid.uuid4().hex}"
+        spec = pio.to_json(figure, validate=False).replace("</", "<\\/")  # safe inside <script>
+        parts.append(f"<div id='{div}' class='sazo-static-figure'></div><script>(function () {{"
+                     f"var el = document.getElementById('{div}'); if (!el || !window.Plotly) return; "
+                     f"var f = {spec}; window.Plotly.newPlot(el, f.data, f.layout, {{responsive: true}});"
+                     f"}})();</script>")
+    return f"<div class='sazo-static-dashboard'>{''.join(parts)}</div>"
+
+
+def _drawn(figure) -> bool:
+    """Whether any trace of ``figure`` has data (x, y, values or table cells)."""
+    for trace in figure.to_plotly_json()["data"]:
+        columns = [trace.get("x"), trace.get("y"), trace.get("values"), (trace.get("cells") or {}).get("values")]
+        if any(column is not None and len(column) > 0 for column in columns):
+            return True
+    return False
 
 
 def sync_figure_state(figure) -> None:
