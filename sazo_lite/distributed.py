@@ -29,10 +29,11 @@ from .engine import MeZO
 from .samplers import SAZOSampler
 from .validation import check_count, check_int
 
-__all__ = ["shard", "gather_losses", "distributed_closure", "communication_bytes", "run_demo"]
+__all__ = ["rank_and_world", "shard", "gather_losses", "distributed_closure", "communication_bytes", "run_demo"]
 
 
-def _world() -> tuple[int, int]:
+def rank_and_world() -> tuple[int, int]:
+    """(rank, world size) of the default process group, or (0, 1) when there is none."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
@@ -56,7 +57,7 @@ def shard(indices: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
 
 def gather_losses(local_losses: torch.Tensor) -> torch.Tensor:
     """All-gather per-example losses [B/W] into the global [B], in rank order."""
-    rank, world = _world()
+    rank, world = rank_and_world()
     if world == 1:
         return local_losses
     local_losses = local_losses.detach().contiguous()
@@ -67,7 +68,7 @@ def gather_losses(local_losses: torch.Tensor) -> torch.Tensor:
 
 def distributed_closure(batch_losses, indices: torch.Tensor):
     """Wrap ``batch_losses(local_indices) -> [B/W]`` into a closure returning the global [B]."""
-    rank, world = _world()
+    rank, world = rank_and_world()
     mine = shard(indices, rank, world)
     return lambda: gather_losses(batch_losses(mine))
 
@@ -90,7 +91,7 @@ def _demo_problem(seed: int = 0):
 
 def run_demo(steps: int = 20, batch_size: int = 8, crash_rank: int = -1, crash_step: int = -1) -> dict:
     """SAZO + MeZO for ``steps`` steps on the demo task, on however many ranks are running."""
-    rank, _ = _world()
+    rank, _ = rank_and_world()
     model, x, y = _demo_problem()
     opt = MeZO(model.parameters(), lr=0.05, eps=1e-3, seed=1)
     sampler = SAZOSampler(len(x), seed=2)  # same seed everywhere: same global batches

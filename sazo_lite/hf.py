@@ -1,0 +1,389 @@
+"""MeZO / SAZO through the Hugging Face ``Trainer``: ``ZOTrainer``, a drop-in ``transformers.Trainer``.
+
+    from transformers import TrainingArguments
+    from sazo_lite.hf import ZOTrainer
+    args = TrainingArguments("out", max_steps=200, per_device_train_batch_size=8, learning_rate=1e-4,
+                             logging_steps=10, save_steps=50, report_to=[])
+    trainer = ZOTrainer(model, args, train_dataset=train, eval_dataset=test, method="sazo", eps=1e-3)
+    trainer.train()                      # later: trainer.train(resume_from_checkpoint=True)
+
+Logging, callbacks, ``evaluate`` with ``compute_metrics``, ``save_steps`` checkpoints, ``max_steps``,
+lr schedules, peft models and ``torchrun`` launches are the Trainer's own. What differs:
+
+- Optimiser: ``sazo_lite.MeZO`` over the parameters that require grad (lr, weight decay and the lr
+  schedule come from ``args``). A training step runs the model exactly twice, at θ+εz and θ−εz,
+  under ``no_grad`` and in eval mode (the two passes must see the same function: no dropout);
+  nothing calls backward and no ``.grad`` is ever allocated. ``max_grad_norm`` is ignored.
+- Batches: each step the ZO sampler draws B = per_device_train_batch_size × world_size *dataset
+  indices* i.i.d. with weights w = 1/(N·p_i) (``method="mezo"``: uniform, w = 1; ``"sazo"``:
+  ``SAZOSampler``), the step minimises mean_k(w_k·f_k), and the sampler then sees the B directional
+  differences. The Trainer's train dataloader only yields step tickets, so its prefetching and its
+  skipping of batches on resume never draw from the sampler; examples are collated in
+  ``training_step`` (``dataloader_num_workers`` does not apply to training).
+- Loss: f_i = mean token cross-entropy over example i's labels (causal shift, −100 ignored), or
+  ``per_example_loss(outputs, inputs) -> [B]``. The logged training loss is mean_k(w_k·(f_k(θ+εz) +
+  f_k(θ−εz))/2); ``eval_loss`` is mean_i f_i over the eval set (not the token-weighted mean).
+- Logs add ``zo_queries`` (per-example forward evaluations so far, 2·B per step),
+  ``zo_projected_grad`` (mean |g| since the last log) and, for SAZO, ``sazo_max_weight`` and
+  ``sazo_ess`` (mean Kish effective sample size (Σw)²/Σw² of the batches, as a fraction of B).
+- Data parallel (``torchrun --nproc_per_node=W script.py``, gloo on CPU): every rank draws the same
+  global batch, evaluates its contiguous block of B/W examples and all-gathers the losses
+  (``sazo_lite.distributed``), so g, the update and the sampler stay identical on every rank.
+- Checkpoints add ``zo_state.pt`` (the sampler's state and any float32 master weights) to the
+  Trainer's files; MeZO's state (step count and seed) is the Trainer's ``optimizer.pt``. Resuming
+  continues the uninterrupted run bit for bit.
+- Half precision: a model loaded in bfloat16/float16 is tuned through ``Float32Master``
+  (``master_weights="auto"``): MeZO perturbs a float32 copy of the trainable tensors, copied into
+  the model before each forward, so updates smaller than half an ulp are not lost. ``bf16=True``
+  with a float32 model only autocasts the forwards; the weights stay float32.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+from transformers import Trainer
+
+from .distributed import gather_losses, rank_and_world, shard
+from .engine import MeZO
+from .samplers import SAZOSampler, UniformSampler
+from .validation import check_choice
+
+__all__ = ["ZOTrainer", "causal_lm_losses", "CausalLMCollator", "METHODS", "ZO_STATE_NAME"]
+
+METHODS = ("mezo", "sazo")
+ZO_STATE_NAME = "zo_state.pt"
+IGNORE_INDEX = -100
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def causal_lm_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-example mean token cross-entropy of a causal LM: float32 [B].
+
+    Position t predicts token t+1 (the causal shift); labels equal to −100 are ignored, so a
+    batch with labels only on the answer tokens scores the answers alone.
+
+    Example:
+        >>> logits, labels = torch.zeros(2, 3, 5), torch.tensor([[-100, 1, 2], [-100, -100, 4]])
+        >>> causal_lm_losses(logits, labels)          # uniform logits: log 5 per scored token
+        tensor([1.6094, 1.6094])
+    """
+    logits, targets = logits[:, :-1].float(), labels[:, 1:]                  # [B, T-1, V], [B, T-1]
+    ce = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=IGNORE_INDEX, reduction="none")
+    counts = (targets != IGNORE_INDEX).sum(1)                                 # [B]
+    return ce.sum(1) / counts.clamp_min(1)
+
+
+class CausalLMCollator:
+    """Right-pads ``input_ids`` (with ``pad_token_id``), ``attention_mask`` (0) and ``labels`` (−100).
+
+    Right padding keeps every example's positions as if it were alone (no position ids needed),
+    so an example's loss does not depend on which batch it landed in. Rows without ``labels``
+    are labelled with their own input ids (plain language modelling).
+
+    Example:
+        >>> CausalLMCollator(0)([{"input_ids": [5, 6, 7]}, {"input_ids": [8]}])["labels"]
+        tensor([[   5,    6,    7],
+                [   8, -100, -100]])
+    """
+
+    def __init__(self, pad_token_id: int):
+        self.pad_token_id = int(pad_token_id)
+
+    def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        ids = [list(row["input_ids"]) for row in rows]
+        width = max(len(r) for r in ids)
+        batch = {"input_ids": torch.full((len(rows), width), self.pad_token_id, dtype=torch.long),
+                 "attention_mask": torch.zeros(len(rows), width, dtype=torch.long),
+                 "labels": torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)}
+        for k, (row, r) in enumerate(zip(rows, ids)):
+            labels = list(row["labels"]) if "labels" in row else r
+            if len(labels) != len(r):
+                raise ValueError(f"Invalid labels: example has {len(labels)} labels for {len(r)} input ids")
+            batch["input_ids"][k, :len(r)] = torch.tensor(r)
+            batch["attention_mask"][k, :len(r)] = 1
+            batch["labels"][k, :len(r)] = torch.tensor(labels)
+        return batch
+
+
+class _TrainerMeZO(MeZO):
+    """MeZO whose closure-less ``step()`` does nothing.
+
+    The Trainer calls ``optimizer.step()`` after ``training_step``; the ZO step (both forwards and
+    the update) already happened inside ``training_step``, where the batch and weights are known.
+    """
+
+    def step(self, closure=None, weights=None):
+        if closure is None:
+            return None
+        return super().step(closure, weights)
+
+
+class _StepTickets(torch.utils.data.Dataset):
+    """What the Trainer's train dataloader iterates: one ticket per step of an epoch."""
+
+    def __init__(self, steps: int):
+        self.steps = steps
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, k: int) -> int:
+        return k
+
+
+def _ticket_batch(tickets: list[int]) -> dict[str, torch.Tensor]:
+    return {"zo_step": torch.tensor(tickets)}
+
+
+class ZOTrainer(Trainer):
+    """A ``transformers.Trainer`` that fine-tunes by MeZO steps, with uniform or SAZO batches.
+
+    Args:
+        model, args, data_collator, train_dataset, eval_dataset, processing_class: as for
+            ``Trainer``. ``train_dataset`` must be map-style with a length (the sampler draws
+            indices). With no ``data_collator``, ``CausalLMCollator`` right-pads (pad id from
+            ``processing_class``, else the model config, else 0).
+        method: "mezo" (uniform minibatches) or "sazo" (importance sampling from the diffs).
+        eps: ε > 0, the perturbation radius.
+        perturbation: "gaussian" or "rademacher" z.
+        ema_decay, uniform_mix: SAZO's β ∈ [0, 1) and λ ∈ (0, 1] (see ``SAZOSampler``).
+        zo_seed: seed of MeZO's directions (the sampler uses zo_seed + 1); default ``args.seed``.
+        per_example_loss: ``(outputs, inputs) -> losses [B]``; default ``causal_lm_losses`` on
+            ``outputs.logits`` and ``inputs["labels"]``.
+        master_weights: "auto" (a float32 master copy when a trainable tensor is bf16/fp16),
+            True or False.
+        **kwargs: the Trainer's other arguments (compute_metrics, callbacks, ...). ``optimizers``
+            is refused: the optimiser is MeZO.
+
+    Raises:
+        ValueError: on bad settings, before any training (see ``_check_settings``).
+
+    Example:
+        >>> args = TrainingArguments("out", max_steps=20, per_device_train_batch_size=4,
+        ...                          learning_rate=1e-3, report_to=[])          # doctest: +SKIP
+        >>> ZOTrainer(model, args, train_dataset=rows, method="sazo").train()   # doctest: +SKIP
+    """
+
+    def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
+                 processing_class=None, *, method: str = "sazo", eps: float = 1e-3,
+                 perturbation: str = "gaussian", ema_decay: float = 0.9, uniform_mix: float = 0.1,
+                 zo_seed: int | None = None, per_example_loss=None, master_weights="auto", **kwargs):
+        self.method = check_choice("method", method, METHODS)
+        if kwargs.get("optimizers", (None, None)) != (None, None):
+            raise ValueError("Invalid optimizers: ZOTrainer builds its own MeZO optimiser and lr schedule "
+                             "from args (learning_rate, weight_decay, lr_scheduler_type)")
+        if master_weights not in ("auto", True, False):
+            raise ValueError(f"Invalid master_weights: {master_weights!r} (expected 'auto', True or False)")
+        if per_example_loss is not None and not callable(per_example_loss):
+            raise ValueError(f"Invalid per_example_loss: {per_example_loss!r} (expected a callable)")
+        if data_collator is None and model is not None:
+            data_collator = CausalLMCollator(_pad_token_id(processing_class, model))
+        super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
+        self.eps, self.perturbation, self.master_weights = eps, perturbation, master_weights
+        self.zo_seed = self.args.seed if zo_seed is None else zo_seed
+        self.per_example_loss = per_example_loss or _causal_lm_loss
+        self._check_settings(ema_decay, uniform_mix)
+        self.zo_sampler = self._make_sampler(ema_decay, uniform_mix) if train_dataset is not None else None
+        # Loss scaling exists for backward passes; ZO has none (and GradScaler.step asserts on
+        # parameters without gradients), so the scaler is dropped before the optimiser is wrapped.
+        self.accelerator.scaler = None
+        self._master = None             # Float32Master when tuning half-precision weights
+        self._zo_data = None            # (dataset, collator) used by training_step
+        self._zo_last_batch = None      # this rank's last collated batch (token and FLOP counts)
+        self._zo_pending = []           # (|g|, max w, ESS fraction) per step since the last log
+
+    # -- settings ----------------------------------------------------------------------------
+    def _check_settings(self, ema_decay, uniform_mix) -> None:
+        """Every bad setting fails here, in ``__init__``, before a single step."""
+        args = self.args
+        # Build throwaway copies: the engine and sampler validate their own arguments.
+        MeZO([torch.zeros(1)], lr=args.learning_rate, eps=self.eps, weight_decay=args.weight_decay,
+             perturbation=self.perturbation, seed=self.zo_seed, noise=None)
+        SAZOSampler(1, ema_decay=ema_decay, uniform_mix=uniform_mix, seed=self.zo_seed + 1)
+        if args.gradient_accumulation_steps != 1:
+            raise ValueError(f"Invalid gradient_accumulation_steps: {args.gradient_accumulation_steps} "
+                             f"(ZO has no gradients to accumulate: raise per_device_train_batch_size)")
+        if args.label_smoothing_factor:
+            raise ValueError("Invalid label_smoothing_factor: ZOTrainer's per-example losses do not smooth")
+        if args.auto_find_batch_size:
+            raise ValueError("Invalid auto_find_batch_size: the sampler's batch size is fixed")
+        if self.is_deepspeed_enabled or self.is_fsdp_enabled:
+            raise ValueError("Invalid parallelism: ZOTrainer supports data parallel (DDP) launches only")
+        if self.model is not None and not any(p.requires_grad for p in self.model.parameters()):
+            raise ValueError("Invalid model: no parameter requires grad, so there is nothing to tune")
+        dataset = self.train_dataset
+        if dataset is not None:
+            if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
+                raise ValueError("Invalid train_dataset: ZO sampling draws indices, so it needs a map-style "
+                                 "dataset with a length (not an IterableDataset)")
+            if len(dataset) == 0:
+                raise ValueError("Invalid train_dataset: it is empty")
+
+    def _make_sampler(self, ema_decay, uniform_mix):
+        n, seed = len(self.train_dataset), self.zo_seed + 1   # the same seed on every rank
+        if self.method == "mezo":
+            return UniformSampler(n, seed=seed)
+        return SAZOSampler(n, ema_decay=ema_decay, uniform_mix=uniform_mix, seed=seed)
+
+    @property
+    def zo_optimizer(self) -> MeZO:
+        """The MeZO optimiser (``self.optimizer`` may be accelerate's wrapper around it)."""
+        return getattr(self.optimizer, "optimizer", self.optimizer)
+
+    def global_batch_size(self) -> int:
+        """B: examples per step over all ranks (each rank evaluates B / world_size of them)."""
+        return self._train_batch_size * self.args.world_size
+
+    # -- optimiser -----------------------------------------------------------------------------
+    def create_optimizer(self, model=None):
+        if self.optimizer is None:
+            net = self.accelerator.unwrap_model(model if model is not None else self.model)
+            params = [p for p in net.parameters() if p.requires_grad]
+            half = any(p.dtype in HALF_DTYPES for p in params)
+            if self.master_weights is True or (self.master_weights == "auto" and half):
+                from .llm.tuning import Float32Master
+
+                self._master = Float32Master(params)
+                params = self._master.tensors
+            self.optimizer = _TrainerMeZO(params, lr=self.args.learning_rate, eps=self.eps,
+                                          weight_decay=self.args.weight_decay, perturbation=self.perturbation,
+                                          seed=self.zo_seed)
+        return self.optimizer
+
+    def _clip_grad_norm(self, model):
+        return None  # no gradients
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        return None  # nothing to log as grad_norm (zo_projected_grad is logged instead)
+
+    # -- data ----------------------------------------------------------------------------------
+    def get_train_dataloader(self) -> DataLoader:
+        """Step tickets, ceil(N / B) per epoch; the batches themselves come from ``zo_sampler``."""
+        if self.train_dataset is None:
+            raise ValueError("Trainer: training requires a train_dataset.")
+        if self.zo_sampler is None or self.zo_sampler.num_examples != len(self.train_dataset):
+            raise ValueError("Invalid train_dataset: set it when building ZOTrainer (the sampler is sized by it)")
+        import datasets
+
+        dataset, collator = self.train_dataset, self.data_collator
+        if isinstance(dataset, datasets.Dataset):
+            dataset = self._remove_unused_columns(dataset, description="training")
+        else:
+            collator = self._get_collator_with_removed_columns(collator, description="training")
+        self._zo_data = (dataset, collator)
+        steps = math.ceil(len(dataset) / self.global_batch_size())
+        return DataLoader(_StepTickets(steps), batch_size=1, collate_fn=_ticket_batch)
+
+    def num_examples(self, dataloader: DataLoader) -> int:
+        if isinstance(dataloader.dataset, _StepTickets):
+            return len(self.train_dataset)
+        return super().num_examples(dataloader)
+
+    def _collate(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
+        dataset, collator = self._zo_data
+        return self._prepare_inputs(collator([dataset[int(i)] for i in indices]))
+
+    # -- the step ------------------------------------------------------------------------------
+    def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
+        """One MeZO step on a batch the ZO sampler chose; returns the step's loss (a 0-d tensor)."""
+        net = self.accelerator.unwrap_model(model)
+        net.eval()  # the + and − passes must see the same function
+        indices, weights = self.zo_sampler.sample(self.global_batch_size())
+        rank, world = rank_and_world()
+        batch = self._collate(shard(indices, rank, world))  # this rank's B/W examples
+        self._zo_last_batch = batch
+
+        def losses() -> torch.Tensor:  # the global [B], identical on every rank
+            if self._master is not None:
+                self._master.sync()
+            with self.compute_loss_context_manager():
+                outputs = net(**{k: v for k, v in batch.items() if k != "labels"})
+            return gather_losses(self.per_example_loss(outputs, batch).float())
+
+        out = self.zo_optimizer.step(losses, weights)
+        if self._master is not None:
+            self._master.sync()  # the model holds the updated weights between steps
+        self.zo_sampler.update(indices, out.directional_diffs)
+        w = weights.double()
+        self._zo_pending.append((abs(out.projected_grad), float(w.max()),
+                                 float(w.sum() ** 2 / (w ** 2).sum()) / len(w)))
+        return torch.tensor(out.loss, dtype=torch.float32, device=self.args.device)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """Mean per-example loss (evaluation uses this; training steps use ``training_step``)."""
+        if "labels" not in inputs:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        outputs = model(**{k: v for k, v in inputs.items() if k != "labels"})
+        loss = self.per_example_loss(outputs, inputs).mean()
+        return (loss, outputs) if return_outputs else loss
+
+    def floating_point_ops(self, inputs) -> int:
+        """Two forwards ≈ 4·N·tokens, i.e. 2/3 of the Trainer's forward+backward estimate 6·N·tokens."""
+        if "zo_step" not in inputs:
+            return super().floating_point_ops(inputs)
+        if self._zo_last_batch is None:
+            return 0
+        return int(super().floating_point_ops(self._zo_last_batch) * 2 / 3)
+
+    def _track_num_input_tokens(self, inputs):
+        return super()._track_num_input_tokens(self._zo_last_batch if "zo_step" in inputs else inputs)
+
+    # -- logging -------------------------------------------------------------------------------
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and self._zo_pending:
+            grads, max_weights, ess = zip(*self._zo_pending)
+            logs = {**logs, "zo_queries": 2 * self.global_batch_size() * self.state.global_step,
+                    "zo_projected_grad": sum(grads) / len(grads)}
+            if self.method == "sazo":
+                logs.update(sazo_max_weight=max(max_weights), sazo_ess=sum(ess) / len(ess))
+            self._zo_pending = []
+        super().log(logs, start_time)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        super()._save_optimizer_and_scheduler(output_dir)  # optimizer.pt holds MeZO's step and seed
+        if self.args.should_save:
+            state = {"method": self.method, "sampler": self.zo_sampler.state_dict(),
+                     "master": None if self._master is None else [t.clone() for t in self._master.tensors]}
+            torch.save(state, os.path.join(output_dir, ZO_STATE_NAME))
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        path = os.path.join(checkpoint, ZO_STATE_NAME)
+        if not os.path.isfile(path):
+            raise ValueError(f"Invalid checkpoint: {checkpoint} has no {ZO_STATE_NAME} (not written by ZOTrainer?)")
+        # Our own file, written next to the Trainer's rng_state.pth (also loaded with weights_only=False).
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        if state["method"] != self.method:
+            raise ValueError(f"Invalid checkpoint: written with method={state['method']!r}, "
+                             f"resumed with method={self.method!r}")
+        self.zo_sampler.load_state_dict(state["sampler"])
+        if (state["master"] is None) != (self._master is None):
+            raise ValueError("Invalid checkpoint: master weights saved and requested disagree")
+        if self._master is not None:
+            with torch.no_grad():
+                for master, saved in zip(self._master.tensors, state["master"]):
+                    master.copy_(saved)
+            self._master.sync()
+
+
+def _causal_lm_loss(outputs, inputs) -> torch.Tensor:
+    return causal_lm_losses(outputs.logits, inputs["labels"])
+
+
+def _pad_token_id(processing_class, model) -> int:
+    for source in (processing_class, getattr(model, "config", None)):
+        for name in ("pad_token_id", "eos_token_id"):
+            value = getattr(source, name, None)
+            if isinstance(value, list):
+                value = value[0] if value else None
+            if value is not None:
+                return int(value)
+    return 0
