@@ -3,7 +3,8 @@
 MeZO (two forward passes per step, seeded in-place perturbations) and SAZO (sample-adaptive
 importance sampling driven by the per-example directional differences MeZO already computes).
 """
-from .engine import MeZO, ZOStep, derive_seed, draw_direction
+from .directions import derive_seed, draw_direction
+from .engine import MeZO, StepEvent, ZOStep
 from .samplers import OracleSampler, PlainSAZOSampler, SAZOSampler, Sampler, UniformSampler
 from .train import History, queries_to_target, train
 from .seedlog import SeedLog
@@ -12,6 +13,6 @@ from .config import fast_mode, one_thread, pick
 
 __version__ = "0.1.0"
 
-__all__ = ["MeZO", "ZOStep", "derive_seed", "draw_direction", "Sampler", "UniformSampler",
+__all__ = ["MeZO", "ZOStep", "StepEvent", "derive_seed", "draw_direction", "Sampler", "UniformSampler",
            "SAZOSampler", "PlainSAZOSampler", "OracleSampler", "History", "train", "queries_to_target",
            "problems", "variance", "fast_mode", "pick", "one_thread", "SeedLog"]

@@ -24,8 +24,8 @@ def one_thread():
     """Run torch on one intra-op thread, then restore the previous count.
 
     Toy problems have tensors of tens to thousands of elements: handing them to a thread pool
-    costs more than the maths. On a busy 2-core machine a 569×31 logistic loss took 12 ms with
-    two threads and 0.03 ms with one, so toy runs and their timings use one thread.
+    costs more than the maths (on a busy machine, many times more), so toy runs and their
+    timings use one thread.
     """
     previous = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -9,87 +9,46 @@ One step, with a fresh seed s, smoothing radius ε and per-example losses f_k:
     d_k = (f_k(θ+εz) − f_k(θ−εz)) / (2ε)          per-example directional differences
     g   = mean_k(w_k · d_k)                          projected gradient
 
-z is never stored: it is regenerated from (step seed, tensor index) with an explicit
-``torch.Generator`` on each parameter's device, so peak memory is inference memory
-plus one parameter tensor's worth of z.
+z is never stored: it is regenerated from (step seed, tensor index) (``sazo_lite.directions``),
+so peak memory is inference memory plus one parameter tensor's worth of z. Every pass goes
+through one noise source's ``apply(jobs)`` (``sazo_lite.noise``): ``PlainNoise`` (the plain
+loop, ``noise=None``), ``TorchNoise`` (same z bit for bit, chunked and threaded; the default
+for CPU models of ≥ 2²⁰ entries), ``NoiseTable`` (windows of a shared table; different z) or,
+on CUDA, ``sazo_lite.kernels.TritonNoise``.
 
-Speed: generating z, not the arithmetic, dominates a pass. ``MeZO(..., noise=...)`` swaps the
-plain loop for a faster source (``sazo_lite.noise``): ``TorchNoise`` (same z bit for bit,
-chunked and threaded; the default for CPU models of ≥ 2²⁰ entries), ``NoiseTable`` (windows
-of a shared table; different z) or, on CUDA, ``sazo_lite.kernels.TritonNoise`` (z generated
-in registers).
+What a step guarantees (tested in tests/test_engine_guarantees.py and tests/test_fuzz_core.py):
+    * bad arguments (hyperparameters, param groups, state dicts, weights, closure results)
+      raise ValueError before θ or the step count change;
+    * a pass is atomic: Ctrl-C during a pass is delivered when the pass is complete, and a
+      pass that raises part-way is undone tensor by tensor;
+    * any failure inside a step (the closure raises or returns a non-finite loss, an
+      interrupt, a bad shape, an update that would overflow) shifts θ back to where the step
+      started, within the rounding of the shifts made (1 or 2 passes, see
+      ``llm.tuning.restore_bound``), leaves the step count unchanged, and re-raises.
+
+``fold_updates=True`` folds each step's update into the next step's first pass (2 passes per
+step instead of 3; bit for bit the same θ). Between steps the update is then pending: the
+parameters hold θ − εz of the last step until ``flush()`` (also called by ``state_dict``,
+``add_param_group``, ``SeedLog.attach`` and ``sazo_lite.train`` before every evaluation).
 """
 from __future__ import annotations
 
 import math
+import signal
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, NamedTuple
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
-__all__ = ["MeZO", "ZOStep", "derive_seed", "draw_direction", "rademacher_signs", "PERTURBATIONS"]
+from .directions import PERTURBATIONS, Z_BOUND, derive_seed, draw_direction, rademacher_signs
+from .noise import Job, NoiseSource, PlainNoise, TorchNoise
+from .validation import check_choice, check_int, check_number
 
-PERTURBATIONS = ("gaussian", "rademacher")
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def derive_seed(*parts: int) -> int:
-    """Hash integers into a 63-bit seed (SplitMix64), stable across runs and platforms.
-
-    Example:
-        >>> derive_seed(0, 1) == derive_seed(0, 1) != derive_seed(0, 2)
-        True
-    """
-    h = 0
-    for part in parts:
-        h = _splitmix64(h ^ (int(part) & _MASK64))
-    return h >> 1
-
-
-def draw_direction(like: torch.Tensor, seed: int, perturbation: str,
-                   generator: torch.Generator) -> torch.Tensor:
-    """Regenerate the random direction z for one parameter tensor from its seed.
-
-    Half-precision parameters get z drawn in float32 (then rounded once by the in-place
-    add); float32/float64 parameters get z in their own dtype.
-    """
-    dtype = like.dtype if like.dtype in (torch.float32, torch.float64) else torch.float32
-    generator.manual_seed(seed)
-    if perturbation == "gaussian":
-        return torch.randn(like.shape, generator=generator, device=like.device, dtype=dtype)
-    return rademacher_signs(like.numel(), dtype, like.device, generator).view(like.shape)
-
-
-def rademacher_signs(numel: int, dtype: torch.dtype, device, generator: torch.Generator) -> torch.Tensor:
-    """``numel`` independent ±1 (probability ½ each), 8 from every random byte the generator draws.
-
-    Each byte b picks row b of a 256 × 8 table of its bits' signs: ~0.75 ns a sign on this CPU,
-    against ~2.4 for ``randn`` and ~10 for ``bernoulli_(0.5)``. The generator hands out one
-    byte per element in order, so drawing 8·k signs at a time continues the same stream
-    (``sazo_lite.noise.TorchNoise`` draws large tensors in chunks). Besides z (4·n bytes in
-    float32) it holds the ⌈n/8⌉ draws as int64 (n bytes) for a moment.
-    """
-    random_bytes = torch.randint(0, 256, ((numel + 7) // 8,), generator=generator, device=device)  # int64
-    return _sign_table(dtype, torch.device(device)).index_select(0, random_bytes).view(-1)[:numel]
-
-
-_SIGN_TABLES: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
-
-
-def _sign_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """[256, 8]: row b holds 2·bit_k(b) − 1 for k = 0..7 (built once per dtype and device)."""
-    key = (dtype, device)
-    if key not in _SIGN_TABLES:
-        bits = (torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1
-        _SIGN_TABLES[key] = (2 * bits - 1).to(dtype=dtype, device=device)
-    return _SIGN_TABLES[key]
+__all__ = ["MeZO", "ZOStep", "StepEvent", "derive_seed", "draw_direction", "rademacher_signs",
+           "PERTURBATIONS"]
 
 
 @dataclass(frozen=True)
@@ -112,16 +71,46 @@ class ZOStep:
     losses: torch.Tensor
 
 
-def _check_finite_number(name: str, value, low: float, *, strict: bool) -> float:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"Invalid {name}: {value!r} (expected a number)") from None
-    bad = value <= low if strict else value < low
-    if not math.isfinite(value) or bad:
-        bound = f"> {low}" if strict else f">= {low}"
-        raise ValueError(f"Invalid {name}: {value} (expected a finite number {bound})")
-    return value
+class StepEvent(NamedTuple):
+    """What a step hook is told: a committed step, or a failed one and the passes it made.
+
+    kind "step": value = the projected gradient g (the update is committed, maybe pending).
+    kind "failure": value = 1 (θ was shifted to θ+εz, then back) or 2 (to θ+εz, θ−εz, then back).
+    """
+
+    kind: str
+    seed: int
+    value: float
+
+
+class _InterruptsDeferred:
+    """Holds Ctrl-C (SIGINT) while a pass and its bookkeeping run, then delivers it.
+
+    Only the main thread receives signals; elsewhere, or when SIGINT is ignored or not handled
+    in Python, this does nothing. Nested uses hand the signal outwards.
+    """
+
+    __slots__ = ("previous", "caught")
+
+    def __enter__(self):
+        self.previous, self.caught = None, None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.getsignal(signal.SIGINT)
+            if callable(previous):
+                self.previous = previous
+                signal.signal(signal.SIGINT, self._hold)
+        return self
+
+    def _hold(self, signum, frame):
+        if self.caught is None:
+            self.caught = (signum, frame)
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            if self.caught is not None:
+                self.previous(*self.caught)  # the default handler raises KeyboardInterrupt here
+        return False
 
 
 # "auto" noise switches to TorchNoise from this many parameter entries on (below it, e.g. the
@@ -134,9 +123,35 @@ def _auto_noise(param_groups: list[dict]):
     params = [p for group in param_groups for p in group["params"]]
     if any(p.device.type != "cpu" for p in params) or sum(p.numel() for p in params) < AUTO_NOISE_MIN_ENTRIES:
         return None
-    from .noise import TorchNoise  # noise imports this module
-
     return TorchNoise(workers=max(1, min(2, torch.get_num_threads())))
+
+
+def _check_group(group: dict, defaults: dict) -> dict:
+    """Cleaned hyperparameters of one param group (its own values, else the defaults)."""
+    merged = {**defaults, **{k: v for k, v in group.items() if k != "params"}}
+    return dict(lr=check_number("lr", merged["lr"], 0.0),
+                weight_decay=check_number("weight_decay", merged["weight_decay"], 0.0),
+                eps=check_number("eps", merged["eps"], 0.0, closed_low=False),
+                perturbation=check_choice("perturbation", merged["perturbation"], PERTURBATIONS))
+
+
+def _check_params(params) -> list[torch.Tensor]:
+    """A group's tensors: at least one, each a dense floating-point tensor."""
+    params = [params] if isinstance(params, torch.Tensor) else list(params)
+    if not params:
+        raise ValueError("Invalid params: a param group holds no tensors")
+    for p in params:
+        if not isinstance(p, torch.Tensor):
+            raise ValueError(f"Invalid params: expected tensors, got {type(p).__name__}")
+        if not p.is_floating_point() or p.layout != torch.strided:
+            raise ValueError(f"Invalid params: MeZO perturbs dense floating-point tensors, got "
+                             f"{p.dtype} ({p.layout}) of shape {tuple(p.shape)}")
+    return params
+
+
+def _fits(value: float, dtype: torch.dtype) -> bool:
+    """|value| · Z_BOUND is finite in ``dtype`` (so value·z cannot overflow)."""
+    return math.isfinite(value) and abs(value) * Z_BOUND < torch.finfo(dtype).max
 
 
 class MeZO(torch.optim.Optimizer):
@@ -146,18 +161,22 @@ class MeZO(torch.optim.Optimizer):
         g = mean_k(w_k · (f_k(θ+εz) − f_k(θ−εz)) / (2ε)),   θ ← θ − lr·(g·z + weight_decay·θ)
 
     Args:
-        params: iterable of tensors or param-group dicts (keys: lr, weight_decay).
+        params: iterable of dense floating-point tensors or param-group dicts (keys: params,
+            lr, weight_decay, perturbation; eps must be the same in every group).
         lr: step size η ≥ 0.
         eps: smoothing radius ε > 0, shared by all groups.
         weight_decay: decoupled L2 coefficient ≥ 0.
         perturbation: "gaussian" (z ~ N(0, I)) or "rademacher" (z ∈ {±1}^d).
         seed: base of the seed stream; step t uses ``derive_seed(seed, t)``.
         noise: where z comes from. "auto" (default): ``sazo_lite.noise.TorchNoise`` (the
-            plain loop's z bit for bit, chunked and on up to 2 threads; a step ≈ 1.5× instead of
-            ≈ 2.1× two forwards on SmolLM2-135M here) when every parameter is on the CPU and they
-            hold ≥ ``AUTO_NOISE_MIN_ENTRIES`` entries in all, else the plain loop. None: the
-            plain loop below. Or an object with ``apply(jobs)`` that does θ ← shrink·θ + c·z
-            for a list of ``sazo_lite.noise.Job`` (see that module).
+            plain loop's z bit for bit, chunked and on up to 2 threads) when every parameter
+            is on the CPU and they hold ≥ ``AUTO_NOISE_MIN_ENTRIES`` entries in all, else the
+            plain loop. None: the plain loop (``noise.PlainNoise``). Or a ``noise.NoiseSource``
+            (or any object with ``apply(jobs)``; one without ``done`` tracking cannot be
+            undone if it raises part-way through a pass).
+        fold_updates: apply each update together with the next step's +εz (2 passes a step
+            instead of 3, same θ bit for bit); the parameters are current only after
+            ``flush()``. See the module docstring.
 
     Example:
         >>> theta = torch.zeros(3)
@@ -168,31 +187,43 @@ class MeZO(torch.optim.Optimizer):
     """
 
     def __init__(self, params, lr: float, eps: float = 1e-3, *, weight_decay: float = 0.0,
-                 perturbation: str = "gaussian", seed: int = 0, noise="auto"):
-        lr = _check_finite_number("lr", lr, 0.0, strict=False)
-        eps = _check_finite_number("eps", eps, 0.0, strict=True)
-        weight_decay = _check_finite_number("weight_decay", weight_decay, 0.0, strict=False)
-        if perturbation not in PERTURBATIONS:
-            raise ValueError(f"Invalid perturbation: {perturbation!r} (expected one of {PERTURBATIONS})")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"Invalid seed: {seed!r} (expected an int)")
+                 perturbation: str = "gaussian", seed: int = 0, noise="auto", fold_updates: bool = False):
+        defaults = _check_group({}, dict(lr=lr, eps=eps, weight_decay=weight_decay, perturbation=perturbation))
+        seed = check_int("seed", seed)
         if noise is not None and noise != "auto" and not callable(getattr(noise, "apply", None)):
             raise ValueError(f"Invalid noise: {noise!r} (expected 'auto', None or an object with apply(jobs))")
-        defaults = dict(lr=lr, eps=eps, weight_decay=weight_decay, perturbation=perturbation)
+        if not isinstance(fold_updates, bool):
+            raise ValueError(f"Invalid fold_updates: {fold_updates!r} (expected True or False)")
+        self.fold_updates = fold_updates
+        self._pending = None  # (source, update jobs) of a folded step, applied by the next pass
+        self._offset = 0      # where θ stands in the step in flight: 0, +1 (θ+εz) or −1 (θ−εz)
+        self._step_hooks: OrderedDict[int, Callable] = OrderedDict()
+        self._plain = PlainNoise()
+        if isinstance(params, torch.Tensor):
+            raise ValueError("Invalid params: expected an iterable of tensors or dicts, got a tensor")
+        params = list(params)
+        if not params:
+            raise ValueError("Invalid params: an empty parameter list")
+        if not isinstance(params[0], dict):
+            params = [{"params": params}]
         super().__init__(params, defaults)
-        self._generators: dict[torch.device, torch.Generator] = {}
         self.noise = _auto_noise(self.param_groups) if noise == "auto" else noise
-        self.log = None  # an optional SeedLog that records every step (see sazo_lite.seedlog)
-        self.state[self._first_param()].update(step=0, seed=int(seed))
+        self.state[self._first_param()].update(step=0, seed=seed)
 
     def add_param_group(self, param_group: dict) -> None:
-        for key in ("lr", "weight_decay"):
-            if key in param_group:
-                param_group[key] = _check_finite_number(key, param_group[key], 0.0, strict=False)
-        if self.param_groups:  # one ε for all: d_k must be one number per example
-            eps = param_group.get("eps", self.defaults["eps"])
-            if eps != self.param_groups[0]["eps"]:
-                raise ValueError(f"Invalid eps: {eps} (all param groups must share one eps)")
+        """Validate a group fully (tensors, hyperparameters, the shared eps), then add it."""
+        if not isinstance(param_group, dict) or "params" not in param_group:
+            raise ValueError(f"Invalid param_group: expected a dict with 'params', got {param_group!r}")
+        params = _check_params(param_group["params"])
+        cleaned = _check_group(param_group, self.defaults)
+        if self.param_groups and cleaned["eps"] != self.param_groups[0]["eps"]:
+            raise ValueError(f"Invalid eps: {cleaned['eps']} (all param groups must share one eps)")
+        known = {id(p) for group in self.param_groups for p in group["params"]}
+        if len({id(p) for p in params}) < len(params) or any(id(p) in known for p in params):
+            raise ValueError("Invalid params: some tensors appear in more than one place")
+        if getattr(self, "_pending", None) is not None:
+            self.flush()  # pending jobs are indexed by the current groups
+        param_group.update(cleaned, params=params)
         super().add_param_group(param_group)
 
     # -- state ---------------------------------------------------------------------------
@@ -209,84 +240,221 @@ class MeZO(torch.optim.Optimizer):
         state = self.state[self._first_param()]
         return derive_seed(state["seed"], state["step"])
 
-    def _generator(self, device: torch.device) -> torch.Generator:
-        if device not in self._generators:
-            self._generators[device] = torch.Generator(device=device)
-        return self._generators[device]
+    @property
+    def pending(self) -> bool:
+        """True while a folded update waits for the next pass or ``flush()``."""
+        return self._pending is not None
+
+    def state_dict(self) -> dict:
+        """The optimiser's state (flushes a pending folded update first)."""
+        self.flush()
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load a ``state_dict`` after validating all of it; nothing changes if it is invalid.
+
+        A pending folded update is dropped: the loaded state describes flushed parameters.
+        """
+        self._check_state_dict(state_dict)
+        super().load_state_dict(state_dict)
+        self._pending = None
+
+    def _check_state_dict(self, state_dict) -> None:
+        if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
+            raise ValueError("Invalid state_dict: expected a dict with 'state' and 'param_groups'")
+        groups = state_dict["param_groups"]
+        if not isinstance(groups, list) or len(groups) != len(self.param_groups):
+            raise ValueError(f"Invalid state_dict: {len(groups) if isinstance(groups, list) else groups!r} "
+                             f"param groups, expected {len(self.param_groups)}")
+        cleaned = []
+        for saved, group in zip(groups, self.param_groups):
+            if not isinstance(saved, dict) or len(saved.get("params", ())) != len(group["params"]):
+                raise ValueError("Invalid state_dict: a param group's size differs from the optimiser's")
+            missing = {"lr", "weight_decay", "eps", "perturbation"} - set(saved)
+            if missing:
+                raise ValueError(f"Invalid state_dict: a param group lacks {sorted(missing)}")
+            cleaned.append(_check_group(saved, {}))
+        if len({c["eps"] for c in cleaned}) != 1:
+            raise ValueError("Invalid state_dict: param groups must share one eps")
+        first = groups[0]["params"][0]
+        entry = state_dict["state"].get(first) if isinstance(state_dict["state"], dict) else None
+        if not isinstance(entry, dict):
+            raise ValueError("Invalid state_dict: no step/seed entry for the first parameter")
+        check_int("step", entry.get("step"), 0)
+        check_int("seed", entry.get("seed"))
+
+    # -- hooks ---------------------------------------------------------------------------
+    def register_step_hook(self, hook: Callable[["MeZO", StepEvent], None]) -> RemovableHandle:
+        """Call ``hook(optimizer, StepEvent)`` after every committed or failed step.
+
+        A hook may also have ``check(optimizer)``, called before each step starts (it may
+        raise ValueError to refuse the step before anything changes). ``SeedLog`` is one.
+        Returns a handle whose ``remove()`` unregisters the hook.
+        """
+        if not callable(hook):
+            raise ValueError(f"Invalid hook: {hook!r} (expected a callable)")
+        handle = RemovableHandle(self._step_hooks)
+        self._step_hooks[handle.id] = hook
+        return handle
+
+    def _notify(self, event: StepEvent) -> None:
+        for hook in list(self._step_hooks.values()):
+            hook(self, event)
 
     # -- passes over the parameters ------------------------------------------------------
-    def _pass(self, seed: int, coefficient: Callable[[dict], float], decay: bool = False) -> None:
-        """One pass: θ ← a·θ + c·z for every tensor, z regenerated from (seed, tensor index)."""
-        if self.noise is not None:
-            self.noise.apply(self._jobs(seed, coefficient, decay))
-            return
-        index = 0
-        for group in self.param_groups:
-            c = coefficient(group)
-            shrink = 1.0 - group["lr"] * group["weight_decay"] if decay else 1.0
-            for p in group["params"]:
-                z = draw_direction(p, derive_seed(seed, index), group["perturbation"],
-                                   self._generator(p.device))
-                if shrink != 1.0:
-                    p.mul_(shrink)
-                p.add_(z, alpha=c)
-                index += 1
+    def _source(self):
+        return self.noise if self.noise is not None else self._plain
 
-    def _jobs(self, seed: int, coefficient, decay: bool) -> list:
-        """The pass as a list of ``noise.Job`` (param, seed, c, shrink, perturbation)."""
-        from .noise import Job  # noise imports this module
-
+    def _jobs(self, seed: int, coefficient: Callable[[dict], float],
+              shrink: Callable[[dict], float] | None = None) -> list[Job]:
+        """One pass as jobs: tensor k gets z from derive_seed(seed, k)."""
         jobs = []
         for group in self.param_groups:
-            c = coefficient(group)
-            shrink = 1.0 - group["lr"] * group["weight_decay"] if decay else 1.0
-            jobs += [Job(p, derive_seed(seed, len(jobs) + k), c, shrink, group["perturbation"])
+            c, s = coefficient(group), (shrink(group) if shrink is not None else 1.0)
+            jobs += [Job(p, derive_seed(seed, len(jobs) + k), c, s, group["perturbation"])
                      for k, p in enumerate(group["params"])]
         return jobs
 
-    def _shift(self, seed: int, multiple_of_eps: float) -> None:
-        self._pass(seed, lambda group: multiple_of_eps * group["eps"])
+    def _apply(self, jobs: list[Job], source=None) -> None:
+        """One atomic pass: every job applied, or (if the source raises part-way) none."""
+        source = source if source is not None else self._source()
+        if not isinstance(source, NoiseSource):
+            source.apply(jobs)
+            return
+        done: list[Job] = []
+        try:
+            source.apply(jobs, done)
+        except BaseException:
+            source.undo(done)
+            raise
 
-    def _restore_and_update(self, seed: int, projected_grad: float) -> None:
-        """θ ← (1 − lr·wd)(θ + εz) − lr·g·z in one pass, from θ − εz; counts the step."""
-        if self.log is not None:
-            self.log.record_step(self, seed, projected_grad)
+    def _move(self, seed: int, multiple_of_eps: float, offset: int) -> None:
+        """θ ← θ + (multiple)·εz, then θ stands at ``offset`` (pending update folded in first)."""
+        jobs = self._jobs(seed, lambda group: multiple_of_eps * group["eps"])
+        with _InterruptsDeferred():
+            pending, self._pending = self._pending, None
+            fused = pending is not None and _directions(pending[0]) == _directions(self._source())
+            if fused:
+                jobs = [job._replace(then=(shift.seed, shift.coefficient, shift.perturbation))
+                        for job, shift in zip(pending[1], jobs)]
+            elif pending is not None:
+                self._apply_pending(pending)
+            try:
+                self._apply(jobs)
+            except BaseException:
+                if fused:
+                    self._pending = pending  # the fused pass was undone: the update still waits
+                raise
+            self._offset = offset
+
+    def _apply_pending(self, pending) -> None:
+        """Apply a held update with the current source if it draws the same z, else its own."""
+        source = self._source() if _directions(pending[0]) == _directions(self._source()) else pending[0]
+        try:
+            self._apply(pending[1], source)
+        except BaseException:
+            self._pending = pending
+            raise
+
+    def flush(self) -> None:
+        """Apply a pending folded update now (no-op when none waits or folding is off)."""
+        if self._pending is not None:
+            with _InterruptsDeferred():
+                pending, self._pending = self._pending, None
+                self._apply_pending(pending)
+
+    def _update_jobs(self, seed: int, projected_grad: float) -> list[Job]:
+        """θ ← (1 − lr·wd)(θ + εz) − lr·g·z from θ − εz; refuses updates that would overflow."""
         eps = self.param_groups[0]["eps"]
-        self._pass(seed, lambda group: eps - group["lr"] * (projected_grad + group["weight_decay"] * eps),
-                   decay=True)
-        self.state[self._first_param()]["step"] += 1
+        for group in self.param_groups:
+            coefficient = eps - group["lr"] * (projected_grad + group["weight_decay"] * eps)
+            shrink = 1.0 - group["lr"] * group["weight_decay"]
+            for p in group["params"]:
+                if not (_fits(coefficient, p.dtype) and _fits(shrink, p.dtype)):
+                    raise ValueError(f"Invalid lr: the update θ ← {shrink:.3g}·θ + {coefficient:.3g}·z "
+                                     f"(lr={group['lr']}, g={projected_grad:.3g}) would overflow {p.dtype}; "
+                                     f"parameters restored")
+        return self._jobs(seed, lambda group: eps - group["lr"] * (projected_grad + group["weight_decay"] * eps),
+                          lambda group: 1.0 - group["lr"] * group["weight_decay"])
+
+    def _commit(self, seed: int, projected_grad: float, update: list[Job]) -> None:
+        """Apply (or, folding, hold) the update, count the step, tell the hooks."""
+        with _InterruptsDeferred():
+            if self.fold_updates:
+                self._pending = (self._source(), update)
+            else:
+                self._apply(update)
+            self._offset = 0
+            self.state[self._first_param()]["step"] += 1
+            self._notify(StepEvent("step", seed, projected_grad))
+
+    def _abandon(self, seed: int) -> None:
+        """Shift θ back to where the failed step started, tell the hooks (1 or 2 passes made)."""
+        offset, passes = self._offset, {1: 1, -1: 2}.get(self._offset)
+        if passes is None:
+            return
+        with _InterruptsDeferred():
+            self._move(seed, -float(offset), 0)
+            self._notify(StepEvent("failure", seed, passes))
 
     @torch.no_grad()
     def replay_step(self, seed: int, projected_grad: float) -> None:
-        """Repeat a logged step's three passes without evaluating anything (bit-exact replay)."""
-        self._shift(seed, +1.0)
-        self._shift(seed, -2.0)
-        self._restore_and_update(seed, projected_grad)
+        """Repeat a logged step's passes without evaluating anything (bit-exact replay)."""
+        check_number("projected_grad", projected_grad)
+        self.flush()
+        update = self._update_jobs(seed, float(projected_grad))
+        self._move(seed, +1.0, +1)
+        self._move(seed, -2.0, -1)
+        with _InterruptsDeferred():
+            self._apply(update)
+            self._offset = 0
 
     @torch.no_grad()
-    def replay_failure(self, seed: int, failed_call: int) -> None:
-        """Repeat the shifts of a step whose closure failed on call 1 (at θ+εz) or 2 (at θ−εz)."""
-        self._shift(seed, +1.0)
-        if failed_call == 2:
-            self._shift(seed, -2.0)
-        self._shift(seed, -1.0 if failed_call == 1 else +1.0)
+    def replay_failure(self, seed: int, passes: int) -> None:
+        """Repeat the shifts of a failed step: to θ+εz and back (1), or θ+εz, θ−εz and back (2)."""
+        passes = _check_passes(passes)
+        self.flush()
+        self._move(seed, +1.0, +1)
+        if passes == 2:
+            self._move(seed, -2.0, -1)
+        self._move(seed, -1.0 if passes == 1 else +1.0, 0)
 
-    def _evaluate(self, closure, seed: int, undo: float) -> torch.Tensor:
-        """Call the closure; on an exception or a non-finite loss, shift back, then raise."""
+    # -- the step ------------------------------------------------------------------------
+    @staticmethod
+    def _losses(value, call: int) -> torch.Tensor:
+        """The closure's result as float64 [B] or [] (numbers parsed in float64, never float32)."""
         try:
-            losses = closure()
-            losses = torch.as_tensor(losses).detach()
-            if losses.dim() > 1:
-                raise ValueError(f"closure must return a 0-d or 1-D tensor of losses, "
-                                 f"got shape {tuple(losses.shape)}")
-            if not bool(torch.isfinite(losses).all()):
-                raise FloatingPointError("closure returned a non-finite loss; parameters restored")
-        except BaseException:
-            self._shift(seed, undo)
-            if self.log is not None:
-                self.log.record_failure(seed, failed_call=1 if undo < 0 else 2)
-            raise
-        return losses.to("cpu", torch.float64)
+            losses = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(value, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"Invalid closure result: {value!r} (expected a tensor, number or list "
+                             f"of numbers); parameters restored") from None
+        if losses.is_complex() or losses.dtype == torch.bool:
+            raise ValueError(f"Invalid closure result: dtype {losses.dtype} (expected real losses)")
+        if losses.dim() > 1:
+            raise ValueError(f"closure must return a 0-d or 1-D tensor of losses, "
+                             f"got shape {tuple(losses.shape)}")
+        if losses.numel() == 0:
+            raise ValueError("Invalid closure result: an empty tensor of losses; parameters restored")
+        losses = losses.to("cpu", torch.float64)
+        if not bool(torch.isfinite(losses).all()):
+            raise FloatingPointError(f"closure returned a non-finite loss (call {call}); parameters restored")
+        return losses
+
+    def _check_ready(self) -> None:
+        """Everything a step needs, checked before anything changes."""
+        eps = None
+        for group in self.param_groups:
+            cleaned = _check_group(group, {})
+            if eps is not None and cleaned["eps"] != eps:
+                raise ValueError(f"Invalid eps: {cleaned['eps']} (all param groups must share one eps)")
+            eps = cleaned["eps"]
+            for p in group["params"]:
+                if not _fits(2.0 * eps, p.dtype):
+                    raise ValueError(f"Invalid eps: {eps} (2·eps·z overflows {p.dtype})")
+        for hook in list(self._step_hooks.values()):
+            check = getattr(hook, "check", None)
+            if check is not None:
+                check(self)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor], weights: torch.Tensor | None = None) -> ZOStep:
@@ -299,28 +467,28 @@ class MeZO(torch.optim.Optimizer):
         Returns:
             A ``ZOStep`` with the loss, projected gradient, directional diffs and seed.
         """
-        if closure is None:
+        if closure is None or not callable(closure):
             raise ValueError("Invalid closure: MeZO.step needs a closure that returns losses")
         weights = self._check_weights(weights)
-        if self.log is not None and not getattr(self.noise, "replayable", self.noise is None):
-            raise ValueError(f"Invalid noise: SeedLog replays with the plain loop, which cannot "
-                             f"reproduce {type(self.noise).__name__}'s directions")
+        self._check_ready()
         seed = self.next_seed()
         eps = self.param_groups[0]["eps"]
-        self._shift(seed, +1.0)
-        plus = self._evaluate(closure, seed, undo=-1.0)
-        self._shift(seed, -2.0)
-        minus = self._evaluate(closure, seed, undo=+1.0)
+        self._offset = 0
         try:
+            self._move(seed, +1.0, +1)
+            plus = self._losses(closure(), 1)
+            self._move(seed, -2.0, -1)
+            minus = self._losses(closure(), 2)
             self._check_shapes(plus, minus, weights)
-        except ValueError:
-            self._shift(seed, +1.0)
-            if self.log is not None:
-                self.log.record_failure(seed, failed_call=2)
+            diffs = (plus - minus) / (2.0 * eps)
+            g = float((diffs * weights).mean()) if weights is not None else float(diffs.mean())
+            if not math.isfinite(g):
+                raise FloatingPointError(f"the projected gradient overflowed float64 ({g}): losses or "
+                                         f"weights too large; parameters restored")
+            self._commit(seed, g, self._update_jobs(seed, g))
+        except BaseException:
+            self._abandon(seed)
             raise
-        diffs = (plus - minus) / (2.0 * eps)
-        g = float((diffs * weights).mean()) if weights is not None else float(diffs.mean())
-        self._restore_and_update(seed, g)
         mean_loss = (plus + minus) / 2.0
         loss = float((mean_loss * weights).mean()) if weights is not None else float(mean_loss.mean())
         per_example = plus.dim() == 1
@@ -333,7 +501,13 @@ class MeZO(torch.optim.Optimizer):
     def _check_weights(weights) -> torch.Tensor | None:
         if weights is None:
             return None
-        weights = torch.as_tensor(weights).detach().to("cpu", torch.float64)
+        try:
+            weights = torch.as_tensor(weights, dtype=None if isinstance(weights, torch.Tensor) else torch.float64)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"Invalid weights: {weights!r} (expected a 1-D tensor [B])") from None
+        if weights.is_complex() or weights.dtype == torch.bool:
+            raise ValueError(f"Invalid weights: dtype {weights.dtype} (expected real numbers)")
+        weights = weights.detach().to("cpu", torch.float64)
         if weights.dim() != 1:
             raise ValueError(f"Invalid weights: expected a 1-D tensor [B], got shape {tuple(weights.shape)}")
         if not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()):
@@ -348,3 +522,14 @@ class MeZO(torch.optim.Optimizer):
         if weights is not None and (plus.dim() != 1 or weights.shape != plus.shape):
             raise ValueError(f"Invalid weights: shape {tuple(weights.shape)} does not match "
                              f"the per-example losses' shape {tuple(plus.shape)}")
+
+
+def _directions(source):
+    """Sources with equal keys draw the same z for a seed (``NoiseSource.directions``)."""
+    return getattr(source, "directions", id(source))
+
+
+def _check_passes(passes) -> int:
+    if isinstance(passes, bool) or not isinstance(passes, (int, float)) or passes not in (1, 2):
+        raise ValueError(f"Invalid passes: {passes!r} (a failed step made 1 or 2 shift passes)")
+    return int(passes)

@@ -11,7 +11,7 @@ any size. The directions differ from torch's ``randn`` (another generator): runs
 ``TritonNoise`` are reproducible with ``TritonNoise`` only, and ``SeedLog`` refuses them.
 
 Triton is optional (``pip install triton``; it needs a CUDA GPU, or ``TRITON_INTERPRET=1`` set
-before the first import of triton to run the same kernel on CPU tensors, 30–60× slower than
+before the first import of triton to run the same kernel on CPU tensors, far slower than
 torch). Without it, ``TritonNoise`` falls back to ``TorchNoise`` and says so in ``fallback``.
 
 Example (on a GPU)::
@@ -104,4 +104,7 @@ class TritonNoise(_Threaded):
         if not self.usable or not p.is_contiguous() or p.dtype == torch.float64:
             self.fallback.apply([job])
             return
-        _launch(p, job.seed, job.coefficient, job.shrink, job.perturbation, self.block)
+        shrink = job.shrink
+        for seed, coefficient, perturbation in job.terms():  # a folded job: two launches
+            _launch(p, seed, coefficient, shrink, perturbation, self.block)
+            shrink = 1.0

@@ -15,7 +15,7 @@ The child fixes glibc's mmap threshold (``MALLOC_MMAP_THRESHOLD_``) so that ever
 buffer is mmapped and returned to the OS when freed; with glibc's default dynamic threshold,
 freed buffers up to 32 MB are recycled inside the heap and the peak RSS can exceed the live set.
 
-Example (≈2 s per point)::
+Example (a few seconds per point)::
 
     >>> from sazo_lite.memory import ModelShape, TrainSetup
     >>> shape = ModelShape("tiny", 4, 128, 4, 2, 344, 512)

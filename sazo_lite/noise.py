@@ -1,8 +1,9 @@
 """Faster MeZO passes: where z comes from, and how θ ← a·θ + c·z is applied to every tensor.
 
-A MeZO pass over the parameters is dominated by generating z, not by the add (measured here on
-SmolLM2-135M: one seeded ``randn`` + ``add_`` pass ≈ 1.2 s, the ``add_`` alone ≈ 0.06 s). Pass
-one of these objects as ``MeZO(..., noise=...)``; ``noise=None`` keeps the plain loop.
+A MeZO pass over the parameters is dominated by generating z, not by the add (``make bench``
+has the figures). Every pass goes through a source's ``apply(jobs)``: ``PlainNoise`` is the
+plain loop (``MeZO(..., noise=None)``), the others are faster or different, ``MaskedNoise``
+perturbs fixed entries only (``SparseMeZO``).
 
 ``TorchNoise`` (same z as the plain loop, bit for bit; replay stays exact):
     * chunking: z for a large CPU tensor is drawn in chunks of ``chunk`` normals into a reused
@@ -12,10 +13,6 @@ one of these objects as ``MeZO(..., noise=...)``; ``noise=None`` keeps the plain
       8 to a random byte (``rademacher_signs``), so chunks starting at multiples of 8 do too;
     * threads: tensors are shared among ``workers`` threads, each with its own generator.
       Every tensor has its own seed, so the order of work does not change any value.
-
-Measured here, one pass over SmolLM2-135M's tensors (2 cores, same run): plain loop 1.18 s,
-``TorchNoise(workers=2)`` 0.44 s, ``NoiseTable()`` 0.08 s, a bare ``add_`` 0.06 s. Under
-memory-bandwidth contention from other processes the table's advantage shrinks (0.2–0.8 s seen).
 
 ``NoiseTable`` (different z; opt-in; the ES trick of Salimans et al., 2017):
     One table of T standard normals is drawn once. z for a tensor is cut into windows of
@@ -34,6 +31,12 @@ memory-bandwidth contention from other processes the table's advantage shrinks (
         in E[g z] that does not shrink with more steps. Salimans et al. used T = 2.5e8;
       - replay: ``SeedLog`` replays with the plain loop, so MeZO refuses to log a table run.
 
+The source protocol: ``apply(jobs, done=None)`` applies every ``Job`` (one tensor each) and,
+when given a list ``done``, appends each job once it is fully applied, so that ``MeZO`` can
+undo exactly those if the pass is cut short (``undo(jobs)``). A job may carry a second term
+(``then``): a folded step applies the previous step's update and the next shift in one
+read-write of θ, element by element in the same order as two separate passes.
+
 Example:
     >>> import torch
     >>> from sazo_lite import MeZO
@@ -43,35 +46,36 @@ Example:
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import NamedTuple
 
 import torch
 
-from .engine import derive_seed, draw_direction, rademacher_signs
+from .directions import derive_seed, draw_direction, rademacher_signs, z_dtype
+from .validation import check_int
 
-__all__ = ["Job", "TorchNoise", "NoiseTable", "split_jobs", "chunk_bounds", "z_dtype"]
+__all__ = ["Job", "NoiseSource", "PlainNoise", "TorchNoise", "NoiseTable", "MaskedNoise",
+           "split_jobs", "chunk_bounds", "z_dtype"]
 
 
 class Job(NamedTuple):
-    """One tensor's share of a pass: param ← shrink·param + coefficient·z(seed)."""
+    """One tensor's share of a pass: param ← shrink·param + coefficient·z(seed) [+ c₂·z(seed₂)].
+
+    ``then`` = (seed₂, c₂, perturbation₂) or None: a second term added after the first
+    (a folded step: the pending update, then the next step's +εz).
+    """
 
     param: torch.Tensor
     seed: int
     coefficient: float
     shrink: float
     perturbation: str
+    then: tuple | None = None
 
-
-def z_dtype(like: torch.Tensor) -> torch.dtype:
-    """The dtype z is drawn in: the parameter's for float32/64, float32 for half precision."""
-    return like.dtype if like.dtype in (torch.float32, torch.float64) else torch.float32
-
-
-def _check_int(name: str, value, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"Invalid {name}: {value!r} (expected an int >= {low})")
-    return value
+    def terms(self) -> list[tuple[int, float, str]]:
+        """(seed, coefficient, perturbation) of every z term, in the order they are added."""
+        first = [(self.seed, self.coefficient, self.perturbation)]
+        return first + [tuple(self.then)] if self.then is not None else first
 
 
 def chunk_bounds(numel: int, chunk: int) -> list[tuple[int, int]]:
@@ -99,39 +103,106 @@ def split_jobs(jobs: list[Job], workers: int) -> list[list[Job]]:
 
 
 def _add(target: torch.Tensor, z: torch.Tensor, coefficient: float, shrink: float) -> None:
-    if shrink != 1.0:  # same two ops, same order, as MeZO's plain loop
+    if shrink != 1.0:  # the same two ops, in the same order, in every source
         target.mul_(shrink)
     target.add_(z, alpha=coefficient)
 
 
-class _Threaded:
-    """Runs ``_apply_one(job, slot)`` for all jobs, spread over ``workers`` threads."""
+class NoiseSource:
+    """Applies jobs one tensor at a time; subclasses define ``_apply_one(job, slot)``.
+
+    Attributes:
+        replayable: True when the source draws the plain loop's z (``SeedLog`` replays it).
+        directions: sources with equal ``directions`` draw the same z for a seed (a pending
+            folded update may then be applied by either); by default, only the source itself.
+    """
 
     replayable = False
 
-    def __init__(self, workers: int):
-        self.workers = _check_int("workers", workers, 1)
-        self._pool = None
+    @property
+    def directions(self):
+        return id(self)
 
-    def apply(self, jobs: list[Job]) -> None:
-        """Apply every job (one pass of MeZO over all its tensors)."""
-        shares = split_jobs(jobs, self.workers)
-        if len(shares) <= 1:
-            self._run(jobs, 0)
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="sazo-noise")
-        futures = [self._pool.submit(self._run, share, slot) for slot, share in enumerate(shares)]
-        for future in futures:
-            future.result()  # re-raises a worker's exception here
+    def apply(self, jobs: list[Job], done: list | None = None) -> None:
+        """Apply every job (one pass of MeZO over all its tensors); record finished ones in ``done``."""
+        self._run(jobs, 0, done)
 
     @torch.no_grad()  # grad mode is per thread: worker threads do not inherit the caller's
-    def _run(self, share: list[Job], slot: int) -> None:
+    def _run(self, share: list[Job], slot: int, done: list | None) -> None:
         for job in share:
             self._apply_one(job, slot)
+            if done is not None:
+                done.append(job)
 
     def _apply_one(self, job: Job, slot: int) -> None:
         raise NotImplementedError
+
+    @torch.no_grad()
+    def undo(self, jobs: list[Job]) -> None:
+        """Invert fully applied jobs, last first: θ ← (θ − Σ c·z) / shrink (exact up to rounding).
+
+        A job with shrink = 0 cannot be inverted and is left as it is.
+        """
+        for job in reversed(jobs):
+            for seed, coefficient, perturbation in reversed(job.terms()):
+                self._apply_one(Job(job.param, seed, -coefficient, 1.0, perturbation), 0)
+            if job.shrink not in (0.0, 1.0):
+                self._scale(job, 1.0 / job.shrink)
+
+    def _scale(self, job: Job, factor: float) -> None:
+        job.param.mul_(factor)
+
+    def direction_bytes(self, param: torch.Tensor) -> int:
+        """Bytes of the largest z this source holds at once for ``param`` (teaching, counting)."""
+        return param.numel() * torch.empty(0, dtype=z_dtype(param)).element_size()
+
+
+class PlainNoise(NoiseSource):
+    """The plain loop: each tensor's whole z drawn by ``draw_direction``, then θ ← s·θ + c·z.
+
+    ``MeZO(..., noise=None)`` passes through one of these. Peak extra memory: the largest
+    tensor's z.
+    """
+
+    replayable = True
+    directions = "torch"  # draw_direction's z: TorchNoise draws the same
+
+    def __init__(self):
+        self._generators: dict[torch.device, torch.Generator] = {}
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        if device not in self._generators:
+            self._generators[device] = torch.Generator(device=device)
+        return self._generators[device]
+
+    def _apply_one(self, job: Job, slot: int) -> None:
+        p, shrink = job.param, job.shrink
+        for seed, coefficient, perturbation in job.terms():
+            _add(p, draw_direction(p, seed, perturbation, self._generator(p.device)), coefficient, shrink)
+            shrink = 1.0
+
+    def __getstate__(self):  # deepcopy/pickle: generators are rebuilt on demand
+        return {**self.__dict__, "_generators": {}}
+
+
+class _Threaded(NoiseSource):
+    """Runs ``_apply_one(job, slot)`` for all jobs, spread over ``workers`` threads."""
+
+    def __init__(self, workers: int):
+        self.workers = check_int("workers", workers, 1)
+        self._pool = None
+
+    def apply(self, jobs: list[Job], done: list | None = None) -> None:
+        shares = split_jobs(jobs, self.workers)
+        if len(shares) <= 1:
+            self._run(jobs, 0, done)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="sazo-noise")
+        futures = [self._pool.submit(self._run, share, slot, done) for slot, share in enumerate(shares)]
+        wait(futures)  # every worker has stopped touching θ before an error is raised here
+        for future in futures:
+            future.result()  # re-raises a worker's exception
 
     def __getstate__(self):  # deepcopy/pickle: thread pools do not travel
         return {**self.__dict__, "_pool": None}
@@ -142,7 +213,8 @@ class TorchNoise(_Threaded):
 
     Results equal ``MeZO(noise=None)`` bit for bit (tested), so ``SeedLog`` replay stays exact.
     z for CPU tensors of ≥ 2·chunk entries is drawn in chunks; everything else (CUDA, small
-    tensors) is drawn whole by ``draw_direction``.
+    tensors) is drawn whole by ``draw_direction``. A job with two terms draws both z chunk by
+    chunk from two generators, so θ is read and written once.
 
     Args:
         workers: threads drawing different tensors at once (1 = no threads).
@@ -150,42 +222,58 @@ class TorchNoise(_Threaded):
     """
 
     replayable = True
+    directions = "torch"
 
     def __init__(self, workers: int = 2, chunk: int = 2 ** 18):
         super().__init__(workers)
-        self.chunk = _check_int("chunk", chunk, 16)
+        self.chunk = check_int("chunk", chunk, 16)
         if chunk % 16:
             raise ValueError(f"Invalid chunk: {chunk} (expected a multiple of 16)")
-        self._generators: dict[tuple[int, torch.device], torch.Generator] = {}
-        self._buffers: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+        self._generators: dict[tuple[int, int, torch.device], torch.Generator] = {}
+        self._buffers: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}
 
-    def _generator(self, slot: int, device: torch.device) -> torch.Generator:
-        key = (slot, device)
+    def _generator(self, slot: int, term: int, device: torch.device) -> torch.Generator:
+        key = (slot, term, device)
         if key not in self._generators:
             self._generators[key] = torch.Generator(device=device)
         return self._generators[key]
 
-    def _buffer(self, slot: int, dtype: torch.dtype) -> torch.Tensor:
-        key = (slot, dtype)
+    def _buffer(self, slot: int, term: int, dtype: torch.dtype) -> torch.Tensor:
+        key = (slot, term, dtype)
         if key not in self._buffers:  # chunk + 15: room for a merged tail
             self._buffers[key] = torch.empty(self.chunk + 15, dtype=dtype)
         return self._buffers[key]
 
     def _apply_one(self, job: Job, slot: int) -> None:
-        p = job.param
-        generator = self._generator(slot, p.device)
+        p, terms = job.param, job.terms()
         chunked = p.device.type == "cpu" and p.is_contiguous() and p.numel() >= 2 * self.chunk
         if not chunked:
-            _add(p, draw_direction(p, job.seed, job.perturbation, generator), job.coefficient, job.shrink)
+            shrink = job.shrink
+            for term, (seed, coefficient, perturbation) in enumerate(terms):
+                z = draw_direction(p, seed, perturbation, self._generator(slot, term, p.device))
+                _add(p, z, coefficient, shrink)
+                shrink = 1.0
             return
-        generator.manual_seed(job.seed)
-        buffer, flat = self._buffer(slot, z_dtype(p)), p.view(-1)
+        streams = []
+        for term, (seed, coefficient, perturbation) in enumerate(terms):
+            generator = self._generator(slot, term, p.device)
+            generator.manual_seed(seed)
+            streams.append((generator, self._buffer(slot, term, z_dtype(p)), coefficient, perturbation))
+        flat = p.view(-1)
         for start, stop in chunk_bounds(p.numel(), self.chunk):  # chunk starts: multiples of 16
-            if job.perturbation == "gaussian":
-                z = torch.randn(stop - start, generator=generator, out=buffer[:stop - start])
-            else:
-                z = rademacher_signs(stop - start, buffer.dtype, p.device, generator)
-            _add(flat[start:stop], z, job.coefficient, job.shrink)
+            shrink = job.shrink
+            for generator, buffer, coefficient, perturbation in streams:
+                if perturbation == "gaussian":
+                    z = torch.randn(stop - start, generator=generator, out=buffer[:stop - start])
+                else:
+                    z = rademacher_signs(stop - start, buffer.dtype, p.device, generator)
+                _add(flat[start:stop], z, coefficient, shrink)
+                shrink = 1.0
+
+    def direction_bytes(self, param: torch.Tensor) -> int:
+        if param.device.type == "cpu" and param.is_contiguous() and param.numel() >= 2 * self.chunk:
+            return (self.chunk + 15) * torch.empty(0, dtype=z_dtype(param)).element_size()
+        return super().direction_bytes(param)
 
     def __getstate__(self):
         return {**super().__getstate__(), "_generators": {}, "_buffers": {}}
@@ -212,12 +300,10 @@ class NoiseTable(_Threaded):
 
     def __init__(self, size: int = 2 ** 24, chunk: int = 2 ** 16, seed: int = 0, workers: int = 1):
         super().__init__(workers)
-        self.size, self.chunk = _check_int("size", size, 32), _check_int("chunk", chunk, 16)
+        self.size, self.chunk = check_int("size", size, 32), check_int("chunk", chunk, 16)
         if chunk + 15 > size:
             raise ValueError(f"Invalid chunk: {chunk} (must be at most size − 15 = {size - 15})")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"Invalid seed: {seed!r} (expected an int)")
-        self.seed = seed
+        self.seed = check_int("seed", seed)
         self._tables: dict[tuple[torch.device, torch.dtype, str], torch.Tensor] = {}
 
     @property
@@ -253,8 +339,52 @@ class NoiseTable(_Threaded):
     def _apply_one(self, job: Job, slot: int) -> None:
         p = job.param
         if not p.is_contiguous():
-            _add(p, self.direction(p, job.seed, job.perturbation), job.coefficient, job.shrink)
+            shrink = job.shrink
+            for seed, coefficient, perturbation in job.terms():
+                _add(p, self.direction(p, seed, perturbation), coefficient, shrink)
+                shrink = 1.0
             return
-        table, flat = self.table(p.device, z_dtype(p), job.perturbation), p.view(-1)
-        for start, stop, offset in self.windows(p.numel(), job.seed):
-            _add(flat[start:stop], table[offset:offset + stop - start], job.coefficient, job.shrink)
+        flat = p.view(-1)
+        terms = [(self.table(p.device, z_dtype(p), perturbation), self.windows(p.numel(), seed), coefficient)
+                 for seed, coefficient, perturbation in job.terms()]
+        for w, (start, stop, _) in enumerate(terms[0][1]):  # every term has the same windows
+            shrink = job.shrink
+            for table, windows, coefficient in terms:
+                offset = windows[w][2]
+                _add(flat[start:stop], table[offset:offset + stop - start], coefficient, shrink)
+                shrink = 1.0
+
+    def direction_bytes(self, param: torch.Tensor) -> int:
+        return 0  # windows are views of the table
+
+
+class MaskedNoise(NoiseSource):
+    """z only on fixed entries of each tensor (``SparseMeZO``): θ_m ← s·θ_m + c·z_m.
+
+    z_m for a tensor with k chosen entries is ``draw_direction`` of a k-entry tensor from the
+    tensor's seed (so the plain loop's z for a flat k-vector); entries outside the mask never move.
+
+    Args:
+        masks: {id(param): LongTensor [k] of sorted flat indices} (``llm.tuning.sparse_indices``).
+    """
+
+    replayable = True
+
+    def __init__(self, masks: dict[int, torch.Tensor]):
+        self.masks = masks
+        self._plain = PlainNoise()
+
+    def _apply_one(self, job: Job, slot: int) -> None:
+        p, chosen = job.param, self.masks[id(job.param)]
+        flat, shrink = p.view(-1), job.shrink  # parameters are contiguous: writes go straight to p
+        for seed, coefficient, perturbation in job.terms():
+            z = draw_direction(p.new_empty(chosen.numel()), seed, perturbation, self._plain._generator(p.device))
+            flat[chosen] = (flat[chosen].to(z.dtype) * shrink + coefficient * z).to(p.dtype)
+            shrink = 1.0
+
+    def _scale(self, job: Job, factor: float) -> None:
+        flat, chosen = job.param.view(-1), self.masks[id(job.param)]
+        flat[chosen] = flat[chosen] * factor
+
+    def direction_bytes(self, param: torch.Tensor) -> int:
+        return self.masks[id(param)].numel() * torch.empty(0, dtype=z_dtype(param)).element_size()

@@ -6,6 +6,15 @@ very same in-place passes (perturb +εz, −2εz, restore-and-update), so the ro
 and the fine-tuned weights come back bit for bit on the same device and dtype, without a
 single forward pass.
 
+What a log refuses (ValueError, before anything changes):
+    * recording a step whose directions replay could not reproduce (a non-replayable noise
+      source such as ``NoiseTable``) or a change of eps, perturbation or param groups;
+    * replaying into parameters of other shapes or dtypes, or into another optimiser type
+      (a ``SparseMeZO`` log replays only through ``replay_into(SparseMeZO(...))``);
+    * loading a log whose header is malformed, whose record count disagrees with the header
+      (a truncated file), or with an unknown record kind, a failure record other than 1 or 2
+      passes, a non-finite g, or a negative or non-finite lr / weight decay.
+
 Example:
     >>> theta = torch.zeros(4)
     >>> opt = MeZO([theta], lr=0.1, seed=3)
@@ -19,102 +28,184 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from .engine import MeZO
+from .directions import PERTURBATIONS
+from .engine import MeZO, StepEvent
 
 __all__ = ["SeedLog"]
 
+FORMAT = 2
 _STEP, _FAIL, _LR, _WD = 0, 1, 2, 3  # record kinds
 _RECORD = np.dtype([("kind", "u1"), ("seed", "<u8"), ("value", "<f8")])  # 17 bytes
 
 
+def _invalid(message: str):
+    return ValueError(f"Invalid seed log: {message}")
+
+
+def _structure(optimizer: MeZO) -> list[dict]:
+    return [{"perturbation": g["perturbation"], "shapes": [list(p.shape) for p in g["params"]],
+             "dtypes": [str(p.dtype) for p in g["params"]]} for g in optimizer.param_groups]
+
+
+def _mask_sizes(optimizer) -> list[int] | None:
+    masks = getattr(optimizer, "masks", None)
+    if masks is None:
+        return None
+    return [int(masks[id(p)].numel()) for g in optimizer.param_groups for p in g["params"]]
+
+
 @dataclass
 class SeedLog:
-    """The per-step record of a MeZO run.
+    """The per-step record of a MeZO run (a step hook of the optimiser it is attached to).
 
     Attributes:
-        header: eps, per-group perturbation and tensor shapes, base seed and start step.
+        header: format, optimiser type, eps, base seed, start step and per group the
+            perturbation, tensor shapes and dtypes (``SparseMeZO``: mask sizes too).
         records: (kind, seed-or-group, value) triples: a step (seed, g), a failed step
-            (seed, failed call 1 or 2), or a change of a group's lr / weight_decay.
+            (seed, shift passes made: 1 or 2), or a change of a group's lr / weight_decay.
     """
 
     header: dict
     records: list[tuple[int, int, float]] = field(default_factory=list)
     _hyper: list[tuple[float, float]] = field(default_factory=list, repr=False)
+    _handle: object = field(default=None, repr=False)
 
     @classmethod
     def attach(cls, optimizer: MeZO) -> "SeedLog":
-        """Start logging every later step of ``optimizer`` (from its current weights)."""
+        """Start logging every later step of ``optimizer`` (from its current, flushed weights)."""
+        if not isinstance(optimizer, MeZO):
+            raise ValueError(f"Invalid optimizer: {type(optimizer).__name__} (expected a MeZO)")
+        optimizer.flush()
         state = optimizer.state[optimizer._first_param()]
-        header = {"eps": optimizer.param_groups[0]["eps"], "base_seed": state["seed"],
-                  "start_step": state["step"],
-                  "groups": [{"perturbation": g["perturbation"],
-                              "shapes": [list(p.shape) for p in g["params"]],
-                              "dtypes": [str(p.dtype) for p in g["params"]]}
-                             for g in optimizer.param_groups]}
+        header = {"format": FORMAT, "optimizer": type(optimizer).__name__,
+                  "eps": optimizer.param_groups[0]["eps"], "base_seed": state["seed"],
+                  "start_step": state["step"], "groups": _structure(optimizer)}
+        sizes = _mask_sizes(optimizer)
+        if sizes is not None:
+            header["mask_sizes"] = sizes
         log = cls(header)
-        optimizer.log = log
+        log._handle = optimizer.register_step_hook(log)
         return log
 
-    def record_step(self, optimizer: MeZO, seed: int, projected_grad: float) -> None:
-        """Called by ``MeZO`` just before it applies a step's update."""
+    def detach(self) -> None:
+        """Stop recording."""
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    # -- recording (the optimiser calls these) ------------------------------------------
+    def check(self, optimizer: MeZO) -> None:
+        """Refuse a step that replay could not reproduce (called before the step changes θ)."""
+        source = optimizer._source()
+        if not getattr(source, "replayable", False):
+            raise ValueError(f"Invalid noise: SeedLog replays with the plain loop, which cannot "
+                             f"reproduce {type(source).__name__}'s directions")
+        if optimizer.param_groups[0]["eps"] != self.header["eps"] or _structure(optimizer) != self.header["groups"]:
+            raise ValueError("Invalid optimizer: eps, perturbation or param groups changed since "
+                             "SeedLog.attach; a seed log cannot record that")
+
+    def __call__(self, optimizer: MeZO, event: StepEvent) -> None:
+        if event.kind == "failure":
+            self.records.append((_FAIL, event.seed, float(event.value)))
+            return
         for index, group in enumerate(optimizer.param_groups):
             hyper = (group["lr"], group["weight_decay"])
             if index >= len(self._hyper) or self._hyper[index] != hyper:
                 self.records += [(_LR, index, hyper[0]), (_WD, index, hyper[1])]
                 self._hyper[index:index + 1] = [hyper]
-        self.records.append((_STEP, seed, float(projected_grad)))
-
-    def record_failure(self, seed: int, failed_call: int) -> None:
-        """Called by ``MeZO`` when a closure failed: its shifts changed θ by rounding."""
-        self.records.append((_FAIL, seed, float(failed_call)))
+        self.records.append((_STEP, event.seed, float(event.value)))
 
     @property
     def num_steps(self) -> int:
         return sum(kind == _STEP for kind, _, _ in self.records)
 
+    # -- replay ------------------------------------------------------------------------
     def replay(self, params) -> None:
         """Apply the logged run in place to ``params`` (an iterable of tensors, or a module's
-        ``parameters()``), which must hold the run's initial weights."""
+        ``parameters()``), which must hold the run's initial weights (same shapes, dtypes)."""
+        if self.header["optimizer"] != "MeZO":
+            raise ValueError(f"Invalid params: this log was written by {self.header['optimizer']}; "
+                             f"replay it with replay_into({self.header['optimizer']}(params, ...))")
         params = list(params)
         groups, start = [], 0
         for spec in self.header["groups"]:
-            count = len(spec["shapes"])
-            chunk = params[start:start + count]
-            if [list(p.shape) for p in chunk] != spec["shapes"]:
-                raise ValueError("Invalid params: shapes differ from the logged run's parameters")
-            groups.append({"params": chunk, "perturbation": spec["perturbation"]})
-            start += count
-        if start != len(params):
+            groups.append({"params": params[start:start + len(spec["shapes"])],
+                           "perturbation": spec["perturbation"]})
+            start += len(spec["shapes"])
+        if start != len(params) or any(not g["params"] for g in groups):
             raise ValueError(f"Invalid params: expected {start} tensors, got {len(params)}")
-        optimizer = MeZO(groups, lr=0.0, eps=self.header["eps"])
+        self._check_params(groups)
+        self.replay_into(MeZO(groups, lr=0.0, eps=self.header["eps"], noise=None))
+
+    def _check_params(self, groups) -> None:
+        for spec, group in zip(self.header["groups"], groups):
+            if [list(p.shape) for p in group["params"]] != spec["shapes"]:
+                raise ValueError("Invalid params: shapes differ from the logged run's parameters")
+            if [str(p.dtype) for p in group["params"]] != spec["dtypes"]:
+                raise ValueError(f"Invalid params: dtypes {[str(p.dtype) for p in group['params']]} differ "
+                                 f"from the logged run's {spec['dtypes']}; replay would not be exact")
+
+    def replay_into(self, optimizer: MeZO) -> None:
+        """Replay through ``optimizer`` (same type, eps, groups, shapes and dtypes as the run);
+        afterwards its step count and seed continue the logged run."""
+        _check_header(self.header)
+        _check_records(self.records, len(self.header["groups"]))
+        if type(optimizer).__name__ != self.header["optimizer"]:
+            raise ValueError(f"Invalid optimizer: {type(optimizer).__name__}, but the log was written "
+                             f"by {self.header['optimizer']}")
+        if optimizer.param_groups[0]["eps"] != self.header["eps"]:
+            raise ValueError(f"Invalid optimizer: eps {optimizer.param_groups[0]['eps']} differs from the "
+                             f"logged {self.header['eps']}")
+        if len(optimizer.param_groups) != len(self.header["groups"]):
+            raise ValueError("Invalid params: the number of param groups differs from the logged run's")
+        self._check_params(optimizer.param_groups)
+        if [g["perturbation"] for g in optimizer.param_groups] != [s["perturbation"] for s in self.header["groups"]]:
+            raise ValueError("Invalid optimizer: perturbations differ from the logged run's")
+        if _mask_sizes(optimizer) != self.header.get("mask_sizes"):
+            raise ValueError("Invalid optimizer: its masks differ from the logged run's")
+        if not getattr(optimizer._source(), "replayable", False):
+            raise ValueError("Invalid optimizer: its noise source does not draw the logged directions")
         for kind, key, value in self.records:
-            self._apply(optimizer, kind, key, value)
+            if kind == _STEP:
+                optimizer.replay_step(key, value)
+            elif kind == _FAIL:
+                optimizer.replay_failure(key, int(value))
+            else:
+                optimizer.param_groups[key]["lr" if kind == _LR else "weight_decay"] = value
+        optimizer.state[optimizer._first_param()].update(
+            step=self.header["start_step"] + self.num_steps, seed=self.header["base_seed"])
 
-    @staticmethod
-    def _apply(optimizer: MeZO, kind: int, key: int, value: float) -> None:
-        if kind == _STEP:
-            optimizer.replay_step(key, value)
-        elif kind == _FAIL:
-            optimizer.replay_failure(key, int(value))
-        else:
-            optimizer.param_groups[key]["lr" if kind == _LR else "weight_decay"] = value
-
+    # -- bytes -------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
-        """Serialise: a JSON header line, then 17 bytes per record."""
+        """Serialise: a JSON header line (with the record count), then 17 bytes per record."""
         table = np.array(self.records, dtype=_RECORD)
-        return json.dumps(self.header).encode() + b"\n" + table.tobytes()
+        return json.dumps({**self.header, "records": len(self.records)}).encode() + b"\n" + table.tobytes()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "SeedLog":
-        head, _, body = data.partition(b"\n")
+        """Parse and validate a serialised log (ValueError on anything malformed or truncated)."""
+        head, newline, body = bytes(data).partition(b"\n")
+        try:
+            header = json.loads(head)
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise _invalid(f"the header is not JSON ({error})") from None
+        _check_header(header)
+        count = header.pop("records", None)
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise _invalid("the header has no record count")
+        if not newline or len(body) != count * _RECORD.itemsize:
+            raise _invalid(f"{len(body)} bytes of records, expected {count} × {_RECORD.itemsize} "
+                           f"(a truncated or padded file)")
         table = np.frombuffer(body, dtype=_RECORD)
         records = [(int(k), int(s), float(v)) for k, s, v in table]
-        return cls(json.loads(head), records)
+        _check_records(records, len(header["groups"]))
+        return cls(header, records)
 
     def save(self, path) -> int:
         """Write the log to ``path``; returns its size in bytes."""
@@ -127,3 +218,45 @@ class SeedLog:
     def load(cls, path) -> "SeedLog":
         with open(path, "rb") as handle:
             return cls.from_bytes(handle.read())
+
+
+def _check_header(header) -> None:
+    if not isinstance(header, dict):
+        raise _invalid("the header is not a JSON object")
+    if header.get("format") != FORMAT:
+        raise _invalid(f"format {header.get('format')!r}, this version reads format {FORMAT}")
+    if not isinstance(header.get("optimizer"), str):
+        raise _invalid("the header does not name the optimiser")
+    eps = header.get("eps")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (math.isfinite(eps) and eps > 0):
+        raise _invalid(f"eps {eps!r}")
+    for key in ("base_seed", "start_step"):
+        value = header.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or (key == "start_step" and value < 0):
+            raise _invalid(f"{key} {value!r}")
+    groups = header.get("groups")
+    if not isinstance(groups, list) or not groups:
+        raise _invalid("the header has no param groups")
+    for spec in groups:
+        ok = (isinstance(spec, dict) and spec.get("perturbation") in PERTURBATIONS
+              and isinstance(spec.get("shapes"), list) and isinstance(spec.get("dtypes"), list)
+              and len(spec["shapes"]) == len(spec["dtypes"]) > 0
+              and all(isinstance(s, list) and all(isinstance(n, int) and n >= 0 for n in s) for s in spec["shapes"])
+              and all(isinstance(d, str) and d.startswith("torch.") for d in spec["dtypes"]))
+        if not ok:
+            raise _invalid(f"param group {spec!r}")
+
+
+def _check_records(records, num_groups: int) -> None:
+    for index, (kind, key, value) in enumerate(records):
+        where = f"record {index}"
+        if kind == _STEP and not math.isfinite(value):
+            raise _invalid(f"{where}: a non-finite projected gradient {value}")
+        elif kind == _FAIL and value not in (1.0, 2.0):
+            raise _invalid(f"{where}: a failed step with {value} shift passes (expected 1 or 2)")
+        elif kind in (_LR, _WD) and (not 0 <= key < num_groups or not math.isfinite(value) or value < 0):
+            raise _invalid(f"{where}: group {key}, {'lr' if kind == _LR else 'weight_decay'} {value}")
+        elif kind not in (_STEP, _FAIL, _LR, _WD):
+            raise _invalid(f"{where}: unknown record kind {kind}")
+        if kind in (_STEP, _FAIL) and not 0 <= key < 2 ** 63:
+            raise _invalid(f"{where}: seed {key} out of range")

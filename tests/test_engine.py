@@ -100,12 +100,12 @@ def test_update_matches_plain_out_of_place_reference():
             assert torch.allclose(p, r, rtol=1e-12, atol=1e-12)
 
 
-def test_two_closure_calls_and_three_passes_per_step(monkeypatch):
-    draws = []
-    original = engine.draw_direction
-    monkeypatch.setattr(engine, "draw_direction", lambda *a, **k: draws.append(1) or original(*a, **k))
+def test_two_closure_calls_and_three_passes_per_step():
+    from sazo_lite.instruments import DirectionCounter
+
     net = torch.nn.Linear(3, 2)
     opt = sz.MeZO(net.parameters(), lr=0.01)
+    counter = DirectionCounter(opt).__enter__()
     calls = []
     x = torch.randn(4, 3)
 
@@ -116,7 +116,8 @@ def test_two_closure_calls_and_three_passes_per_step(monkeypatch):
     for _ in range(3):
         opt.step(closure)
     assert len(calls) == 6
-    assert len(draws) == 3 * 3 * len(list(net.parameters()))  # 3 steps × 3 passes × tensors
+    assert counter.calls == 3 * 3 * len(list(net.parameters()))  # 3 steps × 3 passes × tensors
+    assert counter.passes == 3 * 3
 
 
 @pytest.mark.parametrize("dtype,bound", [(torch.float32, 1e-6), (torch.float64, 1e-12)])

@@ -111,24 +111,55 @@ def test_reference_step_matches_mezo_and_counts_four_passes_against_three():
     reference, reference_closure = two_tensor_setup()
     optimizer = sz.MeZO(params, lr=0.05, eps=1e-3, seed=7)
     seed = optimizer.next_seed()
-    with E.DirectionCounter() as fused:
+    with E.DirectionCounter(optimizer) as fused:
         result = optimizer.step(closure)
     with E.DirectionCounter() as textbook:
-        g_ref = E.mezo_step_reference(reference, reference_closure, eps=1e-3, lr=0.05, seed=seed)
+        g_ref = E.mezo_step_reference(reference, reference_closure, eps=1e-3, lr=0.05, seed=seed, noise=textbook)
     assert fused.calls == 3 * len(params) and textbook.calls == 4 * len(params)
+    assert fused.passes == 3 and textbook.passes == 4
     assert fused.largest_bytes == 3 * 4 * 8
     assert g_ref == pytest.approx(result.projected_grad, rel=1e-12)
     assert not torch.equal(params[0], two_tensor_setup()[0][0])  # the step did move θ
     for p, r in zip(params, reference):
         torch.testing.assert_close(p, r, rtol=0, atol=1e-12)
-    assert E.count_passes(lambda: optimizer.step(closure), len(params)) == 3
+    assert E.count_passes(optimizer, lambda: optimizer.step(closure)) == 3
 
 
-def test_direction_counter_restores_the_engine():
-    original = sz.engine.draw_direction
-    with E.DirectionCounter():
-        assert sz.engine.draw_direction is not original
-    assert sz.engine.draw_direction is original
+def test_direction_counter_wraps_one_optimiser_and_patches_no_module():
+    params, closure = two_tensor_setup()
+    optimizer = sz.MeZO(params, lr=0.05, eps=1e-3, seed=7)
+    other = sz.MeZO(two_tensor_setup()[0], lr=0.05, eps=1e-3, seed=7)
+    originals = (sz.engine.draw_direction, sz.directions.draw_direction)
+    with E.DirectionCounter(optimizer) as counter:
+        assert optimizer.noise is counter
+        assert (sz.engine.draw_direction, sz.directions.draw_direction) == originals
+        other.step(two_tensor_setup()[1])  # another optimiser is not counted
+        assert counter.calls == 0
+    assert optimizer.noise is None and counter.calls == 0
+
+
+def test_folded_steps_make_two_passes_and_one_flush():
+    params, closure = two_tensor_setup()
+    optimizer = sz.MeZO(params, lr=0.05, eps=1e-3, seed=7, fold_updates=True)
+    assert E.count_passes(optimizer, lambda: optimizer.step(closure)) == 2  # +εz, −2εz; update pending
+    assert E.count_passes(optimizer, lambda: [optimizer.step(closure) for _ in range(3)]) == 6
+    assert E.count_passes(optimizer, optimizer.flush) == 1
+
+
+def test_step_memory_names_the_path_it_measured():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 2))
+    x, y = torch.randn(4, 8), torch.randint(0, 2, (4,))
+    peaks = E.step_memory(model, x, y, torch.nn.functional.cross_entropy)
+    assert peaks.path == "PlainNoise" and set(peaks) >= {"inference", "MeZO step", "backprop step"}
+    from sazo_lite.noise import TorchNoise
+    assert E.step_memory(model, x, y, torch.nn.functional.cross_entropy, noise=TorchNoise(workers=1)).path == "TorchNoise"
+
+
+def test_old_estimators_names_still_import():
+    from sazo_lite import instruments, minibatches, race, two_point
+    assert E.zo_gradient is two_point.zo_gradient and E.race_mezo_sgd is race.race_mezo_sgd
+    assert E.DirectionCounter is instruments.DirectionCounter and E.gain_vs_batch is minibatches.gain_vs_batch
 
 
 def test_race_mezo_sgd_both_learn_and_count_queries():

@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from ..engine import MeZO, derive_seed
+from ..noise import MaskedNoise
 
 __all__ = ["trainable_parameters", "full_parameters", "add_lora", "sparse_indices", "SparseMeZO",
            "Float32Master", "restore_bound", "unit_roundoff", "parameter_count"]
@@ -108,11 +109,14 @@ class SparseMeZO(MeZO):
 
     Update rule as in ``MeZO`` with z replaced by m ⊙ z (m the 0/1 mask): entries outside
     the mask never move. Drawing k instead of numel normals also makes each pass cheaper.
+    Its passes go through a ``sazo_lite.noise.MaskedNoise``; a ``SeedLog`` of a SparseMeZO
+    run replays only through ``log.replay_into(SparseMeZO(params, masks, ...))``.
 
     Args:
-        params: the full parameter list (plain list of tensors, one group).
+        params: the full parameter list (plain list of contiguous tensors, one group).
         masks: one LongTensor of flat indices per parameter (``sparse_indices``).
-        **kwargs: as for ``MeZO`` (lr, eps, weight_decay, perturbation, seed).
+        **kwargs: as for ``MeZO`` (lr, eps, weight_decay, perturbation, seed, fold_updates);
+            ``noise`` cannot be chosen.
 
     Example:
         >>> w = torch.zeros(100)
@@ -123,34 +127,22 @@ class SparseMeZO(MeZO):
     """
 
     def __init__(self, params, masks, **kwargs):
-        params = list(params)
+        if kwargs.get("noise", None) is not None:
+            raise ValueError("Invalid noise: SparseMeZO draws its own masked directions")
+        params, masks = list(params), list(masks)
         if len(masks) != len(params):
             raise ValueError(f"Invalid masks: {len(masks)} masks for {len(params)} parameters")
         for p, m in zip(params, masks):
-            if m.dim() != 1 or (m.numel() and (int(m.min()) < 0 or int(m.max()) >= p.numel())):
+            if not isinstance(m, torch.Tensor) or m.dim() != 1 or m.dtype not in (torch.int32, torch.int64):
+                raise ValueError("Invalid masks: each must be a 1-D integer tensor of flat indices")
+            if not isinstance(p, torch.Tensor) or not p.is_contiguous():
+                raise ValueError("Invalid params: SparseMeZO needs contiguous tensors")
+            if m.numel() and (int(m.min()) < 0 or int(m.max()) >= p.numel()):
                 raise ValueError("Invalid masks: each must be 1-D flat indices into its parameter")
+        kwargs["noise"] = None
         super().__init__(params, **kwargs)
         self.masks = {id(p): m.to(p.device) for p, m in zip(params, masks)}
-
-    def _pass(self, seed: int, coefficient, decay: bool = False) -> None:
-        """θ_m ← a·θ_m + c·z_m on the masked entries only (z_m: k normals from (seed, index))."""
-        index = 0
-        for group in self.param_groups:
-            c = coefficient(group)
-            shrink = 1.0 - group["lr"] * group["weight_decay"] if decay else 1.0
-            for p in group["params"]:
-                chosen = self.masks[id(p)]
-                z = _draw_flat(chosen.numel(), p, derive_seed(seed, index), group["perturbation"],
-                               self._generator(p.device))
-                flat = p.view(-1)  # parameters are contiguous; writes go straight to p
-                flat[chosen] = (flat[chosen].to(z.dtype) * shrink + c * z).to(p.dtype)
-                index += 1
-
-
-def _draw_flat(k: int, like: torch.Tensor, seed: int, perturbation: str, generator) -> torch.Tensor:
-    from ..engine import draw_direction
-
-    return draw_direction(like.new_empty(k), seed, perturbation, generator)
+        self.noise = MaskedNoise(self.masks)
 
 
 class Float32Master:

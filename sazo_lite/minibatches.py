@@ -1,0 +1,78 @@
+"""Importance-sampled minibatches (notebook 03): B indices i.i.d. from p, weights w = 1/(N p_i).
+
+For linear f_i (a_i = ∇f_i) the ZO estimate is ĝ = z · (1/B) Σ_k w_k zᵀa_{i_k}; with the
+weights it is unbiased for any p with full support.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import variance
+from .directions import derive_seed
+
+__all__ = ["path_point", "sample_minibatches", "minibatch_zo_estimates", "weighted_loss_estimates",
+           "gain_vs_batch"]
+
+
+def path_point(problem, progress: float) -> torch.Tensor:
+    """θ_t = θ₀ + t(θ* − θ₀): a stand-in for "how far training has got" (t = 0 start, 1 optimum)."""
+    if not 0.0 <= progress <= 1.0:
+        raise ValueError(f"Invalid progress: {progress} (expected a number in [0, 1])")
+    theta0 = problem.initial_theta()
+    return theta0 + progress * (problem.optimum - theta0)
+
+
+def sample_minibatches(probs, batch_size: int, trials: int, *, seed: int = 0):
+    """``trials`` minibatches of B indices i.i.d. from p, with weights w = 1/(N p_i).
+
+    Returns:
+        (indices Long [trials, B], weights float64 [trials, B]).
+    """
+    probs = torch.as_tensor(probs, dtype=torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    indices = torch.multinomial(probs, trials * batch_size, replacement=True, generator=g)
+    indices = indices.view(trials, batch_size)
+    return indices, 1.0 / (len(probs) * probs[indices])
+
+
+def minibatch_zo_estimates(per_example_grads: torch.Tensor, probs, batch_size: int, trials: int, *,
+                           seed: int = 0) -> torch.Tensor:
+    """Monte-Carlo draws of ĝ = z · (1/B) Σ_k w_k zᵀa_{i_k}, one Gaussian z per draw, [trials, d].
+
+    Exact MeZO estimates for linear f_i (a_i = ∇f_i); E[ĝ] = ∇F and, by
+    ``variance.zo_second_moment``, E‖ĝ‖² = (d+2)[V(p)/B + (1 − 1/B)‖∇F‖²].
+    """
+    indices, weights = sample_minibatches(probs, batch_size, trials, seed=seed)
+    a = per_example_grads.double()
+    g = torch.Generator().manual_seed(derive_seed(seed, 1))
+    z = torch.randn(trials, a.shape[1], generator=g, dtype=torch.float64)
+    diffs = torch.einsum("tbd,td->tb", a[indices], z)  # d_k = zᵀa_{i_k}, [trials, B]
+    projected = (weights * diffs).mean(1)               # g = (1/B) Σ_k w_k d_k, [trials]
+    return projected[:, None] * z
+
+
+def weighted_loss_estimates(losses, probs, batch_size: int, trials: int, *, seed: int = 0,
+                            weighted: bool = True) -> torch.Tensor:
+    """Minibatch estimates F̂ = (1/B) Σ_k w_k f_{i_k} of F = mean(f), [trials].
+
+    With the weights, E[F̂] = F for any p with full support; without them (w = 1) the mean
+    is Σ_i p_i f_i, which is biased unless p is uniform.
+    """
+    losses = torch.as_tensor(losses, dtype=torch.float64)
+    indices, weights = sample_minibatches(probs, batch_size, trials, seed=seed)
+    values = losses[indices]
+    return (weights * values if weighted else values).mean(1)
+
+
+def gain_vs_batch(norms, full_grad_norm: float, dim: int, batch_sizes) -> torch.Tensor:
+    """E‖ĝ‖² under uniform sampling divided by E‖ĝ‖² under the oracle p*, for each B.
+
+    = (V(u)/B + (1−1/B)‖∇F‖²) / (V(p*)/B + (1−1/B)‖∇F‖²): 1 + CV² at B = 1 or ‖∇F‖ = 0,
+    shrinking towards 1 as B grows. Returns float64 [len(batch_sizes)].
+    """
+    norms = torch.as_tensor(norms, dtype=torch.float64)
+    uniform = torch.full_like(norms, 1.0 / len(norms))
+    oracle = variance.oracle_probs(norms)
+    return torch.tensor([variance.zo_second_moment(norms, uniform, full_grad_norm, dim, int(b))
+                         / variance.zo_second_moment(norms, oracle, full_grad_norm, dim, int(b))
+                         for b in batch_sizes], dtype=torch.float64)

@@ -1,0 +1,129 @@
+"""The two-point (finite-difference) estimator of notebook 01, on a toy function with exact gradients.
+
+With a direction z and radius ε:
+
+    g(z) = (f(θ+εz) − f(θ−εz)) / (2ε),      ĝ = (1/q) Σ_j g(z_j) z_j,      E_z[ĝ] ≈ ∇f(θ)
+
+    error of g against zᵀ∇f:  ≈ (ε²/6)|∇³f[z,z,z]|  (curvature)  +  ≈ u·|f|/ε  (rounding, u = unit round-off)
+    E‖ĝ − ∇f‖² / ‖∇f‖² = (d+1)/q for Gaussian z,  (d−1)/q for Rademacher z   (linear f)
+"""
+from __future__ import annotations
+
+import torch
+
+from .directions import PERTURBATIONS, derive_seed
+from .validation import check_choice, check_count, check_int, check_number
+
+__all__ = ["bowl_loss", "bowl_grad", "random_directions", "two_point_estimates", "zo_gradient",
+           "directional_error", "error_vs_eps", "relative_error_theory", "relative_error_monte_carlo"]
+
+
+def bowl_loss(theta: torch.Tensor, curvatures, quartic: float = 0.0, offset: float = 0.0) -> torch.Tensor:
+    """f(θ) = Σ_j (a_j/2) θ_j² + (κ/4) Σ_j θ_j⁴ + c, for θ of shape [..., d] → [...].
+
+    κ = 0 gives a quadratic, for which the central difference has no curvature error at all;
+    κ > 0 adds a third derivative (6κθ_j) and so an O(ε²) bias. The offset c only adds
+    rounding error (a large |f| loses low bits), as a large loss does in a real model.
+
+    Example:
+        >>> float(bowl_loss(torch.tensor([1.0, 2.0]), [1.0, 1.0]))
+        2.5
+    """
+    a = torch.as_tensor(curvatures, dtype=theta.dtype)
+    return (0.5 * a * theta ** 2 + 0.25 * quartic * theta ** 4).sum(-1) + offset
+
+
+def bowl_grad(theta: torch.Tensor, curvatures, quartic: float = 0.0) -> torch.Tensor:
+    """∇f(θ) = a ⊙ θ + κ θ³ for ``bowl_loss`` (same shape as θ)."""
+    a = torch.as_tensor(curvatures, dtype=theta.dtype)
+    return a * theta + quartic * theta ** 3
+
+
+def random_directions(num: int, dim: int, *, seed: int = 0, perturbation: str = "gaussian",
+                      dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """q directions z_j as rows [q, d]: N(0, I) or Rademacher ±1, reproducible from ``seed``."""
+    check_count("num", num)
+    check_count("dim", dim)
+    check_choice("perturbation", perturbation, PERTURBATIONS)
+    g = torch.Generator().manual_seed(check_int("seed", seed))
+    if perturbation == "gaussian":
+        return torch.randn(num, dim, generator=g, dtype=dtype)
+    return torch.randint(0, 2, (num, dim), generator=g).to(dtype) * 2 - 1
+
+
+def two_point_estimates(fn, theta: torch.Tensor, directions: torch.Tensor, eps: float):
+    """Projected gradients g_j and estimates g_j z_j for q directions, in θ's dtype.
+
+    Args:
+        fn: maps points [q, d] to values [q] (e.g. ``bowl_loss``), evaluated in θ's dtype.
+        theta: the point, [d].
+        directions: z_j as rows, [q, d].
+        eps: smoothing radius ε > 0.
+
+    Returns:
+        (g [q], g_j z_j [q, d]); their mean over q is ĝ.
+    """
+    eps = check_number("eps", eps, 0.0, closed_low=False)
+    z = directions.to(theta.dtype)
+    g = (fn(theta + eps * z) - fn(theta - eps * z)) / (2 * eps)  # [q]
+    return g, g[:, None] * z
+
+
+def zo_gradient(fn, theta: torch.Tensor, eps: float, num_directions: int, *, seed: int = 0,
+                perturbation: str = "gaussian") -> torch.Tensor:
+    """ĝ = (1/q) Σ_j g(z_j) z_j: the averaged two-point estimate of ∇f(θ), shape [d].
+
+    Example:
+        >>> theta = torch.tensor([1.0, -2.0], dtype=torch.float64)
+        >>> est = zo_gradient(lambda x: bowl_loss(x, [1.0, 3.0]), theta, 1e-4, 20000)
+        >>> bool((est - torch.tensor([1.0, -6.0], dtype=torch.float64)).abs().max() < 0.2)
+        True
+    """
+    z = random_directions(num_directions, theta.numel(), seed=seed, perturbation=perturbation)
+    return two_point_estimates(fn, theta, z, eps)[1].mean(0)
+
+
+def directional_error(fn, grad: torch.Tensor, theta: torch.Tensor, directions: torch.Tensor,
+                      eps: float) -> float:
+    """Mean over directions of |g(z) − zᵀ∇f| / |zᵀ∇f|: the relative error of one finite difference.
+
+    ``grad`` is the exact ∇f(θ) (computed in float64); g(z) is computed in θ's dtype.
+    """
+    g, _ = two_point_estimates(fn, theta, directions, eps)
+    exact = directions.double() @ grad.double()
+    return float(((g.double() - exact).abs() / exact.abs().clamp_min(1e-300)).mean())
+
+
+def error_vs_eps(fn, grad: torch.Tensor, theta: torch.Tensor, eps_grid, *,
+                 dtype: torch.dtype = torch.float32, num_directions: int = 8, seed: int = 0) -> torch.Tensor:
+    """The U-shaped curve: ``directional_error`` at each ε of ``eps_grid``, θ cast to ``dtype``.
+
+    Large ε: curvature error ∝ ε². Tiny ε: θ ± εz and f round to the same float, error ∝ u/ε.
+    Returns a float64 tensor [len(eps_grid)].
+    """
+    z = random_directions(num_directions, theta.numel(), seed=seed)
+    theta = theta.to(dtype)
+    return torch.tensor([directional_error(fn, grad, theta, z, float(e)) for e in eps_grid],
+                        dtype=torch.float64)
+
+
+def relative_error_theory(dim: int, num_directions: int, perturbation: str = "gaussian") -> float:
+    """E‖ĝ − a‖²/‖a‖² for linear f with gradient a: (d+1)/q (Gaussian), (d−1)/q (Rademacher).
+
+    From E‖z zᵀa‖² = (d+2)‖a‖² for Gaussian z and d‖a‖² for Rademacher z.
+    """
+    check_count("dim", dim)
+    check_count("num_directions", num_directions)
+    check_choice("perturbation", perturbation, PERTURBATIONS)
+    return (dim + 1 if perturbation == "gaussian" else dim - 1) / num_directions
+
+
+def relative_error_monte_carlo(dim: int, num_directions: int, *, trials: int = 200, seed: int = 0,
+                               perturbation: str = "gaussian") -> float:
+    """Monte-Carlo E‖ĝ − a‖²/‖a‖² with ĝ = (1/q) Σ_j z_j z_jᵀa (exact ZO for linear f)."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(dim, generator=g, dtype=torch.float64)
+    z = random_directions(trials * num_directions, dim, seed=derive_seed(seed, dim, num_directions),
+                          perturbation=perturbation).view(trials, num_directions, dim)
+    estimates = ((z @ a)[..., None] * z).mean(1)  # [trials, d]
+    return float(((estimates - a) ** 2).sum(1).mean() / (a @ a))
