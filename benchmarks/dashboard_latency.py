@@ -7,12 +7,18 @@ to a value is a cache miss, so these are honest "retrain and redraw" times; the 
 of each control's starting value (a cache hit in dashboards that cache) is reported apart.
 Wall time includes waiting for a core on a shared machine; CPU time of this process does not.
 
+Dashboards that draw progressively (the race: each method's first seed, then all seeds)
+show a change before the assignment returns: in Jupyter every finished draw reaches the page
+at once. "first draw" is the time to the first figure update (the end of a FigureWidget
+``batch_update`` or a readout change) after the assignment starts; the verdict uses it.
+
 Run: ``python -m benchmarks.dashboard_latency [--only NAME] [--skip NAME] [--per-control]``.
 Target for toy dashboards: median ≤ 200 ms on the 2-core teaching machine.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import time
@@ -33,8 +39,10 @@ def dashboard_functions(only: str | None = None, skip: list[str] | None = None) 
 
 def new_values(control) -> list:
     """A few values different from the control's current one."""
-    if isinstance(control, widgets.Dropdown):
+    if isinstance(control, (widgets.Dropdown, widgets.ToggleButtons, widgets.RadioButtons)):
         return [v for v in _options(control) if v != control.value]
+    if isinstance(control, widgets.Checkbox):
+        return [not control.value]
     if isinstance(control, widgets.FloatLogSlider):
         exponents = [control.min + f * (control.max - control.min) for f in (0.25, 0.5, 0.75)]
         values = [control.base ** (round(e / control.step) * control.step) for e in exponents]
@@ -51,15 +59,40 @@ def _options(dropdown: widgets.Dropdown) -> list:
     return [o[1] if isinstance(o, tuple) else o for o in dropdown.options]
 
 
-def time_change(control, value) -> tuple[float, float]:
-    """(wall ms, CPU ms) to set ``control.value`` (observers retrain/redraw synchronously).
+def watch_draws(dash) -> list[float]:
+    """A list that gets a ``perf_counter`` stamp whenever the dashboard sends a figure or readout update."""
+    stamps: list[float] = []
+    for figure in dash.figures.values():
+        if not hasattr(figure, "batch_update"):
+            continue
+        original = figure.batch_update
+
+        @contextlib.contextmanager
+        def stamped(original=original):
+            with original():
+                yield
+            stamps.append(time.perf_counter())
+
+        figure.batch_update = stamped
+    if getattr(dash, "readout", None) is not None:
+        dash.readout.observe(lambda _change: stamps.append(time.perf_counter()), names="value")
+    return stamps
+
+
+def time_change(control, value, stamps: list[float] | None = None) -> tuple[float, float, float]:
+    """(wall ms, CPU ms, first-draw wall ms) to set ``control.value`` (observers redraw synchronously).
 
     On a shared machine wall time includes waiting for a core; this process's CPU time does
-    not, and is close to what an idle machine's wall time would be.
+    not, and is close to what an idle machine's wall time would be. Without a stamped draw
+    the first draw counts as the whole wall time.
     """
+    stamps = stamps if stamps is not None else []
+    seen = len(stamps)
     wall, cpu = time.perf_counter(), time.process_time()
     control.value = value
-    return 1e3 * (time.perf_counter() - wall), 1e3 * (time.process_time() - cpu)
+    total = 1e3 * (time.perf_counter() - wall)
+    first = 1e3 * (stamps[seen] - wall) if len(stamps) > seen else total
+    return total, 1e3 * (time.process_time() - cpu), first
 
 
 def measure(build) -> dict:
@@ -67,26 +100,27 @@ def measure(build) -> dict:
     start = time.perf_counter()
     dash = build()
     results = {"build_ms": 1e3 * (time.perf_counter() - start), "misses": {}, "hits": []}
+    stamps = watch_draws(dash)
     for name, control in dash.controls.items():
         if getattr(control, "disabled", False):
             continue
         original = control.value
-        results["misses"][name] = [time_change(control, v) for v in new_values(control)]
-        results["hits"].append(time_change(control, original))
+        results["misses"][name] = [time_change(control, v, stamps) for v in new_values(control)]
+        results["hits"].append(time_change(control, original, stamps))
     return results
 
 
-def _summary(timings: list[tuple[float, float]]) -> str:
-    wall, cpu = [t[0] for t in timings], [t[1] for t in timings]
-    return (f"wall median {statistics.median(wall):6.0f} ms, max {max(wall):6.0f} ms | "
-            f"CPU median {statistics.median(cpu):6.0f} ms, max {max(cpu):6.0f} ms")
+def _summary(timings: list[tuple[float, float, float]]) -> str:
+    wall, cpu, first = [t[0] for t in timings], [t[1] for t in timings], [t[2] for t in timings]
+    return (f"first draw median {statistics.median(first):5.0f} ms | wall median {statistics.median(wall):5.0f} ms, "
+            f"max {max(wall):5.0f} ms | CPU median {statistics.median(cpu):5.0f} ms")
 
 
 def report(name: str, results: dict, per_control: bool) -> None:
     misses = [t for times in results["misses"].values() for t in times]
-    verdict = "ok" if statistics.median(t[0] for t in misses) <= TARGET_MS else "over target"
+    verdict = "ok" if statistics.median(t[2] for t in misses) <= TARGET_MS else "over target"
     print(f"{name:22s} build {results['build_ms']:6.0f} ms | {len(misses):2d} changes: {_summary(misses)} "
-          f"({verdict} by wall; target ≤ {TARGET_MS:.0f} ms) | cached revisit wall median "
+          f"({verdict} by first draw; target ≤ {TARGET_MS:.0f} ms) | cached revisit wall median "
           f"{statistics.median(t[0] for t in results['hits']):4.0f} ms")
     if per_control:
         for control, times in results["misses"].items():

@@ -27,7 +27,7 @@ from .train import queries_to_target, train
 from . import variance
 
 __all__ = ["PROBLEMS", "make_problem", "make_sampler", "SAZOTrace", "run_sazo_trace", "RULES",
-           "roughness", "RaceResult", "race", "tune_lr", "SAMPLERS"]
+           "roughness", "RaceResult", "race", "tune_lr", "SAMPLERS", "ema_of_chi2", "loss_grid", "sampler_paths"]
 
 SAMPLERS = ("uniform", "sazo", "oracle")
 RULES = ("robust", "plain")  # SAZOSampler's rule, and the design page's plain rule (PlainSAZOSampler)
@@ -170,10 +170,8 @@ def run_sazo_trace(problem: FiniteSumProblem, *, steps: int = 300, batch_size: i
         raise ValueError(f"Invalid rule: {rule!r} (expected one of {RULES})")
     theta = problem.initial_theta(dtype)
     optimizer = MeZO([theta], lr=lr, eps=eps, seed=seed)
-    if rule == "plain":
-        sampler = PlainSAZOSampler(problem.num_examples, ema_decay=ema_decay, uniform_mix=uniform_mix, seed=seed)
-    else:
-        sampler = make_sampler("sazo", problem, theta, seed=seed, ema_decay=ema_decay, uniform_mix=uniform_mix)
+    sampler = make_sampler("sazo-plain" if rule == "plain" else "sazo", problem, theta, seed=seed,
+                           ema_decay=ema_decay, uniform_mix=uniform_mix)
     recorder = _TraceRecorder(problem, theta, sampler)
     with one_thread():
         recorder()  # the starting point θ₀
@@ -209,6 +207,74 @@ def roughness(trajectory) -> float:
         raise ValueError("Invalid trajectory: no two consecutive positive points")
     logs = np.log(np.where(values > 0, values, 1.0))
     return float(np.abs(np.diff(logs, axis=0))[both].mean())
+
+
+def ema_of_chi2(examples: int, *, observations: int, ema_decay: float, seed: int = 0) -> np.ndarray:
+    """G/‖∇f‖² for ``examples`` independent examples after ``observations`` d² each.
+
+    d²/‖∇f‖² ~ χ²₁ (Gaussian z); G starts at the first observation, then G ← β·G + (1−β)·d².
+    The same draws serve every β (one seed), so moving β changes only the averaging.
+    Relative variance: 2 for one observation, → 2(1−β)/(1+β) after many.
+
+    Example:
+        >>> ema_of_chi2(10_000, observations=1, ema_decay=0.5).var() > ema_of_chi2(10_000, observations=50, ema_decay=0.9).var()
+        True
+    """
+    if not 0.0 <= ema_decay < 1.0:
+        raise ValueError(f"Invalid ema_decay: {ema_decay} (expected a number in [0, 1))")
+    if observations < 1 or examples < 1:
+        raise ValueError(f"Invalid observations/examples: {observations}, {examples} (expected >= 1)")
+    chi2 = np.random.default_rng(seed).standard_normal((observations, examples)) ** 2   # [n, examples]
+    g = chi2[0].copy()
+    for row in chi2[1:]:
+        g = ema_decay * g + (1.0 - ema_decay) * row
+    return g
+
+
+def loss_grid(problem: FiniteSumProblem, xs, ys) -> np.ndarray:
+    """F(θ) on the grid θ = (x, y) of a 2-D problem, [len(ys), len(xs)] (rows: y), float64."""
+    if problem.dim != 2:
+        raise ValueError(f"Invalid problem: dim {problem.dim} (expected 2)")
+    xx, yy = np.meshgrid(np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64))
+    points = torch.from_numpy(np.stack([xx.ravel(), yy.ravel()], axis=1))            # [G, 2]
+    if isinstance(problem, LeastSquares):  # one batched evaluation of f_i at every grid point, [G, N]
+        residual = points @ problem.features.T - problem.responses
+        losses = (0.5 * problem.scales * residual ** 2).mean(1)
+    else:
+        losses = torch.stack([problem.losses(theta).mean() for theta in points])
+    return losses.reshape(xx.shape).numpy()
+
+
+def sampler_paths(problem: FiniteSumProblem, *, steps: int = 100, batch_size: int = 1, lr: float = 0.02,
+                  eps: float = 1e-3, ema_decay: float = 0.9, uniform_mix: float = 0.1, rule: str = "robust",
+                  seed: int = 0, samplers=SAMPLERS, dtype: torch.dtype = torch.float32) -> dict[str, np.ndarray]:
+    """θ after every step of MeZO with each sampler from θ₀, {method: [steps + 1, d] float64}.
+
+    The same seed gives every method the same MeZO directions; ``rule`` picks SAZO's rule.
+    A diverged run (non-finite loss) stops: its path ends where it was.
+
+    Example:
+        >>> paths = sampler_paths(make_problem(num_examples=16, dim=2), steps=5)
+        >>> paths["sazo"].shape
+        (6, 2)
+    """
+    if rule not in RULES:
+        raise ValueError(f"Invalid rule: {rule!r} (expected one of {RULES})")
+    paths = {}
+    for method in samplers:
+        theta = problem.initial_theta(dtype)
+        optimizer = MeZO([theta], lr=lr, eps=eps, seed=seed)
+        name = "sazo-plain" if method == "sazo" and rule == "plain" else method
+        sampler = make_sampler(name, problem, theta, seed=seed, ema_decay=ema_decay, uniform_mix=uniform_mix)
+        points = [theta.detach().double().clone()]
+        record = lambda: points.append(theta.detach().double().clone()) or 0.0
+        try:
+            train(optimizer, sampler, lambda idx: problem.losses(theta, idx), steps, batch_size=batch_size,
+                  evaluate=record, log_every=1, progress=False)
+        except FloatingPointError:
+            pass
+        paths[method] = torch.stack(points).numpy()
+    return paths
 
 
 # -- 05: the race ----------------------------------------------------------------------------

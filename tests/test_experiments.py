@@ -142,3 +142,43 @@ def test_race_bad_arguments():
         E.race(problem, target_fraction=1.5)
     with pytest.raises(ValueError, match="samplers"):
         E.race(problem, samplers=())
+
+
+def test_plain_rule_trace_uses_the_plain_sampler(problem):
+    plain = E.run_sazo_trace(problem, steps=40, batch_size=8, log_every=10, rule="plain")
+    assert plain.rule == "plain"
+    np.testing.assert_allclose(plain.sqrt_g[0], 1.0)           # constant start G_0 = 1
+    assert plain.counts[0].sum() == 0 and 0 < plain.counts[-1].sum() <= 40 * 8   # distinct per step
+    assert (np.diff(plain.counts, axis=0) >= 0).all()          # counts only grow
+    with pytest.raises(ValueError, match="rule"):
+        E.run_sazo_trace(problem, steps=5, rule="fancy")
+
+
+def test_race_takes_one_rate_per_method():
+    problem = E.make_problem(num_examples=16, dim=3)
+    rates = {"uniform": 0.005, "sazo": 0.02, "oracle": 0.04}
+    mixed = E.race(problem, seeds=(0,), steps=30, lr=rates)
+    assert mixed.lrs == rates
+    alone = E.race(problem, samplers=("sazo",), seeds=(0,), steps=30, lr=0.02)
+    np.testing.assert_array_equal(mixed.gaps["sazo"], alone.gaps["sazo"])   # the same run
+    with pytest.raises(ValueError, match="lr"):
+        E.race(problem, seeds=(0,), steps=5, lr={"uniform": 0.01})
+
+
+def test_tune_lr_returns_the_grid_rate_with_fewest_queries():
+    problem = E.make_problem(num_examples=16, dim=3)
+    grid = [0.001, 0.01, 0.05]
+    best, result = E.tune_lr(problem, "uniform", grid, seeds=(0, 1), steps=80, target_fraction=0.2)
+    races = {lr: E.race(problem, samplers=("uniform",), seeds=(0, 1), steps=80, target_fraction=0.2, lr=lr)
+             for lr in grid}
+    fewest = min(races[lr].median_to_target("uniform") for lr in grid)
+    assert races[best].median_to_target("uniform") == fewest and result.lrs["uniform"] == best
+
+
+def test_sampler_paths_share_directions_and_start():
+    problem = E.make_problem(num_examples=16, dim=2)
+    paths = E.sampler_paths(problem, steps=10, batch_size=16, lr=0.01)
+    assert {m: p.shape for m, p in paths.items()} == {m: (11, 2) for m in E.SAMPLERS}
+    assert all((p[0] == 0).all() for p in paths.values())
+    plain = E.sampler_paths(problem, steps=10, samplers=("sazo",), rule="plain")["sazo"]
+    assert not np.array_equal(plain, E.sampler_paths(problem, steps=10, samplers=("sazo",))["sazo"])

@@ -37,10 +37,44 @@ def test_sazo_dashboard_builds_with_no_arguments():
     assert isinstance(dash, widgets.Dashboard)
     labels = {c.description for c in dash.controls.values()}
     assert {"ε", "EMA decay β", "batch size B", "uniform mix λ", "heterogeneity σ"} <= labels
-    training = [c for name, c in dash.controls.items() if name != "step"]
+    training = [c for name, c in dash.controls.items() if name not in ("step", "rule")]
     assert all(c.continuous_update is False for c in training)
     assert set(dash.figures) == {"scatter", "trajectory", "probs", "variance"}
     assert "Spearman ρ = " in dash.readout.value and "TV = " in dash.readout.value
+
+
+def _tracked(dash) -> np.ndarray:
+    return np.concatenate([np.asarray(dash.figures["trajectory"].data[2 * k].y, dtype=float) for k in range(3)])
+
+
+@pytest.mark.parametrize("low, high", [(0.0, 0.05), (0.95, 0.995)], ids=["low end", "high end"])
+def test_plain_rule_beta_moves_the_drawn_estimates_at_both_ends(sazo, low, high):
+    assert sazo.controls["rule"].value == "plain"
+    sazo.controls["ema_decay"].value = low
+    before = _tracked(sazo)
+    sazo.controls["ema_decay"].value = high
+    assert np.max(np.abs(np.log(_tracked(sazo)) - np.log(before))) > 0.05
+    assert "plain rule: every update uses β" in sazo.readout.value
+
+
+def test_robust_rule_toggle_and_its_capped_decay(sazo):
+    plain = _tracked(sazo)
+    sazo.controls["rule"].value = "robust"
+    assert not np.allclose(_tracked(sazo), plain)
+    sazo.controls["ema_decay"].value = 0.0
+    low = _tracked(sazo)
+    sazo.controls["ema_decay"].value = 0.5
+    assert not np.allclose(_tracked(sazo), low)        # the low end moves the estimates
+    assert "decay in use for 100% of the examples" in sazo.readout.value
+    sazo.controls["ema_decay"].value = 0.995           # above every (n+1)/(n+2) seen here
+    assert re.search(r"decay in use for [0-9]?[0-9]% of the examples", sazo.readout.value)
+
+
+def test_decay_note_counts_the_capped_examples():
+    trace = E.run_sazo_trace(E.make_problem(num_examples=16, dim=3), steps=20, log_every=10, batch_size=4)
+    counts = trace.counts[-1]
+    share = np.mean((counts + 1) / (counts + 2) >= 0.8)
+    assert f"for {share:.0%} of the examples" in widgets.decay_note(trace, 0.8)
 
 
 def test_larger_beta_smooths_the_g_trajectory(sazo):
@@ -77,7 +111,7 @@ def test_step_slider_moves_the_snapshot_without_retraining(sazo):
     trajectory = np.asarray(sazo.figures["trajectory"].data[0].y).copy()
     sazo.controls["step"].value = 0
     assert "step 0:" in sazo.readout.value
-    assert np.all(np.asarray(sazo.figures["scatter"].data[0].y) == 0)  # nothing observed yet
+    assert len(set(np.asarray(sazo.figures["scatter"].data[0].y).tolist())) == 1  # nothing observed: G = G_0 for all
     sazo.controls["step"].value = 45
     assert "step 45:" in sazo.readout.value
     np.testing.assert_array_equal(sazo.figures["trajectory"].data[0].y, trajectory)
@@ -97,8 +131,18 @@ def test_sazo_probabilities_follow_lambda(sazo):
 def test_sazo_presets_set_their_values(sazo):
     _press(sazo, "large batch")
     assert sazo.controls["batch_size"].value == 32
-    _press(sazo, "oracle")
+    _press(sazo, "B = 16, λ = 0.05, β = 0.8")
     assert sazo.controls["uniform_mix"].value == pytest.approx(0.05)
+    _press(sazo, "robust rule")
+    assert sazo.controls["rule"].value == "robust" and sazo.controls["batch_size"].value == 8
+
+
+@pytest.mark.parametrize("build", [lambda: widgets.sazo_dashboard(num_examples=32, dim=4, steps=30),
+                                   lambda: widgets.race_dashboard(seeds=1, steps=20)], ids=["sazo", "race"])
+def test_no_preset_is_named_after_a_sampler_it_does_not_run(build):
+    """A preset called "oracle" once set SAZO's knobs, not the oracle sampler."""
+    labels = [b.description for b in build().children[1].children if hasattr(b, "on_click")]
+    assert labels and not any("oracle" in label.lower() for label in labels)
 
 
 # -- notebook 05 ------------------------------------------------------------------------------
@@ -118,6 +162,37 @@ def test_race_dashboard_builds_with_no_arguments():
     assert {"problem", "ε", "EMA decay β", "batch size B", "uniform mix λ", "heterogeneity σ"} <= labels
     assert all(c.continuous_update is False for name, c in dash.controls.items() if name != "problem")
     assert dash.readout.value.count("<tr>") == 4  # header + three methods
+
+
+def test_race_defaults_show_sazo_ahead_of_uniform():
+    """Opened at its defaults (fast mode's seeds and steps), the race shows the lesson."""
+    dash = widgets.race_dashboard(seeds=2, steps=100)
+    assert dash.controls["heterogeneity"].value == 1.5
+    assert dash.controls["lr_sazo"].value != dash.controls["lr_uniform"].value   # tuned per method
+    uniform, sazo = _median_curve(dash, 0), _median_curve(dash, 1)
+    half = len(sazo) // 2
+    assert np.all(sazo[half:] < uniform[half:])
+
+
+def test_race_draws_progressively_and_each_eta_retrains_its_method(racer):
+    racer.controls["heterogeneity"].value = 1.0      # every method reruns: first seeds, then all
+    assert racer.stages[0] == 4
+    uniform, sazo, oracle = (_median_curve(racer, k) for k in range(3))
+    racer.controls["lr_oracle"].value = 0.01
+    assert racer.stages[0] == 2                      # one stale method: its first seed, then all
+    np.testing.assert_array_equal(_median_curve(racer, 0), uniform)
+    np.testing.assert_array_equal(_median_curve(racer, 1), sazo)
+    assert not np.array_equal(_median_curve(racer, 2), oracle)
+    racer.controls["lr_oracle"].value = 0.04          # cached: drawn once
+    assert racer.stages[0] == 1
+
+
+def test_race_tune_picks_rates_from_the_grid():
+    dash = widgets.race_dashboard(seeds=1, steps=40)
+    before = {k: dash.controls[k].value for k in ("lr_uniform", "lr_sazo", "lr_oracle")}
+    dash.tune()
+    for name, value in before.items():
+        assert min(abs(dash.controls[name].value / (value * f) - 1) for f in (0.25, 0.5, 1, 2, 4)) < 0.05
 
 
 def test_race_bands_enclose_the_median(racer):
@@ -146,7 +221,7 @@ def test_problem_dropdown_switches_problem_and_fixes_sigma(racer):
     assert not np.array_equal(_median_curve(racer, 0), before)
     racer.controls["problem"].value = "logistic regression (breast cancer)"
     assert not racer.controls["heterogeneity"].disabled
-    assert racer.controls["lr"].value == pytest.approx(0.1)
+    assert racer.controls["lr_sazo"].value == pytest.approx(0.1)
 
 
 def test_race_tiny_eps_stalls_every_method(racer):

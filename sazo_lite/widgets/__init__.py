@@ -8,8 +8,8 @@ from ._common import Dashboard
 
 __all__ = ["Dashboard"]
 # Each dashboard module adds its import and __all__ entry below.
-from .sazo import sazo_dashboard, trace_readout
-__all__ += ["sazo_dashboard", "trace_readout"]
+from .sazo import decay_note, sazo_dashboard, trace_readout
+__all__ += ["sazo_dashboard", "trace_readout", "decay_note"]
 from .race import race_dashboard, race_figure, race_table_html
 __all__ += ["race_dashboard", "race_figure", "race_table_html"]
 from .estimator import dimension_dashboard, epsilon_dashboard, estimator_dashboard
@@ -22,3 +22,5 @@ from .memory import measured_vs_predicted_figure, memory_dashboard
 __all__ += ["memory_dashboard", "measured_vs_predicted_figure"]
 from .llm import llm_dashboard, top_sampled_rows
 __all__ += ["llm_dashboard", "top_sampled_rows"]
+from .pictures import batch_bars_dashboard, chi2_dashboard, norms_histogram_dashboard, paths_dashboard
+__all__ += ["norms_histogram_dashboard", "batch_bars_dashboard", "chi2_dashboard", "paths_dashboard"]

@@ -15,21 +15,28 @@ import ipywidgets as widgets
 import torch
 
 from ..config import pick
-from ..experiments import PROBLEMS, SAMPLERS, RaceResult, make_problem, race
+from ..experiments import PROBLEMS, SAMPLERS, RaceResult, make_problem, race, tune_lr
 from ._common import Dashboard, captioned, int_slider, log_slider, presets, slider
 
-__all__ = ["race_dashboard", "race_figure", "race_table_html", "merge_results", "PROBLEM_DEFAULTS"]
+__all__ = ["race_dashboard", "race_figure", "race_table_html", "merge_results", "join_seeds", "PROBLEM_DEFAULTS"]
 
 _COLORS = {"uniform": "#7f7f7f", "sazo": "#1f77b4", "oracle": "#d62728"}
 _FILLS = {"uniform": "rgba(127,127,127,0.2)", "sazo": "rgba(31,119,180,0.2)", "oracle": "rgba(214,39,40,0.15)"}
 _LABELS = {"uniform": "uniform MeZO", "sazo": "SAZO", "oracle": "oracle p*"}
 
-# What the dropdown sets when a problem is chosen (σ, η, B that give a readable race).
+# What the dropdown sets when a problem is chosen: σ, B and each method's own learning rate.
+# The rates are the best of a ×2 grid by median queries to 10 % of the initial gap
+# (``experiments.tune_lr``, 3 seeds, 200 steps, float32, as the dashboard runs; the
+# "tune η per method" button reruns it for the current settings). One rate for all is
+# not fair: the importance weights also rescale the per-example curvatures.
 PROBLEM_DEFAULTS = {
-    "heterogeneous quadratic": dict(heterogeneity=1.0, lr=0.01, batch_size=2),
-    "homogeneous quadratic": dict(heterogeneity=0.0, lr=0.02, batch_size=2),
-    "logistic regression (breast cancer)": dict(heterogeneity=0.0, lr=0.1, batch_size=8),
+    "heterogeneous quadratic": dict(heterogeneity=1.5, batch_size=2, lr_uniform=0.0025, lr_sazo=0.01,
+                                    lr_oracle=0.04),
+    "homogeneous quadratic": dict(heterogeneity=0.0, batch_size=2, lr_uniform=0.02, lr_sazo=0.04, lr_oracle=0.04),
+    "logistic regression (breast cancer)": dict(heterogeneity=0.0, batch_size=8, lr_uniform=0.05, lr_sazo=0.1,
+                                                lr_oracle=0.2),
 }
+LR_CONTROLS = {method: f"lr_{method}" for method in SAMPLERS}
 
 _HETERO, _HOMOG = "heterogeneous quadratic", "homogeneous quadratic"
 _BASE = dict(eps=1e-3, ema_decay=0.9, uniform_mix=0.1)
@@ -41,10 +48,11 @@ def _preset(problem: str, **changes) -> dict:
 
 
 PRESETS = {
+    "defaults": _preset(_HETERO),
     "ε too small": _preset(_HETERO, eps=1e-9),
     "homogeneous data": _preset(_HOMOG),
     "large batch": _preset(_HETERO, batch_size=32),
-    "oracle": _preset(_HETERO, heterogeneity=2.0, batch_size=1, lr=0.005, uniform_mix=0.05),
+    "σ = 2.5, B = 1": _preset(_HETERO, heterogeneity=2.5, batch_size=1),
 }
 
 
@@ -80,9 +88,14 @@ def _empty_race_figure(methods=SAMPLERS, widget: bool = True, **layout):
 
 
 def _draw_race(fig, result: RaceResult, methods=SAMPLERS) -> None:
+    """Draw ``methods``' bands and medians; a method missing from ``result`` is left blank (still running)."""
     q = result.queries
     with fig.batch_update():
         for k, method in enumerate(methods):
+            if method not in result.gaps:
+                fig.data[2 * k].update(x=[], y=[])
+                fig.data[2 * k + 1].update(x=[], y=[])
+                continue
             median, low, high = _band(result, method)
             fig.data[2 * k].update(dict(zip("xy", _band_xy(q, low, high))))
             fig.data[2 * k + 1].update(x=q, y=median)
@@ -138,8 +151,18 @@ def merge_results(parts: list[RaceResult]) -> RaceResult:
             raise ValueError("Invalid parts: races must share one query grid")
         gaps.update(part.gaps)
         to_target.update(part.to_target)
+    lrs = {m: lr for part in parts for m, lr in part.lrs.items()}
     return RaceResult(queries=first.queries, gaps=gaps, initial_gap=first.initial_gap,
-                      target=first.target, to_target=to_target)
+                      target=first.target, to_target=to_target, lrs=lrs)
+
+
+def join_seeds(parts: list[RaceResult]) -> RaceResult:
+    """Join races of the same methods run one seed (or seed group) at a time."""
+    first = parts[0]
+    gaps = {m: np.concatenate([part.gaps[m] for part in parts]) for m in first.gaps}
+    to_target = {m: [q for part in parts for q in part.to_target[m]] for m in first.to_target}
+    return RaceResult(queries=first.queries, gaps=gaps, initial_gap=first.initial_gap, target=first.target,
+                      to_target=to_target, lrs=dict(first.lrs))
 
 
 # -- the dashboard ---------------------------------------------------------------------------
@@ -153,7 +176,9 @@ def _controls(problem: str) -> dict[str, widgets.Widget]:
         "eps": log_slider("ε", _BASE["eps"], -10, 0),
         "ema_decay": slider("EMA decay β", _BASE["ema_decay"], 0.0, 0.995, 0.005),
         "batch_size": int_slider("batch size B", defaults["batch_size"], 1, 64),
-        "lr": log_slider("learning rate η", defaults["lr"], -4, 0),
+        "lr_uniform": log_slider("η uniform", defaults["lr_uniform"], -4, 0),
+        "lr_sazo": log_slider("η SAZO", defaults["lr_sazo"], -4, 0),
+        "lr_oracle": log_slider("η oracle", defaults["lr_oracle"], -4, 0),
         "uniform_mix": slider("uniform mix λ", _BASE["uniform_mix"], 0.01, 1.0, 0.01),
         "heterogeneity": slider("heterogeneity σ", defaults["heterogeneity"], 0.0, 2.5, 0.1),
     }
@@ -164,19 +189,27 @@ _QUESTIONS = {
     "eps": "θ is float32: at which ε do all three methods stall, whatever they sample?",
     "ema_decay": "Does a larger β help SAZO late in the race, when the norms have stopped moving?",
     "batch_size": "Per query, does a bigger batch help uniform or SAZO more?",
-    "lr": "Is one η fair to all three? Find the largest η at which uniform still converges.",
+    "lr_uniform": "Each method has its own η: raise uniform's. Does it catch SAZO, or diverge first?",
+    "lr_sazo": "Why can SAZO take a larger step than uniform on heterogeneous data?",
+    "lr_oracle": "Set all three η equal: who is the equal rate fair to?",
     "uniform_mix": "λ bounds the weights by 1/λ: what happens to SAZO's band as λ → 0.01?",
     "heterogeneity": "How does the oracle's lead over uniform grow with σ (compare with 1 + CV²)?",
 }
 
 _SAZO_ONLY = ("ema_decay", "uniform_mix")
+_GRID = (0.25, 0.5, 1.0, 2.0, 4.0)  # "tune η": multiples of the current rate
+
 
 
 def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: int = 64, dim: int = 5,
                    seeds: int | None = None,
                    steps: int | None = None, log_every: int = 10, target_fraction: float = 0.1,
-                   cache_size: int = 96) -> Dashboard:
+                   cache_size: int = 192) -> Dashboard:
     """Uniform MeZO vs SAZO vs the oracle: gap against queries with seed bands, live.
+
+    Each method has its own learning rate (defaults tuned per problem, see ``PROBLEM_DEFAULTS``;
+    the "tune η per method" button re-tunes them for the current settings). A change draws
+    the first seed of every method that must rerun at once, then the other seeds.
 
     Args:
         problem: the initial entry of ``sazo_lite.experiments.PROBLEMS``.
@@ -185,11 +218,12 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
         steps: steps per run (default 200; 100 under ``SAZO_FAST=1``).
         log_every: steps between evaluations of the gap.
         target_fraction: the table's target, as a fraction of the initial gap.
-        cache_size: runs kept; a method's runs are keyed only by the controls it depends on,
-            so moving β or λ retrains SAZO alone.
+        cache_size: runs kept (one method, one seed each); a method's runs are keyed only by
+            the controls it depends on, so moving β or λ retrains SAZO alone.
 
     Returns:
-        A ``Dashboard`` with figure "race" and an HTML queries-to-target table as readout.
+        A ``Dashboard`` with figure "race" and an HTML queries-to-target table as readout;
+        ``dash.stages`` counts the draws of the last change (1 or 2).
 
     Example:
         >>> dash = race_dashboard(seeds=1, steps=20)
@@ -200,56 +234,108 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
     controls = _controls(problem)
     figures = {"race": _empty_race_figure(title="Gap against queries")}
     readout = widgets.HTML()
+    status = widgets.HTML()
     problems, runs, hold = {}, {}, [False]
+    draws = [0]
 
-    def run_method(method: str, values: dict) -> RaceResult:
-        relevant = {k: v for k, v in values.items() if method == "sazo" or k not in _SAZO_ONLY}
-        key = (method, tuple(sorted(relevant.items())))
+    def current_problem(values: dict):
+        name, sigma = values["problem"], values["heterogeneity"]
+        if (name, sigma) not in problems:
+            problems[(name, sigma)] = make_problem(name, heterogeneity=sigma, num_examples=num_examples, dim=dim)
+        return problems[(name, sigma)]
+
+    def run_key(method: str, values: dict, seed: int) -> tuple:
+        relevant = {k: v for k, v in values.items()
+                    if (method == "sazo" or k not in _SAZO_ONLY) and (not k.startswith("lr_") or k == LR_CONTROLS[method])}
+        return method, seed, tuple(sorted(relevant.items()))
+
+    def run_method(method: str, values: dict, seed: int) -> RaceResult:
+        key = run_key(method, values, seed)
         if key not in runs:
-            name, sigma = values["problem"], values["heterogeneity"]
-            if (name, sigma) not in problems:
-                problems[(name, sigma)] = make_problem(name, heterogeneity=sigma, num_examples=num_examples,
-                                                        dim=dim)
             if len(runs) >= cache_size:
                 runs.pop(next(iter(runs)))  # oldest first
-            runs[key] = race(problems[(name, sigma)], samplers=(method,), seeds=seeds, steps=steps,
-                             batch_size=values["batch_size"], lr=values["lr"], eps=values["eps"],
+            runs[key] = race(current_problem(values), samplers=(method,), seeds=(seed,), steps=steps,
+                             batch_size=values["batch_size"], lr=values[LR_CONTROLS[method]], eps=values["eps"],
                              ema_decay=values["ema_decay"], uniform_mix=values["uniform_mix"],
                              log_every=log_every, target_fraction=target_fraction, dtype=torch.float32)
         return runs[key]
 
-    def refresh() -> None:
-        values = {name: control.value for name, control in controls.items()}
-        if values["problem"] == "homogeneous quadratic":
-            values["heterogeneity"] = 0.0  # σ is fixed by the problem's definition
-        result = merge_results([run_method(method, values) for method in SAMPLERS])
+    def draw(values: dict, result: RaceResult, final: bool) -> None:
         _draw_race(figures["race"], result)
-        figures["race"].layout.title.text = f"{values['problem']}: gap against queries ({len(seeds)} seeds)"
-        readout.value = race_table_html(result)
+        if final:
+            figures["race"].layout.title.text = f"{values['problem']}: gap against queries ({len(seeds)} seeds)"
+            readout.value = race_table_html(result)
+        else:
+            figures["race"].layout.title.text = f"{values['problem']}: first seed… (more seeds coming)"
+        draws[0] += 1
+
+    def current_values() -> dict:
+        values = {name: control.value for name, control in controls.items()}
+        if values["problem"] == _HOMOG:
+            values["heterogeneity"] = 0.0  # σ is fixed by the problem's definition
+        return values
+
+    def refresh() -> None:
+        values, draws[0] = current_values(), 0
+        stale = [m for m in SAMPLERS if any(run_key(m, values, s) not in runs for s in seeds)]
+        if len(stale) * len(seeds) > 1:
+            # Progressive: draw each stale method's first seed as soon as it is done (other
+            # stale methods blank meanwhile), then all seeds. Jupyter shows each draw at once.
+            done = [m for m in SAMPLERS if m not in stale]
+            for method in stale:
+                run_method(method, values, seeds[0])
+                done.append(method)
+                draw(values, merge_results([join_seeds([run_method(m, values, s) for s in seeds
+                                                        if s == seeds[0] or run_key(m, values, s) in runs])
+                                            for m in SAMPLERS if m in done]), final=False)
+        result = merge_results([join_seeds([run_method(m, values, s) for s in seeds]) for m in SAMPLERS])
+        draw(values, result, final=True)
+        status.value = " ".join(f"η {_LABELS[m]} = {values[LR_CONTROLS[m]]:.2g};" for m in SAMPLERS)
 
     def on_change(_change) -> None:
         if not hold[0]:
             refresh()
 
-    def on_problem(change) -> None:
-        controls["heterogeneity"].disabled = change["new"] == "homogeneous quadratic"
-        if hold[0]:
-            return  # a preset sets its own values and redraws once
+    def set_values(values: dict) -> None:
         hold[0] = True
         try:
-            for name, value in PROBLEM_DEFAULTS[change["new"]].items():
+            for name, value in values.items():
                 controls[name].value = value
         finally:
             hold[0] = False
         refresh()
 
+    def on_problem(change) -> None:
+        controls["heterogeneity"].disabled = change["new"] == _HOMOG
+        if not hold[0]:  # a preset sets its own values and redraws once
+            set_values(PROBLEM_DEFAULTS[change["new"]])
+
+    def tune(_button=None) -> None:
+        """Each method's best rate among ``_GRID`` × its current rate (queries to target, then final gap)."""
+        values = current_values()
+        status.value = "tuning η per method…"
+        best = {}
+        for method in SAMPLERS:
+            grid = [values[LR_CONTROLS[method]] * factor for factor in _GRID]
+            best[LR_CONTROLS[method]], _ = tune_lr(
+                current_problem(values), method, grid, seeds=seeds, steps=steps, batch_size=values["batch_size"],
+                eps=values["eps"], ema_decay=values["ema_decay"], uniform_mix=values["uniform_mix"],
+                log_every=log_every, target_fraction=target_fraction, dtype=torch.float32)
+        set_values(best)
+
     controls["problem"].observe(on_problem, names="value")
     for name, control in controls.items():
         if name != "problem":
             control.observe(on_change, names="value")
-    controls["heterogeneity"].disabled = problem == "homogeneous quadratic"
+    controls["heterogeneity"].disabled = problem == _HOMOG
+    tune_button = widgets.Button(description="tune η per method", layout=widgets.Layout(width="auto"),
+                                 tooltip="best of ¼×, ½×, 1×, 2×, 4× each method's current η (a few seconds)")
+    tune_button.on_click(tune)
     rows = [presets(PRESETS, controls, refresh, hold)]
     rows += [captioned(control, _QUESTIONS[name]) for name, control in controls.items()]
+    rows += [widgets.HBox([tune_button, status])]
     dash = Dashboard("The race: queries to reach a target loss", rows, controls, figures, refresh, readout)
+    dash.tune = tune
+    dash.stages = draws
     refresh()
     return dash

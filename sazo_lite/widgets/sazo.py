@@ -1,6 +1,7 @@
 """Notebook 04's dashboard: what SAZO's estimates G_i know about the true gradient norms.
 
-Four plots of one SAZO run (``sazo_lite.experiments.run_sazo_trace``):
+A toggle picks the rule: the design page's plain rule (``PlainSAZOSampler``) or the library's
+robust rule (``SAZOSampler``). Four plots of one run (``sazo_lite.experiments.run_sazo_trace``):
 sqrt(G_i) against ‖∇f_i‖ at a chosen step, the G trajectory of a few examples, p_SAZO
 against p* sorted by p*, and V(p)/V(p*) over training for uniform, SAZO and the oracle.
 """
@@ -14,20 +15,23 @@ from ..config import pick
 from ..experiments import SAZOTrace, make_problem, run_sazo_trace
 from ._common import Dashboard, captioned, int_slider, log_slider, presets, slider
 
-__all__ = ["sazo_dashboard", "trace_readout"]
+__all__ = ["sazo_dashboard", "trace_readout", "decay_note"]
 
 _COLORS = {"uniform": "#7f7f7f", "sazo": "#1f77b4", "oracle": "#d62728"}
 _TRACKED_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c")
 _FIG = dict(height=320, width=470, margin=dict(l=55, r=15, t=45, b=45))
 
-DEFAULTS = dict(eps=1e-3, ema_decay=0.9, batch_size=8, lr=1e-2, uniform_mix=0.1, heterogeneity=1.5)
+DEFAULTS = dict(rule="plain", eps=1e-3, ema_decay=0.9, batch_size=8, lr=1e-2, uniform_mix=0.1, heterogeneity=1.5)
 # Each preset is a complete regime (defaults, then its changes), so earlier presets don't leak.
 PRESETS = {label: {**DEFAULTS, **changes} for label, changes in {
+    "defaults": dict(),
     "ε too small": dict(eps=1e-9),
     "homogeneous data": dict(heterogeneity=0.0),
     "large batch": dict(batch_size=32),
-    "oracle": dict(batch_size=16, uniform_mix=0.05, ema_decay=0.8),
+    "robust rule": dict(rule="robust"),
+    "B = 16, λ = 0.05, β = 0.8": dict(batch_size=16, uniform_mix=0.05, ema_decay=0.8),
 }.items()}
+RULE_LABELS = {"plain": "plain (EMA of d², constant start)", "robust": "robust (SAZOSampler)"}
 
 
 def _snapshot_index(trace: SAZOTrace, step: int) -> int:
@@ -40,6 +44,22 @@ def trace_readout(trace: SAZOTrace, index: int = -1) -> str:
     return (f"step {int(trace.steps[index])}: Spearman ρ = {trace.spearman[index]:.2f}, "
             f"TV = {trace.tv[index]:.2f}, V(p_SAZO)/V(p*) = {trace.ratio['sazo'][index]:.2f}, "
             f"V(uniform)/V(p*) = {trace.ratio['uniform'][index]:.2f}, gap = {trace.gap[index]:.3g}")
+
+
+def decay_note(trace: SAZOTrace, ema_decay: float, index: int = -1, prior_strength: float = 1.0) -> str:
+    """What β does under the trace's rule at a log point (the robust rule caps it by the count n_i).
+
+    The robust rule's decay for an example seen n_i times is min(β, (n_i + c)/(n_i + c + 1))
+    (c = ``prior_strength``), so β matters only for examples seen more than about β/(1−β) − c times.
+    """
+    if trace.rule == "plain":
+        return f"plain rule: every update uses β = {ema_decay:.3g}"
+    counts = trace.counts[index]
+    capped = (counts + prior_strength) / (counts + prior_strength + 1.0)
+    share = float(np.mean(capped >= ema_decay))
+    rest = " (the others still average their few observations)" if share < 1 else ""
+    return (f"robust rule: decay min(β, (n_i+1)/(n_i+2)); median n_i = {np.median(counts):.0f}, "
+            f"so β = {ema_decay:.3g} is the decay in use for {share:.0%} of the examples{rest}")
 
 
 # -- figures: built once, then only their data change ----------------------------------------
@@ -116,6 +136,9 @@ def _draw(figures: dict, trace: SAZOTrace, index: int) -> None:
 
 def _controls(steps: int, log_every: int) -> dict[str, widgets.Widget]:
     return {
+        "rule": widgets.ToggleButtons(options=[(label, key) for key, label in RULE_LABELS.items()],
+                                      value=DEFAULTS["rule"], description="rule",
+                                      style=dict(description_width="110px", button_width="220px")),
         "eps": log_slider("ε", DEFAULTS["eps"], -10, 0),
         "ema_decay": slider("EMA decay β", DEFAULTS["ema_decay"], 0.0, 0.995, 0.005),
         "batch_size": int_slider("batch size B", DEFAULTS["batch_size"], 1, 64),
@@ -127,8 +150,10 @@ def _controls(steps: int, log_every: int) -> dict[str, widgets.Widget]:
 
 
 _QUESTIONS = {
+    "rule": "Plain: EMA of d² from G = 1. Early on, is its V ratio above or below uniform's? Switch to robust.",
     "eps": "θ is float32. Below which ε does sqrt(G) stop tracking ‖∇f‖ — and why only there, on a quadratic?",
-    "ema_decay": "Does a larger β make the G trajectories smoother, or slower to follow a moving ‖∇f‖? Both?",
+    "ema_decay": "Does a larger β make the G trajectories smoother, or slower to follow a moving ‖∇f‖? "
+                 "Under the robust rule, why does β above ~0.9 change little here?",
     "batch_size": "More examples per step means more d² observations: how fast does ρ rise with B?",
     "lr": "When θ moves fast, the norms change under SAZO's feet: does TV(p_SAZO, p*) grow with η?",
     "uniform_mix": "λ = 1 is uniform sampling. How small can λ go before V(p_SAZO)/V(p*) stops improving?",
@@ -140,6 +165,9 @@ _QUESTIONS = {
 def sazo_dashboard(*, num_examples: int = 128, dim: int = 10, steps: int | None = None,
                    log_every: int = 5, seed: int = 0, cache_size: int = 64) -> Dashboard:
     """SAZO's estimates against the truth on a least-squares problem, with live controls.
+
+    Opens on the plain rule (what notebook 04 teaches first); the "rule" toggle switches to the
+    robust ``SAZOSampler``, whose readout says how much of β its count-adaptive decay lets through.
 
     Args:
         num_examples, dim: N and d of the least-squares problem.
@@ -164,7 +192,7 @@ def sazo_dashboard(*, num_examples: int = 128, dim: int = 10, steps: int | None 
 
     def current_trace() -> SAZOTrace:
         values = {name: controls[name].value for name in
-                  ("eps", "ema_decay", "batch_size", "lr", "uniform_mix", "heterogeneity")}
+                  ("rule", "eps", "ema_decay", "batch_size", "lr", "uniform_mix", "heterogeneity")}
         key = tuple(sorted(values.items()))
         if key not in traces:
             sigma = values.pop("heterogeneity")
@@ -179,7 +207,8 @@ def sazo_dashboard(*, num_examples: int = 128, dim: int = 10, steps: int | None 
         trace = current_trace()
         index = _snapshot_index(trace, controls["step"].value)
         _draw(figures, trace, index)
-        readout.value = f"<b>{trace_readout(trace, index)}</b>"
+        readout.value = (f"<b>{trace_readout(trace, index)}</b><br>"
+                         f"<span style='color:#555'>{decay_note(trace, controls['ema_decay'].value, index)}</span>")
 
     def on_change(_change) -> None:
         if not hold[0]:
