@@ -1,0 +1,310 @@
+"""Graded labs: build student notebooks and autograders with otter-grader, grade in a sandbox.
+
+Instructor masters live in ``labs/`` (otter-assign format). Three commands:
+
+    python -m sazo_lite.labs assign                      # every master -> build/labs/<lab>/
+    python -m sazo_lite.labs grade lab1 submission.ipynb  # one submission -> results JSON + score
+    python -m sazo_lite.labs grade-all lab1 submissions/  # a folder -> one CSV of scores
+
+otter assign builds the student notebooks (public tests for ``grader.check``) and the
+autograder zip (public and hidden tests). Grading does not use ``otter run``: each submission
+runs in a bubblewrap sandbox (``sandbox``) that sees neither the masters nor other submissions,
+its test cases ``record`` what the student's code produced, and this (trusted) process compares
+those values with the solutions' and writes the scores after the sandbox is gone (``grading``).
+Nothing hangs: ``cell_timeout`` per cell, ``test_timeout`` per call into student code
+(``time_limit``), a kill and a fresh sandbox for a cell or case that dodges them, and
+``notebook_timeout`` for the whole submission. otter is imported lazily (``.[labs]`` extra).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from sazo_lite.labs.values import record
+
+__all__ = ["LabTimeout", "time_limit", "record", "find_masters", "assign", "assign_all", "autograder_zip",
+           "grade", "grade_all", "main"]
+
+# The repository (editable install); from an installed copy, the current directory.
+REPO = Path(__file__).resolve().parent.parent.parent
+ROOT = REPO if (REPO / "labs").is_dir() else Path.cwd()
+LABS_DIR = ROOT / "labs"
+BUILD_DIR = ROOT / "build" / "labs"
+CELL_TIMEOUT = 120       # seconds per cell while grading (a looping answer scores 0)
+NOTEBOOK_TIMEOUT = 900   # seconds per submission, restarts included (then what is left scores 0)
+TEST_TIMEOUT = 60        # seconds per test's calls into student code (``time_limit``)
+TEST_TIMEOUT_ENV = "SAZO_LAB_TEST_TIMEOUT"  # grade() passes its test_timeout to the sandbox this way
+
+# Held at import, before any student code runs in the same process.
+_setitimer, _signal, _ITIMER, _SIGALRM = getattr(signal, "setitimer", None), signal.signal, \
+    getattr(signal, "ITIMER_REAL", None), getattr(signal, "SIGALRM", None)
+
+
+class LabTimeout(BaseException):
+    """Student code ran past its time limit.
+
+    A ``BaseException`` (like ``KeyboardInterrupt``), so ``except Exception:`` in student code
+    does not catch it; a bare ``except:`` can, and then the grader kills the sandbox instead.
+    """
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None = None):
+    """Raise ``LabTimeout`` in the block after ``seconds`` (SIGALRM; main thread, Unix only).
+
+    Lab tests wrap calls into student code with it, so an infinite loop inside a function
+    fails that test instead of hanging the grading process. Elsewhere it is a no-op.
+    ``seconds=None`` reads ``$SAZO_LAB_TEST_TIMEOUT`` (set by ``grade``), else 60.
+
+    Example:
+        >>> with time_limit(5):
+        ...     total = sum(range(10))
+    """
+    if seconds is None:
+        seconds = float(os.environ.get(TEST_TIMEOUT_ENV, TEST_TIMEOUT))
+    if _setitimer is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise LabTimeout(f"student code ran longer than {seconds} s")
+
+    previous = _signal(_SIGALRM, _raise)
+    _setitimer(_ITIMER, seconds)
+    try:
+        yield
+    finally:
+        _setitimer(_ITIMER, 0)
+        _signal(_SIGALRM, previous)
+
+# -- otter assign --------------------------------------------------------------------------
+def find_masters(labs_dir: Path = LABS_DIR) -> list[Path]:
+    """The instructor masters: ``labs/lab*.ipynb``, sorted."""
+    return sorted(Path(labs_dir).glob("lab*.ipynb"))
+
+
+def resolve_master(lab: str, labs_dir: Path = LABS_DIR) -> Path:
+    """A master from a name such as ``lab1``, ``lab1_two_point_estimator`` or a path."""
+    path = Path(lab)
+    if path.suffix == ".ipynb" and path.exists():
+        return path
+    matches = [m for m in find_masters(labs_dir) if m.stem == lab or m.stem.split("_")[0] == lab]
+    if len(matches) != 1:
+        names = ", ".join(m.stem for m in find_masters(labs_dir))
+        raise ValueError(f"Invalid lab: {lab!r} (expected one of: {names})")
+    return matches[0]
+
+
+def assign(master: Path, build_dir: Path = BUILD_DIR) -> Path:
+    """``otter assign`` one master into ``build_dir/<stem>/`` (student/ and autograder/).
+
+    Returns:
+        The output folder. Old output is removed first (the zip name carries a timestamp).
+    """
+    master = Path(master)
+    out = Path(build_dir) / master.stem
+    shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "otter", "assign", "--no-pdfs", str(master), str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=master.parent)
+    if done.returncode != 0:
+        raise RuntimeError(f"otter assign failed for {master.name}:\n{done.stdout}\n{done.stderr}")
+    return out
+
+
+def assign_all(labs_dir: Path = LABS_DIR, build_dir: Path = BUILD_DIR, *, workers: int = 1) -> list[Path]:
+    """Assign every master (``workers`` at once); returns the output folders."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    masters = find_masters(labs_dir)
+    if not masters:
+        raise ValueError(f"Invalid labs_dir: no lab*.ipynb in {labs_dir}")
+    with ThreadPoolExecutor(max_workers=workers) as pool:  # threads only wait on subprocesses
+        return list(pool.map(lambda m: assign(m, build_dir), masters))
+
+
+def autograder_zip(lab: str, build_dir: Path = BUILD_DIR, labs_dir: Path = LABS_DIR) -> Path:
+    """The autograder zip of a lab (``make labs`` first; built on demand if missing)."""
+    path = Path(lab)
+    if path.suffix == ".zip" and path.exists():
+        return path
+    master = resolve_master(lab, labs_dir)
+    zips = sorted((Path(build_dir) / master.stem / "autograder").glob("*-autograder_*.zip"))
+    if not zips:
+        assign(master, build_dir)
+        zips = sorted((Path(build_dir) / master.stem / "autograder").glob("*-autograder_*.zip"))
+    return zips[-1]
+
+
+# -- grading -------------------------------------------------------------------------------
+def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout: int = CELL_TIMEOUT,
+          notebook_timeout: int = NOTEBOOK_TIMEOUT, test_timeout: int = TEST_TIMEOUT,
+          sandbox: str = "auto", expected: dict | None = None) -> dict:
+    """Grade one notebook in a sandbox; write ``results.json``, ``score.json`` and ``grade.log``.
+
+    Args:
+        submission: the student's notebook (any file name).
+        autograder: the lab's autograder zip (``autograder_zip``); the solutions notebook
+            ``otter assign`` wrote next to it provides the reference values.
+        output_dir: where the three files go (written by this process, after the sandbox ended).
+        cell_timeout, test_timeout, notebook_timeout: seconds per cell, per call into student
+            code inside a test, and for the whole submission (restarts included).
+        sandbox: "auto" (bubblewrap if it works here, else unconfined with a loud warning),
+            "bwrap" (refuse to grade without it) or "none".
+        expected: reference values from ``grading.reference`` (``grade_all`` computes them once).
+
+    Returns:
+        ``{"submission", "status", "sandbox", "total", "possible", "questions": {q: {score, possible}}}``;
+        status "ok", or "timeout" (a cell or case was killed; see results.json for which; the
+        rest was graded in a fresh sandbox; anything past ``notebook_timeout`` scored 0).
+    """
+    from sazo_lite.labs import grading
+
+    submission, autograder, output_dir = Path(submission), Path(autograder), Path(output_dir)
+    if not submission.exists():
+        raise ValueError(f"Invalid submission: {submission} does not exist")
+    if not autograder.exists():
+        raise ValueError(f"Invalid autograder: {autograder} does not exist (run `make labs`)")
+    for name, value in (("cell_timeout", cell_timeout), ("notebook_timeout", notebook_timeout),
+                        ("test_timeout", test_timeout)):
+        if not value > 0:
+            raise ValueError(f"Invalid {name}: {value!r} (expected seconds > 0)")
+    timeouts = dict(cell_timeout=cell_timeout, test_timeout=test_timeout, notebook_timeout=notebook_timeout)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("results.json", "score.json"):
+        (output_dir / name).unlink(missing_ok=True)
+    config, questions = grading.load_tests(autograder)
+    with _env(TEST_TIMEOUT_ENV, str(test_timeout)):
+        if expected is None:
+            expected = grading.reference(autograder, require=sandbox, **timeouts)
+        with open(output_dir / "grade.log", "w") as log:
+            try:
+                cells = grading.notebook_cells(submission, config)
+            except Exception as exc:  # not a notebook
+                log.write(f"[grader] cannot read {submission.name}: {exc}\n")
+                cells = None
+            outcome = grading.run(cells, questions, log=log, require=sandbox, **timeouts) if cells is not None \
+                else {"cases": {}, "skipped": [], "status": "failed", "sandbox": None}
+    scored = grading.score(questions, outcome, expected)
+    total, possible = sum(q["score"] for q in scored.values()), sum(q["possible"] for q in scored.values())
+    (output_dir / "results.json").write_text(json.dumps(
+        {"submission": submission.name, "status": outcome["status"], "sandbox": outcome["sandbox"],
+         "killed": outcome["skipped"], "questions": scored}, indent=2))
+    summary = {"submission": submission.name, "status": outcome["status"], "sandbox": outcome["sandbox"],
+               "total": total, "possible": possible,
+               "questions": {q: {"score": v["score"], "possible": v["possible"]} for q, v in scored.items()}}
+    (output_dir / "score.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def grade_all(autograder: Path, submissions_dir: Path, csv_path: Path, *, workers: int = 1,
+              **timeouts) -> list[dict]:
+    """Grade every ``*.ipynb`` in a folder; one CSV row per submission.
+
+    Columns: submission, status, one per question, total, possible. The solutions' reference
+    values are computed (or read from their cache) once for the whole folder. Each submission's
+    results.json and score.json go to ``<csv folder>/<csv stem>/<submission stem>/``.
+    ``workers`` submissions are graded at once (each in its own process and kernel).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm.auto import tqdm
+
+    submissions = sorted(Path(submissions_dir).glob("*.ipynb"))
+    if not submissions:
+        raise ValueError(f"Invalid submissions_dir: no .ipynb files in {submissions_dir}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"Invalid workers: {workers!r} (expected an int >= 1)")
+    csv_path = Path(csv_path)
+    details = csv_path.parent / csv_path.stem
+    from sazo_lite.labs import grading
+
+    limits = {k: timeouts.get(k, default) for k, default in
+              (("cell_timeout", CELL_TIMEOUT), ("test_timeout", TEST_TIMEOUT), ("notebook_timeout", NOTEBOOK_TIMEOUT))}
+    with _env(TEST_TIMEOUT_ENV, str(limits["test_timeout"])):
+        expected = grading.reference(Path(autograder), require=timeouts.get("sandbox", "auto"), **limits)
+    with ThreadPoolExecutor(max_workers=workers) as pool:  # threads only wait on subprocesses
+        jobs = pool.map(lambda s: grade(s, autograder, details / s.stem, expected=expected, **timeouts), submissions)
+        rows = list(tqdm(jobs, total=len(submissions), desc="grading", leave=False))
+    questions = sorted({q for row in rows for q in row["questions"]})
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(csv_path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["submission", "status", *questions, "total", "possible"])
+        for row in rows:
+            scores = [row["questions"].get(q, {}).get("score", 0.0) for q in questions]
+            writer.writerow([row["submission"], row["status"], *scores, row["total"], row["possible"]])
+    return rows
+
+
+# -- command line --------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sazo_lite.labs", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    p = commands.add_parser("assign", help="otter assign every master (or --lab one) into the build folder")
+    p.add_argument("--lab", default=None)
+    p.add_argument("--build", type=Path, default=BUILD_DIR)
+    p.add_argument("--workers", type=int, default=2, help="labs assigned at once")
+    for name, target in (("grade", "submission"), ("grade-all", "submissions")):
+        p = commands.add_parser(name, help=f"grade {'one notebook' if name == 'grade' else 'a folder of notebooks'}")
+        p.add_argument("lab", help="lab1 .. lab4, a master's stem, or an autograder zip")
+        p.add_argument(target, type=Path)
+        p.add_argument("--out", type=Path, default=None)
+        p.add_argument("--cell-timeout", type=int, default=CELL_TIMEOUT)
+        p.add_argument("--notebook-timeout", type=int, default=NOTEBOOK_TIMEOUT)
+        p.add_argument("--test-timeout", type=int, default=TEST_TIMEOUT)
+        p.add_argument("--build", type=Path, default=BUILD_DIR)
+        p.add_argument("--sandbox", choices=("auto", "bwrap", "none"), default="auto",
+                       help="auto: bubblewrap when it works here, else unconfined with a warning")
+        if name == "grade-all":
+            p.add_argument("--workers", type=int, default=1, help="submissions graded at once")
+    args = parser.parse_args(argv)
+
+    if args.command == "assign":
+        outputs = [assign(resolve_master(args.lab), args.build)] if args.lab else \
+            assign_all(build_dir=args.build, workers=args.workers)
+        for out in outputs:
+            print(f"{out.name}: student/{out.name}.ipynb, autograder/{autograder_zip(out.name, args.build).name}  ({out})")
+        return 0
+    zip_path = autograder_zip(args.lab, args.build)
+    timeouts = dict(cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout,
+                    test_timeout=args.test_timeout, sandbox=args.sandbox)
+    if args.command == "grade":
+        out = args.out or BUILD_DIR.parent / "grades" / zip_path.parent.parent.name / args.submission.stem
+        summary = grade(args.submission, zip_path, out, **timeouts)
+        print(f"{summary['submission']}: {summary['total']:g} / {summary['possible']:g} ({summary['status']}, "
+              f"sandbox: {summary['sandbox']})")
+        print(f"results: {out / 'results.json'}  score: {out / 'score.json'}")
+        return 0
+    out = args.out or BUILD_DIR.parent / "grades" / f"{zip_path.parent.parent.name}.csv"
+    rows = grade_all(zip_path, args.submissions, out, workers=args.workers, **timeouts)
+    for row in rows:
+        print(f"{row['submission']}: {row['total']:g} / {row['possible']:g} ({row['status']})")
+    print(f"scores: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from sazo_lite.labs import main
+
+sys.exit(main())

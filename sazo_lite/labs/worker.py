@@ -1,0 +1,90 @@
+"""Inside the sandbox: run a submission's cells, then every test case; report on a pipe.
+
+Started by ``sazo_lite.labs.grading`` as ``python -m sazo_lite.labs.worker FD`` with the job
+(JSON) on stdin. Everything this process reports is untrusted: the parent only believes values
+that match the solution's (see ``values``), and ends the process (its whole namespace) itself.
+Events, one JSON object per line on file descriptor FD:
+``{"unit": ["cell", i] | ["case", q, k], "phase": "start" | "end", ...}`` and ``{"done": true}``.
+"""
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import signal
+import sys
+import traceback
+
+from sazo_lite.labs import LabTimeout, time_limit
+from sazo_lite.labs.values import encode
+
+# Held before any student code runs: the submission may rebind the module-level names.
+_write, _dumps, _setitimer, _signal = os.write, json.dumps, signal.setitimer, signal.signal
+_BaseException, _ITIMER, _SIGALRM = BaseException, signal.ITIMER_REAL, signal.SIGALRM
+_BUILTINS = dict(builtins.__dict__)
+
+
+def run_case(source: str, namespace: dict, name: str = "<case>") -> tuple[str | None, list]:
+    """Run one test case in ``namespace``; returns (error or None, recorded values).
+
+    First undoes what the submission did to the builtins (``builtins.abs = ...``, or a
+    top-level ``abs = ...`` that shadows it) and puts the grader's ``record`` and
+    ``time_limit`` in place, so the test's own names mean what its author meant.
+    """
+    records = []
+
+    def record(value, *, rtol=None, atol=None):
+        records.append({"value": encode(value), "rtol": rtol, "atol": atol})
+
+    builtins.__dict__.update(_BUILTINS)
+    for shadow in [k for k in namespace if k in _BUILTINS and not k.startswith("__")]:
+        del namespace[shadow]
+    namespace["record"], namespace["time_limit"] = record, time_limit
+    try:
+        exec(compile(source, name, "exec"), namespace)
+    except _BaseException as exc:
+        return _error(exc), records
+    return None, records
+
+
+def _emit(fd: int, event: dict) -> None:
+    data = (_dumps(event) + "\n").encode()
+    while data:
+        data = data[_write(fd, data):]
+
+
+def _alarm(signum, frame):
+    raise LabTimeout("the cell ran past its time limit")
+
+
+def _error(exc: BaseException) -> str:
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return text[-500:]
+
+
+def main(fd: int) -> None:
+    job = json.loads(sys.stdin.read())
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    for index, source in job["cells"]:
+        _emit(fd, {"unit": ["cell", index], "phase": "start"})
+        error = None
+        try:
+            code = compile(source, f"<cell {index}>", "exec")
+            _signal(_SIGALRM, _alarm)
+            _setitimer(_ITIMER, job["cell_timeout"])
+            try:
+                exec(code, namespace)
+            finally:
+                _setitimer(_ITIMER, 0)
+        except _BaseException as exc:  # SystemExit, KeyboardInterrupt and LabTimeout included
+            error = _error(exc)
+        _emit(fd, {"unit": ["cell", index], "phase": "end", "error": error})
+    for question, case, source in job["cases"]:
+        _emit(fd, {"unit": ["case", question, case], "phase": "start"})
+        error, records = run_case(source, namespace, f"<{question} case {case}>")
+        _emit(fd, {"unit": ["case", question, case], "phase": "end", "error": error, "records": records})
+    _emit(fd, {"done": True})
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))
