@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 
 import numpy as np
 import torch
 
 from sazo_lite import MeZO, SAZOSampler, UniformSampler
+from sazo_lite.memory_measure import peak_rss_bytes, run_child
 from sazo_lite.noise import NoiseTable, TorchNoise
 from sazo_lite.sumtree import SumTree
 
@@ -144,12 +142,6 @@ def speed(name: str, rounds: int = 3, batch: int = 8, seq: int = 64) -> dict:
 MEMORY_MODES = ("inference", "plain", "torch_noise", "noise_table")
 
 
-def _peak_rss() -> int:
-    # VmHWM on Linux: ru_maxrss would include the parent's RSS inherited across fork/exec
-    from sazo_lite.memory_measure import _peak_rss_bytes
-    return _peak_rss_bytes()
-
-
 def _memory_child(name: str, mode: str, batch: int = 8, seq: int = 64) -> dict:
     torch.manual_seed(0)
     model = build_model(name)
@@ -159,19 +151,14 @@ def _memory_child(name: str, mode: str, batch: int = 8, seq: int = 64) -> dict:
     run = (lambda t: lm_losses(model, t)) if opt is None else (lambda t: opt.step(lambda: lm_losses(model, t)))
     run(random_tokens(model, batch, seq))  # warm-up: allocator, kernels, noise table
     run(random_tokens(model, batch, seq, seed=1))
-    return dict(peak_rss=_peak_rss(), weights=sum(p.numel() * p.element_size() for p in params))
+    return dict(peak_rss=peak_rss_bytes(), weights=sum(p.numel() * p.element_size() for p in params))
 
 
 def memory(name: str, modes=MEMORY_MODES, timeout: float = 300.0) -> dict:
     """Peak RSS per mode (one process each) and each ZO mode's peak ÷ the inference peak."""
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", HF_HUB_OFFLINE="1")  # big frees return to the OS
-    peaks = {}
-    for mode in modes:
-        done = subprocess.run([sys.executable, "-m", "benchmarks.engine_speed", "memory-child", name, mode],
-                              env=env, capture_output=True, text=True, timeout=timeout)
-        if done.returncode != 0:
-            raise RuntimeError(f"memory child {name}/{mode} failed:\n{done.stderr[-2000:]}")
-        peaks[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+    peaks = {mode: run_child("benchmarks.engine_speed", ["memory-child", name, mode], timeout=timeout,
+                             env={"HF_HUB_OFFLINE": "1"})
+             for mode in modes}
     out = dict(model=name, weights=peaks["inference"]["weights"],
                **{f"{mode}_peak": peaks[mode]["peak_rss"] for mode in modes})
     for mode in modes[1:]:

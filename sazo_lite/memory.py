@@ -56,6 +56,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from .validation import check_choice, check_fraction, check_number
+
 __all__ = ["DTYPE_BYTES", "ModelShape", "TrainSetup", "Breakdown", "LADDERS",
            "activation_elements_per_token", "transient_elements_per_token", "bp_memory",
            "zo_memory", "inference_memory", "memory_ratio", "largest_fitting", "size_ratio",
@@ -178,14 +180,13 @@ class TrainSetup:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Invalid {key}: {value!r} (expected a positive int)")
-        if self.dtype not in DTYPE_BYTES:
-            raise ValueError(f"Invalid dtype: {self.dtype!r} (expected one of {tuple(DTYPE_BYTES)})")
-        if self.optimizer not in OPTIMISERS:
-            raise ValueError(f"Invalid optimizer: {self.optimizer!r} (expected one of {OPTIMISERS})")
-        if self.attention not in ATTENTIONS:
-            raise ValueError(f"Invalid attention: {self.attention!r} (expected one of {ATTENTIONS})")
-        if not 0.0 < float(self.trainable_fraction) <= 1.0:
-            raise ValueError(f"Invalid trainable_fraction: {self.trainable_fraction} (expected 0 < f ≤ 1)")
+        check_choice("dtype", self.dtype, DTYPE_BYTES)
+        check_choice("optimizer", self.optimizer, OPTIMISERS)
+        check_choice("attention", self.attention, ATTENTIONS)
+        check_fraction("trainable_fraction", self.trainable_fraction, 0.0, 1.0, closed_low=False, closed_high=True)
+        for key in ("checkpointing", "chunked_loss"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"Invalid {key}: {getattr(self, key)!r} (expected True or False)")
 
     @property
     def bytes_per_value(self) -> int:
@@ -326,10 +327,8 @@ def largest_fitting(ladder, setup: TrainSetup, budget_gb: float, method: str) ->
         >>> largest_fitting(LADDERS["qwen2.5"], TrainSetup(), 40.0, "zo").name
         'Qwen2.5-14B'
     """
-    if method not in ("bp", "zo"):
-        raise ValueError(f"Invalid method: {method!r} (expected 'bp' or 'zo')")
-    if not budget_gb > 0:
-        raise ValueError(f"Invalid budget_gb: {budget_gb} (expected > 0)")
+    check_choice("method", method, ("bp", "zo"))
+    budget_gb = check_number("budget_gb", budget_gb, 0.0, closed_low=False)
     peak = bp_memory if method == "bp" else zo_memory
     fitting = [s for s in ladder if peak(s, setup).total <= budget_gb * GB]
     return max(fitting, key=ModelShape.param_count, default=None)
@@ -348,7 +347,9 @@ def size_ratio(shape: ModelShape, setup: TrainSetup, budget_gb: float | None = N
     With ``budget_gb=None`` the budget → ∞ limit: the per-layer memory ratio, where one-off
     costs (embeddings, z, the L' working sets, the recomputed layer) no longer matter.
     """
-    if budget_gb is None:
+    if budget_gb is not None:
+        budget_gb = check_number("budget_gb", budget_gb, 0.0, closed_low=False)
+    else:
         per_layer = {m: (peak(shape.with_layers(2), setup).total - peak(shape.with_layers(1), setup).total)
                      for m, peak in (("bp", bp_memory), ("zo", zo_memory))}
         return per_layer["bp"] / per_layer["zo"]
@@ -394,6 +395,7 @@ SPARSE_ROW = ("sparse BP, 1% of parameters (N = 4096)", dict(context=4096), "sav
 
 def sparse_saving(shape: ModelShape, setup: TrainSetup, fraction: float = 0.01) -> float:
     """1 − BP(f)/BP(1): what training only a fraction f of the parameters saves."""
+    check_fraction("fraction", fraction, 0.0, 1.0, closed_low=False, closed_high=True)
     dense = bp_memory(shape, replace(setup, trainable_fraction=1.0)).total
     return 1.0 - bp_memory(shape, replace(setup, trainable_fraction=fraction)).total / dense
 

@@ -5,7 +5,7 @@ One fresh Python process per measurement (peak memory only ever grows within a p
     child: import torch; build a small Llama-style decoder (float32, seed 0); warm up at N=16;
            baseline = peak RSS so far;  run ONE step at the requested N;  extra = peak RSS − baseline
 
-(peak RSS = ``VmHWM`` on Linux, else ``getrusage(...).ru_maxrss``; see ``_peak_rss_bytes``)
+(peak RSS = ``VmHWM`` on Linux, else ``getrusage(...).ru_maxrss``; see ``peak_rss_bytes``)
 
 ``extra`` is what the step needs on top of the weights and the batch, i.e. the model's
 prediction minus the weights. On CUDA the child also reports ``torch.cuda.max_memory_allocated``
@@ -32,9 +32,11 @@ import sys
 from dataclasses import asdict
 
 from .memory import ModelShape, TrainSetup, bp_memory, inference_memory, zo_memory
+from .validation import check_choice
 
 __all__ = ["MODES", "TINY", "build_decoder", "per_example_loss", "saved_activation_bytes",
-           "measure", "predicted_extra", "compare", "validate", "default_points"]
+           "peak_rss_bytes", "run_child", "measure", "predicted_extra", "compare", "validate",
+           "default_points"]
 
 MODES = ("inference", "zo", "bp")
 TINY = ModelShape("tiny", 4, 128, 4, 2, 344, 512)  # D=128, GQA 4→2 heads, SwiGLU F=344, V=512
@@ -131,7 +133,7 @@ def saved_activation_bytes(module, inputs) -> int:
 
 
 # -- one measurement, in the child -----------------------------------------------------
-def _peak_rss_bytes() -> int:
+def peak_rss_bytes() -> int:
     """This process's peak resident set in bytes.
 
     Linux: ``VmHWM`` of /proc/self/status. ``getrusage(RUSAGE_SELF).ru_maxrss`` is not used
@@ -148,6 +150,24 @@ def _peak_rss_bytes() -> int:
         pass
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+_peak_rss_bytes = peak_rss_bytes  # the old private name (sazo_lite.llm.memory_probe uses it)
+
+
+def run_child(module: str, args, *, timeout: float = 300.0, env: dict | None = None) -> dict:
+    """Run ``python -m module *args`` in a fresh process and parse its last stdout line as JSON.
+
+    The one way every peak-memory measurement starts its child: glibc's mmap threshold is
+    fixed (``MALLOC_MMAP_THRESHOLD_``, see the module docstring) and ``env`` adds variables.
+    A failing child raises RuntimeError with the end of its stderr.
+    """
+    child_env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", **(env or {}))
+    done = subprocess.run([sys.executable, "-m", module, *map(str, args)], env=child_env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"measurement child {module} {' '.join(map(str, args))} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _step(mode: str, model, tokens, optimiser):
@@ -181,9 +201,10 @@ def _child(spec: dict) -> dict:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
-    baseline = _peak_rss_bytes()
+    baseline = peak_rss_bytes()
     _step(mode, model, tokens, optimiser)
-    out["rss_extra"] = _peak_rss_bytes() - baseline
+    out["rss_extra"] = peak_rss_bytes() - baseline
+    out["path"] = type(optimiser._source()).__name__ if mode == "zo" else mode
     if device.type == "cuda":
         torch.cuda.synchronize()
         out["cuda_extra"] = torch.cuda.max_memory_allocated() - before
@@ -192,16 +213,15 @@ def _child(spec: dict) -> dict:
 
 def measure(shape: ModelShape, setup: TrainSetup, mode: str, device: str = "cpu",
             timeout: float = 300.0) -> dict:
-    """Run one measurement in a fresh process; returns {"rss_extra": bytes[, "cuda_extra": bytes]}."""
-    if mode not in MODES:
-        raise ValueError(f"Invalid mode: {mode!r} (expected one of {MODES})")
+    """Run one measurement in a fresh process.
+
+    Returns:
+        {"rss_extra": bytes, "path": what ran ("inference", "bp", or for "zo" the MeZO noise
+        source, e.g. "PlainNoise")[, "cuda_extra": bytes]}.
+    """
+    check_choice("mode", mode, MODES)
     spec = json.dumps(dict(shape=asdict(shape), setup=asdict(setup), mode=mode, device=device))
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-m", "sazo_lite.memory_measure", spec], env=env,
-                          capture_output=True, text=True, timeout=timeout, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"measurement child failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_child("sazo_lite.memory_measure", [spec], timeout=timeout, env={"OMP_NUM_THREADS": "1"})
 
 
 # -- prediction and comparison -----------------------------------------------------------
@@ -217,7 +237,7 @@ def compare(shape: ModelShape, setup: TrainSetup, mode: str, device: str = "cpu"
     key = "cuda_extra" if device != "cpu" else "rss_extra"
     predicted = predicted_extra(shape, setup, mode)
     return dict(mode=mode, context=setup.context, batch=setup.batch, attention=setup.attention,
-                device=device, measured=float(measured[key]), predicted=predicted,
+                device=device, path=measured.get("path", mode), measured=float(measured[key]), predicted=predicted,
                 relative_error=measured[key] / predicted - 1.0)
 
 

@@ -5,17 +5,16 @@ s_i = exp(σ·ξ_i − σ²/2), ξ_i ~ N(0, 1) (log-normal with mean 1; σ = 0 g
 """
 from __future__ import annotations
 
-import math
-
 import torch
+
+from .validation import check_count, check_int, check_number
 
 __all__ = ["FiniteSumProblem", "LeastSquares", "LogisticRegression", "lognormal_scales"]
 
 
 def lognormal_scales(num_examples: int, heterogeneity: float, generator: torch.Generator) -> torch.Tensor:
     """s_i = exp(σξ_i − σ²/2): mean-one log-normal scales; all ones when σ = 0."""
-    if not math.isfinite(heterogeneity) or heterogeneity < 0:
-        raise ValueError(f"Invalid heterogeneity: {heterogeneity} (expected a finite number >= 0)")
+    heterogeneity = check_number("heterogeneity", heterogeneity, 0.0)
     xi = torch.randn(num_examples, generator=generator, dtype=torch.float64)
     return torch.exp(heterogeneity * xi - heterogeneity ** 2 / 2)
 
@@ -93,9 +92,10 @@ class LeastSquares(FiniteSumProblem):
 
     def __init__(self, num_examples: int = 256, dim: int = 20, *, heterogeneity: float = 0.0,
                  noise: float = 0.5, seed: int = 0):
-        if num_examples < 1 or dim < 1:
-            raise ValueError(f"Invalid num_examples/dim: {num_examples}, {dim} (expected >= 1)")
-        g = torch.Generator().manual_seed(seed)
+        num_examples, dim = check_count("num_examples", num_examples), check_count("dim", dim)
+        heterogeneity = check_number("heterogeneity", heterogeneity, 0.0)
+        noise = check_number("noise", noise, 0.0)
+        g = torch.Generator().manual_seed(check_int("seed", seed))
         self.num_examples, self.dim, self.heterogeneity = num_examples, dim, heterogeneity
         self.features = torch.randn(num_examples, dim, generator=g, dtype=torch.float64)
         theta_true = torch.randn(dim, generator=g, dtype=torch.float64)
@@ -128,8 +128,16 @@ class LogisticRegression(FiniteSumProblem):
 
     def __init__(self, features: torch.Tensor, labels: torch.Tensor, *, l2: float = 1e-3,
                  heterogeneity: float = 0.0, seed: int = 0):
+        l2 = check_number("l2", l2, 0.0, closed_low=False)  # > 0: Newton needs a strongly convex F
+        heterogeneity = check_number("heterogeneity", heterogeneity, 0.0)
+        seed = check_int("seed", seed)
         features = torch.as_tensor(features, dtype=torch.float64)
         labels = torch.as_tensor(labels, dtype=torch.float64)
+        if features.dim() != 2 or labels.shape != features.shape[:1] or len(labels) < 1:
+            raise ValueError(f"Invalid features/labels: shapes {tuple(features.shape)} and "
+                             f"{tuple(labels.shape)} (expected [N, d] and [N], N >= 1)")
+        if not bool(torch.isfinite(features).all()):
+            raise ValueError("Invalid features: entries must be finite")
         if set(labels.unique().tolist()) - {-1.0, 1.0}:
             raise ValueError("Invalid labels: expected values in {-1, +1}")
         features = (features - features.mean(0)) / features.std(0).clamp_min(1e-12)

@@ -13,6 +13,8 @@ from typing import Callable
 
 import torch
 
+from .validation import check_count, check_int, check_number
+
 __all__ = ["History", "train", "queries_to_target"]
 
 
@@ -47,7 +49,8 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
         batch_losses: maps indices [B] to per-example losses [B] at the current parameters.
         steps: number of steps.
         batch_size: B.
-        evaluate: optional callback (e.g. full training loss), logged every ``log_every`` steps.
+        evaluate: optional callback (e.g. full training loss), logged every ``log_every`` steps;
+            a folded MeZO (``fold_updates=True``) is flushed first, so it sees the updated θ.
         log_every: logging interval in steps.
         record_probs: keep a copy of ``sampler.probs`` at each log point.
         progress: show a ``tqdm.auto`` progress bar.
@@ -59,8 +62,17 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
     """
     from tqdm.auto import tqdm
 
-    if steps < 0 or log_every < 1:
-        raise ValueError(f"Invalid steps/log_every: {steps}, {log_every}")
+    steps = check_int("steps", steps, 0)
+    batch_size = check_count("batch_size", batch_size)
+    log_every = check_count("log_every", log_every)
+    if stop_below is not None:
+        stop_below = check_number("stop_below", stop_below)
+    for name, value in (("record_probs", record_probs), ("progress", progress)):
+        if not isinstance(value, bool):
+            raise ValueError(f"Invalid {name}: {value!r} (expected True or False)")
+    for name, value in (("batch_losses", batch_losses), ("evaluate", evaluate)):
+        if value is not None and not callable(value):
+            raise ValueError(f"Invalid {name}: {value!r} (expected a callable)")
     history = History()
     queries = 0
     bar = tqdm(range(steps), desc=description, disable=not progress)
@@ -74,16 +86,22 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
         history.loss.append(result.loss)
         history.projected_grad.append(result.projected_grad)
         if (step + 1) % log_every == 0 or step + 1 == steps:
-            value = _log(history, sampler, evaluate, step + 1, queries, record_probs)
+            value = _log(history, optimizer, sampler, evaluate, step + 1, queries, record_probs)
             if value is not None:
                 bar.set_postfix(metric=f"{value:.4g}", refresh=False)
                 if stop_below is not None and value < stop_below:
                     break
     bar.close()
+    flush = getattr(optimizer, "flush", None)
+    if flush is not None:  # the parameters are current when train returns
+        flush()
     return history
 
 
-def _log(history: History, sampler, evaluate, step: int, queries: int, record_probs: bool):
+def _log(history: History, optimizer, sampler, evaluate, step: int, queries: int, record_probs: bool):
+    flush = getattr(optimizer, "flush", None)
+    if flush is not None:  # a folded MeZO: evaluate the updated parameters
+        flush()
     history.logged_steps.append(step)
     history.logged_queries.append(queries)
     value = float(evaluate()) if evaluate is not None else None

@@ -20,6 +20,7 @@ import random
 from dataclasses import dataclass, field
 
 from .losses import TokenBatch, encode_classification
+from ..validation import check_choice, check_count, check_fraction, check_int
 
 __all__ = ["Example", "ClassificationTask", "make_task", "TASKS", "load_hf_task"]
 
@@ -137,13 +138,10 @@ def make_task(name: str = "sentiment", *, num_train: int = 64, num_test: int = 6
         >>> len(task.train), len(task.noisy_indices), task.label_words
         (20, 2, [' no', ' yes'])
     """
-    if name not in TASKS:
-        raise ValueError(f"Invalid name: {name!r} (expected one of {sorted(TASKS)})")
-    if not 0.0 <= float(noise) < 0.5:
-        raise ValueError(f"Invalid noise: {noise} (expected a fraction in [0, 0.5))")
-    for arg, value in (("num_train", num_train), ("num_test", num_test)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"Invalid {arg}: {value!r} (expected an int >= 1)")
+    check_choice("name", name, sorted(TASKS))
+    noise = check_fraction("noise", noise, 0.0, 0.5, closed_low=True, closed_high=False)
+    num_train, num_test = check_count("num_train", num_train), check_count("num_test", num_test)
+    seed = check_int("seed", seed)
     generate, words, names = TASKS[name]
     rng = random.Random(seed)
     examples = [Example(p, y, y, k) for p, y, k in (generate(rng) for _ in range(num_train + num_test))]
