@@ -96,7 +96,7 @@ MUTANTS = {
     "lab4": {
         "q1": [("target not relative to the gap", [("target = target_fraction * problem.gap(theta)", "target = target_fraction")]),
                ("MeZO seed ignored", [("MeZO([theta], lr=lr, eps=1e-3, seed=seed)", "MeZO([theta], lr=lr, eps=1e-3, seed=0)")]),
-               ("wrong eps", [("MeZO([theta], lr=lr, eps=1e-3, seed=seed)", "MeZO([theta], lr=lr, eps=1e-2, seed=seed)")]),
+               ("evaluates the loss, not the gap", [("evaluate=lambda: problem.gap(theta)", "evaluate=lambda: float(problem.losses(theta).mean())")]),
                ("logs every step", [("log_every=10,", "log_every=1,")])],
         "q2": [("every run on seed 0", [("lambda theta: make(theta, seed), lr, lab4_steps, lab4_batch, lab4_fraction, seed)",
                                          "lambda theta: make(theta, 0), lr, lab4_steps, lab4_batch, lab4_fraction, 0)")]),
