@@ -149,9 +149,9 @@ def chi2_dashboard(*, examples: int | None = None, seed: int = 0) -> Dashboard:
                 "observations": int_slider("observations n", 10, 1, 200)}
     fig = go.FigureWidget(layout=dict(title="estimate / truth, over many examples", barmode="overlay", **_FIG))
     bins = dict(start=0.0, end=5.0, size=0.05)
-    fig.add_histogram(name="one d² (χ²₁)", histnorm="probability density", xbins=bins,
+    fig.add_histogram(name="one δ² (χ²₁)", histnorm="probability density", xbins=bins,
                       marker=dict(color=_COLORS["uniform"]), opacity=0.5)
-    fig.add_histogram(name="EMA of n d²", histnorm="probability density", xbins=bins,
+    fig.add_histogram(name="EMA of n δ²", histnorm="probability density", xbins=bins,
                       marker=dict(color="#ff7f0e"), opacity=0.6)
     fig.add_scatter(name="truth", mode="lines", line=dict(color="black", dash="dash"), x=[1, 1], y=[0, 3])
     fig.update_xaxes(title="G / ‖∇f‖² (1 is perfect)", range=[0, 5])
@@ -167,19 +167,19 @@ def chi2_dashboard(*, examples: int | None = None, seed: int = 0) -> Dashboard:
             fig.data[1].x = ema
         relative = float(ema.var() / ema.mean() ** 2)
         limit = 2 * (1 - beta) / (1 + beta)
-        readout.value = (f"one d²: relative variance {float(single.var()):.2f} (theory 2); "
+        readout.value = (f"one δ²: relative variance {float(single.var()):.2f} (theory 2); "
                          f"EMA of {n} with β = {beta:.3g}: <b>{relative:.2f}</b> "
                          f"(→ 2(1−β)/(1+β) = {limit:.2f} after many observations); "
                          f"P(estimate < truth/10): {np.mean(single < 0.1):.2f} → {np.mean(ema < 0.1):.2f}")
 
     questions = {
-        "ema_decay": "β = 0 keeps only the last d². How much does β = 0.9 narrow the histogram? β = 0.99?",
+        "ema_decay": "β = 0 keeps only the last δ². How much does β = 0.9 narrow the histogram? β = 0.99?",
         "observations": "An example is seen about B·T/N times in T steps. With β = 0.99, how many are needed?",
     }
-    choices = {"β = 0 (last d² only)": dict(ema_decay=0.0), "β = 0.9, n = 10": dict(ema_decay=0.9, observations=10),
+    choices = {"β = 0 (last δ² only)": dict(ema_decay=0.0), "β = 0.9, n = 10": dict(ema_decay=0.9, observations=10),
                "β = 0.99, n = 10": dict(ema_decay=0.99, observations=10),
                "β = 0.99, n = 200": dict(ema_decay=0.99, observations=200)}
-    return assemble("Why one d² is not enough: χ²₁ noise and the EMA", controls, questions, choices,
+    return assemble("Why one δ² is not enough: χ²₁ noise and the EMA", controls, questions, choices,
                     {"histogram": fig}, refresh, readout)
 
 

@@ -31,7 +31,7 @@ PRESETS = {label: {**DEFAULTS, **changes} for label, changes in {
     "robust rule": dict(rule="robust"),
     "B = 16, λ = 0.05, β = 0.8": dict(batch_size=16, uniform_mix=0.05, ema_decay=0.8),
 }.items()}
-RULE_LABELS = {"plain": "plain (EMA of d², constant start)", "robust": "robust (SAZOSampler)"}
+RULE_LABELS = {"plain": "plain (EMA of δ², constant start)", "robust": "robust (SAZOSampler)"}
 
 
 def _snapshot_index(trace: SAZOTrace, step: int) -> int:
@@ -150,11 +150,11 @@ def _controls(steps: int, log_every: int) -> dict[str, widgets.Widget]:
 
 
 _QUESTIONS = {
-    "rule": "Plain: EMA of d² from G = 1. Early on, is its V ratio above or below uniform's? Switch to robust.",
+    "rule": "Plain: EMA of δ² from G = 1. Early on, is its V ratio above or below uniform's? Switch to robust.",
     "eps": "θ is float32. Below which ε does sqrt(G) stop tracking ‖∇f‖ — and why only there, on a quadratic?",
     "ema_decay": "Does a larger β make the G trajectories smoother, or slower to follow a moving ‖∇f‖? "
                  "Under the robust rule, why does β above ~0.9 change little here?",
-    "batch_size": "More examples per step means more d² observations: how fast does ρ rise with B?",
+    "batch_size": "More examples per step means more δ² observations: how fast does ρ rise with B?",
     "lr": "When θ moves fast, the norms change under SAZO's feet: does TV(p_SAZO, p*) grow with η?",
     "uniform_mix": "λ = 1 is uniform sampling. How small can λ go before V(p_SAZO)/V(p*) stops improving?",
     "heterogeneity": "At σ = 0 all examples look alike: what is left for SAZO to gain?",
