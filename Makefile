@@ -40,6 +40,12 @@ test-browser: install
 bench: install
 	$(PY) -m benchmarks.run
 
+# The course website, executed at build time (fast mode; FULL=1 for the full versions): see README.
+BOOK_JOBS ?= 2
+.PHONY: book
+book: install
+	$(PY) book/build.py --jobs $(BOOK_JOBS) $(if $(FULL),--full,)
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info
 
