@@ -1,40 +1,35 @@
-"""Minibatch samplers: uniform, SAZO (sample-adaptive) and the minimum-variance oracle.
+"""Minibatch samplers: uniform, SAZO (plain and robust) and the minimum-variance oracle.
 
 Every sampler draws B indices i.i.d. from a distribution p over {0..N-1} and returns the
 importance weights w = 1/(N·p_i), so that E[w·f_i] = F for any p with full support.
-Samplers know nothing of models or optimisers: they see indices and directional diffs.
+Samplers know nothing of models or optimisers: they see indices, directional diffs and,
+optionally, the per-example losses of the same step.
+
+The two SAZO samplers share three pieces: ``probabilities`` (the one score → probability
+transform), a score store (``CdfStore`` below ``SUM_TREE_MIN_EXAMPLES`` examples, ``TreeStore``
+from there on; one interface, the same distribution) and a state record (``SAZOState``) that
+``state_dict`` returns and ``load_state_dict`` checks in full before it changes anything.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
 from typing import Callable
 
 import numpy as np
 import torch
 
 from .sumtree import SumTree
-from .validation import check_fraction, check_number
+from .validation import check_choice, check_count, check_fraction, check_int, check_number
 
-__all__ = ["Sampler", "UniformSampler", "PlainSAZOSampler", "SAZOSampler", "OracleSampler"]
+__all__ = ["Sampler", "UniformSampler", "PlainSAZOSampler", "SAZOSampler", "OracleSampler",
+           "SAZOState", "probabilities", "CdfStore", "TreeStore"]
 
-
-def _check_count(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"Invalid {name}: {value!r} (expected an int >= 1)")
-    return value
-
-
-def _check_fraction(name: str, value, low: float, high: float, *, closed_low: bool, closed_high: bool) -> float:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"Invalid {name}: {value!r} (expected a number)") from None
-    above = value >= low if closed_low else value > low
-    below = value <= high if closed_high else value < high
-    if not (above and below):
-        interval = f"{'[' if closed_low else '('}{low}, {high}{']' if closed_high else ')'}"
-        raise ValueError(f"Invalid {name}: {value} (expected a number in {interval})")
-    return value
+# From this N on, SAZO samplers keep sum trees (O(B log N) per update) instead of an O(N)
+# pass per step; the README's bench table has the measured crossover.
+SUM_TREE_MIN_EXAMPLES = 2 ** 16
+COUNT_MAX = np.iinfo(np.uint16).max  # counts saturate here (they only steer the early decay)
+SCORE_MAX = 1e30                     # relative scores are clipped here: float32 storage and sums stay finite
 
 
 class Sampler:
@@ -44,11 +39,9 @@ class Sampler:
     """
 
     def __init__(self, num_examples: int, *, seed: int = 0):
-        self.num_examples = _check_count("num_examples", num_examples)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"Invalid seed: {seed!r} (expected an int)")
-        self.seed = seed
-        self._generator = torch.Generator().manual_seed(seed)
+        self.num_examples = check_count("num_examples", num_examples)
+        self.seed = check_int("seed", seed)
+        self._generator = torch.Generator().manual_seed(self.seed)
 
     @property
     def probs(self) -> torch.Tensor:
@@ -61,24 +54,25 @@ class Sampler:
         Returns:
             (indices LongTensor [B], weights float64 Tensor [B] with w = 1/(N·p_i)).
         """
-        _check_count("batch_size", batch_size)
+        check_count("batch_size", batch_size)
         probs = self.probs
         indices = torch.multinomial(probs, batch_size, replacement=True, generator=self._generator)
         return indices, 1.0 / (self.num_examples * probs[indices])
 
-    def update(self, indices: torch.Tensor, directional_diffs: torch.Tensor) -> None:
+    def update(self, indices: torch.Tensor, directional_diffs: torch.Tensor, losses: torch.Tensor | None = None) -> None:
         """Feed back the step's per-example directional diffs d_k for the sampled indices.
 
-        The whole update is rejected (``ValueError``, state unchanged) if any index is out
-        of range or the shapes disagree.
+        ``losses`` (optional, [B], finite, ≥ 0): the same step's per-example losses (``ZOStep.losses``);
+        samplers that do not use them ignore them. The whole update is rejected (``ValueError``,
+        state unchanged) if any index is out of range, a value is not finite or the shapes disagree.
         """
-        indices, diffs = self._check_feedback(indices, directional_diffs)
-        self._observe(indices, diffs)
+        indices, diffs, losses = self._check_feedback(indices, directional_diffs, losses)
+        self._observe(indices, diffs, losses)
 
-    def _observe(self, indices: torch.Tensor, diffs: torch.Tensor) -> None:
+    def _observe(self, indices: torch.Tensor, diffs: torch.Tensor, losses: torch.Tensor | None) -> None:
         """Learn from a checked batch; the default sampler learns nothing."""
 
-    def _check_feedback(self, indices, diffs) -> tuple[torch.Tensor, torch.Tensor]:
+    def _check_feedback(self, indices, diffs, losses):
         indices = torch.as_tensor(indices)
         diffs = torch.as_tensor(diffs).detach().to("cpu", torch.float64)
         if indices.dim() != 1 or indices.dtype.is_floating_point or indices.dtype == torch.bool:
@@ -92,17 +86,40 @@ class Sampler:
                              f"indices {tuple(indices.shape)} (does the closure return per-example losses?)")
         if not bool(torch.isfinite(diffs).all()):
             raise ValueError("Invalid directional_diffs: entries must be finite")
-        return indices, diffs
+        if losses is not None:
+            losses = torch.as_tensor(losses).detach().to("cpu", torch.float64)
+            if losses.numel() == 0 and indices.numel():  # a scalar-loss step has no per-example losses
+                losses = None
+            elif losses.shape != indices.shape or not bool(torch.isfinite(losses).all()) or bool((losses < 0).any()):
+                raise ValueError(f"Invalid losses: expected finite losses >= 0 of shape {tuple(indices.shape)}")
+        return indices, diffs, losses
 
     def state_dict(self) -> dict:
         return {"num_examples": self.num_examples, "seed": self.seed,
                 "generator": self._generator.get_state()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore a ``state_dict``; everything is checked before anything changes."""
+        self._apply_base(self._check_base(state))
+
+    def _check_base(self, state) -> tuple[int, torch.Tensor]:
+        if not isinstance(state, dict):
+            raise ValueError(f"Invalid state: expected a dict, got {type(state).__name__}")
+        missing = {"num_examples", "seed", "generator"} - set(state)
+        if missing:
+            raise ValueError(f"Invalid state: missing {sorted(missing)}")
         if state["num_examples"] != self.num_examples:
-            raise ValueError(f"Invalid state: num_examples {state['num_examples']} != {self.num_examples}")
-        self.seed = state["seed"]
-        self._generator.set_state(state["generator"])
+            raise ValueError(f"Invalid state: num_examples {state['num_examples']!r} != {self.num_examples}")
+        seed = check_int("seed", state["seed"])
+        generator = state["generator"]
+        reference = self._generator.get_state()
+        if not isinstance(generator, torch.Tensor) or generator.dtype != torch.uint8 or generator.shape != reference.shape:
+            raise ValueError("Invalid state: generator must be a torch.Generator state (uint8 tensor)")
+        return seed, generator.clone()
+
+    def _apply_base(self, checked: tuple[int, torch.Tensor]) -> None:
+        self.seed = checked[0]
+        self._generator.set_state(checked[1])
 
 
 class UniformSampler(Sampler):
@@ -115,7 +132,7 @@ class UniformSampler(Sampler):
     """
 
     def sample(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        _check_count("batch_size", batch_size)
+        check_count("batch_size", batch_size)
         indices = torch.randint(self.num_examples, (batch_size,), generator=self._generator)
         return indices, torch.ones(batch_size, dtype=torch.float64)
 
@@ -126,7 +143,8 @@ class OracleSampler(Sampler):
     Args:
         num_examples: N.
         norms_fn: returns the true per-example gradient norms [N] at the current θ; called
-            at every ``sample``. All-zero norms fall back to uniform.
+            at every ``sample``. They must be finite and ≥ 0 (else ``ValueError``); all-zero
+            norms fall back to uniform.
         uniform_mix: optional λ ∈ [0, 1]: p = (1−λ)p* + λ/N (0 gives the exact oracle).
     """
 
@@ -136,21 +154,336 @@ class OracleSampler(Sampler):
         if not callable(norms_fn):
             raise ValueError("Invalid norms_fn: expected a callable returning norms [N]")
         self.norms_fn = norms_fn
-        self.uniform_mix = _check_fraction("uniform_mix", uniform_mix, 0.0, 1.0,
-                                           closed_low=True, closed_high=True)
+        self.uniform_mix = check_fraction("uniform_mix", uniform_mix, 0.0, 1.0, closed_low=True, closed_high=True)
 
     @property
     def probs(self) -> torch.Tensor:
         norms = torch.as_tensor(self.norms_fn()).detach().to("cpu", torch.float64)
-        if norms.shape != (self.num_examples,) or bool((norms < 0).any()):
-            raise ValueError(f"Invalid norms_fn: expected non-negative norms of shape ({self.num_examples},)")
-        uniform = torch.full_like(norms, 1.0 / self.num_examples)
-        total = norms.sum()
-        p_star = norms / total if total > 0 else uniform
-        return (1.0 - self.uniform_mix) * p_star + self.uniform_mix * uniform
+        if norms.shape != (self.num_examples,):
+            raise ValueError(f"Invalid norms_fn: expected norms of shape ({self.num_examples},), got {tuple(norms.shape)}")
+        if not bool(torch.isfinite(norms).all()) or bool((norms < 0).any()):
+            raise ValueError("Invalid norms_fn: norms must be finite and non-negative")
+        norms = norms.numpy()
+        return torch.from_numpy(probabilities(norms, float(norms.sum()), self.uniform_mix, self.num_examples))
 
 
-class PlainSAZOSampler(Sampler):
+# -- what the SAZO samplers share -----------------------------------------------------------
+def probabilities(scores: np.ndarray, total: float, uniform_mix: float, num_examples: int) -> np.ndarray:
+    """The score → probability transform: p_i = (1−λ)·s_i/S + λ/N (uniform when S ≤ 0 or not finite).
+
+    ``scores`` may be a subset of the N scores (e.g. the sampled ones); ``total`` is S = Σ_j s_j.
+
+    Example:
+        >>> probabilities(np.array([1.0, 3.0]), 4.0, 0.5, 2).tolist()
+        [0.375, 0.625]
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    if not (total > 0 and math.isfinite(total)):
+        return np.full(scores.shape, 1.0 / num_examples)
+    return (1.0 - uniform_mix) * (scores / total) + uniform_mix / num_examples
+
+
+class CdfStore:
+    """Scores behind an O(N) pass per draw and per total: no per-example memory of its own.
+
+    The store reads the owner's arrays through ``seen_scores(idx)`` (score of seen examples,
+    0 where unseen) and ``unseen(idx)`` (bool); unseen examples all share the prior score s̄.
+    ``TreeStore`` answers the same four calls in O(log N).
+    """
+
+    def __init__(self, num_examples: int, seen_scores: Callable, unseen: Callable):
+        self.num_examples, self._seen_scores, self._unseen = num_examples, seen_scores, unseen
+        self._cache = None  # (Σ seen scores, unseen count, CDF of seen scores) until the next refresh
+
+    nbytes = 0  # the CDF is a cache, dropped at each refresh
+
+    def refresh(self, changed: np.ndarray | None = None) -> None:
+        """The owner changed the scores of ``changed`` (None: any)."""
+        self._cache = None
+
+    def _summary(self):
+        if self._cache is None:
+            everything = np.arange(self.num_examples)
+            cdf = np.cumsum(self._seen_scores(everything))
+            self._cache = (float(cdf[-1]), int(self._unseen(everything).sum()), cdf)
+        return self._cache
+
+    def masses(self) -> tuple[float, int]:
+        """(Σ seen scores, number of unseen examples)."""
+        seen_total, unseen_count, _ = self._summary()
+        return seen_total, unseen_count
+
+    def draw_seen(self, k: int, generator: torch.Generator) -> np.ndarray:
+        """k indices ∝ seen scores (needs Σ > 0)."""
+        _, _, cdf = self._summary()
+        u = torch.rand(k, generator=generator, dtype=torch.float64).numpy() * cdf[-1]
+        indices = np.searchsorted(cdf, u, side="right")
+        return np.minimum(indices, self.num_examples - 1)  # guards u·total rounding up
+
+    def draw_unseen(self, k: int, generator: torch.Generator) -> np.ndarray:
+        """k indices uniformly among the unseen (needs one)."""
+        unseen = np.flatnonzero(self._unseen(np.arange(self.num_examples)))
+        return unseen[torch.randint(len(unseen), (k,), generator=generator).numpy()]
+
+
+class TreeStore(CdfStore):
+    """Scores in sum trees: O(B log N) per refresh and per draw.
+
+    A float32 tree of internal sums over the seen scores (the leaves are the owner's array:
+    4 bytes per example), and a tree over blocks of ``UNSEEN_BLOCK`` examples counting the unseen
+    ones (leaves counted on demand: ~0.1 byte per example). An unseen draw picks a block ∝ its
+    count, then the r-th unseen example in it.
+    """
+
+    UNSEEN_BLOCK = 64
+
+    def __init__(self, num_examples: int, seen_scores: Callable, unseen: Callable):
+        super().__init__(num_examples, seen_scores, unseen)
+        self._scores = SumTree.over(num_examples, seen_scores, dtype=np.float32)
+        blocks = -(-num_examples // self.UNSEEN_BLOCK)
+        self._unseen_blocks = SumTree.over(blocks, lambda b: self._block_flags(b).sum(axis=1).astype(np.float64))
+
+    @property
+    def nbytes(self) -> int:
+        return self._scores.nbytes + self._unseen_blocks.nbytes
+
+    def _block_flags(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Unseen flags of the examples in ``blocks`` [k, UNSEEN_BLOCK] (False past N)."""
+        members = blocks[:, None] * self.UNSEEN_BLOCK + np.arange(self.UNSEEN_BLOCK)
+        inside = members < self.num_examples
+        flags = self._unseen(np.minimum(members, self.num_examples - 1).ravel()).reshape(members.shape)
+        return flags & inside
+
+    def refresh(self, changed: np.ndarray | None = None) -> None:
+        if changed is None:
+            self._scores.rebuild()
+            self._unseen_blocks.rebuild()
+        elif len(changed):
+            self._scores.refresh(changed)
+            self._unseen_blocks.refresh(np.unique(changed // self.UNSEEN_BLOCK))
+
+    def masses(self) -> tuple[float, int]:
+        return max(self._scores.total, 0.0), int(round(self._unseen_blocks.total))
+
+    def draw_seen(self, k: int, generator: torch.Generator) -> np.ndarray:
+        return self._scores.sample(k, generator).numpy()
+
+    def draw_unseen(self, k: int, generator: torch.Generator) -> np.ndarray:
+        blocks = self._unseen_blocks.sample(k, generator).numpy()
+        flags = self._block_flags(blocks)
+        rank = (torch.rand(k, generator=generator, dtype=torch.float64).numpy() * flags.sum(axis=1)).astype(np.int64)
+        position = np.argmax(np.cumsum(flags, axis=1) > rank[:, None], axis=1)  # the rank-th unseen one
+        return blocks * self.UNSEEN_BLOCK + position
+
+
+@dataclass
+class SAZOState:
+    """Everything a SAZO sampler needs to resume bit-exactly: what ``state_dict`` holds.
+
+    Attributes:
+        num_examples: N (a loaded state must have the sampler's N).
+        seed: the seed the generator was made from.
+        generator: the sampling generator's state (uint8 tensor).
+        estimates: per-example EMA, float32 [N] (0 where unseen for the robust rule).
+        counts: observations per example, int64 [N] (stored as uint16, saturating at 65535).
+        hyperparameters: the constructor's arguments (checked like the constructor checks them).
+        extra: the rule's other state: scalars (levels, running sums, their counters) and, for the
+            robust rule, the relative losses ``loss_ratios`` float32 [N].
+    """
+
+    num_examples: int
+    seed: int
+    generator: torch.Tensor
+    estimates: torch.Tensor
+    counts: torch.Tensor
+    hyperparameters: dict
+    extra: dict
+
+    def as_dict(self) -> dict:
+        """A dict of copies (what ``state_dict`` returns; ``torch.save`` stores it)."""
+        copy = lambda v: v.clone() if isinstance(v, torch.Tensor) else (dict(v) if isinstance(v, dict) else v)
+        out = {f.name: copy(getattr(self, f.name)) for f in fields(self)}
+        out["extra"] = {k: copy(v) for k, v in self.extra.items()}
+        return out
+
+
+def _float_array(name: str, value, n: int, *, low: float = 0.0) -> np.ndarray:
+    """A finite float32 [n] copy with entries ≥ low, or ValueError."""
+    try:
+        array = torch.as_tensor(value).detach().to("cpu").numpy()
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"Invalid state: {name} must be a tensor") from None
+    if array.shape != (n,) or array.dtype.kind not in "fiu":
+        raise ValueError(f"Invalid state: {name} must be a real tensor of shape ({n},)")
+    array = array.astype(np.float32)
+    if not np.isfinite(array).all() or (array < low).any():
+        raise ValueError(f"Invalid state: {name} must be finite and >= {low}")
+    return array
+
+
+def _count_array(value, n: int) -> np.ndarray:
+    try:
+        array = torch.as_tensor(value).detach().to("cpu").numpy()
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError("Invalid state: counts must be a tensor") from None
+    if array.shape != (n,) or array.dtype.kind not in "iu" or (array < 0).any() or (array > COUNT_MAX).any():
+        raise ValueError(f"Invalid state: counts must be integers in [0, {COUNT_MAX}] of shape ({n},)")
+    return array.astype(np.uint16)
+
+
+class _ScoredSampler(Sampler):
+    """Shared machinery of the SAZO samplers: scores in a store, draws from the mixture.
+
+    A subclass keeps ``_g`` (float32 [N]) and ``_n`` (uint16 [N]), and defines
+    ``_seen_scores(idx)`` (sampling score of seen examples, 0 if unseen), ``_unseen(idx)`` and
+    ``_prior_score()``. Then p_i = probabilities(ŝ_i, S), ŝ_i = score or prior, S = Σ ŝ.
+    """
+
+    def _init_store(self, sum_tree) -> None:
+        if sum_tree is None:
+            sum_tree = self.num_examples >= SUM_TREE_MIN_EXAMPLES
+        elif not isinstance(sum_tree, bool):
+            raise ValueError(f"Invalid sum_tree: {sum_tree!r} (expected True, False or None)")
+        self.sum_tree = sum_tree
+        store = TreeStore if sum_tree else CdfStore
+        self._store = store(self.num_examples, self._seen_scores, self._unseen)
+
+    def _unseen(self, indices: np.ndarray) -> np.ndarray:
+        return self._n[indices] == 0
+
+    def _prior_score(self) -> float:
+        return 0.0
+
+    @property
+    def estimates(self) -> torch.Tensor:
+        """The per-example EMA (float32 [N]), a copy."""
+        return torch.from_numpy(self._g.copy())
+
+    @property
+    def counts(self) -> torch.Tensor:
+        """n [N] int64: how often each example was observed (saturates at 65535), a copy."""
+        return torch.from_numpy(self._n.astype(np.int64))
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of per-example state: the arrays and the store (independent of N otherwise)."""
+        return self._g.nbytes + self._n.nbytes + self._store.nbytes + self._extra_bytes()
+
+    def _extra_bytes(self) -> int:
+        return 0
+
+    # -- the distribution -------------------------------------------------------------------
+    def _total(self) -> tuple[float, float, int, float]:
+        seen_total, unseen_count = self._store.masses()
+        prior = self._prior_score()
+        return seen_total + prior * unseen_count, seen_total, unseen_count, prior
+
+    def _scores_at(self, indices: np.ndarray, prior: float) -> np.ndarray:
+        return np.where(self._unseen(indices), prior, self._seen_scores(indices))
+
+    def _probs_at(self, indices: np.ndarray) -> np.ndarray:
+        total, _, _, prior = self._total()
+        return probabilities(self._scores_at(indices, prior), total, self.uniform_mix, self.num_examples)
+
+    @property
+    def probs(self) -> torch.Tensor:
+        """p_i = (1−λ)·ŝ_i/Σ_j ŝ_j + λ/N (ŝ: sampling scores), float64 [N], a copy."""
+        return torch.from_numpy(self._probs_at(np.arange(self.num_examples)))
+
+    def scores(self) -> torch.Tensor:
+        """ŝ [N] float64: the sampling score of each example (the prior where unseen)."""
+        return torch.from_numpy(self._scores_at(np.arange(self.num_examples), self._prior_score()))
+
+    def sample(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draw B indices i.i.d. from ``probs``; weights 1/(N·p_i).
+
+        A draw comes from the mixture whose marginal is p: uniform (λ), else ∝ ŝ, split
+        between the seen (∝ score) and the unseen (uniformly) by their masses.
+        """
+        check_count("batch_size", batch_size)
+        total, seen_total, unseen_count, prior = self._total()
+        u = torch.rand(batch_size, generator=self._generator, dtype=torch.float64).numpy()
+        part = np.zeros(batch_size, dtype=np.int64)  # 0 uniform, 1 seen, 2 unseen
+        if total > 0 and math.isfinite(total):
+            part = np.where(u < self.uniform_mix, 0, np.where(
+                u < self.uniform_mix + (1.0 - self.uniform_mix) * seen_total / total, 1, 2))
+            part[(part == 2) & (unseen_count <= 0)] = 1   # rounding at the edge: no unseen left
+            part[(part == 1) & (seen_total <= 0)] = 2     # ... or no seen score mass
+        indices = np.empty(batch_size, dtype=np.int64)
+        draws = (lambda k: torch.randint(self.num_examples, (k,), generator=self._generator).numpy(),
+                 lambda k: self._store.draw_seen(k, self._generator),
+                 lambda k: self._store.draw_unseen(k, self._generator))
+        for which, draw in enumerate(draws):
+            chosen = part == which
+            if chosen.any():
+                indices[chosen] = draw(int(chosen.sum()))
+        probs = probabilities(self._scores_at(indices, prior), total, self.uniform_mix, self.num_examples)
+        return torch.from_numpy(indices), torch.from_numpy(1.0 / (self.num_examples * probs))
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def _hyperparameters(self) -> dict:
+        raise NotImplementedError
+
+    def _extra_state(self) -> dict:
+        return {}
+
+    def state(self) -> SAZOState:
+        """The state record (views of the live arrays; ``state_dict`` copies it)."""
+        return SAZOState(self.num_examples, self.seed, self._generator.get_state(),
+                         torch.from_numpy(self._g), torch.from_numpy(self._n.astype(np.int64)),
+                         self._hyperparameters(), self._extra_state())
+
+    def state_dict(self) -> dict:
+        return self.state().as_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a ``state_dict``: every field is checked before anything changes.
+
+        Hyperparameters are checked as the constructor checks them; N cannot change;
+        estimates must be finite and ≥ 0, counts integers in [0, 65535].
+        """
+        base = self._check_base(state)
+        missing = {f.name for f in fields(SAZOState)} - set(state)
+        if missing:
+            raise ValueError(f"Invalid state: missing {sorted(missing)}")
+        if not isinstance(state["hyperparameters"], dict) or not isinstance(state["extra"], dict):
+            raise ValueError("Invalid state: hyperparameters and extra must be dicts")
+        hyper = self._check_hyperparameters(state["hyperparameters"])
+        g = _float_array("estimates", state["estimates"], self.num_examples)
+        n = _count_array(state["counts"], self.num_examples)
+        extra = self._check_extra(state["extra"], g, n)
+        # nothing below can fail
+        self._apply_base(base)
+        self.__dict__.update(hyper)
+        self._g[:], self._n[:] = g, n
+        self._apply_extra(extra)
+        self._store.refresh(None)  # every node from its children, as the updates did: bit-exact
+
+    def _check_hyperparameters(self, hyper: dict) -> dict:
+        expected = set(self._hyperparameters())
+        if set(hyper) != expected:
+            raise ValueError(f"Invalid state: hyperparameters {sorted(hyper)} (expected {sorted(expected)})")
+        checked = type(self)(1, **hyper)  # the constructor's checks, on a throwaway instance
+        return {name: getattr(checked, name) for name in expected}
+
+    def _check_extra(self, extra: dict, g: np.ndarray, n: np.ndarray) -> dict:
+        return {}
+
+    def _apply_extra(self, extra: dict) -> None:
+        pass
+
+
+# -- SAZO: plain rule -----------------------------------------------------------------------
+def _mean_by_index(indices: np.ndarray, *values: np.ndarray):
+    """Distinct indices and the mean of each of ``values`` over each index's duplicates."""
+    if len(indices) == 1:
+        return (indices, *values)
+    unique, inverse = np.unique(indices, return_inverse=True)
+    counts = np.bincount(inverse)
+    return (unique, *(np.bincount(inverse, weights=v) / counts for v in values))
+
+
+class PlainSAZOSampler(_ScoredSampler):
     """The design page's plain SAZO rule, for teaching: what to implement first and see fail.
 
         state:   G_i = ``initial_estimate`` for every example (a constant start)
@@ -159,210 +492,116 @@ class PlainSAZOSampler(Sampler):
 
     No prior for unseen examples, no level, no count-adaptive decay: a single d² is
     χ²₁-noisy and the constant start favours (or starves) every example not seen yet, which
-    is what the robust ``SAZOSampler`` fixes.
+    is what the robust ``SAZOSampler`` fixes. G is stored in float32; an update whose d²
+    would overflow float32 is rejected with ``ValueError`` (state unchanged).
 
     Args:
         num_examples: N.
         ema_decay: β ∈ [0, 1).
         uniform_mix: λ ∈ (0, 1]; 1 is uniform sampling.
         initial_estimate: G_0 > 0, the constant start (in units of d²).
+        sum_tree: keep sqrt(G) in a sum tree (O(B log N) per update) instead of an O(N) pass;
+            None chooses by N (``SUM_TREE_MIN_EXAMPLES``). Same distribution either way.
         seed: seed of the sampling generator.
 
     Example:
         >>> s = PlainSAZOSampler(4, seed=0)
         >>> s.update(torch.tensor([0]), torch.tensor([3.0]))   # G_0 ← 0.9·1 + 0.1·9 = 1.8
-        >>> round(float(s.estimates[0]), 12), bool(s.probs[0] > s.probs[1])
+        >>> round(float(s.estimates[0]), 6), bool(s.probs[0] > s.probs[1])
         (1.8, True)
     """
 
     def __init__(self, num_examples: int, *, ema_decay: float = 0.9, uniform_mix: float = 0.1,
-                 initial_estimate: float = 1.0, seed: int = 0):
+                 initial_estimate: float = 1.0, sum_tree: bool | None = None, seed: int = 0):
         super().__init__(num_examples, seed=seed)
         self.ema_decay = check_fraction("ema_decay", ema_decay, 0.0, 1.0, closed_low=True, closed_high=False)
         self.uniform_mix = check_fraction("uniform_mix", uniform_mix, 0.0, 1.0, closed_low=False, closed_high=True)
-        self.initial_estimate = check_number("initial_estimate", initial_estimate, 0.0, closed_low=False)
-        self._g = np.full(num_examples, self.initial_estimate)   # G_i, [N] float64, units of d²
-        self._n = np.zeros(num_examples, dtype=np.int64)          # n_i: observations (diagnostics only)
+        self.initial_estimate = check_number("initial_estimate", initial_estimate, 0.0, SCORE_MAX, closed_low=False)
+        self._g = np.full(num_examples, self.initial_estimate, dtype=np.float32)  # G_i, units of d²
+        self._n = np.zeros(num_examples, dtype=np.uint16)                          # diagnostics only
+        self._init_store(sum_tree)
 
-    @property
-    def estimates(self) -> torch.Tensor:
-        """G [N] float64 (EMA of d², an estimate of ‖∇f_i‖²), a view."""
-        return torch.from_numpy(self._g)
+    def _seen_scores(self, indices: np.ndarray) -> np.ndarray:
+        return np.sqrt(self._g[indices].astype(np.float64))
 
-    @property
-    def counts(self) -> torch.Tensor:
-        """n [N] int64: how often each example was observed, a view."""
-        return torch.from_numpy(self._n)
+    def _unseen(self, indices: np.ndarray) -> np.ndarray:
+        return np.zeros(len(indices), dtype=bool)  # the plain rule has no notion of unseen
 
-    @property
-    def probs(self) -> torch.Tensor:
-        """p_i = (1−λ)·sqrt(G_i)/Σ sqrt(G) + λ/N, float64 [N]."""
-        return torch.from_numpy(_mix_with_uniform(np.sqrt(self._g), self.uniform_mix))
-
-    def _observe(self, indices: torch.Tensor, diffs: torch.Tensor) -> None:
+    def _observe(self, indices, diffs, losses) -> None:
         if not indices.numel():
             return
         with np.errstate(over="ignore"):  # an overflow is caught below, before any change
             unique, squared = _mean_by_index(indices.numpy(), diffs.numpy() ** 2)
-            new = self.ema_decay * self._g[unique] + (1.0 - self.ema_decay) * squared
+            new = (self.ema_decay * self._g[unique] + (1.0 - self.ema_decay) * squared).astype(np.float32)
         if not np.isfinite(new).all():
-            raise ValueError("Invalid directional_diffs: d² overflows float64 (|d| > ~1e154)")
+            raise ValueError("Invalid directional_diffs: d² overflows the float32 estimates (|d| > ~1e19)")
         self._g[unique] = new
-        self._n[unique] += 1
+        self._n[unique] = np.minimum(self._n[unique].astype(np.int64) + 1, COUNT_MAX)
+        self._store.refresh(unique)
 
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "estimates": self.estimates.clone(), "counts": self.counts.clone(),
-                "hyperparameters": dict(ema_decay=self.ema_decay, uniform_mix=self.uniform_mix,
-                                        initial_estimate=self.initial_estimate)}
+    def _hyperparameters(self) -> dict:
+        return dict(ema_decay=self.ema_decay, uniform_mix=self.uniform_mix,
+                    initial_estimate=self.initial_estimate, sum_tree=self.sum_tree)
 
-    def load_state_dict(self, state: dict) -> None:
-        hyper = state["hyperparameters"]
-        checked = dict(ema_decay=check_fraction("ema_decay", hyper["ema_decay"], 0.0, 1.0, closed_low=True, closed_high=False),
-                       uniform_mix=check_fraction("uniform_mix", hyper["uniform_mix"], 0.0, 1.0, closed_low=False, closed_high=True),
-                       initial_estimate=check_number("initial_estimate", hyper["initial_estimate"], 0.0, closed_low=False))
-        g = torch.as_tensor(state["estimates"]).detach().to("cpu", torch.float64).numpy().copy()
-        n = torch.as_tensor(state["counts"]).detach().to("cpu", torch.int64).numpy().copy()
-        if g.shape != (self.num_examples,) or n.shape != (self.num_examples,):
-            raise ValueError(f"Invalid state: estimates/counts must have shape ({self.num_examples},)")
-        if not (np.isfinite(g).all() and (g >= 0).all() and (n >= 0).all()):
-            raise ValueError("Invalid state: estimates must be finite and >= 0, counts >= 0")
-        super().load_state_dict(state)
-        self.__dict__.update(checked)
-        self._g[:], self._n[:] = g, n
+    def _check_hyperparameters(self, hyper: dict) -> dict:
+        checked = super()._check_hyperparameters(hyper)
+        if checked["sum_tree"] != self.sum_tree:
+            raise ValueError("Invalid state: sum_tree differs (the store is chosen at construction)")
+        return checked
 
 
-def _mix_with_uniform(scores: np.ndarray, uniform_mix: float) -> np.ndarray:
-    """The score → probability transform: p_i = (1−λ)·s_i/Σ_j s_j + λ/N (uniform if Σ s = 0)."""
-    total = float(scores.sum())
-    uniform = 1.0 / len(scores)
-    if not total > 0:
-        return np.full(len(scores), uniform)
-    return (1.0 - uniform_mix) * scores / total + uniform_mix * uniform
-
-
-def _mean_by_index(indices: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct indices and the mean of ``values`` over each one's duplicates."""
-    if len(indices) == 1:
-        return indices, values
-    unique, inverse = np.unique(indices, return_inverse=True)
-    return unique, np.bincount(inverse, weights=values) / np.bincount(inverse)
-
-
+# -- SAZO: robust rule -----------------------------------------------------------------------
 STATISTICS = ("abs", "square")
 
-# From this N on, SAZOSampler keeps sum trees (O(B log N) per update) instead of refreshing an
-# O(N) CDF. Measured here, sample + update with B = 32: both ~0.5 ms at N = 2¹⁶; at N = 10⁶ the
-# CDF refresh takes ~7 ms and the trees ~0.6 ms; at N = 4096 the CDF wins (0.09 against 0.46 ms).
-SUM_TREE_MIN_EXAMPLES = 2 ** 16
 
-
-class _SeenUnseenTrees:
-    """SAZO's p_i = (1−λ)·s_i/S + λ/N in O(log N) per change, with two sum trees.
-
-    s_i is a seen example's score and s̄ (the prior, which moves with every update) an unseen
-    one's, S = Σ_seen s_i + s̄·n_unseen. One tree holds the seen scores (0 where unseen), one the
-    0/1 "unseen" flags, so a change of s̄ touches no leaf. A draw picks uniform (λ), seen ∝ s_i
-    ((1−λ)·Σ_seen s/S) or unseen uniformly (the rest); the marginal of the mixture is p.
-    """
-
-    def __init__(self, num_examples: int):
-        self.num_examples = num_examples
-        self.scores = SumTree(torch.zeros(num_examples, dtype=torch.float64))
-        self.unseen = SumTree(torch.ones(num_examples, dtype=torch.float64))
-
-    def set(self, indices: np.ndarray, scores: np.ndarray, seen: np.ndarray) -> None:
-        """Set the leaves of distinct ``indices``: score where seen, the unseen flag elsewhere."""
-        scores, flags = np.where(seen, scores, 0.0), (~seen).astype(np.float64)
-        if len(indices) == self.num_examples:  # every leaf (a loaded state): rebuild, O(N)
-            order = np.argsort(indices)
-            self.scores, self.unseen = SumTree(torch.from_numpy(scores[order])), SumTree(torch.from_numpy(flags[order]))
-            return
-        index = torch.from_numpy(np.asarray(indices, dtype=np.int64))
-        self.scores.update(index, torch.from_numpy(scores))
-        self.unseen.update(index, torch.from_numpy(flags))
-
-    def _mass(self, prior_score: float) -> tuple[float, float, float]:
-        seen_total, unseen_count = self.scores.total, self.unseen.total
-        return seen_total, unseen_count, seen_total + prior_score * unseen_count
-
-    def probs_at(self, indices: np.ndarray, uniform_mix: float, prior_score: float) -> np.ndarray:
-        """p_i for the given indices, from two leaf lookups and the trees' totals."""
-        total = self._mass(prior_score)[2]
-        if not total > 0:  # nothing seen yet: uniform
-            return np.full(len(indices), 1.0 / self.num_examples)
-        index = torch.from_numpy(np.asarray(indices, dtype=np.int64))
-        unseen = self.unseen.weights(index).numpy() > 0
-        scores = np.where(unseen, prior_score, self.scores.weights(index).numpy())
-        return (1.0 - uniform_mix) * scores / total + uniform_mix / self.num_examples
-
-    def sample(self, batch_size: int, generator: torch.Generator, uniform_mix: float,
-               prior_score: float) -> np.ndarray:
-        """B i.i.d. indices from the mixture (int64 [B])."""
-        seen_total, unseen_count, total = self._mass(prior_score)
-        if not total > 0:
-            return torch.randint(self.num_examples, (batch_size,), generator=generator).numpy()
-        u = torch.rand(batch_size, generator=generator, dtype=torch.float64).numpy()
-        part = np.where(u < uniform_mix, 0, np.where(u < uniform_mix + (1.0 - uniform_mix) * seen_total / total, 1, 2))
-        part[(part == 2) & (unseen_count <= 0)] = 1   # rounding at the edge: no unseen left
-        part[(part == 1) & (seen_total <= 0)] = 2     # ... or no seen score mass
-        indices = np.empty(batch_size, dtype=np.int64)
-        draws = (lambda k: torch.randint(self.num_examples, (k,), generator=generator),
-                 lambda k: self.scores.sample(k, generator), lambda k: self.unseen.sample(k, generator))
-        for which, draw in enumerate(draws):
-            chosen = part == which
-            if chosen.any():
-                indices[chosen] = draw(int(chosen.sum())).numpy()
-        return indices
-
-
-class SAZOSampler(Sampler):
+class SAZOSampler(_ScoredSampler):
     """Sample-adaptive ZO: importance sampling from per-example estimates of ‖∇f_i‖.
 
     Each MeZO step gives, for free, d_k = (f_k(θ+εz) − f_k(θ−εz))/(2ε) ≈ zᵀ∇f_k with
-    E[d_k²] = ‖∇f_k‖² and E|d_k| = sqrt(2/π)·‖∇f_k‖ (Gaussian z). SAZO keeps one score G_i
-    per example (∝ its norm) and samples p_i ∝ G_i, mixed with uniform:
+    E[d_k²] = ‖∇f_k‖² and E|d_k| = sqrt(2/π)·‖∇f_k‖ (Gaussian z). SAZO keeps one score per
+    example (∝ its norm) and samples p_i ∝ score, mixed with uniform. The rule as it runs:
 
         level:   L ← (1−a)·L + a·mean_k(w_k·|d_k|),       a = max(1/t, 1 − level_decay)
         observe: o_i = |d_i| / L                          (mean over duplicates in the batch)
-        prior:   Ḡ = sqrt(mean of G_j² over the examples seen so far)   (running sums)
-        update:  β_i = min(β, (n_i + c)/(n_i + c + 1)),   G_i ← β_i·(G_i if n_i > 0 else Ḡ) + (1−β_i)·o_i
-        sample:  p_i = (1−λ)·Ĝ_i/Σ_j Ĝ_j + λ/N,          Ĝ_i = G_i if n_i > 0 else Ḡ
+        prior:   s̄ = sqrt(mean of s_j² over the examples seen so far)   (running sums)
+        update:  β_i = min(β, (n_i + c)/(n_i + c + 1)),   G_i ← β_i·(G_i if n_i > 0 else s̄) + (1−β_i)·o_i
+        sample:  p_i = (1−λ)·ŝ_i/Σ_j ŝ_j + λ/N,          ŝ_i = s_i = G_i if n_i > 0 else s̄
 
-    Why each piece (a naive EMA of d² from a constant start needed ~1.8× more queries than
-    uniform sampling on a mildly heterogeneous problem; single d² are χ²₁-noisy and an
-    example is seen about once every N/B steps):
-    - Unseen examples take the prior Ḡ, neither starved nor favoured by a stale start;
-      before any data SAZO is uniform sampling. Ḡ is the root-mean-square score: an unseen
+    (``statistic="square"``: o_i = (|d_i|/L)², s_i = sqrt(G_i), and an unseen example's G
+    starts from s̄².) Relative observations are clipped at 1e30 and G is stored in float32.
+
+    Why each piece (the plain rule, ``PlainSAZOSampler``, needed ~1.8× more queries than
+    uniform sampling on a homogeneous problem; single d² are χ²₁-noisy and an example is
+    seen about once every N/B steps):
+    - Unseen examples take the prior s̄, neither starved nor favoured by a stale start;
+      before any data SAZO is uniform sampling. s̄ is the root-mean-square score: an unseen
       example's expected ‖∇f‖² is the data set's mean ‖∇f_j‖², and p ∝ sqrt(E‖∇f_i‖²)
-      minimises the expected V(p). With heavy-tailed norms this puts unseen examples above
-      the typical one (so the rare huge ones are found sooner); with alike norms Ḡ ≈ mean.
-    - A first observation is blended with ``prior_strength`` c pseudo-observations of Ḡ,
+      minimises the expected V(p).
+    - A first observation is blended with ``prior_strength`` c pseudo-observations of s̄,
       and β_i grows with the count n_i (a running mean first, the EMA β later, like Adam's
       bias correction): one noisy observation cannot starve an example.
     - The level L, an importance-weighted (w = 1/(N·p_i)) running mean of |d| over the
       whole data set, follows all norms as they shrink during training. Scores are stored
       relative to L at the time they were observed, so an example seen long ago (when every
       norm was larger) is not over-sampled just because its estimate is old.
-    - |d| (``statistic="abs"``) instead of d² (``"square"``, p ∝ sqrt(G)): both estimate the
-      norm, but |d| has relative variance π/2 − 1 ≈ 0.57 against 2 for d² and lighter
-      tails, so one lucky draw moves the EMA less; it did as well or better in our runs.
+    - |d| (``statistic="abs"``) instead of d²: both estimate the norm, but |d| has relative
+      variance π/2 − 1 ≈ 0.57 against 2 for d², so one lucky draw moves the EMA less.
     - λ = 0.1 keeps every example reachable and bounds the importance weights w ≤ 1/λ = 10.
 
-    Measured with ``python -m sazo_lite.bench queries`` (best lr per method, median of 3
-    seeds, 2% of the initial gap): about uniform's queries on the homogeneous quadratic,
-    ~2.8× fewer on the σ = 1.5 quadratic and ~3.5× fewer on logistic regression. SAZO learns an
-    example's norm only when it samples it, so it trails the oracle, most of all early on.
+    Huge but finite diffs: the level works in units of |d| for both statistics, so |d| up to
+    ~1e300 keeps it finite; an update that would still overflow it raises ``ValueError``
+    with the state unchanged. Measured queries against uniform and the oracle: README.
 
     Args:
         num_examples: N.
         ema_decay: β ∈ [0, 1): the EMA decay once an example has been seen often.
         uniform_mix: λ ∈ (0, 1]; 1 is uniform sampling.
-        prior_strength: c ≥ 0 pseudo-observations of the prior Ḡ blended into a first observation.
-        statistic: "abs" (G tracks |d|, p ∝ G) or "square" (G tracks d², p ∝ sqrt(G)).
+        prior_strength: c ≥ 0 pseudo-observations of the prior s̄ blended into a first observation.
+        statistic: "abs" (G tracks |d|/L, s = G) or "square" (G tracks (d/L)², s = sqrt(G)).
         level_decay: decay ∈ [0, 1) of the data-set-wide level L (0.99: averages ~100 steps).
-        sum_tree: keep p in sum trees, O(B log N) per update, instead of an O(N) CDF refresh.
+        sum_tree: keep the scores in sum trees, O(B log N) per update, instead of an O(N) pass.
             None (default) chooses by N (trees from ``SUM_TREE_MIN_EXAMPLES`` = 2¹⁶ on). Same
-            distribution either way; the index streams of the two differ.
+            distribution either way (to float32 rounding of the tree's sums).
         seed: seed of the sampling generator.
 
     Example:
@@ -377,183 +616,117 @@ class SAZOSampler(Sampler):
                  prior_strength: float = 1.0, statistic: str = "abs", level_decay: float = 0.99,
                  sum_tree: bool | None = None, seed: int = 0):
         super().__init__(num_examples, seed=seed)
-        self.ema_decay = _check_fraction("ema_decay", ema_decay, 0.0, 1.0, closed_low=True, closed_high=False)
-        self.uniform_mix = _check_fraction("uniform_mix", uniform_mix, 0.0, 1.0, closed_low=False, closed_high=True)
-        self.prior_strength = _check_fraction("prior_strength", prior_strength, 0.0, float("inf"),
-                                              closed_low=True, closed_high=False)
-        self.level_decay = _check_fraction("level_decay", level_decay, 0.0, 1.0, closed_low=True, closed_high=False)
-        if statistic not in STATISTICS:
-            raise ValueError(f"Invalid statistic: {statistic!r} (expected one of {STATISTICS})")
-        self.statistic = statistic
-        # Per-example state lives in numpy (B-sized updates cost ~1 µs per op instead of
-        # ~5 µs in torch); ``estimates``/``counts`` are torch views of the same memory.
-        self._g = np.zeros(num_examples)                     # G_i, relative to L, [N] float64
-        self._n = np.zeros(num_examples, dtype=np.int64)     # n_i, [N]
-        self.level, self.level_steps = 0.0, 0                # L and how often it was updated
-        self._seen_sum, self._seen_sq, self._seen_count = 0.0, 0.0, 0  # running Σ G, Σ G² over seen
-        self._since_resync = 0
-        if sum_tree is None:
-            sum_tree = num_examples >= SUM_TREE_MIN_EXAMPLES
-        elif not isinstance(sum_tree, bool):
-            raise ValueError(f"Invalid sum_tree: {sum_tree!r} (expected True, False or None)")
-        self._trees = _SeenUnseenTrees(num_examples) if sum_tree else None  # built all unseen
-        self._p = self._cdf = None  # CDF mode: cached probs [N] and their CDF, refreshed per update
-        if self._trees is None:
-            self._refresh_probs()
-
-    @property
-    def estimates(self) -> torch.Tensor:
-        """G [N] float64 (relative to the level at observation time; 0 where unseen), a view."""
-        return torch.from_numpy(self._g)
-
-    @property
-    def counts(self) -> torch.Tensor:
-        """n [N] int64: how often each example was observed, a view."""
-        return torch.from_numpy(self._n)
+        self.ema_decay = check_fraction("ema_decay", ema_decay, 0.0, 1.0, closed_low=True, closed_high=False)
+        self.uniform_mix = check_fraction("uniform_mix", uniform_mix, 0.0, 1.0, closed_low=False, closed_high=True)
+        self.prior_strength = check_number("prior_strength", prior_strength, 0.0)
+        self.level_decay = check_fraction("level_decay", level_decay, 0.0, 1.0, closed_low=True, closed_high=False)
+        self.statistic = check_choice("statistic", statistic, STATISTICS)
+        self._g = np.zeros(num_examples, dtype=np.float32)    # G_i relative to L; 0 where unseen
+        self._n = np.zeros(num_examples, dtype=np.uint16)     # n_i, saturating
+        self.level, self.level_steps = 0.0, 0                 # L and how often it was updated
+        self._seen_sq, self._seen_count, self._since_resync = 0.0, 0, 0  # running Σ s² over the seen
+        self._init_store(sum_tree)
 
     # -- reading the state ----------------------------------------------------------------
-    def prior(self) -> float:
-        """Ḡ: the score of an example not seen yet (0 before any observation).
+    def _seen_scores(self, indices: np.ndarray) -> np.ndarray:
+        g = self._g[indices].astype(np.float64)
+        return np.sqrt(g) if self.statistic == "square" else g   # 0 where unseen (G = 0 there)
 
-        The score whose square is the mean squared score over the seen examples, i.e. the
-        root-mean-square norm estimate: under the data set's spread of norms, an unseen
-        example's expected ‖∇f‖² is the mean of ‖∇f_j‖², and p ∝ sqrt(E‖∇f_i‖²) minimises
-        the expected V(p). ("square" scores already live in squared units: their mean.)
-        """
+    def _prior_score(self) -> float:
+        """s̄: the root-mean-square sampling score of the seen examples (0 before any)."""
         if not self._seen_count:
             return 0.0
-        if self.statistic == "square":
-            return self._seen_sum / self._seen_count
         return math.sqrt(max(self._seen_sq, 0.0) / self._seen_count)
 
-    def scores(self) -> torch.Tensor:
-        """Ĝ [N] float64 (relative units): G_i for seen examples, the prior Ḡ for unseen ones."""
-        return torch.from_numpy(self._scores())
-
-    def _scores(self) -> np.ndarray:
-        return np.where(self._n > 0, self._g, self.prior())
+    def prior(self) -> float:
+        """The prior in G's units: s̄ ("abs") or s̄² ("square"), what an unseen example's G starts from."""
+        prior = self._prior_score()
+        return prior * prior if self.statistic == "square" else prior
 
     def norm_estimates(self) -> torch.Tensor:
         """Estimates of ‖∇f_i‖ [N] at the current level (Gaussian z), float64."""
-        scores = self.scores().clamp_min(0)
+        scores = self.scores()
         if self.statistic == "abs":  # E|d| = sqrt(2/π)·‖∇f‖
             return scores * self.level * math.sqrt(math.pi / 2)
-        return (scores * self.level).sqrt()
+        return scores * self.level
 
     def squared_norm_estimates(self) -> torch.Tensor:
         """Estimates of ‖∇f_i‖² [N] (what E[d_i²] measures), float64."""
         return self.norm_estimates() ** 2
 
-    @property
-    def probs(self) -> torch.Tensor:
-        """p_i = (1−λ)·Ĝ_i/ΣĜ + λ/N (Ĝ: norm scores), float64 [N], a copy."""
-        if self._trees is None:
-            return torch.tensor(self._p)
-        return torch.from_numpy(self._probs_at(np.arange(self.num_examples)))
-
-    def sample(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draw B indices i.i.d. from ``probs`` (O(B log N)); weights 1/(N·p_i).
-
-        Inverse CDF over a cached CDF; with ``sum_tree``, a draw from the mixture
-        uniform (λ) / seen ∝ score / unseen uniformly, whose marginal is exactly ``probs``.
-        """
-        _check_count("batch_size", batch_size)
-        if self._trees is not None:
-            indices = self._trees.sample(batch_size, self._generator, self.uniform_mix, self._prior_score())
-        else:
-            uniforms = torch.rand(batch_size, generator=self._generator, dtype=torch.float64).numpy()
-            indices = np.searchsorted(self._cdf, uniforms * self._cdf[-1], side="right")
-            indices = np.minimum(indices, self.num_examples - 1)  # guards u·total rounding up
-        return torch.from_numpy(indices), torch.from_numpy(1.0 / (self.num_examples * self._probs_at(indices)))
-
-    def _probs_at(self, indices: np.ndarray) -> np.ndarray:
-        """p_i for the given indices: a lookup in CDF mode, O(1) each from the trees' totals."""
-        if self._trees is None:
-            return self._p[indices]
-        return self._trees.probs_at(indices, self.uniform_mix, self._prior_score())
-
-    def _prior_score(self) -> float:
-        """The sampling score of an unseen example (Ḡ, or sqrt(Ḡ) for "square")."""
-        prior = max(self.prior(), 0.0)
-        return math.sqrt(prior) if self.statistic == "square" else prior
-
     # -- learning -------------------------------------------------------------------------
-    def _observe(self, indices: torch.Tensor, diffs: torch.Tensor) -> None:
+    def _observe(self, indices, diffs, losses) -> None:
         if not indices.numel():
             return
-        indices, diffs = indices.numpy(), diffs.numpy()
-        stat = np.abs(diffs) if self.statistic == "abs" else diffs * diffs     # [B]
-        self._update_level(stat, indices)
-        if len(indices) == 1:
-            unique, observed = indices, stat
-        else:  # duplicates: the mean of their statistic
-            unique, inverse = np.unique(indices, return_inverse=True)
-            observed = np.bincount(inverse, weights=stat) / np.bincount(inverse)
-        observed = observed / self.level if self.level > 0 else np.zeros_like(observed)
-        self._blend(unique, observed)
-        self._refresh_probs(unique)
-
-    def _update_level(self, stat: np.ndarray, indices: np.ndarray) -> None:
-        """L ← EMA of mean_k(w_k·stat_k): an unbiased estimate of (1/N)·Σ_i E[stat_i]."""
-        weights = 1.0 / (self.num_examples * self._probs_at(indices))       # the sampling weights
-        self.level_steps += 1
-        rate = max(1.0 / self.level_steps, 1.0 - self.level_decay)
-        self.level = (1.0 - rate) * self.level + rate * float((weights * stat).sum()) / len(stat)
-
-    def _blend(self, unique: np.ndarray, observed: np.ndarray) -> None:
-        """G_i ← β_i·old_i + (1−β_i)·o_i with the prior standing in for unseen examples."""
-        counts = self._n[unique]
+        indices, size = indices.numpy(), np.abs(diffs.numpy())
+        # everything is computed first, then written: a failure leaves the state unchanged
+        with np.errstate(over="ignore", invalid="ignore"):
+            weights = 1.0 / (self.num_examples * self._probs_at(indices))       # the sampling weights
+            steps = self.level_steps + 1
+            rate = max(1.0 / steps, 1.0 - self.level_decay)
+            level = (1.0 - rate) * self.level + rate * float(np.mean(weights * size))
+        if not math.isfinite(level):
+            raise ValueError("Invalid directional_diffs: too large (the level |d| would overflow float64)")
+        observed = np.minimum(size / level, SCORE_MAX) if level > 0 else np.zeros(len(size))
+        if self.statistic == "square":
+            observed = np.minimum(observed * observed, SCORE_MAX)
+        unique, observed = _mean_by_index(indices, observed)   # duplicates: the mean statistic
+        counts = self._n[unique].astype(np.float64)
         seen = counts > 0
-        old = np.where(seen, self._g[unique], self.prior())
+        prior = self.prior()
+        old = np.where(seen, self._g[unique].astype(np.float64), prior)
         strength = self.prior_strength if self._seen_count else 0.0  # no prior before any data
         decay = np.minimum((counts + strength) / (counts + strength + 1.0), self.ema_decay)
-        new = decay * old + (1.0 - decay) * observed
-        self._seen_sum += float(new.sum() - old[seen].sum())
-        self._seen_sq += float((new * new).sum() - (old[seen] ** 2).sum())
-        self._seen_count += int(len(unique) - seen.sum())
+        new = (decay * old + (1.0 - decay) * observed).astype(np.float32)
+        old_scores = self._seen_scores(unique)[seen]
+        # commit
+        self.level, self.level_steps = level, steps
         self._g[unique] = new
-        self._n[unique] += 1
+        self._n[unique] = np.minimum(self._n[unique].astype(np.int64) + 1, COUNT_MAX)
+        new_scores = self._seen_scores(unique)
+        self._seen_sq += float((new_scores * new_scores).sum() - (old_scores * old_scores).sum())
+        self._seen_count += int(len(unique) - seen.sum())
         self._since_resync += len(unique)
         if self._since_resync >= self.num_examples:  # bound the running sum's rounding drift
             self._resync()
+        self._store.refresh(unique)
 
     def _resync(self) -> None:
-        seen = self._n > 0
-        self._seen_sum, self._seen_sq = float(self._g[seen].sum()), float((self._g[seen] ** 2).sum())
-        self._seen_count, self._since_resync = int(seen.sum()), 0
-
-    def _refresh_probs(self, changed: np.ndarray | None = None) -> None:
-        """CDF mode: recompute p and its CDF, O(N). Tree mode: reset the changed leaves, O(B log N)."""
-        if self._trees is not None:
-            changed = np.arange(self.num_examples) if changed is None else changed
-            scores = np.maximum(self._g[changed], 0.0)
-            self._trees.set(changed, np.sqrt(scores) if self.statistic == "square" else scores,
-                            seen=self._n[changed] > 0)
-            return
-        scores = np.maximum(self._scores(), 0.0)
-        if self.statistic == "square":
-            scores = np.sqrt(scores)
-        total = float(scores.sum())
-        uniform = 1.0 / self.num_examples
-        if total > 0:
-            self._p = (1.0 - self.uniform_mix) * scores / total + self.uniform_mix * uniform
-        else:
-            self._p = np.full(self.num_examples, uniform)
-        self._cdf = np.cumsum(self._p)
+        seen = np.flatnonzero(self._n > 0)
+        scores = self._seen_scores(seen)
+        self._seen_sq, self._seen_count, self._since_resync = float((scores * scores).sum()), len(seen), 0
 
     # -- checkpoints ----------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "estimates": self.estimates.clone(), "counts": self.counts.clone(),
-                "level": self.level, "level_steps": self.level_steps,
-                "hyperparameters": dict(ema_decay=self.ema_decay, uniform_mix=self.uniform_mix,
-                                        prior_strength=self.prior_strength, statistic=self.statistic,
-                                        level_decay=self.level_decay)}
+    def _hyperparameters(self) -> dict:
+        return dict(ema_decay=self.ema_decay, uniform_mix=self.uniform_mix, prior_strength=self.prior_strength,
+                    statistic=self.statistic, level_decay=self.level_decay, sum_tree=self.sum_tree)
 
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self._g[:] = torch.as_tensor(state["estimates"], dtype=torch.float64).numpy()
-        self._n[:] = torch.as_tensor(state["counts"], dtype=torch.int64).numpy()
-        self.level, self.level_steps = float(state["level"]), int(state["level_steps"])
-        self.__dict__.update(state["hyperparameters"])
-        self._resync()
-        self._refresh_probs()
+    def _check_hyperparameters(self, hyper: dict) -> dict:
+        checked = super()._check_hyperparameters(hyper)
+        if checked["sum_tree"] != self.sum_tree:
+            raise ValueError("Invalid state: sum_tree differs (the store is chosen at construction)")
+        return checked
+
+    def _extra_state(self) -> dict:
+        return dict(level=self.level, level_steps=self.level_steps, seen_sq=self._seen_sq,
+                    seen_count=self._seen_count, since_resync=self._since_resync)
+
+    def _check_extra(self, extra: dict, g: np.ndarray, n: np.ndarray) -> dict:
+        expected = set(self._extra_state())
+        if set(extra) != expected:
+            raise ValueError(f"Invalid state: extra {sorted(extra)} (expected {sorted(expected)})")
+        seen = int((n > 0).sum())
+        checked = dict(level=check_number("level", extra["level"], 0.0),
+                       level_steps=check_int("level_steps", extra["level_steps"], 0),
+                       seen_sq=check_number("seen_sq", extra["seen_sq"], 0.0),
+                       seen_count=check_int("seen_count", extra["seen_count"], 0),
+                       since_resync=check_int("since_resync", extra["since_resync"], 0))
+        if checked["seen_count"] != seen:
+            raise ValueError(f"Invalid state: seen_count {checked['seen_count']} != {seen} examples with counts > 0")
+        if (g[n == 0] != 0).any():
+            raise ValueError("Invalid state: estimates must be 0 where counts are 0")
+        return checked
+
+    def _apply_extra(self, extra: dict) -> None:
+        self.level, self.level_steps = extra["level"], extra["level_steps"]
+        self._seen_sq, self._seen_count, self._since_resync = extra["seen_sq"], extra["seen_count"], extra["since_resync"]

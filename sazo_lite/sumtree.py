@@ -1,20 +1,18 @@
 """A sum tree: draw B indices ∝ weights and change B weights in O(B log N) instead of O(N).
 
-Layout (L = N rounded up to a power of two, nodes 1..2L−1, root 1):
+Layout: the implicit heap over N leaves, no padding to a power of two (nodes 1..2N−1, root 1):
 
-    tree[L + i]  = w_i                          leaves
-    tree[k]      = tree[2k] + tree[2k + 1]      internal nodes; tree[1] = Σ w
+    node N + i   = w_i                                    leaf i
+    node k < N   = value(2k) + value(2k + 1)              internal nodes; node 1 = Σ w
 
-Drawing: u ~ U[0, Σw); from the root, go left if u < tree[2k], else subtract it and go right.
-All B draws descend together, one array op per level (log₂ L levels).
+Only the N − 1 internal sums are stored here (``dtype``, default float64); the leaves are
+either held by the tree (``SumTree(weights)``) or read on demand from their owner
+(``SumTree.over(num_leaves, leaf_values)``), so a sampler that already keeps its scores does
+not keep them twice. Every internal node is recomputed from its two children, never by
+adding a difference, so a tree rebuilt from the same leaves has the very same sums.
 
-How ``SAZOSampler`` uses it from N = 2¹⁶ on (``samplers._SeenUnseenTrees``): its probabilities
-are p_i = (1−λ)·s_i/Σ_j s_j + λ/N with s_i = score of a seen example and s̄ (the running
-prior) for every unseen one. It keeps one tree over the seen
-scores (0 where unseen) and one over 0/1 "unseen" flags, and draw from the mixture
-(uniform w.p. λ; seen ∝ s_i; unseen uniformly). Then ``sample`` + ``update`` cost O(B log N)
-instead of an O(N) refresh of p and its CDF. Memory: 2L float64 per tree (16 bytes per
-example per tree when N is a power of two).
+Drawing: u ~ U[0, Σw); from the root, go left if u < value(2k), else subtract it and go right,
+until a leaf (leaves sit at two depths, ⌊log₂N⌋ and ⌈log₂N⌉). All B draws descend together.
 
 Example:
     >>> tree = SumTree(torch.tensor([1.0, 0.0, 3.0]))
@@ -25,84 +23,139 @@ Example:
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 
+from .validation import check_count
 
 __all__ = ["SumTree"]
 
 
-def _check_count(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"Invalid {name}: {value!r} (expected an int >= 1)")
-    return value
-
-
 class SumTree:
-    """Partial sums over N non-negative float64 weights.
+    """Partial sums over N non-negative weights.
 
     Args:
-        weights: initial weights [N] (non-negative, finite).
+        weights: initial weights [N] (non-negative, finite), kept by the tree as float64.
     """
 
     def __init__(self, weights: torch.Tensor):
         weights = torch.as_tensor(weights).detach().to("cpu", torch.float64)
         if weights.dim() != 1 or weights.numel() == 0:
             raise ValueError(f"Invalid weights: expected a non-empty 1-D tensor, got shape {tuple(weights.shape)}")
-        self._check_values(weights)
-        self.num_leaves = weights.numel()
-        self.leaf_base = 1 << max(0, (self.num_leaves - 1).bit_length())   # L
-        self.depth = self.leaf_base.bit_length() - 1                        # log₂ L
-        # numpy inside: a level costs ~1 µs per op at B ≤ 64 instead of ~5 µs in torch
-        self._tree = np.zeros(2 * self.leaf_base)
-        self._tree[self.leaf_base:self.leaf_base + self.num_leaves] = weights.numpy()
-        for level in range(self.depth - 1, -1, -1):                          # build bottom-up, O(L)
-            lo, hi = 1 << level, 2 << level
-            self._tree[lo:hi] = self._tree[2 * lo:2 * hi:2] + self._tree[2 * lo + 1:2 * hi:2]
+        self._check_values(weights.numpy())
+        self._leaves = weights.numpy().copy()
+        self._setup(len(self._leaves), lambda idx: self._leaves[idx], np.float64)
 
-    @property
-    def tree(self) -> torch.Tensor:
-        """All 2L node sums (index 0 unused), float64, a view."""
-        return torch.from_numpy(self._tree)
+    @classmethod
+    def over(cls, num_leaves: int, leaf_values: Callable[[np.ndarray], np.ndarray],
+             dtype=np.float64) -> "SumTree":
+        """A tree whose leaves live elsewhere: ``leaf_values(indices)`` returns them (≥ 0).
 
-    @staticmethod
-    def _check_values(values: torch.Tensor) -> None:
-        if not bool(torch.isfinite(values).all()) or bool((values < 0).any()):
-            raise ValueError("Invalid weights: entries must be finite and non-negative")
+        After the owner changes leaves, call ``refresh(indices)``. ``dtype`` is the type of
+        the stored internal sums (float32 halves the memory; sums then carry float32 rounding).
+        """
+        tree = cls.__new__(cls)
+        tree._leaves = None
+        tree._setup(check_count("num_leaves", num_leaves), leaf_values, dtype)
+        return tree
+
+    def _setup(self, num_leaves: int, leaf_values, dtype) -> None:
+        self.num_leaves = num_leaves
+        self._leaf_values = leaf_values
+        self._sums = np.zeros(num_leaves, dtype=dtype)  # node k < N at _sums[k]; _sums[0] unused
+        self.rebuild()
+
+    # -- reading ---------------------------------------------------------------------------
+    def _value(self, nodes: np.ndarray) -> np.ndarray:
+        """Node sums (internal) or leaf weights, float64, for heap node numbers."""
+        n = self.num_leaves
+        leaf = nodes >= n
+        out = np.empty(len(nodes))
+        out[~leaf] = self._sums[nodes[~leaf]]
+        if leaf.any():
+            out[leaf] = self._leaf_values(nodes[leaf] - n)
+        return out
 
     @property
     def total(self) -> float:
         """Σ w (the root)."""
-        return float(self._tree[1])
+        return float(self._value(np.ones(1, dtype=np.int64))[0])
+
+    @property
+    def tree(self) -> torch.Tensor:
+        """All 2N node values (index 0 unused; internal sums then leaves), float64, a copy."""
+        return torch.from_numpy(self._value(np.arange(2 * self.num_leaves)))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this tree stores (internal sums, plus the leaves when it owns them)."""
+        return self._sums.nbytes + (0 if self._leaves is None else self._leaves.nbytes)
 
     def weights(self, indices: torch.Tensor) -> torch.Tensor:
         """w_i for the given indices (float64)."""
-        return torch.from_numpy(self._tree[self.leaf_base + torch.as_tensor(indices, dtype=torch.long).numpy()])
+        return torch.from_numpy(self._leaf_values(torch.as_tensor(indices, dtype=torch.long).numpy()))
+
+    # -- changing --------------------------------------------------------------------------
+    @staticmethod
+    def _check_values(values: np.ndarray) -> None:
+        if not np.isfinite(values).all() or (values < 0).any():
+            raise ValueError("Invalid weights: entries must be finite and non-negative")
 
     def update(self, indices: torch.Tensor, values: torch.Tensor) -> None:
-        """Set w[indices] = values (last write wins for repeats), then fix the log₂ L ancestors."""
+        """Set w[indices] = values (last write wins for repeats) in a tree that owns its leaves."""
+        if self._leaves is None:
+            raise ValueError("Invalid update: this tree reads its leaves from their owner; use refresh()")
         indices = torch.as_tensor(indices, dtype=torch.long)
-        values = torch.as_tensor(values, dtype=torch.float64).expand(indices.shape)
+        values = torch.as_tensor(values, dtype=torch.float64).expand(indices.shape).numpy()
         if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= self.num_leaves):
             raise ValueError(f"Invalid indices: values must lie in [0, {self.num_leaves})")
         self._check_values(values)
-        nodes = self.leaf_base + indices.numpy()
-        self._tree[nodes] = values.numpy()
-        for _ in range(self.depth):  # one level up per iteration, B nodes at most
-            nodes = np.unique(nodes // 2)
-            self._tree[nodes] = self._tree[2 * nodes] + self._tree[2 * nodes + 1]
+        self._leaves[indices.numpy()] = values
+        self.refresh(indices.numpy())
 
+    def refresh(self, indices: np.ndarray) -> None:
+        """Recompute the ancestors of changed leaves, O(B log N); each node from its children."""
+        nodes = np.unique((self.num_leaves + np.asarray(indices, dtype=np.int64)) // 2)
+        while nodes.size and nodes[-1] >= 1:
+            nodes = nodes[nodes >= 1]
+            # Leaves sit at two depths: a node may be recomputed twice; the last time its
+            # children are final (the deeper path reaches it one round later).
+            self._sums[nodes] = self._value(2 * nodes) + self._value(2 * nodes + 1)
+            nodes = np.unique(nodes // 2)
+
+    def rebuild(self) -> None:
+        """Recompute every internal sum from the leaves, O(N), children before parents."""
+        n = self.num_leaves
+        if n < 2:
+            return
+        leaves = np.asarray(self._leaf_values(np.arange(n)), dtype=np.float64)
+        values = np.concatenate([np.zeros(n), leaves])  # node values, float64 [2N]
+        high = n  # nodes [low, high) form one heap level; the last level is partial
+        low = 1 << ((n - 1).bit_length() - 1)
+        while high > 1:
+            nodes = np.arange(low, high)
+            self._sums[nodes] = values[2 * nodes] + values[2 * nodes + 1]
+            values[nodes] = self._sums[nodes]  # what the parents will read (rounded like refresh)
+            high, low = low, low // 2
+
+    # -- drawing ---------------------------------------------------------------------------
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """B i.i.d. indices with P(i) = w_i / Σw (LongTensor [B]); needs Σw > 0."""
-        _check_count("batch_size", batch_size)
-        if not self.total > 0:
+        check_count("batch_size", batch_size)
+        total = self.total
+        if not total > 0:
             raise ValueError("Invalid weights: cannot sample when all weights are zero")
-        u = torch.rand(batch_size, generator=generator, dtype=torch.float64).numpy() * self._tree[1]
+        u = torch.rand(batch_size, generator=generator, dtype=torch.float64).numpy() * total
         node = np.ones(batch_size, dtype=np.int64)
-        for _ in range(self.depth):
-            left, right = self._tree[2 * node], self._tree[2 * node + 1]
+        active = node < self.num_leaves
+        while active.any():
+            at = node[active]
+            left, right = self._value(2 * at), self._value(2 * at + 1)
             # go right past the left mass; never into an empty subtree (rounding at the edges)
-            go_right = ((u >= left) & (right > 0)) | (left <= 0)
-            u = np.where(go_right, u - left, u)
-            node = 2 * node + go_right
-        return torch.from_numpy(node - self.leaf_base)
+            go_right = ((u[active] >= left) & (right > 0)) | (left <= 0)
+            u[active] = np.where(go_right, u[active] - left, u[active])
+            node[active] = 2 * at + go_right
+            active = node < self.num_leaves
+        return torch.from_numpy(node - self.num_leaves)

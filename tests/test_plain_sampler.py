@@ -29,8 +29,9 @@ def test_rule_matches_a_plain_reference_on_random_feedback():
         for i in idx.unique():
             mean_sq = (diffs[idx == i] ** 2).mean()
             g[i] = beta * g[i] + (1 - beta) * mean_sq
-        assert torch.allclose(sampler.estimates, g, rtol=1e-12, atol=0)
-        assert torch.allclose(sampler.probs, _reference_probs(g, mix), rtol=1e-12, atol=0)
+        # G is stored in float32: the float64 reference agrees to float32 precision
+        assert torch.allclose(sampler.estimates.double(), g, rtol=1e-6, atol=0)
+        assert torch.allclose(sampler.probs, _reference_probs(g, mix), rtol=1e-6, atol=0)
 
 
 def test_constant_start_favours_unseen_examples_when_norms_are_small():
@@ -46,7 +47,7 @@ def test_duplicates_use_the_mean_of_d_squared():
     twice, once = PlainSAZOSampler(3), PlainSAZOSampler(3)
     twice.update(torch.tensor([1, 1]), torch.tensor([1.0, 3.0]))
     once.update(torch.tensor([1]), torch.tensor([math.sqrt(5.0)], dtype=torch.float64))
-    assert torch.allclose(twice.estimates, once.estimates, rtol=1e-12)
+    assert torch.allclose(twice.estimates, once.estimates, rtol=1e-6)
     assert int(twice.counts[1]) == 1
 
 
@@ -77,8 +78,9 @@ def test_state_round_trip_resumes_bit_exactly():
     assert torch.equal(a.estimates, b.estimates)
 
 
-def test_overflowing_square_is_rejected_with_state_unchanged():
-    sampler = PlainSAZOSampler(4)
+@pytest.mark.parametrize("sum_tree", [False, True])
+def test_overflowing_square_is_rejected_with_state_unchanged(sum_tree):
+    sampler = PlainSAZOSampler(4, sum_tree=sum_tree)
     before = sampler.estimates.clone()
     with pytest.raises(ValueError, match="directional_diffs"):
         sampler.update(torch.tensor([0]), torch.tensor([1e200], dtype=torch.float64))

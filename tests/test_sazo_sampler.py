@@ -87,7 +87,7 @@ def test_probs_sum_to_one_and_respect_the_floor(statistic, mix, sum_tree):
         sampler.update(idx, diffs)
         p = sampler.probs
         assert p.dtype == torch.float64 and p.shape == (n,)
-        assert abs(float(p.sum()) - 1.0) < 1e-12
+        assert abs(float(p.sum()) - 1.0) < (1e-6 if sum_tree else 1e-12)  # trees: float32 sums
         assert float(p.min()) >= mix / n * (1 - 1e-12)
     if mix == 1.0:
         assert torch.allclose(sampler.probs, torch.full((n,), 1.0 / n, dtype=torch.float64))
@@ -109,11 +109,12 @@ def test_before_any_data_sampling_is_uniform_and_unseen_examples_take_the_prior(
     sampler = SAZOSampler(8, statistic=statistic, sum_tree=sum_tree, seed=0)
     assert torch.allclose(sampler.probs, torch.full((8,), 1 / 8, dtype=torch.float64))
     sampler.update(torch.tensor([0, 1, 2]), torch.tensor([1.0, 2.0, 6.0]))
-    seen = sampler.estimates[:3]
-    # The prior is the root-mean-square norm score of the seen examples.
-    rms = float(seen.pow(2).mean().sqrt()) if statistic == "abs" else float(seen.mean())
-    assert math.isclose(sampler.prior(), rms, rel_tol=1e-12)
-    assert torch.allclose(sampler.scores()[3:], torch.full((5,), rms, dtype=torch.float64))
+    seen = sampler.estimates[:3].double()
+    # The prior is the root-mean-square sampling score of the seen examples (G's units: prior()).
+    scores = seen if statistic == "abs" else seen.sqrt()
+    rms = float(scores.pow(2).mean().sqrt())
+    assert math.isclose(sampler.prior(), rms if statistic == "abs" else rms ** 2, rel_tol=1e-12)
+    assert torch.allclose(sampler.scores()[3:], torch.full((5,), rms, dtype=torch.float64), rtol=1e-12)
     p = sampler.probs
     assert float(p[2]) > float(p[1]) > float(p[0])  # larger |d| -> sampled more
     assert float(p[0]) < float(p[3]) < float(p[2])  # unseen sit in between: neither starved nor favoured
@@ -127,8 +128,10 @@ def test_duplicates_use_the_mean_of_their_statistic(statistic, pair, single):
     twice.update(torch.tensor([3, 3]), torch.tensor(pair))
     once.update(torch.tensor([3]), torch.tensor([single], dtype=torch.float64))
     assert int(twice.counts[3]) == 1
-    assert torch.allclose(twice.estimates, once.estimates) and math.isclose(twice.level, once.level)
-    assert torch.allclose(twice.squared_norm_estimates(), once.squared_norm_estimates())
+    if statistic == "abs":
+        assert torch.allclose(twice.estimates, once.estimates) and math.isclose(twice.level, once.level)
+    # "square": the level is a mean |d| (2 against sqrt 5), but the norm estimate is the same
+    assert torch.allclose(twice.squared_norm_estimates(), once.squared_norm_estimates(), rtol=1e-6)
 
 
 @pytest.mark.parametrize("sum_tree", [False, True])
@@ -163,13 +166,14 @@ def test_sum_tree_mode_has_the_cdf_modes_distribution(statistic):
         diffs = torch.randn(8, generator=gen, dtype=torch.float64) * (1 + idx.double() / 30)
         cdf.update(idx, diffs)
         tree.update(idx, diffs)
-        if step % 50 == 0:
-            assert torch.allclose(cdf.probs, tree.probs, rtol=1e-12, atol=0)
+        if step % 50 == 0:  # the trees keep float32 sums: equal to float32 precision
+            assert torch.allclose(cdf.probs, tree.probs, rtol=1e-6, atol=0)
             drawn, weights = tree.sample(16)
-            assert torch.allclose(weights, 1.0 / (300 * cdf.probs[drawn]), rtol=1e-12, atol=0)
+            assert torch.allclose(weights, 1.0 / (300 * cdf.probs[drawn]), rtol=1e-6, atol=0)
         if step == 50:
             assert 0 < int((tree.counts == 0).sum()) < 300  # seen and unseen examples both in play
-    assert torch.allclose(cdf.probs, tree.probs, rtol=1e-12, atol=0)
+    assert torch.allclose(cdf.probs, tree.probs, rtol=1e-6, atol=0)
+    assert not torch.allclose(cdf.probs, SAZOSampler(300, statistic=statistic).probs, rtol=1e-6)  # it can fail
 
 
 def test_sum_tree_is_chosen_from_its_threshold_and_validated():
@@ -179,9 +183,9 @@ def test_sum_tree_is_chosen_from_its_threshold_and_validated():
     small = SAZOSampler(SUM_TREE_MIN_EXAMPLES, sum_tree=False, seed=0)
     for sampler in (big, small):
         sampler.update(torch.arange(64), torch.linspace(0.1, 5.0, 64))
-    assert big._trees is not None and small._trees is None
+    assert big.sum_tree and not small.sum_tree
     idx, weights = big.sample(32)
-    assert torch.allclose(weights, 1.0 / (SUM_TREE_MIN_EXAMPLES * small.probs[idx]), rtol=1e-12, atol=0)
+    assert torch.allclose(weights, 1.0 / (SUM_TREE_MIN_EXAMPLES * small.probs[idx]), rtol=1e-6, atol=0)
     with pytest.raises(ValueError, match="sum_tree"):
         SAZOSampler(10, sum_tree="yes")
 
@@ -199,7 +203,7 @@ def test_running_prior_matches_a_plain_recomputation(statistic):
     for _ in range(300):
         idx, _ = sampler.sample(5)
         sampler.update(idx, torch.randn(5, generator=gen, dtype=torch.float64) * 10)
-        seen = sampler.estimates[sampler.counts > 0]
+        seen = sampler.estimates[sampler.counts > 0].double()
         plain = seen.mean() if statistic == "square" else seen.pow(2).mean().sqrt()
         assert math.isclose(sampler.prior(), float(plain), rel_tol=1e-9)
 
