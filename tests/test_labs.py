@@ -1,12 +1,15 @@
-"""Graded labs: otter assign strips solutions and hidden tests; local grading is right and never hangs.
+"""Graded labs: otter assign strips solutions and hidden tests; sandboxed grading is right, cannot be
+cheated by the usual tricks and never hangs.
 
-Builds every master into a temporary folder, then grades (a few at once) each lab's own
-solutions, the untouched student notebook, and for lab 1 a submission with infinite loops.
+Builds every master into a temporary folder, then grades each lab's own solutions and untouched
+student notebook, and for lab 1 cheating submissions (patch otter, read the masters, shadow abs,
+a detached process rewriting score.json) and hanging ones (loops that catch the interrupt).
 """
 from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +23,6 @@ pytest.importorskip("otter")
 from sazo_lite import labs  # noqa: E402
 
 MASTERS = labs.find_masters()
-LOOP_CELL_TIMEOUT, LOOP_TEST_TIMEOUT, LOOP_NOTEBOOK_TIMEOUT = 15, 6, 300
 
 
 def _code(nb) -> list[str]:
@@ -51,20 +53,6 @@ def _tests(master) -> tuple[list[str], list[str]]:
     return hidden, public
 
 
-def _loop_submission(autograder_nb: Path, path: Path) -> None:
-    """Lab 1 solutions with two infinite loops: inside a function only the tests call (q2)
-    and at the top level of an answer cell (q4)."""
-    nb = nbformat.read(autograder_nb, as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type != "code":
-            continue
-        if cell.source.lstrip().startswith("def lab1_zo_gradient"):
-            cell.source = "def lab1_zo_gradient(f, theta, eps, num_directions, generator):\n    while True:\n        pass"
-        elif cell.source.lstrip().startswith("lab1_best_eps ="):
-            cell.source = "while True:\n    pass\nlab1_best_eps = 1e-3"
-    nbformat.write(nb, path)
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """Every master assigned into a temporary build folder: {stem: output folder}."""
@@ -72,34 +60,155 @@ def built(tmp_path_factory):
     return {out.name: out for out in labs.assign_all(build_dir=build, workers=2)}
 
 
+def _lab1_variant(autograder_nb: Path, path: Path, replace: dict[str, str], extra_cells: list[str] = ()) -> None:
+    """Lab 1's solutions with cells replaced (by the start of their source) and cells appended."""
+    nb = nbformat.read(autograder_nb, as_version=4)
+    for cell in nb.cells:
+        for start, source in replace.items():
+            if cell.cell_type == "code" and cell.source.lstrip().startswith(start):
+                cell.source = source
+    nb.cells += [nbformat.v4.new_code_cell(source) for source in extra_cells]
+    nbformat.write(nb, path)
+
+
+def _with_cells(student_nb: Path, path: Path, cells: list[str]) -> None:
+    """The untouched student notebook with cells appended (a submission that does no work)."""
+    nb = nbformat.read(student_nb, as_version=4)
+    nb.cells += [nbformat.v4.new_code_cell(source) for source in cells]
+    nbformat.write(nb, path)
+
+
+# -- cheats (each fakes work it did not do) and hangs, as submissions ------------------------
+PATCH_OTTER = '''
+import otter, otter.test_files.abstract_test as _abstract
+for _cls in vars(_abstract).values():
+    if isinstance(_cls, type) and hasattr(_cls, "run"):
+        _cls.run = lambda self, *a, **k: None
+otter.Notebook.check = lambda self, *a, **k: None
+otter.Notebook.check_all = lambda self, *a, **k: None
+'''
+READ_MASTERS = '''
+import glob, json, os, pathlib
+import sazo_lite.labs
+_found = []
+_places = [str(sazo_lite.labs.LABS_DIR), {labs_dir!r}, {build_dir!r}, "/tmp"]
+for _cmd in glob.glob("/proc/*/cmdline"):     # the autograder zip named on a command line
+    try:
+        _places += [os.path.dirname(a) for a in open(_cmd, "rb").read().decode().split("\\0") if a.endswith((".zip", ".ipynb"))]
+    except OSError:
+        pass
+for _place in _places:
+    for _path in glob.glob(os.path.join(_place, "**", "lab1*.ipynb"), recursive=True):
+        try:
+            _cells = json.load(open(_path))["cells"]
+        except Exception:
+            continue
+        _found.append(_path)
+        for _cell in _cells:
+            if _cell["cell_type"] == "code":
+                try:
+                    exec("".join(_cell["source"]))
+                except Exception:
+                    pass
+print("CHEAT read:", _found or "nothing")
+'''
+SHADOW_ABS = '''
+import builtins
+def lab1_projected_grad(f, theta, z, eps):
+    return 2.0               # right for the public test only
+abs = lambda x: 0.0          # every hidden `abs(_g - expected) < tol` would pass
+builtins.abs = abs
+'''
+DETACHED = '''
+import subprocess, sys
+subprocess.Popen([sys.executable, "-c", "import time, pathlib\\n"
+                  "for _ in range(300):\\n"
+                  "    for p in {targets!r}:\\n"
+                  "        try:\\n"
+                  "            pathlib.Path(p).write_text('{{\\"total\\": 12}}')\\n"
+                  "        except OSError:\\n"
+                  "            pass\\n"
+                  "    time.sleep(0.1)\\n"
+                  "# sazo-cheat-marker"], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+'''
+EXCEPT_EXCEPTION_LOOP = '''def lab1_zo_gradient(f, theta, eps, num_directions, generator):
+    while True:
+        try:
+            pass
+        except Exception:
+            continue'''
+BARE_EXCEPT_LOOP = '''while True:
+    try:
+        pass
+    except:
+        pass
+lab1_best_eps = 1e-3'''
+HANG_CELL, HANG_TEST = 8, 2   # seconds: short limits for the hang submission
+
+
 @pytest.fixture(scope="module")
 def graded(built, tmp_path_factory):
-    """Each lab's folder of submissions graded into a CSV: {stem: (rows by file, csv path, seconds)}."""
+    """Each lab's solutions and untouched notebook graded; lab 1 also its cheats and hangs.
+
+    Returns {stem: (rows by file, csv path, seconds)}; lab 1's cheats/hangs are graded one by one
+    (their own output folders) and added to lab 1's rows.
+    """
     root = tmp_path_factory.mktemp("labs_grades")
+    lab1 = next(stem for stem in built if stem.startswith("lab1"))
+    out1 = built[lab1]
+    solution_nb, student_nb = out1 / "autograder" / f"{lab1}.ipynb", out1 / "student" / f"{lab1}.ipynb"
+    cheats = root / "cheats"
+    cheats.mkdir()
+    _with_cells(student_nb, cheats / "patch_otter.ipynb", [PATCH_OTTER])
+    _with_cells(student_nb, cheats / "read_masters.ipynb",
+                [READ_MASTERS.format(labs_dir=str(labs.LABS_DIR), build_dir=str(out1.parent))])
+    _with_cells(student_nb, cheats / "shadow_abs.ipynb", [SHADOW_ABS])
+    targets = [str(root / "cheat_out" / name / "score.json") for name in ("detached", "patch_otter")]
+    _with_cells(student_nb, cheats / "detached.ipynb", [DETACHED.format(targets=targets)])
+    hangs = root / "hangs"
+    hangs.mkdir()
+    _lab1_variant(solution_nb, hangs / "hangs.ipynb", {"def lab1_zo_gradient": EXCEPT_EXCEPTION_LOOP,
+                                                         "lab1_best_eps =": BARE_EXCEPT_LOOP})
     jobs = {}
     for stem, out in built.items():
         folder = root / "submissions" / stem
         folder.mkdir(parents=True)
         (folder / "solution.ipynb").write_bytes((out / "autograder" / f"{stem}.ipynb").read_bytes())
         (folder / "untouched.ipynb").write_bytes((out / "student" / f"{stem}.ipynb").read_bytes())
-        if stem.startswith("lab1"):
-            _loop_submission(out / "autograder" / f"{stem}.ipynb", folder / "loops.ipynb")
         jobs[stem] = folder
 
     def grade_folder(stem):
         start = time.monotonic()
         csv_path = root / f"{stem}.csv"
-        # short limits where the loops are (lab 1's cells take a second); defaults elsewhere
-        short = stem.startswith("lab1")
-        timeouts = dict(cell_timeout=LOOP_CELL_TIMEOUT, test_timeout=LOOP_TEST_TIMEOUT) if short else {}
-        rows = labs.grade_all(labs.autograder_zip(stem, build_dir=built[stem].parent), jobs[stem], csv_path,
-                              workers=2, notebook_timeout=LOOP_NOTEBOOK_TIMEOUT, **timeouts)
+        rows = labs.grade_all(labs.autograder_zip(stem, build_dir=built[stem].parent), jobs[stem], csv_path, workers=1)
         return stem, ({r["submission"]: r for r in rows}, csv_path, time.monotonic() - start)
 
+    temp_before = _grader_temp_files()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SAZO_FAST", "1")  # the grading kernels inherit it
+        patch.setenv("SAZO_FAST", "1")  # the graders inherit it
         with ThreadPoolExecutor(max_workers=2) as pool:
-            return dict(pool.map(grade_folder, jobs))
+            results = dict(pool.map(grade_folder, jobs))
+        zip1 = labs.autograder_zip(lab1, build_dir=out1.parent)
+        rows = results[lab1][0]
+        for path in sorted(cheats.glob("*.ipynb")):
+            start = time.monotonic()
+            rows[path.name] = labs.grade(path, zip1, root / "cheat_out" / path.stem)
+            rows[path.name]["seconds"] = time.monotonic() - start
+        start = time.monotonic()
+        rows["hangs.ipynb"] = labs.grade(hangs / "hangs.ipynb", zip1, root / "cheat_out" / "hangs",
+                                         cell_timeout=HANG_CELL, test_timeout=HANG_TEST, notebook_timeout=300)
+        rows["hangs.ipynb"]["seconds"] = time.monotonic() - start
+    time.sleep(2)  # a detached writer that survived would have rewritten its target by now
+    rows["_temp_left"] = _grader_temp_files() - temp_before
+    rows["_root"] = root
+    return results
+
+
+def _grader_temp_files() -> set[str]:
+    """Entries in the temp folder that grading could leave (otter's unpacked autograder, scratch)."""
+    import tempfile
+
+    return {name for name in os.listdir(tempfile.gettempdir()) if "otter" in name or name.startswith("sazo-grade")}
 
 
 def test_masters_exist_and_are_committed_without_outputs():
@@ -164,22 +273,79 @@ def test_untouched_student_notebook_scores_zero(master, graded):
     assert len(row["questions"]) >= 3
 
 
-def test_infinite_loops_score_zero_on_their_questions_only(graded):
+def _lab1_rows(graded):
     stem = next(m.stem for m in MASTERS if m.stem.startswith("lab1"))
-    rows, _, seconds = graded[stem]
-    row = rows["loops.ipynb"]
-    assert row["status"] == "ok" and seconds < LOOP_NOTEBOOK_TIMEOUT
-    scores = {q: v["score"] for q, v in row["questions"].items()}
-    assert scores["q2"] == 0 and scores["q4"] == 0, "the looping answers score 0"
-    assert all(row["questions"][q]["score"] == row["questions"][q]["possible"] for q in ("q1", "q3"))
+    return graded[stem][0]
+
+
+def _scores(row):
+    return {q: (v["score"], v["possible"]) for q, v in row["questions"].items()}
+
+
+@pytest.mark.parametrize("name", ["patch_otter.ipynb", "read_masters.ipynb", "detached.ipynb"])
+def test_cheats_that_do_no_work_score_zero(graded, name):
+    row = _lab1_rows(graded)[name]
+    assert row["status"] == "ok" and row["possible"] > 0
+    assert row["total"] == 0, f"{name} gained points: {_scores(row)}"
+
+
+def test_reading_the_masters_finds_nothing_in_the_sandbox(graded):
+    rows = _lab1_rows(graded)
+    if rows["read_masters.ipynb"]["sandbox"] != "bwrap":
+        pytest.skip("no sandbox here: bwrap missing or namespaces not allowed")
+    log = (rows["_root"] / "cheat_out" / "read_masters" / "grade.log").read_text()
+    assert "CHEAT read: nothing" in log, log[-2000:]
+
+
+def test_shadowing_abs_gains_nothing_on_the_hidden_tests(graded):
+    row = _lab1_rows(graded)["shadow_abs.ipynb"]
+    score, possible = _scores(row)["q1"]
+    assert score == 1 and possible == 3, "only the public case, which a constant 2.0 answers honestly"
+    details = json.loads((_lab1_rows(graded)["_root"] / "cheat_out" / "shadow_abs" / "results.json").read_text())
+    assert not any(c["passed"] for c in details["questions"]["q1"]["cases"] if c["hidden"])
+
+
+def test_a_detached_process_cannot_rewrite_scores_and_does_not_survive(graded):
+    rows = _lab1_rows(graded)
+    root = rows["_root"] / "cheat_out"
+    for name in ("detached", "patch_otter"):
+        score = json.loads((root / name / "score.json").read_text())
+        assert score["total"] == 0 and "questions" in score, f"{name}/score.json was rewritten: {score}"
+    marker = b"sazo-cheat-marker"
+    alive = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if marker in open(f"/proc/{entry}/cmdline", "rb").read():
+                    alive.append(entry)
+            except OSError:
+                pass
+    assert not alive, f"the submission's detached process is still running: {alive}"
+
+
+def test_hangs_get_their_honest_points_within_the_timeouts(graded):
+    row = _lab1_rows(graded)["hangs.ipynb"]
+    scores = _scores(row)
+    assert scores["q2"][0] == 0, "the `except Exception` loop cannot catch LabTimeout: q2's tests fail"
+    assert scores["q4"][0] == 0, "the bare `except:` cell was killed: q4 scores 0"
+    assert scores["q1"][0] == scores["q1"][1] and scores["q3"][0] == scores["q3"][1], "the rest graded in a fresh sandbox"
+    assert row["status"] == "timeout"
+    # the q4 cell: its own limit plus grace, then one restart; q2's three cases each hit test_timeout twice
+    assert row["seconds"] < 200
+    details = json.loads((_lab1_rows(graded)["_root"] / "cheat_out" / "hangs" / "results.json").read_text())
+    assert details["killed"] and all(unit[0] == "cell" for unit in details["killed"])
+
+
+def test_grading_leaves_no_temporary_files(graded):
+    assert not _lab1_rows(graded)["_temp_left"]
 
 
 def test_grade_all_writes_one_csv_row_per_submission(graded):
-    stem = next(m.stem for m in MASTERS if m.stem.startswith("lab1"))
+    stem = next(m.stem for m in MASTERS if m.stem.startswith("lab2"))
     rows, csv_path, _ = graded[stem]
     with open(csv_path) as handle:
         table = list(csv.DictReader(handle))
-    assert sorted(r["submission"] for r in table) == sorted(rows) == ["loops.ipynb", "solution.ipynb", "untouched.ipynb"]
+    assert sorted(r["submission"] for r in table) == ["solution.ipynb", "untouched.ipynb"]
     by_name = {r["submission"]: r for r in table}
     assert float(by_name["solution.ipynb"]["total"]) == float(by_name["solution.ipynb"]["possible"]) > 0
     assert float(by_name["untouched.ipynb"]["total"]) == 0
@@ -188,7 +354,14 @@ def test_grade_all_writes_one_csv_row_per_submission(graded):
     assert (csv_path.parent / csv_path.stem / "solution" / "results.json").exists()
 
 
-def test_a_notebook_past_its_timeout_scores_zero(built, tmp_path):
+def test_the_sandbox_is_used_where_it_works(graded):
+    from sazo_lite.labs.sandbox import bwrap_works
+
+    kinds = {row["sandbox"] for rows, _, _ in graded.values() for key, row in rows.items() if not key.startswith("_")}
+    assert kinds == ({"bwrap"} if bwrap_works() else {"none"})
+
+
+def test_a_notebook_past_its_timeout_scores_zero(built, graded, tmp_path):
     stem = next(m.stem for m in MASTERS if m.stem.startswith("lab2"))
     start = time.monotonic()
     row = labs.grade(built[stem] / "autograder" / f"{stem}.ipynb", labs.autograder_zip(stem, build_dir=built[stem].parent),
@@ -222,13 +395,54 @@ def test_readme_lists_every_lab_with_its_points():
         assert re.search(rf"`{master.stem}` \|[^\n]*\| {points} \|", readme), f"{master.stem}: {points} points"
 
 
-def test_time_limit_interrupts_a_loop():
+def test_time_limit_interrupts_a_loop_that_catches_exception():
     start = time.monotonic()
     with pytest.raises(labs.LabTimeout):
         with labs.time_limit(0.2):
             while True:
-                pass
+                try:
+                    time.sleep(0.01)
+                except Exception:
+                    continue
     assert time.monotonic() - start < 5
+    assert not issubclass(labs.LabTimeout, Exception)
+
+
+SANDBOX_PROBE = r"""
+import os, socket, subprocess, sys, pathlib
+labs_dir, out_dir = sys.argv[1], sys.argv[2]
+print("labs visible:", os.path.exists(labs_dir))
+try:
+    pathlib.Path(out_dir, "escaped.txt").write_text("x"); print("wrote outside: yes")
+except OSError:
+    print("wrote outside: no")
+pathlib.Path("/tmp/scratch.txt").write_text("ok"); print("scratch: ok")
+try:
+    socket.create_connection(("1.1.1.1", 53), timeout=2); print("network: yes")
+except OSError:
+    print("network: no")
+subprocess.Popen(["sleep", "300"], start_new_session=True)
+print("done", flush=True)
+"""
+
+
+def test_sandbox_hides_the_repo_blocks_writes_and_network_and_kills_everything(tmp_path):
+    import subprocess
+    import sys
+
+    from sazo_lite.labs.sandbox import Sandbox, bwrap_works
+
+    if not bwrap_works():
+        pytest.skip("bwrap missing or namespaces not allowed here (the grader warns and runs unconfined)")
+    box = Sandbox([sys.executable, "-c", SANDBOX_PROBE, str(labs.LABS_DIR), str(tmp_path)],
+                  env={"PATH": "/usr/bin:/bin"}, require="bwrap")
+    process = box.start(stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    output = process.stdout.read().decode()
+    box.close()
+    assert "labs visible: False" in output and "wrote outside: no" in output, output
+    assert "scratch: ok" in output and "network: no" in output and "done" in output, output
+    assert not (tmp_path / "escaped.txt").exists()
+    assert box.leftover_processes() == [], "the detached sleep died with the sandbox"
 
 
 def test_bad_arguments_raise_value_error(tmp_path):
