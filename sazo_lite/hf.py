@@ -22,7 +22,9 @@ lr schedules, peft models and ``torchrun`` launches are the Trainer's own. What 
   ``training_step`` (``dataloader_num_workers`` does not apply to training).
 - Loss: f_i = mean token cross-entropy over example i's labels (causal shift, −100 ignored), or
   ``per_example_loss(outputs, inputs) -> [B]``. The logged training loss is mean_k(w_k·(f_k(θ+εz) +
-  f_k(θ−εz))/2); ``eval_loss`` is mean_i f_i over the eval set (not the token-weighted mean).
+  f_k(θ−εz))/2); ``eval_loss`` is mean_i f_i over the eval set (not the token-weighted mean; under
+  data parallel the Trainer pads the last eval batch of each rank, so it is exact only when the eval
+  set fills whole batches on every rank).
 - Logs add ``zo_queries`` (per-example forward evaluations so far, 2·B per step),
   ``zo_projected_grad`` (mean |g| since the last log) and, for SAZO, ``sazo_max_weight`` and
   ``sazo_ess`` (mean Kish effective sample size (Σw)²/Σw² of the batches, as a fraction of B).

@@ -313,12 +313,14 @@ sys.path.insert(0, {tests!r})
 import test_hf as t
 
 out = Path(sys.argv[1])
-args = t.training_args(out, max_steps=6, per_device_train_batch_size=2, ddp_backend="gloo", ddp_timeout=60)
+args = t.training_args(out, max_steps=6, per_device_train_batch_size=2, per_device_eval_batch_size=3,
+                       ddp_backend="gloo", ddp_timeout=60)
 trainer = t.trainer_for(out, rows=t.memorisable_rows(n=12, ragged=True), args=args, method="sazo")
 trainer.train()
+eval_loss = trainer.evaluate()["eval_loss"]   # the Trainer's distributed evaluation, gathered over ranks
 if dist.get_rank() == 0:
     torch.save({{"weights": t.weights(trainer.model), "sampler": trainer.zo_sampler.state_dict(),
-                "world": args.world_size, "local_rows": len(trainer._zo_last_batch["input_ids"])}},
+                "world": args.world_size, "eval_loss": eval_loss, "local_rows": len(trainer._zo_last_batch["input_ids"])}},
                out / "result.pt")
 dist.barrier()
 dist.destroy_process_group()
@@ -351,5 +353,16 @@ def test_two_gloo_processes_match_one_process(tmp_path):
     for name, value in weights(single.model).items():
         assert torch.allclose(parallel["weights"][name], value, rtol=1e-5, atol=1e-6), name
         assert not torch.equal(value, initial[name]), name
+    # 12 eval examples = 2 ranks × 2 batches × 3: no padded batch, so the gathered mean is exact
+    assert parallel["eval_loss"] == pytest.approx(single.evaluate()["eval_loss"], rel=1e-5)
     assert torch.equal(parallel["sampler"]["counts"], single.zo_sampler.state_dict()["counts"])  # same batches
     assert torch.allclose(parallel["sampler"]["estimates"], single.zo_sampler.state_dict()["estimates"], rtol=1e-4)
+
+
+def test_bf16_args_autocast_the_forwards_and_keep_float32_weights(tmp_path):
+    trainer = trainer_for(tmp_path, args=training_args(tmp_path, max_steps=2, bf16=True))
+    inside = []
+    trainer.model.model.layers[0].mlp.register_forward_hook(lambda module, args, out: inside.append(out.dtype))
+    trainer.train()
+    assert inside == [torch.bfloat16] * 4                    # two autocast forwards per step
+    assert trainer._master is None and all(p.dtype == torch.float32 for p in trainer.model.parameters())
