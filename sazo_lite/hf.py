@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from transformers import Trainer
+from transformers.utils import is_datasets_available
 
 from .distributed import gather_losses, rank_and_world, shard
 from .engine import MeZO
@@ -270,10 +271,8 @@ class ZOTrainer(Trainer):
             raise ValueError("Trainer: training requires a train_dataset.")
         if self.zo_sampler is None or self.zo_sampler.num_examples != len(self.train_dataset):
             raise ValueError("Invalid train_dataset: set it when building ZOTrainer (the sampler is sized by it)")
-        import datasets
-
         dataset, collator = self.train_dataset, self.data_collator
-        if isinstance(dataset, datasets.Dataset):
+        if is_datasets_available() and isinstance(dataset, _datasets().Dataset):
             dataset = self._remove_unused_columns(dataset, description="training")
         else:
             collator = self._get_collator_with_removed_columns(collator, description="training")
@@ -374,6 +373,12 @@ class ZOTrainer(Trainer):
                 for master, saved in zip(self._master.tensors, state["master"]):
                     master.copy_(saved)
             self._master.sync()
+
+
+def _datasets():
+    import datasets  # optional: only when the train set is a datasets.Dataset
+
+    return datasets
 
 
 def _causal_lm_loss(outputs, inputs) -> torch.Tensor:
