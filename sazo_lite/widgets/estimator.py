@@ -115,7 +115,7 @@ def estimator_dashboard(theta=(1.2, 0.8), *, seed: int = 0) -> Dashboard:
 def epsilon_dashboard(theta=(1.0, -0.8, 0.5), *, num_directions: int = 8) -> Dashboard:
     """Relative error of one finite difference, |g(z) − zᵀ∇f|/|zᵀ∇f|, against ε (log-log).
 
-    f(θ) = Σ_j (a_j/2)θ_j² + (κ/4)Σ_j θ_j⁴ + c: the quartic term κ gives the curvature error
+    f(θ) = Σ_j (a_j/2)θ_j² + (κ/4)Σ_j θ_j⁴ + c: the quartic term κ gives the third-derivative error
     at large ε (∝ ε²), the precision and the loss level c set the rounding error at tiny ε (∝ u·|f|/ε).
     """
     point = torch.tensor(theta, dtype=torch.float64)
@@ -157,7 +157,7 @@ def epsilon_dashboard(theta=(1.0, -0.8, 0.5), *, num_directions: int = 8) -> Das
                          f"best ε on the grid ≈ {float(grid[best]):.0e} (error {float(curves[precision][best]):.1g})")
 
     questions = {
-        "eps": "Where is the bottom of the U? Which side is curvature, which side is rounding?",
+        "eps": "Where is the bottom of the U? Which side is the third-derivative bias, which side is rounding?",
         "precision": "How far does float64 move the best ε, and why roughly to the cube root of the unit round-off?",
         "quartic": "Set κ = 0 (a quadratic): what happens to the right arm of the U?",
         "offset": "A large loss value: which arm moves, and why does adding a constant change anything?",
