@@ -477,6 +477,8 @@ class MeZO(torch.optim.Optimizer):
         try:
             self._move(seed, +1.0, +1)
             plus = self._losses(closure(), 1)
+            if weights is not None and weights.shape != plus.shape:  # known now: undo 1 pass, not 2
+                self._check_shapes(plus, plus, weights)
             self._move(seed, -2.0, -1)
             minus = self._losses(closure(), 2)
             self._check_shapes(plus, minus, weights)
