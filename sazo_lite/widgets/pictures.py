@@ -235,14 +235,15 @@ def paths_dashboard(*, num_examples: int = 32, heterogeneity: float = 2.0, steps
 
     def refresh() -> None:
         values = {name: control.value for name, control in controls.items()}
-        finals = {}
+        finals, jumps = {}, {}
         for k, method in enumerate(SAMPLERS):  # each path is drawn as soon as it is ready
             points = path(method, values)
             with fig.batch_update():
                 fig.data[1 + k].update(x=points[:, 0], y=points[:, 1])
             finals[method] = problem.gap(torch.as_tensor(points[-1]))
-        readout.value = "final gap F(θ) − F(θ*) after {} steps: ".format(steps) + ", ".join(
-            f"{_LABELS[m]} <b>{finals[m]:.3g}</b>" for m in SAMPLERS)
+            jumps[method] = float(np.linalg.norm(np.diff(points, axis=0), axis=1).max()) if len(points) > 1 else 0.0
+        readout.value = f"after {steps} steps: " + "; ".join(
+            f"{_LABELS[m]}: gap <b>{finals[m]:.3g}</b>, largest step {jumps[m]:.2g}" for m in SAMPLERS)
 
     questions = {
         "eps": "θ is float32: what do the three paths do at ε = 1e-9, where f(θ±εz) round to nearly the same float?",
