@@ -193,8 +193,8 @@ def test_memory_calculator_ratio_follows_context_length(lab, browser):
         assert_rendered(page, "notebook 07")
         readout = page.locator(".widget-html", has=page.locator("b.ratio")).first  # "BP/ZO memory ratio …×"
         before = readout.inner_text()
-        press_slider(page, "context N", times=2)
-        wait_until(lambda: readout.inner_text() != before, 60, "the BP/ZO ratio to change with context N")
+        press_slider(page, "context n_ctx", times=2)
+        wait_until(lambda: readout.inner_text() != before, 60, "the BP/ZO ratio to change with context n_ctx")
         screenshot(page, "07_memory_on_device.png")
     finally:
         context.close()

@@ -54,7 +54,7 @@ def _shape_controls() -> dict[str, widgets.Widget]:
             "hidden": int_slider("hidden size D", 2048, 64, 8192, 64),
             "heads": int_slider("heads H", 16, 1, 128),
             "kv_heads": int_slider("KV heads", 2, 1, 128),
-            "ffn": int_slider("FFN size F", 11008, 128, 32768, 128)}
+            "ffn": int_slider("FFN size D_ff", 11008, 128, 32768, 128)}
 
 
 def _controls() -> dict[str, widgets.Widget]:
@@ -62,7 +62,7 @@ def _controls() -> dict[str, widgets.Widget]:
     controls = {"preset": widgets.Dropdown(options=names + [CUSTOM], value="Qwen2.5-3B", description="model")}
     controls.update(_shape_controls())
     controls.update(
-        context=widgets.SelectionSlider(options=CONTEXTS, value=512, description="context N",
+        context=widgets.SelectionSlider(options=CONTEXTS, value=512, description="context n_ctx",
                                         continuous_update=False, layout=dict(width="420px"),
                                         style=dict(description_width="110px")),
         batch=int_slider("batch size B", 2, 1, 64),
@@ -107,15 +107,15 @@ CAPTIONS = {
     "preset": "Which real model shape? Pick one, then edit its numbers below (→ custom).",
     "layers": "Double the depth L: do the bars double? Does the ratio move?",
     "hidden": "Weights grow like D², activations like D: which bar wins as D grows?",
-    "heads": "Heads only matter for the materialised N×N scores: switch attention to see it.",
-    "ffn": "The FFN holds most weights and 4F of the stored activations per token.",
+    "heads": "Heads only matter for the materialised n_ctx×n_ctx scores: switch attention to see it.",
+    "ffn": "The FFN holds most weights and 4·D_ff of the stored activations per token.",
     "kv_heads": "Grouped-query attention: fewer KV heads → smaller k/v matrices. How much does it save?",
-    "context": "Double N: which bar grows, and by how much? When does the ratio pass 10×?",
+    "context": "Double n_ctx: which bar grows, and by how much? When does the ratio pass 10×?",
     "batch": "Does batch size change the BP/ZO ratio, or only the totals?",
     "dtype": "float32 doubles every byte. Does it change the ratio?",
     "budget": "Shrink the budget: when does BP stop fitting the 1.5B model that ZO still trains?",
     "checkpointing": "Checkpointing keeps only each layer's input. How much of the gap closes?",
-    "attention": "Materialised softmax keeps an N×N matrix per head: try it at N = 8192.",
+    "attention": "Materialised softmax keeps an n_ctx×n_ctx matrix per head: try it at n_ctx = 8192.",
     "optimizer": "Adam adds two moments per parameter: where does that bar appear?",
 }
 
@@ -177,8 +177,8 @@ def memory_dashboard() -> Dashboard:
             widget.observe(on_shape_edit if key in SHAPE_KEYS else (lambda _c: hold[0] or refresh()),
                            names="value")
     load_preset({"new": controls["preset"].value})
-    choices = {"short chat (N=512)": dict(context=512, batch=8, checkpointing=False),
-               "long document (N=32k)": dict(context=32768, batch=2, checkpointing=False),
+    choices = {"short chat (n_ctx = 512)": dict(context=512, batch=8, checkpointing=False),
+               "long document (n_ctx = 32k)": dict(context=32768, batch=2, checkpointing=False),
                "32k + checkpointing": dict(context=32768, batch=2, checkpointing=True),
                "17 GB device": dict(budget=17.0, context=512, batch=8, checkpointing=False)}
     rows = [presets(choices, controls, refresh, hold)]
@@ -202,7 +202,7 @@ def measured_vs_predicted_figure(rows: list[dict]) -> go.FigureWidget:
         pts = [r for r in rows if (r["mode"], r["attention"]) == (mode, attention)]
         fig.add_scatter(x=[r["predicted"] / 1e6 for r in pts], y=[r["measured"] / 1e6 for r in pts],
                         mode="markers", name=f"{mode}, {attention}",
-                        text=[f"N={r['context']}, error {100 * r['relative_error']:+.0f}%" for r in pts])
+                        text=[f"n_ctx={r['context']}, error {100 * r['relative_error']:+.0f}%" for r in pts])
     values = [v / 1e6 for r in rows for v in (r["predicted"], r["measured"])] or [1.0, 10.0]
     low, high = min(values) / 1.5, max(values) * 1.5
     fig.add_scatter(x=[low, high], y=[low, high], mode="lines", name="measured = predicted",
