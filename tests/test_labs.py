@@ -139,8 +139,9 @@ EXCEPT_EXCEPTION_LOOP = '''def lab1_zo_gradient(f, theta, eps, num_directions, g
             continue'''
 BARE_EXCEPT_LOOP = '''while True:
     try:
-        pass
-    except:
+        while True:
+            pass
+    except:      # swallows the cell's LabTimeout: only a kill ends this
         pass
 lab1_best_eps = 1e-3'''
 HANG_CELL, HANG_TEST = 8, 2   # seconds: short limits for the hang submission
@@ -334,6 +335,23 @@ def test_hangs_get_their_honest_points_within_the_timeouts(graded):
     assert row["seconds"] < 200
     details = json.loads((_lab1_rows(graded)["_root"] / "cheat_out" / "hangs" / "results.json").read_text())
     assert details["killed"] and all(unit[0] == "cell" for unit in details["killed"])
+
+
+def test_a_case_that_swallows_its_timeout_is_killed_and_the_rest_still_graded():
+    from sazo_lite.labs import grading
+
+    cells = [(0, "def spin():\n    while True:\n        try:\n            while True:\n                pass\n"
+                 "        except:\n            pass\n"), (1, "x = 3")]
+    questions = {"q1": {"points": [1.0, 1.0], "cases": [
+        {"hidden": False, "code": "with time_limit():\n    spin()\nrecord(1)"},
+        {"hidden": True, "code": "record(x)"}]}}
+    start = time.monotonic()
+    outcome = grading.run(cells, questions, cell_timeout=5, test_timeout=1, notebook_timeout=120)
+    assert time.monotonic() - start < 60
+    assert outcome["skipped"] == [["case", "q1", 0]] and outcome["status"] == "timeout"
+    assert ("q1", 0) not in outcome["cases"] and outcome["cases"][("q1", 1)]["error"] is None
+    scored = grading.score(questions, outcome, {("q1", 1): outcome["cases"][("q1", 1)]})["q1"]
+    assert scored["score"] == 1.0 and "timed out" in scored["cases"][0]["message"]
 
 
 def test_grading_leaves_no_temporary_files(graded):

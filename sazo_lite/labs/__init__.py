@@ -42,7 +42,7 @@ BUILD_DIR = ROOT / "build" / "labs"
 CELL_TIMEOUT = 120       # seconds per cell while grading (a looping answer scores 0)
 NOTEBOOK_TIMEOUT = 900   # seconds per submission, restarts included (then what is left scores 0)
 TEST_TIMEOUT = 60        # seconds per test's calls into student code (``time_limit``)
-TEST_TIMEOUT_ENV = "SAZO_LAB_TEST_TIMEOUT"  # grade() passes its test_timeout to the sandbox this way
+TEST_TIMEOUT_ENV = "SAZO_LAB_TEST_TIMEOUT"  # how grade() passes its test_timeout into the sandbox
 
 # Held at import, before any student code runs in the same process.
 _setitimer, _signal, _ITIMER, _SIGALRM = getattr(signal, "setitimer", None), signal.signal, \
@@ -183,17 +183,16 @@ def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout:
     for name in ("results.json", "score.json"):
         (output_dir / name).unlink(missing_ok=True)
     config, questions = grading.load_tests(autograder)
-    with _env(TEST_TIMEOUT_ENV, str(test_timeout)):
-        if expected is None:
-            expected = grading.reference(autograder, require=sandbox, **timeouts)
-        with open(output_dir / "grade.log", "w") as log:
-            try:
-                cells = grading.notebook_cells(submission, config)
-            except Exception as exc:  # not a notebook
-                log.write(f"[grader] cannot read {submission.name}: {exc}\n")
-                cells = None
-            outcome = grading.run(cells, questions, log=log, require=sandbox, **timeouts) if cells is not None \
-                else {"cases": {}, "skipped": [], "status": "failed", "sandbox": None}
+    if expected is None:
+        expected = grading.reference(autograder, require=sandbox, **timeouts)
+    with open(output_dir / "grade.log", "w") as log:
+        try:
+            cells = grading.notebook_cells(submission, config)
+        except Exception as exc:  # not a notebook
+            log.write(f"[grader] cannot read {submission.name}: {exc}\n")
+            cells = None
+        outcome = grading.run(cells, questions, log=log, require=sandbox, **timeouts) if cells is not None \
+            else {"cases": {}, "skipped": [], "status": "failed", "sandbox": None}
     scored = grading.score(questions, outcome, expected)
     total, possible = sum(q["score"] for q in scored.values()), sum(q["possible"] for q in scored.values())
     (output_dir / "results.json").write_text(json.dumps(
@@ -204,19 +203,6 @@ def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout:
                "questions": {q: {"score": v["score"], "possible": v["possible"]} for q, v in scored.items()}}
     (output_dir / "score.json").write_text(json.dumps(summary, indent=2))
     return summary
-
-
-@contextlib.contextmanager
-def _env(name: str, value: str):
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
 
 
 def grade_all(autograder: Path, submissions_dir: Path, csv_path: Path, *, workers: int = 1,
@@ -243,8 +229,7 @@ def grade_all(autograder: Path, submissions_dir: Path, csv_path: Path, *, worker
 
     limits = {k: timeouts.get(k, default) for k, default in
               (("cell_timeout", CELL_TIMEOUT), ("test_timeout", TEST_TIMEOUT), ("notebook_timeout", NOTEBOOK_TIMEOUT))}
-    with _env(TEST_TIMEOUT_ENV, str(limits["test_timeout"])):
-        expected = grading.reference(Path(autograder), require=timeouts.get("sandbox", "auto"), **limits)
+    expected = grading.reference(Path(autograder), require=timeouts.get("sandbox", "auto"), **limits)
     with ThreadPoolExecutor(max_workers=workers) as pool:  # threads only wait on subprocesses
         jobs = pool.map(lambda s: grade(s, autograder, details / s.stem, expected=expected, **timeouts), submissions)
         rows = list(tqdm(jobs, total=len(submissions), desc="grading", leave=False))

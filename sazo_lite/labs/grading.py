@@ -35,7 +35,7 @@ GRACE = 5.0          # seconds past a unit's own limit before the sandbox is kil
 MAX_RESTARTS = 3     # fresh sandboxes after a kill; then what is left scores 0
 LOG_BYTES = 2 ** 20  # of the submission's output kept in grade.log
 ENV_PASSED = ("SAZO_FAST",)  # environment the sandboxed worker inherits (besides its own)
-_RUNS_OTTER = re.compile(r"otter\.Notebook\(|grader\.check|^\s*import otter", re.M)
+_RUNS_OTTER = re.compile(r"otter\.Notebook\(|grader\.check(_all)?\(")  # otter's init and check cells
 
 
 # -- the tests and the job ---------------------------------------------------------------
@@ -108,7 +108,7 @@ def run(cells, questions, *, cell_timeout, test_timeout, notebook_timeout, requi
         job = {"cells": [c for c in cells if ["cell", c[0]] not in skipped],
                "cases": [c for c in cases if ["case", c[0], c[1]] not in skipped], "cell_timeout": cell_timeout}
         limits = {"cell": cell_timeout + GRACE, "case": test_timeout * 2 + GRACE}
-        outcome = _attempt(job, limits, deadline, require, log)
+        outcome = _attempt(job, limits, deadline, require, log, test_timeout)
         kind = outcome["sandbox"]
         results = outcome["cases"]  # a fresh attempt recomputes every case it runs
         if outcome["finished"]:
@@ -126,15 +126,16 @@ def run(cells, questions, *, cell_timeout, test_timeout, notebook_timeout, requi
     return {"cases": results, "skipped": skipped, "status": status, "sandbox": kind}
 
 
-def _attempt(job: dict, limits: dict, deadline: float, require: str, log) -> dict:
+def _attempt(job: dict, limits: dict, deadline: float, require: str, log, test_timeout: float) -> dict:
     """One sandbox: feed it the job, follow its events, kill it when a unit overstays."""
     read_fd, write_fd = os.pipe()
     env = {"PATH": os.path.dirname(sys.executable) + ":/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp",
            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg",
+           "PYTHONUNBUFFERED": "1",
            **{k: os.environ[k] for k in ENV_PASSED if k in os.environ}}
     from sazo_lite.labs import TEST_TIMEOUT_ENV
 
-    env[TEST_TIMEOUT_ENV] = os.environ.get(TEST_TIMEOUT_ENV, str(TEST_TIMEOUT_DEFAULT))
+    env[TEST_TIMEOUT_ENV] = str(test_timeout)
     box = Sandbox([sys.executable, "-m", "sazo_lite.labs.worker", str(write_fd)], env, pass_fds=(write_fd,),
                   require=require)
     cases, current, finished, stuck, kept = {}, None, False, None, 0
@@ -196,8 +197,6 @@ def _attempt(job: dict, limits: dict, deadline: float, require: str, log) -> dic
     return {"cases": cases, "finished": finished, "stuck": stuck, "sandbox": box.kind}
 
 
-TEST_TIMEOUT_DEFAULT = 60
-
 
 # -- the reference and the scores ----------------------------------------------------------
 def reference(autograder: Path, *, cell_timeout, test_timeout, notebook_timeout, require="auto") -> dict:
@@ -211,13 +210,16 @@ def reference(autograder: Path, *, cell_timeout, test_timeout, notebook_timeout,
     solutions = autograder.parent / f"{config.get('assignment_name') or autograder.stem.split('-autograder')[0]}.ipynb"
     if not solutions.exists():
         raise ValueError(f"Invalid autograder: no solutions notebook {solutions.name} next to {autograder.name}")
-    digest = hashlib.sha256(autograder.read_bytes() + solutions.read_bytes()
+    digest = hashlib.sha256(autograder.read_bytes() + solutions.read_bytes() + _library_bytes()
                             + os.environ.get("SAZO_FAST", "").encode()).hexdigest()[:16]
     cache = autograder.with_name(f"{autograder.name}.reference-{digest}.json")
     if cache.exists():
         return {tuple(json.loads(k)): v for k, v in json.loads(cache.read_text()).items()}
+    import io
+
+    log = io.StringIO()
     outcome = run(notebook_cells(solutions, config), questions, cell_timeout=cell_timeout, test_timeout=test_timeout,
-                  notebook_timeout=notebook_timeout, require=require)
+                  notebook_timeout=notebook_timeout, require=require, log=log)
     wrong = []
     for question, spec in questions.items():
         for k in range(len(spec["cases"])):
@@ -225,9 +227,18 @@ def reference(autograder: Path, *, cell_timeout, test_timeout, notebook_timeout,
             if got is None or got["error"] or not got["records"]:
                 wrong.append(f"{question} case {k}: " + ("did not finish" if got is None else got["error"] or "records nothing"))
     if wrong:
-        raise RuntimeError(f"the solutions fail their own tests ({autograder.name}):\n" + "\n".join(wrong))
+        raise RuntimeError(f"the solutions fail their own tests ({autograder.name}):\n" + "\n".join(wrong)
+                           + "\n--- their output (end) ---\n" + log.getvalue()[-3000:])
     cache.write_text(json.dumps({json.dumps(list(k)): v for k, v in outcome["cases"].items()}))
     return outcome["cases"]
+
+
+def _library_bytes() -> bytes:
+    """The sazo_lite sources: the reference is stale when the library the solutions call changes."""
+    import sazo_lite
+
+    root = Path(sazo_lite.__file__).resolve().parent
+    return b"".join(path.read_bytes() for path in sorted(root.rglob("*.py")))
 
 
 def score(questions: dict, outcome: dict, expected: dict) -> dict:

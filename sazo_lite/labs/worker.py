@@ -83,6 +83,11 @@ def main(fd: int) -> None:
         _emit(fd, {"unit": ["case", question, case], "phase": "start"})
         error, records = run_case(source, namespace, f"<{question} case {case}>")
         _emit(fd, {"unit": ["case", question, case], "phase": "end", "error": error, "records": records})
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except _BaseException:
+            pass
     _emit(fd, {"done": True})
 
 
