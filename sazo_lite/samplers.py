@@ -195,7 +195,10 @@ class CdfStore:
         self.num_examples, self._seen_scores, self._unseen = num_examples, seen_scores, unseen
         self._cache = None  # (Σ seen scores, unseen count, CDF of seen scores) until the next refresh
 
-    nbytes = 0  # the CDF is a cache, dropped at each refresh
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the cached CDF (float64 [N]) once built; it is rebuilt after each refresh."""
+        return 0 if self._cache is None else self._cache[2].nbytes
 
     def refresh(self, changed: np.ndarray | None = None) -> None:
         """The owner changed the scores of ``changed`` (None: any)."""
@@ -660,11 +663,8 @@ class SAZOSampler(_ScoredSampler):
             return
         indices, size = indices.numpy(), np.abs(diffs.numpy())
         # everything is computed first, then written: a failure leaves the state unchanged
-        with np.errstate(over="ignore", invalid="ignore"):
-            weights = 1.0 / (self.num_examples * self._probs_at(indices))       # the sampling weights
-            steps = self.level_steps + 1
-            rate = max(1.0 / steps, 1.0 - self.level_decay)
-            level = (1.0 - rate) * self.level + rate * float(np.mean(weights * size))
+        steps = self.level_steps + 1
+        level = self._next_level(indices, size, steps)
         if not math.isfinite(level):
             raise ValueError("Invalid directional_diffs: too large (the level |d| would overflow float64)")
         observed = np.minimum(size / level, SCORE_MAX) if level > 0 else np.zeros(len(size))
@@ -690,6 +690,13 @@ class SAZOSampler(_ScoredSampler):
         if self._since_resync >= self.num_examples:  # bound the running sum's rounding drift
             self._resync()
         self._store.refresh(unique)
+
+    def _next_level(self, indices: np.ndarray, size: np.ndarray, steps: int) -> float:
+        """L ← EMA of mean_k(w_k·|d_k|): an importance-weighted estimate of (1/N)·Σ_i E|d_i|."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            weights = 1.0 / (self.num_examples * self._probs_at(indices))       # the sampling weights
+            rate = max(1.0 / steps, 1.0 - self.level_decay)
+            return (1.0 - rate) * self.level + rate * float(np.mean(weights * size))
 
     def _resync(self) -> None:
         seen = np.flatnonzero(self._n > 0)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sazo_lite import SAZOSampler, UniformSampler
-from sazo_lite.bench import TargetRun, best_learning_rate, queries_to_reach
+from benchmarks.queries import TargetRun, best_learning_rate, queries_to_reach
 from sazo_lite.problems import LeastSquares
 from sazo_lite.variance import spearman, uniform_gain, variance_ratio
 

@@ -1,0 +1,339 @@
+"""Queries to a target loss: uniform / SAZO / oracle sampling (part of ``make bench``).
+
+    python -m benchmarks.queries                  # full run: 5 seeds, targets 2% and 0.5%
+    python -m benchmarks.queries --quick          # smoke run (seconds)
+    python -m benchmarks.queries --methods uniform sazo sazo-no-level --problems "quadratic σ=1.5"
+
+Per-example queries (2·B per MeZO step) until the training-loss gap F(θ) − F(θ*) first drops
+below ``target`` × the initial gap. One run per (method, rate, seed) serves every target: it
+stops at the tightest one and records when it crossed the others. Each method gets, per
+target, its own learning rate: the grid value with the best median over the seeds. All rates
+race under a growing step budget, so a bad rate costs no more than the best one; the winning
+rates' seeds are always run to the end. Results go to benchmarks/results/queries.json
+(``--quick``: queries_quick.json). ``METHODS`` also holds the ablation variants of SAZO.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from sazo_lite.engine import MeZO
+from sazo_lite.experiments import make_sampler
+from sazo_lite.problems import FiniteSumProblem, LeastSquares, LogisticRegression
+from sazo_lite.samplers import SAZOSampler
+from sazo_lite.train import queries_to_target, train
+from sazo_lite.variance import uniform_gain
+
+__all__ = ["BenchProblem", "TargetRun", "queries_to_reach", "best_learning_rate", "run_queries_benchmark",
+           "default_problems", "format_table", "METHODS", "main"]
+
+RESULTS = Path(__file__).parent / "results"
+DEFAULT_METHODS = ("uniform", "sazo", "oracle")
+TARGETS = (0.02, 0.005)
+
+
+def _sazo_variant(sampler_class=SAZOSampler, **overrides):
+    """A SAZO sampler factory with some hyperparameters changed (for the ablation table)."""
+    return lambda problem, theta, seed: sampler_class(problem.num_examples, seed=seed, **overrides)
+
+
+class _FixedLevelSAZO(SAZOSampler):
+    """Ablation: no data-set level (L ≡ 1), so scores keep the units of the step they were seen at."""
+
+    def _next_level(self, indices, size, steps) -> float:
+        return 1.0
+
+
+# name -> (problem, θ, seed) -> sampler. The first three are the table's columns; the rest
+# switch one robustness feature of SAZO's rule off (or change it) for the ablation.
+METHODS: dict[str, Callable] = {
+    **{name: (lambda problem, theta, seed, name=name: make_sampler(name, problem, theta, seed=seed))
+       for name in ("uniform", "sazo", "oracle", "sazo-plain")},
+    "sazo-no-prior-blend": _sazo_variant(prior_strength=0.0),
+    "sazo-no-level": _sazo_variant(_FixedLevelSAZO),
+    "sazo-square": _sazo_variant(statistic="square"),
+    "sazo-mix-0.05": _sazo_variant(uniform_mix=0.05),
+    "sazo-mix-0.2": _sazo_variant(uniform_mix=0.2),
+    "sazo-decay-0.5": _sazo_variant(ema_decay=0.5),
+    "sazo-decay-0.7": _sazo_variant(ema_decay=0.7),
+}
+
+
+@dataclass
+class BenchProblem:
+    """One row of the table: a problem, its learning-rate grid, a step budget, the --quick grid."""
+
+    name: str
+    problem: FiniteSumProblem
+    lr_grid: list[float]
+    max_steps: int
+    quick_grid: list[float]
+
+
+class _Diverged(Exception):
+    """Raised from the evaluate callback to abandon a run whose gap exploded."""
+
+
+class TargetRun:
+    """One MeZO run (float64 θ) that can be extended step budget by step budget.
+
+    Extending to s steps in pieces gives the same trajectory as one run of s steps: the
+    optimiser and sampler keep their state, and logging happens every ``log_every`` steps.
+    ``reached[target]`` is set once the gap is ≤ target·gap₀ (for each of ``targets``; the run
+    stops at the smallest); ``failed`` once the run diverged. ``queries`` is the smallest
+    target's count (None until reached).
+    """
+
+    def __init__(self, problem: FiniteSumProblem, method: str | Callable, lr: float, seed: int,
+                 target: float | tuple = TARGETS, *, batch_size: int = 1, eps: float = 1e-3, log_every: int = 10):
+        self.problem, self.batch_size, self.log_every = problem, batch_size, log_every
+        self.theta = problem.initial_theta(torch.float64)
+        self.optimal = problem.optimal_loss
+        self.initial_gap = problem.full_loss(self.theta) - self.optimal
+        self.targets = tuple(sorted((target,) if isinstance(target, (int, float)) else target, reverse=True))
+        self.reached: dict[float, int | None] = {t: None for t in self.targets}
+        self.optimizer = MeZO([self.theta], lr=lr, eps=eps, seed=seed)
+        factory = METHODS[method] if isinstance(method, str) else method
+        self.sampler = factory(problem, self.theta, seed)
+        self.steps, self.failed = 0, False
+
+    @property
+    def queries(self) -> int | None:
+        return self.reached[self.targets[-1]]
+
+    @property
+    def done(self) -> bool:
+        return self.failed or self.queries is not None
+
+    def _gap(self) -> float:
+        value = self.problem.full_loss(self.theta) - self.optimal
+        if not math.isfinite(value) or value > 1e4 * self.initial_gap:
+            raise _Diverged
+        return value
+
+    def extend_to(self, steps: int) -> "TargetRun":
+        """Run on until ``steps`` steps in all, the smallest target, or divergence."""
+        more = -(-(steps - self.steps) // self.log_every) * self.log_every  # keep the log grid
+        if self.done or more <= 0:
+            return self
+        try:
+            history = train(self.optimizer, self.sampler, lambda idx: self.problem.losses(self.theta, idx),
+                            more, batch_size=self.batch_size, evaluate=self._gap, log_every=self.log_every,
+                            progress=False, stop_below=self.targets[-1] * self.initial_gap)
+        except (_Diverged, FloatingPointError):
+            self.failed = True
+            return self
+        for target in self.targets:
+            if self.reached[target] is None:
+                reached = queries_to_target(history, target * self.initial_gap)
+                if reached is not None:
+                    self.reached[target] = reached + 2 * self.batch_size * self.steps
+        self.steps += len(history.queries)
+        return self
+
+
+def queries_to_reach(problem: FiniteSumProblem, method: str, lr: float, seed: int, target: float,
+                     max_steps: int, **kwargs) -> int | None:
+    """Queries until gap ≤ target·gap₀ with MeZO (float64 θ), or None (diverged / over budget).
+
+    Example:
+        >>> q = queries_to_reach(LeastSquares(32, 3, seed=0), "sazo", 0.01, seed=0, target=0.1, max_steps=500)
+        >>> 0 < q <= 2 * 500  # 2 queries per step at B = 1
+        True
+    """
+    return TargetRun(problem, method, lr, seed, target, **kwargs).extend_to(max_steps).queries
+
+
+def _median(values: list) -> float:
+    return statistics.median(math.inf if v is None else v for v in values)
+
+
+def best_learning_rate(make_run: Callable[[float, int], TargetRun], grid: list[float], seeds: list[int],
+                       max_steps: int, first_budget: int = 500, growth: float = 1.25,
+                       targets: tuple | None = None) -> dict:
+    """Pick, per target, the grid rate with the best median queries over ``seeds``, at bounded cost.
+
+    Every rate's runs are extended together under a step budget that grows by ``growth``
+    until some rate's median is reached at the smallest target: the rates still open then
+    cannot beat it (nor at the larger targets, which every run crosses first), so a bad rate
+    costs at most about as much as the best one. The winners' seeds are run to the end (up to
+    ``max_steps``) for the min–max spread.
+
+    Returns:
+        {target: dict with ``lr``, ``median``, ``min``, ``max`` (None if a seed never got there),
+        ``per_seed`` and ``grid`` (median per rate; None where it cannot beat the winner)};
+        without ``targets`` (runs with one target), that one target's dict.
+    """
+    runs = {lr: [make_run(lr, seed) for seed in seeds] for lr in grid}
+    single = targets is None
+    # a run's queries at a target (one target: its ``queries``, whatever it calls that target)
+    reached = (lambda run, target: run.queries) if single else (lambda run, target: run.reached[target])
+    targets = (None,) if single else targets
+    budget = min(first_budget, max_steps)
+    while True:
+        for lr_runs in runs.values():
+            if sum(run.failed for run in lr_runs) <= len(lr_runs) // 2:  # else its median is lost
+                for run in lr_runs:
+                    run.extend_to(budget)
+        medians = {lr: _median([run.queries for run in lr_runs]) for lr, lr_runs in runs.items()}
+        # A rate whose median is still open has median > 2·B·budget ≥ any reached median.
+        if min(medians.values()) < math.inf or budget >= max_steps:
+            break
+        budget = min(int(growth * budget), max_steps)  # small growth: little overshoot
+    out = {}
+    for target in targets:
+        at = {lr: _median([reached(run, target) for run in lr_runs]) for lr, lr_runs in runs.items()}
+        grid_medians = {repr(lr): (None if math.isinf(m) else m) for lr, m in at.items()}
+        best_lr = min(grid, key=lambda lr: at[lr])
+        if math.isinf(at[best_lr]):
+            out[target] = {"lr": None, "median": None, "min": None, "max": None,
+                           "per_seed": [None] * len(seeds), "grid": grid_medians}
+            continue
+        per_seed = [reached(run.extend_to(max_steps), target) for run in runs[best_lr]]
+        finite = [q for q in per_seed if q is not None]
+        out[target] = {"lr": best_lr, "median": at[best_lr], "min": min(finite),
+                       "max": max(finite) if len(finite) == len(per_seed) else None,
+                       "per_seed": per_seed, "grid": grid_medians}
+    return out[None] if single else out
+
+
+def default_problems(quick: bool = False) -> list[BenchProblem]:
+    """The three benchmark problems (fixed data seed 0), with rate grids and step budgets."""
+    ls_grid = [0.0005, 0.00075, 0.00113, 0.0017, 0.0025, 0.0038, 0.0057]
+    lr_grid = [0.003, 0.006, 0.012, 0.024, 0.048]
+    ls_quick, lr_quick = [0.0017, 0.0025], [0.006, 0.012]
+    problems = [
+        BenchProblem("quadratic σ=0", LeastSquares(256, 20, heterogeneity=0.0, seed=0), ls_grid, 20_000, ls_quick),
+        BenchProblem("quadratic σ=1.5", LeastSquares(256, 20, heterogeneity=1.5, seed=0), ls_grid, 30_000,
+                     ls_quick),
+        # σ = 0: the data's own spread of norms (V(u)/V(p*) ≈ 12 at θ*) needs no extra knob.
+        BenchProblem("logistic breast_cancer σ=0",
+                     LogisticRegression.from_sklearn("breast_cancer", heterogeneity=0.0), lr_grid, 40_000, lr_quick),
+    ]
+    if quick:
+        for item in problems:
+            item.lr_grid, item.max_steps = item.quick_grid, 3_000
+    return problems
+
+
+def run_queries_benchmark(problems: list[BenchProblem], seeds: list[int], targets=TARGETS,
+                          batch_size: int = 1, progress: bool = True, methods=DEFAULT_METHODS) -> dict:
+    """Run every method on every problem; returns the JSON-ready results.
+
+    ``rows[k][method][repr(target)]`` holds the per-target result of ``best_learning_rate``.
+    """
+    from tqdm.auto import tqdm
+
+    targets = tuple(sorted((targets,) if isinstance(targets, (int, float)) else targets, reverse=True))
+    rows = []
+    bar = tqdm(total=len(problems) * len(methods), desc="queries benchmark", disable=not progress)
+    for item in problems:
+        row = {"problem": item.name, "num_examples": item.problem.num_examples, "dim": item.problem.dim,
+               "gain_at_optimum": uniform_gain(item.problem.norms(item.problem.optimum)),
+               "max_steps": item.max_steps}
+        for method in methods:
+            started = time.perf_counter()
+            make_run = lambda lr, seed: TargetRun(item.problem, method, lr, seed, targets, batch_size=batch_size)
+            result = best_learning_rate(make_run, item.lr_grid, seeds, item.max_steps, targets=targets)
+            row[method] = {repr(t): r for t, r in result.items()}
+            row[method]["seconds"] = round(time.perf_counter() - started, 2)
+            bar.update(1)
+        rows.append(row)
+    bar.close()
+    return {"benchmark": "queries", "targets": list(targets), "seeds": seeds, "batch_size": batch_size,
+            "methods": list(methods), "rows": rows}
+
+
+def ratio(row: dict, numerator: str, denominator: str, target: float):
+    """median(numerator) / median(denominator) at ``target``, or None if either was not reached."""
+    a, b = (row.get(m, {}).get(repr(target), {}).get("median") for m in (numerator, denominator))
+    if a is None or b is None or math.isinf(a) or math.isinf(b):
+        return None
+    return a / b
+
+
+def _cell(result: dict) -> str:
+    if result["median"] is None or math.isinf(result["median"]):
+        return "not reached"
+    top = "?" if result["max"] is None else f"{result['max']:.0f}"
+    return f"{result['median']:.0f} [{result['min']:.0f}–{top}] lr={result['lr']:g}"
+
+
+def format_table(results: dict) -> str:
+    """A markdown table per target: median queries [min–max] (chosen lr) and the ratios."""
+    methods = results["methods"]
+    extra = [m for m in methods if m not in ("uniform", "oracle")]
+    lines = []
+    for target in results["targets"]:
+        head = ["problem", "target", "V(u)/V(p*) at θ*", *methods,
+                *(f"uniform/{m}" for m in extra if "uniform" in methods),
+                *(f"{m}/oracle" for m in extra if "oracle" in methods)]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for row in results["rows"]:
+            cells = [row["problem"], f"{target:g}", f"{row['gain_at_optimum']:.2f}"]
+            cells += [_cell(row[m][repr(target)]) for m in methods]
+            fmt = lambda r: "–" if r is None else f"{r:.2f}×"
+            if "uniform" in methods:
+                cells += [fmt(ratio(row, "uniform", m, target)) for m in extra]
+            if "oracle" in methods:
+                cells += [fmt(ratio(row, m, "oracle", target)) for m in extra]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.queries", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 seed, 2 rates, loose target")
+    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (default 5; quick: 1)")
+    parser.add_argument("--targets", type=float, nargs="+", default=None,
+                        help="targets as fractions of the initial gap (default 0.02 0.005; quick: 0.1)")
+    parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=list(METHODS))
+    parser.add_argument("--problems", nargs="+", default=None, help="problem names (default: all)")
+    parser.add_argument("--lr-grid", type=float, nargs="+", default=None, help="override every problem's grid")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/queries.json)")
+    args = parser.parse_args(argv)
+    seeds = list(range((1 if args.quick else 5) if args.seeds is None else args.seeds))
+    targets = args.targets or ([0.1] if args.quick else list(TARGETS))
+    for name, ok in (("seeds", len(seeds) >= 1), ("batch-size", args.batch_size >= 1),
+                     ("targets", all(0 < t < 1 for t in targets))):
+        if not ok:
+            parser.error(f"invalid --{name}")
+    problems = default_problems(args.quick)
+    if args.problems:
+        unknown = set(args.problems) - {p.name for p in problems}
+        if unknown:
+            parser.error(f"unknown --problems {sorted(unknown)}; known: {[p.name for p in problems]}")
+        problems = [p for p in problems if p.name in args.problems]
+    if args.lr_grid:
+        for item in problems:
+            item.lr_grid = args.lr_grid
+    torch.set_num_threads(1)  # tiny problems: threads only add overhead
+    started = time.perf_counter()
+    results = run_queries_benchmark(problems, seeds, targets, args.batch_size, methods=args.methods)
+    results.update(quick=args.quick, seconds=round(time.perf_counter() - started, 1),
+                   torch=torch.__version__, python=platform.python_version())
+    results["table"] = format_table(results)
+    print(f"Queries (2·B per step, B={args.batch_size}) to reach each target × the initial training-loss gap; "
+          f"median [min–max] over {len(seeds)} seeds, best lr per method and target")
+    print(results["table"])
+    print(f"({results['seconds']} s)")
+    out = Path(args.out) if args.out else RESULTS / ("queries_quick.json" if args.quick else "queries.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2, ensure_ascii=False))
+    print(f"wrote {out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
