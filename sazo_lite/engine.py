@@ -34,7 +34,6 @@ parameters hold θ − εz of the last step until ``flush()`` (also called by ``
 from __future__ import annotations
 
 import math
-import signal
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -42,6 +41,11 @@ from typing import Callable, NamedTuple
 
 import torch
 from torch.utils.hooks import RemovableHandle
+
+try:  # the C module: the same handlers as ``signal``, without its enum conversions (µs a call)
+    import _signal as signal
+except ImportError:  # pragma: no cover - other interpreters
+    import signal
 
 from .directions import PERTURBATIONS, Z_BOUND, derive_seed, draw_direction, rademacher_signs
 from .noise import Job, NoiseSource, PlainNoise, TorchNoise
@@ -149,9 +153,21 @@ def _check_params(params) -> list[torch.Tensor]:
     return params
 
 
+_FLOAT_MAX: dict[torch.dtype, float] = {}
+
+
 def _fits(value: float, dtype: torch.dtype) -> bool:
     """|value| · Z_BOUND is finite in ``dtype`` (so value·z cannot overflow)."""
-    return math.isfinite(value) and abs(value) * Z_BOUND < torch.finfo(dtype).max
+    if dtype not in _FLOAT_MAX:
+        _FLOAT_MAX[dtype] = torch.finfo(dtype).max
+    return math.isfinite(value) and abs(value) * Z_BOUND < _FLOAT_MAX[dtype]
+
+
+def _plain_group(group: dict) -> bool:
+    """The common case, checked fast: float hyperparameters in range and a known perturbation."""
+    lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+    return (type(lr) is float and type(wd) is float and type(eps) is float and 0.0 <= lr < math.inf
+            and 0.0 <= wd < math.inf and 0.0 < eps < math.inf and group["perturbation"] in PERTURBATIONS)
 
 
 class MeZO(torch.optim.Optimizer):
@@ -369,10 +385,10 @@ class MeZO(torch.optim.Optimizer):
         for group in self.param_groups:
             coefficient = eps - group["lr"] * (projected_grad + group["weight_decay"] * eps)
             shrink = 1.0 - group["lr"] * group["weight_decay"]
-            for p in group["params"]:
-                if not (_fits(coefficient, p.dtype) and _fits(shrink, p.dtype)):
+            for dtype in {p.dtype for p in group["params"]}:
+                if not (_fits(coefficient, dtype) and _fits(shrink, dtype)):
                     raise ValueError(f"Invalid lr: the update θ ← {shrink:.3g}·θ + {coefficient:.3g}·z "
-                                     f"(lr={group['lr']}, g={projected_grad:.3g}) would overflow {p.dtype}; "
+                                     f"(lr={group['lr']}, g={projected_grad:.3g}) would overflow {dtype}; "
                                      f"parameters restored")
         return self._jobs(seed, lambda group: eps - group["lr"] * (projected_grad + group["weight_decay"] * eps),
                           lambda group: 1.0 - group["lr"] * group["weight_decay"])
@@ -444,13 +460,13 @@ class MeZO(torch.optim.Optimizer):
         """Everything a step needs, checked before anything changes."""
         eps = None
         for group in self.param_groups:
-            cleaned = _check_group(group, {})
+            cleaned = group if _plain_group(group) else _check_group(group, {})
             if eps is not None and cleaned["eps"] != eps:
                 raise ValueError(f"Invalid eps: {cleaned['eps']} (all param groups must share one eps)")
             eps = cleaned["eps"]
-            for p in group["params"]:
-                if not _fits(2.0 * eps, p.dtype):
-                    raise ValueError(f"Invalid eps: {eps} (2·eps·z overflows {p.dtype})")
+            for dtype in {p.dtype for p in group["params"]}:
+                if not _fits(2.0 * eps, dtype):
+                    raise ValueError(f"Invalid eps: {eps} (2·eps·z overflows {dtype})")
         for hook in list(self._step_hooks.values()):
             check = getattr(hook, "check", None)
             if check is not None:

@@ -127,8 +127,10 @@ class NoiseSource:
         """Apply every job (one pass of MeZO over all its tensors); record finished ones in ``done``."""
         self._run(jobs, 0, done)
 
-    @torch.no_grad()  # grad mode is per thread: worker threads do not inherit the caller's
     def _run(self, share: list[Job], slot: int, done: list | None) -> None:
+        if torch.is_grad_enabled():  # grad mode is per thread: workers do not inherit the caller's
+            with torch.no_grad():
+                return self._run(share, slot, done)
         for job in share:
             self._apply_one(job, slot)
             if done is not None:
