@@ -178,12 +178,13 @@ def test_race_draws_progressively_and_each_eta_retrains_its_method(racer):
     racer.controls["heterogeneity"].value = 1.0      # every method reruns: first seeds, then all
     assert racer.stages[0] == 4
     uniform, sazo, oracle = (_median_curve(racer, k) for k in range(3))
-    racer.controls["lr_oracle"].value = 0.01
+    drawn_rate = racer.controls["lr_oracle"].value
+    racer.controls["lr_oracle"].value = drawn_rate / 4
     assert racer.stages[0] == 2                      # one stale method: its first seed, then all
     np.testing.assert_array_equal(_median_curve(racer, 0), uniform)
     np.testing.assert_array_equal(_median_curve(racer, 1), sazo)
     assert not np.array_equal(_median_curve(racer, 2), oracle)
-    racer.controls["lr_oracle"].value = 0.04          # cached: drawn once
+    racer.controls["lr_oracle"].value = drawn_rate    # cached: drawn once
     assert racer.stages[0] == 1
 
 

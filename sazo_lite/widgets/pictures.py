@@ -223,11 +223,15 @@ def paths_dashboard(*, num_examples: int = 32, heterogeneity: float = 2.0, steps
     fig.update_yaxes(title="θ₂", range=[ys[0], ys[-1]])
     readout = widgets.HTML()
     cache: dict[tuple, np.ndarray] = {}
+    drawn: dict[str, tuple] = {}   # method → key of the path on screen
+
+    def path_key(method: str, values: dict) -> tuple:
+        """A method's path depends on β and the rule only if it is SAZO's."""
+        relevant = {k: v for k, v in values.items() if method == "sazo" or k not in ("ema_decay", "rule")}
+        return method, tuple(sorted(relevant.items()))
 
     def path(method: str, values: dict) -> np.ndarray:
-        """One method's path, cached by the controls it depends on (β and the rule: SAZO only)."""
-        relevant = {k: v for k, v in values.items() if method == "sazo" or k not in ("ema_decay", "rule")}
-        key = (method, tuple(sorted(relevant.items())))
+        key = path_key(method, values)
         if key not in cache:
             with one_thread():
                 cache[key] = sampler_paths(problem, steps=steps, seed=seed, samplers=(method,), **values)[method]
@@ -236,10 +240,12 @@ def paths_dashboard(*, num_examples: int = 32, heterogeneity: float = 2.0, steps
     def refresh() -> None:
         values = {name: control.value for name, control in controls.items()}
         finals, jumps = {}, {}
-        for k, method in enumerate(SAMPLERS):  # each path is drawn as soon as it is ready
+        for k, method in enumerate(SAMPLERS):  # each changed path is drawn as soon as it is ready
             points = path(method, values)
-            with fig.batch_update():
-                fig.data[1 + k].update(x=points[:, 0], y=points[:, 1])
+            if drawn.get(method) != path_key(method, values):
+                with fig.batch_update():
+                    fig.data[1 + k].update(x=points[:, 0], y=points[:, 1])
+                drawn[method] = path_key(method, values)
             finals[method] = problem.gap(torch.as_tensor(points[-1]))
             jumps[method] = float(np.linalg.norm(np.diff(points, axis=0), axis=1).max()) if len(points) > 1 else 0.0
         readout.value = f"after {steps} steps: " + "; ".join(

@@ -30,9 +30,8 @@ _LABELS = {"uniform": "uniform MeZO", "sazo": "SAZO", "oracle": "oracle p*"}
 # "tune η per method" button reruns it for the current settings). One rate for all is
 # not fair: the importance weights also rescale the per-example curvatures.
 PROBLEM_DEFAULTS = {
-    "heterogeneous quadratic": dict(heterogeneity=1.5, batch_size=2, lr_uniform=0.0025, lr_sazo=0.01,
-                                    lr_oracle=0.04),
-    "homogeneous quadratic": dict(heterogeneity=0.0, batch_size=2, lr_uniform=0.02, lr_sazo=0.04, lr_oracle=0.04),
+    "heterogeneous quadratic": dict(heterogeneity=1.5, batch_size=4, lr_uniform=0.01, lr_sazo=0.04, lr_oracle=0.02),
+    "homogeneous quadratic": dict(heterogeneity=0.0, batch_size=2, lr_uniform=0.02, lr_sazo=0.02, lr_oracle=0.04),
     "logistic regression (breast cancer)": dict(heterogeneity=0.0, batch_size=8, lr_uniform=0.05, lr_sazo=0.1,
                                                 lr_oracle=0.2),
 }
