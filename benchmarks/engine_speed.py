@@ -7,7 +7,8 @@ processes only ever add time; the medians are in the JSON too):
     speed      ZO step ÷ (2 × forward) for SmolLM2-135M and a tiny GPT-2, B=8, seq 64, float32:
                a plain reference MeZO loop (global ``torch.manual_seed``, 4 out-of-place passes,
                as in the original MeZO code) and sazo_lite with noise=None / TorchNoise / NoiseTable,
-               and Rademacher z (8 signs per random byte) with TorchNoise
+               Rademacher z (8 signs per random byte) with TorchNoise, and both TorchNoise variants
+               with ``fold_updates=True`` (2 passes a step in steady state)
     memory     peak RSS of one ZO step ÷ peak RSS of one inference forward, each in a fresh process
     overhead   SAZO step ÷ uniform (MeZO) step on the tiny GPT-2, and the sampler's extra state
     sampler    sample + update for N = 10⁶, B = 32: SAZOSampler, UniformSampler and a bare SumTree
@@ -31,7 +32,8 @@ from sazo_lite.noise import NoiseTable, TorchNoise
 from sazo_lite.sumtree import SumTree
 
 MODELS = ("smollm2", "gpt2-tiny")
-VARIANTS = ("reference", "plain", "torch_noise", "noise_table", "rademacher")
+VARIANTS = ("reference", "plain", "torch_noise", "noise_table", "rademacher", "torch_noise_folded",
+            "rademacher_folded")
 
 
 # -- models and losses ------------------------------------------------------------------
@@ -104,7 +106,12 @@ def step_functions(model, params, closure) -> dict:
                   "torch_noise": MeZO(params, lr=0.0, eps=1e-3, noise=TorchNoise(workers=2)),
                   "noise_table": MeZO(params, lr=0.0, eps=1e-3, noise=NoiseTable()),
                   "rademacher": MeZO(params, lr=0.0, eps=1e-3, perturbation="rademacher",
-                                     noise=TorchNoise(workers=2))}
+                                     noise=TorchNoise(workers=2)),
+                  # steady state of fold_updates=True: 2 passes a step (update folded into the next +εz)
+                  "torch_noise_folded": MeZO(params, lr=0.0, eps=1e-3, noise=TorchNoise(workers=2),
+                                             fold_updates=True),
+                  "rademacher_folded": MeZO(params, lr=0.0, eps=1e-3, perturbation="rademacher",
+                                            noise=TorchNoise(workers=2), fold_updates=True)}
     steps = {name: (lambda opt=opt: opt.step(closure)) for name, opt in optimisers.items()}
     counter = iter(range(10 ** 9))
     steps["reference"] = lambda: reference_mezo_step(params, closure, 1e-3, 0.0, next(counter))

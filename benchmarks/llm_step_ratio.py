@@ -1,12 +1,12 @@
 """ZO step time ÷ (2 × forward time) for SmolLM2-135M-Instruct on this machine, B=8, seq=64.
 
 A MeZO step is two forwards plus three passes over the parameters (+εz, −2εz, restore+update),
-each regenerating z from a seed. The ratio says how much the passes cost on top of the two
+each regenerating z from a seed (two with ``fold_updates=True``: the update rides on the next +εz). The ratio says how much the passes cost on top of the two
 forwards (1.0 = free). Measured back to back in one process, median of ``--repeats``:
 
     forward        answer-token CE (``answer_losses``) on B random 64-token rows, float32
-    full step      ``MeZO`` over all 134.5M parameters (plain loop, and ``noise=TorchNoise()``,
-                   which ``noise="auto"``, the default, picks for this model)
+    full step      ``MeZO`` over all 134.5M parameters (plain loop, ``noise=TorchNoise()``, which
+                   ``noise="auto"``, the default, picks for this model, and TorchNoise folded)
     LoRA step      ``MeZO`` over rank-8 q/v adapters only (peft)
     sparse step    ``SparseMeZO`` over a fixed 1% of every tensor
 
@@ -60,12 +60,16 @@ def main() -> None:
     full_opt = MeZO(params, lr=0.0, eps=1e-3, noise=None)  # the plain loop (the default picks TorchNoise)
     sparse_opt = SparseMeZO(params, sparse_indices(params, 0.01), lr=0.0, eps=1e-3)
     fast_opt = MeZO(params, lr=0.0, eps=1e-3, noise=TorchNoise())  # same z, chunked + 2 threads
+    folded_opt = MeZO(params, lr=0.0, eps=1e-3, noise=TorchNoise(), fold_updates=True)  # 2 passes a step
+    folded_opt.step(closure)  # steady state: every later step folds the previous update in
     results = {"full, plain loop": paired_ratio(closure, lambda: full_opt.step(closure), args.repeats),
                "full, TorchNoise": paired_ratio(closure, lambda: fast_opt.step(closure), args.repeats),
+               "full, folded": paired_ratio(closure, lambda: folded_opt.step(closure), args.repeats),
                "sparse 1%": paired_ratio(closure, lambda: sparse_opt.step(closure), args.repeats)}
     peft_model = add_lora(model, rank=8)
     lora_closure = lambda: answer_losses(peft_model, rows)  # noqa: E731
     lora_opt = MeZO(trainable_parameters(peft_model), lr=0.0, eps=1e-3)
+    folded_opt.flush()
     results["LoRA r=8"] = paired_ratio(lora_closure, lambda: lora_opt.step(lora_closure), args.repeats)
     print(f"SmolLM2-135M, B={args.batch}, seq={args.seq}, float32, {torch.get_num_threads()} threads, "
           f"median of {args.repeats} back-to-back pairs")
