@@ -183,8 +183,8 @@ def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout:
     for name in ("results.json", "score.json"):
         (output_dir / name).unlink(missing_ok=True)
     config, questions = grading.load_tests(autograder)
-    if expected is None:
-        expected = grading.reference(autograder, require=sandbox, **timeouts)
+    if expected is None:  # the solutions get at least the default limits, whatever this submission gets
+        expected = grading.reference(autograder, require=sandbox, **_reference_limits(timeouts))
     with open(output_dir / "grade.log", "w") as log:
         try:
             cells = grading.notebook_cells(submission, config)
@@ -203,6 +203,12 @@ def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout:
                "questions": {q: {"score": v["score"], "possible": v["possible"]} for q, v in scored.items()}}
     (output_dir / "score.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _reference_limits(timeouts: dict) -> dict:
+    """Limits for running the solutions: the submission's, but never below the defaults."""
+    defaults = dict(cell_timeout=CELL_TIMEOUT, test_timeout=TEST_TIMEOUT, notebook_timeout=NOTEBOOK_TIMEOUT)
+    return {name: max(timeouts.get(name, value), value) for name, value in defaults.items()}
 
 
 def grade_all(autograder: Path, submissions_dir: Path, csv_path: Path, *, workers: int = 1,
@@ -229,7 +235,7 @@ def grade_all(autograder: Path, submissions_dir: Path, csv_path: Path, *, worker
 
     limits = {k: timeouts.get(k, default) for k, default in
               (("cell_timeout", CELL_TIMEOUT), ("test_timeout", TEST_TIMEOUT), ("notebook_timeout", NOTEBOOK_TIMEOUT))}
-    expected = grading.reference(Path(autograder), require=timeouts.get("sandbox", "auto"), **limits)
+    expected = grading.reference(Path(autograder), require=timeouts.get("sandbox", "auto"), **_reference_limits(limits))
     with ThreadPoolExecutor(max_workers=workers) as pool:  # threads only wait on subprocesses
         jobs = pool.map(lambda s: grade(s, autograder, details / s.stem, expected=expected, **timeouts), submissions)
         rows = list(tqdm(jobs, total=len(submissions), desc="grading", leave=False))
