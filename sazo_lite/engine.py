@@ -49,7 +49,7 @@ except ImportError:  # pragma: no cover - other interpreters
 
 from .directions import PERTURBATIONS, Z_BOUND, derive_seed, draw_direction, rademacher_signs
 from .noise import Job, NoiseSource, PlainNoise, TorchNoise
-from .validation import check_choice, check_int, check_number
+from .validation import check_bool, check_callable, check_choice, check_int, check_number
 
 __all__ = ["MeZO", "ZOStep", "StepEvent", "derive_seed", "draw_direction", "rademacher_signs",
            "PERTURBATIONS"]
@@ -208,9 +208,7 @@ class MeZO(torch.optim.Optimizer):
         seed = check_int("seed", seed)
         if noise is not None and noise != "auto" and not callable(getattr(noise, "apply", None)):
             raise ValueError(f"Invalid noise: {noise!r} (expected 'auto', None or an object with apply(jobs))")
-        if not isinstance(fold_updates, bool):
-            raise ValueError(f"Invalid fold_updates: {fold_updates!r} (expected True or False)")
-        self.fold_updates = fold_updates
+        self.fold_updates = check_bool("fold_updates", fold_updates)
         self._pending = None  # (source, update jobs) of a folded step, applied by the next pass
         self._offset = 0      # where θ stands in the step in flight: 0, +1 (θ+εz) or −1 (θ−εz)
         self._step_hooks: OrderedDict[int, Callable] = OrderedDict()
@@ -307,8 +305,7 @@ class MeZO(torch.optim.Optimizer):
         raise ValueError to refuse the step before anything changes). ``SeedLog`` is one.
         Returns a handle whose ``remove()`` unregisters the hook.
         """
-        if not callable(hook):
-            raise ValueError(f"Invalid hook: {hook!r} (expected a callable)")
+        check_callable("hook", hook)
         handle = RemovableHandle(self._step_hooks)
         self._step_hooks[handle.id] = hook
         return handle
@@ -483,8 +480,7 @@ class MeZO(torch.optim.Optimizer):
         Returns:
             A ``ZOStep`` with the loss, projected gradient, directional diffs and seed.
         """
-        if closure is None or not callable(closure):
-            raise ValueError("Invalid closure: MeZO.step needs a closure that returns losses")
+        check_callable("closure", closure)
         weights = self._check_weights(weights)
         self._check_ready()
         seed = self.next_seed()

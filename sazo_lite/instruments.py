@@ -136,9 +136,13 @@ class DirectionCounter(NoiseSource):
             self.optimizer.noise = self
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, exc_type, *exc) -> bool:
         if self.optimizer is not None:
             self.optimizer.noise = self._saved
+        elif exc_type is None and self.passes == 0:  # the old, module-patching usage counted silently
+            raise ValueError("Invalid DirectionCounter use: it counted nothing; count an optimiser with "
+                             "`with DirectionCounter(opt)`, or pass the counter as a noise source "
+                             "(MeZO(..., noise=counter), mezo_step_reference(..., noise=counter))")
         return False
 
 

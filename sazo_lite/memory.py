@@ -56,7 +56,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from .validation import check_choice, check_fraction, check_number
+from .validation import check_bool, check_choice, check_count, check_fraction, check_number
 
 __all__ = ["DTYPE_BYTES", "ModelShape", "TrainSetup", "Breakdown", "LADDERS",
            "activation_elements_per_token", "transient_elements_per_token", "bp_memory",
@@ -102,9 +102,7 @@ class ModelShape:
 
     def __post_init__(self):
         for key in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Invalid {key}: {value!r} (expected a positive int)")
+            check_count(key, getattr(self, key))
         if self.hidden % self.heads or self.heads % self.kv_heads:
             raise ValueError(f"Invalid heads/kv_heads: {self.heads}/{self.kv_heads} must divide "
                              f"hidden {self.hidden} and heads respectively")
@@ -177,16 +175,13 @@ class TrainSetup:
 
     def __post_init__(self):
         for key in ("context", "batch", "zo_buffered_layers"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Invalid {key}: {value!r} (expected a positive int)")
+            check_count(key, getattr(self, key))
         check_choice("dtype", self.dtype, DTYPE_BYTES)
         check_choice("optimizer", self.optimizer, OPTIMISERS)
         check_choice("attention", self.attention, ATTENTIONS)
         check_fraction("trainable_fraction", self.trainable_fraction, 0.0, 1.0, closed_low=False, closed_high=True)
         for key in ("checkpointing", "chunked_loss"):
-            if not isinstance(getattr(self, key), bool):
-                raise ValueError(f"Invalid {key}: {getattr(self, key)!r} (expected True or False)")
+            check_bool(key, getattr(self, key))
 
     @property
     def bytes_per_value(self) -> int:

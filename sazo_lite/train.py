@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from .validation import check_count, check_int, check_number
+from .validation import check_bool, check_callable, check_count, check_int, check_number
 
 __all__ = ["History", "train", "queries_to_target"]
 
@@ -67,12 +67,10 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
     log_every = check_count("log_every", log_every)
     if stop_below is not None:
         stop_below = check_number("stop_below", stop_below)
-    for name, value in (("record_probs", record_probs), ("progress", progress)):
-        if not isinstance(value, bool):
-            raise ValueError(f"Invalid {name}: {value!r} (expected True or False)")
-    for name, value in (("batch_losses", batch_losses), ("evaluate", evaluate)):
-        if value is not None and not callable(value):
-            raise ValueError(f"Invalid {name}: {value!r} (expected a callable)")
+    check_bool("record_probs", record_probs)
+    check_bool("progress", progress)
+    check_callable("batch_losses", batch_losses)
+    check_callable("evaluate", evaluate, optional=True)
     history = History()
     queries = 0
     bar = tqdm(range(steps), desc=description, disable=not progress)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["check_int", "check_count", "check_number", "check_fraction", "check_choice"]
+__all__ = ["check_int", "check_count", "check_number", "check_fraction", "check_choice", "check_bool",
+           "check_callable"]
 
 
 def check_int(name: str, value, low: int | None = None) -> int:
@@ -47,4 +48,18 @@ def check_choice(name: str, value, choices) -> str:
     """One of a fixed set of names."""
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"Invalid {name}: {value!r} (expected one of {tuple(choices)})")
+    return value
+
+
+def check_bool(name: str, value) -> bool:
+    """True or False exactly (not 0/1, not a string)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"Invalid {name}: {value!r} (expected True or False)")
+    return value
+
+
+def check_callable(name: str, value, *, optional: bool = False):
+    """A callable (or None when ``optional``)."""
+    if (value is None and not optional) or (value is not None and not callable(value)):
+        raise ValueError(f"Invalid {name}: {value!r} (expected a callable)")
     return value

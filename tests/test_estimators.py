@@ -218,3 +218,11 @@ def test_gain_vs_batch_starts_at_one_plus_cv2_and_shrinks(snapshot):
     assert bool((gains[1:] < gains[:-1]).all()) and float(gains[-1]) > 1.0
     at_optimum = E.gain_vs_batch(norms, 0.0, grads.shape[1], [1, 64])
     torch.testing.assert_close(at_optimum, torch.full((2,), variance.uniform_gain(norms), dtype=torch.float64))
+
+
+def test_direction_counter_that_counted_nothing_says_how_to_use_it():
+    params, closure = two_tensor_setup()
+    optimizer = sz.MeZO(params, lr=0.05)
+    with pytest.raises(ValueError, match="DirectionCounter"):
+        with E.DirectionCounter():
+            optimizer.step(closure)  # the old usage: nothing tells the optimiser about the counter
