@@ -32,6 +32,8 @@ def test_norms_histogram_widens_with_sigma():
 def test_batch_bars_split_the_second_moment():
     dash = widgets.batch_bars_dashboard(num_examples=128, dim=6)
     bars = dash.figures["bars"].data
+    assert min(bars[0].y) > 0 and min(bars[1].y) > 0      # the default B = 8 shows both parts
+    dash.controls["batch_size"].value = 1
     # B = 1: only the p-dependent part; the oracle's is the smallest possible V(p).
     assert list(bars[1].y) == [0.0, 0.0] and bars[0].y[1] < bars[0].y[0]
     ratio_b1 = _number(dash.readout.value, r"uniform / oracle = <b>([0-9.]+)")
