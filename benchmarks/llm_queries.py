@@ -1,89 +1,229 @@
-"""Queries to a target training loss and held-out accuracy: MeZO (uniform) vs SAZO on a generated task.
+"""Queries to 70% and 50% of the initial training loss on language models: uniform MeZO, SAZO, oracle.
 
-For each seed, both methods start from the same weights and run ``zo_finetune`` with the same
-lr, ε and B; the full training loss F(θ) (all N examples, noisy labels included) is evaluated
-every ``--log-every`` steps. Reported per seed: queries (2·B per step) until F(θ) ≤ target,
-and held-out accuracy after the full budget, with zero-shot accuracy for reference.
+For every (model, set): θ₀ is built once (LoRA adapters, then the set's first round of Adam
+steps as setup, cached), and its true per-example gradient norms give V(u)/V(p*) at θ₀. Then
+each sampler runs from θ₀:
 
-Models: ``--model tiny`` (a random-init 2-layer Llama with the offline MiniLM tokenizer, the
-transformer blocks tuned in full: seconds per run) or ``--model smollm2`` (SmolLM2-135M with
-rank-4 LoRA on q/v: minutes per run on 2 CPU cores).
+1. lr grid on the first seed: every rate of ``--lrs``; runs whose F(θ) climbs above 1.5·F(θ₀)
+   or turn non-finite are reported as diverged. The chosen rate per sampler is the one that
+   reaches 50% (else 70%) of F(θ₀) in the fewest queries (ties: lower final loss).
+2. the other seeds at the chosen rate (seeds vary MeZO's directions and the sampling; the set
+   and θ₀ stay fixed).
 
-Run: ``python -m benchmarks.llm_queries --model smollm2 --seeds 0 1 2 --num-train 32 --num-test 32 --batch 8
---lr 3e-3 --eps 1e-2 --steps 60 --log-every 5 --target-fraction 0.93``
+Reported: queries (2·B per step) to 0.7·F(θ₀) and 0.5·F(θ₀), median [min–max] over seeds, held-out
+accuracy after ``--accuracy-at`` queries, the ratios uniform/SAZO and SAZO/oracle, and SAZO's
+sampling against the true norms over training (Spearman ρ, TV(p_SAZO, p*), V(p_SAZO)/V(p*),
+V(u)/V(p*)) on the first seed. The four tiny random-init families (Llama, GPT-2, OPT, Qwen2; all
+parameters tuned) run the same protocol on a memorisation set as a does-not-lose check.
+
+JSON goes to ``benchmarks/results/llm_queries.json``.
+
+Run: ``python -m benchmarks.llm_queries`` (``make bench-llm``); ``--quick`` for a pilot.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
 import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
 
-from sazo_lite.llm import (accuracy, add_lora, load_smollm2, make_task, minilm_dir, restore_snapshot, snapshot,
-                           tiny_causal_lm, trainable_parameters, zo_finetune)
+import torch
+
+from sazo_lite.llm import add_lora, load_smollm2, restore_snapshot, snapshot, tiny_causal_lm, trainable_parameters
+from sazo_lite.llm.continual import first_round, heterogeneity, make_continual_set
+from sazo_lite.llm.grad_norms import grad_norms
+from sazo_lite.llm.losses import TokenBatch
+from sazo_lite.llm.models import cache_dir
+from sazo_lite.llm.queries import SAMPLERS, query_run, queries_to
+from sazo_lite.llm.tuning import full_parameters
+
+TARGETS = (0.7, 0.5)
+RESULTS = Path(__file__).parent / "results" / "llm_queries.json"
 
 
-def setup(name: str, seed: int):
-    if name == "smollm2":
-        model, tokenizer = load_smollm2()
-        model = add_lora(model, rank=4, init_seed=seed)
-        return model, tokenizer, trainable_parameters(model)
-    from transformers import AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
-    model = tiny_causal_lm("llama", vocab_size=tokenizer.vocab_size, seed=seed)
-    return model, tokenizer, [p for n, p in model.named_parameters() if "layers." in n]
+def smollm2_start(set_name: str, args):
+    """SmolLM2 + LoRA, the set's first round applied (adapter weights cached on disk), and its batches."""
+    model, tokenizer = load_smollm2(verbose=False)
+    model = add_lora(model, rank=args.rank, init_seed=0)
+    params = trainable_parameters(model)
+    cset = make_continual_set(set_name, num_train=args.num_train, new_fraction=args.new_fraction,
+                              num_test=args.num_test, seed=0)
+    key = f"first-round-{set_name}-r{args.rank}-n{args.num_train}-f{args.new_fraction:.3f}-s{args.setup_steps}.pt"
+    path = cache_dir() / "llm_queries" / key
+    if path.exists():
+        restore_snapshot(params, torch.load(path))
+    else:
+        first_round(model, params, cset, tokenizer, steps=args.setup_steps)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(snapshot(params), path)
+    return model, params, cset.task.encode(tokenizer, "train"), cset.task.encode(tokenizer, "test"), cset
 
 
-def one_seed(args, seed: int) -> dict:
-    model, tokenizer, params = setup(args.model, seed)
-    task = make_task(args.task, num_train=args.num_train, num_test=args.num_test, noise=args.noise, seed=seed)
-    train_batch, test_batch = task.encode(tokenizer, "train"), task.encode(tokenizer, "test")
-    start = snapshot(params)
-    out = {"zero_shot": accuracy(model, test_batch)}
-    for method in ("mezo", "sazo"):
-        restore_snapshot(params, start)
-        run = zo_finetune(model, params, train_batch, test_batch, method=method, steps=args.steps,
-                          batch_size=args.batch, lr=args.lr, eps=args.eps, seed=seed, log_every=args.log_every,
-                          progress=False)
-        target = args.target if args.target is not None else args.target_fraction * run.train_loss[0]
-        hit = next((q for q, loss in zip(run.queries, run.train_loss) if loss <= target), None)
-        noisy_share = float(run.sample_counts[task.noisy_indices].sum() / run.sample_counts.sum())
-        out[method] = dict(queries=hit, accuracy=run.test_accuracy[-1], final_loss=run.train_loss[-1],
-                           start_loss=run.train_loss[0], noisy_share=noisy_share)
+def tiny_start(family: str, args):
+    """A random-init tiny model, all parameters tuned, on a memorisation set with a first round.
+
+    Random token sequences, label = one of 3 verbaliser tokens; Adam first memorises 3/4 of them
+    (the assimilated part), the rest are new.
+    """
+    vocab, n = 128, args.tiny_n
+    g = torch.Generator().manual_seed(0)
+    ids = [torch.randint(3, vocab, (8,), generator=g).tolist() for _ in range(n + 16)]
+    labels = torch.randint(0, 3, (n + 16,), generator=g)
+    label_ids = torch.tensor([5, 9, 17])
+    train = TokenBatch(ids[:n], [8] * n, 0, labels[:n], label_ids)
+    test = TokenBatch(ids[n:], [8] * 16, 0, labels[n:], label_ids)
+    model = tiny_causal_lm(family, vocab_size=vocab, seed=0)
+    params = full_parameters(model)
+    setup = TokenBatch(ids[:3 * n // 4], [8] * (3 * n // 4), 0, labels[:3 * n // 4], label_ids)
+    from sazo_lite.llm.losses import classification_losses
+    opt = torch.optim.Adam(params, lr=3e-3)
+    for _ in range(100):
+        opt.zero_grad()
+        classification_losses(model, setup, grad=True).mean().backward()
+        opt.step()
+    for p in params:
+        p.grad = None
+    return model, params, train, test, None
+
+
+def one_setting(label: str, model, params, train, test, args, *, lrs, seeds, steps, log_every, diagnose) -> dict:
+    theta0 = snapshot(params)
+    norms0 = grad_norms(model, train, params)
+    out = {"label": label, "N": len(train), "heterogeneity_at_theta0": heterogeneity(norms0),
+           "norms_at_theta0": norms0.tolist(), "grid": {}, "chosen_lr": {}, "runs": {}}
+    print(f"\n== {label}: N={len(train)}, V(u)/V(p*) at θ₀ = {out['heterogeneity_at_theta0']:.2f}", flush=True)
+
+    def run(sampler, lr, seed, diag):
+        restore_snapshot(params, theta0)
+        r = query_run(model, params, train, sampler, lr=lr, eps=args.eps, batch_size=args.batch, steps=steps,
+                      seed=seed, log_every=log_every, oracle_every=args.oracle_every, test_batch=test,
+                      accuracy_at=args.accuracy_at, stop_fraction=min(TARGETS), diagnose=diag)
+        q = [queries_to(r, t) for t in TARGETS]
+        print(f"  {sampler:7s} lr={lr:<8g} seed={seed}: q70={q[0]} q50={q[1]} "
+              f"F {r.train_loss[0]:.3f}→{r.train_loss[-1]:.3f} acc={r.test_accuracy}"
+              f"{' DIVERGED' if r.diverged else ''}", flush=True)
+        return r
+
+    for sampler in SAMPLERS:
+        grid = {lr: run(sampler, lr, seeds[0], diagnose and sampler == "sazo") for lr in lrs}
+        out["grid"][sampler] = {f"{lr:g}": g.to_dict() for lr, g in grid.items()}
+
+        def score(item):
+            lr, r = item
+            q50, q70 = queries_to(r, 0.5), queries_to(r, 0.7)
+            return (r.diverged, q50 is None, q50 or 0, q70 is None, q70 or 0, r.train_loss[-1])
+        best_lr, best = min(grid.items(), key=score)
+        out["chosen_lr"][sampler] = best_lr
+        out["runs"][sampler] = [best.to_dict()] + [run(sampler, best_lr, s, False).to_dict() for s in seeds[1:]]
+    restore_snapshot(params, theta0)
     return out
+
+
+def summarise(setting: dict) -> list[str]:
+    """Table rows: sampler, lr, q70, q50 median [min–max], accuracy; then the ratios."""
+    def q(run, t):
+        return queries_to_dict(run, t)
+    rows, med = [], {}
+    for sampler in SAMPLERS:
+        runs = setting["runs"][sampler]
+        cells = []
+        for t in TARGETS:
+            values = [q(r, t) for r in runs]
+            hit = [v for v in values if v is not None]
+            med[(sampler, t)] = statistics.median(values) if len(hit) == len(values) else None
+            cells.append(f"{statistics.median(hit):.0f} [{min(hit)}–{max(hit)}]"
+                         f"{'' if len(hit) == len(values) else f' ({len(values) - len(hit)} missed)'}"
+                         if hit else "not reached")
+        accs = [r["test_accuracy"] for r in runs if r["test_accuracy"] is not None]
+        acc = f"{statistics.median(accs):.3f} [{min(accs):.3f}–{max(accs):.3f}]" if accs else "–"
+        diverged = sum(r["diverged"] for r in runs)
+        rows.append(f"| {setting['label']} | {sampler} | {setting['chosen_lr'][sampler]:g} | {cells[0]} | {cells[1]} "
+                    f"| {acc} | {len(runs)}{f' ({diverged} diverged)' if diverged else ''} |")
+    ratios = {}
+    for t in TARGETS:
+        u, s, o = med[("uniform", t)], med[("sazo", t)], med[("oracle", t)]
+        ratios[f"uniform/sazo@{t}"] = u / s if u and s else None
+        ratios[f"sazo/oracle@{t}"] = s / o if s and o else None
+    setting["ratios"] = ratios
+    return rows
+
+
+def queries_to_dict(run: dict, fraction: float):
+    target = fraction * run["train_loss"][0]
+    return next((q for q, loss in zip(run["queries"], run["train_loss"]) if loss <= target), None)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
-    parser.add_argument("--task", default="sentiment")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--num-train", type=int, default=48)
-    parser.add_argument("--num-test", type=int, default=48)
-    parser.add_argument("--noise", type=float, default=0.15)
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--eps", type=float, default=1e-3)
-    parser.add_argument("--log-every", type=int, default=20)
-    parser.add_argument("--target", type=float, default=None, help="absolute target for F(θ)")
-    parser.add_argument("--target-fraction", type=float, default=0.95, help="else: target = this × F(θ₀)")
+    parser.add_argument("--quick", action="store_true", help="pilot: 2 seeds, 2 rates, fewer steps")
+    parser.add_argument("--sets", nargs="+", default=["continual", "homogeneous"])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--lrs", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3])
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--eps", type=float, default=1e-2)
+    parser.add_argument("--rank", type=int, default=4)
+    parser.add_argument("--num-train", type=int, default=24)
+    parser.add_argument("--num-test", type=int, default=32)
+    parser.add_argument("--new-fraction", type=float, default=1 / 6)
+    parser.add_argument("--setup-steps", type=int, default=10)
+    parser.add_argument("--oracle-every", type=int, default=10)
+    parser.add_argument("--accuracy-at", type=int, default=400)
+    parser.add_argument("--tiny", nargs="*", default=["llama", "gpt2", "opt", "qwen2"])
+    parser.add_argument("--tiny-n", type=int, default=32)
+    parser.add_argument("--tiny-steps", type=int, default=1500)
+    parser.add_argument("--tiny-lrs", type=float, nargs="+", default=[1e-3, 3e-3, 1e-2])
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    print(f"model={args.model} task={args.task} N={args.num_train} noise={args.noise} B={args.batch} "
-          f"lr={args.lr} eps={args.eps} steps={args.steps} "
-          f"target F≤{args.target if args.target is not None else f'{args.target_fraction}·F(θ₀)'}")
-    ratios = []
-    for seed in args.seeds:
-        r = one_seed(args, seed)
-        m, s = r["mezo"], r["sazo"]
-        print(f"seed {seed}: zero-shot acc {r['zero_shot']:.3f} | "
-              f"MeZO queries {m['queries']} acc {m['accuracy']:.3f} F {m['start_loss']:.3f}→{m['final_loss']:.3f} "
-              f"noisy share {m['noisy_share']:.2f} | "
-              f"SAZO queries {s['queries']} acc {s['accuracy']:.3f} F {s['start_loss']:.3f}→{s['final_loss']:.3f} "
-              f"noisy share {s['noisy_share']:.2f}", flush=True)
-        if m["queries"] and s["queries"]:
-            ratios.append(m["queries"] / s["queries"])
-    if ratios:
-        print(f"uniform/SAZO queries ratio: median {statistics.median(ratios):.2f} over {len(ratios)} seeds "
-              f"(noise fraction of examples: {args.noise:.0%})")
+    if args.quick:
+        args.seeds, args.lrs, args.steps = 2, args.lrs[-2:], min(args.steps, 150)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    started = time.perf_counter()
+    seeds = list(range(args.seeds))
+    report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+              "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+                         f"{torch.get_num_threads()} threads",
+              "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "settings": []}
+    for set_name in args.sets:
+        model, params, train, test, _ = smollm2_start(set_name, args)
+        report["settings"].append(one_setting(f"SmolLM2 LoRA r{args.rank} {set_name}", model, params, train, test,
+                                              args, lrs=args.lrs, seeds=seeds, steps=args.steps,
+                                              log_every=args.log_every, diagnose=True))
+        del model, params
+    for family in args.tiny:
+        model, params, train, test, _ = tiny_start(family, args)
+        report["settings"].append(one_setting(f"tiny {family} (random init, full)", model, params, train, test,
+                                              args, lrs=args.tiny_lrs, seeds=seeds, steps=args.tiny_steps,
+                                              log_every=25, diagnose=False))
+    report["runtime_s"] = time.perf_counter() - started
+    header = ["| setting | sampler | lr | queries to 0.7·F(θ₀) | queries to 0.5·F(θ₀) | held-out acc. "
+              f"@{args.accuracy_at} q | seeds |", "|---|---|---|---|---|---|---|"]
+    rows = [row for s in report["settings"] for row in summarise(s)]
+    print(f"\n{report['date']} · {report['machine']} · B={args.batch}, ε={args.eps}, k(oracle)={args.oracle_every}, "
+          f"runtime {report['runtime_s'] / 60:.1f} min")
+    print("\n".join(header + rows))
+    print("\nratios of median queries (targets: heterogeneous uniform/SAZO ≥ 2 and SAZO/oracle ≤ 1.3 at both; "
+          "homogeneous SAZO/uniform ≤ 1.1):")
+    for s in report["settings"]:
+        r = s["ratios"]
+        fmt = lambda v: f"{v:.2f}" if v else "–"
+        print(f"  {s['label']}: V(u)/V(p*)@θ₀={s['heterogeneity_at_theta0']:.2f} | "
+              + " | ".join(f"uniform/SAZO@{t}={fmt(r[f'uniform/sazo@{t}'])}, SAZO/oracle@{t}={fmt(r[f'sazo/oracle@{t}'])}"
+                           for t in TARGETS))
+        diag = s["grid"]["sazo"][f"{s['chosen_lr']['sazo']:g}"]["diagnostics"]
+        if diag:
+            print("    SAZO vs true norms over training (seed 0, chosen lr): "
+                  + "; ".join(f"q={d['queries']}: ρ={d.get('rho', float('nan')):.2f} TV={d['tv']:.2f} "
+                              f"V(pSAZO)/V(p*)={d['v_ratio']:.2f} V(u)/V(p*)={d['v_uniform_ratio']:.2f}"
+                              for d in diag[::max(1, len(diag) // 6)]))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    print(f"\nwrote {args.out}")
 
 
 if __name__ == "__main__":

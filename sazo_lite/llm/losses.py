@@ -130,17 +130,22 @@ def _autocast(device: torch.device, dtype):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def _logits(model, inputs, autocast_dtype) -> torch.Tensor:
-    with torch.inference_mode(), _autocast(inputs["input_ids"].device, autocast_dtype):
+def _logits(model, inputs, autocast_dtype, grad: bool = False) -> torch.Tensor:
+    # grad=True keeps the autograd graph (true per-example gradients, ``grad_norms``); ZO never needs it
+    mode = torch.enable_grad() if grad else torch.inference_mode()
+    with mode, _autocast(inputs["input_ids"].device, autocast_dtype):
         out = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
     return out.logits.float()  # [B, T, V]; CE in float32 whatever the model dtype
 
 
-def answer_losses(model, batch: TokenBatch, indices=None, *, autocast_dtype=None) -> torch.Tensor:
-    """Per-example mean token CE over answer tokens: float32 [B] (on the model's device)."""
+def answer_losses(model, batch: TokenBatch, indices=None, *, autocast_dtype=None, grad: bool = False) -> torch.Tensor:
+    """Per-example mean token CE over answer tokens: float32 [B] (on the model's device).
+
+    ``grad=True`` records the autograd graph (for true per-example gradients); default: inference mode.
+    """
     indices = range(len(batch)) if indices is None else indices
     inputs = batch.select(indices, _device(model))
-    logits = _logits(model, inputs, autocast_dtype)
+    logits = _logits(model, inputs, autocast_dtype, grad)
     targets = inputs["input_ids"][:, 1:]                              # token t+1 is predicted at t
     positions = torch.arange(1, targets.shape[1] + 1, device=targets.device)[None, :]
     starts = torch.tensor([batch.prompt_lengths[int(i)] for i in indices], device=targets.device)
@@ -149,19 +154,21 @@ def answer_losses(model, batch: TokenBatch, indices=None, *, autocast_dtype=None
     return (ce * scored).sum(1) / scored.sum(1).clamp_min(1)
 
 
-def classification_logits(model, batch: TokenBatch, indices=None, *, autocast_dtype=None) -> torch.Tensor:
+def classification_logits(model, batch: TokenBatch, indices=None, *, autocast_dtype=None,
+                          grad: bool = False) -> torch.Tensor:
     """Logits of the label words at each prompt's last position: float32 [B, C]."""
     indices = range(len(batch)) if indices is None else indices
     inputs = batch.select(indices, _device(model))
-    logits = _logits(model, inputs, autocast_dtype)
+    logits = _logits(model, inputs, autocast_dtype, grad)
     last = logits[torch.arange(len(logits), device=logits.device), inputs["lengths"] - 1]  # [B, V]
     return last[:, batch.label_ids.to(last.device)]
 
 
-def classification_losses(model, batch: TokenBatch, indices=None, *, autocast_dtype=None) -> torch.Tensor:
-    """Per-example verbaliser cross-entropy: float32 [B]."""
+def classification_losses(model, batch: TokenBatch, indices=None, *, autocast_dtype=None,
+                          grad: bool = False) -> torch.Tensor:
+    """Per-example verbaliser cross-entropy: float32 [B] (``grad=True``: keep the autograd graph)."""
     indices = range(len(batch)) if indices is None else indices
-    logits = classification_logits(model, batch, indices, autocast_dtype=autocast_dtype)
+    logits = classification_logits(model, batch, indices, autocast_dtype=autocast_dtype, grad=grad)
     labels = batch.labels[torch.as_tensor(list(indices), dtype=torch.long)].to(logits.device)
     return F.cross_entropy(logits, labels, reduction="none")
 

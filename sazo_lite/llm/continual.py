@@ -1,0 +1,167 @@
+"""Generated fine-tuning sets for the continual-tuning situation, where importance sampling pays.
+
+SAZO gains when per-example gradient norms differ: V(u)/V(p*) = 1 + CV² of the norms. Out of the
+box a small LM is unsure even on easy prompts, so its norms are alike and the gain is small. A
+model that was already tuned on part of the data is different: the examples it has assimilated
+barely move the weights, the new ones still do. These sets reproduce that, offline and seeded,
+with no label noise:
+
+* ``"continual"`` (heterogeneous): every prompt is a yes/no question with verbalisers " no" /
+  " yes". A first round of tuning (``first_round``: a few Adam steps on the adapters, by backprop,
+  as setup) teaches sentiment questions; the training set is then those *assimilated* sentiment
+  examples plus a minority of *new* questions of other kinds (number comparisons and category
+  membership). The held-out split holds new questions only.
+* ``"homogeneous"`` (control): no first round; N questions of one kind (number comparisons) for
+  the plain model: all examples alike (its per-example norms differ by a few-fold, not by 20×).
+* ``"flipped"``: ``make_task("sentiment", noise=0.15)``, the cautionary case (a flipped label keeps
+  a large loss, so large-gradient examples are noise there).
+
+``heterogeneity(norms)`` is V(u)/V(p*) = 1 + CV², measured from true per-example gradient norms
+(``sazo_lite.llm.grad_norms``); benchmarks and notebook 06 print it at θ₀ for every set.
+
+    cset = make_continual_set("continual", seed=0)
+    start = first_round(model, params, cset, tokenizer)      # θ₀ after the first round (cached by callers)
+    batch = cset.task.encode(tokenizer, "train")
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from ..variance import uniform_gain
+from .losses import classification_losses, encode_classification
+from .tasks import ClassificationTask, Example, _CATEGORIES, _NEGATIVE, _NOUNS, _POSITIVE
+
+__all__ = ["ContinualSet", "make_continual_set", "first_round", "heterogeneity", "SET_NAMES"]
+
+SET_NAMES = ("continual", "homogeneous", "flipped")
+WORDS, NAMES = [" no", " yes"], ["no", "yes"]
+
+
+@dataclass
+class ContinualSet:
+    """A training set for continual tuning.
+
+    Attributes:
+        name: "continual", "homogeneous" or "flipped".
+        task: the ``ClassificationTask`` (train: what ZO tunes on; test: held-out new questions).
+        setup: examples the first round tunes on (empty for "flipped": no first round).
+        assimilated: train indices that the first round covered (the setup examples themselves).
+    """
+
+    name: str
+    task: ClassificationTask
+    setup: list[Example]
+    assimilated: list[int]
+
+    @property
+    def new(self) -> list[int]:
+        """Train indices of the examples the first round did not see."""
+        seen = set(self.assimilated)
+        return [i for i in range(len(self.task.train)) if i not in seen]
+
+
+def _sentiment_question(rng: random.Random) -> Example:
+    noun, liked = rng.choice(_NOUNS), rng.randrange(2)
+    adjective = rng.choice(_POSITIVE if liked else _NEGATIVE)
+    return Example(f"Review: The {noun} was {adjective}.\nDid the reviewer like it?\nAnswer:", liked, liked,
+                   "sentiment")
+
+
+def _number_question(rng: random.Random) -> Example:
+    a, b = rng.sample(range(1, 100), 2)
+    return Example(f"Question: Is {a} larger than {b}?\nAnswer:", int(a > b), int(a > b), "numbers")
+
+
+def _category_question(rng: random.Random) -> Example:
+    category = rng.choice(list(_CATEGORIES))
+    member = rng.random() < 0.5
+    pool = _CATEGORIES[category] if member else [x for c, xs in _CATEGORIES.items() if c != category for x in xs]
+    thing = rng.choice(pool)
+    article = "an" if thing[0] in "aeiou" else "a"
+    return Example(f"Question: Is {article} {thing} {category}?\nAnswer:", int(member), int(member), "category")
+
+
+def make_continual_set(name: str = "continual", *, num_train: int = 32, new_fraction: float = 0.25,
+                       num_test: int = 32, seed: int = 0) -> ContinualSet:
+    """Generate one of ``SET_NAMES`` (seeded; labels are clean except in "flipped").
+
+    Args:
+        name: "continual" (assimilated sentiment + a ``new_fraction`` of new questions),
+            "homogeneous" (number questions only, no setup) or "flipped" (15% flipped sentiment labels).
+        num_train: N.
+        new_fraction: share of new examples in "continual" (V(u)/V(p*) ≈ 1/new_fraction when the
+            assimilated norms are ≈ 0 and the new ones alike).
+        num_test: held-out new questions (clean).
+        seed: the generator's seed.
+
+    Example:
+        >>> s = make_continual_set("continual", num_train=8, new_fraction=0.25, num_test=4, seed=0)
+        >>> len(s.task.train), len(s.assimilated), len(s.new), {e.kind for e in s.setup}
+        (8, 6, 2, {'sentiment'})
+    """
+    if name not in SET_NAMES:
+        raise ValueError(f"Invalid name: {name!r} (expected one of {SET_NAMES})")
+    if not 0.0 < float(new_fraction) <= 1.0:
+        raise ValueError(f"Invalid new_fraction: {new_fraction} (expected a number in (0, 1])")
+    for arg, value in (("num_train", num_train), ("num_test", num_test)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"Invalid {arg}: {value!r} (expected an int >= 1)")
+    if name == "flipped":
+        from .tasks import make_task
+        task = make_task("sentiment", num_train=num_train, num_test=num_test, noise=0.15, seed=seed)
+        return ContinualSet(name, task, [], [])
+    rng = random.Random(seed)
+    new_kinds = [_number_question, _category_question]
+
+    def new_example(k: int) -> Example:
+        return new_kinds[k % len(new_kinds)](rng)
+
+    if name == "homogeneous":   # no first round: the plain model, N questions of one kind
+        train = [_number_question(rng) for _ in range(num_train)]
+        test = [_number_question(rng) for _ in range(num_test)]
+        return ContinualSet(name, ClassificationTask(name, list(WORDS), train, test, list(NAMES)), [], [])
+    num_new = min(num_train, max(1, round(new_fraction * num_train)))
+    setup = [_sentiment_question(rng) for _ in range(num_train - num_new)]
+    new = [new_example(k) for k in range(num_new)]
+    test = [new_example(k) for k in range(num_test)]
+    task = ClassificationTask(name, list(WORDS), setup + new, test, list(NAMES))
+    return ContinualSet(name, task, setup, list(range(len(setup))))
+
+
+def first_round(model, params, cset: ContinualSet, tokenizer, *, steps: int = 10, lr: float = 3e-3,
+                progress: bool = False) -> list[float]:
+    """The setup before ZO: ``steps`` full-batch Adam steps (backprop) on ``cset.setup``.
+
+    This stands for an earlier round of fine-tuning; it is not part of any ZO comparison. Returns
+    the setup loss after each step. Does nothing (returns []) when there is no setup.
+    """
+    from tqdm.auto import tqdm
+
+    if not cset.setup:
+        return []
+    params = list(params)
+    batch = encode_classification(tokenizer, [e.prompt for e in cset.setup], [e.label for e in cset.setup], WORDS)
+    optimizer = torch.optim.Adam(params, lr=lr)
+    history = []
+    for _ in tqdm(range(steps), desc="first round (Adam, setup)", disable=not progress):
+        optimizer.zero_grad(set_to_none=True)
+        loss = classification_losses(model, batch, grad=True).mean()
+        loss.backward()
+        optimizer.step()
+        history.append(float(loss))
+    for p in params:
+        p.grad = None
+    return history
+
+
+def heterogeneity(norms) -> float:
+    """V(u)/V(p*) = 1 + CV² of per-example gradient norms (≥ 1; 1 when all are equal).
+
+    Example:
+        >>> heterogeneity(torch.tensor([1.0, 1.0, 1.0, 1.0])), heterogeneity(torch.tensor([0.0, 0.0, 0.0, 1.0]))
+        (1.0, 4.0)
+    """
+    return uniform_gain(norms)

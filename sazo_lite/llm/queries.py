@@ -1,0 +1,153 @@
+"""Queries to a target training loss on a language model: uniform MeZO, SAZO and the oracle.
+
+One ``query_run`` = one ZO run with one sampler from given weights, measured as the SAZO
+paper measures it: the full training loss F(θ) every ``log_every`` steps against queries
+(2·B per step), held-out accuracy once the run has spent ``accuracy_at`` queries, and, when
+asked, how close SAZO's sampling is to the oracle (true norms by backprop at log points):
+Spearman ρ(SAZO's scores, ‖∇f_i‖), TV(p_SAZO, p*), V(p_SAZO)/V(p*) and V(u)/V(p*).
+
+Samplers: "uniform" (``UniformSampler``), "sazo" (``SAZOSampler``, default settings but λ),
+"oracle" (``OracleSampler`` with ``RefreshingNorms``: true norms recomputed every
+``oracle_every`` steps). A run that produces a non-finite loss or whose F(θ) climbs above
+``diverge_factor``·F(θ₀) stops and is marked ``diverged``.
+
+    run = query_run(model, params, train_batch, "sazo", lr=1e-3, eps=1e-2, steps=300)
+    queries_to(run, 0.5)        # queries until F(θ) ≤ 0.5·F(θ₀), or None
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from ..engine import MeZO
+from ..samplers import OracleSampler, SAZOSampler, UniformSampler
+from ..variance import oracle_probs, spearman, tv_distance, variance_ratio
+from .finetune import mean_loss
+from .grad_norms import RefreshingNorms, grad_norms
+from .losses import TokenBatch, accuracy, batched_closure
+
+__all__ = ["QueryRun", "query_run", "queries_to", "SAMPLERS", "sampling_diagnostics"]
+
+SAMPLERS = ("uniform", "sazo", "oracle")
+
+
+@dataclass
+class QueryRun:
+    """One run's record (lists per log point, starting at 0 queries)."""
+
+    sampler: str
+    lr: float
+    seed: int
+    queries: list[int] = field(default_factory=list)
+    train_loss: list[float] = field(default_factory=list)
+    test_accuracy: float | None = None      # at ``accuracy_at`` queries
+    diverged: bool = False
+    diagnostics: list[dict] = field(default_factory=list)   # per diagnosed log point
+    oracle_refreshes: int = 0
+    final_scores: list[float] | None = None   # SAZO's scores at the end (for scatter plots)
+    final_norms: list[float] | None = None    # true norms at the end (when diagnosed)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def queries_to(run: QueryRun, fraction: float) -> int | None:
+    """First logged query count with F(θ) ≤ fraction·F(θ₀) (None if never, or diverged first)."""
+    target = fraction * run.train_loss[0]
+    return next((q for q, loss in zip(run.queries, run.train_loss) if loss <= target), None)
+
+
+def sampling_diagnostics(norms: torch.Tensor, probs: torch.Tensor, scores: torch.Tensor | None = None) -> dict:
+    """ρ(scores, norms), TV(p, p*), V(p)/V(p*), V(u)/V(p*) for one moment of training."""
+    n = len(norms)
+    out = {"tv": tv_distance(probs, oracle_probs(norms)), "v_ratio": variance_ratio(norms, probs),
+           "v_uniform_ratio": variance_ratio(norms, torch.full((n,), 1.0 / n, dtype=torch.float64))}
+    if scores is not None:
+        out["rho"] = spearman(scores, norms)
+    return out
+
+
+def query_run(model, params, train_batch: TokenBatch, sampler: str, *, lr: float, eps: float = 1e-2,
+              batch_size: int = 1, steps: int = 300, seed: int = 0, log_every: int = 10,
+              oracle_every: int = 10, uniform_mix: float = 0.1, test_batch: TokenBatch | None = None,
+              accuracy_at: int | None = None, stop_fraction: float | None = None, diagnose: bool = False,
+              diverge_factor: float = 1.5, loss: str = "classification", progress: bool = False) -> QueryRun:
+    """One ZO run from the current weights (the caller restores θ₀ between runs).
+
+    Args:
+        model, params: the LM and the tuned tensors (LoRA adapters or all parameters).
+        train_batch: the training examples (``TokenBatch``).
+        sampler: "uniform", "sazo" or "oracle".
+        lr, eps, batch_size, steps, seed: the MeZO settings (seed also seeds the sampler).
+        log_every: steps between evaluations of the full training loss F(θ).
+        oracle_every: k, the steps between the oracle's backprop refreshes of the true norms.
+        uniform_mix: SAZO's λ (the oracle uses the exact p*).
+        test_batch, accuracy_at: held-out accuracy is measured at the first log point with
+            ≥ ``accuracy_at`` queries (or at the end).
+        stop_fraction: stop once F(θ) ≤ stop_fraction·F(θ₀) and the accuracy has been measured.
+        diagnose: at every log point, true norms by backprop and ``sampling_diagnostics`` of the
+            sampler's p (SAZO: with its scores).
+        diverge_factor: stop and mark ``diverged`` when F(θ) > diverge_factor·F(θ₀).
+        loss: "classification" or "answer".
+    """
+    from tqdm.auto import tqdm
+
+    if sampler not in SAMPLERS:
+        raise ValueError(f"Invalid sampler: {sampler!r} (expected one of {SAMPLERS})")
+    n = len(train_batch)
+    optimizer = MeZO(params, lr=lr, eps=eps, seed=seed)
+    true_norms = lambda: grad_norms(model, train_batch, params, loss=loss)
+    refreshing = None
+    if sampler == "uniform":
+        chooser = UniformSampler(n, seed=seed)
+    elif sampler == "sazo":
+        chooser = SAZOSampler(n, uniform_mix=uniform_mix, seed=seed)
+    else:
+        refreshing = RefreshingNorms(true_norms, every=oracle_every, clock=lambda: optimizer.step_count)
+        chooser = OracleSampler(n, refreshing, seed=seed)
+    losses = batched_closure(model, train_batch, loss)
+    run = QueryRun(sampler, float(lr), int(seed))
+
+    def evaluate(queries: int) -> float:
+        value = mean_loss(model, train_batch) if loss == "classification" else \
+            float(losses(range(n)).mean())
+        run.queries.append(queries)
+        run.train_loss.append(value)
+        if test_batch is not None and run.test_accuracy is None and accuracy_at is not None and queries >= accuracy_at:
+            run.test_accuracy = accuracy(model, test_batch)
+        if diagnose:
+            norms = true_norms()
+            scores = chooser.scores() if sampler == "sazo" else None
+            probs = refreshing.norms if sampler == "oracle" else chooser.probs  # oracle: p* as sampled
+            run.diagnostics.append({"queries": queries, **sampling_diagnostics(norms, oracle_probs(probs)
+                                                                                 if sampler == "oracle" else probs,
+                                                                                 scores)})
+            run.final_norms = norms.tolist()
+            if scores is not None:
+                run.final_scores = scores.tolist()
+        return value
+
+    start = evaluate(0)
+    bar = tqdm(range(1, steps + 1), desc=f"{sampler} lr={lr:g}", disable=not progress)
+    for step in bar:
+        indices, weights = chooser.sample(batch_size)
+        try:
+            result = optimizer.step(lambda: losses(indices), weights)
+        except FloatingPointError:      # non-finite loss: MeZO restored θ; report and stop
+            run.diverged = True
+            break
+        chooser.update(indices, result.directional_diffs)
+        if step % log_every == 0 or step == steps:
+            value = evaluate(step * 2 * batch_size)
+            if not value == value or value > diverge_factor * start:   # NaN or climbing
+                run.diverged = True
+                break
+            measured = run.test_accuracy is not None or test_batch is None or accuracy_at is None
+            if stop_fraction is not None and value <= stop_fraction * start and measured:
+                break
+    bar.close()
+    if test_batch is not None and run.test_accuracy is None and not run.diverged:
+        run.test_accuracy = accuracy(model, test_batch)   # budget not reached: accuracy at the end
+    run.oracle_refreshes = refreshing.refreshes if refreshing is not None else 0
+    return run

@@ -1,0 +1,193 @@
+"""True per-example gradient norms, the LLM oracle sampler, the continual sets and query runs (tiny models)."""
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from sazo_lite import OracleSampler
+from sazo_lite.llm import TINY_FAMILIES, TokenBatch, add_lora, tiny_causal_lm, trainable_parameters
+from sazo_lite.llm.continual import SET_NAMES, first_round, heterogeneity, make_continual_set
+from sazo_lite.llm.grad_norms import (RefreshingNorms, example_losses, grad_norms, linear_grad_norms,
+                                      loop_grad_norms)
+from sazo_lite.llm.queries import query_run, queries_to, sampling_diagnostics
+from sazo_lite.variance import oracle_probs, sampling_variance
+
+VOCAB = 128
+
+
+def random_batch(n=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = [torch.randint(3, VOCAB, (int(torch.randint(5, 10, (1,), generator=g)),), generator=g).tolist()
+           for _ in range(n)]
+    return TokenBatch(ids=ids, prompt_lengths=[len(r) - 2 for r in ids], pad_id=0,
+                      labels=torch.randint(0, 3, (n,), generator=g), label_ids=torch.tensor([5, 9, 17]))
+
+
+def lora_model(family="llama", seed=0):
+    model = add_lora(tiny_causal_lm(family, vocab_size=VOCAB, seed=seed), rank=2)
+    params = trainable_parameters(model)
+    with torch.no_grad():          # peft starts B at 0: give the adapters a non-trivial state
+        g = torch.Generator().manual_seed(seed)
+        for p in params:
+            p.add_(0.2 * torch.randn(p.shape, generator=g))
+    return model, params
+
+
+# -- true norms against autograd ---------------------------------------------------------------
+def test_norms_match_torch_func_per_sample_gradients_on_a_toy_network():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
+    x, y = torch.randn(12, 5), torch.randint(0, 3, (12,))
+    params = dict(net.named_parameters())
+
+    def one(p, xi, yi):  # f_i for one example, functionally
+        logits = torch.func.functional_call(net, p, (xi[None],))
+        return torch.nn.functional.cross_entropy(logits, yi[None])
+    per_sample = torch.func.vmap(torch.func.grad(one), in_dims=(None, 0, 0))(params, x, y)
+    reference = torch.cat([g.reshape(12, -1) for g in per_sample.values()], 1).pow(2).sum(1).sqrt()
+
+    losses = lambda idx: torch.nn.functional.cross_entropy(net(x[list(idx)]), y[list(idx)], reduction="none")
+    for norms in (loop_grad_norms(losses, net.parameters(), range(12)),
+                  linear_grad_norms(net, losses, list(net.parameters()), range(12), chunk=5)):
+        assert torch.allclose(norms, reference.double(), rtol=1e-5)
+    # not the norm of the batch gradient, and not the same for every example
+    mean_grad = torch.autograd.grad(losses(range(12)).mean(), list(net.parameters()))
+    assert not torch.allclose(reference, torch.full_like(reference, float(sum(g.pow(2).sum() for g in mean_grad)) ** .5))
+
+
+def test_batched_hooks_need_linear_parameters():
+    net = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 1))
+    losses = lambda idx: net(torch.tensor(list(idx))).squeeze(-1) ** 2
+    with pytest.raises(ValueError, match="nn.Linear"):
+        linear_grad_norms(net, losses, list(net.parameters()), range(3))
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+@pytest.mark.parametrize("loss", ["classification", "answer"])
+def test_lora_norms_batched_equal_one_backward_per_example(family, loss):
+    model, params = lora_model(family)
+    batch = random_batch()   # rows of different lengths: padding must not leak into the gradients
+    fast = grad_norms(model, batch, params, loss=loss, method="linear", chunk=3)
+    slow = grad_norms(model, batch, params, loss=loss, method="loop")
+    assert torch.allclose(fast, slow, rtol=1e-4) and bool((slow > 0).all())
+    assert all(p.grad is None for p in params)   # measuring leaves no .grad behind
+
+
+def test_full_parameter_norms_fall_back_to_the_loop():
+    model = tiny_causal_lm("gpt2", vocab_size=VOCAB)   # embeddings are not Linear weights
+    batch = random_batch(n=3)
+    params = [p for p in model.parameters()]
+    auto = grad_norms(model, batch, params)
+    losses = example_losses(model, batch)
+    manual = torch.stack([torch.cat([g.flatten() for g in torch.autograd.grad(losses([i]).sum(), params)]).norm()
+                          for i in range(3)]).double()
+    assert torch.allclose(auto, manual, rtol=1e-5)
+
+
+# -- the oracle on an LLM closure --------------------------------------------------------------
+def test_refreshing_norms_recompute_every_k_steps_only():
+    calls, step = [], [0]
+    norms = RefreshingNorms(lambda: calls.append(step[0]) or torch.arange(1.0, 4.0), every=3, clock=lambda: step[0])
+    for step[0] in [0, 0, 1, 2, 3, 3, 5, 6]:
+        norms()
+    assert calls == [0, 3, 6]
+    with pytest.raises(ValueError, match="every"):
+        RefreshingNorms(lambda: torch.ones(2), every=0, clock=lambda: 0)
+
+
+def test_oracle_sampler_on_an_llm_closure_samples_by_true_norms_refreshed_every_k():
+    model, params = lora_model("qwen2", seed=1)
+    batch = random_batch(n=6, seed=3)
+    run = query_run(model, params, batch, "oracle", lr=1e-3, eps=1e-3, batch_size=2, steps=9, log_every=3,
+                    oracle_every=4, seed=0)
+    assert run.oracle_refreshes == 3          # steps 0, 4, 8 (logging does not refresh)
+    assert run.queries == [0, 12, 24, 36] and not run.diverged
+    # at θ the oracle's p is p* ∝ the true norms
+    norms = grad_norms(model, batch, params)
+    sampler = OracleSampler(6, lambda: norms, seed=0)
+    assert torch.allclose(sampler.probs, norms / norms.sum())
+    draws = torch.bincount(sampler.sample(4000)[0], minlength=6).double() / 4000
+    assert (draws - norms / norms.sum()).abs().max() < 0.03
+
+
+def test_sazo_diagnostics_are_recorded_against_true_norms():
+    model, params = lora_model("llama", seed=2)
+    run = query_run(model, params, random_batch(seed=4), "sazo", lr=1e-3, eps=1e-3, batch_size=2, steps=6,
+                    log_every=3, diagnose=True)
+    assert len(run.diagnostics) == 3 and all(-1 <= d["rho"] <= 1 and 0 <= d["tv"] <= 1 for d in run.diagnostics)
+    assert run.diagnostics[0]["v_ratio"] == pytest.approx(run.diagnostics[0]["v_uniform_ratio"])  # starts uniform
+    assert len(run.final_norms) == len(run.final_scores) == 8
+
+
+def test_sampling_diagnostics_of_the_oracle_itself():
+    norms = torch.tensor([1.0, 2.0, 3.0, 10.0])
+    d = sampling_diagnostics(norms, oracle_probs(norms), scores=norms * 5)
+    assert d["tv"] == pytest.approx(0) and d["v_ratio"] == pytest.approx(1) and d["rho"] == pytest.approx(1)
+    assert d["v_uniform_ratio"] == pytest.approx(heterogeneity(norms))
+
+
+def test_a_huge_learning_rate_is_reported_as_diverged():
+    from sazo_lite.llm import full_parameters
+    model = tiny_causal_lm("gpt2", vocab_size=VOCAB)
+    run = query_run(model, full_parameters(model), random_batch(), "uniform", lr=10.0, eps=1e-3, batch_size=2,
+                    steps=20, log_every=2)
+    assert run.diverged and len(run.queries) < 11 and run.train_loss[-1] > 1.5 * run.train_loss[0]
+    calm = query_run(model, full_parameters(model), random_batch(), "uniform", lr=0.0, eps=1e-3, batch_size=2,
+                     steps=4, log_every=2)
+    assert not calm.diverged
+
+
+def test_queries_to_reads_the_first_logged_hit():
+    from sazo_lite.llm.queries import QueryRun
+    run = QueryRun("uniform", 1e-3, 0, queries=[0, 10, 20, 30], train_loss=[2.0, 1.5, 0.9, 1.2])
+    assert queries_to(run, 0.7) == 20 and queries_to(run, 0.5) == 20 and queries_to(run, 0.4) is None
+
+
+# -- the generated sets -------------------------------------------------------------------------
+def test_heterogeneity_is_the_uniform_to_oracle_variance_ratio():
+    norms = torch.tensor([0.1, 0.2, 5.0, 7.0, 0.05])
+    uniform = torch.full((5,), 0.2, dtype=torch.float64)
+    assert heterogeneity(norms) == pytest.approx(sampling_variance(norms, uniform)
+                                                 / sampling_variance(norms, oracle_probs(norms)))
+    assert heterogeneity(torch.ones(7)) == pytest.approx(1.0)
+    assert heterogeneity(torch.tensor([0.0, 0.0, 0.0, 1.0])) == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("name", SET_NAMES)
+def test_sets_are_seeded_and_clean(name):
+    a = make_continual_set(name, num_train=24, new_fraction=1 / 6, num_test=8, seed=3)
+    b = make_continual_set(name, num_train=24, new_fraction=1 / 6, num_test=8, seed=3)
+    assert [e.prompt for e in a.task.train] == [e.prompt for e in b.task.train] and len(a.task.train) == 24
+    assert not any(e.noisy for e in a.task.test)
+    if name == "flipped":
+        assert len(a.task.noisy_indices) == round(0.15 * 24)
+    else:
+        assert not any(e.noisy for e in a.task.train)
+    if name == "continual":
+        assert len(a.new) == 4 and a.assimilated == list(range(20))
+        assert {a.task.train[i].kind for i in a.new} == {"numbers", "category"}
+        assert all(e.kind == "sentiment" for e in a.setup) and a.setup == a.task.train[:20]
+    if name == "homogeneous":
+        assert {e.kind for e in a.task.train} == {"numbers"} and not a.setup
+
+
+def test_first_round_makes_the_set_heterogeneous_on_a_tiny_model():
+    """The measure on a model: after a first round on the setup examples, assimilated norms shrink."""
+    from sazo_lite.llm import minilm_dir
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
+    cset = make_continual_set("continual", num_train=12, new_fraction=0.25, num_test=2, seed=0)
+    model = add_lora(tiny_causal_lm("llama", vocab_size=tokenizer.vocab_size, seed=0), rank=4)
+    params = trainable_parameters(model)
+    batch = cset.task.encode(tokenizer, "train")
+    before = grad_norms(model, batch, params)
+    history = first_round(model, params, cset, tokenizer, steps=40, lr=3e-2)
+    after = grad_norms(model, batch, params)
+    assert history[-1] < 0.1 * history[0]
+    assert after[cset.assimilated].mean() < 0.2 * after[cset.new].mean()
+    assert heterogeneity(after) >= 3 > heterogeneity(before)
