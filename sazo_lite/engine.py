@@ -360,6 +360,13 @@ class MeZO(torch.optim.Optimizer):
                 raise
             self._offset = offset
 
+    @torch.no_grad()
+    def _shift(self, seed: int, multiple_of_eps: float) -> None:
+        """One bare pass θ ← θ + (multiple)·εz outside any step (benchmarks time a pass with it)."""
+        self.flush()
+        with _InterruptsDeferred():
+            self._apply(self._jobs(seed, lambda group: multiple_of_eps * group["eps"]))
+
     def _apply_pending(self, pending) -> None:
         """Apply a held update with the current source if it draws the same z, else its own."""
         source = self._source() if _directions(pending[0]) == _directions(self._source()) else pending[0]
