@@ -229,6 +229,8 @@ def reference(autograder: Path, *, cell_timeout, test_timeout, notebook_timeout,
     if wrong:
         raise RuntimeError(f"the solutions fail their own tests ({autograder.name}):\n" + "\n".join(wrong)
                            + "\n--- their output (end) ---\n" + log.getvalue()[-3000:])
+    for stale in autograder.parent.glob(f"{autograder.name}.reference-*.json"):
+        stale.unlink(missing_ok=True)  # from older solutions or library versions
     cache.write_text(json.dumps({json.dumps(list(k)): v for k, v in outcome["cases"].items()}))
     return outcome["cases"]
 
