@@ -297,6 +297,11 @@ class MeZO(torch.optim.Optimizer):
         check_int("step", entry.get("step"), 0)
         check_int("seed", entry.get("seed"))
 
+    def __getstate__(self) -> dict:
+        """deepcopy/pickle keep the noise source, folding and a pending update; not the hooks."""
+        return {**super().__getstate__(), "noise": self.noise, "fold_updates": self.fold_updates,
+                "_pending": self._pending, "_offset": 0, "_step_hooks": OrderedDict(), "_plain": self._plain}
+
     # -- hooks ---------------------------------------------------------------------------
     def register_step_hook(self, hook: Callable[["MeZO", StepEvent], None]) -> RemovableHandle:
         """Call ``hook(optimizer, StepEvent)`` after every committed or failed step.

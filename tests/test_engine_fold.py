@@ -169,3 +169,20 @@ def test_adding_a_param_group_flushes_first():
     assert opt.pending
     opt.add_param_group({"params": params[2:]})
     assert not opt.pending
+
+
+@pytest.mark.parametrize("fold", [False, True])
+def test_a_deep_copied_optimiser_continues_like_the_original(fold):
+    params = random_params(1, torch.float32)
+    opt = MeZO(params, lr=0.05, eps=1e-2, noise=TorchNoise(workers=2, chunk=64), fold_updates=fold)
+    sz.SeedLog.attach(opt)
+    closure = closure_for(params, 2)
+    opt.step(closure)
+    twin_params, twin = copy.deepcopy((params, opt))
+    assert twin.fold_updates == fold and twin.pending == fold and not twin._step_hooks
+    twin_closure = closure_for(twin_params, 2)
+    for _ in range(3):
+        assert opt.step(closure).projected_grad == twin.step(twin_closure).projected_grad
+    opt.flush()
+    twin.flush()
+    assert all(torch.equal(a, b) for a, b in zip(params, twin_params))
