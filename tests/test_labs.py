@@ -337,7 +337,9 @@ def test_hangs_get_their_honest_points_within_the_timeouts(graded):
     assert details["killed"] and all(unit[0] == "cell" for unit in details["killed"])
 
 
-def test_a_case_that_swallows_its_timeout_is_killed_and_the_rest_still_graded():
+@pytest.mark.parametrize("require", ["auto", "none"])
+def test_a_case_that_swallows_its_timeout_is_killed_and_the_rest_still_graded(require):
+    """In the sandbox and unconfined (the fallback without bwrap) alike."""
     from sazo_lite.labs import grading
 
     cells = [(0, "def spin():\n    while True:\n        try:\n            while True:\n                pass\n"
@@ -346,12 +348,30 @@ def test_a_case_that_swallows_its_timeout_is_killed_and_the_rest_still_graded():
         {"hidden": False, "code": "with time_limit():\n    spin()\nrecord(1)"},
         {"hidden": True, "code": "record(x)"}]}}
     start = time.monotonic()
-    outcome = grading.run(cells, questions, cell_timeout=5, test_timeout=1, notebook_timeout=120)
+    outcome = grading.run(cells, questions, cell_timeout=5, test_timeout=1, notebook_timeout=120, require=require)
+    from sazo_lite.labs.sandbox import bwrap_works
+
+    assert outcome["sandbox"] == ("bwrap" if require == "auto" and bwrap_works() else "none")
     assert time.monotonic() - start < 60
     assert outcome["skipped"] == [["case", "q1", 0]] and outcome["status"] == "timeout"
     assert ("q1", 0) not in outcome["cases"] and outcome["cases"][("q1", 1)]["error"] is None
     scored = grading.score(questions, outcome, {("q1", 1): outcome["cases"][("q1", 1)]})["q1"]
     assert scored["score"] == 1.0 and "timed out" in scored["cases"][0]["message"]
+
+
+def test_without_bwrap_grading_warns_loudly(monkeypatch):
+    import subprocess
+
+    from sazo_lite.labs import sandbox
+
+    monkeypatch.setitem(sandbox._WORKS, "bwrap", False)
+    with pytest.warns(sandbox.SandboxWarning, match="WITHOUT A SANDBOX"):
+        box = sandbox.Sandbox(["/bin/true"], env={"PATH": "/usr/bin:/bin"})
+    assert box.kind == "none"
+    box.start(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    box.close()
+    with pytest.raises(RuntimeError, match="bubblewrap"):
+        sandbox.Sandbox(["/bin/true"], env={}, require="bwrap")
 
 
 def test_grading_leaves_no_temporary_files(graded):
