@@ -1,0 +1,160 @@
+"""Build the course website: ``make book`` (fast mode) or ``make book FULL=1`` (full versions).
+
+    python book/build.py [--full] [--jobs N] [--out build/book]
+
+1. Stage the sources in ``<out>/src``: the course map (``notebooks/README.md``, the landing
+   page, with the chapters' table of contents appended), the seven notebooks, the labs page.
+2. Execute the notebooks there, ``--jobs`` at a time (nbclient; ``SAZO_FAST=1`` unless
+   ``--full``), while ``python -m sazo_lite.labs assign`` builds the labs; only the *student*
+   notebooks are copied to the site (never the masters or the autograders).
+3. Copy plotly.js and MathJax into the site (it needs no network to build or to view) and run
+   Sphinx (book/conf.py: myst-nb + sphinx-book-theme). The site is ``<out>/html``.
+
+Nothing is written outside ``<out>``; the committed notebooks stay without outputs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BOOK = ROOT / "book"
+NOTEBOOKS = ROOT / "notebooks"
+CELL_TIMEOUT = 1800  # seconds per cell (full mode trains for minutes in one cell)
+
+
+def stage(src: Path) -> list[str]:
+    """Copy the course map, the notebooks and the book's pages into ``src``; returns chapter names."""
+    shutil.rmtree(src, ignore_errors=True)
+    src.mkdir(parents=True)
+    chapters = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    for name in chapters:
+        shutil.copy(NOTEBOOKS / f"{name}.ipynb", src)
+    toc = "\n".join(["", "", "```{toctree}", ":hidden:", ":maxdepth: 2", "", *chapters, "labs", "```", ""])
+    (src / "README.md").write_text((NOTEBOOKS / "README.md").read_text() + toc)
+    return chapters
+
+
+def execute(path: str, fast: bool) -> tuple[str, float]:
+    """Run one notebook in place (cwd = its folder), keeping outputs and widget state."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    from jupyter_client.manager import KernelManager
+
+    os.environ["SAZO_FAST"] = "1" if fast else "0"
+    start = time.perf_counter()
+    notebook = nbformat.read(path, as_version=4)
+    # IPC sockets (files next to the notebook): kernels started at once cannot race for a TCP port.
+    kernel = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(path).with_suffix(".kernel")))
+    try:
+        NotebookClient(notebook, km=kernel, timeout=CELL_TIMEOUT, store_widget_state=True,
+                       resources={"metadata": {"path": str(Path(path).parent)}}).execute()
+    finally:
+        for socket_file in Path(path).parent.glob(Path(path).stem + ".kernel-*"):
+            socket_file.unlink()
+    slim_widget_state(notebook)
+    nbformat.write(notebook, path)
+    return Path(path).name, time.perf_counter() - start
+
+
+def slim_widget_state(notebook) -> None:
+    """Drop each widget's front-end code from the saved state (plotly's FigureWidget carries
+    all of plotly.js, ~4 MB, per figure); the site draws figures with its own plotly.js."""
+    state = notebook.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+    for model in state.get("state", {}).values():
+        for key in ("_esm", "_css"):
+            model.get("state", {}).pop(key, None)
+
+
+def execute_all(src: Path, chapters: list[str], fast: bool, jobs: int) -> None:
+    """Execute the chapters, ``jobs`` at a time; the first failure stops the build with its traceback."""
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        # The later chapters run longest (06 loads and tunes a language model): start them first.
+        futures = {pool.submit(execute, str(src / f"{name}.ipynb"), fast): name for name in reversed(chapters)}
+        for future in as_completed(futures):
+            try:
+                name, seconds = future.result()
+            except Exception as error:
+                pool.shutdown(cancel_futures=True)
+                raise RuntimeError(f"{futures[future]}.ipynb failed while building the book:\n{error}") from None
+            print(f"  executed {name} in {seconds:.0f} s", flush=True)
+
+
+def labs_page(src: Path, assigned: Path) -> int:
+    """Copy each lab's student notebook to ``src/labs`` and write the labs page; returns how many."""
+    students = sorted(assigned.glob("*/student/*.ipynb"))
+    if not students:
+        raise RuntimeError(f"no student notebooks under {assigned}: did `python -m sazo_lite.labs assign` fail?")
+    (src / "labs").mkdir()
+    rows = ["| lab | download |", "|---|---|"]
+    for notebook in students:
+        shutil.copy(notebook, src / "labs" / notebook.name)
+        cells = json.loads(notebook.read_text())["cells"]
+        heading = next((line for c in cells if c["cell_type"] == "markdown"
+                        for line in "".join(c["source"]).splitlines() if line.startswith("# ")), f"# {notebook.stem}")
+        rows.append(f"| {heading[2:].strip()} | {{download}}`{notebook.name} <labs/{notebook.name}>` |")
+    page = (BOOK / "labs.md").read_text().replace("<!-- LABS TABLE: filled in by book/build.py -->", "\n".join(rows))
+    (src / "labs.md").write_text(page)
+    return len(students)
+
+
+def assets(src: Path) -> None:
+    """plotly.js (from the plotly wheel) and MathJax 3 (from the django-static-mathjax wheel) for the site."""
+    import mathjax
+    import plotly
+
+    target = src / "_assets"
+    (target / "mathjax").mkdir(parents=True)
+    shutil.copy(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", target)
+    shutil.copy(Path(mathjax.__file__).parent / "static" / "mathjax" / "es5" / "tex-svg-full.js", target / "mathjax")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--full", action="store_true", help="run the notebooks' full versions (default: SAZO_FAST=1)")
+    parser.add_argument("--jobs", type=int, default=2, help="notebooks executed at once")
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "book")
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        raise ValueError(f"Invalid jobs: {args.jobs}")
+    out, fast = args.out.resolve(), not args.full
+    src, html = out / "src", out / "html"
+    start = time.perf_counter()
+    print(f"building the course website in {html} ({'fast' if fast else 'full'} mode, {args.jobs} at once)", flush=True)
+    chapters = stage(src)
+    shutil.rmtree(out / "labs", ignore_errors=True)
+    labs = subprocess.Popen([sys.executable, "-m", "sazo_lite.labs", "assign", "--build", str(out / "labs")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    try:
+        execute_all(src, chapters, fast, args.jobs)
+    finally:
+        log, _ = labs.communicate()
+    if labs.returncode != 0:
+        raise RuntimeError(f"python -m sazo_lite.labs assign failed:\n{log}")
+    count = labs_page(src, out / "labs")
+    assets(src)
+    executed = time.perf_counter()
+    shutil.rmtree(html, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-q", "-j", str(args.jobs), "-c", str(BOOK),
+                    "-d", str(out / "doctrees"), str(src), str(html)], check=True, cwd=ROOT)
+    (html / "index.html").write_text('<!DOCTYPE html><meta charset="utf-8"><title>sazo-lite</title>'
+                                     '<meta http-equiv="refresh" content="0; url=README.html">'
+                                     '<a href="README.html">The course map</a>\n')
+    (html / ".nojekyll").write_text("")  # GitHub Pages: serve _static/ as is
+    total = time.perf_counter() - start
+    print(f"done in {total:.0f} s (notebooks and labs {executed - start:.0f} s, Sphinx {total - (executed - start):.0f} s): "
+          f"{len(chapters)} chapters, {count} labs -> {html / 'index.html'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

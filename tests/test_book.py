@@ -1,0 +1,257 @@
+"""Real browser: the course website (``make book``) built in fast mode and read in Chromium.
+
+The site is built once for this module (``book/build.py --out <tmp>``, SAZO_FAST=1), served
+from 127.0.0.1, and every page is opened in headless Chromium with every request to another
+host refused: the pages must work offline. For each chapter: no console errors, every plotly
+figure drawn with data, the math typeset by MathJax, every internal link answering, launch
+buttons present, dashboards shown as their static view. Then the landing page's table of
+contents, search, and the labs page (student notebooks only).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from test_browser import ARTIFACTS, CHROMIUM, browser, wait_until  # noqa: F401 (browser: a fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTERS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
+                                 "(apt-get install chromium; .ci/run installs it)")]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """Build the site once (fast mode) and serve it on a free local port; yields (url, out dir).
+
+    ``SAZO_BOOK_OUT=<dir>`` reuses a site already built there (``book/build.py --out <dir>``)
+    instead of building one, for working on the pages; ``make test`` always builds afresh.
+    """
+    reuse = os.environ.get("SAZO_BOOK_OUT")
+    if reuse:
+        out = Path(reuse)
+    else:
+        out = tmp_path_factory.mktemp("book")
+        done = subprocess.run([sys.executable, str(ROOT / "book" / "build.py"), "--out", str(out)],
+                              capture_output=True, text=True, cwd=ROOT, timeout=1500)
+        assert done.returncode == 0, f"book/build.py failed:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
+    html = out / "html"
+    handler = functools.partial(_QuietHandler, directory=str(html))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", out
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def open_offline(browser, url: str):
+    """A page at ``url`` that may load only from the local server; returns (context, page, problems)."""
+    host = urllib.parse.urlsplit(url).netloc
+    problems: list[str] = []
+    context = browser.new_context(viewport={"width": 1400, "height": 1800})
+
+    def route(request_route):
+        if urllib.parse.urlsplit(request_route.request.url).netloc == host:
+            request_route.continue_()
+        else:  # the site must not need the network (CDN scripts, fonts, trackers)
+            problems.append(f"request to another host: {request_route.request.url}")
+            request_route.abort()
+
+    context.route("**/*", route)
+    page = context.new_page()
+    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.on("requestfailed", lambda r: problems.append(f"failed request: {r.url}")
+            if urllib.parse.urlsplit(r.url).netloc == host else None)
+    page.goto(url, wait_until="load")
+    return context, page, problems
+
+
+def wait_for_math(page) -> dict:
+    """Wait until MathJax has typeset the page; returns counts of formulas, typeset ones, leftovers."""
+    if page.query_selector(".math.notranslate"):
+        page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000)
+        page.evaluate("() => MathJax.startup.promise.then(() => true)")  # resolves after the first typeset
+    return page.evaluate("""() => {
+        const formulas = [...document.querySelectorAll('span.math.notranslate, div.math.notranslate')];
+        return {formulas: formulas.length,
+                typeset: formulas.filter(m => m.querySelector('mjx-container svg')).length,
+                raw: formulas.filter(m => !m.querySelector('mjx-container')).map(m => m.textContent.slice(0, 60)),
+                errors: document.querySelectorAll('mjx-merror, [data-mjx-error]').length};
+    }""")
+
+
+# Each figure placeholder: drawn by plotly.js?, how many data points (its traces' longest
+# x / y / values / cells; plotly.js decodes typed-array specs into _fullData), a toolbar?
+_PLOTS = """() => [...document.querySelectorAll('.sazo-plot, .sazo-static-figure')].map(div => ({
+    drawn: div.classList.contains('js-plotly-plot'),
+    points: (div._fullData || []).reduce((n, t) => n + Math.max(0, ...[t.x, t.y, t.values, (t.cells || {}).values]
+        .map(a => (a && a.length) || 0)), 0),
+    modebar: !!div.querySelector('.modebar')}))"""
+
+
+def internal_links(page, base: str) -> set[str]:
+    hrefs = page.evaluate("() => [...document.querySelectorAll('a[href]')].map(a => a.href)")
+    return {h.split("#")[0] for h in hrefs if h.startswith(base) and h.split("#")[0]}
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status == 200
+    except urllib.error.URLError:
+        return False
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_page(site, browser, chapter):
+    base, _ = site
+    context, page, problems = open_offline(browser, f"{base}/{chapter}.html")
+    try:
+        math = wait_for_math(page)
+        plots = page.evaluate(_PLOTS)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"book_{chapter}.png"), full_page=True)
+        title = json.loads((ROOT / "notebooks" / f"{chapter}.ipynb").read_text())["cells"][0]["source"]
+        heading = "".join(title).splitlines()[0].lstrip("# ").strip()
+        assert page.inner_text("h1").strip().rstrip("#").strip() == heading
+
+        # Plotly: every figure placeholder was drawn, with data, and is interactive (modebar).
+        assert plots, f"{chapter}: no plotly figure on the page"
+        assert all(p["drawn"] and p["points"] > 0 for p in plots), f"{chapter}: empty or undrawn figures {plots}"
+        assert all(p["modebar"] for p in plots), f"{chapter}: a figure without its zoom/pan toolbar"
+
+        # Math: every formula typeset, none left as TeX, no MathJax error.
+        assert math["formulas"] > 0 and math["typeset"] == math["formulas"], f"{chapter}: math not typeset {math}"
+        assert not math["raw"] and math["errors"] == 0, f"{chapter}: {math}"
+
+        # Dashboards: their static view (note + launch link pointed at this page's Binder URL), no widget errors.
+        body = page.inner_text("body")
+        for text in ("Error displaying widget", "FigureWidget(", "VBox(", "Traceback (most recent call last)"):
+            assert text not in body, f"{chapter}: {text!r} on the page"
+        for board in page.query_selector_all(".sazo-static-dashboard"):
+            assert "Static view" in board.inner_text()
+            launch = board.query_selector("a.sazo-launch").get_attribute("href")
+            assert "/v2/gh/" in launch and f"notebooks/{chapter}.ipynb" in launch, launch
+
+        # Launch buttons (Binder into JupyterLab) and the .ipynb download.
+        hrefs = page.evaluate("() => [...document.querySelectorAll('a[href]')].map(a => a.href)")
+        assert any("mybinder.org/v2/gh/" in h and f"urlpath=lab/tree/notebooks/{chapter}.ipynb" in h for h in hrefs)
+        assert any(h.endswith(f"_sources/{chapter}.ipynb") for h in hrefs)
+
+        # Links: the neighbouring chapters are linked, and every link inside the site answers.
+        links = internal_links(page, base)
+        index = CHAPTERS.index(chapter)
+        for neighbour in CHAPTERS[max(0, index - 1):index + 2]:
+            assert f"{base}/{neighbour}.html" in links, f"{chapter}: no link to {neighbour}"
+        broken = sorted(link for link in links if not answers(link))
+        assert not broken, f"{chapter}: broken links {broken}"
+        assert not problems, f"{chapter}:\n" + "\n".join(problems)
+    finally:
+        context.close()
+
+
+def test_plot_zooms_on_drag(site, browser):
+    """Interactive, not a picture: dragging across a figure zooms its x axis."""
+    base, _ = site
+    context, page, problems = open_offline(browser, f"{base}/{CHAPTERS[0]}.html")
+    try:
+        graph = page.locator(".js-plotly-plot").first
+        graph.scroll_into_view_if_needed()
+        before = page.evaluate("() => document.querySelector('.js-plotly-plot')._fullLayout.xaxis.range.slice()")
+        box = graph.locator(".nsewdrag").first.bounding_box()
+        page.mouse.move(box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.5)
+        page.mouse.down()
+        page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.5, steps=8)
+        page.mouse.up()
+        after = wait_until(lambda: (r := page.evaluate(
+            "() => document.querySelector('.js-plotly-plot')._fullLayout.xaxis.range.slice()")) != before and r,
+            10, "the x axis to zoom")
+        assert after[1] - after[0] < before[1] - before[0]
+        assert not problems, problems
+    finally:
+        context.close()
+
+
+def test_landing_page_toc_and_search(site, browser):
+    base, _ = site
+    context, page, problems = open_offline(browser, f"{base}/index.html")
+    try:
+        page.wait_for_url(re.compile(r".*/README\.html$"))
+        wait_for_math(page)
+        assert "The course map" in page.inner_text("h1")
+        # Table of contents: the seven chapters in order, then the labs.
+        toc = page.evaluate("() => [...document.querySelectorAll('.bd-sidebar-primary nav a.reference.internal')]"
+                            ".map(a => a.getAttribute('href'))")
+        pages = [h.split("#")[0].removesuffix(".html") for h in toc if h.endswith(".html")]
+        assert [p for p in pages if p in CHAPTERS] == CHAPTERS and "labs" in pages, toc
+        broken = sorted(link for link in internal_links(page, base) if not answers(link))
+        assert not broken, broken
+        assert not problems, problems
+    finally:
+        context.close()
+    context, page, problems = open_offline(browser, f"{base}/search.html?q=importance+sampling")
+    try:
+        page.wait_for_selector("#search-results li", timeout=30_000)
+        results = page.evaluate("() => [...document.querySelectorAll('#search-results li a')].map(a => a.href)")
+        assert any("03_importance_sampling_and_the_oracle" in r for r in results), results
+        assert not problems, problems
+    finally:
+        context.close()
+
+
+def code_lines(notebook: Path | str) -> set[str]:
+    """The stripped, non-trivial code lines of a notebook (a path or its JSON text)."""
+    text = notebook.read_text() if isinstance(notebook, Path) else notebook
+    cells = json.loads(text)["cells"]
+    return {line.strip() for c in cells if c["cell_type"] == "code"
+            for line in "".join(c["source"]).splitlines() if len(line.strip()) > 3}
+
+
+def test_labs_page_offers_student_notebooks_only(site, browser):
+    base, out = site
+    context, page, problems = open_offline(browser, f"{base}/labs.html")
+    try:
+        links = page.evaluate("() => [...document.querySelectorAll('a.download, a[href*=\"_downloads/\"]')]"
+                              ".map(a => a.href)")
+        masters = sorted((ROOT / "labs").glob("lab*.ipynb"))
+        names = sorted({link.rsplit("/", 1)[-1] for link in links})
+        assert names == [m.name for m in masters], names
+        for link in sorted(set(links)):
+            with urllib.request.urlopen(link, timeout=10) as response:
+                text = response.read().decode()
+            name = link.rsplit("/", 1)[-1]
+            for marker in ("# BEGIN SOLUTION", "# HIDDEN", "# BEGIN TESTS", "# ASSIGNMENT CONFIG"):
+                assert marker not in text, f"{name}: {marker!r} in the download"
+            # It is otter's student version, and the solutions (in the autograder's copy) are not in it.
+            built = out / "labs" / Path(name).stem
+            assert code_lines(text) == code_lines(built / "student" / name), name
+            solutions = code_lines(built / "autograder" / name) - code_lines(text)
+            assert solutions, f"{name}: the autograder's copy has no line the download lacks"
+        assert not problems, problems
+    finally:
+        context.close()
+    shipped = [p.name for p in (out / "html").rglob("*") if p.suffix == ".zip" or "autograder" in p.name]
+    assert not shipped, f"autograder files in the site: {shipped}"
