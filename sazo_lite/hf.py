@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from transformers import Trainer
+from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import is_datasets_available
 
 from .distributed import gather_losses, rank_and_world, shard
@@ -247,8 +248,7 @@ class ZOTrainer(Trainer):
         if self.optimizer is None:
             net = self.accelerator.unwrap_model(model if model is not None else self.model)
             params = [p for p in net.parameters() if p.requires_grad]
-            half = any(p.dtype in HALF_DTYPES for p in params)
-            if self.master_weights is True or (self.master_weights == "auto" and half):
+            if self._wants_master(params):
                 from .llm.tuning import Float32Master
 
                 self._master = Float32Master(params)
@@ -257,6 +257,10 @@ class ZOTrainer(Trainer):
                                           weight_decay=self.args.weight_decay, perturbation=self.perturbation,
                                           seed=self.zo_seed)
         return self.optimizer
+
+    def _wants_master(self, params) -> bool:
+        half = any(p.dtype in HALF_DTYPES for p in params)
+        return self.master_weights is True or (self.master_weights == "auto" and half)
 
     def _clip_grad_norm(self, model):
         return None  # no gradients
@@ -353,10 +357,18 @@ class ZOTrainer(Trainer):
                      "master": None if self._master is None else [t.clone() for t in self._master.tensors]}
             torch.save(state, os.path.join(output_dir, ZO_STATE_NAME))
 
-    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None:
-            return
+    def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        """``Trainer.train``; a checkpoint without a usable ``zo_state.pt`` is refused before anything loads."""
+        checkpoint = resume_from_checkpoint
+        if checkpoint is True:
+            checkpoint = get_last_checkpoint(self.args.output_dir)  # None: the Trainer raises its own error
+        if checkpoint:
+            self._read_zo_state(checkpoint)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial,
+                             ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
+
+    def _read_zo_state(self, checkpoint: str) -> dict:
+        """The checkpoint's ZO state, checked against this trainer (ValueError if it does not fit)."""
         path = os.path.join(checkpoint, ZO_STATE_NAME)
         if not os.path.isfile(path):
             raise ValueError(f"Invalid checkpoint: {checkpoint} has no {ZO_STATE_NAME} (not written by ZOTrainer?)")
@@ -365,9 +377,22 @@ class ZOTrainer(Trainer):
         if state["method"] != self.method:
             raise ValueError(f"Invalid checkpoint: written with method={state['method']!r}, "
                              f"resumed with method={self.method!r}")
+        if self.zo_sampler is None or state["sampler"]["num_examples"] != self.zo_sampler.num_examples:
+            raise ValueError(f"Invalid checkpoint: its sampler covers {state['sampler']['num_examples']} examples, "
+                             f"the train_dataset has {None if self.zo_sampler is None else self.zo_sampler.num_examples}")
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if (state["master"] is not None) != self._wants_master(params):
+            raise ValueError("Invalid checkpoint: it was written with master_weights "
+                             f"{'on' if state['master'] is not None else 'off'}, this run has them "
+                             f"{'on' if self._wants_master(params) else 'off'}")
+        return state
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint)   # MeZO's step and seed, the lr schedule
+        if checkpoint is None:
+            return
+        state = self._read_zo_state(checkpoint)
         self.zo_sampler.load_state_dict(state["sampler"])
-        if (state["master"] is None) != (self._master is None):
-            raise ValueError("Invalid checkpoint: master weights saved and requested disagree")
         if self._master is not None:
             with torch.no_grad():
                 for master, saved in zip(self._master.tensors, state["master"]):

@@ -160,17 +160,27 @@ def test_resuming_from_a_checkpoint_continues_bit_exactly(tmp_path, method, lora
         assert same, key
 
 
-def test_resuming_from_a_plain_trainer_checkpoint_is_refused(tmp_path):
+@pytest.mark.parametrize("spoil, match", [
+    ("remove", "zo_state.pt"), ("method", "method"), ("size", "examples"), ("master", "master_weights")])
+def test_a_checkpoint_that_does_not_fit_is_refused_before_anything_loads(tmp_path, spoil, match):
     args = training_args(tmp_path, max_steps=2, save_strategy="steps", save_steps=2)
-    trainer = trainer_for(tmp_path, args=args)
-    trainer.train()
+    trainer_for(tmp_path, args=args).train()
     checkpoint = tmp_path / "out" / "checkpoint-2"
-    os.remove(checkpoint / "zo_state.pt")
-    again = trainer_for(tmp_path, args=training_args(tmp_path, max_steps=4))
+    change = {}
+    if spoil == "remove":       # e.g. a checkpoint from a plain Trainer
+        os.remove(checkpoint / "zo_state.pt")
+    elif spoil == "method":
+        change = dict(method="mezo")
+    elif spoil == "size":
+        change = dict(rows=memorisable_rows(n=9))
+    else:
+        change = dict(master_weights=True)
+    again = trainer_for(tmp_path, args=training_args(tmp_path, max_steps=4), **change)
     before = weights(again.model)
-    with pytest.raises(ValueError, match="zo_state.pt"):
-        again.train(resume_from_checkpoint=str(checkpoint))
-    assert again.zo_optimizer.step_count == 2  # the checkpoint's MeZO state loaded, no step taken
+    with pytest.raises(ValueError, match=match):
+        again.train(resume_from_checkpoint=True)             # the latest checkpoint in output_dir
+    assert again.optimizer is None and again.state.global_step == 0
+    assert all(torch.equal(before[k], v) for k, v in weights(again.model).items())
 
 
 # -- bad settings ------------------------------------------------------------------------------
