@@ -40,6 +40,11 @@ test-browser: install
 bench: install
 	$(PY) -m benchmarks.run
 
+# Language models (SmolLM2 + the four tiny families): queries to 70%/50% of F(θ₀), uniform/SAZO/oracle.
+.PHONY: bench-llm
+bench-llm: install
+	nice -n 10 $(PY) -m benchmarks.llm_queries
+
 # The course website, executed at build time (fast mode; FULL=1 for the full versions): see README.
 BOOK_JOBS ?= 2
 .PHONY: book
