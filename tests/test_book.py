@@ -10,6 +10,7 @@ contents, search, and the labs page (student notebooks only).
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import os
 import re
@@ -29,9 +30,103 @@ from test_browser import ARTIFACTS, CHROMIUM, browser, wait_until  # noqa: F401 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
-pytestmark = [pytest.mark.browser,
-              pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
-                                 "(apt-get install chromium; .ci/run installs it)")]
+
+
+def _load(name: str, path: Path):
+    """Import one of book/'s scripts under its own name (``build`` is also a PyPI package's name)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+book_build = _load("sazo_book_build", ROOT / "book" / "build.py")
+sazo_book_ext = _load("sazo_book_ext", ROOT / "book" / "sazo_book_ext.py")
+
+
+def in_chromium(test):
+    """Mark a test as a browser test, skipped without Debian's Chromium."""
+    test = pytest.mark.browser(test)
+    return pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
+                              "(apt-get install chromium; .ci/run installs it)")(test)
+
+
+# -- without a browser: the pieces ----------------------------------------------------------------
+def _board(drawn: bool):
+    import ipywidgets as widgets
+    import plotly.graph_objects as go
+
+    from sazo_lite.widgets._common import Dashboard
+
+    figure = go.FigureWidget(go.Scatter(x=[1, 2, 3], y=[4.0, 5.0, 6.5]) if drawn else go.Scatter())
+    controls = {"eps": widgets.FloatSlider(value=0.001, min=0, max=1, step=0.001, description="ε"),
+                "run": widgets.Button(description="run")}
+    readout = widgets.HTML("gap <b>0.25</b>")
+    return Dashboard("A test board", list(controls.values()), controls, {"main": figure}, lambda: None, readout)
+
+
+def test_dashboard_bundle_carries_a_static_view_with_its_figure():
+    bundle = _board(drawn=True)._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle  # live frontends keep the widget
+    html = bundle["text/html"]
+    assert "A test board" in html and "Static view" in html and "ε = 0.001" in html and "gap <b>0.25</b>" in html
+    assert "sazo-launch" in html
+    spec = re.search(r"var f = (\{.*?\}); window\.Plotly", html, re.S).group(1)
+    data = json.loads(spec)["data"]
+    assert data[0]["x"] == [1, 2, 3] and data[0]["y"] == [4.0, 5.0, 6.5]
+
+
+def test_dashboard_static_view_leaves_out_undrawn_figures():
+    html = _board(drawn=False)._repr_mimebundle_()["text/html"]
+    assert "Static view" in html and "sazo-static-figure" not in html
+
+
+class _Renderer:  # what sazo_book_ext reads from myst-nb's element renderer
+    def __init__(self, states):
+        widgets = {sazo_book_ext.WIDGET_STATE: {"state": states}}
+        self.renderer = type("R", (), {"nb_client": type("C", (), {"nb_metadata": {"widgets": widgets}})()})()
+
+
+def _mime(mime_type, content):
+    from myst_nb.core.render import MimeData
+
+    return MimeData(mime_type, content)
+
+
+def test_book_draws_plotly_json_and_bare_figure_widgets():
+    figure = {"data": [{"type": "bar", "x": ["a", "b"], "y": [1, 2]}], "layout": {"title": {"text": "</script>"}}}
+    nodes = sazo_book_ext.StaticPlotly.handle_mime(_Renderer({}), _mime(sazo_book_ext.PLOTLY, figure), False)
+    html = nodes[0].astext()
+    assert "Plotly.newPlot" in html and '"x": ["a", "b"]' in html
+    assert html.count("</script>") == 1  # the title's "</script>" is escaped
+    states = {"fig": {"model_name": "AnyModel", "state": {"_widget_data": [{"type": "scatter", "y": [3, 1]}],
+                                                          "_widget_layout": {"width": 300}}}}
+    view = _mime(sazo_book_ext.WIDGET_VIEW, {"model_id": "fig"})
+    html = sazo_book_ext.StaticPlotly.handle_mime(_Renderer(states), view, False)[0].astext()
+    assert '"y": [3, 1]' in html and '"width": 300' in html
+
+
+def test_book_drops_progress_bars_and_notes_other_widgets():
+    states = {"bar": {"model_name": "HBoxModel", "state": {"children": ["IPY_MODEL_p", "IPY_MODEL_t"]}},
+              "p": {"model_name": "FloatProgressModel", "state": {}},
+              "t": {"model_name": "HTMLModel", "state": {}},
+              "box": {"model_name": "VBoxModel", "state": {"children": ["IPY_MODEL_t"]}}}
+    handle = sazo_book_ext.StaticPlotly.handle_mime
+    assert handle(_Renderer(states), _mime(sazo_book_ext.WIDGET_VIEW, {"model_id": "bar"}), False) == []
+    note = handle(_Renderer(states), _mime(sazo_book_ext.WIDGET_VIEW, {"model_id": "box"}), False)[0].astext()
+    assert "live Python kernel" in note and "sazo-launch" in note
+    assert handle(_Renderer(states), _mime("text/plain", "x"), False) is None  # myst-nb's own renderers
+
+
+def test_staged_course_map_lists_the_chapters_in_order(tmp_path):
+    chapters = book_build.stage(tmp_path / "src")
+    assert chapters == CHAPTERS and len(chapters) == 7
+    toc = (tmp_path / "src" / "README.md").read_text().split("```{toctree}")[1]
+    assert [line for line in toc.splitlines() if line and not line.startswith((":", "`"))] == [*CHAPTERS, "labs"]
+    assert all((tmp_path / "src" / f"{name}.ipynb").exists() for name in chapters)
+
+
+# -- in Chromium: the built site --------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +220,7 @@ def answers(url: str) -> bool:
         return False
 
 
+@in_chromium
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_chapter_page(site, browser, chapter):
     base, _ = site
@@ -173,6 +269,7 @@ def test_chapter_page(site, browser, chapter):
         context.close()
 
 
+@in_chromium
 def test_plot_zooms_on_drag(site, browser):
     """Interactive, not a picture: dragging across a figure zooms its x axis."""
     base, _ = site
@@ -195,6 +292,7 @@ def test_plot_zooms_on_drag(site, browser):
         context.close()
 
 
+@in_chromium
 def test_landing_page_toc_and_search(site, browser):
     base, _ = site
     context, page, problems = open_offline(browser, f"{base}/index.html")
@@ -230,6 +328,7 @@ def code_lines(notebook: Path | str) -> set[str]:
             for line in "".join(c["source"]).splitlines() if len(line.strip()) > 3}
 
 
+@in_chromium
 def test_labs_page_offers_student_notebooks_only(site, browser):
     base, out = site
     context, page, problems = open_offline(browser, f"{base}/labs.html")
