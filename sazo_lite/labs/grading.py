@@ -7,9 +7,9 @@ values with the ones the same case recorded on the solutions (``reference``, com
 autograder and cached next to it), scores, and writes the files after the sandbox is gone.
 
 Timeouts: a cell gets ``cell_timeout`` seconds (then ``LabTimeout``, a ``BaseException``, is
-raised in it); a cell or case that is still running ``GRACE`` seconds later (e.g. a bare
-``except:`` swallowed the interrupt, or a test's ``time_limit`` was dodged) gets its whole
-sandbox killed; grading then restarts in a fresh sandbox without that cell or case (it scores 0),
+raised in it); a cell still running ``GRACE`` seconds later, or a case still running after
+twice ``test_timeout`` plus ``GRACE`` (a bare ``except:`` swallowed the interrupt, or the
+handler was replaced), gets its whole sandbox killed; grading then restarts in a fresh sandbox without that cell or case (it scores 0),
 at most ``MAX_RESTARTS`` times. ``notebook_timeout`` bounds everything: past it, the questions
 not yet graded score 0 and the status says "timeout".
 """
