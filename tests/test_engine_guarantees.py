@@ -406,3 +406,40 @@ def test_noise_sources_and_counter_reject_bad_arguments():
     with pytest.raises(ValueError, match="hook"):
         MeZO([torch.zeros(2)], lr=0.1).register_step_hook("not callable")
     assert math.isfinite(MeZO([torch.zeros(2)], lr=0.1).step(lambda: 1.0).loss)
+
+
+@pytest.mark.parametrize("noise", ["plain", "torch"])
+def test_ctrl_c_at_random_moments_never_leaves_a_half_step(noise):
+    """The issue's experiment: Ctrl-C (a real SIGINT from a timer thread) at random moments of
+    steps on a 2²⁰-entry model. Each step either completes or is undone, and the seed log, which
+    saw exactly what happened, replays to the very same θ."""
+    import os
+    import random
+    import threading
+    import time
+
+    params = [p.float() for p in params64(seed=3, shapes=((512, 1024), (1024,), (7,)))]
+    initial = [p.clone() for p in params]
+    opt = MeZO(params, lr=0.01, eps=1e-3, noise=TorchNoise(workers=2, chunk=2 ** 14) if noise == "torch" else None)
+    log = sz.SeedLog.attach(opt)
+    closure = quadratic(params)
+    start = time.perf_counter()
+    opt.step(closure)
+    step_seconds = time.perf_counter() - start
+    rng, interrupted = random.Random(0), 0
+    for _ in range(10):
+        before, steps = [p.clone() for p in params], opt.step_count
+        timer = threading.Timer(rng.uniform(0, 1.2 * step_seconds), os.kill, (os.getpid(), signal.SIGINT))
+        try:
+            timer.start()
+            opt.step(closure)
+            timer.join()  # a late signal lands here, outside the step
+        except KeyboardInterrupt:
+            interrupted += 1
+            timer.join()
+            if opt.step_count == steps:
+                assert_restored(params, before, 1e-3)
+        assert opt.step_count - steps in (0, 1)
+    sz.SeedLog.from_bytes(log.to_bytes()).replay(initial)
+    assert all(torch.equal(a, b) for a, b in zip(params, initial))
+    assert interrupted >= 5  # the timer did interrupt (almost every delay falls inside a step)
