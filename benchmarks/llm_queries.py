@@ -87,10 +87,10 @@ def tiny_start(family: str, args):
         opt.step()
     for p in params:
         p.grad = None
-    return model, params, train, test, None
+    return model, params, train, None, None   # random labels: no held-out accuracy to speak of
 
 
-def one_setting(label: str, model, params, train, test, args, *, lrs, seeds, steps, log_every, diagnose) -> dict:
+def one_setting(label: str, model, params, train, test, args, *, lrs, seeds, steps, log_every, diagnose: int) -> dict:
     theta0 = snapshot(params)
     norms0 = grad_norms(model, train, params)
     out = {"label": label, "N": len(train), "heterogeneity_at_theta0": heterogeneity(norms0),
@@ -109,7 +109,7 @@ def one_setting(label: str, model, params, train, test, args, *, lrs, seeds, ste
         return r
 
     for sampler in SAMPLERS:
-        grid = {lr: run(sampler, lr, seeds[0], diagnose and sampler == "sazo") for lr in lrs}
+        grid = {lr: run(sampler, lr, seeds[0], diagnose if sampler == "sazo" else 0) for lr in lrs}
         out["grid"][sampler] = {f"{lr:g}": g.to_dict() for lr, g in grid.items()}
 
         def score(item):
@@ -118,7 +118,7 @@ def one_setting(label: str, model, params, train, test, args, *, lrs, seeds, ste
             return (r.diverged, q50 is None, q50 or 0, q70 is None, q70 or 0, r.train_loss[-1])
         best_lr, best = min(grid.items(), key=score)
         out["chosen_lr"][sampler] = best_lr
-        out["runs"][sampler] = [best.to_dict()] + [run(sampler, best_lr, s, False).to_dict() for s in seeds[1:]]
+        out["runs"][sampler] = [best.to_dict()] + [run(sampler, best_lr, s, 0).to_dict() for s in seeds[1:]]
     restore_snapshot(params, theta0)
     return out
 
@@ -160,7 +160,10 @@ def queries_to_dict(run: dict, fraction: float):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="pilot: 2 seeds, 2 rates, fewer steps")
-    parser.add_argument("--sets", nargs="+", default=["continual", "homogeneous"])
+    parser.add_argument("--sets", nargs="*", default=["continual", "homogeneous"])
+    parser.add_argument("--measure-sets", nargs="*", default=["flipped"],
+                        help="sets whose V(u)/V(p*) at θ₀ is measured without runs")
+    parser.add_argument("--diagnose-every", type=int, default=2, help="SAZO diagnostics every n-th log point")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--lrs", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3])
     parser.add_argument("--steps", type=int, default=400)
@@ -178,8 +181,11 @@ def main() -> None:
     parser.add_argument("--tiny-n", type=int, default=32)
     parser.add_argument("--tiny-steps", type=int, default=1500)
     parser.add_argument("--tiny-lrs", type=float, nargs="+", default=[1e-3, 3e-3, 1e-2])
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (1 is faster on a busy machine)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.quick:
         args.seeds, args.lrs, args.steps = 2, args.lrs[-2:], min(args.steps, 150)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -189,17 +195,28 @@ def main() -> None:
               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
                          f"{torch.get_num_threads()} threads",
               "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "settings": []}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    save = lambda: args.out.write_text(json.dumps(report, indent=1))   # after every setting: partial runs survive
     for set_name in args.sets:
         model, params, train, test, _ = smollm2_start(set_name, args)
         report["settings"].append(one_setting(f"SmolLM2 LoRA r{args.rank} {set_name}", model, params, train, test,
                                               args, lrs=args.lrs, seeds=seeds, steps=args.steps,
-                                              log_every=args.log_every, diagnose=True))
+                                              log_every=args.log_every, diagnose=args.diagnose_every))
+        save()
+        del model, params
+    report["measured_only"] = {}
+    for set_name in args.measure_sets:
+        model, params, train, _, _ = smollm2_start(set_name, args)
+        report["measured_only"][set_name] = heterogeneity(grad_norms(model, train, params))
+        print(f"\n== {set_name}: V(u)/V(p*) at θ₀ = {report['measured_only'][set_name]:.2f} (measured, not run)",
+              flush=True)
         del model, params
     for family in args.tiny:
         model, params, train, test, _ = tiny_start(family, args)
         report["settings"].append(one_setting(f"tiny {family} (random init, full)", model, params, train, test,
                                               args, lrs=args.tiny_lrs, seeds=seeds, steps=args.tiny_steps,
-                                              log_every=25, diagnose=False))
+                                              log_every=25, diagnose=0))
+        save()
     report["runtime_s"] = time.perf_counter() - started
     header = ["| setting | sampler | lr | queries to 0.7·F(θ₀) | queries to 0.5·F(θ₀) | held-out acc. "
               f"@{args.accuracy_at} q | seeds |", "|---|---|---|---|---|---|---|"]
@@ -221,8 +238,7 @@ def main() -> None:
                   + "; ".join(f"q={d['queries']}: ρ={d.get('rho', float('nan')):.2f} TV={d['tv']:.2f} "
                               f"V(pSAZO)/V(p*)={d['v_ratio']:.2f} V(u)/V(p*)={d['v_uniform_ratio']:.2f}"
                               for d in diag[::max(1, len(diag) // 6)]))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+    save()
     print(f"\nwrote {args.out}")
 
 

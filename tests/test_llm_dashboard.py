@@ -48,3 +48,59 @@ def test_dashboard_runs_both_methods_and_batch_size_changes_the_query_axis():
     board.controls["eps"].value = 1e-1  # a different ε gives different runs
     board.controls["run"].click()
     assert list(loss.data[1].y) != before and list(loss.data[1].y)[0] == before[0]  # same start
+
+
+# -- notebook 06's figure helpers (data in, figures out) --------------------------------------
+from sazo_lite.widgets.llm import (detector_precision, diagnostics_figure, loss_bands, probs_vs_oracle,
+                                   queries_table_html)
+
+
+def _run(queries, losses, acc=None, diverged=False):
+    return {"queries": queries, "train_loss": losses, "test_accuracy": acc, "diverged": diverged}
+
+
+def test_loss_bands_normalise_by_the_start_and_span_the_seeds():
+    runs = {"sazo": [_run([0, 10, 20], [2.0, 1.0, 0.5]), _run([0, 10, 20], [4.0, 3.0, 1.0])]}
+    fig = loss_bands(runs)
+    band, median = fig.data[0], fig.data[1]
+    assert list(median.x) == [0, 10, 20] and list(median.y) == pytest.approx([1.0, 0.625, 0.25])
+    assert max(band.y) == pytest.approx(1.0) and min(band.y) == pytest.approx(0.25)
+
+
+def test_queries_table_reports_median_range_misses_and_divergence():
+    runs = {"uniform": [_run([0, 10, 20], [1.0, 0.6, 0.4], 0.5), _run([0, 10, 20], [1.0, 0.9, 0.8], 0.7),
+                        _run([0, 10], [1.0, 2.0], None, diverged=True)],
+            "oracle": [_run([0, 10], [1.0, 0.3], 0.9)]}
+    table = queries_table_html(runs)
+    assert "10 [10–10] (2 of 3 missed)" in table and "20 [20–20] (2 of 3 missed)" in table
+    assert "3 (1 diverged)" in table and "0.600" in table and "10 [10–10]</td><td>10 [10–10]" in table
+
+
+def test_detector_precision_counts_flagged_among_the_top_k():
+    scores = torch.tensor([0.1, 0.9, 0.8, 0.2, 0.7])
+    assert detector_precision(scores, [1, 2], 2) == 1.0
+    assert detector_precision(-scores, [1, 2], 2) == 0.0      # the reversed ranking finds none
+    assert detector_precision(scores, [1, 2], 4) == 0.5
+
+
+def test_diagnostics_and_probability_figures_carry_the_data():
+    d = [{"queries": 0, "rho": 0.1, "tv": 0.4, "v_ratio": 3.0, "v_uniform_ratio": 3.0},
+         {"queries": 8, "rho": 0.8, "tv": 0.1, "v_ratio": 1.2, "v_uniform_ratio": 2.5}]
+    fig = diagnostics_figure(d)
+    assert list(fig.data[0].y) == [0.1, 0.8] and list(fig.data[2].y) == [3.0, 1.2]
+    bars = probs_vs_oracle([0.25, 0.75], [0.5, 0.5])
+    assert list(bars.data[0].y) == [0.5, 1.5] and list(bars.data[1].y) == [1.0, 1.0]
+
+
+def test_defaults_preset_restores_the_eps_the_dashboard_was_built_with():
+    board = llm_dashboard(steps=2, log_every=1, eps=1e-2, batch_size=4, run_now=False)
+    assert board.controls["eps"].value == pytest.approx(1e-2) and board.controls["batch_size"].value == 4
+    board.controls["eps"].value = 1e-4
+    def walk(widget):
+        yield widget
+        for child in getattr(widget, "children", ()):
+            yield from walk(child)
+    buttons = [w for w in walk(board) if getattr(w, "description", "") == "defaults"]
+    assert len(buttons) == 1
+    buttons[0].click()
+    assert board.controls["eps"].value == pytest.approx(1e-2)

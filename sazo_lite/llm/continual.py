@@ -34,7 +34,7 @@ from ..variance import uniform_gain
 from .losses import classification_losses, encode_classification
 from .tasks import ClassificationTask, Example, _CATEGORIES, _NEGATIVE, _NOUNS, _POSITIVE
 
-__all__ = ["ContinualSet", "make_continual_set", "first_round", "heterogeneity", "SET_NAMES"]
+__all__ = ["ContinualSet", "make_continual_set", "first_round", "cached_first_round", "heterogeneity", "SET_NAMES"]
 
 SET_NAMES = ("continual", "homogeneous", "flipped")
 WORDS, NAMES = [" no", " yes"], ["no", "yes"]
@@ -155,6 +155,29 @@ def first_round(model, params, cset: ContinualSet, tokenizer, *, steps: int = 10
     for p in params:
         p.grad = None
     return history
+
+
+def cached_first_round(model, params, cset: ContinualSet, tokenizer, *, key: str, steps: int = 10,
+                       lr: float = 3e-3, progress: bool = True) -> bool:
+    """``first_round`` once, then reuse: the tuned tensors are saved under the user cache by ``key``.
+
+    The key must name everything that changes the result (model, adapter rank, set arguments, steps).
+    Returns True when the cached copy was used.
+    """
+    from .finetune import restore_snapshot, snapshot
+    from .models import cache_dir
+
+    if not cset.setup:
+        return False
+    path = cache_dir() / "first_round" / f"{key}-steps{steps}-lr{lr:g}.pt"
+    params = list(params)
+    if path.exists():
+        restore_snapshot(params, torch.load(path))
+        return True
+    first_round(model, params, cset, tokenizer, steps=steps, lr=lr, progress=progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(snapshot(params), path)
+    return False
 
 
 def heterogeneity(norms) -> float:

@@ -71,7 +71,7 @@ def sampling_diagnostics(norms: torch.Tensor, probs: torch.Tensor, scores: torch
 def query_run(model, params, train_batch: TokenBatch, sampler: str, *, lr: float, eps: float = 1e-2,
               batch_size: int = 1, steps: int = 300, seed: int = 0, log_every: int = 10,
               oracle_every: int = 10, uniform_mix: float = 0.1, test_batch: TokenBatch | None = None,
-              accuracy_at: int | None = None, stop_fraction: float | None = None, diagnose: bool = False,
+              accuracy_at: int | None = None, stop_fraction: float | None = None, diagnose: int = 0,
               diverge_factor: float = 1.5, loss: str = "classification", progress: bool = False) -> QueryRun:
     """One ZO run from the current weights (the caller restores θ₀ between runs).
 
@@ -86,8 +86,8 @@ def query_run(model, params, train_batch: TokenBatch, sampler: str, *, lr: float
         test_batch, accuracy_at: held-out accuracy is measured at the first log point with
             ≥ ``accuracy_at`` queries (or at the end).
         stop_fraction: stop once F(θ) ≤ stop_fraction·F(θ₀) and the accuracy has been measured.
-        diagnose: at every log point, true norms by backprop and ``sampling_diagnostics`` of the
-            sampler's p (SAZO: with its scores).
+        diagnose: every ``diagnose``-th log point (0: never; True counts as 1), true norms by
+            backprop and ``sampling_diagnostics`` of the sampler's p (SAZO: with its scores).
         diverge_factor: stop and mark ``diverged`` when F(θ) > diverge_factor·F(θ₀).
         loss: "classification" or "answer".
     """
@@ -116,7 +116,7 @@ def query_run(model, params, train_batch: TokenBatch, sampler: str, *, lr: float
         run.train_loss.append(value)
         if test_batch is not None and run.test_accuracy is None and accuracy_at is not None and queries >= accuracy_at:
             run.test_accuracy = accuracy(model, test_batch)
-        if diagnose:
+        if diagnose and (len(run.queries) - 1) % int(diagnose) == 0:
             norms = true_norms()
             scores = chooser.scores() if sampler == "sazo" else None
             probs = refreshing.norms if sampler == "oracle" else chooser.probs  # oracle: p* as sampled

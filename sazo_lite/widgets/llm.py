@@ -9,6 +9,7 @@ read when a run starts. The training itself lives in ``sazo_lite.llm.finetune``.
 from __future__ import annotations
 
 import html
+import statistics
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
@@ -18,7 +19,10 @@ from ..config import pick
 from ._common import Dashboard, captioned, int_slider, log_slider, presets, slider
 
 __all__ = ["llm_dashboard", "top_sampled_rows", "accuracy_summary_html", "default_llm_setup", "accuracy_bars",
-           "peak_memory_bars", "flipped_in_top"]
+           "peak_memory_bars", "flipped_in_top", "loss_bands", "queries_table_html", "scores_vs_norms",
+           "diagnostics_figure", "probs_vs_oracle", "detector_precision", "detector_bars"]
+
+_SAMPLER_COLORS = {"uniform": "steelblue", "sazo": "darkorange", "oracle": "seagreen"}
 
 _COLORS = {"mezo": "steelblue", "sazo": "darkorange"}
 _NAMES = {"mezo": "MeZO (uniform)", "sazo": "SAZO"}
@@ -134,9 +138,9 @@ def _table_figure(k: int) -> go.FigureWidget:
     return fig
 
 
-def _controls() -> dict[str, widgets.Widget]:
-    return {"eps": log_slider("ε", 1e-3, -4, -1), "ema_decay": slider("EMA decay β", 0.9, 0.0, 0.99, 0.01),
-            "batch_size": int_slider("batch size B", 8, 2, 32)}
+def _controls(eps: float = 1e-3, batch_size: int = 8) -> dict[str, widgets.Widget]:
+    return {"eps": log_slider("ε", eps, -4, -1), "ema_decay": slider("EMA decay β", 0.9, 0.0, 0.99, 0.01),
+            "batch_size": int_slider("batch size B", batch_size, 2, 32)}
 
 
 def _draw_run(figures, task, run, k: int) -> None:
@@ -155,8 +159,8 @@ def _draw_run(figures, task, run, k: int) -> None:
 
 
 def llm_dashboard(model=None, tokenizer=None, task=None, params=None, *, steps: int | None = None,
-                  lr: float = 1e-3, log_every: int | None = None, top_k: int = 8, seed: int = 0,
-                  run_now: bool = True) -> Dashboard:
+                  lr: float = 1e-3, eps: float = 1e-3, batch_size: int = 8, log_every: int | None = None,
+                  top_k: int = 8, seed: int = 0, run_now: bool = True) -> Dashboard:
     """MeZO vs SAZO on a prompt-classification task, live.
 
     Args:
@@ -164,6 +168,7 @@ def llm_dashboard(model=None, tokenizer=None, task=None, params=None, *, steps: 
             ``ClassificationTask`` and the tensors to perturb (e.g. LoRA adapters). All None:
             ``default_llm_setup()`` (tiny random Llama, runs in seconds).
         steps, lr, log_every: per run; ``steps`` defaults to pick(60, 12).
+        eps, batch_size: the sliders' start values, also what the "defaults" preset restores.
         top_k: rows of the "most sampled" table.
         run_now: train once while building (else wait for the button).
 
@@ -183,7 +188,7 @@ def llm_dashboard(model=None, tokenizer=None, task=None, params=None, *, steps: 
     start = snapshot(params)
     train_batch, test_batch = task.encode(tokenizer, "train"), task.encode(tokenizer, "test")
     zero_shot = accuracy(model, test_batch)
-    controls = _controls()
+    controls = _controls(eps, batch_size)
     controls["run"] = widgets.Button(description="Run MeZO and SAZO", button_style="primary")
     figures = {"loss": _line_figure("training loss F(θ) (all N examples)", "mean loss"),
                "accuracy": _line_figure("held-out accuracy", "accuracy"),
@@ -213,7 +218,7 @@ def llm_dashboard(model=None, tokenizer=None, task=None, params=None, *, steps: 
                                              "examples still rise to the top of the table with β = 0?"),
             captioned(controls["batch_size"], "A larger B costs more queries per step. Does SAZO's lead "
                                               "over MeZO (per query) grow or shrink?"),
-            presets({"defaults": dict(eps=1e-3, ema_decay=0.9, batch_size=8),
+            presets({"defaults": dict(eps=eps, ema_decay=0.9, batch_size=batch_size),
                      "no memory (β=0)": dict(ema_decay=0.0),
                      "big batch (B=32)": dict(batch_size=32)}, controls, lambda: None, hold),
             widgets.HBox([controls["run"], widgets.HTML("&nbsp;<i>presets and sliders are read when you press Run</i>")])]
@@ -222,3 +227,169 @@ def llm_dashboard(model=None, tokenizer=None, task=None, params=None, *, steps: 
     if run_now:
         refresh()
     return dashboard
+
+
+# -- notebook 06's figures: plain functions of recorded data (``sazo_lite.llm.queries.QueryRun`` dicts) --------
+def _as_dict(run) -> dict:
+    return run if isinstance(run, dict) else run.to_dict()
+
+
+def loss_bands(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> go.Figure:
+    """Training loss F(θ)/F(θ₀) against queries: median line and min–max band over seeds, per sampler.
+
+    Args:
+        runs_by_sampler: sampler name → list of runs (``QueryRun`` or its dict), one per seed.
+        targets: fractions of F(θ₀) drawn as dotted lines.
+
+    Example:
+        >>> runs = {"uniform": [{"queries": [0, 2, 4], "train_loss": [1.0, 0.8, 0.6]},
+        ...                     {"queries": [0, 2], "train_loss": [1.0, 0.7]}]}
+        >>> [round(v, 2) for v in loss_bands(runs).data[-1].y]
+        [1.0, 0.75, 0.6]
+    """
+    fig = go.Figure()
+    for sampler, runs in runs_by_sampler.items():
+        runs = [_as_dict(r) for r in runs]
+        grid = sorted({q for r in runs for q in r["queries"]})
+        curves = [dict(zip(r["queries"], [v / r["train_loss"][0] for v in r["train_loss"]])) for r in runs]
+        rows = [[c[q] for c in curves if q in c] for q in grid]   # seeds that logged this query count
+        low, high = [min(v) for v in rows], [max(v) for v in rows]
+        median = [statistics.median(v) for v in rows]
+        color = _SAMPLER_COLORS.get(sampler, "gray")
+        fig.add_scatter(x=grid + grid[::-1], y=high + low[::-1], fill="toself", line=dict(width=0), opacity=0.2,
+                        fillcolor=color, showlegend=False, hoverinfo="skip", name=f"{sampler} band")
+        fig.add_scatter(x=grid, y=median, mode="lines", line=dict(color=color), name=f"{sampler} (median, {len(runs)} seeds)")
+    for t in targets:
+        fig.add_hline(y=t, line=dict(dash="dot", color="gray"), annotation_text=f"{t:.0%} of F(θ₀)")
+    fig.update_layout(width=640, height=380, xaxis_title="queries (2·B per step)", yaxis_title="F(θ) / F(θ₀)",
+                      title="training loss: median and min–max over seeds", margin=dict(l=55, r=10, t=40, b=45))
+    return fig
+
+
+def _queries_to(run: dict, fraction: float):
+    target = fraction * run["train_loss"][0]
+    return next((q for q, v in zip(run["queries"], run["train_loss"]) if v <= target), None)
+
+
+def queries_table_html(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> str:
+    """HTML table: queries to each target, median [min–max] over seeds, and held-out accuracy.
+
+    Example:
+        >>> html_ = queries_table_html({"sazo": [{"queries": [0, 4], "train_loss": [1.0, 0.4],
+        ...                                       "test_accuracy": 0.75, "diverged": False}]})
+        >>> "4 [4–4]" in html_ and "0.750" in html_
+        True
+    """
+    head = "".join(f"<th>queries to {t:.0%} of F(θ₀)</th>" for t in targets)
+    rows = []
+    for sampler, runs in runs_by_sampler.items():
+        runs = [_as_dict(r) for r in runs]
+        cells = []
+        for t in targets:
+            values = [_queries_to(r, t) for r in runs]
+            hit = sorted(v for v in values if v is not None)
+            text = (f"{statistics.median(hit):.0f} [{hit[0]}–{hit[-1]}]" if hit
+                    else "not reached")
+            if hit and len(hit) < len(values):
+                text += f" ({len(values) - len(hit)} of {len(values)} missed)"
+            cells.append(f"<td>{text}</td>")
+        accs = [r.get("test_accuracy") for r in runs if r.get("test_accuracy") is not None]
+        acc = f"{statistics.median(accs):.3f}" if accs else "–"
+        diverged = sum(bool(r.get("diverged")) for r in runs)
+        rows.append(f"<tr><td>{html.escape(sampler)}</td>{''.join(cells)}<td>{acc}</td>"
+                    f"<td>{len(runs)}{f' ({diverged} diverged)' if diverged else ''}</td></tr>")
+    return (f"<table><tr><th>sampler</th>{head}<th>held-out accuracy (median)</th><th>seeds</th></tr>"
+            + "".join(rows) + "</table>")
+
+
+def scores_vs_norms(scores, norms, kinds=None) -> go.Figure:
+    """Scatter of SAZO's scores against the true per-example norms (log axes), coloured by kind.
+
+    Example:
+        >>> len(scores_vs_norms([1.0, 2.0], [0.5, 3.0], ["a", "b"]).data)
+        2
+    """
+    scores, norms = [float(v) for v in scores], [float(v) for v in norms]
+    kinds = list(kinds) if kinds is not None else ["example"] * len(scores)
+    fig = go.Figure()
+    for kind in sorted(set(kinds)):
+        idx = [i for i, k in enumerate(kinds) if k == kind]
+        fig.add_scatter(x=[norms[i] for i in idx], y=[scores[i] for i in idx], mode="markers", name=kind,
+                        text=[f"example {i}" for i in idx])
+    fig.update_layout(width=520, height=380, xaxis=dict(title="true ‖∇f_i‖ (backprop)", type="log"),
+                      yaxis=dict(title="SAZO score Ĝ_i", type="log"), title="SAZO's scores against the true norms",
+                      margin=dict(l=55, r=10, t=40, b=45))
+    return fig
+
+
+def diagnostics_figure(diagnostics: list[dict]) -> go.Figure:
+    """ρ(scores, norms), TV(p_SAZO, p*) and V ratios over training (from ``QueryRun.diagnostics``).
+
+    Example:
+        >>> d = [{"queries": 0, "rho": 0.0, "tv": 0.5, "v_ratio": 4.0, "v_uniform_ratio": 4.0}]
+        >>> [t.name for t in diagnostics_figure(d).data]
+        ['Spearman ρ(score, ‖∇f‖)', 'TV(p_SAZO, p*)', 'V(p_SAZO)/V(p*)', 'V(u)/V(p*)']
+    """
+    from plotly.subplots import make_subplots
+
+    q = [d["queries"] for d in diagnostics]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("how well SAZO ranks and samples", "sampling variance vs the oracle"))
+    fig.add_scatter(x=q, y=[d.get("rho") for d in diagnostics], name="Spearman ρ(score, ‖∇f‖)", row=1, col=1)
+    fig.add_scatter(x=q, y=[d["tv"] for d in diagnostics], name="TV(p_SAZO, p*)", row=1, col=1)
+    fig.add_scatter(x=q, y=[d["v_ratio"] for d in diagnostics], name="V(p_SAZO)/V(p*)", row=1, col=2,
+                    line=dict(color=_SAMPLER_COLORS["sazo"]))
+    fig.add_scatter(x=q, y=[d["v_uniform_ratio"] for d in diagnostics], name="V(u)/V(p*)", row=1, col=2,
+                    line=dict(color=_SAMPLER_COLORS["uniform"]))
+    fig.update_xaxes(title_text="queries")
+    fig.update_yaxes(range=[-1, 1.05], row=1, col=1)
+    fig.update_yaxes(title_text="ratio (1 = oracle)", type="log", row=1, col=2)
+    fig.update_layout(width=900, height=360, margin=dict(l=55, r=10, t=40, b=45))
+    return fig
+
+
+def probs_vs_oracle(p_sazo, p_star, kinds=None) -> go.Figure:
+    """Bars of N·p_SAZO and N·p* per training example (uniform = 1), kinds on hover.
+
+    Example:
+        >>> [round(v, 1) for v in probs_vs_oracle([0.5, 0.5], [0.9, 0.1]).data[1].y]
+        [1.8, 0.2]
+    """
+    n = len(p_sazo)
+    kinds = list(kinds) if kinds is not None else [""] * n
+    fig = go.Figure()
+    fig.add_bar(x=list(range(n)), y=[float(v) * n for v in p_sazo], name="SAZO", marker_color=_SAMPLER_COLORS["sazo"],
+                hovertext=kinds)
+    fig.add_bar(x=list(range(n)), y=[float(v) * n for v in p_star], name="oracle p*", marker_color=_SAMPLER_COLORS["oracle"],
+                hovertext=kinds)
+    fig.add_hline(y=1, line=dict(dash="dot", color="black"), annotation_text="uniform")
+    fig.update_layout(width=760, height=340, barmode="group", xaxis_title="training example i",
+                      yaxis_title="N · p_i", title="where SAZO and the oracle put their draws",
+                      margin=dict(l=55, r=10, t=40, b=45))
+    return fig
+
+
+def detector_precision(ranking_scores, flagged, k: int) -> float:
+    """Share of the k highest-scored examples that are in ``flagged`` (e.g. flipped labels).
+
+    Example:
+        >>> detector_precision([0.1, 5.0, 3.0, 0.2], flagged=[1, 3], k=2)
+        0.5
+    """
+    order = torch.argsort(torch.as_tensor(ranking_scores, dtype=torch.float64), descending=True, stable=True)[:k]
+    flagged = set(int(i) for i in flagged)
+    return sum(int(i) in flagged for i in order) / k
+
+
+def detector_bars(precisions: dict[str, float], chance: float, k: int) -> go.Figure:
+    """Precision@k of several label-noise detectors, with the chance level.
+
+    Example:
+        >>> len(detector_bars({"SAZO score": 0.5, "loss": 0.75}, 0.15, 4).data[0].x)
+        2
+    """
+    fig = go.Figure(go.Bar(x=list(precisions), y=list(precisions.values()), text=[f"{v:.0%}" for v in precisions.values()],
+                           textposition="outside", marker_color="slategray"))
+    fig.add_hline(y=chance, line=dict(dash="dot", color="crimson"), annotation_text=f"chance ({chance:.0%})")
+    fig.update_layout(width=520, height=340, yaxis=dict(title=f"flipped among the top {k}", range=[0, 1.15]),
+                      title="finding the flipped labels", margin=dict(l=55, r=10, t=40, b=45))
+    return fig
