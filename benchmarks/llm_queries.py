@@ -34,10 +34,9 @@ from pathlib import Path
 import torch
 
 from sazo_lite.llm import add_lora, load_smollm2, restore_snapshot, snapshot, tiny_causal_lm, trainable_parameters
-from sazo_lite.llm.continual import first_round, heterogeneity, make_continual_set
+from sazo_lite.llm.continual import cached_first_round, heterogeneity, make_continual_set
 from sazo_lite.llm.grad_norms import grad_norms
 from sazo_lite.llm.losses import TokenBatch
-from sazo_lite.llm.models import cache_dir
 from sazo_lite.llm.queries import SAMPLERS, query_run, queries_to
 from sazo_lite.llm.tuning import full_parameters
 
@@ -52,14 +51,9 @@ def smollm2_start(set_name: str, args):
     params = trainable_parameters(model)
     cset = make_continual_set(set_name, num_train=args.num_train, new_fraction=args.new_fraction,
                               num_test=args.num_test, seed=0)
-    key = f"first-round-{set_name}-r{args.rank}-n{args.num_train}-f{args.new_fraction:.3f}-s{args.setup_steps}.pt"
-    path = cache_dir() / "llm_queries" / key
-    if path.exists():
-        restore_snapshot(params, torch.load(path))
-    else:
-        first_round(model, params, cset, tokenizer, steps=args.setup_steps)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(snapshot(params), path)
+    # the same cache key as notebook 06, so either one runs the first round for both
+    cached_first_round(model, params, cset, tokenizer, steps=args.setup_steps, lr=3e-3, progress=False,
+                       key=f"smollm2-r{args.rank}-n{args.num_train}-f{args.new_fraction:.3f}")
     return model, params, cset.task.encode(tokenizer, "train"), cset.task.encode(tokenizer, "test"), cset
 
 
