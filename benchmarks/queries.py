@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 
 from sazo_lite.engine import MeZO
 from sazo_lite.experiments import make_sampler
 from sazo_lite.problems import FiniteSumProblem, LeastSquares, LogisticRegression
-from sazo_lite.samplers import SAZOSampler
+from sazo_lite.samplers import SAZOSampler, Sampler, probabilities
 from sazo_lite.train import queries_to_target, train
 from sazo_lite.variance import uniform_gain
 
@@ -53,6 +54,37 @@ class _FixedLevelSAZO(SAZOSampler):
         return 1.0
 
 
+class InformedSampler(Sampler):
+    """Diagnosis only: SAZO's information limits with its noise removed.
+
+    Seen examples are scored by their true gradient norm, either now (``stale=False``: all
+    that remains is not having seen every example yet) or as of their last visit
+    (``stale=True``: adds staleness); unseen ones by the root-mean-square of those scores
+    (SAZO's prior). Mixed with uniform as SAZO is (λ = 0.1). SAZO's own gap beyond the stale
+    version is estimation noise.
+    """
+
+    def __init__(self, num_examples, norms_fn, *, stale: bool, uniform_mix: float = 0.1, seed: int = 0):
+        super().__init__(num_examples, seed=seed)
+        self.norms_fn, self.stale, self.uniform_mix = norms_fn, stale, uniform_mix
+        self.seen = np.zeros(num_examples, dtype=bool)
+        self.last = np.zeros(num_examples)
+
+    @property
+    def probs(self) -> torch.Tensor:
+        if not self.seen.any():
+            return torch.full((self.num_examples,), 1.0 / self.num_examples, dtype=torch.float64)
+        norms = self.last if self.stale else torch.as_tensor(self.norms_fn()).double().numpy()
+        prior = math.sqrt(float(np.mean(norms[self.seen] ** 2)))
+        scores = np.where(self.seen, norms, prior)
+        return torch.from_numpy(probabilities(scores, float(scores.sum()), self.uniform_mix, self.num_examples))
+
+    def _observe(self, indices, diffs, losses) -> None:
+        indices = indices.numpy()
+        self.seen[indices] = True
+        self.last[indices] = torch.as_tensor(self.norms_fn()).double().numpy()[indices]
+
+
 # name -> (problem, θ, seed) -> sampler. The first three are the table's columns; the rest
 # switch one robustness feature of SAZO's rule off (or change it) for the ablation.
 METHODS: dict[str, Callable] = {
@@ -65,6 +97,10 @@ METHODS: dict[str, Callable] = {
     "sazo-mix-0.2": _sazo_variant(uniform_mix=0.2),
     "sazo-decay-0.5": _sazo_variant(ema_decay=0.5),
     "sazo-decay-0.7": _sazo_variant(ema_decay=0.7),
+    "informed-fresh": lambda problem, theta, seed: InformedSampler(
+        problem.num_examples, lambda: problem.norms(theta), stale=False, seed=seed),
+    "informed-stale": lambda problem, theta, seed: InformedSampler(
+        problem.num_examples, lambda: problem.norms(theta), stale=True, seed=seed),
 }
 
 

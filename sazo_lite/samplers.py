@@ -200,8 +200,9 @@ class CdfStore:
         """Bytes held: the cached CDF (float64 [N]) once built; it is rebuilt after each refresh."""
         return 0 if self._cache is None else self._cache[2].nbytes
 
-    def refresh(self, changed: np.ndarray | None = None) -> None:
-        """The owner changed the scores of ``changed`` (None: any)."""
+    def refresh(self, changed: np.ndarray | None = None, unseen_changed: np.ndarray | None = None) -> None:
+        """The owner changed the scores of ``changed`` (None: any), and the unseen flags of
+        ``unseen_changed`` (None: maybe any of ``changed``)."""
         self._cache = None
 
     def _summary(self):
@@ -257,13 +258,16 @@ class TreeStore(CdfStore):
         flags = self._unseen(np.minimum(members, self.num_examples - 1).ravel()).reshape(members.shape)
         return flags & inside
 
-    def refresh(self, changed: np.ndarray | None = None) -> None:
+    def refresh(self, changed: np.ndarray | None = None, unseen_changed: np.ndarray | None = None) -> None:
         if changed is None:
             self._scores.rebuild()
             self._unseen_blocks.rebuild()
-        elif len(changed):
+            return
+        if len(changed):
             self._scores.refresh(changed)
-            self._unseen_blocks.refresh(np.unique(changed // self.UNSEEN_BLOCK))
+        unseen_changed = changed if unseen_changed is None else unseen_changed
+        if len(unseen_changed):
+            self._unseen_blocks.refresh(np.unique(unseen_changed // self.UNSEEN_BLOCK))
 
     def masses(self) -> tuple[float, int]:
         return max(self._scores.total, 0.0), int(round(self._unseen_blocks.total))
@@ -540,7 +544,7 @@ class PlainSAZOSampler(_ScoredSampler):
             raise ValueError("Invalid directional_diffs: d² overflows the float32 estimates (|d| > ~1e19)")
         self._g[unique] = new
         self._n[unique] = np.minimum(self._n[unique].astype(np.int64) + 1, COUNT_MAX)
-        self._store.refresh(unique)
+        self._store.refresh(unique, unseen_changed=unique[:0])  # the plain rule has no unseen
 
     def _hyperparameters(self) -> dict:
         return dict(ema_decay=self.ema_decay, uniform_mix=self.uniform_mix,
@@ -689,7 +693,7 @@ class SAZOSampler(_ScoredSampler):
         self._since_resync += len(unique)
         if self._since_resync >= self.num_examples:  # bound the running sum's rounding drift
             self._resync()
-        self._store.refresh(unique)
+        self._store.refresh(unique, unseen_changed=unique[~seen])
 
     def _next_level(self, indices: np.ndarray, size: np.ndarray, steps: int) -> float:
         """L ← EMA of mean_k(w_k·|d_k|): an importance-weighted estimate of (1/N)·Σ_i E|d_i|."""

@@ -33,6 +33,15 @@ from .validation import check_count
 __all__ = ["SumTree"]
 
 
+def _distinct_sorted(values: np.ndarray, presorted: bool = False) -> np.ndarray:
+    """Sorted distinct values (np.unique without its hashing: B is small)."""
+    if not presorted:
+        values = np.sort(values)
+    if len(values) < 2:
+        return values
+    return values[np.concatenate(([True], values[1:] != values[:-1]))]
+
+
 class SumTree:
     """Partial sums over N non-negative weights.
 
@@ -70,6 +79,12 @@ class SumTree:
     # -- reading ---------------------------------------------------------------------------
     def _value(self, nodes: np.ndarray) -> np.ndarray:
         """Node sums (internal) or leaf weights, float64, for heap node numbers."""
+        n = self.num_leaves
+        if not len(nodes) or nodes.max() < n:  # the upper levels: internal nodes only
+            return self._sums[nodes].astype(np.float64)
+        return self._mixed_value(nodes)
+
+    def _mixed_value(self, nodes: np.ndarray) -> np.ndarray:
         n = self.num_leaves
         leaf = nodes >= n
         out = np.empty(len(nodes))
@@ -117,13 +132,16 @@ class SumTree:
 
     def refresh(self, indices: np.ndarray) -> None:
         """Recompute the ancestors of changed leaves, O(B log N); each node from its children."""
-        nodes = np.unique((self.num_leaves + np.asarray(indices, dtype=np.int64)) // 2)
+        nodes = _distinct_sorted((self.num_leaves + np.asarray(indices, dtype=np.int64)) // 2)
         while nodes.size and nodes[-1] >= 1:
             nodes = nodes[nodes >= 1]
             # Leaves sit at two depths: a node may be recomputed twice; the last time its
             # children are final (the deeper path reaches it one round later).
-            self._sums[nodes] = self._value(2 * nodes) + self._value(2 * nodes + 1)
-            nodes = np.unique(nodes // 2)
+            if 2 * nodes[-1] + 1 < self.num_leaves:  # sorted: no leaf children at this level
+                self._sums[nodes] = self._sums[2 * nodes].astype(np.float64) + self._sums[2 * nodes + 1]
+            else:
+                self._sums[nodes] = self._mixed_value(2 * nodes) + self._mixed_value(2 * nodes + 1)
+            nodes = _distinct_sorted(nodes // 2, presorted=True)
 
     def rebuild(self) -> None:
         """Recompute every internal sum from the leaves, O(N), children before parents."""
@@ -149,13 +167,25 @@ class SumTree:
             raise ValueError("Invalid weights: cannot sample when all weights are zero")
         u = torch.rand(batch_size, generator=generator, dtype=torch.float64).numpy() * total
         node = np.ones(batch_size, dtype=np.int64)
-        active = node < self.num_leaves
-        while active.any():
+        for _ in range(max(0, self.num_leaves.bit_length() - 2)):  # levels whose children are all internal (< N)
+            left, right = self._sums[2 * node], self._sums[2 * node + 1]
+            go_right = ((u >= left) & (right > 0)) | (left <= 0)
+            u = np.where(go_right, u - left, u)
+            node = 2 * node + go_right
+        while True:
+            active = node < self.num_leaves
+            if active.all():  # every draw still descending: no masking
+                left, right = self._value(2 * node), self._value(2 * node + 1)
+                go_right = ((u >= left) & (right > 0)) | (left <= 0)
+                u = np.where(go_right, u - left, u)
+                node = 2 * node + go_right
+                continue
+            if not active.any():
+                break
             at = node[active]
             left, right = self._value(2 * at), self._value(2 * at + 1)
             # go right past the left mass; never into an empty subtree (rounding at the edges)
             go_right = ((u[active] >= left) & (right > 0)) | (left <= 0)
             u[active] = np.where(go_right, u[active] - left, u[active])
             node[active] = 2 * at + go_right
-            active = node < self.num_leaves
         return torch.from_numpy(node - self.num_leaves)
