@@ -43,27 +43,40 @@ def stage(src: Path) -> list[str]:
     return chapters
 
 
-def execute(path: str, fast: bool) -> tuple[str, float]:
-    """Run one notebook in place (cwd = its folder), keeping outputs and widget state."""
+def execute(path: str, fast: bool) -> tuple[str, float, float]:
+    """Run one notebook in place (cwd = its folder), keeping outputs and widget state.
+
+    Returns:
+        The notebook's name, wall-clock seconds, and the kernel's CPU seconds (user + system).
+    """
     import nbformat
+    import psutil
+    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
 
-    from jupyter_client.manager import KernelManager
-
     os.environ["SAZO_FAST"] = "1" if fast else "0"
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), [0.0]
     notebook = nbformat.read(path, as_version=4)
     # IPC sockets (files next to the notebook): kernels started at once cannot race for a TCP port.
     kernel = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(path).with_suffix(".kernel")))
+
+    def kernel_cpu(**_):  # once the kernel has stopped (psutil still reads an exited, unreaped process)
+        try:
+            times = psutil.Process(kernel.provisioner.process.pid).cpu_times()
+            cpu[0] = times.user + times.system + times.children_user + times.children_system
+        except (psutil.Error, AttributeError):
+            cpu[0] = float("nan")
+
     try:
         NotebookClient(notebook, km=kernel, timeout=CELL_TIMEOUT, store_widget_state=True,
+                       on_notebook_complete=kernel_cpu,
                        resources={"metadata": {"path": str(Path(path).parent)}}).execute()
     finally:
         for socket_file in Path(path).parent.glob(Path(path).stem + ".kernel-*"):
             socket_file.unlink()
     slim_widget_state(notebook)
     nbformat.write(notebook, path)
-    return Path(path).name, time.perf_counter() - start
+    return Path(path).name, time.perf_counter() - start, cpu[0]
 
 
 def slim_widget_state(notebook) -> None:
@@ -82,11 +95,11 @@ def execute_all(src: Path, chapters: list[str], fast: bool, jobs: int) -> None:
         futures = {pool.submit(execute, str(src / f"{name}.ipynb"), fast): name for name in reversed(chapters)}
         for future in as_completed(futures):
             try:
-                name, seconds = future.result()
+                name, seconds, cpu = future.result()
             except Exception as error:
                 pool.shutdown(cancel_futures=True)
                 raise RuntimeError(f"{futures[future]}.ipynb failed while building the book:\n{error}") from None
-            print(f"  executed {name} in {seconds:.0f} s", flush=True)
+            print(f"  executed {name} in {seconds:.0f} s (kernel CPU {cpu:.0f} s)", flush=True)
 
 
 def labs_page(src: Path, assigned: Path) -> int:
