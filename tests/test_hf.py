@@ -292,21 +292,22 @@ def test_lora_tunes_only_the_adapters(tmp_path):
         sum(p.numel() for n, p in model.named_parameters() if n in adapters)
 
 
-def test_a_bfloat16_model_trains_through_float32_master_weights_and_resumes(tmp_path):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_model_trains_through_float32_master_weights_and_resumes(tmp_path, dtype):
     rows = memorisable_rows(n=8)
     args = training_args(tmp_path, max_steps=4, save_strategy="steps", save_steps=2, learning_rate=1e-4)
-    trainer = trainer_for(tmp_path, rows=rows, model=tiny_causal_lm("llama", vocab_size=VOCAB, dtype=torch.bfloat16),
+    trainer = trainer_for(tmp_path, rows=rows, model=tiny_causal_lm("llama", vocab_size=VOCAB, dtype=dtype),
                           args=args)
     trainer.train()
     master = trainer._master
     assert master is not None and all(t.dtype == torch.float32 for t in master.tensors)
     for p, t in zip(master.params, master.tensors):
-        assert torch.equal(p, t.to(torch.bfloat16))         # the model holds the rounded master
+        assert torch.equal(p, t.to(dtype))                  # the model holds the rounded master
     moved = [float((t - p.detach().float()).abs().max()) for p, t in zip(master.params, master.tensors)]
-    assert max(moved) > 0                                   # updates below half a bf16 ulp are kept
+    assert max(moved) > 0                                   # updates below half an ulp are kept
 
     resumed = trainer_for(tmp_path / "again", rows=rows,
-                          model=tiny_causal_lm("llama", vocab_size=VOCAB, dtype=torch.bfloat16),
+                          model=tiny_causal_lm("llama", vocab_size=VOCAB, dtype=dtype),
                           args=training_args(tmp_path / "again", max_steps=4, learning_rate=1e-4))
     resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
     for a, b in zip(master.tensors, resumed._master.tensors):
