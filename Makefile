@@ -61,7 +61,9 @@ WORKERS ?= 1
 # it grading still works, unconfined, with a loud warning (labs/README.md, trust model).
 sandbox:
 	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } || \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap || { apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; }; } \
+	  >/dev/null 2>&1; } || \
 	  echo "WARNING: bwrap missing: submissions will be graded WITHOUT a sandbox (sudo apt-get install bubblewrap)"
 
 labs: install sandbox
