@@ -59,9 +59,10 @@ def _options(dropdown: widgets.Dropdown) -> list:
     return [o[1] if isinstance(o, tuple) else o for o in dropdown.options]
 
 
-def watch_draws(dash) -> list[float]:
-    """A list that gets a ``perf_counter`` stamp whenever the dashboard sends a figure or readout update."""
-    stamps: list[float] = []
+def watch_draws(dash) -> list[tuple[float, float]]:
+    """A list that gets a (``perf_counter``, ``process_time``) stamp whenever the dashboard sends a
+    figure or readout update."""
+    stamps: list[tuple[float, float]] = []
     for figure in dash.figures.values():
         if not hasattr(figure, "batch_update"):
             continue
@@ -71,16 +72,17 @@ def watch_draws(dash) -> list[float]:
         def stamped(original=original):
             with original():
                 yield
-            stamps.append(time.perf_counter())
+            stamps.append((time.perf_counter(), time.process_time()))
 
         figure.batch_update = stamped
     if getattr(dash, "readout", None) is not None:
-        dash.readout.observe(lambda _change: stamps.append(time.perf_counter()), names="value")
+        dash.readout.observe(lambda _change: stamps.append((time.perf_counter(), time.process_time())),
+                             names="value")
     return stamps
 
 
-def time_change(control, value, stamps: list[float] | None = None) -> tuple[float, float, float]:
-    """(wall ms, CPU ms, first-draw wall ms) to set ``control.value`` (observers redraw synchronously).
+def time_change(control, value, stamps: list | None = None) -> tuple[float, float, float, float]:
+    """(wall ms, CPU ms, first-draw wall ms, first-draw CPU ms) to set ``control.value``.
 
     On a shared machine wall time includes waiting for a core; this process's CPU time does
     not, and is close to what an idle machine's wall time would be. Without a stamped draw
@@ -90,9 +92,10 @@ def time_change(control, value, stamps: list[float] | None = None) -> tuple[floa
     seen = len(stamps)
     wall, cpu = time.perf_counter(), time.process_time()
     control.value = value
-    total = 1e3 * (time.perf_counter() - wall)
-    first = 1e3 * (stamps[seen] - wall) if len(stamps) > seen else total
-    return total, 1e3 * (time.process_time() - cpu), first
+    total, total_cpu = 1e3 * (time.perf_counter() - wall), 1e3 * (time.process_time() - cpu)
+    if len(stamps) > seen:
+        return total, total_cpu, 1e3 * (stamps[seen][0] - wall), 1e3 * (stamps[seen][1] - cpu)
+    return total, total_cpu, total, total_cpu
 
 
 def measure(build) -> dict:
@@ -110,10 +113,10 @@ def measure(build) -> dict:
     return results
 
 
-def _summary(timings: list[tuple[float, float, float]]) -> str:
-    wall, cpu, first = [t[0] for t in timings], [t[1] for t in timings], [t[2] for t in timings]
-    return (f"first draw median {statistics.median(first):5.0f} ms | wall median {statistics.median(wall):5.0f} ms, "
-            f"max {max(wall):5.0f} ms | CPU median {statistics.median(cpu):5.0f} ms")
+def _summary(timings: list[tuple[float, float, float, float]]) -> str:
+    wall, cpu, first, first_cpu = ([t[k] for t in timings] for k in range(4))
+    return (f"first draw median {statistics.median(first):5.0f} ms (CPU {statistics.median(first_cpu):4.0f} ms) | "
+            f"wall median {statistics.median(wall):5.0f} ms, max {max(wall):5.0f} ms | CPU median {statistics.median(cpu):5.0f} ms")
 
 
 def report(name: str, results: dict, per_control: bool) -> None:
