@@ -191,3 +191,11 @@ def test_first_round_makes_the_set_heterogeneous_on_a_tiny_model():
     assert history[-1] < 0.1 * history[0]
     assert after[cset.assimilated].mean() < 0.2 * after[cset.new].mean()
     assert heterogeneity(after) >= 3 > heterogeneity(before)
+
+
+def test_oracle_runs_can_be_diagnosed_from_the_first_log_point():
+    model, params = lora_model("gpt2", seed=3)
+    run = query_run(model, params, random_batch(n=5), "oracle", lr=1e-3, eps=1e-3, batch_size=2, steps=4,
+                    log_every=2, oracle_every=10, diagnose=1)
+    assert len(run.diagnostics) == 3 and run.oracle_refreshes == 1
+    assert run.diagnostics[0]["tv"] == pytest.approx(0, abs=1e-12)   # fresh norms: p is p*

@@ -7,18 +7,25 @@
     run = zo_finetune(model, trainable_parameters(model), task.encode(tok, "train"),
                       task.encode(tok, "test"), method="sazo", steps=200)
 
+Continual-tuning sets, true per-example gradient norms and uniform/SAZO/oracle query runs:
+``make_continual_set``, ``grad_norms``, ``query_run`` (notebook 06, ``benchmarks/llm_queries.py``).
+
 Needs the ``llm`` extra (transformers, peft, gguf, accelerate).
 """
+from .continual import ContinualSet, cached_first_round, first_round, heterogeneity, make_continual_set
 from .finetune import FinetuneRun, METHODS, mean_loss, restore_snapshot, snapshot, zo_finetune
+from .grad_norms import RefreshingNorms, grad_norms
 from .losses import (TokenBatch, accuracy, answer_losses, batched_closure, classification_logits,
                      classification_losses, encode_answers, encode_classification, label_word_ids, predict)
 from .models import (TINY_FAMILIES, cache_dir, default_device, load_causal_lm, load_minilm, load_smollm2,
                      minilm_dir, smollm2_gguf_path, tiny_causal_lm)
+from .queries import QueryRun, queries_to, query_run
 from .tasks import TASKS, ClassificationTask, Example, load_hf_task, make_task
 from .tuning import (Float32Master, SparseMeZO, add_lora, full_parameters, parameter_count, restore_bound,
                      sparse_indices, trainable_parameters, unit_roundoff)
 
-__all__ = ["FinetuneRun", "METHODS", "mean_loss", "restore_snapshot", "snapshot", "zo_finetune",
+__all__ = ["ContinualSet", "cached_first_round", "first_round", "heterogeneity", "make_continual_set",
+           "RefreshingNorms", "grad_norms", "QueryRun", "queries_to", "query_run", "FinetuneRun", "METHODS", "mean_loss", "restore_snapshot", "snapshot", "zo_finetune",
            "TokenBatch", "accuracy", "answer_losses", "batched_closure", "classification_logits",
            "classification_losses", "encode_answers", "encode_classification", "label_word_ids", "predict",
            "TINY_FAMILIES", "cache_dir", "default_device", "load_causal_lm", "load_minilm", "load_smollm2",

@@ -151,7 +151,7 @@ def first_round(model, params, cset: ContinualSet, tokenizer, *, steps: int = 10
         loss = classification_losses(model, batch, grad=True).mean()
         loss.backward()
         optimizer.step()
-        history.append(float(loss))
+        history.append(float(loss.detach()))
     for p in params:
         p.grad = None
     return history

@@ -119,10 +119,8 @@ def query_run(model, params, train_batch: TokenBatch, sampler: str, *, lr: float
         if diagnose and (len(run.queries) - 1) % int(diagnose) == 0:
             norms = true_norms()
             scores = chooser.scores() if sampler == "sazo" else None
-            probs = refreshing.norms if sampler == "oracle" else chooser.probs  # oracle: p* as sampled
-            run.diagnostics.append({"queries": queries, **sampling_diagnostics(norms, oracle_probs(probs)
-                                                                                 if sampler == "oracle" else probs,
-                                                                                 scores)})
+            probs = chooser.probs    # the oracle's: p* from its cached (up to k steps old) norms
+            run.diagnostics.append({"queries": queries, **sampling_diagnostics(norms, probs, scores)})
             run.final_norms = norms.tolist()
             if scores is not None:
                 run.final_scores = scores.tolist()
