@@ -102,7 +102,7 @@ def one_setting(label: str, model, params, train, test, args, *, lrs, seeds, ste
               f"{' DIVERGED' if r.diverged else ''}", flush=True)
         return r
 
-    for sampler in SAMPLERS:
+    for sampler in args.samplers:
         grid = {lr: run(sampler, lr, seeds[0], diagnose if sampler == "sazo" else 0) for lr in lrs}
         out["grid"][sampler] = {f"{lr:g}": g.to_dict() for lr, g in grid.items()}
 
@@ -122,7 +122,7 @@ def summarise(setting: dict) -> list[str]:
     def q(run, t):
         return queries_to_dict(run, t)
     rows, med = [], {}
-    for sampler in SAMPLERS:
+    for sampler in setting["runs"]:
         runs = setting["runs"][sampler]
         cells = []
         for t in TARGETS:
@@ -139,7 +139,7 @@ def summarise(setting: dict) -> list[str]:
                     f"| {acc} | {len(runs)}{f' ({diverged} diverged)' if diverged else ''} |")
     ratios = {}
     for t in TARGETS:
-        u, s, o = med[("uniform", t)], med[("sazo", t)], med[("oracle", t)]
+        u, s, o = med.get(("uniform", t)), med.get(("sazo", t)), med.get(("oracle", t))
         ratios[f"uniform/sazo@{t}"] = u / s if u and s else None
         ratios[f"sazo/oracle@{t}"] = s / o if s and o else None
     setting["ratios"] = ratios
@@ -159,6 +159,7 @@ def main() -> None:
                         help="sets whose V(u)/V(p*) at θ₀ is measured without runs")
     parser.add_argument("--diagnose-every", type=int, default=2, help="SAZO diagnostics every n-th log point")
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=SAMPLERS)
     parser.add_argument("--lrs", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3])
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--log-every", type=int, default=10)
@@ -226,7 +227,7 @@ def main() -> None:
         print(f"  {s['label']}: V(u)/V(p*)@θ₀={s['heterogeneity_at_theta0']:.2f} | "
               + " | ".join(f"uniform/SAZO@{t}={fmt(r[f'uniform/sazo@{t}'])}, SAZO/oracle@{t}={fmt(r[f'sazo/oracle@{t}'])}"
                            for t in TARGETS))
-        diag = s["grid"]["sazo"][f"{s['chosen_lr']['sazo']:g}"]["diagnostics"]
+        diag = s["grid"]["sazo"][f"{s['chosen_lr']['sazo']:g}"]["diagnostics"] if "sazo" in s["grid"] else []
         if diag:
             print("    SAZO vs true norms over training (seed 0, chosen lr): "
                   + "; ".join(f"q={d['queries']}: ρ={d.get('rho', float('nan')):.2f} TV={d['tv']:.2f} "
