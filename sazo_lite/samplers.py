@@ -577,9 +577,9 @@ class SAZOSampler(_ScoredSampler):
     (``statistic="square"``: o_i = (|d_i|/L)², s_i = sqrt(G_i), and an unseen example's G
     starts from s̄².) Relative observations are clipped at 1e30 and G is stored in float32.
 
-    Why each piece (the plain rule, ``PlainSAZOSampler``, needed ~1.8× more queries than
-    uniform sampling on a homogeneous problem; single d² are χ²₁-noisy and an example is
-    seen about once every N/B steps):
+    Why each piece (the plain rule, ``PlainSAZOSampler``, can need more queries than uniform
+    sampling, see the README's ablation: single d² are χ²₁-noisy and an example is seen about
+    once every N/B steps):
     - Unseen examples take the prior s̄, neither starved nor favoured by a stale start;
       before any data SAZO is uniform sampling. s̄ is the root-mean-square score: an unseen
       example's expected ‖∇f‖² is the data set's mean ‖∇f_j‖², and p ∝ sqrt(E‖∇f_i‖²)
