@@ -17,12 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,18 +86,33 @@ def slim_widget_state(notebook) -> None:
             model.get("state", {}).pop(key, None)
 
 
-def execute_all(src: Path, chapters: list[str], fast: bool, jobs: int) -> None:
-    """Execute the chapters, ``jobs`` at a time; the first failure stops the build with its traceback."""
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        # The later chapters run longest (06 loads and tunes a language model): start them first.
-        futures = {pool.submit(execute, str(src / f"{name}.ipynb"), fast): name for name in reversed(chapters)}
-        for future in as_completed(futures):
-            try:
-                name, seconds, cpu = future.result()
-            except Exception as error:
-                pool.shutdown(cancel_futures=True)
-                raise RuntimeError(f"{futures[future]}.ipynb failed while building the book:\n{error}") from None
-            print(f"  executed {name} in {seconds:.0f} s (kernel CPU {cpu:.0f} s)", flush=True)
+def execute_all(src: Path, chapters: list[str], fast: bool, jobs: int, logs: Path) -> None:
+    """Execute the chapters, ``jobs`` at a time, each in its own process (its log in ``logs``);
+    the first failure stops the others at once and raises with the end of its log."""
+    import psutil
+
+    logs.mkdir(parents=True, exist_ok=True)
+    # The later chapters run longest (06 loads and tunes a language model): start them first.
+    pending, running = list(reversed(chapters)), {}
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                name = pending.pop(0)
+                command = [sys.executable, __file__, "--execute", str(src / f"{name}.ipynb")] + ([] if fast else ["--full"])
+                with open(logs / f"{name}.log", "w") as log:
+                    running[name] = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
+            time.sleep(0.2)
+            for name in [n for n, process in running.items() if process.poll() is not None]:
+                process = running.pop(name)
+                if process.returncode != 0:
+                    tail = (logs / f"{name}.log").read_text()[-6000:]
+                    raise RuntimeError(f"{name}.ipynb failed while building the book:\n{tail}")
+                print(f"  executed {name}.ipynb: {process.stdout.read().strip()}", flush=True)
+    finally:
+        for process in running.values():  # after a failure: the others and their kernels, now
+            for child in [*psutil.Process(process.pid).children(recursive=True), process]:
+                child.kill()
+            process.wait()
 
 
 def labs_page(src: Path, assigned: Path) -> int:
@@ -136,7 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full", action="store_true", help="run the notebooks' full versions (default: SAZO_FAST=1)")
     parser.add_argument("--jobs", type=int, default=2, help="notebooks executed at once")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "book")
+    parser.add_argument("--execute", type=Path, help=argparse.SUPPRESS)  # internal: run one notebook
     args = parser.parse_args(argv)
+    if args.execute:
+        _, seconds, cpu = execute(str(args.execute), not args.full)
+        print(f"{seconds:.0f} s (kernel CPU {cpu:.0f} s)")
+        return 0
     if args.jobs < 1:
         raise ValueError(f"Invalid jobs: {args.jobs}")
     out, fast = args.out.resolve(), not args.full
@@ -148,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     labs = subprocess.Popen([sys.executable, "-m", "sazo_lite.labs", "assign", "--build", str(out / "labs")],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     try:
-        execute_all(src, chapters, fast, args.jobs)
+        execute_all(src, chapters, fast, args.jobs, out / "logs")
     finally:
         log, _ = labs.communicate()
     if labs.returncode != 0:
