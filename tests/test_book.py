@@ -142,7 +142,7 @@ def site(tmp_path_factory):
     else:
         out = tmp_path_factory.mktemp("book")
         done = subprocess.run([sys.executable, str(ROOT / "book" / "build.py"), "--out", str(out)],
-                              capture_output=True, text=True, cwd=ROOT, timeout=1500)
+                              capture_output=True, text=True, cwd=ROOT, timeout=2400)
         assert done.returncode == 0, f"book/build.py failed:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
     html = out / "html"
     handler = functools.partial(_QuietHandler, directory=str(html))
