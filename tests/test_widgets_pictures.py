@@ -74,6 +74,8 @@ def test_paths_start_together_and_only_sazo_follows_beta():
     np.testing.assert_array_equal(after[0], before[0])
     np.testing.assert_array_equal(after[2], before[2])
     assert not np.array_equal(after[1], before[1])
+    dash.controls["ema_decay"].value = 0.99               # the default plain rule: β acts at the high end too
+    assert not np.array_equal(np.asarray(data[2].x, dtype=float), before[1])
     dash.controls["batch_size"].value = 8
     assert not np.array_equal(np.asarray(data[1].x, dtype=float), after[0])
 
