@@ -186,7 +186,8 @@ def _controls(problem: str) -> dict[str, widgets.Widget]:
 _QUESTIONS = {
     "problem": "On which problem does SAZO gain most — and does it ever lose to uniform?",
     "eps": "θ is float32: at which ε do all three methods stall, whatever they sample?",
-    "ema_decay": "Does a larger β help SAZO late in the race, when the norms have stopped moving?",
+    "ema_decay": "Does a larger β help SAZO late in the race? (Its decay is min(β, (n_i+1)/(n_i+2)): "
+                 "β near 1 only matters for examples seen dozens of times.)",
     "batch_size": "Per query, does a bigger batch help uniform or SAZO more?",
     "lr_uniform": "Each method has its own η: raise uniform's. Does it catch SAZO, or diverge first?",
     "lr_sazo": "Why can SAZO take a larger step than uniform on heterogeneous data?",
