@@ -193,7 +193,7 @@ def table_rows(results: dict) -> list[tuple]:
                          f"≤ {TARGETS['state_bytes_per_example']}",
                          _verdict(r["bytes_per_example"], TARGETS["state_bytes_per_example"])))
             rows.append(("5 sampler", f"{n}: {name} sample + update (ms)", _fmt(r["seconds"] * 1e3, ".3f"), "", ""))
-            rows.append(("5 sampler", f"{n}: {name} max relative error of p (float32 tree sums vs float64)", _fmt(r["max_rel_error_p"], ".1e"), "", ""))
+            rows.append(("5 sampler", f"{n}: {name} max relative error of p vs float64 sums", _fmt(r["max_rel_error_p"], ".1e"), "", ""))
         rows.append(("5 sampler", f"{n}: uniform sample + update (ms)", _fmt(size["uniform"]["seconds"] * 1e3, ".3f"), "", ""))
     if "error" in state:
         rows.append(("5 sampler", "sampler_state", "failed", "", ""))

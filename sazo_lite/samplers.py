@@ -197,8 +197,8 @@ class CdfStore:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the cached CDF (float64 [N]) once built; it is rebuilt after each refresh."""
-        return 0 if self._cache is None else self._cache[2].nbytes
+        """Bytes of the CDF (float64 [N]), held from each draw to the next refresh."""
+        return 8 * self.num_examples
 
     def refresh(self, changed: np.ndarray | None = None, unseen_changed: np.ndarray | None = None) -> None:
         """The owner changed the scores of ``changed`` (None: any), and the unseen flags of
