@@ -178,7 +178,13 @@ def main() -> None:
     parser.add_argument("--tiny-lrs", type=float, nargs="+", default=[1e-3, 3e-3, 1e-2])
     parser.add_argument("--threads", type=int, default=None, help="torch threads (1 is faster on a busy machine)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--merge", type=Path, nargs="+", help="print one table from partial JSON reports, write --out")
     args = parser.parse_args()
+    if args.merge:
+        report = merge(args.merge)
+        print_report(report)
+        args.out.write_text(json.dumps(report, indent=1))
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.quick:
@@ -213,12 +219,22 @@ def main() -> None:
                                               log_every=25, diagnose=0))
         save()
     report["runtime_s"] = time.perf_counter() - started
+    print_report(report)
+    save()
+    print(f"\nwrote {args.out}")
+
+
+def print_report(report: dict) -> None:
+    """The table (median [min–max] over seeds) and the target ratios, from a report dict."""
+    a = report["args"]
     header = ["| setting | sampler | lr | queries to 0.7·F(θ₀) | queries to 0.5·F(θ₀) | held-out acc. "
-              f"@{args.accuracy_at} q | seeds |", "|---|---|---|---|---|---|---|"]
+              f"@{a['accuracy_at']} q | seeds |", "|---|---|---|---|---|---|---|"]
     rows = [row for s in report["settings"] for row in summarise(s)]
-    print(f"\n{report['date']} · {report['machine']} · B={args.batch}, ε={args.eps}, k(oracle)={args.oracle_every}, "
+    print(f"\n{report['date']} · {report['machine']} · B={a['batch']}, ε={a['eps']}, k(oracle)={a['oracle_every']}, "
           f"runtime {report['runtime_s'] / 60:.1f} min")
     print("\n".join(header + rows))
+    for name, value in report.get("measured_only", {}).items():
+        print(f"V(u)/V(p*) at θ₀ of the {name} set (measured, not raced): {value:.2f}")
     print("\nratios of median queries (targets: heterogeneous uniform/SAZO ≥ 2 and SAZO/oracle ≤ 1.3 at both; "
           "homogeneous SAZO/uniform ≤ 1.1):")
     for s in report["settings"]:
@@ -233,8 +249,24 @@ def main() -> None:
                   + "; ".join(f"q={d['queries']}: ρ={d.get('rho', float('nan')):.2f} TV={d['tv']:.2f} "
                               f"V(pSAZO)/V(p*)={d['v_ratio']:.2f} V(u)/V(p*)={d['v_uniform_ratio']:.2f}"
                               for d in diag[::max(1, len(diag) // 6)]))
-    save()
-    print(f"\nwrote {args.out}")
+
+
+def merge(paths: list[Path]) -> dict:
+    """One report from partial ones (e.g. one sampler per process on a busy machine): settings with
+    the same label pool their samplers; the runtime is the sum of the parts."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    report = {**parts[0], "settings": [], "measured_only": {}, "runtime_s": sum(p.get("runtime_s", 0) for p in parts),
+              "merged_from": [str(p) for p in paths]}
+    by_label: dict[str, dict] = {}
+    for part in parts:
+        report["measured_only"].update(part.get("measured_only", {}))
+        for setting in part["settings"]:
+            if setting["label"] not in by_label:
+                by_label[setting["label"]] = {**setting, "grid": {}, "chosen_lr": {}, "runs": {}}
+                report["settings"].append(by_label[setting["label"]])
+            for key in ("grid", "chosen_lr", "runs"):
+                by_label[setting["label"]][key].update(setting[key])
+    return report
 
 
 if __name__ == "__main__":
