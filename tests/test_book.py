@@ -230,8 +230,9 @@ def test_chapter_page(site, browser, chapter):
         plots = page.evaluate(_PLOTS)
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"book_{chapter}.png"), full_page=True)
-        title = json.loads((ROOT / "notebooks" / f"{chapter}.ipynb").read_text())["cells"][0]["source"]
-        heading = "".join(title).splitlines()[0].lstrip("# ").strip()
+        cells = json.loads((ROOT / "notebooks" / f"{chapter}.ipynb").read_text())["cells"]
+        heading = next(line[2:].strip() for c in cells if c["cell_type"] == "markdown"
+                       for line in "".join(c["source"]).splitlines() if line.startswith("# "))
         assert page.inner_text("h1").strip().rstrip("#").strip() == heading
 
         # Plotly: every figure placeholder was drawn, with data, and is interactive (modebar).
