@@ -231,7 +231,7 @@ def print_report(report: dict) -> None:
               f"@{a['accuracy_at']} q | seeds |", "|---|---|---|---|---|---|---|"]
     rows = [row for s in report["settings"] for row in summarise(s)]
     print(f"\n{report['date']} · {report['machine']} · B={a['batch']}, ε={a['eps']}, k(oracle)={a['oracle_every']}, "
-          f"runtime {report['runtime_s'] / 60:.1f} min")
+          f"runtime {report['runtime_s'] / 60:.1f} min{' (sum of the merged parts)' if report.get('merged_from') else ''}")
     print("\n".join(header + rows))
     for name, value in report.get("measured_only", {}).items():
         print(f"V(u)/V(p*) at θ₀ of the {name} set (measured, not raced): {value:.2f}")
