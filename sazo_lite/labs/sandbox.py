@@ -61,11 +61,13 @@ def _python_dirs() -> list[str]:
 
 
 def _bwrap_args(env: dict | None = None) -> list[str]:
-    args = []
+    # The private /tmp comes first: binds are applied in order, so an interpreter or package that
+    # lives under /tmp (a checkout there) is bound on top of it instead of hidden by it.
+    args = ["--dev", "/dev", "--proc", "/proc", "--size", str(SCRATCH_BYTES), "--tmpfs", "/tmp",
+            "--dir", "/tmp/work"]
     for path in (*SYSTEM_DIRS, *_python_dirs()):
         args += ["--ro-bind-try", path, path]
-    args += ["--dev", "/dev", "--proc", "/proc", "--size", str(SCRATCH_BYTES), "--tmpfs", "/tmp",
-             "--dir", "/tmp/work", "--chdir", "/tmp/work",
+    args += ["--chdir", "/tmp/work",
              "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"]
     for key, value in (env or {}).items():
         args += ["--setenv", key, value]
