@@ -29,7 +29,7 @@ lab: install
 app: install
 	$(VENV)/bin/voila notebooks/05_the_race.ipynb
 
-test: install
+test: install sandbox
 	SAZO_FAST=1 $(PY) -m pytest -q tests
 	SAZO_FAST=1 $(PY) -m pytest -q --nbmake --nbmake-timeout=600 notebooks/*.ipynb
 
