@@ -401,8 +401,12 @@ def test_the_sandbox_is_used_where_it_works(graded):
 
 def test_a_notebook_past_its_timeout_scores_zero(built, graded, tmp_path):
     stem = next(m.stem for m in MASTERS if m.stem.startswith("lab2"))
+    # The solutions behind a slow first cell: past a 2 s budget however fast the machine is.
+    slow = nbformat.read(built[stem] / "autograder" / f"{stem}.ipynb", as_version=4)
+    slow.cells.insert(0, nbformat.v4.new_code_cell("import time\ntime.sleep(60)"))
+    nbformat.write(slow, tmp_path / "slow.ipynb")
     start = time.monotonic()
-    row = labs.grade(built[stem] / "autograder" / f"{stem}.ipynb", labs.autograder_zip(stem, build_dir=built[stem].parent),
+    row = labs.grade(tmp_path / "slow.ipynb", labs.autograder_zip(stem, build_dir=built[stem].parent),
                      tmp_path / "out", notebook_timeout=2)
     assert time.monotonic() - start < 30
     assert row["status"] == "timeout" and row["total"] == 0 and row["possible"] > 0
