@@ -152,9 +152,6 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
-_peak_rss_bytes = peak_rss_bytes  # the old private name (sazo_lite.llm.memory_probe uses it)
-
-
 def run_child(module: str, args, *, timeout: float = 300.0, env: dict | None = None) -> dict:
     """Run ``python -m module *args`` in a fresh process and parse its last stdout line as JSON.
 

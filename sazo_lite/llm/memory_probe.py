@@ -18,9 +18,9 @@ Example:
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
+
+from ..memory_measure import run_child
 
 __all__ = ["MODES", "measure_step", "measure_all"]
 
@@ -60,7 +60,7 @@ def _one_step(mode: str, model, batch, indices, optimiser) -> None:
 def _child(spec: dict) -> dict:
     import torch
     from ..engine import MeZO
-    from ..memory_measure import _peak_rss_bytes
+    from ..memory_measure import peak_rss_bytes
     from .tasks import make_task
 
     torch.manual_seed(0)
@@ -76,9 +76,9 @@ def _child(spec: dict) -> dict:
         optimiser = MeZO(params, lr=1e-6, eps=1e-3)
     _one_step(mode, model, batch, [0], optimiser)           # warm-up at B=1
     model.zero_grad(set_to_none=True)
-    baseline = _peak_rss_bytes()
+    baseline = peak_rss_bytes()
     _one_step(mode, model, batch, list(range(spec["batch"])), optimiser)
-    peak = _peak_rss_bytes()
+    peak = peak_rss_bytes()
     return dict(peak_rss=peak, extra=peak - baseline, baseline=baseline)
 
 
@@ -88,12 +88,8 @@ def measure_step(mode: str, *, model: str = "smollm2", batch: int = 8, task: str
     if mode not in MODES:
         raise ValueError(f"Invalid mode: {mode!r} (expected one of {MODES})")
     spec = json.dumps(dict(mode=mode, model=model, batch=batch, task=task))
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    done = subprocess.run([sys.executable, "-m", "sazo_lite.llm.memory_probe", spec], env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"memory probe failed ({mode}): {done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_child("sazo_lite.llm.memory_probe", [spec], timeout=timeout,
+                     env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
 
 
 def measure_all(*, model: str = "smollm2", batch: int = 8, modes=MODES) -> dict[str, dict]:
