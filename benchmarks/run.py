@@ -5,8 +5,9 @@
 
 Sections (each a ratio measured within this run; see the modules for the method):
   1. queries to target: uniform / SAZO / oracle on the quadratics and logistic regression, 5 seeds,
-     targets 2% and 0.5% of the initial gap (``benchmarks.queries``), and on the offline LLM task
-     (``benchmarks.llm_queries``, tiny model);
+     targets 2% and 0.5% of the initial gap (``benchmarks.queries``); the language-model sets'
+     ratios are read from the latest ``make bench-llm`` report (``benchmarks.llm_queries``, ~40 min,
+     not rerun here) and carry its date;
   2. engine speed: ZO step ÷ (2 × forward), reference MeZO loop vs sazo_lite (``engine_speed.speed``);
   3. memory: ZO-step peak RSS ÷ inference peak RSS, fresh processes (``engine_speed.memory``);
   4. SAZO overhead over MeZO: step-time ratio and extra state bytes (``engine_speed.overhead``);
@@ -21,11 +22,9 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import time
 import traceback
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -52,19 +51,21 @@ def queries_section(quick: bool) -> dict:
 
 
 def llm_queries_section(quick: bool) -> dict:
-    """MeZO vs SAZO queries to a target loss on the offline LLM task (tiny model)."""
-    from benchmarks.llm_queries import one_seed
+    """The language-model sets, in the same table: read from the latest ``make bench-llm`` report.
 
-    # llm_queries' defaults, with a shorter budget so that `make bench` stays under 15 minutes
-    args = SimpleNamespace(model="tiny", task="sentiment", num_train=48, num_test=48, noise=0.15,
-                           steps=60 if quick else 150, batch=4, lr=2e-3, eps=1e-3, log_every=15,
-                           target=None, target_fraction=0.95)
-    seeds = [0] if quick else [0, 1, 2]
-    runs = [one_seed(args, seed) for seed in seeds]
-    ratios = [r["mezo"]["queries"] / r["sazo"]["queries"] for r in runs
-              if r["mezo"]["queries"] and r["sazo"]["queries"]]
-    return dict(settings=vars(args), seeds=seeds, runs=runs,
-                uniform_over_sazo=statistics.median(ratios) if ratios else None, reached=len(ratios))
+    That benchmark takes ~40 minutes, so ``make bench`` does not rerun it; its rows carry its date.
+    """
+    from benchmarks.llm_queries import RESULTS as LLM_RESULTS, summarise
+
+    if not LLM_RESULTS.exists():
+        return {"missing": f"no {LLM_RESULTS.name}: run `make bench-llm` (≈ 40 min) to add these rows"}
+    report = json.loads(LLM_RESULTS.read_text())
+    settings = []
+    for setting in report["settings"]:
+        summarise(setting)     # fills setting["ratios"] from the runs
+        settings.append({"label": setting["label"], "heterogeneity": setting["heterogeneity_at_theta0"],
+                         "chosen_lr": setting["chosen_lr"], "ratios": setting["ratios"]})
+    return {"date": report["date"], "machine": report["machine"], "settings": settings}
 
 
 def run_sections(quick: bool, save=None, only=None, previous=None) -> dict:
@@ -135,14 +136,34 @@ def _query_rows(result: dict) -> list[tuple]:
     return rows
 
 
+def _llm_rows(llm: dict) -> list[tuple]:
+    """Rows for the language-model sets (``make bench-llm``'s report, with its date)."""
+    if "error" in llm or "missing" in llm:
+        return [("1 queries", "language-model sets", llm.get("missing") or "failed", "", "")]
+    rows = []
+    for s in llm.get("settings", []):
+        name = f"LLM {s['label']} (V(u)/V(p*) = {s['heterogeneity']:.2f}; bench-llm {llm['date']})"
+        for t in (0.7, 0.5):
+            gain, behind = s["ratios"].get(f"uniform/sazo@{t}"), s["ratios"].get(f"sazo/oracle@{t}")
+            if "homogeneous" in s["label"]:
+                cost = None if not gain else 1 / gain
+                rows.append(("1 queries", f"{name} @ {t}·F₀: SAZO ÷ uniform", _fmt(cost, suffix="×"), "≤ 1.1",
+                             _verdict(cost, 1.1)))
+                continue
+            graded = s["label"].startswith("SmolLM2 LoRA") and "continual" in s["label"]
+            rows.append(("1 queries", f"{name} @ {t}·F₀: uniform ÷ SAZO", _fmt(gain, suffix="×"),
+                         "≥ 2" if graded else "", _verdict(gain, 2.0, higher_is_better=True) if graded else ""))
+            rows.append(("1 queries", f"{name} @ {t}·F₀: SAZO ÷ oracle", _fmt(behind, suffix="×"),
+                         "≤ 1.3" if graded else "", _verdict(behind, 1.3) if graded else ""))
+    return rows
+
+
 def table_rows(results: dict) -> list[tuple]:
     rows = []
     if "error" in results.get("queries", {}):
         rows.append(("1 queries", "small problems", "failed", "", ""))
     rows += _query_rows(results.get("queries", {}))
-    llm = results.get("llm_queries", {})
-    rows.append(("1 queries", f"LLM task (tiny, {llm.get('reached', 0)}/{len(llm.get('seeds', []))} seeds reached): "
-                 "uniform ÷ SAZO", "failed" if "error" in llm else _fmt(llm.get("uniform_over_sazo"), suffix="×"), "", ""))
+    rows += _llm_rows(results.get("llm_queries", {}))
     for key in sorted(k for k in results if k.startswith("speed/")):
         r = results[key]
         if "error" in r:

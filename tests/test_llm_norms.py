@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 
 from sazo_lite import OracleSampler
 from sazo_lite.llm import TINY_FAMILIES, TokenBatch, add_lora, tiny_causal_lm, trainable_parameters
-from sazo_lite.llm.continual import SET_NAMES, first_round, heterogeneity, make_continual_set
+from sazo_lite.llm.continual import SET_NAMES, first_round, heterogeneity, keep_alike, make_continual_set
 from sazo_lite.llm.grad_norms import (RefreshingNorms, example_losses, grad_norms, linear_grad_norms,
                                       loop_grad_norms)
 from sazo_lite.llm.queries import query_run, queries_to, sampling_diagnostics
@@ -141,6 +141,43 @@ def test_a_huge_learning_rate_is_reported_as_diverged():
     assert not calm.diverged
 
 
+@pytest.mark.parametrize("sampler", ["uniform", "oracle"])
+def test_recorded_step_scale_matches_the_true_norms(sampler):
+    """At lr = 0 (θ fixed), E[ĝ²] with ĝ = w·δ is Σ_i p_i w_i² ‖∇f_i‖²: mean ‖∇f_i‖² for uniform
+    sampling, (mean ‖∇f_i‖)² for the oracle, the true norms coming from autograd."""
+    model, params = lora_model("llama", seed=5)
+    batch = random_batch(n=6, seed=6)
+    norms = grad_norms(model, batch, params)
+    run = query_run(model, params, batch, sampler, lr=0.0, eps=1e-3, batch_size=1, steps=400, log_every=400, seed=1,
+                    oracle_every=10_000)     # θ does not move: one oracle refresh is exact
+    expected = float((norms ** 2).mean()) if sampler == "uniform" else float(norms.mean()) ** 2
+    assert run.mean_sq_step_scale == pytest.approx(expected, rel=0.25)
+    assert run.steps_run == 400 and run.max_step_scale ** 2 >= run.mean_sq_step_scale
+    assert float(norms.max() / norms.min()) > 2     # heterogeneous enough for the two to differ
+    assert abs(float((norms ** 2).mean()) / float(norms.mean()) ** 2 - 1) > 0.3
+
+
+def test_the_oracle_mix_bounds_the_weights():
+    model, params = lora_model("gpt2", seed=7)
+    batch = random_batch(n=6, seed=8)
+    exact = query_run(model, params, batch, "oracle", lr=0.0, eps=1e-3, steps=100, log_every=100, seed=0,
+                      oracle_every=10_000)
+    mixed = query_run(model, params, batch, "oracle", lr=0.0, eps=1e-3, steps=100, log_every=100, seed=0,
+                      oracle_every=10_000, oracle_mix=0.5)
+    assert mixed.max_weight <= 2.0 + 1e-9 < exact.max_weight
+
+
+def test_after_the_target_the_run_only_goes_on_to_measure_accuracy():
+    model, params = lora_model("opt", seed=9)
+    batch, test = random_batch(n=6, seed=10), random_batch(n=4, seed=11)
+    run = query_run(model, params, batch, "uniform", lr=0.0, eps=1e-3, batch_size=2, steps=50, log_every=2,
+                    stop_fraction=1.0, test_batch=test, accuracy_at=40)
+    assert run.queries == [0, 8] and run.steps_run == 10 and run.test_accuracy is not None   # 40 queries = 10 steps
+    short = query_run(model, params, batch, "uniform", lr=0.0, eps=1e-3, batch_size=2, steps=50, log_every=2,
+                      stop_fraction=1.0)
+    assert short.queries == [0, 8] and short.steps_run == 2 and short.test_accuracy is None
+
+
 def test_queries_to_reads_the_first_logged_hit():
     from sazo_lite.llm.queries import QueryRun
     run = QueryRun("uniform", 1e-3, 0, queries=[0, 10, 20, 30], train_loss=[2.0, 1.5, 0.9, 1.2])
@@ -171,8 +208,28 @@ def test_sets_are_seeded_and_clean(name):
         assert len(a.new) == 4 and a.assimilated == list(range(20))
         assert {a.task.train[i].kind for i in a.new} == {"numbers", "category"}
         assert all(e.kind == "sentiment" for e in a.setup) and a.setup == a.task.train[:20]
-    if name == "homogeneous":
-        assert {e.kind for e in a.task.train} == {"numbers"} and not a.setup
+    if name == "homogeneous":   # the continual set's first round, then only new questions
+        c = make_continual_set("continual", num_train=24, new_fraction=1 / 6, num_test=8, seed=3)
+        assert [e.prompt for e in a.setup] == [e.prompt for e in c.setup] and not a.assimilated
+        assert {e.kind for e in a.task.train} == {"numbers", "category"} and a.new == list(range(24))
+        pooled = make_continual_set(name, num_train=24, new_fraction=1 / 6, num_test=8, seed=3, pool=48)
+        assert len(pooled.task.train) == 48 and [e.prompt for e in pooled.setup] == [e.prompt for e in c.setup]
+
+
+def test_keep_alike_keeps_the_examples_nearest_the_median_norm():
+    """keep_alike lowers V(u)/V(p*) and keeps exactly the examples closest to the median (log scale)."""
+    pool = make_continual_set("homogeneous", num_train=8, num_test=2, seed=0, pool=8)
+    norms = torch.tensor([1.0, 30.0, 1.2, 0.9, 0.001, 1.1, 5.0, 0.8], dtype=torch.float64)
+    kept = keep_alike(pool, norms, 5)
+    chosen = [0, 2, 3, 5, 7]
+    assert [e.prompt for e in kept.task.train] == [pool.task.train[i].prompt for i in chosen]
+    assert heterogeneity(norms[chosen]) < 1.05 < heterogeneity(norms)
+    assert kept.task.test == pool.task.test
+    for bad in (0, 9, 2.5, True):
+        with pytest.raises(ValueError, match="keep"):
+            keep_alike(pool, norms, bad)
+    with pytest.raises(ValueError, match="norms"):
+        keep_alike(pool, norms[:4], 2)
 
 
 def test_first_round_makes_the_set_heterogeneous_on_a_tiny_model():

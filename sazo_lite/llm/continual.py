@@ -11,8 +11,11 @@ with no label noise:
   as setup) teaches sentiment questions; the training set is then those *assimilated* sentiment
   examples plus a minority of *new* questions of other kinds (number comparisons and category
   membership). The held-out split holds new questions only.
-* ``"homogeneous"`` (control): no first round; N questions of one kind (number comparisons) for
-  the plain model: all examples alike (its per-example norms differ by a few-fold, not by 20×).
+* ``"homogeneous"`` (control): the same first round, then new questions only (number comparisons
+  and category membership): every example is still to be learned. Their norms still differ
+  somewhat (the model already answers some right); ``keep_alike`` keeps the N of a larger pool
+  whose true norms at θ₀ are closest to the median, so all examples are alike by the measure that
+  matters.
 * ``"flipped"``: ``make_task("sentiment", noise=0.15)``, the cautionary case (a flipped label keeps
   a large loss, so large-gradient examples are noise there).
 
@@ -25,6 +28,7 @@ with no label noise:
 """
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 
@@ -34,7 +38,8 @@ from ..variance import uniform_gain
 from .losses import classification_losses, encode_classification
 from .tasks import ClassificationTask, Example, _CATEGORIES, _NEGATIVE, _NOUNS, _POSITIVE
 
-__all__ = ["ContinualSet", "make_continual_set", "first_round", "cached_first_round", "heterogeneity", "SET_NAMES"]
+__all__ = ["ContinualSet", "make_continual_set", "keep_alike", "first_round", "cached_first_round", "heterogeneity",
+           "SET_NAMES"]
 
 SET_NAMES = ("continual", "homogeneous", "flipped")
 WORDS, NAMES = [" no", " yes"], ["no", "yes"]
@@ -85,17 +90,21 @@ def _category_question(rng: random.Random) -> Example:
 
 
 def make_continual_set(name: str = "continual", *, num_train: int = 32, new_fraction: float = 0.25,
-                       num_test: int = 32, seed: int = 0) -> ContinualSet:
+                       num_test: int = 32, seed: int = 0, pool: int | None = None) -> ContinualSet:
     """Generate one of ``SET_NAMES`` (seeded; labels are clean except in "flipped").
 
     Args:
         name: "continual" (assimilated sentiment + a ``new_fraction`` of new questions),
-            "homogeneous" (number questions only, no setup) or "flipped" (15% flipped sentiment labels).
+            "homogeneous" (the continual set's first round, then new questions only; see ``pool``) or "flipped" (15% flipped sentiment labels).
         num_train: N.
         new_fraction: share of new examples in "continual" (V(u)/V(p*) ≈ 1/new_fraction when the
             assimilated norms are ≈ 0 and the new ones alike).
         num_test: held-out new questions (clean).
         seed: the generator's seed.
+        pool: "homogeneous" only: how many new questions to generate (default ``num_train``); with
+            ``keep_alike`` a pool of 2N becomes a set of N whose norms are alike. The setup is the
+            continual set's for the same ``num_train``, ``new_fraction`` and seed (one cached first round
+            serves both).
 
     Example:
         >>> s = make_continual_set("continual", num_train=8, new_fraction=0.25, num_test=4, seed=0)
@@ -119,16 +128,42 @@ def make_continual_set(name: str = "continual", *, num_train: int = 32, new_frac
     def new_example(k: int) -> Example:
         return new_kinds[k % len(new_kinds)](rng)
 
-    if name == "homogeneous":   # no first round: the plain model, N questions of one kind
-        train = [_number_question(rng) for _ in range(num_train)]
-        test = [_number_question(rng) for _ in range(num_test)]
-        return ContinualSet(name, ClassificationTask(name, list(WORDS), train, test, list(NAMES)), [], [])
     num_new = min(num_train, max(1, round(new_fraction * num_train)))
     setup = [_sentiment_question(rng) for _ in range(num_train - num_new)]
+    if name == "homogeneous":   # the same first round; then only new questions, ``pool`` of them
+        train = [new_example(k) for k in range(num_train if pool is None else pool)]
+        test = [new_example(k) for k in range(num_test)]
+        return ContinualSet(name, ClassificationTask(name, list(WORDS), train, test, list(NAMES)), setup, [])
     new = [new_example(k) for k in range(num_new)]
     test = [new_example(k) for k in range(num_test)]
     task = ClassificationTask(name, list(WORDS), setup + new, test, list(NAMES))
     return ContinualSet(name, task, setup, list(range(len(setup))))
+
+
+def keep_alike(cset: ContinualSet, norms, keep: int) -> ContinualSet:
+    """The ``keep`` training examples whose gradient norms are closest to their median, log scale.
+
+    For the homogeneous control: generate a pool (say 2N), measure its true norms at θ₀, keep N.
+    The held-out split is unchanged; assimilated indices are remapped.
+
+    Example:
+        >>> s = make_continual_set("homogeneous", num_train=6, num_test=2)
+        >>> small = keep_alike(s, torch.tensor([1.0, 1.1, 9.0, 0.9, 0.01, 1.2]), 4)
+        >>> [e.prompt for e in small.task.train] == [s.task.train[i].prompt for i in (0, 1, 3, 5)]
+        True
+    """
+    norms = torch.as_tensor(norms, dtype=torch.float64)
+    if norms.shape != (len(cset.task.train),):
+        raise ValueError(f"Invalid norms: expected shape ({len(cset.task.train)},), got {tuple(norms.shape)}")
+    if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= len(norms):
+        raise ValueError(f"Invalid keep: {keep!r} (expected an int in [1, {len(norms)}])")
+    logs = norms.clamp_min(1e-30).log()
+    chosen = sorted(torch.argsort((logs - logs.median()).abs(), stable=True)[:keep].tolist())
+    position = {old: new for new, old in enumerate(chosen)}
+    task = cset.task
+    train = [task.train[i] for i in chosen]
+    subset = type(task)(task.name, list(task.label_words), train, list(task.test), list(task.label_names))
+    return ContinualSet(cset.name, subset, list(cset.setup), [position[i] for i in cset.assimilated if i in position])
 
 
 def first_round(model, params, cset: ContinualSet, tokenizer, *, steps: int = 10, lr: float = 3e-3,
@@ -176,7 +211,9 @@ def cached_first_round(model, params, cset: ContinualSet, tokenizer, *, key: str
         return True
     first_round(model, params, cset, tokenizer, steps=steps, lr=lr, progress=progress)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(snapshot(params), path)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")   # atomic: parallel workers may race here
+    torch.save(snapshot(params), partial)
+    os.replace(partial, path)
     return False
 
 

@@ -4,7 +4,9 @@ One ``query_run`` = one ZO run with one sampler from given weights, measured as 
 paper measures it: the full training loss F(θ) every ``log_every`` steps against queries
 (2·B per step), held-out accuracy once the run has spent ``accuracy_at`` queries, and, when
 asked, how close SAZO's sampling is to the oracle (true norms by backprop at log points):
-Spearman ρ(SAZO's scores, ‖∇f_i‖), TV(p_SAZO, p*), V(p_SAZO)/V(p*) and V(u)/V(p*).
+Spearman ρ(SAZO's scores, ‖∇f_i‖), TV(p_SAZO, p*), V(p_SAZO)/V(p*) and V(u)/V(p*). Every run also
+records the size of its steps: ĝ = mean_k w_k·δ_k (MeZO moves θ by −lr·ĝ·z), its mean square and
+maximum, and the largest importance weight drawn.
 
 Samplers: "uniform" (``UniformSampler``), "sazo" (``SAZOSampler``, default settings but λ),
 "oracle" (``OracleSampler`` with ``RefreshingNorms``: true norms recomputed every
@@ -47,6 +49,11 @@ class QueryRun:
     oracle_refreshes: int = 0
     final_scores: list[float] | None = None   # SAZO's scores at the end (for scatter plots)
     final_norms: list[float] | None = None    # true norms at the end (when diagnosed)
+    # the size of the steps the sampler produced: the update is −lr·ĝz with ĝ = mean_k w_k δ_k
+    mean_sq_step_scale: float | None = None     # mean over steps of ĝ² (what importance sampling lowers)
+    max_step_scale: float | None = None         # largest |ĝ| of the run
+    max_weight: float | None = None             # largest importance weight w_k drawn
+    steps_run: int = 0                          # MeZO steps taken (F is logged only until the target)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -70,9 +77,10 @@ def sampling_diagnostics(norms: torch.Tensor, probs: torch.Tensor, scores: torch
 
 def query_run(model, params, train_batch: TokenBatch, sampler: str, *, lr: float, eps: float = 1e-2,
               batch_size: int = 1, steps: int = 300, seed: int = 0, log_every: int = 10,
-              oracle_every: int = 10, uniform_mix: float = 0.1, test_batch: TokenBatch | None = None,
+              oracle_every: int = 10, uniform_mix: float = 0.1, oracle_mix: float = 0.0, test_batch: TokenBatch | None = None,
               accuracy_at: int | None = None, stop_fraction: float | None = None, diagnose: int = 0,
-              diverge_factor: float = 1.5, loss: str = "classification", progress: bool = False) -> QueryRun:
+              diverge_factor: float = 1.5, loss: str = "classification", perturbation: str = "gaussian",
+              progress: bool = False) -> QueryRun:
     """One ZO run from the current weights (the caller restores θ₀ between runs).
 
     Args:
@@ -82,21 +90,24 @@ def query_run(model, params, train_batch: TokenBatch, sampler: str, *, lr: float
         lr, eps, batch_size, steps, seed: the MeZO settings (seed also seeds the sampler).
         log_every: steps between evaluations of the full training loss F(θ).
         oracle_every: k, the steps between the oracle's backprop refreshes of the true norms.
-        uniform_mix: SAZO's λ (the oracle uses the exact p*).
-        test_batch, accuracy_at: held-out accuracy is measured at the first log point with
+        uniform_mix: SAZO's λ.
+        oracle_mix: the oracle's λ (0: the exact p*, whose weights 1/(N p_i) are unbounded).
+        test_batch, accuracy_at: held-out accuracy is measured at the first step with
             ≥ ``accuracy_at`` queries (or at the end).
-        stop_fraction: stop once F(θ) ≤ stop_fraction·F(θ₀) and the accuracy has been measured.
+        stop_fraction: once F(θ) ≤ stop_fraction·F(θ₀), F is no longer logged; the run stops
+            there, or goes on to ``accuracy_at`` queries when the accuracy is still to be measured.
         diagnose: every ``diagnose``-th log point (0: never; True counts as 1), true norms by
             backprop and ``sampling_diagnostics`` of the sampler's p (SAZO: with its scores).
         diverge_factor: stop and mark ``diverged`` when F(θ) > diverge_factor·F(θ₀).
         loss: "classification" or "answer".
+        perturbation: MeZO's z, "gaussian" or "rademacher" (cheaper to draw on a CPU).
     """
     from tqdm.auto import tqdm
 
     if sampler not in SAMPLERS:
         raise ValueError(f"Invalid sampler: {sampler!r} (expected one of {SAMPLERS})")
     n = len(train_batch)
-    optimizer = MeZO(params, lr=lr, eps=eps, seed=seed)
+    optimizer = MeZO(params, lr=lr, eps=eps, seed=seed, perturbation=perturbation)
     true_norms = lambda: grad_norms(model, train_batch, params, loss=loss)
     refreshing = None
     if sampler == "uniform":
@@ -105,7 +116,7 @@ def query_run(model, params, train_batch: TokenBatch, sampler: str, *, lr: float
         chooser = SAZOSampler(n, uniform_mix=uniform_mix, seed=seed)
     else:
         refreshing = RefreshingNorms(true_norms, every=oracle_every, clock=lambda: optimizer.step_count)
-        chooser = OracleSampler(n, refreshing, seed=seed)
+        chooser = OracleSampler(n, refreshing, uniform_mix=oracle_mix, seed=seed)
     losses = batched_closure(model, train_batch, loss)
     run = QueryRun(sampler, float(lr), int(seed))
 
@@ -114,8 +125,6 @@ def query_run(model, params, train_batch: TokenBatch, sampler: str, *, lr: float
             float(losses(range(n)).mean())
         run.queries.append(queries)
         run.train_loss.append(value)
-        if test_batch is not None and run.test_accuracy is None and accuracy_at is not None and queries >= accuracy_at:
-            run.test_accuracy = accuracy(model, test_batch)
         if diagnose and (len(run.queries) - 1) % int(diagnose) == 0:
             norms = true_norms()
             scores = chooser.scores() if sampler == "sazo" else None
@@ -127,6 +136,7 @@ def query_run(model, params, train_batch: TokenBatch, sampler: str, *, lr: float
         return value
 
     start = evaluate(0)
+    scales, top_weight, reached = [], 0.0, False
     bar = tqdm(range(1, steps + 1), desc=f"{sampler} lr={lr:g}", disable=not progress)
     for step in bar:
         indices, weights = chooser.sample(batch_size)
@@ -136,16 +146,27 @@ def query_run(model, params, train_batch: TokenBatch, sampler: str, *, lr: float
             run.diverged = True
             break
         chooser.update(indices, result.directional_diffs)
-        if step % log_every == 0 or step == steps:
-            value = evaluate(step * 2 * batch_size)
+        scale = float((weights.double() * result.directional_diffs.double()).mean())
+        scales.append(scale)
+        run.steps_run = step
+        top_weight = max(top_weight, float(weights.max()))
+        queries = step * 2 * batch_size
+        if not reached and (step % log_every == 0 or step == steps):   # F(θ) is logged until the target
+            value = evaluate(queries)
             if not value == value or value > diverge_factor * start:   # NaN or climbing
                 run.diverged = True
                 break
-            measured = run.test_accuracy is not None or test_batch is None or accuracy_at is None
-            if stop_fraction is not None and value <= stop_fraction * start and measured:
-                break
+            reached = stop_fraction is not None and value <= stop_fraction * start
+        if test_batch is not None and run.test_accuracy is None and accuracy_at is not None and queries >= accuracy_at:
+            run.test_accuracy = accuracy(model, test_batch)
+        if reached and (run.test_accuracy is not None or test_batch is None or accuracy_at is None):
+            break
     bar.close()
     if test_batch is not None and run.test_accuracy is None and not run.diverged:
         run.test_accuracy = accuracy(model, test_batch)   # budget not reached: accuracy at the end
     run.oracle_refreshes = refreshing.refreshes if refreshing is not None else 0
+    if scales:
+        run.mean_sq_step_scale = sum(x * x for x in scales) / len(scales)
+        run.max_step_scale = max(abs(x) for x in scales)
+        run.max_weight = top_weight
     return run

@@ -1,0 +1,69 @@
+"""The benchmark reports: the LLM report's summary and merge, and its rows in `make bench`'s table."""
+import json
+
+import pytest
+
+from benchmarks import llm_queries, run
+
+
+def fake_run(sampler, losses, step=10, diverged=False, moment=1.0):
+    """A run record as ``QueryRun.to_dict`` writes it: F logged every ``step`` queries."""
+    return {"sampler": sampler, "lr": 1e-3, "seed": 0, "queries": [step * k for k in range(len(losses))],
+            "train_loss": losses, "test_accuracy": 0.5, "diverged": diverged, "diagnostics": [],
+            "mean_sq_step_scale": moment}
+
+
+def fake_setting(label, curves):
+    runs = {s: [fake_run(s, c) for c in cs] for s, cs in curves.items()}
+    return {"label": label, "N": 4, "heterogeneity_at_theta0": 3.0, "grid": {s: {"0.001": r[0]} for s, r in runs.items()},
+            "chosen_lr": {s: 1e-3 for s in runs}, "runs": runs}
+
+
+def test_summary_reads_medians_and_ratios_from_the_runs():
+    slow, fast = [1.0, 0.8, 0.6, 0.45], [1.0, 0.5, 0.4]
+    setting = fake_setting("SmolLM2 LoRA r4 continual", {"uniform": [slow, slow, fast], "sazo": [fast, fast, slow],
+                                                         "oracle": [fast, fast, fast]})
+    rows = llm_queries.summarise(setting)
+    assert len(rows) == 3 and "| uniform | 0.001 | 20 [10–20] |" in rows[0]
+    # uniform reaches 0.7 at 20, 20, 10 (median 20) and 0.5 at 30, 30, 10 (median 30); SAZO: 10 and 10
+    assert setting["ratios"]["uniform/sazo@0.7"] == pytest.approx(2.0)
+    assert setting["ratios"]["uniform/sazo@0.5"] == pytest.approx(3.0)
+    assert setting["ratios"]["sazo/oracle@0.5"] == pytest.approx(1.0)
+
+
+def test_a_sampler_with_a_seed_that_missed_has_no_ratio():
+    never = [1.0, 0.9, 0.8]
+    setting = fake_setting("x", {"uniform": [[1.0, 0.5], never], "sazo": [[1.0, 0.5], [1.0, 0.5]]})
+    rows = llm_queries.summarise(setting)
+    assert "(1 missed)" in rows[0] and setting["ratios"]["uniform/sazo@0.5"] is None
+
+
+def test_merge_pools_the_samplers_of_one_setting(tmp_path):
+    a = {"settings": [fake_setting("s", {"uniform": [[1.0, 0.5]]})], "measured_only": {"flipped": 1.9}}
+    b = {"settings": [fake_setting("s", {"sazo": [[1.0, 0.4]]})], "measured_only": {}}
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, part in zip(paths, (a, b)):
+        path.write_text(json.dumps(part))
+    merged = llm_queries.merge(paths)
+    assert len(merged["settings"]) == 1 and set(merged["settings"][0]["runs"]) == {"uniform", "sazo"}
+    assert merged["measured_only"] == {"flipped": 1.9}
+
+
+def test_work_is_shared_between_jobs_without_loss_or_overlap():
+    args = llm_queries.parse_args(["--jobs", "2"])
+    every = sorted(llm_queries.units(args))
+    parts = [llm_queries.share(args, 2, k) for k in range(2)]
+    assert sorted(parts[0] + parts[1]) == every and not set(parts[0]) & set(parts[1]) and all(parts)
+
+
+def test_make_bench_grades_the_llm_rows_against_the_issue_targets():
+    llm = {"date": "d", "settings": [
+        {"label": "SmolLM2 LoRA r4 continual", "heterogeneity": 5.9,
+         "ratios": {"uniform/sazo@0.7": 2.5, "sazo/oracle@0.7": 1.5, "uniform/sazo@0.5": 1.0, "sazo/oracle@0.5": None}},
+        {"label": "SmolLM2 LoRA r4 homogeneous", "heterogeneity": 1.0,
+         "ratios": {"uniform/sazo@0.7": 1.0, "sazo/oracle@0.7": 1.0, "uniform/sazo@0.5": 0.8, "sazo/oracle@0.5": 1.0}}]}
+    verdicts = {row[1].split(": ")[-1] + row[1].split("@ ")[1][:3]: row[4] for row in run._llm_rows(llm)}
+    assert verdicts["uniform ÷ SAZO0.7"] == "yes" and verdicts["SAZO ÷ oracle0.7"] == "NO"
+    assert verdicts["uniform ÷ SAZO0.5"] == "NO" and verdicts["SAZO ÷ oracle0.5"] == "?"
+    assert verdicts["SAZO ÷ uniform0.7"] == "yes" and verdicts["SAZO ÷ uniform0.5"] == "NO"   # 1/0.8 = 1.25 > 1.1
+    assert run._llm_rows({"missing": "run make bench-llm"})[0][2] == "run make bench-llm"
