@@ -23,10 +23,10 @@ machine with ≥ 2 CPUs), one torch thread each; their parts are merged into one
 also records E[ĝ²], the mean square of its steps' scale ĝ = mean_k w_k·δ_k (MeZO moves θ by
 −lr·ĝ·z): the quantity importance sampling lowers.
 
-Settings (defaults): SmolLM2 LoRA r = 4 on the continual and the homogeneous set (4 rates, 5
+Settings (defaults): SmolLM2 LoRA r = 4 on the continual and the homogeneous set (3 rates, 5
 seeds, 150 steps); SmolLM2 with every parameter tuned on the continual set (the first round's
 adapters merged into the weights; Rademacher z, which is ~3× cheaper to draw on a CPU; 2 rates,
-2 seeds, 80 steps); the four tiny families (3 rates, 5 seeds, 1000 steps).
+2 seeds, 60 steps); the four tiny families (3 rates, 5 seeds, 500 steps).
 
 Run: ``python -m benchmarks.llm_queries`` (``make bench-llm``); ``--quick`` for a pilot.
 """
@@ -270,7 +270,7 @@ def parse_args(argv=None):
     parser.add_argument("--diagnose-every", type=int, default=4, help="SAZO diagnostics every n-th log point")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=SAMPLERS)
-    parser.add_argument("--lrs", type=float, nargs="+", default=[2.5e-4, 3.5e-4, 5e-4, 7e-4])
+    parser.add_argument("--lrs", type=float, nargs="+", default=[3.5e-4, 5e-4, 7e-4])
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--batch", type=int, default=1)
@@ -286,11 +286,11 @@ def parse_args(argv=None):
     parser.add_argument("--full-lrs", type=float, nargs="*", default=[1e-5, 2e-5],
                         help="full-parameter SmolLM2 rates (none: skip the full-parameter setting)")
     parser.add_argument("--full-seeds", type=int, default=2)
-    parser.add_argument("--full-steps", type=int, default=80)
+    parser.add_argument("--full-steps", type=int, default=60)
     parser.add_argument("--tiny", nargs="*", default=["llama", "gpt2", "opt", "qwen2"])
     parser.add_argument("--tiny-n", type=int, default=32)
-    parser.add_argument("--tiny-steps", type=int, default=1000)
-    parser.add_argument("--tiny-lrs", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3])
+    parser.add_argument("--tiny-steps", type=int, default=500)
+    parser.add_argument("--tiny-lrs", type=float, nargs="+", default=[5e-5, 1e-4, 2e-4])
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="worker processes, one torch thread each (default: 2 on a machine with ≥ 2 CPUs)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads with --jobs 1")
