@@ -67,3 +67,12 @@ def test_make_bench_grades_the_llm_rows_against_the_issue_targets():
     assert verdicts["uniform ÷ SAZO0.5"] == "NO" and verdicts["SAZO ÷ oracle0.5"] == "?"
     assert verdicts["SAZO ÷ uniform0.7"] == "yes" and verdicts["SAZO ÷ uniform0.5"] == "NO"   # 1/0.8 = 1.25 > 1.1
     assert run._llm_rows({"missing": "run make bench-llm"})[0][2] == "run make bench-llm"
+
+
+def test_a_rate_chosen_at_the_edge_of_its_grid_is_flagged():
+    from benchmarks.queries import _cell
+
+    result = {"median": 100, "min": 80, "max": 120, "lr": 0.01, "grid": {"0.001": 300, "0.003": 150, "0.01": 100}}
+    assert _cell(result).endswith("lr=0.01 (grid edge)")
+    assert "edge" not in _cell({**result, "lr": 0.003}) and "edge" not in _cell({**result, "grid": {"0.01": 100}})
+    assert _cell({**result, "median": None}) == "not reached"
