@@ -52,6 +52,7 @@ from sazo_lite.llm import add_lora, load_smollm2, restore_snapshot, snapshot, ti
 from sazo_lite.llm.continual import cached_first_round, heterogeneity, keep_alike, make_continual_set
 from sazo_lite.llm.grad_norms import grad_norms
 from sazo_lite.llm.losses import TokenBatch, classification_losses
+from sazo_lite.llm.finetune import mean_loss
 from sazo_lite.llm.queries import SAMPLERS, query_run, queries_to
 from sazo_lite.llm.tuning import full_parameters
 
@@ -179,6 +180,39 @@ def race_sampler(setting: Setting, sampler: str, model, params, train, test, arg
     restore_snapshot(params, theta0)
 
 
+def gd_reference(model, params, train, lrs: list[float], steps: int, log_every: int) -> dict:
+    """Full-batch gradient descent by backprop from θ₀ at the given rates: the mean path of every ZO
+    sampler (E[ĝz] = ∇F whatever the unbiased sampling), without its noise. Whether GD itself
+    diverges at a rate tells if that rate's ceiling is curvature (no sampler can lift it) or noise.
+
+    Returns {lr: {"steps": [...], "train_loss": [...], "diverged": bool}} (F logged every ``log_every``).
+    """
+    theta0, out = snapshot(params), {}
+    for lr in lrs:
+        restore_snapshot(params, theta0)
+        record = {"steps": [0], "train_loss": [mean_loss(model, train)], "diverged": False}
+        for step in range(1, steps + 1):
+            loss = classification_losses(model, train, grad=True).mean()
+            grads = torch.autograd.grad(loss, params)
+            with torch.no_grad():
+                for p, g in zip(params, grads):
+                    p.sub_(lr * g)
+            if step % log_every == 0:
+                record["steps"].append(step)
+                record["train_loss"].append(mean_loss(model, train))
+                if not record["train_loss"][-1] <= 1.5 * record["train_loss"][0]:    # NaN or climbing
+                    record["diverged"] = True
+                    break
+                if record["train_loss"][-1] <= min(TARGETS) * record["train_loss"][0]:
+                    break
+        print(f"  GD (backprop, full batch) lr={lr:g}: F/F₀ " + " ".join(
+            f"{f / record['train_loss'][0]:.2f}" for f in record["train_loss"])
+            + (" DIVERGED" if record["diverged"] else ""), flush=True)
+        out[f"{lr:g}"] = record
+    restore_snapshot(params, theta0)
+    return out
+
+
 def units(args) -> list[tuple[int, str]]:
     """(setting index, sampler) pairs: the pieces of work that processes share."""
     return [(k, sampler) for k in range(len(settings(args))) for sampler in args.samplers]
@@ -208,6 +242,10 @@ def run_units(args, mine: list[tuple[int, str]], measure: bool) -> dict:
         for _, sampler in (u for u in mine if u[0] == k):
             race_sampler(table[k], sampler, model, params, train, test, args, header)
             yield_partial(args, report)
+        del model, params
+    if measure and args.gd_lrs:
+        model, params, train, _, _ = smollm2_start("continual", args)
+        report["gd_reference"] = gd_reference(model, params, train, args.gd_lrs, args.steps, args.log_every)
         del model, params
     if measure:
         for set_name in args.measure_sets:
@@ -291,6 +329,8 @@ def parse_args(argv=None):
     parser.add_argument("--tiny-n", type=int, default=32)
     parser.add_argument("--tiny-steps", type=int, default=500)
     parser.add_argument("--tiny-lrs", type=float, nargs="+", default=[5e-5, 1e-4, 2e-4])
+    parser.add_argument("--gd-lrs", type=float, nargs="*", default=[],
+                        help="also run full-batch GD by backprop on the continual set at these rates (reference)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="worker processes, one torch thread each (default: 2 on a machine with ≥ 2 CPUs)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads with --jobs 1")
@@ -366,6 +406,9 @@ def print_report(report: dict) -> None:
     print(f"\n{report['date']} · {report['machine']} · B={a['batch']}, ε={a['eps']}, k(oracle)={a['oracle_every']}, "
           f"runtime {report['runtime_s'] / 60:.1f} min{' (sum of the merged parts)' if report.get('merged_from') else ''}")
     print("\n".join(header + rows))
+    for lr, g in report.get("gd_reference", {}).items():
+        print(f"full-batch GD by backprop (continual set), lr {lr}: F/F₀ at steps {g['steps'][-1]}: "
+              f"{g['train_loss'][-1] / g['train_loss'][0]:.2f}{' (diverged)' if g['diverged'] else ''}")
     for name, value in report.get("measured_only", {}).items():
         print(f"V(u)/V(p*) at θ₀ of the {name} set (measured, not raced): {value:.2f}")
     print("\nratios of median queries (targets: heterogeneous uniform/SAZO ≥ 2 and SAZO/oracle ≤ 1.3 at both; "
@@ -402,6 +445,8 @@ def merge(paths: list[Path]) -> dict:
     by_label: dict[str, dict] = {}
     for part in parts:
         report["measured_only"].update(part.get("measured_only", {}))
+        if "gd_reference" in part:
+            report["gd_reference"] = part["gd_reference"]
         for setting in part["settings"]:
             if setting["label"] not in by_label:
                 by_label[setting["label"]] = {**setting, "grid": {}, "chosen_lr": {}, "runs": {}}

@@ -76,3 +76,24 @@ def test_a_rate_chosen_at_the_edge_of_its_grid_is_flagged():
     assert _cell(result).endswith("lr=0.01 (grid edge)")
     assert "edge" not in _cell({**result, "lr": 0.003}) and "edge" not in _cell({**result, "grid": {"0.01": 100}})
     assert _cell({**result, "median": None}) == "not reached"
+
+
+def test_gd_reference_follows_backprop_and_reports_divergence():
+    """The GD reference takes real gradient steps (F falls at a small rate) and flags a rate that blows up."""
+    import torch
+
+    from sazo_lite.llm import full_parameters, tiny_causal_lm
+    from sazo_lite.llm.losses import TokenBatch
+
+    g = torch.Generator().manual_seed(0)
+    ids = [torch.randint(3, 64, (6,), generator=g).tolist() for _ in range(6)]
+    batch = TokenBatch(ids, [5] * 6, 0, torch.randint(0, 3, (6,), generator=g), torch.tensor([5, 9, 17]))
+    model = tiny_causal_lm("gpt2", vocab_size=64, seed=0)
+    params = full_parameters(model)
+    before = [p.detach().clone() for p in params]
+    out = llm_queries.gd_reference(model, params, batch, [1e-2, 1e3], steps=20, log_every=5)
+    calm, wild = out["0.01"], out["1000"]
+    f = calm["train_loss"]
+    assert not calm["diverged"] and f[-1] <= 0.5 * f[0] < min(f[:-1])    # falls, and stops at the 0.5·F₀ target
+    assert wild["diverged"] and len(wild["steps"]) < 5
+    assert all(torch.equal(a, b) for a, b in zip(before, params))     # θ₀ restored
