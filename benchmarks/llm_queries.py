@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -274,14 +275,18 @@ def summarise(setting: dict) -> list[str]:
         for t in TARGETS:
             values = [q(r, t) for r in runs]
             hit = [v for v in values if v is not None]
-            med[(sampler, t)] = statistics.median(values) if len(hit) == len(values) else None
-            cells.append(f"{statistics.median(hit):.0f} [{min(hit)}–{max(hit)}]"
+            # a seed that missed (diverged or over budget) counts as ∞: the median says whether most got there
+            middle = statistics.median(math.inf if v is None else v for v in values)
+            med[(sampler, t)] = None if math.isinf(middle) else middle
+            cells.append(f"{middle:.0f} [{min(hit)}–{max(hit) if len(hit) == len(values) else '?'}]"
                          f"{'' if len(hit) == len(values) else f' ({len(values) - len(hit)} missed)'}"
-                         if hit else "not reached")
+                         if med[(sampler, t)] is not None else
+                         f"not reached{f' ({len(hit)} of {len(values)} seeds did)' if hit else ''}")
         accs = [r["test_accuracy"] for r in runs if r["test_accuracy"] is not None]
         acc = f"{statistics.median(accs):.3f} [{min(accs):.3f}–{max(accs):.3f}]" if accs else "–"
         diverged = sum(r["diverged"] for r in runs)
-        moments = [r["mean_sq_step_scale"] for r in runs if r.get("mean_sq_step_scale") is not None]
+        moments = [r["mean_sq_step_scale"] for r in runs   # diverged runs' steps explode: left out
+                   if r.get("mean_sq_step_scale") is not None and not r["diverged"]]
         moment = f"{statistics.median(moments):.3g}" if moments else "–"
         rows.append(f"| {setting['label']} | {sampler} | {setting['chosen_lr'][sampler]:g} | {cells[0]} | {cells[1]} "
                     f"| {acc} | {moment} | {len(runs)}{f' ({diverged} diverged)' if diverged else ''} |")

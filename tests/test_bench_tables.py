@@ -31,11 +31,15 @@ def test_summary_reads_medians_and_ratios_from_the_runs():
     assert setting["ratios"]["sazo/oracle@0.5"] == pytest.approx(1.0)
 
 
-def test_a_sampler_with_a_seed_that_missed_has_no_ratio():
+def test_seeds_that_missed_count_as_never_in_the_median():
     never = [1.0, 0.9, 0.8]
     setting = fake_setting("x", {"uniform": [[1.0, 0.5], never], "sazo": [[1.0, 0.5], [1.0, 0.5]]})
     rows = llm_queries.summarise(setting)
-    assert "(1 missed)" in rows[0] and setting["ratios"]["uniform/sazo@0.5"] is None
+    assert "not reached (1 of 2 seeds did)" in rows[0] and setting["ratios"]["uniform/sazo@0.5"] is None
+    # 2 of 3 seeds reach: the median is the slower of them, and the spread's top is unknown
+    setting = fake_setting("x", {"uniform": [[1.0, 0.5], [1.0, 0.6, 0.5], never], "sazo": [[1.0, 0.5]] * 3})
+    rows = llm_queries.summarise(setting)
+    assert "| 20 [10–?] (1 missed) |" in rows[0] and setting["ratios"]["uniform/sazo@0.5"] == pytest.approx(2.0)
 
 
 def test_merge_pools_the_samplers_of_one_setting(tmp_path):
