@@ -288,7 +288,10 @@ def summarise(setting: dict) -> list[str]:
         moments = [r["mean_sq_step_scale"] for r in runs   # diverged runs' steps explode: left out
                    if r.get("mean_sq_step_scale") is not None and not r["diverged"]]
         moment = f"{statistics.median(moments):.3g}" if moments else "–"
-        rows.append(f"| {setting['label']} | {sampler} | {setting['chosen_lr'][sampler]:g} | {cells[0]} | {cells[1]} "
+        rates = [float(lr) for lr in setting["grid"].get(sampler, {})]
+        chosen = setting["chosen_lr"][sampler]
+        edge = " (grid edge)" if len(rates) > 1 and chosen in (min(rates), max(rates)) else ""
+        rows.append(f"| {setting['label']} | {sampler} | {chosen:g}{edge} | {cells[0]} | {cells[1]} "
                     f"| {acc} | {moment} | {len(runs)}{f' ({diverged} diverged)' if diverged else ''} |")
     ratios = {}
     for t in TARGETS:
@@ -340,7 +343,8 @@ def parse_args(argv=None):
                         help="worker processes, one torch thread each (default: 2 on a machine with ≥ 2 CPUs)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads with --jobs 1")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--merge", type=Path, nargs="+", help="print one table from partial JSON reports, write --out")
+    parser.add_argument("--merge", type=Path, nargs="+",
+                        help="print one table from partial JSON reports (or reprint one report), write --out")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)     # "k/J": run job k of J
     parser.add_argument("--partial", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -445,8 +449,9 @@ def merge(paths: list[Path]) -> dict:
     """One report from partial ones (e.g. one sampler per process on a busy machine): settings with
     the same label pool their samplers; the runtime is the sum of the parts."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
-    report = {**parts[0], "settings": [], "measured_only": {}, "runtime_s": sum(p.get("runtime_s", 0) for p in parts),
-              "merged_from": [str(p) for p in paths]}
+    report = {**parts[0], "settings": [], "measured_only": {}, "runtime_s": sum(p.get("runtime_s", 0) for p in parts)}
+    if len(paths) > 1:       # one path: just reprint that report
+        report["merged_from"] = [str(p) for p in paths]
     by_label: dict[str, dict] = {}
     for part in parts:
         report["measured_only"].update(part.get("measured_only", {}))

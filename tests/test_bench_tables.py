@@ -24,7 +24,9 @@ def test_summary_reads_medians_and_ratios_from_the_runs():
     setting = fake_setting("SmolLM2 LoRA r4 continual", {"uniform": [slow, slow, fast], "sazo": [fast, fast, slow],
                                                          "oracle": [fast, fast, fast]})
     rows = llm_queries.summarise(setting)
-    assert len(rows) == 3 and "| uniform | 0.001 | 20 [10–20] |" in rows[0]
+    assert len(rows) == 3 and "| uniform | 0.001 | 20 [10–20] |" in rows[0]   # one grid rate: no edge to flag
+    setting["grid"]["uniform"] = {"0.001": setting["runs"]["uniform"][0], "0.0005": setting["runs"]["uniform"][0]}
+    assert "| uniform | 0.001 (grid edge) |" in llm_queries.summarise(setting)[0]
     # uniform reaches 0.7 at 20, 20, 10 (median 20) and 0.5 at 30, 30, 10 (median 30); SAZO: 10 and 10
     assert setting["ratios"]["uniform/sazo@0.7"] == pytest.approx(2.0)
     assert setting["ratios"]["uniform/sazo@0.5"] == pytest.approx(3.0)
