@@ -16,7 +16,9 @@ sampling against the true norms over training (Spearman ρ, TV(p_SAZO, p*), V(p_
 V(u)/V(p*)) on the first seed. The four tiny random-init families (Llama, GPT-2, OPT, Qwen2; all
 parameters tuned) run the same protocol on a memorisation set as a does-not-lose check.
 
-JSON goes to ``benchmarks/results/llm_queries.json``.
+JSON goes to ``benchmarks/results/llm_queries.json`` (not in git); the run the README reports is kept
+in ``benchmarks/reference/llm_queries.json``, which notebook 06 and ``make bench`` read when this
+machine has no run of its own.
 
 The work is split into (setting, sampler) units shared by ``--jobs`` worker processes (2 on a
 machine with ≥ 2 CPUs), one torch thread each; their parts are merged into one report. Every run
@@ -58,7 +60,16 @@ from sazo_lite.llm.queries import SAMPLERS, query_run, queries_to
 from sazo_lite.llm.tuning import full_parameters
 
 TARGETS = (0.7, 0.5)
-RESULTS = Path(__file__).parent / "results" / "llm_queries.json"
+RESULTS = Path(__file__).parent / "results" / "llm_queries.json"        # this machine's latest run (not in git)
+REFERENCE = Path(__file__).parent / "reference" / "llm_queries.json"    # the run the README reports (in git)
+
+
+def latest_report() -> tuple[dict | None, str]:
+    """This machine's latest report if there is one, else the committed reference run; and which it is."""
+    for path, kind in ((RESULTS, "this machine's latest `make bench-llm`"), (REFERENCE, "the reference run in git")):
+        if path.exists():
+            return json.loads(path.read_text()), kind
+    return None, "none"
 
 
 def smollm2_start(set_name: str, args, *, full: bool = False):

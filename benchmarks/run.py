@@ -53,19 +53,20 @@ def queries_section(quick: bool) -> dict:
 def llm_queries_section(quick: bool) -> dict:
     """The language-model sets, in the same table: read from the latest ``make bench-llm`` report.
 
-    That benchmark takes ~40 minutes, so ``make bench`` does not rerun it; its rows carry its date.
+    That benchmark takes ~40 minutes, so ``make bench`` does not rerun it; its rows carry its date
+    (this machine's latest run, else the reference run committed with the README's figures).
     """
-    from benchmarks.llm_queries import RESULTS as LLM_RESULTS, summarise
+    from benchmarks.llm_queries import latest_report, summarise
 
-    if not LLM_RESULTS.exists():
-        return {"missing": f"no {LLM_RESULTS.name}: run `make bench-llm` (≈ 40 min) to add these rows"}
-    report = json.loads(LLM_RESULTS.read_text())
+    report, source = latest_report()
+    if report is None:
+        return {"missing": "no LLM report: run `make bench-llm` (≈ 40 min) to add these rows"}
     settings = []
     for setting in report["settings"]:
         summarise(setting)     # fills setting["ratios"] from the runs
         settings.append({"label": setting["label"], "heterogeneity": setting["heterogeneity_at_theta0"],
                          "chosen_lr": setting["chosen_lr"], "ratios": setting["ratios"]})
-    return {"date": report["date"], "machine": report["machine"], "settings": settings}
+    return {"date": report["date"], "machine": report["machine"], "source": source, "settings": settings}
 
 
 def run_sections(quick: bool, save=None, only=None, previous=None) -> dict:
@@ -142,7 +143,8 @@ def _llm_rows(llm: dict) -> list[tuple]:
         return [("1 queries", "language-model sets", llm.get("missing") or "failed", "", "")]
     rows = []
     for s in llm.get("settings", []):
-        name = f"LLM {s['label']} (V(u)/V(p*) = {s['heterogeneity']:.2f}; bench-llm {llm['date']})"
+        source = ", reference run" if "reference" in llm.get("source", "") else ""
+        name = f"LLM {s['label']} (V(u)/V(p*) = {s['heterogeneity']:.2f}; bench-llm {llm['date']}{source})"
         for t in (0.7, 0.5):
             gain, behind = s["ratios"].get(f"uniform/sazo@{t}"), s["ratios"].get(f"sazo/oracle@{t}")
             if "homogeneous" in s["label"]:
