@@ -41,9 +41,11 @@ bench: install
 	$(PY) -m benchmarks.run
 
 # Language models (SmolLM2 + the four tiny families): queries to 70%/50% of F(θ₀), uniform/SAZO/oracle.
+# ~30 min on 2 cores; BENCH_LLM_ARGS=--quick for a pilot of a few minutes.
+BENCH_LLM_ARGS ?=
 .PHONY: bench-llm
 bench-llm: install
-	nice -n 10 $(PY) -m benchmarks.llm_queries
+	nice -n 10 $(PY) -m benchmarks.llm_queries $(BENCH_LLM_ARGS)
 
 # The course website, executed at build time (fast mode; FULL=1 for the full versions): see README.
 BOOK_JOBS ?= 2
