@@ -51,12 +51,13 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.queries import grid_edge
 from sazo_lite.llm import add_lora, load_smollm2, restore_snapshot, snapshot, tiny_causal_lm, trainable_parameters
 from sazo_lite.llm.continual import cached_first_round, heterogeneity, keep_alike, make_continual_set
 from sazo_lite.llm.grad_norms import grad_norms
 from sazo_lite.llm.losses import TokenBatch, classification_losses
 from sazo_lite.llm.finetune import mean_loss
-from sazo_lite.llm.queries import SAMPLERS, query_run, queries_to
+from sazo_lite.llm.queries import DIVERGE_FACTOR, SAMPLERS, query_run, queries_to
 from sazo_lite.llm.tuning import full_parameters
 
 TARGETS = (0.7, 0.5)
@@ -212,7 +213,7 @@ def gd_reference(model, params, train, lrs: list[float], steps: int, log_every: 
             if step % log_every == 0:
                 record["steps"].append(step)
                 record["train_loss"].append(mean_loss(model, train))
-                if not record["train_loss"][-1] <= 1.5 * record["train_loss"][0]:    # NaN or climbing
+                if not record["train_loss"][-1] <= DIVERGE_FACTOR * record["train_loss"][0]:   # NaN or climbing
                     record["diverged"] = True
                     break
                 if record["train_loss"][-1] <= min(TARGETS) * record["train_loss"][0]:
@@ -234,12 +235,16 @@ def share(args, jobs: int, job: int) -> list[tuple[int, str]]:
     """Job ``job``'s units: greedy longest-first by estimated cost (the oracle's backprop refreshes cost more)."""
     costs = {"uniform": 1.0, "sazo": 1.0, "oracle": 1.4}
     table = settings(args)
-    work = sorted(units(args), key=lambda u: -table[u[0]].cost * costs[u[1]] * len(table[u[0]].lrs + table[u[0]].seeds))
+
+    def cost(unit):      # runs of the unit (grid + other seeds) × the cost of one
+        setting = table[unit[0]]
+        return setting.cost * costs[unit[1]] * len(setting.lrs + setting.seeds)
+
     loads, assigned = [0.0] * jobs, [[] for _ in range(jobs)]
-    for unit in work:
+    for unit in sorted(units(args), key=cost, reverse=True):
         k = loads.index(min(loads))
         assigned[k].append(unit)
-        loads[k] += table[unit[0]].cost * costs[unit[1]] * len(table[unit[0]].lrs + table[unit[0]].seeds)
+        loads[k] += cost(unit)
     return sorted(assigned[job])
 
 
@@ -277,14 +282,12 @@ def yield_partial(args, report: dict) -> None:
 
 def summarise(setting: dict) -> list[str]:
     """Table rows: sampler, lr, q70, q50 median [min–max], accuracy; then the ratios."""
-    def q(run, t):
-        return queries_to_dict(run, t)
     rows, med = [], {}
     for sampler in setting["runs"]:
         runs = setting["runs"][sampler]
         cells = []
         for t in TARGETS:
-            values = [q(r, t) for r in runs]
+            values = [queries_to(r, t) for r in runs]
             hit = [v for v in values if v is not None]
             # a seed that missed (diverged or over budget) counts as ∞: the median says whether most got there
             middle = statistics.median(math.inf if v is None else v for v in values)
@@ -299,9 +302,8 @@ def summarise(setting: dict) -> list[str]:
         moments = [r["mean_sq_step_scale"] for r in runs   # diverged runs' steps explode: left out
                    if r.get("mean_sq_step_scale") is not None and not r["diverged"]]
         moment = f"{statistics.median(moments):.3g}" if moments else "–"
-        rates = [float(lr) for lr in setting["grid"].get(sampler, {})]
         chosen = setting["chosen_lr"][sampler]
-        edge = " (grid edge)" if len(rates) > 1 and chosen in (min(rates), max(rates)) else ""
+        edge = grid_edge(chosen, setting["grid"].get(sampler, {}))
         rows.append(f"| {setting['label']} | {sampler} | {chosen:g}{edge} | {cells[0]} | {cells[1]} "
                     f"| {acc} | {moment} | {len(runs)}{f' ({diverged} diverged)' if diverged else ''} |")
     ratios = {}
@@ -311,11 +313,6 @@ def summarise(setting: dict) -> list[str]:
         ratios[f"sazo/oracle@{t}"] = s / o if s and o else None
     setting["ratios"] = ratios
     return rows
-
-
-def queries_to_dict(run: dict, fraction: float):
-    target = fraction * run["train_loss"][0]
-    return next((q for q, loss in zip(run["queries"], run["train_loss"]) if loss <= target), None)
 
 
 def parse_args(argv=None):
@@ -444,7 +441,7 @@ def print_report(report: dict) -> None:
                   + (f", @0.5={1 / r['uniform/sazo@0.5']:.2f}" if r.get("uniform/sazo@0.5") else ""))
         for sampler, grid in s["grid"].items():
             print(f"    grid, seed 0, {sampler}: " + "; ".join(
-                f"{lr}: " + ("diverged" if g["diverged"] else f"q70={queries_to_dict(g, 0.7)} q50={queries_to_dict(g, 0.5)} "
+                f"{lr}: " + ("diverged" if g["diverged"] else f"q70={queries_to(g, 0.7)} q50={queries_to(g, 0.5)} "
                              f"F/F₀={g['train_loss'][-1] / g['train_loss'][0]:.2f}")
                 + (f" E[ĝ²]={g['mean_sq_step_scale']:.3g}" if g.get("mean_sq_step_scale") is not None else "")
                 for lr, g in grid.items()))

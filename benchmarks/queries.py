@@ -35,7 +35,7 @@ from sazo_lite.train import queries_to_target, train
 from sazo_lite.variance import uniform_gain
 
 __all__ = ["BenchProblem", "TargetRun", "queries_to_reach", "best_learning_rate", "run_queries_benchmark",
-           "default_problems", "format_table", "METHODS", "main"]
+           "default_problems", "format_table", "grid_edge", "METHODS", "main"]
 
 RESULTS = Path(__file__).parent / "results"
 DEFAULT_METHODS = ("uniform", "sazo", "oracle")
@@ -299,12 +299,21 @@ def ratio(row: dict, numerator: str, denominator: str, target: float):
     return a / b
 
 
+def grid_edge(chosen: float, grid) -> str:
+    """The table's mark for a rate chosen at the lowest or highest rate of a grid of several rates.
+
+    ``grid`` holds the rates, or is a dict keyed by them (as reports store it). Returns
+    ``" (grid edge)"`` or an empty string.
+    """
+    rates = [float(lr) for lr in grid]
+    return " (grid edge)" if len(rates) > 1 and chosen in (min(rates), max(rates)) else ""
+
+
 def _cell(result: dict) -> str:
     if result["median"] is None or math.isinf(result["median"]):
         return "not reached"
     top = "?" if result["max"] is None else f"{result['max']:.0f}"
-    rates = [float(lr) for lr in result.get("grid", {})]
-    edge = " (grid edge)" if len(rates) > 1 and result["lr"] in (min(rates), max(rates)) else ""
+    edge = grid_edge(result["lr"], result.get("grid", {}))
     return f"{result['median']:.0f} [{result['min']:.0f}–{top}] lr={result['lr']:g}{edge}"
 
 

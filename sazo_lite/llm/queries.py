@@ -29,9 +29,10 @@ from .finetune import mean_loss
 from .grad_norms import RefreshingNorms, grad_norms
 from .losses import TokenBatch, accuracy, batched_closure
 
-__all__ = ["QueryRun", "query_run", "queries_to", "SAMPLERS", "sampling_diagnostics"]
+__all__ = ["QueryRun", "query_run", "queries_to", "SAMPLERS", "DIVERGE_FACTOR", "sampling_diagnostics"]
 
 SAMPLERS = ("uniform", "sazo", "oracle")
+DIVERGE_FACTOR = 1.5     # a run whose F(θ) climbs above this × F(θ₀) is reported as diverged
 
 
 @dataclass
@@ -59,10 +60,14 @@ class QueryRun:
         return asdict(self)
 
 
-def queries_to(run: QueryRun, fraction: float) -> int | None:
-    """First logged query count with F(θ) ≤ fraction·F(θ₀) (None if never, or diverged first)."""
-    target = fraction * run.train_loss[0]
-    return next((q for q, loss in zip(run.queries, run.train_loss) if loss <= target), None)
+def queries_to(run: QueryRun | dict, fraction: float) -> int | None:
+    """First logged query count with F(θ) ≤ fraction·F(θ₀) (None if never, or diverged first).
+
+    ``run`` is a ``QueryRun`` or its ``to_dict()`` (as benchmark reports store it).
+    """
+    queries, losses = (run["queries"], run["train_loss"]) if isinstance(run, dict) else (run.queries, run.train_loss)
+    target = fraction * losses[0]
+    return next((q for q, loss in zip(queries, losses) if loss <= target), None)
 
 
 def sampling_diagnostics(norms: torch.Tensor, probs: torch.Tensor, scores: torch.Tensor | None = None) -> dict:
@@ -79,7 +84,7 @@ def query_run(model, params, train_batch: TokenBatch, sampler: str, *, lr: float
               batch_size: int = 1, steps: int = 300, seed: int = 0, log_every: int = 10,
               oracle_every: int = 10, uniform_mix: float = 0.1, oracle_mix: float = 0.0, test_batch: TokenBatch | None = None,
               accuracy_at: int | None = None, stop_fraction: float | None = None, diagnose: int = 0,
-              diverge_factor: float = 1.5, loss: str = "classification", perturbation: str = "gaussian",
+              diverge_factor: float = DIVERGE_FACTOR, loss: str = "classification", perturbation: str = "gaussian",
               progress: bool = False) -> QueryRun:
     """One ZO run from the current weights (the caller restores θ₀ between runs).
 

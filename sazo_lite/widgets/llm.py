@@ -266,11 +266,6 @@ def loss_bands(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> go.Figure:
     return fig
 
 
-def _queries_to(run: dict, fraction: float):
-    target = fraction * run["train_loss"][0]
-    return next((q for q, v in zip(run["queries"], run["train_loss"]) if v <= target), None)
-
-
 def queries_table_html(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> str:
     """HTML table: queries to each target, median [min–max] over seeds, and held-out accuracy.
 
@@ -280,13 +275,15 @@ def queries_table_html(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> str:
         >>> "4 [4–4]" in html_ and "0.750" in html_
         True
     """
+    from ..llm.queries import queries_to
+
     head = "".join(f"<th>queries to {t:.0%} of F(θ₀)</th>" for t in targets)
     rows = []
     for sampler, runs in runs_by_sampler.items():
         runs = [_as_dict(r) for r in runs]
         cells = []
         for t in targets:
-            values = [_queries_to(r, t) for r in runs]
+            values = [queries_to(r, t) for r in runs]
             hit = sorted(v for v in values if v is not None)
             text = (f"{statistics.median(hit):.0f} [{hit[0]}–{hit[-1]}]" if hit
                     else "not reached")
