@@ -69,12 +69,12 @@ sandbox:
 	  echo "WARNING: bwrap missing: submissions will be graded WITHOUT a sandbox (sudo apt-get install bubblewrap)"
 
 labs: install sandbox
-	$(PY) -m sazo_lite.labs assign
+	$(PY) -m sazo_lite.course.labs assign
 
 grade: install sandbox
 	@test -n "$(LAB)" -a -n "$(SUBMISSION)" || { echo "usage: make grade LAB=lab1 SUBMISSION=path/to/notebook.ipynb"; exit 2; }
-	$(PY) -m sazo_lite.labs grade $(LAB) $(SUBMISSION)
+	$(PY) -m sazo_lite.course.labs grade $(LAB) $(SUBMISSION)
 
 grade-all: install sandbox
 	@test -n "$(LAB)" -a -n "$(SUBMISSIONS)" || { echo "usage: make grade-all LAB=lab1 SUBMISSIONS=folder/ [WORKERS=2]"; exit 2; }
-	$(PY) -m sazo_lite.labs grade-all $(LAB) $(SUBMISSIONS) --workers $(WORKERS)
+	$(PY) -m sazo_lite.course.labs grade-all $(LAB) $(SUBMISSIONS) --workers $(WORKERS)

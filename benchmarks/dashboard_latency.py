@@ -1,4 +1,4 @@
-"""Redraw latency of every dashboard in ``sazo_lite.widgets`` after a control change.
+"""Redraw latency of every dashboard in ``sazo_lite.course.widgets`` after a control change.
 
 For each exported ``*_dashboard`` function: build it with no arguments, then move each
 enabled slider / dropdown to a few new values (fractions ¼, ½, ¾ of its range, or every other
@@ -25,13 +25,13 @@ import time
 
 import ipywidgets as widgets
 
-import sazo_lite.widgets as dashboards
+import sazo_lite.course.widgets as dashboards
 
 TARGET_MS = 200.0
 
 
 def dashboard_functions(only: str | None = None, skip: list[str] | None = None) -> dict:
-    """name → callable for every public ``*_dashboard`` in ``sazo_lite.widgets``."""
+    """name → callable for every public ``*_dashboard`` in ``sazo_lite.course.widgets``."""
     names = [n for n in getattr(dashboards, "__all__", dir(dashboards)) if n.endswith("_dashboard")]
     keep = [n for n in sorted(names) if (only is None or only in n) and not any(s in n for s in skip or ())]
     return {n: getattr(dashboards, n) for n in keep}

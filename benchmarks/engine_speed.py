@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from sazo_lite import MeZO, SAZOSampler, UniformSampler
-from sazo_lite.memory_measure import peak_rss_bytes, run_child
+from sazo_lite.course.memory_measure import peak_rss_bytes, run_child
 from sazo_lite.noise import NoiseTable, TorchNoise
 from sazo_lite.sumtree import SumTree
 

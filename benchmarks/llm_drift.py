@@ -16,7 +16,8 @@ import argparse
 import torch
 
 from sazo_lite import MeZO, derive_seed, draw_direction
-from sazo_lite.llm import Float32Master, full_parameters, load_smollm2, restore_bound, unit_roundoff
+from sazo_lite.precision import Float32Master, restore_bound, unit_roundoff
+from sazo_lite.llm import full_parameters, load_smollm2
 
 
 def raise_on_second_call():

@@ -22,8 +22,8 @@ import torch
 
 from sazo_lite import MeZO
 from sazo_lite.noise import TorchNoise
-from sazo_lite.llm import (SparseMeZO, TokenBatch, add_lora, answer_losses, full_parameters, load_smollm2,
-                           sparse_indices, trainable_parameters)
+from sazo_lite.sparse import SparseMeZO, sparse_indices
+from sazo_lite.llm import (TokenBatch, add_lora, answer_losses, full_parameters, load_smollm2, trainable_parameters)
 
 
 def random_rows(batch: int, seq: int, vocab: int, seed: int = 0) -> TokenBatch:

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from sazo_lite.engine import MeZO
-from sazo_lite.experiments import make_sampler
-from sazo_lite.problems import FiniteSumProblem, LeastSquares, LogisticRegression
+from sazo_lite.course.sazo_runs import make_sampler
+from sazo_lite.course.problems import FiniteSumProblem, LeastSquares, LogisticRegression
 from sazo_lite.samplers import SAZOSampler, Sampler, probabilities
 from sazo_lite.train import queries_to_target, train
 from sazo_lite.variance import uniform_gain

@@ -5,7 +5,7 @@
 1. Stage the sources in ``<out>/src``: the course map (``notebooks/README.md``, the landing
    page, with the chapters' table of contents appended), the seven notebooks, the labs page.
 2. Execute the notebooks there, ``--jobs`` at a time (nbclient; ``SAZO_FAST=1`` unless
-   ``--full``), while ``python -m sazo_lite.labs assign`` builds the labs; only the *student*
+   ``--full``), while ``python -m sazo_lite.course.labs assign`` builds the labs; only the *student*
    notebooks are copied to the site (never the masters or the autograders).
 3. Copy plotly.js and MathJax into the site (it needs no network to build or to view) and run
    Sphinx (book/conf.py: myst-nb + sphinx-book-theme). The site is ``<out>/html``.
@@ -119,7 +119,7 @@ def labs_page(src: Path, assigned: Path) -> int:
     """Copy each lab's student notebook to ``src/labs`` and write the labs page; returns how many."""
     students = sorted(assigned.glob("*/student/*.ipynb"))
     if not students:
-        raise RuntimeError(f"no student notebooks under {assigned}: did `python -m sazo_lite.labs assign` fail?")
+        raise RuntimeError(f"no student notebooks under {assigned}: did `python -m sazo_lite.course.labs assign` fail?")
     (src / "labs").mkdir()
     rows = ["| lab | download |", "|---|---|"]
     for notebook in students:
@@ -163,14 +163,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"building the course website in {html} ({'fast' if fast else 'full'} mode, {args.jobs} at once)", flush=True)
     chapters = stage(src)
     shutil.rmtree(out / "labs", ignore_errors=True)
-    labs = subprocess.Popen([sys.executable, "-m", "sazo_lite.labs", "assign", "--build", str(out / "labs")],
+    labs = subprocess.Popen([sys.executable, "-m", "sazo_lite.course.labs", "assign", "--build", str(out / "labs")],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     try:
         execute_all(src, chapters, fast, args.jobs, out / "logs")
     finally:
         log, _ = labs.communicate()
     if labs.returncode != 0:
-        raise RuntimeError(f"python -m sazo_lite.labs assign failed:\n{log}")
+        raise RuntimeError(f"python -m sazo_lite.course.labs assign failed:\n{log}")
     count = labs_page(src, out / "labs")
     assets(src)
     executed = time.perf_counter()

@@ -5,7 +5,7 @@
 * A widget view whose saved state is a plotly ``FigureWidget`` is drawn the same way from
   that state (``_widget_data`` / ``_widget_layout``); progress bars are dropped; any other
   widget becomes a short note with a launch link. Dashboards never get here: they carry a
-  static ``text/html`` view of their own (``sazo_lite.widgets._common.static_dashboard_html``),
+  static ``text/html`` view of their own (``sazo_lite.course.widgets._common.static_dashboard_html``),
   which the configured mime priority prefers.
 
 myst-nb finds mime renderers through an entry point of an installed package; the site is

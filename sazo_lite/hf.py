@@ -249,7 +249,7 @@ class ZOTrainer(Trainer):
             net = self.accelerator.unwrap_model(model if model is not None else self.model)
             params = [p for p in net.parameters() if p.requires_grad]
             if self._wants_master(params):
-                from .llm.tuning import Float32Master
+                from .precision import Float32Master
 
                 self._master = Float32Master(params)
                 params = self._master.tensors

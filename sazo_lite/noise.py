@@ -3,7 +3,7 @@
 A MeZO pass over the parameters is dominated by generating z, not by the add (``make bench``
 has the figures). Every pass goes through a source's ``apply(jobs)``: ``PlainNoise`` is the
 plain loop (``MeZO(..., noise=None)``), the others are faster or different, ``MaskedNoise``
-perturbs fixed entries only (``SparseMeZO``).
+perturbs fixed entries only (``sazo_lite.sparse``).
 
 ``TorchNoise`` (same z as the plain loop, bit for bit; replay stays exact):
     * chunking: z for a large CPU tensor is drawn in chunks of ``chunk`` normals into a reused
@@ -54,7 +54,7 @@ import torch
 from .directions import derive_seed, draw_direction, rademacher_signs, z_dtype
 from .validation import check_int
 
-__all__ = ["Job", "NoiseSource", "PlainNoise", "TorchNoise", "NoiseTable", "MaskedNoise",
+__all__ = ["Job", "NoiseSource", "PlainNoise", "TorchNoise", "NoiseTable",
            "split_jobs", "chunk_bounds", "z_dtype"]
 
 
@@ -358,35 +358,3 @@ class NoiseTable(_Threaded):
 
     def direction_bytes(self, param: torch.Tensor) -> int:
         return 0  # windows are views of the table
-
-
-class MaskedNoise(NoiseSource):
-    """z only on fixed entries of each tensor (``SparseMeZO``): θ_m ← s·θ_m + c·z_m.
-
-    z_m for a tensor with k chosen entries is ``draw_direction`` of a k-entry tensor from the
-    tensor's seed (so the plain loop's z for a flat k-vector); entries outside the mask never move.
-
-    Args:
-        masks: {id(param): LongTensor [k] of sorted flat indices} (``llm.tuning.sparse_indices``).
-    """
-
-    replayable = True
-
-    def __init__(self, masks: dict[int, torch.Tensor]):
-        self.masks = masks
-        self._plain = PlainNoise()
-
-    def _apply_one(self, job: Job, slot: int) -> None:
-        p, chosen = job.param, self.masks[id(job.param)]
-        flat, shrink = p.view(-1), job.shrink  # parameters are contiguous: writes go straight to p
-        for seed, coefficient, perturbation in job.terms():
-            z = draw_direction(p.new_empty(chosen.numel()), seed, perturbation, self._plain._generator(p.device))
-            flat[chosen] = (flat[chosen].to(z.dtype) * shrink + coefficient * z).to(p.dtype)
-            shrink = 1.0
-
-    def _scale(self, job: Job, factor: float) -> None:
-        flat, chosen = job.param.view(-1), self.masks[id(job.param)]
-        flat[chosen] = flat[chosen] * factor
-
-    def direction_bytes(self, param: torch.Tensor) -> int:
-        return self.masks[id(param)].numel() * torch.empty(0, dtype=z_dtype(param)).element_size()

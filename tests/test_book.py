@@ -56,7 +56,7 @@ def _board(drawn: bool):
     import ipywidgets as widgets
     import plotly.graph_objects as go
 
-    from sazo_lite.widgets._common import Dashboard
+    from sazo_lite.course.widgets._common import Dashboard
 
     figure = go.FigureWidget(go.Scatter(x=[1, 2, 3], y=[4.0, 5.0, 6.5]) if drawn else go.Scatter())
     controls = {"eps": widgets.FloatSlider(value=0.001, min=0, max=1, step=0.001, description="ε"),

@@ -101,7 +101,7 @@ def test_update_matches_plain_out_of_place_reference():
 
 
 def test_two_closure_calls_and_three_passes_per_step():
-    from sazo_lite.instruments import DirectionCounter
+    from sazo_lite.course.instruments import DirectionCounter
 
     net = torch.nn.Linear(3, 2)
     opt = sz.MeZO(net.parameters(), lr=0.01)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import sazo_lite as sz
+from sazo_lite.course import problems
 from sazo_lite.engine import MeZO
 from sazo_lite.noise import NoiseTable, TorchNoise
 
@@ -135,7 +136,7 @@ def test_seed_log_of_a_folded_run_replays_bit_exactly():
 def test_train_flushes_before_evaluating_and_at_the_end():
     histories, finals = [], []
     for fold in (False, True):
-        problem = sz.problems.LeastSquares(num_examples=32, dim=6, seed=0)
+        problem = problems.LeastSquares(num_examples=32, dim=6, seed=0)
         theta = problem.initial_theta()
         opt = MeZO([theta], lr=0.02, eps=1e-3, seed=3, fold_updates=fold)
         history = sz.train(opt, sz.UniformSampler(32, seed=1), lambda idx: problem.losses(theta, idx), 25,

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import sazo_lite as sz
+from sazo_lite.course import problems
 from sazo_lite.engine import MeZO
 from sazo_lite.noise import PlainNoise, TorchNoise
 
@@ -305,7 +306,7 @@ def test_malformed_header_fails_at_load_not_at_replay(edit):
 
 
 def test_sparse_mezo_log_refuses_dense_replay_and_replays_through_sparse_mezo():
-    from sazo_lite.llm.tuning import SparseMeZO, sparse_indices
+    from sazo_lite.sparse import SparseMeZO, sparse_indices
 
     params = params64()
     initial = [p.clone() for p in params]
@@ -362,7 +363,7 @@ def test_train_rejects_bad_arguments_before_any_step(kwargs):
 
 @pytest.mark.parametrize("budget", [0.0, -1.0, float("nan"), float("inf"), "40"])
 def test_memory_model_rejects_budgets_instead_of_returning_nan(budget):
-    from sazo_lite import memory
+    from sazo_lite.course import memory
 
     with pytest.raises(ValueError, match="budget"):
         memory.size_ratio(memory.HEADLINE_SHAPE, memory.HEADLINE_SETUP, budget)
@@ -372,7 +373,7 @@ def test_memory_model_rejects_budgets_instead_of_returning_nan(budget):
 
 @pytest.mark.parametrize("fraction", ["0.5", 0.0, 1.5, float("nan")])
 def test_train_setup_rejects_a_fraction_that_is_not_a_number_in_range(fraction):
-    from sazo_lite.memory import TrainSetup
+    from sazo_lite.course.memory import TrainSetup
 
     with pytest.raises(ValueError, match="trainable_fraction"):
         TrainSetup(trainable_fraction=fraction)
@@ -384,7 +385,7 @@ def test_train_setup_rejects_a_fraction_that_is_not_a_number_in_range(fraction):
                                   lambda P: P.LogisticRegression.from_sklearn("breast_cancer", l2=float("nan"))])
 def test_problems_reject_bad_numbers(make):
     with pytest.raises(ValueError):
-        make(sz.problems)
+        make(problems)
 
 
 @pytest.mark.parametrize("kwargs", [dict(noise="0.1"), dict(noise=0.5), dict(noise=float("nan")),
@@ -397,7 +398,7 @@ def test_make_task_raises_value_error_not_type_error(kwargs):
 
 
 def test_noise_sources_and_counter_reject_bad_arguments():
-    from sazo_lite.instruments import DirectionCounter
+    from sazo_lite.course.instruments import DirectionCounter
 
     with pytest.raises(ValueError, match="optimizer"):
         DirectionCounter(optimizer="not an optimiser")

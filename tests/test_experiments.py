@@ -1,4 +1,4 @@
-"""sazo_lite.experiments: SAZO traces (notebook 04) and the race (notebook 05)."""
+"""sazo_lite.course.sazo_runs: SAZO traces (notebook 04) and the race (notebook 05)."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
-from sazo_lite import experiments as E
+from sazo_lite.course import sazo_runs as E
 from sazo_lite import variance
 
 

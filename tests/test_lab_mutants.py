@@ -16,9 +16,9 @@ import pytest
 
 pytest.importorskip("otter")
 
-from sazo_lite import labs  # noqa: E402
-from sazo_lite.labs.values import ATOL, RTOL, compare  # noqa: E402
-from sazo_lite.labs.worker import run_case  # noqa: E402
+from sazo_lite.course import labs  # noqa: E402
+from sazo_lite.course.labs.values import ATOL, RTOL, compare  # noqa: E402
+from sazo_lite.course.labs.worker import run_case  # noqa: E402
 
 # lab -> question -> [(mutant name, [(old, new), ...])]: text replacements in that question's solution cells
 MUTANTS = {

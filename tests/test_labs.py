@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("otter")
 
-from sazo_lite import labs  # noqa: E402
+from sazo_lite.course import labs  # noqa: E402
 
 MASTERS = labs.find_masters()
 
@@ -89,9 +89,9 @@ otter.Notebook.check_all = lambda self, *a, **k: None
 '''
 READ_MASTERS = '''
 import glob, json, os, pathlib
-import sazo_lite.labs
+import sazo_lite.course.labs
 _found = []
-_places = [str(sazo_lite.labs.LABS_DIR), {labs_dir!r}, {build_dir!r}, "/tmp"]
+_places = [str(sazo_lite.course.labs.LABS_DIR), {labs_dir!r}, {build_dir!r}, "/tmp"]
 for _cmd in glob.glob("/proc/*/cmdline"):     # the autograder zip named on a command line
     try:
         _places += [os.path.dirname(a) for a in open(_cmd, "rb").read().decode().split("\\0") if a.endswith((".zip", ".ipynb"))]
@@ -340,7 +340,7 @@ def test_hangs_get_their_honest_points_within_the_timeouts(graded):
 @pytest.mark.parametrize("require", ["auto", "none"])
 def test_a_case_that_swallows_its_timeout_is_killed_and_the_rest_still_graded(require):
     """In the sandbox and unconfined (the fallback without bwrap) alike."""
-    from sazo_lite.labs import grading
+    from sazo_lite.course.labs import grading
 
     cells = [(0, "def spin():\n    while True:\n        try:\n            while True:\n                pass\n"
                  "        except:\n            pass\n"), (1, "x = 3")]
@@ -349,7 +349,7 @@ def test_a_case_that_swallows_its_timeout_is_killed_and_the_rest_still_graded(re
         {"hidden": True, "code": "record(x)"}]}}
     start = time.monotonic()
     outcome = grading.run(cells, questions, cell_timeout=5, test_timeout=1, notebook_timeout=120, require=require)
-    from sazo_lite.labs.sandbox import bwrap_works
+    from sazo_lite.course.labs.sandbox import bwrap_works
 
     assert outcome["sandbox"] == ("bwrap" if require == "auto" and bwrap_works() else "none")
     assert time.monotonic() - start < 60
@@ -362,7 +362,7 @@ def test_a_case_that_swallows_its_timeout_is_killed_and_the_rest_still_graded(re
 def test_without_bwrap_grading_warns_loudly(monkeypatch):
     import subprocess
 
-    from sazo_lite.labs import sandbox
+    from sazo_lite.course.labs import sandbox
 
     monkeypatch.setitem(sandbox._WORKS, "bwrap", False)
     with pytest.warns(sandbox.SandboxWarning, match="WITHOUT A SANDBOX"):
@@ -393,7 +393,7 @@ def test_grade_all_writes_one_csv_row_per_submission(graded):
 
 
 def test_the_sandbox_is_used_where_it_works(graded):
-    from sazo_lite.labs.sandbox import bwrap_works
+    from sazo_lite.course.labs.sandbox import bwrap_works
 
     kinds = {row["sandbox"] for rows, _, _ in graded.values() for key, row in rows.items() if not key.startswith("_")}
     assert kinds == ({"bwrap"} if bwrap_works() else {"none"})
@@ -417,16 +417,16 @@ def test_a_notebook_past_its_timeout_scores_zero(built, graded, tmp_path):
 def test_widgets_only_in_ungraded_cells_and_they_exist(master):
     """Widgets sit in cells the autograder skips (tag otter_ignore), so they are never run
     while grading; check here that what they import still exists."""
-    import sazo_lite.widgets
+    import sazo_lite.course.widgets
 
     nb = nbformat.read(master, as_version=4)
     explore = [c for c in nb.cells if "otter_ignore" in c.metadata.get("tags", [])]
     assert explore, "each lab offers an ungraded exploration cell"
     for cell in nb.cells:
-        uses_widgets = "sazo_lite.widgets" in cell.source or "ipywidgets" in cell.source
+        uses_widgets = "sazo_lite.course.widgets" in cell.source or "ipywidgets" in cell.source
         assert not uses_widgets or cell in explore, "widgets only in ungraded cells"
     names = {n for c in explore for n in re.findall(r"from sazo_lite\.widgets import (\w+)", c.source)}
-    assert names and names <= set(sazo_lite.widgets.__all__)
+    assert names and names <= set(sazo_lite.course.widgets.__all__)
 
 
 def test_readme_lists_every_lab_with_its_points():
@@ -472,7 +472,7 @@ def test_sandbox_hides_the_repo_blocks_writes_and_network_and_kills_everything(t
     import subprocess
     import sys
 
-    from sazo_lite.labs.sandbox import Sandbox, bwrap_works
+    from sazo_lite.course.labs.sandbox import Sandbox, bwrap_works
 
     if not bwrap_works():
         pytest.skip("bwrap missing or namespaces not allowed here (the grader warns and runs unconfined)")

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 pytest.importorskip("transformers")
 
 from sazo_lite import MeZO, SAZOSampler, derive_seed, draw_direction, train
-from sazo_lite.llm import (TINY_FAMILIES, Float32Master, SparseMeZO, TokenBatch, add_lora, answer_losses,
-                           batched_closure, classification_losses, full_parameters, make_task, restore_bound,
-                           sparse_indices, tiny_causal_lm, trainable_parameters, zo_finetune)
+from sazo_lite.llm import (TINY_FAMILIES, TokenBatch, add_lora, answer_losses, batched_closure, classification_losses, full_parameters, make_task, tiny_causal_lm, trainable_parameters, zo_finetune)
+from sazo_lite.precision import Float32Master, restore_bound
+from sazo_lite.sparse import SparseMeZO, sparse_indices
 
 VOCAB = 128
 

@@ -10,8 +10,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("plotly")
 
 from sazo_lite.llm import make_task
-from sazo_lite.widgets import llm_dashboard, top_sampled_rows
-from sazo_lite.widgets.llm import accuracy_summary_html
+from sazo_lite.course.widgets import llm_dashboard, top_sampled_rows
+from sazo_lite.course.widgets.llm import accuracy_summary_html
 
 
 def test_top_sampled_rows_are_sorted_by_draws_and_mark_flipped_labels():
@@ -51,8 +51,7 @@ def test_dashboard_runs_both_methods_and_batch_size_changes_the_query_axis():
 
 
 # -- notebook 06's figure helpers (data in, figures out) --------------------------------------
-from sazo_lite.widgets.llm import (detector_precision, diagnostics_figure, loss_bands, probs_vs_oracle,
-                                   queries_table_html)
+from sazo_lite.course.widgets.llm import (detector_precision, diagnostics_figure, loss_bands, probs_vs_oracle, queries_table_html)
 
 
 def _run(queries, losses, acc=None, diverged=False):

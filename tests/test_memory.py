@@ -6,9 +6,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from sazo_lite import memory
-from sazo_lite.memory import LADDERS, ModelShape, TrainSetup
-from sazo_lite.memory_measure import TINY, build_decoder, compare, saved_activation_bytes
+from sazo_lite.course import memory
+from sazo_lite.course.memory import LADDERS, ModelShape, TrainSetup
+from sazo_lite.course.memory_measure import TINY, build_decoder, compare, saved_activation_bytes
 
 MEASURE_TOLERANCE = 0.25  # documented in notebook 07 and the report: |measured/predicted − 1| ≤ 25 %
 
@@ -182,7 +182,7 @@ def _ratio(dashboard) -> float:
 
 
 def test_dashboard_responds_to_context_and_checkpointing():
-    from sazo_lite.widgets import memory_dashboard
+    from sazo_lite.course.widgets import memory_dashboard
     board = memory_dashboard()
     bars = board.figures["bars"]
     short_ratio, short_act = _ratio(board), bars.data[3].y[0]
@@ -196,7 +196,7 @@ def test_dashboard_responds_to_context_and_checkpointing():
 
 
 def test_dashboard_preset_custom_and_invalid_shape():
-    from sazo_lite.widgets import memory_dashboard
+    from sazo_lite.course.widgets import memory_dashboard
     board = memory_dashboard()
     board.controls["preset"].value = "Llama-2-7B"
     assert board.controls["hidden"].value == 4096 and board.controls["kv_heads"].value == 32
@@ -210,7 +210,7 @@ def test_dashboard_preset_custom_and_invalid_shape():
 
 
 def test_measured_vs_predicted_figure_groups_points():
-    from sazo_lite.widgets import measured_vs_predicted_figure
+    from sazo_lite.course.widgets import measured_vs_predicted_figure
     rows = [dict(mode=m, attention="fused", context=n, predicted=1e7 * n, measured=1.1e7 * n, relative_error=0.1)
             for m in ("bp", "zo") for n in (1, 2)]
     fig = measured_vs_predicted_figure(rows)

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from sazo_lite import PlainSAZOSampler
-from sazo_lite.experiments import make_sampler
-from sazo_lite.problems import LeastSquares
+from sazo_lite.course.sazo_runs import make_sampler
+from sazo_lite.course.problems import LeastSquares
 
 
 def _reference_probs(g, mix):

@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch.func import grad, vmap
 
-from sazo_lite.problems import LeastSquares, LogisticRegression, lognormal_scales
+from sazo_lite.course.problems import LeastSquares, LogisticRegression, lognormal_scales
 
 
 def problems():

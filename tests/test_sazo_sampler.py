@@ -7,7 +7,7 @@ import torch
 
 from sazo_lite import SAZOSampler, UniformSampler
 from benchmarks.queries import TargetRun, best_learning_rate, queries_to_reach
-from sazo_lite.problems import LeastSquares
+from sazo_lite.course.problems import LeastSquares
 from sazo_lite.variance import spearman, uniform_gain, variance_ratio
 
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import sazo_lite as sz
-from sazo_lite.problems import LeastSquares
+from sazo_lite.course.problems import LeastSquares
 
 
 def samplers(problem, theta):

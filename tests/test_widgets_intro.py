@@ -4,9 +4,9 @@ import math
 import ipywidgets as widgets
 import pytest
 
-from sazo_lite import problems
-from sazo_lite import widgets as sw
-from sazo_lite.widgets import Dashboard
+from sazo_lite.course import problems
+from sazo_lite.course import widgets as sw
+from sazo_lite.course.widgets import Dashboard
 
 
 def buttons(widget):

@@ -9,8 +9,8 @@ import pytest
 pytest.importorskip("plotly")
 pytest.importorskip("anywidget")
 
-from sazo_lite import experiments as E  # noqa: E402
-from sazo_lite import widgets  # noqa: E402
+from sazo_lite.course import sazo_runs as E  # noqa: E402
+from sazo_lite.course import widgets  # noqa: E402
 
 
 def _number(text: str, pattern: str) -> float:

@@ -9,9 +9,9 @@ import pytest
 pytest.importorskip("plotly")
 pytest.importorskip("anywidget")
 
-from sazo_lite import experiments as E  # noqa: E402
-from sazo_lite import widgets  # noqa: E402
-from sazo_lite.widgets.race import merge_results, race_figure, race_table_html  # noqa: E402
+from sazo_lite.course import sazo_runs as E  # noqa: E402
+from sazo_lite.course import widgets  # noqa: E402
+from sazo_lite.course.widgets.race import merge_results, race_figure, race_table_html  # noqa: E402
 
 
 def _number(readout: str, label: str) -> float:

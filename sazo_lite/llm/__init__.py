@@ -21,8 +21,9 @@ from .models import (TINY_FAMILIES, cache_dir, default_device, load_causal_lm, l
                      minilm_dir, smollm2_gguf_path, tiny_causal_lm)
 from .queries import QueryRun, queries_to, query_run
 from .tasks import TASKS, ClassificationTask, Example, load_hf_task, make_task
-from .tuning import (Float32Master, SparseMeZO, add_lora, full_parameters, parameter_count, restore_bound,
-                     sparse_indices, trainable_parameters, unit_roundoff)
+from ..precision import Float32Master, restore_bound, unit_roundoff
+from ..sparse import SparseMeZO, sparse_indices
+from .tuning import add_lora, full_parameters, parameter_count, trainable_parameters
 
 __all__ = ["ContinualSet", "cached_first_round", "first_round", "heterogeneity", "make_continual_set",
            "RefreshingNorms", "grad_norms", "QueryRun", "queries_to", "query_run", "FinetuneRun", "METHODS", "mean_loss", "restore_snapshot", "snapshot", "zo_finetune",

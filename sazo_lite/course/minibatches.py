@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from . import variance
-from .directions import derive_seed
+from .. import variance
+from ..directions import derive_seed
 
 __all__ = ["path_point", "sample_minibatches", "minibatch_zo_estimates", "weighted_loss_estimates",
            "gain_vs_batch"]

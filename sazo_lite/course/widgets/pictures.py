@@ -7,7 +7,7 @@
 * ``paths_dashboard``: uniform, SAZO and oracle trajectories on the contours of a 2-D
   heterogeneous least-squares problem (``experiments.sampler_paths``: real MeZO steps).
 
-The maths lives in ``sazo_lite.variance``, ``sazo_lite.estimators`` and ``sazo_lite.experiments``.
+The maths lives in ``sazo_lite.variance``, ``sazo_lite.course`` and ``sazo_lite.course.sazo_runs``.
 """
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ import plotly.graph_objects as go
 import ipywidgets as widgets
 import torch
 
-from .. import estimators, problems, variance
+from .. import two_point, instruments, mezo_vs_sgd, minibatches, problems
+from ... import variance
 from ..config import one_thread, pick
-from ..experiments import RULES, SAMPLERS, ema_of_chi2, loss_grid, sampler_paths
+from ..sazo_runs import RULES, SAMPLERS, ema_of_chi2, loss_grid, sampler_paths
 from ._common import Dashboard, assemble, int_slider, log_slider, slider
 
 __all__ = ["norms_histogram_dashboard", "batch_bars_dashboard", "chi2_dashboard", "paths_dashboard"]
@@ -54,7 +55,7 @@ def norms_histogram_dashboard(*, num_examples: int = 512, dim: int = 20, seed: i
         key = (round(sigma, 6), round(progress, 6))
         if key not in cache:
             problem = problems.LeastSquares(num_examples, dim, heterogeneity=sigma, seed=seed)
-            cache[key] = problem.norms(estimators.path_point(problem, progress))
+            cache[key] = problem.norms(minibatches.path_point(problem, progress))
         norms = cache[key]
         logs = torch.log10(norms.clamp_min(1e-12)).numpy()
         counts, _ = np.histogram(logs, bins=np.arange(-4, 3.05, 0.1))
@@ -109,7 +110,7 @@ def batch_bars_dashboard(*, num_examples: int = 256, dim: int = 20, seed: int = 
         if key not in problems_by_sigma:
             problems_by_sigma[key] = problems.LeastSquares(num_examples, dim, heterogeneity=sigma, seed=seed)
         problem = problems_by_sigma[key]
-        grads = problem.per_example_grads(estimators.path_point(problem, progress))
+        grads = problem.per_example_grads(minibatches.path_point(problem, progress))
         norms, full = grads.norm(dim=1), float(grads.mean(0).norm())
         bars = {"uniform": parts(norms, full, batch_size, torch.full_like(norms, 1.0 / len(norms))),
                 "oracle p*": parts(norms, full, batch_size, variance.oracle_probs(norms))}

@@ -20,11 +20,11 @@ import numpy as np
 import torch
 
 from .config import one_thread
-from .engine import MeZO
+from ..engine import MeZO
 from .problems import FiniteSumProblem, LeastSquares, LogisticRegression
-from .samplers import OracleSampler, PlainSAZOSampler, SAZOSampler, UniformSampler
-from .train import queries_to_target, train
-from . import variance
+from ..samplers import OracleSampler, PlainSAZOSampler, SAZOSampler, UniformSampler
+from ..train import queries_to_target, train
+from .. import variance
 
 __all__ = ["PROBLEMS", "make_problem", "make_sampler", "SAZOTrace", "run_sazo_trace", "RULES",
            "roughness", "RaceResult", "race", "tune_lr", "SAMPLERS", "ema_of_chi2", "loss_grid", "sampler_paths"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .validation import check_count, check_int, check_number
+from ..validation import check_count, check_int, check_number
 
 __all__ = ["FiniteSumProblem", "LeastSquares", "LogisticRegression", "lognormal_scales"]
 

@@ -2,7 +2,7 @@
 
 The plot shows the optimality gap F(θ) − F(θ*) (relative to its start) against queries,
 with a median line and a min–max band over seeds per method; the readout is a table of
-queries to reach the target. Runs come from ``sazo_lite.experiments.race``.
+queries to reach the target. Runs come from ``sazo_lite.course.sazo_runs.race``.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import ipywidgets as widgets
 import torch
 
 from ..config import pick
-from ..experiments import PROBLEMS, SAMPLERS, RaceResult, make_problem, race, tune_lr
+from ..sazo_runs import PROBLEMS, SAMPLERS, RaceResult, make_problem, race, tune_lr
 from ._common import Dashboard, captioned, int_slider, log_slider, presets, slider
 
 __all__ = ["race_dashboard", "race_figure", "race_table_html", "merge_results", "join_seeds", "PROBLEM_DEFAULTS"]
@@ -212,7 +212,7 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
     the first seed of every method that must rerun at once, then the other seeds.
 
     Args:
-        problem: the initial entry of ``sazo_lite.experiments.PROBLEMS``.
+        problem: the initial entry of ``sazo_lite.course.sazo_runs.PROBLEMS``.
         num_examples, dim: N and d of the quadratics (the logistic regression has its own).
         seeds: seeds per method (default 3; 2 under ``SAZO_FAST=1``).
         steps: steps per run (default 200; 100 under ``SAZO_FAST=1``).

@@ -1,13 +1,13 @@
 """Dashboards and figures for notebook 02: MeZO's memory, and MeZO against backprop SGD.
 
-The measurements and the training runs live in ``sazo_lite.estimators``.
+The measurements and the training runs live in ``sazo_lite.course``.
 """
 from __future__ import annotations
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from .. import estimators, problems
+from .. import two_point, instruments, mezo_vs_sgd, minibatches, problems
 from ._common import Dashboard, assemble, int_slider, log_slider
 
 __all__ = ["memory_figure", "mezo_dashboard", "FORWARD_EQUIVALENTS"]
@@ -19,7 +19,7 @@ FORWARD_EQUIVALENTS = {"MeZO": 1, "SGD (backprop)": 3}
 
 
 def memory_figure(measurements: dict[str, int]) -> go.Figure:
-    """Bars of peak live-tensor bytes, e.g. the dict returned by ``estimators.step_memory``.
+    """Bars of peak live-tensor bytes, e.g. the dict returned by ``instruments.step_memory``.
 
     Example:
         >>> fig = memory_figure({"inference": 2**20, "MeZO step": 2**20, "backprop step": 5 * 2**20})
@@ -75,7 +75,7 @@ def mezo_dashboard(problem=None, *, steps: int = 200, seed: int = 0) -> Dashboar
         key = (method, controls["batch_size"].value,
                *((controls["eps"].value, controls["lr_zo"].value) if method == "MeZO" else (controls["lr_sgd"].value,)))
         if key not in cache:
-            cache[key] = estimators.race_mezo_sgd(
+            cache[key] = mezo_vs_sgd.race_mezo_sgd(
                 problem, steps=steps, batch_size=controls["batch_size"].value, lr_zo=controls["lr_zo"].value,
                 lr_sgd=controls["lr_sgd"].value, eps=controls["eps"].value, seed=seed,
                 log_every=max(1, steps // 20), methods=(method,))[method]
@@ -83,7 +83,7 @@ def mezo_dashboard(problem=None, *, steps: int = 200, seed: int = 0) -> Dashboar
 
     def refresh() -> None:
         try:
-            runs = {method: run(method) for method in estimators.RACE_METHODS}
+            runs = {method: run(method) for method in mezo_vs_sgd.RACE_METHODS}
         except FloatingPointError as error:  # MeZO refuses a non-finite loss: the lr diverged
             readout.value = f"<b style='color:crimson'>training diverged: {error}</b>"
             return

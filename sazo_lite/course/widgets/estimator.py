@@ -1,6 +1,6 @@
 """Dashboards for notebook 01: the two-point estimator, its error against ε, and its variance.
 
-The maths lives in ``sazo_lite.estimators``; this module only wires sliders to plots.
+The maths lives in ``sazo_lite.course``; this module only wires sliders to plots.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 import torch
 
-from .. import estimators
+from .. import two_point, instruments, mezo_vs_sgd, minibatches
 from ..config import one_thread
 from ._common import Dashboard, assemble, int_slider, log_slider, slider
 
@@ -34,7 +34,7 @@ def _precision_toggle(value: str = "float32") -> widgets.ToggleButtons:
 def _contour_trace(curvatures, span: float = 2.0, points: int = 41) -> go.Contour:
     grid = torch.linspace(-span, span, points, dtype=torch.float64)
     xx, yy = torch.meshgrid(grid, grid, indexing="xy")
-    values = estimators.bowl_loss(torch.stack([xx, yy], -1), curvatures)
+    values = two_point.bowl_loss(torch.stack([xx, yy], -1), curvatures)
     return go.Contour(x=grid.tolist(), y=grid.tolist(), z=values.tolist(), showscale=False,
                       colorscale="Blues", opacity=0.5, contours=dict(coloring="lines"), name="f")
 
@@ -70,11 +70,11 @@ def estimator_dashboard(theta=(1.2, 0.8), *, seed: int = 0) -> Dashboard:
 
     def refresh() -> None:
         curvatures = [1.0, controls["curvature"].value]
-        fn = lambda x: estimators.bowl_loss(x, curvatures)
+        fn = lambda x: two_point.bowl_loss(x, curvatures)
         dtype = _DTYPES[controls["precision"].value]
-        z = estimators.random_directions(controls["q"].value, 2, seed=state["seed"])
-        _, singles = estimators.two_point_estimates(fn, point.to(dtype), z, controls["eps"].value)
-        singles, true = singles.double(), estimators.bowl_grad(point, curvatures)
+        z = two_point.random_directions(controls["q"].value, 2, seed=state["seed"])
+        _, singles = two_point.two_point_estimates(fn, point.to(dtype), z, controls["eps"].value)
+        singles, true = singles.double(), two_point.bowl_grad(point, curvatures)
         mean = singles.mean(0)
         scale = 1.0 / float(true.norm())  # the true arrow has length 1
         cloud = point + scale * singles
@@ -138,14 +138,14 @@ def epsilon_dashboard(theta=(1.0, -0.8, 0.5), *, num_directions: int = 8) -> Das
 
     def refresh() -> None:
         quartic, offset = controls["quartic"].value, controls["offset"].value
-        fn = lambda x: estimators.bowl_loss(x, curvatures, quartic, offset)
-        grad = estimators.bowl_grad(point, curvatures, quartic)
+        fn = lambda x: two_point.bowl_loss(x, curvatures, quartic, offset)
+        grad = two_point.bowl_grad(point, curvatures, quartic)
         precision, eps = controls["precision"].value, controls["eps"].value
         for name, dtype in _DTYPES.items():
-            curves[name] = estimators.error_vs_eps(fn, grad, point, grid, dtype=dtype,
+            curves[name] = two_point.error_vs_eps(fn, grad, point, grid, dtype=dtype,
                                                    num_directions=num_directions).clamp_min(1e-17)
-        z = estimators.random_directions(num_directions, len(point))
-        current = max(estimators.directional_error(fn, grad, point.to(_DTYPES[precision]), z, eps), 1e-17)
+        z = two_point.random_directions(num_directions, len(point))
+        current = max(two_point.directional_error(fn, grad, point.to(_DTYPES[precision]), z, eps), 1e-17)
         with fig.batch_update():
             for trace, name in zip(fig.data[:2], _DTYPES):
                 trace.y = curves[name].tolist()
@@ -195,9 +195,9 @@ def dimension_dashboard(dims=(2, 4, 8, 16, 32, 64, 128, 256, 512), *, directions
         if key not in cache:
             with one_thread():
                 trials = max(16, directions_drawn // q)
-                cache[key] = [estimators.relative_error_monte_carlo(d, q, trials=trials, perturbation=perturbation)
+                cache[key] = [two_point.relative_error_monte_carlo(d, q, trials=trials, perturbation=perturbation)
                               for d in dims]
-        theory = [estimators.relative_error_theory(d, q, perturbation) for d in dims]
+        theory = [two_point.relative_error_theory(d, q, perturbation) for d in dims]
         with fig.batch_update():
             fig.data[0].y = cache[key]
             fig.data[1].y = theory

@@ -115,7 +115,7 @@ def static_dashboard_html(board: Dashboard) -> str:
     goes to Binder; the website points it at the current page's own launch URL.
 
     Example:
-        >>> from sazo_lite.widgets import estimator_dashboard
+        >>> from sazo_lite.course.widgets import estimator_dashboard
         >>> "Static view" in static_dashboard_html(estimator_dashboard())
         True
     """

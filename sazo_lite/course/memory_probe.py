@@ -9,7 +9,7 @@ Each measurement runs in a fresh Python process (peak RSS only ever grows inside
 Full-parameter tuning in all three modes, so the bars compare like with like: ZO needs
 no activations kept for backward and no gradients, backprop SGD needs both.
 
-    python -m sazo_lite.llm.memory_probe '{"mode": "zo", "model": "smollm2", "batch": 8}'
+    python -m sazo_lite.course.memory_probe '{"mode": "zo", "model": "smollm2", "batch": 8}'
 
 Example:
     >>> measure_step("zo", model="tiny-llama", batch=4)["peak_rss"] > 0   # doctest: +SKIP
@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..memory_measure import run_child
+from .memory_measure import run_child
 
 __all__ = ["MODES", "measure_step", "measure_all"]
 
@@ -28,9 +28,9 @@ MODES = ("inference", "zo", "bp")
 
 
 def _load(name: str):
-    from .models import load_smollm2, tiny_causal_lm
+    from ..llm.models import load_smollm2, tiny_causal_lm
     from transformers import AutoTokenizer
-    from .models import minilm_dir
+    from ..llm.models import minilm_dir
 
     if name == "smollm2":
         return load_smollm2(verbose=False)
@@ -42,7 +42,7 @@ def _load(name: str):
 
 def _one_step(mode: str, model, batch, indices, optimiser) -> None:
     import torch
-    from .losses import classification_losses
+    from ..llm.losses import classification_losses
 
     if mode == "inference":
         classification_losses(model, batch, indices)
@@ -60,8 +60,8 @@ def _one_step(mode: str, model, batch, indices, optimiser) -> None:
 def _child(spec: dict) -> dict:
     import torch
     from ..engine import MeZO
-    from ..memory_measure import peak_rss_bytes
-    from .tasks import make_task
+    from .memory_measure import peak_rss_bytes
+    from ..llm.tasks import make_task
 
     torch.manual_seed(0)
     model, tokenizer = _load(spec["model"])
@@ -88,7 +88,7 @@ def measure_step(mode: str, *, model: str = "smollm2", batch: int = 8, task: str
     if mode not in MODES:
         raise ValueError(f"Invalid mode: {mode!r} (expected one of {MODES})")
     spec = json.dumps(dict(mode=mode, model=model, batch=batch, task=task))
-    return run_child("sazo_lite.llm.memory_probe", [spec], timeout=timeout,
+    return run_child("sazo_lite.course.memory_probe", [spec], timeout=timeout,
                      env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .directions import PERTURBATIONS, derive_seed
-from .validation import check_choice, check_count, check_int, check_number
+from ..directions import PERTURBATIONS, derive_seed
+from ..validation import check_choice, check_count, check_int, check_number
 
 __all__ = ["bowl_loss", "bowl_grad", "random_directions", "two_point_estimates", "zo_gradient",
            "directional_error", "error_vs_eps", "relative_error_theory", "relative_error_monte_carlo"]

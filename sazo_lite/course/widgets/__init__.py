@@ -2,7 +2,7 @@
 
 Each public ``*_dashboard()`` can be called with no arguments and returns a ``Dashboard``
 (an ipywidgets VBox with ``controls``, ``figures`` and ``refresh()``). The maths they plot
-lives in the library (``sazo_lite.variance``, ``sazo_lite.problems``, ...), not here.
+lives in the library (``sazo_lite.variance``, ``sazo_lite.course.problems``, ...), not here.
 """
 from ._common import Dashboard
 

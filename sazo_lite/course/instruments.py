@@ -16,9 +16,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .directions import derive_seed, z_dtype
-from .engine import MeZO
-from .noise import Job, NoiseSource, PlainNoise
+from ..directions import derive_seed, z_dtype
+from ..engine import MeZO
+from ..noise import Job, NoiseSource, PlainNoise
 
 __all__ = ["peak_tensor_bytes", "DirectionCounter", "mezo_step_reference", "count_passes", "step_memory",
            "StepMemory"]

@@ -1,6 +1,6 @@
 """Memory calculator: how much does BP need, how much does ZO need, and what fits a budget?
 
-All numbers come from ``sazo_lite.memory``; this module only draws them.
+All numbers come from ``sazo_lite.course.memory``; this module only draws them.
 """
 from __future__ import annotations
 

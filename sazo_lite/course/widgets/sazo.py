@@ -1,7 +1,7 @@
 """Notebook 04's dashboard: what SAZO's estimates G_i know about the true gradient norms.
 
 A toggle picks the rule: the design page's plain rule (``PlainSAZOSampler``) or the library's
-robust rule (``SAZOSampler``). Four plots of one run (``sazo_lite.experiments.run_sazo_trace``):
+robust rule (``SAZOSampler``). Four plots of one run (``sazo_lite.course.sazo_runs.run_sazo_trace``):
 sqrt(G_i) against ‖∇f_i‖ at a chosen step, the G trajectory of a few examples, p_SAZO
 against p* sorted by p*, and V(p)/V(p*) over training for uniform, SAZO and the oracle.
 """
@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 import ipywidgets as widgets
 
 from ..config import pick
-from ..experiments import SAZOTrace, make_problem, run_sazo_trace
+from ..sazo_runs import SAZOTrace, make_problem, run_sazo_trace
 from ._common import Dashboard, captioned, int_slider, log_slider, presets, slider
 
 __all__ = ["sazo_dashboard", "trace_readout", "decay_note"]

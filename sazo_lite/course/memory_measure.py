@@ -1,4 +1,4 @@
-"""Measure what inference, a MeZO step and a backprop step really cost, to check ``sazo_lite.memory``.
+"""Measure what inference, a MeZO step and a backprop step really cost, to check ``sazo_lite.course.memory``.
 
 One fresh Python process per measurement (peak memory only ever grows within a process):
 
@@ -17,7 +17,7 @@ freed buffers up to 32 MB are recycled inside the heap and the peak RSS can exce
 
 Example (a few seconds per point)::
 
-    >>> from sazo_lite.memory import ModelShape, TrainSetup
+    >>> from sazo_lite.course.memory import ModelShape, TrainSetup
     >>> shape = ModelShape("tiny", 4, 128, 4, 2, 344, 512)
     >>> row = compare(shape, TrainSetup(context=512, batch=4, dtype="float32", chunked_loss=False), "bp")
     >>> abs(row["relative_error"]) < 0.25        # doctest: +SKIP
@@ -32,7 +32,7 @@ import sys
 from dataclasses import asdict
 
 from .memory import ModelShape, TrainSetup, bp_memory, inference_memory, zo_memory
-from .validation import check_choice
+from ..validation import check_choice
 
 __all__ = ["MODES", "TINY", "build_decoder", "per_example_loss", "saved_activation_bytes",
            "peak_rss_bytes", "run_child", "measure", "predicted_extra", "compare", "validate",
@@ -42,7 +42,7 @@ MODES = ("inference", "zo", "bp")
 TINY = ModelShape("tiny", 4, 128, 4, 2, 344, 512)  # D=128, GQA 4→2 heads, SwiGLU F=344, V=512
 
 
-# -- the decoder (torch imported lazily: sazo_lite.memory stays torch-free) ----------------
+# -- the decoder (torch imported lazily: sazo_lite.course.memory stays torch-free) ----------------
 def build_decoder(shape: ModelShape, attention: str = "fused"):
     """A plain Llama-style decoder: pre-RMSNorm, GQA, SwiGLU, untied head, no dropout/rotary."""
     import torch
@@ -182,7 +182,7 @@ def _step(mode: str, model, tokens, optimiser):
 
 def _child(spec: dict) -> dict:
     import torch
-    from .engine import MeZO
+    from ..engine import MeZO
     torch.set_num_threads(1)
     torch.manual_seed(0)
     shape, setup, mode = ModelShape(**spec["shape"]), TrainSetup(**spec["setup"]), spec["mode"]
@@ -218,7 +218,7 @@ def measure(shape: ModelShape, setup: TrainSetup, mode: str, device: str = "cpu"
     """
     check_choice("mode", mode, MODES)
     spec = json.dumps(dict(shape=asdict(shape), setup=asdict(setup), mode=mode, device=device))
-    return run_child("sazo_lite.memory_measure", [spec], timeout=timeout, env={"OMP_NUM_THREADS": "1"})
+    return run_child("sazo_lite.course.memory_measure", [spec], timeout=timeout, env={"OMP_NUM_THREADS": "1"})
 
 
 # -- prediction and comparison -----------------------------------------------------------

@@ -81,7 +81,7 @@ def accuracy_bars(zero_shot: float, tuned: dict[str, float]) -> go.Figure:
 
 
 def peak_memory_bars(measurements: dict[str, dict]) -> go.Figure:
-    """Peak RSS bars from ``sazo_lite.llm.memory_probe.measure_all`` (reuses ``mezo.memory_figure``).
+    """Peak RSS bars from ``sazo_lite.course.memory_probe.measure_all`` (reuses ``mezo.memory_figure``).
 
     Example:
         >>> fig = peak_memory_bars({"inference": {"peak_rss": 2**30}, "bp": {"peak_rss": 2**31}})
@@ -100,7 +100,7 @@ def default_llm_setup():
     """A tiny random-init Llama + the offline MiniLM tokenizer + a noisy sentiment task (tests, demos)."""
     from transformers import AutoTokenizer
 
-    from ..llm import make_task, minilm_dir, tiny_causal_lm
+    from ...llm import make_task, minilm_dir, tiny_causal_lm
 
     tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
     model = tiny_causal_lm("llama", vocab_size=tokenizer.vocab_size)
@@ -176,7 +176,7 @@ def llm_dashboard(model=None, tokenizer=None, task=None, params=None, *, steps: 
         A ``Dashboard`` with controls eps / ema_decay / batch_size / run, figures loss /
         accuracy / sampling / table, and ``results`` (method → FinetuneRun, zero_shot).
     """
-    from ..llm import accuracy, restore_snapshot, snapshot, zo_finetune
+    from ...llm import accuracy, restore_snapshot, snapshot, zo_finetune
 
     if model is None:
         model, tokenizer, task, params = default_llm_setup()
@@ -275,7 +275,7 @@ def queries_table_html(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> str:
         >>> "4 [4–4]" in html_ and "0.750" in html_
         True
     """
-    from ..llm.queries import queries_to
+    from ...llm.queries import queries_to
 
     head = "".join(f"<th>queries to {t:.0%} of F(θ₀)</th>" for t in targets)
     rows = []

@@ -28,8 +28,8 @@ import time
 import zipfile
 from pathlib import Path
 
-from sazo_lite.labs.sandbox import Sandbox
-from sazo_lite.labs.values import ATOL, RTOL, compare
+from sazo_lite.course.labs.sandbox import Sandbox
+from sazo_lite.course.labs.values import ATOL, RTOL, compare
 
 GRACE = 5.0          # seconds past a unit's own limit before the sandbox is killed
 MAX_RESTARTS = 3     # fresh sandboxes after a kill; then what is left scores 0
@@ -133,10 +133,10 @@ def _attempt(job: dict, limits: dict, deadline: float, require: str, log, test_t
            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg",
            "PYTHONUNBUFFERED": "1",
            **{k: os.environ[k] for k in ENV_PASSED if k in os.environ}}
-    from sazo_lite.labs import TEST_TIMEOUT_ENV
+    from sazo_lite.course.labs import TEST_TIMEOUT_ENV
 
     env[TEST_TIMEOUT_ENV] = str(test_timeout)
-    box = Sandbox([sys.executable, "-m", "sazo_lite.labs.worker", str(write_fd)], env, pass_fds=(write_fd,),
+    box = Sandbox([sys.executable, "-m", "sazo_lite.course.labs.worker", str(write_fd)], env, pass_fds=(write_fd,),
                   require=require)
     cases, current, finished, stuck, kept = {}, None, False, None, 0
     try:

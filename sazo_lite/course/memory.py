@@ -20,7 +20,7 @@ layer (pre-norm RMSNorm, GQA, gated SiLU FFN, no dropout) and checked against
 Compare Korthikanti et al. (2022): s·b·h·(34 + 5·a·s/h) bytes in 16-bit, i.e. 17·D + 2.5·H·N
 elements (GPT layer, F = 4D, with dropout masks); our plain GPT count is 18·D + H·N.
 
-Assumptions (printed as a footnote by ``python -m sazo_lite.memory``):
+Assumptions (printed as a footnote by ``python -m sazo_lite.course.memory``):
   * one dtype end to end (``bytes_per_value``: float32 4, bfloat16/float16 2); no fp32 master
     weights, no mixed-precision upcasts;
   * weights, grads and optimiser state use the weight dtype; SGD is stateless (0 bytes),
@@ -56,7 +56,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from .validation import check_bool, check_choice, check_count, check_fraction, check_number
+from ..validation import check_bool, check_choice, check_count, check_fraction, check_number
 
 __all__ = ["DTYPE_BYTES", "ModelShape", "TrainSetup", "Breakdown", "LADDERS",
            "activation_elements_per_token", "transient_elements_per_token", "bp_memory",
@@ -433,7 +433,7 @@ the model's width (memory is affine in depth)."""
 
 def format_table(rows: list[dict] | None = None, shape: ModelShape = None,
                  setup: TrainSetup = None, budget_gb: float = HEADLINE_BUDGET_GB) -> str:
-    """The headline table as text (what ``python -m sazo_lite.memory`` prints)."""
+    """The headline table as text (what ``python -m sazo_lite.course.memory`` prints)."""
     shape, setup = shape or HEADLINE_SHAPE, setup or HEADLINE_SETUP
     rows = rows if rows is not None else headline_table(shape, setup, budget_gb)
     head = (f"{shape.name} width ({shape.param_count() / 1e9:.2f}B params), B={setup.batch}, "

@@ -2,9 +2,9 @@
 
 Instructor masters live in ``labs/`` (otter-assign format). Three commands:
 
-    python -m sazo_lite.labs assign                      # every master -> build/labs/<lab>/
-    python -m sazo_lite.labs grade lab1 submission.ipynb  # one submission -> results JSON + score
-    python -m sazo_lite.labs grade-all lab1 submissions/  # a folder -> one CSV of scores
+    python -m sazo_lite.course.labs assign                      # every master -> build/labs/<lab>/
+    python -m sazo_lite.course.labs grade lab1 submission.ipynb  # one submission -> results JSON + score
+    python -m sazo_lite.course.labs grade-all lab1 submissions/  # a folder -> one CSV of scores
 
 otter assign builds the student notebooks (public tests for ``grader.check``) and the
 autograder zip (public and hidden tests). Grading does not use ``otter run``: each submission
@@ -29,7 +29,7 @@ import sys
 import threading
 from pathlib import Path
 
-from sazo_lite.labs.values import record
+from sazo_lite.course.labs.values import record
 
 __all__ = ["LabTimeout", "time_limit", "record", "find_masters", "assign", "assign_all", "autograder_zip",
            "grade", "grade_all", "main"]
@@ -167,7 +167,7 @@ def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout:
         status "ok", or "timeout" (a cell or case was killed; see results.json for which; the
         rest was graded in a fresh sandbox; anything past ``notebook_timeout`` scored 0).
     """
-    from sazo_lite.labs import grading
+    from sazo_lite.course.labs import grading
 
     submission, autograder, output_dir = Path(submission), Path(autograder), Path(output_dir)
     if not submission.exists():
@@ -231,7 +231,7 @@ def grade_all(autograder: Path, submissions_dir: Path, csv_path: Path, *, worker
         raise ValueError(f"Invalid workers: {workers!r} (expected an int >= 1)")
     csv_path = Path(csv_path)
     details = csv_path.parent / csv_path.stem
-    from sazo_lite.labs import grading
+    from sazo_lite.course.labs import grading
 
     limits = {k: timeouts.get(k, default) for k, default in
               (("cell_timeout", CELL_TIMEOUT), ("test_timeout", TEST_TIMEOUT), ("notebook_timeout", NOTEBOOK_TIMEOUT))}
@@ -252,7 +252,7 @@ def grade_all(autograder: Path, submissions_dir: Path, csv_path: Path, *, worker
 
 # -- command line --------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sazo_lite.labs", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m sazo_lite.course.labs", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("assign", help="otter assign every master (or --lab one) into the build folder")
     p.add_argument("--lab", default=None)

@@ -6,10 +6,10 @@ import time
 import torch
 
 from .config import one_thread
-from .engine import MeZO
-from .samplers import UniformSampler
-from .train import train
-from .validation import check_count
+from ..engine import MeZO
+from ..samplers import UniformSampler
+from ..train import train
+from ..validation import check_count
 
 __all__ = ["RACE_METHODS", "race_mezo_sgd"]
 

@@ -2,7 +2,7 @@
 
 All three use least squares with heterogeneity σ (``problems.LeastSquares``), evaluated at
 θ_t = θ₀ + t(θ* − θ₀), where the "training progress" t stands in for how far training has got.
-The maths lives in ``sazo_lite.variance`` and ``sazo_lite.estimators``.
+The maths lives in ``sazo_lite.variance`` and ``sazo_lite.course``.
 """
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 import torch
 
-from .. import estimators, problems, variance
+from .. import two_point, instruments, mezo_vs_sgd, minibatches, problems
+from ... import variance
 from ..config import one_thread
 from ._common import Dashboard, assemble, int_slider, slider
 
@@ -37,7 +38,7 @@ class _Snapshots:
         key = (round(float(sigma), 6), round(float(progress), 6))
         if key not in self._grads:
             problem = self.problem(sigma)
-            self._grads[key] = problem.per_example_grads(estimators.path_point(problem, progress))
+            self._grads[key] = problem.per_example_grads(minibatches.path_point(problem, progress))
         return self._grads[key]
 
 
@@ -86,7 +87,7 @@ def importance_dashboard(*, num_examples: int = 256, dim: int = 20, trials: int 
     def second_moments(grads, probs, batch_size, mc_seed):
         norms, full = grads.norm(dim=1), float(grads.mean(0).norm())
         theory = variance.zo_second_moment(norms, probs, full, grads.shape[1], batch_size)
-        draws = estimators.minibatch_zo_estimates(grads, probs, batch_size, max(2000, trials // batch_size),
+        draws = minibatches.minibatch_zo_estimates(grads, probs, batch_size, max(2000, trials // batch_size),
                                                   seed=mc_seed)
         return float((draws ** 2).sum(1).mean()), theory
 
@@ -96,7 +97,7 @@ def importance_dashboard(*, num_examples: int = 256, dim: int = 20, trials: int 
             for sigma in sigma_grid:
                 grads = snapshots.grads(sigma, progress)
                 probs = _sampling_distributions(grads.norm(dim=1), 0.0)
-                mc = [float((estimators.minibatch_zo_estimates(grads, probs[k], 1, trials // 2, seed=seed) ** 2)
+                mc = [float((minibatches.minibatch_zo_estimates(grads, probs[k], 1, trials // 2, seed=seed) ** 2)
                             .sum(1).mean()) for k in ("uniform", "oracle p*")]
                 gains.append(variance.uniform_gain(grads.norm(dim=1)))
                 ratios.append(mc[0] / mc[1])
@@ -162,10 +163,10 @@ def unbiased_dashboard(*, num_examples: int = 256, dim: int = 20, trials: int = 
         batch_size, progress = controls["batch_size"].value, controls["progress"].value
         with one_thread():
             problem = snapshots.problem(sigma)
-            theta = estimators.path_point(problem, progress)
+            theta = minibatches.path_point(problem, progress)
             losses = problem.losses(theta)
             probs = variance.mix_with_uniform(variance.oracle_probs(problem.norms(theta)), mix)
-            samples = [estimators.weighted_loss_estimates(losses, probs, batch_size, trials, seed=seed, weighted=w)
+            samples = [minibatches.weighted_loss_estimates(losses, probs, batch_size, trials, seed=seed, weighted=w)
                        for w in (True, False)]
         full = float(losses.mean())
         low, high = float(min(s.min() for s in samples)), float(max(s.max() for s in samples))
@@ -199,7 +200,7 @@ def unbiased_dashboard(*, num_examples: int = 256, dim: int = 20, trials: int = 
 def batch_gain_dashboard(*, num_examples: int = 256, dim: int = 20, seed: int = 0) -> Dashboard:
     """E‖ĝ‖²(uniform) / E‖ĝ‖²(oracle) against B (left) and against training progress t (right).
 
-    Closed form (``estimators.gain_vs_batch``): 1 + CV² at B = 1, shrinking with B because the
+    Closed form (``minibatches.gain_vs_batch``): 1 + CV² at B = 1, shrinking with B because the
     (1 − 1/B)‖∇F‖² term does not depend on p, and growing as ‖∇F‖ → 0 late in training.
     """
     snapshots = _Snapshots(num_examples, dim, seed)
@@ -221,7 +222,7 @@ def batch_gain_dashboard(*, num_examples: int = 256, dim: int = 20, seed: int = 
 
     def gains(sigma, progress, batch_sizes):
         grads = snapshots.grads(sigma, progress)
-        return estimators.gain_vs_batch(grads.norm(dim=1), float(grads.mean(0).norm()), grads.shape[1], batch_sizes)
+        return minibatches.gain_vs_batch(grads.norm(dim=1), float(grads.mean(0).norm()), grads.shape[1], batch_sizes)
 
     def refresh() -> None:
         sigma, batch_size, progress = (controls[k].value for k in ("sigma", "batch_size", "progress"))

@@ -1,6 +1,6 @@
 """Inside the sandbox: run a submission's cells, then every test case; report on a pipe.
 
-Started by ``sazo_lite.labs.grading`` as ``python -m sazo_lite.labs.worker FD`` with the job
+Started by ``sazo_lite.course.labs.grading`` as ``python -m sazo_lite.course.labs.worker FD`` with the job
 (JSON) on stdin. Everything this process reports is untrusted: the parent only believes values
 that match the solution's (see ``values``), and ends the process (its whole namespace) itself.
 Events, one JSON object per line on file descriptor FD:
@@ -15,8 +15,8 @@ import signal
 import sys
 import traceback
 
-from sazo_lite.labs import LabTimeout, time_limit
-from sazo_lite.labs.values import encode
+from sazo_lite.course.labs import LabTimeout, time_limit
+from sazo_lite.course.labs.values import encode
 
 # Held before any student code runs: the submission may rebind the module-level names.
 _write, _dumps, _setitimer, _signal = os.write, json.dumps, signal.setitimer, signal.signal

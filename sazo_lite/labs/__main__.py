@@ -1,5 +1,0 @@
-import sys
-
-from sazo_lite.labs import main
-
-sys.exit(main())

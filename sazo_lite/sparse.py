@@ -1,0 +1,107 @@
+"""Sparse MeZO: perturb and update a fixed random subset of each tensor's entries.
+
+A mask per tensor is k = ceil(fraction·numel) sorted flat indices (``sparse_indices``); z is
+drawn only for those k entries (``MaskedNoise``), so the others never move and each pass draws
+k instead of numel normals. Extra memory: k int64 indices (8 bytes each) + k floats of z.
+"""
+from __future__ import annotations
+
+import torch
+
+from .directions import derive_seed, draw_direction
+from .engine import MeZO
+from .noise import Job, NoiseSource, PlainNoise, z_dtype
+
+__all__ = ["sparse_indices", "SparseMeZO", "MaskedNoise"]
+
+
+def sparse_indices(params, fraction: float, *, seed: int = 0) -> list[torch.Tensor]:
+    """A fixed random mask per tensor, stored as sorted flat indices (LongTensor [k_j]).
+
+    Each tensor keeps ceil(fraction · numel) entries, chosen by a generator seeded from
+    (seed, tensor index): the same seed always gives the same mask, so it can be
+    regenerated instead of stored.
+    """
+    fraction = float(fraction)
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"Invalid fraction: {fraction} (expected a number in (0, 1])")
+    masks = []
+    for index, p in enumerate(params):
+        generator = torch.Generator().manual_seed(derive_seed(seed, index))
+        k = max(1, -(-int(fraction * p.numel() * 1e9) // int(1e9)))  # ceil without float surprises
+        chosen = torch.randperm(p.numel(), generator=generator)[:k]
+        masks.append(chosen.sort().values.to(p.device))
+    return masks
+
+
+class SparseMeZO(MeZO):
+    """MeZO restricted to fixed entries: z is drawn only for the k chosen entries per tensor.
+
+    Update rule as in ``MeZO`` with z replaced by m ⊙ z (m the 0/1 mask): entries outside
+    the mask never move. Drawing k instead of numel normals also makes each pass cheaper.
+    Its passes go through a ``MaskedNoise``; a ``SeedLog`` of a SparseMeZO
+    run replays only through ``log.replay_into(SparseMeZO(params, masks, ...))``.
+
+    Args:
+        params: the full parameter list (plain list of contiguous tensors, one group).
+        masks: one LongTensor of flat indices per parameter (``sparse_indices``).
+        **kwargs: as for ``MeZO`` (lr, eps, weight_decay, perturbation, seed, fold_updates);
+            ``noise`` cannot be chosen.
+
+    Example:
+        >>> w = torch.zeros(100)
+        >>> opt = SparseMeZO([w], [torch.tensor([3, 7])], lr=0.1)
+        >>> _ = opt.step(lambda: (w - 1).pow(2).sum(0, keepdim=True))
+        >>> int((w != 0).sum()) <= 2
+        True
+    """
+
+    def __init__(self, params, masks, **kwargs):
+        if kwargs.get("noise", None) is not None:
+            raise ValueError("Invalid noise: SparseMeZO draws its own masked directions")
+        params, masks = list(params), list(masks)
+        if len(masks) != len(params):
+            raise ValueError(f"Invalid masks: {len(masks)} masks for {len(params)} parameters")
+        for p, m in zip(params, masks):
+            if not isinstance(m, torch.Tensor) or m.dim() != 1 or m.dtype not in (torch.int32, torch.int64):
+                raise ValueError("Invalid masks: each must be a 1-D integer tensor of flat indices")
+            if not isinstance(p, torch.Tensor) or not p.is_contiguous():
+                raise ValueError("Invalid params: SparseMeZO needs contiguous tensors")
+            if m.numel() and (int(m.min()) < 0 or int(m.max()) >= p.numel()):
+                raise ValueError("Invalid masks: each must be 1-D flat indices into its parameter")
+        kwargs["noise"] = None
+        super().__init__(params, **kwargs)
+        self.masks = {id(p): m.to(p.device) for p, m in zip(params, masks)}
+        self.noise = MaskedNoise(self.masks)
+
+
+class MaskedNoise(NoiseSource):
+    """z only on fixed entries of each tensor (``SparseMeZO``): θ_m ← s·θ_m + c·z_m.
+
+    z_m for a tensor with k chosen entries is ``draw_direction`` of a k-entry tensor from the
+    tensor's seed (so the plain loop's z for a flat k-vector); entries outside the mask never move.
+
+    Args:
+        masks: {id(param): LongTensor [k] of sorted flat indices} (``sparse_indices``).
+    """
+
+    replayable = True
+
+    def __init__(self, masks: dict[int, torch.Tensor]):
+        self.masks = masks
+        self._plain = PlainNoise()
+
+    def _apply_one(self, job: Job, slot: int) -> None:
+        p, chosen = job.param, self.masks[id(job.param)]
+        flat, shrink = p.view(-1), job.shrink  # parameters are contiguous: writes go straight to p
+        for seed, coefficient, perturbation in job.terms():
+            z = draw_direction(p.new_empty(chosen.numel()), seed, perturbation, self._plain._generator(p.device))
+            flat[chosen] = (flat[chosen].to(z.dtype) * shrink + coefficient * z).to(p.dtype)
+            shrink = 1.0
+
+    def _scale(self, job: Job, factor: float) -> None:
+        flat, chosen = job.param.view(-1), self.masks[id(job.param)]
+        flat[chosen] = flat[chosen] * factor
+
+    def direction_bytes(self, param: torch.Tensor) -> int:
+        return self.masks[id(param)].numel() * torch.empty(0, dtype=z_dtype(param)).element_size()

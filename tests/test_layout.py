@@ -1,0 +1,74 @@
+"""The package layout is the architecture: library below, course on top, read off the imports."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "sazo_lite"
+CORE = {"engine", "noise", "directions", "samplers", "sumtree", "train", "seedlog", "distributed",
+        "validation", "variance", "kernels", "sparse", "precision"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Absolute names of every sazo_lite module ``path`` imports (relative imports resolved)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            found.add(mod)
+            found |= {f"{mod}.{a.name}" for a in node.names}  # `from . import course`
+    return {m for m in found if m == "sazo_lite" or m.startswith("sazo_lite.")}
+
+
+def library_files():
+    return [p for p in PACKAGE.rglob("*.py") if "course" not in p.relative_to(PACKAGE).parts]
+
+
+def test_the_rule_reads_relative_and_absolute_imports(tmp_path):
+    # the reader itself must see both spellings, or the rule below could pass vacuously
+    mods = imported_modules(PACKAGE / "llm" / "finetune.py")
+    assert "sazo_lite.engine" in mods and "sazo_lite.train" in mods
+    assert "sazo_lite.course.widgets" in imported_modules(PACKAGE / "course" / "widgets" / "__init__.py") or \
+        any(m.startswith("sazo_lite.course.widgets") for m in imported_modules(PACKAGE / "course" / "widgets" / "__init__.py"))
+
+
+@pytest.mark.parametrize("path", library_files(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_nothing_outside_the_course_imports_the_course(path):
+    bad = {m for m in imported_modules(path) if m == "sazo_lite.course" or m.startswith("sazo_lite.course.")}
+    assert not bad, f"{path.relative_to(PACKAGE)} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("name", sorted(CORE))
+def test_the_core_imports_neither_hf_nor_llm(name):
+    mods = imported_modules(PACKAGE / f"{name}.py")
+    bad = {m for m in mods if m.split(".")[:2] in (["sazo_lite", "hf"], ["sazo_lite", "llm"])}
+    assert not bad, f"{name} imports {sorted(bad)}"
+
+
+def test_import_sazo_lite_pulls_no_notebook_or_grading_stack():
+    code = ("import sys, sazo_lite, sazo_lite.sparse, sazo_lite.precision\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in {'plotly', 'ipywidgets', 'otter', 'sklearn'})\n"
+            "course = sorted(m for m in sys.modules if m.startswith('sazo_lite.course'))\n"
+            "print(heavy, course)\nassert not heavy and not course, (heavy, course)")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_no_old_layout_module_is_left():
+    for old in ["estimators", "two_point", "minibatches", "instruments", "problems", "race", "experiments",
+                "memory", "memory_measure", "config", "widgets", "labs", "llm/memory_probe"]:
+        assert not (PACKAGE / f"{old}.py").exists() and not (PACKAGE / old).is_dir(), old
