@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from sazo_lite.engine import MeZO
-from sazo_lite.course.sazo_runs import make_sampler
+from sazo_lite.samplers import make_sampler
 from sazo_lite.course.problems import FiniteSumProblem, LeastSquares, LogisticRegression
 from sazo_lite.samplers import SAZOSampler, Sampler, probabilities
 from sazo_lite.train import queries_to_target, train
@@ -88,7 +88,8 @@ class InformedSampler(Sampler):
 # name -> (problem, θ, seed) -> sampler. The first three are the table's columns; the rest
 # switch one robustness feature of SAZO's rule off (or change it) for the ablation.
 METHODS: dict[str, Callable] = {
-    **{name: (lambda problem, theta, seed, name=name: make_sampler(name, problem, theta, seed=seed))
+    **{name: (lambda problem, theta, seed, name=name: make_sampler(name, problem.num_examples, seed=seed,
+                                                                 norms_fn=lambda: problem.norms(theta)))
        for name in ("uniform", "sazo", "oracle", "sazo-plain")},
     "sazo-no-prior-blend": _sazo_variant(prior_strength=0.0),
     "sazo-no-level": _sazo_variant(_FixedLevelSAZO),

@@ -53,12 +53,12 @@ from transformers.utils import is_datasets_available
 
 from .distributed import gather_losses, rank_and_world, shard
 from .engine import MeZO
-from .samplers import SAZOSampler, UniformSampler
+from .samplers import make_sampler, sampler_name
 from .validation import check_choice
 
 __all__ = ["ZOTrainer", "causal_lm_losses", "CausalLMCollator", "METHODS", "ZO_STATE_NAME"]
 
-METHODS = ("mezo", "sazo")
+METHODS = ("mezo", "uniform", "sazo", "sazo-plain")   # samplers by name; "mezo" = "uniform"
 ZO_STATE_NAME = "zo_state.pt"
 IGNORE_INDEX = -100
 HALF_DTYPES = (torch.bfloat16, torch.float16)
@@ -151,7 +151,8 @@ class ZOTrainer(Trainer):
             ``Trainer``. ``train_dataset`` must be map-style with a length (the sampler draws
             indices). With no ``data_collator``, ``CausalLMCollator`` right-pads (pad id from
             ``processing_class``, else the model config, else 0).
-        method: "mezo" (uniform minibatches) or "sazo" (importance sampling from the diffs).
+        method: a sampler by name: "mezo" or "uniform" (uniform minibatches), "sazo" or "sazo-plain"
+            (importance sampling from the diffs; ``sazo_lite.samplers.make_sampler``).
         eps: ε > 0, the perturbation radius.
         perturbation: "gaussian" or "rademacher" z.
         ema_decay, uniform_mix: SAZO's β ∈ [0, 1) and λ ∈ (0, 1] (see ``SAZOSampler``).
@@ -208,7 +209,7 @@ class ZOTrainer(Trainer):
         # Build throwaway copies: the engine and sampler validate their own arguments.
         MeZO([torch.zeros(1)], lr=args.learning_rate, eps=self.eps, weight_decay=args.weight_decay,
              perturbation=self.perturbation, seed=self.zo_seed, noise=None)
-        SAZOSampler(1, ema_decay=ema_decay, uniform_mix=uniform_mix, seed=self.zo_seed + 1)
+        make_sampler(sampler_name(self.method), 1, ema_decay=ema_decay, uniform_mix=uniform_mix, seed=self.zo_seed + 1)
         if args.gradient_accumulation_steps != 1:
             raise ValueError(f"Invalid gradient_accumulation_steps: {args.gradient_accumulation_steps} "
                              f"(ZO has no gradients to accumulate: raise per_device_train_batch_size)")
@@ -230,9 +231,7 @@ class ZOTrainer(Trainer):
 
     def _make_sampler(self, ema_decay, uniform_mix):
         n, seed = len(self.train_dataset), self.zo_seed + 1   # the same seed on every rank
-        if self.method == "mezo":
-            return UniformSampler(n, seed=seed)
-        return SAZOSampler(n, ema_decay=ema_decay, uniform_mix=uniform_mix, seed=seed)
+        return make_sampler(sampler_name(self.method), n, ema_decay=ema_decay, uniform_mix=uniform_mix, seed=seed)
 
     @property
     def zo_optimizer(self) -> MeZO:
@@ -344,7 +343,7 @@ class ZOTrainer(Trainer):
             grads, max_weights, ess = zip(*self._zo_pending)
             logs = {**logs, "zo_queries": 2 * self.global_batch_size() * self.state.global_step,
                     "zo_projected_grad": sum(grads) / len(grads)}
-            if self.method == "sazo":
+            if sampler_name(self.method) != "uniform":
                 logs.update(sazo_max_weight=max(max_weights), sazo_ess=sum(ess) / len(ess))
             self._zo_pending = []
         super().log(logs, start_time)

@@ -23,7 +23,7 @@ from .sumtree import SumTree
 from .validation import check_choice, check_count, check_fraction, check_int, check_number
 
 __all__ = ["Sampler", "UniformSampler", "PlainSAZOSampler", "SAZOSampler", "OracleSampler",
-           "SAZOState", "probabilities", "CdfStore", "TreeStore"]
+           "SAZOState", "probabilities", "CdfStore", "TreeStore", "SAMPLERS", "ALIASES", "sampler_name", "make_sampler"]
 
 # From this N on, SAZO samplers keep sum trees (O(B log N) per update) instead of an O(N)
 # pass per step; the README's bench table has the measured crossover.
@@ -741,3 +741,38 @@ class SAZOSampler(_ScoredSampler):
     def _apply_extra(self, extra: dict) -> None:
         self.level, self.level_steps = extra["level"], extra["level_steps"]
         self._seen_sq, self._seen_count, self._since_resync = extra["seen_sq"], extra["seen_count"], extra["since_resync"]
+
+
+# -- samplers by name -----------------------------------------------------------------------
+SAMPLERS = ("uniform", "sazo", "sazo-plain", "oracle")
+ALIASES = {"mezo": "uniform"}   # the Trainer's and zo_finetune's historical name for uniform MeZO
+
+
+def sampler_name(name: str) -> str:
+    """The canonical sampler name: ``"mezo"`` is uniform MeZO; other names pass unchanged."""
+    return ALIASES.get(name, name)
+
+
+def make_sampler(name: str, num_examples: int, *, seed: int = 0, ema_decay: float = 0.9,
+                 uniform_mix: float = 0.1, norms_fn: Callable[[], torch.Tensor] | None = None,
+                 oracle_mix: float = 0.0) -> Sampler:
+    """The one vocabulary of samplers by name, shared by ``train``, ``hf``, ``llm`` and the course.
+
+    "uniform" (p = 1/N), "sazo" (the robust rule; β = ``ema_decay``, λ = ``uniform_mix``),
+    "sazo-plain" (the plain rule: EMA of d², p ∝ sqrt(G); same β, λ) or "oracle"
+    (p* ∝ ``norms_fn()``, mixed with uniform by ``oracle_mix``; needs ``norms_fn``).
+
+    Example:
+        >>> make_sampler("sazo", 10, uniform_mix=0.2).uniform_mix
+        0.2
+    """
+    check_choice("sampler", name, SAMPLERS)
+    if name == "uniform":
+        return UniformSampler(num_examples, seed=seed)
+    if name == "sazo":
+        return SAZOSampler(num_examples, ema_decay=ema_decay, uniform_mix=uniform_mix, seed=seed)
+    if name == "sazo-plain":
+        return PlainSAZOSampler(num_examples, ema_decay=ema_decay, uniform_mix=uniform_mix, seed=seed)
+    if norms_fn is None:
+        raise ValueError("Invalid norms_fn: the oracle needs a callable returning the true norms [N]")
+    return OracleSampler(num_examples, norms_fn, uniform_mix=oracle_mix, seed=seed)

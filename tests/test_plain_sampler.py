@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sazo_lite import PlainSAZOSampler
-from sazo_lite.course.sazo_runs import make_sampler
+from sazo_lite.samplers import make_sampler
 from sazo_lite.course.problems import LeastSquares
 
 
@@ -89,5 +89,5 @@ def test_overflowing_square_is_rejected_with_state_unchanged(sum_tree):
 
 def test_make_sampler_builds_it_by_name():
     problem = LeastSquares(16, 3, seed=0)
-    sampler = make_sampler("sazo-plain", problem, problem.initial_theta(), uniform_mix=0.3)
+    sampler = make_sampler("sazo-plain", problem.num_examples, uniform_mix=0.3)
     assert isinstance(sampler, PlainSAZOSampler) and sampler.uniform_mix == 0.3

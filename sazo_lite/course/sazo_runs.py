@@ -22,7 +22,7 @@ import torch
 from .config import one_thread
 from ..engine import MeZO
 from .problems import FiniteSumProblem, LeastSquares, LogisticRegression
-from ..samplers import OracleSampler, PlainSAZOSampler, SAZOSampler, UniformSampler
+from ..samplers import make_sampler
 from ..train import queries_to_target, train
 from .. import variance
 
@@ -52,23 +52,6 @@ def make_problem(name: str = "heterogeneous quadratic", *, heterogeneity: float 
     if name == "logistic regression (breast cancer)":
         return LogisticRegression.from_sklearn("breast_cancer", heterogeneity=heterogeneity, seed=seed)
     raise ValueError(f"Invalid name: {name!r} (expected one of {PROBLEMS})")
-
-
-def make_sampler(name: str, problem: FiniteSumProblem, theta: torch.Tensor, *, seed: int = 0,
-                 ema_decay: float = 0.9, uniform_mix: float = 0.1):
-    """A sampler by name: "uniform", "sazo" (robust rule; β, λ), "sazo-plain" (the design page's
-    plain rule: EMA of d² from G = 1, p ∝ sqrt(G); β, λ) or "oracle" (exact p* at the live θ)."""
-    n = problem.num_examples
-    if name == "uniform":
-        return UniformSampler(n, seed=seed)
-    if name == "sazo":
-        return SAZOSampler(n, ema_decay=ema_decay, uniform_mix=uniform_mix, seed=seed)
-    if name == "sazo-plain":
-        return PlainSAZOSampler(n, ema_decay=ema_decay, uniform_mix=uniform_mix, seed=seed)
-    if name == "oracle":
-        return OracleSampler(n, lambda: problem.norms(theta), seed=seed)
-    raise ValueError(f"Invalid sampler: {name!r} (expected one of {SAMPLERS + ('sazo-plain',)})")
-
 
 
 # -- 04: what SAZO estimates ----------------------------------------------------------------
@@ -170,7 +153,7 @@ def run_sazo_trace(problem: FiniteSumProblem, *, steps: int = 300, batch_size: i
         raise ValueError(f"Invalid rule: {rule!r} (expected one of {RULES})")
     theta = problem.initial_theta(dtype)
     optimizer = MeZO([theta], lr=lr, eps=eps, seed=seed)
-    sampler = make_sampler("sazo-plain" if rule == "plain" else "sazo", problem, theta, seed=seed,
+    sampler = make_sampler("sazo-plain" if rule == "plain" else "sazo", problem.num_examples, norms_fn=lambda: problem.norms(theta), seed=seed,
                            ema_decay=ema_decay, uniform_mix=uniform_mix)
     recorder = _TraceRecorder(problem, theta, sampler)
     with one_thread():
@@ -265,7 +248,7 @@ def sampler_paths(problem: FiniteSumProblem, *, steps: int = 100, batch_size: in
         theta = problem.initial_theta(dtype)
         optimizer = MeZO([theta], lr=lr, eps=eps, seed=seed)
         name = "sazo-plain" if method == "sazo" and rule == "plain" else method
-        sampler = make_sampler(name, problem, theta, seed=seed, ema_decay=ema_decay, uniform_mix=uniform_mix)
+        sampler = make_sampler(name, problem.num_examples, norms_fn=lambda: problem.norms(theta), seed=seed, ema_decay=ema_decay, uniform_mix=uniform_mix)
         points = [theta.detach().double().clone()]
         record = lambda: points.append(theta.detach().double().clone()) or 0.0
         try:
@@ -321,7 +304,7 @@ def _run_one(problem, method: str, seed: int, *, steps, batch_size, lr, eps, ema
     """One training run; returns its ``History`` (None if the loss overflowed)."""
     theta = problem.initial_theta(dtype)
     optimizer = MeZO([theta], lr=lr, eps=eps, seed=seed)
-    sampler = make_sampler(method, problem, theta, seed=seed, ema_decay=ema_decay, uniform_mix=uniform_mix)
+    sampler = make_sampler(method, problem.num_examples, norms_fn=lambda: problem.norms(theta), seed=seed, ema_decay=ema_decay, uniform_mix=uniform_mix)
     try:
         return train(optimizer, sampler, lambda idx: problem.losses(theta, idx), steps,
                      batch_size=batch_size, evaluate=lambda: problem.gap(theta),

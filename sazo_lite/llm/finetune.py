@@ -18,13 +18,14 @@ from typing import Callable
 import torch
 
 from ..engine import MeZO
-from ..samplers import SAZOSampler, UniformSampler
+from ..samplers import make_sampler, sampler_name
 from ..train import History, train
+from ..validation import check_choice
 from .losses import TokenBatch, accuracy, batched_closure, classification_losses
 
 __all__ = ["FinetuneRun", "zo_finetune", "mean_loss", "snapshot", "restore_snapshot", "METHODS"]
 
-METHODS = ("mezo", "sazo")
+METHODS = ("mezo", "uniform", "sazo", "sazo-plain")   # samplers by name; "mezo" = "uniform"
 
 
 @dataclass
@@ -61,14 +62,6 @@ def restore_snapshot(params, saved) -> None:
         p.copy_(s)
 
 
-def _sampler(method: str, n: int, *, ema_decay: float, uniform_mix: float, seed: int):
-    if method == "mezo":
-        return UniformSampler(n, seed=seed)
-    if method == "sazo":
-        return SAZOSampler(n, ema_decay=ema_decay, uniform_mix=uniform_mix, seed=seed)
-    raise ValueError(f"Invalid method: {method!r} (expected one of {METHODS})")
-
-
 def zo_finetune(model, params, train_batch: TokenBatch, test_batch: TokenBatch | None = None, *,
                 method: str = "sazo", steps: int = 100, batch_size: int = 8, lr: float = 1e-3,
                 eps: float = 1e-3, ema_decay: float = 0.9, uniform_mix: float = 0.1, seed: int = 0,
@@ -81,7 +74,7 @@ def zo_finetune(model, params, train_batch: TokenBatch, test_batch: TokenBatch |
     Args:
         model: causal LM in eval mode; params: the tensors to perturb (e.g. LoRA adapters).
         train_batch / test_batch: ``TokenBatch`` from ``ClassificationTask.encode``.
-        method: "mezo" or "sazo"; steps, batch_size, lr, eps: the MeZO settings.
+        method: a sampler by name (``METHODS``: "mezo" = "uniform", "sazo", "sazo-plain"); steps, batch_size, lr, eps: the MeZO settings.
         ema_decay, uniform_mix: SAZO's β and λ.
         optimizer: a ready optimiser (e.g. ``SparseMeZO``); default ``MeZO(params, lr, eps, seed)``.
         on_log: called with the run so far at every log point (live dashboards).
@@ -91,7 +84,9 @@ def zo_finetune(model, params, train_batch: TokenBatch, test_batch: TokenBatch |
         A ``FinetuneRun``.
     """
     run = FinetuneRun(method)
-    sampler = _sampler(method, len(train_batch), ema_decay=ema_decay, uniform_mix=uniform_mix, seed=seed)
+    check_choice("method", method, METHODS)
+    sampler = make_sampler(sampler_name(method), len(train_batch), ema_decay=ema_decay, uniform_mix=uniform_mix,
+                           seed=seed)
     optimizer = optimizer or MeZO(params, lr=lr, eps=eps, seed=seed)
     counts = torch.zeros(len(train_batch), dtype=torch.float64)
     losses = batched_closure(model, train_batch, autocast_dtype=autocast_dtype)

@@ -23,8 +23,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ..engine import MeZO
-from ..samplers import OracleSampler, SAZOSampler, UniformSampler
+from ..samplers import make_sampler
 from ..variance import oracle_probs, spearman, tv_distance, variance_ratio
+from ..validation import check_choice
 from .finetune import mean_loss
 from .grad_norms import RefreshingNorms, grad_norms
 from .losses import TokenBatch, accuracy, batched_closure
@@ -109,19 +110,14 @@ def query_run(model, params, train_batch: TokenBatch, sampler: str, *, lr: float
     """
     from tqdm.auto import tqdm
 
-    if sampler not in SAMPLERS:
-        raise ValueError(f"Invalid sampler: {sampler!r} (expected one of {SAMPLERS})")
+    check_choice("sampler", sampler, SAMPLERS)
     n = len(train_batch)
     optimizer = MeZO(params, lr=lr, eps=eps, seed=seed, perturbation=perturbation)
     true_norms = lambda: grad_norms(model, train_batch, params, loss=loss)
     refreshing = None
-    if sampler == "uniform":
-        chooser = UniformSampler(n, seed=seed)
-    elif sampler == "sazo":
-        chooser = SAZOSampler(n, uniform_mix=uniform_mix, seed=seed)
-    else:
+    if sampler == "oracle":
         refreshing = RefreshingNorms(true_norms, every=oracle_every, clock=lambda: optimizer.step_count)
-        chooser = OracleSampler(n, refreshing, uniform_mix=oracle_mix, seed=seed)
+    chooser = make_sampler(sampler, n, uniform_mix=uniform_mix, norms_fn=refreshing, oracle_mix=oracle_mix, seed=seed)
     losses = batched_closure(model, train_batch, loss)
     run = QueryRun(sampler, float(lr), int(seed))
 
