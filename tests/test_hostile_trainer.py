@@ -284,3 +284,22 @@ def test_fuzz_unusable_models_never_move_a_parameter(tmp_path, case, n, batch):
     with pytest.raises(ValueError, match=match):
         trainer.train()
     assert unchanged(model, before) and trainer.state.global_step == 0
+
+
+# -- siblings: other loads of files a user may receive -----------------------------------------
+def test_a_crafted_or_foreign_first_round_cache_is_ignored_and_runs_nothing(tmp_path):
+    from sazo_lite.llm.continual import _cached_tensors
+
+    params = [torch.zeros(3, 2), torch.zeros(4)]
+    marker = tmp_path / "code-ran"
+    crafted = tmp_path / "crafted.pt"
+    torch.save([torch.ones(3, 2), _Payload(marker)], crafted)
+    assert _cached_tensors(crafted, params) is None and not marker.exists()
+    foreign = tmp_path / "foreign.pt"
+    torch.save([torch.ones(2, 3), torch.ones(4)], foreign)            # other shapes
+    assert _cached_tensors(foreign, params) is None
+    (tmp_path / "garbage.pt").write_bytes(b"not a file torch wrote")
+    assert _cached_tensors(tmp_path / "garbage.pt", params) is None
+    good = tmp_path / "good.pt"
+    torch.save([torch.ones(3, 2), torch.full((4,), 2.0)], good)
+    assert [float(t.sum()) for t in _cached_tensors(good, params)] == [6.0, 8.0]
