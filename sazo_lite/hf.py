@@ -223,6 +223,7 @@ class ZOTrainer(Trainer):
         self._zo_data = None            # (dataset, collator) used by training_step
         self._zo_last_batch = None      # this rank's last collated batch (token and FLOP counts)
         self._zo_pending = []           # (|g|, max w, ESS fraction) per step since the last log
+        self._zo_resume = None          # a checked zo_state, applied by create_optimizer on resume
 
     # -- settings ----------------------------------------------------------------------------
     def _check_settings(self, ema_decay, uniform_mix) -> None:
@@ -286,12 +287,18 @@ class ZOTrainer(Trainer):
             self.optimizer = _TrainerMeZO(params, lr=self.args.learning_rate, eps=self.eps,
                                           weight_decay=self.args.weight_decay, perturbation=self.perturbation,
                                           seed=self.zo_seed)
+        if self._zo_resume is not None:  # resuming: the Trainer has loaded the model's weights by now
+            self._apply_zo_state(self._zo_resume)
+            self._zo_resume = None
         return self.optimizer
 
     def _wants_master(self, params) -> bool:
         half = any(p.dtype in HALF_DTYPES for p in params)
         return self.master_weights is True or (self.master_weights == "auto" and half)
 
+    # Private Trainer methods kept overridden, for want of a public hook: the Trainer calls them
+    # on every step. Without them it would clip and measure gradients that do not exist and log
+    # grad_norm = 0 each step; ``max_grad_norm`` cannot be turned off without editing the user's args.
     def _clip_grad_norm(self, model):
         return None  # no gradients
 
@@ -416,6 +423,7 @@ class ZOTrainer(Trainer):
         return int(super().floating_point_ops(self._zo_last_batch) * 2 / 3)
 
     def _track_num_input_tokens(self, inputs):
+        # private, kept: the train loader yields step tickets, the tokens are in the collated batch
         return super()._track_num_input_tokens(self._zo_last_batch if "zo_step" in inputs else inputs)
 
     # -- logging -------------------------------------------------------------------------------
@@ -431,6 +439,8 @@ class ZOTrainer(Trainer):
 
     # -- checkpoints ---------------------------------------------------------------------------
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        # private, kept: the one place the checkpoint folder is known (``on_save`` callbacks are
+        # not told it). Loading uses public hooks: ``train`` reads and checks, ``create_optimizer`` applies.
         super()._save_optimizer_and_scheduler(output_dir)  # optimizer.pt holds MeZO's step and seed
         if self.args.should_save:  # plain tensors, numbers and strings: what weights_only=True reads
             state = {"method": self.method, "sampler": self.zo_sampler.state_dict(),
@@ -450,12 +460,14 @@ class ZOTrainer(Trainer):
         checkpoint = resume_from_checkpoint
         if checkpoint is True:
             checkpoint = get_last_checkpoint(self.args.output_dir)  # None: the Trainer raises its own error
-        if checkpoint:
-            self._read_zo_state(checkpoint)
+        self._zo_resume = self._read_zo_state(checkpoint) if checkpoint else None
         if self.train_dataset is not None and self.zo_sampler is not None:
             self._check_model_and_data()
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial,
-                             ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
+        try:
+            return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial,
+                                 ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
+        finally:
+            self._zo_resume = None
 
     def _read_zo_state(self, checkpoint: str) -> dict:
         """The checkpoint's ZO state, checked against this trainer (ValueError if it does not fit)."""
@@ -495,11 +507,8 @@ class ZOTrainer(Trainer):
             raise ValueError(f"Invalid checkpoint: {error}") from None
         return state
 
-    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        super()._load_optimizer_and_scheduler(checkpoint)   # MeZO's step and seed, the lr schedule
-        if checkpoint is None:
-            return
-        state = self._read_zo_state(checkpoint)
+    def _apply_zo_state(self, state: dict) -> None:
+        """Load a checked ZO state: the sampler's, then the float32 master weights into the model."""
         self.zo_sampler.load_state_dict(state["sampler"])
         if self._master is not None:
             with torch.no_grad():
