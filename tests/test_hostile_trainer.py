@@ -4,7 +4,6 @@ One regression test per defect, named for it (each failed on the code before the
 hypothesis suite over Trainer settings and models the step cannot use. Tiny models only
 (``tiny_causal_lm`` or a small ``nn.Module``); nothing is downloaded.
 """
-import os
 
 import pytest
 import torch
