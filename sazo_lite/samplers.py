@@ -116,6 +116,10 @@ class Sampler:
         reference = self._generator.get_state()
         if not isinstance(generator, torch.Tensor) or generator.dtype != torch.uint8 or generator.shape != reference.shape:
             raise ValueError("Invalid state: generator must be a torch.Generator state (uint8 tensor)")
+        try:  # on a throwaway generator: torch checks the bytes form a valid Mersenne Twister state
+            torch.Generator().set_state(generator)
+        except RuntimeError:
+            raise ValueError("Invalid state: generator is not a valid torch.Generator state") from None
         return seed, generator.clone()
 
     def _apply_base(self, checked: tuple[int, torch.Tensor]) -> None:

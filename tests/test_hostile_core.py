@@ -298,3 +298,16 @@ def test_fuzz_loaded_states_either_refuse_or_sample_the_same_from_both_stores(fi
     idx, w = b.sample(16)
     assert bool(torch.isfinite(w).all()) and bool((idx >= 0).all()) and bool((idx < 40).all())
     a.update(idx, torch.ones(16, dtype=torch.float64))   # and it keeps learning
+
+
+@pytest.mark.parametrize("kind", ["uniform", "sazo", "plain"])
+def test_a_generator_state_torch_cannot_use_is_refused_with_value_error(kind):
+    make = {"uniform": lambda: UniformSampler(10), "sazo": lambda: SAZOSampler(10),
+            "plain": lambda: PlainSAZOSampler(10)}[kind]
+    sampler = make()
+    state = sampler.state_dict()
+    state["generator"] = torch.zeros_like(state["generator"])   # right shape and dtype, not a valid state
+    before = sampler.state_dict()
+    with pytest.raises(ValueError, match="generator"):
+        sampler.load_state_dict(state)
+    assert _same_state(before, sampler.state_dict())
