@@ -79,7 +79,7 @@ class InformedSampler(Sampler):
         scores = np.where(self.seen, norms, prior)
         return torch.from_numpy(probabilities(scores, float(scores.sum()), self.uniform_mix, self.num_examples))
 
-    def _observe(self, indices, diffs, losses) -> None:
+    def _observe(self, indices, diffs) -> None:
         indices = indices.numpy()
         self.seen[indices] = True
         self.last[indices] = torch.as_tensor(self.norms_fn()).double().numpy()[indices]

@@ -34,7 +34,6 @@ parameters hold θ − εz of the last step until ``flush()`` (also called by ``
 from __future__ import annotations
 
 import math
-import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
@@ -42,12 +41,8 @@ from typing import Callable, NamedTuple
 import torch
 from torch.utils.hooks import RemovableHandle
 
-try:  # the C module: the same handlers as ``signal``, without its enum conversions (µs a call)
-    import _signal as signal
-except ImportError:  # pragma: no cover - other interpreters
-    import signal
-
 from .directions import PERTURBATIONS, Z_BOUND, derive_seed, draw_direction, rademacher_signs
+from .interrupts import InterruptsDeferred as _InterruptsDeferred
 from .noise import Job, NoiseSource, PlainNoise, TorchNoise
 from .validation import check_bool, check_callable, check_choice, check_int, check_number
 
@@ -87,36 +82,6 @@ class StepEvent(NamedTuple):
     value: float
 
 
-class _InterruptsDeferred:
-    """Holds Ctrl-C (SIGINT) while a pass and its bookkeeping run, then delivers it.
-
-    Only the main thread receives signals; elsewhere, or when SIGINT is ignored or not handled
-    in Python, this does nothing. Nested uses hand the signal outwards.
-    """
-
-    __slots__ = ("previous", "caught")
-
-    def __enter__(self):
-        self.previous, self.caught = None, None
-        if threading.current_thread() is threading.main_thread():
-            previous = signal.getsignal(signal.SIGINT)
-            if callable(previous):
-                self.previous = previous
-                signal.signal(signal.SIGINT, self._hold)
-        return self
-
-    def _hold(self, signum, frame):
-        if self.caught is None:
-            self.caught = (signum, frame)
-
-    def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-            if self.caught is not None:
-                self.previous(*self.caught)  # the default handler raises KeyboardInterrupt here
-        return False
-
-
 # "auto" noise switches to TorchNoise from this many parameter entries on (below it, e.g. the
 # toy problems, a pass is a few µs of Python either way and the plain loop is simplest).
 AUTO_NOISE_MIN_ENTRIES = 2 ** 20
@@ -140,7 +105,8 @@ def _check_group(group: dict, defaults: dict) -> dict:
 
 
 def _check_params(params) -> list[torch.Tensor]:
-    """A group's tensors: at least one, each a dense floating-point tensor."""
+    """A group's tensors: at least one, each a dense floating-point tensor with storage of its
+    own entries (not on the meta device, no entry shared by two positions)."""
     params = [params] if isinstance(params, torch.Tensor) else list(params)
     if not params:
         raise ValueError("Invalid params: a param group holds no tensors")
@@ -150,7 +116,41 @@ def _check_params(params) -> list[torch.Tensor]:
         if not p.is_floating_point() or p.layout != torch.strided:
             raise ValueError(f"Invalid params: MeZO perturbs dense floating-point tensors, got "
                              f"{p.dtype} ({p.layout}) of shape {tuple(p.shape)}")
+        if p.device.type == "meta":
+            raise ValueError(f"Invalid params: a tensor of shape {tuple(p.shape)} is on the meta device "
+                             f"(no data to perturb); materialise the model's weights first")
+        if _overlaps_itself(p):
+            raise ValueError(f"Invalid params: a tensor of shape {tuple(p.shape)} with strides {p.stride()} "
+                             f"maps several entries to one memory location (an expanded view?); an in-place "
+                             f"pass cannot perturb it: pass a contiguous copy")
     return params
+
+
+def _overlaps_itself(p: torch.Tensor) -> bool:
+    """True when two indices of ``p`` address one element (a zero or overlapping stride)."""
+    dims = sorted((abs(st), size) for st, size in zip(p.stride(), p.shape) if size > 1)
+    reach = 1  # elements spanned by the dims so far: the next stride must step past them
+    for stride, size in dims:
+        if stride < reach:
+            return True
+        reach = stride * (size - 1) + reach
+    return False
+
+
+def _extent(p: torch.Tensor) -> tuple:
+    """(device, storage, first byte, past the last byte) of the memory ``p`` addresses."""
+    span = 1 + sum((size - 1) * abs(st) for st, size in zip(p.stride(), p.shape)) if p.numel() else 0
+    start = p.data_ptr()
+    return str(p.device), p.untyped_storage().data_ptr(), start, start + span * p.element_size()
+
+
+def _check_disjoint(params: list[torch.Tensor]) -> None:
+    """Two tensors that share memory would be perturbed twice in one pass: refused."""
+    spans = sorted(_extent(p) for p in params if p.numel())
+    for (dev_a, store_a, _, end_a), (dev_b, store_b, start_b, _) in zip(spans, spans[1:]):
+        if (dev_a, store_a) == (dev_b, store_b) and start_b < end_a:
+            raise ValueError("Invalid params: two tensors share memory (views of one tensor?); each entry "
+                             "must belong to one parameter, or a pass would move it twice")
 
 
 _FLOAT_MAX: dict[torch.dtype, float] = {}
@@ -232,9 +232,10 @@ class MeZO(torch.optim.Optimizer):
         cleaned = _check_group(param_group, self.defaults)
         if self.param_groups and cleaned["eps"] != self.param_groups[0]["eps"]:
             raise ValueError(f"Invalid eps: {cleaned['eps']} (all param groups must share one eps)")
-        known = {id(p) for group in self.param_groups for p in group["params"]}
-        if len({id(p) for p in params}) < len(params) or any(id(p) in known for p in params):
+        known = [p for group in self.param_groups for p in group["params"]]
+        if len({id(p) for p in params}) < len(params) or {id(p) for p in known} & {id(p) for p in params}:
             raise ValueError("Invalid params: some tensors appear in more than one place")
+        _check_disjoint(known + params)
         if getattr(self, "_pending", None) is not None:
             self.flush()  # pending jobs are indexed by the current groups
         param_group.update(cleaned, params=params)
@@ -316,11 +317,22 @@ class MeZO(torch.optim.Optimizer):
         return handle
 
     def _notify(self, event: StepEvent) -> None:
+        """Every hook sees the event, even when an earlier one raises; the first error is re-raised."""
+        error = None
         for hook in list(self._step_hooks.values()):
-            hook(self, event)
+            try:
+                hook(self, event)
+            except BaseException as raised:  # noqa: B902 - re-raised below, after every hook ran
+                error = error or raised
+        if error is not None:
+            raise error
 
     # -- passes over the parameters ------------------------------------------------------
-    def _source(self):
+    @property
+    def noise_source(self) -> NoiseSource:
+        """The source every pass draws z from: ``noise`` if one was given (or chosen by "auto"),
+        else the plain loop (``noise.PlainNoise``). Its ``replayable`` flag says whether a
+        ``SeedLog`` can replay it."""
         return self.noise if self.noise is not None else self._plain
 
     def _jobs(self, seed: int, coefficient: Callable[[dict], float],
@@ -335,7 +347,7 @@ class MeZO(torch.optim.Optimizer):
 
     def _apply(self, jobs: list[Job], source=None) -> None:
         """One atomic pass: every job applied, or (if the source raises part-way) none."""
-        source = source if source is not None else self._source()
+        source = source if source is not None else self.noise_source
         if not isinstance(source, NoiseSource):
             source.apply(jobs)
             return
@@ -351,7 +363,7 @@ class MeZO(torch.optim.Optimizer):
         jobs = self._jobs(seed, lambda group: multiple_of_eps * group["eps"])
         with _InterruptsDeferred():
             pending, self._pending = self._pending, None
-            fused = pending is not None and _directions(pending[0]) == _directions(self._source())
+            fused = pending is not None and _directions(pending[0]) == _directions(self.noise_source)
             if fused:
                 jobs = [job._replace(then=(shift.seed, shift.coefficient, shift.perturbation))
                         for job, shift in zip(pending[1], jobs)]
@@ -374,7 +386,7 @@ class MeZO(torch.optim.Optimizer):
 
     def _apply_pending(self, pending) -> None:
         """Apply a held update with the current source if it draws the same z, else its own."""
-        source = self._source() if _directions(pending[0]) == _directions(self._source()) else pending[0]
+        source = self.noise_source if _directions(pending[0]) == _directions(self.noise_source) else pending[0]
         try:
             self._apply(pending[1], source)
         except BaseException:
@@ -388,17 +400,61 @@ class MeZO(torch.optim.Optimizer):
                 pending, self._pending = self._pending, None
                 self._apply_pending(pending)
 
-    def _update_jobs(self, seed: int, projected_grad: float) -> list[Job]:
-        """θ ← (1 − lr·wd)(θ + εz) − lr·g·z from θ − εz; refuses updates that would overflow."""
-        eps = self.param_groups[0]["eps"]
+    def _magnitudes(self) -> dict[torch.dtype, float]:
+        """Per dtype, a bound on max|θ| where the next step starts (a pending update applied).
+
+        Raises ValueError if a parameter holds inf or NaN. One max-reduction per tensor, read
+        back once per (device, dtype).
+        """
+        pending = {id(job.param): job for job in self._pending[1]} if self._pending is not None else {}
+        found: dict[tuple, list] = {}
         for group in self.param_groups:
+            for p in group["params"]:
+                if p.numel():
+                    job = pending.get(id(p))
+                    scale, offset = (abs(job.shrink), abs(job.coefficient) * Z_BOUND) if job else (1.0, 0.0)
+                    low, high = torch.aminmax(p.detach())  # one read, no temporary (abs() would be one)
+                    found.setdefault((p.device, p.dtype), []).append((torch.maximum(-low, high), scale, offset))
+        out: dict[torch.dtype, float] = {}
+        for (device, dtype), rows in found.items():
+            norms = torch.stack([r[0] for r in rows]).to("cpu", torch.float64)
+            scales = torch.tensor([r[1] for r in rows], dtype=torch.float64)
+            offsets = torch.tensor([r[2] for r in rows], dtype=torch.float64)
+            if not bool(torch.isfinite(norms).all()):
+                raise ValueError(f"Invalid params: a {dtype} parameter holds inf or NaN entries; nothing changed")
+            out[dtype] = max(out.get(dtype, 0.0), float((norms * scales + offsets).max()))
+        return out
+
+    def _check_room(self, magnitudes: dict[torch.dtype, float]) -> None:
+        """θ ± εz (the shifts and their undo) must stay finite in every dtype: checked before a pass."""
+        eps = self.param_groups[0]["eps"]
+        for dtype, bound in magnitudes.items():
+            if not _fits(bound / Z_BOUND + eps, dtype):
+                raise ValueError(f"Invalid params: entries up to {bound:.3g} in {dtype}: θ ± εz (ε={eps}, |z| < "
+                                 f"{Z_BOUND:g}) would overflow {dtype}; nothing changed")
+
+    def _check_update(self, projected_grad: float, groups, magnitudes: dict[torch.dtype, float] | None) -> None:
+        """ValueError if the update with g = ``projected_grad`` could overflow a dtype: its
+        coefficients alone, or (given ``magnitudes``, max|θ| per dtype) the new θ. ``groups``:
+        dicts with lr, weight_decay and params (the optimiser's, or a seed log's lr in force)."""
+        eps = self.param_groups[0]["eps"]
+        for group in groups:
             coefficient = eps - group["lr"] * (projected_grad + group["weight_decay"] * eps)
             shrink = 1.0 - group["lr"] * group["weight_decay"]
             for dtype in {p.dtype for p in group["params"]}:
-                if not (_fits(coefficient, dtype) and _fits(shrink, dtype)):
+                start = None if magnitudes is None else magnitudes.get(dtype, 0.0)
+                room = start is None or _fits(abs(shrink) * (start / Z_BOUND + eps) + abs(coefficient), dtype)
+                if not (_fits(coefficient, dtype) and _fits(shrink, dtype) and room):
                     raise ValueError(f"Invalid lr: the update θ ← {shrink:.3g}·θ + {coefficient:.3g}·z "
                                      f"(lr={group['lr']}, g={projected_grad:.3g}) would overflow {dtype}; "
                                      f"parameters restored")
+
+    def _update_jobs(self, seed: int, projected_grad: float,
+                     magnitudes: dict[torch.dtype, float] | None = None) -> list[Job]:
+        """θ ← (1 − lr·wd)(θ + εz) − lr·g·z from θ − εz; refuses updates that would overflow
+        (the coefficients alone, and, given ``magnitudes`` (max|θ| per dtype), the new θ)."""
+        self._check_update(projected_grad, self.param_groups, magnitudes)
+        eps = self.param_groups[0]["eps"]
         return self._jobs(seed, lambda group: eps - group["lr"] * (projected_grad + group["weight_decay"] * eps),
                           lambda group: 1.0 - group["lr"] * group["weight_decay"])
 
@@ -406,7 +462,7 @@ class MeZO(torch.optim.Optimizer):
         """Apply (or, folding, hold) the update, count the step, tell the hooks."""
         with _InterruptsDeferred():
             if self.fold_updates:
-                self._pending = (self._source(), update)
+                self._pending = (self.noise_source, update)
             else:
                 self._apply(update)
             self._offset = 0
@@ -427,7 +483,9 @@ class MeZO(torch.optim.Optimizer):
         """Repeat a logged step's passes without evaluating anything (bit-exact replay)."""
         check_number("projected_grad", projected_grad)
         self.flush()
-        update = self._update_jobs(seed, float(projected_grad))
+        magnitudes = self._magnitudes()
+        self._check_room(magnitudes)
+        update = self._update_jobs(seed, float(projected_grad), magnitudes)
         self._move(seed, +1.0, +1)
         self._move(seed, -2.0, -1)
         with _InterruptsDeferred():
@@ -439,6 +497,7 @@ class MeZO(torch.optim.Optimizer):
         """Repeat the shifts of a failed step: to θ+εz and back (1), or θ+εz, θ−εz and back (2)."""
         passes = _check_passes(passes)
         self.flush()
+        self._check_room(self._magnitudes())
         self._move(seed, +1.0, +1)
         if passes == 2:
             self._move(seed, -2.0, -1)
@@ -495,6 +554,8 @@ class MeZO(torch.optim.Optimizer):
         check_callable("closure", closure)
         weights = self._check_weights(weights)
         self._check_ready()
+        magnitudes = self._magnitudes()
+        self._check_room(magnitudes)
         seed = self.next_seed()
         eps = self.param_groups[0]["eps"]
         self._offset = 0
@@ -511,7 +572,7 @@ class MeZO(torch.optim.Optimizer):
             if not math.isfinite(g):
                 raise FloatingPointError(f"the projected gradient overflowed float64 ({g}): losses or "
                                          f"weights too large; parameters restored")
-            self._commit(seed, g, self._update_jobs(seed, g))
+            self._commit(seed, g, self._update_jobs(seed, g, magnitudes))
         except BaseException:
             self._abandon(seed)
             raise

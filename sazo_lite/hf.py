@@ -20,8 +20,12 @@ lr schedules, peft models and ``torchrun`` launches are the Trainer's own. What 
   differences. The Trainer's train dataloader only yields step tickets, so its prefetching and its
   skipping of batches on resume never draw from the sampler; examples are collated in
   ``training_step`` (``dataloader_num_workers`` does not apply to training).
-- Loss: f_i = mean token cross-entropy over example i's labels (causal shift, −100 ignored), or
-  ``per_example_loss(outputs, inputs) -> [B]``. The logged training loss is mean_k(w_k·(f_k(θ+εz) +
+- Loss: f_i = mean token cross-entropy over example i's labels (causal shift, −100 ignored;
+  ``sazo_lite.llm.losses.causal_lm_losses``), or ``per_example_loss(outputs, inputs) -> [B]``.
+  ``train()`` first runs the model once, without changing anything, on the first two training
+  examples, and refuses (``ValueError``) a model, collator or ``per_example_loss`` it cannot
+  use: no ``labels`` in the batches, outputs without ``logits`` [B, T, V], a loss that is not
+  one float per example. The logged training loss is mean_k(w_k·(f_k(θ+εz) +
   f_k(θ−εz))/2); ``eval_loss`` is mean_i f_i over the eval set (not the token-weighted mean; under
   data parallel the Trainer pads the last eval batch of each rank, so it is exact only when the eval
   set fills whole batches on every rank).
@@ -31,9 +35,12 @@ lr schedules, peft models and ``torchrun`` launches are the Trainer's own. What 
 - Data parallel (``torchrun --nproc_per_node=W script.py``, gloo on CPU): every rank draws the same
   global batch, evaluates its contiguous block of B/W examples and all-gathers the losses
   (``sazo_lite.distributed``), so g, the update and the sampler stay identical on every rank.
-- Checkpoints add ``zo_state.pt`` (the sampler's state and any float32 master weights) to the
-  Trainer's files; MeZO's state (step count and seed) is the Trainer's ``optimizer.pt``. Resuming
-  continues the uninterrupted run bit for bit.
+- Checkpoints add ``zo_state.pt`` (the sampler's state and any float32 master weights: plain
+  tensors, numbers and strings, written to a temporary file and renamed) to the Trainer's
+  files; MeZO's state (step count and seed) is the Trainer's ``optimizer.pt``. Resuming
+  continues the uninterrupted run bit for bit. ``zo_state.pt`` is read with
+  ``torch.load(weights_only=True)`` (a file holding anything else, such as a pickled object,
+  is refused and nothing in it runs) and checked in full before anything loads.
 - Half precision: a model loaded in bfloat16/float16 is tuned through ``Float32Master``
   (``master_weights="auto"``): MeZO perturbs a float32 copy of the trainable tensors, copied into
   the model before each forward, so updates smaller than half an ulp are not lost. ``bf16=True``
@@ -41,18 +48,22 @@ lr schedules, peft models and ``torchrun`` launches are the Trainer's own. What 
 """
 from __future__ import annotations
 
+import copy
 import math
 import os
+import pickle
+from collections.abc import Mapping
 
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader
-from transformers import Trainer
+from transformers import Trainer, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
+from transformers.training_args import OptimizerNames
 from transformers.utils import is_datasets_available
 
 from .distributed import gather_losses, rank_and_world, shard
 from .engine import MeZO
+from .llm.losses import IGNORE, causal_lm_losses
 from .samplers import make_sampler, sampler_name
 from .validation import check_choice
 
@@ -60,36 +71,25 @@ __all__ = ["ZOTrainer", "causal_lm_losses", "CausalLMCollator", "METHODS", "ZO_S
 
 METHODS = ("mezo", "uniform", "sazo", "sazo-plain")   # samplers by name; "mezo" = "uniform"
 ZO_STATE_NAME = "zo_state.pt"
-IGNORE_INDEX = -100
 HALF_DTYPES = (torch.bfloat16, torch.float16)
-
-
-def causal_lm_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Per-example mean token cross-entropy of a causal LM: float32 [B].
-
-    Position t predicts token t+1 (the causal shift); labels equal to −100 are ignored, so a
-    batch with labels only on the answer tokens scores the answers alone.
-
-    Example:
-        >>> logits, labels = torch.zeros(2, 3, 5), torch.tensor([[-100, 1, 2], [-100, -100, 4]])
-        >>> causal_lm_losses(logits, labels)          # uniform logits: log 5 per scored token
-        tensor([1.6094, 1.6094])
-    """
-    logits, targets = logits[:, :-1].float(), labels[:, 1:]                  # [B, T-1, V], [B, T-1]
-    ce = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=IGNORE_INDEX, reduction="none")
-    counts = (targets != IGNORE_INDEX).sum(1)                                 # [B]
-    return ce.sum(1) / counts.clamp_min(1)
+PROBE_EXAMPLES = 2   # examples the pre-training check runs the model on
 
 
 class CausalLMCollator:
     """Right-pads ``input_ids`` (with ``pad_token_id``), ``attention_mask`` (0) and ``labels`` (−100).
 
-    Right padding keeps every example's positions as if it were alone (no position ids needed),
-    so an example's loss does not depend on which batch it landed in. Rows without ``labels``
-    are labelled with their own input ids (plain language modelling).
+    A row's own ``attention_mask`` (a pre-padded dataset: left or right padding, or
+    ``padding="max_length"``) is honoured: its padding is dropped before the batch is padded
+    again on the right, so a pad is never fed to the model nor scored, and an example's loss is
+    the loss it has alone (no position ids needed), whichever batch it lands in. Rows without
+    ``labels`` are labelled with their own (unpadded) input ids (plain language modelling).
+
+    Raises:
+        ValueError: labels or a mask of another length than the input ids, a mask other than
+            0/1 or with padding inside the row, or a row with no tokens left.
 
     Example:
-        >>> CausalLMCollator(0)([{"input_ids": [5, 6, 7]}, {"input_ids": [8]}])["labels"]
+        >>> CausalLMCollator(0)([{"input_ids": [5, 6, 7]}, {"input_ids": [0, 8], "attention_mask": [0, 1]}])["labels"]
         tensor([[   5,    6,    7],
                 [   8, -100, -100]])
     """
@@ -98,19 +98,41 @@ class CausalLMCollator:
         self.pad_token_id = int(pad_token_id)
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
-        ids = [list(row["input_ids"]) for row in rows]
+        ids, labels = zip(*(self._unpadded(k, row) for k, row in enumerate(rows)))
         width = max(len(r) for r in ids)
         batch = {"input_ids": torch.full((len(rows), width), self.pad_token_id, dtype=torch.long),
                  "attention_mask": torch.zeros(len(rows), width, dtype=torch.long),
-                 "labels": torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)}
-        for k, (row, r) in enumerate(zip(rows, ids)):
-            labels = list(row["labels"]) if "labels" in row else r
-            if len(labels) != len(r):
-                raise ValueError(f"Invalid labels: example has {len(labels)} labels for {len(r)} input ids")
+                 "labels": torch.full((len(rows), width), IGNORE, dtype=torch.long)}
+        for k, (r, lab) in enumerate(zip(ids, labels)):
             batch["input_ids"][k, :len(r)] = torch.tensor(r)
             batch["attention_mask"][k, :len(r)] = 1
-            batch["labels"][k, :len(r)] = torch.tensor(labels)
+            batch["labels"][k, :len(r)] = torch.tensor(lab)
         return batch
+
+    @staticmethod
+    def _unpadded(k: int, row) -> tuple[list[int], list[int]]:
+        """Row k's tokens and labels with its own padding (mask 0) removed."""
+        ids = _as_list(row["input_ids"])
+        labels = _as_list(row["labels"]) if row.get("labels") is not None else None
+        if labels is not None and len(labels) != len(ids):
+            raise ValueError(f"Invalid labels: example has {len(labels)} labels for {len(ids)} input ids")
+        if row.get("attention_mask") is not None:
+            mask = _as_list(row["attention_mask"])
+            if len(mask) != len(ids) or any(m not in (0, 1) for m in mask):
+                raise ValueError(f"Invalid attention_mask: row {k} needs one 0/1 entry per input id")
+            kept = [t for t, m in enumerate(mask) if m]
+            if kept and kept[-1] - kept[0] + 1 != len(kept):
+                raise ValueError(f"Invalid attention_mask: row {k} has padding between its tokens "
+                                 f"(expected left or right padding only)")
+            ids = [ids[t] for t in kept]
+            labels = None if labels is None else [labels[t] for t in kept]
+        if not ids:
+            raise ValueError(f"Invalid input_ids: row {k} has no tokens (after removing its padding)")
+        return ids, (ids if labels is None else labels)
+
+
+def _as_list(values) -> list[int]:
+    return values.tolist() if hasattr(values, "tolist") else [int(v) for v in values]
 
 
 class _TrainerMeZO(MeZO):
@@ -201,15 +223,25 @@ class ZOTrainer(Trainer):
         self._zo_data = None            # (dataset, collator) used by training_step
         self._zo_last_batch = None      # this rank's last collated batch (token and FLOP counts)
         self._zo_pending = []           # (|g|, max w, ESS fraction) per step since the last log
+        self._zo_resume = None          # a checked zo_state, applied by create_optimizer on resume
 
     # -- settings ----------------------------------------------------------------------------
     def _check_settings(self, ema_decay, uniform_mix) -> None:
         """Every bad setting fails here, in ``__init__``, before a single step."""
         args = self.args
         # Build throwaway copies: the engine and sampler validate their own arguments.
-        MeZO([torch.zeros(1)], lr=args.learning_rate, eps=self.eps, weight_decay=args.weight_decay,
+        trainable = [p for p in self.model.parameters() if p.requires_grad] if self.model is not None else []
+        MeZO(trainable or [torch.zeros(1)], lr=args.learning_rate, eps=self.eps, weight_decay=args.weight_decay,
              perturbation=self.perturbation, seed=self.zo_seed, noise=None)
         make_sampler(sampler_name(self.method), 1, ema_decay=ema_decay, uniform_mix=uniform_mix, seed=self.zo_seed + 1)
+        default_optim = TrainingArguments.__dataclass_fields__["optim"].default
+        if OptimizerNames(args.optim) != OptimizerNames(default_optim) or args.optim_args or args.optim_target_modules:
+            raise ValueError(f"Invalid optim: {str(getattr(args.optim, 'value', args.optim))!r} / optim_args / "
+                             f"optim_target_modules: ZOTrainer's optimiser is MeZO (learning_rate and "
+                             f"weight_decay come from args); leave optim at its default {default_optim!r}")
+        if args.per_device_train_batch_size < 1:
+            raise ValueError(f"Invalid per_device_train_batch_size: {args.per_device_train_batch_size} "
+                             f"(expected >= 1 examples per step and device)")
         if args.gradient_accumulation_steps != 1:
             raise ValueError(f"Invalid gradient_accumulation_steps: {args.gradient_accumulation_steps} "
                              f"(ZO has no gradients to accumulate: raise per_device_train_batch_size)")
@@ -255,12 +287,18 @@ class ZOTrainer(Trainer):
             self.optimizer = _TrainerMeZO(params, lr=self.args.learning_rate, eps=self.eps,
                                           weight_decay=self.args.weight_decay, perturbation=self.perturbation,
                                           seed=self.zo_seed)
+        if self._zo_resume is not None:  # resuming: the Trainer has loaded the model's weights by now
+            self._apply_zo_state(self._zo_resume)
+            self._zo_resume = None
         return self.optimizer
 
     def _wants_master(self, params) -> bool:
         half = any(p.dtype in HALF_DTYPES for p in params)
         return self.master_weights is True or (self.master_weights == "auto" and half)
 
+    # Private Trainer methods kept overridden, for want of a public hook: the Trainer calls them
+    # on every step. Without them it would clip and measure gradients that do not exist and log
+    # grad_norm = 0 each step; ``max_grad_norm`` cannot be turned off without editing the user's args.
     def _clip_grad_norm(self, model):
         return None  # no gradients
 
@@ -274,14 +312,64 @@ class ZOTrainer(Trainer):
             raise ValueError("Trainer: training requires a train_dataset.")
         if self.zo_sampler is None or self.zo_sampler.num_examples != len(self.train_dataset):
             raise ValueError("Invalid train_dataset: set it when building ZOTrainer (the sampler is sized by it)")
+        self._zo_data = self._training_data()
+        steps = math.ceil(len(self._zo_data[0]) / self.global_batch_size())
+        return DataLoader(_StepTickets(steps), batch_size=1, collate_fn=_ticket_batch)
+
+    def _training_data(self):
+        """(dataset, collator) as training_step reads them: unused columns removed."""
         dataset, collator = self.train_dataset, self.data_collator
         if is_datasets_available() and isinstance(dataset, _datasets().Dataset):
             dataset = self._remove_unused_columns(dataset, description="training")
         else:
             collator = self._get_collator_with_removed_columns(collator, description="training")
-        self._zo_data = (dataset, collator)
-        steps = math.ceil(len(dataset) / self.global_batch_size())
-        return DataLoader(_StepTickets(steps), batch_size=1, collate_fn=_ticket_batch)
+        return dataset, collator
+
+    def _check_model_and_data(self) -> None:
+        """Run the model once on the first examples (no_grad, nothing changes) and refuse a
+        collator, model or per_example_loss the step could not use, before training starts."""
+        dataset, collator = self._training_data()
+        rows = [dataset[i] for i in range(min(PROBE_EXAMPLES, len(dataset)))]
+        try:
+            batch = collator(rows)
+        except ValueError:
+            raise
+        except Exception as error:
+            raise ValueError(f"Invalid data_collator: it failed on the first training examples "
+                             f"({type(error).__name__}: {error})") from error
+        default = self.per_example_loss is _causal_lm_loss
+        if not isinstance(batch, Mapping):
+            raise ValueError(f"Invalid data_collator: it returned {type(batch).__name__} (expected a dict of tensors)")
+        if default and not isinstance(batch.get("labels"), torch.Tensor):
+            raise ValueError("Invalid data_collator: its batches have no 'labels' tensor, which the default "
+                             "per_example_loss scores (add labels, or pass per_example_loss=(outputs, inputs) -> [B])")
+        batch = self._prepare_inputs(batch)
+        net = self.accelerator.unwrap_model(self.model)
+        training = net.training
+        net.eval()
+        try:
+            with torch.no_grad(), self.compute_loss_context_manager():
+                outputs = net(**{k: v for k, v in batch.items() if k != "labels"})
+            if default:
+                logits = getattr(outputs, "logits", None)
+                if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != batch["labels"].shape:
+                    got = (f"outputs of type {type(outputs).__name__}" if logits is None
+                           else f"logits of shape {tuple(getattr(logits, 'shape', ()))}")
+                    raise ValueError(f"Invalid model: the default per_example_loss needs a causal LM's outputs.logits "
+                                     f"[B, T, V] over labels [B, T] = {list(batch['labels'].shape)}, got {got}; pass "
+                                     f"per_example_loss=(outputs, inputs) -> losses [B]")
+            try:
+                losses = self.per_example_loss(outputs, batch)
+            except Exception as error:
+                raise ValueError(f"Invalid per_example_loss: it raised on the first training examples "
+                                 f"({type(error).__name__}: {error})") from error
+        finally:
+            net.train(training)
+        if (not isinstance(losses, torch.Tensor) or not losses.is_floating_point()
+                or tuple(losses.shape) != (len(rows),)):
+            got = f"shape {tuple(losses.shape)} {losses.dtype}" if isinstance(losses, torch.Tensor) else type(losses).__name__
+            raise ValueError(f"Invalid per_example_loss: it returned {got} for {len(rows)} examples (expected a "
+                             f"floating tensor of shape [{len(rows)}]: one loss per example, not their mean)")
 
     def num_examples(self, dataloader: DataLoader) -> int:
         if isinstance(dataloader.dataset, _StepTickets):
@@ -335,6 +423,7 @@ class ZOTrainer(Trainer):
         return int(super().floating_point_ops(self._zo_last_batch) * 2 / 3)
 
     def _track_num_input_tokens(self, inputs):
+        # private, kept: the train loader yields step tickets, the tokens are in the collated batch
         return super()._track_num_input_tokens(self._zo_last_batch if "zo_step" in inputs else inputs)
 
     # -- logging -------------------------------------------------------------------------------
@@ -350,47 +439,76 @@ class ZOTrainer(Trainer):
 
     # -- checkpoints ---------------------------------------------------------------------------
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        # private, kept: the one place the checkpoint folder is known (``on_save`` callbacks are
+        # not told it). Loading uses public hooks: ``train`` reads and checks, ``create_optimizer`` applies.
         super()._save_optimizer_and_scheduler(output_dir)  # optimizer.pt holds MeZO's step and seed
-        if self.args.should_save:
+        if self.args.should_save:  # plain tensors, numbers and strings: what weights_only=True reads
             state = {"method": self.method, "sampler": self.zo_sampler.state_dict(),
-                     "master": None if self._master is None else [t.clone() for t in self._master.tensors]}
-            torch.save(state, os.path.join(output_dir, ZO_STATE_NAME))
+                     "master": None if self._master is None else [t.detach().cpu().clone() for t in self._master.tensors]}
+            path = os.path.join(output_dir, ZO_STATE_NAME)
+            partial = f"{path}.{os.getpid()}.tmp"
+            try:
+                torch.save(state, partial)
+                os.replace(partial, path)  # a failed save never leaves a half-written zo_state.pt
+            except BaseException:
+                if os.path.exists(partial):
+                    os.remove(partial)
+                raise
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
         """``Trainer.train``; a checkpoint without a usable ``zo_state.pt`` is refused before anything loads."""
         checkpoint = resume_from_checkpoint
         if checkpoint is True:
             checkpoint = get_last_checkpoint(self.args.output_dir)  # None: the Trainer raises its own error
-        if checkpoint:
-            self._read_zo_state(checkpoint)
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial,
-                             ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
+        self._zo_resume = self._read_zo_state(checkpoint) if checkpoint else None
+        if self.train_dataset is not None and self.zo_sampler is not None:
+            self._check_model_and_data()
+        try:
+            return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial,
+                                 ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
+        finally:
+            self._zo_resume = None
 
     def _read_zo_state(self, checkpoint: str) -> dict:
         """The checkpoint's ZO state, checked against this trainer (ValueError if it does not fit)."""
         path = os.path.join(checkpoint, ZO_STATE_NAME)
         if not os.path.isfile(path):
             raise ValueError(f"Invalid checkpoint: {checkpoint} has no {ZO_STATE_NAME} (not written by ZOTrainer?)")
-        # Our own file, written next to the Trainer's rng_state.pth (also loaded with weights_only=False).
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        try:  # weights_only: tensors, numbers, strings and containers; no object is ever built
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, TypeError,
+                AttributeError, ImportError, IndexError, KeyError) as error:
+            raise ValueError(f"Invalid checkpoint: {path} is not a ZOTrainer state of plain tensors and numbers "
+                             f"(refused without running anything: {type(error).__name__}: {str(error)[:200]})") from None
+        if (not isinstance(state, dict) or set(state) != {"method", "sampler", "master"}
+                or not isinstance(state["sampler"], dict) or not isinstance(state["method"], str)):
+            raise ValueError(f"Invalid checkpoint: {path} does not hold a ZOTrainer state "
+                             f"(expected the keys method, sampler and master)")
         if state["method"] != self.method:
             raise ValueError(f"Invalid checkpoint: written with method={state['method']!r}, "
                              f"resumed with method={self.method!r}")
-        if self.zo_sampler is None or state["sampler"]["num_examples"] != self.zo_sampler.num_examples:
-            raise ValueError(f"Invalid checkpoint: its sampler covers {state['sampler']['num_examples']} examples, "
+        if self.zo_sampler is None or state["sampler"].get("num_examples") != self.zo_sampler.num_examples:
+            raise ValueError(f"Invalid checkpoint: its sampler covers {state['sampler'].get('num_examples')} examples, "
                              f"the train_dataset has {None if self.zo_sampler is None else self.zo_sampler.num_examples}")
         params = [p for p in self.model.parameters() if p.requires_grad]
         if (state["master"] is not None) != self._wants_master(params):
             raise ValueError("Invalid checkpoint: it was written with master_weights "
                              f"{'on' if state['master'] is not None else 'off'}, this run has them "
                              f"{'on' if self._wants_master(params) else 'off'}")
+        master = state["master"]
+        if master is not None and (not isinstance(master, list) or len(master) != len(params) or any(
+                not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.shape != p.shape
+                or not bool(torch.isfinite(t).all()) for t, p in zip(master, params))):
+            raise ValueError("Invalid checkpoint: its master weights do not match this model's trainable "
+                             "parameters (finite float32 tensors of the same shapes)")
+        try:  # the sampler checks every field; a copy, so nothing changes here
+            copy.deepcopy(self.zo_sampler).load_state_dict(state["sampler"])
+        except ValueError as error:
+            raise ValueError(f"Invalid checkpoint: {error}") from None
         return state
 
-    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        super()._load_optimizer_and_scheduler(checkpoint)   # MeZO's step and seed, the lr schedule
-        if checkpoint is None:
-            return
-        state = self._read_zo_state(checkpoint)
+    def _apply_zo_state(self, state: dict) -> None:
+        """Load a checked ZO state: the sampler's, then the float32 master weights into the model."""
         self.zo_sampler.load_state_dict(state["sampler"])
         if self._master is not None:
             with torch.no_grad():
@@ -406,6 +524,7 @@ def _datasets():
 
 
 def _causal_lm_loss(outputs, inputs) -> torch.Tensor:
+    """The default per_example_loss: ``causal_lm_losses(outputs.logits, inputs["labels"])``."""
     return causal_lm_losses(outputs.logits, inputs["labels"])
 
 

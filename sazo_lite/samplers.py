@@ -6,7 +6,7 @@ Samplers know nothing of models or optimisers: they see indices, directional dif
 optionally, the per-example losses of the same step.
 
 The two SAZO samplers share three pieces: ``probabilities`` (the one score → probability
-transform), a score store (``CdfStore`` below ``SUM_TREE_MIN_EXAMPLES`` examples, ``TreeStore``
+transform, ``variance.mixed_probabilities``; the weights are ``variance.importance_weights``), a score store (``CdfStore`` below ``SUM_TREE_MIN_EXAMPLES`` examples, ``TreeStore``
 from there on; one interface, the same distribution) and a state record (``SAZOState``) that
 ``state_dict`` returns and ``load_state_dict`` checks in full before it changes anything.
 """
@@ -19,8 +19,10 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .interrupts import InterruptsDeferred
 from .sumtree import SumTree
 from .validation import check_choice, check_count, check_fraction, check_int, check_number
+from .variance import importance_weights, mixed_probabilities
 
 __all__ = ["Sampler", "UniformSampler", "PlainSAZOSampler", "SAZOSampler", "OracleSampler",
            "SAZOState", "probabilities", "CdfStore", "TreeStore", "SAMPLERS", "ALIASES", "sampler_name", "make_sampler"]
@@ -30,16 +32,21 @@ __all__ = ["Sampler", "UniformSampler", "PlainSAZOSampler", "SAZOSampler", "Orac
 SUM_TREE_MIN_EXAMPLES = 2 ** 16
 COUNT_MAX = np.iinfo(np.uint16).max  # counts saturate here (they only steer the early decay)
 SCORE_MAX = 1e30                     # relative scores are clipped here: float32 storage and sums stay finite
+_STORED_SCORE_MAX = float(np.float32(SCORE_MAX))  # the largest G the robust rule can store (1e30 rounded up)
 
 
 class Sampler:
     """Base class: i.i.d. draws from ``probs`` with weights 1/(N·p_i).
 
-    Subclasses override ``probs`` and, if they learn, ``_observe``.
+    Subclasses override ``probs`` and, if they learn, ``_observe``. ``MAX_EXAMPLES`` is the
+    largest N a sampler can draw from (``torch.multinomial``'s 2²⁴ categories here); a larger
+    N is refused at construction.
     """
 
+    MAX_EXAMPLES = 2 ** 24
+
     def __init__(self, num_examples: int, *, seed: int = 0):
-        self.num_examples = check_count("num_examples", num_examples)
+        self.num_examples = check_int("num_examples", num_examples, 1, type(self).MAX_EXAMPLES)
         self.seed = check_int("seed", seed)
         self._generator = torch.Generator().manual_seed(self.seed)
 
@@ -57,22 +64,22 @@ class Sampler:
         check_count("batch_size", batch_size)
         probs = self.probs
         indices = torch.multinomial(probs, batch_size, replacement=True, generator=self._generator)
-        return indices, 1.0 / (self.num_examples * probs[indices])
+        return indices, importance_weights(probs[indices], self.num_examples)
 
-    def update(self, indices: torch.Tensor, directional_diffs: torch.Tensor, losses: torch.Tensor | None = None) -> None:
+    def update(self, indices: torch.Tensor, directional_diffs: torch.Tensor) -> None:
         """Feed back the step's per-example directional diffs d_k for the sampled indices.
 
-        ``losses`` (optional, [B], finite, ≥ 0): the same step's per-example losses (``ZOStep.losses``);
-        samplers that do not use them ignore them. The whole update is rejected (``ValueError``,
-        state unchanged) if any index is out of range, a value is not finite or the shapes disagree.
+        The whole update is rejected (``ValueError``, state unchanged) if any index is out of
+        range, a diff is not finite or the shapes disagree. Atomic: Ctrl-C during an update is
+        delivered once the new state is fully written (or before any of it is).
         """
-        indices, diffs, losses = self._check_feedback(indices, directional_diffs, losses)
-        self._observe(indices, diffs, losses)
+        indices, diffs = self._check_feedback(indices, directional_diffs)
+        self._observe(indices, diffs)
 
-    def _observe(self, indices: torch.Tensor, diffs: torch.Tensor, losses: torch.Tensor | None) -> None:
+    def _observe(self, indices: torch.Tensor, diffs: torch.Tensor) -> None:
         """Learn from a checked batch; the default sampler learns nothing."""
 
-    def _check_feedback(self, indices, diffs, losses):
+    def _check_feedback(self, indices, diffs):
         indices = torch.as_tensor(indices)
         diffs = torch.as_tensor(diffs).detach().to("cpu", torch.float64)
         if indices.dim() != 1 or indices.dtype.is_floating_point or indices.dtype == torch.bool:
@@ -86,13 +93,7 @@ class Sampler:
                              f"indices {tuple(indices.shape)} (does the closure return per-example losses?)")
         if not bool(torch.isfinite(diffs).all()):
             raise ValueError("Invalid directional_diffs: entries must be finite")
-        if losses is not None:
-            losses = torch.as_tensor(losses).detach().to("cpu", torch.float64)
-            if losses.numel() == 0 and indices.numel():  # a scalar-loss step has no per-example losses
-                losses = None
-            elif losses.shape != indices.shape or not bool(torch.isfinite(losses).all()) or bool((losses < 0).any()):
-                raise ValueError(f"Invalid losses: expected finite losses >= 0 of shape {tuple(indices.shape)}")
-        return indices, diffs, losses
+        return indices, diffs
 
     def state_dict(self) -> dict:
         return {"num_examples": self.num_examples, "seed": self.seed,
@@ -115,11 +116,16 @@ class Sampler:
         reference = self._generator.get_state()
         if not isinstance(generator, torch.Tensor) or generator.dtype != torch.uint8 or generator.shape != reference.shape:
             raise ValueError("Invalid state: generator must be a torch.Generator state (uint8 tensor)")
+        try:  # on a throwaway generator: torch checks the bytes form a valid Mersenne Twister state
+            torch.Generator().set_state(generator)
+        except RuntimeError:
+            raise ValueError("Invalid state: generator is not a valid torch.Generator state") from None
         return seed, generator.clone()
 
     def _apply_base(self, checked: tuple[int, torch.Tensor]) -> None:
-        self.seed = checked[0]
-        self._generator.set_state(checked[1])
+        with InterruptsDeferred():
+            self.seed = checked[0]
+            self._generator.set_state(checked[1])
 
 
 class UniformSampler(Sampler):
@@ -130,6 +136,8 @@ class UniformSampler(Sampler):
         >>> bool((w == 1).all())
         True
     """
+
+    MAX_EXAMPLES = 2 ** 63 - 1  # torch.randint's largest bound
 
     def sample(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         check_count("batch_size", batch_size)
@@ -169,7 +177,8 @@ class OracleSampler(Sampler):
 
 # -- what the SAZO samplers share -----------------------------------------------------------
 def probabilities(scores: np.ndarray, total: float, uniform_mix: float, num_examples: int) -> np.ndarray:
-    """The score → probability transform: p_i = (1−λ)·s_i/S + λ/N (uniform when S ≤ 0 or not finite).
+    """The score → probability transform on float64 numpy arrays: ``variance.mixed_probabilities``,
+    p_i = (1−λ)·s_i/S + λ/N (uniform when S ≤ 0 or not finite).
 
     ``scores`` may be a subset of the N scores (e.g. the sampled ones); ``total`` is S = Σ_j s_j.
 
@@ -177,10 +186,7 @@ def probabilities(scores: np.ndarray, total: float, uniform_mix: float, num_exam
         >>> probabilities(np.array([1.0, 3.0]), 4.0, 0.5, 2).tolist()
         [0.375, 0.625]
     """
-    scores = np.asarray(scores, dtype=np.float64)
-    if not (total > 0 and math.isfinite(total)):
-        return np.full(scores.shape, 1.0 / num_examples)
-    return (1.0 - uniform_mix) * (scores / total) + uniform_mix / num_examples
+    return mixed_probabilities(np.asarray(scores, dtype=np.float64), total, uniform_mix, num_examples)
 
 
 class CdfStore:
@@ -291,11 +297,11 @@ class SAZOState:
         num_examples: N (a loaded state must have the sampler's N).
         seed: the seed the generator was made from.
         generator: the sampling generator's state (uint8 tensor).
-        estimates: per-example EMA, float32 [N] (0 where unseen for the robust rule).
+        estimates: per-example EMA, float32 [N] (0 where unseen for the robust rule; at most
+            float32(1e30) for the robust rule, which clips its relative observations there).
         counts: observations per example, int64 [N] (stored as uint16, saturating at 65535).
         hyperparameters: the constructor's arguments (checked like the constructor checks them).
-        extra: the rule's other state: scalars (levels, running sums, their counters) and, for the
-            robust rule, the relative losses ``loss_ratios`` float32 [N].
+        extra: the rule's other scalars (the robust rule: its level, running sums and counters).
     """
 
     num_examples: int
@@ -314,17 +320,18 @@ class SAZOState:
         return out
 
 
-def _float_array(name: str, value, n: int, *, low: float = 0.0) -> np.ndarray:
-    """A finite float32 [n] copy with entries ≥ low, or ValueError."""
+def _float_array(name: str, value, n: int, *, low: float = 0.0, high: float = math.inf) -> np.ndarray:
+    """A finite float32 [n] copy with entries in [low, high], or ValueError."""
     try:
         array = torch.as_tensor(value).detach().to("cpu").numpy()
     except (TypeError, ValueError, RuntimeError):
         raise ValueError(f"Invalid state: {name} must be a tensor") from None
     if array.shape != (n,) or array.dtype.kind not in "fiu":
         raise ValueError(f"Invalid state: {name} must be a real tensor of shape ({n},)")
-    array = array.astype(np.float32)
-    if not np.isfinite(array).all() or (array < low).any():
-        raise ValueError(f"Invalid state: {name} must be finite and >= {low}")
+    with np.errstate(over="ignore"):  # a float64 beyond float32's range becomes inf: refused below
+        array = array.astype(np.float32)
+    if not np.isfinite(array).all() or (array < low).any() or (array > high).any():
+        raise ValueError(f"Invalid state: {name} must be finite and in [{low}, {high:g}]")
     return array
 
 
@@ -344,7 +351,11 @@ class _ScoredSampler(Sampler):
     A subclass keeps ``_g`` (float32 [N]) and ``_n`` (uint16 [N]), and defines
     ``_seen_scores(idx)`` (sampling score of seen examples, 0 if unseen), ``_unseen(idx)`` and
     ``_prior_score()``. Then p_i = probabilities(ŝ_i, S), ŝ_i = score or prior, S = Σ ŝ.
+    ``ESTIMATE_MAX`` is the largest estimate the rule can store (``load_state_dict`` refuses more).
     """
+
+    MAX_EXAMPLES = 2 ** 28    # N·1e30 (the largest scores) stays finite in the float32 sum tree
+    ESTIMATE_MAX = math.inf
 
     def _init_store(self, sum_tree) -> None:
         if sum_tree is None:
@@ -425,7 +436,7 @@ class _ScoredSampler(Sampler):
             if chosen.any():
                 indices[chosen] = draw(int(chosen.sum()))
         probs = probabilities(self._scores_at(indices, prior), total, self.uniform_mix, self.num_examples)
-        return torch.from_numpy(indices), torch.from_numpy(1.0 / (self.num_examples * probs))
+        return torch.from_numpy(indices), torch.from_numpy(importance_weights(probs, self.num_examples))
 
     # -- checkpoints -------------------------------------------------------------------------
     def _hyperparameters(self) -> dict:
@@ -456,15 +467,15 @@ class _ScoredSampler(Sampler):
         if not isinstance(state["hyperparameters"], dict) or not isinstance(state["extra"], dict):
             raise ValueError("Invalid state: hyperparameters and extra must be dicts")
         hyper = self._check_hyperparameters(state["hyperparameters"])
-        g = _float_array("estimates", state["estimates"], self.num_examples)
+        g = _float_array("estimates", state["estimates"], self.num_examples, high=self.ESTIMATE_MAX)
         n = _count_array(state["counts"], self.num_examples)
         extra = self._check_extra(state["extra"], g, n)
-        # nothing below can fail
-        self._apply_base(base)
-        self.__dict__.update(hyper)
-        self._g[:], self._n[:] = g, n
-        self._apply_extra(extra)
-        self._store.refresh(None)  # every node from its children, as the updates did: bit-exact
+        with InterruptsDeferred():  # nothing below can fail; Ctrl-C waits until it is all written
+            self._apply_base(base)
+            self.__dict__.update(hyper)
+            self._g[:], self._n[:] = g, n
+            self._apply_extra(extra)
+            self._store.refresh(None)  # every node from its children, as the updates did: bit-exact
 
     def _check_hyperparameters(self, hyper: dict) -> dict:
         expected = set(self._hyperparameters())
@@ -534,7 +545,7 @@ class PlainSAZOSampler(_ScoredSampler):
     def _unseen(self, indices: np.ndarray) -> np.ndarray:
         return np.zeros(len(indices), dtype=bool)  # the plain rule has no notion of unseen
 
-    def _observe(self, indices, diffs, losses) -> None:
+    def _observe(self, indices, diffs) -> None:
         if not indices.numel():
             return
         with np.errstate(over="ignore"):  # an overflow is caught below, before any change
@@ -542,9 +553,11 @@ class PlainSAZOSampler(_ScoredSampler):
             new = (self.ema_decay * self._g[unique] + (1.0 - self.ema_decay) * squared).astype(np.float32)
         if not np.isfinite(new).all():
             raise ValueError("Invalid directional_diffs: d² overflows the float32 estimates (|d| > ~1e19)")
-        self._g[unique] = new
-        self._n[unique] = np.minimum(self._n[unique].astype(np.int64) + 1, COUNT_MAX)
-        self._store.refresh(unique, unseen_changed=unique[:0])  # the plain rule has no unseen
+        counts = np.minimum(self._n[unique].astype(np.int64) + 1, COUNT_MAX)
+        with InterruptsDeferred():  # all of it is written, or none
+            self._g[unique] = new
+            self._n[unique] = counts
+            self._store.refresh(unique, unseen_changed=unique[:0])  # the plain rule has no unseen
 
     def _hyperparameters(self) -> dict:
         return dict(ema_decay=self.ema_decay, uniform_mix=self.uniform_mix,
@@ -619,6 +632,8 @@ class SAZOSampler(_ScoredSampler):
         (1.0, True)
     """
 
+    ESTIMATE_MAX = _STORED_SCORE_MAX  # G is a running mean of observations clipped at SCORE_MAX
+
     def __init__(self, num_examples: int, *, ema_decay: float = 0.9, uniform_mix: float = 0.1,
                  prior_strength: float = 1.0, statistic: str = "abs", level_decay: float = 0.99,
                  sum_tree: bool | None = None, seed: int = 0):
@@ -662,7 +677,7 @@ class SAZOSampler(_ScoredSampler):
         return self.norm_estimates() ** 2
 
     # -- learning -------------------------------------------------------------------------
-    def _observe(self, indices, diffs, losses) -> None:
+    def _observe(self, indices, diffs) -> None:
         if not indices.numel():
             return
         indices, size = indices.numpy(), np.abs(diffs.numpy())
@@ -683,22 +698,23 @@ class SAZOSampler(_ScoredSampler):
         decay = np.minimum((counts + strength) / (counts + strength + 1.0), self.ema_decay)
         new = (decay * old + (1.0 - decay) * observed).astype(np.float32)
         old_scores = self._seen_scores(unique)[seen]
-        # commit
-        self.level, self.level_steps = level, steps
-        self._g[unique] = new
-        self._n[unique] = np.minimum(self._n[unique].astype(np.int64) + 1, COUNT_MAX)
-        new_scores = self._seen_scores(unique)
-        self._seen_sq += float((new_scores * new_scores).sum() - (old_scores * old_scores).sum())
-        self._seen_count += int(len(unique) - seen.sum())
-        self._since_resync += len(unique)
-        if self._since_resync >= self.num_examples:  # bound the running sum's rounding drift
-            self._resync()
-        self._store.refresh(unique, unseen_changed=unique[~seen])
+        new_counts = np.minimum(self._n[unique].astype(np.int64) + 1, COUNT_MAX)
+        with InterruptsDeferred():  # commit: all of it is written, or (Ctrl-C before this) none
+            self.level, self.level_steps = level, steps
+            self._g[unique] = new
+            self._n[unique] = new_counts
+            new_scores = self._seen_scores(unique)
+            self._seen_sq += float((new_scores * new_scores).sum() - (old_scores * old_scores).sum())
+            self._seen_count += int(len(unique) - seen.sum())
+            self._since_resync += len(unique)
+            if self._since_resync >= self.num_examples:  # bound the running sum's rounding drift
+                self._resync()
+            self._store.refresh(unique, unseen_changed=unique[~seen])
 
     def _next_level(self, indices: np.ndarray, size: np.ndarray, steps: int) -> float:
         """L ← EMA of mean_k(w_k·|d_k|): an importance-weighted estimate of (1/N)·Σ_i E|d_i|."""
         with np.errstate(over="ignore", invalid="ignore"):
-            weights = 1.0 / (self.num_examples * self._probs_at(indices))       # the sampling weights
+            weights = importance_weights(self._probs_at(indices), self.num_examples)  # the sampling weights
             rate = max(1.0 / steps, 1.0 - self.level_decay)
             return (1.0 - rate) * self.level + rate * float(np.mean(weights * size))
 
@@ -736,6 +752,10 @@ class SAZOSampler(_ScoredSampler):
             raise ValueError(f"Invalid state: seen_count {checked['seen_count']} != {seen} examples with counts > 0")
         if (g[n == 0] != 0).any():
             raise ValueError("Invalid state: estimates must be 0 where counts are 0")
+        if checked["since_resync"] >= self.num_examples:  # an update resyncs as soon as it reaches N
+            raise ValueError(f"Invalid state: since_resync {checked['since_resync']} (expected < {self.num_examples})")
+        if checked["level_steps"] == 0 and (seen or checked["level"] != 0.0):
+            raise ValueError("Invalid state: level_steps is 0 but examples were observed or the level is set")
         return checked
 
     def _apply_extra(self, extra: dict) -> None:

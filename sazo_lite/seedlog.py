@@ -8,12 +8,21 @@ single forward pass.
 
 What a log refuses (ValueError, before anything changes):
     * recording a step whose directions replay could not reproduce (a non-replayable noise
-      source such as ``NoiseTable``) or a change of eps, perturbation or param groups;
+      source such as ``NoiseTable``), a change of eps, perturbation or param groups, or a
+      jump of the step count or seed since the last recorded step (``load_state_dict`` on the
+      optimiser: attach a new log for the resumed run);
     * replaying into parameters of other shapes or dtypes, or into another optimiser type
       (a ``SparseMeZO`` log replays only through ``replay_into(SparseMeZO(...))``);
     * loading a log whose header is malformed, whose record count disagrees with the header
       (a truncated file), or with an unknown record kind, a failure record other than 1 or 2
-      passes, a non-finite g, or a negative or non-finite lr / weight decay.
+      passes, a non-finite g, or a negative or non-finite lr / weight decay;
+    * replaying a log with a step whose update would overflow the parameters' dtype with the
+      lr in force: every record is checked before the first pass.
+
+Replay is all or nothing: ``replay_into`` keeps a copy of the parameters (``backup=True``) and
+puts them and the optimiser's lr, step and seed back if anything fails part-way (an
+interrupt, θ growing past its dtype's range). ``save`` writes a temporary file beside the
+target and renames it, so a failed or interrupted save leaves the previous file whole.
 
 Example:
     >>> theta = torch.zeros(4)
@@ -27,8 +36,10 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,6 +47,7 @@ import torch
 
 from .directions import PERTURBATIONS
 from .engine import MeZO, StepEvent
+from .interrupts import InterruptsDeferred
 
 __all__ = ["SeedLog"]
 
@@ -75,6 +87,7 @@ class SeedLog:
     records: list[tuple[int, int, float]] = field(default_factory=list)
     _hyper: list[tuple[float, float]] = field(default_factory=list, repr=False)
     _handle: object = field(default=None, repr=False)
+    _expected: tuple | None = field(default=None, repr=False)  # (step, seed) the next step must start at
 
     @classmethod
     def attach(cls, optimizer: MeZO) -> "SeedLog":
@@ -90,6 +103,7 @@ class SeedLog:
         if sizes is not None:
             header["mask_sizes"] = sizes
         log = cls(header)
+        log._expected = (state["step"], state["seed"])
         log._handle = optimizer.register_step_hook(log)
         return log
 
@@ -102,18 +116,26 @@ class SeedLog:
     # -- recording (the optimiser calls these) ------------------------------------------
     def check(self, optimizer: MeZO) -> None:
         """Refuse a step that replay could not reproduce (called before the step changes θ)."""
-        source = optimizer._source()
+        source = optimizer.noise_source
         if not getattr(source, "replayable", False):
             raise ValueError(f"Invalid noise: SeedLog replays with the plain loop, which cannot "
                              f"reproduce {type(source).__name__}'s directions")
         if optimizer.param_groups[0]["eps"] != self.header["eps"] or _structure(optimizer) != self.header["groups"]:
             raise ValueError("Invalid optimizer: eps, perturbation or param groups changed since "
                              "SeedLog.attach; a seed log cannot record that")
+        state = optimizer.state[optimizer._first_param()]
+        if self._expected is not None and (state["step"], state["seed"]) != self._expected:
+            raise ValueError(f"Invalid optimizer: its step count and seed jumped to ({state['step']}, "
+                             f"{state['seed']}) from the log's ({self._expected[0]}, {self._expected[1]}) "
+                             f"(load_state_dict?); a seed log cannot record that: detach it and "
+                             f"SeedLog.attach a new one for the resumed run")
 
     def __call__(self, optimizer: MeZO, event: StepEvent) -> None:
         if event.kind == "failure":
             self.records.append((_FAIL, event.seed, float(event.value)))
             return
+        if self._expected is not None:
+            self._expected = (self._expected[0] + 1, self._expected[1])
         for index, group in enumerate(optimizer.param_groups):
             hyper = (group["lr"], group["weight_decay"])
             if index >= len(self._hyper) or self._hyper[index] != hyper:
@@ -151,9 +173,16 @@ class SeedLog:
                 raise ValueError(f"Invalid params: dtypes {[str(p.dtype) for p in group['params']]} differ "
                                  f"from the logged run's {spec['dtypes']}; replay would not be exact")
 
-    def replay_into(self, optimizer: MeZO) -> None:
+    def replay_into(self, optimizer: MeZO, *, backup: bool = True) -> None:
         """Replay through ``optimizer`` (same type, eps, groups, shapes and dtypes as the run);
-        afterwards its step count and seed continue the logged run."""
+        afterwards its step count and seed continue the logged run.
+
+        All or nothing: every record is checked first (with the lr in force at its step), and
+        with ``backup`` (default) a copy of the parameters is kept during replay and put back,
+        with the optimiser's lr, weight decay, step and seed, if a pass fails or is interrupted.
+        ``backup=False`` saves that memory (one copy of the parameters); only an interrupt or a
+        failing noise source can then leave them part-replayed.
+        """
         _check_header(self.header)
         _check_records(self.records, len(self.header["groups"]))
         if type(optimizer).__name__ != self.header["optimizer"]:
@@ -169,17 +198,37 @@ class SeedLog:
             raise ValueError("Invalid optimizer: perturbations differ from the logged run's")
         if _mask_sizes(optimizer) != self.header.get("mask_sizes"):
             raise ValueError("Invalid optimizer: its masks differ from the logged run's")
-        if not getattr(optimizer._source(), "replayable", False):
+        if not getattr(optimizer.noise_source, "replayable", False):
             raise ValueError("Invalid optimizer: its noise source does not draw the logged directions")
-        for kind, key, value in self.records:
-            if kind == _STEP:
-                optimizer.replay_step(key, value)
-            elif kind == _FAIL:
-                optimizer.replay_failure(key, int(value))
-            else:
-                optimizer.param_groups[key]["lr" if kind == _LR else "weight_decay"] = value
+        self._check_updates(optimizer)
+        optimizer.flush()
+        saved = _Saved(optimizer, backup)
+        try:
+            for kind, key, value in self.records:
+                if kind == _STEP:
+                    optimizer.replay_step(key, value)
+                elif kind == _FAIL:
+                    optimizer.replay_failure(key, int(value))
+                else:
+                    optimizer.param_groups[key]["lr" if kind == _LR else "weight_decay"] = value
+        except BaseException:
+            saved.restore(optimizer)
+            raise
         optimizer.state[optimizer._first_param()].update(
             step=self.header["start_step"] + self.num_steps, seed=self.header["base_seed"])
+
+    def _check_updates(self, optimizer: MeZO) -> None:
+        """Every logged step's update, with the lr and weight decay in force then, must fit the dtypes."""
+        groups = [{"lr": g["lr"], "weight_decay": g["weight_decay"], "params": g["params"]}
+                  for g in optimizer.param_groups]
+        for index, (kind, key, value) in enumerate(self.records):
+            if kind in (_LR, _WD):
+                groups[key]["lr" if kind == _LR else "weight_decay"] = value
+            elif kind == _STEP:
+                try:
+                    optimizer._check_update(value, groups, None)
+                except ValueError as error:
+                    raise _invalid(f"record {index}: {error} (nothing replayed)") from None
 
     # -- bytes -------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
@@ -190,11 +239,13 @@ class SeedLog:
     @classmethod
     def from_bytes(cls, data: bytes) -> "SeedLog":
         """Parse and validate a serialised log (ValueError on anything malformed or truncated)."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise _invalid(f"expected bytes, got {type(data).__name__}")
         head, newline, body = bytes(data).partition(b"\n")
         try:
             header = json.loads(head)
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise _invalid(f"the header is not JSON ({error})") from None
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+            raise _invalid(f"the header is not JSON ({type(error).__name__}: {str(error)[:80]})") from None
         _check_header(header)
         count = header.pop("records", None)
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
@@ -208,16 +259,51 @@ class SeedLog:
         return cls(header, records)
 
     def save(self, path) -> int:
-        """Write the log to ``path``; returns its size in bytes."""
+        """Write the log to ``path``; returns its size in bytes.
+
+        Atomic: the bytes go to a temporary file beside ``path``, which then replaces it, so a
+        failed write (full disk, file-size limit) or Ctrl-C leaves any previous file whole.
+        """
         data = self.to_bytes()
-        with open(path, "wb") as handle:
-            handle.write(data)
+        path = os.fspath(path)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
         return len(data)
 
     @classmethod
     def load(cls, path) -> "SeedLog":
         with open(path, "rb") as handle:
             return cls.from_bytes(handle.read())
+
+
+class _Saved:
+    """What ``replay_into`` puts back if it fails: the parameters (with ``backup``), each
+    group's lr and weight decay, and the step count and seed."""
+
+    def __init__(self, optimizer: MeZO, backup: bool):
+        with torch.no_grad():
+            self.params = [[p.detach().clone() for p in g["params"]] if backup else None
+                           for g in optimizer.param_groups]
+        self.hyper = [(g["lr"], g["weight_decay"]) for g in optimizer.param_groups]
+        self.state = dict(optimizer.state[optimizer._first_param()])
+
+    def restore(self, optimizer: MeZO) -> None:
+        with InterruptsDeferred(), torch.no_grad():
+            for group, copies, (lr, wd) in zip(optimizer.param_groups, self.params, self.hyper):
+                if copies is not None:
+                    for p, copy in zip(group["params"], copies):
+                        p.copy_(copy)
+                group.update(lr=lr, weight_decay=wd)
+            optimizer.state[optimizer._first_param()].update(self.state)
 
 
 def _check_header(header) -> None:

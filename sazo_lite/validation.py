@@ -12,10 +12,11 @@ __all__ = ["check_int", "check_count", "check_number", "check_fraction", "check_
            "check_callable"]
 
 
-def check_int(name: str, value, low: int | None = None) -> int:
-    """An int (not a bool, not a float) that is >= ``low`` when given."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (low is not None and value < low):
-        bound = f" >= {low}" if low is not None else ""
+def check_int(name: str, value, low: int | None = None, high: int | None = None) -> int:
+    """An int (not a bool, not a float) in [low, high] (each bound when given)."""
+    if (isinstance(value, bool) or not isinstance(value, numbers.Integral) or (low is not None and value < low)
+            or (high is not None and value > high)):
+        bound = (f" >= {low}" if low is not None else "") + (f" and <= {high}" if high is not None else "")
         raise ValueError(f"Invalid {name}: {value!r} (expected an int{bound})")
     return int(value)
 

@@ -4,13 +4,47 @@ With per-example gradients a_i = ∇f_i, sampling distribution p and B i.i.d. dr
 
     E‖ĝ‖² = (d+2) · [ (1/B)·V(p) + (1 − 1/B)·‖∇F‖² ],   V(p) = (1/N²) Σ_i ‖a_i‖² / p_i
     p*_i = ‖a_i‖ / Σ_j ‖a_j‖,   V(p*) = ((1/N) Σ_i ‖a_i‖)²,   V(u)/V(p*) = 1 + CV²
+
+The mixture every sampler draws from and its importance weights are written once, here:
+
+    p_i = (1−λ)·s_i/S + λ/N   (``mixed_probabilities``),    w_i = 1/(N·p_i)   (``importance_weights``)
 """
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
-__all__ = ["oracle_probs", "sampling_variance", "variance_ratio", "uniform_gain",
-           "zo_second_moment", "tv_distance", "spearman", "mix_with_uniform"]
+__all__ = ["mixed_probabilities", "importance_weights", "oracle_probs", "sampling_variance",
+           "variance_ratio", "uniform_gain", "zo_second_moment", "tv_distance", "spearman", "mix_with_uniform"]
+
+
+def mixed_probabilities(scores, total: float, uniform_mix: float, num_examples: int):
+    """p_i = (1−λ)·s_i/S + λ/N for scores s_i ≥ 0 (uniform 1/N when S ≤ 0 or not finite).
+
+    ``scores`` (a float64 numpy array or torch tensor, returned in kind) may be a subset of the
+    N scores (e.g. the sampled ones); ``total`` is S = Σ_j s_j over all N.
+
+    Example:
+        >>> mixed_probabilities(torch.tensor([1.0, 3.0], dtype=torch.float64), 4.0, 0.5, 2).tolist()
+        [0.375, 0.625]
+    """
+    if not (total > 0 and math.isfinite(total)):
+        if isinstance(scores, torch.Tensor):
+            return torch.full_like(scores, 1.0 / num_examples)
+        return np.full(np.shape(scores), 1.0 / num_examples)
+    return (1.0 - uniform_mix) * (scores / total) + uniform_mix / num_examples
+
+
+def importance_weights(probs, num_examples: int):
+    """w_i = 1/(N·p_i): E_{i~p}[w_i·f_i] = (1/N)·Σ_i f_i for any p with full support.
+
+    Example:
+        >>> importance_weights(torch.tensor([0.25, 0.5], dtype=torch.float64), 4).tolist()
+        [1.0, 0.5]
+    """
+    return 1.0 / (num_examples * probs)
 
 
 def _as64(x) -> torch.Tensor:
@@ -18,16 +52,15 @@ def _as64(x) -> torch.Tensor:
 
 
 def oracle_probs(norms) -> torch.Tensor:
-    """p* ∝ ‖∇f_i‖ (uniform if every norm is 0)."""
+    """p* ∝ ‖∇f_i‖ (uniform if every norm is 0): ``mixed_probabilities`` with λ = 0."""
     norms = _as64(norms)
-    total = norms.sum()
-    return norms / total if total > 0 else torch.full_like(norms, 1.0 / len(norms))
+    return mixed_probabilities(norms, float(norms.sum()), 0.0, len(norms))
 
 
 def mix_with_uniform(probs, uniform_mix: float) -> torch.Tensor:
-    """(1−λ)·p + λ/N."""
+    """(1−λ)·p + λ/N for a distribution p: ``mixed_probabilities`` with S = 1."""
     probs = _as64(probs)
-    return (1.0 - uniform_mix) * probs + uniform_mix / len(probs)
+    return mixed_probabilities(probs, 1.0, uniform_mix, len(probs))
 
 
 def sampling_variance(norms, probs) -> float:

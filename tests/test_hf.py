@@ -74,7 +74,8 @@ def test_each_step_runs_two_forwards_and_never_backward(tmp_path, monkeypatch):
     trainer.model.register_forward_pre_hook(lambda module, inputs: forwards.append(torch.is_grad_enabled()))
     before = weights(trainer.model)
     trainer.train()
-    assert len(forwards) == 2 * 3 and not any(forwards)      # two no-grad forwards per step
+    # one no-grad check forward before training (ZOTrainer._check_model_and_data), two per step
+    assert len(forwards) == 1 + 2 * 3 and not any(forwards)
     assert all(p.grad is None for p in trainer.model.parameters())
     assert any(not torch.equal(before[k], v) for k, v in weights(trainer.model).items())
     assert trainer.zo_optimizer.step_count == 3
@@ -102,6 +103,7 @@ def test_the_sampler_chooses_the_examples_and_sees_their_diffs(tmp_path):
     seen = []
     trainer.model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].clone()), with_kwargs=True)
     trainer.train()
+    seen = seen[1:]                                          # the check forward before training
     assert len(recorder.drawn) == 5 and len(seen) == 10
     for step, indices in enumerate(recorder.drawn):
         expected = CausalLMCollator(0)([rows[int(i)] for i in indices])["input_ids"]
@@ -378,7 +380,7 @@ def test_bf16_args_autocast_the_forwards_and_keep_float32_weights(tmp_path):
     inside = []
     trainer.model.model.layers[0].mlp.register_forward_hook(lambda module, args, out: inside.append(out.dtype))
     trainer.train()
-    assert inside == [torch.bfloat16] * 4                    # two autocast forwards per step
+    assert len(inside) == 1 + 4 and inside[1:] == [torch.bfloat16] * 4   # the check forward, then two per step
     assert trainer._master is None and all(p.dtype == torch.float32 for p in trainer.model.parameters())
 
 

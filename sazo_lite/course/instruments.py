@@ -224,4 +224,4 @@ def step_memory(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Ten
     return StepMemory({"parameters": sum(sizes), "largest tensor": max(sizes),
             "inference": peak_tensor_bytes(inference)[1],
             "MeZO step": peak_tensor_bytes(lambda: optimizer.step(loss))[1],
-            "backprop step": peak_tensor_bytes(backprop)[1]}, path=type(optimizer._source()).__name__)
+            "backprop step": peak_tensor_bytes(backprop)[1]}, path=type(optimizer.noise_source).__name__)

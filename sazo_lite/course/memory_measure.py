@@ -201,7 +201,7 @@ def _child(spec: dict) -> dict:
     baseline = peak_rss_bytes()
     _step(mode, model, tokens, optimiser)
     out["rss_extra"] = peak_rss_bytes() - baseline
-    out["path"] = type(optimiser._source()).__name__ if mode == "zo" else mode
+    out["path"] = type(optimiser.noise_source).__name__ if mode == "zo" else mode
     if device.type == "cuda":
         torch.cuda.synchronize()
         out["cuda_extra"] = torch.cuda.max_memory_allocated() - before

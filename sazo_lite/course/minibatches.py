@@ -32,7 +32,7 @@ def sample_minibatches(probs, batch_size: int, trials: int, *, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     indices = torch.multinomial(probs, trials * batch_size, replacement=True, generator=g)
     indices = indices.view(trials, batch_size)
-    return indices, 1.0 / (len(probs) * probs[indices])
+    return indices, variance.importance_weights(probs[indices], len(probs))
 
 
 def minibatch_zo_estimates(per_example_grads: torch.Tensor, probs, batch_size: int, trials: int, *,

@@ -206,8 +206,10 @@ def cached_first_round(model, params, cset: ContinualSet, tokenizer, *, key: str
         return False
     path = cache_dir() / "first_round" / f"{key}-steps{steps}-lr{lr:g}.pt"
     params = list(params)
-    if path.exists():
-        restore_snapshot(params, torch.load(path))
+    saved = _cached_tensors(path, params) if path.exists() else None
+    if saved is not None:
+        with torch.no_grad():
+            restore_snapshot(params, saved)
         return True
     first_round(model, params, cset, tokenizer, steps=steps, lr=lr, progress=progress)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -215,6 +217,21 @@ def cached_first_round(model, params, cset: ContinualSet, tokenizer, *, key: str
     torch.save(snapshot(params), partial)
     os.replace(partial, path)
     return False
+
+
+def _cached_tensors(path, params):
+    """The cached tensors if ``path`` holds exactly one per parameter, of its shape and dtype, else
+    None (a corrupt or foreign cache is recomputed and rewritten). Read with ``weights_only=True``:
+    a file that holds anything but tensors and containers is refused without running anything."""
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001 - any unreadable cache is recomputed
+        return None
+    if (not isinstance(saved, (list, tuple)) or len(saved) != len(params)
+            or any(not isinstance(s, torch.Tensor) or s.shape != p.shape or s.dtype != p.dtype
+                   for s, p in zip(saved, params))):
+        return None
+    return saved
 
 
 def heterogeneity(norms) -> float:

@@ -7,6 +7,9 @@ Two forms, both returning a float32 tensor [B] (one loss per example) on the CPU
 
       f_i = −(1/|A_i|) Σ_{t∈A_i} log p_θ(x_t | x_<t)        (prompt and padding masked out)
 
+  computed by ``causal_lm_losses(logits, labels)``, the one per-example causal-LM loss (labels
+  −100 are not scored), which ``sazo_lite.hf`` (``ZOTrainer``, ``CausalLMCollator``) uses too;
+
 * ``classification_losses``: prompt-based classification with verbalisers (as in MeZO):
   with label words v_1..v_C and the logits ℓ at the last prompt position,
 
@@ -30,11 +33,29 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["TokenBatch", "encode_answers", "encode_classification", "label_word_ids",
+__all__ = ["causal_lm_losses", "TokenBatch", "encode_answers", "encode_classification", "label_word_ids",
            "answer_losses", "classification_losses", "classification_logits", "predict", "accuracy",
            "batched_closure"]
 
-IGNORE = -100
+IGNORE = -100  # a label that is not scored (prompt, padding): the Hugging Face convention
+
+
+def causal_lm_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-example mean token cross-entropy of a causal LM: float32 [B].
+
+    Position t predicts token t+1 (the causal shift); labels equal to −100 are ignored, so a
+    batch with labels only on the answer tokens scores the answers alone. An example with no
+    scored token has loss 0. This is the Hugging Face ``labels`` loss, example by example.
+
+    Example:
+        >>> logits, labels = torch.zeros(2, 3, 5), torch.tensor([[-100, 1, 2], [-100, -100, 4]])
+        >>> causal_lm_losses(logits, labels)          # uniform logits: log 5 per scored token
+        tensor([1.6094, 1.6094])
+    """
+    logits, targets = logits[:, :-1].float(), labels[:, 1:]                  # [B, T-1, V], [B, T-1]
+    ce = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=IGNORE, reduction="none")
+    counts = (targets != IGNORE).sum(1)                                       # [B]
+    return ce.sum(1) / counts.clamp_min(1)
 
 
 @dataclass
@@ -124,7 +145,7 @@ def _device(model) -> torch.device:
 
 
 def _autocast(device: torch.device, dtype):
-    """bf16/fp16 autocast when asked (≈2× faster forwards on this CPU), else nothing."""
+    """bf16/fp16 autocast when asked (faster forwards on CPUs with bf16 support), else nothing."""
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
@@ -146,12 +167,11 @@ def answer_losses(model, batch: TokenBatch, indices=None, *, autocast_dtype=None
     indices = range(len(batch)) if indices is None else indices
     inputs = batch.select(indices, _device(model))
     logits = _logits(model, inputs, autocast_dtype, grad)
-    targets = inputs["input_ids"][:, 1:]                              # token t+1 is predicted at t
-    positions = torch.arange(1, targets.shape[1] + 1, device=targets.device)[None, :]
-    starts = torch.tensor([batch.prompt_lengths[int(i)] for i in indices], device=targets.device)
-    scored = (positions >= starts[:, None]) & (positions < inputs["lengths"][:, None])  # answer only
-    ce = F.cross_entropy(logits[:, :-1].transpose(1, 2), targets, reduction="none")    # [B, T-1]
-    return (ce * scored).sum(1) / scored.sum(1).clamp_min(1)
+    ids = inputs["input_ids"]
+    positions = torch.arange(ids.shape[1], device=ids.device)[None, :]
+    starts = torch.tensor([batch.prompt_lengths[int(i)] for i in indices], device=ids.device)
+    answer = (positions >= starts[:, None]) & (positions < inputs["lengths"][:, None])   # [B, T]
+    return causal_lm_losses(logits, ids.masked_fill(~answer, IGNORE))
 
 
 def classification_logits(model, batch: TokenBatch, indices=None, *, autocast_dtype=None,

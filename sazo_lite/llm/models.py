@@ -109,18 +109,20 @@ def smollm2_dir(*, verbose: bool = True) -> Path:
     return target
 
 
-def load_causal_lm(name_or_path, *, dtype: torch.dtype = torch.float32, device=None):
+def load_causal_lm(name_or_path, *, dtype: torch.dtype = torch.float32, device=None,
+                   use_safetensors: bool | None = None):
     """Load (model, tokenizer) for any AutoModelForCausalLM: local folder or hub id.
 
     The model is returned in eval mode (ZO needs the + and − passes to see the same
-    function: no dropout). A missing pad token is set to the EOS token.
+    function: no dropout). A missing pad token is set to the EOS token. ``use_safetensors=True``
+    reads the weights from safetensors only (never a pickled ``.bin``), as the cache does.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if Path(str(name_or_path)).exists():
         _offline()
     tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, use_safetensors=use_safetensors)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device or default_device()).eval(), tokenizer
@@ -134,7 +136,8 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32, device=None, verbose: bo
         >>> type(model).__name__
         'LlamaForCausalLM'
     """
-    return load_causal_lm(smollm2_dir(verbose=verbose), dtype=dtype, device=device)
+    # the cache is ours (safetensors): a pickled weights file planted there is never read
+    return load_causal_lm(smollm2_dir(verbose=verbose), dtype=dtype, device=device, use_safetensors=True)
 
 
 def load_minilm(*, device=None):
