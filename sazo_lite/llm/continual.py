@@ -237,7 +237,10 @@ def first_round(model, params, cset: ContinualSet, tokenizer, *, steps: int = 10
     if not cset.setup:
         return []
     params = list(params)
-    batch = encode_classification(tokenizer, [e.prompt for e in cset.setup], [e.label for e in cset.setup], WORDS)
+    # the set's own verbalisers (" no"/" yes", plus the groups of "balanced"): the setup is assimilated
+    # under the same softmax the ZO runs score it with
+    batch = encode_classification(tokenizer, [e.prompt for e in cset.setup], [e.label for e in cset.setup],
+                                  cset.task.label_words)
     optimizer = torch.optim.Adam(params, lr=lr)
     history = []
     for _ in tqdm(range(steps), desc="first round (Adam, setup)", disable=not progress):

@@ -194,6 +194,7 @@ def directional_error(model, batch: TokenBatch, params, *, eps: float, draws: in
         grads.append([torch.zeros_like(p) if x is None else x.detach() for p, x in zip(params, g)])
     generator = torch.Generator().manual_seed(seed)
     errors = torch.zeros(len(indices), dtype=torch.float64)
+    saved = [p.detach().clone() for p in params]
     for _ in range(draws):
         z = [torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) for p in params]
         try:
@@ -202,7 +203,9 @@ def directional_error(model, batch: TokenBatch, params, *, eps: float, draws: in
             _shift(params, z, -2 * eps)
             minus = fn(model, batch, indices).double()
         finally:
-            _shift(params, z, eps)
+            with torch.no_grad():       # exactly θ again (± in float32 does not round-trip)
+                for p, s in zip(params, saved):
+                    p.copy_(s)
         diffs = (plus - minus).cpu() / (2 * eps)
         exact = torch.tensor([sum(float((zz.double() * gg.double()).sum()) for zz, gg in zip(z, g)) for g in grads],
                              dtype=torch.float64)
