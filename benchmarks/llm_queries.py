@@ -23,7 +23,7 @@ machine has no run of its own. Work is split into (setting, sampler) units share
 processes (2 on a machine with ≥ 2 CPUs), one torch thread each.
 
 Run: ``python -m benchmarks.llm_queries`` (``make bench-llm``); ``--quick`` for the pilot (the
-documented continual set only, B = 1, 1 seed per rate, 2 rates per sampler).
+documented continual set only, B = 1, 1 seed, 2 rates per sampler starting where the diagnosis found them).
 """
 from __future__ import annotations
 
@@ -149,8 +149,9 @@ def settings(args) -> list[Setting]:
     for name in args.sets:
         if name == "continual":     # the documented case: N = 24, B = 1 (issue 28's diagnosis)
             out.append(Setting(f"SmolLM2 LoRA r{args.rank} continual (N={args.num_train}, B=1)",
-                               lambda: smollm2_start("continual", args), {"uniform": 2.5e-4, "sazo": 2.5e-4,
-                               "oracle": 7e-4}, 1, args.steps, args.log_every, cells=args.cells,
+                               lambda: smollm2_start("continual", args),
+                               {"uniform": 5e-4, "sazo": 5e-4, "oracle": 1e-3} if args.quick else
+                               {"uniform": 2.5e-4, "sazo": 2.5e-4, "oracle": 7e-4}, 1, args.steps, args.log_every, cells=args.cells,
                                grid_seeds=args.grid_seeds, seeds=args.seeds, stale_every=args.stale_every,
                                diagnose=args.diagnose_every, budget_runs=not args.quick))
         elif name in ("balanced", "homogeneous"):
@@ -405,7 +406,7 @@ def summarise(setting: dict, targets=(0.5, 0.3)) -> list[str]:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_queries", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="pilot (≤ 8 min): the continual set only, 1 seed per rate, 2 rates, 60 steps")
+                        help="pilot (≤ 8 min idle): the continual set only, 1 seed, 2 rates per sampler from the diagnosis's, 120 steps")
     parser.add_argument("--sets", nargs="*", default=["continual", "balanced", "homogeneous"])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
                         help="the samplers raced on the balanced set (+rule: with the step rule)")
@@ -453,9 +454,9 @@ def parse_args(argv=None):
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)     # "k/J": run job k of J
     parser.add_argument("--partial", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.quick:
+    if args.quick:   # the pilot: where the diagnosis found each sampler's rate, 1 seed, 2 rates each
         args.sets, args.grid_seeds, args.seeds, args.cells = ["continual"], 1, 1, 2
-        args.steps, args.stale_every, args.tiny, args.measure_sets, args.full_start = min(args.steps, 60), 0, [], [], 0.0
+        args.steps, args.stale_every, args.tiny, args.measure_sets, args.full_start = min(args.steps, 120), 0, [], [], 0.0
     if args.jobs < 1 or args.seeds < 1 or args.steps < 1 or args.grid_seeds < 1 or args.cells < 1:
         parser.error("--jobs, --seeds, --grid-seeds, --cells and --steps must be ≥ 1")
     args.targets = sorted(args.targets, reverse=True)
