@@ -153,18 +153,20 @@ def settings(args) -> list[Setting]:
                                {"uniform": 5e-4, "sazo": 5e-4, "oracle": 1e-3} if args.quick else
                                {"uniform": 2.5e-4, "sazo": 2.5e-4, "oracle": 7e-4}, 1, args.steps, args.log_every, cells=args.cells,
                                grid_seeds=args.grid_seeds, seeds=args.seeds, stale_every=args.stale_every,
-                               diagnose=args.diagnose_every, budget_runs=not args.quick))
-        elif name in ("balanced", "homogeneous"):
-            n, frac = (args.big_n, args.big_new_fraction) if name == "balanced" else (args.big_n // 4, 1.0)
-            build = (lambda: smollm2_start("balanced", args, num_train=args.big_n, new_fraction=args.big_new_fraction)) \
-                if name == "balanced" else (lambda: smollm2_start("homogeneous", args))
-            variants = tuple(args.variants) if name == "balanced" else ("uniform", "sazo")
-            out.append(Setting(f"SmolLM2 LoRA r{args.rank} {name} (N={n if name == 'balanced' else args.num_train}, "
-                               f"B={args.big_batch})", build,
-                               {v: args.big_start for v in variants}, args.big_batch, args.big_steps,
-                               args.big_log_every, variants=variants, cells=args.cells, grid_seeds=args.grid_seeds,
-                               seeds=args.seeds, oracle_every=args.big_oracle_every if name == "balanced" else 1,
-                               diagnose=args.diagnose_every, cost=4.0 if name == "balanced" else 1.0))
+                               diagnose=args.diagnose_every, budget_runs=False))
+        elif name == "balanced":    # designed for B > 1; opt-in (--sets ... balanced): hours on 2 CPU cores
+            out.append(Setting(f"SmolLM2 LoRA r{args.rank} balanced (N={args.big_n}, B={args.big_batch})",
+                               lambda: smollm2_start("balanced", args, num_train=args.big_n,
+                                                     new_fraction=args.big_new_fraction),
+                               {v: args.big_start for v in args.variants}, args.big_batch, args.big_steps,
+                               args.big_log_every, variants=tuple(args.variants), cells=args.cells,
+                               grid_seeds=args.grid_seeds, seeds=args.seeds, oracle_every=args.big_oracle_every,
+                               diagnose=args.diagnose_every, cost=4.0))
+        elif name == "homogeneous":  # the control: every example new and alike; SAZO must not lose
+            out.append(Setting(f"SmolLM2 LoRA r{args.rank} homogeneous (N={args.num_train}, B={args.big_batch})",
+                               lambda: smollm2_start("homogeneous", args), {"uniform": 1e-3, "sazo": 1e-3},
+                               args.big_batch, args.steps, max(1, args.log_every // 4), variants=("uniform", "sazo"),
+                               cells=args.cells, grid_seeds=args.grid_seeds, seeds=args.seeds, budget_runs=False))
     if args.full_start:
         out.append(Setting("SmolLM2 full continual (Rademacher z, B=1)", lambda: smollm2_start("continual", args, full=True),
                            {"uniform": args.full_start, "sazo": args.full_start}, 1, args.full_steps, args.log_every,
@@ -225,7 +227,7 @@ def race_variant(setting: Setting, variant: str, model, params, train, test, arg
         r = query_run(model, params, train, sampler, lr=lr, eps=args.eps, batch_size=setting.batch,
                       steps=steps or setting.steps, seed=seed, log_every=setting.log_every,
                       oracle_every=oracle_every or setting.oracle_every, oracle_mix=args.oracle_mix,
-                      test_batch=None if stop else test, stop_fraction=deepest if stop else None, diagnose=diagnose,
+                      test_batch=test, stop_fraction=deepest if stop else None, diagnose=diagnose,
                       perturbation=setting.perturbation, step_rule=bool(rule)).to_dict()
         q = [queries_to(r, t) for t in args.targets]
         acc = f" acc={r['test_accuracy']:.3f}" if r.get("test_accuracy") is not None else ""
@@ -340,7 +342,8 @@ def run_units(args, mine: list[tuple[int, str]], measure: bool) -> dict:
         del model, params
     if measure:
         for set_name in args.measure_sets:
-            model, params, train, _, _ = smollm2_start(set_name, args)
+            sizes = dict(num_train=args.big_n, new_fraction=args.big_new_fraction) if set_name == "balanced" else {}
+            model, params, train, _, _ = smollm2_start(set_name, args, **sizes)
             norms = grad_norms(model, train, params)
             report["measured_only"][set_name] = predicted_gains(norms, full_gradient_norm(model, train, params))
             print(f"\n== {set_name}: V(u)/V(p*) at θ₀ = {report['measured_only'][set_name]['v_uniform_ratio']:.2f} "
@@ -407,10 +410,11 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_queries", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="pilot (≤ 8 min idle): the continual set only, 1 seed, 2 rates per sampler from the diagnosis's, 120 steps")
-    parser.add_argument("--sets", nargs="*", default=["continual", "balanced", "homogeneous"])
+    parser.add_argument("--sets", nargs="*", default=["continual", "homogeneous"],
+                        help="raced sets (add 'balanced' for the B = 4 race on N = 192: hours on 2 CPU cores)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
                         help="the samplers raced on the balanced set (+rule: with the step rule)")
-    parser.add_argument("--measure-sets", nargs="*", default=["flipped"],
+    parser.add_argument("--measure-sets", nargs="*", default=["flipped", "balanced"],
                         help="sets whose θ₀ design (V(u)/V(p*), ‖∇F‖²/V(p*)) is measured without runs")
     parser.add_argument("--targets", type=float, nargs=2, default=[0.5, 0.3], help="fractions of F(θ₀)")
     parser.add_argument("--diagnose-every", type=int, default=4, help="SAZO diagnostics every n-th log point")
