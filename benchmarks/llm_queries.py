@@ -1,36 +1,29 @@
-"""Queries to 70% and 50% of the initial training loss on language models: uniform MeZO, SAZO, oracle.
+"""Queries to 0.5·F(θ₀) and a deeper target on language models: uniform MeZO, SAZO, the fresh oracle.
 
-For every (model, set): θ₀ is built once (LoRA adapters, then the set's first round of Adam
-steps as setup, cached), and its true per-example gradient norms give V(u)/V(p*) at θ₀. Then
-each sampler runs from θ₀:
+The protocol (issue 28; the mechanism behind it is in docs/llm.md):
 
-1. lr grid on the first seed: every rate of ``--lrs``; runs whose F(θ) climbs above 1.5·F(θ₀)
-   or turn non-finite are reported as diverged. The chosen rate per sampler is the one that
-   reaches 50% (else 70%) of F(θ₀) in the fewest queries (ties: lower final loss).
-2. the other seeds at the chosen rate (seeds vary MeZO's directions and the sampling; the set
-   and θ₀ stay fixed).
+* θ₀ per (model, set): LoRA adapters, the set's first round of Adam steps as setup (cached). At θ₀ the
+  set is *designed before any race* from true per-example norms: V(u)/V(p*), ‖∇F‖²/V(p*) and the
+  oracle's gain each B predicts (E[ĝ²] = V(p)/B + (1−1/B)‖∇F‖²), and ε is checked: the RMS error of
+  MeZO's δ_k against the autograd directional derivative zᵀ∇f_k.
+* The oracle is exact and fresh: true norms by backprop refreshed every step (k = 1); with k > 1 the
+  report carries V(p_stale)/V(p*) at every refresh. The old benchmark's stale oracle (k = 25) runs at the
+  fresh oracle's chosen rate as the documented failure.
+* Each sampler climbs its own √2-spaced rate grid from its start rate until the median over 3 seeds is
+  lost (≥ half the seeds diverged: the sampler's edge); a miss counts as never. The chosen rate is
+  ``sazo_lite.train.best_rate``'s (the one grid rule); then seeds up to ``--seeds`` (5) at that rate,
+  which run the whole budget, so their held-out accuracy is after a fixed number of queries.
+* Every run records ‖θ−θ₀‖ at every log point, max |ĝ|, max weight and E[ĝ²]; the table shows them.
+* Ratios of median queries: uniform ÷ oracle, uniform ÷ SAZO, SAZO ÷ oracle at 0.5·F₀ and the deeper
+  target; ``+rule`` variants run ``NoiseScaledStep`` (the sampler-agnostic step rule) with their own grid.
 
-Reported: queries (2·B per step) to 0.7·F(θ₀) and 0.5·F(θ₀), median [min–max] over seeds, held-out
-accuracy after ``--accuracy-at`` queries, the ratios uniform/SAZO and SAZO/oracle, and SAZO's
-sampling against the true norms over training (Spearman ρ, TV(p_SAZO, p*), V(p_SAZO)/V(p*),
-V(u)/V(p*)) on the first seed. The four tiny random-init families (Llama, GPT-2, OPT, Qwen2; all
-parameters tuned) run the same protocol on a memorisation set as a does-not-lose check.
-
-JSON goes to ``benchmarks/results/llm_queries.json`` (not in git); the run the README reports is kept
+JSON goes to ``benchmarks/results/llm_queries.json`` (not in git); the run docs/llm.md reports is kept
 in ``benchmarks/reference/llm_queries.json``, which notebook 06 and ``make bench`` read when this
-machine has no run of its own.
+machine has no run of its own. Work is split into (setting, sampler) units shared by ``--jobs`` worker
+processes (2 on a machine with ≥ 2 CPUs), one torch thread each.
 
-The work is split into (setting, sampler) units shared by ``--jobs`` worker processes (2 on a
-machine with ≥ 2 CPUs), one torch thread each; their parts are merged into one report. Every run
-also records E[ĝ²], the mean square of its steps' scale ĝ = mean_k w_k·δ_k (MeZO moves θ by
-−lr·ĝ·z): the quantity importance sampling lowers.
-
-Settings (defaults): SmolLM2 LoRA r = 4 on the continual and the homogeneous set (3 rates, 5
-seeds, 150 steps); SmolLM2 with every parameter tuned on the continual set (the first round's
-adapters merged into the weights; Rademacher z, which is ~3× cheaper to draw on a CPU; 2 rates,
-2 seeds, 60 steps); the four tiny families (3 rates, 5 seeds, 500 steps).
-
-Run: ``python -m benchmarks.llm_queries`` (``make bench-llm``); ``--quick`` for a pilot.
+Run: ``python -m benchmarks.llm_queries`` (``make bench-llm``); ``--quick`` for the pilot (the
+documented continual set only, B = 1, 1 seed, 2 rates per sampler starting where the diagnosis found them).
 """
 from __future__ import annotations
 
@@ -44,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -53,16 +46,19 @@ import torch
 
 from benchmarks.queries import grid_edge
 from sazo_lite.llm import add_lora, load_smollm2, restore_snapshot, snapshot, tiny_causal_lm, trainable_parameters
-from sazo_lite.llm.continual import cached_first_round, heterogeneity, keep_alike, make_continual_set
-from sazo_lite.llm.grad_norms import grad_norms
+from sazo_lite.llm.continual import (cached_first_round, heterogeneity, keep_alike, make_continual_set,
+                                     predicted_gains)
+from sazo_lite.llm.grad_norms import directional_error, full_gradient_norm, grad_norms
 from sazo_lite.llm.losses import TokenBatch, classification_losses
 from sazo_lite.llm.finetune import mean_loss
-from sazo_lite.llm.queries import DIVERGE_FACTOR, SAMPLERS, query_run, queries_to
+from sazo_lite.llm.queries import DIVERGE_FACTOR, query_run, queries_to
 from sazo_lite.llm.tuning import full_parameters
+from sazo_lite.train import best_rate, diverged, median_queries
 
-TARGETS = (0.7, 0.5)
 RESULTS = Path(__file__).parent / "results" / "llm_queries.json"        # this machine's latest run (not in git)
-REFERENCE = Path(__file__).parent / "reference" / "llm_queries.json"    # the run the README reports (in git)
+REFERENCE = Path(__file__).parent / "reference" / "llm_queries.json"    # the run docs/llm.md reports (in git)
+VARIANTS = ("uniform", "sazo", "oracle", "uniform+rule", "sazo+rule", "oracle+rule")
+ROOT2 = 2 ** 0.5
 
 
 def latest_report() -> tuple[dict | None, str]:
@@ -73,23 +69,27 @@ def latest_report() -> tuple[dict | None, str]:
     return None, "none"
 
 
-def smollm2_start(set_name: str, args, *, full: bool = False):
+def smollm2_start(set_name: str, args, *, full: bool = False, num_train: int | None = None,
+                  new_fraction: float | None = None):
     """SmolLM2 + LoRA, the set's first round applied (adapter weights cached on disk), and its batches.
 
-    "homogeneous": the same θ₀, and a pool of 2N new questions of which ``keep_alike`` keeps the N
-    whose true norms at θ₀ are closest to the median. ``full``: the first round's adapters are merged
-    into the weights and every parameter is tuned (θ₀ is the same function as the LoRA θ₀).
+    "homogeneous": the same θ₀ as "continual", and a pool of 2N new questions of which ``keep_alike``
+    keeps the N whose true norms at θ₀ are closest to the median. ``full``: the first round's adapters
+    are merged into the weights and every parameter is tuned (θ₀ is the same function as the LoRA θ₀).
     """
+    num_train = args.num_train if num_train is None else num_train
+    new_fraction = args.new_fraction if new_fraction is None else new_fraction
     model, tokenizer = load_smollm2(verbose=False)
     model = add_lora(model, rank=args.rank, init_seed=0)
     params = trainable_parameters(model)
-    cset = make_continual_set(set_name, num_train=args.num_train, new_fraction=args.new_fraction,
-                              num_test=args.num_test, seed=0, pool=2 * args.num_train if set_name == "homogeneous" else None)
+    cset = make_continual_set(set_name, num_train=num_train, new_fraction=new_fraction,
+                              num_test=args.num_test, seed=0, pool=2 * num_train if set_name == "homogeneous" else None)
     # the same cache key as notebook 06, so either one runs the first round for both
+    prefix = "smollm2-r" if set_name != "balanced" else "smollm2-balanced-r"
     cached_first_round(model, params, cset, tokenizer, steps=args.setup_steps, lr=3e-3, progress=False,
-                       key=f"smollm2-r{args.rank}-n{args.num_train}-f{args.new_fraction:.3f}")
+                       key=f"{prefix}{args.rank}-n{num_train}-f{new_fraction:.3f}")
     if set_name == "homogeneous":
-        cset = keep_alike(cset, grad_norms(model, cset.task.encode(tokenizer, "train"), params), args.num_train)
+        cset = keep_alike(cset, grad_norms(model, cset.task.encode(tokenizer, "train"), params), num_train)
     if full:
         model = model.merge_and_unload()
         params = [p.requires_grad_(True) for p in full_parameters(model)]   # peft froze them; backprop norms need them
@@ -127,69 +127,145 @@ class Setting:
 
     label: str
     build: Callable[[], tuple]
-    lrs: list[float]
-    seeds: list[int]
+    starts: dict             # variant → first rate of its √2 grid
+    batch: int
     steps: int
     log_every: int
-    diagnose: int            # SAZO diagnostics every n-th log point of its grid runs (0: none)
-    cost: float              # rough cost of one run, for splitting the work between processes
+    variants: tuple = ("uniform", "sazo", "oracle")
+    cells: int = 6           # at most this many rates per variant
+    grid_seeds: int = 3
+    seeds: int = 5
+    oracle_every: int = 1
+    stale_every: int = 0     # > 0: also the oracle with norms this many steps old, at the fresh oracle's rate
+    diagnose: int = 0        # SAZO diagnostics every n-th log point of its chosen-rate first seed (0: none)
+    cost: float = 1.0        # rough cost of one run, for splitting the work between processes
     perturbation: str = "gaussian"
+    budget_runs: bool = True  # the chosen-rate seeds run the whole budget (held-out accuracy after it)
 
 
 def settings(args) -> list[Setting]:
     """The benchmark's settings, in the order of the table."""
-    seeds = list(range(args.seeds))
-    # the homogeneous set drops fast (every example is new): a finer log grid
-    out = [Setting(f"SmolLM2 LoRA r{args.rank} {name}", lambda name=name: smollm2_start(name, args), args.lrs, seeds,
-                   args.steps, max(1, args.log_every // 4) if name == "homogeneous" else args.log_every,
-                   args.diagnose_every, 1.0) for name in args.sets]
-    if args.full_lrs:
-        out += [Setting("SmolLM2 full continual (Rademacher z)", lambda: smollm2_start("continual", args, full=True),
-                        args.full_lrs, list(range(args.full_seeds)), args.full_steps, args.log_every, 0,
-                        3.0 * args.full_steps / max(args.steps, 1), "rademacher")]
-    out += [Setting(f"tiny {family} (random init, full)", lambda family=family: tiny_start(family, args), args.tiny_lrs,
-                    seeds, args.tiny_steps, 25, 0, 0.1) for family in args.tiny]
+    out = []
+    for name in args.sets:
+        if name == "continual":     # the documented case: N = 24, B = 1 (issue 28's diagnosis)
+            out.append(Setting(f"SmolLM2 LoRA r{args.rank} continual (N={args.num_train}, B=1)",
+                               lambda: smollm2_start("continual", args),
+                               {"uniform": 5e-4, "sazo": 5e-4, "oracle": 1e-3} if args.quick else
+                               {"uniform": 2.5e-4, "sazo": 2.5e-4, "oracle": 7e-4}, 1, args.steps, args.log_every, cells=args.cells,
+                               grid_seeds=args.grid_seeds, seeds=args.seeds, stale_every=args.stale_every,
+                               diagnose=args.diagnose_every, budget_runs=False))
+        elif name == "balanced":    # designed for B > 1; opt-in (--sets ... balanced): hours on 2 CPU cores
+            out.append(Setting(f"SmolLM2 LoRA r{args.rank} balanced (N={args.big_n}, B={args.big_batch})",
+                               lambda: smollm2_start("balanced", args, num_train=args.big_n,
+                                                     new_fraction=args.big_new_fraction),
+                               {v: args.big_start for v in args.variants}, args.big_batch, args.big_steps,
+                               args.big_log_every, variants=tuple(args.variants), cells=args.cells,
+                               grid_seeds=args.grid_seeds, seeds=args.seeds, oracle_every=args.big_oracle_every,
+                               diagnose=args.diagnose_every, cost=4.0))
+        elif name == "homogeneous":  # the control: every example new and alike; SAZO must not lose
+            out.append(Setting(f"SmolLM2 LoRA r{args.rank} homogeneous (N={args.num_train}, B={args.big_batch})",
+                               lambda: smollm2_start("homogeneous", args), {"uniform": 1e-3, "sazo": 1e-3},
+                               args.big_batch, args.steps, max(1, args.log_every // 4), variants=("uniform", "sazo"),
+                               cells=args.cells, grid_seeds=args.grid_seeds, seeds=args.seeds, budget_runs=False))
+    if args.full_start:
+        out.append(Setting("SmolLM2 full continual (Rademacher z, B=1)", lambda: smollm2_start("continual", args, full=True),
+                           {"uniform": args.full_start, "sazo": args.full_start}, 1, args.full_steps, args.log_every,
+                           variants=("uniform", "sazo"), cells=3, grid_seeds=1, seeds=2, cost=3.0,
+                           perturbation="rademacher", budget_runs=False))
+    out += [Setting(f"tiny {family} (random init, full, B=1)", lambda family=family: tiny_start(family, args),
+                    {v: args.tiny_start for v in ("uniform", "sazo", "oracle")}, 1, args.tiny_steps, 25,
+                    cells=4, grid_seeds=3, seeds=3, cost=0.1, budget_runs=False) for family in args.tiny]
     return out
 
 
-def setting_header(setting: Setting, model, params, train) -> dict:
-    norms0 = grad_norms(model, train, params)
-    out = {"label": setting.label, "N": len(train), "heterogeneity_at_theta0": heterogeneity(norms0),
-           "norms_at_theta0": norms0.tolist(), "tuned_parameters": sum(p.numel() for p in params),
-           "perturbation": setting.perturbation, "grid": {}, "chosen_lr": {}, "runs": {}}
-    print(f"\n== {setting.label}: N={len(train)}, d={out['tuned_parameters']}, "
-          f"V(u)/V(p*) at θ₀ = {out['heterogeneity_at_theta0']:.2f}", flush=True)
+def design_at_theta0(model, params, train, eps: float, cset=None) -> dict:
+    """The set, measured from true norms at θ₀ before any race: heterogeneity, alignment, predicted gains, ε."""
+    norms = grad_norms(model, train, params)
+    design = predicted_gains(norms, full_gradient_norm(model, train, params))
+    check = list(range(min(3, len(train))))
+    if cset is not None and cset.new:
+        check = sorted(set(cset.new[:3]) | set(cset.assimilated[:3]))
+    errors = directional_error(model, train, params, eps=eps, draws=3, indices=check)
+    design.update(norms=norms.tolist(), eps=eps, eps_checked=check, eps_relative_error=errors.tolist(),
+                  new=list(cset.new) if cset is not None else [], F0=mean_loss(model, train))
+    return design
+
+
+def setting_header(setting: Setting, model, params, train, args, cset=None) -> dict:
+    design = design_at_theta0(model, params, train, args.eps, cset)
+    out = {"label": setting.label, "N": len(train), "B": setting.batch, "heterogeneity_at_theta0": design["v_uniform_ratio"],
+           "design": design, "tuned_parameters": sum(p.numel() for p in params), "perturbation": setting.perturbation,
+           "oracle_every": setting.oracle_every, "steps": setting.steps, "log_every": setting.log_every,
+           "grid": {}, "chosen_lr": {}, "runs": {}}
+    gains = ", ".join(f"B={b}: {g:.2f}" for b, g in design["gain"].items())
+    print(f"\n== {setting.label}: N={len(train)}, d={out['tuned_parameters']}, F₀={design['F0']:.4f}, "
+          f"V(u)/V(p*)={design['v_uniform_ratio']:.2f}, ‖∇F‖²/V(p*)={design['grad_sq_ratio']:.2f}; "
+          f"predicted uniform÷oracle {gains}; δ_k error at ε={args.eps:g}: max {max(design['eps_relative_error']):.1%}",
+          flush=True)
     return out
 
 
-def race_sampler(setting: Setting, sampler: str, model, params, train, test, args, out: dict) -> None:
-    """The protocol for one sampler: the rate grid on the first seed, then the other seeds at the chosen rate."""
+def grid_rates(start: float, cells: int) -> list[float]:
+    """The √2-spaced grid start·√2^j, j = 0 … cells − 1 (rounded to 3 significant digits)."""
+    return [float(f"{start * ROOT2 ** j:.3g}") for j in range(cells)]
+
+
+def lost(runs: list[dict]) -> bool:
+    """A cell is past the sampler's edge when at least half of its seeds diverged."""
+    return 2 * sum(r["diverged"] for r in runs) >= len(runs)
+
+
+def race_variant(setting: Setting, variant: str, model, params, train, test, args, out: dict) -> None:
+    """One variant's protocol: climb the √2 grid (3 seeds per rate) to the edge, pick by the median rule,
+    then the chosen rate on every seed (whole budget)."""
     theta0 = snapshot(params)
+    sampler, _, rule = variant.partition("+")
+    deepest = min(args.targets)
 
-    def run(lr, seed, diag):
+    def run(lr, seed, *, steps=None, stop=True, diagnose=0, oracle_every=None):
         restore_snapshot(params, theta0)
-        r = query_run(model, params, train, sampler, lr=lr, eps=args.eps, batch_size=args.batch, steps=setting.steps,
-                      seed=seed, log_every=setting.log_every, oracle_every=args.oracle_every,
-                      oracle_mix=args.oracle_mix, test_batch=test, accuracy_at=args.accuracy_at,
-                      stop_fraction=min(TARGETS), diagnose=diag, perturbation=setting.perturbation)
-        q = [queries_to(r, t) for t in TARGETS]
-        print(f"  [{setting.label}] {sampler:7s} lr={lr:<8g} seed={seed}: q70={q[0]} q50={q[1]} "
-              f"F {r.train_loss[0]:.3f}→{r.train_loss[-1]:.3f} acc={r.test_accuracy} "
-              f"E[ĝ²]={r.mean_sq_step_scale or 0:.3g} max|ĝ|={r.max_step_scale or 0:.3g}"
-              f"{' DIVERGED' if r.diverged else ''}", flush=True)
+        r = query_run(model, params, train, sampler, lr=lr, eps=args.eps, batch_size=setting.batch,
+                      steps=steps or setting.steps, seed=seed, log_every=setting.log_every,
+                      oracle_every=oracle_every or setting.oracle_every, oracle_mix=args.oracle_mix,
+                      test_batch=test, stop_fraction=deepest if stop else None, diagnose=diagnose,
+                      perturbation=setting.perturbation, step_rule=bool(rule)).to_dict()
+        q = [queries_to(r, t) for t in args.targets]
+        acc = f" acc={r['test_accuracy']:.3f}" if r.get("test_accuracy") is not None else ""
+        print(f"  [{setting.label}] {variant:12s} lr={lr:<8g} seed={seed}: "
+              + " ".join(f"q{t:g}={v}" for t, v in zip(args.targets, q))
+              + f" F/F₀={r['train_loss'][-1] / r['train_loss'][0]:.2f} walk={max(r['walk']):.1f} "
+              f"max|ĝ|={r['max_step_scale'] or 0:.3g} max w={r['max_weight'] or 0:.3g}{acc}"
+              f"{' DIVERGED' if r['diverged'] else ''}", flush=True)
         return r
 
-    seeds = setting.seeds
-    grid = {lr: run(lr, seeds[0], setting.diagnose if sampler == "sazo" else 0) for lr in setting.lrs}
-    out["grid"][sampler] = {f"{lr:g}": g.to_dict() for lr, g in grid.items()}
-
-    def score(item):
-        lr, r = item
-        q50, q70 = queries_to(r, 0.5), queries_to(r, 0.7)
-        return (r.diverged, q50 is None, q50 or 0, q70 is None, q70 or 0, r.train_loss[-1])
-    best_lr, best = min(grid.items(), key=score)
-    out["chosen_lr"][sampler] = best_lr
-    out["runs"][sampler] = [best.to_dict()] + [run(best_lr, s, 0).to_dict() for s in seeds[1:]]
+    grid, best = {}, math.inf
+    for lr in grid_rates(setting.starts[variant], setting.cells):
+        cap = setting.steps if math.isinf(best) else min(setting.steps, -(-int(best) // (2 * setting.batch)) + setting.log_every)
+        cell = []
+        for seed in range(setting.grid_seeds):   # SAZO's seed 0: its scores against the true norms, too
+            cell.append(run(lr, seed, steps=cap, diagnose=setting.diagnose if (seed == 0 and sampler == "sazo") else 0))
+            if lost(cell) and 2 * sum(r["diverged"] for r in cell) >= setting.grid_seeds:
+                break      # the median is lost whatever the other seeds do
+        grid[lr] = cell
+        best = min(best, median_queries([queries_to(r, deepest) for r in cell]))
+        if lost(cell) and 2 * sum(r["diverged"] for r in cell) >= setting.grid_seeds:
+            break          # the edge: every higher rate diverges sooner
+    out["grid"][variant] = {f"{lr:g}": cell for lr, cell in grid.items()}
+    per_rate = {lr: [queries_to(r, deepest) for r in cell] + [None] * (setting.grid_seeds - len(cell))
+                for lr, cell in grid.items()}
+    finals = {lr: statistics.median(r["train_loss"][-1] / r["train_loss"][0] if not r["diverged"] else math.inf
+                                    for r in cell) for lr, cell in grid.items()}
+    chosen = best_rate(per_rate, tiebreak=finals)
+    out["chosen_lr"][variant] = chosen
+    if setting.budget_runs:
+        runs = [run(chosen, seed, stop=False, diagnose=setting.diagnose if (seed == 0 and sampler == "sazo") else 0)
+                for seed in range(setting.seeds)]
+    else:
+        runs = list(grid[chosen]) + [run(chosen, seed) for seed in range(len(grid[chosen]), setting.seeds)]
+    out["runs"][variant] = runs
+    if setting.stale_every and variant == "oracle":      # the documented failure: the old benchmark's stale oracle
+        out["runs"][f"oracle k={setting.stale_every}"] = [run(chosen, seed, oracle_every=setting.stale_every)
+                                                           for seed in range(setting.grid_seeds)]
     restore_snapshot(params, theta0)
 
 
@@ -213,10 +289,10 @@ def gd_reference(model, params, train, lrs: list[float], steps: int, log_every: 
             if step % log_every == 0:
                 record["steps"].append(step)
                 record["train_loss"].append(mean_loss(model, train))
-                if not record["train_loss"][-1] <= DIVERGE_FACTOR * record["train_loss"][0]:   # NaN or climbing
+                if diverged(record["train_loss"][-1], DIVERGE_FACTOR * record["train_loss"][0]):
                     record["diverged"] = True
                     break
-                if record["train_loss"][-1] <= min(TARGETS) * record["train_loss"][0]:
+                if record["train_loss"][-1] <= 0.5 * record["train_loss"][0]:
                     break
         print(f"  GD (backprop, full batch) lr={lr:g}: F/F₀ " + " ".join(
             f"{f / record['train_loss'][0]:.2f}" for f in record["train_loss"])
@@ -227,18 +303,18 @@ def gd_reference(model, params, train, lrs: list[float], steps: int, log_every: 
 
 
 def units(args) -> list[tuple[int, str]]:
-    """(setting index, sampler) pairs: the pieces of work that processes share."""
-    return [(k, sampler) for k in range(len(settings(args))) for sampler in args.samplers]
+    """(setting index, variant) pairs: the pieces of work that processes share."""
+    return [(k, variant) for k, setting in enumerate(settings(args)) for variant in setting.variants]
 
 
 def share(args, jobs: int, job: int) -> list[tuple[int, str]]:
     """Job ``job``'s units: greedy longest-first by estimated cost (the oracle's backprop refreshes cost more)."""
-    costs = {"uniform": 1.0, "sazo": 1.0, "oracle": 1.4}
     table = settings(args)
 
-    def cost(unit):      # runs of the unit (grid + other seeds) × the cost of one
+    def cost(unit):      # runs of the unit (grid + seeds) × the cost of one
         setting = table[unit[0]]
-        return setting.cost * costs[unit[1]] * len(setting.lrs + setting.seeds)
+        factor = 3.0 if unit[1].startswith("oracle") and setting.oracle_every == 1 else 1.0
+        return setting.cost * factor * (setting.cells * setting.grid_seeds / 2 + setting.seeds)
 
     loads, assigned = [0.0] * jobs, [[] for _ in range(jobs)]
     for unit in sorted(units(args), key=cost, reverse=True):
@@ -253,11 +329,11 @@ def run_units(args, mine: list[tuple[int, str]], measure: bool) -> dict:
     report = {"settings": [], "measured_only": {}}
     table = settings(args)
     for k in sorted({k for k, _ in mine}):
-        model, params, train, test, _ = table[k].build()
-        header = setting_header(table[k], model, params, train)
+        model, params, train, test, cset = table[k].build()
+        header = setting_header(table[k], model, params, train, args, cset)
         report["settings"].append(header)
-        for _, sampler in (u for u in mine if u[0] == k):
-            race_sampler(table[k], sampler, model, params, train, test, args, header)
+        for _, variant in (u for u in mine if u[0] == k):
+            race_variant(table[k], variant, model, params, train, test, args, header)
             yield_partial(args, report)
         del model, params
     if measure and args.gd_lrs:
@@ -266,10 +342,12 @@ def run_units(args, mine: list[tuple[int, str]], measure: bool) -> dict:
         del model, params
     if measure:
         for set_name in args.measure_sets:
-            model, params, train, _, _ = smollm2_start(set_name, args)
-            report["measured_only"][set_name] = heterogeneity(grad_norms(model, train, params))
-            print(f"\n== {set_name}: V(u)/V(p*) at θ₀ = {report['measured_only'][set_name]:.2f} (measured, not run)",
-                  flush=True)
+            sizes = dict(num_train=args.big_n, new_fraction=args.big_new_fraction) if set_name == "balanced" else {}
+            model, params, train, _, _ = smollm2_start(set_name, args, **sizes)
+            norms = grad_norms(model, train, params)
+            report["measured_only"][set_name] = predicted_gains(norms, full_gradient_norm(model, train, params))
+            print(f"\n== {set_name}: V(u)/V(p*) at θ₀ = {report['measured_only'][set_name]['v_uniform_ratio']:.2f} "
+                  "(measured, not raced)", flush=True)
             del model, params
     return report
 
@@ -280,71 +358,95 @@ def yield_partial(args, report: dict) -> None:
         args.partial.write_text(json.dumps(report, indent=1))
 
 
-def summarise(setting: dict) -> list[str]:
-    """Table rows: sampler, lr, q70, q50 median [min–max], accuracy; then the ratios."""
+def _spread(values: list) -> str:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return f"{statistics.median(finite):.3g} [{min(finite):.3g}–{max(finite):.3g}]" if finite else "–"
+
+
+def summarise(setting: dict, targets=(0.5, 0.3)) -> list[str]:
+    """Table rows per variant: rate, queries to each target (median [min–max]; a miss counts as never),
+    walk ‖θ−θ₀‖ at the end, max |ĝ|, max weight, E[ĝ²], held-out accuracy; fills ``setting["ratios"]``."""
     rows, med = [], {}
-    for sampler in setting["runs"]:
-        runs = setting["runs"][sampler]
+    for variant, runs in setting["runs"].items():
         cells = []
-        for t in TARGETS:
+        for t in targets:
             values = [queries_to(r, t) for r in runs]
             hit = [v for v in values if v is not None]
-            # a seed that missed (diverged or over budget) counts as ∞: the median says whether most got there
-            middle = statistics.median(math.inf if v is None else v for v in values)
-            med[(sampler, t)] = None if math.isinf(middle) else middle
+            middle = median_queries(values)
+            med[(variant, t)] = None if math.isinf(middle) else middle
             cells.append(f"{middle:.0f} [{min(hit)}–{max(hit) if len(hit) == len(values) else '?'}]"
                          f"{'' if len(hit) == len(values) else f' ({len(values) - len(hit)} missed)'}"
-                         if med[(sampler, t)] is not None else
+                         if med[(variant, t)] is not None else
                          f"not reached{f' ({len(hit)} of {len(values)} seeds did)' if hit else ''}")
-        accs = [r["test_accuracy"] for r in runs if r["test_accuracy"] is not None]
-        acc = f"{statistics.median(accs):.3f} [{min(accs):.3f}–{max(accs):.3f}]" if accs else "–"
-        diverged = sum(r["diverged"] for r in runs)
-        moments = [r["mean_sq_step_scale"] for r in runs   # diverged runs' steps explode: left out
-                   if r.get("mean_sq_step_scale") is not None and not r["diverged"]]
-        moment = f"{statistics.median(moments):.3g}" if moments else "–"
-        chosen = setting["chosen_lr"][sampler]
-        edge = grid_edge(chosen, setting["grid"].get(sampler, {}))
-        rows.append(f"| {setting['label']} | {sampler} | {chosen:g}{edge} | {cells[0]} | {cells[1]} "
-                    f"| {acc} | {moment} | {len(runs)}{f' ({diverged} diverged)' if diverged else ''} |")
+        accs = [r["test_accuracy"] for r in runs if r.get("test_accuracy") is not None]
+        acc = (f"{statistics.mean(accs):.3f} ± {1.96 * statistics.stdev(accs) / len(accs) ** 0.5:.3f}" if len(accs) > 1
+               else f"{accs[0]:.3f}" if accs else "–")
+        clean = [r for r in runs if not r["diverged"]]     # diverged runs' steps explode: shown by their count
+        walks = _spread([r["walk"][-1] for r in clean if r.get("walk")])
+        top_g = _spread([r.get("max_step_scale") for r in clean])
+        top_w = _spread([r.get("max_weight") for r in clean])
+        moment = _spread([r.get("mean_sq_step_scale") for r in clean])
+        failed_walk = _spread([r["walk"][-1] for r in runs if r["diverged"] and r.get("walk")])
+        diverged_count = sum(r["diverged"] for r in runs)
+        chosen = setting["chosen_lr"].get(variant.split(" ")[0], setting["chosen_lr"].get(variant))
+        edge = grid_edge(chosen, setting["grid"].get(variant, {})) if variant in setting["grid"] else ""
+        rows.append(f"| {setting['label']} | {variant} | {chosen:g}{edge} | {cells[0]} | {cells[1]} | {walks} | "
+                    f"{top_g} | {top_w} | {moment} | {acc} | {len(runs)}"
+                    f"{f' ({diverged_count} diverged, walk {failed_walk})' if diverged_count else ''} |")
     ratios = {}
-    for t in TARGETS:
-        u, s, o = med.get(("uniform", t)), med.get(("sazo", t)), med.get(("oracle", t))
-        ratios[f"uniform/sazo@{t}"] = u / s if u and s else None
-        ratios[f"sazo/oracle@{t}"] = s / o if s and o else None
+    for t in targets:
+        for suffix in ("", "+rule"):
+            u, s, o = (med.get((f"{name}{suffix}", t)) for name in ("uniform", "sazo", "oracle"))
+            ratios[f"uniform/oracle{suffix}@{t}"] = u / o if u and o else None
+            ratios[f"uniform/sazo{suffix}@{t}"] = u / s if u and s else None
+            ratios[f"sazo/oracle{suffix}@{t}"] = s / o if s and o else None
+        base, ruled = med.get(("sazo", t)), med.get(("sazo+rule", t))
+        ratios[f"sazo/sazo+rule@{t}"] = base / ruled if base and ruled else None
     setting["ratios"] = ratios
     return rows
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_queries", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="pilot: 2 seeds, 2 rates, fewer steps, no full/tiny")
-    parser.add_argument("--sets", nargs="*", default=["continual", "homogeneous"])
-    parser.add_argument("--measure-sets", nargs="*", default=["flipped"],
-                        help="sets whose V(u)/V(p*) at θ₀ is measured without runs")
+    parser.add_argument("--quick", action="store_true",
+                        help="pilot (≤ 8 min idle): the continual set only, 1 seed, 2 rates per sampler from the diagnosis's, 120 steps")
+    parser.add_argument("--sets", nargs="*", default=["continual", "homogeneous"],
+                        help="raced sets (add 'balanced' for the B = 4 race on N = 192: hours on 2 CPU cores)")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
+                        help="the samplers raced on the balanced set (+rule: with the step rule)")
+    parser.add_argument("--measure-sets", nargs="*", default=["flipped", "balanced"],
+                        help="sets whose θ₀ design (V(u)/V(p*), ‖∇F‖²/V(p*)) is measured without runs")
+    parser.add_argument("--targets", type=float, nargs=2, default=[0.5, 0.3], help="fractions of F(θ₀)")
     parser.add_argument("--diagnose-every", type=int, default=4, help="SAZO diagnostics every n-th log point")
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=SAMPLERS)
-    parser.add_argument("--lrs", type=float, nargs="+", default=[3.5e-4, 5e-4, 7e-4])
+    parser.add_argument("--seeds", type=int, default=5, help="seeds at the chosen rates")
+    parser.add_argument("--grid-seeds", type=int, default=3, help="seeds per grid rate (the median rule)")
+    parser.add_argument("--cells", type=int, default=6, help="at most this many √2-spaced rates per sampler")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--log-every", type=int, default=10)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--eps", type=float, default=1e-2)
+    parser.add_argument("--eps", type=float, default=1e-3)
     parser.add_argument("--rank", type=int, default=4)
     parser.add_argument("--num-train", type=int, default=24)
     parser.add_argument("--num-test", type=int, default=32)
     parser.add_argument("--new-fraction", type=float, default=1 / 6)
     parser.add_argument("--setup-steps", type=int, default=10)
-    parser.add_argument("--oracle-every", type=int, default=25, help="k: steps between the oracle's norm refreshes")
+    parser.add_argument("--stale-every", type=int, default=25,
+                        help="continual set: also race the old benchmark's stale oracle (norms refreshed every k steps)")
     parser.add_argument("--oracle-mix", type=float, default=0.0, help="the oracle's uniform mix λ (0: exact p*)")
-    parser.add_argument("--accuracy-at", type=int, default=240)
-    parser.add_argument("--full-lrs", type=float, nargs="*", default=[1e-5, 2e-5],
-                        help="full-parameter SmolLM2 rates (none: skip the full-parameter setting)")
-    parser.add_argument("--full-seeds", type=int, default=2)
+    parser.add_argument("--big-n", type=int, default=192, help="N of the balanced set")
+    parser.add_argument("--big-new-fraction", type=float, default=0.125)
+    parser.add_argument("--big-batch", type=int, default=4)
+    parser.add_argument("--big-steps", type=int, default=600)
+    parser.add_argument("--big-log-every", type=int, default=25)
+    parser.add_argument("--big-start", type=float, default=5e-4, help="first rate of the balanced set's grids")
+    parser.add_argument("--big-oracle-every", type=int, default=5,
+                        help="k on the balanced set (one backprop over N per refresh; V(p_stale)/V(p*) is reported)")
+    parser.add_argument("--full-start", type=float, default=0.0,
+                        help="full-parameter SmolLM2: first grid rate (0: skip; e.g. 1e-5)")
     parser.add_argument("--full-steps", type=int, default=60)
     parser.add_argument("--tiny", nargs="*", default=["llama", "gpt2", "opt", "qwen2"])
     parser.add_argument("--tiny-n", type=int, default=32)
     parser.add_argument("--tiny-steps", type=int, default=500)
-    parser.add_argument("--tiny-lrs", type=float, nargs="+", default=[5e-5, 1e-4, 2e-4])
+    parser.add_argument("--tiny-start", type=float, default=5e-5)
     parser.add_argument("--gd-lrs", type=float, nargs="*", default=[],
                         help="also run full-batch GD by backprop on the continual set at these rates (reference)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
@@ -356,11 +458,12 @@ def parse_args(argv=None):
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)     # "k/J": run job k of J
     parser.add_argument("--partial", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.quick:
-        args.seeds, args.lrs, args.steps = 2, args.lrs[1:3], min(args.steps, 60)
-        args.full_lrs, args.tiny = [], args.tiny[:1]
-    if args.jobs < 1 or args.seeds < 1 or args.steps < 1:
-        parser.error("--jobs, --seeds and --steps must be ≥ 1")
+    if args.quick:   # the pilot: where the diagnosis found each sampler's rate, 1 seed, 2 rates each
+        args.sets, args.grid_seeds, args.seeds, args.cells = ["continual"], 1, 1, 2
+        args.steps, args.stale_every, args.tiny, args.measure_sets, args.full_start = min(args.steps, 120), 0, [], [], 0.0
+    if args.jobs < 1 or args.seeds < 1 or args.steps < 1 or args.grid_seeds < 1 or args.cells < 1:
+        parser.error("--jobs, --seeds, --grid-seeds, --cells and --steps must be ≥ 1")
+    args.targets = sorted(args.targets, reverse=True)
     return args
 
 
@@ -376,6 +479,20 @@ def run_workers(args, argv: list[str]) -> dict:
         if any(codes):
             raise SystemExit(f"a worker failed (exit codes {codes}); partial results: {tmp}")
         return merge([p for p in parts if p.exists()])
+
+
+def relative_args(args) -> dict:
+    """The arguments as the report stores them: paths relative to the repository (never this machine's)."""
+    root = Path(__file__).resolve().parent.parent
+
+    def clean(value):
+        if isinstance(value, Path):
+            try:
+                return str(value.resolve().relative_to(root))
+            except ValueError:
+                return value.name
+        return value
+    return {k: clean(v) for k, v in vars(args).items() if k not in ("partial", "worker")}
 
 
 def main(argv=None) -> None:
@@ -400,11 +517,12 @@ def main(argv=None) -> None:
         if args.threads:
             torch.set_num_threads(args.threads)
         report = run_units(args, units(args), measure=True)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     report.update(date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                   machine=f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-                          f"{args.jobs} process(es) × {1 if args.jobs > 1 else torch.get_num_threads()} thread(s)",
-                  args={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                  runtime_s=time.perf_counter() - started)
+                          f"{args.jobs} process(es) × {1 if args.jobs > 1 else torch.get_num_threads()} thread(s), "
+                          f"load average {load:.1f} at the end",
+                  args=relative_args(args), runtime_s=time.perf_counter() - started)
     report.pop("merged_from", None)
     order = [s.label for s in settings(args)]
     report["settings"].sort(key=lambda s: order.index(s["label"]) if s["label"] in order else len(order))
@@ -414,43 +532,58 @@ def main(argv=None) -> None:
     print(f"\nwrote {args.out}")
 
 
+GOALS = "goals (issue 28): uniform÷oracle ≥ 3, uniform÷SAZO ≥ 2 at B ≥ 4, SAZO÷oracle ≤ 1.5; homogeneous SAZO÷uniform ≤ 1.1"
+
+
 def print_report(report: dict) -> None:
-    """The table (median [min–max] over seeds) and the target ratios, from a report dict."""
+    """The table (median [min–max] over seeds), the θ₀ design and the ratios, from a report dict."""
     a = report["args"]
-    header = ["| setting | sampler | lr | queries to 0.7·F(θ₀) | queries to 0.5·F(θ₀) | held-out acc. "
-              f"@{a['accuracy_at']} q | E[ĝ²] per step | seeds |", "|---|---|---|---|---|---|---|---|"]
-    rows = [row for s in report["settings"] for row in summarise(s)]
-    print(f"\n{report['date']} · {report['machine']} · B={a['batch']}, ε={a['eps']}, k(oracle)={a['oracle_every']}, "
-          f"runtime {report['runtime_s'] / 60:.1f} min{' (sum of the merged parts)' if report.get('merged_from') else ''}")
+    targets = a.get("targets", [0.5, 0.3])
+    header = [f"| setting | sampler | lr | queries to {targets[0]:g}·F₀ | queries to {targets[1]:g}·F₀ | ‖θ−θ₀‖ at the end "
+              "| max |ĝ| | max w | E[ĝ²] | held-out acc. (95% CI) | seeds |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [row for s in report["settings"] for row in summarise(s, targets)]
+    print(f"\n{report['date']} · {report['machine']} · ε={a['eps']}, runtime {report['runtime_s'] / 60:.1f} min"
+          f"{' (sum of the merged parts)' if report.get('merged_from') else ''}")
     print("\n".join(header + rows))
     for lr, g in report.get("gd_reference", {}).items():
         print(f"full-batch GD by backprop (continual set), lr {lr}: F/F₀ at steps {g['steps'][-1]}: "
               f"{g['train_loss'][-1] / g['train_loss'][0]:.2f}{' (diverged)' if g['diverged'] else ''}")
     for name, value in report.get("measured_only", {}).items():
-        print(f"V(u)/V(p*) at θ₀ of the {name} set (measured, not raced): {value:.2f}")
-    print("\nratios of median queries (targets: heterogeneous uniform/SAZO ≥ 2 and SAZO/oracle ≤ 1.3 at both; "
-          "homogeneous SAZO/uniform ≤ 1.1):")
+        value = value if isinstance(value, dict) else {"v_uniform_ratio": value}
+        print(f"θ₀ of the {name} set (measured, not raced): V(u)/V(p*) = {value['v_uniform_ratio']:.2f}"
+              + (f", ‖∇F‖²/V(p*) = {value['grad_sq_ratio']:.2f}" if "grad_sq_ratio" in value else ""))
+    print(f"\nratios of median queries ({GOALS}):")
+    fmt = lambda v: f"{v:.2f}" if v else "–"
     for s in report["settings"]:
-        r = s["ratios"]
-        fmt = lambda v: f"{v:.2f}" if v else "–"
-        print(f"  {s['label']}: V(u)/V(p*)@θ₀={s['heterogeneity_at_theta0']:.2f} | "
-              + " | ".join(f"uniform/SAZO@{t}={fmt(r[f'uniform/sazo@{t}'])}, SAZO/oracle@{t}={fmt(r[f'sazo/oracle@{t}'])}"
-                           for t in TARGETS))
-        if "homogeneous" in s["label"] and r.get("uniform/sazo@0.7"):
-            print(f"    homogeneous: SAZO/uniform@0.7={1 / r['uniform/sazo@0.7']:.2f}"
-                  + (f", @0.5={1 / r['uniform/sazo@0.5']:.2f}" if r.get("uniform/sazo@0.5") else ""))
-        for sampler, grid in s["grid"].items():
-            print(f"    grid, seed 0, {sampler}: " + "; ".join(
-                f"{lr}: " + ("diverged" if g["diverged"] else f"q70={queries_to(g, 0.7)} q50={queries_to(g, 0.5)} "
-                             f"F/F₀={g['train_loss'][-1] / g['train_loss'][0]:.2f}")
-                + (f" E[ĝ²]={g['mean_sq_step_scale']:.3g}" if g.get("mean_sq_step_scale") is not None else "")
-                for lr, g in grid.items()))
-        diag = s["grid"]["sazo"][f"{s['chosen_lr']['sazo']:g}"]["diagnostics"] if "sazo" in s["grid"] else []
+        r, d = s["ratios"], s.get("design", {})
+        print(f"  {s['label']}: V(u)/V(p*)@θ₀={s['heterogeneity_at_theta0']:.2f}"
+              + (f", ‖∇F‖²/V(p*)={d['grad_sq_ratio']:.2f}, predicted uniform÷oracle at B={s.get('B')}: "
+                 f"{d['gain'].get(str(s.get('B')), d['gain'].get(s.get('B'), float('nan'))):.2f}" if d else ""))
+        for t in targets:
+            print(f"    @{t:g}·F₀: uniform÷oracle={fmt(r.get(f'uniform/oracle@{t}'))}, uniform÷SAZO={fmt(r.get(f'uniform/sazo@{t}'))}, "
+                  f"SAZO÷oracle={fmt(r.get(f'sazo/oracle@{t}'))}"
+                  + (f" | with the step rule: uniform÷SAZO={fmt(r.get(f'uniform/sazo+rule@{t}'))}, "
+                     f"SAZO÷SAZO+rule={fmt(r.get(f'sazo/sazo+rule@{t}'))}" if f"sazo+rule" in s["runs"] else ""))
+            if "homogeneous" in s["label"] and r.get(f"uniform/sazo@{t}"):
+                print(f"      homogeneous: SAZO÷uniform={1 / r[f'uniform/sazo@{t}']:.2f}")
+        for variant, grid in s["grid"].items():
+            print(f"    grid {variant} (median over seeds, deepest target): " + "; ".join(
+                f"{lr}: {median_queries([queries_to(g, targets[-1]) for g in cell]):.0f}"
+                f" ({sum(g['diverged'] for g in cell)}/{len(cell)} div)" for lr, cell in grid.items()))
+        stale = [x for runs in s["runs"].values() for r in runs for x in r.get("staleness", [])]
+        if stale and s.get("oracle_every", 1) > 1 or any(k.startswith("oracle k=") for k in s["runs"]):
+            for variant, runs in s["runs"].items():
+                ratios = [x["v_stale_ratio"] for r in runs for x in r.get("staleness", [])]
+                if ratios and variant.startswith("oracle"):
+                    print(f"    {variant}: V(p_stale)/V(p*) at refreshes: median {statistics.median(ratios):.2f}, "
+                          f"max {max(ratios):.1f} ({len(ratios)} refreshes)")
+        runs0 = s["runs"].get("sazo", [])
+        diag = runs0[0].get("diagnostics", []) if runs0 else []
         if diag:
             print("    SAZO vs true norms over training (seed 0, chosen lr): "
-                  + "; ".join(f"q={d['queries']}: ρ={d.get('rho', float('nan')):.2f} TV={d['tv']:.2f} "
-                              f"V(pSAZO)/V(p*)={d['v_ratio']:.2f} V(u)/V(p*)={d['v_uniform_ratio']:.2f}"
-                              for d in diag[::max(1, len(diag) // 6)]))
+                  + "; ".join(f"q={x['queries']}: ρ={x.get('rho', float('nan')):.2f} TV={x['tv']:.2f} "
+                              f"V(pSAZO)/V(p*)={x['v_ratio']:.2f} V(u)/V(p*)={x['v_uniform_ratio']:.2f}"
+                              for x in diag[::max(1, len(diag) // 6)]))
 
 
 def merge(paths: list[Path]) -> dict:
@@ -459,7 +592,7 @@ def merge(paths: list[Path]) -> dict:
     parts = [json.loads(Path(p).read_text()) for p in paths]
     report = {**parts[0], "settings": [], "measured_only": {}, "runtime_s": sum(p.get("runtime_s", 0) for p in parts)}
     if len(paths) > 1:       # one path: just reprint that report
-        report["merged_from"] = [str(p) for p in paths]
+        report["merged_from"] = [Path(p).name for p in paths]
     by_label: dict[str, dict] = {}
     for part in parts:
         report["measured_only"].update(part.get("measured_only", {}))

@@ -18,7 +18,6 @@ import argparse
 import json
 import math
 import platform
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from sazo_lite.engine import MeZO
 from sazo_lite.samplers import make_sampler
 from sazo_lite.course.problems import FiniteSumProblem, LeastSquares, LogisticRegression
 from sazo_lite.samplers import SAZOSampler, Sampler, probabilities
-from sazo_lite.train import queries_to_target, train
+from sazo_lite.train import best_rate, median_queries, queries_to_target, train
 from sazo_lite.variance import uniform_gain
 
 __all__ = ["BenchProblem", "TargetRun", "queries_to_reach", "best_learning_rate", "run_queries_benchmark",
@@ -116,8 +115,7 @@ class BenchProblem:
     quick_grid: list[float]
 
 
-class _Diverged(Exception):
-    """Raised from the evaluate callback to abandon a run whose gap exploded."""
+DIVERGE_FACTOR = 1e4     # the toy runs: a gap above this × the initial gap has diverged (``train.diverged``)
 
 
 class TargetRun:
@@ -152,21 +150,18 @@ class TargetRun:
         return self.failed or self.queries is not None
 
     def _gap(self) -> float:
-        value = self.problem.full_loss(self.theta) - self.optimal
-        if not math.isfinite(value) or value > 1e4 * self.initial_gap:
-            raise _Diverged
-        return value
+        return self.problem.full_loss(self.theta) - self.optimal
 
     def extend_to(self, steps: int) -> "TargetRun":
         """Run on until ``steps`` steps in all, the smallest target, or divergence."""
         more = -(-(steps - self.steps) // self.log_every) * self.log_every  # keep the log grid
         if self.done or more <= 0:
             return self
-        try:
-            history = train(self.optimizer, self.sampler, lambda idx: self.problem.losses(self.theta, idx),
-                            more, batch_size=self.batch_size, evaluate=self._gap, log_every=self.log_every,
-                            progress=False, stop_below=self.targets[-1] * self.initial_gap)
-        except (_Diverged, FloatingPointError):
+        history = train(self.optimizer, self.sampler, lambda idx: self.problem.losses(self.theta, idx),
+                        more, batch_size=self.batch_size, evaluate=self._gap, log_every=self.log_every,
+                        progress=False, stop_below=self.targets[-1] * self.initial_gap,
+                        diverge_above=DIVERGE_FACTOR * self.initial_gap)
+        if history.diverged:     # the whole extension is void, as when the gap first exploded
             self.failed = True
             return self
         for target in self.targets:
@@ -188,10 +183,6 @@ def queries_to_reach(problem: FiniteSumProblem, method: str, lr: float, seed: in
         True
     """
     return TargetRun(problem, method, lr, seed, target, **kwargs).extend_to(max_steps).queries
-
-
-def _median(values: list) -> float:
-    return statistics.median(math.inf if v is None else v for v in values)
 
 
 def best_learning_rate(make_run: Callable[[float, int], TargetRun], grid: list[float], seeds: list[int],
@@ -221,16 +212,16 @@ def best_learning_rate(make_run: Callable[[float, int], TargetRun], grid: list[f
             if sum(run.failed for run in lr_runs) <= len(lr_runs) // 2:  # else its median is lost
                 for run in lr_runs:
                     run.extend_to(budget)
-        medians = {lr: _median([run.queries for run in lr_runs]) for lr, lr_runs in runs.items()}
+        medians = {lr: median_queries([run.queries for run in lr_runs]) for lr, lr_runs in runs.items()}
         # A rate whose median is still open has median > 2·B·budget ≥ any reached median.
         if min(medians.values()) < math.inf or budget >= max_steps:
             break
         budget = min(int(growth * budget), max_steps)  # small growth: little overshoot
     out = {}
     for target in targets:
-        at = {lr: _median([reached(run, target) for run in lr_runs]) for lr, lr_runs in runs.items()}
+        at = {lr: median_queries([reached(run, target) for run in lr_runs]) for lr, lr_runs in runs.items()}
         grid_medians = {repr(lr): (None if math.isinf(m) else m) for lr, m in at.items()}
-        best_lr = min(grid, key=lambda lr: at[lr])
+        best_lr = best_rate({lr: [reached(run, target) for run in runs[lr]] for lr in grid})
         if math.isinf(at[best_lr]):
             out[target] = {"lr": None, "median": None, "min": None, "max": None,
                            "per_seed": [None] * len(seeds), "grid": grid_medians}

@@ -4,42 +4,119 @@
     result = optimizer.step(lambda: batch_losses(indices), weights)
     sampler.update(indices, result.directional_diffs)
 
-Each step costs 2·B per-example queries (two forward passes over B examples).
+Each step costs 2·B per-example queries (two forward passes over B examples). This is the one ZO
+loop of the project: the toy benchmark, the course's races and the language-model query race all
+call ``train``. The rules they share are written here once:
+
+* ``diverged(value, limit)``: a run has diverged when its logged metric is not finite or climbs
+  above ``limit`` (each caller sets the limit: ``factor × initial`` value), or when the optimiser
+  refused a non-finite loss (MeZO raises ``FloatingPointError`` and restores θ).
+* ``queries_to_target(record, target)``: the first logged query count with metric ≤ target.
+* ``median_queries`` / ``best_rate``: the best rate of a grid is the one with the fewest median
+  queries over seeds, a miss (diverged or over budget) counting as never (∞); ties go to the
+  smaller tie-break value (e.g. the median final loss), then to the earlier grid rate.
+* ``NoiseScaledStep``: an optional step-size rule that knows nothing of samplers: the step grows
+  when the running mean square of the steps' scale ĝ falls below its early level, and shrinks when
+  it rises (η_t = η₀ · clip(m_ref / m_t, 1/c, c)).
 """
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 import torch
 
 from .validation import check_bool, check_callable, check_count, check_int, check_number
 
-__all__ = ["History", "train", "queries_to_target"]
+__all__ = ["History", "train", "queries_to_target", "diverged", "median_queries", "best_rate", "NoiseScaledStep"]
 
 
 @dataclass
 class History:
     """What ``train`` recorded.
 
-    Per step: ``queries`` (cumulative, 2·B per step), ``loss`` (the step's weighted
-    minibatch loss) and ``projected_grad``. Every ``log_every`` steps (and after the last):
-    ``logged_steps``, ``logged_queries``, ``metrics`` (the ``evaluate`` callback's value) and
-    ``probs`` (a copy of the sampler's distribution, when ``record_probs``).
+    Per step: ``queries`` (cumulative, 2·B per step), ``loss`` (the step's weighted minibatch
+    loss), ``projected_grad`` (ĝ = mean_k w_k·δ_k: MeZO moves θ by −lr·ĝ·z), ``max_weight`` (the
+    largest importance weight drawn) and ``lr`` (the rate the step used). Every ``log_every`` steps
+    (and after the last): ``logged_steps``, ``logged_queries``, ``metrics`` (the ``evaluate``
+    callback's value) and ``probs`` (a copy of the sampler's distribution, when ``record_probs``).
+    ``diverged``: the run stopped by the divergence rule (only when ``diverge_above`` was given).
     """
 
     queries: list[int] = field(default_factory=list)
     loss: list[float] = field(default_factory=list)
     projected_grad: list[float] = field(default_factory=list)
+    max_weight: list[float] = field(default_factory=list)
+    lr: list[float] = field(default_factory=list)
     logged_steps: list[int] = field(default_factory=list)
     logged_queries: list[int] = field(default_factory=list)
     metrics: list[float] = field(default_factory=list)
     probs: list[torch.Tensor] = field(default_factory=list)
+    diverged: bool = False
+
+
+def diverged(value: float, limit: float) -> bool:
+    """The one divergence rule: a metric that is not finite (NaN, ±inf) or above ``limit``.
+
+    Example:
+        >>> diverged(1.2, 1.5), diverged(2.0, 1.5), diverged(float("nan"), 1.5)
+        (False, True, True)
+    """
+    return not (math.isfinite(value) and value <= limit)
+
+
+class NoiseScaledStep:
+    """A sampler-agnostic step-size rule: η_t = η₀ · clip(m_ref / m_t, 1/max_scale, max_scale).
+
+    m_t is an exponential moving average (decay β) of ĝ², the square of the scalar every MeZO step
+    moves θ by (θ ← θ − η ĝ z); m_ref is the mean of ĝ² over the first ``warmup`` steps (the scale is
+    1 until then). Since a ZO run's usable rate falls as 1/E[ĝ²] (the random walk of θ grows like
+    η²·d·Σĝ²), a sampler whose noise falls while it learns (SAZO) may take longer steps, and a run
+    whose steps grow (θ leaving the region where it started) is slowed down. The rule sees only ĝ:
+    the same rule is applied to every sampler, each with its own base rate η₀. Scaling every ĝ by
+    a constant leaves the scales unchanged; a constant ĝ² keeps the scale at 1.
+
+    Example:
+        >>> rule = NoiseScaledStep(warmup=2)
+        >>> for g in (2.0, 2.0, 1.0, 1.0):
+        ...     rule.observe(g)
+        >>> 1.0 < rule.scale() < 4.0
+        True
+    """
+
+    def __init__(self, *, decay: float = 0.95, warmup: int = 20, max_scale: float = 4.0):
+        self.decay = check_number("decay", decay, 0.0, 1.0, closed_high=False)
+        self.warmup = check_count("warmup", warmup)
+        self.max_scale = check_number("max_scale", max_scale, 1.0)
+        self.seen, self.reference, self.mean = 0, 0.0, 0.0
+
+    def observe(self, projected_grad: float) -> None:
+        """Feed one step's ĝ."""
+        square = float(projected_grad) ** 2
+        if not math.isfinite(square):
+            return
+        self.seen += 1
+        if self.seen <= self.warmup:     # m_ref: the plain mean of the warm-up steps
+            self.reference += (square - self.reference) / self.seen
+            self.mean = self.reference
+        else:
+            self.mean = self.decay * self.mean + (1.0 - self.decay) * square
+
+    def scale(self) -> float:
+        """The factor on the base rate for the next step."""
+        if self.seen <= self.warmup or self.reference <= 0.0:
+            return 1.0
+        if self.mean <= 0.0:
+            return self.max_scale
+        return min(self.max_scale, max(1.0 / self.max_scale, self.reference / self.mean))
 
 
 def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tensor], steps: int, *,
           batch_size: int = 1, evaluate: Callable[[], float] | None = None, log_every: int = 10,
           record_probs: bool = False, progress: bool = True, stop_below: float | None = None,
+          diverge_above: float | None = None, step_rule: NoiseScaledStep | None = None,
           description: str = "ZO training") -> History:
     """Run ``steps`` ZO steps with any sampler.
 
@@ -55,6 +132,11 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
         record_probs: keep a copy of ``sampler.probs`` at each log point.
         progress: show a ``tqdm.auto`` progress bar.
         stop_below: stop early once ``evaluate()`` drops below this value.
+        diverge_above: apply the divergence rule (``diverged``): stop, with ``history.diverged``
+            set, once ``evaluate()`` is not finite or exceeds this value, or when the optimiser
+            refuses a non-finite loss. Without it a non-finite loss raises ``FloatingPointError``.
+        step_rule: optional ``NoiseScaledStep``: every step's rate is the optimiser's base rate
+            times ``step_rule.scale()`` (the base rates are restored when ``train`` returns).
         description: the progress bar's label.
 
     Returns:
@@ -67,29 +149,58 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
     log_every = check_count("log_every", log_every)
     if stop_below is not None:
         stop_below = check_number("stop_below", stop_below)
+    if diverge_above is not None:
+        diverge_above = float(diverge_above)
+        if math.isnan(diverge_above):
+            raise ValueError("Invalid diverge_above: nan (expected a number)")
+    if step_rule is not None and not isinstance(step_rule, NoiseScaledStep):
+        raise ValueError(f"Invalid step_rule: {type(step_rule).__name__} (expected a NoiseScaledStep)")
     check_bool("record_probs", record_probs)
     check_bool("progress", progress)
     check_callable("batch_losses", batch_losses)
     check_callable("evaluate", evaluate, optional=True)
     history = History()
+    groups = getattr(optimizer, "param_groups", [])
+    base_rates = [group["lr"] for group in groups]
     queries = 0
     bar = tqdm(range(steps), desc=description, disable=not progress)
-    for step in bar:
-        indices, weights = sampler.sample(batch_size)
-        result = optimizer.step(lambda: batch_losses(indices), weights)
-        if result.directional_diffs.numel():
-            sampler.update(indices, result.directional_diffs)
-        queries += 2 * batch_size
-        history.queries.append(queries)
-        history.loss.append(result.loss)
-        history.projected_grad.append(result.projected_grad)
-        if (step + 1) % log_every == 0 or step + 1 == steps:
-            value = _log(history, optimizer, sampler, evaluate, step + 1, queries, record_probs)
-            if value is not None:
-                bar.set_postfix(metric=f"{value:.4g}", refresh=False)
-                if stop_below is not None and value < stop_below:
-                    break
-    bar.close()
+    try:
+        for step in bar:
+            scale = step_rule.scale() if step_rule is not None else 1.0
+            if step_rule is not None:
+                for group, rate in zip(groups, base_rates):
+                    group["lr"] = rate * scale
+            indices, weights = sampler.sample(batch_size)
+            try:
+                result = optimizer.step(lambda: batch_losses(indices), weights)
+            except FloatingPointError:   # MeZO refused a non-finite loss and restored θ
+                if diverge_above is None:
+                    raise
+                history.diverged = True
+                break
+            if result.directional_diffs.numel():
+                sampler.update(indices, result.directional_diffs)
+            if step_rule is not None:
+                step_rule.observe(result.projected_grad)
+            queries += 2 * batch_size
+            history.queries.append(queries)
+            history.loss.append(result.loss)
+            history.projected_grad.append(result.projected_grad)
+            history.max_weight.append(float(torch.as_tensor(weights).max()))
+            history.lr.append(base_rates[0] * scale if base_rates else float("nan"))
+            if (step + 1) % log_every == 0 or step + 1 == steps:
+                value = _log(history, optimizer, sampler, evaluate, step + 1, queries, record_probs)
+                if value is not None:
+                    bar.set_postfix(metric=f"{value:.4g}", refresh=False)
+                    if diverge_above is not None and diverged(value, diverge_above):
+                        history.diverged = True
+                        break
+                    if stop_below is not None and value < stop_below:
+                        break
+    finally:
+        bar.close()
+        for group, rate in zip(groups, base_rates):
+            group["lr"] = rate
     flush = getattr(optimizer, "flush", None)
     if flush is not None:  # the parameters are current when train returns
         flush()
@@ -110,9 +221,47 @@ def _log(history: History, optimizer, sampler, evaluate, step: int, queries: int
     return value
 
 
-def queries_to_target(history: History, target: float) -> int | None:
-    """First logged query count at which the evaluated metric is ≤ ``target`` (None if never)."""
-    for queries, value in zip(history.logged_queries, history.metrics):
+def queries_to_target(record, target: float) -> int | None:
+    """First logged query count at which the metric is ≤ ``target`` (None if never).
+
+    ``record`` is a ``History`` (its ``logged_queries`` and ``metrics``) or a pair of sequences
+    ``(queries, values)``.
+
+    Example:
+        >>> queries_to_target(([0, 10, 20], [1.0, 0.6, 0.4]), 0.5)
+        20
+    """
+    queries, values = (record.logged_queries, record.metrics) if isinstance(record, History) else record
+    for count, value in zip(queries, values):
         if value <= target:
-            return queries
+            return count
     return None
+
+
+def median_queries(values: Sequence[int | float | None]) -> float:
+    """Median over seeds of queries to a target; a miss (None) counts as never (∞).
+
+    Example:
+        >>> median_queries([100, None, 120]), median_queries([None, None, 120])
+        (120, inf)
+    """
+    return statistics.median(math.inf if v is None else v for v in values)
+
+
+def best_rate(per_rate: Mapping[float, Sequence[int | None]], tiebreak: Mapping[float, float] | None = None):
+    """The rate with the fewest median queries over seeds (misses count as ∞; the one grid rule).
+
+    Args:
+        per_rate: rate → queries to the target per seed (None: diverged or over budget), in grid order.
+        tiebreak: optional rate → a value to minimise among equal medians (e.g. the median final loss);
+            remaining ties go to the earlier rate of ``per_rate``.
+
+    Example:
+        >>> best_rate({1e-3: [100, 120, None], 2e-3: [60, None, None], 4e-4: [200, 220, 240]})
+        0.001
+    """
+    if not per_rate:
+        raise ValueError("Invalid per_rate: expected at least one rate")
+    rates = list(per_rate)
+    key = lambda rate: (median_queries(per_rate[rate]), tiebreak[rate] if tiebreak is not None else 0.0)
+    return min(rates, key=key)

@@ -9,39 +9,55 @@ from benchmarks import llm_queries, run
 def fake_run(sampler, losses, step=10, diverged=False, moment=1.0):
     """A run record as ``QueryRun.to_dict`` writes it: F logged every ``step`` queries."""
     return {"sampler": sampler, "lr": 1e-3, "seed": 0, "queries": [step * k for k in range(len(losses))],
-            "train_loss": losses, "test_accuracy": 0.5, "diverged": diverged, "diagnostics": [],
-            "mean_sq_step_scale": moment}
+            "train_loss": losses, "walk": [0.5 * k for k in range(len(losses))], "test_accuracy": 0.5,
+            "diverged": diverged, "diagnostics": [], "mean_sq_step_scale": moment, "max_step_scale": 2.0,
+            "max_weight": 3.0, "staleness": []}
 
 
 def fake_setting(label, curves):
     runs = {s: [fake_run(s, c) for c in cs] for s, cs in curves.items()}
-    return {"label": label, "N": 4, "heterogeneity_at_theta0": 3.0, "grid": {s: {"0.001": r[0]} for s, r in runs.items()},
+    return {"label": label, "N": 4, "heterogeneity_at_theta0": 3.0, "grid": {s: {"0.001": r[:1]} for s, r in runs.items()},
             "chosen_lr": {s: 1e-3 for s in runs}, "runs": runs}
 
 
-def test_summary_reads_medians_and_ratios_from_the_runs():
-    slow, fast = [1.0, 0.8, 0.6, 0.45], [1.0, 0.5, 0.4]
-    setting = fake_setting("SmolLM2 LoRA r4 continual", {"uniform": [slow, slow, fast], "sazo": [fast, fast, slow],
+def test_summary_reads_medians_and_the_three_ratios_from_the_runs():
+    slow, fast = [1.0, 0.8, 0.6, 0.45, 0.3], [1.0, 0.5, 0.3]
+    setting = fake_setting("SmolLM2 LoRA r4 balanced", {"uniform": [slow, slow, fast], "sazo": [fast, fast, slow],
                                                          "oracle": [fast, fast, fast]})
     rows = llm_queries.summarise(setting)
-    assert len(rows) == 3 and "| uniform | 0.001 | 20 [10–20] |" in rows[0]   # one grid rate: no edge to flag
-    setting["grid"]["uniform"] = {"0.001": setting["runs"]["uniform"][0], "0.0005": setting["runs"]["uniform"][0]}
+    assert len(rows) == 3 and "| uniform | 0.001 | 30 [10–30] | 40 [20–40] |" in rows[0]   # one grid rate: no edge
+    assert "| 1 [1–2] | 2 [2–2] | 3 [3–3] |" in rows[1]      # walk at the end, max |ĝ|, max w shown per run
+    setting["grid"]["uniform"] = {"0.001": setting["runs"]["uniform"][:1], "0.0005": setting["runs"]["uniform"][:1]}
     assert "| uniform | 0.001 (grid edge) |" in llm_queries.summarise(setting)[0]
-    # uniform reaches 0.7 at 20, 20, 10 (median 20) and 0.5 at 30, 30, 10 (median 30); SAZO: 10 and 10
-    assert setting["ratios"]["uniform/sazo@0.7"] == pytest.approx(2.0)
-    assert setting["ratios"]["uniform/sazo@0.5"] == pytest.approx(3.0)
-    assert setting["ratios"]["sazo/oracle@0.5"] == pytest.approx(1.0)
+    # uniform reaches 0.5 at 30, 30, 10 (median 30) and 0.3 at 40, 40, 20; SAZO: 10 and 20; oracle: 10 and 20
+    r = setting["ratios"]
+    assert r["uniform/sazo@0.5"] == pytest.approx(3.0) and r["uniform/oracle@0.5"] == pytest.approx(3.0)
+    assert r["uniform/sazo@0.3"] == pytest.approx(2.0) and r["sazo/oracle@0.3"] == pytest.approx(1.0)
 
 
 def test_seeds_that_missed_count_as_never_in_the_median():
     never = [1.0, 0.9, 0.8]
     setting = fake_setting("x", {"uniform": [[1.0, 0.5], never], "sazo": [[1.0, 0.5], [1.0, 0.5]]})
-    rows = llm_queries.summarise(setting)
+    rows = llm_queries.summarise(setting, (0.5, 0.3))
     assert "not reached (1 of 2 seeds did)" in rows[0] and setting["ratios"]["uniform/sazo@0.5"] is None
     # 2 of 3 seeds reach: the median is the slower of them, and the spread's top is unknown
     setting = fake_setting("x", {"uniform": [[1.0, 0.5], [1.0, 0.6, 0.5], never], "sazo": [[1.0, 0.5]] * 3})
     rows = llm_queries.summarise(setting)
     assert "| 20 [10–?] (1 missed) |" in rows[0] and setting["ratios"]["uniform/sazo@0.5"] == pytest.approx(2.0)
+
+
+def test_the_grid_climbs_by_root_two_and_a_cell_is_lost_when_half_its_seeds_diverged():
+    rates = llm_queries.grid_rates(2.5e-4, 5)
+    assert rates == [2.5e-4, 3.54e-4, 5e-4, 7.07e-4, 1e-3]
+    ok, bad = {"diverged": False}, {"diverged": True}
+    assert llm_queries.lost([bad, bad, ok]) and llm_queries.lost([bad, ok]) and not llm_queries.lost([bad, ok, ok])
+
+
+def test_the_report_stores_no_absolute_path():
+    args = llm_queries.parse_args(["--quick"])
+    stored = json.dumps(llm_queries.relative_args(args))
+    assert "/work" not in stored and "/home" not in stored and "/tmp" not in stored
+    assert llm_queries.relative_args(args)["out"] == "benchmarks/results/llm_queries.json"
 
 
 def test_merge_pools_the_samplers_of_one_setting(tmp_path):
@@ -63,15 +79,15 @@ def test_work_is_shared_between_jobs_without_loss_or_overlap():
 
 
 def test_make_bench_grades_the_llm_rows_against_the_issue_targets():
-    llm = {"date": "d", "settings": [
-        {"label": "SmolLM2 LoRA r4 continual", "heterogeneity": 5.9,
-         "ratios": {"uniform/sazo@0.7": 2.5, "sazo/oracle@0.7": 1.5, "uniform/sazo@0.5": 1.0, "sazo/oracle@0.5": None}},
-        {"label": "SmolLM2 LoRA r4 homogeneous", "heterogeneity": 1.0,
-         "ratios": {"uniform/sazo@0.7": 1.0, "sazo/oracle@0.7": 1.0, "uniform/sazo@0.5": 0.8, "sazo/oracle@0.5": 1.0}}]}
+    llm = {"date": "d", "targets": [0.5, 0.3], "settings": [
+        {"label": "SmolLM2 LoRA r4 balanced (N=192, B=4)", "heterogeneity": 5.9,
+         "ratios": {"uniform/sazo@0.5": 2.5, "sazo/oracle@0.5": 1.7, "uniform/sazo@0.3": 1.0, "sazo/oracle@0.3": None}},
+        {"label": "SmolLM2 LoRA r4 homogeneous (N=24, B=4)", "heterogeneity": 1.0,
+         "ratios": {"uniform/sazo@0.5": 1.0, "sazo/oracle@0.5": 1.0, "uniform/sazo@0.3": 0.8, "sazo/oracle@0.3": 1.0}}]}
     verdicts = {row[1].split(": ")[-1] + row[1].split("@ ")[1][:3]: row[4] for row in run._llm_rows(llm)}
-    assert verdicts["uniform ÷ SAZO0.7"] == "yes" and verdicts["SAZO ÷ oracle0.7"] == "NO"
-    assert verdicts["uniform ÷ SAZO0.5"] == "NO" and verdicts["SAZO ÷ oracle0.5"] == "?"
-    assert verdicts["SAZO ÷ uniform0.7"] == "yes" and verdicts["SAZO ÷ uniform0.5"] == "NO"   # 1/0.8 = 1.25 > 1.1
+    assert verdicts["uniform ÷ SAZO0.5"] == "yes" and verdicts["SAZO ÷ oracle0.5"] == "NO"
+    assert verdicts["uniform ÷ SAZO0.3"] == "NO" and verdicts["SAZO ÷ oracle0.3"] == "?"
+    assert verdicts["SAZO ÷ uniform0.5"] == "yes" and verdicts["SAZO ÷ uniform0.3"] == "NO"   # 1/0.8 = 1.25 > 1.1
     assert run._llm_rows({"missing": "run make bench-llm"})[0][2] == "run make bench-llm"
 
 

@@ -71,7 +71,8 @@ def test_queries_table_reports_median_range_misses_and_divergence():
                         _run([0, 10], [1.0, 2.0], None, diverged=True)],
             "oracle": [_run([0, 10], [1.0, 0.3], 0.9)]}
     table = queries_table_html(runs)
-    assert "10 [10–10] (2 of 3 missed)" in table and "20 [20–20] (2 of 3 missed)" in table
+    # one of three seeds reached: a miss counts as never, so the median is "not reached"
+    assert "not reached (2 of 3 missed)" in table and "10 [10–10] (2 of 3 missed)" not in table
     assert "3 (1 diverged)" in table and "0.600" in table and "10 [10–10]</td><td>10 [10–10]" in table
 
 
@@ -103,3 +104,45 @@ def test_defaults_preset_restores_the_eps_the_dashboard_was_built_with():
     assert len(buttons) == 1
     buttons[0].click()
     assert board.controls["eps"].value == pytest.approx(1e-2)
+
+
+# -- issue 28: the walk, the stale oracle, the gain against B, the live race ----------------------------
+def test_walk_and_staleness_figures_draw_the_recorded_runs():
+    from sazo_lite.course.widgets.llm import WALK_BAND, staleness_figure, walk_figure
+
+    runs = {"uniform": [{"queries": [0, 10, 20], "walk": [0.0, 8.0, 25.0], "diverged": True},
+                        {"queries": [0, 10], "walk": [0.0, 5.0], "diverged": False}]}
+    fig = walk_figure(runs)
+    assert [list(t.y) for t in fig.data if t.mode == "lines"] == [[0.0, 8.0, 25.0], [0.0, 5.0]]
+    assert [list(t.y) for t in fig.data if t.mode == "markers"] == [[25.0]]        # the diverged run's end
+    assert fig.layout.shapes[0].y0 == WALK_BAND[0] and fig.layout.shapes[0].y1 == WALK_BAND[1]
+    stale = staleness_figure({"k=25": [{"staleness": [{"step": 25, "v_stale_ratio": 39.0, "v_uniform_ratio": 1.6}]}]})
+    assert list(stale.data[0].y) == [39.0] and list(stale.data[1].y) == [1.6] and stale.layout.yaxis.type == "log"
+
+
+def test_queries_table_counts_a_miss_as_never_in_the_median():
+    table = queries_table_html({"uniform": [_run([0, 10], [1.0, 0.4]), _run([0, 10], [1.0, 0.9]),
+                                            _run([0, 10], [1.0, 0.9])]}, targets=(0.5,))
+    assert "not reached" in table          # 1 of 3 reached: the median is "never", not the one hit
+
+
+def test_race_dashboard_reruns_the_three_samplers_when_a_slider_moves():
+    from sazo_lite.course.widgets.llm import race_dashboard
+    from sazo_lite.llm import TokenBatch, add_lora, tiny_causal_lm, trainable_parameters
+
+    g = torch.Generator().manual_seed(0)
+    ids = [torch.randint(3, 64, (6,), generator=g).tolist() for _ in range(8)]
+    batch = TokenBatch(ids, [6] * 8, 0, torch.randint(0, 3, (8,), generator=g), torch.tensor([5, 9, 17]))
+    model = add_lora(tiny_causal_lm("llama", vocab_size=64, seed=0), rank=2)
+    params = trainable_parameters(model)
+    before = [p.detach().clone() for p in params]
+    board = race_dashboard(model, params, batch, steps=6, log_every=3, batch_size=2)
+    assert set(board.runs) == {"uniform", "sazo", "oracle"}
+    assert list(board.figures["loss"].data[0].x) == [0, 12, 24] and len(board.figures["walk"].data) == 3
+    walk = list(board.figures["walk"].data[1].y)
+    board.controls["batch_size"].value = 1              # the slider reruns: B = 1 halves the query axis
+    assert list(board.figures["loss"].data[0].x) == [0, 6, 12]
+    board.controls["lr"].value = 0.5                    # a larger rate walks further
+    assert max(board.figures["walk"].data[0].y) > max(walk)
+    assert "E[ĝ²]" in board.readout.value
+    assert all(torch.equal(a, b) for a, b in zip(before, params))     # θ₀ restored after every rerun

@@ -105,6 +105,8 @@ def test_oracle_sampler_on_an_llm_closure_samples_by_true_norms_refreshed_every_
     run = query_run(model, params, batch, "oracle", lr=1e-3, eps=1e-3, batch_size=2, steps=9, log_every=3,
                     oracle_every=4, seed=0)
     assert run.oracle_refreshes == 3          # steps 0, 4, 8 (logging does not refresh)
+    assert [x["step"] for x in run.staleness] == [4, 8] and all(x["age"] == 4 for x in run.staleness)
+    assert all(x["v_stale_ratio"] >= 1 - 1e-9 for x in run.staleness)
     assert run.queries == [0, 12, 24, 36] and not run.diverged
     # at θ the oracle's p is p* ∝ the true norms
     norms = grad_norms(model, batch, params)
@@ -167,15 +169,15 @@ def test_the_oracle_mix_bounds_the_weights():
     assert mixed.max_weight <= 2.0 + 1e-9 < exact.max_weight
 
 
-def test_after_the_target_the_run_only_goes_on_to_measure_accuracy():
+def test_a_run_stops_at_the_target_and_measures_accuracy_at_the_end():
     model, params = lora_model("opt", seed=9)
     batch, test = random_batch(n=6, seed=10), random_batch(n=4, seed=11)
-    run = query_run(model, params, batch, "uniform", lr=0.0, eps=1e-3, batch_size=2, steps=50, log_every=2,
-                    stop_fraction=1.0, test_batch=test, accuracy_at=40)
-    assert run.queries == [0, 8] and run.steps_run == 10 and run.test_accuracy is not None   # 40 queries = 10 steps
-    short = query_run(model, params, batch, "uniform", lr=0.0, eps=1e-3, batch_size=2, steps=50, log_every=2,
-                      stop_fraction=1.0)
-    assert short.queries == [0, 8] and short.steps_run == 2 and short.test_accuracy is None
+    budget = query_run(model, params, batch, "uniform", lr=0.0, eps=1e-3, batch_size=2, steps=10, log_every=2,
+                       test_batch=test)      # no target: the whole budget, then the held-out accuracy
+    assert budget.queries == [0, 8, 16, 24, 32, 40] and budget.steps_run == 10 and budget.test_accuracy is not None
+    stop = query_run(model, params, batch, "uniform", lr=1e-2, eps=1e-3, batch_size=2, steps=400, log_every=2,
+                     stop_fraction=0.9, seed=0)
+    assert queries_to(stop, 0.9) == stop.queries[-1] and stop.steps_run < 400 and stop.test_accuracy is None
 
 
 def test_queries_to_reads_the_first_logged_hit():
@@ -256,3 +258,111 @@ def test_oracle_runs_can_be_diagnosed_from_the_first_log_point():
                     log_every=2, oracle_every=10, diagnose=1)
     assert len(run.diagnostics) == 3 and run.oracle_refreshes == 1
     assert run.diagnostics[0]["tv"] == pytest.approx(0, abs=1e-12)   # fresh norms: p is p*
+
+
+# -- issue 28: the fresh oracle, the staleness record, the walk, ε, the design at θ₀ -------------------
+def test_the_default_oracle_is_fresh_every_step_and_its_staleness_is_recorded():
+    model, params = lora_model("llama", seed=12)
+    batch = random_batch(n=6, seed=13)
+    run = query_run(model, params, batch, "oracle", lr=2e-2, eps=1e-3, batch_size=1, steps=6, log_every=3, seed=0)
+    assert run.oracle_every == 1 and run.oracle_refreshes == 6        # one backprop over N per step
+    assert [x["age"] for x in run.staleness] == [1] * 5               # never older than one step
+    # at every step the oracle samples by the norms at θ_t: check the last refresh against autograd
+    sampler_norms = torch.tensor(run.staleness[-1]["v_stale_ratio"])
+    assert sampler_norms >= 1 - 1e-9
+    stale = RefreshingNorms(lambda: torch.tensor([1.0, 1.0, 1.0, 1.0]), every=1, clock=lambda: clock[0])
+    clock = [0]
+    stale()
+    stale.compute = lambda: torch.tensor([1.0, 1.0, 1.0, 97.0])      # one norm grows 97×
+    clock[0] = 1
+    stale()
+    # p_stale uniform against p* ∝ (1,1,1,97): V(p_stale)/V(p*) = V(u)/V(p*) = 1 + CV²
+    record = stale.staleness[0]
+    assert record["v_stale_ratio"] == pytest.approx(record["v_uniform_ratio"])
+    assert record["v_uniform_ratio"] == pytest.approx(heterogeneity(torch.tensor([1.0, 1.0, 1.0, 97.0])))
+    mixed = RefreshingNorms(lambda: torch.tensor([1.0, 1.0, 1.0, 1.0]), every=1, clock=lambda: 0, mix=0.5)
+    assert mixed.mix == 0.5
+    with pytest.raises(ValueError, match="mix"):
+        RefreshingNorms(lambda: torch.ones(2), every=1, clock=lambda: 0, mix=1.5)
+
+
+def test_the_walk_is_the_distance_from_theta0_at_every_log_point():
+    from sazo_lite.llm.queries import walk
+
+    model, params = lora_model("gpt2", seed=14)
+    batch = random_batch(n=6, seed=15)
+    start = [p.detach().clone() for p in params]
+    run = query_run(model, params, batch, "uniform", lr=5e-2, eps=1e-3, batch_size=2, steps=8, log_every=2, seed=1)
+    assert len(run.walk) == len(run.queries) == 5 and run.walk[0] == 0.0
+    assert run.walk[-1] == pytest.approx(walk(params, start)) and run.walk[-1] > 0
+    # every step moves θ by lr·|ĝ|·‖z‖ at most: the walk's growth is bounded by the recorded steps
+    d = sum(p.numel() for p in params)
+    assert run.walk[-1] <= 8 * 5e-2 * run.max_step_scale * 3 * d ** 0.5
+    assert run.max_weight == 1.0 and run.mean_sq_step_scale <= run.max_step_scale ** 2
+
+
+def test_eps_1e3_gives_the_directional_derivative_to_one_percent():
+    from sazo_lite.llm.grad_norms import directional_error
+
+    model, params = lora_model("qwen2", seed=16)
+    batch = random_batch(n=4, seed=17)
+    before = [p.detach().clone() for p in params]
+    small = directional_error(model, batch, params, eps=1e-3, draws=3)
+    big = directional_error(model, batch, params, eps=3.0, draws=3)
+    assert small.shape == (4,) and float(small.max()) < 0.01
+    assert float(big.max()) > float(small.max())          # a large ε is no longer the derivative
+    assert all(torch.equal(a, b) for a, b in zip(before, params))
+
+
+def test_the_design_at_theta0_measures_heterogeneity_alignment_and_predicted_gains():
+    from sazo_lite.llm.continual import predicted_gains
+    from sazo_lite.llm.grad_norms import full_gradient_norm
+
+    model, params = lora_model("llama", seed=18)
+    batch = random_batch(n=6, seed=19)
+    norms = grad_norms(model, batch, params)
+    g = full_gradient_norm(model, batch, params)
+    loss = example_losses(model, batch)(range(6)).mean()
+    reference = sum(float(x.double().pow(2).sum()) for x in torch.autograd.grad(loss, params)) ** 0.5
+    assert g == pytest.approx(reference, rel=1e-5) and g <= float(norms.mean()) + 1e-9   # triangle inequality
+    out = predicted_gains(norms, g)
+    assert out["v_uniform_ratio"] == pytest.approx(heterogeneity(norms))
+    assert out["gain"][1] == pytest.approx(out["v_uniform_ratio"])
+    gains = [out["gain"][b] for b in (1, 2, 4, 8, 16)]
+    assert all(a >= b >= 1 for a, b in zip(gains, gains[1:]))                 # the gain falls with B
+    aligned = predicted_gains(norms, float(norms.mean()))                     # every gradient one way
+    assert aligned["grad_sq_ratio"] == pytest.approx(1.0) and aligned["gain"][16] < out["gain"][16] + 1e-12
+
+
+def test_the_balanced_set_has_balanced_distinct_answers_and_held_out_instances():
+    s = make_continual_set("balanced", num_train=48, new_fraction=1 / 6, num_test=8, seed=0)
+    new = [s.task.train[i] for i in s.new]
+    assert len(new) == 8 and {e.label for e in new} == {2, 3, 4, 5}
+    assert [sum(e.label == c for e in new) for c in (2, 3, 4, 5)] == [2, 2, 2, 2]
+    assert all(e.kind == "sentiment" for e in s.setup) and len(s.assimilated) == 40
+    assert not {e.prompt for e in new} & {e.prompt for e in s.task.test}       # held-out things
+    assert s.task.label_words[:2] == [" no", " yes"] and len(s.task.label_words) == 6
+
+
+def test_the_balanced_sets_new_gradients_do_not_point_one_way_on_a_tiny_model():
+    """Measured heterogeneity and alignment: after a first round the assimilated norms are small, the new
+    examples' gradients (distinct answers) are less aligned than the continual set's yes-pushing ones."""
+    from sazo_lite.llm import minilm_dir
+    from sazo_lite.llm.continual import predicted_gains
+    from sazo_lite.llm.grad_norms import full_gradient_norm
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
+    designs = {}
+    for name in ("balanced", "continual"):
+        cset = make_continual_set(name, num_train=24, new_fraction=1 / 3, num_test=2, seed=0)
+        model = tiny_causal_lm("llama", vocab_size=tokenizer.vocab_size, seed=0)
+        params = [p for n, p in model.named_parameters() if "layers." in n]
+        batch = cset.task.encode(tokenizer, "train")
+        first_round(model, params, cset, tokenizer, steps=60, lr=3e-2)   # under the set's own 6-word softmax
+        norms = grad_norms(model, batch, params)
+        designs[name] = predicted_gains(norms, full_gradient_norm(model, batch, params))
+        assert norms[cset.assimilated].mean() < 0.3 * norms[cset.new].mean()
+    assert designs["balanced"]["v_uniform_ratio"] > 3
+    assert designs["balanced"]["grad_sq_ratio"] < 0.5 * designs["continual"]["grad_sq_ratio"]
+    assert designs["balanced"]["gain"][4] > 0.6 * designs["balanced"]["gain"][1]   # the gain survives B = 4

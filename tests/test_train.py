@@ -1,4 +1,6 @@
 """The training loop: samplers and optimiser meet through indices, weights and diffs."""
+import math
+
 import pytest
 import torch
 
@@ -87,3 +89,95 @@ def test_bad_batch_size_and_indices():
         sampler.update(torch.tensor([0, 5]), torch.ones(2))
     with pytest.raises(ValueError, match="directional_diffs"):
         sampler.update(torch.tensor([0, 1]), torch.ones(3))
+
+
+# -- the one loop's shared rules: divergence, queries to a target, the best rate, the step rule --------
+from sazo_lite.samplers import make_sampler
+from sazo_lite.train import NoiseScaledStep, best_rate, diverged, median_queries, queries_to_target
+
+
+def test_one_divergence_rule_stops_the_loop_and_catches_a_refused_step():
+    problem = LeastSquares(16, 3, heterogeneity=0.5, seed=0)
+    theta = problem.initial_theta(torch.float64)
+    start = problem.gap(theta)
+    history = sz.train(sz.MeZO([theta], lr=50.0, eps=1e-3), sz.UniformSampler(16, seed=0),
+                       lambda idx: problem.losses(theta, idx), 200, evaluate=lambda: problem.gap(theta),
+                       log_every=1, progress=False, diverge_above=1.5 * start)
+    assert history.diverged and len(history.queries) < 200
+    assert diverged(history.metrics[-1], 1.5 * start) and not any(diverged(v, 1.5 * start) for v in history.metrics[:-1])
+    # a step whose loss is not finite: MeZO refuses it; with the rule the run is marked, without it raises
+    bad = lambda idx: torch.full((len(idx),), float("nan"), dtype=torch.float64)
+    theta = problem.initial_theta(torch.float64)
+    refused = sz.train(sz.MeZO([theta], lr=0.1), sz.UniformSampler(16), bad, 5, progress=False, diverge_above=1.0)
+    assert refused.diverged and refused.queries == []
+    with pytest.raises(FloatingPointError):
+        sz.train(sz.MeZO([theta], lr=0.1), sz.UniformSampler(16), bad, 5, progress=False)
+    calm = sz.train(sz.MeZO([theta], lr=1e-3), sz.UniformSampler(16), lambda idx: problem.losses(theta, idx), 20,
+                    evaluate=lambda: problem.gap(theta), log_every=5, progress=False, diverge_above=1.5 * start)
+    assert not calm.diverged and len(calm.queries) == 20
+
+
+def test_queries_to_target_reads_a_history_or_pairs():
+    pairs = ([0, 10, 20, 30], [1.0, 0.8, 0.5, 0.2])
+    assert queries_to_target(pairs, 0.5) == 20 and queries_to_target(pairs, 0.1) is None
+    history = sz.History(logged_queries=pairs[0], metrics=pairs[1])
+    assert queries_to_target(history, 0.8) == 10
+
+
+def test_best_rate_is_the_median_rule_with_misses_as_never():
+    # the fastest single seed does not win if most seeds missed; ties go to the tie-break, then grid order
+    per_rate = {1e-3: [100, 120, None], 2e-3: [40, None, None], 5e-4: [200, 210, 220]}
+    assert best_rate(per_rate) == 1e-3
+    assert median_queries(per_rate[2e-3]) == float("inf")
+    tied = {1e-3: [None, None], 2e-3: [None, None]}
+    assert best_rate(tied) == 1e-3 and best_rate(tied, tiebreak={1e-3: 0.9, 2e-3: 0.5}) == 2e-3
+    with pytest.raises(ValueError, match="per_rate"):
+        best_rate({})
+
+
+def test_step_rule_is_one_while_the_noise_is_constant_and_invariant_to_its_scale():
+    rule, scaled = NoiseScaledStep(warmup=5), NoiseScaledStep(warmup=5)
+    gen = torch.Generator().manual_seed(0)
+    draws = torch.randn(200, generator=gen, dtype=torch.float64)
+    scales = []
+    for g in draws:
+        rule.observe(float(g))
+        scaled.observe(float(37.0 * g))
+        scales.append(rule.scale())
+        assert scaled.scale() == pytest.approx(rule.scale())        # only ratios of ĝ² matter
+    constant = NoiseScaledStep(warmup=3)
+    for _ in range(50):
+        constant.observe(2.0)
+        assert constant.scale() == pytest.approx(1.0)
+    falling = NoiseScaledStep(warmup=3, max_scale=4.0)
+    for g in [1.0] * 3 + [0.01] * 200:
+        falling.observe(g)
+    assert falling.scale() == 4.0                                    # the cap
+    for bad in (dict(decay=1.0), dict(warmup=0), dict(max_scale=0.5)):
+        with pytest.raises(ValueError):
+            NoiseScaledStep(**bad)
+
+
+def test_step_rule_gives_every_sampler_the_same_treatment_when_all_norms_are_equal():
+    """Equal norms: sampling cannot help, so the rule must not favour a sampler. Uniform and the oracle
+    (whose p is then uniform: the same law of ĝ) get the same scales; SAZO, whose noisy scores only add
+    variance here, gets no boost; every scale stays near 1; the base rate is restored when the run ends."""
+    gen = torch.Generator().manual_seed(1)
+    rows = torch.randn(32, 6, generator=gen, dtype=torch.float64)
+    rows = rows / rows.norm(dim=1, keepdim=True)          # f_i(θ) = a_iᵀθ with ‖a_i‖ = 1 for every i
+    means = {}
+    for name in ("uniform", "sazo", "oracle"):
+        logs = []
+        for seed in range(8):
+            theta = torch.zeros(6, dtype=torch.float64)
+            opt = sz.MeZO([theta], lr=1e-3, eps=1e-4, seed=seed)
+            sampler = make_sampler(name, 32, seed=seed, norms_fn=lambda: torch.ones(32))
+            history = sz.train(opt, sampler, lambda idx: rows[idx] @ theta, 300, progress=False,
+                               step_rule=NoiseScaledStep(warmup=50))
+            assert opt.param_groups[0]["lr"] == 1e-3
+            logs += [math.log(lr / 1e-3) for lr in history.lr[50:]]
+        means[name] = sum(logs) / len(logs)
+    assert all(abs(m) < math.log(1.6) for m in means.values()), means
+    assert abs(means["uniform"] - means["oracle"]) < math.log(1.25), means
+    assert means["sazo"] < means["uniform"] + math.log(1.1), means
+

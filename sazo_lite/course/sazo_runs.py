@@ -23,7 +23,7 @@ from .config import one_thread
 from ..engine import MeZO
 from .problems import FiniteSumProblem, LeastSquares, LogisticRegression
 from ..samplers import make_sampler
-from ..train import queries_to_target, train
+from ..train import best_rate, queries_to_target, train
 from .. import variance
 
 __all__ = ["PROBLEMS", "make_problem", "make_sampler", "SAZOTrace", "run_sazo_trace", "RULES",
@@ -381,11 +381,10 @@ def tune_lr(problem: FiniteSumProblem, method: str, grid, **race_kwargs) -> tupl
         raise ValueError("Invalid grid: expected at least one learning rate")
     results = {lr: race(problem, samplers=(method,), lr=lr, **race_kwargs) for lr in grid}
 
-    def cost(lr: float) -> tuple[float, float]:
+    def final_gap(lr: float) -> float:
         final = results[lr].gaps[method][:, -1]
-        final_gap = float(np.median(np.where(np.isfinite(final), final, np.inf)))
-        return results[lr].median_to_target(method), final_gap
+        return float(np.median(np.where(np.isfinite(final), final, np.inf)))
 
-    best = min(grid, key=cost)
+    best = best_rate({lr: results[lr].to_target[method] for lr in grid}, tiebreak={lr: final_gap(lr) for lr in grid})
     return best, results[best]
 

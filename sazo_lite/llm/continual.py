@@ -16,6 +16,12 @@ with no label noise:
   somewhat (the model already answers some right); ``keep_alike`` keeps the N of a larger pool
   whose true norms at θ₀ are closest to the median, so all examples are alike by the measure that
   matters.
+* ``"balanced"`` (where sampling matters at B > 1): the same kind of first round on many sentiment
+  questions, then a small share of new examples of a new rule with *distinct answers*: a thing is
+  named and the answer is its group (" animal", " fruit", " vehicle", " tool"; balanced), so the
+  new gradients push different label words up and do not all point one way (in "continual" three
+  of four new questions need " yes", and ‖∇F‖² ≈ ½·V(p*) kills the gain by B ≈ 4). The held-out
+  split holds other things of the same groups (new instances of the rule).
 * ``"flipped"``: ``make_task("sentiment", noise=0.15)``, the cautionary case (a flipped label keeps
   a large loss, so large-gradient examples are noise there).
 
@@ -38,11 +44,19 @@ from ..variance import uniform_gain
 from .losses import classification_losses, encode_classification
 from .tasks import ClassificationTask, Example, _CATEGORIES, _NEGATIVE, _NOUNS, _POSITIVE
 
-__all__ = ["ContinualSet", "make_continual_set", "keep_alike", "first_round", "cached_first_round", "heterogeneity",
+__all__ = ["ContinualSet", "make_continual_set", "keep_alike", "predicted_gains", "GROUPS", "first_round", "cached_first_round", "heterogeneity",
            "SET_NAMES"]
 
-SET_NAMES = ("continual", "homogeneous", "flipped")
+SET_NAMES = ("continual", "homogeneous", "flipped", "balanced")
 WORDS, NAMES = [" no", " yes"], ["no", "yes"]
+GROUPS = {" animal": ["dog", "cat", "horse", "cow", "lion", "tiger", "rabbit", "eagle", "sheep", "goat", "wolf",
+                      "bear", "mouse", "duck", "fox", "deer"],
+          " fruit": ["apple", "banana", "orange", "grape", "pear", "cherry", "lemon", "mango", "peach", "plum",
+                     "melon", "kiwi", "lime", "apricot", "fig", "papaya"],
+          " vehicle": ["car", "bus", "train", "bicycle", "truck", "boat", "plane", "tram", "van", "taxi", "ship",
+                       "scooter", "tractor", "jeep", "subway", "rocket"],
+          " tool": ["hammer", "saw", "drill", "wrench", "shovel", "rake", "chisel", "axe", "pliers", "screwdriver",
+                    "spade", "file", "ladder", "knife", "needle", "broom"]}
 
 
 @dataclass
@@ -123,6 +137,8 @@ def make_continual_set(name: str = "continual", *, num_train: int = 32, new_frac
         task = make_task("sentiment", num_train=num_train, num_test=num_test, noise=0.15, seed=seed)
         return ContinualSet(name, task, [], [])
     rng = random.Random(seed)
+    if name == "balanced":
+        return _balanced_set(rng, num_train, new_fraction, num_test)
     new_kinds = [_number_question, _category_question]
 
     def new_example(k: int) -> Example:
@@ -138,6 +154,49 @@ def make_continual_set(name: str = "continual", *, num_train: int = 32, new_frac
     test = [new_example(k) for k in range(num_test)]
     task = ClassificationTask(name, list(WORDS), setup + new, test, list(NAMES))
     return ContinualSet(name, task, setup, list(range(len(setup))))
+
+
+def _balanced_set(rng: random.Random, num_train: int, new_fraction: float, num_test: int) -> ContinualSet:
+    """Assimilated sentiment (" no"/" yes") + new "group" questions, labels cycling through the groups."""
+    groups = list(GROUPS)
+    words, names = list(WORDS) + groups, list(NAMES) + [g.strip() for g in groups]
+    num_new = min(num_train, max(len(groups), round(new_fraction * num_train)))
+    setup = [_sentiment_question(rng) for _ in range(num_train - num_new)]
+    members = {g: rng.sample(GROUPS[g], len(GROUPS[g])) for g in groups}   # train things first, test after
+    per_group = -(-num_new // len(groups))
+
+    def group_question(k: int, offset: int) -> Example:
+        g = k % len(groups)
+        thing = members[groups[g]][(offset + k // len(groups)) % len(GROUPS[groups[g]])]
+        return Example(f"Item: {thing}\nWhich group is it in?\nAnswer:", 2 + g, 2 + g, "group")
+
+    new = [group_question(k, 0) for k in range(num_new)]
+    test = [group_question(k, per_group) for k in range(num_test)]
+    task = ClassificationTask("balanced", words, setup + new, test, names)
+    return ContinualSet("balanced", task, setup, list(range(len(setup))))
+
+
+def predicted_gains(norms, full_grad_norm: float, batch_sizes=(1, 2, 4, 8, 16)) -> dict:
+    """What a set lets importance sampling gain, from true norms at θ₀ (linear theory, Gaussian z).
+
+    With V(p) = (1/N²) Σ ‖∇f_i‖²/p_i, B draws give E[ĝ²] = V(p)/B + (1 − 1/B)·‖∇F‖²; if a run's usable
+    rate is ∝ 1/E[ĝ²] (the walk limit), its queries are ∝ B·E[ĝ²] = V(p) + (B − 1)‖∇F‖², so the gain of
+    the oracle over uniform at B is [V(u) + (B−1)‖∇F‖²] / [V(p*) + (B−1)‖∇F‖²]: V(u)/V(p*) at B = 1,
+    falling to 1 as B grows, the faster the larger ‖∇F‖²/V(p*) (gradients that point one way).
+
+    Returns ``{"v_uniform", "v_oracle", "v_uniform_ratio", "grad_sq", "grad_sq_ratio", "gain": {B: gain}}``.
+
+    Example:
+        >>> out = predicted_gains(torch.tensor([1.0, 1.0, 1.0, 5.0]), 0.0)
+        >>> round(out["v_uniform_ratio"], 3), round(out["gain"][4], 3)
+        (1.563, 1.563)
+    """
+    norms = torch.as_tensor(norms, dtype=torch.float64)
+    v_u, v_o, g2 = float((norms ** 2).mean()), float(norms.mean()) ** 2, float(full_grad_norm) ** 2
+    return {"v_uniform": v_u, "v_oracle": v_o, "v_uniform_ratio": v_u / v_o if v_o > 0 else 1.0, "grad_sq": g2,
+            "grad_sq_ratio": g2 / v_o if v_o > 0 else 0.0,
+            "gain": {int(b): (v_u + (b - 1) * g2) / (v_o + (b - 1) * g2) if v_o + (b - 1) * g2 > 0 else 1.0
+                     for b in batch_sizes}}
 
 
 def keep_alike(cset: ContinualSet, norms, keep: int) -> ContinualSet:
@@ -178,7 +237,10 @@ def first_round(model, params, cset: ContinualSet, tokenizer, *, steps: int = 10
     if not cset.setup:
         return []
     params = list(params)
-    batch = encode_classification(tokenizer, [e.prompt for e in cset.setup], [e.label for e in cset.setup], WORDS)
+    # the set's own verbalisers (" no"/" yes", plus the groups of "balanced"): the setup is assimilated
+    # under the same softmax the ZO runs score it with
+    batch = encode_classification(tokenizer, [e.prompt for e in cset.setup], [e.label for e in cset.setup],
+                                  cset.task.label_words)
     optimizer = torch.optim.Adam(params, lr=lr)
     history = []
     for _ in tqdm(range(steps), desc="first round (Adam, setup)", disable=not progress):

@@ -37,7 +37,7 @@ import torch
 from .losses import TokenBatch, answer_losses, classification_losses
 
 __all__ = ["loop_grad_norms", "linear_grad_norms", "grad_norms", "example_losses", "RefreshingNorms",
-           "linear_modules_for"]
+           "linear_modules_for", "full_gradient_norm", "directional_error"]
 
 LOSSES = {"classification": classification_losses, "answer": answer_losses}
 
@@ -156,32 +156,109 @@ def grad_norms(model, batch: TokenBatch, params, *, loss: str = "classification"
     return linear_grad_norms(model, losses, params, indices, chunk=chunk)
 
 
+def full_gradient_norm(model, batch: TokenBatch, params, *, loss: str = "classification", chunk: int = 16) -> float:
+    """‖∇F(θ)‖ for F = mean_i f_i over the tuned tensors, by backprop (chunked; float64 accumulation)."""
+    params = list(params)
+    losses = example_losses(model, batch, loss)
+    total = [torch.zeros_like(p, dtype=torch.float64) for p in params]
+    n = len(batch)
+    for start in range(0, n, chunk):
+        part = list(range(start, min(start + chunk, n)))
+        grads = torch.autograd.grad(losses(part).sum() / n, params, allow_unused=True)
+        for acc, g in zip(total, grads):
+            if g is not None:
+                acc += g.double()
+    return float(sum(float(t.pow(2).sum()) for t in total) ** 0.5)
+
+
+@torch.no_grad()
+def _shift(params, directions, scale: float) -> None:
+    for p, z in zip(params, directions):
+        p.add_(z, alpha=scale)
+
+
+def directional_error(model, batch: TokenBatch, params, *, eps: float, draws: int = 4, indices=None,
+                      loss: str = "classification", seed: int = 0) -> torch.Tensor:
+    """How far MeZO's δ_k = (f_k(θ+εz) − f_k(θ−εz))/2ε is from the directional derivative zᵀ∇f_k.
+
+    For ``draws`` Gaussian directions z (seeded), the RMS over draws of δ_k − zᵀ∇f_k (autograd),
+    relative to ‖∇f_k‖ (the RMS of zᵀ∇f_k itself): float64 [len(indices)]. θ is restored.
+    """
+    params = list(params)
+    indices = list(range(len(batch))) if indices is None else [int(i) for i in indices]
+    fn = LOSSES[loss]
+    grad_losses = example_losses(model, batch, loss)
+    grads = []
+    for i in indices:
+        g = torch.autograd.grad(grad_losses([i]).sum(), params, allow_unused=True)
+        grads.append([torch.zeros_like(p) if x is None else x.detach() for p, x in zip(params, g)])
+    generator = torch.Generator().manual_seed(seed)
+    errors = torch.zeros(len(indices), dtype=torch.float64)
+    saved = [p.detach().clone() for p in params]
+    for _ in range(draws):
+        z = [torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) for p in params]
+        try:
+            _shift(params, z, eps)
+            plus = fn(model, batch, indices).double()
+            _shift(params, z, -2 * eps)
+            minus = fn(model, batch, indices).double()
+        finally:
+            with torch.no_grad():       # exactly θ again (± in float32 does not round-trip)
+                for p, s in zip(params, saved):
+                    p.copy_(s)
+        diffs = (plus - minus).cpu() / (2 * eps)
+        exact = torch.tensor([sum(float((zz.double() * gg.double()).sum()) for zz, gg in zip(z, g)) for g in grads],
+                             dtype=torch.float64)
+        errors += (diffs - exact) ** 2
+    norms = torch.tensor([sum(float(x.double().pow(2).sum()) for x in g) ** 0.5 for g in grads], dtype=torch.float64)
+    return (errors / draws).sqrt() / norms.clamp_min(1e-30)
+
+
 class RefreshingNorms:
     """A ``norms_fn`` for ``OracleSampler``: true norms recomputed every ``every`` steps, cached between.
 
     ``clock()`` says the current step (e.g. ``lambda: optimizer.step_count``); the norms are
     recomputed when it has advanced by ≥ ``every`` since the last refresh (and on first use), so
-    reading ``sampler.probs`` for logging does not trigger extra backprop.
+    the norms in use are never more than ``every − 1`` steps old (``every = 1``: fresh at every
+    step), and reading ``sampler.probs`` for logging adds no backprop beyond that.
+
+    At every refresh after the first, ``staleness`` records how much the old norms had cost:
+    ``{"step", "age", "v_stale_ratio": V(p_stale)/V(p*), "v_uniform_ratio": V(u)/V(p*)}``, where
+    p_stale is the oracle's distribution from the old norms (mixed with uniform by ``mix``, the
+    oracle's λ) and p* the exact oracle of the new norms. A ratio far above 1 means the oracle was
+    sampling by norms that had since changed (and ``v_stale_ratio > v_uniform_ratio``: worse than uniform).
 
     Example:
         >>> calls, step = [], [0]
         >>> norms = RefreshingNorms(lambda: calls.append(1) or torch.ones(3), every=5, clock=lambda: step[0])
         >>> _ = norms(); step[0] = 4; _ = norms(); step[0] = 5; _ = norms()
-        >>> len(calls), norms.refreshes
-        (2, 2)
+        >>> len(calls), norms.refreshes, norms.staleness[0]["v_stale_ratio"]
+        (2, 2, 1.0)
     """
 
-    def __init__(self, compute: Callable[[], torch.Tensor], *, every: int, clock: Callable[[], int]):
+    def __init__(self, compute: Callable[[], torch.Tensor], *, every: int, clock: Callable[[], int],
+                 mix: float = 0.0):
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"Invalid every: {every!r} (expected an int >= 1)")
-        self.compute, self.every, self.clock = compute, every, clock
+        if isinstance(mix, bool) or not isinstance(mix, (int, float)) or not 0.0 <= mix <= 1.0:
+            raise ValueError(f"Invalid mix: {mix!r} (expected a number in [0, 1])")
+        self.compute, self.every, self.clock, self.mix = compute, every, clock, float(mix)
         self.norms: torch.Tensor | None = None
         self.refreshed_at: int | None = None
         self.refreshes = 0
+        self.staleness: list[dict] = []
 
     def __call__(self) -> torch.Tensor:
+        from ..variance import mix_with_uniform, oracle_probs, uniform_gain, variance_ratio
+
         now = int(self.clock())
         if self.norms is None or now - self.refreshed_at >= self.every:
-            self.norms = torch.as_tensor(self.compute()).detach().to("cpu", torch.float64)
+            fresh = torch.as_tensor(self.compute()).detach().to("cpu", torch.float64)
+            if self.norms is not None:
+                stale = mix_with_uniform(oracle_probs(self.norms), self.mix)
+                self.staleness.append({"step": now, "age": now - self.refreshed_at,
+                                       "v_stale_ratio": variance_ratio(fresh, stale),
+                                       "v_uniform_ratio": uniform_gain(fresh)})
+            self.norms = fresh
             self.refreshed_at, self.refreshes = now, self.refreshes + 1
         return self.norms

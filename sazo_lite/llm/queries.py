@@ -1,19 +1,18 @@
 """Queries to a target training loss on a language model: uniform MeZO, SAZO and the oracle.
 
-One ``query_run`` = one ZO run with one sampler from given weights, measured as the SAZO
-paper measures it: the full training loss F(θ) every ``log_every`` steps against queries
-(2·B per step), held-out accuracy once the run has spent ``accuracy_at`` queries, and, when
-asked, how close SAZO's sampling is to the oracle (true norms by backprop at log points):
-Spearman ρ(SAZO's scores, ‖∇f_i‖), TV(p_SAZO, p*), V(p_SAZO)/V(p*) and V(u)/V(p*). Every run also
-records the size of its steps: ĝ = mean_k w_k·δ_k (MeZO moves θ by −lr·ĝ·z), its mean square and
-maximum, and the largest importance weight drawn.
+One ``query_run`` = one ZO run with one sampler from given weights, through the project's one loop
+(``sazo_lite.train.train``: sample → step → update → log/stop, one divergence rule). Measured as the
+SAZO paper measures it: the full training loss F(θ) every ``log_every`` steps against queries (2·B per
+step). Every run also records what limits its rate (the measured mechanism, docs/llm.md):
 
-Samplers: "uniform" (``UniformSampler``), "sazo" (``SAZOSampler``, default settings but λ),
-"oracle" (``OracleSampler`` with ``RefreshingNorms``: true norms recomputed every
-``oracle_every`` steps). A run that produces a non-finite loss or whose F(θ) climbs above
-``diverge_factor``·F(θ₀) stops and is marked ``diverged``.
+* the walk ‖θ−θ₀‖ at every log point: MeZO adds −η·ĝ·z each step, so ‖θ−θ₀‖² grows like η²·d·Σĝ²,
+  and a walk that leaves the region of θ₀ erases what the first round taught;
+* ĝ = mean_k w_k·δ_k per step (E[ĝ²], max |ĝ|) and the largest importance weight drawn;
+* for the oracle (true norms by backprop, refreshed every ``oracle_every`` = k steps; k = 1 is the
+  exact, fresh oracle): at every refresh, how stale the old norms had become, V(p_stale)/V(p*);
+* with ``diagnose``: SAZO's scores against the true norms (Spearman ρ, TV(p, p*), V(p)/V(p*)).
 
-    run = query_run(model, params, train_batch, "sazo", lr=1e-3, eps=1e-2, steps=300)
+    run = query_run(model, params, train_batch, "sazo", lr=1e-3, eps=1e-3, steps=300)
     queries_to(run, 0.5)        # queries until F(θ) ≤ 0.5·F(θ₀), or None
 """
 from __future__ import annotations
@@ -24,16 +23,17 @@ import torch
 
 from ..engine import MeZO
 from ..samplers import make_sampler
+from ..train import NoiseScaledStep, queries_to_target, train
 from ..variance import oracle_probs, spearman, tv_distance, variance_ratio
 from ..validation import check_choice
 from .finetune import mean_loss
 from .grad_norms import RefreshingNorms, grad_norms
 from .losses import TokenBatch, accuracy, batched_closure
 
-__all__ = ["QueryRun", "query_run", "queries_to", "SAMPLERS", "DIVERGE_FACTOR", "sampling_diagnostics"]
+__all__ = ["QueryRun", "query_run", "queries_to", "SAMPLERS", "DIVERGE_FACTOR", "sampling_diagnostics", "walk"]
 
 SAMPLERS = ("uniform", "sazo", "oracle")
-DIVERGE_FACTOR = 1.5     # a run whose F(θ) climbs above this × F(θ₀) is reported as diverged
+DIVERGE_FACTOR = 1.5     # F(θ) above this × F(θ₀) has diverged (``train.diverged``; no run that passed it came back)
 
 
 @dataclass
@@ -45,17 +45,22 @@ class QueryRun:
     seed: int
     queries: list[int] = field(default_factory=list)
     train_loss: list[float] = field(default_factory=list)
-    test_accuracy: float | None = None      # at ``accuracy_at`` queries
+    walk: list[float] = field(default_factory=list)         # ‖θ−θ₀‖ at each log point
+    test_accuracy: float | None = None      # held-out accuracy at the end of the run
     diverged: bool = False
     diagnostics: list[dict] = field(default_factory=list)   # per diagnosed log point
+    oracle_every: int | None = None                         # k (oracle runs)
     oracle_refreshes: int = 0
+    staleness: list[dict] = field(default_factory=list)     # per refresh: step, age, V(p_stale)/V(p*), V(u)/V(p*)
     final_scores: list[float] | None = None   # SAZO's scores at the end (for scatter plots)
     final_norms: list[float] | None = None    # true norms at the end (when diagnosed)
     # the size of the steps the sampler produced: the update is −lr·ĝz with ĝ = mean_k w_k δ_k
     mean_sq_step_scale: float | None = None     # mean over steps of ĝ² (what importance sampling lowers)
     max_step_scale: float | None = None         # largest |ĝ| of the run
     max_weight: float | None = None             # largest importance weight w_k drawn
-    steps_run: int = 0                          # MeZO steps taken (F is logged only until the target)
+    steps_run: int = 0                          # MeZO steps taken
+    step_rule: bool = False                     # the rate followed ``NoiseScaledStep``
+    lr_scale: list[float] = field(default_factory=list)     # the rule's factor at each log point (1 without)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -64,11 +69,11 @@ class QueryRun:
 def queries_to(run: QueryRun | dict, fraction: float) -> int | None:
     """First logged query count with F(θ) ≤ fraction·F(θ₀) (None if never, or diverged first).
 
-    ``run`` is a ``QueryRun`` or its ``to_dict()`` (as benchmark reports store it).
+    ``run`` is a ``QueryRun`` or its ``to_dict()`` (as benchmark reports store it); the rule is
+    ``sazo_lite.train.queries_to_target``'s.
     """
     queries, losses = (run["queries"], run["train_loss"]) if isinstance(run, dict) else (run.queries, run.train_loss)
-    target = fraction * losses[0]
-    return next((q for q, loss in zip(queries, losses) if loss <= target), None)
+    return queries_to_target((queries, losses), fraction * losses[0]) if losses else None
 
 
 def sampling_diagnostics(norms: torch.Tensor, probs: torch.Tensor, scores: torch.Tensor | None = None) -> dict:
@@ -81,93 +86,92 @@ def sampling_diagnostics(norms: torch.Tensor, probs: torch.Tensor, scores: torch
     return out
 
 
-def query_run(model, params, train_batch: TokenBatch, sampler: str, *, lr: float, eps: float = 1e-2,
+@torch.no_grad()
+def walk(params, start) -> float:
+    """‖θ − θ₀‖ over the tuned tensors (``start``: their copies at θ₀, e.g. ``snapshot(params)``)."""
+    return float(sum(float((p.detach().double() - s.double()).pow(2).sum()) for p, s in zip(params, start)) ** 0.5)
+
+
+def query_run(model, params, train_batch: TokenBatch, sampler: str, *, lr: float, eps: float = 1e-3,
               batch_size: int = 1, steps: int = 300, seed: int = 0, log_every: int = 10,
-              oracle_every: int = 10, uniform_mix: float = 0.1, oracle_mix: float = 0.0, test_batch: TokenBatch | None = None,
-              accuracy_at: int | None = None, stop_fraction: float | None = None, diagnose: int = 0,
+              oracle_every: int = 1, uniform_mix: float = 0.1, oracle_mix: float = 0.0,
+              test_batch: TokenBatch | None = None, stop_fraction: float | None = None, diagnose: int = 0,
               diverge_factor: float = DIVERGE_FACTOR, loss: str = "classification", perturbation: str = "gaussian",
-              progress: bool = False) -> QueryRun:
+              step_rule: bool | NoiseScaledStep = False, ema_decay: float = 0.9, progress: bool = False) -> QueryRun:
     """One ZO run from the current weights (the caller restores θ₀ between runs).
 
     Args:
         model, params: the LM and the tuned tensors (LoRA adapters or all parameters).
         train_batch: the training examples (``TokenBatch``).
         sampler: "uniform", "sazo" or "oracle".
-        lr, eps, batch_size, steps, seed: the MeZO settings (seed also seeds the sampler).
-        log_every: steps between evaluations of the full training loss F(θ).
-        oracle_every: k, the steps between the oracle's backprop refreshes of the true norms.
-        uniform_mix: SAZO's λ.
+        lr, eps, batch_size, steps, seed: the MeZO settings (seed also seeds the sampler). ε = 1e-3
+            makes δ_k the directional derivative to < 1% on LoRA r = 4 (``directional_error``).
+        log_every: steps between evaluations of the full training loss F(θ) and the walk.
+        oracle_every: k, the steps between the oracle's backprop refreshes (1: fresh every step; its
+            norms are then never older than the step; with k > 1 they are at most k − 1 steps old).
+        uniform_mix: SAZO's λ. ema_decay: SAZO's β.
         oracle_mix: the oracle's λ (0: the exact p*, whose weights 1/(N p_i) are unbounded).
-        test_batch, accuracy_at: held-out accuracy is measured at the first step with
-            ≥ ``accuracy_at`` queries (or at the end).
-        stop_fraction: once F(θ) ≤ stop_fraction·F(θ₀), F is no longer logged; the run stops
-            there, or goes on to ``accuracy_at`` queries when the accuracy is still to be measured.
+        test_batch: held-out accuracy is measured at the end of the run (not when it diverged).
+        stop_fraction: stop once F(θ) ≤ stop_fraction·F(θ₀) (None: run all ``steps``).
         diagnose: every ``diagnose``-th log point (0: never; True counts as 1), true norms by
             backprop and ``sampling_diagnostics`` of the sampler's p (SAZO: with its scores).
-        diverge_factor: stop and mark ``diverged`` when F(θ) > diverge_factor·F(θ₀).
+        diverge_factor: the run has diverged once F(θ) > diverge_factor·F(θ₀) (or a loss is not finite).
         loss: "classification" or "answer".
         perturbation: MeZO's z, "gaussian" or "rademacher" (cheaper to draw on a CPU).
+        step_rule: True (or a ``NoiseScaledStep``): the rate follows the sampler-agnostic noise rule.
     """
-    from tqdm.auto import tqdm
-
     check_choice("sampler", sampler, SAMPLERS)
     n = len(train_batch)
+    params = list(params)
     optimizer = MeZO(params, lr=lr, eps=eps, seed=seed, perturbation=perturbation)
     true_norms = lambda: grad_norms(model, train_batch, params, loss=loss)
     refreshing = None
     if sampler == "oracle":
-        refreshing = RefreshingNorms(true_norms, every=oracle_every, clock=lambda: optimizer.step_count)
-    chooser = make_sampler(sampler, n, uniform_mix=uniform_mix, norms_fn=refreshing, oracle_mix=oracle_mix, seed=seed)
+        refreshing = RefreshingNorms(true_norms, every=oracle_every, clock=lambda: optimizer.step_count,
+                                     mix=oracle_mix)
+    chooser = make_sampler(sampler, n, uniform_mix=uniform_mix, ema_decay=ema_decay, norms_fn=refreshing,
+                           oracle_mix=oracle_mix, seed=seed)
     losses = batched_closure(model, train_batch, loss)
-    run = QueryRun(sampler, float(lr), int(seed))
+    rule = step_rule if isinstance(step_rule, NoiseScaledStep) else (NoiseScaledStep() if step_rule else None)
+    run = QueryRun(sampler, float(lr), int(seed), oracle_every=oracle_every if sampler == "oracle" else None,
+                   step_rule=rule is not None)
+    start_params = [p.detach().clone() for p in params]
+    counted = [0]
 
-    def evaluate(queries: int) -> float:
-        value = mean_loss(model, train_batch) if loss == "classification" else \
-            float(losses(range(n)).mean())
-        run.queries.append(queries)
+    def full_loss() -> float:
+        return mean_loss(model, train_batch) if loss == "classification" else float(losses(range(n)).mean())
+
+    def evaluate() -> float:
+        value = full_loss()
+        counted[0] += 1
+        run.queries.append(2 * batch_size * optimizer.step_count)
         run.train_loss.append(value)
-        if diagnose and (len(run.queries) - 1) % int(diagnose) == 0:
+        run.walk.append(walk(params, start_params))
+        run.lr_scale.append(rule.scale() if rule is not None else 1.0)
+        if diagnose and (counted[0] - 1) % int(diagnose) == 0:
             norms = true_norms()
             scores = chooser.scores() if sampler == "sazo" else None
-            probs = chooser.probs    # the oracle's: p* from its cached (up to k steps old) norms
-            run.diagnostics.append({"queries": queries, **sampling_diagnostics(norms, probs, scores)})
+            probs = chooser.probs    # the oracle's: p* from its cached (up to k − 1 steps old) norms
+            run.diagnostics.append({"queries": run.queries[-1], **sampling_diagnostics(norms, probs, scores)})
             run.final_norms = norms.tolist()
             if scores is not None:
                 run.final_scores = scores.tolist()
         return value
 
-    start = evaluate(0)
-    scales, top_weight, reached = [], 0.0, False
-    bar = tqdm(range(1, steps + 1), desc=f"{sampler} lr={lr:g}", disable=not progress)
-    for step in bar:
-        indices, weights = chooser.sample(batch_size)
-        try:
-            result = optimizer.step(lambda: losses(indices), weights)
-        except FloatingPointError:      # non-finite loss: MeZO restored θ; report and stop
-            run.diverged = True
-            break
-        chooser.update(indices, result.directional_diffs)
-        scale = float((weights.double() * result.directional_diffs.double()).mean())
-        scales.append(scale)
-        run.steps_run = step
-        top_weight = max(top_weight, float(weights.max()))
-        queries = step * 2 * batch_size
-        if not reached and (step % log_every == 0 or step == steps):   # F(θ) is logged until the target
-            value = evaluate(queries)
-            if not value == value or value > diverge_factor * start:   # NaN or climbing
-                run.diverged = True
-                break
-            reached = stop_fraction is not None and value <= stop_fraction * start
-        if test_batch is not None and run.test_accuracy is None and accuracy_at is not None and queries >= accuracy_at:
-            run.test_accuracy = accuracy(model, test_batch)
-        if reached and (run.test_accuracy is not None or test_batch is None or accuracy_at is None):
-            break
-    bar.close()
-    if test_batch is not None and run.test_accuracy is None and not run.diverged:
-        run.test_accuracy = accuracy(model, test_batch)   # budget not reached: accuracy at the end
-    run.oracle_refreshes = refreshing.refreshes if refreshing is not None else 0
+    start = evaluate()
+    history = train(optimizer, chooser, losses, steps, batch_size=batch_size, evaluate=evaluate, log_every=log_every,
+                    progress=progress, description=f"{sampler} lr={lr:g}",
+                    stop_below=None if stop_fraction is None else stop_fraction * start,
+                    diverge_above=diverge_factor * start, step_rule=rule)
+    run.diverged = history.diverged
+    run.steps_run = len(history.queries)
+    if test_batch is not None and not run.diverged:
+        run.test_accuracy = accuracy(model, test_batch)
+    if refreshing is not None:
+        run.oracle_refreshes, run.staleness = refreshing.refreshes, list(refreshing.staleness)
+    scales = history.projected_grad
     if scales:
         run.mean_sq_step_scale = sum(x * x for x in scales) / len(scales)
         run.max_step_scale = max(abs(x) for x in scales)
-        run.max_weight = top_weight
+        run.max_weight = max(history.max_weight)
     return run

@@ -16,11 +16,14 @@ import plotly.graph_objects as go
 import torch
 
 from ..config import pick
-from ._common import Dashboard, captioned, int_slider, log_slider, presets, slider
+from ._common import Dashboard, captioned, int_slider, log_slider, presets, redraw_on_change, slider
 
 __all__ = ["llm_dashboard", "top_sampled_rows", "accuracy_summary_html", "default_llm_setup", "accuracy_bars",
            "peak_memory_bars", "flipped_in_top", "loss_bands", "queries_table_html", "scores_vs_norms",
-           "diagnostics_figure", "probs_vs_oracle", "detector_precision", "detector_bars"]
+           "diagnostics_figure", "probs_vs_oracle", "detector_precision", "detector_bars", "walk_figure",
+           "staleness_figure", "gain_vs_batch_figure", "race_dashboard", "WALK_BAND"]
+
+WALK_BAND = (14.0, 20.0)   # ‖θ−θ₀‖ where the measured SmolLM2 runs failed (docs/llm.md, 2026-12-01 diagnosis)
 
 _SAMPLER_COLORS = {"uniform": "steelblue", "sazo": "darkorange", "oracle": "seagreen"}
 
@@ -276,6 +279,7 @@ def queries_table_html(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> str:
         True
     """
     from ...llm.queries import queries_to
+    from ...train import median_queries
 
     head = "".join(f"<th>queries to {t:.0%} of F(θ₀)</th>" for t in targets)
     rows = []
@@ -285,7 +289,8 @@ def queries_table_html(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> str:
         for t in targets:
             values = [queries_to(r, t) for r in runs]
             hit = sorted(v for v in values if v is not None)
-            text = (f"{statistics.median(hit):.0f} [{hit[0]}–{hit[-1]}]" if hit
+            middle = median_queries(values)      # a seed that missed counts as never
+            text = (f"{middle:.0f} [{hit[0]}–{hit[-1] if len(hit) == len(values) else '?'}]" if hit and middle < float("inf")
                     else "not reached")
             if hit and len(hit) < len(values):
                 text += f" ({len(values) - len(hit)} of {len(values)} missed)"
@@ -390,3 +395,155 @@ def detector_bars(precisions: dict[str, float], chance: float, k: int) -> go.Fig
     fig.update_layout(width=520, height=340, yaxis=dict(title=f"flipped among the top {k}", range=[0, 1.15]),
                       title="finding the flipped labels", margin=dict(l=55, r=10, t=40, b=45))
     return fig
+
+
+# -- issue 28: what limits the rate (the walk), the stale oracle, the gain against B, a live race -------------
+def walk_figure(runs_by_sampler: dict, *, band=WALK_BAND) -> go.Figure:
+    """‖θ−θ₀‖ against queries for every run, with the band where measured runs failed shaded.
+
+    A diverged run ends with a cross. ``band``: (low, high) or None.
+
+    Example:
+        >>> fig = walk_figure({"uniform": [{"queries": [0, 10], "walk": [0.0, 3.0], "diverged": True}]})
+        >>> list(fig.data[0].y), fig.data[1].marker.symbol
+        ([0.0, 3.0], 'x')
+    """
+    fig = go.Figure()
+    for sampler, runs in runs_by_sampler.items():
+        color = _SAMPLER_COLORS.get(sampler.split(" ")[0].split("+")[0], "gray")
+        for k, run in enumerate(_as_dict(r) for r in runs):
+            if not run.get("walk"):
+                continue
+            fig.add_scatter(x=run["queries"], y=run["walk"], mode="lines", line=dict(color=color, width=1.5),
+                            opacity=0.8, name=sampler, legendgroup=sampler, showlegend=k == 0)
+            if run.get("diverged"):
+                fig.add_scatter(x=run["queries"][-1:], y=run["walk"][-1:], mode="markers", showlegend=False,
+                                marker=dict(symbol="x", size=10, color=color), legendgroup=sampler,
+                                name=f"{sampler} diverged")
+    if band is not None:
+        fig.add_hrect(y0=band[0], y1=band[1], fillcolor="crimson", opacity=0.12, line_width=0,
+                      annotation_text="where measured runs failed", annotation_position="top left")
+    fig.update_layout(width=640, height=360, xaxis_title="queries", yaxis_title="‖θ − θ₀‖",
+                      title="the random walk of θ: ‖θ−θ₀‖² ≈ η²·d·Σ ĝ²", margin=dict(l=55, r=10, t=40, b=45))
+    return fig
+
+
+def staleness_figure(runs_by_label: dict) -> go.Figure:
+    """V(p_stale)/V(p*) at each oracle refresh (log scale), with V(u)/V(p*) at the same moments dashed.
+
+    ``runs_by_label``: label → runs whose ``staleness`` records come from ``RefreshingNorms``.
+    """
+    fig = go.Figure()
+    palette = ["firebrick", "seagreen", "purple", "gray"]
+    for k, (label, runs) in enumerate(runs_by_label.items()):
+        color = palette[k % len(palette)]
+        for j, run in enumerate(_as_dict(r) for r in runs):
+            records = run.get("staleness") or []
+            if not records:
+                continue
+            steps = [x["step"] for x in records]
+            fig.add_scatter(x=steps, y=[x["v_stale_ratio"] for x in records], mode="lines+markers",
+                            line=dict(color=color), name=f"{label}: V(p_stale)/V(p*)", legendgroup=label,
+                            showlegend=j == 0)
+            fig.add_scatter(x=steps, y=[x["v_uniform_ratio"] for x in records], mode="lines",
+                            line=dict(color=color, dash="dot"), name=f"{label}: V(u)/V(p*)", legendgroup=label,
+                            showlegend=j == 0)
+    fig.update_yaxes(type="log")
+    fig.update_layout(width=640, height=360, xaxis_title="step", yaxis_title="variance ratio",
+                      title="how much the oracle's old norms cost at each refresh",
+                      margin=dict(l=55, r=10, t=40, b=45))
+    return fig
+
+
+def gain_vs_batch_figure(predicted: dict, measured: dict | None = None, *, title: str = "") -> go.Figure:
+    """The oracle's gain over uniform against B: predicted from θ₀ ([V(u)+(B−1)‖∇F‖²]/[V(p*)+(B−1)‖∇F‖²]) per set,
+    and measured ratios of median queries where given.
+
+    ``predicted``: set label → {B: gain}; ``measured``: label → {B: ratio}.
+
+    Example:
+        >>> fig = gain_vs_batch_figure({"a": {1: 5.0, 4: 3.0}}, {"a": {1: 2.75}})
+        >>> [list(t.y) for t in fig.data]
+        [[5.0, 3.0], [2.75]]
+    """
+    fig = go.Figure()
+    palette = ["steelblue", "darkorange", "seagreen", "purple"]
+    for k, (label, gains) in enumerate(predicted.items()):
+        bs = sorted(int(b) for b in gains)
+        fig.add_scatter(x=bs, y=[gains[b] if b in gains else gains[str(b)] for b in bs], mode="lines+markers",
+                        line=dict(color=palette[k % 4]), name=f"{label}: predicted at θ₀")
+        for_label = (measured or {}).get(label) or {}
+        if for_label:
+            mb = sorted(int(b) for b in for_label)
+            fig.add_scatter(x=mb, y=[for_label[b] if b in for_label else for_label[str(b)] for b in mb], mode="markers",
+                            marker=dict(size=12, symbol="diamond", color=palette[k % 4]), name=f"{label}: measured")
+    fig.add_hline(y=1.0, line=dict(dash="dot", color="gray"))
+    fig.update_xaxes(type="log", title="batch size B")
+    fig.update_layout(width=640, height=360, yaxis_title="uniform ÷ oracle (queries)", title=title or
+                      "what importance sampling can gain, against B", margin=dict(l=55, r=10, t=40, b=45))
+    return fig
+
+
+def race_dashboard(model, params, batch, *, steps: int = 60, log_every: int = 5, lr: float = 2e-2,
+                   eps: float = 1e-3, batch_size: int = 2, seed: int = 0, run_now: bool = True) -> Dashboard:
+    """A live race of uniform, SAZO and the fresh oracle on a (tiny) model: sliders B, ε, β, λ and the rate.
+
+    Every change reruns the three samplers from the same θ₀ (``query_run``) and redraws F/F₀ and the walk
+    ‖θ−θ₀‖ against queries; the readout gives each sampler's queries to 0.5·F₀, E[ĝ²] and max |ĝ|. On a
+    2-layer random-init model with N ≈ 24 this takes a few seconds per change.
+    """
+    from ...llm import restore_snapshot, snapshot
+    from ...llm.queries import query_run, queries_to
+
+    params = list(params)
+    start = snapshot(params)
+    controls = {"batch_size": int_slider("batch size B", batch_size, 1, 8),
+                "eps": log_slider("ε", eps, -4, -1),
+                "ema_decay": slider("EMA decay β", 0.9, 0.0, 0.99, 0.01),
+                "uniform_mix": slider("uniform mix λ", 0.1, 0.0, 1.0, 0.05),
+                "lr": log_slider("rate η", lr, -3, 0, 0.125)}
+    layout = lambda title, y: dict(width=470, height=320, title=title, xaxis_title="queries (2·B per step)",
+                                   yaxis_title=y, margin=dict(l=55, r=10, t=40, b=45), legend=dict(orientation="h", y=-0.3))
+    figures = {"loss": go.FigureWidget(layout=layout("F(θ)/F(θ₀) against queries", "F / F₀")),
+               "walk": go.FigureWidget(layout=layout("‖θ − θ₀‖ against queries", "‖θ − θ₀‖"))}
+    for name in ("uniform", "sazo", "oracle"):
+        color = _SAMPLER_COLORS[name]
+        for fig in figures.values():
+            fig.add_scatter(x=[], y=[], mode="lines", name=name, line=dict(color=color))
+    readout = widgets.HTML()
+    runs: dict = {}
+    hold = [False]
+
+    def refresh() -> None:
+        lines = []
+        for k, name in enumerate(("uniform", "sazo", "oracle")):
+            restore_snapshot(params, start)
+            run = query_run(model, params, batch, name, lr=controls["lr"].value, eps=controls["eps"].value,
+                            batch_size=controls["batch_size"].value, steps=steps, log_every=log_every, seed=seed,
+                            uniform_mix=controls["uniform_mix"].value, ema_decay=controls["ema_decay"].value)
+            runs[name] = run
+            with figures["loss"].batch_update():
+                figures["loss"].data[k].x = run.queries
+                figures["loss"].data[k].y = [v / run.train_loss[0] for v in run.train_loss]
+            with figures["walk"].batch_update():
+                figures["walk"].data[k].x, figures["walk"].data[k].y = run.queries, run.walk
+            q = queries_to(run, 0.5)
+            lines.append(f"<b>{name}</b>: {'diverged' if run.diverged else f'{q} queries to 0.5·F₀' if q else 'not at 0.5·F₀'}"
+                         f", E[ĝ²] = {run.mean_sq_step_scale or 0:.3g}, max |ĝ| = {run.max_step_scale or 0:.3g}")
+        restore_snapshot(params, start)
+        readout.value = "<br>".join(lines)
+
+    redraw_on_change(controls, refresh, hold)
+    rows = [captioned(controls["lr"], "Raise η: every sampler gets faster per query until its walk runs away. "
+                                      "Which one tolerates the highest η?"),
+            captioned(controls["batch_size"], "A larger B averages the noise but costs 2·B queries per step. "
+                                              "Does the oracle's lead survive?"),
+            captioned(controls["eps"], "ε sets how far each probe steps: is δ still the derivative at ε = 0.1?"),
+            captioned(controls["ema_decay"], "SAZO's memory β: how fast do its scores follow the norms?"),
+            captioned(controls["uniform_mix"], "SAZO's uniform share λ: λ = 1 is uniform sampling. Where does SAZO "
+                                               "join the uniform curve?")]
+    board = Dashboard("uniform, SAZO and the fresh oracle, live", rows, controls, figures, refresh, readout)
+    board.runs = runs
+    if run_now:
+        refresh()
+    return board
