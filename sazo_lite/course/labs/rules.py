@@ -35,7 +35,7 @@ RULES = {
         "names": _COMMON,
         "graded": {"q1": ["lab2_weights"], "q2": ["lab2_is_estimate", "lab2_average_estimate"],
                    "q3": ["lab2_sampling_variance", "lab2_oracle_probs"],
-                   "q4": ["lab2_uniform_gain", "lab2_norms", "lab2_gain", "lab2_one_plus_cv2", "lab2_cv2"]},
+                   "q4": ["lab2_uniform_gain", "lab2_norms", "lab2_gain", "lab2_one_plus_cv2"]},
     },
     "lab3_sazo_sampler": {
         "modules": (*_COMMON_MODULES, "sazo_lite.variance", "sazo_lite.samplers"),
@@ -51,8 +51,8 @@ RULES = {
         "names": (*_COMMON, "sazo_lite.MeZO", "sazo_lite.train", "sazo_lite.queries_to_target", "sazo_lite.History",
                   "sazo_lite.UniformSampler", "sazo_lite.SAZOSampler", "sazo_lite.OracleSampler",
                   "sazo_lite.llm.tiny_causal_lm"),
-        "graded": {"q1": ["lab4_queries_to_target"], "q2": ["lab4_race", "lab4_runs", "lab4_best", "lab4_speedup_oracle"],
-                   "q3": ["lab4_lm_losses"], "q4": ["lab4_lm_race", "lab4_lm_initial_loss", "lab4_lm_final",
+        "graded": {"q1": ["lab4_queries_to_target"], "q2": ["lab4_runs", "lab4_best", "lab4_speedup_oracle"],
+                   "q3": ["lab4_lm_losses"], "q4": ["lab4_lm_initial_loss", "lab4_lm_final",
                                                     "lab4_lm_queries"]},
     },
 }

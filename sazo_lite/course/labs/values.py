@@ -121,7 +121,7 @@ def check_encoded(value, budget: list | None = None, depth: int = 0) -> str | No
     if not isinstance(value, dict) or not isinstance(value.get("t"), str):
         return "not an encoded value"
     kind, v = value["t"], value.get("v")
-    if kind == "None":
+    if kind == "NoneType":
         return None if v is None else "bad None"
     if kind == "bool":
         return None if isinstance(v, bool) else "bad bool"
