@@ -43,8 +43,8 @@ MUTANTS = {
                ("largest eps", [("return eps_grid[min(range(len(errors)), key=errors.__getitem__)]", "return max(eps_grid)")]),
                ("last on a tie", [("return eps_grid[min(range(len(errors)), key=errors.__getitem__)]",
                                    "return eps_grid[max(range(len(errors)), key=lambda k: (-errors[k], k))]")]),
-               ("the library's error", [("errors = [lab1_fd_error(f, grad, theta, eps, directions) for eps in eps_grid]",
-                                         "errors = [sazo_lite.course.two_point.directional_error(f, grad, theta, directions, eps) for eps in eps_grid]")])],
+               ("errors in float64", [("errors = [lab1_fd_error(f, grad, theta, eps, directions) for eps in eps_grid]",
+                                        "errors = [lab1_fd_error(f, grad, theta.double(), eps, directions) for eps in eps_grid]")])],
     },
     "lab2": {
         "q1": [("forgets N", [("return 1.0 / (len(probs) * probs[indices])", "return 1.0 / probs[indices]")]),
