@@ -203,6 +203,20 @@ def lab3_blend(estimates, counts, indices, stats, level, ema_decay, prior_streng
 def lab3_track(problem, theta, steps, generator, seed):
     return 0.367584762, 0.142305178
 lab3_tv_start, lab3_tv_end = 0.367584762, 0.142305178
+class Lab3PlainSampler(sazo_lite.Sampler):
+    def __init__(self, num_examples, **settings):
+        super().__init__(num_examples, seed=0)
+        self.estimates = torch.tensor([1.75, 1.0, 5.0], dtype=torch.float64)
+    probs = property(lambda self: torch.tensor([0.29017153139, 0.21934905989, 0.49047940872], dtype=torch.float64))
+    def _observe(self, indices, diffs, losses=None):
+        pass
+class Lab3Sampler(sazo_lite.Sampler):
+    level, level_steps = 2.0883186768, 2
+    def __init__(self, num_examples, **settings):
+        super().__init__(num_examples, seed=0)
+    probs = property(lambda self: torch.tensor([0.15583708999, 0.17609417118, 0.31459272498, 0.35347601385], dtype=torch.float64))
+    def _observe(self, indices, diffs, losses=None):
+        pass
 """,
     "lab4": """
 def lab4_queries_to_target(problem, make_sampler, lr, steps, batch_size, target_fraction, seed):
@@ -255,7 +269,7 @@ LAB3_PROBABILITIES = """def lab3_plain_probs(estimates, uniform_mix):
 def lab3_plain_update("""
 # hostile submissions (lab 1's solutions plus one trick each): graded, never crashing the grader
 HOSTILE = {
-    "malformed_reports": ({}, ["""
+    "malformed_reports": ({}, [r"""
 import json as _json, os as _os, sys as _sys
 _fd = int(_sys.argv[1])
 for _line in ['{"unit": ["case"], "phase": "end"}', "[" * 100000, '{"unit": ["case", "q1", 0], "phase": "end", "records": [{"value": {"t": "array", "dtype": "x", "shape": [3], "v": [1]}}]}',
