@@ -280,8 +280,10 @@ def lab1_best_eps_for(*args):
     _os.write(_fd, (("[" * 50000) + "\n").encode())     # during q4's cases: those fail, the rest stands
     return _real(*args)
 """]),
-    "huge_value": ({"def lab1_zo_gradient": """def lab1_zo_gradient(f, theta, eps, num_directions, generator):
-    return torch.zeros(2000, 2000, dtype=theta.dtype)"""}, []),
+    "huge_value": ({}, ["""
+def lab1_estimator_variance(f, grad, theta, eps, directions):   # an answer of 4 million numbers
+    return torch.zeros(2000, 2000, dtype=torch.float64)
+"""]),
     "exits": ({}, ["import os\nos._exit(3)"]),
 }
 
@@ -603,9 +605,9 @@ def test_hostile_submissions_are_graded_and_every_one_gets_its_row(graded):
     details = json.loads((csv_path.parent / csv_path.stem / "malformed_reports" / "results.json").read_text())
     assert all("malformed" in c["message"] for c in details["questions"]["q4"]["cases"])
     huge = _scores(rows["huge_value.ipynb"])
-    assert huge["q2"][0] == 0 and huge["q1"][0] == huge["q1"][1] and huge["q3"][0] == huge["q3"][1], huge
+    assert huge["q3"][0] < huge["q3"][1] and all(huge[q][0] == huge[q][1] for q in ("q1", "q2", "q4")), huge
     details = json.loads((csv_path.parent / csv_path.stem / "huge_value" / "results.json").read_text())
-    assert any("too large" in (c["message"] or "") for c in details["questions"]["q2"]["cases"])
+    assert any("too large" in (c["message"] or "") for c in details["questions"]["q3"]["cases"]), details["questions"]["q3"]
     exits = rows["exits.ipynb"]
     assert exits["total"] == exits["possible"] and exits["status"] == "timeout", "graded again without the cell that exits"
 

@@ -68,7 +68,7 @@ def _fingerprint(code: types.CodeType) -> tuple:
             arg = None
         else:
             arg = repr(ins.argval)
-        out.append((ins.opname, arg))
+        out.append(("LOAD_ATTR" if ins.opname == "LOAD_METHOD" else ins.opname, arg))  # compilers pick either
     return tuple(out)
 
 
