@@ -13,7 +13,9 @@ its test cases ``record`` what the student's code produced, and this (trusted) p
 those values with the solutions' and writes the scores after the sandbox is gone (``grading``).
 Nothing hangs: ``cell_timeout`` per cell, ``test_timeout`` per call into student code
 (``time_limit``), a kill and a fresh sandbox for a cell or case that dodges them, and
-``notebook_timeout`` for the whole submission. otter is imported lazily (``.[labs]`` extra).
+``notebook_timeout`` for the whole submission. The sandbox is capped (``sandbox.Limits``), the
+parent checks every line the sandbox reports, and each lab's library rule (``rules``) is
+enforced inside it (``guard``). otter is imported lazily (``.[labs]`` extra).
 """
 from __future__ import annotations
 
@@ -163,9 +165,13 @@ def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout:
         expected: reference values from ``grading.reference`` (``grade_all`` computes them once).
 
     Returns:
-        ``{"submission", "status", "sandbox", "total", "possible", "questions": {q: {score, possible}}}``;
-        status "ok", or "timeout" (a cell or case was killed; see results.json for which; the
-        rest was graded in a fresh sandbox; anything past ``notebook_timeout`` scored 0).
+        ``{"submission", "status", "reason", "sandbox", "total", "possible", "questions": {q: {score, possible}}}``;
+        status "ok", "timeout" (a cell or case was killed or ended the worker; see results.json
+        for which; the rest was graded in a fresh sandbox; anything past ``notebook_timeout``
+        scored 0), "crashed", "failed" (not a notebook) or "error" (a grading step failed on
+        this submission; ``reason`` says which). Whatever the submission does, score.json and
+        results.json are written; only a broken grader (e.g. solutions that fail their own
+        tests) raises.
     """
     from sazo_lite.course.labs import grading
 
