@@ -715,3 +715,28 @@ def test_bad_arguments_raise_value_error(tmp_path):
         labs.grade(tmp_path / "missing.ipynb", tmp_path / "x.zip", tmp_path)
     with pytest.raises(ValueError, match="submissions_dir"):
         labs.grade_all(tmp_path / "x.zip", tmp_path, tmp_path / "s.csv")
+
+
+def test_grade_all_on_the_command_line_exits_0_and_writes_every_row(built, graded, tmp_path):
+    """[honest, not a notebook, exits at once]: every submission gets its row and its score file."""
+    stem = next(m.stem for m in MASTERS if m.stem.startswith("lab2"))
+    folder = tmp_path / "handins"
+    folder.mkdir()
+    (folder / "a_untouched.ipynb").write_bytes((built[stem] / "student" / f"{stem}.ipynb").read_bytes())
+    (folder / "b_garbage.ipynb").write_bytes(b"\x00 not a notebook {")
+    nb = nbformat.read(built[stem] / "student" / f"{stem}.ipynb", as_version=4)
+    nb.cells.insert(0, nbformat.v4.new_code_cell("import os\nos._exit(1)"))
+    nbformat.write(nb, folder / "c_exits.ipynb")
+    out = tmp_path / "grades.csv"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SAZO_FAST", "1")
+        code = labs.main(["grade-all", str(labs.autograder_zip(stem, build_dir=built[stem].parent)), str(folder),
+                          "--out", str(out)])
+    assert code == 0
+    with open(out) as handle:
+        table = {r["submission"]: r for r in csv.DictReader(handle)}
+    assert set(table) == {"a_untouched.ipynb", "b_garbage.ipynb", "c_exits.ipynb"}
+    assert table["b_garbage.ipynb"]["status"] == "failed" and "notebook" in table["b_garbage.ipynb"]["reason"]
+    assert all(float(r["total"]) == 0 for r in table.values())
+    for name in table:
+        assert (tmp_path / "grades" / name.removesuffix(".ipynb") / "score.json").exists()
