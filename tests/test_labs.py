@@ -7,10 +7,14 @@ a detached process rewriting score.json) and hanging ones (loops that catch the 
 """
 from __future__ import annotations
 
+import atexit
 import csv
+import functools
 import json
 import os
 import re
+import shutil
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -53,11 +57,17 @@ def _tests(master) -> tuple[list[str], list[str]]:
     return hidden, public
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """Every master assigned into a temporary build folder: {stem: output folder}."""
-    build = tmp_path_factory.mktemp("labs_build")
+@functools.lru_cache(maxsize=None)
+def build_labs() -> dict:
+    """Every master assigned once per test session (other lab test files reuse it): {stem: folder}."""
+    build = Path(tempfile.mkdtemp(prefix="sazo-labs-build-"))
+    atexit.register(shutil.rmtree, build, True)
     return {out.name: out for out in labs.assign_all(build_dir=build, workers=2)}
+
+
+@pytest.fixture(scope="module")
+def built():
+    return build_labs()
 
 
 def _lab1_variant(autograder_nb: Path, path: Path, replace: dict[str, str], extra_cells: list[str] = ()) -> None:
@@ -146,6 +156,137 @@ BARE_EXCEPT_LOOP = '''while True:
 lab1_best_eps = 1e-3'''
 HANG_CELL, HANG_TEST = 8, 2   # seconds: short limits for the hang submission
 
+# -- per lab: a guess (constants and the values the notebook prints, no work) and library delegations --
+GUESSES = {
+    "lab1": """
+def lab1_projected_grad(f, theta, z, eps):
+    return 2.0
+def lab1_zo_gradient(f, theta, eps, num_directions, generator):
+    return torch.zeros_like(theta)
+def lab1_fd_error(f, grad, theta, eps, directions):
+    return 0.05
+def lab1_estimator_variance(f, grad, theta, eps, directions):
+    return 10.0
+lab1_errors, lab1_variances = [0.05] * len(lab1_eps_grid), [10.0] * len(lab1_eps_grid)
+def lab1_best_eps_for(f, grad, theta, directions, eps_grid):
+    return 1e-3
+lab1_best_eps = 1e-3
+""",
+    "lab2": """
+def lab2_weights(probs, indices):
+    return torch.ones(len(indices), dtype=torch.float64)
+def lab2_is_estimate(values, probs, batch_size, generator):
+    return 1.0
+lab2_average_estimate = float(lab2_values.mean())
+def lab2_sampling_variance(norms, probs):
+    return 1.0
+def lab2_oracle_probs(norms):
+    return torch.full((len(norms),), 1.0 / len(norms), dtype=torch.float64)
+def lab2_uniform_gain(norms):
+    return 1.25
+lab2_norms = torch.ones(256, dtype=torch.float64)
+lab2_gain = lab2_one_plus_cv2 = 4.0
+""",
+    "lab3": """
+def lab3_plain_probs(estimates, uniform_mix):
+    return torch.tensor([0.37, 0.21, 0.05, 0.37], dtype=torch.float64)
+def lab3_plain_update(estimates, indices, diffs, ema_decay):
+    return torch.tensor([1.75, 1.0, 5.0], dtype=torch.float64)
+def lab3_prior(estimates, counts, statistic="abs"):
+    return 1.5811388300841898
+def lab3_probs(estimates, counts, uniform_mix, statistic="abs"):
+    return torch.full((len(estimates),), 1.0 / len(estimates), dtype=torch.float64)
+def lab3_level(level, steps, stats, weights, level_decay):
+    return 2.0, 1
+def lab3_blend(estimates, counts, indices, stats, level, ema_decay, prior_strength, statistic="abs"):
+    return torch.tensor([0.0, 2.0, 0.0], dtype=torch.float64), torch.tensor([0, 1, 0])
+def lab3_track(problem, theta, steps, generator, seed):
+    return 0.367584762, 0.142305178
+lab3_tv_start, lab3_tv_end = 0.367584762, 0.142305178
+class Lab3PlainSampler(sazo_lite.Sampler):
+    def __init__(self, num_examples, **settings):
+        super().__init__(num_examples, seed=0)
+        self.estimates = torch.tensor([1.75, 1.0, 5.0], dtype=torch.float64)
+    probs = property(lambda self: torch.tensor([0.29017153139, 0.21934905989, 0.49047940872], dtype=torch.float64))
+    def _observe(self, indices, diffs, losses=None):
+        pass
+class Lab3Sampler(sazo_lite.Sampler):
+    level, level_steps = 2.0883186768, 2
+    def __init__(self, num_examples, **settings):
+        super().__init__(num_examples, seed=0)
+    probs = property(lambda self: torch.tensor([0.15583708999, 0.17609417118, 0.31459272498, 0.35347601385], dtype=torch.float64))
+    def _observe(self, indices, diffs, losses=None):
+        pass
+""",
+    "lab4": """
+def lab4_queries_to_target(problem, make_sampler, lr, steps, batch_size, target_fraction, seed):
+    return 40
+lab4_runs = {(n, lr, s): 40 for n in ("uniform", "sazo", "oracle") for lr in lab4_lrs for s in range(lab4_num_seeds)}
+lab4_best = {"uniform": 40, "sazo": 40, "oracle": 40}
+lab4_speedup_sazo = lab4_speedup_oracle = 1.0
+def lab4_lm_losses(model, tokens):
+    return torch.full((len(tokens),), 2.83)
+lab4_lm_initial_loss, lab4_lm_target = 2.83, 0.95 * 2.83
+lab4_lm_final, lab4_lm_queries = {"uniform": 2.5, "sazo": 2.5}, {"uniform": None, "sazo": None}
+""",
+}
+# lab -> [(file stem, the question it delegates, {start of the answer cell: its delegating version})]
+DELEGATIONS = {
+    "lab1": [("delegate_two_point", "q2", {"def lab1_zo_gradient": """def lab1_zo_gradient(f, theta, eps, num_directions, generator):
+    seed = int(torch.randint(2 ** 31, (1,), generator=generator))
+    return sazo_lite.course.two_point.zo_gradient(f, theta, eps, num_directions, seed=seed)"""})],
+    "lab2": [("delegate_variance", "q3", {"def lab2_sampling_variance": """import sazo_lite.variance
+def lab2_sampling_variance(norms, probs):
+    return sazo_lite.variance.sampling_variance(norms, probs)
+
+def lab2_oracle_probs(norms):
+    return sazo_lite.variance.oracle_probs(norms)"""}),
+             ("delegate_importlib", "q3", {"def lab2_sampling_variance": """import importlib
+def lab2_sampling_variance(norms, probs):
+    return importlib.import_module("sazo_lite." + "variance").sampling_variance(norms, probs)
+
+def lab2_oracle_probs(norms):
+    return getattr(sazo_lite, "vari" + "ance").oracle_probs(norms)"""})],
+    "lab3": [("delegate_proxy", "q5", {"class Lab3Sampler(sazo_lite.Sampler):": """class Lab3Sampler(sazo_lite.Sampler):
+    def __init__(self, num_examples, *, seed=0, **settings):
+        super().__init__(num_examples, seed=seed)
+        self._lib = getattr(sazo_lite, "SAZO" + "Sampler")(num_examples, seed=seed, **settings)
+    probs = property(lambda self: self._lib.probs)
+    def _observe(self, indices, diffs, losses=None):
+        self._lib.update(indices, diffs)"""}),
+             ("delegate_probabilities", "q1", {"def lab3_plain_probs(": None})],   # filled below
+    "lab4": [("delegate_losses", "q3", {"def lab4_lm_losses(": """def lab4_lm_losses(model, tokens):
+    from sazo_lite.llm import grad_norms
+    return grad_norms.example_losses(model, tokens, "lm")(range(len(tokens)))"""})],
+}
+# Lab 3 Q1 through samplers.probabilities (numpy), the rest of the answer cell kept
+LAB3_PROBABILITIES = """def lab3_plain_probs(estimates, uniform_mix):
+    from sazo_lite import samplers
+    roots = estimates.double().clamp_min(0).sqrt().numpy()
+    return torch.as_tensor(samplers.probabilities(roots, float(roots.sum()), uniform_mix, len(roots)), dtype=torch.float64)
+
+
+def lab3_plain_update("""
+# hostile submissions (lab 1's solutions plus one trick each): graded, never crashing the grader
+HOSTILE = {
+    "malformed_reports": ({}, [r"""
+import json as _json, os as _os, sys as _sys
+_fd = int(_sys.argv[1])
+for _line in ['{"unit": ["case"], "phase": "end"}', "[" * 100000, '{"unit": ["case", "q1", 0], "phase": "end", "records": [{"value": {"t": "array", "dtype": "x", "shape": [3], "v": [1]}}]}',
+              '{"rule": "x"}', "x" * (9 * 2 ** 20), '{"done": true}']:
+    _os.write(_fd, (_line + "\n").encode())
+_real = lab1_best_eps_for
+def lab1_best_eps_for(*args):
+    _os.write(_fd, (("[" * 50000) + "\n").encode())     # during q4's cases: those fail, the rest stands
+    return _real(*args)
+"""]),
+    "huge_value": ({}, ["""
+def lab1_estimator_variance(f, grad, theta, eps, directions):   # an answer of 4 million numbers
+    return torch.zeros(2000, 2000, dtype=torch.float64)
+"""]),
+    "exits": ({}, ["import os\nos._exit(3)"]),
+}
+
 
 @pytest.fixture(scope="module")
 def graded(built, tmp_path_factory):
@@ -169,13 +310,25 @@ def graded(built, tmp_path_factory):
     hangs = root / "hangs"
     hangs.mkdir()
     _lab1_variant(solution_nb, hangs / "hangs.ipynb", {"def lab1_zo_gradient": EXCEPT_EXCEPTION_LOOP,
-                                                         "lab1_best_eps =": BARE_EXCEPT_LOOP})
+                                                         "def lab1_best_eps_for": BARE_EXCEPT_LOOP})
     jobs = {}
     for stem, out in built.items():
         folder = root / "submissions" / stem
         folder.mkdir(parents=True)
-        (folder / "solution.ipynb").write_bytes((out / "autograder" / f"{stem}.ipynb").read_bytes())
-        (folder / "untouched.ipynb").write_bytes((out / "student" / f"{stem}.ipynb").read_bytes())
+        short = stem.split("_")[0]
+        solution, student = out / "autograder" / f"{stem}.ipynb", out / "student" / f"{stem}.ipynb"
+        (folder / "solution.ipynb").write_bytes(solution.read_bytes())
+        (folder / "untouched.ipynb").write_bytes(student.read_bytes())
+        _with_cells(student, folder / "guess.ipynb", [GUESSES[short]])
+        for name, _, replace in DELEGATIONS[short]:
+            if name == "delegate_probabilities":
+                source = next(c.source for c in nbformat.read(solution, as_version=4).cells
+                              if c.cell_type == "code" and c.source.startswith("def lab3_plain_probs("))
+                replace = {"def lab3_plain_probs(": LAB3_PROBABILITIES + source.split("def lab3_plain_update(", 1)[1]}
+            _lab1_variant(solution, folder / f"{name}.ipynb", replace)
+        if short == "lab1":
+            for name, (replace, extra) in HOSTILE.items():
+                _lab1_variant(solution, folder / f"{name}.ipynb", replace, extra)
         jobs[stem] = folder
 
     def grade_folder(stem):
@@ -301,7 +454,7 @@ def test_reading_the_masters_finds_nothing_in_the_sandbox(graded):
 def test_shadowing_abs_gains_nothing_on_the_hidden_tests(graded):
     row = _lab1_rows(graded)["shadow_abs.ipynb"]
     score, possible = _scores(row)["q1"]
-    assert score == 1 and possible == 3, "only the public case, which a constant 2.0 answers honestly"
+    assert score == 0 and possible == 3, "a constant 2.0 answers one public input, not both"
     details = json.loads((_lab1_rows(graded)["_root"] / "cheat_out" / "shadow_abs" / "results.json").read_text())
     assert not any(c["passed"] for c in details["questions"]["q1"]["cases"] if c["hidden"])
 
@@ -383,7 +536,8 @@ def test_grade_all_writes_one_csv_row_per_submission(graded):
     rows, csv_path, _ = graded[stem]
     with open(csv_path) as handle:
         table = list(csv.DictReader(handle))
-    assert sorted(r["submission"] for r in table) == ["solution.ipynb", "untouched.ipynb"]
+    handed_in = sorted(p.name for p in (csv_path.parent / "submissions" / stem).glob("*.ipynb"))
+    assert sorted(r["submission"] for r in table) == handed_in and len(handed_in) >= 4
     by_name = {r["submission"]: r for r in table}
     assert float(by_name["solution.ipynb"]["total"]) == float(by_name["solution.ipynb"]["possible"]) > 0
     assert float(by_name["untouched.ipynb"]["total"]) == 0
@@ -411,6 +565,73 @@ def test_a_notebook_past_its_timeout_scores_zero(built, graded, tmp_path):
     assert time.monotonic() - start < 30
     assert row["status"] == "timeout" and row["total"] == 0 and row["possible"] > 0
     assert json.loads((tmp_path / "out" / "score.json").read_text())["status"] == "timeout"
+
+
+@pytest.mark.parametrize("master", MASTERS, ids=lambda m: m.stem)
+def test_a_guess_without_work_scores_zero(master, graded):
+    row = graded[master.stem][0]["guess.ipynb"]
+    assert row["status"] == "ok" and row["possible"] > 0
+    assert row["total"] == 0, f"constants and the notebook's printed values gained points: {_scores(row)}"
+
+
+DELEGATION_CASES = [(lab, name, q) for lab, items in DELEGATIONS.items() for name, q, _ in items]
+
+
+@pytest.mark.parametrize("lab,name,question", DELEGATION_CASES, ids=lambda x: str(x))
+def test_library_delegations_score_zero_with_the_rule_as_reason(lab, name, question, graded):
+    stem = next(m.stem for m in MASTERS if m.stem.startswith(lab))
+    rows, csv_path, _ = graded[stem]
+    row = rows[f"{name}.ipynb"]
+    assert row["status"] == "ok" and row["questions"][question]["score"] == 0, _scores(row)
+    details = json.loads((csv_path.parent / csv_path.stem / name / "results.json").read_text())["questions"]
+    assert details[question].get("rule"), f"no rule finding for {question}: {details[question]}"
+    assert any("sazo_lite" in reason for reason in details[question]["rule"])
+    order = list(row["questions"])
+    for q in order[:order.index(question)]:
+        assert row["questions"][q]["score"] == row["questions"][q]["possible"], f"{q} lost points: {_scores(row)}"
+
+
+def test_hostile_submissions_are_graded_and_every_one_gets_its_row(graded):
+    stem = next(m.stem for m in MASTERS if m.stem.startswith("lab1"))
+    rows, csv_path, _ = graded[stem]
+    with open(csv_path) as handle:
+        table = {r["submission"]: r for r in csv.DictReader(handle)}
+    assert {f"{name}.ipynb" for name in HOSTILE} <= set(table) and "solution.ipynb" in table and "reason" in \
+        next(iter(table.values()))
+    for name in HOSTILE:
+        assert (csv_path.parent / csv_path.stem / name / "score.json").exists()
+    malformed = _scores(rows["malformed_reports.ipynb"])
+    assert malformed["q4"][0] == 0 and all(malformed[q][0] == malformed[q][1] for q in ("q1", "q2", "q3")), malformed
+    details = json.loads((csv_path.parent / csv_path.stem / "malformed_reports" / "results.json").read_text())
+    assert all("malformed" in c["message"] for c in details["questions"]["q4"]["cases"])
+    huge = _scores(rows["huge_value.ipynb"])
+    assert huge["q3"][0] < huge["q3"][1] and all(huge[q][0] == huge[q][1] for q in ("q1", "q2", "q4")), huge
+    details = json.loads((csv_path.parent / csv_path.stem / "huge_value" / "results.json").read_text())
+    assert any("too large" in (c["message"] or "") for c in details["questions"]["q3"]["cases"]), details["questions"]["q3"]
+    exits = rows["exits.ipynb"]
+    assert exits["total"] == exits["possible"] and exits["status"] == "timeout", "graded again without the cell that exits"
+
+
+@pytest.mark.parametrize("master", MASTERS, ids=lambda m: m.stem)
+def test_student_notebook_states_the_rule_and_cites_nothing_students_lack(master, built):
+    from sazo_lite.course.labs.rules import rule_for
+
+    text = (built[master.stem] / "student" / f"{master.stem}.ipynb").read_text()
+    rule = rule_for(master.stem)
+    assert rule is not None and "the library is not the answer" in text
+    for name in rule["names"]:
+        assert f"`{name}`" in text, f"the rule at the top does not list {name}"
+    assert "design notes" not in text and "design page" not in text
+
+
+@pytest.mark.parametrize("master", MASTERS, ids=lambda m: m.stem)
+def test_every_public_case_checks_values_on_two_inputs(master):
+    """A constant cannot pass a public case: each calls student code at least twice (or compares it with a
+    value recomputed in the test) and says in its messages what was expected."""
+    _, public = _tests(nbformat.read(master, as_version=4))
+    for test in public:
+        assert "expected" in test, f"a public case without an expected value in its message:\n{test[:300]}"
+        assert test.count("record(") >= 2, f"a public case recording one value only:\n{test[:300]}"
 
 
 @pytest.mark.parametrize("master", MASTERS, ids=lambda m: m.stem)
@@ -494,3 +715,28 @@ def test_bad_arguments_raise_value_error(tmp_path):
         labs.grade(tmp_path / "missing.ipynb", tmp_path / "x.zip", tmp_path)
     with pytest.raises(ValueError, match="submissions_dir"):
         labs.grade_all(tmp_path / "x.zip", tmp_path, tmp_path / "s.csv")
+
+
+def test_grade_all_on_the_command_line_exits_0_and_writes_every_row(built, graded, tmp_path):
+    """[honest, not a notebook, exits at once]: every submission gets its row and its score file."""
+    stem = next(m.stem for m in MASTERS if m.stem.startswith("lab2"))
+    folder = tmp_path / "handins"
+    folder.mkdir()
+    (folder / "a_untouched.ipynb").write_bytes((built[stem] / "student" / f"{stem}.ipynb").read_bytes())
+    (folder / "b_garbage.ipynb").write_bytes(b"\x00 not a notebook {")
+    nb = nbformat.read(built[stem] / "student" / f"{stem}.ipynb", as_version=4)
+    nb.cells.insert(0, nbformat.v4.new_code_cell("import os\nos._exit(1)"))
+    nbformat.write(nb, folder / "c_exits.ipynb")
+    out = tmp_path / "grades.csv"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SAZO_FAST", "1")
+        code = labs.main(["grade-all", str(labs.autograder_zip(stem, build_dir=built[stem].parent)), str(folder),
+                          "--out", str(out)])
+    assert code == 0
+    with open(out) as handle:
+        table = {r["submission"]: r for r in csv.DictReader(handle)}
+    assert set(table) == {"a_untouched.ipynb", "b_garbage.ipynb", "c_exits.ipynb"}
+    assert table["b_garbage.ipynb"]["status"] == "failed" and "notebook" in table["b_garbage.ipynb"]["reason"]
+    assert all(float(r["total"]) == 0 for r in table.values())
+    for name in table:
+        assert (tmp_path / "grades" / name.removesuffix(".ipynb") / "score.json").exists()

@@ -13,7 +13,9 @@ its test cases ``record`` what the student's code produced, and this (trusted) p
 those values with the solutions' and writes the scores after the sandbox is gone (``grading``).
 Nothing hangs: ``cell_timeout`` per cell, ``test_timeout`` per call into student code
 (``time_limit``), a kill and a fresh sandbox for a cell or case that dodges them, and
-``notebook_timeout`` for the whole submission. otter is imported lazily (``.[labs]`` extra).
+``notebook_timeout`` for the whole submission. The sandbox is capped (``sandbox.Limits``), the
+parent checks every line the sandbox reports, and each lab's library rule (``rules``) is
+enforced inside it (``guard``). otter is imported lazily (``.[labs]`` extra).
 """
 from __future__ import annotations
 
@@ -163,9 +165,13 @@ def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout:
         expected: reference values from ``grading.reference`` (``grade_all`` computes them once).
 
     Returns:
-        ``{"submission", "status", "sandbox", "total", "possible", "questions": {q: {score, possible}}}``;
-        status "ok", or "timeout" (a cell or case was killed; see results.json for which; the
-        rest was graded in a fresh sandbox; anything past ``notebook_timeout`` scored 0).
+        ``{"submission", "status", "reason", "sandbox", "total", "possible", "questions": {q: {score, possible}}}``;
+        status "ok", "timeout" (a cell or case was killed or ended the worker; see results.json
+        for which; the rest was graded in a fresh sandbox; anything past ``notebook_timeout``
+        scored 0), "crashed", "failed" (not a notebook) or "error" (a grading step failed on
+        this submission; ``reason`` says which). Whatever the submission does, score.json and
+        results.json are written; only a broken grader (e.g. solutions that fail their own
+        tests) raises.
     """
     from sazo_lite.course.labs import grading
 
@@ -185,21 +191,38 @@ def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout:
     config, questions = grading.load_tests(autograder)
     if expected is None:  # the solutions get at least the default limits, whatever this submission gets
         expected = grading.reference(autograder, require=sandbox, **_reference_limits(timeouts))
+    # From here on nothing the submission does may stop this function from writing its files.
+    outcome, reason = {"cases": {}, "skipped": [], "status": "failed", "sandbox": None, "rules": {}}, None
     with open(output_dir / "grade.log", "w") as log:
         try:
             cells = grading.notebook_cells(submission, config)
+            owners = grading.cell_questions(submission)
         except Exception as exc:  # not a notebook
-            log.write(f"[grader] cannot read {submission.name}: {exc}\n")
+            reason = f"cannot read {submission.name} as a notebook: {type(exc).__name__}: {str(exc)[:300]}"
+            log.write(f"[grader] {reason}\n")
             cells = None
-        outcome = grading.run(cells, questions, log=log, require=sandbox, **timeouts) if cells is not None \
-            else {"cases": {}, "skipped": [], "status": "failed", "sandbox": None}
-    scored = grading.score(questions, outcome, expected)
+        if cells is not None:
+            try:
+                outcome = grading.run(cells, questions, log=log, require=sandbox, rule=grading.lab_rule(config),
+                                      owners=owners, **timeouts)
+            except Exception as exc:  # the grader's own failure on this submission: say so, score what we have
+                reason = f"grading stopped: {type(exc).__name__}: {str(exc)[:300]}"
+                log.write(f"[grader] {reason}\n")
+                outcome = {**outcome, "status": "error"}
+    try:
+        scored = grading.score(questions, outcome, expected)
+    except Exception as exc:
+        reason = f"scoring failed: {type(exc).__name__}: {str(exc)[:300]}"
+        scored = {q: {"score": 0.0, "possible": sum(spec["points"]), "cases": []} for q, spec in questions.items()}
+        outcome = {**outcome, "status": "error"}
+    if reason is None and outcome["status"] in ("crashed", "timeout"):
+        reason = "; ".join(outcome.get("notes") or [])[:500] or None
     total, possible = sum(q["score"] for q in scored.values()), sum(q["possible"] for q in scored.values())
     (output_dir / "results.json").write_text(json.dumps(
-        {"submission": submission.name, "status": outcome["status"], "sandbox": outcome["sandbox"],
-         "killed": outcome["skipped"], "questions": scored}, indent=2))
-    summary = {"submission": submission.name, "status": outcome["status"], "sandbox": outcome["sandbox"],
-               "total": total, "possible": possible,
+        {"submission": submission.name, "status": outcome["status"], "reason": reason, "sandbox": outcome["sandbox"],
+         "caps": outcome.get("caps", {}), "killed": outcome["skipped"], "questions": scored}, indent=2))
+    summary = {"submission": submission.name, "status": outcome["status"], "reason": reason,
+               "sandbox": outcome["sandbox"], "total": total, "possible": possible,
                "questions": {q: {"score": v["score"], "possible": v["possible"]} for q, v in scored.items()}}
     (output_dir / "score.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -215,7 +238,8 @@ def grade_all(autograder: Path, submissions_dir: Path, csv_path: Path, *, worker
               **timeouts) -> list[dict]:
     """Grade every ``*.ipynb`` in a folder; one CSV row per submission.
 
-    Columns: submission, status, one per question, total, possible. The solutions' reference
+    Columns: submission, status, one per question, total, possible, reason (why a submission was
+    not graded normally). Every submission gets its row, whatever it did. The solutions' reference
     values are computed (or read from their cache) once for the whole folder. Each submission's
     results.json and score.json go to ``<csv folder>/<csv stem>/<submission stem>/``.
     ``workers`` submissions are graded at once (each in its own process and kernel).
@@ -236,17 +260,33 @@ def grade_all(autograder: Path, submissions_dir: Path, csv_path: Path, *, worker
     limits = {k: timeouts.get(k, default) for k, default in
               (("cell_timeout", CELL_TIMEOUT), ("test_timeout", TEST_TIMEOUT), ("notebook_timeout", NOTEBOOK_TIMEOUT))}
     expected = grading.reference(Path(autograder), require=timeouts.get("sandbox", "auto"), **_reference_limits(limits))
+    _, spec = grading.load_tests(Path(autograder))
+    possible = sum(sum(q["points"]) for q in spec.values())
+
+    def one(path: Path) -> dict:
+        try:
+            return grade(path, autograder, details / path.stem, expected=expected, **timeouts)
+        except Exception as exc:  # whatever happened, this submission gets its row (and the others theirs)
+            reason = f"{type(exc).__name__}: {str(exc)[:300]}"
+            row = {"submission": path.name, "status": "error", "reason": reason, "sandbox": None, "total": 0.0,
+                   "possible": possible, "questions": {q: {"score": 0.0, "possible": sum(v["points"])}
+                                                       for q, v in spec.items()}}
+            with contextlib.suppress(OSError):
+                (details / path.stem).mkdir(parents=True, exist_ok=True)
+                (details / path.stem / "score.json").write_text(json.dumps(row, indent=2))
+            return row
+
     with ThreadPoolExecutor(max_workers=workers) as pool:  # threads only wait on subprocesses
-        jobs = pool.map(lambda s: grade(s, autograder, details / s.stem, expected=expected, **timeouts), submissions)
-        rows = list(tqdm(jobs, total=len(submissions), desc="grading", leave=False))
-    questions = sorted({q for row in rows for q in row["questions"]})
+        rows = list(tqdm(pool.map(one, submissions), total=len(submissions), desc="grading", leave=False))
+    questions = sorted(spec)
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     with open(csv_path, "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["submission", "status", *questions, "total", "possible"])
+        writer.writerow(["submission", "status", *questions, "total", "possible", "reason"])
         for row in rows:
             scores = [row["questions"].get(q, {}).get("score", 0.0) for q in questions]
-            writer.writerow([row["submission"], row["status"], *scores, row["total"], row["possible"]])
+            writer.writerow([row["submission"], row["status"], *scores, row["total"], row["possible"],
+                             (row.get("reason") or "").replace("\n", " ")])
     return rows
 
 

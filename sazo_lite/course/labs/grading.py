@@ -19,6 +19,7 @@ import ast
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import selectors
@@ -28,8 +29,8 @@ import time
 import zipfile
 from pathlib import Path
 
-from sazo_lite.course.labs.sandbox import Sandbox
-from sazo_lite.course.labs.values import ATOL, RTOL, compare
+from sazo_lite.course.labs.sandbox import Limits, Sandbox
+from sazo_lite.course.labs.values import ATOL, MAX_ITEMS, RTOL, check_encoded, compare
 
 GRACE = 5.0          # seconds past a unit's own limit before the sandbox is killed
 MAX_RESTARTS = 3     # fresh sandboxes after a kill; then what is left scores 0
@@ -75,6 +76,29 @@ def _from_doctest(code: str) -> str:
     return "\n".join(lines)
 
 
+_CHECK = re.compile(r"grader\.check\(\s*['\"]([\w.-]+)['\"]")
+
+
+def cell_questions(notebook: Path) -> dict[int, str]:
+    """Which question each code cell belongs to: the first ``grader.check("qN")`` at or below it
+    (cells below the last check belong to the last question)."""
+    import nbformat
+
+    nb = nbformat.read(notebook, as_version=4)
+    owners, pending, last = {}, [], None
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        pending.append(index)
+        found = _CHECK.search(cell.source if isinstance(cell.source, str) else "")
+        if found:
+            last = found.group(1)
+            owners.update({i: last for i in pending})
+            pending = []
+    owners.update({i: last for i in pending})
+    return {i: q for i, q in owners.items() if q is not None}
+
+
 def notebook_cells(notebook: Path, config: dict) -> list[tuple[int, str]]:
     """The code cells to run: not tagged ``otter_ignore``, not otter's own; the seed set as otter does."""
     import nbformat
@@ -82,9 +106,11 @@ def notebook_cells(notebook: Path, config: dict) -> list[tuple[int, str]]:
     nb = nbformat.read(notebook, as_version=4)
     cells, seed_name = [], config.get("seed_variable")
     for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code" or "otter_ignore" in cell.metadata.get("tags", []):
+        if cell.cell_type != "code" or "otter_ignore" in (cell.metadata.get("tags") or []):
             continue
         source = cell.source
+        if not isinstance(source, str):
+            raise ValueError(f"cell {index} has no source text")
         if _RUNS_OTTER.search(source):
             continue
         if seed_name and config.get("seed") is not None:
@@ -94,23 +120,41 @@ def notebook_cells(notebook: Path, config: dict) -> list[tuple[int, str]]:
 
 
 # -- running it in the sandbox -------------------------------------------------------------
-def run(cells, questions, *, cell_timeout, test_timeout, notebook_timeout, require="auto", log=None) -> dict:
+def run(cells, questions, *, cell_timeout, test_timeout, notebook_timeout, require="auto", log=None,
+        rule: dict | None = None, owners: dict | None = None, limits: Limits | None = None) -> dict:
     """Run cells then cases in sandboxes, restarting after a kill. Returns what the workers said.
 
+    Args:
+        rule: the lab's library rule (``rules.RULES``), enforced inside the sandbox (``guard``).
+        owners: {cell index: question} (``cell_questions``): where a rule finding in a cell counts.
+        limits: the sandbox's caps (``sandbox.Limits``; default: ``Limits()`` with the CPU time of
+            ``notebook_timeout`` plus a minute).
+
     Returns:
-        ``{"cases": {(q, k): {"error", "records"}}, "skipped": [...units...], "status", "sandbox"}``;
-        a case missing from "cases" never finished (it scores 0).
+        ``{"cases": {(q, k): {"error", "records"}}, "skipped": [...units...], "status", "sandbox",
+        "rules": {question: [reasons]}, "notes": [...], "caps": {...}}``; a case missing from
+        "cases" never finished (it scores 0).
     """
     cases = [(q, k, c["code"]) for q, spec in questions.items() for k, c in enumerate(spec["cases"])]
-    skipped, results, status, kind = [], {}, "ok", None
+    skipped, results, status, kind, rules, notes, caps = [], {}, "ok", None, {}, [], {}
+    limits = limits or Limits(cpu_seconds=int(notebook_timeout) + 60)
     deadline = time.monotonic() + notebook_timeout
     for attempt in range(MAX_RESTARTS + 1):
         job = {"cells": [c for c in cells if ["cell", c[0]] not in skipped],
-               "cases": [c for c in cases if ["case", c[0], c[1]] not in skipped], "cell_timeout": cell_timeout}
-        limits = {"cell": cell_timeout + GRACE, "case": test_timeout * 2 + GRACE}
-        outcome = _attempt(job, limits, deadline, require, log, test_timeout)
-        kind = outcome["sandbox"]
+               "cases": [c for c in cases if ["case", c[0], c[1]] not in skipped], "cell_timeout": cell_timeout,
+               "rule": _job_rule(rule)}
+        unit_limits = {"cell": cell_timeout + GRACE, "case": test_timeout * 2 + GRACE}
+        outcome = _attempt(job, unit_limits, deadline, require, log, test_timeout, limits)
+        kind, caps = outcome["sandbox"], outcome["caps"]
         results = outcome["cases"]  # a fresh attempt recomputes every case it runs
+        notes += outcome["notes"]
+        for unit, name, how in outcome["rules"]:
+            question = unit[1] if unit[0] == "case" else (owners or {}).get(unit[1])
+            where = f"cell {unit[1]}" if unit[0] == "cell" else f"test case {unit[2]}"
+            reason = f"{how}: {name} (in {where}); this lab does not allow it in graded code"
+            for q in ([question] if question in questions else list(questions)):
+                if reason not in rules.setdefault(q, []):
+                    rules[q].append(reason)
         if outcome["finished"]:
             break
         if outcome["stuck"] is None or time.monotonic() >= deadline:
@@ -123,11 +167,25 @@ def run(cells, questions, *, cell_timeout, test_timeout, notebook_timeout, requi
                       f"{'restarting without it' if attempt < MAX_RESTARTS else 'no restarts left'}\n")
     else:
         status = "timeout"
-    return {"cases": results, "skipped": skipped, "status": status, "sandbox": kind}
+    return {"cases": results, "skipped": skipped, "status": status, "sandbox": kind, "rules": rules,
+            "notes": notes, "caps": caps}
 
 
-def _attempt(job: dict, limits: dict, deadline: float, require: str, log, test_timeout: float) -> dict:
-    """One sandbox: feed it the job, follow its events, kill it when a unit overstays."""
+def _job_rule(rule: dict | None) -> dict | None:
+    if not rule:
+        return None
+    return {"modules": list(rule["modules"]), "names": list(rule["names"]),
+            "graded": {q: list(names) for q, names in rule.get("graded", {}).items()}}
+
+
+def _attempt(job: dict, limits: dict, deadline: float, require: str, log, test_timeout: float,
+             caps: Limits | None = None) -> dict:
+    """One sandbox: feed it the job, follow its events, kill it when a unit overstays.
+
+    Everything the worker sends is untrusted: ``_Protocol`` checks every line (size, JSON
+    depth, types, the order of units); a malformed line fails the case that was running (or is
+    noted, during a cell), and never stops this process.
+    """
     read_fd, write_fd = os.pipe()
     env = {"PATH": os.path.dirname(sys.executable) + ":/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp",
            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg",
@@ -136,9 +194,13 @@ def _attempt(job: dict, limits: dict, deadline: float, require: str, log, test_t
     from sazo_lite.course.labs import TEST_TIMEOUT_ENV
 
     env[TEST_TIMEOUT_ENV] = str(test_timeout)
+    import sazo_lite  # the worker imports the very package this grader runs (an editable install elsewhere or not)
+
+    env["PYTHONPATH"] = str(Path(sazo_lite.__file__).resolve().parent.parent)
     box = Sandbox([sys.executable, "-m", "sazo_lite.course.labs.worker", str(write_fd)], env, pass_fds=(write_fd,),
-                  require=require)
-    cases, current, finished, stuck, kept = {}, None, False, None, 0
+                  require=require, limits=caps)
+    protocol = _Protocol(job)
+    kept = 0
     try:
         process = box.start(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         os.close(write_fd)
@@ -151,12 +213,13 @@ def _attempt(job: dict, limits: dict, deadline: float, require: str, log, test_t
         read_fd = None
         selector.register(events, selectors.EVENT_READ, "events")
         selector.register(process.stdout, selectors.EVENT_READ, "log")
-        buffer, unit_deadline, open_streams = b"", None, 2
-        while open_streams and not finished:
+        open_streams = 2
+        while open_streams and not protocol.finished:
             now = time.monotonic()
+            unit_deadline = protocol.started + limits[protocol.current[0]] if protocol.current else None
             limit = min(deadline, unit_deadline or deadline)
             if now >= limit:
-                stuck = current if current is not None else None
+                protocol.stuck = protocol.current
                 break
             for key, _ in selector.select(timeout=min(1.0, limit - now)):
                 chunk = os.read(key.fileobj.fileno(), 65536)
@@ -169,33 +232,164 @@ def _attempt(job: dict, limits: dict, deadline: float, require: str, log, test_t
                         log.write(chunk[:LOG_BYTES - kept].decode(errors="replace"))
                         kept += len(chunk)
                     continue
-                buffer += chunk
-                if len(buffer) > 64 * 2 ** 20:
-                    raise RuntimeError("the worker sent too much")
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
-                        event = json.loads(line)
-                        if event.get("done"):
-                            finished = True
-                            continue
-                        unit = list(event["unit"])
-                        if event["phase"] == "start":
-                            current, unit_deadline = unit, time.monotonic() + limits[unit[0]]
-                        else:
-                            if unit[0] == "case":
-                                cases[(unit[1], unit[2])] = {"error": event.get("error"),
-                                                             "records": list(event.get("records") or [])}
-                            current, unit_deadline = None, None
-        if not finished and stuck is None and current is not None:
-            stuck = current  # the worker died (or closed its pipe) inside this unit
+                protocol.feed(chunk)
+        protocol.ended()
     finally:
         for fd in (read_fd, write_fd):
             if fd is not None:
                 os.close(fd)
         box.close()
-    return {"cases": cases, "finished": finished, "stuck": stuck, "sandbox": box.kind}
+    if log:
+        for note in protocol.notes:
+            log.write(f"\n[grader] {note}\n")
+    return {"cases": protocol.cases, "finished": protocol.finished, "stuck": protocol.stuck, "sandbox": box.kind,
+            "rules": protocol.rules, "notes": protocol.notes, "caps": box.caps}
 
+
+MAX_LINE = 8 * 2 ** 20   # bytes of one event line from the worker; a longer one fails its case
+MAX_EVENTS = 100_000     # lines per sandbox; past that the rest is ignored
+MAX_NOTES = 50
+
+
+class _Protocol:
+    """The trusted side of the worker's event stream (see ``worker``): strict, never raises.
+
+    Units must come in the job's order: ``start`` of the next unit, then its ``end``; ``rule``
+    events may come at any time. A line that is too long, not JSON, nested too deeply, of the
+    wrong shape or out of order is *malformed*: the case running (or the case just ended, when
+    it comes between units) fails with the reason; during a cell it is only noted.
+    """
+
+    def __init__(self, job: dict):
+        self.units = [["cell", i] for i, _ in job["cells"]] + [["case", q, k] for q, k, _ in job["cases"]]
+        self.position = 0                      # index of the next unit to start
+        self.current, self.started, self.last = None, 0.0, None
+        self.cases: dict = {}
+        self.rules: list = []
+        self.notes: list[str] = []
+        self.finished, self.stuck = False, None
+        self.buffer, self.dropping, self.count = b"", False, 0
+        self.poisoned: set = set()
+
+    def feed(self, chunk: bytes) -> None:
+        self.buffer += chunk
+        while True:
+            cut = self.buffer.find(b"\n")
+            if cut < 0:
+                if len(self.buffer) > MAX_LINE:
+                    if not self.dropping:
+                        self.malformed(f"a report line longer than {MAX_LINE // 2 ** 20} MiB")
+                    self.dropping, self.buffer = True, b""
+                return
+            line, self.buffer = self.buffer[:cut], self.buffer[cut + 1:]
+            if self.dropping:  # the tail of an over-long line
+                self.dropping = False
+                continue
+            if len(line) > MAX_LINE:
+                self.malformed(f"a report line longer than {MAX_LINE // 2 ** 20} MiB")
+                continue
+            self.count += 1
+            if self.count > MAX_EVENTS:
+                if self.count == MAX_EVENTS + 1:
+                    self.note(f"more than {MAX_EVENTS} report lines: the rest ignored")
+                continue
+            try:
+                self.line(line)
+            except Exception as exc:  # belt and braces: a line this class did not foresee
+                self.malformed(f"an unreadable report line ({type(exc).__name__})")
+
+    def line(self, line: bytes) -> None:
+        if not line.strip():
+            return
+        try:
+            event = json.loads(line)
+        except (ValueError, RecursionError):
+            return self.malformed("a report line that is not JSON (or nested too deeply)")
+        if not isinstance(event, dict):
+            return self.malformed("a report line that is not an object")
+        if event.get("done") is True and len(event) == 1:
+            if self.current is None and self.position == len(self.units):
+                self.finished = True
+            else:
+                self.malformed("'done' before every unit ran")
+            return
+        if "rule" in event:
+            rule, unit = event.get("rule"), event.get("unit")
+            if not (isinstance(rule, list) and len(rule) == 2 and all(isinstance(x, str) and len(x) <= 300 for x in rule)):
+                return self.malformed("a rule report of the wrong shape")
+            if unit is None or unit not in self.units:
+                unit = self.current or self.last
+            if unit is not None and len(self.rules) < 1000:
+                self.rules.append((list(unit), rule[0], rule[1]))
+            return
+        unit, phase = event.get("unit"), event.get("phase")
+        if not isinstance(unit, list) or phase not in ("start", "end"):
+            return self.malformed("a report line without a valid unit and phase")
+        if phase == "start":
+            if self.current is not None or self.position >= len(self.units) or unit != self.units[self.position]:
+                return self.malformed(f"a start of {_short(unit)} out of order")
+            self.current, self.started = unit, time.monotonic()
+            self.position += 1
+            return
+        if unit != self.current:
+            return self.malformed(f"an end of {_short(unit)} out of order")
+        error = event.get("error")
+        if error is not None and not isinstance(error, str):
+            return self.malformed("an error that is not text")
+        if unit[0] == "case":
+            records = event.get("records")
+            why = _check_records(records)
+            key = (unit[1], unit[2])
+            if key in self.poisoned:
+                pass  # already failed with its reason
+            elif why:
+                self.cases[key] = {"error": f"the grader rejected what this case recorded: {why}", "records": []}
+            else:
+                self.cases[key] = {"error": error[:2000] if error else None, "records": records}
+        self.last, self.current = unit, None
+
+    def malformed(self, why: str) -> None:
+        unit = self.current if self.current is not None else self.last
+        if unit is not None and unit[0] == "case":
+            key = (unit[1], unit[2])
+            self.poisoned.add(key)
+            self.cases[key] = {"error": f"malformed report from the sandbox: {why}", "records": []}
+        else:
+            self.note(f"ignored a malformed report line{' during ' + _short(unit) if unit else ''}: {why}")
+
+    def ended(self) -> None:
+        """The stream ended (or was cut): a worker gone inside a unit blames it; between units, the last case."""
+        if self.finished or self.stuck is not None:
+            return
+        if self.current is not None:
+            self.stuck = self.current  # the worker died (or closed its pipe) inside this unit
+        elif self.last is not None and self.last[0] == "case" and self.position < len(self.units):
+            self.malformed("the worker ended between two units")
+
+    def note(self, text: str) -> None:
+        if len(self.notes) < MAX_NOTES:
+            self.notes.append(text)
+
+
+def _short(unit) -> str:
+    return json.dumps(unit)[:80]
+
+
+def _check_records(records) -> str | None:
+    if not isinstance(records, list) or len(records) > 1000:
+        return "records are not a list (of at most 1000)"
+    budget = [2 * MAX_ITEMS + 10]
+    for record in records:
+        if not isinstance(record, dict) or set(record) - {"value", "rtol", "atol"}:
+            return "a record of the wrong shape"
+        for tol in ("rtol", "atol"):
+            value = record.get(tol)
+            if value is not None and not (type(value) in (int, float) and math.isfinite(value) and value >= 0):
+                return f"a record with an invalid {tol}"
+        why = check_encoded(record.get("value"), budget)
+        if why:
+            return why
+    return None
 
 
 # -- the reference and the scores ----------------------------------------------------------
@@ -219,8 +413,9 @@ def reference(autograder: Path, *, cell_timeout, test_timeout, notebook_timeout,
 
     log = io.StringIO()
     outcome = run(notebook_cells(solutions, config), questions, cell_timeout=cell_timeout, test_timeout=test_timeout,
-                  notebook_timeout=notebook_timeout, require=require, log=log)
-    wrong = []
+                  notebook_timeout=notebook_timeout, require=require, log=log, rule=lab_rule(config),
+                  owners=cell_questions(solutions))
+    wrong = [f"{q}: {reason}" for q, reasons in outcome["rules"].items() for reason in reasons]
     for question, spec in questions.items():
         for k in range(len(spec["cases"])):
             got = outcome["cases"].get((question, k))
@@ -235,6 +430,14 @@ def reference(autograder: Path, *, cell_timeout, test_timeout, notebook_timeout,
     return outcome["cases"]
 
 
+def lab_rule(config: dict) -> dict | None:
+    """The library rule of the autograder's lab (``rules.RULES``), by its assignment name."""
+    from sazo_lite.course.labs.rules import rule_for
+
+    name = config.get("assignment_name")
+    return rule_for(name) if isinstance(name, str) else None
+
+
 def _library_bytes() -> bytes:
     """The sazo_lite sources: the reference is stale when the library the solutions call changes."""
     import sazo_lite
@@ -244,31 +447,43 @@ def _library_bytes() -> bytes:
 
 
 def score(questions: dict, outcome: dict, expected: dict) -> dict:
-    """Per question: points of the cases that raised nothing and recorded the solution's values."""
+    """Per question: points of the cases that raised nothing and recorded the solution's values;
+    0 for a question that broke the lab's library rule (``outcome["rules"]``), with the reason."""
     scored = {}
     for question, spec in questions.items():
         cases = []
+        broken = (outcome.get("rules") or {}).get(question)
         for k, points in enumerate(spec["points"]):
-            got, want = outcome["cases"].get((question, k)), expected.get((question, k), {"records": []})
-            if ["case", question, k] in outcome["skipped"]:
-                reason = "timed out (sandbox killed)"
-            elif got is None:
-                reason = "not run (an earlier cell or case timed out or the worker died)"
-            elif got["error"]:
-                reason = got["error"]
-            elif len(got["records"]) != len(want["records"]):
-                reason = f"recorded {len(got['records'])} values, expected {len(want['records'])}"
-            else:
-                reason = None
-                for i, (w, g) in enumerate(zip(want["records"], got["records"])):
-                    rtol = RTOL if w.get("rtol") is None else w["rtol"]
-                    atol = ATOL if w.get("atol") is None else w["atol"]
-                    why = compare(w["value"], g.get("value") if isinstance(g, dict) else None, rtol, atol)
-                    if why:
-                        reason = f"value {i + 1}: {why}"
-                        break
+            try:
+                reason = _case_reason(question, k, outcome, expected)
+            except Exception as exc:  # a value the checks let through but compare() chokes on
+                reason = f"the grader could not compare what this case recorded ({type(exc).__name__})"
+            if reason is None and broken:
+                reason = "the library is not the answer: " + "; ".join(broken)[:1000]
             hidden = spec["cases"][k]["hidden"]
             cases.append({"case": k, "hidden": hidden, "points": points, "passed": reason is None, "message": reason})
         total = sum(c["points"] for c in cases if c["passed"])
-        scored[question] = {"score": total, "possible": sum(spec["points"]), "cases": cases}
+        entry = {"score": total, "possible": sum(spec["points"]), "cases": cases}
+        if broken:
+            entry["rule"] = broken
+        scored[question] = entry
     return scored
+
+
+def _case_reason(question: str, k: int, outcome: dict, expected: dict) -> str | None:
+    got, want = outcome["cases"].get((question, k)), expected.get((question, k), {"records": []})
+    if ["case", question, k] in outcome["skipped"]:
+        return "timed out (sandbox killed)"
+    if got is None:
+        return "not run (an earlier cell or case timed out or the worker died)"
+    if got["error"]:
+        return got["error"]
+    if len(got["records"]) != len(want["records"]):
+        return f"recorded {len(got['records'])} values, expected {len(want['records'])}"
+    for i, (w, g) in enumerate(zip(want["records"], got["records"])):
+        rtol = RTOL if w.get("rtol") is None else w["rtol"]
+        atol = ATOL if w.get("atol") is None else w["atol"]
+        why = compare(w["value"], g.get("value") if isinstance(g, dict) else None, rtol, atol)
+        if why:
+            return f"value {i + 1}: {why}"
+    return None
