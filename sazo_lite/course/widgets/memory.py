@@ -181,7 +181,7 @@ def memory_dashboard() -> Dashboard:
                "long document (n_ctx = 32k)": dict(context=32768, batch=2, checkpointing=False),
                "32k + checkpointing": dict(context=32768, batch=2, checkpointing=True),
                "17 GB device": dict(budget=17.0, context=512, batch=8, checkpointing=False)}
-    rows = [presets(choices, controls, refresh, hold)]
+    rows = [presets(choices, controls, refresh, hold, keep=("preset", *SHAPE_KEYS))]  # a preset keeps the model
     rows += [captioned(w, CAPTIONS[k]) if k in CAPTIONS else w for k, w in controls.items()]
     return Dashboard("Memory: backprop vs zeroth-order", rows, controls, {"bars": fig}, refresh, readout)
 
