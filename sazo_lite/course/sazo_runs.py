@@ -26,13 +26,15 @@ from ..samplers import PlainSAZOSampler, SAZOSampler, make_sampler
 from ..train import queries_to_target, train
 from .. import variance
 
-__all__ = ["PROBLEMS", "make_problem", "make_sampler", "SAZOTrace", "run_sazo_trace", "RULES", "RULE_FIXES",
+__all__ = ["PROBLEMS", "make_problem", "make_sampler", "SAZOTrace", "run_sazo_trace", "RULES", "RULE_NAMES", "RULE_FIXES",
            "rule_sampler", "count_decay", "feed_sampler", "rule_ladder",
            "roughness", "RaceResult", "race", "tune_lr", "SAMPLERS", "ema_of_chi2", "loss_grid", "sampler_paths"]
 
 SAMPLERS = ("uniform", "sazo", "oracle")
 # Notebook 04's ladder: the plain rule, then one robustness fix of ``SAZOSampler`` added at a time.
 RULES = ("plain", "prior", "blend", "level", "robust")
+RULE_NAMES = {"plain": "plain rule", "prior": "+ prior", "blend": "+ blend", "level": "+ level",
+              "robust": "+ |δ| (SAZOSampler)"}   # short labels for tables and toggles
 RULE_FIXES = {
     "plain": "plain rule: EMA of δ² from G₀ = 1 (PlainSAZOSampler)",
     "prior": "+ prior: an unseen example is scored by the RMS of the seen (fixed β from there)",

@@ -51,7 +51,7 @@ def estimator_dashboard(theta=(1.2, 0.8), *, seed: int = 0) -> Dashboard:
     """
     point = torch.tensor(theta, dtype=torch.float64)
     controls = {
-        "q": int_slider("directions q", 4, 1, 200),
+        "q": int_slider("directions q", 4, 1, 400),
         "eps": log_slider("ε", 1e-3, -10, 0),
         "curvature": slider("curvature a₂", 4.0, 0.25, 20.0, 0.25),
         "precision": _precision_toggle(),
