@@ -267,3 +267,42 @@ def test_no_course_page_cites_a_document_students_cannot_open():
 def test_notebooks_link_the_algorithm_page():
     for page in sorted((ROOT / "notebooks").glob("0[1-57]_*.ipynb")):
         assert "](algorithm.md)" in page.read_text(), page.name
+
+
+# -- labels are not cut off ("training progr…", "radema…") -----------------------------------------
+
+_PX_PER_CHAR = 7.2   # ipywidgets' 13px sans-serif, a generous average
+
+
+def _px(value) -> float | None:
+    match = re.fullmatch(r"([0-9.]+)px", str(value or ""))
+    return float(match.group(1)) if match else None
+
+
+_BUILDERS = {
+    "estimator": lambda: widgets.estimator_dashboard(), "epsilon": lambda: widgets.epsilon_dashboard(),
+    "dimension": lambda: widgets.dimension_dashboard(), "importance": lambda: widgets.importance_dashboard(trials=200),
+    "unbiased": lambda: widgets.unbiased_dashboard(trials=200), "batch_gain": lambda: widgets.batch_gain_dashboard(),
+    "histogram": lambda: widgets.norms_histogram_dashboard(), "bars": lambda: widgets.batch_bars_dashboard(),
+    "chi2": lambda: widgets.chi2_dashboard(), "paths": lambda: widgets.paths_dashboard(steps=10),
+    "sazo": lambda: widgets.sazo_dashboard(num_examples=32, dim=4, steps=10),
+    "race": lambda: widgets.race_dashboard(seeds=1, steps=10), "memory": lambda: widgets.memory_dashboard(),
+}
+
+
+@pytest.mark.parametrize("name", list(_BUILDERS))
+def test_control_labels_fit_their_width(name):
+    import ipywidgets
+
+    dash = _BUILDERS[name]()
+    for key, control in dash.controls.items():
+        if isinstance(control, (ipywidgets.Checkbox, ipywidgets.Button)):
+            continue
+        width = _px(getattr(control.style, "description_width", None))
+        if width is not None and control.description:
+            assert len(control.description) * _PX_PER_CHAR <= width, f"{name}.{key}: {control.description!r} is cut off"
+        button = _px(getattr(control.style, "button_width", None))
+        if button is not None:
+            for label in control._options_labels:
+                assert len(label) * _PX_PER_CHAR + 20 <= button,  # + the button's padding
+                    f"{name}.{key}: button {label!r} is cut off"

@@ -21,8 +21,8 @@ SAMPLER_FILLS = {"uniform": "rgba(127,127,127,0.2)", "sazo": "rgba(31,119,180,0.
                  "sazo-plain": "rgba(148,103,189,0.2)", "oracle": "rgba(214,39,40,0.15)"}
 SAMPLER_LABELS = {"uniform": "uniform MeZO", "sazo": "SAZO", "sazo-plain": "SAZO, plain rule", "oracle": "oracle p*"}
 
-_LAYOUT = dict(width="420px")
-_STYLE = dict(description_width="110px")
+_LAYOUT = dict(width="470px")
+_STYLE = dict(description_width="150px")
 
 
 def slider(description: str, value: float, low: float, high: float, step: float, *,
@@ -50,7 +50,7 @@ def int_slider(description: str, value: int, low: int, high: int, step: int = 1,
 
 def question(text: str) -> widgets.HTML:
     """The caption under a control: the question the student answers by moving it."""
-    return widgets.HTML(f"<div style='color:#555;font-size:0.9em;margin:0 0 6px 118px'><i>{text}</i></div>")
+    return widgets.HTML(f"<div style='color:#555;font-size:0.9em;margin:0 0 6px 158px'><i>{text}</i></div>")
 
 
 def captioned(control: widgets.Widget, text: str) -> widgets.VBox:

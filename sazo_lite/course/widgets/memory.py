@@ -64,7 +64,7 @@ def _controls() -> dict[str, widgets.Widget]:
     controls.update(
         context=widgets.SelectionSlider(options=CONTEXTS, value=512, description="context n_ctx",
                                         continuous_update=False, layout=dict(width="420px"),
-                                        style=dict(description_width="110px")),
+                                        style=dict(description_width="150px")),
         batch=int_slider("batch size B", 2, 1, 64),
         dtype=widgets.ToggleButtons(options=["bfloat16", "float32"], value="bfloat16", description="dtype"),
         budget=slider("budget (GB)", 40.0, 2.0, 160.0, 1.0, readout_format=".0f"),

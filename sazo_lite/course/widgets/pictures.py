@@ -211,7 +211,7 @@ def paths_dashboard(*, num_examples: int = 32, heterogeneity: float = 2.0, steps
                 "batch_size": int_slider("batch size B", 1, 1, 32),
                 "lr": log_slider("η (all three)", 0.02, -3, -0.5),
                 "rule": widgets.ToggleButtons(options=["plain", "robust"], value="plain", description="SAZO rule",
-                                              style=dict(description_width="110px"))}
+                                              style=dict(description_width="150px"))}
     fig = go.FigureWidget(layout=dict(title="MeZO paths on the contours of F", height=520, width=620,
                                       margin=dict(l=50, r=15, t=45, b=45)))
     fig.add_contour(x=xs, y=ys, z=np.log10(losses - losses.min() + 1e-3), showscale=False, ncontours=25,

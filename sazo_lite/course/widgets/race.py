@@ -204,7 +204,7 @@ def join_seeds(parts: list[RaceResult]) -> RaceResult:
 def _controls(problem: str) -> dict[str, widgets.Widget]:
     defaults = PROBLEM_DEFAULTS[problem]
     dropdown = widgets.Dropdown(options=PROBLEMS, value=problem, description="problem",
-                                layout=dict(width="420px"), style=dict(description_width="110px"))
+                                layout=dict(width="470px"), style=dict(description_width="150px"))
     return {
         "problem": dropdown,
         "eps": log_slider("ε", _BASE["eps"], -10, 0),

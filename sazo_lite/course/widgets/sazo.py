@@ -148,7 +148,7 @@ def _controls(steps: int, log_every: int) -> dict[str, widgets.Widget]:
     return {
         "rule": widgets.ToggleButtons(options=[(label, key) for key, label in RULE_LABELS.items()],
                                       value=DEFAULTS["rule"], description="rule",
-                                      style=dict(description_width="110px", button_width="150px"),
+                                      style=dict(description_width="150px", button_width="170px"),
                                       tooltips=[RULE_FIXES[key] for key in RULE_LABELS]),
         "eps": log_slider("ε", DEFAULTS["eps"], -10, 0),
         "ema_decay": slider("EMA decay β", DEFAULTS["ema_decay"], 0.0, 0.995, 0.005),
