@@ -304,5 +304,5 @@ def test_control_labels_fit_their_width(name):
         button = _px(getattr(control.style, "button_width", None))
         if button is not None:
             for label in control._options_labels:
-                assert len(label) * _PX_PER_CHAR + 20 <= button,  # + the button's padding
-                    f"{name}.{key}: button {label!r} is cut off"
+                fits = len(label) * _PX_PER_CHAR + 20 <= button   # + the button's padding
+                assert fits, f"{name}.{key}: button {label!r} is cut off"
