@@ -306,3 +306,19 @@ def test_control_labels_fit_their_width(name):
             for label in control._options_labels:
                 fits = len(label) * _PX_PER_CHAR + 20 <= button   # + the button's padding
                 assert fits, f"{name}.{key}: button {label!r} is cut off"
+
+
+def test_02_per_query_a_larger_batch_does_not_help():
+    """02's cell under the dashboard (fast budget): B = 128 far behind, B = 1 no worse than B = 16."""
+    from sazo_lite.course import mezo_vs_sgd
+
+    problem = problems.LogisticRegression.from_sklearn("breast_cancer")
+    gaps = {}
+    for batch_size in (1, 16, 128):
+        steps = 3200 // (2 * batch_size)
+        run = mezo_vs_sgd.race_mezo_sgd(problem, steps=steps, batch_size=batch_size, lr_zo=0.02, log_every=steps,
+                                        methods=("MeZO",))["MeZO"]
+        gaps[batch_size] = run["gap"][-1]
+    assert gaps[128] > 2 * gaps[16] and gaps[1] <= gaps[16]
+    text = _source("02_mezo_in_place.ipynb")
+    assert "3,000–9,000 queries" not in text and "budget // (2 * batch_size)" in text
