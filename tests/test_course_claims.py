@@ -322,3 +322,34 @@ def test_02_per_query_a_larger_batch_does_not_help():
     assert gaps[128] > 2 * gaps[16] and gaps[1] <= gaps[16]
     text = _source("02_mezo_in_place.ipynb")
     assert "3,000–9,000 queries" not in text and "budget // (2 * batch_size)" in text
+
+
+# -- one palette, complete presets -----------------------------------------------------------------
+
+def test_a_sampler_has_one_colour_in_every_dashboard():
+    from sazo_lite.course.widgets._common import SAMPLER_COLORS, SAMPLER_LABELS
+
+    figures = [widgets.race_dashboard(seeds=1, steps=10).figures["race"],
+               widgets.paths_dashboard(steps=5).figures["paths"],
+               widgets.sazo_dashboard(num_examples=16, dim=3, steps=10).figures["variance"]]
+    seen = 0
+    for figure in figures:
+        for trace in figure.data:
+            for method in ("uniform", "sazo", "oracle"):
+                if trace.name in (method, SAMPLER_LABELS[method]) and trace.line.color is not None:
+                    assert trace.line.color == SAMPLER_COLORS[method], (trace.name, trace.line.color)
+                    seen += 1
+    assert seen >= 9
+
+
+@pytest.mark.parametrize("name", ["estimator", "epsilon", "importance", "batch_gain", "bars", "chi2", "paths", "sazo"])
+def test_every_preset_is_a_complete_regime(name):
+    """Pressing presets in any order: each leaves exactly its own regime (nothing leaks from the last)."""
+    dash = _BUILDERS[name]()
+    buttons = _buttons(dash)
+    assert "defaults" in buttons
+    for label in [*buttons, *reversed(list(buttons))]:
+        buttons[label].click()
+        for control, value in buttons[label].values.items():
+            assert dash.controls[control].value == pytest.approx(value) if isinstance(value, float) else \
+                dash.controls[control].value == value, (label, control)

@@ -225,7 +225,7 @@ _QUESTIONS = {
                  "up to β, notebook 04: β near 1 only matters for examples seen dozens of times.)",
     "batch_size": "Per query, does a bigger batch help uniform or SAZO more?",
     "lr_uniform": "Each method has its own η: raise uniform's. Does it catch SAZO, or diverge first?",
-    "lr_sazo": "Why can SAZO take a larger step than uniform on heterogeneous data?",
+    "lr_sazo": "Raise SAZO's η step by step: does its band blow up before uniform's would at the same η?",
     "lr_oracle": "Set all three η equal: who is the equal rate fair to?",
     "uniform_mix": "λ bounds the weights by 1/λ: what happens to SAZO's band as λ → 0.01?",
     "heterogeneity": "How does the oracle's lead over uniform grow with σ (compare with 1 + CV²)?",
