@@ -99,6 +99,11 @@ def test_04_65_ladder_robust_beats_plain_and_uniform_on_homogeneous_data():
                           lr=0.01, log_every=10)
     assert table["robust"] < table["plain"]
     assert table["robust"] < table["uniform"]
+    heterogeneous = E.make_problem("heterogeneous quadratic", heterogeneity=1.5, num_examples=128, dim=10, seed=0)
+    table = E.rule_ladder(heterogeneous, steps=150, seeds=(0, 1), rules=("plain", "prior", "robust"), batch_size=8,
+                          lr=0.01, log_every=10)
+    assert table["robust"] < table["plain"] < table["prior"]     # "the prior alone did worse than the plain rule"
+    assert table["plain"] < table["uniform"] / 2
 
 
 # -- the ladder's samplers and the decay read from them --------------------------------------------
