@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 import ipywidgets as widgets
 
 from ..config import pick
-from ..sazo_runs import RULE_FIXES, RULE_NAMES, RULES, SAZOTrace, count_decay, make_problem, rule_sampler, run_sazo_trace
+from ..sazo_runs import RULE_FIXES, RULE_NAMES, SAZOTrace, count_decay, make_problem, rule_sampler, run_sazo_trace
 from ._common import SAMPLER_COLORS as _COLORS, Dashboard, captioned, int_slider, log_slider, presets, slider
 
 __all__ = ["sazo_dashboard", "trace_readout", "decay_note"]
