@@ -3,12 +3,16 @@
     python book/build.py [--full] [--jobs N] [--out build/book]
 
 1. Stage the sources in ``<out>/src``: the course map (``notebooks/README.md``, the landing
-   page, with the chapters' table of contents appended), the seven notebooks, the labs page.
+   page, with the table of contents appended), the seven notebooks, the algorithm page, the
+   worked solutions (``solutions/``), the reference pages (``docs/*.md``, as ``docs/``) and the
+   labs page. Relative links are rewritten to the staged pages; a link to a repository file
+   that is not a page goes to the repository (``BOOK_REPOSITORY_URL``).
 2. Execute the notebooks there, ``--jobs`` at a time (nbclient; ``SAZO_FAST=1`` unless
    ``--full``), while ``python -m sazo_lite.course.labs assign`` builds the labs; only the *student*
    notebooks are copied to the site (never the masters or the autograders).
 3. Copy plotly.js and MathJax into the site (it needs no network to build or to view) and run
-   Sphinx (book/conf.py: myst-nb + sphinx-book-theme). The site is ``<out>/html``.
+   Sphinx (book/conf.py: myst-nb + sphinx-book-theme) with warnings as errors (``-W``: a dead
+   link or a page outside the table of contents fails the build). The site is ``<out>/html``.
 
 Nothing is written outside ``<out>``; the committed notebooks stay without outputs.
 """
@@ -17,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import posixpath
+import re
 import shutil
 import subprocess
 import sys
@@ -29,15 +35,83 @@ NOTEBOOKS = ROOT / "notebooks"
 CELL_TIMEOUT = 1800  # seconds per cell (full mode trains for minutes in one cell)
 
 
+# The reference part of the book: docs/*.md in this order (pages that do not exist are skipped).
+REFERENCE = ("guarantees", "samplers", "benchmarks", "llm", "trainer", "memory", "distributed", "course")
+_LINK = re.compile(r"(\]\()([^)\s]+)(\))")
+
+
+def repository_url() -> str:
+    """The repository links to non-page files point to (the same variables as book/conf.py)."""
+    url = os.environ.get("BOOK_REPOSITORY_URL", "https://github.com/sazo-lite/sazo-lite").rstrip("/")
+    return f"{url}/blob/{os.environ.get('BOOK_REPOSITORY_BRANCH', 'main')}"
+
+
+def rewrite_links(text: str, origin: str, pages: dict[str, str]) -> str:
+    """Point the relative markdown links of a page staged from repository path ``origin``.
+
+    A link to another staged page becomes its staged relative path; one to any other
+    repository file becomes a repository URL; external links, anchors and links to missing
+    files are left alone (Sphinx then reports a missing one, and -W fails the build).
+
+    Example:
+        >>> rewrite_links("[m](../README.md) [c](../notebooks/README.md#x)", "docs/llm.md",
+        ...               {"docs/llm.md": "docs/llm.md", "notebooks/README.md": "README.md"})
+        '[m](https://github.com/sazo-lite/sazo-lite/blob/main/README.md) [c](../README.md#x)'
+    """
+    here = posixpath.dirname(pages[origin])
+
+    def one(match):
+        target = match.group(2)
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith(("#", "/")):
+            return match.group(0)
+        path, _, anchor = target.partition("#")
+        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(origin), path))
+        if resolved in pages:
+            new = posixpath.relpath(pages[resolved], here or ".")
+        elif not resolved.startswith("..") and (ROOT / resolved).exists():
+            new = f"{repository_url()}/{resolved}"
+        else:
+            return match.group(0)
+        return f"{match.group(1)}{new}{'#' + anchor if anchor else ''}{match.group(3)}"
+
+    return _LINK.sub(one, text)
+
+
+def _toctree(entries: list[str], caption: str | None = None) -> list[str]:
+    return ["", "```{toctree}", ":hidden:", ":maxdepth: 2", *([f":caption: {caption}"] if caption else []), "",
+            *entries, "```", ""]
+
+
 def stage(src: Path) -> list[str]:
-    """Copy the course map, the notebooks and the book's pages into ``src``; returns chapter names."""
+    """Copy the course map, the notebooks, the algorithm page, the solutions, the reference pages
+    and the book's pages into ``src``, links rewritten; returns the chapter names."""
     shutil.rmtree(src, ignore_errors=True)
     src.mkdir(parents=True)
     chapters = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-    for name in chapters:
-        shutil.copy(NOTEBOOKS / f"{name}.ipynb", src)
-    toc = "\n".join(["", "", "```{toctree}", ":hidden:", ":maxdepth: 2", "", *chapters, "labs", "```", ""])
-    (src / "README.md").write_text((NOTEBOOKS / "README.md").read_text() + toc)
+    solutions = sorted(p.stem for p in (NOTEBOOKS / "solutions").glob("*.md") if p.stem != "README")
+    reference = [name for name in REFERENCE if (ROOT / "docs" / f"{name}.md").exists()]
+    pages = {f"notebooks/{name}.ipynb": f"{name}.ipynb" for name in chapters}
+    pages.update({"notebooks/README.md": "README.md", "notebooks/algorithm.md": "algorithm.md",
+                  "notebooks/solutions/README.md": "solutions/README.md", "book/labs.md": "labs.md"})
+    pages.update({f"notebooks/solutions/{name}.md": f"solutions/{name}.md" for name in solutions})
+    pages.update({f"docs/{name}.md": f"docs/{name}.md" for name in reference})
+    for origin, staged in pages.items():
+        if origin == "book/labs.md":
+            continue  # written by labs_page once the labs are built
+        target = src / staged
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if origin.endswith(".ipynb"):
+            notebook = json.loads((ROOT / origin).read_text())
+            for cell in notebook["cells"]:
+                if cell["cell_type"] == "markdown":
+                    cell["source"] = rewrite_links("".join(cell["source"]), origin, pages)
+            target.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n")
+        else:
+            target.write_text(rewrite_links((ROOT / origin).read_text(), origin, pages))
+    toc = "\n".join([*_toctree([*chapters, "algorithm", "labs"]),
+                      *_toctree(["solutions/README", *[f"solutions/{name}" for name in solutions]], "Solutions"),
+                      *_toctree([f"docs/{name}" for name in reference], "Reference")])
+    (src / "README.md").write_text((src / "README.md").read_text() + toc)
     return chapters
 
 
@@ -129,6 +203,7 @@ def labs_page(src: Path, assigned: Path) -> int:
                         for line in "".join(c["source"]).splitlines() if line.startswith("# ")), f"# {notebook.stem}")
         rows.append(f"| {heading[2:].strip()} | {{download}}`{notebook.name} <labs/{notebook.name}>` |")
     page = (BOOK / "labs.md").read_text().replace("<!-- LABS TABLE: filled in by book/build.py -->", "\n".join(rows))
+    page = rewrite_links(page, "book/labs.md", {"book/labs.md": "labs.md"})
     (src / "labs.md").write_text(page)
     return len(students)
 
@@ -142,6 +217,12 @@ def assets(src: Path) -> None:
     (target / "mathjax").mkdir(parents=True)
     shutil.copy(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", target)
     shutil.copy(Path(mathjax.__file__).parent / "static" / "mathjax" / "es5" / "tex-svg-full.js", target / "mathjax")
+
+
+def sphinx(src: Path, html: Path, doctrees: Path, jobs: int) -> None:
+    """Render ``src`` to ``html``; any Sphinx warning fails the build (-W, all reported first)."""
+    subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-q", "-W", "--keep-going", "-j", str(jobs),
+                    "-c", str(BOOK), "-d", str(doctrees), str(src), str(html)], check=True, cwd=ROOT)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,8 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     assets(src)
     executed = time.perf_counter()
     shutil.rmtree(html, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-q", "-j", str(args.jobs), "-c", str(BOOK),
-                    "-d", str(out / "doctrees"), str(src), str(html)], check=True, cwd=ROOT)
+    sphinx(src, html, out / "doctrees", args.jobs)
     (html / "index.html").write_text('<!DOCTYPE html><meta charset="utf-8"><title>sazo-lite</title>'
                                      '<meta http-equiv="refresh" content="0; url=README.html">'
                                      '<a href="README.html">The course map</a>\n')

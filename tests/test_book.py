@@ -118,12 +118,48 @@ def test_book_drops_progress_bars_and_notes_other_widgets():
     assert handle(_Renderer(states), _mime("text/plain", "x"), False) is None  # myst-nb's own renderers
 
 
+def _toctrees(text: str) -> list[list[str]]:
+    blocks = text.split("```{toctree}")[1:]
+    return [[line for line in block.split("```")[0].splitlines() if line and not line.startswith(":")]
+            for block in blocks]
+
+
 def test_staged_course_map_lists_the_chapters_in_order(tmp_path):
     chapters = book_build.stage(tmp_path / "src")
     assert chapters == CHAPTERS and len(chapters) == 7
-    toc = (tmp_path / "src" / "README.md").read_text().split("```{toctree}")[1]
-    assert [line for line in toc.splitlines() if line and not line.startswith((":", "`"))] == [*CHAPTERS, "labs"]
+    course, solutions, reference = _toctrees((tmp_path / "src" / "README.md").read_text())
+    assert course == [*CHAPTERS, "algorithm", "labs"]
+    assert solutions[0] == "solutions/README" and {f"solutions/{c}" for c in CHAPTERS} <= set(solutions)
+    assert reference == [f"docs/{n}" for n in book_build.REFERENCE if (ROOT / "docs" / f"{n}.md").exists()]
+    assert len(reference) >= 8
     assert all((tmp_path / "src" / f"{name}.ipynb").exists() for name in chapters)
+    assert (tmp_path / "src" / "docs" / "course.md").exists() and (tmp_path / "src" / "algorithm.md").exists()
+
+
+def test_staged_links_point_at_pages_or_the_repository(tmp_path):
+    book_build.stage(tmp_path / "src")
+    course = (tmp_path / "src" / "docs" / "course.md").read_text()
+    assert "](../README.md)" in course                          # notebooks/README.md is the landing page
+    assert f"]({book_build.repository_url()}/README.md)" in course  # the repository's README is not a page
+    solutions = (tmp_path / "src" / "solutions" / "README.md").read_text()
+    assert "](06_llm_finetuning.md)" in solutions
+
+
+def test_rewrite_links_leaves_external_links_and_anchors():
+    pages = {"notebooks/README.md": "README.md"}
+    text = "[a](https://x.org/y) [b](#here) [c](mailto:a@b) [d](missing.md)"
+    assert book_build.rewrite_links(text, "notebooks/README.md", pages) == text
+
+
+def test_book_sources_build_without_sphinx_warnings(tmp_path):
+    """The staged pages (notebooks unexecuted) render with -W: no dead link, no page outside the toc."""
+    pytest.importorskip("sphinx")
+    src = tmp_path / "src"
+    book_build.stage(src)
+    (src / "labs.md").write_text((ROOT / "book" / "labs.md").read_text())
+    book_build.assets(src)
+    book_build.sphinx(src, tmp_path / "html", tmp_path / "doctrees", 2)
+    assert (tmp_path / "html" / "algorithm.html").exists() and (tmp_path / "html" / "docs" / "llm.html").exists()
 
 
 # -- in Chromium: the built site --------------------------------------------------------------------

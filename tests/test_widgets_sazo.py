@@ -11,7 +11,7 @@ pytest.importorskip("anywidget")
 
 from sazo_lite.course import sazo_runs as E  # noqa: E402
 from sazo_lite.course import widgets  # noqa: E402
-from sazo_lite.course.widgets.race import merge_results, race_figure, race_table_html  # noqa: E402
+from sazo_lite.course.widgets.race import PROBLEM_DEFAULTS, merge_results, race_figure, race_table_html  # noqa: E402
 
 
 def _number(readout: str, label: str) -> float:
@@ -65,7 +65,7 @@ def test_robust_rule_toggle_and_its_capped_decay(sazo):
     low = _tracked(sazo)
     sazo.controls["ema_decay"].value = 0.5
     assert not np.allclose(_tracked(sazo), low)        # the low end moves the estimates
-    assert "decay in use for 100% of the examples" in sazo.readout.value
+    assert "every update uses β = 0.5" in sazo.readout.value   # min(β, count-based) = β for every count
     sazo.controls["ema_decay"].value = 0.995           # above every (n+1)/(n+2) seen here
     assert re.search(r"decay in use for [0-9]?[0-9]% of the examples", sazo.readout.value)
 
@@ -131,8 +131,8 @@ def test_sazo_probabilities_follow_lambda(sazo):
 def test_sazo_presets_set_their_values(sazo):
     _press(sazo, "large batch")
     assert sazo.controls["batch_size"].value == 32
-    _press(sazo, "B = 16, λ = 0.05, β = 0.8")
-    assert sazo.controls["uniform_mix"].value == pytest.approx(0.05)
+    _press(sazo, "homogeneous, robust rule")
+    assert sazo.controls["heterogeneity"].value == 0.0 and sazo.controls["batch_size"].value == 8
     _press(sazo, "robust rule")
     assert sazo.controls["rule"].value == "robust" and sazo.controls["batch_size"].value == 8
 
@@ -168,7 +168,9 @@ def test_race_defaults_show_sazo_ahead_of_uniform():
     """Opened at its defaults (fast mode's seeds and steps), the race shows the lesson."""
     dash = widgets.race_dashboard(seeds=2, steps=100)
     assert dash.controls["heterogeneity"].value == 1.5
-    assert dash.controls["lr_sazo"].value != dash.controls["lr_uniform"].value   # tuned per method
+    rates = {m: dash.controls[f"lr_{m}"].value for m in ("uniform", "sazo", "oracle")}
+    assert rates == {m: PROBLEM_DEFAULTS["heterogeneous quadratic"][f"lr_{m}"] for m in rates}  # tuned per method
+    assert len(set(rates.values())) > 1
     uniform, sazo = _median_curve(dash, 0), _median_curve(dash, 1)
     half = len(sazo) // 2
     assert np.all(sazo[half:] < uniform[half:])

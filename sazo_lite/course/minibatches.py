@@ -10,7 +10,7 @@ import torch
 from .. import variance
 from ..directions import derive_seed
 
-__all__ = ["path_point", "sample_minibatches", "minibatch_zo_estimates", "weighted_loss_estimates",
+__all__ = ["gain_along_path", "path_point", "sample_minibatches", "minibatch_zo_estimates", "weighted_loss_estimates",
            "gain_vs_batch"]
 
 
@@ -76,3 +76,28 @@ def gain_vs_batch(norms, full_grad_norm: float, dim: int, batch_sizes) -> torch.
     return torch.tensor([variance.zo_second_moment(norms, uniform, full_grad_norm, dim, int(b))
                          / variance.zo_second_moment(norms, oracle, full_grad_norm, dim, int(b))
                          for b in batch_sizes], dtype=torch.float64)
+
+
+def gain_along_path(problem, batch_sizes, progress) -> dict[int, torch.Tensor]:
+    """The oracle's gain over uniform (``gain_vs_batch``) along the straight path θ₀ → θ*.
+
+    Two effects meet late in training: the p-independent (1−1/B)‖∇F‖² term vanishes as
+    ‖∇F‖ → 0 (pushing the gain *up*, towards 1 + CV² of the current norms, at large B), and
+    1 + CV² itself follows how spread the current norms are (which may fall). At B = 1 only
+    the second acts.
+
+    Returns:
+        {B: float64 [len(progress)] gain at each t}; B = 1 is 1 + CV² of the norms at θ_t.
+
+    Example:
+        >>> from sazo_lite.course.problems import LeastSquares
+        >>> gains = gain_along_path(LeastSquares(32, 4, heterogeneity=1.0), [1, 64], [0.0, 1.0])
+        >>> bool(abs(gains[1][-1] - gains[64][-1]) < 1e-9)   # ∇F(θ*) = 0: B no longer matters
+        True
+    """
+    rows = []
+    for t in progress:
+        grads = problem.per_example_grads(path_point(problem, float(t)))        # [N, d]
+        rows.append(gain_vs_batch(grads.norm(dim=1), float(grads.mean(0).norm()), grads.shape[1], batch_sizes))
+    table = torch.stack(rows)                                                    # [T, len(B)]
+    return {int(b): table[:, k] for k, b in enumerate(batch_sizes)}

@@ -22,15 +22,26 @@ import torch
 from .config import one_thread
 from ..engine import MeZO
 from .problems import FiniteSumProblem, LeastSquares, LogisticRegression
-from ..samplers import make_sampler
+from ..samplers import PlainSAZOSampler, SAZOSampler, make_sampler
 from ..train import best_rate, queries_to_target, train
 from .. import variance
 
-__all__ = ["PROBLEMS", "make_problem", "make_sampler", "SAZOTrace", "run_sazo_trace", "RULES",
+__all__ = ["PROBLEMS", "make_problem", "SAZOTrace", "run_sazo_trace", "RULES", "RULE_NAMES", "RULE_FIXES",
+           "rule_sampler", "count_decay", "feed_sampler", "rule_ladder",
            "roughness", "RaceResult", "race", "tune_lr", "SAMPLERS", "ema_of_chi2", "loss_grid", "sampler_paths"]
 
 SAMPLERS = ("uniform", "sazo", "oracle")
-RULES = ("robust", "plain")  # SAZOSampler's rule, and the design page's plain rule (PlainSAZOSampler)
+# Notebook 04's ladder: the plain rule, then one robustness fix of ``SAZOSampler`` added at a time.
+RULES = ("plain", "prior", "blend", "level", "robust")
+RULE_NAMES = {"plain": "plain rule", "prior": "+ prior", "blend": "+ blend", "level": "+ level",
+              "robust": "+ |δ| (SAZOSampler)"}   # short labels for tables and toggles
+RULE_FIXES = {
+    "plain": "plain rule: EMA of δ² from G₀ = 1 (PlainSAZOSampler)",
+    "prior": "+ prior: an unseen example is scored by the RMS of the seen (fixed β from there)",
+    "blend": "+ blend: a first observation blended with one pseudo-observation, decay min(β, count-based)",
+    "level": "+ level: scores relative to the data-set level ℓ of |δ|",
+    "robust": "+ |δ| instead of δ²: SAZOSampler, the rule the library runs",
+}
 PROBLEMS = ("heterogeneous quadratic", "homogeneous quadratic", "logistic regression (breast cancer)")
 
 
@@ -54,6 +65,115 @@ def make_problem(name: str = "heterogeneous quadratic", *, heterogeneity: float 
     raise ValueError(f"Invalid name: {name!r} (expected one of {PROBLEMS})")
 
 
+
+class _NoLevelSAZO(SAZOSampler):
+    """``SAZOSampler`` with its data-set level switched off (ℓ ≡ 1): scores keep the units of their step.
+
+    Used only for the course's ablation ladder (the library has no switch for the level).
+    """
+
+    def _next_level(self, indices, size, steps) -> float:
+        return 1.0
+
+
+def rule_sampler(rule: str, num_examples: int, *, ema_decay: float = 0.9, uniform_mix: float = 0.1,
+                 seed: int = 0):
+    """The sampler of one rung of ``RULES``: the plain rule plus the fixes up to ``rule``.
+
+    * "plain": ``PlainSAZOSampler`` (G₀ = 1, EMA of δ², fixed β).
+    * "prior": unseen examples take the RMS prior of the seen ones; a first observation enters
+      the EMA from that prior with the fixed β (c = β/(1−β) pseudo-observations); δ², no level.
+    * "blend": as "prior", but with one pseudo-observation (c = 1): the decay min(β, (n+c)/(n+c+1))
+      grows with the count (a running mean first).
+    * "level": as "blend", with scores relative to the data-set level ℓ.
+    * "robust": ``SAZOSampler`` as the library runs it (|δ| instead of δ²).
+
+    Example:
+        >>> type(rule_sampler("robust", 8)).__name__, rule_sampler("blend", 8).prior_strength
+        ('SAZOSampler', 1.0)
+    """
+    if rule not in RULES:
+        raise ValueError(f"Invalid rule: {rule!r} (expected one of {RULES})")
+    common = dict(ema_decay=ema_decay, uniform_mix=uniform_mix, seed=seed)
+    if rule == "plain":
+        return PlainSAZOSampler(num_examples, **common)
+    if rule == "prior":
+        return _NoLevelSAZO(num_examples, statistic="square", prior_strength=ema_decay / (1.0 - ema_decay), **common)
+    if rule == "blend":
+        return _NoLevelSAZO(num_examples, statistic="square", prior_strength=1.0, **common)
+    if rule == "level":
+        return SAZOSampler(num_examples, statistic="square", **common)
+    return SAZOSampler(num_examples, **common)
+
+
+def count_decay(sampler, counts) -> np.ndarray:
+    """The EMA decay a SAZO sampler applies to an example already observed ``counts`` times.
+
+    ``SAZOSampler``: min(β, (n + c)/(n + c + 1)) with its own β = ``ema_decay`` and
+    c = ``prior_strength`` (once any example has been seen); ``PlainSAZOSampler``: β always.
+    (``tests/test_experiments.py`` checks this against the sampler's own updates.)
+
+    Example:
+        >>> count_decay(SAZOSampler(4, ema_decay=0.9), [0, 1, 20]).round(3).tolist()
+        [0.5, 0.667, 0.9]
+    """
+    counts = np.asarray(counts, dtype=np.float64)
+    if isinstance(sampler, PlainSAZOSampler):
+        return np.full(counts.shape, sampler.ema_decay)
+    strength = sampler.prior_strength
+    return np.minimum((counts + strength) / (counts + strength + 1.0), sampler.ema_decay)
+
+
+def feed_sampler(sampler, norms, *, steps: int, batch_size: int, shrink: float = 1.0, seed: int = 0) -> np.ndarray:
+    """Feed a sampler the δ of known gradient norms for ``steps`` steps; V(p)/V(p*) after each.
+
+    No training: example i's gradient norm at step t is ``norms[i]·shrink**t`` (``shrink`` < 1:
+    every norm shrinks as in training), and each sampled example reports δ = norm·ξ, ξ ~ N(0, 1)
+    (what a Gaussian direction gives). Isolates what a rule does with its observations.
+
+    Returns:
+        [steps + 1] V(p_t)/V(p*_t), with p_t the sampler's distribution after t steps.
+
+    Example:
+        >>> feed_sampler(SAZOSampler(16), torch.ones(16), steps=3, batch_size=4)[0]
+        1.0
+    """
+    norms = torch.as_tensor(norms, dtype=torch.float64)
+    generator = torch.Generator().manual_seed(seed)
+    ratios = [variance.variance_ratio(norms, sampler.probs)]
+    for t in range(steps):
+        indices, _ = sampler.sample(batch_size)
+        current = norms * shrink ** (t + 1)
+        diffs = current[indices] * torch.randn(len(indices), generator=generator, dtype=torch.float64)
+        sampler.update(indices, diffs)
+        ratios.append(variance.variance_ratio(current, sampler.probs))
+    return np.asarray(ratios, dtype=np.float64)
+
+
+def rule_ladder(problem: FiniteSumProblem, *, steps: int, seeds=(0, 1, 2), rules=RULES, **trace_kwargs) -> dict:
+    """Mean V(p)/V(p*) over a training run for each rule of the ladder (median over seeds).
+
+    Returns:
+        {rule: median over seeds of the run's mean V(p_SAZO)/V(p*)} plus "uniform" (uniform
+        sampling along the same runs).
+
+    Example:
+        >>> table = rule_ladder(make_problem(num_examples=16, dim=3), steps=10, seeds=(0,), rules=("plain",), log_every=5)
+        >>> sorted(table)
+        ['plain', 'uniform']
+    """
+    table, uniform = {}, []
+    for rule in rules:
+        means = []
+        for seed in seeds:
+            trace = run_sazo_trace(problem, steps=steps, seed=seed, rule=rule, **trace_kwargs)
+            means.append(float(np.mean(trace.ratio["sazo"][1:])))
+            uniform.append(float(np.mean(trace.ratio["uniform"][1:])))
+        table[rule] = float(np.median(means))
+    table["uniform"] = float(np.median(uniform))
+    return table
+
+
 # -- 04: what SAZO estimates ----------------------------------------------------------------
 
 @dataclass
@@ -70,7 +190,7 @@ class SAZOTrace:
         ratio: {"uniform", "sazo", "oracle"} → [T] V(p)/V(p*) (the oracle's is 1).
         tracked: [k] example indices whose G trajectory a plot follows.
         counts: [T, N] how often each example had been observed (sampled) by then.
-        rule: "robust" (``SAZOSampler``) or "plain" (``PlainSAZOSampler``).
+        rule: one of ``RULES`` (see ``rule_sampler``).
     """
 
     steps: np.ndarray
@@ -139,8 +259,9 @@ def run_sazo_trace(problem: FiniteSumProblem, *, steps: int = 300, batch_size: i
 
     θ lives in ``dtype`` (float32 by default, like a language model), so that a tiny ε shows
     its rounding error in d_k = (f_k(θ+εz) − f_k(θ−εz))/(2ε) and hence in G.
-    ``rule`` picks the sampler: "robust" (``SAZOSampler``, what the library runs) or "plain"
-    (``PlainSAZOSampler``: EMA of d² from a constant start, the rule notebook 04 shows first).
+    ``rule`` picks the sampler from ``RULES`` (``rule_sampler``): "robust" is ``SAZOSampler``, what the
+    library runs; "plain" is ``PlainSAZOSampler`` (EMA of d² from a constant start), the rule
+    notebook 04 shows first; the rungs between add one robustness fix each.
 
     Example:
         >>> trace = run_sazo_trace(make_problem(num_examples=32, dim=4), steps=30, log_every=10)
@@ -153,8 +274,7 @@ def run_sazo_trace(problem: FiniteSumProblem, *, steps: int = 300, batch_size: i
         raise ValueError(f"Invalid rule: {rule!r} (expected one of {RULES})")
     theta = problem.initial_theta(dtype)
     optimizer = MeZO([theta], lr=lr, eps=eps, seed=seed)
-    sampler = make_sampler("sazo-plain" if rule == "plain" else "sazo", problem.num_examples, norms_fn=lambda: problem.norms(theta), seed=seed,
-                           ema_decay=ema_decay, uniform_mix=uniform_mix)
+    sampler = rule_sampler(rule, problem.num_examples, seed=seed, ema_decay=ema_decay, uniform_mix=uniform_mix)
     recorder = _TraceRecorder(problem, theta, sampler)
     with one_thread():
         recorder()  # the starting point θ₀
@@ -247,8 +367,10 @@ def sampler_paths(problem: FiniteSumProblem, *, steps: int = 100, batch_size: in
     for method in samplers:
         theta = problem.initial_theta(dtype)
         optimizer = MeZO([theta], lr=lr, eps=eps, seed=seed)
-        name = "sazo-plain" if method == "sazo" and rule == "plain" else method
-        sampler = make_sampler(name, problem.num_examples, norms_fn=lambda: problem.norms(theta), seed=seed, ema_decay=ema_decay, uniform_mix=uniform_mix)
+        if method == "sazo":
+            sampler = rule_sampler(rule, problem.num_examples, seed=seed, ema_decay=ema_decay, uniform_mix=uniform_mix)
+        else:
+            sampler = make_sampler(method, problem.num_examples, norms_fn=lambda: problem.norms(theta), seed=seed)
         points = [theta.detach().double().clone()]
         record = lambda: points.append(theta.detach().double().clone()) or 0.0
         try:

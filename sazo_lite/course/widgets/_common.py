@@ -12,10 +12,17 @@ from typing import Callable
 import ipywidgets as widgets
 
 __all__ = ["slider", "log_slider", "int_slider", "question", "captioned", "presets", "redraw_on_change",
-           "assemble", "Dashboard", "sync_figure_state", "static_dashboard_html"]
+           "assemble", "Dashboard", "sync_figure_state", "static_dashboard_html", "SAMPLER_COLORS",
+           "SAMPLER_FILLS", "SAMPLER_LABELS"]
 
-_LAYOUT = dict(width="420px")
-_STYLE = dict(description_width="110px")
+# One palette for every dashboard: a sampler has the same colour in every plot of the course.
+SAMPLER_COLORS = {"uniform": "#7f7f7f", "sazo": "#1f77b4", "sazo-plain": "#9467bd", "oracle": "#d62728"}
+SAMPLER_FILLS = {"uniform": "rgba(127,127,127,0.2)", "sazo": "rgba(31,119,180,0.2)",
+                 "sazo-plain": "rgba(148,103,189,0.2)", "oracle": "rgba(214,39,40,0.15)"}
+SAMPLER_LABELS = {"uniform": "uniform MeZO", "sazo": "SAZO", "sazo-plain": "SAZO, plain rule", "oracle": "oracle p*"}
+
+_LAYOUT = dict(width="470px")
+_STYLE = dict(description_width="150px")
 
 
 def slider(description: str, value: float, low: float, high: float, step: float, *,
@@ -43,7 +50,7 @@ def int_slider(description: str, value: int, low: int, high: int, step: int = 1,
 
 def question(text: str) -> widgets.HTML:
     """The caption under a control: the question the student answers by moving it."""
-    return widgets.HTML(f"<div style='color:#555;font-size:0.9em;margin:0 0 6px 118px'><i>{text}</i></div>")
+    return widgets.HTML(f"<div style='color:#555;font-size:0.9em;margin:0 0 6px 158px'><i>{text}</i></div>")
 
 
 def captioned(control: widgets.Widget, text: str) -> widgets.VBox:
@@ -52,12 +59,22 @@ def captioned(control: widgets.Widget, text: str) -> widgets.VBox:
 
 
 def presets(choices: dict[str, dict[str, object]], controls: dict[str, widgets.Widget],
-            refresh: Callable[[], None], hold: list[bool]) -> widgets.HBox:
+            refresh: Callable[[], None], hold: list[bool], *, complete: bool = True,
+            keep: tuple[str, ...] = ()) -> widgets.HBox:
     """Buttons that set several controls at once and redraw once.
 
-    ``hold`` is a one-element list used as a flag: while a preset writes its values the
-    per-control observers must skip redrawing (``if hold[0]: return``).
+    With ``complete`` (the default) every preset is a whole regime: the controls' values when
+    the buttons are built (the dashboard's defaults), then the preset's changes, so an earlier
+    preset never leaks into a later one; a "defaults" button is added if there is none.
+    ``keep`` names controls a preset leaves alone (e.g. a step slider). ``hold`` is a
+    one-element list used as a flag: while a preset writes its values the per-control
+    observers must skip redrawing (``if hold[0]: return``).
     """
+    if complete:
+        start = {name: control.value for name, control in controls.items()
+                 if hasattr(control, "value") and name not in keep and not isinstance(control, widgets.Button)}
+        choices = {**({} if "defaults" in choices else {"defaults": {}}), **choices}
+        choices = {label: {**start, **values} for label, values in choices.items()}
     buttons = []
     for label, values in choices.items():
         button = widgets.Button(description=label, layout=widgets.Layout(width="auto"))
@@ -72,8 +89,11 @@ def presets(choices: dict[str, dict[str, object]], controls: dict[str, widgets.W
             refresh()
 
         button.on_click(apply)
+        button.values = values  # what it sets (tests render each preset from this)
         buttons.append(button)
-    return widgets.HBox([widgets.HTML("<b>Presets:</b>&nbsp;"), *buttons])
+    box = widgets.HBox([widgets.HTML("<b>Presets:</b>&nbsp;"), *buttons])
+    box.buttons = {button.description: button for button in buttons}
+    return box
 
 
 class Dashboard(widgets.VBox):

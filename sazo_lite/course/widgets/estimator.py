@@ -27,7 +27,7 @@ def _arrow(start: torch.Tensor, vector: torch.Tensor) -> tuple[list[float], list
 
 def _precision_toggle(value: str = "float32") -> widgets.ToggleButtons:
     return widgets.ToggleButtons(options=list(_DTYPES), value=value, description="precision",
-                                 style=dict(description_width="110px", button_width="80px"))
+                                 style=dict(description_width="150px", button_width="80px"))
 
 
 # -- the 2-D picture -------------------------------------------------------------------------
@@ -51,7 +51,7 @@ def estimator_dashboard(theta=(1.2, 0.8), *, seed: int = 0) -> Dashboard:
     """
     point = torch.tensor(theta, dtype=torch.float64)
     controls = {
-        "q": int_slider("directions q", 4, 1, 200),
+        "q": int_slider("directions q", 4, 1, 400),
         "eps": log_slider("ε", 1e-3, -10, 0),
         "curvature": slider("curvature a₂", 4.0, 0.25, 20.0, 0.25),
         "precision": _precision_toggle(),
@@ -178,7 +178,7 @@ def dimension_dashboard(dims=(2, 4, 8, 16, 32, 64, 128, 256, 512), *, directions
     """
     controls = {"q": int_slider("directions q", 1, 1, 64),
                 "perturbation": widgets.ToggleButtons(options=["gaussian", "rademacher"], description="direction z",
-                                                      style=dict(description_width="110px", button_width="90px"))}
+                                                      style=dict(description_width="150px", button_width="110px"))}
     fig = go.FigureWidget(layout=dict(width=620, height=420, margin=dict(l=50, r=10, t=30, b=50),
                                       xaxis=dict(type="log", title="dimension d"),
                                       yaxis=dict(type="log", title="E‖ĝ − ∇f‖² / ‖∇f‖²")))

@@ -15,7 +15,7 @@ from ... import variance
 from ..config import one_thread
 from ._common import Dashboard, assemble, int_slider, slider
 
-__all__ = ["importance_dashboard", "unbiased_dashboard", "batch_gain_dashboard"]
+__all__ = ["importance_dashboard", "unbiased_dashboard", "batch_gain_dashboard", "gain_over_training_figure"]
 
 
 class _Snapshots:
@@ -201,7 +201,9 @@ def batch_gain_dashboard(*, num_examples: int = 256, dim: int = 20, seed: int = 
     """E‖ĝ‖²(uniform) / E‖ĝ‖²(oracle) against B (left) and against training progress t (right).
 
     Closed form (``minibatches.gain_vs_batch``): 1 + CV² at B = 1, shrinking with B because the
-    (1 − 1/B)‖∇F‖² term does not depend on p, and growing as ‖∇F‖ → 0 late in training.
+    (1 − 1/B)‖∇F‖² term does not depend on p. Late in training that term vanishes and the gain
+    tends to 1 + CV² of the current norms: it rises at large B, and at B = 1 simply follows how
+    spread the norms are (the right plot draws B = 1, B = 64 and the current B).
     """
     snapshots = _Snapshots(num_examples, dim, seed)
     batch_grid = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -217,6 +219,7 @@ def batch_gain_dashboard(*, num_examples: int = 256, dim: int = 20, seed: int = 
     by_progress = go.FigureWidget(layout=dict(layout, xaxis=dict(title="training progress t")))
     by_progress.add_scatter(x=progress_grid, mode="lines", name="B = 1 (1 + CV²)", line=dict(dash="dot"))
     by_progress.add_scatter(x=progress_grid, mode="lines", name="current B")
+    by_progress.add_scatter(x=progress_grid, mode="lines", name="B = 64", line=dict(dash="dash"))
     by_progress.add_scatter(mode="markers", marker=dict(size=14, color="crimson"), name="current t")
     readout = widgets.HTML()
 
@@ -228,14 +231,15 @@ def batch_gain_dashboard(*, num_examples: int = 256, dim: int = 20, seed: int = 
         sigma, batch_size, progress = (controls[k].value for k in ("sigma", "batch_size", "progress"))
         with one_thread():
             start, now = gains(sigma, 0.0, batch_grid), gains(sigma, progress, batch_grid)
-            over_t = [gains(sigma, t, [1, batch_size]) for t in progress_grid]
+            over_t = [gains(sigma, t, [1, batch_size, 64]) for t in progress_grid]
             current = float(gains(sigma, progress, [batch_size])[0])
         with by_batch.batch_update(), by_progress.batch_update():
             by_batch.data[0].y, by_batch.data[1].y = start.tolist(), now.tolist()
             by_batch.data[2].x, by_batch.data[2].y = [batch_size], [current]
             by_progress.data[0].y = [float(g[0]) for g in over_t]
             by_progress.data[1].y = [float(g[1]) for g in over_t]
-            by_progress.data[2].x, by_progress.data[2].y = [progress], [current]
+            by_progress.data[2].y = [float(g[2]) for g in over_t]
+            by_progress.data[3].x, by_progress.data[3].y = [progress], [current]
         readout.value = (f"gain at B = {batch_size}, t = {progress:.2f}: <b>{current:.3g}</b> "
                          f"(1 + CV² = {float(now[0]):.3g} is the most it can be)")
 
@@ -248,3 +252,21 @@ def batch_gain_dashboard(*, num_examples: int = 256, dim: int = 20, seed: int = 
                "early in training": dict(progress=0.0), "homogeneous data": dict(sigma=0.0)}
     return assemble("Where importance sampling pays: batch size and training progress", controls, questions, choices,
                     {"by_batch": by_batch, "by_progress": by_progress}, refresh, readout)
+
+
+def gain_over_training_figure(problem, batch_sizes=(1, 8, 64), points: int = 41) -> go.Figure:
+    """The oracle's gain over uniform against training progress t, one line per B (static).
+
+    Shows both late-training effects (``minibatches.gain_along_path``): at large B the gain
+    rises as the (1 − 1/B)‖∇F‖² term vanishes; at B = 1 it follows 1 + CV² of the current norms.
+    Trace k is B = ``batch_sizes[k]``: x the t grid, y the gains.
+    """
+    progress = [k / (points - 1) for k in range(points)]
+    gains = minibatches.gain_along_path(problem, batch_sizes, progress)
+    fig = go.Figure(layout=dict(title="oracle's gain over uniform along training, by batch size", height=380,
+                                width=640, margin=dict(l=60, r=20, t=50, b=50),
+                                xaxis=dict(title="training progress t (0: θ₀, 1: θ*)"),
+                                yaxis=dict(type="log", title="E‖ĝ‖²: uniform / oracle")))
+    for b in batch_sizes:
+        fig.add_scatter(x=progress, y=gains[int(b)].tolist(), mode="lines", name=f"B = {b}" + (" (1 + CV²)" if b == 1 else ""))
+    return fig

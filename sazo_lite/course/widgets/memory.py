@@ -64,7 +64,7 @@ def _controls() -> dict[str, widgets.Widget]:
     controls.update(
         context=widgets.SelectionSlider(options=CONTEXTS, value=512, description="context n_ctx",
                                         continuous_update=False, layout=dict(width="420px"),
-                                        style=dict(description_width="110px")),
+                                        style=dict(description_width="150px")),
         batch=int_slider("batch size B", 2, 1, 64),
         dtype=widgets.ToggleButtons(options=["bfloat16", "float32"], value="bfloat16", description="dtype"),
         budget=slider("budget (GB)", 40.0, 2.0, 160.0, 1.0, readout_format=".0f"),
@@ -181,7 +181,7 @@ def memory_dashboard() -> Dashboard:
                "long document (n_ctx = 32k)": dict(context=32768, batch=2, checkpointing=False),
                "32k + checkpointing": dict(context=32768, batch=2, checkpointing=True),
                "17 GB device": dict(budget=17.0, context=512, batch=8, checkpointing=False)}
-    rows = [presets(choices, controls, refresh, hold)]
+    rows = [presets(choices, controls, refresh, hold, keep=("preset", *SHAPE_KEYS))]  # a preset keeps the model
     rows += [captioned(w, CAPTIONS[k]) if k in CAPTIONS else w for k, w in controls.items()]
     return Dashboard("Memory: backprop vs zeroth-order", rows, controls, {"bars": fig}, refresh, readout)
 

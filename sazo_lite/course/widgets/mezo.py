@@ -8,11 +8,11 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from .. import two_point, instruments, mezo_vs_sgd, minibatches, problems
-from ._common import Dashboard, assemble, int_slider, log_slider
+from ._common import SAMPLER_COLORS, Dashboard, assemble, int_slider, log_slider
 
 __all__ = ["memory_figure", "mezo_dashboard", "FORWARD_EQUIVALENTS"]
 
-_COLORS = {"MeZO": "darkorange", "SGD (backprop)": "steelblue"}
+_COLORS = {"MeZO": SAMPLER_COLORS["uniform"], "SGD (backprop)": "#2ca02c"}  # MeZO is uniform MeZO: the palette's grey
 # Forward-pass equivalents per per-example query: MeZO's queries are forwards; an SGD query is a
 # forward plus a backward, and a backward costs about two forwards.
 FORWARD_EQUIVALENTS = {"MeZO": 1, "SGD (backprop)": 3}

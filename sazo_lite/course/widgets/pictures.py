@@ -19,13 +19,12 @@ import torch
 from .. import two_point, instruments, mezo_vs_sgd, minibatches, problems
 from ... import variance
 from ..config import one_thread, pick
-from ..sazo_runs import RULES, SAMPLERS, ema_of_chi2, loss_grid, sampler_paths
-from ._common import Dashboard, assemble, int_slider, log_slider, slider
+from ..sazo_runs import SAMPLERS, ema_of_chi2, loss_grid, sampler_paths
+from ._common import SAMPLER_COLORS as _COLORS, SAMPLER_LABELS as _LABELS, Dashboard, assemble, int_slider, \
+    log_slider, slider
 
 __all__ = ["norms_histogram_dashboard", "batch_bars_dashboard", "chi2_dashboard", "paths_dashboard"]
 
-_COLORS = {"uniform": "#7f7f7f", "sazo": "#1f77b4", "oracle": "#d62728"}
-_LABELS = {"uniform": "uniform MeZO", "sazo": "SAZO", "oracle": "oracle p*"}
 _FIG = dict(height=360, width=520, margin=dict(l=55, r=15, t=45, b=45))
 
 
@@ -201,7 +200,7 @@ def paths_dashboard(*, num_examples: int = 32, heterogeneity: float = 2.0, steps
         >>> dash = paths_dashboard(steps=20)
         >>> dash.controls["batch_size"].value = 8
     """
-    steps = steps if steps is not None else pick(100, 60)
+    steps = steps if steps is not None else 100  # cheap: fast mode draws the class picture
     problem = problems.LeastSquares(num_examples, 2, heterogeneity=heterogeneity, seed=seed)
     ends = torch.stack([problem.initial_theta(), problem.optimum])
     low, high = ends.min(0).values - 0.8, ends.max(0).values + 0.8
@@ -211,8 +210,8 @@ def paths_dashboard(*, num_examples: int = 32, heterogeneity: float = 2.0, steps
                 "ema_decay": slider("EMA decay β", 0.9, 0.0, 0.995, 0.005),
                 "batch_size": int_slider("batch size B", 1, 1, 32),
                 "lr": log_slider("η (all three)", 0.02, -3, -0.5),
-                "rule": widgets.ToggleButtons(options=list(RULES), value="plain", description="SAZO rule",
-                                              style=dict(description_width="110px"))}
+                "rule": widgets.ToggleButtons(options=["plain", "robust"], value="plain", description="SAZO rule",
+                                              style=dict(description_width="150px"))}
     fig = go.FigureWidget(layout=dict(title="MeZO paths on the contours of F", height=520, width=620,
                                       margin=dict(l=50, r=15, t=45, b=45)))
     fig.add_contour(x=xs, y=ys, z=np.log10(losses - losses.min() + 1e-3), showscale=False, ncontours=25,
@@ -229,6 +228,7 @@ def paths_dashboard(*, num_examples: int = 32, heterogeneity: float = 2.0, steps
     readout = widgets.HTML()
     cache: dict[tuple, np.ndarray] = {}
     drawn: dict[str, tuple] = {}   # method → key of the path on screen
+    state: dict = {}
 
     def path_key(method: str, values: dict) -> tuple:
         """A method's path depends on β and the rule only if it is SAZO's."""
@@ -253,8 +253,11 @@ def paths_dashboard(*, num_examples: int = 32, heterogeneity: float = 2.0, steps
                 drawn[method] = path_key(method, values)
             finals[method] = problem.gap(torch.as_tensor(points[-1]))
             jumps[method] = float(np.linalg.norm(np.diff(points, axis=0), axis=1).max()) if len(points) > 1 else 0.0
+        order = sorted(SAMPLERS, key=lambda m: finals[m])
         readout.value = f"after {steps} steps: " + "; ".join(
-            f"{_LABELS[m]}: gap <b>{finals[m]:.3g}</b>, largest step {jumps[m]:.2g}" for m in SAMPLERS)
+            f"{_LABELS[m]}: gap <b>{finals[m]:.3g}</b>, largest step {jumps[m]:.2g}" for m in SAMPLERS) + \
+            "<br>closest to θ* first: " + " < ".join(_LABELS[m] for m in order)
+        state.update(order=order, finals=finals, jumps=jumps)  # what the readout says, for tests
 
     questions = {
         "eps": "θ is float32: what do the three paths do at ε = 1e-9, where f(θ±εz) round to nearly the same float?",
@@ -263,7 +266,8 @@ def paths_dashboard(*, num_examples: int = 32, heterogeneity: float = 2.0, steps
         "lr": "Raise η until uniform's path jumps around: where are the oracle and SAZO then?",
         "rule": "Switch to the robust rule: why can its first steps be the longest of all on 32 examples?",
     }
-    choices = {"defaults": dict(eps=1e-3, ema_decay=0.9, batch_size=1, lr=0.02, rule="plain"),
-               "large batch": dict(batch_size=16), "large η": dict(lr=0.1)}
-    return assemble("Paths on the contours: what sampling does to each step", controls, questions, choices,
-                    {"paths": fig}, refresh, readout)
+    choices = {"large batch": dict(batch_size=16), "large η": dict(lr=0.1), "robust rule": dict(rule="robust")}
+    dashboard = assemble("Paths on the contours: what sampling does to each step", controls, questions, choices,
+                         {"paths": fig}, refresh, readout)
+    dashboard.state = state
+    return dashboard

@@ -16,24 +16,23 @@ import torch
 
 from ..config import pick
 from ..sazo_runs import PROBLEMS, SAMPLERS, RaceResult, make_problem, race, tune_lr
-from ._common import Dashboard, captioned, int_slider, log_slider, presets, slider
+from ._common import SAMPLER_COLORS as _COLORS, SAMPLER_FILLS as _FILLS, SAMPLER_LABELS as _LABELS, Dashboard, \
+    captioned, int_slider, log_slider, presets, slider
 
-__all__ = ["race_dashboard", "race_figure", "race_table_html", "merge_results", "join_seeds", "PROBLEM_DEFAULTS"]
-
-_COLORS = {"uniform": "#7f7f7f", "sazo": "#1f77b4", "oracle": "#d62728"}
-_FILLS = {"uniform": "rgba(127,127,127,0.2)", "sazo": "rgba(31,119,180,0.2)", "oracle": "rgba(214,39,40,0.15)"}
-_LABELS = {"uniform": "uniform MeZO", "sazo": "SAZO", "oracle": "oracle p*"}
+__all__ = ["race_dashboard", "race_figure", "race_table_html", "race_verdict", "merge_results", "join_seeds",
+           "PROBLEM_DEFAULTS"]
 
 # What the dropdown sets when a problem is chosen: σ, B and each method's own learning rate.
-# The rates are the best of a ×2 grid by median queries to 10 % of the initial gap
-# (``experiments.tune_lr``, 3 seeds, 200 steps, float32, as the dashboard runs; the
-# "tune η per method" button reruns it for the current settings). One rate for all is
-# not fair: the importance weights also rescale the per-example curvatures.
+# The rates are notebook 05's class-mode tuning (``sazo_runs.tune_lr``: best of its grid by
+# median queries to 10 % of the initial gap, 3 tuning seeds, races 1–3's steps), so the
+# dashboard opens on the careful races' rates; the notebook passes the rates its own run
+# tuned (``lrs=``), and the "tune η per method" button re-tunes them for the current settings.
+# One rate for all is not fair: the importance weights also rescale the per-example curvatures.
 PROBLEM_DEFAULTS = {
-    "heterogeneous quadratic": dict(heterogeneity=1.5, batch_size=4, lr_uniform=0.01, lr_sazo=0.04, lr_oracle=0.02),
-    "homogeneous quadratic": dict(heterogeneity=0.0, batch_size=2, lr_uniform=0.02, lr_sazo=0.02, lr_oracle=0.04),
-    "logistic regression (breast cancer)": dict(heterogeneity=0.0, batch_size=8, lr_uniform=0.05, lr_sazo=0.1,
-                                                lr_oracle=0.2),
+    "heterogeneous quadratic": dict(heterogeneity=1.5, batch_size=4, lr_uniform=0.01, lr_sazo=0.01, lr_oracle=0.02),
+    "homogeneous quadratic": dict(heterogeneity=0.0, batch_size=2, lr_uniform=0.01, lr_sazo=0.02, lr_oracle=0.04),
+    "logistic regression (breast cancer)": dict(heterogeneity=0.0, batch_size=8, lr_uniform=0.1, lr_sazo=0.1,
+                                                lr_oracle=0.1),
 }
 LR_CONTROLS = {method: f"lr_{method}" for method in SAMPLERS}
 
@@ -104,30 +103,62 @@ def _draw_race(fig, result: RaceResult, methods=SAMPLERS) -> None:
 
 def race_figure(result: RaceResult, title: str = "") -> go.Figure:
     """A static race plot of a ``RaceResult`` (median lines and min–max bands over seeds)."""
-    methods = tuple(m for m in SAMPLERS if m in result.gaps)
+    methods = tuple(m for m in _LABELS if m in result.gaps)
     fig = _empty_race_figure(methods, widget=False, title=title)
     _draw_race(fig, result, methods)
     return fig
 
 
 def _format_queries(value: float) -> str:
-    return "never" if not np.isfinite(value) else f"{value:,.0f}"
+    return "not reached" if not np.isfinite(value) else f"{value:,.0f}"
 
 
 def _format_speedup(result: RaceResult, method: str) -> str:
-    """"2.50×"; "> 3.1×" when only ``method`` gets there (uniform needs more than the whole run)."""
+    """"2.50×"; "> 3.1× (lower bound)" when uniform does not get there within the run."""
     speedup = result.speedup(method)
     if np.isnan(speedup):
         return "—"
     if np.isinf(speedup):
-        return f"> {result.queries[-1] / result.median_to_target(method):.1f}×"
+        return f"> {result.queries[-1] / result.median_to_target(method):.1f}× (lower bound)"
     return f"{speedup:.2f}×"
+
+
+def race_verdict(result: RaceResult) -> str:
+    """One plain sentence on a race: each method's speed-up over uniform, lower bounds said so.
+
+    Example:
+        >>> from sazo_lite.course.sazo_runs import make_problem, race
+        >>> "uniform MeZO" in race_verdict(race(make_problem(num_examples=16, dim=3), seeds=(0,), steps=20))
+        True
+    """
+    fraction = result.target / result.initial_gap
+    uniform = result.median_to_target("uniform")
+    others = [m for m in result.to_target if m != "uniform"]
+    if not np.isfinite(uniform):
+        reached = sum(q is not None for q in result.to_target["uniform"])
+        head = (f"uniform MeZO did not reach {fraction:.0%} of the initial gap within {int(result.queries[-1]):,} "
+                f"queries (median over seeds; {reached}/{len(result.to_target['uniform'])} seeds did), so each "
+                "speed-up is a lower bound")
+    else:
+        head = f"uniform MeZO reached {fraction:.0%} of the initial gap in {uniform:,.0f} queries (median)"
+    parts = []
+    for method in others:
+        speedup, needed = result.speedup(method), result.median_to_target(method)
+        if np.isnan(speedup):
+            parts.append(f"{_LABELS[method]} did not reach it either")
+        elif np.isinf(speedup):
+            parts.append(f"{_LABELS[method]} needed {needed:,.0f}: > {result.queries[-1] / needed:.1f}× fewer")
+        elif speedup >= 1:
+            parts.append(f"{_LABELS[method]} needed {needed:,.0f}: {speedup:.2f}× fewer")
+        else:
+            parts.append(f"{_LABELS[method]} needed {needed:,.0f}: {1 / speedup:.2f}× uniform's queries (slower)")
+    return head + "; " + "; ".join(parts) + "."
 
 
 def race_table_html(result: RaceResult) -> str:
     """An HTML table: median queries to target per method, the speed-up over uniform, seeds that got there."""
     rows = []
-    for method in (m for m in SAMPLERS if m in result.to_target):
+    for method in (m for m in _LABELS if m in result.to_target):
         reached = sum(q is not None for q in result.to_target[method])
         speedup = _format_speedup(result, method) if "uniform" in result.to_target else "—"
         rows.append(f"<tr><td>{html.escape(_LABELS[method])}</td>"
@@ -137,8 +168,12 @@ def race_table_html(result: RaceResult) -> str:
     fraction = result.target / result.initial_gap
     head = ("<tr><th>method</th><th>median queries to target</th><th>fewer than uniform</th>"
             "<th>seeds reaching it</th></tr>")
+    note = ""
+    if "uniform" in result.to_target and not np.isfinite(result.median_to_target("uniform")):
+        note = (f"<div style='color:#a33'>uniform MeZO did not reach the target within "
+                f"{int(result.queries[-1]):,} queries: the “&gt;” speed-ups are lower bounds.</div>")
     return (f"<div><b>Queries to reach {fraction:.0%} of the initial gap</b>"
-            f"<table style='border-collapse:collapse' cellpadding='4'>{head}{''.join(rows)}</table></div>")
+            f"<table style='border-collapse:collapse' cellpadding='4'>{head}{''.join(rows)}</table>{note}</div>")
 
 
 def merge_results(parts: list[RaceResult]) -> RaceResult:
@@ -169,7 +204,7 @@ def join_seeds(parts: list[RaceResult]) -> RaceResult:
 def _controls(problem: str) -> dict[str, widgets.Widget]:
     defaults = PROBLEM_DEFAULTS[problem]
     dropdown = widgets.Dropdown(options=PROBLEMS, value=problem, description="problem",
-                                layout=dict(width="420px"), style=dict(description_width="110px"))
+                                layout=dict(width="470px"), style=dict(description_width="150px"))
     return {
         "problem": dropdown,
         "eps": log_slider("ε", _BASE["eps"], -10, 0),
@@ -186,11 +221,11 @@ def _controls(problem: str) -> dict[str, widgets.Widget]:
 _QUESTIONS = {
     "problem": "On which problem does SAZO gain most — and does it ever lose to uniform?",
     "eps": "θ is float32: at which ε do all three methods stall, whatever they sample?",
-    "ema_decay": "Does a larger β help SAZO late in the race? (Its decay is min(β, (n_i+1)/(n_i+2)): "
-                 "β near 1 only matters for examples seen dozens of times.)",
+    "ema_decay": "Does a larger β help SAZO late in the race? (Its decay grows with each example's count "
+                 "up to β, notebook 04: β near 1 only matters for examples seen dozens of times.)",
     "batch_size": "Per query, does a bigger batch help uniform or SAZO more?",
     "lr_uniform": "Each method has its own η: raise uniform's. Does it catch SAZO, or diverge first?",
-    "lr_sazo": "Why can SAZO take a larger step than uniform on heterogeneous data?",
+    "lr_sazo": "Raise SAZO's η step by step: does its band blow up before uniform's would at the same η?",
     "lr_oracle": "Set all three η equal: who is the equal rate fair to?",
     "uniform_mix": "λ bounds the weights by 1/λ: what happens to SAZO's band as λ → 0.01?",
     "heterogeneity": "How does the oracle's lead over uniform grow with σ (compare with 1 + CV²)?",
@@ -202,8 +237,8 @@ _GRID = (0.25, 0.5, 1.0, 2.0, 4.0)  # "tune η": multiples of the current rate
 
 
 def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: int = 64, dim: int = 5,
-                   seeds: int | None = None,
-                   steps: int | None = None, log_every: int = 10, target_fraction: float = 0.1,
+                   seeds: int | None = None, steps: int | None = None, lrs: dict[str, float] | None = None,
+                   log_every: int = 10, target_fraction: float = 0.1, dtype: torch.dtype = torch.float32,
                    cache_size: int = 192) -> Dashboard:
     """Uniform MeZO vs SAZO vs the oracle: gap against queries with seed bands, live.
 
@@ -216,6 +251,9 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
         num_examples, dim: N and d of the quadratics (the logistic regression has its own).
         seeds: seeds per method (default 3; 2 under ``SAZO_FAST=1``).
         steps: steps per run (default 200; 100 under ``SAZO_FAST=1``).
+        lrs: method → learning rate to open with (e.g. a tuned race's ``result.lrs``), instead
+            of ``PROBLEM_DEFAULTS``; the opening headline then agrees with that race.
+        dtype: θ's dtype (float32, as in a language model: a tiny ε shows its rounding).
         log_every: steps between evaluations of the gap.
         target_fraction: the table's target, as a fraction of the initial gap.
         cache_size: runs kept (one method, one seed each); a method's runs are keyed only by
@@ -223,7 +261,8 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
 
     Returns:
         A ``Dashboard`` with figure "race" and an HTML queries-to-target table as readout;
-        ``dash.stages`` counts the draws of the last change (1 or 2).
+        ``dash.stages`` counts the draws of the last change (1 or 2); ``dash.result()`` is the
+        ``RaceResult`` on screen.
 
     Example:
         >>> dash = race_dashboard(seeds=1, steps=20)
@@ -232,11 +271,13 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
     seeds = tuple(range(seeds if seeds is not None else pick(3, 2)))
     steps = steps if steps is not None else pick(200, 100)
     controls = _controls(problem)
+    for method, rate in (lrs or {}).items():
+        controls[LR_CONTROLS[method]].value = float(rate)
     figures = {"race": _empty_race_figure(title="Gap against queries")}
     readout = widgets.HTML()
     status = widgets.HTML()
     problems, runs, hold = {}, {}, [False]
-    draws = [0]
+    draws, shown = [0], [None]
 
     def current_problem(values: dict):
         name, sigma = values["problem"], values["heterogeneity"]
@@ -257,7 +298,7 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
             runs[key] = race(current_problem(values), samplers=(method,), seeds=(seed,), steps=steps,
                              batch_size=values["batch_size"], lr=values[LR_CONTROLS[method]], eps=values["eps"],
                              ema_decay=values["ema_decay"], uniform_mix=values["uniform_mix"],
-                             log_every=log_every, target_fraction=target_fraction, dtype=torch.float32)
+                             log_every=log_every, target_fraction=target_fraction, dtype=dtype)
         return runs[key]
 
     def draw(values: dict, result: RaceResult, final: bool) -> None:
@@ -265,6 +306,7 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
         if final:
             figures["race"].layout.title.text = f"{values['problem']}: gap against queries ({len(seeds)} seeds)"
             readout.value = race_table_html(result)
+            shown[0] = result
         else:
             figures["race"].layout.title.text = f"{values['problem']}: first seed… (more seeds coming)"
         draws[0] += 1
@@ -320,7 +362,7 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
             best[LR_CONTROLS[method]], _ = tune_lr(
                 current_problem(values), method, grid, seeds=seeds, steps=steps, batch_size=values["batch_size"],
                 eps=values["eps"], ema_decay=values["ema_decay"], uniform_mix=values["uniform_mix"],
-                log_every=log_every, target_fraction=target_fraction, dtype=torch.float32)
+                log_every=log_every, target_fraction=target_fraction, dtype=dtype)
         set_values(best)
 
     controls["problem"].observe(on_problem, names="value")
@@ -331,11 +373,14 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
     tune_button = widgets.Button(description="tune η per method", layout=widgets.Layout(width="auto"),
                                  tooltip="best of ¼×, ½×, 1×, 2×, 4× each method's current η (a few seconds)")
     tune_button.on_click(tune)
-    rows = [presets(PRESETS, controls, refresh, hold)]
+    opening = {name: control.value for name, control in controls.items()}
+    choices = {"defaults": opening, **{label: values for label, values in PRESETS.items() if label != "defaults"}}
+    rows = [presets(choices, controls, refresh, hold, complete=False)]  # PRESETS are complete regimes
     rows += [captioned(control, _QUESTIONS[name]) for name, control in controls.items()]
     rows += [widgets.HBox([tune_button, status])]
     dash = Dashboard("The race: queries to reach a target loss", rows, controls, figures, refresh, readout)
     dash.tune = tune
     dash.stages = draws
+    dash.result = lambda: shown[0]
     refresh()
     return dash

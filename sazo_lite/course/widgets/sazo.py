@@ -1,9 +1,11 @@
 """Notebook 04's dashboard: what SAZO's estimates G_i know about the true gradient norms.
 
-A toggle picks the rule: the design page's plain rule (``PlainSAZOSampler``) or the library's
-robust rule (``SAZOSampler``). Four plots of one run (``sazo_lite.course.sazo_runs.run_sazo_trace``):
-sqrt(G_i) against ‖∇f_i‖ at a chosen step, the G trajectory of a few examples, p_SAZO
-against p* sorted by p*, and V(p)/V(p*) over training for uniform, SAZO and the oracle.
+A toggle picks the rule, one rung of the ablation ladder ``sazo_runs.RULES``: the plain rule
+(``PlainSAZOSampler``), then one robustness fix of ``SAZOSampler`` added at a time (prior, blend,
+level, |δ|). Four plots of one run (``sazo_lite.course.sazo_runs.run_sazo_trace``): SAZO's
+estimate of ‖∇f_i‖ against the truth at a chosen step, the estimates of three examples over
+training, p_SAZO against p* sorted by p*, and V(p)/V(p*) over training for uniform, SAZO and
+the oracle.
 """
 from __future__ import annotations
 
@@ -12,26 +14,24 @@ import plotly.graph_objects as go
 import ipywidgets as widgets
 
 from ..config import pick
-from ..sazo_runs import SAZOTrace, make_problem, run_sazo_trace
-from ._common import Dashboard, captioned, int_slider, log_slider, presets, slider
+from ..sazo_runs import RULE_FIXES, RULE_NAMES, SAZOTrace, count_decay, make_problem, rule_sampler, run_sazo_trace
+from ._common import SAMPLER_COLORS as _COLORS, Dashboard, captioned, int_slider, log_slider, presets, slider
 
 __all__ = ["sazo_dashboard", "trace_readout", "decay_note"]
 
-_COLORS = {"uniform": "#7f7f7f", "sazo": "#1f77b4", "oracle": "#d62728"}
 _TRACKED_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c")
 _FIG = dict(height=320, width=470, margin=dict(l=55, r=15, t=45, b=45))
 
 DEFAULTS = dict(rule="plain", eps=1e-3, ema_decay=0.9, batch_size=8, lr=1e-2, uniform_mix=0.1, heterogeneity=1.5)
-# Each preset is a complete regime (defaults, then its changes), so earlier presets don't leak.
-PRESETS = {label: {**DEFAULTS, **changes} for label, changes in {
-    "defaults": dict(),
+# Each preset is a regime: the defaults, then its changes (``presets`` completes them).
+PRESETS = {
     "ε too small": dict(eps=1e-9),
     "homogeneous data": dict(heterogeneity=0.0),
+    "homogeneous, robust rule": dict(heterogeneity=0.0, rule="robust"),
     "large batch": dict(batch_size=32),
     "robust rule": dict(rule="robust"),
-    "B = 16, λ = 0.05, β = 0.8": dict(batch_size=16, uniform_mix=0.05, ema_decay=0.8),
-}.items()}
-RULE_LABELS = {"plain": "plain (EMA of δ², constant start)", "robust": "robust (SAZOSampler)"}
+}
+RULE_LABELS = RULE_NAMES
 
 
 def _snapshot_index(trace: SAZOTrace, step: int) -> int:
@@ -40,43 +40,53 @@ def _snapshot_index(trace: SAZOTrace, step: int) -> int:
 
 
 def trace_readout(trace: SAZOTrace, index: int = -1) -> str:
-    """One line of numbers at a log point, e.g. "step 300: Spearman ρ = 0.59, TV = 0.39, ..."."""
+    """One line of numbers at a log point, e.g. "step 300: Spearman ρ = 0.59, TV = 0.39, ...".
+
+    Ends with the mean of V(p_SAZO)/V(p*) over the run so far (one snapshot is noisy).
+    """
+    last = index % len(trace.steps)
+    upto = slice(1, last + 1) if last else slice(0, 1)   # the log points after θ₀, up to ``index``
     return (f"step {int(trace.steps[index])}: Spearman ρ = {trace.spearman[index]:.2f}, "
             f"TV = {trace.tv[index]:.2f}, V(p_SAZO)/V(p*) = {trace.ratio['sazo'][index]:.2f}, "
-            f"V(uniform)/V(p*) = {trace.ratio['uniform'][index]:.2f}, gap = {trace.gap[index]:.3g}")
+            f"V(uniform)/V(p*) = {trace.ratio['uniform'][index]:.2f}, gap = {trace.gap[index]:.3g}; "
+            f"mean over the run: SAZO {np.mean(trace.ratio['sazo'][upto]):.2f}, "
+            f"uniform {np.mean(trace.ratio['uniform'][upto]):.2f}")
 
 
-def decay_note(trace: SAZOTrace, ema_decay: float, index: int = -1, prior_strength: float = 1.0) -> str:
-    """What β does under the trace's rule at a log point (the robust rule caps it by the count n_i).
+def decay_note(trace: SAZOTrace, ema_decay: float, index: int = -1) -> str:
+    """What β does under the trace's rule at a log point, read from the rule's own sampler.
 
-    The robust rule's decay for an example seen n_i times is min(β, (n_i + c)/(n_i + c + 1))
-    (c = ``prior_strength``), so β matters only for examples seen more than about β/(1−β) − c times.
+    The decay for an example seen n_i times comes from ``sazo_runs.count_decay`` on the
+    rule's sampler (``SAZOSampler``: min(β, (n_i + c)/(n_i + c + 1)), c its ``prior_strength``),
+    so β matters only for examples seen more than about β/(1−β) − c times.
     """
-    if trace.rule == "plain":
-        return f"plain rule: every update uses β = {ema_decay:.3g}"
+    sampler = rule_sampler(trace.rule, 1, ema_decay=ema_decay)
     counts = trace.counts[index]
-    capped = (counts + prior_strength) / (counts + prior_strength + 1.0)
-    share = float(np.mean(capped >= ema_decay))
-    rest = " (the others still average their few observations)" if share < 1 else ""
-    return (f"robust rule: decay min(β, (n_i+1)/(n_i+2)); median n_i = {np.median(counts):.0f}, "
-            f"so β = {ema_decay:.3g} is the decay in use for {share:.0%} of the examples{rest}")
+    decay = count_decay(sampler, counts)
+    share = float(np.mean(decay >= ema_decay))
+    if share == 1.0:
+        return f"{RULE_LABELS[trace.rule]}: every update uses β = {ema_decay:.3g}"
+    c = getattr(sampler, "prior_strength", 0.0)
+    return (f"{RULE_LABELS[trace.rule]}: decay min(β, (n_i+{c:g})/(n_i+{c + 1:g})); median n_i = "
+            f"{np.median(counts):.0f}, so β = {ema_decay:.3g} is the decay in use for {share:.0%} of the "
+            "examples (the others still average their few observations)")
 
 
 # -- figures: built once, then only their data change ----------------------------------------
 
 def _scatter_figure() -> go.FigureWidget:
-    fig = go.FigureWidget(layout=dict(title="sqrt(G_i) against the true ‖∇f_i‖", **_FIG))
+    fig = go.FigureWidget(layout=dict(title="SAZO's estimate of ‖∇f_i‖ against the truth", **_FIG))
     fig.add_scatter(name="examples", mode="markers", marker=dict(size=5, color=_COLORS["sazo"], opacity=0.6))
     fig.add_scatter(name="y = x", mode="lines", line=dict(color="black", dash="dash", width=1))
     fig.update_xaxes(type="log", title="true ‖∇f_i(θ_t)‖")
-    fig.update_yaxes(type="log", title="SAZO's sqrt(G_i)")
+    fig.update_yaxes(type="log", title="SAZO's estimate of ‖∇f_i‖")
     return fig
 
 
 def _trajectory_figure() -> go.FigureWidget:
-    fig = go.FigureWidget(layout=dict(title="G trajectory of three examples", **_FIG))
+    fig = go.FigureWidget(layout=dict(title="three examples: estimate (solid) and truth (dotted)", **_FIG))
     for k, color in enumerate(_TRACKED_COLORS):
-        fig.add_scatter(name=f"sqrt(G) #{k}", mode="lines", line=dict(color=color))
+        fig.add_scatter(name=f"estimate #{k}", mode="lines", line=dict(color=color))
         fig.add_scatter(name=f"‖∇f‖ #{k}", mode="lines", line=dict(color=color, dash="dot"), showlegend=False)
     fig.update_xaxes(title="step t")
     fig.update_yaxes(type="log", title="norm")
@@ -111,7 +121,7 @@ def _draw(figures: dict, trace: SAZOTrace, index: int) -> None:
     with figures["scatter"].batch_update():
         figures["scatter"].data[0].update(x=norms, y=sqrt_g)
         figures["scatter"].data[1].update(x=[low, high], y=[low, high])
-        figures["scatter"].layout.title.text = f"sqrt(G_i) vs ‖∇f_i‖ at step {int(trace.steps[index])}: " \
+        figures["scatter"].layout.title.text = f"estimate vs true ‖∇f_i‖, step {int(trace.steps[index])}: " \
                                                f"ρ = {trace.spearman[index]:.2f}"
     with figures["trajectory"].batch_update():
         for k, example in enumerate(trace.tracked):
@@ -138,7 +148,8 @@ def _controls(steps: int, log_every: int) -> dict[str, widgets.Widget]:
     return {
         "rule": widgets.ToggleButtons(options=[(label, key) for key, label in RULE_LABELS.items()],
                                       value=DEFAULTS["rule"], description="rule",
-                                      style=dict(description_width="110px", button_width="220px")),
+                                      style=dict(description_width="150px", button_width="170px"),
+                                      tooltips=[RULE_FIXES[key] for key in RULE_LABELS]),
         "eps": log_slider("ε", DEFAULTS["eps"], -10, 0),
         "ema_decay": slider("EMA decay β", DEFAULTS["ema_decay"], 0.0, 0.995, 0.005),
         "batch_size": int_slider("batch size B", DEFAULTS["batch_size"], 1, 64),
@@ -150,10 +161,11 @@ def _controls(steps: int, log_every: int) -> dict[str, widgets.Widget]:
 
 
 _QUESTIONS = {
-    "rule": "Plain: EMA of δ² from G = 1. Early on, is its V ratio above or below uniform's? Switch to robust.",
+    "rule": "Add one fix at a time (plain → + prior → + blend → + level → + |δ|): which rung lowers the mean V ratio "
+            "in the readout, here and on homogeneous data?",
     "eps": "θ is float32. Below which ε does sqrt(G) stop tracking ‖∇f‖ — and why only there, on a quadratic?",
     "ema_decay": "Does a larger β make the G trajectories smoother, or slower to follow a moving ‖∇f‖? "
-                 "Under the robust rule, why does β above ~0.9 change little here?",
+                 "With the count-based decay (+ blend and above), why does β above ~0.9 change little here?",
     "batch_size": "More examples per step means more δ² observations: how fast does ρ rise with B?",
     "lr": "When θ moves fast, the norms change under SAZO's feet: does TV(p_SAZO, p*) grow with η?",
     "uniform_mix": "λ = 1 is uniform sampling. How small can λ go before V(p_SAZO)/V(p*) stops improving?",
@@ -166,8 +178,9 @@ def sazo_dashboard(*, num_examples: int = 128, dim: int = 10, steps: int | None 
                    log_every: int = 5, seed: int = 0, cache_size: int = 64) -> Dashboard:
     """SAZO's estimates against the truth on a least-squares problem, with live controls.
 
-    Opens on the plain rule (what notebook 04 teaches first); the "rule" toggle switches to the
-    robust ``SAZOSampler``, whose readout says how much of β its count-adaptive decay lets through.
+    Opens on the plain rule (what notebook 04 teaches first); the "rule" toggle adds the robust
+    ``SAZOSampler``'s fixes one at a time (``sazo_runs.RULES``); the readout says how much of β
+    the rule's count-adaptive decay lets through and gives the mean V ratio over the run.
 
     Args:
         num_examples, dim: N and d of the least-squares problem.
@@ -216,7 +229,7 @@ def sazo_dashboard(*, num_examples: int = 128, dim: int = 10, steps: int | None 
 
     for control in controls.values():
         control.observe(on_change, names="value")
-    rows = [presets(PRESETS, controls, refresh, hold)]
+    rows = [presets(PRESETS, controls, refresh, hold, keep=("step",))]
     rows += [captioned(control, _QUESTIONS[name]) for name, control in controls.items()]
     dash = Dashboard("SAZO's estimates against the truth", rows, controls, figures, refresh, readout)
     dash.children = (*dash.children[:len(rows) + 2], widgets.HBox([figures["scatter"], figures["trajectory"]]),
