@@ -151,15 +151,21 @@ def test_unbiased_weights_centre_the_histogram_on_f():
     assert weighted == pytest.approx(unweighted)
 
 
-def test_batch_gain_shrinks_with_batch_and_grows_late():
+def test_batch_gain_shrinks_with_batch_and_rises_late_only_at_large_batch():
     dashboard = sw.batch_gain_dashboard()
+    over_t = dashboard.figures["by_progress"].data
+    assert [trace.name for trace in over_t[:3]] == ["B = 1 (1 + CV²)", "current B", "B = 64"]
+    assert over_t[2].y[-1] > 1.5 * over_t[2].y[0]      # B = 64: the common term vanishes, the gain rises
+    assert over_t[0].y[-1] < over_t[0].y[0]            # B = 1: follows the (here shrinking) spread
     marker = dashboard.figures["by_batch"].data[2]
     dashboard.controls["batch_size"].value = 2
     small = marker.y[0]
     dashboard.controls["batch_size"].value = 128
     large = marker.y[0]
     assert large < small / 2
-    buttons(dashboard)["late in training"].click()
+    buttons(dashboard)["late in training"].click()     # a complete regime: back to the default B
+    assert dashboard.controls["progress"].value == 1.0 and dashboard.controls["batch_size"].value == 8
+    dashboard.controls["batch_size"].value = 128
     assert marker.y[0] > 2 * large
     late_curve = dashboard.figures["by_batch"].data[1].y
     assert max(late_curve) == pytest.approx(min(late_curve))  # ‖∇F‖ = 0: the gain no longer depends on B

@@ -202,8 +202,10 @@ def dimension_dashboard(dims=(2, 4, 8, 16, 32, 64, 128, 256, 512), *, directions
             fig.data[0].y = cache[key]
             fig.data[1].y = theory
             fig.data[1].name = "(d+1)/q" if perturbation == "gaussian" else "(d−1)/q"
-        readout.value = (f"with q = {q}: the estimate is as noisy as the gradient is large once d ≈ "
-                         f"{q - 1 if perturbation == 'gaussian' else q + 1}; a 1B-parameter model has d = 10⁹")
+        threshold = q - 1 if perturbation == "gaussian" else q + 1   # where (d ± 1)/q = 1
+        when = f"once d ≈ {threshold}" if threshold >= 2 else "at every d ≥ 2"
+        readout.value = (f"with q = {q}: the estimate is as noisy as the gradient is large {when}; "
+                         "a 1B-parameter model has d = 10⁹")
 
     questions = {
         "q": "Double q: by how much does the whole line drop? What does that cost in forward passes?",
