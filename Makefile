@@ -29,9 +29,13 @@ lab: install
 app: install
 	$(VENV)/bin/voila notebooks/05_the_race.ipynb
 
+# Tests run in TEST_JOBS processes, a test file per process (--dist loadfile: a file's fixtures, such
+# as the built labs or the book, are built once); TEST_JOBS=0 runs everything in this process.
+TEST_JOBS ?= 2
+XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
 test: install sandbox
-	SAZO_FAST=1 $(PY) -m pytest -q tests
-	SAZO_FAST=1 $(PY) -m pytest -q --nbmake --nbmake-timeout=600 notebooks/*.ipynb
+	SAZO_FAST=1 $(PY) -m pytest -q $(XDIST) --durations=15 tests
+	SAZO_FAST=1 $(PY) -m pytest -q $(XDIST) --nbmake --nbmake-timeout=600 notebooks/*.ipynb
 
 # JupyterLab in headless Chromium (Debian's /usr/bin/chromium; `make test` runs it too when present).
 test-browser: install

@@ -364,8 +364,11 @@ def test_two_gloo_processes_match_one_process(tmp_path):
     initial = weights(single.model)
     single.train()
     for name, value in weights(single.model).items():
-        assert torch.allclose(parallel["weights"][name], value, rtol=1e-5, atol=1e-6), name
-        assert not torch.equal(value, initial[name]), name
+        # float32 losses summed over 2 shards round differently from one batch of 4 (and with the
+        # thread count); d_k = Δf/2ε amplifies that, so compare against the size of the update itself
+        moved = (value - initial[name]).abs().max()
+        assert moved > 0, name
+        assert (parallel["weights"][name] - value).abs().max() <= 1e-3 * moved, name
     # 12 eval examples = 2 ranks × 2 batches × 3: no padded batch, so the gathered mean is exact
     assert parallel["eval_loss"] == pytest.approx(single.evaluate()["eval_loss"], rel=1e-5)
     assert torch.equal(parallel["sampler"]["counts"], single.zo_sampler.state_dict()["counts"])  # same batches

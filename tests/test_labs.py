@@ -425,7 +425,7 @@ def test_widgets_only_in_ungraded_cells_and_they_exist(master):
     for cell in nb.cells:
         uses_widgets = "sazo_lite.course.widgets" in cell.source or "ipywidgets" in cell.source
         assert not uses_widgets or cell in explore, "widgets only in ungraded cells"
-    names = {n for c in explore for n in re.findall(r"from sazo_lite\.widgets import (\w+)", c.source)}
+    names = {n for c in explore for n in re.findall(r"from sazo_lite\.course\.widgets import (\w+)", c.source)}
     assert names and names <= set(sazo_lite.course.widgets.__all__)
 
 

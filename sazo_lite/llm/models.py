@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -85,7 +86,12 @@ def convert_gguf(gguf_file: Path, target: Path) -> Path:
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    os.replace(tmp, target)  # atomic: a half-written cache is never picked up
+    try:
+        os.replace(tmp, target)  # atomic: a half-written cache is never picked up
+    except OSError:              # another process finished the same conversion first: keep its copy
+        if not (target / "config.json").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
