@@ -542,6 +542,10 @@ class PlainSAZOSampler(_ScoredSampler):
     def _seen_scores(self, indices: np.ndarray) -> np.ndarray:
         return np.sqrt(self._g[indices].astype(np.float64))
 
+    def decay(self, counts) -> np.ndarray:
+        """The EMA decay the next update applies: β for every example, whatever its count."""
+        return np.full(np.shape(counts), self.ema_decay, dtype=np.float64)
+
     def _unseen(self, indices: np.ndarray) -> np.ndarray:
         return np.zeros(len(indices), dtype=bool)  # the plain rule has no notion of unseen
 
@@ -660,6 +664,21 @@ class SAZOSampler(_ScoredSampler):
             return 0.0
         return math.sqrt(max(self._seen_sq, 0.0) / self._seen_count)
 
+    def decay(self, counts) -> np.ndarray:
+        """The EMA decay the next update applies to examples already observed ``counts`` times.
+
+        β_n = min(β, (n + c)/(n + c + 1)) with β = ``ema_decay`` and c = ``prior_strength``
+        (c = 0 for a first observation made before any example has been seen: there is no prior
+        before any data).
+
+        Example:
+            >>> SAZOSampler(4, ema_decay=0.9, prior_strength=1.0).decay([0, 1, 20]).round(3).tolist()
+            [0.0, 0.667, 0.9]
+        """
+        counts = np.asarray(counts, dtype=np.float64)
+        strength = np.where((counts > 0) | bool(self._seen_count), self.prior_strength, 0.0)
+        return np.minimum((counts + strength) / (counts + strength + 1.0), self.ema_decay)
+
     def prior(self) -> float:
         """The prior in G's units: s̄ ("abs") or s̄² ("square"), what an unseen example's G starts from."""
         prior = self._prior_score()
@@ -694,8 +713,7 @@ class SAZOSampler(_ScoredSampler):
         seen = counts > 0
         prior = self.prior()
         old = np.where(seen, self._g[unique].astype(np.float64), prior)
-        strength = self.prior_strength if self._seen_count else 0.0  # no prior before any data
-        decay = np.minimum((counts + strength) / (counts + strength + 1.0), self.ema_decay)
+        decay = self.decay(counts)
         new = (decay * old + (1.0 - decay) * observed).astype(np.float32)
         old_scores = self._seen_scores(unique)[seen]
         new_counts = np.minimum(self._n[unique].astype(np.int64) + 1, COUNT_MAX)

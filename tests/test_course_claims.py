@@ -88,7 +88,7 @@ def test_04_64_abs_beats_square(norms0):
 def test_04_decay_table_thresholds():
     """04 §6.2: β is reached after about β/(1−β) − c observations (8 for 0.9, 98 for 0.99)."""
     for beta, threshold in ((0.9, 8), (0.99, 98)):
-        decay = E.count_decay(SAZOSampler(4, ema_decay=beta), np.arange(200))
+        decay = SAZOSampler(4, ema_decay=beta).decay(np.arange(200))
         assert int(np.argmax(decay >= beta - 1e-12)) == threshold
 
 
@@ -122,12 +122,15 @@ def test_rule_sampler_rungs_are_the_library_samplers():
 def test_prior_rung_is_the_plain_ema_started_from_the_prior():
     """"+ prior" keeps the plain rule's fixed β: its count-based decay never drops below β."""
     sampler = E.rule_sampler("prior", 8, ema_decay=0.9)
-    np.testing.assert_allclose(E.count_decay(sampler, np.arange(50)), 0.9)
+    np.testing.assert_allclose(sampler.decay(np.arange(1, 50)), 0.9)
+    assert sampler.decay([0])[0] == 0.0            # the very first observation, before any data: no prior
+    sampler.update(torch.tensor([3]), torch.tensor([1.0]))
+    np.testing.assert_allclose(sampler.decay(np.arange(50)), 0.9)   # once data exist, unseen ones blend too
 
 
 @pytest.mark.parametrize("prior_strength", [1.0, 0.0, 3.0])
 def test_count_decay_is_the_decay_the_sampler_applies(prior_strength):
-    """Recover each update's decay from the sampler's own state and compare with ``count_decay``."""
+    """Recover each update's decay from the sampler's own state and compare with the sampler's ``decay``."""
     sampler = SAZOSampler(4, ema_decay=0.9, prior_strength=prior_strength, seed=0)
     sampler.update(torch.arange(4), torch.tensor([1.0, 2.0, 0.5, 1.5]))   # every example seen once
     rng = np.random.default_rng(0)
@@ -139,11 +142,11 @@ def test_count_decay_is_the_decay_the_sampler_applies(prior_strength):
         observed = abs(diff) / sampler.level
         new = float(sampler.estimates[0])
         decay = (new - observed) / (old - observed)
-        assert decay == pytest.approx(float(E.count_decay(sampler, [count])[0]), abs=2e-5)
+        assert decay == pytest.approx(float(sampler.decay([count])[0]), abs=2e-5)
 
 
 def test_plain_count_decay_is_beta():
-    np.testing.assert_allclose(E.count_decay(PlainSAZOSampler(4, ema_decay=0.7), [0, 5, 500]), 0.7)
+    np.testing.assert_allclose(PlainSAZOSampler(4, ema_decay=0.7).decay([0, 5, 500]), 0.7)
 
 
 def test_feed_sampler_matches_a_hand_loop():

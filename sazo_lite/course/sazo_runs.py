@@ -27,7 +27,7 @@ from ..train import best_rate, queries_to_target, train
 from .. import variance
 
 __all__ = ["PROBLEMS", "make_problem", "SAZOTrace", "run_sazo_trace", "RULES", "RULE_NAMES", "RULE_FIXES",
-           "rule_sampler", "count_decay", "feed_sampler", "rule_ladder",
+           "rule_sampler", "feed_sampler", "rule_ladder",
            "roughness", "RaceResult", "race", "tune_lr", "SAMPLERS", "ema_of_chi2", "loss_grid", "sampler_paths"]
 
 SAMPLERS = ("uniform", "sazo", "oracle")
@@ -104,24 +104,6 @@ def rule_sampler(rule: str, num_examples: int, *, ema_decay: float = 0.9, unifor
     if rule == "level":
         return SAZOSampler(num_examples, statistic="square", **common)
     return SAZOSampler(num_examples, **common)
-
-
-def count_decay(sampler, counts) -> np.ndarray:
-    """The EMA decay a SAZO sampler applies to an example already observed ``counts`` times.
-
-    ``SAZOSampler``: min(β, (n + c)/(n + c + 1)) with its own β = ``ema_decay`` and
-    c = ``prior_strength`` (once any example has been seen); ``PlainSAZOSampler``: β always.
-    (``tests/test_experiments.py`` checks this against the sampler's own updates.)
-
-    Example:
-        >>> count_decay(SAZOSampler(4, ema_decay=0.9), [0, 1, 20]).round(3).tolist()
-        [0.5, 0.667, 0.9]
-    """
-    counts = np.asarray(counts, dtype=np.float64)
-    if isinstance(sampler, PlainSAZOSampler):
-        return np.full(counts.shape, sampler.ema_decay)
-    strength = sampler.prior_strength
-    return np.minimum((counts + strength) / (counts + strength + 1.0), sampler.ema_decay)
 
 
 def feed_sampler(sampler, norms, *, steps: int, batch_size: int, shrink: float = 1.0, seed: int = 0) -> np.ndarray:

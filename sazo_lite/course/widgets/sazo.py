@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 import ipywidgets as widgets
 
 from ..config import pick
-from ..sazo_runs import RULE_FIXES, RULE_NAMES, SAZOTrace, count_decay, make_problem, rule_sampler, run_sazo_trace
+from ..sazo_runs import RULE_FIXES, RULE_NAMES, SAZOTrace, make_problem, rule_sampler, run_sazo_trace
 from ._common import SAMPLER_COLORS as _COLORS, Dashboard, captioned, int_slider, log_slider, presets, slider
 
 __all__ = ["sazo_dashboard", "trace_readout", "decay_note"]
@@ -56,13 +56,13 @@ def trace_readout(trace: SAZOTrace, index: int = -1) -> str:
 def decay_note(trace: SAZOTrace, ema_decay: float, index: int = -1) -> str:
     """What β does under the trace's rule at a log point, read from the rule's own sampler.
 
-    The decay for an example seen n_i times comes from ``sazo_runs.count_decay`` on the
+    The decay for an example seen n_i times comes from the sampler's own ``decay`` on the
     rule's sampler (``SAZOSampler``: min(β, (n_i + c)/(n_i + c + 1)), c its ``prior_strength``),
     so β matters only for examples seen more than about β/(1−β) − c times.
     """
     sampler = rule_sampler(trace.rule, 1, ema_decay=ema_decay)
     counts = trace.counts[index]
-    decay = count_decay(sampler, counts)
+    decay = sampler.decay(counts)
     share = float(np.mean(decay >= ema_decay))
     if share == 1.0:
         return f"{RULE_LABELS[trace.rule]}: every update uses β = {ema_decay:.3g}"
