@@ -717,7 +717,7 @@ def test_bad_arguments_raise_value_error(tmp_path):
         labs.grade_all(tmp_path / "x.zip", tmp_path, tmp_path / "s.csv")
 
 
-def test_grade_all_on_the_command_line_exits_0_and_writes_every_row(built, graded, tmp_path):
+def test_grade_all_on_the_command_line_exits_0_and_writes_every_row(built, tmp_path):
     """[honest, not a notebook, exits at once]: every submission gets its row and its score file."""
     stem = next(m.stem for m in MASTERS if m.stem.startswith("lab2"))
     folder = tmp_path / "handins"
