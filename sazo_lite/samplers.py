@@ -502,7 +502,7 @@ def _mean_by_index(indices: np.ndarray, *values: np.ndarray):
 
 
 class PlainSAZOSampler(_ScoredSampler):
-    """The design page's plain SAZO rule, for teaching: what to implement first and see fail.
+    """The plain SAZO rule (notebooks/algorithm.md), for teaching: what to implement first and see fail.
 
         state:   G_i = ``initial_estimate`` for every example (a constant start)
         sample:  p_i = (1−λ)·sqrt(G_i)/Σ_j sqrt(G_j) + λ/N,   weights w = 1/(N·p_i)

@@ -1,4 +1,4 @@
-"""Plain maths of importance-sampled ZO estimates (see the design page's notation).
+"""Plain maths of importance-sampled ZO estimates (notation: the course's algorithm page, notebooks/algorithm.md).
 
 With per-example gradients a_i = ∇f_i, sampling distribution p and B i.i.d. draws:
 
