@@ -458,8 +458,8 @@ def parse_args(argv=None):
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)     # "k/J": run job k of J
     parser.add_argument("--partial", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.quick:   # the pilot: where the diagnosis found each sampler's rate, 1 seed, 2 rates each
-        args.sets, args.grid_seeds, args.seeds, args.cells = ["continual"], 1, 1, 2
+    if args.quick:   # the pilot: where the diagnosis found each sampler's rate, 1 seed, 2 rates each, to 0.5·F₀
+        args.sets, args.grid_seeds, args.seeds, args.cells, args.targets = ["continual"], 1, 1, 2, [0.7, 0.5]
         args.steps, args.stale_every, args.tiny, args.measure_sets, args.full_start = min(args.steps, 120), 0, [], [], 0.0
     if args.jobs < 1 or args.seeds < 1 or args.steps < 1 or args.grid_seeds < 1 or args.cells < 1:
         parser.error("--jobs, --seeds, --grid-seeds, --cells and --steps must be ≥ 1")

@@ -119,3 +119,14 @@ def test_gd_reference_follows_backprop_and_reports_divergence():
     assert not calm["diverged"] and f[-1] <= 0.5 * f[0] < min(f[:-1])    # falls, and stops at the 0.5·F₀ target
     assert wild["diverged"] and len(wild["steps"]) < 5
     assert all(torch.equal(a, b) for a, b in zip(before, params))     # θ₀ restored
+
+
+def test_the_reference_report_is_relative_and_summarises():
+    text = llm_queries.REFERENCE.read_text()
+    assert not any(root in text for root in ('"/work', '"/home', '"/tmp', '"/root', "/usr/"))
+    report = json.loads(text)
+    assert report["date"] and report["machine"] and report["args"]["eps"] == 1e-3
+    for setting in report["settings"]:
+        rows = llm_queries.summarise(setting, tuple(report["args"]["targets"]))
+        assert len(rows) == len(setting["runs"]) and "design" in setting
+        assert all(r.get("walk") for runs in setting["runs"].values() for r in runs)   # every run has its walk
