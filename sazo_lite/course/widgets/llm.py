@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 import torch
 
 from ..config import pick
-from ._common import Dashboard, captioned, int_slider, log_slider, presets, redraw_on_change, slider
+from ._common import SAMPLER_COLORS, Dashboard, captioned, int_slider, log_slider, presets, redraw_on_change, slider
 
 __all__ = ["llm_dashboard", "top_sampled_rows", "accuracy_summary_html", "default_llm_setup", "accuracy_bars",
            "peak_memory_bars", "flipped_in_top", "loss_bands", "queries_table_html", "scores_vs_norms",
@@ -25,9 +25,9 @@ __all__ = ["llm_dashboard", "top_sampled_rows", "accuracy_summary_html", "defaul
 
 WALK_BAND = (14.0, 20.0)   # ‖θ−θ₀‖ where the measured SmolLM2 runs failed (docs/llm.md, 2026-12-01 diagnosis)
 
-_SAMPLER_COLORS = {"uniform": "steelblue", "sazo": "darkorange", "oracle": "seagreen"}
+_SAMPLER_COLORS = SAMPLER_COLORS   # the course's one palette
 
-_COLORS = {"mezo": "steelblue", "sazo": "darkorange"}
+_COLORS = {"mezo": SAMPLER_COLORS["uniform"], "sazo": SAMPLER_COLORS["sazo"]}
 _NAMES = {"mezo": "MeZO (uniform)", "sazo": "SAZO"}
 
 
