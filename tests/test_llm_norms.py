@@ -352,17 +352,25 @@ def test_the_balanced_sets_new_gradients_do_not_point_one_way_on_a_tiny_model():
     from sazo_lite.llm.grad_norms import full_gradient_norm
     from transformers import AutoTokenizer
 
+    from sazo_lite.course.config import one_thread
+
     tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
     designs = {}
     for name in ("balanced", "continual"):
-        cset = make_continual_set(name, num_train=24, new_fraction=1 / 3, num_test=2, seed=0)
-        model = tiny_causal_lm("llama", vocab_size=tokenizer.vocab_size, seed=0)
-        params = [p for n, p in model.named_parameters() if "layers." in n]
-        batch = cset.task.encode(tokenizer, "train")
-        first_round(model, params, cset, tokenizer, steps=60, lr=3e-2)   # under the set's own 6-word softmax
-        norms = grad_norms(model, batch, params)
-        designs[name] = predicted_gains(norms, full_gradient_norm(model, batch, params))
-        assert norms[cset.assimilated].mean() < 0.3 * norms[cset.new].mean()
+        with one_thread():   # the 60-step first round amplifies rounding: 2 threads give other numbers
+            designs[name] = _tiny_design(name, tokenizer, predicted_gains, full_gradient_norm)
     assert designs["balanced"]["v_uniform_ratio"] > 3
     assert designs["balanced"]["grad_sq_ratio"] < 0.5 * designs["continual"]["grad_sq_ratio"]
     assert designs["balanced"]["gain"][4] > 0.6 * designs["balanced"]["gain"][1]   # the gain survives B = 4
+
+
+def _tiny_design(name, tokenizer, predicted_gains, full_gradient_norm):
+    """The θ₀ design of a set on a tiny llama after its first round (true norms by backprop)."""
+    cset = make_continual_set(name, num_train=24, new_fraction=1 / 3, num_test=2, seed=0)
+    model = tiny_causal_lm("llama", vocab_size=tokenizer.vocab_size, seed=0)
+    params = [p for n, p in model.named_parameters() if "layers." in n]
+    batch = cset.task.encode(tokenizer, "train")
+    first_round(model, params, cset, tokenizer, steps=60, lr=3e-2)   # under the set's own 6-word softmax
+    norms = grad_norms(model, batch, params)
+    assert norms[cset.assimilated].mean() < 0.3 * norms[cset.new].mean()
+    return predicted_gains(norms, full_gradient_norm(model, batch, params))
