@@ -12,7 +12,7 @@ from typing import Callable
 import ipywidgets as widgets
 
 __all__ = ["slider", "log_slider", "int_slider", "question", "captioned", "presets", "redraw_on_change",
-           "assemble", "Dashboard", "sync_figure_state", "static_dashboard_html", "SAMPLER_COLORS",
+           "assemble", "Dashboard", "sync_figure_state", "static_dashboard_html", "set_controls", "SAMPLER_COLORS",
            "SAMPLER_FILLS", "SAMPLER_LABELS"]
 
 # One palette for every dashboard: a sampler has the same colour in every plot of the course.
@@ -58,6 +58,18 @@ def captioned(control: widgets.Widget, text: str) -> widgets.VBox:
     return widgets.VBox([control, question(text)])
 
 
+def set_controls(controls: dict[str, widgets.Widget], values: dict[str, object], refresh: Callable[[], None],
+                 hold: list[bool]) -> None:
+    """Write several control values with the per-control redraws held (``hold[0]``), then redraw once."""
+    hold[0] = True
+    try:
+        for name, value in values.items():
+            controls[name].value = value
+    finally:
+        hold[0] = False
+    refresh()
+
+
 def presets(choices: dict[str, dict[str, object]], controls: dict[str, widgets.Widget],
             refresh: Callable[[], None], hold: list[bool], *, complete: bool = True,
             keep: tuple[str, ...] = ()) -> widgets.HBox:
@@ -80,13 +92,7 @@ def presets(choices: dict[str, dict[str, object]], controls: dict[str, widgets.W
         button = widgets.Button(description=label, layout=widgets.Layout(width="auto"))
 
         def apply(_button, values=values):
-            hold[0] = True
-            try:
-                for name, value in values.items():
-                    controls[name].value = value
-            finally:
-                hold[0] = False
-            refresh()
+            set_controls(controls, values, refresh, hold)
 
         button.on_click(apply)
         button.values = values  # what it sets (tests render each preset from this)

@@ -10,7 +10,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from .. import memory
-from ._common import Dashboard, captioned, int_slider, presets, slider
+from ._common import Dashboard, captioned, int_slider, presets, set_controls, slider
 
 __all__ = ["memory_dashboard", "memory_bars", "fit_summary", "measured_vs_predicted_figure"]
 
@@ -138,13 +138,7 @@ def memory_dashboard() -> Dashboard:
         if preset is None:
             return
         last_preset[0] = preset.name
-        hold[0] = True
-        try:
-            for key in SHAPE_KEYS:
-                controls[key].value = getattr(preset, key)
-        finally:
-            hold[0] = False
-        refresh()
+        set_controls(controls, {key: getattr(preset, key) for key in SHAPE_KEYS}, refresh, hold)
 
     def refresh():
         try:

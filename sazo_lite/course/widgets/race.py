@@ -17,7 +17,7 @@ import torch
 from ..config import pick
 from ..sazo_runs import PROBLEMS, SAMPLERS, RaceResult, make_problem, race, tune_lr
 from ._common import SAMPLER_COLORS as _COLORS, SAMPLER_FILLS as _FILLS, SAMPLER_LABELS as _LABELS, Dashboard, \
-    captioned, int_slider, log_slider, presets, slider
+    captioned, int_slider, log_slider, presets, set_controls, slider
 
 __all__ = ["race_dashboard", "race_figure", "race_table_html", "race_verdict", "merge_results", "join_seeds",
            "PROBLEM_DEFAULTS"]
@@ -338,19 +338,10 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
         if not hold[0]:
             refresh()
 
-    def set_values(values: dict) -> None:
-        hold[0] = True
-        try:
-            for name, value in values.items():
-                controls[name].value = value
-        finally:
-            hold[0] = False
-        refresh()
-
     def on_problem(change) -> None:
         controls["heterogeneity"].disabled = change["new"] == _HOMOG
         if not hold[0]:  # a preset sets its own values and redraws once
-            set_values(PROBLEM_DEFAULTS[change["new"]])
+            set_controls(controls, PROBLEM_DEFAULTS[change["new"]], refresh, hold)
 
     def tune(_button=None) -> None:
         """Each method's best rate among ``_GRID`` × its current rate (queries to target, then final gap)."""
@@ -363,7 +354,7 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
                 current_problem(values), method, grid, seeds=seeds, steps=steps, batch_size=values["batch_size"],
                 eps=values["eps"], ema_decay=values["ema_decay"], uniform_mix=values["uniform_mix"],
                 log_every=log_every, target_fraction=target_fraction, dtype=dtype)
-        set_values(best)
+        set_controls(controls, best, refresh, hold)
 
     controls["problem"].observe(on_problem, names="value")
     for name, control in controls.items():
