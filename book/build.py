@@ -1,6 +1,6 @@
 """Build the course website: ``make book`` (fast mode) or ``make book FULL=1`` (full versions).
 
-    python book/build.py [--full] [--jobs N] [--out build/book]
+    python book/build.py [--full] [--jobs N] [--out build/book] [--executed DIR]
 
 1. Stage the sources in ``<out>/src``: the course map (``notebooks/README.md``, the landing
    page, with the table of contents appended), the seven notebooks, the algorithm page, the
@@ -9,7 +9,9 @@
    that is not a page goes to the repository (``BOOK_REPOSITORY_URL``).
 2. Execute the notebooks there, ``--jobs`` at a time (nbclient; ``SAZO_FAST=1`` unless
    ``--full``), while ``python -m sazo_lite.course.labs assign`` builds the labs; only the *student*
-   notebooks are copied to the site (never the masters or the autograders).
+   notebooks are copied to the site (never the masters or the autograders). ``--executed DIR``
+   takes chapters already run in fast mode instead (``make test`` runs them once, under nbmake
+   with ``--overwrite`` on copies in ``DIR``); each must hold the committed notebook's code.
 3. Copy plotly.js and MathJax into the site (it needs no network to build or to view) and run
    Sphinx (book/conf.py: myst-nb + sphinx-book-theme) with warnings as errors (``-W``: a dead
    link or a page outside the table of contents fails the build). The site is ``<out>/html``.
@@ -82,9 +84,22 @@ def _toctree(entries: list[str], caption: str | None = None) -> list[str]:
             *entries, "```", ""]
 
 
-def stage(src: Path) -> list[str]:
-    """Copy the course map, the notebooks, the algorithm page, the solutions, the reference pages
-    and the book's pages into ``src``, links rewritten; returns the chapter names."""
+def executed_copy(name: str, executed: Path):
+    """Chapter ``name`` as run in ``executed``, checked to hold the committed notebook's code cells
+    (a copy run before an edit would show the old code's outputs)."""
+    committed, ran = (json.loads(path.read_text()) for path in (NOTEBOOKS / f"{name}.ipynb", executed / f"{name}.ipynb"))
+    code = [[("".join(c["source"])) for c in nb["cells"] if c["cell_type"] == "code"] for nb in (committed, ran)]
+    if code[0] != code[1]:
+        raise RuntimeError(f"{executed / name}.ipynb does not hold the code of notebooks/{name}.ipynb: run it again")
+    if any(c["cell_type"] == "code" and c["source"] and c.get("execution_count") is None for c in ran["cells"]):
+        raise RuntimeError(f"{executed / name}.ipynb has cells that never ran")
+    return ran
+
+
+def stage(src: Path, executed: Path | None = None) -> list[str]:
+    """Copy the course map, the notebooks (from ``executed`` with their outputs, if given), the
+    algorithm page, the solutions, the reference pages and the book's pages into ``src``, links
+    rewritten; returns the chapter names."""
     shutil.rmtree(src, ignore_errors=True)
     src.mkdir(parents=True)
     chapters = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
@@ -101,7 +116,8 @@ def stage(src: Path) -> list[str]:
         target = src / staged
         target.parent.mkdir(parents=True, exist_ok=True)
         if origin.endswith(".ipynb"):
-            notebook = json.loads((ROOT / origin).read_text())
+            notebook = executed_copy(Path(origin).stem, executed) if executed else json.loads((ROOT / origin).read_text())
+            slim_widget_state(notebook)
             for cell in notebook["cells"]:
                 if cell["cell_type"] == "markdown":
                     cell["source"] = rewrite_links("".join(cell["source"]), origin, pages)
@@ -154,7 +170,7 @@ def execute(path: str, fast: bool) -> tuple[str, float, float]:
 def slim_widget_state(notebook) -> None:
     """Drop each widget's front-end code from the saved state (plotly's FigureWidget carries
     all of plotly.js, ~4 MB, per figure); the site draws figures with its own plotly.js."""
-    state = notebook.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+    state = notebook.get("metadata", {}).get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
     for model in state.get("state", {}).values():
         for key in ("_esm", "_css"):
             model.get("state", {}).pop(key, None)
@@ -230,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full", action="store_true", help="run the notebooks' full versions (default: SAZO_FAST=1)")
     parser.add_argument("--jobs", type=int, default=2, help="notebooks executed at once")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "book")
+    parser.add_argument("--executed", type=Path, default=None,
+                        help="a folder of the chapters already run in fast mode (their outputs are used as they are)")
     parser.add_argument("--execute", type=Path, help=argparse.SUPPRESS)  # internal: run one notebook
     args = parser.parse_args(argv)
     if args.execute:
@@ -239,15 +257,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         raise ValueError(f"Invalid jobs: {args.jobs}")
     out, fast = args.out.resolve(), not args.full
+    if args.executed and args.full:
+        raise ValueError("--executed takes fast-mode runs; --full executes the notebooks itself")
     src, html = out / "src", out / "html"
     start = time.perf_counter()
-    print(f"building the course website in {html} ({'fast' if fast else 'full'} mode, {args.jobs} at once)", flush=True)
-    chapters = stage(src)
+    how = f"executed in {args.executed}" if args.executed else f"{args.jobs} at once"
+    print(f"building the course website in {html} ({'fast' if fast else 'full'} mode, {how})", flush=True)
+    chapters = stage(src, args.executed and args.executed.resolve())
     shutil.rmtree(out / "labs", ignore_errors=True)
     labs = subprocess.Popen([sys.executable, "-m", "sazo_lite.course.labs", "assign", "--build", str(out / "labs")],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     try:
-        execute_all(src, chapters, fast, args.jobs, out / "logs")
+        if not args.executed:
+            execute_all(src, chapters, fast, args.jobs, out / "logs")
     finally:
         log, _ = labs.communicate()
     if labs.returncode != 0:

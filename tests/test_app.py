@@ -2,10 +2,11 @@
 
 Voilà runs the whole notebook before the page's widgets connect, so it catches what JupyterLab
 does not: a FigureWidget whose first draw never reached its synced state shows up empty
-(``Dashboard._repr_mimebundle_`` syncs it). This test starts ``voila`` from this environment on a
-free port over a scratch copy of notebooks/ in full mode, drives Debian's Chromium with
-Playwright (never ``playwright install``) and reads the dashboard's plot data from the DOM.
-Screenshots land in ``test-artifacts/``.
+(``Dashboard._repr_mimebundle_`` syncs it), and a progress bar closed before the page connects
+shows "Error displaying widget". This test starts ``voila`` from this environment on a free port
+over a scratch copy of notebooks/ in fast mode with the race's progress bars on (full mode shows
+them, fast mode leaves them off), drives Debian's Chromium with Playwright (never ``playwright
+install``) and reads the dashboard's plot data from the DOM. Screenshots land in ``test-artifacts/``.
 """
 from __future__ import annotations
 
@@ -24,10 +25,17 @@ from test_browser import ARTIFACTS, CHROMIUM, browser, free_port, press_slider, 
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = "05_the_race.ipynb"
-# The full notebook, as `make app` serves it (since its races tune η per method, about 2–3 minutes
-# on a busy 2-core machine; hence the long page timeouts below): its progress bars are widgets too,
-# and a bar closed before the page connects showed "Error displaying widget" in fast mode's blind spot.
-FULL_MODE_ENV = {key: value for key, value in os.environ.items() if key != "SAZO_FAST"}
+# Fast mode (full mode's races tune η per method for minutes), with the progress bars full mode
+# shows: they are widgets too, and a bar closed before the page connects broke the app once.
+FAST_MODE_ENV = {**os.environ, "SAZO_FAST": "1"}
+FULL_MODE_BARS = ("progress=not FAST", "progress=True")
+
+
+def with_progress_bars(notebook: Path) -> None:
+    """Turn on, in a scratch copy, the race's progress bars that fast mode leaves off."""
+    text = notebook.read_text()
+    assert text.count(FULL_MODE_BARS[0]) >= 3, f"{notebook.name} no longer passes progress=not FAST to its races"
+    notebook.write_text(text.replace(*FULL_MODE_BARS))
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
@@ -43,11 +51,12 @@ def app(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("app")
     for notebook in (ROOT / "notebooks").glob("*.ipynb"):
         shutil.copy(notebook, workdir)
+    with_progress_bars(workdir / NOTEBOOK)
     port = free_port()
     log = (workdir / "voila.log").open("w")
     server = subprocess.Popen(
         [str(voila), NOTEBOOK, "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1"],
-        cwd=workdir, env=FULL_MODE_ENV, stdout=log, stderr=subprocess.STDOUT,
+        cwd=workdir, env=FAST_MODE_ENV, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True)
 
     def answering():
@@ -106,16 +115,17 @@ def test_race_app_draws_and_reacts_to_ema_decay(app, browser):
     context = browser.new_context(viewport={"width": 1400, "height": 2400})
     page = context.new_page()
     try:
-        page.goto(url, timeout=600_000)  # Voilà runs the notebook before it shows it
-        page.wait_for_selector(_DASHBOARD_PLOT, timeout=600_000)
+        page.goto(url, timeout=300_000)  # Voilà runs the notebook before it shows it
+        page.wait_for_selector(_DASHBOARD_PLOT, timeout=300_000)
         body = page.inner_text("body")
         assert "Error displaying widget" not in body, "a widget failed to render"
         assert "Traceback" not in body, f"a cell raised:\n{body[-3000:]}"
+        assert page.locator(".widget-hprogress").count() >= 3, "the races' progress bars are not on the page"
         before = wait_until(lambda: drawn(dashboard_data(page)), 30,
                             "the dashboard's plot to hold trace data (an empty plot means the "
                             "FigureWidget's first draw never reached its widget state)")
         press_slider(page, "EMA decay", times=3, last=True)  # the race's (the 2-D paths picture's comes first)
-        wait_until(lambda: dashboard_data(page) != before, 180,   # β retrains SAZO over race 1's seeds; make test grades labs beside it
+        wait_until(lambda: dashboard_data(page) != before, 120,   # β retrains SAZO over race 1's seeds; make test grades labs beside it
                    "the plot to change after moving EMA decay β")
         assert drawn(dashboard_data(page))
         ARTIFACTS.mkdir(exist_ok=True)

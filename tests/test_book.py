@@ -145,6 +145,47 @@ def test_staged_links_point_at_pages_or_the_repository(tmp_path):
     assert "](06_llm_finetuning.md)" in solutions
 
 
+def _ran_copy(name: str, folder: Path, edit=None) -> Path:
+    """notebooks/<name>.ipynb as a run would leave it (an output and a count per code cell)."""
+    notebook = json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text())
+    for count, cell in enumerate((c for c in notebook["cells"] if c["cell_type"] == "code"), 1):
+        cell["execution_count"] = count
+        cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": f"ran cell {count}\n"}]
+    notebook.setdefault("metadata", {})["widgets"] = {"application/vnd.jupyter.widget-state+json": {
+        "state": {"m": {"state": {"_esm": "x" * 1000, "value": 3}}}}}
+    if edit:
+        edit(notebook)
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.ipynb").write_text(json.dumps(notebook))
+    return folder
+
+
+def test_staging_executed_chapters_keeps_their_outputs_and_refuses_stale_or_unrun_ones(tmp_path):
+    ran = tmp_path / "ran"
+    for name in CHAPTERS:
+        _ran_copy(name, ran)
+    book_build.stage(tmp_path / "src", ran)
+    staged = json.loads((tmp_path / "src" / f"{CHAPTERS[0]}.ipynb").read_text())
+    assert [c["outputs"][0]["text"] for c in staged["cells"] if c["cell_type"] == "code"][:2] == ["ran cell 1\n", "ran cell 2\n"]
+    model = staged["metadata"]["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]["m"]["state"]
+    assert model == {"value": 3}                        # the widget's front-end code is dropped
+
+    def edited(notebook):                               # run before someone edited a line of code
+        cell = next(c for c in notebook["cells"] if c["cell_type"] == "code")
+        cell["source"] = "".join(cell["source"]) + "\n# edited"
+
+    _ran_copy(CHAPTERS[-1], ran, edited)
+    with pytest.raises(RuntimeError, match="does not hold the code"):
+        book_build.stage(tmp_path / "src", ran)
+
+    def unrun(notebook):                                # a run that stopped half-way
+        next(c for c in notebook["cells"] if c["cell_type"] == "code")["execution_count"] = None
+
+    _ran_copy(CHAPTERS[-1], ran, unrun)
+    with pytest.raises(RuntimeError, match="never ran"):
+        book_build.stage(tmp_path / "src", ran)
+
+
 def test_rewrite_links_leaves_external_links_and_anchors():
     pages = {"notebooks/README.md": "README.md"}
     text = "[a](https://x.org/y) [b](#here) [c](mailto:a@b) [d](missing.md)"
@@ -170,14 +211,19 @@ def site(tmp_path_factory):
     """Build the site once (fast mode) and serve it on a free local port; yields (url, out dir).
 
     ``SAZO_BOOK_OUT=<dir>`` reuses a site already built there (``book/build.py --out <dir>``)
-    instead of building one, for working on the pages; ``make test`` always builds afresh.
+    instead of building one, for working on the pages. ``make test`` builds afresh from the
+    chapters its nbmake step ran (``SAZO_BOOK_EXECUTED=<dir>``: ``book/build.py --executed <dir>``,
+    which refuses copies whose code differs from the committed notebooks); without it the build
+    executes them itself.
     """
     reuse = os.environ.get("SAZO_BOOK_OUT")
     if reuse:
         out = Path(reuse)
     else:
         out = tmp_path_factory.mktemp("book")
-        done = subprocess.run([sys.executable, str(ROOT / "book" / "build.py"), "--out", str(out)],
+        executed = os.environ.get("SAZO_BOOK_EXECUTED")
+        done = subprocess.run([sys.executable, str(ROOT / "book" / "build.py"), "--out", str(out),
+                               *(["--executed", executed] if executed else [])],
                               capture_output=True, text=True, cwd=ROOT, timeout=2400)
         assert done.returncode == 0, f"book/build.py failed:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
     html = out / "html"
