@@ -25,6 +25,7 @@ import pytest
 pytest.importorskip("otter")
 
 from sazo_lite.course import labs  # noqa: E402
+from sazo_lite.course.labs import grading  # noqa: E402
 
 MASTERS = labs.find_masters()
 
@@ -337,21 +338,26 @@ def graded(built, tmp_path_factory):
         rows = labs.grade_all(labs.autograder_zip(stem, build_dir=built[stem].parent), jobs[stem], csv_path, workers=1)
         return stem, ({r["submission"]: r for r in rows}, csv_path, time.monotonic() - start)
 
+    zip1 = labs.autograder_zip(lab1, build_dir=out1.parent)
+
+    def grade_one(path, **limits):
+        start = time.monotonic()
+        row = labs.grade(path, zip1, root / "cheat_out" / path.stem, **limits)
+        return path.name, {**row, "seconds": time.monotonic() - start}
+
     temp_before = _grader_temp_files()
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SAZO_FAST", "1")  # the graders inherit it
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            results = dict(pool.map(grade_folder, jobs))
-        zip1 = labs.autograder_zip(lab1, build_dir=out1.parent)
-        rows = results[lab1][0]
-        for path in sorted(cheats.glob("*.ipynb")):
-            start = time.monotonic()
-            rows[path.name] = labs.grade(path, zip1, root / "cheat_out" / path.stem)
-            rows[path.name]["seconds"] = time.monotonic() - start
-        start = time.monotonic()
-        rows["hangs.ipynb"] = labs.grade(hangs / "hangs.ipynb", zip1, root / "cheat_out" / "hangs",
-                                         cell_timeout=HANG_CELL, test_timeout=HANG_TEST, notebook_timeout=300)
-        rows["hangs.ipynb"]["seconds"] = time.monotonic() - start
+        grading.reference(zip1, cell_timeout=labs.CELL_TIMEOUT, test_timeout=labs.TEST_TIMEOUT,  # lab 1's reference
+                               notebook_timeout=labs.NOTEBOOK_TIMEOUT)  # once (cached), before its graders share it
+        with ThreadPoolExecutor(max_workers=2) as pool:  # one queue: the hangs (longest) first, then the labs, the cheats
+            hang = pool.submit(grade_one, hangs / "hangs.ipynb", cell_timeout=HANG_CELL, test_timeout=HANG_TEST,
+                               notebook_timeout=300)
+            folders = [pool.submit(grade_folder, stem) for stem in jobs]
+            singles = [pool.submit(grade_one, path) for path in sorted(cheats.glob("*.ipynb"))]
+            results = dict(job.result() for job in folders)
+            rows = results[lab1][0]
+            rows.update(job.result() for job in [hang, *singles])
     time.sleep(2)  # a detached writer that survived would have rewritten its target by now
     rows["_temp_left"] = _grader_temp_files() - temp_before
     rows["_root"] = root

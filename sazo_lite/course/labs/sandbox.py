@@ -326,13 +326,13 @@ class Sandbox:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
-        if self.kind == "bwrap":
+        if self.kind == "bwrap":  # bwrap's init dies with it and takes the namespace along; do not wait for that
             deadline = time.monotonic() + timeout
-            while self.leftover_processes() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            for pid in self.leftover_processes():  # bwrap's init died with it; belt and braces
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            while (left := self.leftover_processes()) and time.monotonic() < deadline:
+                for pid in left:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                time.sleep(0.01)
         else:
             _kill_session(self.process.pid)
         if self._cgroup is not None:
@@ -342,16 +342,26 @@ class Sandbox:
             self._scratch = None
 
     def leftover_processes(self) -> list[int]:
-        """Processes still alive in the sandbox's PID namespace (bwrap only; [] once it is gone)."""
+        """Processes still alive in the sandbox's PID namespace (bwrap only; [] once it is gone).
+
+        A zombie is not alive: it runs nothing and holds nothing but its exit status, which
+        whoever adopted it (pid 1, at its own pace) reads.
+        """
         if self.pid_namespace is None:
             return []
         alive = []
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 with contextlib.suppress(OSError):
-                    if os.readlink(f"/proc/{entry}/ns/pid") == self.pid_namespace:
+                    if os.readlink(f"/proc/{entry}/ns/pid") == self.pid_namespace and not _zombie(entry):
                         alive.append(int(entry))
         return alive
+
+
+def _zombie(pid: str) -> bool:
+    """Whether /proc/<pid> is a zombie (state Z; the state follows the ')' that ends the command name)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def _kill_session(session: int) -> None:
