@@ -114,6 +114,13 @@ def test_race_app_draws_and_reacts_to_ema_decay(app, browser):
     url, log = app
     context = browser.new_context(viewport={"width": 1400, "height": 2400})
     page = context.new_page()
+    kernel_frames = []  # frames the page received on its kernel's websocket
+
+    def on_websocket(socket):
+        if "/api/kernels/" in socket.url:
+            socket.on("framereceived", lambda frame: kernel_frames.append(1))
+
+    page.on("websocket", on_websocket)
     try:
         page.goto(url, timeout=300_000)  # Voilà runs the notebook before it shows it
         page.wait_for_selector(_DASHBOARD_PLOT, timeout=300_000)
@@ -124,6 +131,9 @@ def test_race_app_draws_and_reacts_to_ema_decay(app, browser):
         before = wait_until(lambda: drawn(dashboard_data(page)), 30,
                             "the dashboard's plot to hold trace data (an empty plot means the "
                             "FigureWidget's first draw never reached its widget state)")
+        # Voilà shows the outputs while it runs the notebook and opens the page's kernel websocket only
+        # after: a slider moved before then changes the page but never reaches the kernel.
+        wait_until(lambda: kernel_frames, 120, "the page's websocket to its kernel to carry messages")
         press_slider(page, "EMA decay", times=3, last=True)  # the race's (the 2-D paths picture's comes first)
         wait_until(lambda: dashboard_data(page) != before, 120,   # β retrains SAZO over race 1's seeds; make test grades labs beside it
                    "the plot to change after moving EMA decay β")
