@@ -34,7 +34,8 @@ app: install
 # First nbmake runs every notebook in fast mode, on copies in $(EXECUTED) that keep their outputs
 # (--overwrite); the book test then builds the site from those runs instead of running them again.
 # The Voilà app test runs last, alone: beside a busy test process its page sometimes never showed
-# the redraw the kernel had sent (3 of 6 runs under load; the cause is not found).
+# the redraw the kernel had sent (3 of the last 4 full-suite runs, 4 of 9 beside two CPU-bound processes;
+# the cause is not found).
 TEST_JOBS ?= 2
 XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
 EXECUTED := build/executed
