@@ -52,8 +52,9 @@ test-browser: install
 bench: install
 	$(PY) -m benchmarks.run
 
-# Language models (SmolLM2 + the four tiny families): queries to 70%/50% of F(θ₀), uniform/SAZO/oracle.
-# ~30 min on 2 cores; BENCH_LLM_ARGS=--quick for a pilot of a few minutes.
+# Language models (SmolLM2 + the four tiny families): queries to 50%/30% of F(θ₀), uniform/SAZO/oracle
+# (the protocol: docs/llm.md; its run time is not yet measured on an idle machine).
+# BENCH_LLM_ARGS=--quick for the pilot (the continual set, B = 1, one seed; 70%/50% of F(θ₀)).
 BENCH_LLM_ARGS ?=
 .PHONY: bench-llm
 bench-llm: install
