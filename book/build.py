@@ -93,6 +93,7 @@ def executed_copy(name: str, executed: Path):
         raise RuntimeError(f"{executed / name}.ipynb does not hold the code of notebooks/{name}.ipynb: run it again")
     if any(c["cell_type"] == "code" and c["source"] and c.get("execution_count") is None for c in ran["cells"]):
         raise RuntimeError(f"{executed / name}.ipynb has cells that never ran")
+    slim_widget_state(ran)
     return ran
 
 
@@ -117,7 +118,6 @@ def stage(src: Path, executed: Path | None = None) -> list[str]:
         target.parent.mkdir(parents=True, exist_ok=True)
         if origin.endswith(".ipynb"):
             notebook = executed_copy(Path(origin).stem, executed) if executed else json.loads((ROOT / origin).read_text())
-            slim_widget_state(notebook)
             for cell in notebook["cells"]:
                 if cell["cell_type"] == "markdown":
                     cell["source"] = rewrite_links("".join(cell["source"]), origin, pages)

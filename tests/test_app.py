@@ -132,10 +132,10 @@ def test_race_app_draws_and_reacts_to_ema_decay(app, browser):
                             "the dashboard's plot to hold trace data (an empty plot means the "
                             "FigureWidget's first draw never reached its widget state)")
         # Voilà shows the outputs while it runs the notebook and opens the page's kernel websocket only
-        # after: a slider moved before then changes the page but never reaches the kernel.
+        # after it: move the slider once that websocket carries messages.
         wait_until(lambda: kernel_frames, 120, "the page's websocket to its kernel to carry messages")
         press_slider(page, "EMA decay", times=3, last=True)  # the race's (the 2-D paths picture's comes first)
-        wait_until(lambda: dashboard_data(page) != before, 120,   # β retrains SAZO over race 1's seeds; make test grades labs beside it
+        wait_until(lambda: dashboard_data(page) != before, 120,   # β retrains SAZO over race 1's seeds
                    "the plot to change after moving EMA decay β")
         assert drawn(dashboard_data(page))
         ARTIFACTS.mkdir(exist_ok=True)

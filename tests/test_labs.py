@@ -348,8 +348,9 @@ def graded(built, tmp_path_factory):
     temp_before = _grader_temp_files()
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SAZO_FAST", "1")  # the graders inherit it
-        grading.reference(zip1, cell_timeout=labs.CELL_TIMEOUT, test_timeout=labs.TEST_TIMEOUT,  # lab 1's reference
-                               notebook_timeout=labs.NOTEBOOK_TIMEOUT)  # once (cached), before its graders share it
+        # lab 1's reference once (cached), before the graders that share it start at the same time
+        grading.reference(zip1, cell_timeout=labs.CELL_TIMEOUT, test_timeout=labs.TEST_TIMEOUT,
+                          notebook_timeout=labs.NOTEBOOK_TIMEOUT)
         with ThreadPoolExecutor(max_workers=2) as pool:  # one queue: the hangs (longest) first, then the labs, the cheats
             hang = pool.submit(grade_one, hangs / "hangs.ipynb", cell_timeout=HANG_CELL, test_timeout=HANG_TEST,
                                notebook_timeout=300)
@@ -499,7 +500,6 @@ def test_hangs_get_their_honest_points_within_the_timeouts(graded):
 @pytest.mark.parametrize("require", ["auto", "none"])
 def test_a_case_that_swallows_its_timeout_is_killed_and_the_rest_still_graded(require):
     """In the sandbox and unconfined (the fallback without bwrap) alike."""
-    from sazo_lite.course.labs import grading
 
     cells = [(0, "def spin():\n    while True:\n        try:\n            while True:\n                pass\n"
                  "        except:\n            pass\n"), (1, "x = 3")]

@@ -10,9 +10,10 @@ pytest.importorskip("transformers")
 
 from sazo_lite import OracleSampler
 from sazo_lite.llm import TINY_FAMILIES, TokenBatch, add_lora, tiny_causal_lm, trainable_parameters
-from sazo_lite.llm.continual import SET_NAMES, first_round, heterogeneity, keep_alike, make_continual_set
-from sazo_lite.llm.grad_norms import (RefreshingNorms, example_losses, grad_norms, linear_grad_norms,
-                                      loop_grad_norms)
+from sazo_lite.llm.continual import (SET_NAMES, first_round, heterogeneity, keep_alike, make_continual_set,
+                                     predicted_gains)
+from sazo_lite.llm.grad_norms import (RefreshingNorms, example_losses, full_gradient_norm, grad_norms,
+                                      linear_grad_norms, loop_grad_norms)
 from sazo_lite.llm.queries import query_run, queries_to, sampling_diagnostics
 from sazo_lite.variance import oracle_probs, sampling_variance
 
@@ -348,8 +349,6 @@ def test_the_balanced_sets_new_gradients_do_not_point_one_way_on_a_tiny_model():
     """Measured heterogeneity and alignment: after a first round the assimilated norms are small, the new
     examples' gradients (distinct answers) are less aligned than the continual set's yes-pushing ones."""
     from sazo_lite.llm import minilm_dir
-    from sazo_lite.llm.continual import predicted_gains
-    from sazo_lite.llm.grad_norms import full_gradient_norm
     from transformers import AutoTokenizer
 
     from sazo_lite.course.config import one_thread
@@ -358,13 +357,13 @@ def test_the_balanced_sets_new_gradients_do_not_point_one_way_on_a_tiny_model():
     designs = {}
     for name in ("balanced", "continual"):
         with one_thread():   # the 60-step first round amplifies rounding: 2 threads give other numbers
-            designs[name] = _tiny_design(name, tokenizer, predicted_gains, full_gradient_norm)
+            designs[name] = _tiny_design(name, tokenizer)
     assert designs["balanced"]["v_uniform_ratio"] > 3
     assert designs["balanced"]["grad_sq_ratio"] < 0.5 * designs["continual"]["grad_sq_ratio"]
     assert designs["balanced"]["gain"][4] > 0.6 * designs["balanced"]["gain"][1]   # the gain survives B = 4
 
 
-def _tiny_design(name, tokenizer, predicted_gains, full_gradient_norm):
+def _tiny_design(name, tokenizer):
     """The θ₀ design of a set on a tiny llama after its first round (true norms by backprop)."""
     cset = make_continual_set(name, num_train=24, new_fraction=1 / 3, num_test=2, seed=0)
     model = tiny_causal_lm("llama", vocab_size=tokenizer.vocab_size, seed=0)

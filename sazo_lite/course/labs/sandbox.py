@@ -326,7 +326,7 @@ class Sandbox:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
-        if self.kind == "bwrap":  # bwrap's init dies with it and takes the namespace along; do not wait for that
+        if self.kind == "bwrap":  # kill whatever still runs in the namespace until nothing does (zombies do not)
             deadline = time.monotonic() + timeout
             while (left := self.leftover_processes()) and time.monotonic() < deadline:
                 for pid in left:
