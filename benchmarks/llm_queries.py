@@ -85,6 +85,7 @@ def smollm2_start(set_name: str, args, *, full: bool = False, num_train: int | N
     cset = make_continual_set(set_name, num_train=num_train, new_fraction=new_fraction,
                               num_test=args.num_test, seed=0, pool=2 * num_train if set_name == "homogeneous" else None)
     # the same cache key as notebook 06, so either one runs the first round for both
+    # "opposed" shares the continual set's setup (same sizes, same seed), so its first round too
     prefix = "smollm2-r" if set_name != "balanced" else "smollm2-balanced-r"
     cached_first_round(model, params, cset, tokenizer, steps=args.setup_steps, lr=3e-3, progress=False,
                        key=f"{prefix}{args.rank}-n{num_train}-f{new_fraction:.3f}")
@@ -154,14 +155,15 @@ def settings(args) -> list[Setting]:
                                {"uniform": 2.5e-4, "sazo": 2.5e-4, "oracle": 7e-4}, 1, args.steps, args.log_every, cells=args.cells,
                                grid_seeds=args.grid_seeds, seeds=args.seeds, stale_every=args.stale_every,
                                diagnose=args.diagnose_every, budget_runs=False))
-        elif name == "balanced":    # designed for B > 1; opt-in (--sets ... balanced): hours on 2 CPU cores
-            out.append(Setting(f"SmolLM2 LoRA r{args.rank} balanced (N={args.big_n}, B={args.big_batch})",
-                               lambda: smollm2_start("balanced", args, num_train=args.big_n,
-                                                     new_fraction=args.big_new_fraction),
-                               {v: args.big_start for v in args.variants}, args.big_batch, args.big_steps,
+        elif name in ("balanced", "opposed"):   # designed for B > 1; opt-in (--sets ...): hours on 2 CPU cores
+            out.append(Setting(f"SmolLM2 LoRA r{args.rank} {name} (N={args.big_n}, B={args.big_batch})",
+                               lambda name=name: smollm2_start(name, args, num_train=args.big_n,
+                                                               new_fraction=args.big_new_fraction),
+                               {v: args.big_start * (args.oracle_start_factor if v.startswith("oracle") else 1)
+                                for v in args.variants}, args.big_batch, args.big_steps,
                                args.big_log_every, variants=tuple(args.variants), cells=args.cells,
                                grid_seeds=args.grid_seeds, seeds=args.seeds, oracle_every=args.big_oracle_every,
-                               diagnose=args.diagnose_every, cost=4.0))
+                               diagnose=args.diagnose_every, cost=4.0, budget_runs=not args.no_budget))
         elif name == "homogeneous":  # the control: every example new and alike; SAZO must not lose
             out.append(Setting(f"SmolLM2 LoRA r{args.rank} homogeneous (N={args.num_train}, B={args.big_batch})",
                                lambda: smollm2_start("homogeneous", args), {"uniform": 1e-3, "sazo": 1e-3},
@@ -342,7 +344,8 @@ def run_units(args, mine: list[tuple[int, str]], measure: bool) -> dict:
         del model, params
     if measure:
         for set_name in args.measure_sets:
-            sizes = dict(num_train=args.big_n, new_fraction=args.big_new_fraction) if set_name == "balanced" else {}
+            sizes = (dict(num_train=args.big_n, new_fraction=args.big_new_fraction)
+                     if set_name in ("balanced", "opposed") else {})
             model, params, train, _, _ = smollm2_start(set_name, args, **sizes)
             norms = grad_norms(model, train, params)
             report["measured_only"][set_name] = predicted_gains(norms, full_gradient_norm(model, train, params))
@@ -411,10 +414,10 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true",
                         help="pilot (≤ 8 min idle): the continual set only, 1 seed, 2 rates per sampler from the diagnosis's, 120 steps")
     parser.add_argument("--sets", nargs="*", default=["continual", "homogeneous"],
-                        help="raced sets (add 'balanced' for the B = 4 race on N = 192: hours on 2 CPU cores)")
+                        help="raced sets (add 'opposed' or 'balanced' for the B = 4 race on N = 192: hours on 2 CPU cores)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
-                        help="the samplers raced on the balanced set (+rule: with the step rule)")
-    parser.add_argument("--measure-sets", nargs="*", default=["flipped", "balanced"],
+                        help="the samplers raced on the opposed and balanced sets (+rule: with the step rule)")
+    parser.add_argument("--measure-sets", nargs="*", default=["flipped", "balanced", "opposed"],
                         help="sets whose θ₀ design (V(u)/V(p*), ‖∇F‖²/V(p*)) is measured without runs")
     parser.add_argument("--targets", type=float, nargs=2, default=[0.5, 0.3], help="fractions of F(θ₀)")
     parser.add_argument("--diagnose-every", type=int, default=4, help="SAZO diagnostics every n-th log point")
@@ -432,14 +435,19 @@ def parse_args(argv=None):
     parser.add_argument("--stale-every", type=int, default=25,
                         help="continual set: also race the old benchmark's stale oracle (norms refreshed every k steps)")
     parser.add_argument("--oracle-mix", type=float, default=0.0, help="the oracle's uniform mix λ (0: exact p*)")
-    parser.add_argument("--big-n", type=int, default=192, help="N of the balanced set")
+    parser.add_argument("--big-n", type=int, default=192, help="N of the opposed and balanced sets")
     parser.add_argument("--big-new-fraction", type=float, default=0.125)
     parser.add_argument("--big-batch", type=int, default=4)
     parser.add_argument("--big-steps", type=int, default=600)
     parser.add_argument("--big-log-every", type=int, default=25)
-    parser.add_argument("--big-start", type=float, default=5e-4, help="first rate of the balanced set's grids")
+    parser.add_argument("--big-start", type=float, default=5e-4, help="first rate of the opposed and balanced sets' grids")
+    parser.add_argument("--oracle-start-factor", type=float, default=1.0,
+                        help="the oracle's grid starts this many times higher (its edge is higher; fewer runs)")
     parser.add_argument("--big-oracle-every", type=int, default=5,
-                        help="k on the balanced set (one backprop over N per refresh; V(p_stale)/V(p*) is reported)")
+                        help="k on the opposed and balanced sets (one backprop over N per refresh; V(p_stale)/V(p*) is reported)")
+    parser.add_argument("--no-budget", action="store_true",
+                        help="opposed/balanced: the chosen-rate seeds stop at the target too (no held-out accuracy "
+                             "after a fixed budget; a pilot)")
     parser.add_argument("--full-start", type=float, default=0.0,
                         help="full-parameter SmolLM2: first grid rate (0: skip; e.g. 1e-5)")
     parser.add_argument("--full-steps", type=int, default=60)

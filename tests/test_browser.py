@@ -3,15 +3,17 @@
 Headless kernel tests cannot see what students hit: "Error displaying widget", a FigureWidget
 that never renders, a widget-manager mismatch. This test starts ``jupyter-lab`` from this
 environment on a free port with a random token, drives Debian's Chromium with Playwright
-(never ``playwright install``), runs notebooks in fast mode and reads plot data from the DOM.
+(never ``playwright install``), runs each notebook's dashboards in fast mode and reads plot data
+from the DOM. The server holds copies that keep a notebook's import cell and the cells that build
+its dashboards, as the notebook writes them (nbmake runs every whole notebook already).
 Run it alone with ``make test-browser``; screenshots land in ``test-artifacts/``.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -55,7 +57,7 @@ def lab(tmp_path_factory):
     """A jupyter-lab server over a scratch copy of notebooks/ (so outputs never reach the repo)."""
     workdir = tmp_path_factory.mktemp("lab")
     for notebook in (ROOT / "notebooks").glob("*.ipynb"):
-        shutil.copy(notebook, workdir)
+        dashboard_copy(notebook, workdir / notebook.name)
     port, token = free_port(), secrets.token_hex(16)
     server = subprocess.Popen(
         [str(Path(sys.executable).parent / "jupyter-lab"), "--no-browser", "--allow-root",
@@ -78,6 +80,17 @@ def lab(tmp_path_factory):
         yield url, token
     finally:
         stop_server(server, url, token)
+
+
+def dashboard_copy(source: Path, target: Path) -> None:
+    """``source`` with only its first code cell (the imports) and the code cells that build a dashboard
+    (a call of ``*_dashboard(``), unchanged and in order; markdown dropped."""
+    import nbformat
+
+    notebook = nbformat.read(source, as_version=4)
+    code = [c for c in notebook.cells if c.cell_type == "code"]
+    notebook.cells = code[:1] + [c for c in code[1:] if re.search(r"\w_dashboard\(", c.source)]
+    nbformat.write(notebook, target)
 
 
 def stop_server(server: subprocess.Popen, url: str, token: str) -> None:

@@ -157,8 +157,12 @@ def parse_master(path):
     return program, tests
 
 
-def run_question(lab, question, replacements=()):
-    """Run the master's cells up to `question` (with replacements in its cells), then its cases."""
+def run_question(lab, question, replacements=(), until_failed=None):
+    """Run the master's cells up to `question` (with replacements in its cells), then its cases.
+
+    ``until_failed``: the reference results; the cases stop after the first that fails against it
+    (a mutant needs one failed case, and later cases of a long question cost seconds each).
+    """
     program, tests = parse_master(labs.resolve_master(lab))
     order = list(tests)
     upto, skip = order.index(question), NOT_NEEDED.get((lab, question), set())
@@ -175,7 +179,12 @@ def run_question(lab, question, replacements=()):
         exec(compile(source, f"<{lab} {owner}>", "exec"), namespace)
     missing = [old for old, _ in replacements if old not in applied]
     assert not missing, f"mutant text not found in {lab} {question}: {missing}"
-    return [run_case(source, namespace, f"<{question} case {k}>") for k, source in enumerate(tests[question])]
+    results = []
+    for k, source in enumerate(tests[question]):
+        results.append(run_case(source, namespace, f"<{question} case {k}>"))
+        if until_failed is not None and failed_cases(until_failed, results):
+            break
+    return results
 
 
 def failed_cases(reference, results):
@@ -230,7 +239,8 @@ def test_every_mutant_loses_points_on_its_question(lab, question):
     assert len(mutants) >= 3
     survivors = []
     for name, replacements in mutants:
-        if not failed_cases(reference(lab, question), run_question(lab, question, replacements)):
+        want = reference(lab, question)
+        if not failed_cases(want, run_question(lab, question, replacements, until_failed=want)):
             survivors.append(name)
     assert not survivors, f"{lab} {question}: wrong answers that keep full marks: {survivors}"
 

@@ -16,6 +16,7 @@ from sazo_lite.llm.grad_norms import (RefreshingNorms, example_losses, full_grad
                                       linear_grad_norms, loop_grad_norms)
 from sazo_lite.llm.queries import query_run, queries_to, sampling_diagnostics
 from sazo_lite.variance import oracle_probs, sampling_variance
+from sazo_lite.llm.tasks import _NEGATIVE, _POSITIVE
 
 VOCAB = 128
 
@@ -361,6 +362,19 @@ def test_the_balanced_sets_new_gradients_do_not_point_one_way_on_a_tiny_model():
     assert designs["balanced"]["v_uniform_ratio"] > 3
     assert designs["balanced"]["grad_sq_ratio"] < 0.5 * designs["continual"]["grad_sq_ratio"]
     assert designs["balanced"]["gain"][4] > 0.6 * designs["balanced"]["gain"][1]   # the gain survives B = 4
+
+
+def test_the_opposed_set_asks_the_first_rounds_question_the_other_way_with_balanced_labels():
+    s = make_continual_set("opposed", num_train=48, new_fraction=1 / 6, num_test=8, seed=0)
+    continual = make_continual_set("continual", num_train=48, new_fraction=1 / 6, num_test=8, seed=0)
+    new = [s.task.train[i] for i in s.new]
+    assert [e.prompt for e in s.setup] == [e.prompt for e in continual.setup]      # one first round serves both
+    assert [e.label for e in new] == [1, 0] * 4 and [e.label for e in s.task.test] == [1, 0] * 4
+    assert all(e.kind == "negated" and "dislike" in e.prompt for e in new + s.task.test)
+    for e in new:     # the answer is the opposite of the review's sentiment
+        adjective = e.prompt.split(" was ", 1)[1].split(".", 1)[0]
+        assert e.label == (adjective in _NEGATIVE) and (adjective in _POSITIVE) != (adjective in _NEGATIVE)
+    assert s.task.label_words == [" no", " yes"]
 
 
 def _tiny_design(name, tokenizer):

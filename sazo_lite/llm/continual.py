@@ -22,6 +22,14 @@ with no label noise:
   new gradients push different label words up and do not all point one way (in "continual" three
   of four new questions need " yes", and ‖∇F‖² ≈ ½·V(p*) kills the gain by B ≈ 4). The held-out
   split holds other things of the same groups (new instances of the rule).
+* ``"opposed"`` (the other design for B > 1): the continual set's first round, then a small share of
+  new questions of a new rule that the first round's habit gets wrong *both ways*: the sentiment
+  review asked the other way round ("Did the reviewer dislike it?"; balanced labels). The habit says
+  " yes" to a liked review, so a liked one now needs " no" and a disliked one " yes": under the
+  two-word softmax their gradients with respect to the logit difference have opposite signs, and
+  what is left of ∇F is what tells the two apart. (New yes/no questions of other kinds, with
+  balanced labels, do not do this: after the first round the model answers them " no" with
+  confidence, so their no-labelled half is assimilated already and the rest all need " yes".)
 * ``"flipped"``: ``make_task("sentiment", noise=0.15)``, the cautionary case (a flipped label keeps
   a large loss, so large-gradient examples are noise there).
 
@@ -47,7 +55,7 @@ from .tasks import ClassificationTask, Example, _CATEGORIES, _NEGATIVE, _NOUNS, 
 __all__ = ["ContinualSet", "make_continual_set", "keep_alike", "predicted_gains", "GROUPS", "first_round", "cached_first_round", "heterogeneity",
            "SET_NAMES"]
 
-SET_NAMES = ("continual", "homogeneous", "flipped", "balanced")
+SET_NAMES = ("continual", "homogeneous", "flipped", "balanced", "opposed")
 WORDS, NAMES = [" no", " yes"], ["no", "yes"]
 GROUPS = {" animal": ["dog", "cat", "horse", "cow", "lion", "tiger", "rabbit", "eagle", "sheep", "goat", "wolf",
                       "bear", "mouse", "duck", "fox", "deer"],
@@ -64,7 +72,7 @@ class ContinualSet:
     """A training set for continual tuning.
 
     Attributes:
-        name: "continual", "homogeneous" or "flipped".
+        name: one of ``SET_NAMES``.
         task: the ``ClassificationTask`` (train: what ZO tunes on; test: held-out new questions).
         setup: examples the first round tunes on (empty for "flipped": no first round).
         assimilated: train indices that the first round covered (the setup examples themselves).
@@ -89,6 +97,12 @@ def _sentiment_question(rng: random.Random) -> Example:
                    "sentiment")
 
 
+def _negated_sentiment_question(rng: random.Random, liked: int) -> Example:
+    noun, adjective = rng.choice(_NOUNS), rng.choice(_POSITIVE if liked else _NEGATIVE)
+    return Example(f"Review: The {noun} was {adjective}.\nDid the reviewer dislike it?\nAnswer:", 1 - liked,
+                   1 - liked, "negated")
+
+
 def _number_question(rng: random.Random) -> Example:
     a, b = rng.sample(range(1, 100), 2)
     return Example(f"Question: Is {a} larger than {b}?\nAnswer:", int(a > b), int(a > b), "numbers")
@@ -109,7 +123,9 @@ def make_continual_set(name: str = "continual", *, num_train: int = 32, new_frac
 
     Args:
         name: "continual" (assimilated sentiment + a ``new_fraction`` of new questions),
-            "homogeneous" (the continual set's first round, then new questions only; see ``pool``) or "flipped" (15% flipped sentiment labels).
+            "homogeneous" (the continual set's first round, then new questions only; see ``pool``),
+            "flipped" (15% flipped sentiment labels), "balanced" (new group questions) or "opposed" (new
+            negated sentiment questions, labels alternating, train and test).
         num_train: N.
         new_fraction: share of new examples in "continual" (V(u)/V(p*) ≈ 1/new_fraction when the
             assimilated norms are ≈ 0 and the new ones alike).
@@ -142,6 +158,8 @@ def make_continual_set(name: str = "continual", *, num_train: int = 32, new_frac
     new_kinds = [_number_question, _category_question]
 
     def new_example(k: int) -> Example:
+        if name == "opposed":
+            return _negated_sentiment_question(rng, liked=k % 2)   # alternating: balanced labels
         return new_kinds[k % len(new_kinds)](rng)
 
     num_new = min(num_train, max(1, round(new_fraction * num_train)))
