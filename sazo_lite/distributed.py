@@ -122,8 +122,10 @@ def main(argv=None) -> None:
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     try:
         weights = run_demo(args.steps, args.batch_size, args.crash_rank, args.crash_step)
-        if dist.get_rank() == 0 and args.out:
-            torch.save(weights, args.out)
+        if dist.get_rank() == 0 and args.out:      # atomic: a reader never sees half a file
+            partial = f"{args.out}.{os.getpid()}.tmp"
+            torch.save(weights, partial)
+            os.replace(partial, args.out)
         dist.barrier()  # no rank tears down while another still talks to it
     finally:
         dist.destroy_process_group()

@@ -40,7 +40,18 @@ class Float32Master:
 
     @torch.no_grad()
     def sync(self) -> None:
-        """Copy master → model parameters (cast to each parameter's dtype)."""
+        """Copy master → model parameters (cast to each parameter's dtype).
+
+        Raises ``OverflowError``, with every model parameter left as it was, when a master value
+        lies outside its parameter's range (float16: |x| > 65504): the cast would write ±inf.
+        """
+        for k, (p, master) in enumerate(zip(self.params, self.tensors)):
+            limit = torch.finfo(p.dtype).max if p.dtype.is_floating_point else None
+            if limit is not None and limit < torch.finfo(torch.float32).max:     # float16: a narrower range
+                top = float(master.abs().max()) if master.numel() else 0.0
+                if top > limit:
+                    raise OverflowError(f"Float32Master.sync: parameter {k} has a master value of size {top:.4g}, "
+                                        f"beyond {p.dtype}'s largest {limit:.6g}; the model was not changed")
         for p, master in zip(self.params, self.tensors):
             p.copy_(master)
 

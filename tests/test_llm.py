@@ -173,6 +173,24 @@ def test_bfloat16_restore_drift_is_within_bound_and_float32_master_removes_it():
     assert master_drift < 1e-3 * max(float(d.max()) for d in drift)  # float32 rounding, cast once
 
 
+def test_float32_master_refuses_to_write_inf_into_float16_and_changes_nothing():
+    params = [torch.tensor([1.0, -2.0], dtype=torch.float16), torch.tensor([3.0], dtype=torch.float16)]
+    master = Float32Master(params)
+    master.tensors[0].add_(0.5)                       # an ordinary step: synced, rounded once
+    master.tensors[1].fill_(7e4)                      # past float16's largest, 65504: the cast gives inf
+    with pytest.raises(OverflowError, match=r"parameter 1 .*float16"):
+        master.sync()
+    assert params[0].tolist() == [1.0, -2.0] and params[1].tolist() == [3.0]   # not even parameter 0
+    master.tensors[1].fill_(6.5e4)                    # in range: synced
+    master.sync()
+    assert params[0].tolist() == [1.5, -1.5] and params[1].item() == pytest.approx(6.5e4, rel=1e-3)
+    wide = [torch.tensor([1.0], dtype=torch.bfloat16)]
+    big = Float32Master(wide)
+    big.tensors[0].fill_(1e30)                        # bfloat16 has float32's range: no refusal
+    big.sync()
+    assert torch.isfinite(wide[0]).all()
+
+
 # -- tasks ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["sentiment", "numbers", "yesno"])
 def test_task_has_exact_noise_clean_test_and_is_seeded(name):
