@@ -36,16 +36,12 @@ app: install
 # The Voilà app test runs last, alone: beside a busy test process its page sometimes never showed
 # the redraw the kernel had sent (3 of the last 4 full-suite runs, 4 of 9 beside two CPU-bound processes;
 # the cause is not found).
-# With several processes every notebook kernel gets one torch thread (tests/conftest.py does the same
-# for the test processes): two kernels with two threads each oversubscribe two cores, and the tiny
-# tensors of fast mode then run several times slower.
 TEST_JOBS ?= 2
 XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
-KERNEL_THREADS = $(if $(filter 0 1,$(TEST_JOBS)),,OMP_NUM_THREADS=1)
 EXECUTED := build/executed
 test: install sandbox
 	rm -rf $(EXECUTED) && mkdir -p $(EXECUTED) && cp notebooks/*.ipynb $(EXECUTED)/
-	SAZO_FAST=1 $(KERNEL_THREADS) $(PY) -m pytest -q $(XDIST) -p no:cacheprovider --nbmake --nbmake-timeout=600 --overwrite $(EXECUTED)/*.ipynb
+	SAZO_FAST=1 $(PY) -m pytest -q $(XDIST) -p no:cacheprovider --nbmake --nbmake-timeout=600 --overwrite $(EXECUTED)/*.ipynb
 	SAZO_FAST=1 SAZO_BOOK_EXECUTED=$(EXECUTED) $(PY) -m pytest -q $(XDIST) --durations=15 --ignore=tests/test_app.py tests
 	SAZO_FAST=1 $(PY) -m pytest -q tests/test_app.py
 

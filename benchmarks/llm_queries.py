@@ -412,7 +412,7 @@ def summarise(setting: dict, targets=(0.5, 0.3)) -> list[str]:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_queries", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="pilot (≤ 8 min idle): the continual set only, 1 seed, 2 rates per sampler from the diagnosis's, 120 steps")
+                        help="pilot (minutes; docs/llm.md gives the measured time): the continual set only, 1 seed, 2 rates per sampler from the diagnosis's, 120 steps")
     parser.add_argument("--sets", nargs="*", default=["continual", "homogeneous"],
                         help="raced sets (add 'opposed' or 'balanced' for the B = 4 race on N = 192: hours on 2 CPU cores)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
