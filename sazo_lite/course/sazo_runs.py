@@ -117,7 +117,7 @@ def feed_sampler(sampler, norms, *, steps: int, batch_size: int, shrink: float =
         [steps + 1] V(p_t)/V(p*_t), with p_t the sampler's distribution after t steps.
 
     Example:
-        >>> feed_sampler(SAZOSampler(16), torch.ones(16), steps=3, batch_size=4)[0]
+        >>> float(feed_sampler(SAZOSampler(16), torch.ones(16), steps=3, batch_size=4)[0])
         1.0
     """
     norms = torch.as_tensor(norms, dtype=torch.float64)
@@ -302,7 +302,7 @@ def ema_of_chi2(examples: int, *, observations: int, ema_decay: float, seed: int
     Relative variance: 2 for one observation, → 2(1−β)/(1+β) after many.
 
     Example:
-        >>> ema_of_chi2(10_000, observations=1, ema_decay=0.5).var() > ema_of_chi2(10_000, observations=50, ema_decay=0.9).var()
+        >>> bool(ema_of_chi2(10_000, observations=1, ema_decay=0.5).var() > ema_of_chi2(10_000, observations=50, ema_decay=0.9).var())
         True
     """
     if not 0.0 <= ema_decay < 1.0:

@@ -23,11 +23,12 @@ with no label noise:
   of four new questions need " yes", and ‖∇F‖² ≈ ½·V(p*) kills the gain by B ≈ 4). The held-out
   split holds other things of the same groups (new instances of the rule).
 * ``"opposed"`` (the other design for B > 1): the continual set's first round, then a small share of
-  new questions of a new rule that the first round's habit gets wrong *both ways*: the sentiment
-  review asked the other way round ("Did the reviewer dislike it?"; balanced labels). The habit says
-  " yes" to a liked review, so a liked one now needs " no" and a disliked one " yes": under the
-  two-word softmax their gradients with respect to the logit difference have opposite signs, and
-  what is left of ∇F is what tells the two apart. (New yes/no questions of other kinds, with
+  new questions of a new rule that the first round's habit gets wrong in *opposite directions*: the
+  sentiment review asked the other way round ("Did the reviewer dislike it?"; balanced labels). A
+  disliked review now needs " yes" where the habit says " no"; a liked one needs " no" where the habit
+  leans to " yes". Under the two-word softmax their gradients with respect to the logit difference
+  have opposite signs, so they cancel in ∇F, and what is left is what tells the two apart (how much
+  each half is wrong is measured, not assumed: docs/llm.md). (New yes/no questions of other kinds, with
   balanced labels, do not do this: after the first round the model answers them " no" with
   confidence, so their no-labelled half is assimilated already and the rest all need " yes".)
 * ``"flipped"``: ``make_task("sentiment", noise=0.15)``, the cautionary case (a flipped label keeps
@@ -207,7 +208,7 @@ def predicted_gains(norms, full_grad_norm: float, batch_sizes=(1, 2, 4, 8, 16)) 
     Example:
         >>> out = predicted_gains(torch.tensor([1.0, 1.0, 1.0, 5.0]), 0.0)
         >>> round(out["v_uniform_ratio"], 3), round(out["gain"][4], 3)
-        (1.563, 1.563)
+        (1.75, 1.75)
     """
     norms = torch.as_tensor(norms, dtype=torch.float64)
     v_u, v_o, g2 = float((norms ** 2).mean()), float(norms.mean()) ** 2, float(full_grad_norm) ** 2

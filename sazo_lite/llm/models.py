@@ -133,7 +133,7 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32, device=None, verbose: bo
 
     Example:
         >>> model, tok = load_smollm2()               # doctest: +SKIP
-        >>> type(model).__name__
+        >>> type(model).__name__                      # doctest: +SKIP
         'LlamaForCausalLM'
     """
     # the cache is ours (safetensors): a pickled weights file planted there is never read

@@ -248,7 +248,7 @@ class Sandbox:
 
     Example:
         >>> box = Sandbox(["/bin/echo", "hi"], env={"PATH": "/usr/bin:/bin"})
-        >>> box.start(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL); box.close()
+        >>> process = box.start(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL); box.close()
     """
 
     def __init__(self, command: list[str], env: dict, pass_fds: tuple = (), require: str = "auto",
