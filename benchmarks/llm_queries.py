@@ -59,6 +59,7 @@ RESULTS = Path(__file__).parent / "results" / "llm_queries.json"        # this m
 REFERENCE = Path(__file__).parent / "reference" / "llm_queries.json"    # the run docs/llm.md reports (in git)
 VARIANTS = ("uniform", "sazo", "oracle", "uniform+rule", "sazo+rule", "oracle+rule")
 ROOT2 = 2 ** 0.5
+BIG_SETS = ("balanced", "opposed")   # the sets designed for B > 1: sized by --big-n / --big-new-fraction
 
 
 def latest_report() -> tuple[dict | None, str]:
@@ -155,7 +156,7 @@ def settings(args) -> list[Setting]:
                                {"uniform": 2.5e-4, "sazo": 2.5e-4, "oracle": 7e-4}, 1, args.steps, args.log_every, cells=args.cells,
                                grid_seeds=args.grid_seeds, seeds=args.seeds, stale_every=args.stale_every,
                                diagnose=args.diagnose_every, budget_runs=False))
-        elif name in ("balanced", "opposed"):   # designed for B > 1; opt-in (--sets ...): hours on 2 CPU cores
+        elif name in BIG_SETS:      # designed for B > 1; opt-in (--sets ...): hours on 2 CPU cores
             out.append(Setting(f"SmolLM2 LoRA r{args.rank} {name} (N={args.big_n}, B={args.big_batch})",
                                lambda name=name: smollm2_start(name, args, num_train=args.big_n,
                                                                new_fraction=args.big_new_fraction),
@@ -345,7 +346,7 @@ def run_units(args, mine: list[tuple[int, str]], measure: bool) -> dict:
     if measure:
         for set_name in args.measure_sets:
             sizes = (dict(num_train=args.big_n, new_fraction=args.big_new_fraction)
-                     if set_name in ("balanced", "opposed") else {})
+                     if set_name in BIG_SETS else {})
             model, params, train, _, _ = smollm2_start(set_name, args, **sizes)
             norms = grad_norms(model, train, params)
             report["measured_only"][set_name] = predicted_gains(norms, full_gradient_norm(model, train, params))
