@@ -23,7 +23,8 @@ machine has no run of its own. Work is split into (setting, sampler) units share
 processes (2 on a machine with ≥ 2 CPUs), one torch thread each.
 
 Run: ``python -m benchmarks.llm_queries`` (``make bench-llm``); ``--quick`` for the pilot (the
-documented continual set only, B = 1, 1 seed, 2 rates per sampler starting where the diagnosis found them).
+documented continual set only, B = 1, 1 seed, 2 rates for uniform and SAZO and 1 for the oracle, where
+the diagnosis found them).
 """
 from __future__ import annotations
 
@@ -135,6 +136,7 @@ class Setting:
     log_every: int
     variants: tuple = ("uniform", "sazo", "oracle")
     cells: int = 6           # at most this many rates per variant
+    variant_cells: dict = field(default_factory=dict)   # variant → its own cap on rates (default: cells)
     grid_seeds: int = 3
     seeds: int = 5
     oracle_every: int = 1
@@ -152,8 +154,11 @@ def settings(args) -> list[Setting]:
         if name == "continual":     # the documented case: N = 24, B = 1 (issue 28's diagnosis)
             out.append(Setting(f"SmolLM2 LoRA r{args.rank} continual (N={args.num_train}, B=1)",
                                lambda: smollm2_start("continual", args),
-                               {"uniform": 5e-4, "sazo": 5e-4, "oracle": 1e-3} if args.quick else
+                               {"uniform": 5e-4, "sazo": 5e-4, "oracle": 1.41e-3} if args.quick else
                                {"uniform": 2.5e-4, "sazo": 2.5e-4, "oracle": 7e-4}, 1, args.steps, args.log_every, cells=args.cells,
+                               # the pilot's oracle: one rate (a refresh by backprop over N every step is
+                               # the run's critical path), the diagnosis's best
+                               variant_cells={"oracle": 1} if args.quick else {},
                                grid_seeds=args.grid_seeds, seeds=args.seeds, stale_every=args.stale_every,
                                diagnose=args.diagnose_every, budget_runs=False))
         elif name in BIG_SETS:      # designed for B > 1; opt-in (--sets ...): hours on 2 CPU cores
@@ -242,7 +247,7 @@ def race_variant(setting: Setting, variant: str, model, params, train, test, arg
         return r
 
     grid, best = {}, math.inf
-    for lr in grid_rates(setting.starts[variant], setting.cells):
+    for lr in grid_rates(setting.starts[variant], setting.variant_cells.get(variant, setting.cells)):
         cap = setting.steps if math.isinf(best) else min(setting.steps, -(-int(best) // (2 * setting.batch)) + setting.log_every)
         cell = []
         for seed in range(setting.grid_seeds):   # SAZO's seed 0: its scores against the true norms, too
@@ -317,7 +322,8 @@ def share(args, jobs: int, job: int) -> list[tuple[int, str]]:
     def cost(unit):      # runs of the unit (grid + seeds) × the cost of one
         setting = table[unit[0]]
         factor = 3.0 if unit[1].startswith("oracle") and setting.oracle_every == 1 else 1.0
-        return setting.cost * factor * (setting.cells * setting.grid_seeds / 2 + setting.seeds)
+        cells = setting.variant_cells.get(unit[1], setting.cells)
+        return setting.cost * factor * (cells * setting.grid_seeds / 2 + setting.seeds)
 
     loads, assigned = [0.0] * jobs, [[] for _ in range(jobs)]
     for unit in sorted(units(args), key=cost, reverse=True):
@@ -413,7 +419,7 @@ def summarise(setting: dict, targets=(0.5, 0.3)) -> list[str]:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_queries", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="pilot (minutes; docs/llm.md gives the measured time): the continual set only, 1 seed, 2 rates per sampler from the diagnosis's, 120 steps")
+                        help="pilot (minutes; docs/llm.md gives the measured time): the continual set only, 1 seed, 2 rates for uniform and SAZO (1 for the oracle) from the diagnosis's, 120 steps")
     parser.add_argument("--sets", nargs="*", default=["continual", "homogeneous"],
                         help="raced sets (add 'opposed' or 'balanced' for the B = 4 race on N = 192: hours on 2 CPU cores)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
@@ -467,7 +473,7 @@ def parse_args(argv=None):
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)     # "k/J": run job k of J
     parser.add_argument("--partial", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.quick:   # the pilot: where the diagnosis found each sampler's rate, 1 seed, 2 rates each, to 0.5·F₀
+    if args.quick:   # the pilot: where the diagnosis found each sampler's rate, 1 seed, 2 rates (the oracle 1), to 0.5·F₀
         args.sets, args.grid_seeds, args.seeds, args.cells, args.targets = ["continual"], 1, 1, 2, [0.7, 0.5]
         args.steps, args.stale_every, args.tiny, args.measure_sets, args.full_start = min(args.steps, 120), 0, [], [], 0.0
     if args.jobs < 1 or args.seeds < 1 or args.steps < 1 or args.grid_seeds < 1 or args.cells < 1:

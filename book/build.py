@@ -1,6 +1,6 @@
 """Build the course website: ``make book`` (fast mode) or ``make book FULL=1`` (full versions).
 
-    python book/build.py [--full] [--jobs N] [--out build/book] [--executed DIR]
+    python book/build.py [--full] [--jobs N] [--out build/book] [--executed DIR] [--labs DIR]
 
 1. Stage the sources in ``<out>/src``: the course map (``notebooks/README.md``, the landing
    page, with the table of contents appended), the seven notebooks, the algorithm page, the
@@ -12,6 +12,9 @@
    notebooks are copied to the site (never the masters or the autograders). ``--executed DIR``
    takes chapters already run in fast mode instead (``make test`` runs them once, under nbmake
    with ``--overwrite`` on copies in ``DIR``); each must hold the committed notebook's code.
+   ``--labs DIR`` takes labs already assigned there (``python -m sazo_lite.course.labs assign
+   --build DIR``; the test session assigns them once for every file that needs them), copied
+   to ``<out>/labs``.
 3. Copy plotly.js and MathJax into the site (it needs no network to build or to view) and run
    Sphinx (book/conf.py: myst-nb + sphinx-book-theme) with warnings as errors (``-W``: a dead
    link or a page outside the table of contents fails the build). The site is ``<out>/html``.
@@ -248,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "book")
     parser.add_argument("--executed", type=Path, default=None,
                         help="a folder of the chapters already run in fast mode (their outputs are used as they are)")
+    parser.add_argument("--labs", type=Path, default=None,
+                        help="a folder of labs already assigned (python -m sazo_lite.course.labs assign --build DIR)")
     parser.add_argument("--execute", type=Path, help=argparse.SUPPRESS)  # internal: run one notebook
     args = parser.parse_args(argv)
     if args.execute:
@@ -257,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         raise ValueError(f"Invalid jobs: {args.jobs}")
     out, fast = args.out.resolve(), not args.full
+    if args.labs and not args.labs.is_dir():
+        raise ValueError(f"Invalid labs: {args.labs} is not a folder (python -m sazo_lite.course.labs assign --build DIR)")
     if args.executed and args.full:
         raise ValueError("--executed takes fast-mode runs; --full executes the notebooks itself")
     src, html = out / "src", out / "html"
@@ -265,14 +272,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"building the course website in {html} ({'fast' if fast else 'full'} mode, {how})", flush=True)
     chapters = stage(src, args.executed and args.executed.resolve())
     shutil.rmtree(out / "labs", ignore_errors=True)
-    labs = subprocess.Popen([sys.executable, "-m", "sazo_lite.course.labs", "assign", "--build", str(out / "labs")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    if args.labs:
+        shutil.copytree(args.labs, out / "labs")
+    labs = None if args.labs else subprocess.Popen(
+        [sys.executable, "-m", "sazo_lite.course.labs", "assign", "--build", str(out / "labs")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     try:
         if not args.executed:
             execute_all(src, chapters, fast, args.jobs, out / "logs")
     finally:
-        log, _ = labs.communicate()
-    if labs.returncode != 0:
+        log, _ = labs.communicate() if labs else ("", None)
+    if labs and labs.returncode != 0:
         raise RuntimeError(f"python -m sazo_lite.course.labs assign failed:\n{log}")
     count = labs_page(src, out / "labs")
     assets(src)

@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+from pathlib import Path
 
+import pytest
 import torch
 
 # Files listed here run first (longest first, so that two processes finish together); the rest
 # follow in pytest's usual order. A file missing from the list only costs balance, never a test.
-LONGEST_FIRST = ("test_labs.py", "test_book.py", "test_browser.py", "test_hf.py",
+LONGEST_FIRST = ("test_labs.py", "test_book.py", "test_app.py", "test_browser.py", "test_hf.py",
                  "test_llm_norms.py", "test_lab_mutants.py", "test_experiments.py", "test_llm.py")
 
 
@@ -27,3 +30,27 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(session, config, items):
     rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: pytest's order within a file
+
+
+@pytest.fixture(scope="session")
+def assigned_labs(tmp_path_factory) -> Path:
+    """Every lab master assigned once for the whole run (``otter assign``: ~50 CPU-seconds), shared
+    by the test processes: the build folder, ``<folder>/<stem>/{student,autograder}``.
+
+    Under pytest-xdist the first process to ask builds it in the run's common temp folder while
+    the others wait on a file lock (pytest-xdist's recipe for a once-per-run fixture).
+    """
+    from filelock import FileLock
+
+    from sazo_lite.course import labs
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each process's own
+    build, done = root / "assigned-labs", root / "assigned-labs.done"
+    with FileLock(str(root / "assigned-labs.lock")):
+        if not done.exists():
+            shutil.rmtree(build, ignore_errors=True)
+            labs.assign_all(build_dir=build, workers=2)
+            done.write_text("\n".join(sorted(p.name for p in build.iterdir())))
+    return build

@@ -130,3 +130,11 @@ def test_the_reference_report_is_relative_and_summarises():
         rows = llm_queries.summarise(setting, tuple(report["args"]["targets"]))
         assert len(rows) == len(setting["runs"]) and "design" in setting
         assert all(r.get("walk") for runs in setting["runs"].values() for r in runs)   # every run has its walk
+
+
+def test_the_pilot_gives_the_oracle_one_rate_and_the_other_samplers_two():
+    (setting,) = llm_queries.settings(llm_queries.parse_args(["--quick"]))
+    cells = {v: setting.variant_cells.get(v, setting.cells) for v in setting.variants}
+    assert cells == {"uniform": 2, "sazo": 2, "oracle": 1}
+    assert setting.starts["oracle"] == pytest.approx(1.41e-3)     # the diagnosis's best fresh-oracle rate
+    assert llm_queries.settings(llm_queries.parse_args([]))[0].variant_cells == {}   # the full protocol climbs

@@ -186,6 +186,12 @@ def test_staging_executed_chapters_keeps_their_outputs_and_refuses_stale_or_unru
         book_build.stage(tmp_path / "src", ran)
 
 
+def test_build_refuses_a_labs_folder_that_is_not_there(tmp_path):
+    with pytest.raises(ValueError, match="Invalid labs"):
+        book_build.main(["--out", str(tmp_path / "out"), "--labs", str(tmp_path / "no-such-build")])
+    assert not (tmp_path / "out").exists()  # refused before writing anything
+
+
 def test_rewrite_links_leaves_external_links_and_anchors():
     pages = {"notebooks/README.md": "README.md"}
     text = "[a](https://x.org/y) [b](#here) [c](mailto:a@b) [d](missing.md)"
@@ -207,14 +213,14 @@ def test_book_sources_build_without_sphinx_warnings(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
+def site(tmp_path_factory, assigned_labs):
     """Build the site once (fast mode) and serve it on a free local port; yields (url, out dir).
 
     ``SAZO_BOOK_OUT=<dir>`` reuses a site already built there (``book/build.py --out <dir>``)
     instead of building one, for working on the pages. ``make test`` builds afresh from the
     chapters its nbmake step ran (``SAZO_BOOK_EXECUTED=<dir>``: ``book/build.py --executed <dir>``,
     which refuses copies whose code differs from the committed notebooks); without it the build
-    executes them itself.
+    executes them itself. The labs come assigned from the run's shared build (``--labs``, conftest).
     """
     reuse = os.environ.get("SAZO_BOOK_OUT")
     if reuse:
@@ -223,7 +229,7 @@ def site(tmp_path_factory):
         out = tmp_path_factory.mktemp("book")
         executed = os.environ.get("SAZO_BOOK_EXECUTED")
         done = subprocess.run([sys.executable, str(ROOT / "book" / "build.py"), "--out", str(out),
-                               *(["--executed", executed] if executed else [])],
+                               "--labs", str(assigned_labs), *(["--executed", executed] if executed else [])],
                               capture_output=True, text=True, cwd=ROOT, timeout=2400)
         assert done.returncode == 0, f"book/build.py failed:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
     html = out / "html"

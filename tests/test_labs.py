@@ -7,13 +7,10 @@ a detached process rewriting score.json) and hanging ones (loops that catch the 
 """
 from __future__ import annotations
 
-import atexit
 import csv
-import functools
 import json
 import os
 import re
-import shutil
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -58,17 +55,10 @@ def _tests(master) -> tuple[list[str], list[str]]:
     return hidden, public
 
 
-@functools.lru_cache(maxsize=None)
-def build_labs() -> dict:
-    """Every master assigned once per test session (other lab test files reuse it): {stem: folder}."""
-    build = Path(tempfile.mkdtemp(prefix="sazo-labs-build-"))
-    atexit.register(shutil.rmtree, build, True)
-    return {out.name: out for out in labs.assign_all(build_dir=build, workers=2)}
-
-
 @pytest.fixture(scope="module")
-def built():
-    return build_labs()
+def built(assigned_labs):
+    """Every master assigned (once per run, shared with the book test: conftest): {stem: folder}."""
+    return {master.stem: assigned_labs / master.stem for master in labs.find_masters()}
 
 
 def _lab1_variant(autograder_nb: Path, path: Path, replace: dict[str, str], extra_cells: list[str] = ()) -> None:
@@ -367,8 +357,6 @@ def graded(built, tmp_path_factory):
 
 def _grader_temp_files() -> set[str]:
     """Entries in the temp folder that grading could leave (otter's unpacked autograder, scratch)."""
-    import tempfile
-
     return {name for name in os.listdir(tempfile.gettempdir()) if "otter" in name or name.startswith("sazo-grade")}
 
 

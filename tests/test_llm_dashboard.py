@@ -66,6 +66,21 @@ def test_loss_bands_normalise_by_the_start_and_span_the_seeds():
     assert max(band.y) == pytest.approx(1.0) and min(band.y) == pytest.approx(0.25)
 
 
+def test_runs_by_rate_pools_report_parts_and_each_sampler_keeps_its_colour():
+    from sazo_lite.course.widgets.llm import runs_by_rate
+
+    part_a = {"grid": {"uniform": {"0.00035": [_run([0, 8], [1.0, 0.9])], "0.000495": [_run([0, 8], [1.0, 1.2])]}}}
+    part_b = {"grid": {"uniform": {"0.00035": [_run([0, 8], [1.0, 0.7])]}, "sazo+rule": {"0.00035": [_run([0, 8], [1.0, 0.8])]}}}
+    runs = runs_by_rate([part_a, part_b])
+    assert {k: len(v) for k, v in runs.items()} == {"uniform η=0.00035": 2, "uniform η=0.000495": 1,
+                                                    "sazo+rule η=0.00035": 1}
+    lines = [t for t in loss_bands(runs).data if t.mode == "lines"]
+    colours = [t.line.color for t in lines]
+    assert colours[0] == colours[1] != colours[2]                   # one sampler, one colour (the palette's) ...
+    assert lines[0].line.dash != lines[1].line.dash                 # ... its rates told apart by dashes
+    assert list(lines[0].y) == pytest.approx([1.0, 0.8])            # the two seeds' median
+
+
 def test_queries_table_reports_median_range_misses_and_divergence():
     runs = {"uniform": [_run([0, 10, 20], [1.0, 0.6, 0.4], 0.5), _run([0, 10, 20], [1.0, 0.9, 0.8], 0.7),
                         _run([0, 10], [1.0, 2.0], None, diverged=True)],

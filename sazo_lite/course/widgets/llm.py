@@ -26,6 +26,12 @@ __all__ = ["llm_dashboard", "top_sampled_rows", "accuracy_summary_html", "defaul
 WALK_BAND = (14.0, 20.0)   # ‖θ−θ₀‖ where the measured SmolLM2 runs failed (docs/llm.md, 2026-12-01 diagnosis)
 
 _SAMPLER_COLORS = SAMPLER_COLORS   # the course's one palette
+_DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
+
+
+def _color(name: str) -> str:
+    """The palette's colour of a run label's sampler ("sazo+rule η=5e-4" → SAZO's)."""
+    return _SAMPLER_COLORS.get(name.split(" ")[0].split("+")[0], "gray")
 
 _COLORS = {"mezo": SAMPLER_COLORS["uniform"], "sazo": SAMPLER_COLORS["sazo"]}
 _NAMES = {"mezo": "MeZO (uniform)", "sazo": "SAZO"}
@@ -250,23 +256,46 @@ def loss_bands(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> go.Figure:
         >>> [round(v, 2) for v in loss_bands(runs).data[-1].y]
         [1.0, 0.75, 0.6]
     """
-    fig = go.Figure()
+    fig, shown = go.Figure(), []
     for sampler, runs in runs_by_sampler.items():
         runs = [_as_dict(r) for r in runs]
+        color = _color(sampler)
+        dash = _DASHES[shown.count(color) % len(_DASHES)]   # several rates of one sampler: one colour, dashes
+        shown.append(color)
         grid = sorted({q for r in runs for q in r["queries"]})
         curves = [dict(zip(r["queries"], [v / r["train_loss"][0] for v in r["train_loss"]])) for r in runs]
         rows = [[c[q] for c in curves if q in c] for q in grid]   # seeds that logged this query count
         low, high = [min(v) for v in rows], [max(v) for v in rows]
         median = [statistics.median(v) for v in rows]
-        color = _SAMPLER_COLORS.get(sampler, "gray")
         fig.add_scatter(x=grid + grid[::-1], y=high + low[::-1], fill="toself", line=dict(width=0), opacity=0.2,
                         fillcolor=color, showlegend=False, hoverinfo="skip", name=f"{sampler} band")
-        fig.add_scatter(x=grid, y=median, mode="lines", line=dict(color=color), name=f"{sampler} (median, {len(runs)} seeds)")
+        seeds = f"median, {len(runs)} seeds" if len(runs) > 1 else "1 seed"
+        fig.add_scatter(x=grid, y=median, mode="lines", line=dict(color=color, dash=dash), name=f"{sampler} ({seeds})")
     for t in targets:
         fig.add_hline(y=t, line=dict(dash="dot", color="gray"), annotation_text=f"{t:.0%} of F(θ₀)")
     fig.update_layout(width=640, height=380, xaxis_title="queries (2·B per step)", yaxis_title="F(θ) / F(θ₀)",
                       title="training loss: median and min–max over seeds", margin=dict(l=55, r=10, t=40, b=45))
     return fig
+
+
+def runs_by_rate(settings: list[dict]) -> dict[str, list[dict]]:
+    """Every grid run of one set, pooled over report parts: "variant η=rate" → its runs (seeds).
+
+    Args:
+        settings: the set's entries from one or more benchmark reports (``benchmarks.llm_queries``),
+            e.g. the parts of a run split between processes.
+
+    Example:
+        >>> part = {"grid": {"uniform": {"0.001": [{"seed": 0}], "0.002": [{"seed": 0}, {"seed": 1}]}}}
+        >>> {k: len(v) for k, v in runs_by_rate([part]).items()}
+        {'uniform η=0.001': 1, 'uniform η=0.002': 2}
+    """
+    out: dict[str, list[dict]] = {}
+    for setting in settings:
+        for variant, grid in setting.get("grid", {}).items():
+            for rate, cell in grid.items():
+                out.setdefault(f"{variant} η={rate}", []).extend(cell if isinstance(cell, list) else [cell])
+    return out
 
 
 def queries_table_html(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> str:
@@ -410,7 +439,7 @@ def walk_figure(runs_by_sampler: dict, *, band=WALK_BAND) -> go.Figure:
     """
     fig = go.Figure()
     for sampler, runs in runs_by_sampler.items():
-        color = _SAMPLER_COLORS.get(sampler.split(" ")[0].split("+")[0], "gray")
+        color = _color(sampler)
         for k, run in enumerate(_as_dict(r) for r in runs):
             if not run.get("walk"):
                 continue
