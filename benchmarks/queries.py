@@ -292,13 +292,16 @@ def ratio(row: dict, numerator: str, denominator: str, target: float):
 
 
 def grid_edge(chosen: float, grid) -> str:
-    """The table's mark for a rate chosen at the lowest or highest rate of a grid of several rates.
+    """The table's mark for a rate chosen at the lowest or highest rate of its grid.
 
     ``grid`` holds the rates, or is a dict keyed by them (as reports store it). Returns
-    ``" (grid edge)"`` or an empty string.
+    ``" (grid edge)"``, ``" (one rate)"`` for a grid of a single rate (nothing was compared), or
+    an empty string.
     """
     rates = [float(lr) for lr in grid]
-    return " (grid edge)" if len(rates) > 1 and chosen in (min(rates), max(rates)) else ""
+    if len(rates) == 1:
+        return " (one rate)"
+    return " (grid edge)" if rates and chosen in (min(rates), max(rates)) else ""
 
 
 def _cell(result: dict) -> str:

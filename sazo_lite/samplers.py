@@ -25,7 +25,7 @@ from .validation import check_choice, check_count, check_fraction, check_int, ch
 from .variance import importance_weights, mixed_probabilities
 
 __all__ = ["Sampler", "UniformSampler", "PlainSAZOSampler", "SAZOSampler", "OracleSampler",
-           "SAZOState", "probabilities", "CdfStore", "TreeStore", "SAMPLERS", "ALIASES", "sampler_name", "make_sampler"]
+           "SAZOState", "probabilities", "CdfStore", "TreeStore", "SAMPLERS", "RACED", "ALIASES", "sampler_name", "make_sampler"]
 
 # From this N on, SAZO samplers keep sum trees (O(B log N) per update) instead of an O(N)
 # pass per step; the README's bench table has the measured crossover.
@@ -783,6 +783,7 @@ class SAZOSampler(_ScoredSampler):
 
 # -- samplers by name -----------------------------------------------------------------------
 SAMPLERS = ("uniform", "sazo", "sazo-plain", "oracle")
+RACED = ("uniform", "sazo", "oracle")   # the three every race compares (the plain rule is a teaching variant)
 ALIASES = {"mezo": "uniform"}   # the Trainer's and zo_finetune's historical name for uniform MeZO
 
 

@@ -25,7 +25,7 @@ def test_summary_reads_medians_and_the_three_ratios_from_the_runs():
     setting = fake_setting("SmolLM2 LoRA r4 balanced", {"uniform": [slow, slow, fast], "sazo": [fast, fast, slow],
                                                          "oracle": [fast, fast, fast]})
     rows = llm_queries.summarise(setting)
-    assert len(rows) == 3 and "| uniform | 0.001 | 30 [10–30] | 40 [20–40] |" in rows[0]   # one grid rate: no edge
+    assert len(rows) == 3 and "| uniform | 0.001 (one rate) | 30 [10–30] | 40 [20–40] |" in rows[0]  # nothing compared
     assert "| 1 [1–2] | 2 [2–2] | 3 [3–3] |" in rows[1]      # walk at the end, max |ĝ|, max w shown per run
     setting["grid"]["uniform"] = {"0.001": setting["runs"]["uniform"][:1], "0.0005": setting["runs"]["uniform"][:1]}
     assert "| uniform | 0.001 (grid edge) |" in llm_queries.summarise(setting)[0]
@@ -96,7 +96,8 @@ def test_a_rate_chosen_at_the_edge_of_its_grid_is_flagged():
 
     result = {"median": 100, "min": 80, "max": 120, "lr": 0.01, "grid": {"0.001": 300, "0.003": 150, "0.01": 100}}
     assert _cell(result).endswith("lr=0.01 (grid edge)")
-    assert "edge" not in _cell({**result, "lr": 0.003}) and "edge" not in _cell({**result, "grid": {"0.01": 100}})
+    assert "edge" not in _cell({**result, "lr": 0.003})
+    assert _cell({**result, "grid": {"0.01": 100}}).endswith("lr=0.01 (one rate)")   # nothing was compared
     assert _cell({**result, "median": None}) == "not reached"
 
 

@@ -70,3 +70,12 @@ def test_no_old_layout_module_is_left():
     for old in ["estimators", "two_point", "minibatches", "instruments", "problems", "race", "experiments",
                 "memory", "memory_measure", "config", "widgets", "labs", "llm/memory_probe"]:
         assert not (PACKAGE / f"{old}.py").exists() and not (PACKAGE / old).is_dir(), old
+
+
+def test_the_races_take_their_samplers_from_the_one_vocabulary():
+    from sazo_lite import samplers
+    from sazo_lite.course import sazo_runs
+    from sazo_lite.llm import queries
+
+    assert queries.SAMPLERS is samplers.RACED and sazo_runs.SAMPLERS is samplers.RACED
+    assert set(samplers.RACED) <= set(samplers.SAMPLERS)

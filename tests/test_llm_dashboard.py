@@ -1,5 +1,6 @@
 """Notebook 06's dashboard, built headless on the default tiny model."""
 import os
+from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -161,3 +162,28 @@ def test_race_dashboard_reruns_the_three_samplers_when_a_slider_moves():
     assert max(board.figures["walk"].data[0].y) > max(walk)
     assert "E[ĝ²]" in board.readout.value
     assert all(torch.equal(a, b) for a, b in zip(before, params))     # θ₀ restored after every rerun
+
+
+def test_a_stored_report_is_found_from_a_copy_below_the_checkout_and_this_machines_run_comes_first(tmp_path):
+    from sazo_lite.course import benchmark_report
+
+    (tmp_path / "benchmarks" / "reference").mkdir(parents=True)
+    copy = tmp_path / "build" / "executed"          # where make test and the book run the notebooks
+    copy.mkdir(parents=True)
+    assert benchmark_report("r.json", start=copy) is None
+    (tmp_path / "benchmarks" / "reference" / "r.json").write_text("{}")
+    assert benchmark_report("r.json", start=copy) == (tmp_path / "benchmarks" / "reference" / "r.json",
+                                                      "the reference run in git")
+    (tmp_path / "benchmarks" / "results").mkdir()
+    (tmp_path / "benchmarks" / "results" / "r.json").write_text("{}")
+    assert benchmark_report("r.json", start=copy)[1] == "this machine's latest run"
+    assert benchmark_report("r.json", start=tmp_path.parent) is None   # above the checkout: nothing
+
+
+def test_notebook_06_finds_the_reference_reports_from_the_checkout():
+    from sazo_lite.course import benchmark_report
+
+    root = Path(__file__).resolve().parents[1]
+    for name in ("llm_queries.json", "llm_opposed_pilot.json"):
+        path, _ = benchmark_report(name, start=root / "build" / "executed")
+        assert path.parent.parent == root / "benchmarks" and path.name == name

@@ -12,8 +12,8 @@
 
 Nothing in the library (``sazo_lite`` outside this package) imports from here.
 """
-from .config import fast_mode, one_thread, pick
+from .config import benchmark_report, fast_mode, one_thread, pick
 from . import instruments, mezo_vs_sgd, minibatches, problems, two_point
 
-__all__ = ["fast_mode", "one_thread", "pick", "instruments", "mezo_vs_sgd", "minibatches", "problems",
+__all__ = ["benchmark_report", "fast_mode", "one_thread", "pick", "instruments", "mezo_vs_sgd", "minibatches", "problems",
            "two_point"]

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
-__all__ = ["fast_mode", "pick", "one_thread"]
+__all__ = ["fast_mode", "pick", "one_thread", "benchmark_report"]
 
 
 def fast_mode() -> bool:
@@ -33,3 +34,29 @@ def one_thread():
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+def benchmark_report(name: str, start: Path | str | None = None) -> tuple[Path, str] | None:
+    """A benchmark's stored report, found from ``start`` (default: the working directory) upwards.
+
+    A notebook runs in ``notebooks/``, or in a copy elsewhere in the checkout (``make test`` and
+    the book run ``build/executed/``): the first folder at or above ``start`` holding
+    ``benchmarks/reference/`` is the checkout. There, this machine's latest run
+    (``benchmarks/results/<name>``, not in git) comes before the reference run kept in git.
+
+    Returns:
+        ``(path, "this machine's latest run" | "the reference run in git")``, or None.
+
+    Example:
+        >>> benchmark_report("no_such_report.json", start="/") is None
+        True
+    """
+    here = Path(start or Path.cwd()).resolve()
+    root = next((folder for folder in (here, *here.parents) if (folder / "benchmarks" / "reference").is_dir()), None)
+    if root is None:
+        return None
+    for path, kind in ((root / "benchmarks" / "results" / name, "this machine's latest run"),
+                       (root / "benchmarks" / "reference" / name, "the reference run in git")):
+        if path.is_file():
+            return path, kind
+    return None

@@ -22,7 +22,7 @@ import torch
 from .config import one_thread
 from ..engine import MeZO
 from .problems import FiniteSumProblem, LeastSquares, LogisticRegression
-from ..samplers import PlainSAZOSampler, SAZOSampler, make_sampler
+from ..samplers import RACED, PlainSAZOSampler, SAZOSampler, make_sampler
 from ..train import best_rate, queries_to_target, train
 from .. import variance
 
@@ -30,7 +30,7 @@ __all__ = ["PROBLEMS", "make_problem", "SAZOTrace", "run_sazo_trace", "RULES", "
            "rule_sampler", "feed_sampler", "rule_ladder",
            "roughness", "RaceResult", "race", "tune_lr", "SAMPLERS", "ema_of_chi2", "loss_grid", "sampler_paths"]
 
-SAMPLERS = ("uniform", "sazo", "oracle")
+SAMPLERS = RACED        # the samplers a race compares (one vocabulary: ``samplers.make_sampler``)
 # Notebook 04's ladder: the plain rule, then one robustness fix of ``SAZOSampler`` added at a time.
 RULES = ("plain", "prior", "blend", "level", "robust")
 RULE_NAMES = {"plain": "plain rule", "prior": "+ prior", "blend": "+ blend", "level": "+ level",

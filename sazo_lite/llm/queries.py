@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ..engine import MeZO
-from ..samplers import make_sampler
+from ..samplers import RACED, make_sampler
 from ..train import NoiseScaledStep, queries_to_target, train
 from ..variance import oracle_probs, spearman, tv_distance, variance_ratio
 from ..validation import check_choice
@@ -32,7 +32,7 @@ from .losses import TokenBatch, accuracy, batched_closure
 
 __all__ = ["QueryRun", "query_run", "queries_to", "SAMPLERS", "DIVERGE_FACTOR", "sampling_diagnostics", "walk"]
 
-SAMPLERS = ("uniform", "sazo", "oracle")
+SAMPLERS = RACED        # the samplers a query race runs (one vocabulary: ``samplers.make_sampler``)
 DIVERGE_FACTOR = 1.5     # F(θ) above this × F(θ₀) has diverged (``train.diverged``; no run that passed it came back)
 
 

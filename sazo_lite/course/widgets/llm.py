@@ -19,7 +19,7 @@ from ..config import pick
 from ._common import SAMPLER_COLORS, Dashboard, captioned, int_slider, log_slider, presets, redraw_on_change, slider
 
 __all__ = ["llm_dashboard", "top_sampled_rows", "accuracy_summary_html", "default_llm_setup", "accuracy_bars",
-           "peak_memory_bars", "flipped_in_top", "loss_bands", "queries_table_html", "scores_vs_norms",
+           "peak_memory_bars", "flipped_in_top", "loss_bands", "runs_by_rate", "queries_table_html", "scores_vs_norms",
            "diagnostics_figure", "probs_vs_oracle", "detector_precision", "detector_bars", "walk_figure",
            "staleness_figure", "gain_vs_batch_figure", "race_dashboard", "WALK_BAND"]
 
