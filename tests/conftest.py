@@ -11,7 +11,7 @@ import torch
 
 # Files listed here run first (longest first, so that two processes finish together); the rest
 # follow in pytest's usual order. A file missing from the list only costs balance, never a test.
-LONGEST_FIRST = ("test_labs.py", "test_book.py", "test_app.py", "test_browser.py", "test_hf.py",
+LONGEST_FIRST = ("test_labs.py", "test_book.py", "test_browser.py", "test_hf.py",
                  "test_llm_norms.py", "test_lab_mutants.py", "test_experiments.py", "test_llm.py")
 
 

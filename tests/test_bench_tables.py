@@ -139,3 +139,12 @@ def test_the_pilot_gives_the_oracle_one_rate_and_the_other_samplers_two():
     assert cells == {"uniform": 2, "sazo": 2, "oracle": 1}
     assert setting.starts["oracle"] == pytest.approx(1.41e-3)     # the diagnosis's best fresh-oracle rate
     assert llm_queries.settings(llm_queries.parse_args([]))[0].variant_cells == {}   # the full protocol climbs
+
+
+def test_long_runs_are_named_sampler_rate_seed_and_a_bad_name_is_refused():
+    from benchmarks.llm_long_runs import parse_plan
+
+    assert parse_plan(["uniform:3.5e-4:0", "sazo:4.95e-4:1"]) == [("uniform", 3.5e-4, 0), ("sazo", 4.95e-4, 1)]
+    for bad in ("uniform:3.5e-4", "mezo:1e-3:0", "sazo:-1e-3:0", "sazo:nan:0", "oracle:1e-3:-1"):
+        with pytest.raises(ValueError, match="Invalid run"):
+            parse_plan([bad])

@@ -1,0 +1,76 @@
+"""Named long runs on a SmolLM2 set: (sampler, rate, seed) each, saved as each one ends.
+
+    python -m benchmarks.llm_long_runs OUT_DIR uniform:3.5e-4:0 sazo:3.5e-4:0 [...] [--steps 750]
+
+The grid protocol of ``benchmarks.llm_queries`` writes its report only when a whole unit ends; these
+runs are for budgets too long for it (docs/llm.md, "The opposed set at B = 4, longer runs"). θ₀, ε and
+the sampler settings are those of ``llm_queries``' opposed and balanced sets (``--sets opposed --big-n
+96``: the same cached first round). Each run stops at ``--stop`` · F(θ₀) or after ``--steps`` steps,
+logs F every ``--log-every`` steps, and SAZO's runs record its scores against the true norms every 4th
+log point. One JSON per run in OUT_DIR (``QueryRun.to_dict()`` plus its wall time).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks import llm_queries
+from sazo_lite.llm import restore_snapshot, snapshot
+from sazo_lite.llm.queries import SAMPLERS, queries_to, query_run
+
+
+def parse_plan(specs: list[str]) -> list[tuple[str, float, int]]:
+    """``["uniform:3.5e-4:0", ...]`` → [(sampler, rate, seed), ...]; a bad spec raises ValueError."""
+    plan = []
+    for spec in specs:
+        parts = spec.split(":")
+        if len(parts) != 3 or parts[0] not in SAMPLERS:
+            raise ValueError(f"Invalid run: {spec!r} (expected sampler:rate:seed, sampler one of {SAMPLERS})")
+        rate, seed = float(parts[1]), int(parts[2])
+        if not rate > 0 or seed < 0:
+            raise ValueError(f"Invalid run: {spec!r} (rate > 0, seed ≥ 0)")
+        plan.append((parts[0], rate, seed))
+    return plan
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_long_runs", description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("runs", nargs="+", help="sampler:rate:seed")
+    parser.add_argument("--set", default="opposed", choices=sorted(llm_queries.BIG_SETS))
+    parser.add_argument("--n", type=int, default=96)
+    parser.add_argument("--new-fraction", type=float, default=0.125)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=750)
+    parser.add_argument("--log-every", type=int, default=25)
+    parser.add_argument("--stop", type=float, default=0.5, help="stop at this fraction of F(θ₀)")
+    args = parser.parse_args(argv)
+    plan = parse_plan(args.runs)
+    torch.set_num_threads(1)
+    setup = llm_queries.parse_args(["--sets", args.set, "--big-n", str(args.n)])
+    model, params, train, test, _ = llm_queries.smollm2_start(args.set, setup, num_train=args.n,
+                                                              new_fraction=args.new_fraction)
+    theta0 = snapshot(params)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for sampler, rate, seed in plan:
+        restore_snapshot(params, theta0)
+        start = time.perf_counter()
+        run = query_run(model, params, train, sampler, lr=rate, eps=setup.eps, batch_size=args.batch, steps=args.steps,
+                        seed=seed, log_every=args.log_every, oracle_every=1, oracle_mix=setup.oracle_mix,
+                        test_batch=test, stop_fraction=args.stop, diagnose=4 if sampler == "sazo" else 0).to_dict()
+        run["seconds"] = time.perf_counter() - start
+        (args.out / f"{sampler}_{rate:g}_s{seed}.json").write_text(json.dumps(run))
+        loss = run["train_loss"]
+        print(f"{sampler} lr={rate:g} seed={seed}: q0.7={queries_to(run, 0.7)} q{args.stop:g}={queries_to(run, args.stop)} "
+              f"F/F₀={loss[-1] / loss[0]:.2f} after {run['queries'][-1]} queries, walk={run['walk'][-1]:.1f}, "
+              f"max|ĝ|={run['max_step_scale']:.3g}, E[ĝ²]={run['mean_sq_step_scale']:.3g}, "
+              f"diverged={run['diverged']}, held-out acc={run.get('test_accuracy')}, {run['seconds']:.0f} s", flush=True)
+    restore_snapshot(params, theta0)
+
+
+if __name__ == "__main__":
+    main()
