@@ -121,16 +121,20 @@ def dashboard_data(page) -> list:
 SETTLE = 10.0
 
 
+def _frame_text(frame) -> str:
+    """A websocket frame as text (the kernel protocol's binary frames carry their JSON parts as UTF-8)."""
+    return frame if isinstance(frame, str) else bytes(frame).decode("utf-8", "replace")
+
+
 def kernel_status(frame) -> str | None:
     """The execution_state ("busy", "idle") a kernel websocket frame carries, if it is a status message."""
-    text = frame if isinstance(frame, str) else bytes(frame).decode("utf-8", "replace")
-    found = re.search(r'"execution_state":\s*"(\w+)"', text)
+    found = re.search(r'"execution_state":\s*"(\w+)"', _frame_text(frame))
     return found.group(1) if found else None
 
 
 def frame_summary(frame) -> str:
     """What a kernel websocket frame is, for a report: "status", "comm_msg update(_py2js_update)", ..."""
-    text = frame if isinstance(frame, str) else bytes(frame).decode("utf-8", "replace")
+    text = _frame_text(frame)
     kind = re.search(r'"msg_type":\s*"(\w+)"', text)
     method = re.search(r'"method":\s*"(\w+)"', text)
     keys = re.search(r'"state":\s*\{\s*"(\w+)"', text)
