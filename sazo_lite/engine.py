@@ -170,6 +170,17 @@ def _plain_group(group: dict) -> bool:
             and 0.0 <= wd < math.inf and 0.0 < eps < math.inf and group["perturbation"] in PERTURBATIONS)
 
 
+def _undecorated(method):
+    """The plain function under torch's lazy ``_disable_dynamo`` wrapper (``method`` if there is none).
+
+    torch.optim.Optimizer wraps add_param_group, state_dict and load_state_dict so that
+    torch.compile never traces them; the wrapper imports torch._dynamo on its first call, which
+    costs seconds of CPU in every fresh process that builds a MeZO. Nothing compiles a ZO
+    optimiser's setup or checkpointing, so MeZO calls the plain functions.
+    """
+    return getattr(method, "__wrapped__", method)
+
+
 class MeZO(torch.optim.Optimizer):
     """Memory-efficient zeroth-order SGD (Malladi et al., 2023) with per-example diffs.
 
@@ -239,7 +250,7 @@ class MeZO(torch.optim.Optimizer):
         if getattr(self, "_pending", None) is not None:
             self.flush()  # pending jobs are indexed by the current groups
         param_group.update(cleaned, params=params)
-        super().add_param_group(param_group)
+        _undecorated(torch.optim.Optimizer.add_param_group)(self, param_group)
 
     # -- state ---------------------------------------------------------------------------
     def _first_param(self) -> torch.Tensor:
@@ -263,7 +274,7 @@ class MeZO(torch.optim.Optimizer):
     def state_dict(self) -> dict:
         """The optimiser's state (flushes a pending folded update first)."""
         self.flush()
-        return super().state_dict()
+        return _undecorated(torch.optim.Optimizer.state_dict)(self)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Load a ``state_dict`` after validating all of it; nothing changes if it is invalid.
@@ -271,7 +282,7 @@ class MeZO(torch.optim.Optimizer):
         A pending folded update is dropped: the loaded state describes flushed parameters.
         """
         self._check_state_dict(state_dict)
-        super().load_state_dict(state_dict)
+        _undecorated(torch.optim.Optimizer.load_state_dict)(self, state_dict)
         self._pending = None
 
     def _check_state_dict(self, state_dict) -> None:

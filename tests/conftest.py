@@ -11,8 +11,11 @@ import torch
 
 # Files listed here run first (longest first, so that two processes finish together); the rest
 # follow in pytest's usual order. A file missing from the list only costs balance, never a test.
-LONGEST_FIRST = ("test_labs.py", "test_book.py", "test_browser.py", "test_hf.py",
-                 "test_llm_norms.py", "test_lab_mutants.py", "test_experiments.py", "test_llm.py")
+# (Makefile: `make test` passes --no-loadscope-reorder, without which xdist orders files by their
+# number of tests.) The order: summed test times per file in one `make test` (2026-12-01).
+LONGEST_FIRST = ("test_labs.py", "test_book.py", "test_llm_norms.py", "test_browser.py", "test_lab_mutants.py",
+                 "test_course_claims.py", "test_llm.py", "test_hf.py", "test_sazo_sampler.py", "test_memory.py",
+                 "test_distributed.py", "test_engine.py", "test_experiments.py")
 
 
 def pytest_configure(config):

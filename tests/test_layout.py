@@ -66,6 +66,20 @@ def test_import_sazo_lite_pulls_no_notebook_or_grading_stack():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_building_and_checkpointing_a_mezo_does_not_import_dynamo():
+    # torch's optimiser wraps these methods in a guard whose first call imports torch._dynamo
+    # (seconds in every fresh process: each notebook kernel, grader and worker); MeZO skips it.
+    code = ("import sys, torch, sazo_lite\n"
+            "p = torch.zeros(3)\n"
+            "opt = sazo_lite.MeZO([p], lr=0.1)\n"
+            "opt.add_param_group({'params': [torch.zeros(2)], 'lr': 0.2})\n"
+            "opt.step(lambda: (p ** 2).sum(dim=0, keepdim=True))\n"
+            "opt.load_state_dict(opt.state_dict())\n"
+            "assert opt.step_count == 1 and [g['lr'] for g in opt.param_groups] == [0.1, 0.2]\n"
+            "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_no_old_layout_module_is_left():
     for old in ["estimators", "two_point", "minibatches", "instruments", "problems", "race", "experiments",
                 "memory", "memory_measure", "config", "widgets", "labs", "llm/memory_probe"]:
@@ -79,3 +93,14 @@ def test_the_races_take_their_samplers_from_the_one_vocabulary():
 
     assert queries.SAMPLERS is samplers.RACED and sazo_runs.SAMPLERS is samplers.RACED
     assert set(samplers.RACED) <= set(samplers.SAMPLERS)
+
+
+def test_make_test_runs_the_longest_test_files_first():
+    # xdist reorders files by their number of tests unless told not to; then the conftest order is moot
+    from conftest import LONGEST_FIRST
+
+    makefile = (Path(__file__).parent.parent / "Makefile").read_text()
+    xdist = next(line for line in makefile.splitlines() if line.startswith("XDIST ="))
+    assert "--dist loadfile" in xdist and "--no-loadscope-reorder" in xdist, xdist
+    missing = [name for name in LONGEST_FIRST if not (Path(__file__).parent / name).exists()]
+    assert not missing, f"tests/conftest.py LONGEST_FIRST names files that do not exist: {missing}"
