@@ -20,7 +20,7 @@ import torch
 
 from benchmarks import llm_queries
 from sazo_lite.llm import restore_snapshot, snapshot
-from sazo_lite.llm.queries import SAMPLERS, queries_to, query_run
+from sazo_lite.llm.queries import SAMPLERS, queries_to
 
 
 def parse_plan(specs: list[str]) -> list[tuple[str, float, int]]:
@@ -57,11 +57,11 @@ def main(argv=None) -> None:
     theta0 = snapshot(params)
     args.out.mkdir(parents=True, exist_ok=True)
     for sampler, rate, seed in plan:
-        restore_snapshot(params, theta0)
         start = time.perf_counter()
-        run = query_run(model, params, train, sampler, lr=rate, eps=setup.eps, batch_size=args.batch, steps=args.steps,
-                        seed=seed, log_every=args.log_every, oracle_every=1, oracle_mix=setup.oracle_mix,
-                        test_batch=test, stop_fraction=args.stop, diagnose=4 if sampler == "sazo" else 0).to_dict()
+        run = llm_queries.run_from(theta0, model, params, train, test, sampler, lr=rate, seed=seed, eps=setup.eps,
+                                   batch_size=args.batch, steps=args.steps, log_every=args.log_every, oracle_every=1,
+                                   oracle_mix=setup.oracle_mix, stop_fraction=args.stop,
+                                   diagnose=4 if sampler == "sazo" else 0)
         run["seconds"] = time.perf_counter() - start
         (args.out / f"{sampler}_{rate:g}_s{seed}.json").write_text(json.dumps(run))
         loss = run["train_loss"]

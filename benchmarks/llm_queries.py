@@ -223,6 +223,13 @@ def lost(runs: list[dict]) -> bool:
     return 2 * sum(r["diverged"] for r in runs) >= len(runs)
 
 
+def run_from(theta0: list, model, params, train, test, sampler: str, *, lr: float, seed: int, **settings) -> dict:
+    """One ZO run from θ₀ (the weights restored first) as ``QueryRun.to_dict()``; ``settings`` go to
+    ``query_run``. The race's grid cells and ``benchmarks.llm_long_runs`` both run through it."""
+    restore_snapshot(params, theta0)
+    return query_run(model, params, train, sampler, lr=lr, seed=seed, test_batch=test, **settings).to_dict()
+
+
 def race_variant(setting: Setting, variant: str, model, params, train, test, args, out: dict) -> None:
     """One variant's protocol: climb the √2 grid (3 seeds per rate) to the edge, pick by the median rule,
     then the chosen rate on every seed (whole budget)."""
@@ -231,12 +238,11 @@ def race_variant(setting: Setting, variant: str, model, params, train, test, arg
     deepest = min(args.targets)
 
     def run(lr, seed, *, steps=None, stop=True, diagnose=0, oracle_every=None):
-        restore_snapshot(params, theta0)
-        r = query_run(model, params, train, sampler, lr=lr, eps=args.eps, batch_size=setting.batch,
-                      steps=steps or setting.steps, seed=seed, log_every=setting.log_every,
-                      oracle_every=oracle_every or setting.oracle_every, oracle_mix=args.oracle_mix,
-                      test_batch=test, stop_fraction=deepest if stop else None, diagnose=diagnose,
-                      perturbation=setting.perturbation, step_rule=bool(rule)).to_dict()
+        r = run_from(theta0, model, params, train, test, sampler, lr=lr, seed=seed, eps=args.eps,
+                     batch_size=setting.batch, steps=steps or setting.steps, log_every=setting.log_every,
+                     oracle_every=oracle_every or setting.oracle_every, oracle_mix=args.oracle_mix,
+                     stop_fraction=deepest if stop else None, diagnose=diagnose,
+                     perturbation=setting.perturbation, step_rule=bool(rule))
         q = [queries_to(r, t) for t in args.targets]
         acc = f" acc={r['test_accuracy']:.3f}" if r.get("test_accuracy") is not None else ""
         print(f"  [{setting.label}] {variant:12s} lr={lr:<8g} seed={seed}: "

@@ -9,15 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-# Files listed here run first (longest first, so that two processes finish together); the rest
-# follow in pytest's usual order. A file missing from the list only costs balance, never a test.
-# (Makefile: `make test` passes --no-loadscope-reorder, without which xdist orders files by their
-# number of tests.) The order: summed test times per file in one `make test` (2026-12-01).
-LONGEST_FIRST = ("test_labs.py", "test_book.py", "test_llm_norms.py", "test_browser.py", "test_lab_mutants.py",
-                 "test_course_claims.py", "test_llm.py", "test_hf.py", "test_sazo_sampler.py", "test_memory.py",
-                 "test_distributed.py", "test_engine.py", "test_experiments.py")
-
-
 def pytest_configure(config):
     # A process started in the background by a shell without job control inherits SIGINT
     # ignored, and Python then installs no KeyboardInterrupt handler: the Ctrl-C tests need it.
@@ -28,11 +19,6 @@ def pytest_configure(config):
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
-
-
-def pytest_collection_modifyitems(session, config, items):
-    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: pytest's order within a file
 
 
 @pytest.fixture(scope="session")

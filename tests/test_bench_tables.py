@@ -148,3 +148,23 @@ def test_long_runs_are_named_sampler_rate_seed_and_a_bad_name_is_refused():
     for bad in ("uniform:3.5e-4", "mezo:1e-3:0", "sazo:-1e-3:0", "sazo:nan:0", "oracle:1e-3:-1"):
         with pytest.raises(ValueError, match="Invalid run"):
             parse_plan([bad])
+
+
+def test_a_run_from_theta0_restores_the_weights_first_and_equals_a_plain_query_run():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from sazo_lite.llm import restore_snapshot, snapshot
+    from sazo_lite.llm.queries import query_run
+    from test_llm_norms import lora_model, random_batch
+
+    model, params = lora_model("llama", seed=0)
+    batch, theta0 = random_batch(n=6, seed=1), snapshot(params)
+    settings = dict(eps=1e-3, batch_size=2, steps=6, log_every=3)
+    with torch.no_grad():
+        params[0].add_(1.0)           # a previous run left the weights elsewhere: run_from starts from θ₀ anyway
+    first = llm_queries.run_from(theta0, model, params, batch, None, "sazo", lr=1e-2, seed=1, **settings)
+    second = llm_queries.run_from(theta0, model, params, batch, None, "sazo", lr=1e-2, seed=1, **settings)
+    restore_snapshot(params, theta0)
+    plain = query_run(model, params, batch, "sazo", lr=1e-2, seed=1, **settings).to_dict()
+    assert first["train_loss"] == second["train_loss"] == plain["train_loss"]
+    assert first["queries"] == plain["queries"] == [0, 12, 24]

@@ -93,14 +93,3 @@ def test_the_races_take_their_samplers_from_the_one_vocabulary():
 
     assert queries.SAMPLERS is samplers.RACED and sazo_runs.SAMPLERS is samplers.RACED
     assert set(samplers.RACED) <= set(samplers.SAMPLERS)
-
-
-def test_make_test_runs_the_longest_test_files_first():
-    # xdist reorders files by their number of tests unless told not to; then the conftest order is moot
-    from conftest import LONGEST_FIRST
-
-    makefile = (Path(__file__).parent.parent / "Makefile").read_text()
-    xdist = next(line for line in makefile.splitlines() if line.startswith("XDIST ="))
-    assert "--dist loadfile" in xdist and "--no-loadscope-reorder" in xdist, xdist
-    missing = [name for name in LONGEST_FIRST if not (Path(__file__).parent / name).exists()]
-    assert not missing, f"tests/conftest.py LONGEST_FIRST names files that do not exist: {missing}"

@@ -187,3 +187,24 @@ def test_notebook_06_finds_the_reference_reports_from_the_checkout():
     for name in ("llm_queries.json", "llm_opposed_pilot.json"):
         path, _ = benchmark_report(name, start=root / "build" / "executed")
         assert path.parent.parent == root / "benchmarks" and path.name == name
+
+
+def test_a_run_summary_reads_its_targets_end_walk_and_noise_and_flags_divergence():
+    from sazo_lite.course.widgets.llm import run_summary
+
+    run = {"queries": [0, 8, 16, 24], "train_loss": [2.0, 1.5, 0.9, 1.2], "walk": [0.0, 3.0, 5.0, 7.5],
+           "diverged": False, "mean_sq_step_scale": 12.34, "max_step_scale": None}
+    line = run_summary("sazo η=3.5e-4", run, targets=(0.7, 0.5, 0.3))
+    assert line.startswith("sazo η=3.5e-4  0.7·F₀ at 16, 0.5·F₀ at 16, 0.3·F₀ not reached;")
+    assert "F/F₀ 0.600 after 24 queries; walk 7.5; E[ĝ²] 12.3; max |ĝ| –" in line and "DIVERGED" not in line
+    assert "(DIVERGED)" in run_summary("x", {**run, "diverged": True})
+
+
+def test_fewest_queries_takes_each_samplers_best_rate_and_leaves_out_misses():
+    from sazo_lite.course.widgets.llm import fewest_queries
+
+    runs = {"uniform η=2.5e-4": [_run([0, 40, 80], [1.0, 0.6, 0.45])], "uniform η=3.5e-4": [_run([0, 40], [1.0, 0.5])],
+            "sazo η=3.5e-4": [_run([0, 40, 80], [1.0, 0.8, 0.6])], "oracle η=1.4e-3": [_run([0, 20], [1.0, 0.4])],
+            "sazo+rule η=3.5e-4": [_run([0, 24], [1.0, 0.5])]}
+    assert fewest_queries(runs, 0.5) == {"uniform": 40, "oracle": 20, "sazo+rule": 24}
+    assert fewest_queries(runs, 0.1) == {}

@@ -19,7 +19,7 @@ from ..config import pick
 from ._common import SAMPLER_COLORS, Dashboard, captioned, int_slider, log_slider, presets, redraw_on_change, slider
 
 __all__ = ["llm_dashboard", "top_sampled_rows", "accuracy_summary_html", "default_llm_setup", "accuracy_bars",
-           "peak_memory_bars", "flipped_in_top", "loss_bands", "runs_by_rate", "queries_table_html", "scores_vs_norms",
+           "run_summary", "fewest_queries", "peak_memory_bars", "flipped_in_top", "loss_bands", "runs_by_rate", "queries_table_html", "scores_vs_norms",
            "diagnostics_figure", "probs_vs_oracle", "detector_precision", "detector_bars", "walk_figure",
            "staleness_figure", "gain_vs_batch_figure", "race_dashboard", "WALK_BAND"]
 
@@ -296,6 +296,44 @@ def runs_by_rate(settings: list[dict]) -> dict[str, list[dict]]:
             for rate, cell in grid.items():
                 out.setdefault(f"{variant} η={rate}", []).extend(cell if isinstance(cell, list) else [cell])
     return out
+
+
+def run_summary(label: str, run, *, targets=(0.7, 0.5)) -> str:
+    """One run in a line: queries to each target, F/F₀ at the end, the walk ‖θ−θ₀‖ at the end, E[ĝ²], max |ĝ|.
+
+    Example:
+        >>> run_summary("uniform η=1e-3", {"queries": [0, 4, 8], "train_loss": [1.0, 0.6, 0.4], "walk": [0, 1, 2],
+        ...                                "diverged": False, "mean_sq_step_scale": 2.0, "max_step_scale": 3.0})
+        'uniform η=1e-3  0.7·F₀ at 8, 0.5·F₀ at 8; F/F₀ 0.400 after 8 queries; walk 2.0; E[ĝ²] 2; max |ĝ| 3'
+    """
+    from ...llm.queries import queries_to
+
+    run = _as_dict(run)
+    reached = ", ".join(f"{t:g}·F₀ {'at ' + str(q) if (q := queries_to(run, t)) else 'not reached'}" for t in targets)
+    loss, g = run["train_loss"], lambda key: "–" if run.get(key) is None else f"{run[key]:.3g}"  # None: no step
+    return (f"{label}  {reached}; F/F₀ {loss[-1] / loss[0]:.3f} after {run['queries'][-1]} queries"
+            f"{' (DIVERGED)' if run.get('diverged') else ''}; walk {run['walk'][-1]:.1f}; "
+            f"E[ĝ²] {g('mean_sq_step_scale')}; max |ĝ| {g('max_step_scale')}")
+
+
+def fewest_queries(runs_by_label: dict, target: float) -> dict[str, int]:
+    """Per sampler (a label's first word), the fewest queries to ``target``·F₀ of any labelled run's
+    first seed; samplers that never reached it are left out.
+
+    Example:
+        >>> fewest_queries({"uniform η=1e-3": [{"queries": [0, 8], "train_loss": [1.0, 0.4]}],
+        ...                 "uniform η=2e-3": [{"queries": [0, 4], "train_loss": [1.0, 0.3]}],
+        ...                 "sazo η=1e-3": [{"queries": [0, 8], "train_loss": [1.0, 0.9]}]}, 0.5)
+        {'uniform': 4}
+    """
+    from ...llm.queries import queries_to
+
+    best: dict[str, int] = {}
+    for label, runs in runs_by_label.items():
+        q, sampler = queries_to(_as_dict(runs[0]), target), label.split(" ")[0]
+        if q and q < best.get(sampler, float("inf")):
+            best[sampler] = q
+    return best
 
 
 def queries_table_html(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> str:
