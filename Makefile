@@ -36,7 +36,8 @@ app: install
 # Tests run in TEST_JOBS processes, a test file per process (--dist loadfile: a file's fixtures, such
 # as the built labs or the book, are built once); TEST_JOBS=0 runs everything in this process. xdist
 # starts the files with the most tests first; starting the longest-running files first instead
-# (--no-loadscope-reorder) was slower: 532 s for this stage on 2026-12-01, against 475-493 s.
+# (--no-loadscope-reorder) made no measurable difference: 532 s for this stage against 541 s in
+# the next run (2026-12-01; the same order measured 475-493 s earlier that day).
 # First nbmake runs every notebook in fast mode, on copies in $(EXECUTED) that keep their outputs
 # (--overwrite); the book test then builds the site from those runs instead of running them again.
 # The Voilà app test runs last, alone: its page never shows the redraw after a slider move in about
