@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 
 from benchmarks import llm_queries
+from sazo_lite.course.widgets.llm import run_summary
 from sazo_lite.llm import restore_snapshot, snapshot
-from sazo_lite.llm.queries import SAMPLERS, queries_to
+from sazo_lite.llm.queries import SAMPLERS
 
 
 def parse_plan(specs: list[str]) -> list[tuple[str, float, int]]:
@@ -64,11 +65,8 @@ def main(argv=None) -> None:
                                    diagnose=4 if sampler == "sazo" else 0)
         run["seconds"] = time.perf_counter() - start
         (args.out / f"{sampler}_{rate:g}_s{seed}.json").write_text(json.dumps(run))
-        loss = run["train_loss"]
-        print(f"{sampler} lr={rate:g} seed={seed}: q0.7={queries_to(run, 0.7)} q{args.stop:g}={queries_to(run, args.stop)} "
-              f"F/F₀={loss[-1] / loss[0]:.2f} after {run['queries'][-1]} queries, walk={run['walk'][-1]:.1f}, "
-              f"max|ĝ|={run['max_step_scale']:.3g}, E[ĝ²]={run['mean_sq_step_scale']:.3g}, "
-              f"diverged={run['diverged']}, held-out acc={run.get('test_accuracy')}, {run['seconds']:.0f} s", flush=True)
+        print(run_summary(f"{sampler} lr={rate:g} seed={seed}:", run, targets=(0.7, args.stop))
+              + f"; held-out acc={run.get('test_accuracy')}, {run['seconds']:.0f} s", flush=True)
     restore_snapshot(params, theta0)
 
 

@@ -208,3 +208,7 @@ def test_fewest_queries_takes_each_samplers_best_rate_and_leaves_out_misses():
             "sazo+rule η=3.5e-4": [_run([0, 24], [1.0, 0.5])]}
     assert fewest_queries(runs, 0.5) == {"uniform": 40, "oracle": 20, "sazo+rule": 24}
     assert fewest_queries(runs, 0.1) == {}
+    # over seeds, the one grid rule: the best median, a miss counting as never
+    seeds = {"sazo η=1e-3": [_run([0, 8], [1.0, 0.4]), _run([0, 8], [1.0, 0.9]), _run([0, 8], [1.0, 0.9])],
+             "sazo η=5e-4": [_run([0, 16], [1.0, 0.4]), _run([0, 16], [1.0, 0.5]), _run([0, 16], [1.0, 0.9])]}
+    assert fewest_queries(seeds, 0.5) == {"sazo": 16}

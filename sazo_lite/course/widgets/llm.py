@@ -316,9 +316,10 @@ def run_summary(label: str, run, *, targets=(0.7, 0.5)) -> str:
             f"E[ĝ²] {g('mean_sq_step_scale')}; max |ĝ| {g('max_step_scale')}")
 
 
-def fewest_queries(runs_by_label: dict, target: float) -> dict[str, int]:
-    """Per sampler (a label's first word), the fewest queries to ``target``·F₀ of any labelled run's
-    first seed; samplers that never reached it are left out.
+def fewest_queries(runs_by_label: dict, target: float) -> dict[str, float]:
+    """Per sampler (a label's first word, as ``runs_by_rate`` writes it), the median queries to
+    ``target``·F₀ at its best rate by the one grid rule (``train.best_rate``: misses count as never);
+    samplers that never reached it are left out.
 
     Example:
         >>> fewest_queries({"uniform η=1e-3": [{"queries": [0, 8], "train_loss": [1.0, 0.4]}],
@@ -327,13 +328,13 @@ def fewest_queries(runs_by_label: dict, target: float) -> dict[str, int]:
         {'uniform': 4}
     """
     from ...llm.queries import queries_to
+    from ...train import best_rate, median_queries
 
-    best: dict[str, int] = {}
+    by_sampler: dict[str, dict[str, list]] = {}
     for label, runs in runs_by_label.items():
-        q, sampler = queries_to(_as_dict(runs[0]), target), label.split(" ")[0]
-        if q and q < best.get(sampler, float("inf")):
-            best[sampler] = q
-    return best
+        by_sampler.setdefault(label.split(" ")[0], {})[label] = [queries_to(_as_dict(r), target) for r in runs]
+    best = {sampler: median_queries(per_rate[best_rate(per_rate)]) for sampler, per_rate in by_sampler.items()}
+    return {sampler: q for sampler, q in best.items() if q < float("inf")}
 
 
 def queries_table_html(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> str:
