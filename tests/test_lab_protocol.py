@@ -146,7 +146,7 @@ def test_cells_belong_to_the_question_checked_below_them(tmp_path):
 GUARD = r"""
 import json, sys, types
 import torch, sazo_lite
-from sazo_lite.course.labs.guard import Guard, _codes
+from sazo_lite.course.labs.guard import Guard
 namespace = {"__name__": "__main__", "__builtins__": __builtins__, "torch": torch, "sazo_lite": sazo_lite}
 found = []
 guard = Guard(["sazo_lite.course", "sazo_lite.samplers"], ["sazo_lite.Sampler", "sazo_lite.course.pick"], namespace,
@@ -159,9 +159,9 @@ def cell(name, source, call=None):
         exec(compile(source, "<cell 1>", "exec"), namespace)
         if call:
             code = compile(call, "<q1 case 0>", "exec")
-            guard.trusted = set(_codes(code))   # the test's own code may use anything
+            guard.trust(code)   # the test's own code may use anything
             exec(code, namespace)
-            guard.trusted = set()
+            guard.trust(None)
     except BaseException as exc:
         found.append(["raised", type(exc).__name__])
     results[name] = list(found) + [["check", how] for _, how in guard.check(["f", "K"])]
@@ -171,9 +171,11 @@ for name, source, call in json.loads(sys.argv[1]):
     cell(name, source, call)
 print(json.dumps(results))
 """
+CLEAN = ("honest", "the test's own call")  # nothing to find: the rest each reach a forbidden object
 CASES = [
     ("honest", "def f(x):\n    return torch.as_tensor(x).double() / sum(x)\nclass K(sazo_lite.Sampler):\n    pass",
      "f([1.0, 2.0]); K(3).sample(2)"),
+    ("the test's own call", "x = [1.0, 2.0]", "sazo_lite.variance.oracle_probs(x)"),
     ("attribute", "def f(n, p):\n    return sazo_lite.variance.sampling_variance(n, p)", "f([1.0], [1.0])"),
     ("import", "from sazo_lite import variance", None),
     ("importlib", "import importlib\ndef f(n):\n    return importlib.import_module('sazo_lite.' + 'variance').oracle_probs(n)",
@@ -199,9 +201,10 @@ def test_the_guard_finds_every_way_to_reach_a_forbidden_object():
     done = subprocess.run([sys.executable, "-c", GUARD, json.dumps(CASES)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])
-    assert results["honest"] == [], results["honest"]
-    for name, *_ in CASES[1:]:
-        assert results[name], f"{name}: nothing found"
+    for name in CLEAN:
+        assert results[name] == [], (name, results[name])
+    for name, *_ in CASES:
+        assert name in CLEAN or results[name], f"{name}: nothing found"
     assert any("variance" in str(item) for item in results["import"]) and ["raised", "ImportError"] in results["import"]
     assert any("SAZOSampler" in item[0] for item in results["proxy"] if item[0] != "check")
     assert any("inherits" in item[1] for item in results["subclass"])

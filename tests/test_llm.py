@@ -221,6 +221,29 @@ def test_zo_finetune_records_counts_and_accuracy():
 
 
 # -- the real offline model -------------------------------------------------------------------
+def test_gguf_files_are_parsed_once_while_converting_and_gguf_is_restored_after(monkeypatch, tmp_path):
+    gguf = pytest.importorskip("gguf")
+    from sazo_lite.llm.models import _gguf_parsed_once
+
+    parsed, maps = [], []
+
+    class Reader:   # stands in for gguf's parser (10 s per parse of the SmolLM2 file here)
+        def __init__(self, path, mode="r"):
+            parsed.append((path, mode))
+
+    monkeypatch.setattr(gguf, "GGUFReader", Reader)
+    monkeypatch.setattr(gguf, "get_tensor_name_map", lambda arch, blocks: maps.append((arch, blocks)) or object())
+    one, other = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    with pytest.raises(KeyError), _gguf_parsed_once():
+        first = gguf.GGUFReader(one)
+        assert gguf.GGUFReader(str(one)) is first and gguf.GGUFReader(other) is not first
+        assert gguf.get_tensor_name_map("llama", 30) is gguf.get_tensor_name_map("llama", 30)
+        gguf.get_tensor_name_map("llama", 2)
+        raise KeyError("an error inside still restores gguf")
+    assert parsed == [(one, "r"), (other, "r")] and maps == [("llama", 30), ("llama", 2)]
+    assert gguf.GGUFReader is Reader and gguf.GGUFReader(one) is not first   # parses again outside
+
+
 @pytest.mark.slow
 def test_smollm2_converts_from_the_wheel_and_knows_paris(tmp_path, monkeypatch):
     pytest.importorskip("gguf")

