@@ -40,6 +40,8 @@ app: install
 # the next run (2026-12-01; the same order measured 475-493 s earlier that day).
 # First nbmake runs every notebook in fast mode, on copies in $(EXECUTED) that keep their outputs
 # (--overwrite); the book test then builds the site from those runs instead of running them again.
+# (Running the app test beside the notebooks, theirs at nice 19, saved nothing: 158 s for both against
+# 94 + 65 s, 2026-12-02; Jupyter kernels start sessions of their own, so nice does not reach them.)
 # The Voilà app test runs last, alone: its page never shows the redraw after a slider move in about
 # half the page loads alone (5 of 11 on 2026-12-01; the cause is not found) and in more beside busy
 # test processes (2 of 2 page loads; in the pool it also saved no time: 679 s against 621-686 s). The

@@ -4,7 +4,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from scipy.stats import spearmanr
 
 from sazo_lite.course import sazo_runs as E
 from sazo_lite import variance
@@ -34,9 +33,11 @@ def test_trace_shapes_and_distributions(trace, problem):
 
 def test_trace_metrics_match_plain_references(trace):
     """Each logged metric equals an independent computation from the logged arrays."""
+    from scipy import stats   # here, not at the top: every test process collects this file
+
     for k in range(1, len(trace.steps)):
         norms, p = trace.norms[k], trace.p_sazo[k]
-        assert trace.spearman[k] == pytest.approx(spearmanr(trace.sqrt_g[k], norms).statistic, abs=1e-9)
+        assert trace.spearman[k] == pytest.approx(stats.spearmanr(trace.sqrt_g[k], norms).statistic, abs=1e-9)
         assert trace.tv[k] == pytest.approx(0.5 * np.abs(p - norms / norms.sum()).sum(), abs=1e-12)
         v_star = norms.mean() ** 2
         assert trace.ratio["sazo"][k] == pytest.approx((norms ** 2 / p).sum() / len(p) ** 2 / v_star)

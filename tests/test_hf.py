@@ -6,13 +6,27 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from transformers import TrainerCallback, TrainingArguments  # noqa: E402
 
-from sazo_lite.hf import CausalLMCollator, ZOTrainer, causal_lm_losses  # noqa: E402
 from sazo_lite.llm.models import tiny_causal_lm  # noqa: E402
 from sazo_lite.samplers import SAZOSampler  # noqa: E402
 
 transformers.logging.set_verbosity_error()
+
+
+class _OnFirstUse:
+    """A module whose attributes are imported when a test first reads one: ``sazo_lite.hf`` pulls in
+    transformers.Trainer and peft (~7 s here), which every test process would pay at collection."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr):
+        import importlib
+
+        return getattr(importlib.import_module(self._name), attr)
+
+
+hf = _OnFirstUse("sazo_lite.hf")
 VOCAB = 64
 
 
@@ -31,13 +45,13 @@ def training_args(tmp_path, **overrides):
     settings = dict(max_steps=4, per_device_train_batch_size=4, learning_rate=2e-3, lr_scheduler_type="constant",
                     logging_steps=2, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=0)
     settings.update(overrides)
-    return TrainingArguments(str(tmp_path / "out"), **settings)
+    return transformers.TrainingArguments(str(tmp_path / "out"), **settings)
 
 
 def trainer_for(tmp_path, rows=None, model=None, args=None, **kwargs):
     rows = memorisable_rows() if rows is None else rows
     model = tiny_causal_lm("llama", vocab_size=VOCAB) if model is None else model
-    return ZOTrainer(model, args or training_args(tmp_path), train_dataset=rows, eval_dataset=rows, **kwargs)
+    return hf.ZOTrainer(model, args or training_args(tmp_path), train_dataset=rows, eval_dataset=rows, **kwargs)
 
 
 def weights(model):
@@ -48,9 +62,9 @@ def weights(model):
 def test_per_example_losses_match_the_models_own_loss_one_example_at_a_time():
     model = tiny_causal_lm("llama", vocab_size=VOCAB)
     rows = memorisable_rows(n=5, ragged=True)
-    batch = CausalLMCollator(0)(rows)                       # right-padded, labels −100 on padding
+    batch = hf.CausalLMCollator(0)(rows)                       # right-padded, labels −100 on padding
     with torch.no_grad():
-        ours = causal_lm_losses(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
+        ours = hf.causal_lm_losses(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
                                 batch["labels"])
         for k, row in enumerate(rows):                      # HF's loss: mean CE over the shifted labels
             alone = model(input_ids=torch.tensor([row["input_ids"]]), labels=torch.tensor([row["labels"]])).loss
@@ -59,7 +73,7 @@ def test_per_example_losses_match_the_models_own_loss_one_example_at_a_time():
 
 def test_a_row_with_more_labels_than_tokens_is_refused():
     with pytest.raises(ValueError, match="Invalid labels"):
-        CausalLMCollator(0)([{"input_ids": [5, 6], "labels": [5, 6, 7]}])
+        hf.CausalLMCollator(0)([{"input_ids": [5, 6], "labels": [5, 6, 7]}])
 
 
 # -- the step ----------------------------------------------------------------------------------
@@ -106,7 +120,7 @@ def test_the_sampler_chooses_the_examples_and_sees_their_diffs(tmp_path):
     seen = seen[1:]                                          # the check forward before training
     assert len(recorder.drawn) == 5 and len(seen) == 10
     for step, indices in enumerate(recorder.drawn):
-        expected = CausalLMCollator(0)([rows[int(i)] for i in indices])["input_ids"]
+        expected = hf.CausalLMCollator(0)([rows[int(i)] for i in indices])["input_ids"]
         assert torch.equal(seen[2 * step], expected) and torch.equal(seen[2 * step + 1], expected)
         fed_indices, diffs = recorder.fed_back[step]
         assert torch.equal(fed_indices, indices) and diffs.shape == (4,) and bool(diffs.ne(0).any())
@@ -240,7 +254,7 @@ def test_evaluate_with_compute_metrics_and_callbacks(tmp_path):
         scored = labels[:, 1:] != -100
         return {"token_accuracy": float((predicted[:, :-1] == labels[:, 1:])[scored].float().mean())}
 
-    class Steps(TrainerCallback):
+    class Steps(transformers.TrainerCallback):
         ends, logs = 0, []
 
         def on_step_end(self, args, state, control, **kwargs):
@@ -253,10 +267,10 @@ def test_evaluate_with_compute_metrics_and_callbacks(tmp_path):
     trainer = trainer_for(tmp_path, rows=rows, args=args, compute_metrics=token_accuracy,
                           preprocess_logits_for_metrics=argmax, callbacks=[Steps()])
     metrics = trainer.evaluate()
-    batch = CausalLMCollator(0)(rows)
+    batch = hf.CausalLMCollator(0)(rows)
     with torch.no_grad():
         logits = trainer.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    per_example = causal_lm_losses(logits, batch["labels"])
+    per_example = hf.causal_lm_losses(logits, batch["labels"])
     assert metrics["eval_loss"] == pytest.approx(float(per_example.mean()), rel=1e-5)   # mean over examples
     predicted = logits.argmax(-1)[:, :-1]
     scored = batch["labels"][:, 1:] != -100

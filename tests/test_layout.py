@@ -93,3 +93,15 @@ def test_the_races_take_their_samplers_from_the_one_vocabulary():
 
     assert queries.SAMPLERS is samplers.RACED and sazo_runs.SAMPLERS is samplers.RACED
     assert set(samplers.RACED) <= set(samplers.SAMPLERS)
+
+
+def test_make_test_runs_every_notebook_once_then_every_test_file_then_the_app_test():
+    """The Makefile's notebook order (longest first) names each notebook once, a new one included."""
+    root = PACKAGE.parent
+    done = subprocess.run(["make", "-n", "test"], cwd=root, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    notebooks, pool, app = done.stdout.split("--nbmake", 1)[1].split("\n", 2)
+    ran = [name for name in notebooks.split() if name.startswith("build/executed/")]
+    assert sorted(ran) == sorted(f"build/executed/{p.name}" for p in (root / "notebooks").glob("*.ipynb"))
+    assert pool.split()[-1] == "tests" and "--ignore=tests/test_app.py" in pool
+    assert app.split()[-1] == "tests/test_app.py"

@@ -6,13 +6,17 @@ from torch.func import grad, vmap
 from sazo_lite.course.problems import LeastSquares, LogisticRegression, lognormal_scales
 
 
-def problems():
-    return [LeastSquares(40, 6, heterogeneity=1.5, seed=3),
-            LogisticRegression.from_sklearn("breast_cancer", heterogeneity=0.7),
-            LogisticRegression.from_sklearn("digits", l2=1e-2)]
+BUILDERS = {"least_squares": lambda: LeastSquares(40, 6, heterogeneity=1.5, seed=3),
+            "breast_cancer": lambda: LogisticRegression.from_sklearn("breast_cancer", heterogeneity=0.7),
+            "digits": lambda: LogisticRegression.from_sklearn("digits", l2=1e-2)}
 
 
-@pytest.mark.parametrize("problem", problems(), ids=["least_squares", "breast_cancer", "digits"])
+@pytest.fixture(scope="module", params=list(BUILDERS))
+def problem(request):
+    """Built when a test runs (scikit-learn and the Newton solves), not when every process collects."""
+    return BUILDERS[request.param]()
+
+
 def test_per_example_grads_match_torch_func(problem):
     theta = 0.1 * torch.randn(problem.dim, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     single = lambda th, i: problem.losses(th, i.reshape(1))[0]
@@ -21,7 +25,6 @@ def test_per_example_grads_match_torch_func(problem):
     assert torch.allclose(problem.norms(theta), autograd.norm(dim=1), rtol=1e-9)
 
 
-@pytest.mark.parametrize("problem", problems(), ids=["least_squares", "breast_cancer", "digits"])
 def test_optimum_has_zero_gradient_and_lowest_loss(problem):
     assert float(problem.gradient(problem.optimum).norm()) < 1e-8
     nudged = problem.optimum + 1e-2 * torch.randn(problem.dim, dtype=torch.float64)
