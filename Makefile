@@ -34,10 +34,12 @@ app: install
 	$(VENV)/bin/voila notebooks/05_the_race.ipynb
 
 # Tests run in TEST_JOBS processes, a test file per process (--dist loadfile: a file's fixtures, such
-# as the built labs or the book, are built once); TEST_JOBS=0 runs everything in this process. xdist
-# starts the files with the most tests first; starting the longest-running files first instead
-# (--no-loadscope-reorder) made no measurable difference: 532 s for this stage against 541 s in
-# the next run (2026-12-01; the same order measured 475-493 s earlier that day).
+# as the built labs or the book, are built once); TEST_JOBS=0 runs everything in this process. The
+# files start in conftest's order (--no-loadscope-reorder): xdist's own (most tests first) but with
+# the few long browser tests first, so that the pool ends on short files. Measured on the idle
+# machine, 2026-12-02, pool alone: 466 s, against 489 s in xdist's order (one process idle for the
+# last 49 s) and 504 s with the longest files first (the labs' graders and the book's Chromium then
+# ran side by side and both slowed: 283 + 149 s against 215 + 113 s).
 # First nbmake runs every notebook in fast mode, on copies in $(EXECUTED) that keep their outputs
 # (--overwrite); the book test then builds the site from those runs instead of running them again.
 # (Running the app test beside the notebooks, theirs at nice 19, saved nothing: 158 s for both against
@@ -58,7 +60,8 @@ ORDERED_NOTEBOOKS := $(addprefix $(EXECUTED)/,$(notdir $(filter-out $(LISTED_NOT
 test: install sandbox
 	rm -rf $(EXECUTED) && mkdir -p $(EXECUTED) && cp notebooks/*.ipynb $(EXECUTED)/
 	SAZO_FAST=1 $(PY) -m pytest -q $(XDIST) -p no:cacheprovider --nbmake --nbmake-timeout=600 --overwrite $(ORDERED_NOTEBOOKS)
-	SAZO_FAST=1 SAZO_BOOK_EXECUTED=$(EXECUTED) $(PY) -m pytest -q $(XDIST) --durations=15 --ignore=tests/test_app.py tests
+	SAZO_FAST=1 SAZO_BOOK_EXECUTED=$(EXECUTED) $(PY) -m pytest -q $(XDIST) --no-loadscope-reorder --durations=15 \
+	  --ignore=tests/test_app.py tests
 	SAZO_FAST=1 $(PY) -m pytest -q -rxX tests/test_app.py
 
 # JupyterLab in headless Chromium (Debian's /usr/bin/chromium; `make test` runs it too when present).

@@ -100,7 +100,8 @@ def test_make_test_runs_every_notebook_once_then_every_test_file_then_the_app_te
     root = PACKAGE.parent
     done = subprocess.run(["make", "-n", "test"], cwd=root, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    notebooks, pool, app = done.stdout.split("--nbmake", 1)[1].split("\n", 2)
+    commands = done.stdout.replace("\\\n", " ")   # continued lines joined: one command a line
+    notebooks, pool, app = commands.split("--nbmake", 1)[1].split("\n", 2)
     ran = [name for name in notebooks.split() if name.startswith("build/executed/")]
     assert sorted(ran) == sorted(f"build/executed/{p.name}" for p in (root / "notebooks").glob("*.ipynb"))
     assert pool.split()[-1] == "tests" and "--ignore=tests/test_app.py" in pool
