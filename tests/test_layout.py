@@ -1,5 +1,6 @@
 """The package layout is the architecture: library below, course on top, read off the imports."""
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -98,10 +99,13 @@ def test_the_races_take_their_samplers_from_the_one_vocabulary():
 def test_make_test_runs_every_notebook_once_then_every_test_file_then_the_app_test():
     """The Makefile's notebook order (longest first) names each notebook once, a new one included."""
     root = PACKAGE.parent
-    done = subprocess.run(["make", "-n", "test"], cwd=root, capture_output=True, text=True, timeout=60)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}   # as from a shell, not from make
+    done = subprocess.run(["make", "-n", "-s", "--no-print-directory", "test"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    commands = done.stdout.replace("\\\n", " ")   # continued lines joined: one command a line
-    notebooks, pool, app = commands.split("--nbmake", 1)[1].split("\n", 2)
+    commands = [line for line in done.stdout.replace("\\\n", " ").splitlines()   # one command a line
+                if "pytest" in line]
+    notebooks, pool, app = [line for line in commands if "--nbmake" in line] + commands[-2:]
     ran = [name for name in notebooks.split() if name.startswith("build/executed/")]
     assert sorted(ran) == sorted(f"build/executed/{p.name}" for p in (root / "notebooks").glob("*.ipynb"))
     assert pool.split()[-1] == "tests" and "--ignore=tests/test_app.py" in pool
