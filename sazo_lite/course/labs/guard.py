@@ -224,9 +224,7 @@ class Guard:
                 klass.__init__ = self._guarded(inherited, f"{_qualname(klass)}.__init__")
 
     def _guarded(self, fn, name: str):
-        guard = self
-
-        library = guard._library_globals
+        guard, library = self, self._library_globals
 
         @functools.wraps(fn)
         def guarded(*args, **kwargs):
@@ -243,9 +241,7 @@ class Guard:
     def _from_student(self, frame) -> bool:
         """Whether the nearest caller that is not the library, Python or an installed package is the student's.
 
-        Called on every guarded call (~100 per ZO step in lab 4), so it is kept lean: trusted code
-        is looked up by identity (hashing a code object hashes its bytecode, and an equal copy
-        made by the submission must not count as the test's own code).
+        Trusted code is looked up by identity: an equal copy made by the submission is not the test's own.
         """
         namespace, trusted, modules = self.namespace, self.trusted, sys.modules
         for _ in range(200):
