@@ -10,12 +10,13 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 transformers = pytest.importorskip("transformers")
-from transformers import TrainingArguments  # noqa: E402
 from transformers.modeling_outputs import CausalLMOutput  # noqa: E402
 
-from sazo_lite.hf import CausalLMCollator, ZOTrainer, causal_lm_losses  # noqa: E402
 from sazo_lite.llm.losses import TokenBatch, answer_losses  # noqa: E402
 from sazo_lite.llm.models import tiny_causal_lm  # noqa: E402
+from test_hf import _OnFirstUse  # noqa: E402  (sazo_lite.hf imported when a test first needs it)
+
+zo_hf = _OnFirstUse("sazo_lite.hf")
 
 transformers.logging.set_verbosity_error()
 VOCAB, PAD = 64, 0
@@ -35,7 +36,7 @@ def args_for(tmp_path, **overrides):
     settings_ = dict(max_steps=2, per_device_train_batch_size=2, learning_rate=1e-3, save_strategy="no",
                      report_to=[], use_cpu=True, disable_tqdm=True, seed=0, logging_steps=1)
     settings_.update(overrides)
-    return TrainingArguments(str(tmp_path / "out"), **settings_)
+    return transformers.TrainingArguments(str(tmp_path / "out"), **settings_)
 
 
 def snapshot(model):
@@ -59,13 +60,13 @@ class _Payload:
 
 def test_a_crafted_zo_state_pickle_is_refused_and_runs_nothing(tmp_path):
     model = tiny_causal_lm("llama", vocab_size=VOCAB)
-    ZOTrainer(model, args_for(tmp_path, save_strategy="steps", save_steps=2), train_dataset=rows()).train()
+    zo_hf.ZOTrainer(model, args_for(tmp_path, save_strategy="steps", save_steps=2), train_dataset=rows()).train()
     checkpoint = tmp_path / "out" / "checkpoint-2"
     marker = tmp_path / "code-ran"
     state = torch.load(checkpoint / "zo_state.pt", weights_only=True)
     state["sampler"]["extra"] = _Payload(marker)
     torch.save(state, checkpoint / "zo_state.pt")
-    again = ZOTrainer(tiny_causal_lm("llama", vocab_size=VOCAB), args_for(tmp_path, max_steps=4),
+    again = zo_hf.ZOTrainer(tiny_causal_lm("llama", vocab_size=VOCAB), args_for(tmp_path, max_steps=4),
                       train_dataset=rows())
     before = snapshot(again.model)
     with pytest.raises(ValueError, match="Invalid checkpoint"):
@@ -77,7 +78,7 @@ def test_a_crafted_zo_state_pickle_is_refused_and_runs_nothing(tmp_path):
 @pytest.mark.parametrize("spoil", ["not a dict", "extra key", "master shapes", "sampler field", "garbage"])
 def test_a_zo_state_of_the_wrong_shape_is_refused_before_anything_loads(tmp_path, spoil):
     model = tiny_causal_lm("llama", vocab_size=VOCAB)
-    ZOTrainer(model, args_for(tmp_path, save_strategy="steps", save_steps=2), train_dataset=rows(),
+    zo_hf.ZOTrainer(model, args_for(tmp_path, save_strategy="steps", save_steps=2), train_dataset=rows(),
               master_weights=spoil == "master shapes").train()
     path = tmp_path / "out" / "checkpoint-2" / "zo_state.pt"
     state = torch.load(path, weights_only=True)
@@ -93,7 +94,7 @@ def test_a_zo_state_of_the_wrong_shape_is_refused_before_anything_loads(tmp_path
         path.write_bytes(b"\x80\x04not really a checkpoint")
     else:
         torch.save(state, path)
-    again = ZOTrainer(tiny_causal_lm("llama", vocab_size=VOCAB), args_for(tmp_path, max_steps=4),
+    again = zo_hf.ZOTrainer(tiny_causal_lm("llama", vocab_size=VOCAB), args_for(tmp_path, max_steps=4),
                       train_dataset=rows(), master_weights=spoil == "master shapes")
     before = snapshot(again.model)
     with pytest.raises(ValueError, match="Invalid checkpoint"):
@@ -124,9 +125,9 @@ def padded(examples, style, width=9):
 def test_the_collator_honours_a_datasets_padding_and_never_scores_a_pad(style, with_labels):
     model = tiny_causal_lm("llama", vocab_size=VOCAB)
     examples = rows(n=4, seed=2, labels=with_labels)
-    batch = CausalLMCollator(PAD)(padded(examples, style))
+    batch = zo_hf.CausalLMCollator(PAD)(padded(examples, style))
     with torch.no_grad():
-        ours = causal_lm_losses(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
+        ours = zo_hf.causal_lm_losses(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
                                 batch["labels"])
         for k, e in enumerate(examples):      # the model's own (HF labels) loss on the example alone
             labels = e.get("labels", e["input_ids"])
@@ -138,9 +139,9 @@ def test_the_collator_honours_a_datasets_padding_and_never_scores_a_pad(style, w
 def test_a_right_padded_batch_gives_the_models_own_loss_on_the_same_padded_rows():
     model = tiny_causal_lm("gpt2", vocab_size=VOCAB)   # absolute positions: right padding only
     examples = padded(rows(n=3, seed=5), "max_length")
-    batch = CausalLMCollator(PAD)(examples)
+    batch = zo_hf.CausalLMCollator(PAD)(examples)
     with torch.no_grad():
-        ours = causal_lm_losses(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
+        ours = zo_hf.causal_lm_losses(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
                                 batch["labels"])
         for k, row in enumerate(examples):
             own = model(input_ids=torch.tensor([row["input_ids"]]), attention_mask=torch.tensor([row["attention_mask"]]),
@@ -157,16 +158,16 @@ def test_a_right_padded_batch_gives_the_models_own_loss_on_the_same_padded_rows(
 ])
 def test_masks_the_collator_cannot_honour_are_refused(row, match):
     with pytest.raises(ValueError, match=match):
-        CausalLMCollator(PAD)([row])
+        zo_hf.CausalLMCollator(PAD)([row])
 
 
 def test_answer_losses_and_the_trainers_loss_are_one_function():
     model = tiny_causal_lm("llama", vocab_size=VOCAB)
     examples = rows(n=4, seed=3)
     batch = TokenBatch(ids=[e["input_ids"] for e in examples], prompt_lengths=[2] * 4, pad_id=PAD)
-    collated = CausalLMCollator(PAD)(examples)
+    collated = zo_hf.CausalLMCollator(PAD)(examples)
     with torch.no_grad():
-        hf = causal_lm_losses(model(input_ids=collated["input_ids"], attention_mask=collated["attention_mask"]).logits,
+        hf = zo_hf.causal_lm_losses(model(input_ids=collated["input_ids"], attention_mask=collated["attention_mask"]).logits,
                               collated["labels"])
         assert torch.allclose(answer_losses(model, batch), hf, rtol=1e-6, atol=1e-7)
         for k, e in enumerate(examples):
@@ -197,7 +198,7 @@ def seq_classifier():
 
 
 def no_labels_collator(batch_rows):
-    full = CausalLMCollator(PAD)(batch_rows)
+    full = zo_hf.CausalLMCollator(PAD)(batch_rows)
     return {"input_ids": full["input_ids"], "attention_mask": full["attention_mask"]}
 
 
@@ -208,7 +209,7 @@ CANNOT_USE = {
     "collator without labels": (lambda: TupleLM(as_tuple=False), dict(data_collator=no_labels_collator),
                                 "Invalid data_collator"),
     "mean loss": (lambda: TupleLM(as_tuple=False),
-                  dict(per_example_loss=lambda out, inputs: causal_lm_losses(out.logits, inputs["labels"]).mean()),
+                  dict(per_example_loss=lambda out, inputs: zo_hf.causal_lm_losses(out.logits, inputs["labels"]).mean()),
                   "Invalid per_example_loss"),
     "integer loss": (lambda: TupleLM(as_tuple=False),
                      dict(per_example_loss=lambda out, inputs: inputs["labels"][:, 0]), "Invalid per_example_loss"),
@@ -221,7 +222,7 @@ CANNOT_USE = {
 def test_a_model_or_collator_the_trainer_cannot_use_is_refused_before_training(tmp_path, case):
     make, kwargs, match = CANNOT_USE[case]
     model = make()
-    trainer = ZOTrainer(model, args_for(tmp_path), train_dataset=rows(), **kwargs)
+    trainer = zo_hf.ZOTrainer(model, args_for(tmp_path), train_dataset=rows(), **kwargs)
     before = snapshot(model)
     with pytest.raises(ValueError, match=match):
         trainer.train()
@@ -231,7 +232,7 @@ def test_a_model_or_collator_the_trainer_cannot_use_is_refused_before_training(t
 def test_a_usable_plain_module_trains(tmp_path):
     model = TupleLM(as_tuple=False)
     before = snapshot(model)
-    trainer = ZOTrainer(model, args_for(tmp_path), train_dataset=rows())
+    trainer = zo_hf.ZOTrainer(model, args_for(tmp_path), train_dataset=rows())
     trainer.train()
     assert trainer.zo_optimizer.step_count == 2 and not unchanged(model, before)
 
@@ -245,7 +246,7 @@ def test_a_usable_plain_module_trains(tmp_path):
 ])
 def test_optim_settings_and_a_zero_batch_size_are_refused_at_construction(tmp_path, change, match):
     with pytest.raises(ValueError, match=match):
-        ZOTrainer(TupleLM(as_tuple=False), args_for(tmp_path, **change), train_dataset=rows())
+        zo_hf.ZOTrainer(TupleLM(as_tuple=False), args_for(tmp_path, **change), train_dataset=rows())
 
 
 # -- hypothesis: Trainer settings and models ---------------------------------------------------
@@ -261,15 +262,15 @@ def test_fuzz_trainer_settings_refuse_or_construct(tmp_path, optim, optim_args, 
         change["optim"] = optim
     try:
         args = args_for(tmp_path, **change)
-    except (ValueError, ImportError):        # TrainingArguments' own refusals
+    except (ValueError, ImportError):        # transformers.TrainingArguments' own refusals
         return
-    bad = (optim not in (None, TrainingArguments.__dataclass_fields__["optim"].default) or bool(optim_args)
+    bad = (optim not in (None, transformers.TrainingArguments.__dataclass_fields__["optim"].default) or bool(optim_args)
            or batch < 1 or accumulation != 1)
     if bad:
         with pytest.raises(ValueError, match="Invalid"):
-            ZOTrainer(TupleLM(as_tuple=False), args, train_dataset=rows())
+            zo_hf.ZOTrainer(TupleLM(as_tuple=False), args, train_dataset=rows())
     else:
-        ZOTrainer(TupleLM(as_tuple=False), args, train_dataset=rows())
+        zo_hf.ZOTrainer(TupleLM(as_tuple=False), args, train_dataset=rows())
 
 
 @FEW
@@ -277,7 +278,7 @@ def test_fuzz_trainer_settings_refuse_or_construct(tmp_path, optim, optim_args, 
 def test_fuzz_unusable_models_never_move_a_parameter(tmp_path, case, n, batch):
     make, kwargs, match = CANNOT_USE[case]
     model = make()
-    trainer = ZOTrainer(model, args_for(tmp_path, per_device_train_batch_size=batch), train_dataset=rows(n=n),
+    trainer = zo_hf.ZOTrainer(model, args_for(tmp_path, per_device_train_batch_size=batch), train_dataset=rows(n=n),
                         **kwargs)
     before = snapshot(model)
     with pytest.raises(ValueError, match=match):
