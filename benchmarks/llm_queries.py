@@ -180,9 +180,12 @@ def settings(args) -> list[Setting]:
                            {"uniform": args.full_start, "sazo": args.full_start}, 1, args.full_steps, args.log_every,
                            variants=("uniform", "sazo"), cells=3, grid_seeds=1, seeds=2, cost=3.0,
                            perturbation="rademacher", budget_runs=False))
+    # the does-not-lose check (uniform and SAZO by default): the oracle's backprop refresh cannot batch
+    # over these models' non-Linear tensors, so it pays N backward passes a step (≈ 25× a ZO step here)
     out += [Setting(f"tiny {family} (random init, full, B=1)", lambda family=family: tiny_start(family, args),
-                    {v: args.tiny_start for v in ("uniform", "sazo", "oracle")}, 1, args.tiny_steps, 25,
-                    cells=4, grid_seeds=3, seeds=3, cost=0.1, budget_runs=False) for family in args.tiny]
+                    {v: args.tiny_start for v in args.tiny_variants}, 1, args.tiny_steps, 25,
+                    variants=tuple(args.tiny_variants), grid_seeds=args.grid_seeds, seeds=args.seeds,
+                    cells=args.cells, cost=0.15, budget_runs=False) for family in args.tiny]
     return out
 
 
@@ -466,8 +469,9 @@ def parse_args(argv=None):
     parser.add_argument("--full-steps", type=int, default=60)
     parser.add_argument("--tiny", nargs="*", default=["llama", "gpt2", "opt", "qwen2"])
     parser.add_argument("--tiny-n", type=int, default=32)
-    parser.add_argument("--tiny-steps", type=int, default=500)
-    parser.add_argument("--tiny-start", type=float, default=5e-5)
+    parser.add_argument("--tiny-variants", nargs="+", default=["uniform", "sazo"], choices=("uniform", "sazo", "oracle"))
+    parser.add_argument("--tiny-steps", type=int, default=600)
+    parser.add_argument("--tiny-start", type=float, default=1.41e-4)
     parser.add_argument("--gd-lrs", type=float, nargs="*", default=[],
                         help="also run full-batch GD by backprop on the continual set at these rates (reference)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
