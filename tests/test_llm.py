@@ -59,6 +59,40 @@ def test_classification_losses_match_unpadded_reference(family):
         assert fast[i].item() == pytest.approx(reference.item(), rel=1e-4, abs=1e-5)
 
 
+class _NoKeep(torch.nn.Module):
+    """The same model behind a forward without ``logits_to_keep``: the full-logits path."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, attention_mask):
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_classification_logits_at_the_kept_positions_equal_the_full_logits(family):
+    # the head's matrix product over fewer rows may round differently in the last bit (float32)
+    from sazo_lite.llm.losses import classification_logits
+    model, batch = tiny_causal_lm(family, vocab_size=VOCAB), random_batch(n=9, seed=2)   # lengths 6..11
+    calls = []
+    handle = model.register_forward_pre_hook(lambda m, a, kw: calls.append(kw.get("logits_to_keep")), with_kwargs=True)
+    kept = classification_logits(model, batch)
+    handle.remove()
+    assert calls and torch.is_tensor(calls[0]) and len(calls[0]) < max(map(len, batch.ids))   # the head skipped rows
+    full = classification_logits(_NoKeep(model), batch)
+    torch.testing.assert_close(kept, full, rtol=1e-6, atol=1e-6)
+    lora = add_lora(tiny_causal_lm(family, vocab_size=VOCAB), rank=2, init_seed=0)
+    with torch.no_grad():
+        for p in trainable_parameters(lora):
+            p.add_(0.1 * torch.randn_like(p))
+    idx = [4, 0, 7]
+    kept_grad = classification_losses(lora, batch, idx, grad=True)
+    full_grad = classification_losses(_NoKeep(lora), batch, idx, grad=True)
+    assert kept_grad.requires_grad
+    torch.testing.assert_close(kept_grad, full_grad, rtol=1e-6, atol=1e-6)
+
+
 def test_answer_losses_ignore_the_prompt():
     model, batch = tiny_causal_lm("llama", vocab_size=VOCAB), random_batch(n=2)
     changed = TokenBatch(ids=[list(r) for r in batch.ids], prompt_lengths=batch.prompt_lengths, pad_id=0)

@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -151,12 +152,31 @@ def _autocast(device: torch.device, dtype):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def _logits(model, inputs, autocast_dtype, grad: bool = False) -> torch.Tensor:
+def _keeps_logits(model) -> bool:
+    """Whether the model's forward takes ``logits_to_keep`` (Hugging Face causal LMs; peft passes it on)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters
+
+
+def _logits(model, inputs, autocast_dtype, grad: bool = False, positions=None) -> torch.Tensor:
+    """Float32 logits [B, T, V], or with ``positions`` [B] only row b's logits at positions[b]: [B, V].
+
+    With ``positions``, a model that takes ``logits_to_keep`` applies its LM head at those positions
+    only: the same numbers up to float rounding (the head's matrix product over fewer rows may round
+    the last bit differently), and for a small model with a large vocabulary most of the forward's
+    cost saved, since the head over every position is most of it.
+    """
     # grad=True keeps the autograd graph (true per-example gradients, ``grad_norms``); ZO never needs it
     mode = torch.enable_grad() if grad else torch.inference_mode()
+    kept = torch.unique(positions) if positions is not None and _keeps_logits(model) else None   # sorted [K]
+    extra = {} if kept is None else {"logits_to_keep": kept}
     with mode, _autocast(inputs["input_ids"].device, autocast_dtype):
-        out = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
-    return out.logits.float()  # [B, T, V]; CE in float32 whatever the model dtype
+        out = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], **extra)
+    logits = out.logits.float()  # CE in float32 whatever the model dtype
+    if positions is None:
+        return logits
+    rows = torch.arange(len(logits), device=logits.device)
+    return logits[rows, positions if kept is None else torch.searchsorted(kept, positions)]
 
 
 def answer_losses(model, batch: TokenBatch, indices=None, *, autocast_dtype=None, grad: bool = False) -> torch.Tensor:
@@ -179,8 +199,7 @@ def classification_logits(model, batch: TokenBatch, indices=None, *, autocast_dt
     """Logits of the label words at each prompt's last position: float32 [B, C]."""
     indices = range(len(batch)) if indices is None else indices
     inputs = batch.select(indices, _device(model))
-    logits = _logits(model, inputs, autocast_dtype, grad)
-    last = logits[torch.arange(len(logits), device=logits.device), inputs["lengths"] - 1]  # [B, V]
+    last = _logits(model, inputs, autocast_dtype, grad, positions=inputs["lengths"] - 1)   # [B, V]
     return last[:, batch.label_ids.to(last.device)]
 
 
