@@ -470,8 +470,8 @@ def parse_args(argv=None):
     parser.add_argument("--tiny", nargs="*", default=["llama", "gpt2", "opt", "qwen2"])
     parser.add_argument("--tiny-n", type=int, default=32)
     parser.add_argument("--tiny-variants", nargs="+", default=["uniform", "sazo"], choices=("uniform", "sazo", "oracle"))
-    parser.add_argument("--tiny-steps", type=int, default=600)
-    parser.add_argument("--tiny-start", type=float, default=1.41e-4)
+    parser.add_argument("--tiny-steps", type=int, default=1000)
+    parser.add_argument("--tiny-start", type=float, default=7.07e-5)
     parser.add_argument("--gd-lrs", type=float, nargs="*", default=[],
                         help="also run full-batch GD by backprop on the continual set at these rates (reference)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
