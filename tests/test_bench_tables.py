@@ -168,3 +168,26 @@ def test_a_run_from_theta0_restores_the_weights_first_and_equals_a_plain_query_r
     plain = query_run(model, params, batch, "sazo", lr=1e-2, seed=1, **settings).to_dict()
     assert first["train_loss"] == second["train_loss"] == plain["train_loss"]
     assert first["queries"] == plain["queries"] == [0, 12, 24]
+
+
+@pytest.mark.parametrize("select, expected", [(None, 1.41e-3), (0.5, 1e-3)])
+def test_the_rate_rule_counts_queries_to_the_settings_select_target(monkeypatch, select, expected):
+    """1e-3 reaches 0.5·F₀ first but never 0.3·F₀; 1.41e-3 reaches both, 0.5·F₀ later; 2e-3 diverges."""
+    curves = {1e-3: [1.0, 0.45, 0.4, 0.4, 0.4], 1.41e-3: [1.0, 0.8, 0.45, 0.25, 0.2], 2e-3: [1.0, 2.0]}
+
+    def run_from(theta0, model, params, train, test, sampler, *, lr, seed, **settings):
+        losses = curves[lr]
+        return {**fake_run(sampler, losses, step=2 * settings["batch_size"] * settings["log_every"],
+                           diverged=losses[-1] > 1.5), "lr": lr, "seed": seed}
+
+    monkeypatch.setattr(llm_queries, "run_from", run_from)
+    monkeypatch.setattr(llm_queries, "snapshot", lambda params: None)
+    monkeypatch.setattr(llm_queries, "restore_snapshot", lambda params, theta0: None)
+    args = llm_queries.parse_args(["--sets", "--measure-sets", "--tiny"])
+    setting = llm_queries.Setting("fake", None, {"uniform": 1e-3}, 1, 40, 10, variants=("uniform",), cells=3,
+                                  grid_seeds=3, seeds=3, budget_runs=False, select_target=select)
+    out = {"grid": {}, "chosen_lr": {}, "runs": {}}
+    llm_queries.race_variant(setting, "uniform", None, [], None, None, args, out)
+    assert list(out["grid"]["uniform"]) == ["0.001", "0.00141", "0.002"]      # climbed to the edge
+    assert out["chosen_lr"]["uniform"] == pytest.approx(expected)
+    assert out["select_target"] == (select or 0.3)
