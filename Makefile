@@ -50,10 +50,10 @@ app: install
 # test then reports an expected failure with its diagnosis (-rxX prints it), and fails on anything else.
 TEST_JOBS ?= 2
 XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
-# The notebooks start longest first (fast mode, 2026-12-02, idle: 06 45 s, 05 32, 04 25, 02 20, 07 18, 03 11,
-# 01 10 s), so that the last one to finish is a short one; a notebook missing from the list runs first.
+# The notebooks start longest first (fast mode, 2026-12-02, idle CI run: 05 36 s, 04 28, 06 28, 07 18, 02 17,
+# 03 9, 01 7 s), so that the last one to finish is a short one; a notebook missing from the list runs first.
 EXECUTED := build/executed
-NOTEBOOK_ORDER := 06 05 04 02 07 03 01
+NOTEBOOK_ORDER := 05 04 06 07 02 03 01
 LISTED_NOTEBOOKS := $(foreach n,$(NOTEBOOK_ORDER),$(wildcard notebooks/$(n)_*.ipynb))
 ORDERED_NOTEBOOKS := $(addprefix $(EXECUTED)/,$(notdir $(filter-out $(LISTED_NOTEBOOKS),$(wildcard notebooks/*.ipynb)) \
 	$(LISTED_NOTEBOOKS)))
