@@ -122,8 +122,10 @@ def test_gd_reference_follows_backprop_and_reports_divergence():
     assert all(torch.equal(a, b) for a, b in zip(before, params))     # θ₀ restored
 
 
-def test_the_reference_report_is_relative_and_summarises():
-    text = llm_queries.REFERENCE.read_text()
+@pytest.mark.parametrize("path", [llm_queries.REFERENCE, llm_queries.REFERENCE.with_name("llm_tiny_families.json"),
+                                  llm_queries.REFERENCE.with_name("llm_homogeneous_b4.json")], ids=lambda p: p.stem)
+def test_the_reference_report_is_relative_and_summarises(path):
+    text = path.read_text()
     assert not any(root in text for root in ('"/work', '"/home', '"/tmp', '"/root', "/usr/"))
     report = json.loads(text)
     assert report["date"] and report["machine"] and report["args"]["eps"] == 1e-3
