@@ -54,7 +54,7 @@ from sazo_lite.llm.losses import TokenBatch, classification_losses
 from sazo_lite.llm.finetune import mean_loss
 from sazo_lite.llm.queries import DIVERGE_FACTOR, query_run, queries_to
 from sazo_lite.llm.tuning import full_parameters
-from sazo_lite.train import best_rate, diverged, median_queries
+from sazo_lite.train import best_rate, diverged, median_queries, median_ratio_interval
 
 RESULTS = Path(__file__).parent / "results" / "llm_queries.json"        # this machine's latest run (not in git)
 REFERENCE = Path(__file__).parent / "reference" / "llm_queries.json"    # the run docs/llm.md reports (in git)
@@ -564,6 +564,22 @@ def main(argv=None) -> None:
 GOALS = "goals (issue 28): uniform÷oracle ≥ 3, uniform÷SAZO ≥ 2 at B ≥ 4, SAZO÷oracle ≤ 1.5; homogeneous SAZO÷uniform ≤ 1.1"
 
 
+def ratio_text(setting: dict, top: str, bottom: str, target: float) -> str:
+    """"r [low–high]": the ratio of the two samplers' median queries to ``target``·F₀ at their chosen
+    rates and its 95% bootstrap interval over seeds (``train.median_ratio_interval``); "–" without both."""
+    ratio = setting.get("ratios", {}).get(f"{top}/{bottom}@{target}")
+    runs = setting["runs"]
+    if top not in runs or bottom not in runs:
+        return "–"
+    if min(len(runs[top]), len(runs[bottom])) < 2:       # no spread to resample
+        return f"{f'{ratio:.2f}' if ratio else '–'} (one seed)"
+    low, high = median_ratio_interval([queries_to(r, target) for r in runs[top]],
+                                      [queries_to(r, target) for r in runs[bottom]])
+    if math.isnan(low):
+        return "–"
+    return f"{f'{ratio:.2f}' if ratio else '–'} [{low:.2f}–{high:.2f}]"
+
+
 def print_report(report: dict) -> None:
     """The table (median [min–max] over seeds), the θ₀ design and the ratios, from a report dict."""
     a = report["args"]
@@ -589,8 +605,8 @@ def print_report(report: dict) -> None:
               + (f", ‖∇F‖²/V(p*)={d['grad_sq_ratio']:.2f}, predicted uniform÷oracle at B={s.get('B')}: "
                  f"{d['gain'].get(str(s.get('B')), d['gain'].get(s.get('B'), float('nan'))):.2f}" if d else ""))
         for t in targets:
-            print(f"    @{t:g}·F₀: uniform÷oracle={fmt(r.get(f'uniform/oracle@{t}'))}, uniform÷SAZO={fmt(r.get(f'uniform/sazo@{t}'))}, "
-                  f"SAZO÷oracle={fmt(r.get(f'sazo/oracle@{t}'))}"
+            print(f"    @{t:g}·F₀: uniform÷oracle={ratio_text(s, 'uniform', 'oracle', t)}, "
+                  f"uniform÷SAZO={ratio_text(s, 'uniform', 'sazo', t)}, SAZO÷oracle={ratio_text(s, 'sazo', 'oracle', t)}"
                   + (f" | with the step rule: uniform÷SAZO={fmt(r.get(f'uniform/sazo+rule@{t}'))}, "
                      f"SAZO÷SAZO+rule={fmt(r.get(f'sazo/sazo+rule@{t}'))}" if f"sazo+rule" in s["runs"] else ""))
             if "homogeneous" in s["label"] and r.get(f"uniform/sazo@{t}"):

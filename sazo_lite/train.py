@@ -22,6 +22,7 @@ call ``train``. The rules they share are written here once:
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
@@ -30,7 +31,8 @@ import torch
 
 from .validation import check_bool, check_callable, check_count, check_int, check_number
 
-__all__ = ["History", "train", "queries_to_target", "diverged", "median_queries", "best_rate", "NoiseScaledStep"]
+__all__ = ["History", "train", "queries_to_target", "diverged", "median_queries", "median_ratio_interval", "best_rate",
+           "NoiseScaledStep"]
 
 
 @dataclass
@@ -246,6 +248,40 @@ def median_queries(values: Sequence[int | float | None]) -> float:
         (120, inf)
     """
     return statistics.median(math.inf if v is None else v for v in values)
+
+
+def median_ratio_interval(numerator: Sequence[int | float | None], denominator: Sequence[int | float | None], *,
+                          level: float = 0.95, draws: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap interval of median_queries(numerator) / median_queries(denominator).
+
+    Each sampler's seeds are resampled with replacement, independently; a miss counts as never, so a
+    resampled ratio is ∞ when only the numerator's median misses and 0 when only the denominator's
+    does (draws where both miss say nothing and are left out). For "uniform ÷ SAZO" pass uniform's
+    queries per seed as the numerator.
+
+    Example:
+        >>> low, high = median_ratio_interval([200, 220, 240, 260, 280], [100, 110, 120, 130, 140])
+        >>> 1.4 < low <= 2.0 <= high < 2.9
+        True
+    """
+    if not numerator or not denominator:
+        raise ValueError("Invalid queries: expected at least one seed on each side")
+    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0.0 < level < 1.0:
+        raise ValueError(f"Invalid level: {level!r} (expected 0 < level < 1)")
+    draws = check_count("draws", draws)
+    rng = random.Random(check_int("seed", seed))
+    ratios = []
+    for _ in range(draws):
+        top = median_queries(rng.choices(list(numerator), k=len(numerator)))
+        bottom = median_queries(rng.choices(list(denominator), k=len(denominator)))
+        if not (math.isinf(top) and math.isinf(bottom)):
+            ratios.append(math.inf if math.isinf(top) else 0.0 if math.isinf(bottom) else top / bottom)
+    if not ratios:
+        return math.nan, math.nan
+    ratios.sort()
+    tail = (1.0 - level) / 2.0
+    pick = lambda q: ratios[min(len(ratios) - 1, max(0, round(q * (len(ratios) - 1))))]
+    return pick(tail), pick(1.0 - tail)
 
 
 def best_rate(per_rate: Mapping[float, Sequence[int | None]], tiebreak: Mapping[float, float] | None = None):

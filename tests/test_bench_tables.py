@@ -193,3 +193,14 @@ def test_the_rate_rule_counts_queries_to_the_settings_select_target(monkeypatch,
     assert list(out["grid"]["uniform"]) == ["0.001", "0.00141", "0.002"]      # climbed to the edge
     assert out["chosen_lr"]["uniform"] == pytest.approx(expected)
     assert out["select_target"] == (select or 0.3)
+
+
+def test_ratios_print_with_a_bootstrap_interval_over_seeds_and_none_for_one_seed():
+    setting = fake_setting("A", {"uniform": [[1.0, 0.8, 0.6, 0.4]] * 3 + [[1.0, 0.6, 0.4, 0.3]] * 2,
+                                 "sazo": [[1.0, 0.4, 0.3, 0.2]] * 5})
+    llm_queries.summarise(setting)
+    assert llm_queries.ratio_text(setting, "uniform", "sazo", 0.5) == "3.00 [2.00–3.00]"   # 30 vs 10 queries; 20 on 2 seeds
+    assert llm_queries.ratio_text(setting, "uniform", "oracle", 0.5) == "–"
+    single = fake_setting("B", {"uniform": [[1.0, 0.4]], "sazo": [[1.0, 0.8, 0.4]]})
+    llm_queries.summarise(single)
+    assert llm_queries.ratio_text(single, "uniform", "sazo", 0.5) == "0.50 (one seed)"

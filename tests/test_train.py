@@ -181,3 +181,36 @@ def test_step_rule_gives_every_sampler_the_same_treatment_when_all_norms_are_equ
     assert abs(means["uniform"] - means["oracle"]) < math.log(1.25), means
     assert means["sazo"] < means["uniform"] + math.log(1.1), means
 
+
+
+# -- the interval of a ratio of medians (benchmarks report uniform ÷ SAZO with it) --------------
+def test_median_ratio_interval_covers_the_true_ratio_about_as_often_as_it_claims():
+    import random as _random
+    from sazo_lite.train import median_ratio_interval
+
+    rng, hits, trials = _random.Random(1), 0, 120
+    for trial in range(trials):       # lognormal queries; the true ratio of medians is 2
+        top = [200 * math.exp(rng.gauss(0, 0.5)) for _ in range(15)]
+        bottom = [100 * math.exp(rng.gauss(0, 0.5)) for _ in range(15)]
+        low, high = median_ratio_interval(top, bottom, draws=400, seed=trial)
+        hits += low <= 2.0 <= high
+    assert 0.85 <= hits / trials <= 1.0
+
+
+def test_median_ratio_interval_narrows_with_seeds_and_treats_misses_as_never():
+    from sazo_lite.train import median_ratio_interval
+
+    few = median_ratio_interval([200, 150, 260, 240, 180], [100, 130, 90, 110, 120])
+    many = median_ratio_interval([200, 150, 260, 240, 180] * 4, [100, 130, 90, 110, 120] * 4)
+    assert few[0] <= many[0] <= 2.0 <= many[1] <= few[1] and many[1] - many[0] < few[1] - few[0]
+    assert median_ratio_interval([None] * 3, [100, 120, 110]) == (math.inf, math.inf)   # the numerator never got there
+    assert median_ratio_interval([100, 120, 110], [None] * 3) == (0.0, 0.0)
+    assert all(math.isnan(v) for v in median_ratio_interval([None], [None]))
+    low, high = median_ratio_interval([100, 120, 110, 90, 130], [100, None, None, 110, 120])   # 2 of 5 missed
+    assert low < 1.0 and high > 0.0 and low == 0.0             # resamples where 3 of 5 miss: the median is never
+    assert median_ratio_interval([1, 2, 3], [2, 3, 4], seed=5) == median_ratio_interval([1, 2, 3], [2, 3, 4], seed=5)
+    for bad in (dict(level=1.0), dict(level=0.0), dict(level=True), dict(draws=0)):
+        with pytest.raises(ValueError):
+            median_ratio_interval([1, 2], [1, 2], **bad)
+    with pytest.raises(ValueError, match="Invalid queries"):
+        median_ratio_interval([], [1])
