@@ -181,8 +181,8 @@ def settings(args) -> list[Setting]:
                            {"uniform": args.full_start, "sazo": args.full_start}, 1, args.full_steps, args.log_every,
                            variants=("uniform", "sazo"), cells=3, grid_seeds=1, seeds=2, cost=3.0,
                            perturbation="rademacher", budget_runs=False))
-    # the does-not-lose check (uniform and SAZO by default): the oracle's backprop refresh cannot batch
-    # over these models' non-Linear tensors, so it pays N backward passes a step (≈ 25× a ZO step here)
+    # the does-not-lose check (uniform and SAZO by default; the oracle is opt-in: its refresh by
+    # torch.func's vmap costs ≈ 3× a ZO step here, and GPT-2's forward, which vmap cannot trace, ≈ 25×)
     out += [Setting(f"tiny {family} (random init, full, B=1)", lambda family=family: tiny_start(family, args),
                     {v: args.tiny_start for v in args.tiny_variants}, 1, args.tiny_steps, 25,
                     variants=tuple(args.tiny_variants), grid_seeds=args.grid_seeds, seeds=args.seeds,

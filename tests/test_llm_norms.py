@@ -1,5 +1,6 @@
 """True per-example gradient norms, the LLM oracle sampler, the continual sets and query runs (tiny models)."""
 import os
+import sys
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -88,6 +89,50 @@ def test_full_parameter_norms_fall_back_to_the_loop():
     manual = torch.stack([torch.cat([g.flatten() for g in torch.autograd.grad(losses([i]).sum(), params)]).norm()
                           for i in range(3)]).double()
     assert torch.allclose(auto, manual, rtol=1e-5)
+
+
+def equal_length_batch(n=6, length=7, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    ids = [torch.randint(3, VOCAB, (length,), generator=g).tolist() for _ in range(n)]
+    return TokenBatch(ids=ids, prompt_lengths=[length] * n, pad_id=0,
+                      labels=torch.randint(0, 3, (n,), generator=g), label_ids=torch.tensor([5, 9, 17]))
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_full_parameter_norms_by_vmap_equal_the_loop_and_gpt2_falls_back(family, monkeypatch):
+    gn = sys.modules["sazo_lite.llm.grad_norms"]     # the package exports a function of the same name
+
+    model = tiny_causal_lm(family, vocab_size=VOCAB, seed=1)
+    params = [p for n, p in model.named_parameters() if "embed" not in n or family == "llama"]
+    batch, indices = equal_length_batch(), [5, 1, 3, 0]
+    loop = grad_norms(model, batch, params, indices=indices, method="loop")
+    monkeypatch.setattr(gn, "_UNTRACEABLE", set())
+    calls = []
+    real = gn.vmap_grad_norms
+    monkeypatch.setattr(gn, "vmap_grad_norms", lambda *a, **k: calls.append(1) or real(*a, **k))
+    auto = grad_norms(model, batch, params, indices=indices)
+    assert calls and torch.allclose(auto, loop, rtol=1e-5)           # vmap tried; the same norms either way
+    if family == "gpt2":       # its forward branches on data: the loop served, and serves from now on
+        assert type(model) in gn._UNTRACEABLE
+    else:
+        assert not gn._UNTRACEABLE
+        one_at_a_time = real(model, batch, params, indices, max_bytes=1)      # chunks of one example
+        assert torch.allclose(one_at_a_time, loop, rtol=1e-5)
+    grad_norms(model, batch, params, indices=indices)
+    assert len(calls) == (1 if family == "gpt2" else 2)
+
+
+def test_padded_examples_never_go_to_vmap():
+    gn = sys.modules["sazo_lite.llm.grad_norms"]     # the package exports a function of the same name
+
+    model, batch = tiny_causal_lm("llama", vocab_size=VOCAB), random_batch(n=4)      # lengths differ
+    assert len({len(r) for r in batch.ids}) > 1
+    with pytest.raises(ValueError, match="one length"):
+        gn.vmap_grad_norms(model, batch, list(model.parameters()))
+    with pytest.raises(ValueError, match="parameter of the model"):
+        gn.vmap_grad_norms(model, equal_length_batch(), [torch.nn.Parameter(torch.zeros(2))])
+    params = list(model.parameters())
+    assert torch.allclose(grad_norms(model, batch, params), grad_norms(model, batch, params, method="loop"))
 
 
 # -- the oracle on an LLM closure --------------------------------------------------------------

@@ -15,7 +15,13 @@ Two ways, same numbers (checked against each other and against ``torch.func`` in
   every example's own gradient from the backward of Σ_i f_i (examples do not interact: eval
   mode, attention masked per row). A tensor used by several modules sums their parts.
 
-``grad_norms(model, batch, params)`` picks the batched way when it applies, else the loop.
+* ``vmap_grad_norms``: ``torch.func.vmap`` of ``torch.func.grad`` of one example's classification
+  loss, for any parameters, when the examples have no padding (an attention mask makes the
+  model's forward branch on data, which ``vmap`` cannot follow); chunked so that the per-example
+  gradients held at once stay within ``VMAP_BYTES``.
+
+``grad_norms(model, batch, params)`` picks the batched way when it applies, then ``vmap`` (falling
+back to the loop for a model whose forward ``vmap`` cannot trace, e.g. GPT-2's), else the loop.
 ``RefreshingNorms`` wraps it as the ``norms_fn`` of ``sazo_lite.OracleSampler``: recomputed
 every ``every`` optimiser steps, cached in between.
 
@@ -30,13 +36,14 @@ Example:
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 import torch
 
 from .losses import TokenBatch, answer_losses, classification_losses
 
-__all__ = ["loop_grad_norms", "linear_grad_norms", "grad_norms", "example_losses", "RefreshingNorms",
+__all__ = ["loop_grad_norms", "linear_grad_norms", "vmap_grad_norms", "grad_norms", "example_losses", "RefreshingNorms",
            "linear_modules_for", "full_gradient_norm", "directional_error"]
 
 LOSSES = {"classification": classification_losses, "answer": answer_losses}
@@ -132,6 +139,53 @@ def linear_grad_norms(model, losses: Callable, params, indices, *, chunk: int = 
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
 
 
+VMAP_BYTES = 256 * 2 ** 20      # per-example gradients held at once by ``vmap_grad_norms`` (float32)
+_UNTRACEABLE: set[type] = set()  # model classes whose forward ``vmap`` could not trace (the loop serves them)
+
+
+def vmap_grad_norms(model, batch: TokenBatch, params, indices=None, *, max_bytes: int = VMAP_BYTES) -> torch.Tensor:
+    """‖∇f_i‖ of the classification loss by ``torch.func``: float64 [len(indices)].
+
+    One ``vmap(grad(f))`` per chunk of examples, f(θ; x) = CE(label logits at x's last position).
+    The chosen examples must have no padding (equal lengths); the tuned tensors may be any
+    parameters of ``model``. Raises ValueError for padded examples or tensors not in the model, and
+    whatever ``vmap`` raises for a forward it cannot trace.
+    """
+    from torch.func import functional_call, grad, vmap
+
+    indices = list(range(len(batch))) if indices is None else [int(i) for i in indices]
+    if len({len(batch.ids[i]) for i in indices}) > 1:
+        raise ValueError("Invalid batch: vmap_grad_norms needs examples of one length (no padding)")
+    names = {id(p): name for name, p in model.named_parameters()}
+    params = list(params)
+    if any(id(p) not in names for p in params):
+        raise ValueError("Invalid params: every tensor must be a parameter of the model")
+    tuned = {names[id(p)]: p.detach() for p in params}
+    label_ids = batch.label_ids.to(params[0].device)
+
+    def example_loss(weights, ids, label):        # ids [T], label []: one example, no batch dimension
+        logits = functional_call(model, weights, (), {"input_ids": ids[None]}).logits[0, -1]      # [V]
+        return torch.nn.functional.cross_entropy(logits.index_select(0, label_ids)[None].float(), label[None])
+
+    per_example = vmap(grad(example_loss), in_dims=(None, 0, 0))
+    size = 4 * sum(p.numel() for p in params)
+    chunk = max(1, min(len(indices), max_bytes // max(1, size)))
+    out = []
+    for start in range(0, len(indices), chunk):
+        part = indices[start:start + chunk]
+        inputs = batch.select(part, params[0].device)
+        with warnings.catch_warnings():   # attention has no batching rule yet: torch's slower fallback, still exact
+            warnings.filterwarnings("ignore", message="There is a performance drop")
+            grads = per_example(tuned, inputs["input_ids"], batch.labels[part].to(params[0].device))
+        out.append(sum(g.double().reshape(len(part), -1).pow(2).sum(1) for g in grads.values()).sqrt().cpu())
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
+
+
+def _vmap_applies(model, batch: TokenBatch, indices, loss: str) -> bool:
+    return (loss == "classification" and type(model) not in _UNTRACEABLE and batch.labels is not None
+            and len({len(batch.ids[int(i)]) for i in indices}) == 1)
+
+
 def grad_norms(model, batch: TokenBatch, params, *, loss: str = "classification", indices=None,
                method: str = "auto", chunk: int = 16) -> torch.Tensor:
     """True per-example gradient norms ‖∇_θ f_i‖ over the tuned tensors: float64 [N] on the CPU.
@@ -142,16 +196,26 @@ def grad_norms(model, batch: TokenBatch, params, *, loss: str = "classification"
         params: the tuned tensors (e.g. ``trainable_parameters(lora_model)``).
         loss: "classification" (verbalisers) or "answer" (answer-token CE).
         indices: which examples (default all).
-        method: "auto" (batched hooks when every tensor is a Linear's weight/bias, else loop),
-            "linear" or "loop".
+        method: "auto" (batched hooks when every tensor is a Linear's weight/bias; else ``vmap``
+            for the classification loss on examples without padding, the loop if the model's
+            forward cannot be traced; else the loop), "linear", "vmap" or "loop".
         chunk: examples per batched backward.
     """
-    if method not in ("auto", "linear", "loop"):
-        raise ValueError(f"Invalid method: {method!r} (expected 'auto', 'linear' or 'loop')")
+    if method not in ("auto", "linear", "vmap", "loop"):
+        raise ValueError(f"Invalid method: {method!r} (expected 'auto', 'linear', 'vmap' or 'loop')")
     params = list(params)
     indices = range(len(batch)) if indices is None else indices
     losses = example_losses(model, batch, loss)
-    if method == "loop" or (method == "auto" and linear_modules_for(model, params) is None):
+    if method == "vmap":
+        return vmap_grad_norms(model, batch, params, indices)
+    if method == "auto" and linear_modules_for(model, params) is None:
+        if _vmap_applies(model, batch, indices, loss):
+            try:
+                return vmap_grad_norms(model, batch, params, indices)
+            except RuntimeError:          # a forward vmap cannot trace (data-dependent branches): the loop
+                _UNTRACEABLE.add(type(model))
+        return loop_grad_norms(losses, params, indices)
+    if method == "loop":
         return loop_grad_norms(losses, params, indices)
     return linear_grad_norms(model, losses, params, indices, chunk=chunk)
 
