@@ -270,10 +270,10 @@ def median_ratio_interval(numerator: Sequence[int | float | None], denominator: 
         raise ValueError(f"Invalid level: {level!r} (expected 0 < level < 1)")
     draws = check_count("draws", draws)
     rng = random.Random(check_int("seed", seed))
-    ratios = []
+    numerator, denominator, ratios = list(numerator), list(denominator), []
     for _ in range(draws):
-        top = median_queries(rng.choices(list(numerator), k=len(numerator)))
-        bottom = median_queries(rng.choices(list(denominator), k=len(denominator)))
+        top = median_queries(rng.choices(numerator, k=len(numerator)))
+        bottom = median_queries(rng.choices(denominator, k=len(denominator)))
         if not (math.isinf(top) and math.isinf(bottom)):
             ratios.append(math.inf if math.isinf(top) else 0.0 if math.isinf(bottom) else top / bottom)
     if not ratios:

@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from dataclasses import dataclass
 
@@ -155,7 +156,12 @@ def _autocast(device: torch.device, dtype):
 def _keeps_logits(model) -> bool:
     """Whether the model's forward takes ``logits_to_keep`` (Hugging Face causal LMs; peft passes it on)."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "logits_to_keep" in inspect.signature(inner.forward).parameters
+    return _forward_keeps_logits(type(inner))
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_keeps_logits(cls) -> bool:       # once per class: every forward of a ZO step asks
+    return "logits_to_keep" in inspect.signature(cls.forward).parameters
 
 
 def _logits(model, inputs, autocast_dtype, grad: bool = False, positions=None) -> torch.Tensor:
