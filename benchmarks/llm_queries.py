@@ -99,20 +99,28 @@ def smollm2_start(set_name: str, args, *, full: bool = False, num_train: int | N
     return model, params, cset.task.encode(tokenizer, "train"), cset.task.encode(tokenizer, "test"), cset
 
 
-def tiny_start(family: str, args):
+def tiny_start(family: str, args, *, homogeneous: bool = False):
     """A random-init tiny model, all parameters tuned, on a memorisation set with a first round.
 
     Random token sequences, label = one of 3 verbaliser tokens; Adam first memorises 3/4 of them
-    (the assimilated part), the rest are new.
+    (the assimilated part), the rest are new. ``homogeneous`` (the control): no first round, every
+    example new; of a pool of 2·``--tiny-homogeneous-n`` sequences the half whose true norms at θ₀ are
+    closest to their median (log scale) is kept, so that V(u)/V(p*) ≈ 1 and every sampler is level.
     """
-    vocab, n = 128, args.tiny_n
+    vocab, n = 128, args.tiny_homogeneous_n if homogeneous else args.tiny_n
     g = torch.Generator().manual_seed(0)
-    ids = [torch.randint(3, vocab, (8,), generator=g).tolist() for _ in range(n + 16)]
-    labels = torch.randint(0, 3, (n + 16,), generator=g)
+    drawn = (2 * n if homogeneous else n) + 16      # the families' draws as the reference reports made them
+    ids = [torch.randint(3, vocab, (8,), generator=g).tolist() for _ in range(drawn)]
+    labels = torch.randint(0, 3, (drawn,), generator=g)
     label_ids = torch.tensor([5, 9, 17])
-    train = TokenBatch(ids[:n], [8] * n, 0, labels[:n], label_ids)
     model = tiny_causal_lm(family, vocab_size=vocab, seed=0)
     params = full_parameters(model)
+    if homogeneous:
+        pool = TokenBatch(ids[:2 * n], [8] * (2 * n), 0, labels[:2 * n], label_ids)
+        logs = grad_norms(model, pool, params).clamp_min(1e-30).log()
+        keep = sorted(torch.argsort((logs - logs.median()).abs(), stable=True)[:n].tolist())
+        return model, params, TokenBatch([ids[i] for i in keep], [8] * n, 0, labels[keep], label_ids), None, None
+    train = TokenBatch(ids[:n], [8] * n, 0, labels[:n], label_ids)
     setup = TokenBatch(ids[:3 * n // 4], [8] * (3 * n // 4), 0, labels[:3 * n // 4], label_ids)
     opt = torch.optim.Adam(params, lr=3e-3)
     for _ in range(100):
@@ -143,9 +151,11 @@ class Setting:
     stale_every: int = 0     # > 0: also the oracle with norms this many steps old, at the fresh oracle's rate
     diagnose: int = 0        # SAZO diagnostics every n-th log point of its chosen-rate first seed (0: none)
     cost: float = 1.0        # rough cost of one run, for splitting the work between processes
+    oracle_cost: float = 3.0  # an oracle run's cost ÷ a ZO run's (its backprop refreshes)
     perturbation: str = "gaussian"
     budget_runs: bool = True  # the chosen-rate seeds run the whole budget (held-out accuracy after it)
     select_target: float | None = None   # the fraction of F₀ the rate rule counts queries to (None: the deepest)
+    accuracy_at: int | None = None       # held-out accuracy after this many queries, every run (a fixed budget)
 
 
 def settings(args) -> list[Setting]:
@@ -156,12 +166,15 @@ def settings(args) -> list[Setting]:
             out.append(Setting(f"SmolLM2 LoRA r{args.rank} continual (N={args.num_train}, B=1)",
                                lambda: smollm2_start("continual", args),
                                {"uniform": 5e-4, "sazo": 5e-4, "oracle": 1.41e-3} if args.quick else
-                               {"uniform": 2.5e-4, "sazo": 2.5e-4, "oracle": 7e-4}, 1, args.steps, args.log_every, cells=args.cells,
-                               # the pilot's oracle: one rate (a refresh by backprop over N every step is
-                               # the run's critical path), the diagnosis's best
-                               variant_cells={"oracle": 1} if args.quick else {},
+                               {"uniform": 3.5e-4, "sazo": 3.5e-4, "oracle": 1e-3}, 1, args.steps, args.log_every,
+                               cells=args.cells,
+                               # the oracle's grid is short: a refresh by backprop over N every step is the
+                               # run's critical path (the pilot: one rate, the diagnosis's best)
+                               variant_cells={"oracle": 1 if args.quick else args.oracle_cells},
                                grid_seeds=args.grid_seeds, seeds=args.seeds, stale_every=args.stale_every,
-                               diagnose=args.diagnose_every, budget_runs=False))
+                               diagnose=args.diagnose_every, budget_runs=False, select_target=max(args.targets),
+                               accuracy_at=None if args.quick else args.accuracy_at, cost=4.0,
+                               oracle_cost=5.0))    # measured: ≈ 5 s per refresh against 0.45 s per ZO step
         elif name in BIG_SETS:      # designed for B > 1; opt-in (--sets ...): hours on 2 CPU cores
             out.append(Setting(f"SmolLM2 LoRA r{args.rank} {name} (N={args.big_n}, B={args.big_batch})",
                                lambda name=name: smollm2_start(name, args, num_train=args.big_n,
@@ -171,7 +184,7 @@ def settings(args) -> list[Setting]:
                                args.big_log_every, variants=tuple(args.variants), cells=args.cells,
                                grid_seeds=args.grid_seeds, seeds=args.seeds, oracle_every=args.big_oracle_every,
                                diagnose=args.diagnose_every, cost=4.0, budget_runs=not args.no_budget))
-        elif name == "homogeneous":  # the control: every example new and alike; SAZO must not lose
+        elif name == "homogeneous":  # SmolLM2's control: every example new and alike; SAZO must not lose
             out.append(Setting(f"SmolLM2 LoRA r{args.rank} homogeneous (N={args.num_train}, B={args.big_batch})",
                                lambda: smollm2_start("homogeneous", args), {"uniform": 1e-3, "sazo": 1e-3},
                                args.big_batch, args.steps, max(1, args.log_every // 4), variants=("uniform", "sazo"),
@@ -179,14 +192,23 @@ def settings(args) -> list[Setting]:
     if args.full_start:
         out.append(Setting("SmolLM2 full continual (Rademacher z, B=1)", lambda: smollm2_start("continual", args, full=True),
                            {"uniform": args.full_start, "sazo": args.full_start}, 1, args.full_steps, args.log_every,
-                           variants=("uniform", "sazo"), cells=3, grid_seeds=1, seeds=2, cost=3.0,
-                           perturbation="rademacher", budget_runs=False))
+                           variants=("uniform", "sazo"), cells=args.full_cells, grid_seeds=args.grid_seeds,
+                           seeds=args.seeds, cost=6.0, perturbation="rademacher", budget_runs=False,
+                           select_target=max(args.targets)))
+    # the control on a tiny model: all examples new and alike at θ₀ (V(u)/V(p*) ≈ 1), N = 8, so the targets
+    # are ~50–100 draws of each example away and SAZO's learning phase is a small part of the run
+    out += [Setting(f"tiny {family} homogeneous (random init, full, N={args.tiny_homogeneous_n}, B=1)",
+                    lambda family=family: tiny_start(family, args, homogeneous=True),
+                    {"uniform": args.tiny_homogeneous_start, "sazo": args.tiny_homogeneous_start}, 1,
+                    args.tiny_homogeneous_steps, 25, variants=("uniform", "sazo"), grid_seeds=args.grid_seeds,
+                    seeds=args.control_seeds, cells=args.cells, cost=0.5, budget_runs=False)
+            for family in args.tiny_homogeneous if args.tiny_homogeneous_n]
     # the does-not-lose check (uniform and SAZO by default; the oracle is opt-in: its refresh by
     # torch.func's vmap costs ≈ 3× a ZO step here, and GPT-2's forward, which vmap cannot trace, ≈ 25×)
     out += [Setting(f"tiny {family} (random init, full, B=1)", lambda family=family: tiny_start(family, args),
                     {v: args.tiny_start for v in args.tiny_variants}, 1, args.tiny_steps, 25,
                     variants=tuple(args.tiny_variants), grid_seeds=args.grid_seeds, seeds=args.seeds,
-                    cells=args.cells, cost=0.15, budget_runs=False, select_target=max(args.targets))
+                    cells=args.tiny_cells, cost=1.0, budget_runs=False, select_target=max(args.targets))
             for family in args.tiny]   # rates chosen by the shallower target: few runs reach 0.3·F₀ in the budget
     return out
 
@@ -248,9 +270,11 @@ def race_variant(setting: Setting, variant: str, model, params, train, test, arg
                      batch_size=setting.batch, steps=steps or setting.steps, log_every=setting.log_every,
                      oracle_every=oracle_every or setting.oracle_every, oracle_mix=args.oracle_mix,
                      stop_fraction=deepest if stop else None, diagnose=diagnose,
-                     perturbation=setting.perturbation, step_rule=bool(rule))
+                     perturbation=setting.perturbation, step_rule=bool(rule), accuracy_at=setting.accuracy_at)
         q = [queries_to(r, t) for t in args.targets]
         acc = f" acc={r['test_accuracy']:.3f}" if r.get("test_accuracy") is not None else ""
+        if r.get("budget_accuracy") is not None:
+            acc += f" acc@{r['budget_queries']}={r['budget_accuracy']:.3f}"
         print(f"  [{setting.label}] {variant:12s} lr={lr:<8g} seed={seed}: "
               + " ".join(f"q{t:g}={v}" for t, v in zip(args.targets, q))
               + f" F/F₀={r['train_loss'][-1] / r['train_loss'][0]:.2f} walk={max(r['walk']):.1f} "
@@ -261,6 +285,8 @@ def race_variant(setting: Setting, variant: str, model, params, train, test, arg
     grid, best = {}, math.inf
     for lr in grid_rates(setting.starts[variant], setting.variant_cells.get(variant, setting.cells)):
         cap = setting.steps if math.isinf(best) else min(setting.steps, -(-int(best) // (2 * setting.batch)) + setting.log_every)
+        if setting.accuracy_at:      # every run reaches the accuracy budget
+            cap = max(cap, min(setting.steps, -(-setting.accuracy_at // (2 * setting.batch))))
         cell = []
         for seed in range(setting.grid_seeds):   # SAZO's seed 0: its scores against the true norms, too
             cell.append(run(lr, seed, steps=cap, diagnose=setting.diagnose if (seed == 0 and sampler == "sazo") else 0))
@@ -334,7 +360,7 @@ def share(args, jobs: int, job: int) -> list[tuple[int, str]]:
 
     def cost(unit):      # runs of the unit (grid + seeds) × the cost of one
         setting = table[unit[0]]
-        factor = 3.0 if unit[1].startswith("oracle") and setting.oracle_every == 1 else 1.0
+        factor = setting.oracle_cost if unit[1].startswith("oracle") and setting.oracle_every == 1 else 1.0
         cells = setting.variant_cells.get(unit[1], setting.cells)
         return setting.cost * factor * (cells * setting.grid_seeds / 2 + setting.seeds)
 
@@ -386,6 +412,22 @@ def _spread(values: list) -> str:
     return f"{statistics.median(finite):.3g} [{min(finite):.3g}–{max(finite):.3g}]" if finite else "–"
 
 
+def held_out(runs: list[dict]) -> list[float]:
+    """The runs' held-out accuracies: after the fixed query budget where the runs measured one, else at their end."""
+    budget = [r["budget_accuracy"] for r in runs if r.get("budget_accuracy") is not None]
+    return budget or [r["test_accuracy"] for r in runs if r.get("test_accuracy") is not None]
+
+
+def accuracy_difference(runs: dict, top: str, bottom: str) -> str:
+    """"d ± h": mean held-out accuracy of ``top`` minus ``bottom``, with a 95% normal interval
+    (1.96·√(s²_top/n_top + s²_bottom/n_bottom)); "–" without two runs of each."""
+    a, b = held_out(runs.get(top, [])), held_out(runs.get(bottom, []))
+    if min(len(a), len(b)) < 2:
+        return "–"
+    half = 1.96 * (statistics.variance(a) / len(a) + statistics.variance(b) / len(b)) ** 0.5
+    return f"{statistics.mean(a) - statistics.mean(b):+.3f} ± {half:.3f}"
+
+
 def summarise(setting: dict, targets=(0.5, 0.3)) -> list[str]:
     """Table rows per variant: rate, queries to each target (median [min–max]; a miss counts as never),
     walk ‖θ−θ₀‖ at the end, max |ĝ|, max weight, E[ĝ²], held-out accuracy; fills ``setting["ratios"]``."""
@@ -401,7 +443,7 @@ def summarise(setting: dict, targets=(0.5, 0.3)) -> list[str]:
                          f"{'' if len(hit) == len(values) else f' ({len(values) - len(hit)} missed)'}"
                          if med[(variant, t)] is not None else
                          f"not reached{f' ({len(hit)} of {len(values)} seeds did)' if hit else ''}")
-        accs = [r["test_accuracy"] for r in runs if r.get("test_accuracy") is not None]
+        accs = held_out(runs)
         acc = (f"{statistics.mean(accs):.3f} ± {1.96 * statistics.stdev(accs) / len(accs) ** 0.5:.3f}" if len(accs) > 1
                else f"{accs[0]:.3f}" if accs else "–")
         clean = [r for r in runs if not r["diverged"]]     # diverged runs' steps explode: shown by their count
@@ -433,13 +475,15 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_queries", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="pilot (minutes; docs/llm.md gives the measured time): the continual set only, 1 seed, 2 rates for uniform and SAZO (1 for the oracle) from the diagnosis's, 120 steps")
-    parser.add_argument("--sets", nargs="*", default=["continual", "homogeneous"],
-                        help="raced sets (add 'opposed' or 'balanced' for the B = 4 race on N = 192: hours on 2 CPU cores)")
+    parser.add_argument("--sets", nargs="*", default=["continual"],
+                        help="raced SmolLM2 sets (add 'homogeneous' for SmolLM2's control at B = 4, 'opposed' or "
+                             "'balanced' for the B = 4 race on N = 192: hours on 2 CPU cores)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
                         help="the samplers raced on the opposed and balanced sets (+rule: with the step rule)")
-    parser.add_argument("--measure-sets", nargs="*", default=["flipped", "balanced", "opposed"],
+    parser.add_argument("--measure-sets", nargs="*", default=[],
                         help="sets whose θ₀ design (V(u)/V(p*), ‖∇F‖²/V(p*)) is measured without runs")
-    parser.add_argument("--targets", type=float, nargs=2, default=[0.5, 0.3], help="fractions of F(θ₀)")
+    parser.add_argument("--targets", type=float, nargs=2, default=[0.5, 0.4],
+                        help="fractions of F(θ₀) (the deeper: the oracle's continual runs diverge on the way to 0.3)")
     parser.add_argument("--diagnose-every", type=int, default=4, help="SAZO diagnostics every n-th log point")
     parser.add_argument("--seeds", type=int, default=5, help="seeds at the chosen rates")
     parser.add_argument("--grid-seeds", type=int, default=3, help="seeds per grid rate (the median rule)")
@@ -471,11 +515,22 @@ def parse_args(argv=None):
     parser.add_argument("--full-start", type=float, default=0.0,
                         help="full-parameter SmolLM2: first grid rate (0: skip; e.g. 1e-5)")
     parser.add_argument("--full-steps", type=int, default=60)
+    parser.add_argument("--full-cells", type=int, default=3, help="at most this many rates of the full-parameter grid")
+    parser.add_argument("--oracle-cells", type=int, default=2,
+                        help="continual set: the fresh oracle's grid (each run pays one backprop over N per step)")
+    parser.add_argument("--accuracy-at", type=int, default=100,
+                        help="continual set: held-out accuracy after this many queries, every run")
     parser.add_argument("--tiny", nargs="*", default=["llama", "gpt2", "opt", "qwen2"])
     parser.add_argument("--tiny-n", type=int, default=32)
     parser.add_argument("--tiny-variants", nargs="+", default=["uniform", "sazo"], choices=("uniform", "sazo", "oracle"))
     parser.add_argument("--tiny-steps", type=int, default=1000)
-    parser.add_argument("--tiny-start", type=float, default=5e-5)
+    parser.add_argument("--tiny-homogeneous", nargs="*", default=["llama"], help="families of the tiny homogeneous control")
+    parser.add_argument("--tiny-homogeneous-n", type=int, default=8, help="N of the tiny homogeneous control (0: skip it)")
+    parser.add_argument("--tiny-homogeneous-steps", type=int, default=2000)
+    parser.add_argument("--tiny-homogeneous-start", type=float, default=1.41e-4)
+    parser.add_argument("--control-seeds", type=int, default=10, help="seeds at the chosen rates of the tiny control")
+    parser.add_argument("--tiny-start", type=float, default=7.07e-5)
+    parser.add_argument("--tiny-cells", type=int, default=5, help="at most this many rates per tiny family's grid")
     parser.add_argument("--gd-lrs", type=float, nargs="*", default=[],
                         help="also run full-batch GD by backprop on the continual set at these rates (reference)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
@@ -490,6 +545,7 @@ def parse_args(argv=None):
     if args.quick:   # the pilot: where the diagnosis found each sampler's rate, 1 seed, 2 rates (the oracle 1), to 0.5·F₀
         args.sets, args.grid_seeds, args.seeds, args.cells, args.targets = ["continual"], 1, 1, 2, [0.7, 0.5]
         args.steps, args.stale_every, args.tiny, args.measure_sets, args.full_start = min(args.steps, 120), 0, [], [], 0.0
+        args.tiny_homogeneous = []
     if args.jobs < 1 or args.seeds < 1 or args.steps < 1 or args.grid_seeds < 1 or args.cells < 1:
         parser.error("--jobs, --seeds, --grid-seeds, --cells and --steps must be ≥ 1")
     args.targets = sorted(args.targets, reverse=True)
@@ -585,7 +641,8 @@ def print_report(report: dict) -> None:
     a = report["args"]
     targets = a.get("targets", [0.5, 0.3])
     header = [f"| setting | sampler | lr | queries to {targets[0]:g}·F₀ | queries to {targets[1]:g}·F₀ | ‖θ−θ₀‖ at the end "
-              "| max |ĝ| | max w | E[ĝ²] | held-out acc. (95% CI) | seeds |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| max |ĝ| | max w | E[ĝ²] | held-out acc. (95% CI; after a fixed budget where one is given) | seeds |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     rows = [row for s in report["settings"] for row in summarise(s, targets)]
     print(f"\n{report['date']} · {report['machine']} · ε={a['eps']}, runtime {report['runtime_s'] / 60:.1f} min"
           f"{' (sum of the merged parts)' if report.get('merged_from') else ''}")
@@ -610,7 +667,15 @@ def print_report(report: dict) -> None:
                   + (f" | with the step rule: uniform÷SAZO={fmt(r.get(f'uniform/sazo+rule@{t}'))}, "
                      f"SAZO÷SAZO+rule={fmt(r.get(f'sazo/sazo+rule@{t}'))}" if f"sazo+rule" in s["runs"] else ""))
             if "homogeneous" in s["label"] and r.get(f"uniform/sazo@{t}"):
-                print(f"      homogeneous: SAZO÷uniform={1 / r[f'uniform/sazo@{t}']:.2f}")
+                print(f"      homogeneous: SAZO÷uniform={1 / r[f'uniform/sazo@{t}']:.2f} "
+                      f"(interval: 1 ÷ uniform÷SAZO's {ratio_text(s, 'uniform', 'sazo', t)})")
+        budgets = sorted({r["budget_queries"] for runs in s["runs"].values() for r in runs if r.get("budget_queries")})
+        if budgets:
+            print(f"    held-out accuracy after {max(budgets)} queries (mean difference, 95% interval): "
+                  f"SAZO − uniform = {accuracy_difference(s['runs'], 'sazo', 'uniform')}, "
+                  f"oracle − uniform = {accuracy_difference(s['runs'], 'oracle', 'uniform')}"
+                  + (f" (runs that diverged earlier are counted where they stopped: {min(budgets)} queries)"
+                     if len(budgets) > 1 else ""))
         for variant, grid in s["grid"].items():
             select = s.get("select_target", targets[-1])
             print(f"    grid {variant} (median over seeds of the queries to {select:g}·F₀): " + "; ".join(

@@ -141,7 +141,8 @@ def test_the_pilot_gives_the_oracle_one_rate_and_the_other_samplers_two():
     cells = {v: setting.variant_cells.get(v, setting.cells) for v in setting.variants}
     assert cells == {"uniform": 2, "sazo": 2, "oracle": 1}
     assert setting.starts["oracle"] == pytest.approx(1.41e-3)     # the diagnosis's best fresh-oracle rate
-    assert llm_queries.settings(llm_queries.parse_args([]))[0].variant_cells == {}   # the full protocol climbs
+    full = llm_queries.settings(llm_queries.parse_args([]))[0]       # the full protocol climbs: the oracle's grid
+    assert full.variant_cells == {"oracle": 2} and full.cells == 6 and full.accuracy_at == 100   # is short (cost)
 
 
 def test_long_runs_are_named_sampler_rate_seed_and_a_bad_name_is_refused():
@@ -186,7 +187,7 @@ def test_the_rate_rule_counts_queries_to_the_settings_select_target(monkeypatch,
     monkeypatch.setattr(llm_queries, "run_from", run_from)
     monkeypatch.setattr(llm_queries, "snapshot", lambda params: None)
     monkeypatch.setattr(llm_queries, "restore_snapshot", lambda params, theta0: None)
-    args = llm_queries.parse_args(["--sets", "--measure-sets", "--tiny"])
+    args = llm_queries.parse_args(["--sets", "--measure-sets", "--tiny", "--targets", "0.5", "0.3"])
     setting = llm_queries.Setting("fake", None, {"uniform": 1e-3}, 1, 40, 10, variants=("uniform",), cells=3,
                                   grid_seeds=3, seeds=3, budget_runs=False, select_target=select)
     out = {"grid": {}, "chosen_lr": {}, "runs": {}}
@@ -205,3 +206,38 @@ def test_ratios_print_with_a_bootstrap_interval_over_seeds_and_none_for_one_seed
     single = fake_setting("B", {"uniform": [[1.0, 0.4]], "sazo": [[1.0, 0.8, 0.4]]})
     llm_queries.summarise(single)
     assert llm_queries.ratio_text(single, "uniform", "sazo", 0.5) == "0.50 (one seed)"
+
+
+def test_the_tiny_homogeneous_control_keeps_alike_examples_and_the_families_sets_are_unchanged():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from sazo_lite.llm.continual import heterogeneity
+    from sazo_lite.llm.grad_norms import grad_norms
+    from sazo_lite.llm.losses import TokenBatch
+    args = llm_queries.parse_args(["--tiny-n", "8", "--tiny-homogeneous-n", "8"])
+    model, params, control, _, _ = llm_queries.tiny_start("llama", args, homogeneous=True)
+    _, _, family, _, _ = llm_queries.tiny_start("llama", args)
+    g = torch.Generator().manual_seed(0)        # the families' set: the first 8 of 24 drawn sequences
+    ids = [torch.randint(3, 128, (8,), generator=g).tolist() for _ in range(24)]
+    assert family.ids == ids[:8] and family.labels.tolist() == torch.randint(0, 3, (24,), generator=g)[:8].tolist()
+    alike = heterogeneity(grad_norms(model, control, params))
+    g = torch.Generator().manual_seed(0)        # the control's pool: the first 16 of 32 drawn sequences
+    ids = [torch.randint(3, 128, (8,), generator=g).tolist() for _ in range(32)]
+    pool = TokenBatch(ids[:16], [8] * 16, 0, torch.randint(0, 3, (32,), generator=g)[:16], torch.tensor([5, 9, 17]))
+    assert len(control) == 8 and set(map(tuple, control.ids)) < set(map(tuple, pool.ids))
+    assert alike < 1.005 < heterogeneity(grad_norms(model, pool, params))    # the kept half is more alike at θ₀
+    labels = [s.label for s in llm_queries.settings(llm_queries.parse_args([]))]
+    assert any("homogeneous" in label and label.startswith("tiny llama") for label in labels)
+    assert not any("homogeneous" in label for label in
+                   (s.label for s in llm_queries.settings(llm_queries.parse_args(["--quick"]))))
+
+
+def test_held_out_accuracy_prefers_the_budget_and_the_difference_has_an_interval():
+    runs = {"uniform": [{"budget_accuracy": a, "test_accuracy": 0.0} for a in (0.5, 0.6, 0.55)],
+            "sazo": [{"budget_accuracy": a, "test_accuracy": 1.0} for a in (0.7, 0.8, 0.75)],
+            "oracle": [{"test_accuracy": 0.9}]}
+    assert llm_queries.held_out(runs["uniform"]) == [0.5, 0.6, 0.55]
+    assert llm_queries.held_out([{"test_accuracy": 0.4}, {"test_accuracy": None}]) == [0.4]
+    half = 1.96 * (2 * 0.0025 / 3) ** 0.5
+    assert llm_queries.accuracy_difference(runs, "sazo", "uniform") == f"+0.200 ± {half:.3f}"
+    assert llm_queries.accuracy_difference(runs, "oracle", "uniform") == "–"      # one run: no interval

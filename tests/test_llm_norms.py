@@ -432,3 +432,33 @@ def _tiny_design(name, tokenizer):
     norms = grad_norms(model, batch, params)
     assert norms[cset.assimilated].mean() < 0.3 * norms[cset.new].mean()
     return predicted_gains(norms, full_gradient_norm(model, batch, params))
+
+
+def test_held_out_accuracy_after_a_fixed_budget_keeps_the_run_and_waits_for_the_budget():
+    model, params = lora_model("gpt2", seed=3)
+    batch, test = random_batch(n=6, seed=12), random_batch(n=5, seed=13)
+    theta0 = [p.detach().clone() for p in params]
+    settings = dict(lr=2e-2, eps=1e-3, batch_size=2, steps=12, log_every=2, seed=4, test_batch=test)
+
+    def fresh():
+        with torch.no_grad():
+            for p, s in zip(params, theta0):
+                p.copy_(s)
+
+    plain = query_run(model, params, batch, "sazo", **settings)
+    fresh()
+    budget = query_run(model, params, batch, "sazo", accuracy_at=14, **settings)   # 14 queries: the 4th step's log
+    fresh()
+    cut = query_run(model, params, batch, "sazo", **{**settings, "steps": 4})         # a run that ends at the budget
+    assert budget.train_loss == plain.train_loss and budget.walk == plain.walk      # measuring changes nothing
+    assert budget.budget_queries == 16 and budget.budget_accuracy == cut.test_accuracy
+    fresh()        # a target reached at once (F ≤ 10·F₀) stops a run only after the budget
+    early = query_run(model, params, batch, "uniform", stop_fraction=10.0, accuracy_at=14, **settings)
+    assert early.queries == [0, 8, 16] and early.budget_queries == 16
+    fresh()
+    assert query_run(model, params, batch, "uniform", stop_fraction=10.0, **settings).queries == [0, 8]
+    for bad in (0, -8):
+        with pytest.raises(ValueError, match="Invalid accuracy_at"):
+            query_run(model, params, batch, "uniform", accuracy_at=bad, **settings)
+    with pytest.raises(ValueError, match="Invalid accuracy_at"):
+        query_run(model, params, batch, "uniform", accuracy_at=8, **{**settings, "test_batch": None})

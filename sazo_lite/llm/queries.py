@@ -47,6 +47,8 @@ class QueryRun:
     train_loss: list[float] = field(default_factory=list)
     walk: list[float] = field(default_factory=list)         # ‖θ−θ₀‖ at each log point
     test_accuracy: float | None = None      # held-out accuracy at the end of the run
+    budget_accuracy: float | None = None    # held-out accuracy after ``accuracy_at`` queries (a fixed budget)
+    budget_queries: int | None = None       # the queries it was measured at (fewer if the run diverged first)
     diverged: bool = False
     diagnostics: list[dict] = field(default_factory=list)   # per diagnosed log point
     oracle_every: int | None = None                         # k (oracle runs)
@@ -97,7 +99,8 @@ def query_run(model, params, train_batch: TokenBatch, sampler: str, *, lr: float
               oracle_every: int = 1, uniform_mix: float = 0.1, oracle_mix: float = 0.0,
               test_batch: TokenBatch | None = None, stop_fraction: float | None = None, diagnose: int = 0,
               diverge_factor: float = DIVERGE_FACTOR, loss: str = "classification", perturbation: str = "gaussian",
-              step_rule: bool | NoiseScaledStep = False, ema_decay: float = 0.9, progress: bool = False) -> QueryRun:
+              step_rule: bool | NoiseScaledStep = False, ema_decay: float = 0.9, accuracy_at: int | None = None,
+              progress: bool = False) -> QueryRun:
     """One ZO run from the current weights (the caller restores θ₀ between runs).
 
     Args:
@@ -119,8 +122,14 @@ def query_run(model, params, train_batch: TokenBatch, sampler: str, *, lr: float
         loss: "classification" or "answer".
         perturbation: MeZO's z, "gaussian" or "rademacher" (cheaper to draw on a CPU).
         step_rule: True (or a ``NoiseScaledStep``): the rate follows the sampler-agnostic noise rule.
+        accuracy_at: a fixed query budget: held-out accuracy on ``test_batch`` once the run has made
+            this many queries (rounded up to a log point), and ``stop_fraction`` only stops the run
+            after it, so every run is compared at the same budget. A run that diverged before the
+            budget is measured where it stopped (``budget_queries`` says where).
     """
     check_choice("sampler", sampler, SAMPLERS)
+    if accuracy_at is not None and (test_batch is None or int(accuracy_at) < 1):
+        raise ValueError(f"Invalid accuracy_at: {accuracy_at} (a query count ≥ 1, with a test_batch)")
     n = len(train_batch)
     params = list(params)
     optimizer = MeZO(params, lr=lr, eps=eps, seed=seed, perturbation=perturbation)
@@ -159,10 +168,25 @@ def query_run(model, params, train_batch: TokenBatch, sampler: str, *, lr: float
         return value
 
     start = evaluate()
-    history = train(optimizer, chooser, losses, steps, batch_size=batch_size, evaluate=evaluate, log_every=log_every,
-                    progress=progress, description=f"{sampler} lr={lr:g}",
-                    stop_below=None if stop_fraction is None else stop_fraction * start,
-                    diverge_above=diverge_factor * start, step_rule=rule)
+    stop_below = None if stop_fraction is None else stop_fraction * start
+
+    def phase(phase_steps: int, stop: float | None):
+        return train(optimizer, chooser, losses, phase_steps, batch_size=batch_size, evaluate=evaluate,
+                     log_every=log_every, progress=progress, description=f"{sampler} lr={lr:g}",
+                     stop_below=stop, diverge_above=diverge_factor * start, step_rule=rule)
+
+    if accuracy_at is None:
+        history = phase(steps, stop_below)
+    else:   # to the budget without stopping (a log point ends it), the measurement, then the rest
+        budget = min(steps, log_every * -(-int(accuracy_at) // (2 * batch_size * log_every)))
+        history = phase(budget, None)
+        run.budget_accuracy, run.budget_queries = accuracy(model, test_batch), 2 * batch_size * optimizer.step_count
+        if not history.diverged and steps > budget and not (stop_below is not None and run.train_loss[-1] < stop_below):
+            rest = phase(steps - budget, stop_below)
+            history.projected_grad += rest.projected_grad
+            history.max_weight += rest.max_weight
+            history.queries += rest.queries
+            history.diverged = rest.diverged
     run.diverged = history.diverged
     run.steps_run = len(history.queries)
     if test_batch is not None and not run.diverged:
