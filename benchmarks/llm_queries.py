@@ -17,6 +17,14 @@ The protocol (issue 28; the mechanism behind it is in docs/llm.md):
 * Ratios of median queries: uniform ÷ oracle, uniform ÷ SAZO, SAZO ÷ oracle at 0.5·F₀ and the deeper
   target; ``+rule`` variants run ``NoiseScaledStep`` (the sampler-agnostic step rule) with their own grid.
 
+What the default run races (sized for an hour on an idle 2-core machine; docs/llm.md has the measured
+time): SmolLM2 + LoRA on the continual set at B = 1 (uniform, SAZO, the fresh oracle on a two-rate
+grid, the stale k = 25 oracle; held-out accuracy after a fixed ``--accuracy-at`` budget in every run),
+the four tiny families (uniform against SAZO: the does-not-lose check) and a homogeneous control on a
+tiny model (N = 8 alike examples, targets many draws per example away). Opt-in: ``--sets opposed`` /
+``balanced`` (B = 4, N = 192: hours), ``--sets homogeneous`` (SmolLM2's control at B = 4),
+``--full-start`` (full-parameter SmolLM2), ``--tiny-variants ... oracle``, ``--measure-sets``.
+
 JSON goes to ``benchmarks/results/llm_queries.json`` (not in git); the run docs/llm.md reports is kept
 in ``benchmarks/reference/llm_queries.json``, which notebook 06 and ``make bench`` read when this
 machine has no run of its own. Work is split into (setting, sampler) units shared by ``--jobs`` worker
@@ -54,7 +62,7 @@ from sazo_lite.llm.losses import TokenBatch, classification_losses
 from sazo_lite.llm.finetune import mean_loss
 from sazo_lite.llm.queries import DIVERGE_FACTOR, query_run, queries_to
 from sazo_lite.llm.tuning import full_parameters
-from sazo_lite.train import best_rate, diverged, median_queries, median_ratio_interval
+from sazo_lite.train import best_rate, diverged, mean_difference_interval, median_queries, median_ratio_interval
 
 RESULTS = Path(__file__).parent / "results" / "llm_queries.json"        # this machine's latest run (not in git)
 REFERENCE = Path(__file__).parent / "reference" / "llm_queries.json"    # the run docs/llm.md reports (in git)
@@ -419,13 +427,13 @@ def held_out(runs: list[dict]) -> list[float]:
 
 
 def accuracy_difference(runs: dict, top: str, bottom: str) -> str:
-    """"d ± h": mean held-out accuracy of ``top`` minus ``bottom``, with a 95% normal interval
-    (1.96·√(s²_top/n_top + s²_bottom/n_bottom)); "–" without two runs of each."""
+    """"d ± h": mean held-out accuracy of ``top`` minus ``bottom`` and the half-width of its 95% interval
+    (``train.mean_difference_interval``); "–" without two runs of each."""
     a, b = held_out(runs.get(top, [])), held_out(runs.get(bottom, []))
     if min(len(a), len(b)) < 2:
         return "–"
-    half = 1.96 * (statistics.variance(a) / len(a) + statistics.variance(b) / len(b)) ** 0.5
-    return f"{statistics.mean(a) - statistics.mean(b):+.3f} ± {half:.3f}"
+    difference, half = mean_difference_interval(a, b)
+    return f"{difference:+.3f} ± {half:.3f}"
 
 
 def summarise(setting: dict, targets=(0.5, 0.3)) -> list[str]:

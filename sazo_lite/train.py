@@ -31,8 +31,8 @@ import torch
 
 from .validation import check_bool, check_callable, check_count, check_int, check_number
 
-__all__ = ["History", "train", "queries_to_target", "diverged", "median_queries", "median_ratio_interval", "best_rate",
-           "NoiseScaledStep"]
+__all__ = ["History", "train", "queries_to_target", "diverged", "median_queries", "median_ratio_interval",
+           "mean_difference_interval", "best_rate", "NoiseScaledStep"]
 
 
 @dataclass
@@ -282,6 +282,26 @@ def median_ratio_interval(numerator: Sequence[int | float | None], denominator: 
     tail = (1.0 - level) / 2.0
     pick = lambda q: ratios[min(len(ratios) - 1, max(0, round(q * (len(ratios) - 1))))]
     return pick(tail), pick(1.0 - tail)
+
+
+def mean_difference_interval(first: Sequence[float], second: Sequence[float], *, level: float = 0.95) -> tuple[float, float]:
+    """mean(first) − mean(second) and the half-width of its normal interval, z·√(s₁²/n₁ + s₂²/n₂).
+
+    For a per-seed outcome that is a mean itself (held-out accuracy after a fixed budget): e.g.
+    SAZO's accuracies as ``first`` and uniform's as ``second``. Needs two values on each side.
+
+    Example:
+        >>> difference, half = mean_difference_interval([0.7, 0.8, 0.75], [0.5, 0.6, 0.55])
+        >>> round(difference, 3), round(half, 3)
+        (0.2, 0.08)
+    """
+    if len(first) < 2 or len(second) < 2:
+        raise ValueError(f"Invalid samples: expected at least two values on each side, got {len(first)} and {len(second)}")
+    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0.0 < level < 1.0:
+        raise ValueError(f"Invalid level: {level!r} (expected 0 < level < 1)")
+    z = statistics.NormalDist().inv_cdf(0.5 + level / 2.0)
+    half = z * (statistics.variance(first) / len(first) + statistics.variance(second) / len(second)) ** 0.5
+    return statistics.mean(first) - statistics.mean(second), half
 
 
 def best_rate(per_rate: Mapping[float, Sequence[int | None]], tiebreak: Mapping[float, float] | None = None):

@@ -214,3 +214,22 @@ def test_median_ratio_interval_narrows_with_seeds_and_treats_misses_as_never():
             median_ratio_interval([1, 2], [1, 2], **bad)
     with pytest.raises(ValueError, match="Invalid queries"):
         median_ratio_interval([], [1])
+
+
+def test_mean_difference_interval_covers_the_true_difference_about_as_often_as_it_claims():
+    import random
+    from sazo_lite.train import mean_difference_interval
+    rng, covered = random.Random(0), 0
+    for _ in range(400):
+        first = [rng.gauss(0.7, 0.1) for _ in range(30)]
+        second = [rng.gauss(0.6, 0.2) for _ in range(20)]
+        difference, half = mean_difference_interval(first, second)
+        covered += abs(difference - 0.1) <= half
+    assert 0.9 <= covered / 400 <= 0.99
+    wide = mean_difference_interval([0.7, 0.8, 0.75], [0.5, 0.6, 0.55], level=0.99)[1]
+    assert wide > mean_difference_interval([0.7, 0.8, 0.75], [0.5, 0.6, 0.55])[1]
+    for bad in (dict(first=[1.0], second=[1.0, 2.0]), dict(first=[1.0, 2.0], second=[])):
+        with pytest.raises(ValueError, match="Invalid samples"):
+            mean_difference_interval(**bad)
+    with pytest.raises(ValueError, match="Invalid level"):
+        mean_difference_interval([1.0, 2.0], [1.0, 2.0], level=1.0)
