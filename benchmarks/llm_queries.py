@@ -60,7 +60,7 @@ from sazo_lite.llm.continual import (cached_first_round, heterogeneity, keep_ali
 from sazo_lite.llm.grad_norms import directional_error, full_gradient_norm, grad_norms
 from sazo_lite.llm.losses import TokenBatch, classification_losses
 from sazo_lite.llm.finetune import mean_loss
-from sazo_lite.llm.queries import DIVERGE_FACTOR, query_run, queries_to
+from sazo_lite.llm.queries import DIVERGE_FACTOR, held_out_accuracies, query_run, queries_to
 from sazo_lite.llm.tuning import full_parameters
 from sazo_lite.train import best_rate, diverged, mean_difference_interval, median_queries, median_ratio_interval
 
@@ -420,16 +420,10 @@ def _spread(values: list) -> str:
     return f"{statistics.median(finite):.3g} [{min(finite):.3g}–{max(finite):.3g}]" if finite else "–"
 
 
-def held_out(runs: list[dict]) -> list[float]:
-    """The runs' held-out accuracies: after the fixed query budget where the runs measured one, else at their end."""
-    budget = [r["budget_accuracy"] for r in runs if r.get("budget_accuracy") is not None]
-    return budget or [r["test_accuracy"] for r in runs if r.get("test_accuracy") is not None]
-
-
 def accuracy_difference(runs: dict, top: str, bottom: str) -> str:
     """"d ± h": mean held-out accuracy of ``top`` minus ``bottom`` and the half-width of its 95% interval
     (``train.mean_difference_interval``); "–" without two runs of each."""
-    a, b = held_out(runs.get(top, [])), held_out(runs.get(bottom, []))
+    a, b = held_out_accuracies(runs.get(top, [])), held_out_accuracies(runs.get(bottom, []))
     if min(len(a), len(b)) < 2:
         return "–"
     difference, half = mean_difference_interval(a, b)
@@ -451,7 +445,7 @@ def summarise(setting: dict, targets=(0.5, 0.3)) -> list[str]:
                          f"{'' if len(hit) == len(values) else f' ({len(values) - len(hit)} missed)'}"
                          if med[(variant, t)] is not None else
                          f"not reached{f' ({len(hit)} of {len(values)} seeds did)' if hit else ''}")
-        accs = held_out(runs)
+        accs = held_out_accuracies(runs)
         acc = (f"{statistics.mean(accs):.3f} ± {1.96 * statistics.stdev(accs) / len(accs) ** 0.5:.3f}" if len(accs) > 1
                else f"{accs[0]:.3f}" if accs else "–")
         clean = [r for r in runs if not r["diverged"]]     # diverged runs' steps explode: shown by their count

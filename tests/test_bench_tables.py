@@ -236,8 +236,8 @@ def test_held_out_accuracy_prefers_the_budget_and_the_difference_has_an_interval
     runs = {"uniform": [{"budget_accuracy": a, "test_accuracy": 0.0} for a in (0.5, 0.6, 0.55)],
             "sazo": [{"budget_accuracy": a, "test_accuracy": 1.0} for a in (0.7, 0.8, 0.75)],
             "oracle": [{"test_accuracy": 0.9}]}
-    assert llm_queries.held_out(runs["uniform"]) == [0.5, 0.6, 0.55]
-    assert llm_queries.held_out([{"test_accuracy": 0.4}, {"test_accuracy": None}]) == [0.4]
+    assert llm_queries.held_out_accuracies(runs["uniform"]) == [0.5, 0.6, 0.55]
+    assert llm_queries.held_out_accuracies([{"test_accuracy": 0.4}, {"test_accuracy": None}]) == [0.4]
     half = 1.96 * (2 * 0.0025 / 3) ** 0.5
     assert llm_queries.accuracy_difference(runs, "sazo", "uniform") == f"+0.200 ± {half:.3f}"
     assert llm_queries.accuracy_difference(runs, "oracle", "uniform") == "–"      # one run: no interval

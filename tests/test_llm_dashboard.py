@@ -212,3 +212,11 @@ def test_fewest_queries_takes_each_samplers_best_rate_and_leaves_out_misses():
     seeds = {"sazo η=1e-3": [_run([0, 8], [1.0, 0.4]), _run([0, 8], [1.0, 0.9]), _run([0, 8], [1.0, 0.9])],
              "sazo η=5e-4": [_run([0, 16], [1.0, 0.4]), _run([0, 16], [1.0, 0.5]), _run([0, 16], [1.0, 0.9])]}
     assert fewest_queries(seeds, 0.5) == {"sazo": 16}
+
+
+def test_queries_table_reads_accuracy_after_the_fixed_budget_where_the_runs_measured_one():
+    runs = {"uniform": [{**_run([0, 10, 20], [1.0, 0.6, 0.4], 0.9), "budget_accuracy": a, "budget_queries": 10}
+                        for a in (0.25, 0.75)]}
+    table = queries_table_html(runs)
+    assert "0.500" in table and "0.900" not in table and "after 10 queries" in table
+    assert "after" not in queries_table_html({"uniform": [_run([0, 10], [1.0, 0.4], 0.9)]})

@@ -30,7 +30,7 @@ from .finetune import mean_loss
 from .grad_norms import RefreshingNorms, grad_norms
 from .losses import TokenBatch, accuracy, batched_closure
 
-__all__ = ["QueryRun", "query_run", "queries_to", "SAMPLERS", "DIVERGE_FACTOR", "sampling_diagnostics", "walk"]
+__all__ = ["QueryRun", "query_run", "queries_to", "held_out_accuracies", "SAMPLERS", "DIVERGE_FACTOR", "sampling_diagnostics", "walk"]
 
 SAMPLERS = RACED        # the samplers a query race runs (one vocabulary: ``samplers.make_sampler``)
 DIVERGE_FACTOR = 1.5     # F(θ) above this × F(θ₀) has diverged (``train.diverged``; no run that passed it came back)
@@ -76,6 +76,19 @@ def queries_to(run: QueryRun | dict, fraction: float) -> int | None:
     """
     queries, losses = (run["queries"], run["train_loss"]) if isinstance(run, dict) else (run.queries, run.train_loss)
     return queries_to_target((queries, losses), fraction * losses[0]) if losses else None
+
+
+def held_out_accuracies(runs) -> list[float]:
+    """Each run's held-out accuracy: after the fixed query budget where the runs measured one
+    (``query_run(accuracy_at=...)``), else at the run's end (a diverged run has none there).
+
+    Example:
+        >>> held_out_accuracies([{"budget_accuracy": 0.6, "test_accuracy": 0.9}, {"test_accuracy": 0.8}])
+        [0.6]
+    """
+    runs = [r if isinstance(r, dict) else r.to_dict() for r in runs]
+    budget = [r["budget_accuracy"] for r in runs if r.get("budget_accuracy") is not None]
+    return budget or [r["test_accuracy"] for r in runs if r.get("test_accuracy") is not None]
 
 
 def sampling_diagnostics(norms: torch.Tensor, probs: torch.Tensor, scores: torch.Tensor | None = None) -> dict:

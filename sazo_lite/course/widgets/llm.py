@@ -304,7 +304,7 @@ def run_summary(label: str, run, *, targets=(0.7, 0.5)) -> str:
     Example:
         >>> run_summary("uniform η=1e-3", {"queries": [0, 4, 8], "train_loss": [1.0, 0.6, 0.4], "walk": [0, 1, 2],
         ...                                "diverged": False, "mean_sq_step_scale": 2.0, "max_step_scale": 3.0})
-        'uniform η=1e-3  0.7·F₀ at 8, 0.5·F₀ at 8; F/F₀ 0.400 after 8 queries; walk 2.0; E[ĝ²] 2; max |ĝ| 3'
+        'uniform η=1e-3  0.7·F₀ at 4, 0.5·F₀ at 8; F/F₀ 0.400 after 8 queries; walk 2.0; E[ĝ²] 2; max |ĝ| 3'
     """
     from ...llm.queries import queries_to
 
@@ -346,7 +346,7 @@ def queries_table_html(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> str:
         >>> "4 [4–4]" in html_ and "0.750" in html_
         True
     """
-    from ...llm.queries import queries_to
+    from ...llm.queries import held_out_accuracies, queries_to
     from ...train import median_queries
 
     head = "".join(f"<th>queries to {t:.0%} of F(θ₀)</th>" for t in targets)
@@ -363,12 +363,15 @@ def queries_table_html(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> str:
             if hit and len(hit) < len(values):
                 text += f" ({len(values) - len(hit)} of {len(values)} missed)"
             cells.append(f"<td>{text}</td>")
-        accs = [r.get("test_accuracy") for r in runs if r.get("test_accuracy") is not None]
+        accs = held_out_accuracies(runs)
         acc = f"{statistics.median(accs):.3f}" if accs else "–"
         diverged = sum(bool(r.get("diverged")) for r in runs)
         rows.append(f"<tr><td>{html.escape(sampler)}</td>{''.join(cells)}<td>{acc}</td>"
                     f"<td>{len(runs)}{f' ({diverged} diverged)' if diverged else ''}</td></tr>")
-    return (f"<table><tr><th>sampler</th>{head}<th>held-out accuracy (median)</th><th>seeds</th></tr>"
+    budgets = sorted({r["budget_queries"] for runs in runs_by_sampler.values() for r in map(_as_dict, runs)
+                      if r.get("budget_queries")})
+    when = f", after {budgets[-1]} queries" if budgets else ""
+    return (f"<table><tr><th>sampler</th>{head}<th>held-out accuracy (median{when})</th><th>seeds</th></tr>"
             + "".join(rows) + "</table>")
 
 
