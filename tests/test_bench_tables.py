@@ -141,6 +141,7 @@ def test_the_pilot_gives_the_oracle_one_rate_and_the_other_samplers_two():
     cells = {v: setting.variant_cells.get(v, setting.cells) for v in setting.variants}
     assert cells == {"uniform": 2, "sazo": 2, "oracle": 1}
     assert setting.starts["oracle"] == pytest.approx(1.41e-3)     # the diagnosis's best fresh-oracle rate
+    assert setting.select_target is None and setting.accuracy_at is None   # rates by the deeper target, 0.5·F₀
     full = llm_queries.settings(llm_queries.parse_args([]))[0]       # the full protocol climbs: the oracle's grid
     assert full.variant_cells == {"oracle": 2} and full.cells == 6 and full.accuracy_at == 100   # is short (cost)
 
