@@ -49,6 +49,8 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=750)
     parser.add_argument("--log-every", type=int, default=25)
     parser.add_argument("--stop", type=float, default=0.5, help="stop at this fraction of F(θ₀)")
+    parser.add_argument("--accuracy-at", type=int, default=None,
+                        help="held-out accuracy after this many queries (a fixed budget; the run does not stop before it)")
     args = parser.parse_args(argv)
     plan = parse_plan(args.runs)
     torch.set_num_threads(1)
@@ -62,11 +64,13 @@ def main(argv=None) -> None:
         run = llm_queries.run_from(theta0, model, params, train, test, sampler, lr=rate, seed=seed, eps=setup.eps,
                                    batch_size=args.batch, steps=args.steps, log_every=args.log_every, oracle_every=1,
                                    oracle_mix=setup.oracle_mix, stop_fraction=args.stop,
-                                   diagnose=4 if sampler == "sazo" else 0)
+                                   diagnose=4 if sampler == "sazo" else 0, accuracy_at=args.accuracy_at)
         run["seconds"] = time.perf_counter() - start
         (args.out / f"{sampler}_{rate:g}_s{seed}.json").write_text(json.dumps(run))
         print(run_summary(f"{sampler} lr={rate:g} seed={seed}:", run, targets=(0.7, args.stop))
-              + f"; held-out acc={run.get('test_accuracy')}, {run['seconds']:.0f} s", flush=True)
+              + f"; held-out acc={run.get('test_accuracy')}"
+              + (f" (after {run['budget_queries']} queries: {run['budget_accuracy']})" if args.accuracy_at else "")
+              + f", {run['seconds']:.0f} s", flush=True)
     restore_snapshot(params, theta0)
 
 

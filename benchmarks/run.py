@@ -6,8 +6,8 @@
 Sections (each a ratio measured within this run; see the modules for the method):
   1. queries to target: uniform / SAZO / oracle on the quadratics and logistic regression, 5 seeds,
      targets 2% and 0.5% of the initial gap (``benchmarks.queries``); the language-model sets'
-     ratios are read from the latest ``make bench-llm`` report (``benchmarks.llm_queries``, ~40 min,
-     not rerun here) and carry its date;
+     ratios are read from the latest ``make bench-llm`` report (``benchmarks.llm_queries``, sized for
+     an hour: not rerun here) and carry its date;
   2. engine speed: ZO step ÷ (2 × forward), reference MeZO loop vs sazo_lite (``engine_speed.speed``);
   3. memory: ZO-step peak RSS ÷ inference peak RSS, fresh processes (``engine_speed.memory``);
   4. SAZO overhead over MeZO: step-time ratio and extra state bytes (``engine_speed.overhead``);
@@ -53,21 +53,23 @@ def queries_section(quick: bool) -> dict:
 def llm_queries_section(quick: bool) -> dict:
     """The language-model sets, in the same table: read from the latest ``make bench-llm`` report.
 
-    That benchmark takes ~40 minutes, so ``make bench`` does not rerun it; its rows carry its date
-    (this machine's latest run, else the reference run committed with the README's figures).
+    That benchmark is sized for an hour (docs/llm.md gives its measured time), so ``make bench`` does
+    not rerun it; its rows carry its date (this machine's latest run, else the reference run committed
+    with the README's figures). The issue's goals grade the sets raced at B ≥ 4 only.
     """
     from benchmarks.llm_queries import latest_report, summarise
 
     report, source = latest_report()
     if report is None:
-        return {"missing": "no LLM report: run `make bench-llm` (≈ 40 min) to add these rows"}
+        return {"missing": "no LLM report: run `make bench-llm` (sized for an hour) to add these rows"}
+    targets = report.get("args", {}).get("targets", [0.7, 0.5])
     settings = []
     for setting in report["settings"]:
-        summarise(setting)     # fills setting["ratios"] from the runs
+        summarise(setting, tuple(targets))     # fills setting["ratios"] from the runs, at the report's targets
         settings.append({"label": setting["label"], "heterogeneity": setting["heterogeneity_at_theta0"],
-                         "chosen_lr": setting["chosen_lr"], "ratios": setting["ratios"]})
+                         "B": setting.get("B", 1), "chosen_lr": setting["chosen_lr"], "ratios": setting["ratios"]})
     return {"date": report["date"], "machine": report["machine"], "source": source, "settings": settings,
-            "targets": report.get("args", {}).get("targets", [0.7, 0.5])}
+            "targets": targets}
 
 
 def run_sections(quick: bool, save=None, only=None, previous=None) -> dict:
@@ -153,7 +155,7 @@ def _llm_rows(llm: dict) -> list[tuple]:
                 rows.append(("1 queries", f"{name} @ {t}·F₀: SAZO ÷ uniform", _fmt(cost, suffix="×"), "≤ 1.1",
                              _verdict(cost, 1.1)))
                 continue
-            graded = s["label"].startswith("SmolLM2 LoRA") and ("continual" in s["label"] or "balanced" in s["label"])
+            graded = s["label"].startswith("SmolLM2") and s.get("B", 1) >= 4     # the issue's goals are at B ≥ 4
             rows.append(("1 queries", f"{name} @ {t}·F₀: uniform ÷ SAZO", _fmt(gain, suffix="×"),
                          "≥ 2" if graded else "", _verdict(gain, 2.0, higher_is_better=True) if graded else ""))
             rows.append(("1 queries", f"{name} @ {t}·F₀: SAZO ÷ oracle", _fmt(behind, suffix="×"),

@@ -80,15 +80,30 @@ def test_work_is_shared_between_jobs_without_loss_or_overlap():
 
 def test_make_bench_grades_the_llm_rows_against_the_issue_targets():
     llm = {"date": "d", "targets": [0.5, 0.3], "settings": [
-        {"label": "SmolLM2 LoRA r4 balanced (N=192, B=4)", "heterogeneity": 5.9,
+        {"label": "SmolLM2 LoRA r4 balanced (N=192, B=4)", "heterogeneity": 5.9, "B": 4,
          "ratios": {"uniform/sazo@0.5": 2.5, "sazo/oracle@0.5": 1.7, "uniform/sazo@0.3": 1.0, "sazo/oracle@0.3": None}},
+        {"label": "SmolLM2 LoRA r4 continual (N=24, B=1)", "heterogeneity": 5.9, "B": 1,     # the goals are at B ≥ 4
+         "ratios": {"uniform/sazo@0.5": 1.2, "sazo/oracle@0.5": 2.0}},
         {"label": "SmolLM2 LoRA r4 homogeneous (N=24, B=4)", "heterogeneity": 1.0,
          "ratios": {"uniform/sazo@0.5": 1.0, "sazo/oracle@0.5": 1.0, "uniform/sazo@0.3": 0.8, "sazo/oracle@0.3": 1.0}}]}
-    verdicts = {row[1].split(": ")[-1] + row[1].split("@ ")[1][:3]: row[4] for row in run._llm_rows(llm)}
+    rows = run._llm_rows(llm)
+    verdicts = {row[1].split(": ")[-1] + row[1].split("@ ")[1][:3]: row[4] for row in rows if "B=1" not in row[1]}
+    assert [row[3:] for row in rows if "B=1" in row[1] and "0.5" in row[1]] == [("", "")] * 2    # shown, not graded
     assert verdicts["uniform ÷ SAZO0.5"] == "yes" and verdicts["SAZO ÷ oracle0.5"] == "NO"
     assert verdicts["uniform ÷ SAZO0.3"] == "NO" and verdicts["SAZO ÷ oracle0.3"] == "?"
     assert verdicts["SAZO ÷ uniform0.5"] == "yes" and verdicts["SAZO ÷ uniform0.3"] == "NO"   # 1/0.8 = 1.25 > 1.1
     assert run._llm_rows({"missing": "run make bench-llm"})[0][2] == "run make bench-llm"
+
+
+def test_make_bench_reads_the_llm_report_at_its_own_targets(monkeypatch):
+    report = {"date": "d", "machine": "m", "args": {"targets": [0.5, 0.4]},
+              "settings": [{**fake_setting("SmolLM2 LoRA r4 opposed (N=96, B=4)",
+                                           {"uniform": [[1.0, 0.6, 0.45, 0.4]] * 3, "sazo": [[1.0, 0.45, 0.4]] * 3}),
+                            "heterogeneity_at_theta0": 8.7, "B": 4}]}
+    monkeypatch.setattr(llm_queries, "latest_report", lambda: (report, "reference"))
+    section = run.llm_queries_section(quick=True)
+    assert section["targets"] == [0.5, 0.4] and section["settings"][0]["B"] == 4
+    assert section["settings"][0]["ratios"]["uniform/sazo@0.4"] == pytest.approx(1.5)   # 0.4·F₀ at 3 log points ÷ 2
 
 
 def test_a_rate_chosen_at_the_edge_of_its_grid_is_flagged():
@@ -124,7 +139,8 @@ def test_gd_reference_follows_backprop_and_reports_divergence():
 
 @pytest.mark.parametrize("path", [llm_queries.REFERENCE, llm_queries.REFERENCE.with_name("llm_tiny_families.json"),
                                   llm_queries.REFERENCE.with_name("llm_homogeneous_b4.json"),
-                                  llm_queries.REFERENCE.with_name("llm_tiny_oracle.json")], ids=lambda p: p.stem)
+                                  llm_queries.REFERENCE.with_name("llm_tiny_oracle.json"),
+                                  llm_queries.REFERENCE.with_name("llm_quick_pilot.json")], ids=lambda p: p.stem)
 def test_the_reference_report_is_relative_and_summarises(path):
     text = path.read_text()
     assert not any(root in text for root in ('"/work', '"/home', '"/tmp', '"/root', "/usr/"))
