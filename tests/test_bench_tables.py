@@ -140,7 +140,8 @@ def test_gd_reference_follows_backprop_and_reports_divergence():
 @pytest.mark.parametrize("path", [llm_queries.REFERENCE, llm_queries.REFERENCE.with_name("llm_tiny_families.json"),
                                   llm_queries.REFERENCE.with_name("llm_homogeneous_b4.json"),
                                   llm_queries.REFERENCE.with_name("llm_tiny_oracle.json"),
-                                  llm_queries.REFERENCE.with_name("llm_quick_pilot.json")], ids=lambda p: p.stem)
+                                  llm_queries.REFERENCE.with_name("llm_quick_pilot.json"),
+                                  llm_queries.REFERENCE.with_name("llm_full_parameter.json")], ids=lambda p: p.stem)
 def test_the_reference_report_is_relative_and_summarises(path):
     text = path.read_text()
     assert not any(root in text for root in ('"/work', '"/home', '"/tmp', '"/root', "/usr/"))
