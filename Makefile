@@ -76,9 +76,10 @@ test-browser: install
 bench: install
 	$(PY) -m benchmarks.run
 
-# Language models (SmolLM2 + the four tiny families): queries to 50%/30% of F(θ₀), uniform/SAZO/oracle
-# (the protocol: docs/llm.md; its run time is not yet measured on an idle machine).
-# BENCH_LLM_ARGS=--quick for the pilot (the continual set, B = 1, one seed; 70%/50% of F(θ₀)).
+# Language models (SmolLM2 LoRA at B = 1, the four tiny families, a tiny homogeneous control): queries to
+# 50%/40% of F(θ₀), uniform/SAZO/oracle, held-out accuracy after a fixed budget (the protocol and its
+# measured run time: docs/llm.md). BENCH_LLM_ARGS=--quick for the pilot (the continual set, B = 1, one
+# seed; 70%/50% of F(θ₀)); the B = 4 races and full-parameter SmolLM2 are opt-in flags (--help).
 BENCH_LLM_ARGS ?=
 .PHONY: bench-llm
 bench-llm: install
