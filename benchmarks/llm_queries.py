@@ -55,7 +55,7 @@ import torch
 
 from benchmarks.queries import grid_edge
 from sazo_lite.llm import add_lora, load_smollm2, restore_snapshot, snapshot, tiny_causal_lm, trainable_parameters
-from sazo_lite.llm.continual import (cached_first_round, heterogeneity, keep_alike, make_continual_set,
+from sazo_lite.llm.continual import (alike_indices, cached_first_round, heterogeneity, keep_alike, make_continual_set,
                                      predicted_gains)
 from sazo_lite.llm.grad_norms import directional_error, full_gradient_norm, grad_norms
 from sazo_lite.llm.losses import TokenBatch, classification_losses
@@ -125,8 +125,7 @@ def tiny_start(family: str, args, *, homogeneous: bool = False):
     params = full_parameters(model)
     if homogeneous:
         pool = TokenBatch(ids[:2 * n], [8] * (2 * n), 0, labels[:2 * n], label_ids)
-        logs = grad_norms(model, pool, params).clamp_min(1e-30).log()
-        keep = sorted(torch.argsort((logs - logs.median()).abs(), stable=True)[:n].tolist())
+        keep = alike_indices(grad_norms(model, pool, params), n)
         return model, params, TokenBatch([ids[i] for i in keep], [8] * n, 0, labels[keep], label_ids), None, None
     train = TokenBatch(ids[:n], [8] * n, 0, labels[:n], label_ids)
     setup = TokenBatch(ids[:3 * n // 4], [8] * (3 * n // 4), 0, labels[:3 * n // 4], label_ids)

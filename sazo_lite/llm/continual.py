@@ -53,7 +53,7 @@ from ..variance import uniform_gain
 from .losses import classification_losses, encode_classification
 from .tasks import ClassificationTask, Example, _CATEGORIES, _NEGATIVE, _NOUNS, _POSITIVE
 
-__all__ = ["ContinualSet", "make_continual_set", "keep_alike", "predicted_gains", "GROUPS", "first_round", "cached_first_round", "heterogeneity",
+__all__ = ["ContinualSet", "make_continual_set", "keep_alike", "alike_indices", "predicted_gains", "GROUPS", "first_round", "cached_first_round", "heterogeneity",
            "SET_NAMES"]
 
 SET_NAMES = ("continual", "homogeneous", "flipped", "balanced", "opposed")
@@ -218,6 +218,20 @@ def predicted_gains(norms, full_grad_norm: float, batch_sizes=(1, 2, 4, 8, 16)) 
                      for b in batch_sizes}}
 
 
+def alike_indices(norms, keep: int) -> list[int]:
+    """The ``keep`` indices whose norms are closest to their median on a log scale, in index order.
+
+    Example:
+        >>> alike_indices(torch.tensor([1.0, 1.1, 9.0, 0.9, 0.01, 1.2]), 4)
+        [0, 1, 3, 5]
+    """
+    norms = torch.as_tensor(norms, dtype=torch.float64)
+    if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= len(norms):
+        raise ValueError(f"Invalid keep: {keep!r} (expected an int in [1, {len(norms)}])")
+    logs = norms.clamp_min(1e-30).log()
+    return sorted(torch.argsort((logs - logs.median()).abs(), stable=True)[:keep].tolist())
+
+
 def keep_alike(cset: ContinualSet, norms, keep: int) -> ContinualSet:
     """The ``keep`` training examples whose gradient norms are closest to their median, log scale.
 
@@ -233,10 +247,7 @@ def keep_alike(cset: ContinualSet, norms, keep: int) -> ContinualSet:
     norms = torch.as_tensor(norms, dtype=torch.float64)
     if norms.shape != (len(cset.task.train),):
         raise ValueError(f"Invalid norms: expected shape ({len(cset.task.train)},), got {tuple(norms.shape)}")
-    if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= len(norms):
-        raise ValueError(f"Invalid keep: {keep!r} (expected an int in [1, {len(norms)}])")
-    logs = norms.clamp_min(1e-30).log()
-    chosen = sorted(torch.argsort((logs - logs.median()).abs(), stable=True)[:keep].tolist())
+    chosen = alike_indices(norms, keep)
     position = {old: new for new, old in enumerate(chosen)}
     task = cset.task
     train = [task.train[i] for i in chosen]
