@@ -37,6 +37,7 @@ the diagnosis found them).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -71,9 +72,11 @@ ROOT2 = 2 ** 0.5
 BIG_SETS = ("balanced", "opposed")   # the sets designed for B > 1: sized by --big-n / --big-new-fraction
 
 
-def latest_report() -> tuple[dict | None, str]:
-    """This machine's latest report if there is one, else the committed reference run; and which it is."""
-    for path, kind in ((RESULTS, "this machine's latest `make bench-llm`"), (REFERENCE, "the reference run in git")):
+def latest_report(name: str = "llm_queries.json") -> tuple[dict | None, str]:
+    """This machine's latest report ``name`` if there is one, else the committed reference run; and which it is.
+    ``llm_queries.json`` is ``make bench-llm``'s; ``llm_opposed_race.json`` the opt-in race at B = 4."""
+    for path, kind in ((RESULTS.parent / name, f"this machine's latest {name}"),
+                       (REFERENCE.parent / name, "the reference run in git")):
         if path.exists():
             return json.loads(path.read_text()), kind
     return None, "none"
@@ -163,6 +166,7 @@ class Setting:
     budget_runs: bool = True  # the chosen-rate seeds run the whole budget (held-out accuracy after it)
     select_target: float | None = None   # the fraction of F₀ the rate rule counts queries to (None: the deepest)
     accuracy_at: int | None = None       # held-out accuracy after this many queries, every run (a fixed budget)
+    oracle_accuracy: bool = True         # the oracle's runs too (False where its refreshes would make the budget hours)
 
 
 def settings(args) -> list[Setting]:
@@ -187,11 +191,14 @@ def settings(args) -> list[Setting]:
             out.append(Setting(f"SmolLM2 LoRA r{args.rank} {name} (N={args.big_n}, B={args.big_batch})",
                                lambda name=name: smollm2_start(name, args, num_train=args.big_n,
                                                                new_fraction=args.big_new_fraction),
-                               {v: args.big_start * (args.oracle_start_factor if v.startswith("oracle") else 1)
+                               {v: args.variant_start.get(v, args.big_start * (args.oracle_start_factor
+                                                                               if v.startswith("oracle") else 1))
                                 for v in args.variants}, args.big_batch, args.big_steps,
                                args.big_log_every, variants=tuple(args.variants), cells=args.cells,
                                grid_seeds=args.grid_seeds, seeds=args.seeds, oracle_every=args.big_oracle_every,
-                               diagnose=args.diagnose_every, cost=4.0, budget_runs=not args.no_budget))
+                               diagnose=args.diagnose_every, cost=4.0, budget_runs=not args.no_budget,
+                               select_target=max(args.targets), accuracy_at=args.big_accuracy_at or None,
+                               oracle_accuracy=False))   # an oracle refresh is one backprop over N (≈ 30 ZO steps)
         elif name == "homogeneous":  # SmolLM2's control: every example new and alike; SAZO must not lose
             out.append(Setting(f"SmolLM2 LoRA r{args.rank} homogeneous (N={args.num_train}, B={args.big_batch})",
                                lambda: smollm2_start("homogeneous", args), {"uniform": 1e-3, "sazo": 1e-3},
@@ -265,6 +272,45 @@ def run_from(theta0: list, model, params, train, test, sampler: str, *, lr: floa
     return query_run(model, params, train, sampler, lr=lr, seed=seed, test_batch=test, **settings).to_dict()
 
 
+RUN_PROTOCOL = 1    # bump when query_run's rules or defaults change what a cached run would be
+
+
+def theta0_key(args) -> dict:
+    """What θ₀ and the sets depend on beyond a setting's label (sizes, first round, LoRA rank)."""
+    names = ("rank", "num_train", "num_test", "new_fraction", "setup_steps", "big_n", "big_new_fraction",
+             "tiny_n", "tiny_homogeneous_n")
+    return {name: getattr(args, name) for name in names}
+
+
+def cached_run(cache: Path | None, key: dict, compute: Callable[[], dict]) -> dict:
+    """A run's report: read from ``cache`` if a run with exactly this ``key`` was saved there, else
+    ``compute()``-d and saved (one JSON per run, named by a hash of the key). Makes a race resumable:
+    an interrupted ``--run-cache`` race repeats none of its finished runs and takes the same decisions.
+
+    >>> import tempfile; calls = []
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     a = cached_run(Path(d), {"lr": 1e-3}, lambda: calls.append(1) or {"q": 8})
+    ...     b = cached_run(Path(d), {"lr": 1e-3}, lambda: calls.append(1) or {"q": 9})
+    >>> a == b == {"q": 8}, len(calls)
+    (True, 1)
+    """
+    if cache is None:
+        return compute()
+    key = {"protocol": RUN_PROTOCOL, **key}
+    text = json.dumps(key, sort_keys=True, default=str)
+    path = Path(cache) / f"run-{hashlib.sha256(text.encode()).hexdigest()[:20]}.json"
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved.get("key") == json.loads(text):
+            return saved["run"]
+    run = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".tmp")
+    partial.write_text(json.dumps({"key": json.loads(text), "run": run}))
+    partial.replace(path)           # atomic: an interrupted write leaves no half run behind
+    return run
+
+
 def race_variant(setting: Setting, variant: str, model, params, train, test, args, out: dict) -> None:
     """One variant's protocol: climb the √2 grid (3 seeds per rate) to the edge, pick by the median rule,
     then the chosen rate on every seed (whole budget)."""
@@ -273,12 +319,16 @@ def race_variant(setting: Setting, variant: str, model, params, train, test, arg
     deepest = min(args.targets)
     select = setting.select_target or deepest      # what the median rule counts queries to
 
+    accuracy_at = setting.accuracy_at if (setting.oracle_accuracy or sampler != "oracle") else None
+
     def run(lr, seed, *, steps=None, stop=True, diagnose=0, oracle_every=None):
-        r = run_from(theta0, model, params, train, test, sampler, lr=lr, seed=seed, eps=args.eps,
-                     batch_size=setting.batch, steps=steps or setting.steps, log_every=setting.log_every,
-                     oracle_every=oracle_every or setting.oracle_every, oracle_mix=args.oracle_mix,
-                     stop_fraction=deepest if stop else None, diagnose=diagnose,
-                     perturbation=setting.perturbation, step_rule=bool(rule), accuracy_at=setting.accuracy_at)
+        settings = dict(lr=lr, seed=seed, eps=args.eps, batch_size=setting.batch, steps=steps or setting.steps,
+                        log_every=setting.log_every, oracle_every=oracle_every or setting.oracle_every,
+                        oracle_mix=args.oracle_mix, stop_fraction=deepest if stop else None, diagnose=diagnose,
+                        perturbation=setting.perturbation, step_rule=bool(rule), accuracy_at=accuracy_at)
+        r = cached_run(args.run_cache, {"setting": setting.label, "theta0": theta0_key(args), "sampler": sampler,
+                                        **settings},
+                       lambda: run_from(theta0, model, params, train, test, sampler, **settings))
         q = [queries_to(r, t) for t in args.targets]
         acc = f" acc={r['test_accuracy']:.3f}" if r.get("test_accuracy") is not None else ""
         if r.get("budget_accuracy") is not None:
@@ -293,8 +343,8 @@ def race_variant(setting: Setting, variant: str, model, params, train, test, arg
     grid, best = {}, math.inf
     for lr in grid_rates(setting.starts[variant], setting.variant_cells.get(variant, setting.cells)):
         cap = setting.steps if math.isinf(best) else min(setting.steps, -(-int(best) // (2 * setting.batch)) + setting.log_every)
-        if setting.accuracy_at:      # every run reaches the accuracy budget
-            cap = max(cap, min(setting.steps, -(-setting.accuracy_at // (2 * setting.batch))))
+        if accuracy_at:      # every run reaches the accuracy budget
+            cap = max(cap, min(setting.steps, -(-accuracy_at // (2 * setting.batch))))
         cell = []
         for seed in range(setting.grid_seeds):   # SAZO's seed 0: its scores against the true norms, too
             cell.append(run(lr, seed, steps=cap, diagnose=setting.diagnose if (seed == 0 and sampler == "sazo") else 0))
@@ -511,6 +561,14 @@ def parse_args(argv=None):
                         help="the oracle's grid starts this many times higher (its edge is higher; fewer runs)")
     parser.add_argument("--big-oracle-every", type=int, default=5,
                         help="k on the opposed and balanced sets (one backprop over N per refresh; V(p_stale)/V(p*) is reported)")
+    parser.add_argument("--variant-start", nargs="*", default=[], metavar="VARIANT=RATE",
+                        help="opposed/balanced: a sampler's own first grid rate (e.g. uniform=2.5e-4), where a pilot "
+                             "found its edge")
+    parser.add_argument("--big-accuracy-at", type=int, default=0,
+                        help="opposed/balanced: held-out accuracy after this many queries in every uniform and SAZO run "
+                             "(0: none)")
+    parser.add_argument("--run-cache", type=Path, default=None,
+                        help="save every run here and reuse saved ones (an interrupted race resumes where it stopped)")
     parser.add_argument("--no-budget", action="store_true",
                         help="opposed/balanced: the chosen-rate seeds stop at the target too (no held-out accuracy "
                              "after a fixed budget; a pilot)")
@@ -551,6 +609,12 @@ def parse_args(argv=None):
     if args.jobs < 1 or args.seeds < 1 or args.steps < 1 or args.grid_seeds < 1 or args.cells < 1:
         parser.error("--jobs, --seeds, --grid-seeds, --cells and --steps must be ≥ 1")
     args.targets = sorted(args.targets, reverse=True)
+    try:
+        args.variant_start = {name: float(rate) for name, rate in (item.split("=") for item in args.variant_start)}
+    except ValueError:
+        parser.error(f"--variant-start takes VARIANT=RATE pairs, got {args.variant_start}")
+    if not all(v in VARIANTS and r > 0 for v, r in args.variant_start.items()):
+        parser.error(f"--variant-start: variants are {VARIANTS}, rates > 0 (got {args.variant_start})")
     return args
 
 

@@ -100,7 +100,8 @@ def test_make_bench_reads_the_llm_report_at_its_own_targets(monkeypatch):
               "settings": [{**fake_setting("SmolLM2 LoRA r4 opposed (N=96, B=4)",
                                            {"uniform": [[1.0, 0.6, 0.45, 0.4]] * 3, "sazo": [[1.0, 0.45, 0.4]] * 3}),
                             "heterogeneity_at_theta0": 8.7, "B": 4}]}
-    monkeypatch.setattr(llm_queries, "latest_report", lambda: (report, "reference"))
+    monkeypatch.setattr(llm_queries, "latest_report",
+                        lambda name="llm_queries.json": (report if name == "llm_queries.json" else None, "reference"))
     section = run.llm_queries_section(quick=True)
     assert section["targets"] == [0.5, 0.4] and section["settings"][0]["B"] == 4
     assert section["settings"][0]["ratios"]["uniform/sazo@0.4"] == pytest.approx(1.5)   # 0.4·F₀ at 3 log points ÷ 2
@@ -259,3 +260,106 @@ def test_held_out_accuracy_prefers_the_budget_and_the_difference_has_an_interval
     half = 1.96 * (2 * 0.0025 / 3) ** 0.5
     assert llm_queries.accuracy_difference(runs, "sazo", "uniform") == f"+0.200 ± {half:.3f}"
     assert llm_queries.accuracy_difference(runs, "oracle", "uniform") == "–"      # one run: no interval
+
+
+def fake_race(monkeypatch, calls, extra=()):
+    """race_variant on fake runs (1e-3 reaches 0.5·F₀, 1.41e-3 diverges); returns the race's output."""
+    curves = {1e-3: [1.0, 0.45, 0.4], 1.41e-3: [1.0, 2.0]}
+
+    def run_from(theta0, model, params, train, test, sampler, *, lr, seed, **settings):
+        calls.append((lr, seed, settings["accuracy_at"]))
+        return {**fake_run(sampler, curves[lr], diverged=curves[lr][-1] > 1.5), "lr": lr, "seed": seed}
+
+    monkeypatch.setattr(llm_queries, "run_from", run_from)
+    monkeypatch.setattr(llm_queries, "snapshot", lambda params: None)
+    monkeypatch.setattr(llm_queries, "restore_snapshot", lambda params, theta0: None)
+    args = llm_queries.parse_args(["--sets", "--tiny", "--targets", "0.5", "0.4", *extra])
+    setting = llm_queries.Setting("fake", None, {"uniform": 1e-3}, 1, 40, 10, variants=("uniform",), cells=3,
+                                  grid_seeds=3, seeds=4, budget_runs=False)
+    out = {"grid": {}, "chosen_lr": {}, "runs": {}}
+    llm_queries.race_variant(setting, "uniform", None, [], None, None, args, out)
+    return out
+
+
+def test_a_race_with_a_run_cache_resumes_without_repeating_a_run(monkeypatch, tmp_path):
+    calls = []
+    first = fake_race(monkeypatch, calls, ["--run-cache", str(tmp_path)])
+    # 1e-3 on 3 seeds, 1.41e-3 lost after 2 (both diverged), then the chosen 1e-3's 4th seed
+    assert len(calls) == 3 + 2 + 1 and len(list(tmp_path.glob("run-*.json"))) == 6
+    calls.clear()
+    again = fake_race(monkeypatch, calls, ["--run-cache", str(tmp_path)])
+    assert calls == [] and again == first                       # every run read back, the same decisions
+    for run in tmp_path.glob("run-*.json"):                     # an interrupted race: runs missing from the cache
+        if json.loads(run.read_text())["key"]["seed"] == 3:
+            run.unlink()
+    assert fake_race(monkeypatch, calls, ["--run-cache", str(tmp_path)]) == first and calls == [(1e-3, 3, None)]
+    calls.clear()
+    fake_race(monkeypatch, calls, ["--run-cache", str(tmp_path), "--eps", "1e-4"])   # another ε: nothing reused
+    assert len(calls) == 6
+    calls.clear()
+    fake_race(monkeypatch, calls, [])                           # no cache: every run computed
+    assert len(calls) == 6
+
+
+def test_a_cached_run_whose_key_does_not_match_is_computed_again(tmp_path):
+    assert llm_queries.cached_run(tmp_path, {"lr": 1e-3}, lambda: {"q": 8}) == {"q": 8}
+    (path,) = tmp_path.glob("run-*.json")
+    saved = json.loads(path.read_text())
+    path.write_text(json.dumps({**saved, "key": {**saved["key"], "lr": 2e-3}}))     # a hash collision, say
+    assert llm_queries.cached_run(tmp_path, {"lr": 1e-3}, lambda: {"q": 9}) == {"q": 9}
+
+
+def test_the_big_sets_start_each_sampler_where_asked_and_budget_accuracy_for_all_but_the_oracle():
+    args = llm_queries.parse_args(["--sets", "opposed", "--tiny", "--tiny-homogeneous", "--variant-start",
+                                   "uniform=2.5e-4", "sazo=3.5e-4", "--big-accuracy-at", "2000"])
+    (setting,) = [s for s in llm_queries.settings(args) if "opposed" in s.label]
+    assert setting.starts == {"uniform": 2.5e-4, "sazo": 3.5e-4, "oracle": 5e-4, "uniform+rule": 5e-4,
+                              "sazo+rule": 5e-4, "oracle+rule": 5e-4}
+    assert setting.select_target == 0.5 and setting.accuracy_at == 2000 and not setting.oracle_accuracy
+    for bad in (["uniform=x"], ["mezo=1e-3"], ["sazo=-1e-3"], ["sazo"]):
+        with pytest.raises(SystemExit):
+            llm_queries.parse_args(["--variant-start", *bad])
+
+
+def test_the_oracle_skips_the_accuracy_budget_only_where_the_setting_says(monkeypatch):
+    calls = []
+    curves = {1e-3: [1.0, 0.45, 0.4], 1.41e-3: [1.0, 2.0]}
+
+    def run_from(theta0, model, params, train, test, sampler, *, lr, seed, **settings):
+        calls.append((sampler, settings["accuracy_at"]))
+        return {**fake_run(sampler, curves[lr], diverged=curves[lr][-1] > 1.5), "lr": lr, "seed": seed}
+
+    monkeypatch.setattr(llm_queries, "run_from", run_from)
+    monkeypatch.setattr(llm_queries, "snapshot", lambda params: None)
+    monkeypatch.setattr(llm_queries, "restore_snapshot", lambda params, theta0: None)
+    args = llm_queries.parse_args(["--sets", "--tiny"])
+    for oracle_accuracy in (False, True):
+        setting = llm_queries.Setting("fake", None, {"uniform": 1e-3, "oracle": 1e-3}, 1, 40, 10, cells=2,
+                                      grid_seeds=1, seeds=1, budget_runs=False, accuracy_at=30,
+                                      oracle_accuracy=oracle_accuracy)
+        for variant in ("uniform", "oracle"):
+            calls.clear()
+            llm_queries.race_variant(setting, variant, None, [], None, None, args,
+                                     {"grid": {}, "chosen_lr": {}, "runs": {}})
+            expected = 30 if (variant == "uniform" or oracle_accuracy) else None
+            assert calls and all(a == expected for _, a in calls)
+
+
+def test_make_bench_grades_uniform_over_oracle_at_b4_and_adds_the_b4_race_report(monkeypatch):
+    def report(label, b, uniform):
+        return {"date": label, "machine": "m", "args": {"targets": [0.5, 0.4]},
+                "settings": [{**fake_setting(label, {"uniform": [uniform] * 3, "sazo": [[1.0, 0.6, 0.45, 0.4]] * 3,
+                                                     "oracle": [[1.0, 0.45, 0.4]] * 3}),
+                              "heterogeneity_at_theta0": 8.7, "B": b}]}
+    reports = {"llm_queries.json": report("SmolLM2 LoRA r4 continual (N=24, B=1)", 1, [1.0, 0.45, 0.4]),
+               "llm_opposed_race.json": report("SmolLM2 LoRA r4 opposed (N=96, B=4)", 4,
+                                               [1.0, 0.8, 0.7, 0.6, 0.45, 0.4])}
+    monkeypatch.setattr(llm_queries, "latest_report", lambda name="llm_queries.json": (reports.get(name), "reference"))
+    rows = run._llm_rows(run.llm_queries_section(quick=True))
+    graded = {row[1].split("B=4) ")[-1]: row[2:] for row in rows if "B=4" in row[1]}
+    assert graded["(V(u)/V(p*) = 8.70; bench-llm SmolLM2 LoRA r4 opposed (N=96, B=4), reference run) @ 0.5·F₀: "
+                  "uniform ÷ oracle"] == ("4.00×", "≥ 3", "yes")          # 40 ÷ 10 queries
+    assert [r[2:] for r in rows if "B=4" in r[1] and "0.5·F₀: uniform ÷ SAZO" in r[1]] == [("2.00×", "≥ 2", "yes")]   # 40 ÷ 20
+    assert not any("uniform ÷ oracle" in r[1] for r in rows if "B=1" in r[1])      # B = 1: shown ratios, no goal
+    del reports["llm_opposed_race.json"]                                             # no race report: no rows
+    assert not any("B=4" in r[1] for r in run._llm_rows(run.llm_queries_section(quick=True)))
