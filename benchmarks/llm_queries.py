@@ -59,6 +59,7 @@ from sazo_lite.llm import add_lora, load_smollm2, restore_snapshot, snapshot, ti
 from sazo_lite.llm.continual import (alike_indices, cached_first_round, heterogeneity, keep_alike, make_continual_set,
                                      predicted_gains)
 from sazo_lite.llm.grad_norms import directional_error, full_gradient_norm, grad_norms
+from sazo_lite.llm.landscape import random_walk_descent
 from sazo_lite.llm.losses import TokenBatch, classification_losses
 from sazo_lite.llm.finetune import mean_loss
 from sazo_lite.llm.queries import DIVERGE_FACTOR, held_out_accuracies, query_run, queries_to
@@ -452,9 +453,15 @@ def run_units(args, mine: list[tuple[int, str]], measure: bool) -> dict:
                      if set_name in BIG_SETS else {})
             model, params, train, _, _ = smollm2_start(set_name, args, **sizes)
             norms = grad_norms(model, train, params)
-            report["measured_only"][set_name] = predicted_gains(norms, full_gradient_norm(model, train, params))
-            print(f"\n== {set_name}: V(u)/V(p*) at θ₀ = {report['measured_only'][set_name]['v_uniform_ratio']:.2f} "
-                  "(measured, not raced)", flush=True)
+            measured = report["measured_only"][set_name] = predicted_gains(norms, full_gradient_norm(model, train, params))
+            print(f"\n== {set_name}: V(u)/V(p*) at θ₀ = {measured['v_uniform_ratio']:.2f} (measured, not raced)", flush=True)
+            if args.walk_radii:      # does a random walk of the runs' length alone lower F? (noise-assisted descent)
+                walk = measured["random_walk"] = random_walk_descent(lambda: mean_loss(model, train), params,
+                                                                     radii=args.walk_radii, draws=args.walk_draws)
+                print("   random displacements from θ₀: " + ", ".join(
+                    f"‖Δθ‖ = {r:g}: ΔF/F₀ {m:+.1%} (per draw {min(c) / walk['F']:+.1%} … {max(c) / walk['F']:+.1%}), "
+                    f"tr H/d ≈ {k:.3g}" for r, m, c, k in zip(walk["radii"], walk["mean_change"], walk["changes"],
+                                                              walk["curvature"])), flush=True)
             del model, params
     return report
 
@@ -567,6 +574,9 @@ def parse_args(argv=None):
     parser.add_argument("--big-accuracy-at", type=int, default=0,
                         help="opposed/balanced: held-out accuracy after this many queries in every uniform and SAZO run "
                              "(0: none)")
+    parser.add_argument("--walk-radii", type=float, nargs="*", default=[],
+                        help="--measure-sets: also F(θ₀ ± r·u) for random unit u at these radii (what a walk alone does)")
+    parser.add_argument("--walk-draws", type=int, default=4, help="± pairs per radius of --walk-radii")
     parser.add_argument("--run-cache", type=Path, default=None,
                         help="save every run here and reuse saved ones (an interrupted race resumes where it stopped)")
     parser.add_argument("--no-budget", action="store_true",
