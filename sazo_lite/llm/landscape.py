@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["displaced_losses", "random_walk_descent"]
+__all__ = ["displaced_losses", "random_walk_descent", "expected_step_change"]
 
 
 @torch.no_grad()
@@ -70,3 +70,22 @@ def random_walk_descent(loss: Callable[[], float], params, *, radii, draws: int 
         out["mean_change"].append(mean / start if start else float("nan"))
         out["curvature"].append(2 * mean / r ** 2)
     return out
+
+
+def expected_step_change(lr: float, grad_sq: float, mean_sq_step: float, trace_h: float) -> dict:
+    """A ZO step's expected change of F, to second order, split into its two parts:
+
+        E[ΔF] ≈ −η·‖∇F‖²  +  ½·η²·E[ĝ²]·tr H
+                 (the mean path, GD's)   (the noise: θ ← θ − η·ĝ·z with E[z zᵀ] = I)
+
+    treating ĝ² and zᵀHz as uncorrelated. With tr H < 0 the noise part is a descent too, and it
+    grows with E[ĝ²], the quantity importance sampling shrinks.
+
+    Example (E[ĝ²] = 60 at η = 2.5e-4 and tr H = −78 add 42% to the descent GD gets from ‖∇F‖² = 1.4):
+        >>> parts = expected_step_change(2.5e-4, 1.4, 60.0, -78.0)
+        >>> round(parts["gradient"] * 1e4, 2), round(parts["noise"] * 1e4, 2), round(parts["noise_share"], 2)
+        (-3.5, -1.46, 0.29)
+    """
+    gradient, noise = -lr * grad_sq, 0.5 * lr ** 2 * mean_sq_step * trace_h
+    total = gradient + noise
+    return {"gradient": gradient, "noise": noise, "total": total, "noise_share": noise / total if total else float("nan")}

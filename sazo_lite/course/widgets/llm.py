@@ -499,6 +499,35 @@ def walk_figure(runs_by_sampler: dict, *, band=WALK_BAND) -> go.Figure:
     return fig
 
 
+def displacement_figure(walk: dict, *, ends: dict | None = None, band=WALK_BAND) -> go.Figure:
+    """ΔF/F(θ₀) under random displacements of each radius (``random_walk_descent``'s report): each
+    ± pair as a dot, their mean as a line; ``ends`` ({label: ‖θ−θ₀‖}) marks where runs' walks ended.
+
+    Example:
+        >>> fig = displacement_figure({"F": 2.0, "radii": [1.0, 2.0], "changes": [[-0.2, 0.0], [-0.4, -0.8]],
+        ...                            "mean_change": [-0.05, -0.3]}, ends={"uniform": 1.5})
+        >>> list(fig.data[0].y), [round(y, 2) for y in fig.data[1].y]
+        ([-0.05, -0.3], [-0.1, 0.0, -0.2, -0.4])
+    """
+    fig = go.Figure()
+    fig.add_scatter(x=walk["radii"], y=walk["mean_change"], mode="lines+markers", name="mean over ±u",
+                    line=dict(color="black", width=2))
+    xs = [r for r, changes in zip(walk["radii"], walk["changes"]) for _ in changes]
+    ys = [c / walk["F"] for changes in walk["changes"] for c in changes]
+    fig.add_scatter(x=xs, y=ys, mode="markers", name="one direction u (½(F₊ + F₋) − F)",
+                    marker=dict(color="grey", size=7, opacity=0.7))
+    for label, end in (ends or {}).items():
+        fig.add_vline(x=end, line=dict(color=_color(label), dash="dot"), annotation_text=label,
+                      annotation_position="top")
+    if band is not None:
+        fig.add_vrect(x0=band[0], x1=band[1], fillcolor="crimson", opacity=0.1, line_width=0)
+    fig.add_hline(y=0.0, line=dict(color="grey", width=1))
+    fig.update_layout(width=640, height=360, xaxis_title="‖θ − θ₀‖ of a random displacement",
+                      yaxis_title="ΔF / F(θ₀)", title="what the walk alone does to F",
+                      margin=dict(l=55, r=10, t=40, b=45))
+    return fig
+
+
 def staleness_figure(runs_by_label: dict) -> go.Figure:
     """V(p_stale)/V(p*) at each oracle refresh (log scale), with V(u)/V(p*) at the same moments dashed.
 
