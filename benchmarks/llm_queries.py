@@ -722,6 +722,10 @@ def print_report(report: dict) -> None:
     rows = [row for s in report["settings"] for row in summarise(s, targets)]
     print(f"\n{report['date']} · {report['machine']} · ε={a['eps']}, runtime {report['runtime_s'] / 60:.1f} min"
           f"{' (sum of the merged parts)' if report.get('merged_from') else ''}")
+    parts = {name: part_args or {} for name, part_args in report.get("part_args", {}).items()}
+    differ = sorted({k for pa in parts.values() for k in pa if len({json.dumps(x.get(k)) for x in parts.values()}) > 1})
+    for name, part_args in parts.items():      # what the merged processes ran with, where they differed
+        print(f"  {name}: " + ", ".join(f"{k}={part_args.get(k)}" for k in differ))
     print("\n".join(header + rows))
     for lr, g in report.get("gd_reference", {}).items():
         print(f"full-batch GD by backprop (continual set), lr {lr}: F/F₀ at steps {g['steps'][-1]}: "
@@ -730,6 +734,10 @@ def print_report(report: dict) -> None:
         value = value if isinstance(value, dict) else {"v_uniform_ratio": value}
         print(f"θ₀ of the {name} set (measured, not raced): V(u)/V(p*) = {value['v_uniform_ratio']:.2f}"
               + (f", ‖∇F‖²/V(p*) = {value['grad_sq_ratio']:.2f}" if "grad_sq_ratio" in value else ""))
+        if "random_walk" in value:
+            walk = value["random_walk"]
+            print("  random displacements from θ₀ (ΔF/F₀, mean over ± pairs): " + ", ".join(
+                f"‖Δθ‖ = {r:g}: {m:+.1%}" for r, m in zip(walk["radii"], walk["mean_change"])))
     print(f"\nratios of median queries ({GOALS}):")
     fmt = lambda v: f"{v:.2f}" if v else "–"
     for s in report["settings"]:
@@ -780,6 +788,7 @@ def merge(paths: list[Path]) -> dict:
     report = {**parts[0], "settings": [], "measured_only": {}, "runtime_s": sum(p.get("runtime_s", 0) for p in parts)}
     if len(paths) > 1:       # one path: just reprint that report
         report["merged_from"] = [Path(p).name for p in paths]
+        report["part_args"] = {Path(p).name: part.get("args") for p, part in zip(paths, parts)}  # each its own sizes
     by_label: dict[str, dict] = {}
     for part in parts:
         report["measured_only"].update(part.get("measured_only", {}))

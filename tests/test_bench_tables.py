@@ -61,14 +61,16 @@ def test_the_report_stores_no_absolute_path():
 
 
 def test_merge_pools_the_samplers_of_one_setting(tmp_path):
-    a = {"settings": [fake_setting("s", {"uniform": [[1.0, 0.5]]})], "measured_only": {"flipped": 1.9}}
-    b = {"settings": [fake_setting("s", {"sazo": [[1.0, 0.4]]})], "measured_only": {}}
+    a = {"settings": [fake_setting("s", {"uniform": [[1.0, 0.5]]})], "measured_only": {"flipped": 1.9},
+         "args": {"big_steps": 750}}
+    b = {"settings": [fake_setting("s", {"sazo": [[1.0, 0.4]]})], "measured_only": {}, "args": {"big_steps": 200}}
     paths = [tmp_path / "a.json", tmp_path / "b.json"]
     for path, part in zip(paths, (a, b)):
         path.write_text(json.dumps(part))
     merged = llm_queries.merge(paths)
     assert len(merged["settings"]) == 1 and set(merged["settings"][0]["runs"]) == {"uniform", "sazo"}
     assert merged["measured_only"] == {"flipped": 1.9}
+    assert merged["part_args"] == {"a.json": {"big_steps": 750}, "b.json": {"big_steps": 200}}   # each part's sizes kept
 
 
 def test_work_is_shared_between_jobs_without_loss_or_overlap():
