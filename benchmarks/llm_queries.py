@@ -243,7 +243,8 @@ def design_at_theta0(model, params, train, eps: float, cset=None) -> dict:
 
 
 def setting_header(setting: Setting, model, params, train, args, cset=None) -> dict:
-    design = design_at_theta0(model, params, train, args.eps, cset)
+    design = cached_run(args.run_cache, {"design": setting.label, "theta0": theta0_key(args), "eps": args.eps},
+                        lambda: design_at_theta0(model, params, train, args.eps, cset))   # one backprop over N
     out = {"label": setting.label, "N": len(train), "B": setting.batch, "heterogeneity_at_theta0": design["v_uniform_ratio"],
            "design": design, "tuned_parameters": sum(p.numel() for p in params), "perturbation": setting.perturbation,
            "oracle_every": setting.oracle_every, "steps": setting.steps, "log_every": setting.log_every,
@@ -283,10 +284,15 @@ def theta0_key(args) -> dict:
     return {name: getattr(args, name) for name in names}
 
 
-def cached_run(cache: Path | None, key: dict, compute: Callable[[], dict]) -> dict:
+class RunNotCached(LookupError):
+    """``--cached-only``: the race reached a run its cache does not hold (the race stops there)."""
+
+
+def cached_run(cache: Path | None, key: dict, compute: Callable[[], dict], *, cached_only: bool = False) -> dict:
     """A run's report: read from ``cache`` if a run with exactly this ``key`` was saved there, else
     ``compute()``-d and saved (one JSON per run, named by a hash of the key). Makes a race resumable:
     an interrupted ``--run-cache`` race repeats none of its finished runs and takes the same decisions.
+    ``cached_only``: raise ``RunNotCached`` instead of computing (a report of the race so far).
 
     >>> import tempfile; calls = []
     >>> with tempfile.TemporaryDirectory() as d:
@@ -304,6 +310,8 @@ def cached_run(cache: Path | None, key: dict, compute: Callable[[], dict]) -> di
         saved = json.loads(path.read_text())
         if saved.get("key") == json.loads(text):
             return saved["run"]
+    if cached_only:
+        raise RunNotCached(f"lr={key.get('lr'):g} seed={key.get('seed')} (not in {Path(cache).name})")
     run = compute()
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".tmp")
@@ -314,8 +322,19 @@ def cached_run(cache: Path | None, key: dict, compute: Callable[[], dict]) -> di
 
 def race_variant(setting: Setting, variant: str, model, params, train, test, args, out: dict) -> None:
     """One variant's protocol: climb the √2 grid (3 seeds per rate) to the edge, pick by the median rule,
-    then the chosen rate on every seed (whole budget)."""
+    then the chosen rate on every seed (whole budget). With ``--cached-only`` it stops at the first run
+    the cache lacks and says so in ``out["incomplete"]``."""
     theta0 = snapshot(params)
+    try:
+        _race_variant(setting, variant, model, params, train, test, args, out, theta0)
+    except RunNotCached as missing:
+        out.setdefault("incomplete", {})[variant] = f"stopped before {missing}"
+        out["grid"][variant] = {lr: cell for lr, cell in out["grid"].get(variant, {}).items() if cell}   # no empty cell
+        print(f"  [{setting.label}] {variant}: the race so far (next: {missing})", flush=True)
+        restore_snapshot(params, theta0)
+
+
+def _race_variant(setting: Setting, variant: str, model, params, train, test, args, out: dict, theta0) -> None:
     sampler, _, rule = variant.partition("+")
     deepest = min(args.targets)
     select = setting.select_target or deepest      # what the median rule counts queries to
@@ -329,7 +348,8 @@ def race_variant(setting: Setting, variant: str, model, params, train, test, arg
                         perturbation=setting.perturbation, step_rule=bool(rule), accuracy_at=accuracy_at)
         r = cached_run(args.run_cache, {"setting": setting.label, "theta0": theta0_key(args), "sampler": sampler,
                                         **settings},
-                       lambda: run_from(theta0, model, params, train, test, sampler, **settings))
+                       lambda: run_from(theta0, model, params, train, test, sampler, **settings),
+                       cached_only=args.cached_only)
         q = [queries_to(r, t) for t in args.targets]
         acc = f" acc={r['test_accuracy']:.3f}" if r.get("test_accuracy") is not None else ""
         if r.get("budget_accuracy") is not None:
@@ -341,37 +361,35 @@ def race_variant(setting: Setting, variant: str, model, params, train, test, arg
               f"{' DIVERGED' if r['diverged'] else ''}", flush=True)
         return r
 
-    grid, best = {}, math.inf
+    grid, best = out["grid"].setdefault(variant, {}), math.inf   # filled as runs end (a partial race shows them)
     for lr in grid_rates(setting.starts[variant], setting.variant_cells.get(variant, setting.cells)):
         cap = setting.steps if math.isinf(best) else min(setting.steps, -(-int(best) // (2 * setting.batch)) + setting.log_every)
         if accuracy_at:      # every run reaches the accuracy budget
             cap = max(cap, min(setting.steps, -(-accuracy_at // (2 * setting.batch))))
-        cell = []
+        cell = grid[f"{lr:g}"] = []
         for seed in range(setting.grid_seeds):   # SAZO's seed 0: its scores against the true norms, too
             cell.append(run(lr, seed, steps=cap, diagnose=setting.diagnose if (seed == 0 and sampler == "sazo") else 0))
             if lost(cell) and 2 * sum(r["diverged"] for r in cell) >= setting.grid_seeds:
                 break      # the median is lost whatever the other seeds do
-        grid[lr] = cell
         best = min(best, median_queries([queries_to(r, select) for r in cell]))
         if lost(cell) and 2 * sum(r["diverged"] for r in cell) >= setting.grid_seeds:
             break          # the edge: every higher rate diverges sooner
-    out["grid"][variant] = {f"{lr:g}": cell for lr, cell in grid.items()}
-    per_rate = {lr: [queries_to(r, select) for r in cell] + [None] * (setting.grid_seeds - len(cell))
+    per_rate = {float(lr): [queries_to(r, select) for r in cell] + [None] * (setting.grid_seeds - len(cell))
                 for lr, cell in grid.items()}
-    finals = {lr: statistics.median(r["train_loss"][-1] / r["train_loss"][0] if not r["diverged"] else math.inf
+    finals = {float(lr): statistics.median(r["train_loss"][-1] / r["train_loss"][0] if not r["diverged"] else math.inf
                                     for r in cell) for lr, cell in grid.items()}
     chosen = best_rate(per_rate, tiebreak=finals)
     out["chosen_lr"][variant] = chosen
     out["select_target"] = select
-    if setting.budget_runs:
-        runs = [run(chosen, seed, stop=False, diagnose=setting.diagnose if (seed == 0 and sampler == "sazo") else 0)
-                for seed in range(setting.seeds)]
-    else:
-        runs = list(grid[chosen]) + [run(chosen, seed) for seed in range(len(grid[chosen]), setting.seeds)]
-    out["runs"][variant] = runs
+    chosen_cell = grid[f"{chosen:g}"]
+    runs = out["runs"][variant] = [] if setting.budget_runs else list(chosen_cell)
+    for seed in range(len(runs), setting.seeds):
+        runs.append(run(chosen, seed, stop=not setting.budget_runs,
+                        diagnose=setting.diagnose if (seed == 0 and sampler == "sazo" and setting.budget_runs) else 0))
     if setting.stale_every and variant == "oracle":      # the documented failure: the old benchmark's stale oracle
-        out["runs"][f"oracle k={setting.stale_every}"] = [run(chosen, seed, oracle_every=setting.stale_every)
-                                                           for seed in range(setting.grid_seeds)]
+        stale = out["runs"][f"oracle k={setting.stale_every}"] = []
+        for seed in range(setting.grid_seeds):
+            stale.append(run(chosen, seed, oracle_every=setting.stale_every))
     restore_snapshot(params, theta0)
 
 
@@ -579,6 +597,8 @@ def parse_args(argv=None):
     parser.add_argument("--walk-draws", type=int, default=4, help="± pairs per radius of --walk-radii")
     parser.add_argument("--run-cache", type=Path, default=None,
                         help="save every run here and reuse saved ones (an interrupted race resumes where it stopped)")
+    parser.add_argument("--cached-only", action="store_true",
+                        help="with --run-cache: run nothing, report the race as far as the cache holds it")
     parser.add_argument("--no-budget", action="store_true",
                         help="opposed/balanced: the chosen-rate seeds stop at the target too (no held-out accuracy "
                              "after a fixed budget; a pilot)")
@@ -623,6 +643,8 @@ def parse_args(argv=None):
         args.variant_start = {name: float(rate) for name, rate in (item.split("=") for item in args.variant_start)}
     except ValueError:
         parser.error(f"--variant-start takes VARIANT=RATE pairs, got {args.variant_start}")
+    if args.cached_only and args.run_cache is None:
+        parser.error("--cached-only needs --run-cache")
     if not all(v in VARIANTS and r > 0 for v, r in args.variant_start.items()):
         parser.error(f"--variant-start: variants are {VARIANTS}, rates > 0 (got {args.variant_start})")
     return args
@@ -760,6 +782,8 @@ def print_report(report: dict) -> None:
                   f"oracle − uniform = {accuracy_difference(s['runs'], 'oracle', 'uniform')}"
                   + (f" (runs that diverged earlier are counted where they stopped: {min(budgets)} queries)"
                      if len(budgets) > 1 else ""))
+        for variant, where in s.get("incomplete", {}).items():
+            print(f"    {variant}: INCOMPLETE, the race so far ({where})")
         for variant, grid in s["grid"].items():
             select = s.get("select_target", targets[-1])
             print(f"    grid {variant} (median over seeds of the queries to {select:g}·F₀): " + "; ".join(
@@ -798,8 +822,9 @@ def merge(paths: list[Path]) -> dict:
             if setting["label"] not in by_label:
                 by_label[setting["label"]] = {**setting, "grid": {}, "chosen_lr": {}, "runs": {}}
                 report["settings"].append(by_label[setting["label"]])
-            for key in ("grid", "chosen_lr", "runs"):
-                by_label[setting["label"]][key].update(setting[key])
+            for key in ("grid", "chosen_lr", "runs", "incomplete"):
+                if key in setting:
+                    by_label[setting["label"]].setdefault(key, {}).update(setting[key])
     return report
 
 

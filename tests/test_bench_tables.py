@@ -294,7 +294,19 @@ def test_a_race_with_a_run_cache_resumes_without_repeating_a_run(monkeypatch, tm
     for run in tmp_path.glob("run-*.json"):                     # an interrupted race: runs missing from the cache
         if json.loads(run.read_text())["key"]["seed"] == 3:
             run.unlink()
-    assert fake_race(monkeypatch, calls, ["--run-cache", str(tmp_path)]) == first and calls == [(1e-3, 3, None)]
+    partial = fake_race(monkeypatch, calls, ["--run-cache", str(tmp_path), "--cached-only"])   # the race so far
+    assert calls == [] and partial["incomplete"] == {"uniform": "stopped before lr=0.001 seed=3 (not in "
+                                                                 f"{tmp_path.name})"}
+    assert partial["grid"] == first["grid"] and len(partial["runs"]["uniform"]) == 3
+    for run in tmp_path.glob("run-*.json"):                     # stopped before a cell's first run: no empty cell
+        if json.loads(run.read_text())["key"]["lr"] == 1.41e-3:
+            run.unlink()
+    assert fake_race(monkeypatch, calls, ["--run-cache", str(tmp_path), "--cached-only"])["grid"] == {
+        "uniform": {"0.001": first["grid"]["uniform"]["0.001"]}} and calls == []
+    assert fake_race(monkeypatch, calls, ["--run-cache", str(tmp_path)]) == first
+    assert calls == [(1.41e-3, 0, None), (1.41e-3, 1, None), (1e-3, 3, None)]
+    with pytest.raises(SystemExit):
+        llm_queries.parse_args(["--cached-only"])                 # nothing to read from
     calls.clear()
     fake_race(monkeypatch, calls, ["--run-cache", str(tmp_path), "--eps", "1e-4"])   # another ε: nothing reused
     assert len(calls) == 6
