@@ -167,6 +167,7 @@ class Setting:
     budget_runs: bool = True  # the chosen-rate seeds run the whole budget (held-out accuracy after it)
     select_target: float | None = None   # the fraction of F₀ the rate rule counts queries to (None: the deepest)
     accuracy_at: int | None = None       # held-out accuracy after this many queries, every run (a fixed budget)
+    step_down: bool = False              # below the start when no rate tried reached the target
     oracle_accuracy: bool = True         # the oracle's runs too (False where its refreshes would make the budget hours)
 
 
@@ -199,7 +200,8 @@ def settings(args) -> list[Setting]:
                                grid_seeds=args.grid_seeds, seeds=args.seeds, oracle_every=args.big_oracle_every,
                                diagnose=args.diagnose_every, cost=4.0, budget_runs=not args.no_budget,
                                select_target=max(args.targets), accuracy_at=args.big_accuracy_at or None,
-                               oracle_accuracy=False))   # an oracle refresh is one backprop over N (≈ 30 ZO steps)
+                               oracle_accuracy=False,    # an oracle refresh is one backprop over N (≈ 30 ZO steps)
+                               step_down=True))
         elif name == "homogeneous":  # SmolLM2's control: every example new and alike; SAZO must not lose
             out.append(Setting(f"SmolLM2 LoRA r{args.rank} homogeneous (N={args.num_train}, B={args.big_batch})",
                                lambda: smollm2_start("homogeneous", args), {"uniform": 1e-3, "sazo": 1e-3},
@@ -362,7 +364,10 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
         return r
 
     grid, best = out["grid"].setdefault(variant, {}), math.inf   # filled as runs end (a partial race shows them)
-    for lr in grid_rates(setting.starts[variant], setting.variant_cells.get(variant, setting.cells)):
+
+    def climb(lr) -> bool:
+        """One grid cell (3 seeds, stopped early once its median is lost); True if the cell is lost."""
+        nonlocal best
         cap = setting.steps if math.isinf(best) else min(setting.steps, -(-int(best) // (2 * setting.batch)) + setting.log_every)
         if accuracy_at:      # every run reaches the accuracy budget
             cap = max(cap, min(setting.steps, -(-accuracy_at // (2 * setting.batch))))
@@ -372,8 +377,17 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
             if lost(cell) and 2 * sum(r["diverged"] for r in cell) >= setting.grid_seeds:
                 break      # the median is lost whatever the other seeds do
         best = min(best, median_queries([queries_to(r, select) for r in cell]))
-        if lost(cell) and 2 * sum(r["diverged"] for r in cell) >= setting.grid_seeds:
+        return lost(cell) and 2 * sum(r["diverged"] for r in cell) >= setting.grid_seeds
+
+    cells = setting.variant_cells.get(variant, setting.cells)
+    for lr in grid_rates(setting.starts[variant], cells):
+        if climb(lr):
             break          # the edge: every higher rate diverges sooner
+    # no rate tried reached the target (the start was past the edge): step down until one does
+    for lr in grid_rates(setting.starts[variant] / ROOT2 ** cells, cells)[::-1] if setting.step_down else []:
+        if not math.isinf(best):
+            break
+        climb(lr)
     per_rate = {float(lr): [queries_to(r, select) for r in cell] + [None] * (setting.grid_seeds - len(cell))
                 for lr, cell in grid.items()}
     finals = {float(lr): statistics.median(r["train_loss"][-1] / r["train_loss"][0] if not r["diverged"] else math.inf
