@@ -167,7 +167,7 @@ class Setting:
     budget_runs: bool = True  # the chosen-rate seeds run the whole budget (held-out accuracy after it)
     select_target: float | None = None   # the fraction of F₀ the rate rule counts queries to (None: the deepest)
     accuracy_at: int | None = None       # held-out accuracy after this many queries, every run (a fixed budget)
-    step_down: bool = False              # below the start when no rate tried reached the target
+    step_down: bool = False              # bracket from below: √2 lower while the chosen rate is the lowest tried
     oracle_accuracy: bool = True         # the oracle's runs too (False where its refreshes would make the budget hours)
 
 
@@ -383,16 +383,22 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
     for lr in grid_rates(setting.starts[variant], cells):
         if climb(lr):
             break          # the edge: every higher rate diverges sooner
-    # no rate tried reached the target (the start was past the edge): step down until one does
-    for lr in grid_rates(setting.starts[variant] / ROOT2 ** cells, cells)[::-1] if setting.step_down else []:
-        if not math.isinf(best):
+
+    def choose() -> float:      # the median rule over the cells so far (a miss counts as never)
+        per_rate = {float(lr): [queries_to(r, select) for r in cell] + [None] * (setting.grid_seeds - len(cell))
+                    for lr, cell in grid.items()}
+        finals = {float(lr): statistics.median(r["train_loss"][-1] / r["train_loss"][0] if not r["diverged"]
+                                               else math.inf for r in cell) for lr, cell in grid.items()}
+        return best_rate(per_rate, tiebreak=finals)
+
+    # bracket from below: while the rule's choice is the lowest rate tried (or no rate reached the target),
+    # one √2 step lower, so that the chosen rate is not just where the grid happened to start
+    for _ in range(cells if setting.step_down else 0):
+        lowest = min(map(float, grid))
+        if not (math.isinf(best) or choose() == lowest):
             break
-        climb(lr)
-    per_rate = {float(lr): [queries_to(r, select) for r in cell] + [None] * (setting.grid_seeds - len(cell))
-                for lr, cell in grid.items()}
-    finals = {float(lr): statistics.median(r["train_loss"][-1] / r["train_loss"][0] if not r["diverged"] else math.inf
-                                    for r in cell) for lr, cell in grid.items()}
-    chosen = best_rate(per_rate, tiebreak=finals)
+        climb(float(f"{lowest / ROOT2:.3g}"))
+    chosen = choose()
     out["chosen_lr"][variant] = chosen
     out["select_target"] = select
     chosen_cell = grid[f"{chosen:g}"]

@@ -380,7 +380,7 @@ def test_make_bench_grades_uniform_over_oracle_at_b4_and_adds_the_b4_race_report
 
 
 @pytest.mark.parametrize("step_down", [False, True])
-def test_a_grid_that_starts_past_the_edge_steps_down_until_a_rate_reaches_the_target(monkeypatch, step_down):
+def test_a_grid_that_starts_past_the_edge_steps_down_until_the_chosen_rate_is_bracketed(monkeypatch, step_down):
     curves = {2e-3: [1.0, 2.0], 1.41e-3: [1.0, 1.5, 2.0], 9.97e-4: [1.0, 0.45, 0.4], 7.05e-4: [1.0, 0.8, 0.45]}
 
     def run_from(theta0, model, params, train, test, sampler, *, lr, seed, **settings):
@@ -394,10 +394,31 @@ def test_a_grid_that_starts_past_the_edge_steps_down_until_a_rate_reaches_the_ta
                                   grid_seeds=3, seeds=3, budget_runs=False, step_down=step_down)
     out = {"grid": {}, "chosen_lr": {}, "runs": {}}
     llm_queries.race_variant(setting, "oracle", None, [], None, None, args, out)
-    if step_down:     # 1.41e-3 lost at its first cell, then 9.97e-4 reaches 0.5·F₀: the climb down stops there
-        assert list(out["grid"]["oracle"]) == ["0.00141", "0.000997"] and out["chosen_lr"]["oracle"] == 9.97e-4
+    if step_down:     # 1.41e-3 lost at its first cell, 9.97e-4 reaches 0.5·F₀, 7.05e-4 later: bracketed there
+        assert list(out["grid"]["oracle"]) == ["0.00141", "0.000997", "0.000705"]
+        assert out["chosen_lr"]["oracle"] == 9.97e-4
         assert [llm_queries.queries_to(r, 0.5) for r in out["runs"]["oracle"]] == [10, 10, 10]
     else:             # the climb alone never places this sampler
         assert list(out["grid"]["oracle"]) == ["0.00141"] and out["chosen_lr"]["oracle"] == 1.41e-3
     assert llm_queries.settings(llm_queries.parse_args(["--sets", "opposed", "--tiny", "--tiny-homogeneous"]))[0].step_down
     assert not any(s.step_down for s in llm_queries.settings(llm_queries.parse_args([])))   # make bench-llm unchanged
+
+
+def test_the_step_down_brackets_the_chosen_rate_from_either_start(monkeypatch):
+    calls = []
+    monkeypatch.setattr(llm_queries, "snapshot", lambda params: None)
+    monkeypatch.setattr(llm_queries, "restore_snapshot", lambda params, theta0: None)
+    curves = {7.07e-4: [1.0, 0.8, 0.6, 0.45], 1e-3: [1.0, 0.45, 0.4], 1.41e-3: [1.0, 2.0]}
+
+    def run_from(theta0, model, params, train, test, sampler, *, lr, seed, **settings):
+        calls.append(lr)
+        return {**fake_run(sampler, curves[lr], diverged=curves[lr][-1] > 1.5), "lr": lr, "seed": seed}
+
+    monkeypatch.setattr(llm_queries, "run_from", run_from)
+    args = llm_queries.parse_args(["--sets", "--tiny", "--targets", "0.5", "0.4"])
+    for start, grid in ((7.07e-4, ["0.000707", "0.001", "0.00141"]), (1e-3, ["0.001", "0.00141", "0.000707"])):
+        setting = llm_queries.Setting("fake", None, {"uniform": start}, 1, 40, 10, variants=("uniform",), cells=3,
+                                      grid_seeds=3, seeds=3, budget_runs=False, step_down=True)
+        out = {"grid": {}, "chosen_lr": {}, "runs": {}}
+        llm_queries.race_variant(setting, "uniform", None, [], None, None, args, out)
+        assert list(out["grid"]["uniform"]) == grid and out["chosen_lr"]["uniform"] == 1e-3   # bracketed either way
