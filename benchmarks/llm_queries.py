@@ -37,7 +37,6 @@ the diagnosis found them).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -55,6 +54,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.queries import grid_edge
+from benchmarks.run_cache import RunNotCached, cached_run
 from sazo_lite.llm import add_lora, load_smollm2, restore_snapshot, snapshot, tiny_causal_lm, trainable_parameters
 from sazo_lite.llm.continual import (alike_indices, cached_first_round, heterogeneity, keep_alike, make_continual_set,
                                      predicted_gains)
@@ -276,50 +276,11 @@ def run_from(theta0: list, model, params, train, test, sampler: str, *, lr: floa
     return query_run(model, params, train, sampler, lr=lr, seed=seed, test_batch=test, **settings).to_dict()
 
 
-RUN_PROTOCOL = 1    # bump when query_run's rules or defaults change what a cached run would be
-
-
 def theta0_key(args) -> dict:
     """What θ₀ and the sets depend on beyond a setting's label (sizes, first round, LoRA rank)."""
     names = ("rank", "num_train", "num_test", "new_fraction", "setup_steps", "big_n", "big_new_fraction",
              "tiny_n", "tiny_homogeneous_n")
     return {name: getattr(args, name) for name in names}
-
-
-class RunNotCached(LookupError):
-    """``--cached-only``: the race reached a run its cache does not hold (the race stops there)."""
-
-
-def cached_run(cache: Path | None, key: dict, compute: Callable[[], dict], *, cached_only: bool = False) -> dict:
-    """A run's report: read from ``cache`` if a run with exactly this ``key`` was saved there, else
-    ``compute()``-d and saved (one JSON per run, named by a hash of the key). Makes a race resumable:
-    an interrupted ``--run-cache`` race repeats none of its finished runs and takes the same decisions.
-    ``cached_only``: raise ``RunNotCached`` instead of computing (a report of the race so far).
-
-    >>> import tempfile; calls = []
-    >>> with tempfile.TemporaryDirectory() as d:
-    ...     a = cached_run(Path(d), {"lr": 1e-3}, lambda: calls.append(1) or {"q": 8})
-    ...     b = cached_run(Path(d), {"lr": 1e-3}, lambda: calls.append(1) or {"q": 9})
-    >>> a == b == {"q": 8}, len(calls)
-    (True, 1)
-    """
-    if cache is None:
-        return compute()
-    key = {"protocol": RUN_PROTOCOL, **key}
-    text = json.dumps(key, sort_keys=True, default=str)
-    path = Path(cache) / f"run-{hashlib.sha256(text.encode()).hexdigest()[:20]}.json"
-    if path.exists():
-        saved = json.loads(path.read_text())
-        if saved.get("key") == json.loads(text):
-            return saved["run"]
-    if cached_only:
-        raise RunNotCached(f"lr={key.get('lr'):g} seed={key.get('seed')} (not in {Path(cache).name})")
-    run = compute()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".tmp")
-    partial.write_text(json.dumps({"key": json.loads(text), "run": run}))
-    partial.replace(path)           # atomic: an interrupted write leaves no half run behind
-    return run
 
 
 def race_variant(setting: Setting, variant: str, model, params, train, test, args, out: dict) -> None:

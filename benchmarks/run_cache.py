@@ -1,0 +1,51 @@
+"""A cache of benchmark runs: one JSON per run, named by a hash of everything that determines it.
+
+A race of hours (``benchmarks.llm_queries --run-cache DIR``) saves each run as it ends; rerun with the
+same arguments, it reads them back instead of computing them, so it resumes where it stopped and takes
+the same decisions. The key is compared in full on reading (a hash collision recomputes the run).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Callable
+
+RUN_PROTOCOL = 1    # bump when query_run's rules or defaults change what a cached run would be
+
+
+class RunNotCached(LookupError):
+    """``--cached-only``: the race reached a run its cache does not hold (the race stops there)."""
+
+
+def cached_run(cache: Path | None, key: dict, compute: Callable[[], dict], *, cached_only: bool = False) -> dict:
+    """A run's report: read from ``cache`` if a run with exactly this ``key`` was saved there, else
+    ``compute()``-d and saved (one JSON per run, named by a hash of the key). Makes a race resumable:
+    an interrupted ``--run-cache`` race repeats none of its finished runs and takes the same decisions.
+    ``cached_only``: raise ``RunNotCached`` instead of computing (a report of the race so far).
+
+    >>> import tempfile; calls = []
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     a = cached_run(Path(d), {"lr": 1e-3}, lambda: calls.append(1) or {"q": 8})
+    ...     b = cached_run(Path(d), {"lr": 1e-3}, lambda: calls.append(1) or {"q": 9})
+    >>> a == b == {"q": 8}, len(calls)
+    (True, 1)
+    """
+    if cache is None:
+        return compute()
+    key = {"protocol": RUN_PROTOCOL, **key}
+    text = json.dumps(key, sort_keys=True, default=str)
+    path = Path(cache) / f"run-{hashlib.sha256(text.encode()).hexdigest()[:20]}.json"
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved.get("key") == json.loads(text):
+            return saved["run"]
+    if cached_only:
+        what = f"lr={key['lr']:g} seed={key.get('seed')}" if isinstance(key.get("lr"), float) else "a run"
+        raise RunNotCached(f"{what} (not in {Path(cache).name})")
+    run = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".tmp")
+    partial.write_text(json.dumps({"key": json.loads(text), "run": run}))
+    partial.replace(path)           # atomic: an interrupted write leaves no half run behind
+    return run
