@@ -300,7 +300,7 @@ def race_variant(setting: Setting, variant: str, model, params, train, test, arg
 def _race_variant(setting: Setting, variant: str, model, params, train, test, args, out: dict, theta0) -> None:
     sampler, _, rule = variant.partition("+")
     deepest = min(args.targets)
-    select = setting.select_target or deepest      # what the median rule counts queries to
+    select = out["select_target"] = setting.select_target or deepest      # what the median rule counts queries to
 
     accuracy_at = setting.accuracy_at if (setting.oracle_accuracy or sampler != "oracle") else None
 
@@ -361,7 +361,6 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
         climb(float(f"{lowest / ROOT2:.3g}"))
     chosen = choose()
     out["chosen_lr"][variant] = chosen
-    out["select_target"] = select
     chosen_cell = grid[f"{chosen:g}"]
     runs = out["runs"][variant] = [] if setting.budget_runs else list(chosen_cell)
     for seed in range(len(runs), setting.seeds):

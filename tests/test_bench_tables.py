@@ -298,6 +298,7 @@ def test_a_race_with_a_run_cache_resumes_without_repeating_a_run(monkeypatch, tm
     assert calls == [] and partial["incomplete"] == {"uniform": "stopped before lr=0.001 seed=3 (not in "
                                                                  f"{tmp_path.name})"}
     assert partial["grid"] == first["grid"] and len(partial["runs"]["uniform"]) == 3
+    assert partial["select_target"] == 0.4       # known before any rate is chosen (the partial report's medians)
     for run in tmp_path.glob("run-*.json"):                     # stopped before a cell's first run: no empty cell
         if json.loads(run.read_text())["key"]["lr"] == 1.41e-3:
             run.unlink()
