@@ -195,19 +195,26 @@ def test_a_run_from_theta0_restores_the_weights_first_and_equals_a_plain_query_r
     assert first["queries"] == plain["queries"] == [0, 12, 24]
 
 
+def patch_runs(monkeypatch, curves, record=None, step_from_settings=False):
+    """race_variant's runs faked from ``curves`` ({lr: F/F₀ per log point}; a last value > 1.5 diverged),
+    θ₀ snapshots skipped; ``record(sampler, lr, seed, settings)`` sees every run computed."""
+    def run_from(theta0, model, params, train, test, sampler, *, lr, seed, **settings):
+        if record is not None:
+            record(sampler, lr, seed, settings)
+        step = 2 * settings["batch_size"] * settings["log_every"] if step_from_settings else 10
+        return {**fake_run(sampler, curves[lr], step=step, diverged=curves[lr][-1] > 1.5), "lr": lr, "seed": seed}
+
+    monkeypatch.setattr(llm_queries, "run_from", run_from)
+    monkeypatch.setattr(llm_queries, "snapshot", lambda params: None)
+    monkeypatch.setattr(llm_queries, "restore_snapshot", lambda params, theta0: None)
+
+
 @pytest.mark.parametrize("select, expected", [(None, 1.41e-3), (0.5, 1e-3)])
 def test_the_rate_rule_counts_queries_to_the_settings_select_target(monkeypatch, select, expected):
     """1e-3 reaches 0.5·F₀ first but never 0.3·F₀; 1.41e-3 reaches both, 0.5·F₀ later; 2e-3 diverges."""
     curves = {1e-3: [1.0, 0.45, 0.4, 0.4, 0.4], 1.41e-3: [1.0, 0.8, 0.45, 0.25, 0.2], 2e-3: [1.0, 2.0]}
 
-    def run_from(theta0, model, params, train, test, sampler, *, lr, seed, **settings):
-        losses = curves[lr]
-        return {**fake_run(sampler, losses, step=2 * settings["batch_size"] * settings["log_every"],
-                           diverged=losses[-1] > 1.5), "lr": lr, "seed": seed}
-
-    monkeypatch.setattr(llm_queries, "run_from", run_from)
-    monkeypatch.setattr(llm_queries, "snapshot", lambda params: None)
-    monkeypatch.setattr(llm_queries, "restore_snapshot", lambda params, theta0: None)
+    patch_runs(monkeypatch, curves, step_from_settings=True)
     args = llm_queries.parse_args(["--sets", "--measure-sets", "--tiny", "--targets", "0.5", "0.3"])
     setting = llm_queries.Setting("fake", None, {"uniform": 1e-3}, 1, 40, 10, variants=("uniform",), cells=3,
                                   grid_seeds=3, seeds=3, budget_runs=False, select_target=select)
@@ -268,13 +275,7 @@ def fake_race(monkeypatch, calls, extra=()):
     """race_variant on fake runs (1e-3 reaches 0.5·F₀, 1.41e-3 diverges); returns the race's output."""
     curves = {1e-3: [1.0, 0.45, 0.4], 1.41e-3: [1.0, 2.0]}
 
-    def run_from(theta0, model, params, train, test, sampler, *, lr, seed, **settings):
-        calls.append((lr, seed, settings["accuracy_at"]))
-        return {**fake_run(sampler, curves[lr], diverged=curves[lr][-1] > 1.5), "lr": lr, "seed": seed}
-
-    monkeypatch.setattr(llm_queries, "run_from", run_from)
-    monkeypatch.setattr(llm_queries, "snapshot", lambda params: None)
-    monkeypatch.setattr(llm_queries, "restore_snapshot", lambda params, theta0: None)
+    patch_runs(monkeypatch, curves, lambda sampler, lr, seed, settings: calls.append((lr, seed, settings["accuracy_at"])))
     args = llm_queries.parse_args(["--sets", "--tiny", "--targets", "0.5", "0.4", *extra])
     setting = llm_queries.Setting("fake", None, {"uniform": 1e-3}, 1, 40, 10, variants=("uniform",), cells=3,
                                   grid_seeds=3, seeds=4, budget_runs=False)
@@ -340,13 +341,7 @@ def test_the_oracle_skips_the_accuracy_budget_only_where_the_setting_says(monkey
     calls = []
     curves = {1e-3: [1.0, 0.45, 0.4], 1.41e-3: [1.0, 2.0]}
 
-    def run_from(theta0, model, params, train, test, sampler, *, lr, seed, **settings):
-        calls.append((sampler, settings["accuracy_at"]))
-        return {**fake_run(sampler, curves[lr], diverged=curves[lr][-1] > 1.5), "lr": lr, "seed": seed}
-
-    monkeypatch.setattr(llm_queries, "run_from", run_from)
-    monkeypatch.setattr(llm_queries, "snapshot", lambda params: None)
-    monkeypatch.setattr(llm_queries, "restore_snapshot", lambda params, theta0: None)
+    patch_runs(monkeypatch, curves, lambda sampler, lr, seed, settings: calls.append((sampler, settings["accuracy_at"])))
     args = llm_queries.parse_args(["--sets", "--tiny"])
     for oracle_accuracy in (False, True):
         setting = llm_queries.Setting("fake", None, {"uniform": 1e-3, "oracle": 1e-3}, 1, 40, 10, cells=2,
@@ -384,12 +379,7 @@ def test_make_bench_grades_uniform_over_oracle_at_b4_and_adds_the_b4_race_report
 def test_a_grid_that_starts_past_the_edge_steps_down_until_the_chosen_rate_is_bracketed(monkeypatch, step_down):
     curves = {2e-3: [1.0, 2.0], 1.41e-3: [1.0, 1.5, 2.0], 9.97e-4: [1.0, 0.45, 0.4], 7.05e-4: [1.0, 0.8, 0.45]}
 
-    def run_from(theta0, model, params, train, test, sampler, *, lr, seed, **settings):
-        return {**fake_run(sampler, curves[lr], diverged=curves[lr][-1] > 1.5), "lr": lr, "seed": seed}
-
-    monkeypatch.setattr(llm_queries, "run_from", run_from)
-    monkeypatch.setattr(llm_queries, "snapshot", lambda params: None)
-    monkeypatch.setattr(llm_queries, "restore_snapshot", lambda params, theta0: None)
+    patch_runs(monkeypatch, curves)
     args = llm_queries.parse_args(["--sets", "--tiny", "--targets", "0.5", "0.4"])
     setting = llm_queries.Setting("fake", None, {"oracle": 1.41e-3}, 1, 40, 10, variants=("oracle",), cells=3,
                                   grid_seeds=3, seeds=3, budget_runs=False, step_down=step_down)
@@ -407,15 +397,9 @@ def test_a_grid_that_starts_past_the_edge_steps_down_until_the_chosen_rate_is_br
 
 def test_the_step_down_brackets_the_chosen_rate_from_either_start(monkeypatch):
     calls = []
-    monkeypatch.setattr(llm_queries, "snapshot", lambda params: None)
-    monkeypatch.setattr(llm_queries, "restore_snapshot", lambda params, theta0: None)
     curves = {7.07e-4: [1.0, 0.8, 0.6, 0.45], 1e-3: [1.0, 0.45, 0.4], 1.41e-3: [1.0, 2.0]}
 
-    def run_from(theta0, model, params, train, test, sampler, *, lr, seed, **settings):
-        calls.append(lr)
-        return {**fake_run(sampler, curves[lr], diverged=curves[lr][-1] > 1.5), "lr": lr, "seed": seed}
-
-    monkeypatch.setattr(llm_queries, "run_from", run_from)
+    patch_runs(monkeypatch, curves, lambda sampler, lr, seed, settings: calls.append(lr))
     args = llm_queries.parse_args(["--sets", "--tiny", "--targets", "0.5", "0.4"])
     for start, grid in ((7.07e-4, ["0.000707", "0.001", "0.00141"]), (1e-3, ["0.001", "0.00141", "0.000707"])):
         setting = llm_queries.Setting("fake", None, {"uniform": start}, 1, 40, 10, variants=("uniform",), cells=3,
