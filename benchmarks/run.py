@@ -58,16 +58,16 @@ def llm_queries_section(quick: bool) -> dict:
     ``make bench`` does not rerun them; their rows carry their dates (this machine's latest run, else the
     reference run committed with the README's figures). The issue's goals grade the sets raced at B ≥ 4 only.
     """
-    section = _llm_report_section("llm_queries.json")
+    section = _llm_report_section("llm_queries.json", "bench-llm")
     if "missing" in section:
         section["missing"] = "no LLM report: run `make bench-llm` (sized for an hour) to add these rows"
-    race = _llm_report_section("llm_opposed_race.json")
+    race = _llm_report_section("llm_opposed_race.json", "B = 4 race")
     if "missing" not in race:
         section["more"] = [race]
     return section
 
 
-def _llm_report_section(name: str) -> dict:
+def _llm_report_section(name: str, title: str) -> dict:
     from benchmarks.llm_queries import latest_report, summarise
 
     report, source = latest_report(name)
@@ -78,9 +78,10 @@ def _llm_report_section(name: str) -> dict:
     for setting in report["settings"]:
         summarise(setting, tuple(targets))     # fills setting["ratios"] from the runs, at the report's targets
         settings.append({"label": setting["label"], "heterogeneity": setting["heterogeneity_at_theta0"],
-                         "B": setting.get("B", 1), "chosen_lr": setting["chosen_lr"], "ratios": setting["ratios"]})
+                         "B": setting.get("B", 1), "chosen_lr": setting["chosen_lr"], "ratios": setting["ratios"],
+                         "incomplete": setting.get("incomplete", {})})   # a race read from its cache before it ended
     return {"date": report["date"], "machine": report["machine"], "source": source, "settings": settings,
-            "targets": targets}
+            "targets": targets, "title": title}
 
 
 def run_sections(quick: bool, save=None, only=None, previous=None) -> dict:
@@ -157,8 +158,16 @@ def _llm_rows(llm: dict) -> list[tuple]:
         return [("1 queries", "language-model sets", llm.get("missing") or "failed", "", "")]
     rows = []
     for s in llm.get("settings", []):
+        unfinished = s.get("incomplete", {})
+
+        def grade(ratio: str, value, limit, higher_is_better=False) -> str:
+            """A goal's verdict, or "not finished" while a sampler in the ratio has runs to go."""
+            if any(sampler in unfinished for sampler in ratio.split("/")):
+                return "? (race not finished)"
+            return _verdict(value, limit, higher_is_better)
+
         source = ", reference run" if "reference" in llm.get("source", "") else ""
-        name = f"LLM {s['label']} (V(u)/V(p*) = {s['heterogeneity']:.2f}; bench-llm {llm['date']}{source})"
+        name = f"LLM {s['label']} (V(u)/V(p*) = {s['heterogeneity']:.2f}; {llm.get('title', 'bench-llm')} {llm['date']}{source})"
         for t in llm.get("targets", (0.7, 0.5)):
             gain, behind = s["ratios"].get(f"uniform/sazo@{t}"), s["ratios"].get(f"sazo/oracle@{t}")
             if "homogeneous" in s["label"]:
@@ -170,11 +179,13 @@ def _llm_rows(llm: dict) -> list[tuple]:
             if graded:
                 headroom = s["ratios"].get(f"uniform/oracle@{t}")
                 rows.append(("1 queries", f"{name} @ {t}·F₀: uniform ÷ oracle", _fmt(headroom, suffix="×"), "≥ 3",
-                             _verdict(headroom, 3.0, higher_is_better=True)))
+                             grade("uniform/oracle", headroom, 3.0, higher_is_better=True)))
             rows.append(("1 queries", f"{name} @ {t}·F₀: uniform ÷ SAZO", _fmt(gain, suffix="×"),
-                         "≥ 2" if graded else "", _verdict(gain, 2.0, higher_is_better=True) if graded else ""))
+                         "≥ 2" if graded else "", grade("uniform/sazo", gain, 2.0, higher_is_better=True) if graded else ""))
             rows.append(("1 queries", f"{name} @ {t}·F₀: SAZO ÷ oracle", _fmt(behind, suffix="×"),
-                         "≤ 1.5" if graded else "", _verdict(behind, 1.5) if graded else ""))
+                         "≤ 1.5" if graded else "", grade("sazo/oracle", behind, 1.5) if graded else ""))
+        for sampler, where in unfinished.items():
+            rows.append(("1 queries", f"{name}: {sampler}'s runs", "not finished", "", where))
     for more in llm.get("more", []):
         rows += _llm_rows(more)
     return rows

@@ -367,10 +367,18 @@ def test_make_bench_grades_uniform_over_oracle_at_b4_and_adds_the_b4_race_report
     monkeypatch.setattr(llm_queries, "latest_report", lambda name="llm_queries.json": (reports.get(name), "reference"))
     rows = run._llm_rows(run.llm_queries_section(quick=True))
     graded = {row[1].split("B=4) ")[-1]: row[2:] for row in rows if "B=4" in row[1]}
-    assert graded["(V(u)/V(p*) = 8.70; bench-llm SmolLM2 LoRA r4 opposed (N=96, B=4), reference run) @ 0.5·F₀: "
+    assert graded["(V(u)/V(p*) = 8.70; B = 4 race SmolLM2 LoRA r4 opposed (N=96, B=4), reference run) @ 0.5·F₀: "
                   "uniform ÷ oracle"] == ("4.00×", "≥ 3", "yes")          # 40 ÷ 10 queries
     assert [r[2:] for r in rows if "B=4" in r[1] and "0.5·F₀: uniform ÷ SAZO" in r[1]] == [("2.00×", "≥ 2", "yes")]   # 40 ÷ 20
     assert not any("uniform ÷ oracle" in r[1] for r in rows if "B=1" in r[1])      # B = 1: shown ratios, no goal
+    race = reports["llm_opposed_race.json"]["settings"][0]
+    race["incomplete"] = {"oracle": "stopped before lr=0.000997 seed=0"}              # read from its cache mid-race
+    rows = run._llm_rows(run.llm_queries_section(quick=True))
+    verdicts = {row[1].split("·F₀: ")[-1]: row[4] for row in rows if "B=4" in row[1] and "@ 0.5·F₀" in row[1]}
+    assert verdicts == {"uniform ÷ oracle": "? (race not finished)", "uniform ÷ SAZO": "yes",
+                        "SAZO ÷ oracle": "? (race not finished)"}
+    assert [r[2:] for r in rows if r[1].endswith("oracle's runs")] == [("not finished", "",
+                                                                       "stopped before lr=0.000997 seed=0")]
     del reports["llm_opposed_race.json"]                                             # no race report: no rows
     assert not any("B=4" in r[1] for r in run._llm_rows(run.llm_queries_section(quick=True)))
 
