@@ -19,7 +19,7 @@ from ..config import pick
 from ._common import SAMPLER_COLORS, Dashboard, captioned, int_slider, log_slider, presets, redraw_on_change, slider
 
 __all__ = ["llm_dashboard", "top_sampled_rows", "accuracy_summary_html", "default_llm_setup", "accuracy_bars",
-           "run_summary", "fewest_queries", "peak_memory_bars", "flipped_in_top", "loss_bands", "runs_by_rate", "queries_table_html", "scores_vs_norms",
+           "run_summary", "best_cells", "fewest_queries", "peak_memory_bars", "flipped_in_top", "loss_bands", "runs_by_rate", "queries_table_html", "scores_vs_norms",
            "diagnostics_figure", "probs_vs_oracle", "detector_precision", "detector_bars", "walk_figure",
            "staleness_figure", "gain_vs_batch_figure", "race_dashboard", "WALK_BAND"]
 
@@ -316,10 +316,28 @@ def run_summary(label: str, run, *, targets=(0.7, 0.5)) -> str:
             f"E[ĝ²] {g('mean_sq_step_scale')}; max |ĝ| {g('max_step_scale')}")
 
 
+def best_cells(runs_by_label: dict, target: float) -> dict[str, str]:
+    """Per sampler (a label's first word, as ``runs_by_rate`` writes it), the label of its best rate by
+    the one grid rule (``train.best_rate``: misses count as never; ties go to the earlier label).
+
+    Example:
+        >>> best_cells({"uniform η=1e-3": [{"queries": [0, 8], "train_loss": [1.0, 0.4]}],
+        ...             "uniform η=2e-3": [{"queries": [0, 4], "train_loss": [1.0, 0.3]}],
+        ...             "sazo η=1e-3": [{"queries": [0, 8], "train_loss": [1.0, 0.9]}]}, 0.5)
+        {'uniform': 'uniform η=2e-3', 'sazo': 'sazo η=1e-3'}
+    """
+    from ...llm.queries import queries_to
+    from ...train import best_rate
+
+    by_sampler: dict[str, dict[str, list]] = {}
+    for label, runs in runs_by_label.items():
+        by_sampler.setdefault(label.split(" ")[0], {})[label] = [queries_to(_as_dict(r), target) for r in runs]
+    return {sampler: best_rate(per_rate) for sampler, per_rate in by_sampler.items()}
+
+
 def fewest_queries(runs_by_label: dict, target: float) -> dict[str, float]:
-    """Per sampler (a label's first word, as ``runs_by_rate`` writes it), the median queries to
-    ``target``·F₀ at its best rate by the one grid rule (``train.best_rate``: misses count as never);
-    samplers that never reached it are left out.
+    """Per sampler, the median queries to ``target``·F₀ at its best rate (``best_cells``); samplers
+    that never reached it are left out.
 
     Example:
         >>> fewest_queries({"uniform η=1e-3": [{"queries": [0, 8], "train_loss": [1.0, 0.4]}],
@@ -328,12 +346,10 @@ def fewest_queries(runs_by_label: dict, target: float) -> dict[str, float]:
         {'uniform': 4}
     """
     from ...llm.queries import queries_to
-    from ...train import best_rate, median_queries
+    from ...train import median_queries
 
-    by_sampler: dict[str, dict[str, list]] = {}
-    for label, runs in runs_by_label.items():
-        by_sampler.setdefault(label.split(" ")[0], {})[label] = [queries_to(_as_dict(r), target) for r in runs]
-    best = {sampler: median_queries(per_rate[best_rate(per_rate)]) for sampler, per_rate in by_sampler.items()}
+    best = {sampler: median_queries([queries_to(_as_dict(r), target) for r in runs_by_label[label]])
+            for sampler, label in best_cells(runs_by_label, target).items()}
     return {sampler: q for sampler, q in best.items() if q < float("inf")}
 
 
