@@ -332,11 +332,18 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
         cap = setting.steps if math.isinf(best) else min(setting.steps, -(-int(best) // (2 * setting.batch)) + setting.log_every)
         if accuracy_at:      # every run reaches the accuracy budget
             cap = max(cap, min(setting.steps, -(-accuracy_at // (2 * setting.batch))))
-        cell = grid[f"{lr:g}"] = []
+        cell, missing = [], None
+        grid[f"{lr:g}"] = cell
         for seed in range(setting.grid_seeds):   # SAZO's seed 0: its scores against the true norms, too
-            cell.append(run(lr, seed, steps=cap, diagnose=setting.diagnose if (seed == 0 and sampler == "sazo") else 0))
+            try:
+                cell.append(run(lr, seed, steps=cap, diagnose=setting.diagnose if (seed == 0 and sampler == "sazo") else 0))
+            except RunNotCached as error:    # --cached-only: the cell's other finished seeds are still shown
+                missing = missing or error
+                continue
             if lost(cell) and 2 * sum(r["diverged"] for r in cell) >= setting.grid_seeds:
                 break      # the median is lost whatever the other seeds do
+        if missing:
+            raise missing
         best = min(best, median_queries([queries_to(r, select) for r in cell]))
         return lost(cell) and 2 * sum(r["diverged"] for r in cell) >= setting.grid_seeds
 

@@ -300,6 +300,14 @@ def test_a_race_with_a_run_cache_resumes_without_repeating_a_run(monkeypatch, tm
                                                                  f"{tmp_path.name})"}
     assert partial["grid"] == first["grid"] and len(partial["runs"]["uniform"]) == 3
     assert partial["select_target"] == 0.4       # known before any rate is chosen (the partial report's medians)
+    for run in tmp_path.glob("run-*.json"):                     # a cell's middle seed missing: the others shown
+        key = json.loads(run.read_text())["key"]
+        if key["lr"] == 1e-3 and key["seed"] == 1:
+            name, moved = run.name, run.rename(tmp_path / "aside.json")
+    middle = fake_race(monkeypatch, calls, ["--run-cache", str(tmp_path), "--cached-only"])
+    assert calls == [] and middle["incomplete"]["uniform"].startswith("stopped before lr=0.001 seed=1 (")
+    assert middle["grid"]["uniform"] == {"0.001": [first["grid"]["uniform"]["0.001"][s] for s in (0, 2)]}
+    moved.rename(tmp_path / name)
     for run in tmp_path.glob("run-*.json"):                     # stopped before a cell's first run: no empty cell
         if json.loads(run.read_text())["key"]["lr"] == 1.41e-3:
             run.unlink()
