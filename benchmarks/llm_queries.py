@@ -286,7 +286,7 @@ def theta0_key(args) -> dict:
 def race_variant(setting: Setting, variant: str, model, params, train, test, args, out: dict) -> None:
     """One variant's protocol: climb the √2 grid (3 seeds per rate) to the edge, pick by the median rule,
     then the chosen rate on every seed (whole budget). With ``--cached-only`` it stops at the first run
-    the cache lacks and says so in ``out["incomplete"]``."""
+    the cache lacks (in a grid cell, after that cell's other finished seeds) and says so in ``out["incomplete"]``."""
     theta0 = snapshot(params)
     try:
         _race_variant(setting, variant, model, params, train, test, args, out, theta0)
@@ -332,19 +332,22 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
         cap = setting.steps if math.isinf(best) else min(setting.steps, -(-int(best) // (2 * setting.batch)) + setting.log_every)
         if accuracy_at:      # every run reaches the accuracy budget
             cap = max(cap, min(setting.steps, -(-accuracy_at // (2 * setting.batch))))
-        cell, missing = [], None
-        grid[f"{lr:g}"] = cell
+        cell = grid[f"{lr:g}"] = []
+        missing = None
         for seed in range(setting.grid_seeds):   # SAZO's seed 0: its scores against the true norms, too
             try:
                 cell.append(run(lr, seed, steps=cap, diagnose=setting.diagnose if (seed == 0 and sampler == "sazo") else 0))
             except RunNotCached as error:    # --cached-only: the cell's other finished seeds are still shown
                 missing = missing or error
                 continue
-            if lost(cell) and 2 * sum(r["diverged"] for r in cell) >= setting.grid_seeds:
+            if past_edge(cell):
                 break      # the median is lost whatever the other seeds do
         if missing:
             raise missing
         best = min(best, median_queries([queries_to(r, select) for r in cell]))
+        return past_edge(cell)
+
+    def past_edge(cell) -> bool:     # half of the cell's seeds (counted in full) diverged
         return lost(cell) and 2 * sum(r["diverged"] for r in cell) >= setting.grid_seeds
 
     cells = setting.variant_cells.get(variant, setting.cells)
