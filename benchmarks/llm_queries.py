@@ -283,6 +283,18 @@ def theta0_key(args) -> dict:
     return {name: getattr(args, name) for name in names}
 
 
+def computes(args, lr: float, seed: int) -> bool:
+    """Whether this process may compute the run (rate, seed): always, unless ``--only-run`` names
+    the pairs it may (the rest come from the run cache or stop the race there, as with ``--cached-only``).
+
+    >>> from types import SimpleNamespace
+    >>> args = SimpleNamespace(only_run={("0.000705", 1)})
+    >>> computes(args, 7.05e-4, 1), computes(args, 7.05e-4, 0), computes(SimpleNamespace(only_run=set()), 1e-3, 0)
+    (True, False, True)
+    """
+    return not args.only_run or (f"{lr:g}", seed) in args.only_run
+
+
 def race_variant(setting: Setting, variant: str, model, params, train, test, args, out: dict) -> None:
     """One variant's protocol: climb the √2 grid (3 seeds per rate) to the edge, pick by the median rule,
     then the chosen rate on every seed (whole budget). With ``--cached-only`` it stops at the first run
@@ -312,7 +324,7 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
         r = cached_run(args.run_cache, {"setting": setting.label, "theta0": theta0_key(args), "sampler": sampler,
                                         **settings},
                        lambda: run_from(theta0, model, params, train, test, sampler, **settings),
-                       cached_only=args.cached_only)
+                       cached_only=args.cached_only or not computes(args, lr, seed))
         q = [queries_to(r, t) for t in args.targets]
         acc = f" acc={r['test_accuracy']:.3f}" if r.get("test_accuracy") is not None else ""
         if r.get("budget_accuracy") is not None:
@@ -589,6 +601,9 @@ def parse_args(argv=None):
                         help="save every run here and reuse saved ones (an interrupted race resumes where it stopped)")
     parser.add_argument("--cached-only", action="store_true",
                         help="with --run-cache: run nothing, report the race as far as the cache holds it")
+    parser.add_argument("--only-run", nargs="+", default=[], metavar="RATE:SEED",
+                        help="with --run-cache: compute only these runs (others are read from the cache or, missing, "
+                             "skipped as with --cached-only); processes side by side each take their own pairs")
     parser.add_argument("--no-budget", action="store_true",
                         help="opposed/balanced: the chosen-rate seeds stop at the target too (no held-out accuracy "
                              "after a fixed budget; a pilot)")
@@ -633,8 +648,12 @@ def parse_args(argv=None):
         args.variant_start = {name: float(rate) for name, rate in (item.split("=") for item in args.variant_start)}
     except ValueError:
         parser.error(f"--variant-start takes VARIANT=RATE pairs, got {args.variant_start}")
-    if args.cached_only and args.run_cache is None:
-        parser.error("--cached-only needs --run-cache")
+    if (args.cached_only or args.only_run) and args.run_cache is None:
+        parser.error("--cached-only and --only-run need --run-cache")
+    try:
+        args.only_run = {(f"{float(rate):g}", int(seed)) for rate, seed in (item.split(":") for item in args.only_run)}
+    except ValueError:
+        parser.error(f"--only-run takes RATE:SEED pairs, got {args.only_run}")
     if not all(v in VARIANTS and r > 0 for v, r in args.variant_start.items()):
         parser.error(f"--variant-start: variants are {VARIANTS}, rates > 0 (got {args.variant_start})")
     return args

@@ -325,6 +325,28 @@ def test_a_race_with_a_run_cache_resumes_without_repeating_a_run(monkeypatch, tm
     assert len(calls) == 6
 
 
+def test_only_run_computes_just_the_named_runs_and_reads_the_rest_from_the_cache(monkeypatch, tmp_path):
+    """Processes side by side (--only-run RATE:SEED each) fill one race's cache; a plain rerun then
+    computes nothing that they computed and takes the same decisions as an uninterrupted race."""
+    calls = []
+    cache = ["--run-cache", str(tmp_path)]
+    part = fake_race(monkeypatch, calls, [*cache, "--only-run", "1e-3:1"])
+    assert calls == [(1e-3, 1, None)] and part["incomplete"]["uniform"].startswith("stopped before lr=0.001 seed=0")
+    calls.clear()
+    fake_race(monkeypatch, calls, [*cache, "--only-run", "0.001:0", "1e-3:2"])    # the same rate spelt otherwise
+    assert calls == [(1e-3, 0, None), (1e-3, 2, None)]
+    calls.clear()
+    whole = fake_race(monkeypatch, calls, cache)
+    assert calls == [(1.41e-3, 0, None), (1.41e-3, 1, None), (1e-3, 3, None)]    # only what no process ran
+    calls.clear()
+    assert fake_race(monkeypatch, calls, []) == whole and len(calls) == 6          # = the race without a cache
+    for bad in (["--only-run", "1e-3"], ["--only-run", "x:1"], ["--only-run", "1e-3:0.5"]):
+        with pytest.raises(SystemExit):
+            llm_queries.parse_args([*cache, *bad])
+    with pytest.raises(SystemExit):
+        llm_queries.parse_args(["--only-run", "1e-3:0"])                          # nowhere to keep the run
+
+
 def test_a_cached_run_whose_key_does_not_match_is_computed_again(tmp_path):
     assert llm_queries.cached_run(tmp_path, {"lr": 1e-3}, lambda: {"q": 8}) == {"q": 8}
     (path,) = tmp_path.glob("run-*.json")
