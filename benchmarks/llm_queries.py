@@ -288,11 +288,11 @@ def computes(args, lr: float, seed: int) -> bool:
     the pairs it may (the rest come from the run cache or stop the race there, as with ``--cached-only``).
 
     >>> from types import SimpleNamespace
-    >>> args = SimpleNamespace(only_run={("0.000705", 1)})
-    >>> computes(args, 7.05e-4, 1), computes(args, 7.05e-4, 0), computes(SimpleNamespace(only_run=set()), 1e-3, 0)
+    >>> args = SimpleNamespace(only_run=[("0.000705", 1)])
+    >>> computes(args, 7.05e-4, 1), computes(args, 7.05e-4, 0), computes(SimpleNamespace(only_run=[]), 1e-3, 0)
     (True, False, True)
     """
-    return not args.only_run or (f"{lr:g}", seed) in args.only_run
+    return not args.only_run or (f"{lr:g}", seed) in map(tuple, args.only_run)
 
 
 def race_variant(setting: Setting, variant: str, model, params, train, test, args, out: dict) -> None:
@@ -651,7 +651,7 @@ def parse_args(argv=None):
     if (args.cached_only or args.only_run) and args.run_cache is None:
         parser.error("--cached-only and --only-run need --run-cache")
     try:
-        args.only_run = {(f"{float(rate):g}", int(seed)) for rate, seed in (item.split(":") for item in args.only_run)}
+        args.only_run = sorted({(f"{float(rate):g}", int(seed)) for rate, seed in (item.split(":") for item in args.only_run)})
     except ValueError:
         parser.error(f"--only-run takes RATE:SEED pairs, got {args.only_run}")
     if not all(v in VARIANTS and r > 0 for v, r in args.variant_start.items()):

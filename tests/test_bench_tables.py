@@ -336,6 +336,7 @@ def test_only_run_computes_just_the_named_runs_and_reads_the_rest_from_the_cache
     fake_race(monkeypatch, calls, [*cache, "--only-run", "0.001:0", "1e-3:2"])    # the same rate spelt otherwise
     assert calls == [(1e-3, 0, None), (1e-3, 2, None)]
     calls.clear()
+    json.dumps(llm_queries.relative_args(llm_queries.parse_args([*cache, "--only-run", "1e-3:1"])))   # the report keeps it
     whole = fake_race(monkeypatch, calls, cache)
     assert calls == [(1.41e-3, 0, None), (1.41e-3, 1, None), (1e-3, 3, None)]    # only what no process ran
     calls.clear()
