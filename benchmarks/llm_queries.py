@@ -375,10 +375,15 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
         return best_rate(per_rate, tiebreak=finals)
 
     # bracket from below: while the rule's choice is the lowest rate tried (or no rate reached the target),
-    # one √2 step lower, so that the chosen rate is not just where the grid happened to start
+    # one √2 step lower, so that the chosen rate is not just where the grid happened to start; but a rate
+    # whose median missed the target without half its seeds diverging was too slow, and below the edge every
+    # sampler moves at GD's pace (queries ∝ 1/η): a lower rate cannot reach the target within the same cut
     for _ in range(cells if setting.step_down else 0):
         lowest = min(map(float, grid))
         if not (math.isinf(best) or choose() == lowest):
+            break
+        if math.isinf(best) and not past_edge(grid[f"{lowest:g}"]):
+            out.setdefault("too_slow", {})[variant] = lowest      # the report says why the grid stopped there
             break
         climb(float(f"{lowest / ROOT2:.3g}"))
     chosen = choose()

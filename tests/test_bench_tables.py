@@ -434,6 +434,26 @@ def test_a_grid_that_starts_past_the_edge_steps_down_until_the_chosen_rate_is_br
     assert not any(s.step_down for s in llm_queries.settings(llm_queries.parse_args([])))   # make bench-llm unchanged
 
 
+def test_the_step_down_stops_at_a_rate_that_missed_by_being_too_slow(monkeypatch):
+    """Past the edge above, too slow below (no seed diverged): a lower rate cannot do better, the grid stops."""
+    calls = []
+    curves = {1.41e-3: [1.0, 0.45, 2.0], 9.97e-4: [1.0, 0.6, 0.55, 0.52], 7.05e-4: [1.0, 0.8, 0.7, 0.6]}
+
+    patch_runs(monkeypatch, curves, lambda sampler, lr, seed, settings: calls.append(lr))
+    args = llm_queries.parse_args(["--sets", "--tiny", "--targets", "0.5", "0.4"])
+    setting = llm_queries.Setting("fake", None, {"oracle": 1.41e-3}, 1, 40, 10, variants=("oracle",), cells=4,
+                                  grid_seeds=3, seeds=5, budget_runs=False, step_down=True)
+    out = {"grid": {}, "chosen_lr": {}, "runs": {}}
+    llm_queries.race_variant(setting, "oracle", None, [], None, None, args, out)
+    assert list(out["grid"]["oracle"]) == ["0.00141", "0.000997"] and out["too_slow"] == {"oracle": 9.97e-4}
+    assert out["chosen_lr"]["oracle"] == 9.97e-4 and len(out["runs"]["oracle"]) == 5   # best final F, all seeds
+    assert 7.05e-4 not in calls
+    curves[9.97e-4] = [1.0, 0.6, 2.0]                           # the same miss, but by diverging: step down
+    out = {"grid": {}, "chosen_lr": {}, "runs": {}}
+    llm_queries.race_variant(setting, "oracle", None, [], None, None, args, out)
+    assert "0.000705" in out["grid"]["oracle"] and "too_slow" in out    # 7.05e-4 missed without diverging
+
+
 def test_the_step_down_brackets_the_chosen_rate_from_either_start(monkeypatch):
     calls = []
     curves = {7.07e-4: [1.0, 0.8, 0.6, 0.45], 1e-3: [1.0, 0.45, 0.4], 1.41e-3: [1.0, 2.0]}
