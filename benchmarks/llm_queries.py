@@ -542,7 +542,7 @@ def summarise(setting: dict, targets=(0.5, 0.3)) -> list[str]:
         rows.append(f"| {setting['label']} | {variant} | {chosen:g}{edge} | {cells[0]} | {cells[1]} | {walks} | "
                     f"{top_g} | {top_w} | {moment} | {acc} | {len(runs)}"
                     f"{f' ({diverged_count} diverged, walk {failed_walk})' if diverged_count else ''} |")
-    ratios = {}
+    ratios, bounds = {}, {}
     for t in targets:
         for suffix in ("", "+rule"):
             u, s, o = (med.get((f"{name}{suffix}", t)) for name in ("uniform", "sazo", "oracle"))
@@ -551,8 +551,40 @@ def summarise(setting: dict, targets=(0.5, 0.3)) -> list[str]:
             ratios[f"sazo/oracle{suffix}@{t}"] = s / o if s and o else None
         base, ruled = med.get(("sazo", t)), med.get(("sazo+rule", t))
         ratios[f"sazo/sazo+rule@{t}"] = base / ruled if base and ruled else None
-    setting["ratios"] = ratios
+        for key in [k for k in ratios if k.endswith(f"@{t}") and ratios[k] is None]:
+            top, bottom = key.split("@")[0].split("/")
+            if top in setting["runs"] and bottom in setting["runs"]:
+                bound = ratio_bound(setting["runs"][top], setting["runs"][bottom], t)
+                if bound:
+                    bounds[key] = bound
+    setting["ratios"], setting["ratio_bounds"] = ratios, bounds
     return rows
+
+
+def median_floor(runs: list[dict], fraction: float) -> float:
+    """A lower bound on the median queries to ``fraction``·F₀: a run that reached it counts its queries,
+    one cut short of it (stopped at its budget, not diverged) the queries it had run (it needs more), a
+    diverged one never (∞). Equal to the median when no run was cut short.
+
+    >>> cut = {"queries": [0, 800, 1600], "train_loss": [1.0, 0.8, 0.6], "diverged": False}
+    >>> fast = {"queries": [0, 400], "train_loss": [1.0, 0.45], "diverged": False}
+    >>> gone = {**cut, "diverged": True}
+    >>> median_floor([cut, cut, fast], 0.5), median_floor([cut, fast, fast], 0.5), median_floor([fast, gone, gone], 0.5)
+    (1600, 400, inf)
+    """
+    values = [queries_to(r, fraction) or (math.inf if r["diverged"] else r["queries"][-1]) for r in runs]
+    return statistics.median(values)
+
+
+def ratio_bound(top: list[dict], bottom: list[dict], fraction: float) -> tuple[str, float] | None:
+    """Where one median of ``top_median ÷ bottom_median`` is "never" only because runs were cut short
+    of ``fraction``·F₀: ("<", top ÷ floor of bottom) or (">", floor of top ÷ bottom); None otherwise."""
+    t, b = median_queries([queries_to(r, fraction) for r in top]), median_queries([queries_to(r, fraction) for r in bottom])
+    if math.isfinite(t) and math.isinf(b) and math.isfinite(median_floor(bottom, fraction)):
+        return ("<", t / median_floor(bottom, fraction))
+    if math.isinf(t) and math.isfinite(b) and math.isfinite(median_floor(top, fraction)):
+        return (">", median_floor(top, fraction) / b)
+    return None
 
 
 def parse_args(argv=None):
@@ -739,6 +771,9 @@ def ratio_text(setting: dict, top: str, bottom: str, target: float) -> str:
     runs = setting["runs"]
     if top not in runs or bottom not in runs:
         return "–"
+    bound = setting.get("ratio_bounds", {}).get(f"{top}/{bottom}@{target}")
+    if ratio is None and bound:      # a median run stopped at its budget: the ratio is bounded, not known
+        return f"{bound[0]} {bound[1]:.2f} (a median run was cut short of the target)"
     if min(len(runs[top]), len(runs[bottom])) < 2:       # no spread to resample
         return f"{f'{ratio:.2f}' if ratio else '–'} (one seed)"
     low, high = median_ratio_interval([queries_to(r, target) for r in runs[top]],

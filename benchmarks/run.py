@@ -79,6 +79,7 @@ def _llm_report_section(name: str, title: str) -> dict:
         summarise(setting, tuple(targets))     # fills setting["ratios"] from the runs, at the report's targets
         settings.append({"label": setting["label"], "heterogeneity": setting["heterogeneity_at_theta0"],
                          "B": setting.get("B", 1), "chosen_lr": setting["chosen_lr"], "ratios": setting["ratios"],
+                         "ratio_bounds": setting.get("ratio_bounds", {}),
                          "incomplete": setting.get("incomplete", {})})   # a race read from its cache before it ended
     return {"date": report["date"], "machine": report["machine"], "source": source, "settings": settings,
             "targets": targets, "title": title}
@@ -160,11 +161,23 @@ def _llm_rows(llm: dict) -> list[tuple]:
     for s in llm.get("settings", []):
         unfinished = s.get("incomplete", {})
 
-        def grade(ratio: str, value, limit, higher_is_better=False) -> str:
-            """A goal's verdict, or "not finished" while a sampler in the ratio has runs to go."""
+        def grade(ratio: str, value, limit, higher_is_better=False, target=None) -> str:
+            """A goal's verdict, or "not finished" while a sampler in the ratio has runs to go; a ratio
+            bounded by runs cut short of the target is graded by its bound where the bound decides."""
             if any(sampler in unfinished for sampler in ratio.split("/")):
                 return "? (race not finished)"
+            bound = s.get("ratio_bounds", {}).get(f"{ratio}@{target}")
+            if value is None and bound:
+                below = bound[0] == "<"
+                if below and bound[1] <= limit:
+                    return "NO" if higher_is_better else "yes"
+                if not below and bound[1] >= limit:
+                    return "yes" if higher_is_better else "NO"
             return _verdict(value, limit, higher_is_better)
+
+        def shown(ratio: str, value, target) -> str:
+            bound = s.get("ratio_bounds", {}).get(f"{ratio}@{target}")
+            return f"{bound[0]} {bound[1]:.2f}× (cut short)" if value is None and bound else _fmt(value, suffix="×")
 
         source = ", reference run" if "reference" in llm.get("source", "") else ""
         name = f"LLM {s['label']} (V(u)/V(p*) = {s['heterogeneity']:.2f}; {llm.get('title', 'bench-llm')} {llm['date']}{source})"
@@ -178,12 +191,13 @@ def _llm_rows(llm: dict) -> list[tuple]:
             graded = s["label"].startswith("SmolLM2") and s.get("B", 1) >= 4     # the issue's goals are at B ≥ 4
             if graded:
                 headroom = s["ratios"].get(f"uniform/oracle@{t}")
-                rows.append(("1 queries", f"{name} @ {t}·F₀: uniform ÷ oracle", _fmt(headroom, suffix="×"), "≥ 3",
-                             grade("uniform/oracle", headroom, 3.0, higher_is_better=True)))
-            rows.append(("1 queries", f"{name} @ {t}·F₀: uniform ÷ SAZO", _fmt(gain, suffix="×"),
-                         "≥ 2" if graded else "", grade("uniform/sazo", gain, 2.0, higher_is_better=True) if graded else ""))
-            rows.append(("1 queries", f"{name} @ {t}·F₀: SAZO ÷ oracle", _fmt(behind, suffix="×"),
-                         "≤ 1.5" if graded else "", grade("sazo/oracle", behind, 1.5) if graded else ""))
+                rows.append(("1 queries", f"{name} @ {t}·F₀: uniform ÷ oracle", shown("uniform/oracle", headroom, t), "≥ 3",
+                             grade("uniform/oracle", headroom, 3.0, higher_is_better=True, target=t)))
+            rows.append(("1 queries", f"{name} @ {t}·F₀: uniform ÷ SAZO", shown("uniform/sazo", gain, t),
+                         "≥ 2" if graded else "",
+                         grade("uniform/sazo", gain, 2.0, higher_is_better=True, target=t) if graded else ""))
+            rows.append(("1 queries", f"{name} @ {t}·F₀: SAZO ÷ oracle", shown("sazo/oracle", behind, t),
+                         "≤ 1.5" if graded else "", grade("sazo/oracle", behind, 1.5, target=t) if graded else ""))
         for sampler, where in unfinished.items():
             rows.append(("1 queries", f"{name}: {sampler}'s runs", "not finished", "", where))
     for more in llm.get("more", []):

@@ -225,6 +225,38 @@ def test_the_rate_rule_counts_queries_to_the_settings_select_target(monkeypatch,
     assert out["select_target"] == (select or 0.3)
 
 
+def test_a_median_run_cut_short_of_the_target_bounds_the_ratio_and_make_bench_grades_the_bound(monkeypatch):
+    """The oracle's median run stops at its budget (F/F₀ 0.6 at 30 queries): uniform ÷ oracle < 40 ÷ 30."""
+    cut, slow = [1.0, 0.8, 0.7, 0.6], [1.0, 0.8, 0.7, 0.6, 0.45]       # cut: 30 queries, no target; slow: 40
+    setting = fake_setting("SmolLM2 LoRA r4 opposed (N=96, B=4)", {"uniform": [slow] * 3, "sazo": [slow] * 3,
+                                                                   "oracle": [cut, cut, [1.0, 0.45]]})
+    llm_queries.summarise(setting, (0.5, 0.4))
+    assert setting["ratios"]["uniform/oracle@0.5"] is None
+    assert setting["ratio_bounds"]["uniform/oracle@0.5"] == ("<", pytest.approx(40 / 30))
+    assert setting["ratio_bounds"]["sazo/oracle@0.5"][0] == "<" and "uniform/sazo@0.5" not in setting["ratio_bounds"]
+    assert llm_queries.ratio_text(setting, "uniform", "oracle", 0.5).startswith("< 1.33 (a median run was cut")
+    gone = [fake_run("oracle", [1.0, 2.0], diverged=True)] * 2 + setting["runs"]["oracle"][2:]
+    assert llm_queries.ratio_bound(setting["runs"]["uniform"], gone, 0.5) is None    # diverged: no bound, never
+    assert llm_queries.ratio_bound(setting["runs"]["oracle"][:2], setting["runs"]["uniform"], 0.5) == (
+        ">", pytest.approx(30 / 40))                                                 # a cut numerator: a floor
+    report = {"date": "d", "machine": "m", "args": {"targets": [0.5, 0.4]}, "settings": [{**setting, "B": 4,
+                                                                                       "heterogeneity_at_theta0": 8.7}]}
+    monkeypatch.setattr(llm_queries, "latest_report", lambda name="llm_queries.json": (
+        report if name == "llm_opposed_race.json" else None, "reference"))
+    section = run._llm_report_section("llm_opposed_race.json", "B = 4 race")
+    rows = {r[1].split("·F₀: ")[-1]: r[2:] for r in run._llm_rows(section) if "@ 0.5·F₀" in r[1]}
+    assert rows["uniform ÷ oracle"] == ("< 1.33× (cut short)", "≥ 3", "NO")             # the bound settles the goal
+    assert rows["SAZO ÷ oracle"] == ("< 1.33× (cut short)", "≤ 1.5", "yes")
+    report["settings"][0]["runs"]["oracle"] = [fake_run("oracle", c) for c in ([1.0, 0.9, 0.8], [1.0, 0.9, 0.8], [1.0, 0.45])]
+    rows = {r[1].split("·F₀: ")[-1]: r[2:] for r in run._llm_rows(run._llm_report_section("llm_opposed_race.json", "x"))
+            if "@ 0.5·F₀" in r[1]}
+    assert rows["uniform ÷ oracle"] == ("< 2.00× (cut short)", "≥ 3", "NO")             # cut at 20 queries
+    report["settings"][0]["runs"]["oracle"] = [fake_run("oracle", [1.0, 0.9])] * 2 + [fake_run("oracle", [1.0, 0.45])]
+    rows = {r[1].split("·F₀: ")[-1]: r[2:] for r in run._llm_rows(run._llm_report_section("llm_opposed_race.json", "x"))
+            if "@ 0.5·F₀" in r[1]}
+    assert rows["uniform ÷ oracle"] == ("< 4.00× (cut short)", "≥ 3", "?")              # cut at 10: not settled
+
+
 def test_ratios_print_with_a_bootstrap_interval_over_seeds_and_none_for_one_seed():
     setting = fake_setting("A", {"uniform": [[1.0, 0.8, 0.6, 0.4]] * 3 + [[1.0, 0.6, 0.4, 0.3]] * 2,
                                  "sazo": [[1.0, 0.4, 0.3, 0.2]] * 5})
