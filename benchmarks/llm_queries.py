@@ -62,7 +62,7 @@ from sazo_lite.llm.grad_norms import directional_error, full_gradient_norm, grad
 from sazo_lite.llm.landscape import random_walk_descent
 from sazo_lite.llm.losses import TokenBatch, classification_losses
 from sazo_lite.llm.finetune import mean_loss
-from sazo_lite.llm.queries import DIVERGE_FACTOR, held_out_accuracies, query_run, queries_to
+from sazo_lite.llm.queries import DIVERGE_FACTOR, held_out_accuracies, query_run, queries_to, ratio_bound
 from sazo_lite.llm.tuning import full_parameters
 from sazo_lite.train import best_rate, diverged, mean_difference_interval, median_queries, median_ratio_interval
 
@@ -559,32 +559,6 @@ def summarise(setting: dict, targets=(0.5, 0.3)) -> list[str]:
                     bounds[key] = bound
     setting["ratios"], setting["ratio_bounds"] = ratios, bounds
     return rows
-
-
-def median_floor(runs: list[dict], fraction: float) -> float:
-    """A lower bound on the median queries to ``fraction``·F₀: a run that reached it counts its queries,
-    one cut short of it (stopped at its budget, not diverged) the queries it had run (it needs more), a
-    diverged one never (∞). Equal to the median when no run was cut short.
-
-    >>> cut = {"queries": [0, 800, 1600], "train_loss": [1.0, 0.8, 0.6], "diverged": False}
-    >>> fast = {"queries": [0, 400], "train_loss": [1.0, 0.45], "diverged": False}
-    >>> gone = {**cut, "diverged": True}
-    >>> median_floor([cut, cut, fast], 0.5), median_floor([cut, fast, fast], 0.5), median_floor([fast, gone, gone], 0.5)
-    (1600, 400, inf)
-    """
-    values = [queries_to(r, fraction) or (math.inf if r["diverged"] else r["queries"][-1]) for r in runs]
-    return statistics.median(values)
-
-
-def ratio_bound(top: list[dict], bottom: list[dict], fraction: float) -> tuple[str, float] | None:
-    """Where one median of ``top_median ÷ bottom_median`` is "never" only because runs were cut short
-    of ``fraction``·F₀: ("<", top ÷ floor of bottom) or (">", floor of top ÷ bottom); None otherwise."""
-    t, b = median_queries([queries_to(r, fraction) for r in top]), median_queries([queries_to(r, fraction) for r in bottom])
-    if math.isfinite(t) and math.isinf(b) and math.isfinite(median_floor(bottom, fraction)):
-        return ("<", t / median_floor(bottom, fraction))
-    if math.isinf(t) and math.isfinite(b) and math.isfinite(median_floor(top, fraction)):
-        return (">", median_floor(top, fraction) / b)
-    return None
 
 
 def parse_args(argv=None):

@@ -17,20 +17,22 @@ step). Every run also records what limits its rate (the measured mechanism, docs
 """
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 from ..engine import MeZO
 from ..samplers import RACED, make_sampler
-from ..train import NoiseScaledStep, queries_to_target, train
+from ..train import NoiseScaledStep, median_queries, queries_to_target, train
 from ..variance import oracle_probs, spearman, tv_distance, variance_ratio
 from ..validation import check_choice
 from .finetune import mean_loss
 from .grad_norms import RefreshingNorms, grad_norms
 from .losses import TokenBatch, accuracy, batched_closure
 
-__all__ = ["QueryRun", "query_run", "queries_to", "held_out_accuracies", "SAMPLERS", "DIVERGE_FACTOR", "sampling_diagnostics", "walk"]
+__all__ = ["QueryRun", "query_run", "queries_to", "median_floor", "ratio_bound", "held_out_accuracies", "SAMPLERS", "DIVERGE_FACTOR", "sampling_diagnostics", "walk"]
 
 SAMPLERS = RACED        # the samplers a query race runs (one vocabulary: ``samplers.make_sampler``)
 DIVERGE_FACTOR = 1.5     # F(θ) above this × F(θ₀) has diverged (``train.diverged``; no run that passed it came back)
@@ -76,6 +78,32 @@ def queries_to(run: QueryRun | dict, fraction: float) -> int | None:
     """
     queries, losses = (run["queries"], run["train_loss"]) if isinstance(run, dict) else (run.queries, run.train_loss)
     return queries_to_target((queries, losses), fraction * losses[0]) if losses else None
+
+
+def median_floor(runs: list[dict], fraction: float) -> float:
+    """A lower bound on the median queries to ``fraction``·F₀: a run that reached it counts its queries,
+    one cut short of it (stopped at its budget, not diverged) the queries it had run (it needs more), a
+    diverged one never (∞). Equal to the median when no run was cut short.
+
+    >>> cut = {"queries": [0, 800, 1600], "train_loss": [1.0, 0.8, 0.6], "diverged": False}
+    >>> fast = {"queries": [0, 400], "train_loss": [1.0, 0.45], "diverged": False}
+    >>> gone = {**cut, "diverged": True}
+    >>> median_floor([cut, cut, fast], 0.5), median_floor([cut, fast, fast], 0.5), median_floor([fast, gone, gone], 0.5)
+    (1600, 400, inf)
+    """
+    values = [queries_to(r, fraction) or (math.inf if r["diverged"] else r["queries"][-1]) for r in runs]
+    return statistics.median(values)
+
+
+def ratio_bound(top: list[dict], bottom: list[dict], fraction: float) -> tuple[str, float] | None:
+    """Where one median of ``top_median ÷ bottom_median`` is "never" only because runs were cut short
+    of ``fraction``·F₀: ("<", top ÷ floor of bottom) or (">", floor of top ÷ bottom); None otherwise."""
+    t, b = (median_queries([queries_to(r, fraction) for r in runs]) for runs in (top, bottom))
+    if math.isfinite(t) and math.isinf(b) and math.isfinite(median_floor(bottom, fraction)):
+        return ("<", t / median_floor(bottom, fraction))
+    if math.isinf(t) and math.isfinite(b) and math.isfinite(median_floor(top, fraction)):
+        return (">", median_floor(top, fraction) / b)
+    return None
 
 
 def held_out_accuracies(runs) -> list[float]:
