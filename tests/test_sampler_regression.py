@@ -102,3 +102,33 @@ def test_draws_and_weights_follow_the_rules_distribution(sum_tree):
     # importance weighting is unbiased: mean of w·1{i = j} over draws is 1/N for every j
     per_example = np.bincount(indices.numpy(), weights=weights.numpy(), minlength=n) / draws
     assert (np.abs(per_example * n - 1) < 0.05).all()
+
+
+def test_the_old_inverse_cdf_stream_draws_from_the_same_p_with_other_indices_per_seed():
+    """benchmarks.seed_reroll's old stream: a seed's indices differ from today's, their law does not."""
+    from benchmarks.seed_reroll import InverseCdfSAZO
+
+    n = 30
+    old, new = InverseCdfSAZO(n, seed=3, sum_tree=False), SAZOSampler(n, seed=3, sum_tree=False)
+    for idx, diffs in _feed(n, 15, 1, seed=7):   # the same feedback: the same rule state
+        old.update(idx, diffs)
+        new.update(idx, diffs)
+    np.testing.assert_array_equal(old.probs.numpy(), new.probs.numpy())
+    p, draws = new.probs.numpy(), 200_000
+    first_old, first_new = old.sample(16)[0], new.sample(16)[0]
+    assert not torch.equal(first_old, first_new)                     # a re-rolled seed
+    indices, weights = old.sample(draws)
+    np.testing.assert_allclose(weights.numpy(), 1.0 / (n * p[indices.numpy()]), rtol=1e-12)
+    counts = np.bincount(indices.numpy(), minlength=n)
+    assert (np.abs(counts - draws * p) <= 5 * np.sqrt(draws * p * (1 - p))).all()
+
+
+def test_reroll_shift_sees_a_real_shift_and_not_a_reroll():
+    from benchmarks.seed_reroll import reroll_shift
+
+    rng = np.random.default_rng(0)
+    same = reroll_shift(list(np.exp(rng.normal(8, 0.25, 60))), list(np.exp(rng.normal(8, 0.25, 60))))
+    assert abs(same["mean_log_ratio"]) < same["half_width"] < 0.15
+    slower = reroll_shift(list(np.exp(rng.normal(8, 0.25, 60))), list(np.exp(rng.normal(8.4, 0.25, 60))))
+    assert slower["mean_log_ratio"] - slower["half_width"] > 0.2       # 1.5× slower is seen
+    assert reroll_shift([100, None, 300], [None, None, 200])["missed"] == (1, 2)
