@@ -68,7 +68,7 @@ def llm_queries_section(quick: bool) -> dict:
 
 
 def _llm_report_section(name: str, title: str) -> dict:
-    from benchmarks.llm_queries import latest_report, summarise
+    from benchmarks.llm_report import latest_report, summarise
 
     report, source = latest_report(name)
     if report is None:

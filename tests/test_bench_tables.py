@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from benchmarks import llm_queries, run
+from benchmarks import llm_queries, llm_report, run
 
 
 def fake_run(sampler, losses, step=10, diverged=False, moment=1.0):
@@ -24,11 +24,11 @@ def test_summary_reads_medians_and_the_three_ratios_from_the_runs():
     slow, fast = [1.0, 0.8, 0.6, 0.45, 0.3], [1.0, 0.5, 0.3]
     setting = fake_setting("SmolLM2 LoRA r4 balanced", {"uniform": [slow, slow, fast], "sazo": [fast, fast, slow],
                                                          "oracle": [fast, fast, fast]})
-    rows = llm_queries.summarise(setting)
+    rows = llm_report.summarise(setting)
     assert len(rows) == 3 and "| uniform | 0.001 (one rate) | 30 [10–30] | 40 [20–40] |" in rows[0]  # nothing compared
     assert "| 1 [1–2] | 2 [2–2] | 3 [3–3] |" in rows[1]      # walk at the end, max |ĝ|, max w shown per run
     setting["grid"]["uniform"] = {"0.001": setting["runs"]["uniform"][:1], "0.0005": setting["runs"]["uniform"][:1]}
-    assert "| uniform | 0.001 (grid edge) |" in llm_queries.summarise(setting)[0]
+    assert "| uniform | 0.001 (grid edge) |" in llm_report.summarise(setting)[0]
     # uniform reaches 0.5 at 30, 30, 10 (median 30) and 0.3 at 40, 40, 20; SAZO: 10 and 20; oracle: 10 and 20
     r = setting["ratios"]
     assert r["uniform/sazo@0.5"] == pytest.approx(3.0) and r["uniform/oracle@0.5"] == pytest.approx(3.0)
@@ -38,11 +38,11 @@ def test_summary_reads_medians_and_the_three_ratios_from_the_runs():
 def test_seeds_that_missed_count_as_never_in_the_median():
     never = [1.0, 0.9, 0.8]
     setting = fake_setting("x", {"uniform": [[1.0, 0.5], never], "sazo": [[1.0, 0.5], [1.0, 0.5]]})
-    rows = llm_queries.summarise(setting, (0.5, 0.3))
+    rows = llm_report.summarise(setting, (0.5, 0.3))
     assert "not reached (1 of 2 seeds did)" in rows[0] and setting["ratios"]["uniform/sazo@0.5"] is None
     # 2 of 3 seeds reach: the median is the slower of them, and the spread's top is unknown
     setting = fake_setting("x", {"uniform": [[1.0, 0.5], [1.0, 0.6, 0.5], never], "sazo": [[1.0, 0.5]] * 3})
-    rows = llm_queries.summarise(setting)
+    rows = llm_report.summarise(setting)
     assert "| 20 [10–?] (1 missed) |" in rows[0] and setting["ratios"]["uniform/sazo@0.5"] == pytest.approx(2.0)
 
 
@@ -67,7 +67,7 @@ def test_merge_pools_the_samplers_of_one_setting(tmp_path):
     paths = [tmp_path / "a.json", tmp_path / "b.json"]
     for path, part in zip(paths, (a, b)):
         path.write_text(json.dumps(part))
-    merged = llm_queries.merge(paths)
+    merged = llm_report.merge(paths)
     assert len(merged["settings"]) == 1 and set(merged["settings"][0]["runs"]) == {"uniform", "sazo"}
     assert merged["measured_only"] == {"flipped": 1.9}
     assert merged["part_args"] == {"a.json": {"big_steps": 750}, "b.json": {"big_steps": 200}}   # each part's sizes kept
@@ -102,7 +102,7 @@ def test_make_bench_reads_the_llm_report_at_its_own_targets(monkeypatch):
               "settings": [{**fake_setting("SmolLM2 LoRA r4 opposed (N=96, B=4)",
                                            {"uniform": [[1.0, 0.6, 0.45, 0.4]] * 3, "sazo": [[1.0, 0.45, 0.4]] * 3}),
                             "heterogeneity_at_theta0": 8.7, "B": 4}]}
-    monkeypatch.setattr(llm_queries, "latest_report",
+    monkeypatch.setattr(llm_report, "latest_report",
                         lambda name="llm_queries.json": (report if name == "llm_queries.json" else None, "reference"))
     section = run.llm_queries_section(quick=True)
     assert section["targets"] == [0.5, 0.4] and section["settings"][0]["B"] == 4
@@ -140,18 +140,18 @@ def test_gd_reference_follows_backprop_and_reports_divergence():
     assert all(torch.equal(a, b) for a, b in zip(before, params))     # θ₀ restored
 
 
-@pytest.mark.parametrize("path", [llm_queries.REFERENCE, llm_queries.REFERENCE.with_name("llm_tiny_families.json"),
-                                  llm_queries.REFERENCE.with_name("llm_homogeneous_b4.json"),
-                                  llm_queries.REFERENCE.with_name("llm_tiny_oracle.json"),
-                                  llm_queries.REFERENCE.with_name("llm_quick_pilot.json"),
-                                  llm_queries.REFERENCE.with_name("llm_full_parameter.json")], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [llm_report.REFERENCE, llm_report.REFERENCE.with_name("llm_tiny_families.json"),
+                                  llm_report.REFERENCE.with_name("llm_homogeneous_b4.json"),
+                                  llm_report.REFERENCE.with_name("llm_tiny_oracle.json"),
+                                  llm_report.REFERENCE.with_name("llm_quick_pilot.json"),
+                                  llm_report.REFERENCE.with_name("llm_full_parameter.json")], ids=lambda p: p.stem)
 def test_the_reference_report_is_relative_and_summarises(path):
     text = path.read_text()
     assert not any(root in text for root in ('"/work', '"/home', '"/tmp', '"/root', "/usr/"))
     report = json.loads(text)
     assert report["date"] and report["machine"] and report["args"]["eps"] == 1e-3
     for setting in report["settings"]:
-        rows = llm_queries.summarise(setting, tuple(report["args"]["targets"]))
+        rows = llm_report.summarise(setting, tuple(report["args"]["targets"]))
         assert len(rows) == len(setting["runs"]) and "design" in setting
         assert all(r.get("walk") for runs in setting["runs"].values() for r in runs)   # every run has its walk
 
@@ -230,18 +230,18 @@ def test_a_median_run_cut_short_of_the_target_bounds_the_ratio_and_make_bench_gr
     cut, slow = [1.0, 0.8, 0.7, 0.6], [1.0, 0.8, 0.7, 0.6, 0.45]       # cut: 30 queries, no target; slow: 40
     setting = fake_setting("SmolLM2 LoRA r4 opposed (N=96, B=4)", {"uniform": [slow] * 3, "sazo": [slow] * 3,
                                                                    "oracle": [cut, cut, [1.0, 0.45]]})
-    llm_queries.summarise(setting, (0.5, 0.4))
+    llm_report.summarise(setting, (0.5, 0.4))
     assert setting["ratios"]["uniform/oracle@0.5"] is None
     assert setting["ratio_bounds"]["uniform/oracle@0.5"] == ("<", pytest.approx(40 / 30))
     assert setting["ratio_bounds"]["sazo/oracle@0.5"][0] == "<" and "uniform/sazo@0.5" not in setting["ratio_bounds"]
-    assert llm_queries.ratio_text(setting, "uniform", "oracle", 0.5).startswith("< 1.33 (a median run was cut")
+    assert llm_report.ratio_text(setting, "uniform", "oracle", 0.5).startswith("< 1.33 (a median run was cut")
     gone = [fake_run("oracle", [1.0, 2.0], diverged=True)] * 2 + setting["runs"]["oracle"][2:]
-    assert llm_queries.ratio_bound(setting["runs"]["uniform"], gone, 0.5) is None    # diverged: no bound, never
-    assert llm_queries.ratio_bound(setting["runs"]["oracle"][:2], setting["runs"]["uniform"], 0.5) == (
+    assert llm_report.ratio_bound(setting["runs"]["uniform"], gone, 0.5) is None    # diverged: no bound, never
+    assert llm_report.ratio_bound(setting["runs"]["oracle"][:2], setting["runs"]["uniform"], 0.5) == (
         ">", pytest.approx(30 / 40))                                                 # a cut numerator: a floor
     report = {"date": "d", "machine": "m", "args": {"targets": [0.5, 0.4]}, "settings": [{**setting, "B": 4,
                                                                                        "heterogeneity_at_theta0": 8.7}]}
-    monkeypatch.setattr(llm_queries, "latest_report", lambda name="llm_queries.json": (
+    monkeypatch.setattr(llm_report, "latest_report", lambda name="llm_queries.json": (
         report if name == "llm_opposed_race.json" else None, "reference"))
     section = run._llm_report_section("llm_opposed_race.json", "B = 4 race")
     rows = {r[1].split("·F₀: ")[-1]: r[2:] for r in run._llm_rows(section) if "@ 0.5·F₀" in r[1]}
@@ -260,12 +260,12 @@ def test_a_median_run_cut_short_of_the_target_bounds_the_ratio_and_make_bench_gr
 def test_ratios_print_with_a_bootstrap_interval_over_seeds_and_none_for_one_seed():
     setting = fake_setting("A", {"uniform": [[1.0, 0.8, 0.6, 0.4]] * 3 + [[1.0, 0.6, 0.4, 0.3]] * 2,
                                  "sazo": [[1.0, 0.4, 0.3, 0.2]] * 5})
-    llm_queries.summarise(setting)
-    assert llm_queries.ratio_text(setting, "uniform", "sazo", 0.5) == "3.00 [2.00–3.00]"   # 30 vs 10 queries; 20 on 2 seeds
-    assert llm_queries.ratio_text(setting, "uniform", "oracle", 0.5) == "–"
+    llm_report.summarise(setting)
+    assert llm_report.ratio_text(setting, "uniform", "sazo", 0.5) == "3.00 [2.00–3.00]"   # 30 vs 10 queries; 20 on 2 seeds
+    assert llm_report.ratio_text(setting, "uniform", "oracle", 0.5) == "–"
     single = fake_setting("B", {"uniform": [[1.0, 0.4]], "sazo": [[1.0, 0.8, 0.4]]})
-    llm_queries.summarise(single)
-    assert llm_queries.ratio_text(single, "uniform", "sazo", 0.5) == "0.50 (one seed)"
+    llm_report.summarise(single)
+    assert llm_report.ratio_text(single, "uniform", "sazo", 0.5) == "0.50 (one seed)"
 
 
 def test_the_tiny_homogeneous_control_keeps_alike_examples_and_the_families_sets_are_unchanged():
@@ -296,11 +296,11 @@ def test_held_out_accuracy_prefers_the_budget_and_the_difference_has_an_interval
     runs = {"uniform": [{"budget_accuracy": a, "test_accuracy": 0.0} for a in (0.5, 0.6, 0.55)],
             "sazo": [{"budget_accuracy": a, "test_accuracy": 1.0} for a in (0.7, 0.8, 0.75)],
             "oracle": [{"test_accuracy": 0.9}]}
-    assert llm_queries.held_out_accuracies(runs["uniform"]) == [0.5, 0.6, 0.55]
-    assert llm_queries.held_out_accuracies([{"test_accuracy": 0.4}, {"test_accuracy": None}]) == [0.4]
+    assert llm_report.held_out_accuracies(runs["uniform"]) == [0.5, 0.6, 0.55]
+    assert llm_report.held_out_accuracies([{"test_accuracy": 0.4}, {"test_accuracy": None}]) == [0.4]
     half = 1.96 * (2 * 0.0025 / 3) ** 0.5
-    assert llm_queries.accuracy_difference(runs, "sazo", "uniform") == f"+0.200 ± {half:.3f}"
-    assert llm_queries.accuracy_difference(runs, "oracle", "uniform") == "–"      # one run: no interval
+    assert llm_report.accuracy_difference(runs, "sazo", "uniform") == f"+0.200 ± {half:.3f}"
+    assert llm_report.accuracy_difference(runs, "oracle", "uniform") == "–"      # one run: no interval
 
 
 def fake_race(monkeypatch, calls, extra=()):
@@ -427,7 +427,7 @@ def test_make_bench_grades_uniform_over_oracle_at_b4_and_adds_the_b4_race_report
     reports = {"llm_queries.json": report("SmolLM2 LoRA r4 continual (N=24, B=1)", 1, [1.0, 0.45, 0.4]),
                "llm_opposed_race.json": report("SmolLM2 LoRA r4 opposed (N=96, B=4)", 4,
                                                [1.0, 0.8, 0.7, 0.6, 0.45, 0.4])}
-    monkeypatch.setattr(llm_queries, "latest_report", lambda name="llm_queries.json": (reports.get(name), "reference"))
+    monkeypatch.setattr(llm_report, "latest_report", lambda name="llm_queries.json": (reports.get(name), "reference"))
     rows = run._llm_rows(run.llm_queries_section(quick=True))
     graded = {row[1].split("B=4) ")[-1]: row[2:] for row in rows if "B=4" in row[1]}
     assert graded["(V(u)/V(p*) = 8.70; B = 4 race SmolLM2 LoRA r4 opposed (N=96, B=4), reference run) @ 0.5·F₀: "
