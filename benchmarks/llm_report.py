@@ -169,6 +169,9 @@ def print_report(report: dict) -> None:
                      if len(budgets) > 1 else ""))
         for variant, where in s.get("incomplete", {}).items():
             print(f"    {variant}: INCOMPLETE, the race so far ({where})")
+        for variant, rate in s.get("too_slow", {}).items():
+            print(f"    {variant}: the grid stops stepping down at {rate:g}, which missed the target without half its "
+                  "seeds diverging (too slow: a lower rate cannot reach it within the same cut)")
         for variant, grid in s["grid"].items():
             select = s.get("select_target", targets[-1])
             print(f"    grid {variant} (median over seeds of the queries to {select:g}·F₀): " + "; ".join(
@@ -207,7 +210,7 @@ def merge(paths: list[Path]) -> dict:
             if setting["label"] not in by_label:
                 by_label[setting["label"]] = {**setting, "grid": {}, "chosen_lr": {}, "runs": {}}
                 report["settings"].append(by_label[setting["label"]])
-            for key in ("grid", "chosen_lr", "runs", "incomplete"):
+            for key in ("grid", "chosen_lr", "runs", "incomplete", "too_slow"):
                 if key in setting:
                     by_label[setting["label"]].setdefault(key, {}).update(setting[key])
     return report

@@ -466,7 +466,7 @@ def test_a_grid_that_starts_past_the_edge_steps_down_until_the_chosen_rate_is_br
     assert not any(s.step_down for s in llm_queries.settings(llm_queries.parse_args([])))   # make bench-llm unchanged
 
 
-def test_the_step_down_stops_at_a_rate_that_missed_by_being_too_slow(monkeypatch):
+def test_the_step_down_stops_at_a_rate_that_missed_by_being_too_slow(monkeypatch, tmp_path):
     """Past the edge above, too slow below (no seed diverged): a lower rate cannot do better, the grid stops."""
     calls = []
     curves = {1.41e-3: [1.0, 0.45, 2.0], 9.97e-4: [1.0, 0.6, 0.55, 0.52], 7.05e-4: [1.0, 0.8, 0.7, 0.6]}
@@ -480,6 +480,13 @@ def test_the_step_down_stops_at_a_rate_that_missed_by_being_too_slow(monkeypatch
     assert list(out["grid"]["oracle"]) == ["0.00141", "0.000997"] and out["too_slow"] == {"oracle": 9.97e-4}
     assert out["chosen_lr"]["oracle"] == 9.97e-4 and len(out["runs"]["oracle"]) == 5   # best final F, all seeds
     assert 7.05e-4 not in calls
+    parts = []
+    for k, variant in enumerate(("oracle", "uniform")):      # merged reports keep where each grid stopped
+        part = tmp_path / f"part{k}.json"
+        part.write_text(json.dumps({"date": "d", "machine": "m", "args": {}, "settings": [
+            {"label": "fake", "grid": {}, "chosen_lr": {}, "runs": {}, **({"too_slow": out["too_slow"]} if k == 0 else {})}]}))
+        parts.append(part)
+    assert llm_report.merge(parts)["settings"][0]["too_slow"] == {"oracle": 9.97e-4}
     curves[9.97e-4] = [1.0, 0.6, 2.0]                           # the same miss, but by diverging: step down
     out = {"grid": {}, "chosen_lr": {}, "runs": {}}
     llm_queries.race_variant(setting, "oracle", None, [], None, None, args, out)
