@@ -165,6 +165,8 @@ def print_report(report: dict) -> None:
             print(f"    held-out accuracy after {max(budgets)} queries (mean difference, 95% interval): "
                   f"SAZO − uniform = {accuracy_difference(s['runs'], 'sazo', 'uniform')}, "
                   f"oracle − uniform = {accuracy_difference(s['runs'], 'oracle', 'uniform')}"
+                  + (" (the oracle's at its runs' end: it has no budget)"
+                     if s["runs"].get("oracle") and not any(r.get("budget_queries") for r in s["runs"]["oracle"]) else "")
                   + (f" (runs that diverged earlier are counted where they stopped: {min(budgets)} queries)"
                      if len(budgets) > 1 else ""))
         for variant, where in s.get("incomplete", {}).items():
