@@ -1,6 +1,7 @@
 """True per-example gradient norms, the LLM oracle sampler, the continual sets and query runs (tiny models)."""
 import os
 import sys
+import statistics
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -391,22 +392,29 @@ def test_the_balanced_set_has_balanced_distinct_answers_and_held_out_instances()
     assert s.task.label_words[:2] == [" no", " yes"] and len(s.task.label_words) == 6
 
 
-def test_the_balanced_sets_new_gradients_do_not_point_one_way_on_a_tiny_model():
-    """Measured heterogeneity and alignment: after a first round the assimilated norms are small, the new
-    examples' gradients (distinct answers) are less aligned than the continual set's yes-pushing ones."""
+def test_the_balanced_sets_first_round_makes_its_norms_heterogeneous_on_a_tiny_model():
+    """After the first round the assimilated examples' norms are small against the new ones', so V(u)/V(p*)
+    is large: the median over three tiny models (one model's 60-step first round amplifies rounding, and
+    machines differ: measured 2026-12-02, V(u)/V(p*) 5.8 / 7.3 / 3.5 on seeds 0–2).
+
+    Not asserted: that the balanced set's new gradients are less aligned than the continual set's. That
+    held on one tiny model on one machine and not on another (‖∇F‖²/V(p*) 0.39 / 0.56 / 0.44 against the
+    continual set's 0.21 / 0.37 / 0.08 on seeds 0–2 here), and SmolLM2 measured the balanced set *more*
+    aligned (0.70 against 0.57 at N = 96, docs/llm.md): the opposed set is the one built for that."""
     from sazo_lite.llm import minilm_dir
     from transformers import AutoTokenizer
 
     from sazo_lite.course.config import one_thread
 
     tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
-    designs = {}
-    for name in ("balanced", "continual"):
-        with one_thread():   # the 60-step first round amplifies rounding: 2 threads give other numbers
-            designs[name] = _tiny_design(name, tokenizer)
-    assert designs["balanced"]["v_uniform_ratio"] > 3
-    assert designs["balanced"]["grad_sq_ratio"] < 0.5 * designs["continual"]["grad_sq_ratio"]
-    assert designs["balanced"]["gain"][4] > 0.6 * designs["balanced"]["gain"][1]   # the gain survives B = 4
+    ratios, shares = [], []
+    for seed in range(3):
+        with one_thread():
+            design, share = _tiny_design("balanced", tokenizer, seed=seed)
+        ratios.append(design["v_uniform_ratio"])
+        shares.append(share)
+    assert statistics.median(ratios) > 3
+    assert statistics.median(shares) < 0.1        # assimilated mean norm ÷ new mean norm
 
 
 def test_the_opposed_set_asks_the_first_rounds_question_the_other_way_with_balanced_labels():
@@ -422,16 +430,17 @@ def test_the_opposed_set_asks_the_first_rounds_question_the_other_way_with_balan
     assert s.task.label_words == [" no", " yes"]
 
 
-def _tiny_design(name, tokenizer):
-    """The θ₀ design of a set on a tiny llama after its first round (true norms by backprop)."""
+def _tiny_design(name, tokenizer, seed=0):
+    """The θ₀ design of a set on a tiny llama after its first round (true norms by backprop), and the
+    assimilated examples' mean norm ÷ the new examples'."""
     cset = make_continual_set(name, num_train=24, new_fraction=1 / 3, num_test=2, seed=0)
-    model = tiny_causal_lm("llama", vocab_size=tokenizer.vocab_size, seed=0)
+    model = tiny_causal_lm("llama", vocab_size=tokenizer.vocab_size, seed=seed)
     params = [p for n, p in model.named_parameters() if "layers." in n]
     batch = cset.task.encode(tokenizer, "train")
     first_round(model, params, cset, tokenizer, steps=60, lr=3e-2)   # under the set's own 6-word softmax
     norms = grad_norms(model, batch, params)
-    assert norms[cset.assimilated].mean() < 0.3 * norms[cset.new].mean()
-    return predicted_gains(norms, full_gradient_norm(model, batch, params))
+    share = float(norms[cset.assimilated].mean() / norms[cset.new].mean())
+    return predicted_gains(norms, full_gradient_norm(model, batch, params)), share
 
 
 def test_held_out_accuracy_after_a_fixed_budget_keeps_the_run_and_waits_for_the_budget():
