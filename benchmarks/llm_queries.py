@@ -27,8 +27,9 @@ tiny model (N = 8 alike examples, targets many draws per example away). Opt-in: 
 
 JSON goes to ``benchmarks/results/llm_queries.json`` (not in git); the run docs/llm.md reports is kept
 in ``benchmarks/reference/llm_queries.json``, which notebook 06 and ``make bench`` read when this
-machine has no run of its own (``benchmarks.llm_report`` reads, prints and merges reports). Work is split into (setting, sampler) units shared by ``--jobs`` worker
-processes (2 on a machine with ≥ 2 CPUs), one torch thread each.
+machine has no run of its own (``benchmarks.llm_report`` reads, prints and merges reports). Work is
+split into (setting, sampler) units shared by ``--jobs`` worker processes (2 on a machine with ≥ 2
+CPUs), one torch thread each.
 
 Run: ``python -m benchmarks.llm_queries`` (``make bench-llm``); ``--quick`` for the pilot (the
 documented continual set only, B = 1, 1 seed, 2 rates for uniform and SAZO and 1 for the oracle, where
