@@ -281,7 +281,7 @@ def computes(args, lr: float, seed: int) -> bool:
     >>> computes(args, 7.05e-4, 1), computes(args, 7.05e-4, 0), computes(SimpleNamespace(only_run=[]), 1e-3, 0)
     (True, False, True)
     """
-    return not args.only_run or (f"{lr:g}", seed) in map(tuple, args.only_run)
+    return not args.only_run or (f"{lr:g}", seed) in args.only_run
 
 
 def race_variant(setting: Setting, variant: str, model, params, train, test, args, out: dict) -> None:

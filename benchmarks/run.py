@@ -161,12 +161,15 @@ def _llm_rows(llm: dict) -> list[tuple]:
     for s in llm.get("settings", []):
         unfinished = s.get("incomplete", {})
 
+        def bound_of(ratio: str, target):      # ("<" or ">", value) where runs cut short bound the ratio
+            return s.get("ratio_bounds", {}).get(f"{ratio}@{target}")
+
         def grade(ratio: str, value, limit, higher_is_better=False, target=None) -> str:
             """A goal's verdict, or "not finished" while a sampler in the ratio has runs to go; a ratio
             bounded by runs cut short of the target is graded by its bound where the bound decides."""
             if any(sampler in unfinished for sampler in ratio.split("/")):
                 return "? (race not finished)"
-            bound = s.get("ratio_bounds", {}).get(f"{ratio}@{target}")
+            bound = bound_of(ratio, target)
             if value is None and bound:
                 below = bound[0] == "<"
                 if below and bound[1] <= limit:
@@ -176,7 +179,7 @@ def _llm_rows(llm: dict) -> list[tuple]:
             return _verdict(value, limit, higher_is_better)
 
         def shown(ratio: str, value, target) -> str:
-            bound = s.get("ratio_bounds", {}).get(f"{ratio}@{target}")
+            bound = bound_of(ratio, target)
             return f"{bound[0]} {bound[1]:.2f}× (cut short)" if value is None and bound else _fmt(value, suffix="×")
 
         source = ", reference run" if "reference" in llm.get("source", "") else ""

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 
 import numpy as np
 import torch
 
 from sazo_lite.course.problems import LeastSquares
 from sazo_lite.samplers import SAZOSampler
+from sazo_lite.train import median_queries
 from sazo_lite.validation import check_count
+from sazo_lite.variance import importance_weights
 
 from .queries import queries_to_reach
 
@@ -49,7 +50,7 @@ class InverseCdfSAZO(SAZOSampler):
         cdf = np.cumsum(p)
         u = torch.rand(batch_size, generator=self._generator, dtype=torch.float64).numpy()
         indices = np.minimum(np.searchsorted(cdf, u * cdf[-1], side="right"), self.num_examples - 1)
-        return torch.from_numpy(indices), torch.from_numpy(1.0 / (self.num_examples * p[indices]))
+        return torch.from_numpy(indices), torch.from_numpy(importance_weights(p[indices], self.num_examples))
 
 
 def reroll_shift(first: list[float], second: list[float], *, subset: int = 5, shift: float = 1.19,
@@ -76,10 +77,6 @@ def reroll_shift(first: list[float], second: list[float], *, subset: int = 5, sh
             "missed": (sum(q is None for q in first), sum(q is None for q in second))}
 
 
-def _median(queries: list) -> float:
-    return statistics.median(math.inf if q is None else q for q in queries)
-
-
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=60)
@@ -95,8 +92,8 @@ def main(argv: list[str] | None = None) -> dict:
         factory = lambda p, theta, seed, cls=cls: cls(p.num_examples, seed=seed, sum_tree=False)
         queries[name] = [queries_to_reach(problem, factory, args.lr, seed, args.target, args.max_steps)
                          for seed in range(args.seeds)]
-        print(f"{name:30s} median queries to {args.target:g} of the gap: {_median(queries[name]):g} "
-              f"(first 5 seeds: {_median(queries[name][:5]):g})", flush=True)
+        print(f"{name:30s} median queries to {args.target:g} of the gap: {median_queries(queries[name]):g} "
+              f"(first 5 seeds: {median_queries(queries[name][:5]):g})", flush=True)
     out = reroll_shift(*queries.values())
     print(f"mean log(queries now / before) = {out['mean_log_ratio']:+.3f} ± {out['half_width']:.3f} "
           f"({args.seeds} seeds; never reached: {out['missed']})")

@@ -99,10 +99,12 @@ def ratio_bound(top: list[dict], bottom: list[dict], fraction: float) -> tuple[s
     """Where one median of ``top_median ÷ bottom_median`` is "never" only because runs were cut short
     of ``fraction``·F₀: ("<", top ÷ floor of bottom) or (">", floor of top ÷ bottom); None otherwise."""
     t, b = (median_queries([queries_to(r, fraction) for r in runs]) for runs in (top, bottom))
-    if math.isfinite(t) and math.isinf(b) and math.isfinite(median_floor(bottom, fraction)):
-        return ("<", t / median_floor(bottom, fraction))
-    if math.isinf(t) and math.isfinite(b) and math.isfinite(median_floor(top, fraction)):
-        return (">", median_floor(top, fraction) / b)
+    if math.isfinite(t) and math.isinf(b):
+        floor = median_floor(bottom, fraction)
+        return ("<", t / floor) if math.isfinite(floor) else None
+    if math.isinf(t) and math.isfinite(b):
+        floor = median_floor(top, fraction)
+        return (">", floor / b) if math.isfinite(floor) else None
     return None
 
 
