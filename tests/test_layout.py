@@ -9,7 +9,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "sazo_lite"
 CORE = {"engine", "noise", "directions", "samplers", "sumtree", "train", "seedlog", "distributed",
-        "validation", "variance", "kernels", "sparse", "precision"}
+        "validation", "variance", "kernels", "sparse", "precision", "atomic"}
 
 
 def module_name(path: Path) -> str:
