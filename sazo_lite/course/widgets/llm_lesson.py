@@ -1,0 +1,165 @@
+"""Notebook 06's figures: one stored race (``sazo_lite.course.llm_lesson.Race``) drawn where it is decided.
+
+Every figure has one line per sampler at its chosen rate, in the course's palette, a legend and axis
+titles; a run stopped by the divergence rule (F > 1.5·F₀) is a cross at the top of the loss axis, not a
+spike. ``show(fig)`` displays a figure without plotly's modebar (it would sit on the title) at most
+680 px wide, the book's column.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+
+import plotly.graph_objects as go
+
+from ..llm_lesson import DIVERGE_FACTOR, Race, turn
+from ._common import SAMPLER_COLORS, SAMPLER_FILLS, SAMPLER_LABELS
+
+__all__ = ["show", "gain_figure", "race_figure", "walk_figure", "loss_vs_walk_figure", "scores_figure",
+           "scores_vs_norms_figure", "WIDTH"]
+
+WIDTH = 660          # px: the book's column is 680
+_MARGIN = dict(l=60, r=15, t=50, b=50)
+_LEGEND = dict(orientation="h", yanchor="top", y=-0.2, x=0)
+
+
+def show(fig: go.Figure) -> None:
+    """Display ``fig`` without the modebar (in the notebook and in the book, which reads the same config)."""
+    fig.show(config={"displayModeBar": False})
+
+
+def _layout(fig: go.Figure, title: str, x: str, y: str, height: int = 400) -> go.Figure:
+    fig.update_layout(width=WIDTH, height=height, title=title, xaxis_title=x, yaxis_title=y, margin=_MARGIN,
+                      legend=_LEGEND, template="plotly_white")
+    return fig
+
+
+def _name(race: Race, k: str) -> str:
+    return f"{SAMPLER_LABELS.get(k, k)}, η = {race.chosen_lr[k]:.3g}"
+
+
+def gain_figure(sets: dict[str, tuple[float, float]], batch_sizes=(1, 2, 4, 8, 16, 32)) -> go.Figure:
+    """The oracle's predicted gain against B, [V(u) + (B−1)‖∇F‖²] / [V(p*) + (B−1)‖∇F‖²], in units of V(p*):
+    one line per label → (V(u)/V(p*), ‖∇F‖²/V(p*)).
+
+    Example:
+        >>> [round(y, 2) for y in gain_figure({"aligned": (6.0, 0.55)}, (1, 4)).data[0].y]
+        [6.0, 2.89]
+    """
+    fig = go.Figure()
+    for (label, (v_u, g2)), dash in zip(sets.items(), ("solid", "dash", "dot")):
+        gains = [(v_u + (b - 1) * g2) / (1 + (b - 1) * g2) for b in batch_sizes]
+        fig.add_scatter(x=list(batch_sizes), y=gains, mode="lines+markers", line=dict(color="black", dash=dash),
+                        name=f"{label}: V(u)/V(p*) = {v_u:.2f}, ‖∇F‖²/V(p*) = {g2:.2f}")
+    fig.add_hline(y=1.0, line=dict(color="gray", dash="dot"), annotation_text="no gain",
+                  annotation_position="bottom right")
+    fig.update_xaxes(type="log", tickvals=list(batch_sizes))
+    fig.update_yaxes(rangemode="tozero")
+    return _layout(fig, "what the oracle can gain, predicted at θ₀", "batch size B",
+                   "predicted uniform ÷ oracle (queries)", 380)
+
+
+def _bands(runs: list[dict]) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Per logged query count: the median and min–max of F/F₀ over seeds, a diverged seed counting as +∞
+    after its stop (a seed that only ran out of budget is left out)."""
+    grid = sorted({q for r in runs for q in r["queries"]})
+    rows = []
+    for q in grid:
+        row = []
+        for r in runs:
+            at = dict(zip(r["queries"], r["train_loss"]))
+            if q in at:
+                row.append(at[q] / r["train_loss"][0])
+            elif r["diverged"] and q > r["queries"][-1]:
+                row.append(math.inf)
+        rows.append(row)
+    return grid, [statistics.median(v) for v in rows], [min(v) for v in rows], [max(v) for v in rows]
+
+
+def race_figure(race: Race) -> go.Figure:
+    """F/F₀ against queries per sampler at its chosen rate: the median over seeds and its min–max band,
+    a cross where a seed diverged, the targets dotted; the y-axis ends at the divergence line."""
+    top = DIVERGE_FACTOR
+    fig = go.Figure()
+    for k, runs in race.runs.items():
+        grid, median, low, high = _bands(runs)
+        clip = lambda v: min(v, top)
+        fig.add_scatter(x=grid + grid[::-1], y=[clip(v) for v in high] + [clip(v) for v in low][::-1], fill="toself",
+                        fillcolor=SAMPLER_FILLS[k], line=dict(width=0), hoverinfo="skip", showlegend=False)
+        fig.add_scatter(x=grid, y=[v if v < top else None for v in median], mode="lines",
+                        line=dict(color=SAMPLER_COLORS[k], width=2.5), name=f"{_name(race, k)} (median of {len(runs)})")
+        stops = [r for r in runs if r["diverged"]]
+        if stops:
+            fig.add_scatter(x=[r["queries"][-1] for r in stops], y=[top] * len(stops), mode="markers",
+                            marker=dict(symbol="x", size=11, color=SAMPLER_COLORS[k]), name=f"{k}: a seed diverged")
+    for t in race.targets:
+        fig.add_hline(y=t, line=dict(color="gray", dash="dot"), annotation_text=f"{t:g}·F₀",
+                      annotation_position="bottom left")
+    low = min(race.targets)
+    if low < 0.2:       # deep targets: a log axis shows each of them
+        fig.update_yaxes(type="log", range=[math.log10(low / 2), math.log10(top)])
+    else:
+        fig.update_yaxes(range=[low - 0.1, top])
+    return _layout(fig, f"the race at B = {race.batch_size}: F(θ)/F(θ₀), median and min–max over seeds",
+                   "queries (2·B per step)", f"F / F₀ (top: diverged, F > {top:g}·F₀)", 430)
+
+
+def walk_figure(race: Race) -> go.Figure:
+    """‖θ−θ₀‖ against queries, every seed at its sampler's chosen rate; a cross where a seed diverged."""
+    fig = go.Figure()
+    for k, runs in race.runs.items():
+        for j, r in enumerate(runs):
+            fig.add_scatter(x=r["queries"], y=r["walk"], mode="lines", line=dict(color=SAMPLER_COLORS[k], width=1.5),
+                            legendgroup=k, showlegend=j == 0, name=f"{_name(race, k)} ({len(runs)} seeds)")
+        stops = [r for r in runs if r["diverged"]]
+        if stops:
+            fig.add_scatter(x=[r["queries"][-1] for r in stops], y=[r["walk"][-1] for r in stops], mode="markers",
+                            marker=dict(symbol="x", size=11, color=SAMPLER_COLORS[k]), legendgroup=k,
+                            name=f"{k}: diverged")
+    return _layout(fig, "the random walk of θ: ‖θ−θ₀‖² ≈ η²·d·Σ ĝ²", "queries (2·B per step)", "‖θ − θ₀‖")
+
+
+def loss_vs_walk_figure(race: Race) -> go.Figure:
+    """F/F₀ against ‖θ−θ₀‖ along every run: where each sampler's loss stops falling; its lowest point ringed."""
+    top = DIVERGE_FACTOR
+    fig = go.Figure()
+    for k, runs in race.runs.items():
+        for j, r in enumerate(runs):
+            losses = [min(v / r["train_loss"][0], top) for v in r["train_loss"]]
+            fig.add_scatter(x=r["walk"], y=losses, mode="lines", line=dict(color=SAMPLER_COLORS[k], width=1.5),
+                            legendgroup=k, showlegend=j == 0, name=_name(race, k))
+        lows = [turn(r) for r in runs]
+        fig.add_scatter(x=[w for _, w in lows], y=[f for f, _ in lows], mode="markers", legendgroup=k,
+                        marker=dict(symbol="circle-open", size=11, color=SAMPLER_COLORS[k]), name=f"{k}: lowest F")
+    fig.update_yaxes(range=[min(race.targets) - 0.1, top])
+    return _layout(fig, "where the loss turns: F/F₀ against the walk", "‖θ − θ₀‖",
+                   f"F / F₀ (top: diverged, F > {top:g}·F₀)", 420)
+
+
+def scores_figure(run: dict) -> go.Figure:
+    """A diagnosed SAZO run: V(p_SAZO)/V(p*) and V(u)/V(p*) at each diagnosed point (1 = the oracle)."""
+    q = [d["queries"] for d in run["diagnostics"]]
+    fig = go.Figure()
+    fig.add_scatter(x=q, y=[d["v_ratio"] for d in run["diagnostics"]], mode="lines+markers", name="V(p_SAZO)/V(p*)",
+                    line=dict(color=SAMPLER_COLORS["sazo"]))
+    fig.add_scatter(x=q, y=[d["v_uniform_ratio"] for d in run["diagnostics"]], mode="lines+markers",
+                    name="V(u)/V(p*): what sampling can gain", line=dict(color=SAMPLER_COLORS["uniform"]))
+    fig.add_hline(y=1.0, line=dict(color=SAMPLER_COLORS["oracle"], dash="dot"), annotation_text="the oracle",
+                  annotation_position="bottom right")
+    fig.update_yaxes(type="log")
+    return _layout(fig, f"SAZO's sampling variance against the oracle's (seed {run['seed']})", "queries",
+                   "variance ratio (log)", 380)
+
+
+def scores_vs_norms_figure(scores, norms, kinds) -> go.Figure:
+    """SAZO's scores against the true ‖∇f_i‖ at the end of a run (log axes), new and assimilated examples apart."""
+    fig = go.Figure()
+    for kind, symbol in (("new", "diamond"), ("assimilated", "circle")):
+        idx = [i for i, k in enumerate(kinds) if k == kind]
+        fig.add_scatter(x=[norms[i] for i in idx], y=[scores[i] for i in idx], mode="markers", name=f"{kind} examples",
+                        marker=dict(symbol=symbol, size=9, color=SAMPLER_COLORS["sazo"] if kind == "new" else "gray"),
+                        text=[f"example {i}" for i in idx])
+    fig.update_xaxes(type="log", dtick=1)
+    fig.update_yaxes(type="log", dtick=1)
+    return _layout(fig, "SAZO's scores against the true norms, at the run's end", "true ‖∇f_i‖ (backprop)",
+                   "SAZO's score", 400)
