@@ -7,6 +7,9 @@
     run = zo_finetune(model, trainable_parameters(model), task.encode(tok, "train"),
                       task.encode(tok, "test"), method="sazo", steps=200)
 
+Top-block tuning on cached activations (only the top k blocks run during tuning): ``TopBlocks``,
+``top_layers`` (``add_lora(model, layers=top_layers(model, k))``), ``top_block_parameters``.
+
 Continual-tuning sets, true per-example gradient norms and uniform/SAZO/oracle query runs:
 ``make_continual_set``, ``grad_norms``, ``query_run`` (notebook 06, ``benchmarks/llm_queries.py``).
 
@@ -24,6 +27,7 @@ from .tasks import TASKS, ClassificationTask, Example, load_hf_task, make_task
 from ..precision import Float32Master, restore_bound, unit_roundoff
 from ..sparse import SparseMeZO, sparse_indices
 from .tuning import add_lora, full_parameters, parameter_count, trainable_parameters
+from .topblock import TopBlocks, decoder_layers, top_block_parameters, top_layers
 
 __all__ = ["ContinualSet", "cached_first_round", "first_round", "heterogeneity", "make_continual_set",
            "RefreshingNorms", "grad_norms", "QueryRun", "queries_to", "query_run", "FinetuneRun", "METHODS", "mean_loss", "restore_snapshot", "snapshot", "zo_finetune",
@@ -32,4 +36,5 @@ __all__ = ["ContinualSet", "cached_first_round", "first_round", "heterogeneity",
            "TINY_FAMILIES", "cache_dir", "default_device", "load_causal_lm", "load_minilm", "load_smollm2",
            "minilm_dir", "smollm2_gguf_path", "tiny_causal_lm", "TASKS", "ClassificationTask", "Example",
            "load_hf_task", "make_task", "Float32Master", "SparseMeZO", "add_lora", "full_parameters",
-           "parameter_count", "restore_bound", "sparse_indices", "trainable_parameters", "unit_roundoff"]
+           "parameter_count", "restore_bound", "sparse_indices", "trainable_parameters", "unit_roundoff",
+           "TopBlocks", "decoder_layers", "top_block_parameters", "top_layers"]

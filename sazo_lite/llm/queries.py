@@ -31,8 +31,10 @@ from ..validation import check_choice
 from .finetune import mean_loss
 from .grad_norms import RefreshingNorms, grad_norms
 from .losses import TokenBatch, accuracy, batched_closure
+from .topblock import TopBlocks
 
-__all__ = ["QueryRun", "query_run", "queries_to", "median_floor", "ratio_bound", "held_out_accuracies", "SAMPLERS", "DIVERGE_FACTOR", "sampling_diagnostics", "walk"]
+__all__ = ["QueryRun", "query_run", "queries_to", "median_floor", "ratio_bound", "held_out_accuracies", "SAMPLERS",
+           "DIVERGE_FACTOR", "sampling_diagnostics", "walk", "WalkBound"]
 
 SAMPLERS = RACED        # the samplers a query race runs (one vocabulary: ``samplers.make_sampler``)
 DIVERGE_FACTOR = 1.5     # F(θ) above this × F(θ₀) has diverged (``train.diverged``; no run that passed it came back)
@@ -65,6 +67,8 @@ class QueryRun:
     steps_run: int = 0                          # MeZO steps taken
     step_rule: bool = False                     # the rate followed ``NoiseScaledStep``
     lr_scale: list[float] = field(default_factory=list)     # the rule's factor at each log point (1 without)
+    walk_bound: float | None = None             # R of ``WalkBound`` (None: the walk was free)
+    bound_steps: int = 0                        # steps whose update the bound shortened
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -137,19 +141,78 @@ def walk(params, start) -> float:
     return float(sum(float((p.detach().double() - s.double()).pow(2).sum()) for p, s in zip(params, start)) ** 0.5)
 
 
-def query_run(model, params, train_batch: TokenBatch, sampler: str, *, lr: float, eps: float = 1e-3,
+class WalkBound:
+    """A step hook for ``MeZO`` that keeps the walk inside a ball: after every committed step,
+
+        θ ← θ₀ + min(1, R / ‖θ − θ₀‖)·(θ − θ₀)        (norm over all tuned tensors)
+
+    It reads nothing but θ and θ₀, so it treats every sampler alike (uniform, SAZO, the oracle):
+    a projected ZO-SGD whose iterates stay within R of the weights the first round left. ``count``
+    says how many steps it shortened.
+
+    Example:
+        >>> theta = torch.tensor([0.0, 0.0])
+        >>> opt = MeZO([theta], lr=10.0, eps=1e-3, seed=0)
+        >>> bound = WalkBound([theta], radius=1.0)
+        >>> handle = opt.register_step_hook(bound)
+        >>> _ = opt.step(lambda: ((theta - 5.0) ** 2).sum(0, keepdim=True))
+        >>> round(float(theta.norm()), 4), bound.count
+        (1.0, 1)
+    """
+
+    def __init__(self, params, radius: float):
+        radius = float(radius)
+        if not math.isfinite(radius) or radius <= 0:
+            raise ValueError(f"Invalid radius: {radius} (expected a finite number > 0)")
+        self.params, self.radius, self.count = list(params), radius, 0
+        self.start = [p.detach().clone() for p in self.params]
+
+    @torch.no_grad()
+    def __call__(self, optimizer, event) -> None:
+        if event.kind != "step":
+            return
+        flush = getattr(optimizer, "flush", None)
+        if flush is not None:      # a folded update is applied before θ is read
+            flush()
+        distance = walk(self.params, self.start)
+        if distance > self.radius:
+            shrink = self.radius / distance
+            for p, s in zip(self.params, self.start):
+                p.sub_(s).mul_(shrink).add_(s)
+            self.count += 1
+
+
+def _objective(model, batch, loss: str):
+    """(losses closure, full loss F(θ), true norms of the tuned tensors, held-out accuracy) for a
+    ``TokenBatch`` (the whole model) or a ``TopBlocks`` (cached activations, top blocks only)."""
+    if isinstance(batch, TopBlocks):
+        if loss != "classification":
+            raise ValueError(f"Invalid loss: {loss!r} (a TopBlocks batch scores the classification loss)")
+        return batch.losses, batch.mean_loss, batch.grad_norms
+    losses = batched_closure(model, batch, loss)
+    full = (lambda: mean_loss(model, batch)) if loss == "classification" else (lambda: float(losses(range(len(batch))).mean()))
+    return losses, full, lambda params: grad_norms(model, batch, params, loss=loss)
+
+
+def _accuracy(model, batch) -> float:
+    return batch.accuracy() if isinstance(batch, TopBlocks) else accuracy(model, batch)
+
+
+def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr: float, eps: float = 1e-3,
               batch_size: int = 1, steps: int = 300, seed: int = 0, log_every: int = 10,
               oracle_every: int = 1, uniform_mix: float = 0.1, oracle_mix: float = 0.0,
               test_batch: TokenBatch | None = None, stop_fraction: float | None = None, diagnose: int = 0,
               diverge_factor: float = DIVERGE_FACTOR, loss: str = "classification", perturbation: str = "gaussian",
               step_rule: bool | NoiseScaledStep = False, ema_decay: float = 0.9, accuracy_at: int | None = None,
-              progress: bool = False) -> QueryRun:
+              walk_bound: float | None = None, progress: bool = False) -> QueryRun:
     """One ZO run from the current weights (the caller restores θ₀ between runs).
 
     Args:
         model, params: the LM and the tuned tensors (LoRA adapters or all parameters).
-        train_batch: the training examples (``TokenBatch``).
-        sampler: "uniform", "sazo" or "oracle".
+        train_batch: the training examples: a ``TokenBatch`` (the whole model runs) or a ``TopBlocks``
+            (only the top blocks run, on cached activations; ``test_batch`` then a ``TopBlocks`` too).
+        sampler: "uniform", "sazo" or "oracle", or a ``sazo_lite`` sampler object for the N examples
+            (its ``scores()``, if it has one, is diagnosed like SAZO's; the run is labelled by its class).
         lr, eps, batch_size, steps, seed: the MeZO settings (seed also seeds the sampler). ε = 1e-3
             makes δ_k the directional derivative to < 1% on LoRA r = 4 (``directional_error``).
         log_every: steps between evaluations of the full training loss F(θ) and the walk.
@@ -176,22 +239,26 @@ def query_run(model, params, train_batch: TokenBatch, sampler: str, *, lr: float
     n = len(train_batch)
     params = list(params)
     optimizer = MeZO(params, lr=lr, eps=eps, seed=seed, perturbation=perturbation)
-    true_norms = lambda: grad_norms(model, train_batch, params, loss=loss)
+    losses, full_loss, norms_of = _objective(model, train_batch, loss)
+    true_norms = lambda: norms_of(params)
     refreshing = None
     if sampler == "oracle":
         refreshing = RefreshingNorms(true_norms, every=oracle_every, clock=lambda: optimizer.step_count,
                                      mix=oracle_mix)
-    chooser = make_sampler(sampler, n, uniform_mix=uniform_mix, ema_decay=ema_decay, norms_fn=refreshing,
-                           oracle_mix=oracle_mix, seed=seed)
-    losses = batched_closure(model, train_batch, loss)
+    if isinstance(sampler, str):
+        chooser = make_sampler(sampler, n, uniform_mix=uniform_mix, ema_decay=ema_decay, norms_fn=refreshing,
+                               oracle_mix=oracle_mix, seed=seed)
+    else:
+        chooser, sampler = sampler, type(sampler).__name__
+    bound = None
+    if walk_bound is not None:
+        bound = WalkBound(params, walk_bound)
+        optimizer.register_step_hook(bound)
     rule = step_rule if isinstance(step_rule, NoiseScaledStep) else (NoiseScaledStep() if step_rule else None)
     run = QueryRun(sampler, float(lr), int(seed), oracle_every=oracle_every if sampler == "oracle" else None,
-                   step_rule=rule is not None)
+                   step_rule=rule is not None, walk_bound=None if walk_bound is None else float(walk_bound))
     start_params = [p.detach().clone() for p in params]
     counted = [0]
-
-    def full_loss() -> float:
-        return mean_loss(model, train_batch) if loss == "classification" else float(losses(range(n)).mean())
 
     def evaluate() -> float:
         value = full_loss()
@@ -202,7 +269,7 @@ def query_run(model, params, train_batch: TokenBatch, sampler: str, *, lr: float
         run.lr_scale.append(rule.scale() if rule is not None else 1.0)
         if diagnose and (counted[0] - 1) % int(diagnose) == 0:
             norms = true_norms()
-            scores = chooser.scores() if sampler == "sazo" else None
+            scores = chooser.scores() if callable(getattr(chooser, "scores", None)) else None
             probs = chooser.probs    # the oracle's: p* from its cached (up to k − 1 steps old) norms
             run.diagnostics.append({"queries": run.queries[-1], **sampling_diagnostics(norms, probs, scores)})
             run.final_norms = norms.tolist()
@@ -223,7 +290,7 @@ def query_run(model, params, train_batch: TokenBatch, sampler: str, *, lr: float
     else:   # to the budget without stopping (a log point ends it), the measurement, then the rest
         budget = min(steps, log_every * -(-int(accuracy_at) // (2 * batch_size * log_every)))
         history = phase(budget, None)
-        run.budget_accuracy, run.budget_queries = accuracy(model, test_batch), 2 * batch_size * optimizer.step_count
+        run.budget_accuracy, run.budget_queries = _accuracy(model, test_batch), 2 * batch_size * optimizer.step_count
         if not history.diverged and steps > budget and not (stop_below is not None and run.train_loss[-1] < stop_below):
             rest = phase(steps - budget, stop_below)
             history.projected_grad += rest.projected_grad
@@ -233,7 +300,9 @@ def query_run(model, params, train_batch: TokenBatch, sampler: str, *, lr: float
     run.diverged = history.diverged
     run.steps_run = len(history.queries)
     if test_batch is not None and not run.diverged:
-        run.test_accuracy = accuracy(model, test_batch)
+        run.test_accuracy = _accuracy(model, test_batch)
+    if bound is not None:
+        run.bound_steps = bound.count
     if refreshing is not None:
         run.oracle_refreshes, run.staleness = refreshing.refreshes, list(refreshing.staleness)
     scales = history.projected_grad

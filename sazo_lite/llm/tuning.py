@@ -7,8 +7,12 @@ Memory each mode costs on top of inference (d = model parameters, r = LoRA rank)
 | full   | all d                      | one tensor's worth of z (largest: the embedding)  |
 | LoRA   | r·(d_in+d_out) per module  | the adapters (≈0.1–1% of d) + their z             |
 | sparse | k = fraction·d entries     | k int64 indices (8 bytes each) + k floats of z    |
+| top-block | the top k blocks (LoRA or all) | a cache of the hidden states entering block L−k (N·T·H floats) |
 
-None of them keeps activations, gradients or optimiser state: that is the ZO memory win.
+Top-block tuning (``sazo_lite.llm.topblock.TopBlocks``) also cuts a step's compute: only the top k
+blocks run (the model's own layer modules on cached activations), the head at the scored positions.
+
+None of the first three keeps activations, gradients or optimiser state: that is the ZO memory win.
 
 Sparse subsets are ``sazo_lite.sparse``; half precision and its restore bound ``sazo_lite.precision``.
 """
@@ -40,7 +44,7 @@ def parameter_count(params) -> int:
     return sum(p.numel() for p in params)
 
 
-def add_lora(model, *, rank: int = 8, alpha: int = 16, target_modules=None, init_seed: int = 0):
+def add_lora(model, *, rank: int = 8, alpha: int = 16, target_modules=None, init_seed: int = 0, layers=None):
     """Wrap ``model`` with peft LoRA adapters; only the adapters require grad.
 
     W x → W x + (α/r)·B A x with A [r, d_in], B [d_out, r]. peft initialises B = 0 (the
@@ -52,6 +56,9 @@ def add_lora(model, *, rank: int = 8, alpha: int = 16, target_modules=None, init
         alpha: the LoRA scale numerator α.
         target_modules: module names to adapt; None uses peft's default for the family
             (q_proj/v_proj for Llama, OPT, Qwen2; c_attn for GPT-2).
+        init_seed: seeds A's initialisation.
+        layers: decoder-layer indices to adapt (None: every layer); e.g.
+            ``sazo_lite.llm.topblock.top_layers(model, k)`` for top-block tuning.
 
     Returns:
         The ``PeftModel`` in eval mode; pass ``trainable_parameters(peft_model)`` to MeZO.
@@ -60,8 +67,16 @@ def add_lora(model, *, rank: int = 8, alpha: int = 16, target_modules=None, init
 
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise ValueError(f"Invalid rank: {rank!r} (expected an int >= 1)")
+    extra = {}
+    if layers is not None:
+        from .topblock import decoder_layers
+
+        count, layers = len(decoder_layers(model)), [int(i) for i in layers]
+        if not layers or any(not 0 <= i < count for i in layers):
+            raise ValueError(f"Invalid layers: {layers!r} (expected indices in [0, {count}))")
+        extra = dict(layers_to_transform=layers)
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules, lora_dropout=0.0,
-                        task_type="CAUSAL_LM")
+                        task_type="CAUSAL_LM", **extra)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(init_seed)
         peft_model = get_peft_model(model, config)

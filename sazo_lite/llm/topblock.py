@@ -1,0 +1,258 @@
+"""Top-block tuning on cached activations: tune only the top k decoder blocks of a causal LM.
+
+A tuning mode (beside full, LoRA and sparse in ``sazo_lite.llm.tuning``): the bottom L − k blocks are
+frozen, so the hidden states entering block L − k do not change during tuning. ``TopBlocks`` computes
+them once for a whole split (one ordinary forward of the model), then every loss runs only
+
+    h ← block_{L−k}(h), …, block_{L−1}(h)        (the model's own layer modules, [B, T, H])
+    ℓ = head(final_norm(h[b, last prompt position]))[label words]        [B, C]
+    f_b = −log softmax(ℓ_b)[y_b]                                         [B]
+
+The blocks are called with exactly the arguments the model's own forward passed them (attention
+mask, rotary position embeddings from ``model.model.rotary_emb``, position ids: recorded by forward
+pre-hooks while the cache was computed), so no attention is re-implemented; the final norm and LM head
+run at the scored positions only, and the head only on the verbaliser rows. The per-example losses
+equal the full model's (``classification_losses``) to float rounding.
+
+What it costs and keeps (N examples of padded length T, hidden size H): the cache holds N·T·H
+floats (plus the recorded masks and position embeddings); a step costs k blocks' forward on B·T
+tokens instead of all L blocks and the head over the vocabulary. Tune LoRA adapters on the top
+blocks (``add_lora(model, layers=top_layers(model, k))``) or all their parameters
+(``top_block_parameters(model, k)``). A trainable tensor below the top blocks would make the cache
+stale: ``TopBlocks`` refuses it (ValueError). Supported: Llama-style models (Llama, SmolLM2, Qwen2,
+Mistral: ``model.model.layers``), GPT-2 (``transformer.h``) and OPT (``model.decoder.layers``), plain
+or wrapped by peft.
+
+Example (a tiny random model; in practice SmolLM2 with ``blocks=1``):
+    >>> from sazo_lite.llm import tiny_causal_lm
+    >>> from sazo_lite.llm.losses import TokenBatch, classification_losses
+    >>> model = tiny_causal_lm("llama", vocab_size=50)
+    >>> batch = TokenBatch([[5, 6, 7], [8, 9]], [3, 2], 0, torch.tensor([0, 1]), torch.tensor([3, 4]))
+    >>> params = top_block_parameters(model, 1)
+    >>> top = TopBlocks(model, batch, blocks=1)
+    >>> top([0, 1]).shape, bool(torch.allclose(top([0, 1]), classification_losses(model, batch), atol=1e-5))
+    (torch.Size([2]), True)
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+from .losses import TokenBatch
+
+__all__ = ["TopBlocks", "decoder_layers", "top_layers", "top_block_parameters"]
+
+
+def _base(model):
+    """The transformers model inside a peft wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _parts(model):
+    """(decoder layers [ModuleList], [modules applied after the last block, in order]) of a causal LM."""
+    base = _base(model)
+    inner = getattr(base, "model", None)
+    if inner is not None and isinstance(getattr(inner, "layers", None), torch.nn.ModuleList):   # Llama, Qwen2, Mistral
+        return inner.layers, [inner.norm]
+    transformer = getattr(base, "transformer", None)
+    if transformer is not None and isinstance(getattr(transformer, "h", None), torch.nn.ModuleList):   # GPT-2
+        return transformer.h, [transformer.ln_f]
+    decoder = getattr(inner, "decoder", None)
+    if decoder is not None and isinstance(getattr(decoder, "layers", None), torch.nn.ModuleList):   # OPT
+        after = [getattr(decoder, "final_layer_norm", None), getattr(decoder, "project_out", None)]
+        return decoder.layers, [m for m in after if m is not None]
+    raise ValueError(f"Invalid model: {type(base).__name__} is not a supported causal LM "
+                     "(Llama-style model.model.layers, GPT-2 transformer.h, OPT model.decoder.layers)")
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    """The decoder blocks of a causal LM, bottom to top (``model.model.layers``, ``transformer.h``, ...)."""
+    return _parts(model)[0]
+
+
+def _check_blocks(model, blocks) -> int:
+    count = len(decoder_layers(model))
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or not 1 <= blocks <= count:
+        raise ValueError(f"Invalid blocks: {blocks!r} (expected an int in [1, {count}])")
+    return count
+
+
+def top_layers(model, blocks: int) -> list[int]:
+    """Indices of the top ``blocks`` decoder layers (for ``add_lora(..., layers=...)``).
+
+    Example:
+        >>> from sazo_lite.llm import tiny_causal_lm
+        >>> top_layers(tiny_causal_lm("gpt2", vocab_size=50), 1)
+        [1]
+    """
+    count = _check_blocks(model, blocks)
+    return list(range(count - blocks, count))
+
+
+def top_block_parameters(model, blocks: int) -> list[torch.Tensor]:
+    """Freeze the model, then make every parameter of the top ``blocks`` blocks trainable; return them."""
+    layers = decoder_layers(model)
+    _check_blocks(model, blocks)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    params = [p for layer in layers[len(layers) - blocks:] for p in layer.parameters()]
+    for p in params:
+        p.requires_grad_(True)
+    return params
+
+
+def _rows(value, index: torch.Tensor, n: int):
+    """``value`` (a recorded block argument) for the examples ``index``: tensors with a batch
+    dimension of n (ndim ≥ 2) are indexed, tuples/lists/dicts element-wise, anything else kept."""
+    if isinstance(value, torch.Tensor):
+        return value.index_select(0, index.to(value.device)) if value.dim() >= 2 and value.shape[0] == n and n > 1 else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_rows(v, index, n) for v in value)
+    if isinstance(value, dict):
+        return {key: _rows(v, index, n) for key, v in value.items()}
+    return value
+
+
+class _Recorded(Exception):
+    """Stops the caching forward once the top blocks' arguments are recorded."""
+
+
+class TopBlocks:
+    """Per-example classification losses of a causal LM whose top ``blocks`` blocks alone are tuned.
+
+    Args:
+        model: a transformers causal LM (or a peft model around one), eval mode.
+        batch: the examples (``TokenBatch`` with labels and label word ids, as
+            ``encode_classification`` makes them).
+        blocks: k, how many top decoder blocks are tuned (1 ≤ k ≤ L).
+
+    Call it with indices ([B]) for the losses [B] (float32, inference mode), as ``MeZO.step``'s closure
+    and ``sazo_lite.train``'s ``batch_losses`` want; ``losses(indices, grad=True)`` keeps the autograd
+    graph. ``mean_loss()``, ``accuracy()`` and ``grad_norms(params)`` (true per-example norms by
+    backprop) cover the split. Construct it again if weights below the top blocks change.
+    """
+
+    def __init__(self, model, batch: TokenBatch, blocks: int = 1):
+        if not isinstance(batch, TokenBatch) or batch.labels is None or batch.label_ids is None:
+            raise ValueError("Invalid batch: expected a TokenBatch with labels and label_ids "
+                             "(encode_classification)")
+        if len(batch) == 0:
+            raise ValueError("Invalid batch: no examples")
+        count = _check_blocks(model, blocks)
+        if model.training:
+            raise ValueError("Invalid model: it is in training mode (dropout would make f_i random); call model.eval()")
+        self.model, self.batch, self.blocks = model, batch, blocks
+        layers, self.after = _parts(model)
+        self.layers = list(layers[count - blocks:])
+        self._check_frozen_below(model)
+        base = _base(model)
+        self.head = base.get_output_embeddings()
+        self.device = next(model.parameters()).device
+        self.label_ids = batch.label_ids.to(self.device)
+        self.labels = batch.labels.to(self.device)
+        self.hidden, self.arguments, self.lengths = self._cache()
+
+    def _check_frozen_below(self, model) -> None:
+        """No trainable tensor may feed the cached hidden states (the embeddings, the lower blocks)."""
+        live = {id(p) for m in self.layers + self.after for p in m.parameters()}
+        stale = [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in live]
+        if stale:
+            raise ValueError(f"Invalid model: {len(stale)} trainable tensors outside the top {self.blocks} "
+                             f"block(s) would make the cached hidden states stale (e.g. {stale[0]}); freeze "
+                             "them (top_block_parameters, add_lora(layers=top_layers(...))) or raise blocks")
+
+    @torch.no_grad()
+    def _cache(self):
+        """Run the model once over every example (right-padded to one width), recording the hidden
+        states entering the first tuned block and every tuned block's other arguments."""
+        inputs = self.batch.select(range(len(self.batch)), self.device)
+        recorded: dict[int, tuple] = {}
+
+        def record(k):
+            def hook(module, args, kwargs):
+                recorded[k] = (args, kwargs)
+                if k == len(self.layers) - 1:
+                    raise _Recorded          # the top block's inputs are all we need: skip the rest
+            return hook
+
+        handles = [layer.register_forward_pre_hook(record(k), with_kwargs=True) for k, layer in enumerate(self.layers)]
+        try:
+            with contextlib.suppress(_Recorded):
+                self.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False)
+        finally:
+            for handle in handles:
+                handle.remove()
+        if len(recorded) != len(self.layers):
+            raise ValueError("Invalid model: its forward did not call every top block")
+        hidden = recorded[0][0][0].detach()                                        # [N, T, H]
+        arguments = [(args[1:], kwargs) for args, kwargs in (recorded[k] for k in range(len(self.layers)))]
+        return hidden, arguments, inputs["lengths"]
+
+    def __len__(self) -> int:
+        return len(self.batch)
+
+    def __call__(self, indices) -> torch.Tensor:
+        return self.losses(indices)
+
+    def _index(self, indices) -> torch.Tensor:
+        index = torch.as_tensor([int(i) for i in indices], dtype=torch.long)
+        if index.numel() == 0 or int(index.min()) < 0 or int(index.max()) >= len(self):
+            raise ValueError(f"Invalid indices: expected a non-empty list of ints in [0, {len(self)})")
+        return index.to(self.device)
+
+    def logits(self, indices, *, grad: bool = False) -> torch.Tensor:
+        """Label-word logits at each example's last prompt position: float32 [B, C]."""
+        index = self._index(indices)
+        n = len(self)
+        mode = torch.enable_grad() if grad else torch.inference_mode()
+        with mode:
+            h = self.hidden.index_select(0, index)                               # [B, T, H]
+            for layer, (args, kwargs) in zip(self.layers, self.arguments):
+                out = layer(h, *_rows(args, index, n), **_rows(kwargs, index, n))
+                h = out[0] if isinstance(out, tuple) else out
+            rows = torch.arange(len(index), device=h.device)
+            h = h[rows, self.lengths.index_select(0, index) - 1]                 # [B, H]: scored positions only
+            for module in self.after:
+                h = module(h)
+            if type(self.head) is torch.nn.Linear:                               # the verbaliser rows only
+                bias = None if self.head.bias is None else self.head.bias[self.label_ids]
+                return F.linear(h, self.head.weight[self.label_ids], bias).float()   # [B, C]
+            return self.head(h)[:, self.label_ids].float()
+
+    def losses(self, indices, *, grad: bool = False) -> torch.Tensor:
+        """Per-example verbaliser cross-entropy: float32 [B] (``grad=True``: keep the autograd graph)."""
+        logits = self.logits(indices, grad=grad)
+        return F.cross_entropy(logits, self.labels.index_select(0, self._index(indices)), reduction="none")
+
+    def mean_loss(self, *, chunk: int = 64) -> float:
+        """F(θ) = mean loss over the whole split."""
+        return float(sum(float(self.losses(range(s, min(s + chunk, len(self)))).sum())
+                         for s in range(0, len(self), chunk))) / len(self)
+
+    def predict(self, *, chunk: int = 64) -> torch.Tensor:
+        """Predicted class per example: LongTensor [N] on the CPU."""
+        return torch.cat([self.logits(range(s, min(s + chunk, len(self)))).argmax(1).cpu()
+                          for s in range(0, len(self), chunk)])
+
+    def accuracy(self) -> float:
+        """Fraction of examples whose label word has the largest logit."""
+        return float((self.predict() == self.batch.labels).double().mean())
+
+    def grad_norms(self, params, indices=None, *, method: str = "auto") -> torch.Tensor:
+        """True per-example gradient norms ‖∇f_i‖ over ``params`` by backprop: float64 [len(indices)].
+
+        ``method``: "linear" (one batched backward; every tensor a Linear's weight/bias, e.g. LoRA),
+        "loop" (one backward per example, any tensors) or "auto" (linear when it applies).
+        """
+        from .grad_norms import linear_grad_norms, linear_modules_for, loop_grad_norms
+
+        if method not in ("auto", "linear", "loop"):
+            raise ValueError(f"Invalid method: {method!r} (expected 'auto', 'linear' or 'loop')")
+        params = list(params)
+        indices = range(len(self)) if indices is None else indices
+        losses = lambda idx: self.losses(idx, grad=True)
+        if method == "loop" or (method == "auto" and linear_modules_for(self.model, params) is None):
+            return loop_grad_norms(losses, params, indices)
+        return linear_grad_norms(self.model, losses, params, indices)

