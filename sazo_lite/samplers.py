@@ -80,12 +80,14 @@ class Sampler:
         """Learn from a checked batch; the default sampler learns nothing."""
 
     def _check_feedback(self, indices, diffs):
-        indices = torch.as_tensor(indices)
-        diffs = torch.as_tensor(diffs).detach().to("cpu", torch.float64)
-        if indices.dim() != 1 or indices.dtype.is_floating_point or indices.dtype == torch.bool:
+        indices, diffs = _tensor("indices", indices), _tensor("directional_diffs", diffs)
+        if (indices.dim() != 1 or indices.dtype.is_floating_point or indices.dtype.is_complex
+                or indices.dtype == torch.bool):
             raise ValueError(f"Invalid indices: expected a 1-D integer tensor, got {indices.dtype} "
                              f"of shape {tuple(indices.shape)}")
-        indices = indices.to("cpu", torch.long)
+        if diffs.dtype.is_complex or diffs.dtype == torch.bool:   # a cast would drop the imaginary part / read 1.0
+            raise ValueError(f"Invalid directional_diffs: dtype {diffs.dtype} (expected real numbers)")
+        indices, diffs = indices.to("cpu", torch.long), diffs.detach().to("cpu", torch.float64)
         if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= self.num_examples):
             raise ValueError(f"Invalid indices: values must lie in [0, {self.num_examples})")
         if diffs.shape != indices.shape:
@@ -109,7 +111,7 @@ class Sampler:
         missing = {"num_examples", "seed", "generator"} - set(state)
         if missing:
             raise ValueError(f"Invalid state: missing {sorted(missing)}")
-        if state["num_examples"] != self.num_examples:
+        if check_int("num_examples", state["num_examples"]) != self.num_examples:
             raise ValueError(f"Invalid state: num_examples {state['num_examples']!r} != {self.num_examples}")
         seed = check_int("seed", state["seed"])
         generator = state["generator"]
@@ -126,6 +128,17 @@ class Sampler:
         with InterruptsDeferred():
             self.seed = checked[0]
             self._generator.set_state(checked[1])
+
+
+def _tensor(name: str, value) -> torch.Tensor:
+    """``value`` as a tensor with data on a real device, or ``ValueError("Invalid <name>")``."""
+    try:
+        tensor = torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"Invalid {name}: {type(value).__name__} (expected a 1-D tensor)") from None
+    if tensor.device.type == "meta":
+        raise ValueError(f"Invalid {name}: a tensor on the meta device (no data)")
+    return tensor
 
 
 class UniformSampler(Sampler):
@@ -166,7 +179,10 @@ class OracleSampler(Sampler):
 
     @property
     def probs(self) -> torch.Tensor:
-        norms = torch.as_tensor(self.norms_fn()).detach().to("cpu", torch.float64)
+        norms = _tensor("norms_fn", self.norms_fn())
+        if norms.dtype.is_complex or norms.dtype == torch.bool:
+            raise ValueError(f"Invalid norms_fn: it returned {norms.dtype} norms (expected real numbers)")
+        norms = norms.detach().to("cpu", torch.float64)
         if norms.shape != (self.num_examples,):
             raise ValueError(f"Invalid norms_fn: expected norms of shape ({self.num_examples},), got {tuple(norms.shape)}")
         if not bool(torch.isfinite(norms).all()) or bool((norms < 0).any()):
@@ -469,7 +485,7 @@ class _ScoredSampler(Sampler):
         hyper = self._check_hyperparameters(state["hyperparameters"])
         g = _float_array("estimates", state["estimates"], self.num_examples, high=self.ESTIMATE_MAX)
         n = _count_array(state["counts"], self.num_examples)
-        extra = self._check_extra(state["extra"], g, n)
+        extra = self._check_extra(state["extra"], g, n, hyper)
         with InterruptsDeferred():  # nothing below can fail; Ctrl-C waits until it is all written
             self._apply_base(base)
             self.__dict__.update(hyper)
@@ -484,7 +500,9 @@ class _ScoredSampler(Sampler):
         checked = type(self)(1, **hyper)  # the constructor's checks, on a throwaway instance
         return {name: getattr(checked, name) for name in expected}
 
-    def _check_extra(self, extra: dict, g: np.ndarray, n: np.ndarray) -> dict:
+    def _check_extra(self, extra: dict, g: np.ndarray, n: np.ndarray, hyper: dict) -> dict:
+        if extra:
+            raise ValueError(f"Invalid state: extra {sorted(extra)} (this rule keeps no other fields)")
         return {}
 
     def _apply_extra(self, extra: dict) -> None:
@@ -756,14 +774,22 @@ class SAZOSampler(_ScoredSampler):
         return dict(level=self.level, level_steps=self.level_steps, seen_sq=self._seen_sq,
                     seen_count=self._seen_count, since_resync=self._since_resync)
 
-    def _check_extra(self, extra: dict, g: np.ndarray, n: np.ndarray) -> dict:
+    def _check_extra(self, extra: dict, g: np.ndarray, n: np.ndarray, hyper: dict) -> dict:
+        """The scalars checked against what the update rule can produce from these estimates and counts.
+
+        Each update with observations adds 1 to ``level_steps`` and to the count of each distinct
+        index it saw, and the number of those to ``since_resync`` (set to 0, with ``seen_sq`` to the
+        exact Σ s², once it reaches N). So: level_steps ≥ every count, > 0 exactly when something
+        was seen; since_resync < N and ≤ Σ counts; and ``seen_sq`` differs from Σ s² over the seen
+        examples only by the float64 rounding of since_resync additions (``_running_sum_slack``).
+        """
         expected = set(self._extra_state())
         if set(extra) != expected:
             raise ValueError(f"Invalid state: extra {sorted(extra)} (expected {sorted(expected)})")
         seen = int((n > 0).sum())
         checked = dict(level=check_number("level", extra["level"], 0.0),
                        level_steps=check_int("level_steps", extra["level_steps"], 0),
-                       seen_sq=check_number("seen_sq", extra["seen_sq"], 0.0),
+                       seen_sq=check_number("seen_sq", extra["seen_sq"]),
                        seen_count=check_int("seen_count", extra["seen_count"], 0),
                        since_resync=check_int("since_resync", extra["since_resync"], 0))
         if checked["seen_count"] != seen:
@@ -772,13 +798,47 @@ class SAZOSampler(_ScoredSampler):
             raise ValueError("Invalid state: estimates must be 0 where counts are 0")
         if checked["since_resync"] >= self.num_examples:  # an update resyncs as soon as it reaches N
             raise ValueError(f"Invalid state: since_resync {checked['since_resync']} (expected < {self.num_examples})")
-        if checked["level_steps"] == 0 and (seen or checked["level"] != 0.0):
+        steps = checked["level_steps"]
+        if steps == 0 and (seen or checked["level"] != 0.0):
             raise ValueError("Invalid state: level_steps is 0 but examples were observed or the level is set")
+        if steps > 0 and not seen:
+            raise ValueError(f"Invalid state: level_steps {steps} but no example has a count > 0")
+        if n.size and int(n.max()) > steps:
+            raise ValueError(f"Invalid state: level_steps {steps} is below a count of {int(n.max())} "
+                             f"(each update counts an example at most once)")
+        total = int(n.astype(np.int64).sum())
+        if checked["since_resync"] > total and not (n == COUNT_MAX).any():
+            raise ValueError(f"Invalid state: since_resync {checked['since_resync']} exceeds the {total} "
+                             f"observations the counts hold")
+        square = hyper["statistic"] == "square"   # the loaded rule's, not this sampler's
+        exact, slack = _sum_of_squares(g, n, square), _running_sum_slack(checked["since_resync"], seen, square)
+        if not abs(checked["seen_sq"] - exact) <= slack:
+            raise ValueError(f"Invalid state: seen_sq {checked['seen_sq']:.6g}, but the estimates give Σ s² = "
+                             f"{exact:.6g} (the running sum can drift from it by at most {slack:.3g})")
         return checked
 
     def _apply_extra(self, extra: dict) -> None:
         self.level, self.level_steps = extra["level"], extra["level_steps"]
         self._seen_sq, self._seen_count, self._since_resync = extra["seen_sq"], extra["seen_count"], extra["since_resync"]
+
+
+def _sum_of_squares(g: np.ndarray, n: np.ndarray, square: bool) -> float:
+    """Σ s² over the examples with counts > 0, summed as ``SAZOSampler._resync`` sums it (bit for bit)."""
+    scores = g[np.flatnonzero(n > 0)].astype(np.float64)
+    scores = np.sqrt(scores) if square else scores
+    return float((scores * scores).sum())
+
+
+def _running_sum_slack(since_resync: int, seen: int, square: bool) -> float:
+    """How far rounding can move SAZO's running Σ s² from the exact sum in ``since_resync`` observations.
+
+    The largest s² a stored estimate gives is s²_max = ESTIMATE_MAX² ("abs": s = G) or ESTIMATE_MAX
+    ("square": s = sqrt(G)). Each update of k examples sums k new and k old squares, subtracts, and
+    adds the result to a running sum of at most seen·s²_max: under 5·k·seen·s²_max·u of rounding
+    (u = 2⁻⁵³), so the drift stays below 8·u·since_resync·seen·s²_max (0 right after a resync).
+    """
+    largest = SAZOSampler.ESTIMATE_MAX if square else SAZOSampler.ESTIMATE_MAX ** 2
+    return 8.0 * 2.0 ** -53 * since_resync * max(seen, 1) * largest
 
 
 # -- samplers by name -----------------------------------------------------------------------

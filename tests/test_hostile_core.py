@@ -141,6 +141,8 @@ def test_the_largest_score_the_rule_stores_still_loads_and_both_stores_agree():
     state = _warm(SAZOSampler(40, sum_tree=False)).state_dict()
     seen = state["counts"] > 0
     state["estimates"] = torch.where(seen, torch.tensor(1e30, dtype=torch.float32), state["estimates"])
+    top = float(torch.tensor(1e30, dtype=torch.float32).double())
+    state["extra"]["seen_sq"] = int(seen.sum()) * top * top   # the running sum these estimates give
     cdf, tree = SAZOSampler(40, sum_tree=False), SAZOSampler(40, sum_tree=True)
     cdf.load_state_dict(state)
     state["hyperparameters"]["sum_tree"] = True
