@@ -6,13 +6,12 @@ names the one report the lesson draws; switching the lesson to another race is t
 
     race = load_race()                  # the stored report, found from the working directory up
     race.runs["sazo"]                   # SAZO's seeds at its chosen rate (run dicts, QueryRun.to_dict())
-    ratio_rows(race)                    # uniform ÷ oracle, uniform ÷ SAZO, SAZO ÷ oracle at each target
+    ratio_table(race)                   # uniform ÷ oracle, uniform ÷ SAZO, SAZO ÷ oracle at each target
 
 Figures of the same data: ``sazo_lite.course.widgets.llm_lesson``.
 """
 from __future__ import annotations
 
-import html
 import json
 import math
 import statistics
@@ -22,9 +21,10 @@ from pathlib import Path
 from ..llm.queries import DIVERGE_FACTOR, held_out_accuracies, queries_to, ratio_bound
 from ..train import median_queries, median_ratio_interval
 from .config import benchmark_report
+from .tables import Table
 
-__all__ = ["REPORT", "SAMPLERS", "Race", "load_race", "protocol_line", "gain_by_hand", "measure_theta0", "html_table",
-           "set_rows", "queries_rows", "ratio_rows", "ratios", "walk_rows", "turn", "score_rows", "DIVERGE_FACTOR"]
+__all__ = ["REPORT", "SAMPLERS", "Race", "load_race", "protocol_line", "gain_by_hand", "measure_theta0", "set_table",
+           "queries_table", "ratio_table", "ratios", "walk_table", "turn", "score_table", "DIVERGE_FACTOR"]
 
 REPORT = "llm_opposed_race.json"          # the race notebook 06 draws (benchmarks/reference/ or this machine's)
 SAMPLERS = ("uniform", "sazo", "oracle")
@@ -133,27 +133,20 @@ def measure_theta0(race: Race) -> dict:
     return predicted_gains(grad_norms(model, batch, params), full_gradient_norm(model, batch, params))
 
 
-def html_table(header: list[str], rows: list[list]) -> str:
-    """A plain HTML table (the notebook displays it with ``IPython.display.HTML``)."""
-    cell = lambda tag, v: f"<{tag}>{html.escape(str(v))}</{tag}>"
-    head = "".join(cell("th", h) for h in header)
-    body = "".join("<tr>" + "".join(cell("td", v) for v in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def set_rows(race: Race) -> list[list[str]]:
+def set_table(race: Race) -> Table:
     """θ₀ in rows of (quantity, value): the sizes, F₀, the spread of the true norms and what it predicts."""
     d, b = race.design, race.batch_size
     norms, kinds = d["norms"], race.kinds
     spread = lambda kind: [a for a, k in zip(norms, kinds) if k == kind]
     span = lambda v: f"{statistics.median(v):.3g} [{min(v):.3g}–{max(v):.3g}]"
-    return [["N (new)", f"{race.num_examples} ({kinds.count('new')})"], ["B", str(b)],
+    return Table(["at θ₀", "value"], [["N (new)", f"{race.num_examples} ({kinds.count('new')})"], ["B", str(b)],
             ["d (tuned parameters)", f"{race.dim:,}"], ["F₀", f"{d['F0']:.4f}"],
             ["‖∇f_i‖ of the new examples, median [min–max]", span(spread("new"))],
             ["‖∇f_i‖ of the assimilated examples", span(spread("assimilated"))],
             ["V(u)/V(p*)", f"{d['v_uniform_ratio']:.2f}"], ["‖∇F‖²/V(p*)", f"{d['grad_sq_ratio']:.2f}"],
             [f"predicted uniform ÷ oracle at B = {b}", f"{d['gain'][str(b)]:.2f}"],
-            [f"δ_k against autograd at ε = {d['eps']:g}, largest error", f"{max(d['eps_relative_error']):.1%}"]]
+            [f"δ_k against autograd at ε = {d['eps']:g}, largest error", f"{max(d['eps_relative_error']):.1%}"]],
+                 caption="the set at θ₀, measured by backprop before the race")
 
 
 def _f0(run: dict) -> list[float]:
@@ -183,7 +176,7 @@ def _accuracy(runs: list[dict]) -> str:
     return f"{statistics.mean(accs):.3f} " + (f"after {max(budgets):,} queries" if budgets else "at the run's end")
 
 
-def queries_rows(race: Race) -> tuple[list[str], list[list[str]]]:
+def queries_table(race: Race) -> Table:
     """The race's table: per sampler its rate, queries to each target (median [min–max] over seeds, a miss
     counting as never), the seeds that diverged, its queries run, and held-out accuracy."""
     header = ["sampler", "rate η", *(f"queries to {t:g}·F₀" for t in race.targets), "diverged",
@@ -191,7 +184,7 @@ def queries_rows(race: Race) -> tuple[list[str], list[list[str]]]:
     rows = [[NAMES[k], f"{race.chosen_lr[k]:.3g}", *(_queries_cell(runs, t) for t in race.targets),
              f"{sum(r['diverged'] for r in runs)} of {len(runs)}", f"{max(r['queries'][-1] for r in runs):,}",
              _accuracy(runs)] for k, runs in race.runs.items()]
-    return header, rows
+    return Table(header, rows, caption="each sampler's seeds at its chosen rate: median [min–max], a miss counting as never")
 
 
 def _end(value: float) -> str:
@@ -216,10 +209,11 @@ def ratios(race: Race, target: float) -> dict[str, str]:
     return out
 
 
-def ratio_rows(race: Race) -> tuple[list[str], list[list[str]]]:
-    """The three ratios at every target, as table rows."""
+def ratio_table(race: Race) -> Table:
+    """The three ratios at every target."""
     rows = [[f"{t:g}·F₀", *ratios(race, t).values()] for t in race.targets]
-    return ["target", *(f"{NAMES[a]} ÷ {NAMES[b]}" for a, b in RATIOS)], rows
+    return Table(["target", *(f"{NAMES[a]} ÷ {NAMES[b]}" for a, b in RATIOS)], rows,
+                 caption="ratios of median queries [95% bootstrap interval over seeds]")
 
 
 def turn(run: dict) -> tuple[float, float]:
@@ -229,7 +223,7 @@ def turn(run: dict) -> tuple[float, float]:
     return losses[k], run["walk"][k]
 
 
-def walk_rows(race: Race) -> tuple[list[str], list[list[str]]]:
+def walk_table(race: Race) -> Table:
     """Per sampler: E[ĝ²], the walk at the end and where the loss was lowest, median [min–max] over seeds,
     and the walk at which each diverged seed was stopped."""
     header = ["sampler", "rate η", "E[ĝ²]", "‖θ−θ₀‖ at the end", "lowest F/F₀", "‖θ−θ₀‖ there",
@@ -241,13 +235,14 @@ def walk_rows(race: Race) -> tuple[list[str], list[list[str]]]:
         rows.append([NAMES[k], f"{race.chosen_lr[k]:.3g}", _span([r["mean_sq_step_scale"] for r in runs]),
                      _span([r["walk"][-1] for r in runs]), _span([t[0] for t in turns]), _span([t[1] for t in turns]),
                      failed])
-    return header, rows
+    return Table(header, rows, caption="the walk and the step size, median [min–max] over each sampler's seeds")
 
 
-def score_rows(run: dict) -> tuple[list[str], list[list[str]]]:
+def score_table(run: dict) -> Table:
     """A diagnosed SAZO run (``query_run(diagnose=...)``): at each diagnosed log point, how well its scores
     rank the true norms (Spearman ρ), TV(p_SAZO, p*), V(p_SAZO)/V(p*) and V(u)/V(p*)."""
     walk_at = dict(zip(run["queries"], run["walk"]))
     rows = [[f"{d['queries']:,}", f"{walk_at.get(d['queries'], float('nan')):.1f}", f"{d.get('rho', float('nan')):.2f}",
              f"{d['tv']:.2f}", f"{d['v_ratio']:.2f}", f"{d['v_uniform_ratio']:.2f}"] for d in run["diagnostics"]]
-    return ["queries", "‖θ−θ₀‖", "Spearman ρ(score, ‖∇f_i‖)", "TV(p_SAZO, p*)", "V(p_SAZO)/V(p*)", "V(u)/V(p*)"], rows
+    return Table(["queries", "‖θ−θ₀‖", "Spearman ρ(score, ‖∇f_i‖)", "TV(p_SAZO, p*)", "V(p_SAZO)/V(p*)", "V(u)/V(p*)"],
+                 rows, caption=f"SAZO's scores against the true norms (seed {run['seed']}, η = {run['lr']:.3g})")
