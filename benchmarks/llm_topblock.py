@@ -1,0 +1,165 @@
+"""SmolLM2 top-block tuning on cached activations: the long-run setting, and one diagnosed long run.
+
+The setting (``top_start``): the opposed (or homogeneous) continual set, the project's first round of
+Adam on all-layer LoRA (cached under the user cache, the same key as ``benchmarks.llm_queries``),
+merged into the weights, so θ₀ is a plain model; then LoRA r = 4 (α = 16) on q/v of the top block
+only (d = 7,680) and ``sazo_lite.llm.TopBlocks`` over the train and held-out splits (the hidden
+states entering the top block computed once). A ZO step then costs the top block's forward twice.
+
+``long_run(sampler, lr=..., steps=...)`` runs one long run for any sampler (a name of
+``sazo_lite.samplers.RACED`` or a ``sazo_lite`` sampler object for the N examples, e.g. a new score
+rule) and returns, per diagnosed log point, the training loss F/F₀, the walk ‖θ−θ₀‖, V(p)/V(p*)
+(the sampler's distribution against the true norms' p* ∝ ‖∇f_i‖, by backprop), V(u)/V(p*) and the
+Spearman ρ of the sampler's ``scores()`` against the true norms (when it has scores), plus queries to
+each target. The CLI prints that table:
+
+    python -m benchmarks.llm_topblock sazo --lr 4.24e-3 --steps 3000 [--factory mymodule:make] [--json out.json]
+
+``--factory module:function`` names ``function(n, seed) → sampler`` (then the positional name only
+labels the run). One torch thread; the first call in a fresh cache pays the first round (≈ 1–2 min).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sazo_lite.llm import add_lora, load_smollm2, restore_snapshot, snapshot, trainable_parameters
+from sazo_lite.llm.continual import cached_first_round, keep_alike, make_continual_set
+from sazo_lite.llm.queries import SAMPLERS, queries_to, query_run
+from sazo_lite.llm.topblock import TopBlocks, top_layers
+
+__all__ = ["TopSetting", "top_start", "long_run", "TARGETS"]
+
+TARGETS = (0.5, 0.3, 0.2, 0.1, 0.05)
+
+
+@dataclass
+class TopSetting:
+    """The sizes that define θ₀ and the tuned block (what a cached run's key must name)."""
+
+    set_name: str = "opposed"
+    num_train: int = 32
+    new_fraction: float = 0.125
+    num_test: int = 32
+    rank: int = 4
+    blocks: int = 1
+    setup_steps: int = 10
+
+
+def top_start(setting: TopSetting = TopSetting()):
+    """(model, params, train TopBlocks, test TopBlocks, ContinualSet) at θ₀ (see the module docstring).
+
+    "homogeneous": a pool of 2N new questions, of which the N whose top-block norms at θ₀ are closest
+    to their median (log scale) are kept (``keep_alike``): the control where every example is alike.
+    """
+    s = setting
+    model, tokenizer = load_smollm2(verbose=False)
+    model = add_lora(model, rank=s.rank, init_seed=0)
+    homogeneous = s.set_name == "homogeneous"
+    cset = make_continual_set(s.set_name, num_train=s.num_train, new_fraction=s.new_fraction, num_test=s.num_test,
+                              seed=0, pool=2 * s.num_train if homogeneous else None)
+    cached_first_round(model, trainable_parameters(model), cset, tokenizer, steps=s.setup_steps, lr=3e-3,
+                       progress=False, key=f"smollm2-r{s.rank}-n{s.num_train}-f{s.new_fraction:.3f}")
+    model = model.merge_and_unload()          # θ₀: the first round in the weights, a plain model
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model = add_lora(model, rank=s.rank, init_seed=0, layers=top_layers(model, s.blocks))
+    params = trainable_parameters(model)
+    train = TopBlocks(model, cset.task.encode(tokenizer, "train"), blocks=s.blocks)
+    if homogeneous:
+        cset = keep_alike(cset, train.grad_norms(params), s.num_train)
+        train = TopBlocks(model, cset.task.encode(tokenizer, "train"), blocks=s.blocks)
+    test = TopBlocks(model, cset.task.encode(tokenizer, "test"), blocks=s.blocks)
+    return model, params, train, test, cset
+
+
+def _factory(spec: str):
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise ValueError(f"Invalid factory: {spec!r} (expected module:function)")
+    return getattr(importlib.import_module(module), name)
+
+
+def long_run(sampler="sazo", *, lr: float, steps: int = 3000, seed: int = 0, batch_size: int = 4, eps: float = 1e-3,
+             log_every: int = 25, diagnose: int = 4, setting: TopSetting = TopSetting(), start=None,
+             walk_bound: float | None = None, targets=TARGETS, **settings) -> dict:
+    """One diagnosed long run on the SmolLM2 top-block setting; returns a dict (JSON-ready):
+
+    ``run`` (``QueryRun.to_dict()``: queries, train_loss, walk per log point, diagnostics, ...),
+    ``points``: per diagnosed log point {queries, F_over_F0, walk, v_ratio = V(p)/V(p*),
+    v_uniform_ratio = V(u)/V(p*), rho (Spearman of scores vs true norms; None without scores), tv},
+    ``queries_to``: {target: queries or None}, ``seconds``.
+
+    ``sampler``: a name ("uniform", "sazo", "oracle") or a sampler object for N examples. ``start``:
+    ``top_start(setting)``'s tuple, to reuse θ₀ across calls (θ is restored to θ₀ first and after).
+    ``diagnose``: true norms every n-th log point (each costs ≈ a dozen steps). Other keyword
+    arguments go to ``query_run`` (e.g. ``oracle_every``, ``uniform_mix``, ``stop_fraction``).
+    """
+    model, params, train, test, _ = start if start is not None else top_start(setting)
+    theta0 = snapshot(params)
+    began = time.perf_counter()
+    try:
+        run = query_run(model, params, train, sampler, lr=lr, eps=eps, batch_size=batch_size, steps=steps, seed=seed,
+                        log_every=log_every, diagnose=diagnose, test_batch=test, walk_bound=walk_bound,
+                        **settings).to_dict()
+    finally:
+        restore_snapshot(params, theta0)
+    f0 = run["train_loss"][0]
+    by_queries = dict(zip(run["queries"], zip(run["train_loss"], run["walk"])))
+    points = [{"queries": d["queries"], "F_over_F0": by_queries[d["queries"]][0] / f0, "walk": by_queries[d["queries"]][1],
+               "v_ratio": d["v_ratio"], "v_uniform_ratio": d["v_uniform_ratio"], "rho": d.get("rho"), "tv": d["tv"]}
+              for d in run["diagnostics"]]
+    return {"run": run, "points": points, "queries_to": {str(t): queries_to(run, t) for t in targets},
+            "seconds": time.perf_counter() - began}
+
+
+def print_long_run(out: dict, label: str) -> None:
+    run = out["run"]
+    print(f"{label}: lr={run['lr']:g} seed={run['seed']} steps={run['steps_run']} diverged={run['diverged']} "
+          f"F/F₀ end={run['train_loss'][-1] / run['train_loss'][0]:.3f} walk end={run['walk'][-1]:.1f} "
+          f"held-out acc={run.get('test_accuracy')} ({out['seconds']:.0f} s)")
+    print("  queries to target: " + ", ".join(f"{t}·F₀: {q}" for t, q in out["queries_to"].items()))
+    print("  queries | F/F₀ | walk | V(p)/V(p*) | V(u)/V(p*) | ρ(scores, norms)")
+    for p in out["points"]:
+        rho = "–" if p["rho"] is None else f"{p['rho']:.2f}"
+        print(f"  {p['queries']:7d} | {p['F_over_F0']:.3f} | {p['walk']:.1f} | {p['v_ratio']:.2f} | "
+              f"{p['v_uniform_ratio']:.2f} | {rho}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_topblock", description=__doc__.splitlines()[0])
+    parser.add_argument("sampler", help=f"one of {SAMPLERS}, or a label with --factory")
+    parser.add_argument("--factory", default=None, help="module:function, function(n, seed) → sampler")
+    parser.add_argument("--lr", type=float, required=True)
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--log-every", type=int, default=25)
+    parser.add_argument("--diagnose", type=int, default=4, help="true norms every n-th log point")
+    parser.add_argument("--oracle-every", type=int, default=5)
+    parser.add_argument("--walk-bound", type=float, default=None)
+    parser.add_argument("--set", default="opposed", choices=("opposed", "homogeneous"))
+    parser.add_argument("--n", type=int, default=TopSetting.num_train)
+    parser.add_argument("--stop", type=float, default=None, help="stop at this fraction of F₀")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    start = top_start(TopSetting(set_name=args.set, num_train=args.n))
+    n = len(start[2])
+    sampler = _factory(args.factory)(n, args.seed) if args.factory else args.sampler
+    out = long_run(sampler, lr=args.lr, steps=args.steps, seed=args.seed, batch_size=args.batch,
+                   log_every=args.log_every, diagnose=args.diagnose, start=start, walk_bound=args.walk_bound,
+                   oracle_every=args.oracle_every, stop_fraction=args.stop)
+    print_long_run(out, args.sampler)
+    if args.json:
+        args.json.write_text(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
