@@ -55,6 +55,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.llm_report import RESULTS, merge, print_report
+from benchmarks.llm_topblock import TARGETS, TopSetting, top_start
 from benchmarks.run_cache import RunNotCached, cached_run
 from sazo_lite.llm import add_lora, load_smollm2, restore_snapshot, snapshot, tiny_causal_lm, trainable_parameters
 from sazo_lite.llm.continual import (alike_indices, cached_first_round, keep_alike, make_continual_set,
@@ -64,10 +65,13 @@ from sazo_lite.llm.landscape import random_walk_descent
 from sazo_lite.llm.losses import TokenBatch, classification_losses
 from sazo_lite.llm.finetune import mean_loss
 from sazo_lite.llm.queries import DIVERGE_FACTOR, query_run, queries_to
+from sazo_lite.llm.topblock import TopBlocks
 from sazo_lite.llm.tuning import full_parameters
 from sazo_lite.train import best_rate, diverged, median_queries
 
-VARIANTS = ("uniform", "sazo", "oracle", "uniform+rule", "sazo+rule", "oracle+rule")
+VARIANTS = ("uniform", "sazo", "oracle", "uniform+rule", "sazo+rule", "oracle+rule", "uniform+bound", "sazo+bound",
+            "oracle+bound")
+TOP_SETS = ("top-opposed", "top-homogeneous")    # SmolLM2 top-block (cached activations): the long-run race
 ROOT2 = 2 ** 0.5
 BIG_SETS = ("balanced", "opposed")   # the sets designed for B > 1: sized by --big-n / --big-new-fraction
 
@@ -158,13 +162,31 @@ class Setting:
     accuracy_at: int | None = None       # held-out accuracy after this many queries, every run (a fixed budget)
     step_down: bool = False              # bracket from below: √2 lower while the chosen rate is the lowest tried
     oracle_accuracy: bool = True         # the oracle's runs too (False where its refreshes would make the budget hours)
+    walk_bound: float | None = None      # R of the "+bound" variants (``query_run(walk_bound=R)``)
 
 
 def settings(args) -> list[Setting]:
     """The benchmark's settings, in the order of the table."""
     out = []
     for name in args.sets:
-        if name == "continual":     # the documented case: N = 24, B = 1 (issue 28's diagnosis)
+        if name in TOP_SETS:        # the long-run race: SmolLM2 top block on cached activations, B = 4
+            kind = name.split("-")[1]
+            top = TopSetting(set_name=kind, num_train=args.top_n, new_fraction=args.top_new_fraction,
+                             num_test=args.num_test, rank=args.rank, blocks=args.top_blocks, setup_steps=args.setup_steps)
+            variants = tuple(v for v in args.top_variants if kind == "opposed" or not v.startswith("oracle"))
+            sizes = (f"N={args.top_n}, {max(1, round(args.top_new_fraction * args.top_n))} new" if kind == "opposed"
+                     else f"N={args.top_n} alike")
+            out.append(Setting(f"SmolLM2 top-block (k={args.top_blocks}) LoRA r{args.rank} {kind} ({sizes}, B={args.top_batch})",
+                               lambda top=top: top_start(top),
+                               {v: args.variant_start.get(v, args.top_start.get(v.split("+")[0], 2e-3)) for v in variants},
+                               args.top_batch, args.top_steps if kind == "opposed" else args.top_control_steps,
+                               args.top_log_every, variants=variants, cells=args.cells, grid_seeds=args.grid_seeds,
+                               variant_cells={"oracle": 1} if args.quick else {},   # the pilot: the oracle at one rate
+                               seeds=args.seeds, oracle_every=args.top_oracle_every, diagnose=args.diagnose_every,
+                               cost=1.0 if kind == "opposed" else 0.6, oracle_cost=2.5, budget_runs=False,
+                               select_target=args.top_select, accuracy_at=args.top_accuracy_at or None,
+                               step_down=True, walk_bound=args.walk_bound))
+        elif name == "continual":     # the documented case: N = 24, B = 1 (issue 28's diagnosis)
             out.append(Setting(f"SmolLM2 LoRA r{args.rank} continual (N={args.num_train}, B=1)",
                                lambda: smollm2_start("continual", args),
                                {"uniform": 5e-4, "sazo": 5e-4, "oracle": 1.41e-3} if args.quick else
@@ -220,8 +242,36 @@ def settings(args) -> list[Setting]:
     return out
 
 
+def top_design(params, train: TopBlocks, eps: float, cset=None, draws: int = 3) -> dict:
+    """``design_at_theta0`` for a top-block objective: true norms, ‖∇F‖ and δ_k's error by autograd."""
+    norms = train.grad_norms(params)
+    grads = torch.autograd.grad(train.losses(range(len(train)), grad=True).mean(), params)
+    design = predicted_gains(norms, float(sum(float(g.double().pow(2).sum()) for g in grads) ** 0.5))
+    check = sorted(set(cset.new[:3]) | set(cset.assimilated[:3])) if cset is not None and cset.new else [0, 1, 2]
+    per_example = [torch.autograd.grad(train.losses([i], grad=True).sum(), params) for i in check]
+    generator, errors, theta = torch.Generator().manual_seed(0), torch.zeros(len(check), dtype=torch.float64), snapshot(params)
+    for _ in range(draws):
+        z = [torch.randn(p.shape, generator=generator) for p in params]
+        with torch.no_grad():
+            for p, d in zip(params, z):
+                p.add_(d, alpha=eps)
+            plus = train.losses(check).double()
+            for p, d in zip(params, z):
+                p.add_(d, alpha=-2 * eps)
+            minus = train.losses(check).double()
+        restore_snapshot(params, theta)
+        exact = torch.tensor([sum(float((g.double() * d.double()).sum()) for g, d in zip(gs, z)) for gs in per_example])
+        errors += ((plus - minus) / (2 * eps) - exact) ** 2
+    relative = ((errors / draws).sqrt() / norms[check].clamp_min(1e-30)).tolist()
+    design.update(norms=norms.tolist(), eps=eps, eps_checked=check, eps_relative_error=relative,
+                  new=list(cset.new) if cset is not None else [], F0=train.mean_loss())
+    return design
+
+
 def design_at_theta0(model, params, train, eps: float, cset=None) -> dict:
     """The set, measured from true norms at θ₀ before any race: heterogeneity, alignment, predicted gains, ε."""
+    if isinstance(train, TopBlocks):
+        return top_design(params, train, eps, cset)
     norms = grad_norms(model, train, params)
     design = predicted_gains(norms, full_gradient_norm(model, train, params))
     check = list(range(min(3, len(train))))
@@ -309,7 +359,9 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
         settings = dict(lr=lr, seed=seed, eps=args.eps, batch_size=setting.batch, steps=steps or setting.steps,
                         log_every=setting.log_every, oracle_every=oracle_every or setting.oracle_every,
                         oracle_mix=args.oracle_mix, stop_fraction=deepest if stop else None, diagnose=diagnose,
-                        perturbation=setting.perturbation, step_rule=bool(rule), accuracy_at=accuracy_at)
+                        perturbation=setting.perturbation, step_rule=rule == "rule", accuracy_at=accuracy_at)
+        if rule == "bound":      # only then in the key: the cached runs of every other variant keep theirs
+            settings["walk_bound"] = setting.walk_bound
         r = cached_run(args.run_cache, {"setting": setting.label, "theta0": theta0_key(args), "sampler": sampler,
                                         **settings},
                        lambda: run_from(theta0, model, params, train, test, sampler, **settings),
@@ -490,15 +542,37 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_queries", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="pilot (minutes; docs/llm.md gives the measured time): the continual set only, 1 seed, 2 rates for uniform and SAZO (1 for the oracle) from the diagnosis's, 120 steps")
-    parser.add_argument("--sets", nargs="*", default=["continual"],
-                        help="raced SmolLM2 sets (add 'homogeneous' for SmolLM2's control at B = 4, 'opposed' or "
-                             "'balanced' for the B = 4 race on N = 192: hours on 2 CPU cores)")
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
+    parser.add_argument("--sets", nargs="*", default=list(TOP_SETS),
+                        help="raced SmolLM2 sets: the default is the long-run race on the top block (top-opposed) and "
+                             "its homogeneous control (top-homogeneous); opt-in: 'continual' (B = 1, all-layer LoRA), "
+                             "'homogeneous', 'opposed' or 'balanced' (all-layer LoRA, B = 4, N = 192: hours on 2 CPU cores)")
+    parser.add_argument("--top-n", type=int, default=TopSetting.num_train, help="N of the top-block sets")
+    parser.add_argument("--top-new-fraction", type=float, default=TopSetting.new_fraction)
+    parser.add_argument("--top-blocks", type=int, default=TopSetting.blocks, help="k, the tuned top blocks")
+    parser.add_argument("--top-batch", type=int, default=4)
+    parser.add_argument("--top-steps", type=int, default=3000, help="top-opposed: steps cap of a run")
+    parser.add_argument("--top-control-steps", type=int, default=1500, help="top-homogeneous: steps cap of a run")
+    parser.add_argument("--top-log-every", type=int, default=25)
+    parser.add_argument("--top-oracle-every", type=int, default=5,
+                        help="top-block oracle: true norms refreshed every k steps (V(p_stale)/V(p*) is reported)")
+    parser.add_argument("--top-select", type=float, default=0.1,
+                        help="top-block sets: the fraction of F₀ the median rule counts queries to")
+    parser.add_argument("--top-accuracy-at", type=int, default=8000,
+                        help="top-block sets: held-out accuracy after this many queries in every run (0: none)")
+    parser.add_argument("--top-variants", nargs="+", default=["uniform", "sazo", "oracle"], choices=VARIANTS,
+                        help="the samplers raced on the top-block sets (+bound: with the walk bound --walk-bound)")
+    parser.add_argument("--top-start", nargs="*", default=["uniform=6e-3", "sazo=6e-3", "oracle=1.2e-2"],
+                        metavar="SAMPLER=RATE", help="top-block sets: each sampler's first grid rate (where 800-step "
+                        "scans placed them: uniform diverged at 1.2e-2, the oracle did not)")
+    parser.add_argument("--walk-bound", type=float, default=None,
+                        help="R of the +bound variants: θ is projected onto ‖θ−θ₀‖ ≤ R after every step")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS[:6]), choices=VARIANTS,
                         help="the samplers raced on the opposed and balanced sets (+rule: with the step rule)")
     parser.add_argument("--measure-sets", nargs="*", default=[],
                         help="sets whose θ₀ design (V(u)/V(p*), ‖∇F‖²/V(p*)) is measured without runs")
-    parser.add_argument("--targets", type=float, nargs=2, default=[0.5, 0.4],
-                        help="fractions of F(θ₀) (the deeper: the oracle's continual runs diverge on the way to 0.3)")
+    parser.add_argument("--targets", type=float, nargs="+", default=None,
+                        help="fractions of F(θ₀) (default: 0.5 0.3 0.2 0.1 0.05 with a top-block set, else 0.5 0.4: the "
+                             "oracle's continual runs diverge on the way to 0.3)")
     parser.add_argument("--diagnose-every", type=int, default=4, help="SAZO diagnostics every n-th log point")
     parser.add_argument("--seeds", type=int, default=5, help="seeds at the chosen rates")
     parser.add_argument("--grid-seeds", type=int, default=3, help="seeds per grid rate (the median rule)")
@@ -551,11 +625,12 @@ def parse_args(argv=None):
                         help="continual set: the fresh oracle's grid (each run pays one backprop over N per step)")
     parser.add_argument("--accuracy-at", type=int, default=100,
                         help="continual set: held-out accuracy after this many queries, every run")
-    parser.add_argument("--tiny", nargs="*", default=["llama", "gpt2", "opt", "qwen2"])
+    parser.add_argument("--tiny", nargs="*", default=[],
+                        help="tiny families of the does-not-lose check (opt-in: llama gpt2 opt qwen2)")
     parser.add_argument("--tiny-n", type=int, default=32)
     parser.add_argument("--tiny-variants", nargs="+", default=["uniform", "sazo"], choices=("uniform", "sazo", "oracle"))
     parser.add_argument("--tiny-steps", type=int, default=1000)
-    parser.add_argument("--tiny-homogeneous", nargs="*", default=["llama"], help="families of the tiny homogeneous control")
+    parser.add_argument("--tiny-homogeneous", nargs="*", default=[], help="families of the tiny homogeneous control (opt-in: llama)")
     parser.add_argument("--tiny-homogeneous-n", type=int, default=8, help="N of the tiny homogeneous control (0: skip it)")
     parser.add_argument("--tiny-homogeneous-steps", type=int, default=2000)
     parser.add_argument("--tiny-homogeneous-start", type=float, default=1.41e-4)
@@ -573,10 +648,12 @@ def parse_args(argv=None):
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)     # "k/J": run job k of J
     parser.add_argument("--partial", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.quick:   # the pilot: where the diagnosis found each sampler's rate, 1 seed, 2 rates (the oracle 1), to 0.5·F₀
-        args.sets, args.grid_seeds, args.seeds, args.cells, args.targets = ["continual"], 1, 1, 2, [0.7, 0.5]
-        args.steps, args.stale_every, args.tiny, args.measure_sets, args.full_start = min(args.steps, 120), 0, [], [], 0.0
-        args.tiny_homogeneous = []
+    if args.targets is None:
+        args.targets = list(TARGETS) if set(args.sets) & set(TOP_SETS) else [0.5, 0.4]
+    if args.quick:   # the pilot: the top-block race, 1 seed, 2 rates a sampler from the reference race's, shorter runs
+        args.sets, args.grid_seeds, args.seeds, args.cells, args.targets = ["top-opposed"], 1, 1, 2, [0.5, 0.3, 0.2]
+        args.top_steps, args.stale_every, args.tiny, args.measure_sets, args.full_start = 800, 0, [], [], 0.0
+        args.tiny_homogeneous, args.top_select, args.top_accuracy_at = [], 0.3, 0
     if args.jobs < 1 or args.seeds < 1 or args.steps < 1 or args.grid_seeds < 1 or args.cells < 1:
         parser.error("--jobs, --seeds, --grid-seeds, --cells and --steps must be ≥ 1")
     args.targets = sorted(args.targets, reverse=True)
@@ -590,6 +667,12 @@ def parse_args(argv=None):
         args.only_run = sorted({(f"{float(rate):g}", int(seed)) for rate, seed in (item.split(":") for item in args.only_run)})
     except ValueError:
         parser.error(f"--only-run takes RATE:SEED pairs, got {args.only_run}")
+    try:
+        args.top_start = {name: float(rate) for name, rate in (item.split("=") for item in args.top_start)}
+    except ValueError:
+        parser.error(f"--top-start takes SAMPLER=RATE pairs, got {args.top_start}")
+    if any(v.endswith("+bound") for v in args.top_variants) and not args.walk_bound:
+        parser.error("the +bound variants need --walk-bound R")
     if not all(v in VARIANTS and r > 0 for v, r in args.variant_start.items()):
         parser.error(f"--variant-start: variants are {VARIANTS}, rates > 0 (got {args.variant_start})")
     return args

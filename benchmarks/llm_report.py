@@ -74,16 +74,21 @@ def summarise(setting: dict, targets=(0.5, 0.3)) -> list[str]:
         diverged_count = sum(r["diverged"] for r in runs)
         chosen = setting["chosen_lr"].get(variant.split(" ")[0], setting["chosen_lr"].get(variant))
         edge = grid_edge(chosen, setting["grid"].get(variant, {})) if variant in setting["grid"] else ""
-        rows.append(f"| {setting['label']} | {variant} | {chosen:g}{edge} | {cells[0]} | {cells[1]} | {walks} | "
+        rows.append(f"| {setting['label']} | {variant} | {chosen:g}{edge} | {' | '.join(cells)} | {walks} | "
                     f"{top_g} | {top_w} | {moment} | {acc} | {len(runs)}"
                     f"{f' ({diverged_count} diverged, walk {failed_walk})' if diverged_count else ''} |")
     ratios, bounds = {}, {}
     for t in targets:
-        for suffix in ("", "+rule"):
+        for suffix in ("", "+rule", "+bound"):
             u, s, o = (med.get((f"{name}{suffix}", t)) for name in ("uniform", "sazo", "oracle"))
             ratios[f"uniform/oracle{suffix}@{t}"] = u / o if u and o else None
             ratios[f"uniform/sazo{suffix}@{t}"] = u / s if u and s else None
             ratios[f"sazo/oracle{suffix}@{t}"] = s / o if s and o else None
+        for name in ("uniform", "sazo", "oracle"):
+            for suffix in ("+rule", "+bound"):
+                base, ruled = med.get((name, t)), med.get((f"{name}{suffix}", t))
+                if (name, t) in med and (f"{name}{suffix}", t) in med:
+                    ratios[f"{name}/{name}{suffix}@{t}"] = base / ruled if base and ruled else None
         base, ruled = med.get(("sazo", t)), med.get(("sazo+rule", t))
         ratios[f"sazo/sazo+rule@{t}"] = base / ruled if base and ruled else None
         for key in [k for k in ratios if k.endswith(f"@{t}") and ratios[k] is None]:
@@ -123,9 +128,9 @@ def print_report(report: dict) -> None:
     """The table (median [min–max] over seeds), the θ₀ design and the ratios, from a report dict."""
     a = report["args"]
     targets = a.get("targets", [0.5, 0.3])
-    header = [f"| setting | sampler | lr | queries to {targets[0]:g}·F₀ | queries to {targets[1]:g}·F₀ | ‖θ−θ₀‖ at the end "
+    header = ["| setting | sampler | lr | " + " | ".join(f"queries to {t:g}·F₀" for t in targets) + " | ‖θ−θ₀‖ at the end "
               "| max |ĝ| | max w | E[ĝ²] | held-out acc. (95% CI; after a fixed budget where one is given) | seeds |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---" * (9 + len(targets)) + "|"]
     rows = [row for s in report["settings"] for row in summarise(s, targets)]
     print(f"\n{report['date']} · {report['machine']} · ε={a['eps']}, runtime {report['runtime_s'] / 60:.1f} min"
           f"{' (sum of the merged parts)' if report.get('merged_from') else ''}")
@@ -156,7 +161,12 @@ def print_report(report: dict) -> None:
             print(f"    @{t:g}·F₀: uniform÷oracle={ratio_text(s, 'uniform', 'oracle', t)}, "
                   f"uniform÷SAZO={ratio_text(s, 'uniform', 'sazo', t)}, SAZO÷oracle={ratio_text(s, 'sazo', 'oracle', t)}"
                   + (f" | with the step rule: uniform÷SAZO={fmt(r.get(f'uniform/sazo+rule@{t}'))}, "
-                     f"SAZO÷SAZO+rule={fmt(r.get(f'sazo/sazo+rule@{t}'))}" if f"sazo+rule" in s["runs"] else ""))
+                     f"SAZO÷SAZO+rule={fmt(r.get(f'sazo/sazo+rule@{t}'))}" if f"sazo+rule" in s["runs"] else "")
+                  + (f" | with the walk bound: uniform÷SAZO={ratio_text(s, 'uniform+bound', 'sazo+bound', t)}, "
+                     f"SAZO÷oracle={ratio_text(s, 'sazo+bound', 'oracle+bound', t)}, "
+                     + ", ".join(f"{v}÷{v}+bound={ratio_text(s, v, v + '+bound', t)}" for v in ("uniform", "sazo", "oracle")
+                                 if f"{v}+bound" in s["runs"])
+                     if any(k.endswith("+bound") for k in s["runs"]) else ""))
             if "homogeneous" in s["label"] and r.get(f"uniform/sazo@{t}"):
                 print(f"      homogeneous: SAZO÷uniform={1 / r[f'uniform/sazo@{t}']:.2f} "
                       f"(interval: 1 ÷ uniform÷SAZO's {ratio_text(s, 'uniform', 'sazo', t)})")

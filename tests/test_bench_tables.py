@@ -160,10 +160,18 @@ def test_the_pilot_gives_the_oracle_one_rate_and_the_other_samplers_two():
     (setting,) = llm_queries.settings(llm_queries.parse_args(["--quick"]))
     cells = {v: setting.variant_cells.get(v, setting.cells) for v in setting.variants}
     assert cells == {"uniform": 2, "sazo": 2, "oracle": 1}
-    assert setting.starts["oracle"] == pytest.approx(1.41e-3)     # the diagnosis's best fresh-oracle rate
-    assert setting.select_target is None and setting.accuracy_at is None   # rates by the deeper target, 0.5·F₀
-    full = llm_queries.settings(llm_queries.parse_args([]))[0]       # the full protocol climbs: the oracle's grid
-    assert full.variant_cells == {"oracle": 2} and full.cells == 6 and full.accuracy_at == 100   # is short (cost)
+    assert setting.label.startswith("SmolLM2 top-block") and setting.batch == 4 and setting.steps == 800
+    assert setting.select_target == 0.3 and setting.accuracy_at is None
+    full = llm_queries.settings(llm_queries.parse_args([]))        # make bench-llm: the long race and its control
+    assert [s.label.split(" ")[5] for s in full] == ["opposed", "homogeneous"]
+    assert full[0].variants == ("uniform", "sazo", "oracle") and full[1].variants == ("uniform", "sazo")
+    assert full[0].batch >= 4 and full[0].steps * full[0].batch >= 300 * 32 and full[0].accuracy_at == 8000
+    assert llm_queries.parse_args([]).targets == [0.5, 0.3, 0.2, 0.1, 0.05]
+    assert llm_queries.parse_args(["--sets", "continual"]).targets == [0.5, 0.4]     # the old races unchanged
+    with pytest.raises(SystemExit):          # a bound variant without its radius
+        llm_queries.parse_args(["--top-variants", "uniform+bound"])
+    bound = llm_queries.settings(llm_queries.parse_args(["--top-variants", "uniform", "uniform+bound", "--walk-bound", "8"]))
+    assert bound[0].walk_bound == 8.0 and bound[0].variants == ("uniform", "uniform+bound")
 
 
 def test_long_runs_are_named_sampler_rate_seed_and_a_bad_name_is_refused():
@@ -286,7 +294,7 @@ def test_the_tiny_homogeneous_control_keeps_alike_examples_and_the_families_sets
     pool = TokenBatch(ids[:16], [8] * 16, 0, torch.randint(0, 3, (32,), generator=g)[:16], torch.tensor([5, 9, 17]))
     assert len(control) == 8 and set(map(tuple, control.ids)) < set(map(tuple, pool.ids))
     assert alike < 1.005 < heterogeneity(grad_norms(model, pool, params))    # the kept half is more alike at θ₀
-    labels = [s.label for s in llm_queries.settings(llm_queries.parse_args([]))]
+    labels = [s.label for s in llm_queries.settings(llm_queries.parse_args(["--tiny-homogeneous", "llama"]))]
     assert any("homogeneous" in label and label.startswith("tiny llama") for label in labels)
     assert not any("homogeneous" in label for label in
                    (s.label for s in llm_queries.settings(llm_queries.parse_args(["--quick"]))))
@@ -463,7 +471,8 @@ def test_a_grid_that_starts_past_the_edge_steps_down_until_the_chosen_rate_is_br
     else:             # the climb alone never places this sampler
         assert list(out["grid"]["oracle"]) == ["0.00141"] and out["chosen_lr"]["oracle"] == 1.41e-3
     assert llm_queries.settings(llm_queries.parse_args(["--sets", "opposed", "--tiny", "--tiny-homogeneous"]))[0].step_down
-    assert not any(s.step_down for s in llm_queries.settings(llm_queries.parse_args([])))   # make bench-llm unchanged
+    assert not any(s.step_down for s in llm_queries.settings(llm_queries.parse_args(["--sets", "continual", "--tiny", "llama"])))
+    assert all(s.step_down for s in llm_queries.settings(llm_queries.parse_args([])))   # make bench-llm: the top-block race
 
 
 def test_the_step_down_stops_at_a_rate_that_missed_by_being_too_slow(monkeypatch, tmp_path):
