@@ -14,6 +14,7 @@ Spearman ρ of the sampler's ``scores()`` against the true norms (when it has sc
 each target. The CLI prints that table:
 
     python -m benchmarks.llm_topblock sazo --lr 4.24e-3 --steps 3000 [--factory mymodule:make] [--json out.json]
+    python -m benchmarks.llm_topblock cost --lr 1 --cost      # a step's cost: top-block ÷ all-layer LoRA
 
 ``--factory module:function`` names ``function(n, seed) → sampler`` (then the positional name only
 labels the run). One torch thread; the first call in a fresh cache pays the first round (≈ 1–2 min).
@@ -148,8 +149,19 @@ def main(argv=None) -> None:
     parser.add_argument("--n", type=int, default=TopSetting.num_train)
     parser.add_argument("--stop", type=float, default=None, help="stop at this fraction of F₀")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--cost", action="store_true",
+                        help="measure a step's cost instead: top-block against all-layer LoRA (ratio in one run)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.cost:
+        out = step_cost(batch_size=args.batch)
+        print(f"MeZO step at B={out['B']}, one thread: top-block LoRA {1000 * out['top_block']:.0f} ms "
+              f"(d={out['top_parameters']}), all-layer LoRA {1000 * out['all_layer']:.0f} ms (d={out['all_parameters']}): "
+              f"{out['ratio']:.1f}× cheaper; cache of N={out['N']} {out['cache_s']:.1f} s; true norms of all N "
+              f"{1000 * out['norms_s']:.0f} ms")
+        if args.json:
+            args.json.write_text(json.dumps(out))
+        return
     start = top_start(TopSetting(set_name=args.set, num_train=args.n))
     n = len(start[2])
     sampler = _factory(args.factory)(n, args.seed) if args.factory else args.sampler
@@ -159,6 +171,48 @@ def main(argv=None) -> None:
     print_long_run(out, args.sampler)
     if args.json:
         args.json.write_text(json.dumps(out))
+
+
+def step_cost(*, steps: int = 8, batch_size: int = 4, rounds: int = 2) -> dict:
+    """Seconds per MeZO step on the opposed set at B = ``batch_size``: top-block LoRA on cached
+    activations against all-layer LoRA on the whole model (same rank, q/v), measured alternately in one
+    process (``rounds`` × ``steps`` steps each; medians), so the ratio survives a noisy machine."""
+    import statistics
+
+    from sazo_lite.engine import MeZO
+    from sazo_lite.llm.losses import batched_closure
+
+    model, tokenizer = load_smollm2(verbose=False)
+    cset = make_continual_set("opposed", num_train=32, new_fraction=0.125, num_test=4, seed=0)
+    batch = cset.task.encode(tokenizer, "train")
+    base = model
+    for p in base.parameters():
+        p.requires_grad_(False)
+    top_model = add_lora(base, rank=4, init_seed=0, layers=top_layers(base, 1))
+    top_params = trainable_parameters(top_model)
+    began = time.perf_counter()
+    top = TopBlocks(top_model, batch)
+    cache_s = time.perf_counter() - began
+    wrapped = add_lora(load_smollm2(verbose=False)[0], rank=4, init_seed=0)
+    all_params, full = trainable_parameters(wrapped), batched_closure(wrapped, batch)
+    g = torch.Generator().manual_seed(0)
+    times = {"top_block": [], "all_layer": []}
+    optimizers = {"top_block": (MeZO(top_params, lr=1e-3, eps=1e-3), top),
+                  "all_layer": (MeZO(all_params, lr=1e-5, eps=1e-3), full)}
+    for _ in range(rounds):
+        for name, (optimizer, losses) in optimizers.items():
+            for _ in range(steps):
+                index = torch.randint(0, len(batch), (batch_size,), generator=g)
+                start = time.perf_counter()
+                optimizer.step(lambda: losses(index))
+                times[name].append(time.perf_counter() - start)
+    out = {name: statistics.median(t) for name, t in times.items()}
+    began = time.perf_counter()
+    top.grad_norms(top_params)
+    out.update(ratio=out["all_layer"] / out["top_block"], cache_s=cache_s, norms_s=time.perf_counter() - began,
+               top_parameters=sum(p.numel() for p in top_params), all_parameters=sum(p.numel() for p in all_params),
+               N=len(batch), B=batch_size, threads=torch.get_num_threads())
+    return out
 
 
 if __name__ == "__main__":
