@@ -18,8 +18,8 @@ from sazo_lite.llm.topblock import TopBlocks, decoder_layers, top_block_paramete
 def padded_batch(n: int = 7, vocab: int = 64, seed: int = 0) -> TokenBatch:
     """Examples of different lengths (right padding inside every selection), 2 classes."""
     g = torch.Generator().manual_seed(seed)
-    ids = [torch.randint(3, vocab, (int(torch.randint(3, 10, (1,), generator=g)),), generator=g).tolist()
-           for _ in range(n)]
+    lengths = [3 + (5 * k + seed) % 7 for k in range(n)]          # 3 … 9 tokens: every selection is padded
+    ids = [torch.randint(3, vocab, (length,), generator=g).tolist() for length in lengths]
     return TokenBatch(ids, [len(r) for r in ids], 0, torch.randint(0, 2, (n,), generator=g), torch.tensor([5, 9]))
 
 
@@ -44,6 +44,7 @@ INDICES = [5, 0, 3, 6]     # unsorted, a subset whose padded width differs from 
 def test_losses_equal_the_full_model_with_zero_and_nonzero_adapters(family, blocks):
     model, params = lora_top(family, blocks)
     batch = padded_batch()
+    assert len({len(r) for r in batch.ids}) > 3
     top = TopBlocks(model, batch, blocks=blocks)
     assert torch.allclose(top(INDICES), classification_losses(model, batch, INDICES), atol=1e-5, rtol=0)
     jiggle(params)                       # nonzero B: the adapters change the losses, the cache stays valid
