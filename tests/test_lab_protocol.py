@@ -133,14 +133,42 @@ def test_score_never_raises_and_a_rule_finding_zeroes_the_question():
     assert scored["score"] == 0 and "oracle_probs" in scored["cases"][0]["message"]
 
 
-def test_cells_belong_to_the_question_checked_below_them(tmp_path):
+def _ownership(tmp_path, sources, graded=None, questions=("q1", "q2", "q3")):
     import nbformat
 
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(s) for s in ("a = 1", "b = 2", 'grader.check("q1")', "c = 3",
-                                                        'grader.check("q2")', "d = 4")]
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
     nbformat.write(nb, tmp_path / "n.ipynb")
-    assert grading.cell_questions(tmp_path / "n.ipynb") == {0: "q1", 1: "q1", 2: "q1", 3: "q2", 4: "q2", 5: "q2"}
+    return grading.cell_questions(tmp_path / "n.ipynb", graded, list(questions))
+
+
+def test_cells_belong_to_the_question_checked_below_them(tmp_path):
+    owners = _ownership(tmp_path, ["a = 1", "b = 2", 'grader.check("q1")', "c = 3", 'grader.check("q2")', "d = 4"])
+    assert owners == {0: ["q1"], 1: ["q1"], 2: ["q1"], 3: ["q2"], 4: ["q2"], 5: ["q3"]}  # below the last: the last question
+
+
+def test_check_cells_a_submission_adds_or_moves_count_for_nothing(tmp_path):
+    """Issue 42 hole 3: an extra `grader.check("q1")` after q3's answer must not make that answer q1's."""
+    sources = ["a = 1", 'grader.check("q1")', "b = 2", 'grader.check("q2")', "c = 3", 'grader.check("q1")',
+               'grader.check("q3")', 'grader.check("q2")', "d = 4"]
+    owners = _ownership(tmp_path, sources)
+    assert owners[4] == ["q3"] and owners[2] == ["q2"] and owners[0] == ["q1"] and owners[8] == ["q3"], owners
+    early = _ownership(tmp_path, ['grader.check("q3")', "x = 1", 'grader.check("q1")'])  # a check moved to the top
+    assert early[1] == ["q3"]
+
+
+def test_a_cell_that_binds_graded_names_belongs_to_their_questions(tmp_path):
+    graded = {"q1": ["lab_f"], "q2": ["lab_g", "lab_h"], "q3": ["lab_h"]}
+    sources = ["def lab_f(x):\n    return x", 'grader.check("q1")',
+               "import sazo_lite\nlab_h = 3\nfor i in range(2):\n    lab_g = i", 'grader.check("q2")',
+               'grader.check("q1")\ndef lab_f(x):\n    return 2 * x',   # an added check cell that rebinds q1's answer
+               "class lab_g:\n    pass", "y = lab_f(1)"]
+    owners = _ownership(tmp_path, sources, graded)
+    assert owners[0] == ["q1"] and owners[2] == ["q2", "q3"] and owners[4] == ["q1"] and owners[5] == ["q2"]
+    assert owners[6] == ["q3"], owners
+    assert grading.bound_names("def f():\n    x = 1\n    global y\n    y = 2\n(z := 3)\nimport a.b as c, d.e") \
+        == {"f", "y", "z", "c", "d"}
+    assert grading.bound_names("this is not python") == set()
 
 
 GUARD = r"""
@@ -150,7 +178,7 @@ from sazo_lite.course.labs.guard import Guard
 namespace = {"__name__": "__main__", "__builtins__": __builtins__, "torch": torch, "sazo_lite": sazo_lite}
 found = []
 guard = Guard(["sazo_lite.course", "sazo_lite.samplers"], ["sazo_lite.Sampler", "sazo_lite.course.pick"], namespace,
-              lambda name, how: found.append([name, how]))
+              lambda name, how, unit=None: found.append([name, how]))
 guard.install()
 results = {}
 def cell(name, source, call=None):

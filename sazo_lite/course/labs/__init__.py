@@ -22,8 +22,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
-import json
+import hashlib
+import io
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -31,10 +33,11 @@ import sys
 import threading
 from pathlib import Path
 
+from sazo_lite.atomic import write_bytes, write_json, write_text
 from sazo_lite.course.labs.values import record
 
 __all__ = ["LabTimeout", "time_limit", "record", "find_masters", "assign", "assign_all", "autograder_zip",
-           "grade", "grade_all", "main"]
+           "grade", "grade_all", "safe_name", "main"]
 
 # The repository (editable install); from an installed copy, the current directory.
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -112,8 +115,8 @@ def assign(master: Path, build_dir: Path = BUILD_DIR) -> Path:
     Returns:
         The output folder. Old output is removed first (the zip name carries a timestamp).
     """
-    master = Path(master)
-    out = Path(build_dir) / master.stem
+    master = Path(master).resolve()   # otter runs in the master's folder: every path absolute
+    out = Path(build_dir).resolve() / master.stem
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "otter", "assign", "--no-pdfs", str(master), str(out)]
@@ -140,11 +143,41 @@ def autograder_zip(lab: str, build_dir: Path = BUILD_DIR, labs_dir: Path = LABS_
     if path.suffix == ".zip" and path.exists():
         return path
     master = resolve_master(lab, labs_dir)
-    zips = sorted((Path(build_dir) / master.stem / "autograder").glob("*-autograder_*.zip"))
+    zips = _zips(Path(build_dir) / master.stem)
     if not zips:
         assign(master, build_dir)
-        zips = sorted((Path(build_dir) / master.stem / "autograder").glob("*-autograder_*.zip"))
+        zips = _zips(Path(build_dir) / master.stem)
     return zips[-1]
+
+
+def _zips(out: Path) -> list[Path]:
+    return sorted((Path(out) / "autograder").glob("*-autograder_*.zip"))
+
+
+def safe_name(stem: str) -> str:
+    """A folder name for a submission's results: letters, digits, ``_``, ``-`` and inner dots only,
+    never empty, ``.`` or ``..``; a name that had to change gets a short hash of the original (so
+    ``a b`` and ``a_b`` stay apart).
+
+    Example:
+        >>> safe_name("alice"), safe_name("..")[:10], safe_name("../x")[:4]
+        ('alice', 'submission', 'x-')
+    """
+    name = "".join(c if c.isalnum() or c in "_-." else "_" for c in str(stem)).strip(".")[:80] or "submission"
+    if name != stem:
+        digest = hashlib.sha256(str(stem).encode("utf-8", "surrogateescape")).hexdigest()[:8]
+        name = f"{name.strip('_') or 'submission'}-{digest}"
+    return name
+
+
+def _inside(folder: Path, name: str) -> Path:
+    """``folder / name``, checked to be a child of ``folder`` (no link or name leads elsewhere)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    if path.is_symlink() or path.resolve().parent != folder.resolve():
+        raise ValueError(f"Invalid output folder: {name!r} would not stay inside {folder}")
+    return path
 
 
 # -- grading -------------------------------------------------------------------------------
@@ -176,7 +209,7 @@ def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout:
     from sazo_lite.course.labs import grading
 
     submission, autograder, output_dir = Path(submission), Path(autograder), Path(output_dir)
-    if not submission.exists():
+    if not os.path.lexists(submission):
         raise ValueError(f"Invalid submission: {submission} does not exist")
     if not autograder.exists():
         raise ValueError(f"Invalid autograder: {autograder} does not exist (run `make labs`)")
@@ -188,27 +221,30 @@ def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout:
     output_dir.mkdir(parents=True, exist_ok=True)
     for name in ("results.json", "score.json"):
         (output_dir / name).unlink(missing_ok=True)
+    rule = None
     config, questions = grading.load_tests(autograder)
     if expected is None:  # the solutions get at least the default limits, whatever this submission gets
         expected = grading.reference(autograder, require=sandbox, **_reference_limits(timeouts))
     # From here on nothing the submission does may stop this function from writing its files.
     outcome, reason = {"cases": {}, "skipped": [], "status": "failed", "sandbox": None, "rules": {}}, None
-    with open(output_dir / "grade.log", "w") as log:
+    log = io.StringIO()  # written with the scores, at the end
+    rule = grading.lab_rule(config)
+    try:
+        notebook = grading.read_notebook(submission)  # a regular file, never a link's target
+        cells = grading.notebook_cells(notebook, config)
+        owners = grading.cell_questions(notebook, (rule or {}).get("graded"), questions)
+    except Exception as exc:  # not a notebook (or not a file)
+        reason = f"cannot read {submission.name} as a notebook: {type(exc).__name__}: {str(exc)[:300]}"
+        log.write(f"[grader] {reason}\n")
+        cells = None
+    if cells is not None:
         try:
-            cells = grading.notebook_cells(submission, config)
-            owners = grading.cell_questions(submission)
-        except Exception as exc:  # not a notebook
-            reason = f"cannot read {submission.name} as a notebook: {type(exc).__name__}: {str(exc)[:300]}"
+            outcome = grading.run(cells, questions, log=log, require=sandbox, rule=rule,
+                                  owners=owners, **timeouts)
+        except Exception as exc:  # the grader's own failure on this submission: say so, score what we have
+            reason = f"grading stopped: {type(exc).__name__}: {str(exc)[:300]}"
             log.write(f"[grader] {reason}\n")
-            cells = None
-        if cells is not None:
-            try:
-                outcome = grading.run(cells, questions, log=log, require=sandbox, rule=grading.lab_rule(config),
-                                      owners=owners, **timeouts)
-            except Exception as exc:  # the grader's own failure on this submission: say so, score what we have
-                reason = f"grading stopped: {type(exc).__name__}: {str(exc)[:300]}"
-                log.write(f"[grader] {reason}\n")
-                outcome = {**outcome, "status": "error"}
+            outcome = {**outcome, "status": "error"}
     try:
         scored = grading.score(questions, outcome, expected)
     except Exception as exc:
@@ -218,13 +254,15 @@ def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout:
     if reason is None and outcome["status"] in ("crashed", "timeout"):
         reason = "; ".join(outcome.get("notes") or [])[:500] or None
     total, possible = sum(q["score"] for q in scored.values()), sum(q["possible"] for q in scored.values())
-    (output_dir / "results.json").write_text(json.dumps(
-        {"submission": submission.name, "status": outcome["status"], "reason": reason, "sandbox": outcome["sandbox"],
-         "caps": outcome.get("caps", {}), "killed": outcome["skipped"], "questions": scored}, indent=2))
+    write_bytes(output_dir / "grade.log", log.getvalue().encode("utf-8", "replace"))
+    write_json(output_dir / "results.json",
+               {"submission": submission.name, "status": outcome["status"], "reason": reason,
+                "sandbox": outcome["sandbox"], "caps": outcome.get("caps", {}), "killed": outcome["skipped"],
+                "questions": scored}, indent=2)
     summary = {"submission": submission.name, "status": outcome["status"], "reason": reason,
                "sandbox": outcome["sandbox"], "total": total, "possible": possible,
                "questions": {q: {"score": v["score"], "possible": v["possible"]} for q, v in scored.items()}}
-    (output_dir / "score.json").write_text(json.dumps(summary, indent=2))
+    write_json(output_dir / "score.json", summary, indent=2)
     return summary
 
 
@@ -239,9 +277,11 @@ def grade_all(autograder: Path, submissions_dir: Path, csv_path: Path, *, worker
     """Grade every ``*.ipynb`` in a folder; one CSV row per submission.
 
     Columns: submission, status, one per question, total, possible, reason (why a submission was
-    not graded normally). Every submission gets its row, whatever it did. The solutions' reference
-    values are computed (or read from their cache) once for the whole folder. Each submission's
-    results.json and score.json go to ``<csv folder>/<csv stem>/<submission stem>/``.
+    not graded normally). Every submission gets its row, whatever it did; one that is not a regular
+    file of the folder (a symbolic link, hard-linked) is refused (status "failed") and not read. The
+    solutions' reference values are computed (or read from their cache) once for the whole folder.
+    Each submission's results.json and score.json go to ``<csv folder>/<csv stem>/<safe name>/``
+    (``safe_name`` of its stem, checked to stay inside that folder).
     ``workers`` submissions are graded at once (each in its own process and kernel).
     """
     from concurrent.futures import ThreadPoolExecutor
@@ -263,30 +303,43 @@ def grade_all(autograder: Path, submissions_dir: Path, csv_path: Path, *, worker
     _, spec = grading.load_tests(Path(autograder))
     possible = sum(sum(q["points"]) for q in spec.values())
 
+    folders: dict[Path, str] = {}
+    for path in submissions:  # distinct safe names, one per submission
+        name, k = safe_name(path.stem), 1
+        while name in folders.values():
+            k += 1
+            name = f"{safe_name(path.stem)}-{k}"
+        folders[path] = name
+
     def one(path: Path) -> dict:
+        status = "error"
         try:
-            return grade(path, autograder, details / path.stem, expected=expected, **timeouts)
+            out = _inside(details, folders[path])
+            if path.is_symlink():  # refused before anything reads it: the reason names the link only
+                status = "failed"
+                raise ValueError(f"{path.name} is a symbolic link, not a file: hand in the notebook itself")
+            return grade(path, autograder, out, expected=expected, **timeouts)
         except Exception as exc:  # whatever happened, this submission gets its row (and the others theirs)
-            reason = f"{type(exc).__name__}: {str(exc)[:300]}"
-            row = {"submission": path.name, "status": "error", "reason": reason, "sandbox": None, "total": 0.0,
+            reason = f"{type(exc).__name__}: {str(exc)[:300]}" if status == "error" else str(exc)
+            row = {"submission": path.name, "status": status, "reason": reason, "sandbox": None, "total": 0.0,
                    "possible": possible, "questions": {q: {"score": 0.0, "possible": sum(v["points"])}
                                                        for q, v in spec.items()}}
-            with contextlib.suppress(OSError):
-                (details / path.stem).mkdir(parents=True, exist_ok=True)
-                (details / path.stem / "score.json").write_text(json.dumps(row, indent=2))
+            with contextlib.suppress(OSError, ValueError):
+                write_json(_inside(details, folders[path]) / "score.json", row, indent=2)
             return row
 
     with ThreadPoolExecutor(max_workers=workers) as pool:  # threads only wait on subprocesses
         rows = list(tqdm(pool.map(one, submissions), total=len(submissions), desc="grading", leave=False))
     questions = sorted(spec)
     csv_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(csv_path, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["submission", "status", *questions, "total", "possible", "reason"])
-        for row in rows:
-            scores = [row["questions"].get(q, {}).get("score", 0.0) for q in questions]
-            writer.writerow([row["submission"], row["status"], *scores, row["total"], row["possible"],
-                             (row.get("reason") or "").replace("\n", " ")])
+    table = io.StringIO(newline="")
+    writer = csv.writer(table)
+    writer.writerow(["submission", "status", *questions, "total", "possible", "reason"])
+    for row in rows:
+        scores = [row["questions"].get(q, {}).get("score", 0.0) for q in questions]
+        writer.writerow([row["submission"], row["status"], *scores, row["total"], row["possible"],
+                         (row.get("reason") or "").replace("\n", " ")])
+    write_text(csv_path, table.getvalue())
     return rows
 
 
@@ -316,14 +369,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "assign":
         outputs = [assign(resolve_master(args.lab), args.build)] if args.lab else \
             assign_all(build_dir=args.build, workers=args.workers)
-        for out in outputs:
-            print(f"{out.name}: student/{out.name}.ipynb, autograder/{autograder_zip(out.name, args.build).name}  ({out})")
+        for out in outputs:  # the zip found where it was built (no labs folder needed here)
+            print(f"{out.name}: student/{out.name}.ipynb, autograder/{_zips(out)[-1].name}  ({out})")
         return 0
     zip_path = autograder_zip(args.lab, args.build)
     timeouts = dict(cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout,
                     test_timeout=args.test_timeout, sandbox=args.sandbox)
     if args.command == "grade":
-        out = args.out or BUILD_DIR.parent / "grades" / zip_path.parent.parent.name / args.submission.stem
+        out = args.out or _inside(BUILD_DIR.parent / "grades" / zip_path.parent.parent.name,
+                                  safe_name(args.submission.stem))
         summary = grade(args.submission, zip_path, out, **timeouts)
         print(f"{summary['submission']}: {summary['total']:g} / {summary['possible']:g} ({summary['status']}, "
               f"sandbox: {summary['sandbox']})")

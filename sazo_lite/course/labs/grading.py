@@ -29,6 +29,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from sazo_lite.atomic import write_json
+from sazo_lite.course.labs.guard import TAMPERED
 from sazo_lite.course.labs.sandbox import Limits, Sandbox
 from sazo_lite.course.labs.values import ATOL, MAX_ITEMS, RTOL, check_encoded, compare
 
@@ -79,31 +81,110 @@ def _from_doctest(code: str) -> str:
 _CHECK = re.compile(r"grader\.check\(\s*['\"]([\w.-]+)['\"]")
 
 
-def cell_questions(notebook: Path) -> dict[int, str]:
-    """Which question each code cell belongs to: the first ``grader.check("qN")`` at or below it
-    (cells below the last check belong to the last question)."""
+def question_order(names) -> list[str]:
+    """Question names in the lab's order (q2 before q10)."""
+    return sorted(names, key=lambda q: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", q)])
+
+
+def read_notebook(path: Path):
+    """A hand-in as a notebook: a regular file, read once without following a symbolic link.
+
+    Raises ValueError with a reason that quotes nothing of what a link points to; nbformat's own
+    errors (not JSON, not a notebook) pass through.
+    """
+    import nbformat
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        if os.path.islink(path):
+            raise ValueError(f"{Path(path).name} is a symbolic link, not a file: hand in the notebook itself") from None
+        raise ValueError(f"{Path(path).name} cannot be opened ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{Path(path).name} is not a regular file: hand in the notebook itself")
+        if info.st_nlink > 1:
+            raise ValueError(f"{Path(path).name} has other names (hard links): hand in a copy of the notebook")
+        data = handle.read()
+    return nbformat.reads(data.decode("utf-8"), as_version=4)
+
+
+def _notebook(notebook):
     import nbformat
 
-    nb = nbformat.read(notebook, as_version=4)
-    owners, pending, last = {}, [], None
-    for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
-            continue
+    return notebook if isinstance(notebook, nbformat.NotebookNode) else nbformat.read(notebook, as_version=4)
+
+
+def bound_names(source: str) -> set[str]:
+    """The names a cell binds at its top level (assignments, def, class, import; not inside functions)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    names: set[str] = set()
+
+    def visit(node):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            return  # their bodies bind locals (a `global` inside one is seen below)
+        if isinstance(node, ast.Lambda):
+            return
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    names.update(n for node in ast.walk(tree) if isinstance(node, ast.Global) for n in node.names)
+    return names
+
+
+def cell_questions(notebook, graded: dict | None = None, questions=None) -> dict[int, list[str]]:
+    """Which questions each code cell answers for (where a rule finding in it counts).
+
+    A cell that binds a question's graded names (``graded``: {question: [names]}, the lab's rule)
+    belongs to those questions. Any other cell belongs to the question of the distributed
+    notebook's check cell below it: the ``grader.check("qN")`` cells taken in the lab's order
+    (``questions``), the first of each, each after the one before; a check cell a submission adds
+    or moves out of that order counts for nothing. Cells below the last check belong to the last
+    question.
+    """
+    nb = _notebook(notebook)
+    code = [(i, c.source if isinstance(c.source, str) else "") for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    order = question_order(questions) if questions else []
+    owners, pending, last = {}, [], -1
+    for index, source in code:
         pending.append(index)
-        found = _CHECK.search(cell.source if isinstance(cell.source, str) else "")
-        if found:
-            last = found.group(1)
-            owners.update({i: last for i in pending})
-            pending = []
-    owners.update({i: last for i in pending})
-    return {i: q for i, q in owners.items() if q is not None}
+        found = _CHECK.search(source)
+        if not found:
+            continue
+        question = found.group(1)
+        if order:
+            if question not in order or order.index(question) <= last:
+                continue  # a check cell out of the distributed order
+            last = order.index(question)
+        owners.update({i: [question] for i in pending})
+        pending = []
+    tail = order[-1] if order else next((q[0] for q in reversed(list(owners.values()))), None)
+    if tail is not None:
+        owners.update({i: [tail] for i in pending})
+    for index, source in code:
+        names = bound_names(source)
+        binding = [q for q in (order or list(graded or {})) if names & set((graded or {}).get(q, ()))]
+        if binding:
+            owners[index] = binding
+    return owners
 
 
 def notebook_cells(notebook: Path, config: dict) -> list[tuple[int, str]]:
     """The code cells to run: not tagged ``otter_ignore``, not otter's own; the seed set as otter does."""
-    import nbformat
-
-    nb = nbformat.read(notebook, as_version=4)
+    nb = _notebook(notebook)
     cells, seed_name = [], config.get("seed_variable")
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code" or "otter_ignore" in (cell.metadata.get("tags") or []):
@@ -126,7 +207,7 @@ def run(cells, questions, *, cell_timeout, test_timeout, notebook_timeout, requi
 
     Args:
         rule: the lab's library rule (``rules.RULES``), enforced inside the sandbox (``guard``).
-        owners: {cell index: question} (``cell_questions``): where a rule finding in a cell counts.
+        owners: {cell index: [questions]} (``cell_questions``): where a rule finding in a cell counts.
         limits: the sandbox's caps (``sandbox.Limits``; default: ``Limits()`` with the CPU time of
             ``notebook_timeout`` plus a minute).
 
@@ -149,10 +230,13 @@ def run(cells, questions, *, cell_timeout, test_timeout, notebook_timeout, requi
         results = outcome["cases"]  # a fresh attempt recomputes every case it runs
         notes += outcome["notes"]
         for unit, name, how in outcome["rules"]:
-            question = unit[1] if unit[0] == "case" else (owners or {}).get(unit[1])
+            charged = [unit[1]] if unit[0] == "case" else (owners or {}).get(unit[1], [])
+            charged = [q for q in charged if q in questions] or list(questions)
+            if name == TAMPERED:  # switching the checks off is a cheat on every question
+                charged = list(questions)
             where = f"cell {unit[1]}" if unit[0] == "cell" else f"test case {unit[2]}"
             reason = f"{how}: {name} (in {where}); this lab does not allow it in graded code"
-            for q in ([question] if question in questions else list(questions)):
+            for q in charged:
                 if reason not in rules.setdefault(q, []):
                     rules[q].append(reason)
         if outcome["finished"]:
@@ -221,6 +305,7 @@ def _attempt(job: dict, limits: dict, deadline: float, require: str, log, test_t
             if now >= limit:
                 protocol.stuck = protocol.current
                 break
+            box.sample()  # the CPU the sandbox used, from its cgroup (is the quota holding?)
             for key, _ in selector.select(timeout=min(1.0, limit - now)):
                 chunk = os.read(key.fileobj.fileno(), 65536)
                 if not chunk:
@@ -414,7 +499,7 @@ def reference(autograder: Path, *, cell_timeout, test_timeout, notebook_timeout,
     log = io.StringIO()
     outcome = run(notebook_cells(solutions, config), questions, cell_timeout=cell_timeout, test_timeout=test_timeout,
                   notebook_timeout=notebook_timeout, require=require, log=log, rule=lab_rule(config),
-                  owners=cell_questions(solutions))
+                  owners=cell_questions(solutions, (lab_rule(config) or {}).get("graded"), questions))
     wrong = [f"{q}: {reason}" for q, reasons in outcome["rules"].items() for reason in reasons]
     for question, spec in questions.items():
         for k in range(len(spec["cases"])):
@@ -426,7 +511,7 @@ def reference(autograder: Path, *, cell_timeout, test_timeout, notebook_timeout,
                            + "\n--- their output (end) ---\n" + log.getvalue()[-3000:])
     for stale in autograder.parent.glob(f"{autograder.name}.reference-*.json"):
         stale.unlink(missing_ok=True)  # from older solutions or library versions
-    cache.write_text(json.dumps({json.dumps(list(k)): v for k, v in outcome["cases"].items()}))
+    write_json(cache, {json.dumps(list(k)): v for k, v in outcome["cases"].items()})
     return outcome["cases"]
 
 

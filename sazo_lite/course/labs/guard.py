@@ -3,46 +3,76 @@
 A lab's rule (``rules.RULES``) names the library modules its graded cells may import and the
 library objects (functions, classes, modules' contents) they may use; everything else in
 ``sazo_lite`` is off limits (``sazo_lite.course.labs`` itself, the grader's, is always allowed).
-``Guard`` enforces a rule four ways; each finding is reported at once to the trusted parent,
+``Guard`` enforces a rule these ways; each finding is reported at once to the trusted parent,
 which scores the question concerned 0 with the finding as the reason:
 
 1. **imports**: ``import``/``from … import``/``importlib.import_module``/``__import__`` of a
    library module outside the rule, from the student's code, raise ``ImportError`` (and are reported);
-2. **calls**: every library function and every method of a library class outside the rule is
-   wrapped; a call whose nearest caller outside the library is the student's code (a cell, a
-   function or class defined in one, code ``exec``-ed from it) is reported, whatever way the
-   object was reached (an attribute of an allowed module, ``getattr``, a proxy, a wrapper);
+2. **calls**: every forbidden library function and method is changed *in place*: its own code
+   object is recompiled from the library's source with one first statement, a call of the
+   guard's check, so there is no unguarded original anywhere (not behind ``__wrapped__``, a
+   closure, a bound method, a ``functools.partial``, ``gc`` or a function rebuilt from its
+   ``__code__``). A call whose nearest caller outside the library is the student's code (a cell,
+   a function or class defined in one, code ``exec``-ed from it, a thread the student's code
+   started, a process it forked) is reported. Functions without source (``dataclass``-made
+   ``__init__``) get a wrapper instead;
 3. **definitions** (``check``, before each test case): a question's graded functions and classes
-   must be defined in the notebook, must not inherit from a forbidden class, and their code
-   (followed through the student's own helpers, closures, defaults and containers) must not
-   name a forbidden object, hold one, or be a copy of the library's code;
-4. the tests themselves (the test cases' own code) may use anything.
+   must be defined in the notebook, must not inherit from a forbidden class, and what their code
+   reaches (the student's helpers, closures, defaults, containers, instances' attributes,
+   ``partial`` and bound-method parts) must not be a forbidden object or a copy of its code;
+4. **loading the library again** (``importlib.util.module_from_spec``, a copied ``sys.modules``
+   entry, ``exec`` of a library file's code) outside the guard's own import hook is refused (an
+   audit hook), as is starting a program (``subprocess``, ``os.exec*``, ``os.system``,
+   ``posix_spawn``; the worker also blocks ``execve`` in the kernel) and ``gc``'s object walks
+   from the student's code;
+5. the tests themselves (the test cases' own code) may use anything.
 
-The student's code runs in this process, so a submission set on it can still undo these checks
-(e.g. by restoring the unwrapped functions); the trust model in ``labs/README.md`` says so.
+The student's code runs in this process, so a submission set on it can still reach the guard
+itself (through frames) and switch it off; ``intact`` notices the lasting changes. The trust model
+in ``labs/README.md`` says what holds.
 """
 from __future__ import annotations
 
+import _thread
+import ast
 import builtins
 import dis
 import functools
+import gc
 import importlib
 import importlib.machinery
 import importlib.util
 import inspect
+import os
 import sys
+import threading
 import types
+import warnings
 
 MIN_COPY = 12       # instructions: shorter library functions are too generic to call a copy
 LIBRARY = "sazo_lite"
 GRADER = "sazo_lite.course.labs"
 _LIBRARY_DOT = LIBRARY + "."
+LIBRARY_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+GRADER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _NEUTRAL_PREFIXES = tuple(sorted({p.rstrip("/") + "/" for p in (sys.prefix, sys.base_prefix, sys.exec_prefix) if p}))
+PLACEHOLDER = "@sazo-lab-guard-check@"
+TAMPERED = "the grader's checks"          # a finding under this name counts for every question   # the constant the check's call is compiled with, then replaced
+PROGRAM_EVENTS = ("os.exec", "os.posix_spawn", "os.spawn", "os.system", "subprocess.Popen", "pty.spawn", "os.startfile")
+WALK_EVENTS = ("gc.get_referrers", "gc.get_referents", "gc.get_objects")
+
+
+class LabRuleError(PermissionError):
+    """Graded code did what the lab's rule forbids where it cannot be reported and let go on."""
 
 
 def _is_library_name(name) -> bool:
     return isinstance(name, str) and (name == LIBRARY or name.startswith(LIBRARY + ".")) \
         and not (name == GRADER or name.startswith(GRADER + "."))
+
+
+def _is_library_file(filename) -> bool:
+    return isinstance(filename, str) and filename.startswith(LIBRARY_DIR) and not filename.startswith(GRADER_DIR)
 
 
 def _qualname(obj) -> str:
@@ -73,6 +103,25 @@ def _fingerprint(code: types.CodeType) -> tuple:
     return tuple(out)
 
 
+class _Preamble(ast.NodeTransformer):
+    """Puts ``PLACEHOLDER()`` first in every function body (after its docstring), on the line of
+    the statement it precedes (line numbers, so tracebacks, stay those of the source)."""
+
+    def visit_FunctionDef(self, node):
+        self.generic_visit(node)
+        body = node.body
+        at = 1 if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+            and isinstance(body[0].value.value, str) else 0
+        where = body[min(at, len(body) - 1)]
+        call = ast.Expr(ast.Call(ast.Constant(PLACEHOLDER), [], []))
+        for piece in (call, call.value, call.value.func):
+            ast.copy_location(piece, where)
+        body.insert(at, call)
+        return node
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+
 class Guard:
     """Enforce one lab's rule on the student's code in ``namespace`` (see the module docstring).
 
@@ -81,21 +130,34 @@ class Guard:
         names: library objects it may use: qualified names of functions, classes (their methods
             and bases come with them) or modules (all they define).
         namespace: the dict the student's cells run in.
-        report: ``report(name, how)`` is called once per finding (the worker sends it to the parent).
+        report: ``report(name, how, unit)`` is called once per finding (the worker sends it to the
+            parent); ``unit`` is the cell or case a student thread was started in (None: the current one).
+        unit: returns the unit running now (a thread the student starts is charged to it).
     """
 
-    def __init__(self, modules, names, namespace: dict, report):
+    def __init__(self, modules, names, namespace: dict, report, unit=None):
         self.modules = {LIBRARY, *modules}
         self.names = set(names)
         self.namespace, self.report = namespace, report
+        self.unit = unit or (lambda: None)
         self.trusted: dict = {}            # id -> code object of the running test case (it may use anything)
         self.allowed_ids: set[int] = set()
         self.allowed_modules: set[str] = set()
-        self.forbidden: dict[int, str] = {}  # id(original object) -> qualified name
-        self.fingerprints: dict = {}
+        self.forbidden: dict[int, str] = {}  # id(forbidden function or class) -> qualified name
+        self.fingerprints: dict = {}       # of the library's own code (before the check went in) -> name
+        self.code_names: dict[int, str] = {}  # id(instrumented code object) -> qualified name
+        self.instrumented: list = []       # (function, its instrumented code): what intact() checks
+        self.wrappers: dict[int, tuple] = {}  # id(wrapper) -> (original, name), for code without source
+        self.pid = os.getpid()
         self._keep: list = []              # keeps ids stable
         self._seen: set = set()
-        self._library_globals: set[int] = set()  # ids of the wrapped library modules' globals
+        self._tables: dict = {}            # library file -> {(qualname, first line): instrumented code}
+        self._library_globals: set[int] = set()  # ids of the library modules' globals
+        self._loading = 0                  # > 0 while the guard's own loader runs a library module
+        self._installed = False
+        self._roots: set[int] = set()      # code of the function a student-started thread runs first
+        self._thread_units: dict = {}
+        self._originals: dict = {}
 
     # -- what is allowed -----------------------------------------------------------------
     def _resolve_allowed(self) -> None:
@@ -130,11 +192,15 @@ class Guard:
     def _allow(self, obj) -> None:
         self._keep.append(obj)
         self.allowed_ids.add(id(obj))
+        for inner in _unwrapped(obj):
+            self.allowed_ids.add(id(inner))
+            self._keep.append(inner)
         if isinstance(obj, type):
             for value in vars(obj).values():
                 for member in _members(value):
-                    self.allowed_ids.add(id(member))
-                    self._keep.append(member)
+                    for inner in (member, *_unwrapped(member)):
+                        self.allowed_ids.add(id(inner))
+                        self._keep.append(inner)
 
     def is_allowed(self, obj) -> bool:
         if id(obj) in self.allowed_ids:
@@ -144,7 +210,8 @@ class Guard:
 
     # -- installing the checks ------------------------------------------------------------
     def install(self) -> None:
-        """Wrap what the rule forbids in every loaded library module; guard later imports and ``__import__``."""
+        """Guard every loaded library module in place; guard later imports, ``__import__``, threads,
+        forks and the audit events of loading library code and starting programs."""
         self._resolve_allowed()
         for name in sorted(sys.modules):
             module = sys.modules.get(name)
@@ -166,6 +233,21 @@ class Guard:
 
         builtins.__import__ = guarded_import
         importlib.import_module = guarded_import_module
+        self._guard_threads()
+        try:  # multiprocessing's spawn and forkserver start Python through it, with no audit event
+            import _posixsubprocess
+
+            def fork_exec(*args, **kwargs):
+                raise LabRuleError("graded cells may not start programs (a new Python included); the grader "
+                                   "runs Python only, in this process and its forks")
+
+            _posixsubprocess.fork_exec = fork_exec
+        except ImportError:
+            pass
+        self._originals.update(import_=guarded_import, import_module=guarded_import_module,
+                               finder=sys.meta_path[0], start=_thread.start_new_thread)
+        sys.addaudithook(self._audit)
+        self._installed = True
 
     def _check_import(self, name: str, fromlist) -> None:
         wanted = [name] + [f"{name}.{item}" for item in (fromlist or ()) if isinstance(item, str)]
@@ -178,87 +260,168 @@ class Guard:
                                   f"at the top of the notebook)")
 
     def wrap_module(self, module: types.ModuleType) -> None:
-        """Wrap the forbidden functions and the methods of forbidden classes defined in ``module``."""
+        """Guard the forbidden functions and the methods of forbidden classes defined in ``module``."""
         self._library_globals.add(id(module.__dict__))
         self._keep.append(module.__dict__)
         for attr, value in list(vars(module).items()):
-            if getattr(value, "__module__", None) != module.__name__ or id(value) in self._seen \
-                    or getattr(value, "__sazo_guarded__", False):
+            if getattr(value, "__module__", None) != module.__name__ or id(value) in self._seen:
                 continue
+            self._seen.add(id(value))
+            self._keep.append(value)
             if isinstance(value, type):
-                self._seen.add(id(value))
-                self._keep.append(value)
                 if not self.is_allowed(value):
                     self._wrap_class(value)
-            elif isinstance(value, types.FunctionType) and not self.is_allowed(value):
-                self._wrap_function(value)
+            elif callable(value) and not self.is_allowed(value):
+                name = _qualname(value)
+                self.forbidden[id(value)] = name
+                for fn in _unwrapped(value):
+                    if not self.is_allowed(fn):
+                        self._guard_function(fn, name, module)
 
-    def _wrap_function(self, fn: types.FunctionType):
-        name = _qualname(fn)
+    def _guard_function(self, fn: types.FunctionType, name: str, module=None) -> None:
+        """Put the check into ``fn``'s own code (or, without source, a wrapper in its place)."""
+        if id(fn) in self.code_names or getattr(fn, "__sazo_guarded__", False):
+            return
         self.forbidden[id(fn)] = name
         self._keep.append(fn)
         self.fingerprints[_fingerprint(fn.__code__)] = name
-        guarded = self._guarded(fn, name)
-        for module_name, module in list(sys.modules.items()):  # every module that imported it by name
-            if _is_library_name(module_name) and isinstance(module, types.ModuleType):
-                for attr, value in list(vars(module).items()):
-                    if value is fn:
-                        setattr(module, attr, guarded)
+        code = self._instrumented(fn.__code__)
+        if code is not None:
+            fn.__code__ = code
+            self.code_names[id(code)] = name
+            self.instrumented.append((fn, code))
+            return
+        if module is not None:  # no source to recompile: a wrapper where the module keeps it
+            for attr, value in list(vars(module).items()):
+                if value is fn:
+                    setattr(module, attr, self._wrapper(fn, name))
+
+    def _instrumented(self, code: types.CodeType) -> types.CodeType | None:
+        table = self._table(code.co_filename)
+        new = (table or {}).get((code.co_qualname, code.co_firstlineno))
+        if new is None or new.co_freevars != code.co_freevars or new.co_varnames != code.co_varnames \
+                or new.co_argcount != code.co_argcount or new.co_kwonlyargcount != code.co_kwonlyargcount:
+            return None  # the file on disk is not what was loaded (or a lambda, which has no statements)
+        return new if self._check in new.co_consts else None
+
+    def _table(self, filename: str) -> dict | None:
+        if filename in self._tables:
+            return self._tables[filename]
+        table = None
+        if _is_library_file(filename) and filename.endswith(".py"):
+            try:
+                with open(filename, encoding="utf-8") as handle:
+                    tree = ast.parse(handle.read(), filename)
+                tree = ast.fix_missing_locations(_Preamble().visit(tree))
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # "'str' object is not callable": the placeholder, replaced below
+                    module_code = compile(tree, filename, "exec", dont_inherit=True)
+                table = {}
+                self._finish(module_code, table)
+            except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+                table = None
+        self._tables[filename] = table
+        return table
+
+    def _finish(self, code: types.CodeType, table: dict) -> types.CodeType:
+        consts = tuple(self._check if type(c) is str and c == PLACEHOLDER else
+                       self._finish(c, table) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+        new = code.replace(co_consts=consts)
+        table[(new.co_qualname, new.co_firstlineno)] = new
+        self._keep.append(new)
+        return new
+
+    def _check(self) -> None:
+        """The first statement of every guarded library function: report a call from the student's code."""
+        frame = sys._getframe(1)
+        caller = frame.f_back
+        if caller is None or (id(caller.f_globals) in self._library_globals and _is_library_file(caller.f_code.co_filename)):
+            return  # the library calling itself (most calls): no walk
+        name = self.code_names.get(id(frame.f_code))
+        if name is not None and self._from_student(caller):
+            self._found(name, "called")
+
+    def _wrapper(self, fn, name: str):
+        """For code without source: a stand-in that checks, then calls ``fn`` (no ``__wrapped__``)."""
+        guard = self
+
+        def guarded(*args, **kwargs):
+            if guard._from_student(sys._getframe(1)):
+                guard._found(name, "called")
+            return fn(*args, **kwargs)
+
+        for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
+            with _suppress():
+                setattr(guarded, attr, getattr(fn, attr))
+        guarded.__sazo_guarded__ = True
+        self.wrappers[id(guarded)] = (fn, name)
+        self.forbidden[id(guarded)] = name
+        self._keep.append(guarded)
         return guarded
 
     def _wrap_class(self, klass: type) -> None:
         self.forbidden[id(klass)] = _qualname(klass)
         for attr, value in list(vars(klass).items()):
             name = f"{_qualname(klass)}.{attr}"
-            if isinstance(value, types.FunctionType):
-                self.fingerprints[_fingerprint(value.__code__)] = name
-                setattr(klass, attr, self._guarded(value, name))
-            elif isinstance(value, (staticmethod, classmethod)) and isinstance(value.__func__, types.FunctionType):
-                setattr(klass, attr, type(value)(self._guarded(value.__func__, name)))
-            elif isinstance(value, property):
-                setattr(klass, attr, property(*(self._guarded(f, name) if f is not None else None
-                                                for f in (value.fget, value.fset, value.fdel)), value.__doc__))
+            for member in _members(value) or ([value] if callable(value) and hasattr(value, "__wrapped__") else []):
+                for fn in _unwrapped(member):
+                    self._guard_function(fn, name)
+                    if fn is value and id(fn) not in self.code_names:  # no source: a wrapper in the class
+                        setattr(klass, attr, self._wrapper(fn, name))
         if "__init__" not in vars(klass):  # building one from the student's code is a use, inherited __init__ or not
             inherited = klass.__init__
             if isinstance(inherited, types.FunctionType):
-                klass.__init__ = self._guarded(inherited, f"{_qualname(klass)}.__init__")
+                klass.__init__ = self._wrapper(inherited, f"{_qualname(klass)}.__init__")
 
-    def _guarded(self, fn, name: str):
-        guard, library = self, self._library_globals
+    # -- threads and forks -------------------------------------------------------------------
+    def _guard_threads(self) -> None:
+        """Threads the student's code starts run under a root the caller walk recognises (they are the student's)."""
+        guard, start = self, _thread.start_new_thread
 
-        @functools.wraps(fn)
-        def guarded(*args, **kwargs):
-            caller = sys._getframe(1)
-            # the library calling itself (most calls): no walk
-            if id(caller.f_globals) not in library and guard._from_student(caller):
-                guard._found(name, "called")
-            return fn(*args, **kwargs)
+        def student_thread(function, args, kwargs, unit):
+            guard._thread_units[_thread.get_ident()] = unit
+            try:
+                return function(*args, **kwargs)
+            finally:
+                guard._thread_units.pop(_thread.get_ident(), None)
 
-        guarded.__sazo_guarded__ = True
-        return guarded
+        def start_new_thread(function, args, kwargs=None):
+            if guard._from_student(sys._getframe(1)):
+                unit = guard._thread_units.get(_thread.get_ident(), guard.unit())
+                return start(student_thread, (function, tuple(args), dict(kwargs or {}), unit))
+            return start(function, args, *([kwargs] if kwargs is not None else []))
+
+        self._roots.add(id(student_thread.__code__))
+        self._keep.append(student_thread)
+        _thread.start_new_thread = start_new_thread
+        threading._start_new_thread = start_new_thread
 
     # -- who is calling --------------------------------------------------------------------
     def _from_student(self, frame) -> bool:
-        """Whether the nearest caller that is not the library, Python or an installed package is the student's.
+        """Whether the nearest caller that is not the library, Python or an installed package is the student's
+        (or the bottom of a thread the student's code started).
 
         Trusted code is looked up by identity: an equal copy made by the submission is not the test's own.
         """
-        namespace, trusted, modules = self.namespace, self.trusted, sys.modules
-        for _ in range(200):
+        namespace, trusted, modules, roots = self.namespace, self.trusted, sys.modules, self._roots
+        for _ in range(300):
             if frame is None:
                 return False
             code = frame.f_code
             if id(code) in trusted:
                 return False
+            if id(code) in roots:
+                return True
             globals_ = frame.f_globals
             if globals_ is namespace:
                 return True
-            name = globals_.get("__name__")
-            if isinstance(name, str) and (name == LIBRARY or name.startswith(_LIBRARY_DOT)):
-                module = modules.get(name)
-                if module is not None and getattr(module, "__dict__", None) is globals_:
-                    return False  # the library (or the grader) calling itself
             filename = code.co_filename
+            if filename.startswith(LIBRARY_DIR):  # the library or the grader, if the frame is its module's own
+                name = globals_.get("__name__")
+                module = modules.get(name) if isinstance(name, str) else None
+                if module is not None and getattr(module, "__dict__", None) is globals_ and \
+                        (_is_library_name(name) or filename.startswith(GRADER_DIR)):
+                    return False  # the library (or the grader) calling itself
             if not (filename.startswith(_NEUTRAL_PREFIXES) or filename.startswith("<frozen ")):
                 return True   # code from a cell, an exec-ed string or a file the submission wrote
             frame = frame.f_back
@@ -269,13 +432,53 @@ class Guard:
         self.trusted = {} if code is None else {id(c): c for c in _codes(code)}
 
     def _found(self, name: str, how: str) -> None:
-        self.report(name, how)
+        unit = self._thread_units.get(_thread.get_ident())
+        try:
+            self.report(name, how, unit)
+            reported = True
+        except Exception:
+            reported = False
+        if os.getpid() != self.pid or not reported:  # a forked child (its report may not arrive): no result either
+            raise LabRuleError(f"{name}: this lab does not allow it in graded code ({how}, in a process the "
+                               f"notebook started)")
+
+    # -- audit events: loading library code outside the guard, programs, object walks ----------
+    def _audit(self, event: str, args) -> None:
+        if event == "exec":
+            code = args[0] if args else None
+            if self._loading or not isinstance(code, types.CodeType) or not _is_library_file(code.co_filename):
+                return
+            if code.co_name == "<module>" and self._from_student(sys._getframe(1)):
+                self._found(code.co_filename.removeprefix(LIBRARY_DIR), "loaded again outside the grader's import hook")
+                raise ImportError("loading the library's code again in graded cells is not allowed")
+        elif event.startswith(PROGRAM_EVENTS):
+            if self._installed:
+                raise LabRuleError(f"graded cells may not start programs ({event}); the grader runs Python only")
+        elif event in WALK_EVENTS:
+            if self._from_student(sys._getframe(1)):
+                raise LabRuleError(f"graded cells may not walk the interpreter's objects ({event})")
+
+    def intact(self) -> list[str]:
+        """What the student's code changed of the checks (empty: nothing): guarded code swapped back,
+        the import hooks or the thread hook replaced."""
+        changed = [_qualname(fn) for fn, code in self.instrumented if fn.__code__ is not code][:5]
+        if builtins.__import__ is not self._originals.get("import_"):
+            changed.append("builtins.__import__")
+        if importlib.import_module is not self._originals.get("import_module"):
+            changed.append("importlib.import_module")
+        if self._originals.get("finder") not in sys.meta_path:
+            changed.append("sys.meta_path")
+        if _thread.start_new_thread is not self._originals.get("start") or \
+                threading._start_new_thread is not self._originals.get("start"):
+            changed.append("_thread.start_new_thread")
+        return changed
 
     # -- definitions, before each test case -------------------------------------------------
     def check(self, graded) -> list[tuple[str, str]]:
         """Findings ``(name, how)`` for a question's graded names (those missing are left to the tests)."""
         findings: list[tuple[str, str]] = []
         visited: set[int] = set()
+        budget = [20_000]   # objects walked per check: a huge structure cannot stall it
         for name in graded:
             if name not in self.namespace:
                 continue
@@ -284,7 +487,7 @@ class Guard:
                 if not self._defined_here(obj):
                     findings.append((self._describe(obj), f"{name} is not defined in your notebook"))
                     continue
-            self._inspect(obj, name, findings, visited, 0)
+            self._inspect(obj, name, findings, visited, 0, budget)
         return findings
 
     def _defined_here(self, obj) -> bool:
@@ -295,21 +498,29 @@ class Guard:
         return not callable(obj)
 
     def _describe(self, obj) -> str:
-        original = getattr(obj, "__wrapped__", obj)
-        return self.forbidden.get(id(original), _qualname(original))
+        if id(obj) in self.forbidden:
+            return self.forbidden[id(obj)]
+        if isinstance(obj, types.FunctionType) and id(obj.__code__) in self.code_names:
+            return self.code_names[id(obj.__code__)]
+        if isinstance(obj, functools.partial):
+            return self._describe(obj.func)
+        return _qualname(obj)
 
-    def _inspect(self, obj, where: str, findings, visited, depth) -> None:
-        if depth > 6 or id(obj) in visited:
+    def _inspect(self, obj, where: str, findings, visited, depth, budget) -> None:
+        if depth > 8 or id(obj) in visited or budget[0] <= 0:
             return
         visited.add(id(obj))
+        budget[0] -= 1
         if isinstance(obj, type):
             for base in obj.__mro__[1:]:
                 if self._is_forbidden(base):
                     findings.append((_qualname(base), f"{where} inherits from it"))
-            for value in vars(obj).values():
+            for value in list(vars(obj).values()):
                 for member in _members(value):
                     if isinstance(member, types.FunctionType):
-                        self._inspect(member, where, findings, visited, depth + 1)
+                        self._inspect(member, where, findings, visited, depth + 1, budget)
+                if not _members(value):
+                    self._inspect_value(value, where, set(), findings, visited, depth + 1, budget)
             return
         if isinstance(obj, types.FunctionType):
             if obj.__globals__ is not self.namespace or not obj.__code__.co_filename.startswith("<cell "):
@@ -318,6 +529,7 @@ class Guard:
                 return
             held = list(obj.__defaults__ or ()) + list((obj.__kwdefaults__ or {}).values())
             held += [cell.cell_contents for cell in (obj.__closure__ or ()) if _has_contents(cell)]
+            held += list(vars(obj).values())   # attributes set on the function itself
             for code in _codes(obj.__code__):
                 print_ = _fingerprint(code)
                 copied = self.fingerprints.get(print_) if len(print_) >= MIN_COPY else None
@@ -331,24 +543,31 @@ class Guard:
                     elif hasattr(builtins, name):
                         roots.append((name, getattr(builtins, name)))
                 for name, value in roots + [("a default or closure value", v) for v in held]:
-                    self._inspect_value(value, where, attributes, findings, visited, depth)
+                    self._inspect_value(value, where, attributes, findings, visited, depth, budget)
             return
-        self._inspect_value(obj, where, set(), findings, visited, depth)
+        self._inspect_value(obj, where, set(), findings, visited, depth, budget)
 
-    def _inspect_value(self, value, where, attributes, findings, visited, depth) -> None:
-        """A value the student's code can reach: forbidden itself, or leading to forbidden attributes."""
+    def _inspect_value(self, value, where, attributes, findings, visited, depth, budget) -> None:
+        """A value the student's code can reach: forbidden itself, or leading to forbidden objects (its parts,
+        its attributes, or the attributes its code names of a library module or class)."""
+        if budget[0] <= 0 or depth > 8:
+            return
         if self._is_forbidden(value):
             findings.append((self._describe(value), f"{where} uses it"))
             return
         if isinstance(value, types.FunctionType) or isinstance(value, type) and value.__module__ == self.namespace.get("__name__"):
-            self._inspect(value, where, findings, visited, depth + 1)
+            self._inspect(value, where, findings, visited, depth + 1, budget)
             return
-        if isinstance(value, (list, tuple, set, frozenset, dict)) and depth < 4:
-            items = list(value.items()) if isinstance(value, dict) else list(value)
-            for item in items[:1000]:
-                for part in item if isinstance(value, dict) else (item,):
-                    self._inspect_value(part, where, attributes, findings, visited, depth + 1)
+        if id(value) in visited:
             return
+        parts = _parts(value)
+        if parts is not None:
+            visited.add(id(value))
+            budget[0] -= 1
+            for part in parts[:1000]:
+                self._inspect_value(part, where, attributes, findings, visited, depth + 1, budget)
+            if not _library_container(value):
+                return
         # a library module or class reached from the student's code: follow the attribute names it uses
         frontier = [value] if _library_container(value) else []
         reached = {id(value)}
@@ -372,11 +591,17 @@ class Guard:
                         frontier.append(member)
 
     def _is_forbidden(self, obj) -> bool:
-        original = obj
-        while getattr(original, "__sazo_guarded__", False):
-            original = original.__wrapped__
-        if id(original) in self.forbidden:
+        if id(obj) in self.forbidden:
             return True
+        if isinstance(obj, types.FunctionType):
+            code = obj.__code__
+            if id(code) in self.code_names:   # a function rebuilt from a guarded one's code
+                return True
+            if _is_library_file(code.co_filename) and not self.is_allowed(obj) and id(obj) not in self.allowed_ids:
+                return _fingerprint(code) in self.fingerprints   # a fresh copy of the library's code
+            return False
+        if isinstance(obj, (types.MethodType, functools.partial)):
+            return self._is_forbidden(obj.__func__ if isinstance(obj, types.MethodType) else obj.func)
         klass = type(obj)
         return _is_library_name(getattr(klass, "__module__", None)) and id(klass) in self.forbidden
 
@@ -404,7 +629,11 @@ class _Loader:
         return self.inner.create_module(spec)
 
     def exec_module(self, module):
-        self.inner.exec_module(module)
+        self.guard._loading += 1
+        try:
+            self.inner.exec_module(module)
+        finally:
+            self.guard._loading -= 1
         self.guard.wrap_module(module)
 
     def __getattr__(self, name):
@@ -456,3 +685,68 @@ def _names(code: types.CodeType) -> tuple[set, set]:
             for part in str(instruction.argval).split("."):
                 attributes.add(part)
     return globals_used, attributes
+
+
+def _unwrapped(obj) -> list:
+    """The library functions behind a callable: itself, or what its ``__wrapped__`` chain ends in."""
+    out, seen = [], set()
+    while obj is not None and id(obj) not in seen and len(seen) < 20:
+        seen.add(id(obj))
+        if isinstance(obj, types.FunctionType) and _is_library_file(obj.__code__.co_filename):
+            out.append(obj)
+        try:
+            obj = inspect.getattr_static(obj, "__wrapped__")
+        except AttributeError:
+            obj = None
+        if isinstance(obj, (staticmethod, classmethod)):
+            obj = obj.__func__
+    return out
+
+
+class _suppress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return exc[0] is not None and issubclass(exc[0], Exception)
+
+
+_SCALARS = (str, bytes, bytearray, int, float, complex, bool, type(None), range, slice)
+
+
+def _parts(value) -> list | None:
+    """What a value holds that the student's code can reach (None: nothing to follow, or a real module)."""
+    if isinstance(value, _SCALARS):
+        return None
+    if isinstance(value, dict):
+        return [x for kv in list(value.items())[:1000] for x in kv]
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return list(value)[:2000]
+    if isinstance(value, functools.partial):
+        return [value.func, *value.args, *value.keywords.values()]
+    if isinstance(value, types.MethodType):
+        return [value.__func__, value.__self__]
+    if isinstance(value, types.CellType):
+        return [value.cell_contents] if _has_contents(value) else []
+    if isinstance(value, (staticmethod, classmethod, property)):
+        return _members(value)
+    if isinstance(value, types.ModuleType):
+        real = sys.modules.get(getattr(value, "__name__", None)) is value
+        return None if real else list(vars(value).values())  # a module the student built holds what it was given
+    module = getattr(type(value), "__module__", "") or ""
+    if module.split(".")[0] in ("torch", "numpy", "builtins") and not isinstance(value, types.SimpleNamespace):
+        return None
+    parts = [type(value)]
+    try:
+        parts += list(object.__getattribute__(value, "__dict__").values())[:1000]
+    except Exception:
+        pass
+    for klass in type(value).__mro__:
+        for slot in klass.__dict__.get("__slots__", ()) if isinstance(klass.__dict__.get("__slots__", ()), (tuple, list)) else ():
+            descriptor = klass.__dict__.get(slot)
+            if isinstance(descriptor, types.MemberDescriptorType):
+                try:
+                    parts.append(descriptor.__get__(value, klass))
+                except AttributeError:
+                    pass
+    return parts

@@ -1,7 +1,12 @@
 """The grading sandbox: bubblewrap (``bwrap``) around the process that runs a submission, with caps.
 
 Inside, the submission sees the system's programs and libraries, the Python environment and the
-``sazo_lite`` package, all read-only, on a read-only root. Its only writable places are two
+``sazo_lite`` package, all read-only, on a read-only root, and of ``/etc`` only the files a Python
+program needs (``ETC_FILES``, plus a ``passwd``/``group`` that name the sandbox's own user). It runs
+**unprivileged**: a root grader starts ``bwrap`` with no user namespace and a tiny dropper inside
+switches to a fresh uid of its own (``caps["uid"]``) before anything else runs, so root-only files
+(``/etc/shadow``, were it bound) stay closed and ``RLIMIT_NPROC`` counts the sandbox alone; a
+non-root grader runs it in a user namespace as the grader's own (unprivileged) user. Its only writable places are two
 size-limited RAM-backed folders that vanish with it: ``/tmp`` (its scratch folder, ``scratch_mb``)
 and ``/dev/shm`` (``shm_mb``, for the semaphores of ``multiprocessing``). It does not see the
 repository (masters, ``build/``), the autograder zip, the solutions, other submissions or the
@@ -16,9 +21,12 @@ Caps (``Limits``), set by a tiny launcher before ``bwrap`` starts, inherited by 
   file size ``file_mb`` (``RLIMIT_FSIZE``), no core dumps;
 - for the whole sandbox, where this process may create cgroups (root with cgroup v1, or a
   delegated cgroup v2): memory ``memory_mb`` in total (the kernel's OOM killer ends it past that),
-  at most ``processes`` processes and threads (``pids.max``), at most ``cpu_cores`` cores;
-- without cgroups, processes are capped by ``RLIMIT_NPROC`` for a non-root grader (its current
-  number of tasks plus ``processes``); a root grader without cgroups has no process cap
+  at most ``processes`` processes and threads (``pids.max``), at most ``cpu_cores`` cores. The CPU
+  quota is not taken on trust: ``sample`` reads the cgroup's own CPU use (``cpu.stat`` /
+  ``cpuacct.usage``) while it runs, and ``caps["cpu_cores"]`` says "not enforced" with the
+  cores measured when they exceeded the quota (``caps["cpu_cores_measured"]``: the peak);
+- without cgroups, processes are capped by ``RLIMIT_NPROC``: on the sandbox's own uid for a root
+  grader, else on the grader's user (its current number of tasks plus ``processes``)
   (``Sandbox.caps`` says which caps hold).
 
 Without ``bwrap`` (``apt-get install bubblewrap``) ``Sandbox`` runs the command unconfined in
@@ -32,6 +40,7 @@ import dataclasses
 import itertools
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -43,8 +52,14 @@ from pathlib import Path
 __all__ = ["Sandbox", "Limits", "bwrap_works", "SandboxWarning"]
 
 SCRATCH_BYTES = 512 * 2 ** 20  # the private /tmp (default Limits.scratch_mb)
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
+# Of /etc, only what the dynamic loader, Python, time zones and fonts read (no shadow, no keys, no
+# configuration of other programs); passwd and group are written for the sandbox's own user.
+ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "alternatives",
+             "mime.types", "os-release", "fonts", "hosts", "host.conf", "protocols", "services")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+UID_BASE = 3_000_000   # a root grader runs each sandbox as a fresh uid at or above this (no account uses it)
+CPU_SLACK = 1.1        # measured cores above cpu_cores times this: the quota did not hold
 
 
 class SandboxWarning(UserWarning):
@@ -95,7 +110,7 @@ def bwrap_works() -> bool:
         path = shutil.which("bwrap")
         ok = False
         if path:
-            probe = [path, *_bwrap_args(Limits()), "--", "/bin/true"]
+            probe = [path, *_bwrap_args(Limits()), "--", *_dropped([sys.executable, "-I", "-S", "-c", "pass"])]
             with contextlib.suppress(OSError, subprocess.SubprocessError):
                 ok = subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
         _WORKS["bwrap"] = ok
@@ -111,21 +126,88 @@ def _python_dirs() -> list[str]:
     return sorted(d for d in dirs if d and Path(d).exists() and d != "/")
 
 
-def _bwrap_args(limits: Limits, env: dict | None = None) -> list[str]:
-    # The private /tmp comes first: binds are applied in order, so an interpreter or package that
-    # lives under /tmp (a checkout there) is bound on top of it instead of hidden by it. The root
-    # (a tmpfs bwrap makes) and /dev are remounted read-only last: only /tmp and /dev/shm take writes.
+def _as_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _bwrap_args(limits: Limits, env: dict | None = None, data: dict | None = None) -> list[str]:
+    """bwrap's arguments. ``data``: {path inside: file descriptor} of files it reads in (``--ro-bind-data``).
+
+    The private /tmp comes first: binds are applied in order, so an interpreter or package that
+    lives under /tmp (a checkout there) is bound on top of it instead of hidden by it. Folders
+    bwrap makes on the way to a bind get mode 0755 (it would copy 0700 from e.g. /root), so the
+    unprivileged user inside can reach them. The root (a tmpfs bwrap makes) and /dev are remounted
+    read-only last: only /tmp and /dev/shm take writes.
+    """
     mib = 2 ** 20
-    args = ["--size", str(int(limits.scratch_mb * mib)), "--tmpfs", "/tmp", "--dir", "/tmp/work"]
-    for path in (*SYSTEM_DIRS, *_python_dirs()):
+    args = ["--perms", "1777", "--size", str(int(limits.scratch_mb * mib)), "--tmpfs", "/tmp",
+            "--perms", "0777", "--dir", "/tmp/work"]
+    made = {"/", "/tmp", "/tmp/work"}
+    binds = [*SYSTEM_DIRS, *_python_dirs()]
+    for path in binds:
+        for parent in reversed(Path(path).parents):
+            name = str(parent)
+            if name not in made and not any(name == b or name.startswith(b + "/") for b in SYSTEM_DIRS):
+                args += ["--perms", "0755", "--dir", name]
+                made.add(name)
         args += ["--ro-bind-try", path, path]
-    args += ["--dev", "/dev", "--size", str(int(limits.shm_mb * mib)), "--tmpfs", "/dev/shm", "--proc", "/proc",
-             "--remount-ro", "/dev", "--remount-ro", "/",
-             "--chdir", "/tmp/work", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-             "--clearenv"]
+        made.add(path)
+    args += ["--perms", "0755", "--dir", "/etc"]
+    for name in ETC_FILES:
+        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    for path, fd in (data or {}).items():
+        args += ["--perms", "0644", "--ro-bind-data", str(fd), path]
+    args += ["--dev", "/dev", "--perms", "1777", "--size", str(int(limits.shm_mb * mib)), "--tmpfs", "/dev/shm",
+             "--proc", "/proc", "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp/work"]
+    if _as_root():  # no user namespace (it would map the sandbox's uid onto root); the dropper switches uid
+        args += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+                 "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        args += ["--unshare-all", "--cap-drop", "ALL"]
+    args += ["--die-with-parent", "--new-session", "--clearenv"]
     for key, value in (env or {}).items():
         args += ["--setenv", key, value]
     return args
+
+
+# Inside the sandbox, first (root grader only): drop to the sandbox's own uid (its capabilities go with
+# root), cap its processes (RLIMIT_NPROC counts this uid, which nothing else uses), then run the command.
+_DROP = r"""
+import os, resource, sys
+uid, nproc = int(sys.argv[1]), int(sys.argv[2])
+os.setgroups([])
+os.setresgid(uid, uid, uid)
+os.setresuid(uid, uid, uid)
+if nproc > 0:
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+os.execv(sys.argv[3], sys.argv[3:])
+"""
+
+
+def _dropped(command: list[str], uid: int = UID_BASE, nproc: int = 0) -> list[str]:
+    """``command`` behind the uid dropper when the grader is root (else as it is)."""
+    if not _as_root():
+        return list(command)
+    return [sys.executable, "-I", "-S", "-c", _DROP, str(uid), str(nproc), *command]
+
+
+_UIDS = itertools.count()
+
+
+def _fresh_uid() -> int:
+    """A uid no account and no other sandbox of this grader uses."""
+    while True:
+        uid = UID_BASE + (os.getpid() % 20_000) * 1000 + next(_UIDS) % 1000
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            return uid
+
+
+def _identity_files(uid: int) -> dict[str, bytes]:
+    """/etc/passwd and /etc/group inside: root and the sandbox's user (``student``, home /tmp)."""
+    return {"/etc/passwd": f"root:x:0:0:root:/root:/usr/sbin/nologin\nstudent:x:{uid}:{uid}:student:/tmp:/usr/sbin/nologin\n".encode(),
+            "/etc/group": f"root:x:0:\nstudent:x:{uid}:\n".encode()}
 
 
 # -- caps: rlimits (always) and a cgroup (where we may make one) ----------------------------
@@ -148,6 +230,8 @@ class _Cgroup:
     def __init__(self, limits: Limits):
         self.dirs: list[Path] = []
         self.caps: dict = {}
+        self.usage_file: Path | None = None   # the cgroup's CPU time so far (v1 cpuacct.usage, v2 cpu.stat)
+        self.usage_scale = 1e-6
         name = f"sazo-lab-{os.getpid()}-{next(_COUNTER)}"
         try:
             if (CGROUP_ROOT / "cgroup.controllers").exists():
@@ -165,11 +249,15 @@ class _Cgroup:
 
     def _v1(self, name: str, limits: Limits) -> None:
         for controller, files in (("memory", ["memory.limit_in_bytes"]), ("pids", ["pids.max"]),
-                                  ("cpu", ["cpu.cfs_quota_us", "cpu.cfs_period_us"])):
+                                  ("cpu", ["cpu.cfs_quota_us", "cpu.cfs_period_us"]), ("cpuacct", ["cpuacct.usage"])):
             parent = CGROUP_ROOT / controller
             if not all((parent / f).exists() or f == "pids.max" for f in files) or not parent.is_dir():
                 continue
+            if controller == "cpuacct" and self.usage_file is not None:
+                continue  # cpu and cpuacct mounted together: one folder has both
             path = self._make(parent / name)
+            if (path / "cpuacct.usage").exists():
+                self.usage_file, self.usage_scale = path / "cpuacct.usage", 1e-9
             if controller == "memory":
                 (path / "memory.limit_in_bytes").write_text(str(limits.memory_mb * 2 ** 20))
                 with contextlib.suppress(OSError):  # no swap past the limit either, where swap accounting exists
@@ -178,7 +266,7 @@ class _Cgroup:
             elif controller == "pids":
                 (path / "pids.max").write_text(str(limits.processes))
                 self.caps["processes"] = "sandbox"
-            elif limits.cpu_cores is not None:
+            elif controller == "cpu" and limits.cpu_cores is not None:
                 period = int((path / "cpu.cfs_period_us").read_text())
                 (path / "cpu.cfs_quota_us").write_text(str(max(1000, int(limits.cpu_cores * period))))
                 self.caps["cpu_cores"] = "sandbox"
@@ -196,6 +284,21 @@ class _Cgroup:
         if "cpu" in available and limits.cpu_cores is not None:
             (path / "cpu.max").write_text(f"{max(1000, int(limits.cpu_cores * 100000))} 100000")
             self.caps["cpu_cores"] = "sandbox"
+        if (path / "cpu.stat").exists():
+            self.usage_file = path / "cpu.stat"
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time used so far by everything in the cgroup, as the kernel counts it (None: unknown)."""
+        if self.usage_file is None:
+            return None
+        try:
+            text = self.usage_file.read_text()
+        except OSError:
+            return None
+        if self.usage_file.name == "cpu.stat":  # v2: "usage_usec N" among others
+            fields = dict(line.split() for line in text.splitlines() if len(line.split()) == 2)
+            return int(fields["usage_usec"]) * 1e-6 if "usage_usec" in fields else None
+        return int(text.strip()) * self.usage_scale
 
     @property
     def join(self) -> list[str]:
@@ -275,6 +378,9 @@ class Sandbox:
         self.caps: dict = {}
         self._scratch = None
         self._cgroup: _Cgroup | None = None
+        self.uid = _fresh_uid() if _as_root() and self.kind == "bwrap" else os.getuid()
+        self._usage: tuple[float, float] | None = None   # (wall, CPU seconds) at the last sample
+        self.peak_cores = 0.0
 
     def _launcher(self, argv: list[str]) -> list[str]:
         """``argv`` behind the launcher that joins the cgroup and sets the rlimits, then execs it."""
@@ -286,11 +392,18 @@ class Sandbox:
                 "cpu_seconds": limits.cpu_seconds, "file_mb": limits.file_mb,
                 "processes": limits.processes if "processes" in self._cgroup.caps else None,
                 "cpu_cores": limits.cpu_cores if "cpu_cores" in self._cgroup.caps else None}
-        if caps["processes"] is None and os.getuid() != 0:  # root ignores RLIMIT_NPROC
+        self._nproc = int(limits.processes) if self.kind == "bwrap" and _as_root() else 0  # the dropper sets it
+        if caps["processes"] is None and self._nproc:  # on a fresh uid: it counts this sandbox alone
+            caps["processes"] = f"{limits.processes} (RLIMIT_NPROC on the sandbox's own uid)"
+        elif caps["processes"] is None and os.getuid() != 0:  # root ignores RLIMIT_NPROC
             rlimits["RLIMIT_NPROC"] = _tasks_of_this_user() + int(limits.processes)
             caps["processes"] = f"{limits.processes} (RLIMIT_NPROC over the grader's user)"
         if self.kind == "bwrap":
-            caps.update(read_only_root=True, scratch_mb=limits.scratch_mb, shm_mb=limits.shm_mb)
+            caps.update(read_only_root=True, scratch_mb=limits.scratch_mb, shm_mb=limits.shm_mb, uid=self.uid,
+                        user="dropped to its own uid" if _as_root() else "the grader's user in a user namespace",
+                        etc=list(ETC_FILES) + ["passwd", "group"])
+        else:
+            caps.update(uid=os.getuid(), user="the grader's own (unconfined)")
         self.caps = caps
         spec = json.dumps({"join": self._cgroup.join, "rlimits": rlimits})
         return [sys.executable, "-I", "-S", "-c", _LAUNCH, spec, *argv]
@@ -299,11 +412,22 @@ class Sandbox:
         """Start the command (``popen``: stdin/stdout/stderr for ``subprocess.Popen``)."""
         if self.kind == "bwrap":
             info_read, info_write = os.pipe()
-            argv = [shutil.which("bwrap"), "--info-fd", str(info_write), *_bwrap_args(self.limits, self.env),
-                    "--", *self.command]
-            self.process = subprocess.Popen(self._launcher(argv), pass_fds=(*self.pass_fds, info_write),
-                                            start_new_session=True,
-                                            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, **popen)
+            data = {}
+            for path, content in _identity_files(self.uid).items():  # tiny: fits a pipe's buffer
+                read, write = os.pipe()
+                os.write(write, content)
+                os.close(write)
+                data[path] = read
+            launcher = self._launcher([])  # the cgroup and the caps first (the dropper needs _nproc)
+            argv = [shutil.which("bwrap"), "--info-fd", str(info_write), *_bwrap_args(self.limits, self.env, data),
+                    "--", *_dropped(self.command, self.uid, self._nproc)]
+            try:
+                self.process = subprocess.Popen(launcher + argv, pass_fds=(*self.pass_fds, info_write, *data.values()),
+                                                start_new_session=True,
+                                                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, **popen)
+            finally:
+                for fd in data.values():
+                    os.close(fd)
             os.close(info_write)
             with os.fdopen(info_read) as info:
                 text = info.read()
@@ -317,12 +441,35 @@ class Sandbox:
             env = {**self.env, "HOME": self._scratch.name, "TMPDIR": self._scratch.name}
             self.process = subprocess.Popen(self._launcher(self.command), pass_fds=self.pass_fds,
                                             start_new_session=True, cwd=self._scratch.name, env=env, **popen)
+        self.sample()
         return self.process
+
+    def sample(self) -> None:
+        """Measure the cores the sandbox used since the last sample (at least 0.5 s ago) from its cgroup's
+        own CPU time; past ``cpu_cores`` (times ``CPU_SLACK``) the quota is reported as not enforced."""
+        if self._cgroup is None:
+            return
+        used, now = self._cgroup.cpu_seconds(), time.monotonic()
+        if used is None:
+            return
+        if self._usage is None:
+            self._usage = (now, used)
+            return
+        then, before = self._usage
+        if now - then < 0.5:
+            return
+        self._usage = (now, used)
+        self.peak_cores = max(self.peak_cores, (used - before) / (now - then))
+        self.caps["cpu_cores_measured"] = round(self.peak_cores, 2)
+        cap = self.limits.cpu_cores
+        if cap is not None and self.peak_cores > cap * CPU_SLACK and self.caps.get("cpu_cores") == cap:
+            self.caps["cpu_cores"] = f"not enforced (quota {cap}, measured {self.peak_cores:.2f} cores)"
 
     def close(self, timeout: float = 10.0) -> None:
         """Kill the command and everything it started; wait until none of it is left."""
         if self.process is None:
             return
+        self.sample()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()

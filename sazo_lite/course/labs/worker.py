@@ -6,6 +6,10 @@ that match the solution's (see ``values``), and ends the process (its whole name
 Events, one JSON object per line on file descriptor FD:
 ``{"unit": ["cell", i] | ["case", q, k], "phase": "start" | "end", ...}``, ``{"rule": [name, how],
 "unit": ...}`` (the lab's library rule was broken there, see ``guard``) and ``{"done": true}``.
+
+Before any student code runs, the worker asks the kernel to refuse ``execve`` to this process and
+everything it starts (seccomp, where the architecture is known): a submission can fork (its
+children keep the guard) but cannot start another program, such as a fresh Python without it.
 """
 from __future__ import annotations
 
@@ -14,16 +18,18 @@ import json
 import os
 import signal
 import sys
+import threading
 import traceback
 
 from sazo_lite.course.labs import LabTimeout, time_limit
-from sazo_lite.course.labs.guard import Guard
+from sazo_lite.course.labs.guard import TAMPERED, Guard
 from sazo_lite.course.labs.values import encode
 
 # Held before any student code runs: the submission may rebind the module-level names.
 _write, _dumps, _setitimer, _signal = os.write, json.dumps, signal.setitimer, signal.signal
 _BaseException, _ITIMER, _SIGALRM = BaseException, signal.ITIMER_REAL, signal.SIGALRM
 _BUILTINS = dict(builtins.__dict__)
+_LOCK = threading.Lock()   # one line at a time, whichever thread reports
 
 
 def run_case(source: str, namespace: dict, name: str = "<case>", guard: Guard | None = None) -> tuple[str | None, list]:
@@ -58,8 +64,48 @@ def run_case(source: str, namespace: dict, name: str = "<case>", guard: Guard | 
 
 def _emit(fd: int, event: dict) -> None:
     data = (_dumps(event) + "\n").encode()
-    while data:
-        data = data[_write(fd, data):]
+    with _LOCK:
+        while data:
+            data = data[_write(fd, data):]
+
+
+# seccomp: a classic BPF program over struct seccomp_data {int nr; u32 arch; ...}
+_ARCHES = {"x86_64": (0xC000003E, (59, 322)), "aarch64": (0xC00000B7, (221, 281))}  # AUDIT_ARCH, execve, execveat
+
+
+def block_programs() -> bool:
+    """Make the kernel refuse ``execve``/``execveat`` (EPERM) to this process and its children, for good.
+
+    Returns False where it cannot (unknown architecture, no seccomp): the audit hook of ``guard``
+    still refuses the Python ways to start a program.
+    """
+    import ctypes
+    import platform
+
+    arch = _ARCHES.get(platform.machine())
+    if arch is None:
+        return False
+    audit_arch, (execve, execveat) = arch
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06          # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    allow, eperm = 0x7FFF0000, 0x00050000 | 1            # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    program = [(ld, 0, 0, 4), (jeq, 1, 0, audit_arch), (ret, 0, 0, eperm),   # another ABI (i386, ...): refused
+               (ld, 0, 0, 0), (jge, 3, 0, 0x40000000),                       # x32 syscalls: refused
+               (jeq, 2, 0, execve), (jeq, 1, 0, execveat), (ret, 0, 0, allow), (ret, 0, 0, eperm)]
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    if platform.machine() != "x86_64":
+        program[3:5] = [program[3], (jeq, 0, 0, 0xFFFFFFFF)]  # no x32 elsewhere: a jump that never fires
+    filters = (Filter * len(program))(*[Filter(*f) for f in program])
+    prog = Program(len(program), filters)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(38, 1, 0, 0, 0) != 0:                  # PR_SET_NO_NEW_PRIVS
+        return False
+    return libc.prctl(22, 2, ctypes.byref(prog), 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
 
 
 def _alarm(signum, frame):
@@ -79,16 +125,24 @@ def main(fd: int) -> None:
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     current = [None]
     guard = None
+    if job.get("block_programs", True):
+        block_programs()
     if job.get("rule"):
         reported = set()
 
-        def report(name, how):
-            key = (name, how, repr(current[0]))
+        def report(name, how, unit=None):
+            unit = current[0] if unit is None else unit
+            key = (name, how, repr(unit))
             if key not in reported:
                 reported.add(key)
-                _emit(fd, {"rule": [str(name)[:200], str(how)[:200]], "unit": current[0]})
+                _emit(fd, {"rule": [str(name)[:200], str(how)[:200]], "unit": unit})
 
-        guard = Guard(job["rule"]["modules"], job["rule"]["names"], namespace, report)
+        def tampered():
+            changed = guard.intact()
+            if changed:
+                report(TAMPERED, f"changed ({', '.join(changed)[:150]})")
+
+        guard = Guard(job["rule"]["modules"], job["rule"]["names"], namespace, report, unit=lambda: current[0])
         guard.install()
         _BUILTINS["__import__"] = builtins.__import__  # the guarded import is what every case restores
     graded = (job.get("rule") or {}).get("graded", {})
@@ -106,6 +160,8 @@ def main(fd: int) -> None:
                 _setitimer(_ITIMER, 0)
         except _BaseException as exc:  # SystemExit, KeyboardInterrupt and LabTimeout included
             error = _error(exc)
+        if guard is not None:
+            tampered()
         _emit(fd, {"unit": ["cell", index], "phase": "end", "error": error})
         current[0] = None
     for question, case, source in job["cases"]:
@@ -113,6 +169,7 @@ def main(fd: int) -> None:
         _emit(fd, {"unit": ["case", question, case], "phase": "start"})
         if guard is not None:
             try:
+                tampered()
                 for name, how in guard.check(graded.get(question, [])):
                     report(name, how)
             except _BaseException as exc:  # a hostile object made the check itself fail: that is a finding too
