@@ -160,7 +160,7 @@ def safe_name(stem: str) -> str:
     ``a b`` and ``a_b`` stay apart).
 
     Example:
-        >>> safe_name("alice"), safe_name("..")[:10], safe_name("../x")[:4]
+        >>> safe_name("alice"), safe_name("..")[:10], safe_name("../x")[:2]
         ('alice', 'submission', 'x-')
     """
     name = "".join(c if c.isalnum() or c in "_-." else "_" for c in str(stem)).strip(".")[:80] or "submission"
