@@ -38,8 +38,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
+import numpy as np
 import torch
 from torch.utils.hooks import RemovableHandle
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .directions import PERTURBATIONS, Z_BOUND, derive_seed, draw_direction, rademacher_signs
 from .interrupts import InterruptsDeferred as _InterruptsDeferred
@@ -154,6 +156,35 @@ def _check_disjoint(params: list[torch.Tensor]) -> None:
 
 
 _FLOAT_MAX: dict[torch.dtype, float] = {}
+_STORED_AS = WeakIdKeyDictionary()   # a master copy → the dtype of the model tensor its values go into
+
+
+def store_as(tensor: torch.Tensor, dtype: torch.dtype) -> None:
+    """Declare ``tensor`` a master copy whose values are also written into a ``dtype`` tensor
+    (``precision.Float32Master``): MeZO then refuses shifts and updates that would leave the
+    narrower of the two ranges (float16: |x| ≤ 65504), before they change anything."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"Invalid dtype: {dtype!r} (expected a floating-point torch.dtype)")
+    _STORED_AS[tensor] = dtype
+
+
+def range_dtype(p: torch.Tensor) -> torch.dtype:
+    """The dtype whose range ``p``'s values must stay in: its own, or the narrower one it is stored as."""
+    stored = _STORED_AS.get(p) if _STORED_AS else None
+    if stored is None or torch.finfo(stored).max >= torch.finfo(p.dtype).max:
+        return p.dtype
+    return stored
+
+
+
+# A pass that scales θ by less than this in size cannot be undone by dividing (θ·0 is lost, a
+# tiny shrink turns rounding into large errors): ``MeZO._apply`` keeps a copy of those tensors.
+UNINVERTIBLE_SHRINK = 0.5
+
+
+def _keep_uninvertible(jobs: list[Job]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(tensor, copy) for the jobs whose shrink an undo cannot divide out (lr·weight_decay > ½)."""
+    return [(job.param, job.param.detach().clone()) for job in jobs if abs(job.shrink) < UNINVERTIBLE_SHRINK]
 
 
 def _fits(value: float, dtype: torch.dtype) -> bool:
@@ -359,14 +390,19 @@ class MeZO(torch.optim.Optimizer):
     def _apply(self, jobs: list[Job], source=None) -> None:
         """One atomic pass: every job applied, or (if the source raises part-way) none."""
         source = source if source is not None else self.noise_source
-        if not isinstance(source, NoiseSource):
-            source.apply(jobs)
-            return
+        kept = _keep_uninvertible(jobs)
         done: list[Job] = []
         try:
-            source.apply(jobs, done)
+            if isinstance(source, NoiseSource):
+                source.apply(jobs, done)
+            else:
+                source.apply(jobs)
         except BaseException:
-            source.undo(done)
+            if isinstance(source, NoiseSource):
+                source.undo(done)
+            with torch.no_grad():
+                for param, copy in kept:   # θ·shrink cannot be divided back: put the copy back
+                    param.copy_(copy)
             raise
 
     def _move(self, seed: int, multiple_of_eps: float, offset: int) -> None:
@@ -412,7 +448,8 @@ class MeZO(torch.optim.Optimizer):
                 self._apply_pending(pending)
 
     def _magnitudes(self) -> dict[torch.dtype, float]:
-        """Per dtype, a bound on max|θ| where the next step starts (a pending update applied).
+        """Per range dtype (``range_dtype``), a bound on max|θ| where the next step starts (a pending
+        update applied).
 
         Raises ValueError if a parameter holds inf or NaN. One max-reduction per tensor, read
         back once per (device, dtype).
@@ -425,14 +462,15 @@ class MeZO(torch.optim.Optimizer):
                     job = pending.get(id(p))
                     scale, offset = (abs(job.shrink), abs(job.coefficient) * Z_BOUND) if job else (1.0, 0.0)
                     low, high = torch.aminmax(p.detach())  # one read, no temporary (abs() would be one)
-                    found.setdefault((p.device, p.dtype), []).append((torch.maximum(-low, high), scale, offset))
+                    key = (p.device, p.dtype, range_dtype(p))
+                    found.setdefault(key, []).append((torch.maximum(-low, high), scale, offset))
         out: dict[torch.dtype, float] = {}
-        for (device, dtype), rows in found.items():
+        for (device, own, dtype), rows in found.items():   # dtype: the range the values must stay in
             norms = torch.stack([r[0] for r in rows]).to("cpu", torch.float64)
             scales = torch.tensor([r[1] for r in rows], dtype=torch.float64)
             offsets = torch.tensor([r[2] for r in rows], dtype=torch.float64)
             if not bool(torch.isfinite(norms).all()):
-                raise ValueError(f"Invalid params: a {dtype} parameter holds inf or NaN entries; nothing changed")
+                raise ValueError(f"Invalid params: a {own} parameter holds inf or NaN entries; nothing changed")
             out[dtype] = max(out.get(dtype, 0.0), float((norms * scales + offsets).max()))
         return out
 
@@ -452,7 +490,7 @@ class MeZO(torch.optim.Optimizer):
         for group in groups:
             coefficient = eps - group["lr"] * (projected_grad + group["weight_decay"] * eps)
             shrink = 1.0 - group["lr"] * group["weight_decay"]
-            for dtype in {p.dtype for p in group["params"]}:
+            for dtype in {range_dtype(p) for p in group["params"]}:
                 start = None if magnitudes is None else magnitudes.get(dtype, 0.0)
                 room = start is None or _fits(abs(shrink) * (start / Z_BOUND + eps) + abs(coefficient), dtype)
                 if not (_fits(coefficient, dtype) and _fits(shrink, dtype) and room):
@@ -523,6 +561,9 @@ class MeZO(torch.optim.Optimizer):
         except (TypeError, ValueError, RuntimeError):
             raise ValueError(f"Invalid closure result: {value!r} (expected a tensor, number or list "
                              f"of numbers); parameters restored") from None
+        if not isinstance(value, torch.Tensor) and _booleans_or_complex(value):   # float64 would read True as 1.0
+            raise ValueError(f"Invalid closure result: {value!r} (expected real losses, not booleans or "
+                             f"complex numbers); parameters restored")
         if losses.is_complex() or losses.dtype == torch.bool:
             raise ValueError(f"Invalid closure result: dtype {losses.dtype} (expected real losses)")
         if losses.dim() > 1:
@@ -537,19 +578,45 @@ class MeZO(torch.optim.Optimizer):
 
     def _check_ready(self) -> None:
         """Everything a step needs, checked before anything changes."""
+        self._check_groups_unchanged()
         eps = None
         for group in self.param_groups:
             cleaned = group if _plain_group(group) else _check_group(group, {})
             if eps is not None and cleaned["eps"] != eps:
                 raise ValueError(f"Invalid eps: {cleaned['eps']} (all param groups must share one eps)")
             eps = cleaned["eps"]
-            for dtype in {p.dtype for p in group["params"]}:
+            for dtype in {range_dtype(p) for p in group["params"]}:
                 if not _fits(2.0 * eps, dtype):
                     raise ValueError(f"Invalid eps: {eps} (2·eps·z overflows {dtype})")
         for hook in list(self._step_hooks.values()):
             check = getattr(hook, "check", None)
             if check is not None:
                 check(self)
+
+    def _check_groups_unchanged(self) -> None:
+        """Param groups edited since the last check (a group appended to ``param_groups``, tensors
+        added to or replaced in a group's list) are checked as ``add_param_group`` checks them."""
+        groups = self.param_groups
+        known = getattr(self, "_checked_groups", None)
+        if (known is not None and len(known) == len(groups)
+                and all(isinstance(g, dict) and isinstance(g.get("params"), list) and len(ps) == len(g["params"])
+                        and all(a is b for a, b in zip(ps, g["params"])) for ps, g in zip(known, groups))):
+            return
+        for group in groups:
+            if not isinstance(group, dict) or not isinstance(group.get("params"), list):
+                raise ValueError(f"Invalid param_group: expected a dict with a list of 'params', got {group!r}")
+            missing = {"lr", "weight_decay", "eps", "perturbation"} - set(group)
+            if missing:
+                raise ValueError(f"Invalid param_group: a group lacks {sorted(missing)} (use add_param_group)")
+            _check_params(group["params"])
+        params = [p for group in groups for p in group["params"]]
+        if len({id(p) for p in params}) < len(params):
+            raise ValueError("Invalid params: some tensors appear in more than one place")
+        _check_disjoint(params)
+        if "step" not in self.state.get(params[0], {}):
+            raise ValueError("Invalid params: the first parameter was replaced or moved; MeZO keeps its step count "
+                             "and seed with it (build a new optimiser, or load_state_dict into one)")
+        self._checked_groups = [list(group["params"]) for group in groups]   # the tensors themselves: no id reuse
 
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor], weights: torch.Tensor | None = None) -> ZOStep:
@@ -620,6 +687,13 @@ class MeZO(torch.optim.Optimizer):
         if weights is not None and (plus.dim() != 1 or weights.shape != plus.shape):
             raise ValueError(f"Invalid weights: shape {tuple(weights.shape)} does not match "
                              f"the per-example losses' shape {tuple(plus.shape)}")
+
+
+def _booleans_or_complex(value) -> bool:
+    """A closure's non-tensor result holds a bool or a complex number (a number, or a list of them)."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return any(isinstance(v, (bool, complex)) or (isinstance(v, np.ndarray) and v.dtype.kind in "bc")
+               or (isinstance(v, np.generic) and v.dtype.kind in "bc") for v in items)
 
 
 def _directions(source):

@@ -397,9 +397,11 @@ class ZOTrainer(Trainer):
                 outputs = net(**{k: v for k, v in batch.items() if k != "labels"})
             return gather_losses(self.per_example_loss(outputs, batch).float())
 
-        out = self.zo_optimizer.step(losses, weights)
-        if self._master is not None:
-            self._master.sync()  # the model holds the updated weights between steps
+        try:
+            out = self.zo_optimizer.step(losses, weights)
+        finally:   # the model holds where the master stands: updated, or back at θ after a refused step
+            if self._master is not None:
+                self._master.sync()
         self.zo_sampler.update(indices, out.directional_diffs)
         w = weights.double()
         self._zo_pending.append((abs(out.projected_grad), float(w.max()),

@@ -12,10 +12,14 @@ both on SmolLM2 (its figures are in the docs, not here). Mitigation:
 ``Float32Master`` keeps a float32 master copy of the trainable parameters, lets MeZO
 perturb the master, and copies it into the half-precision model before each forward.
 For LoRA the master costs 4 bytes per adapter parameter; for full tuning it doubles memory.
+Each master tensor is declared stored as its parameter's dtype (``engine.store_as``), so MeZO
+refuses a shift or an update that would leave float16's range before it changes the master.
 """
 from __future__ import annotations
 
 import torch
+
+from .engine import store_as
 
 __all__ = ["Float32Master", "unit_roundoff", "restore_bound"]
 
@@ -27,16 +31,42 @@ class Float32Master:
     into the model (rounding once to bf16/fp16) before every forward, so rounding never
     accumulates in θ and small updates ηg·z are not lost.
 
+    MeZO checks every shift and update of the master against the model's dtype (float16:
+    |x| ≤ 65504) before it commits, so a refused step (``ValueError``) leaves the master where it
+    started and the step count unchanged; ``step`` (or ``sync()`` after a failed
+    ``opt.step(master.wrap(...))``) then puts the model back too.
+
     Example:
-        >>> master = Float32Master(trainable_parameters(model))   # doctest: +SKIP
-        >>> opt = MeZO(master.tensors, lr=1e-4)                    # doctest: +SKIP
-        >>> opt.step(master.wrap(lambda: losses(idx)))             # doctest: +SKIP
-        >>> master.sync()                                          # doctest: +SKIP
+        >>> from sazo_lite import MeZO
+        >>> model = [torch.ones(3, dtype=torch.float16)]
+        >>> master = Float32Master(model)
+        >>> opt = MeZO(master.tensors, lr=1e-3)
+        >>> _ = master.step(opt, lambda: (model[0].float() - 2).pow(2))   # the model holds the update
+        >>> bool((model[0] != 1).any()), opt.step_count
+        (True, 1)
     """
 
     def __init__(self, params):
         self.params = list(params)
         self.tensors = [p.detach().to(torch.float32).clone() for p in self.params]
+        self._declare()
+
+    def _declare(self) -> None:
+        for p, master in zip(self.params, self.tensors):
+            if p.dtype.is_floating_point:
+                store_as(master, p.dtype)
+
+    def __setstate__(self, state: dict) -> None:   # deepcopy/pickle: the copies are masters too
+        self.__dict__.update(state)
+        self._declare()
+
+    def step(self, optimizer, closure, weights=None):
+        """``optimizer.step(self.wrap(closure), weights)``, then the model synced from the master,
+        whether the step committed or failed (the model then holds where the master stands)."""
+        try:
+            return optimizer.step(self.wrap(closure), weights)
+        finally:
+            self.sync()
 
     @torch.no_grad()
     def sync(self) -> None:

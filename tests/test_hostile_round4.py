@@ -233,3 +233,192 @@ def test_feedback_that_is_not_real_numbers_is_refused_and_changes_nothing(make, 
 def test_oracle_norms_that_are_not_real_are_refused(norms):
     with pytest.raises(ValueError, match="norms_fn"):
         OracleSampler(3, lambda: norms).probs
+
+
+# == engine ===================================================================================
+def params64(seed=0, shapes=((6, 3), (7,))):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g, dtype=torch.float64) for s in shapes]
+
+
+def assert_restored(params, before, eps, passes=3):
+    for p, b in zip(params, before):
+        bound = passes * torch.finfo(p.dtype).eps * (b.abs() + 2 * eps * 9.0) + 1e-300
+        assert bool(((p - b).abs() <= bound).all()), float((p - b).abs().max())
+
+
+def quadratic(params):
+    return lambda: torch.stack([(p.double() ** 2).sum() for p in params])
+
+
+# -- 2 (medium): a float32 master checks updates against the model's float16 -------------------
+def _half_model(value=1.0, dtype=torch.float16):
+    model = [torch.full((4,), value, dtype=dtype), torch.full((3,), -value, dtype=dtype)]
+    master = Float32Master(model)
+    return model, master
+
+
+def _huge_loss(model):
+    return lambda: 1000.0 * sum(p.float().sum() for p in model)   # g ≈ 1000·Σz: lr·g·z ≈ 1e6
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_an_update_beyond_the_models_range_is_refused_before_the_master_commits(dtype):
+    model, master = _half_model(dtype=dtype)
+    lr = 1e3 if dtype == torch.float16 else 1e36          # bfloat16's range is float32's, nearly
+    opt = MeZO(master.tensors, lr=lr, eps=1e-2)
+    before_model, before_master = [p.clone() for p in model], [t.clone() for t in master.tensors]
+    with pytest.raises(ValueError, match=f"Invalid lr.*{str(dtype).split('.')[1]}"):
+        master.step(opt, _huge_loss(model))
+    assert opt.step_count == 0
+    assert_restored(master.tensors, before_master, 1e-2)
+    assert all(torch.equal(p, b) for p, b in zip(model, before_model))    # the model is back, exactly
+    master.sync()                                                           # and stays in step with the master
+    assert all(torch.equal(p, b) for p, b in zip(model, before_model))
+
+
+def test_the_documented_wrap_and_sync_also_leave_model_master_and_count_in_step():
+    model, master = _half_model()
+    opt = MeZO(master.tensors, lr=1e3, eps=1e-2)
+    before = [p.clone() for p in model]
+    with pytest.raises(ValueError, match="Invalid lr"):
+        opt.step(master.wrap(_huge_loss(model)))
+    master.sync()                    # used to raise OverflowError with the model at θ − εz
+    assert opt.step_count == 0 and all(torch.equal(p, b) for p, b in zip(model, before))
+
+
+def test_a_shift_beyond_the_models_range_is_refused_before_any_pass():
+    model, master = _half_model(value=65000.0)
+    opt = MeZO(master.tensors, lr=1e-3, eps=100.0)        # 65000 + 100·z leaves float16
+    before_model, before_master = [p.clone() for p in model], [t.clone() for t in master.tensors]
+    with pytest.raises(ValueError, match="float16"):
+        master.step(opt, lambda: sum(p.float().sum() for p in model))
+    assert all(torch.equal(a, b) for a, b in zip(master.tensors + model, before_master + before_model))
+
+
+def test_a_master_keeps_its_range_through_deepcopy():
+    model, master = _half_model()
+    copied = copy.deepcopy(master)
+    opt = MeZO(copied.tensors, lr=1e3, eps=1e-2)
+    with pytest.raises(ValueError, match="float16"):
+        copied.step(opt, _huge_loss(copied.params))
+
+
+def test_the_trainer_refuses_an_update_beyond_float16_and_leaves_the_model_as_it_was(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from sazo_lite.hf import ZOTrainer
+    from sazo_lite.llm.models import tiny_causal_lm
+
+    transformers.logging.set_verbosity_error()
+    g = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": (ids := torch.randint(3, 64, (5,), generator=g).tolist()), "labels": ids} for _ in range(4)]
+    model = tiny_causal_lm("llama", vocab_size=64).to(torch.float16)
+    args = transformers.TrainingArguments(str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=2,
+                                          learning_rate=1e9, report_to=[], use_cpu=True, disable_tqdm=True,
+                                          seed=0, save_strategy="no")
+    trainer = ZOTrainer(model, args, train_dataset=rows)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match="float16"):
+        trainer.train()
+    assert trainer.zo_optimizer.step_count == 0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+# -- 7: a closure returning Python booleans -------------------------------------------------------
+@pytest.mark.parametrize("bad", [True, False, [True, False], (True,), np.bool_(True), np.array([True, False]),
+                                 [True, 2.0], 1 + 2j, [1.0, 2j]])
+def test_boolean_or_complex_closure_results_are_refused_and_theta_restored(bad):
+    params = params64()
+    before = [p.clone() for p in params]
+    opt = MeZO(params, lr=0.1, eps=1e-3)
+    with pytest.raises(ValueError, match="Invalid closure result"):
+        opt.step(lambda: bad)
+    assert_restored(params, before, 1e-3, passes=2)
+    assert opt.step_count == 0
+
+
+# -- 8: lr·weight_decay = 1 and a noise source that fails in the update pass -------------------
+class RaiseOnPass(PlainNoise):
+    """Raises inside pass ``on_pass`` after ``after`` tensors are fully applied."""
+
+    def __init__(self, on_pass, after=1, error=RuntimeError):
+        super().__init__()
+        self.on_pass, self.after, self.error, self.passes, self.applied = on_pass, after, error, 0, 0
+
+    def apply(self, jobs, done=None):
+        self.passes += 1
+        self.applied = 0
+        super().apply(jobs, done)
+
+    def _apply_one(self, job, slot):
+        if self.passes == self.on_pass and self.applied == self.after:
+            self.on_pass = None
+            raise self.error("the noise source failed")
+        super()._apply_one(job, slot)
+        self.applied += 1
+
+
+@pytest.mark.parametrize("lr, weight_decay", [(0.5, 2.0), (1.0, 1.0), (0.1, 9.99999999), (1.0, 0.75)])
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_a_failed_update_pass_that_shrinks_theta_to_nothing_is_undone(lr, weight_decay, error):
+    params = params64()
+    before = [p.clone() for p in params]
+    opt = MeZO(params, lr=lr, eps=1e-3, weight_decay=weight_decay, noise=RaiseOnPass(3, error=error))
+    with pytest.raises(error):
+        opt.step(quadratic(params))
+    assert opt.step_count == 0
+    assert_restored(params, before, 1e-3)
+
+
+def test_a_folded_shrink_to_nothing_update_that_fails_in_the_next_pass_is_kept_pending():
+    params = params64()
+    reference = [p.clone() for p in params]
+    MeZO(reference, lr=1.0, eps=1e-3, weight_decay=1.0, noise=None).step(quadratic(reference))
+    opt = MeZO(params, lr=1.0, eps=1e-3, weight_decay=1.0, noise=RaiseOnPass(3), fold_updates=True)
+    opt.step(quadratic(params))                      # its update waits, folded into the next +εz
+    with pytest.raises(RuntimeError):
+        opt.step(quadratic(params))                  # that pass fails part-way: undone, update still pending
+    assert opt.step_count == 1 and opt.pending
+    opt.flush()
+    assert_restored(params, reference, 1e-3)
+
+
+# -- 9: param groups appended after construction ------------------------------------------------
+GROUP = dict(lr=0.1, eps=1e-3, weight_decay=0.0, perturbation="gaussian")
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda opt: opt.param_groups.append({"params": [torch.zeros(2, dtype=torch.int32)], **GROUP}), "params"),
+    (lambda opt: opt.param_groups.append({"params": [torch.zeros(2, dtype=torch.complex64)], **GROUP}), "params"),
+    (lambda opt: opt.param_groups.append({"params": [torch.zeros(2, device="meta")], **GROUP}), "params"),
+    (lambda opt: opt.param_groups.append({"params": [torch.zeros(4).expand(2, 4)], **GROUP}), "params"),
+    (lambda opt: opt.param_groups.append({"params": [opt.param_groups[0]["params"][0][:2]], **GROUP}), "params"),
+    (lambda opt: opt.param_groups.append({"params": [opt.param_groups[0]["params"][0]], **GROUP}), "params"),
+    (lambda opt: opt.param_groups.append({"params": [], **GROUP}), "params"),
+    (lambda opt: opt.param_groups.append({"params": [torch.zeros(2)], "lr": 0.1}), "param_group"),
+    (lambda opt: opt.param_groups.append({"lr": 0.1}), "param_group"),
+    (lambda opt: opt.param_groups.append([torch.zeros(2)]), "param_group"),
+    (lambda opt: opt.param_groups[0]["params"].append(torch.zeros(2, dtype=torch.int64)), "params"),
+    (lambda opt: opt.param_groups[0]["params"].__setitem__(0, torch.zeros(3, dtype=torch.complex128)), "params"),
+    (lambda opt: opt.param_groups[0]["params"].__setitem__(0, torch.zeros(3, dtype=torch.float64)), "params"),
+    (lambda opt: opt.param_groups.insert(0, {"params": [torch.zeros(2)], **GROUP}), "params"),   # ... moved
+])
+def test_param_groups_edited_after_construction_are_refused_with_value_error(change, match):
+    params = params64()
+    opt = MeZO(params, lr=0.1, eps=1e-3)
+    opt.step(quadratic(params))
+    before = [p.clone() for p in params]
+    change(opt)
+    for _ in range(2):   # refused every time, not only the first
+        with pytest.raises(ValueError, match=f"Invalid {match}"):
+            opt.step(quadratic(params))
+    assert opt.state[params[0]]["step"] == 1 and all(torch.equal(p, b) for p, b in zip(params, before))
+
+
+def test_a_valid_group_appended_after_construction_still_steps():
+    params = params64()
+    opt = MeZO(params[:1], lr=0.1, eps=1e-3)
+    opt.param_groups.append({"params": [params[1]], **GROUP})
+    before = params[1].clone()
+    opt.step(quadratic(params))
+    assert opt.step_count == 1 and not torch.equal(params[1], before)
