@@ -6,6 +6,7 @@ helpers the cells call, with the same arguments, and assert the ordering the tex
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -361,3 +362,172 @@ def test_every_preset_is_a_complete_regime(name):
         for control, value in buttons[label].values.items():
             assert dash.controls[control].value == pytest.approx(value) if isinstance(value, float) else \
                 dash.controls[control].value == value, (label, control)
+
+
+# -- every chapter: the numbers its prose states are the numbers its cells print ---------------------
+#
+# The rule is sazo_lite.course.claims.unprinted: a number in a markdown cell must be printed by the same
+# notebook run in fast mode (make test's nbmake copies, SAZO_BOOK_EXECUTED), or stand in a sentence that
+# names the class-mode run and be printed by the stored class run (benchmarks/reference/class_runs/,
+# python -m benchmarks.class_runs), or be a setting the code shows, or be listed here with its reason.
+# Notebook 06 has its own test (test_course_claims_06.py: the same rule, no exemptions).
+
+from sazo_lite.course import claims  # noqa: E402
+
+CLASS_RUNS = ROOT / "benchmarks" / "reference" / "class_runs"
+DERIVED = {   # stated figures that no run prints, each with the reason it may stand in the text
+    "01_zeroth_order_gradients": {
+        "1.7": "√((d+1)/q) = √3 at d = 2, q = 1", "0.17": "√(3/q) at q = 100",
+        "2.5": "the best ε (u|f|/M)^(1/3) ≈ 10^-2.5 in float32, derived", "1000": "the offset preset c = 1000",
+        "512": "the d = 512 preset", "511": "d − 1 at d = 512", "513": "d + 1 at d = 512",
+    },
+    "02_mezo_in_place": {
+        "26": "13·10⁹ parameters × 2 bytes", "569": "the data set's size (scikit-learn's breast cancer)",
+        "30": "the data set's features", "31": "its features and a bias",
+    },
+    "03_importance_sampling_and_the_oracle": {},
+    "04_sazo_estimating_norms": {},
+    "05_the_race": {
+        "16": "the paths dashboard's 'large batch' preset (its button)",
+    },
+    "07_memory_on_device": {
+        "34": "Korthikanti et al.'s formula, quoted", "0.6": "the paper's BP model size, quoted",
+        "75%": "the paper's BP accuracy, quoted", "82%": "the paper's ZO accuracy, quoted",
+        "20": "the question's scenario (20 minutes on the device)",
+    },
+}
+CHECKED = sorted(DERIVED)
+
+
+def _executed(name: str) -> dict:
+    """Chapter ``name`` as make test's nbmake run left it (fast mode), refusing a copy of other code."""
+    folder = os.environ.get("SAZO_BOOK_EXECUTED")
+    if not folder:
+        pytest.skip("needs the fast-mode runs of the notebooks: make test sets SAZO_BOOK_EXECUTED")
+    run = claims.load(Path(folder) / f"{name}.ipynb")
+    assert claims.code_digest(run) == claims.code_digest(claims.load(ROOT / "notebooks" / f"{name}.ipynb")), \
+        f"{folder}/{name}.ipynb does not hold the committed code: run it again"
+    return run
+
+
+def _class_run(name: str, notebook: dict) -> str | None:
+    path = CLASS_RUNS / f"{name}.txt"
+    if not path.exists():
+        return None
+    head, _, printout = path.read_text().partition("\n---\n")
+    assert f"code: {claims.code_digest(notebook)}" in head, \
+        f"{path.name} was printed by other code: python -m benchmarks.class_runs {name}"
+    return printout
+
+
+@pytest.mark.parametrize("name", CHECKED)
+def test_every_number_a_chapter_states_is_printed(name):
+    notebook = claims.load(ROOT / "notebooks" / f"{name}.ipynb")
+    missing = claims.unprinted(notebook, _executed(name), _class_run(name, notebook), DERIVED[name])
+    assert not missing, f"{name}: numbers the text states and no run prints:\n" + "\n".join(missing)
+
+
+@pytest.mark.parametrize("name", CHECKED)
+def test_each_exemption_is_still_needed(name):
+    """A derived figure that the text no longer states, or that a run now prints, leaves the list."""
+    notebook = claims.load(ROOT / "notebooks" / f"{name}.ipynb")
+    stated = {token.rstrip("×% ") for c in notebook["cells"] if c["cell_type"] == "markdown"
+              for token, *_ in claims.stated_numbers("".join(c["source"]))}
+    for token in DERIVED[name]:
+        assert token.rstrip("×% ") in stated, f"{name}: {token!r} is exempt but no longer stated"
+
+
+# -- the rule, tested on small notebooks and on mutants -------------------------------------------------
+
+def _notebook(markdown: list[str], printed: list[str], code: str = "x = 1") -> tuple[dict, dict]:
+    cells = [{"cell_type": "markdown", "source": text} for text in markdown]
+    ran = [{"cell_type": "code", "source": code, "outputs": [{"output_type": "stream", "name": "stdout",
+                                                              "text": text}]} for text in printed]
+    return {"cells": cells + [{"cell_type": "code", "source": code, "outputs": []}]}, {"cells": cells + ran}
+
+
+def test_a_number_printed_at_the_stated_precision_passes_and_any_other_fails():
+    notebook, run = _notebook(["The oracle is about 10.5× better; uniform needs 1,200 queries."],
+                              ["gain 10.512, queries 1200"])
+    assert claims.unprinted(notebook, run) == []
+    for wrong in ("10.6×", "10.49×", "1,300"):
+        mutant, _ = _notebook([f"The oracle is about {wrong} better; uniform needs 1,200 queries."], [])
+        assert claims.unprinted(mutant, run), wrong
+
+
+def test_class_mode_numbers_are_read_in_the_stored_class_run():
+    notebook, run = _notebook(["Fast mode prints 2.7×. The class-mode run measured 1.29× fewer queries."],
+                              ["> 2.7× fewer"])
+    assert claims.unprinted(notebook, run, class_run="SAZO needed 558: 1.29× fewer") == []
+    assert claims.unprinted(notebook, run, class_run="SAZO needed 558: 1.31× fewer")     # stale class run
+    assert claims.unprinted(notebook, run)                                                 # no class run
+    moved, _ = _notebook(["Fast mode prints 1.29×. The class-mode run measured 2.7×."], [])
+    assert claims.unprinted(moved, run, class_run="1.29×")          # each number is read in its own run
+
+
+def test_settings_counts_code_links_and_exercises_are_not_claims():
+    text = ("# 05 · Race 2.5\nWith `pick(600, 150)` steps, 3 seeds and B = 64 (see [lab 4](x_4.5.md), section 6.2). "
+            "\n\n## Exercises\n1. Try σ = 3.7.")
+    notebook, run = _notebook([text], [""], code="steps = pick(600, 150); B = 64")
+    assert claims.unprinted(notebook, run) == []
+    assert claims.unprinted(*_notebook([text.replace("B = 64", "B = 65")], [""], code="B = 64"))
+    assert [t for t, *_ in claims.stated_numbers("a figure ≈ 25× and 12.5% saved")] == ["25×", "12.5%"]
+
+
+def test_scripts_and_figure_data_are_not_printouts():
+    notebook, _ = _notebook(["The median is 4.17."], [])
+    figure = {"output_type": "display_data", "data": {"application/vnd.plotly.v1+json": {"y": [4.17]},
+                                                      "text/plain": "Figure 4.17"}}
+    html = {"output_type": "display_data", "data": {"text/html": "<script>var y = [4.17];</script><b>ok</b>"}}
+    run = {"cells": notebook["cells"][:1] + [{"cell_type": "code", "source": "", "outputs": [figure, html]}]}
+    assert claims.unprinted(notebook, run) == ["cell 0: '4.17' is not printed by the run"]
+
+
+@pytest.mark.parametrize("name", ["03_importance_sampling_and_the_oracle", "05_the_race"])
+def test_a_chapter_whose_text_states_an_unprinted_number_fails(name):
+    """Mutants of a real chapter and its real run: a changed answer, a cleared output, a class figure."""
+    notebook = claims.load(ROOT / "notebooks" / f"{name}.ipynb")
+    run = _executed(name)
+    derived = DERIVED[name]
+    assert claims.unprinted(notebook, run, _class_run(name, notebook), derived) == []
+    answer = next(i for i, c in enumerate(notebook["cells"]) if c["cell_type"] == "markdown" and "Answer" in
+                  "".join(c["source"]))
+    stated = "".join(notebook["cells"][answer]["source"])
+    mutant = json.loads(json.dumps(notebook))
+    mutant["cells"][answer]["source"] = stated + "\nOn this run the oracle needed 7.77× fewer queries.\n"
+    assert claims.unprinted(mutant, run, _class_run(name, notebook), derived)
+    mutant["cells"][answer]["source"] = stated + "\nThe class-mode run measured 7.77× fewer queries.\n"
+    assert claims.unprinted(mutant, run, _class_run(name, notebook), derived)
+    if name.startswith("03"):                  # the cells that print what the answers quote, cleared
+        silent = json.loads(json.dumps(run))
+        for cell in silent["cells"]:
+            if cell["cell_type"] == "code" and "Table(" in "".join(cell["source"]):
+                cell["outputs"] = []
+        assert claims.unprinted(notebook, silent, _class_run(name, notebook), derived)
+    else:                                      # a class run that measured other numbers than the text quotes
+        stale = _class_run(name, notebook).replace("1.29×", "1.31×").replace("4.50×", "4.38×")
+        assert claims.unprinted(notebook, run, stale, derived)
+
+
+def test_05_race_1_runs_until_uniform_arrives_in_fast_mode():
+    """05's race 1 prints a factor, not a lower bound, in the mode the book shows."""
+    run = _executed("05_the_race")
+    cell = next(c for c in run["cells"] if c["cell_type"] == "code" and "hetero = tuned_race" in "".join(c["source"]))
+    printed = "".join("".join(o.get("text", "")) for o in cell["outputs"])
+    assert "uniform MeZO reached" in printed and "lower bound" not in printed, printed
+
+
+def test_race_figure_fits_the_column_and_marks_divergence():
+    problem = E.make_problem("heterogeneous quadratic", heterogeneity=1.5, num_examples=64, dim=5)
+    calm = E.race(problem, lr=0.01, seeds=(0,), steps=40, batch_size=4, progress=False)
+    wild = E.race(problem, lr={"uniform": 0.08, "sazo": 0.01, "oracle": 0.01}, seeds=(0, 1), steps=60,
+                  batch_size=4, progress=False)
+    for result in (calm, wild):
+        fig = widgets.race_figure(result, title="a title")
+        assert fig.layout.width <= 680 and fig.layout.legend.orientation == "h"
+        low, high = fig.layout.yaxis.range
+        assert high == pytest.approx(np.log10(3.0))                 # not a spike to 1000× the initial gap
+        assert low <= np.log10(result.target / result.initial_gap)  # the target line is on the plot
+    assert not widgets.race_figure(calm).layout.annotations
+    marks = [a.text for a in widgets.race_figure(wild).layout.annotations]
+    assert marks == ["uniform MeZO diverged"], marks

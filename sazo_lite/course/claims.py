@@ -49,6 +49,7 @@ def prose(markdown: str) -> str:
     text = re.sub(r"<[^>]+>", " ", text)
     text = re.sub(r"\\(?:cdot|times)", " × ", text)
     text = re.sub(r"\b(?:[Ss]ections?|[Nn]otebooks?|[Ll]ab) \d+(?:\.\d+)?|\b\d\.\d's\b", " ", text)   # references
+    text = re.sub(r"(et al\.,?\s*\(?)(?:19|20)\d\d", r"\1", text)                                   # citations
     return text
 
 

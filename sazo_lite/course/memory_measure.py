@@ -245,11 +245,11 @@ def default_points(contexts=(256, 512, 1024), modes=MODES, attentions=("fused", 
             for a in attentions for n in contexts for m in modes]
 
 
-def validate(points=None, shape: ModelShape = TINY, device: str = "cpu") -> list[dict]:
-    """``compare`` for every (setup, mode) point, with a progress bar."""
+def validate(points=None, shape: ModelShape = TINY, device: str = "cpu", progress: bool = True) -> list[dict]:
+    """``compare`` for every (setup, mode) point, with a progress bar unless ``progress`` is False."""
     from tqdm.auto import tqdm
     points = points if points is not None else default_points()
-    return [compare(shape, setup, mode, device) for setup, mode in tqdm(points, desc="measuring")]
+    return [compare(shape, setup, mode, device) for setup, mode in tqdm(points, desc="measuring", disable=not progress)]
 
 
 if __name__ == "__main__":

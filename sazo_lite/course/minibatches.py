@@ -11,7 +11,7 @@ from .. import variance
 from ..directions import derive_seed
 
 __all__ = ["gain_along_path", "path_point", "sample_minibatches", "minibatch_zo_estimates", "weighted_loss_estimates",
-           "gain_vs_batch"]
+           "gain_vs_batch", "second_moment_estimate", "norm_spread"]
 
 
 def path_point(problem, progress: float) -> torch.Tensor:
@@ -101,3 +101,29 @@ def gain_along_path(problem, batch_sizes, progress) -> dict[int, torch.Tensor]:
         rows.append(gain_vs_batch(grads.norm(dim=1), float(grads.mean(0).norm()), grads.shape[1], batch_sizes))
     table = torch.stack(rows)                                                    # [T, len(B)]
     return {int(b): table[:, k] for k, b in enumerate(batch_sizes)}
+
+
+def second_moment_estimate(draws: torch.Tensor) -> tuple[float, float]:
+    """Monte-Carlo E‖ĝ‖² from ``draws`` [trials, d] and its standard error (std of ‖ĝ‖² / √trials).
+
+    Under uniform sampling of heavy-tailed norms ‖ĝ‖² is itself heavy-tailed (a few large-gradient
+    examples are rarely drawn), so the error bar says how far a run may sit from the theory.
+
+    Example:
+        >>> mean, error = second_moment_estimate(torch.ones(400, 3))
+        >>> mean, error
+        (3.0, 0.0)
+    """
+    squares = (draws.double() ** 2).sum(1)                                   # ‖ĝ‖² per draw, [trials]
+    return float(squares.mean()), float(squares.std() / len(squares) ** 0.5)
+
+
+def norm_spread(norms) -> float:
+    """How many decades the middle 90% of the norms span: log10 of their 95th / 5th percentile.
+
+    Example:
+        >>> round(norm_spread(torch.logspace(0, 2, 101)), 2)
+        1.8
+    """
+    logs = torch.log10(torch.as_tensor(norms, dtype=torch.float64).clamp_min(1e-300))
+    return float(torch.quantile(logs, 0.95) - torch.quantile(logs, 0.05))

@@ -61,8 +61,8 @@ def _progress_slider(value: float = 0.5):
 def importance_dashboard(*, num_examples: int = 256, dim: int = 20, trials: int = 10000, seed: int = 0) -> Dashboard:
     """E‖ĝ‖² of the minibatch ZO estimate under uniform, mixed and oracle sampling.
 
-    Each Monte-Carlo value averages max(2000, trials // B) draws (noise also falls with B).
-    Left: Monte-Carlo E‖ĝ‖² (bars) and theory (d+2)[V(p)/B + (1−1/B)‖∇F‖²] (diamonds), both
+    Each Monte-Carlo value averages max(2000, trials // B) draws (noise also falls with B); its
+    error bar and the readout's ± are two standard errors. Left: Monte-Carlo E‖ĝ‖² (bars) and theory (d+2)[V(p)/B + (1−1/B)‖∇F‖²] (diamonds), both
     divided by the oracle's theory value. Right: V(u)/V(p*) against σ: the line is 1 + CV² of
     the norms, the dots Monte-Carlo ratios at B = 1.
     """
@@ -71,7 +71,7 @@ def importance_dashboard(*, num_examples: int = 256, dim: int = 20, trials: int 
     controls = {"sigma": _sigma_slider(), "uniform_mix": slider("uniform mix λ", 0.3, 0.0, 1.0, 0.05),
                 "batch_size": int_slider("batch size B", 1, 1, 64), "progress": _progress_slider()}
     bars = go.FigureWidget(layout=dict(width=470, height=380, margin=dict(l=50, r=10, t=30, b=40),
-                                       yaxis_title="E‖ĝ‖² / oracle's", legend=dict(x=0.45, y=1)))
+                                       xaxis_title="sampling distribution p", yaxis_title="E‖ĝ‖² / oracle's", legend=dict(x=0.45, y=1)))
     bars.add_bar(name="Monte-Carlo", marker_color="lightsteelblue")
     bars.add_scatter(mode="markers", marker=dict(symbol="diamond", size=12, color="black"), name="theory")
     law = go.FigureWidget(layout=dict(width=470, height=380, margin=dict(l=50, r=10, t=30, b=40),
@@ -89,7 +89,7 @@ def importance_dashboard(*, num_examples: int = 256, dim: int = 20, trials: int 
         theory = variance.zo_second_moment(norms, probs, full, grads.shape[1], batch_size)
         draws = minibatches.minibatch_zo_estimates(grads, probs, batch_size, max(2000, trials // batch_size),
                                                   seed=mc_seed)
-        return float((draws ** 2).sum(1).mean()), theory
+        return (*minibatches.second_moment_estimate(draws), theory)   # Monte-Carlo, its standard error, theory
 
     def law_curve(progress):
         if progress not in law_cache:
@@ -113,17 +113,21 @@ def importance_dashboard(*, num_examples: int = 256, dim: int = 20, trials: int 
             moments = {name: second_moments(grads, p, batch_size, seed) for name, p in probs.items()}
             gains, ratios = law_curve(progress)
             current_gain = variance.uniform_gain(grads.norm(dim=1))
-        reference = moments["oracle p*"][1]
+        reference = moments["oracle p*"][2]
         with bars.batch_update(), law.batch_update():
             bars.data[0].x = bars.data[1].x = list(moments)
-            bars.data[0].y = [mc / reference for mc, _ in moments.values()]
-            bars.data[1].y = [theory / reference for _, theory in moments.values()]
+            bars.data[0].y = [mc / reference for mc, _, _ in moments.values()]
+            bars.data[0].error_y = dict(type="data", array=[2 * error / reference for _, error, _ in moments.values()])
+            bars.data[1].y = [theory / reference for _, _, theory in moments.values()]
             law.data[0].y, law.data[1].y = gains, ratios
             law.data[2].x, law.data[2].y = [sigma], [current_gain]
+        (uniform, u_error, u_theory), (oracle, o_error, _) = moments["uniform"], moments["oracle p*"]
+        ratio = uniform / oracle
+        error = 2 * ratio * ((u_error / uniform) ** 2 + (o_error / oracle) ** 2) ** 0.5   # ≈ 95% (delta method)
         readout.value = (f"1 + CV² = <b>{current_gain:.3g}</b>; V(mix)/V(p*) = "
                          f"{variance.variance_ratio(grads.norm(dim=1), list(probs.values())[1]):.3g}; "
-                         f"uniform/oracle E‖ĝ‖²: theory {moments['uniform'][1] / reference:.3g}, "
-                         f"Monte-Carlo {moments['uniform'][0] / moments['oracle p*'][0]:.3g}")
+                         f"uniform/oracle E‖ĝ‖²: theory {u_theory / reference:.3g}, "
+                         f"Monte-Carlo {ratio:.3g} ± {error:.2g} (95%, {max(2000, trials // batch_size):,} draws)")
 
     questions = {
         "sigma": "How heterogeneous must the examples be before the oracle is worth having?",

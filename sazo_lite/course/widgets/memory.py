@@ -95,7 +95,8 @@ def _current(controls, base_name: str) -> tuple[memory.ModelShape, memory.TrainS
 
 
 def _bar_figure() -> go.FigureWidget:
-    fig = go.FigureWidget(layout=dict(barmode="stack", height=380, width=560, yaxis_title="peak memory (GB)",
+    fig = go.FigureWidget(layout=dict(barmode="stack", height=380, width=560, xaxis_title="method",
+                                      yaxis_title="peak memory (GB)",
                                       title="Peak memory of one training step", margin=dict(t=50, b=40)))
     for part in PARTS:
         fig.add_bar(x=["BP", "ZO"], y=[0.0, 0.0], name=part, marker_color=COLOURS[part])

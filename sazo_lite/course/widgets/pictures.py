@@ -30,7 +30,7 @@ _FIG = dict(height=360, width=520, margin=dict(l=55, r=15, t=45, b=45))
 
 # -- the heterogeneity itself ----------------------------------------------------------------
 
-def norms_histogram_dashboard(*, num_examples: int = 512, dim: int = 20, seed: int = 0) -> Dashboard:
+def norms_histogram_dashboard(*, num_examples: int = 256, dim: int = 20, seed: int = 0) -> Dashboard:
     """Histogram of the per-example gradient norms ‖∇f_i(θ_t)‖ (log x) as σ and t move.
 
     The readout gives CV and V(u)/V(p*) = 1 + CV², the oracle's most possible gain.
@@ -96,6 +96,7 @@ def batch_bars_dashboard(*, num_examples: int = 256, dim: int = 20, seed: int = 
     fig = go.FigureWidget(layout=dict(title="E‖ĝ‖² / (d+2), split in its two parts", barmode="stack", **_FIG))
     fig.add_bar(name="(1/B)·V(p): depends on p", marker=dict(color=_COLORS["sazo"]))
     fig.add_bar(name="(1 − 1/B)·‖∇F‖²: the same for every p", marker=dict(color="#bbbbbb"))
+    fig.update_xaxes(title="sampler")
     fig.update_yaxes(title="(gradient units)²")
     fig.update_layout(legend=dict(x=0.35, y=1.0))
     readout = widgets.HTML()

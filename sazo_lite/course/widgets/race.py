@@ -74,7 +74,11 @@ def _band_xy(queries: np.ndarray, low: np.ndarray, high: np.ndarray) -> tuple[np
 
 def _empty_race_figure(methods=SAMPLERS, widget: bool = True, **layout):
     figure_class = go.FigureWidget if widget else go.Figure
-    fig = figure_class(layout=dict(height=420, width=760, margin=dict(l=60, r=20, t=50, b=50), **layout))
+    # 660 px fits the book's column with the legend below the plot (beside it, a legend was clipped); the
+    # title starts at the left, clear of the modebar (top right).
+    fig = figure_class(layout=dict(height=460, width=660, margin=dict(l=60, r=20, t=50, b=50),
+                                   legend=dict(orientation="h", x=0, y=-0.18, yanchor="top"), **layout))
+    fig.update_layout(title=dict(x=0.01, xanchor="left", font=dict(size=14)))
     for method in methods:
         fig.add_scatter(name=f"{_LABELS[method]} (min–max)", mode="lines", fill="toself",
                         fillcolor=_FILLS[method], line=dict(width=0), hoverinfo="skip", showlegend=False)
@@ -99,6 +103,27 @@ def _draw_race(fig, result: RaceResult, methods=SAMPLERS) -> None:
             fig.data[2 * k + 1].update(x=q, y=median)
         ratio = result.target / result.initial_gap
         fig.data[2 * len(methods)].update(x=[q[0], q[-1]], y=[ratio, ratio])
+        _frame_race(fig, result, methods, ratio)
+
+
+_TOP = 3.0  # the y axis ends at 3× the initial gap: a race is decided below 1, a diverging run is marked
+
+
+def _frame_race(fig, result: RaceResult, methods, ratio: float) -> None:
+    """Fit the y axis to where the race is decided (from below the target to _TOP) and mark each method
+    whose median run leaves the top (diverged) at the first query it does."""
+    medians = {m: _band(result, m)[0] for m in methods if m in result.gaps}
+    finite = [v for median in medians.values() for v in median[np.isfinite(median)] if v > 0]
+    low = min([ratio, *finite]) / 2 if finite else ratio / 2
+    fig.update_yaxes(range=[float(np.log10(low)), float(np.log10(_TOP))])
+    marks = []
+    for method, median in medians.items():
+        above = np.flatnonzero(~(median <= _TOP))          # NaN (every seed diverged) counts as above
+        if above.size:
+            marks.append(dict(x=float(result.queries[above[0]]), y=float(np.log10(_TOP)), yref="y", xref="x",
+                              text=f"{_LABELS[method]} diverged", showarrow=True, arrowhead=2, ay=-25,
+                              font=dict(color=_COLORS[method], size=11)))
+    fig.layout.annotations = marks
 
 
 def race_figure(result: RaceResult, title: str = "") -> go.Figure:

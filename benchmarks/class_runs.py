@@ -1,0 +1,76 @@
+"""The class-mode runs of the notebooks, stored: what a class sees printed, for the text to quote.
+
+    python -m benchmarks.class_runs 05_the_race [03_importance_sampling_and_the_oracle ...]
+
+Runs each named notebook in class mode (``SAZO_FAST=0``: the full version) on a copy, and writes
+what its cells print (``sazo_lite.course.claims.output_text``: streams, tables, the static views of
+dashboards) to ``benchmarks/reference/class_runs/<notebook>.txt``, under a header with the date,
+the run time and the digest of the code cells that printed it. A notebook sentence that names the
+class-mode run may quote a number only if this printout holds it (``tests/test_course_claims.py``),
+and the test refuses a printout whose code digest is not the notebook's: change a code cell, run
+it again. Class mode takes minutes per notebook; run one at a time on a shared machine.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STORE = ROOT / "benchmarks" / "reference" / "class_runs"
+
+
+def stored(name: str) -> tuple[dict, str] | None:
+    """(header fields, printout) of notebook ``name``'s stored class run, or None if there is none."""
+    path = STORE / f"{name}.txt"
+    if not path.exists():
+        return None
+    head, _, body = path.read_text().partition("\n---\n")
+    fields = dict(line.split(": ", 1) for line in head.splitlines() if ": " in line)
+    return fields, body
+
+
+def run(name: str) -> Path:
+    """Execute ``notebooks/<name>.ipynb`` in class mode on a copy; store its printout; return the file."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    from sazo_lite.course import claims
+
+    source = ROOT / "notebooks" / f"{name}.ipynb"
+    if not source.exists():
+        raise ValueError(f"Invalid notebook: {source} does not exist")
+    with tempfile.TemporaryDirectory() as folder:
+        copy = Path(folder) / source.name
+        shutil.copy(source, copy)
+        notebook = nbformat.read(copy, as_version=4)
+        os.environ["SAZO_FAST"] = "0"
+        start = time.perf_counter()
+        NotebookClient(notebook, timeout=3600, resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+        seconds = time.perf_counter() - start
+    committed = claims.load(source)
+    header = (f"notebook: {name}\ncode: {claims.code_digest(committed)}\n"
+              f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n"
+              f"run: class mode (SAZO_FAST=0), {seconds:.0f} s, {platform.machine()} CPU, "
+              f"{os.cpu_count()} cores, python {platform.python_version()}\n")
+    STORE.mkdir(parents=True, exist_ok=True)
+    path = STORE / f"{name}.txt"
+    path.write_text(header + "---\n" + claims.output_text(dict(notebook)))
+    return path
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="+", help="notebook names without .ipynb, e.g. 05_the_race")
+    for name in parser.parse_args(argv).notebooks:
+        print(f"{name}: stored in {run(name.removesuffix('.ipynb')).relative_to(ROOT)}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
