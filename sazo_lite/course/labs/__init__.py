@@ -325,7 +325,9 @@ def grade_all(autograder: Path, submissions_dir: Path, csv_path: Path, *, worker
                    "possible": possible, "questions": {q: {"score": 0.0, "possible": sum(v["points"])}
                                                        for q, v in spec.items()}}
             with contextlib.suppress(OSError, ValueError):
-                write_json(_inside(details, folders[path]) / "score.json", row, indent=2)
+                out = _inside(details, folders[path])
+                out.mkdir(exist_ok=True)
+                write_json(out / "score.json", row, indent=2)
             return row
 
     with ThreadPoolExecutor(max_workers=workers) as pool:  # threads only wait on subprocesses

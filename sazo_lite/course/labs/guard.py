@@ -131,7 +131,8 @@ class Guard:
             and bases come with them) or modules (all they define).
         namespace: the dict the student's cells run in.
         report: ``report(name, how, unit)`` is called once per finding (the worker sends it to the
-            parent); ``unit`` is the cell or case a student thread was started in (None: the current one).
+            parent); ``unit`` None: the unit running now; a call on a student's thread is also reported
+            for the unit that started the thread.
         unit: returns the unit running now (a thread the student starts is charged to it).
     """
 
@@ -432,9 +433,11 @@ class Guard:
         self.trusted = {} if code is None else {id(c): c for c in _codes(code)}
 
     def _found(self, name: str, how: str) -> None:
-        unit = self._thread_units.get(_thread.get_ident())
+        started = self._thread_units.get(_thread.get_ident())  # a student thread: the unit that started it too
         try:
-            self.report(name, how, unit)
+            self.report(name, how, None)  # the unit running now (a pool's thread serves many)
+            if started is not None and started != self.unit():
+                self.report(name, how, started)
             reported = True
         except Exception:
             reported = False
