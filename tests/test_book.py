@@ -287,12 +287,22 @@ def wait_for_math(page) -> dict:
 
 
 # Each figure placeholder: drawn by plotly.js?, how many data points (its traces' longest
-# x / y / values / cells; plotly.js decodes typed-array specs into _fullData), a toolbar?
-_PLOTS = """() => [...document.querySelectorAll('.sazo-plot, .sazo-static-figure')].map(div => ({
-    drawn: div.classList.contains('js-plotly-plot'),
-    points: (div._fullData || []).reduce((n, t) => n + Math.max(0, ...[t.x, t.y, t.values, (t.cells || {}).values]
-        .map(a => (a && a.length) || 0)), 0),
-    modebar: !!div.querySelector('.modebar')}))"""
+# x / y / values / cells; plotly.js decodes typed-array specs into _fullData), a toolbar?, its width,
+# and whether the toolbar (shown on hover at the top right) would cover the title.
+_PLOTS = """() => [...document.querySelectorAll('.sazo-plot, .sazo-static-figure')].map(div => {
+    const box = e => e && e.getBoundingClientRect(), bar = box(div.querySelector('.modebar')),
+          title = box(div.querySelector('.gtitle')), svg = box(div.querySelector('.main-svg'));
+    return {drawn: div.classList.contains('js-plotly-plot'),
+        points: (div._fullData || []).reduce((n, t) => n + Math.max(0, ...[t.x, t.y, t.values, (t.cells || {}).values]
+            .map(a => (a && a.length) || 0)), 0),
+        modebar: !!div.querySelector('.modebar'),
+        width: (div._fullLayout || {}).width || 0,
+        title: (div.querySelector('.gtitle') || {}).textContent || '',
+        covered: !!(bar && title && title.width > 0 && bar.left < title.right && title.left < bar.right
+                    && bar.top < title.bottom && title.top < bar.bottom),
+        clipped: !!(svg && title && title.width > 0 && (title.left < svg.left - 1 || title.right > svg.right + 1))};
+})"""
+COLUMN_PX = 680   # the book's text column: a wider figure is cut or scrolls
 
 
 def internal_links(page, base: str) -> set[str]:
@@ -325,6 +335,12 @@ def test_chapter_page(site, browser, chapter):
         assert plots, f"{chapter}: no plotly figure on the page"
         assert all(p["drawn"] and p["points"] > 0 for p in plots), f"{chapter}: empty or undrawn figures {plots}"
         assert all(p["modebar"] for p in plots), f"{chapter}: a figure without its zoom/pan toolbar"
+        wide = [(p["title"], p["width"]) for p in plots if p["width"] > COLUMN_PX]
+        assert not wide, f"{chapter}: figures wider than the column ({COLUMN_PX} px): {wide}"
+        covered = [p["title"] for p in plots if p["covered"]]
+        assert not covered, f"{chapter}: the toolbar covers these titles: {covered}"
+        clipped = [p["title"] for p in plots if p["clipped"]]
+        assert not clipped, f"{chapter}: titles wider than their figures: {clipped}"
 
         # Math: every formula typeset, none left as TeX, no MathJax error.
         assert math["formulas"] > 0 and math["typeset"] == math["formulas"], f"{chapter}: math not typeset {math}"
@@ -362,6 +378,28 @@ def test_chapter_page(site, browser, chapter):
         raise
     finally:
         context.close()
+
+
+@in_chromium
+def test_chapter_pages_are_one_class_session_long(site, browser):
+    """Each chapter's rendered length (px at the test's viewport), read in the built site: none is more
+    than twice the median chapter, and 06 (once a 30,500 px research log) lies within the others' range."""
+    base, _ = site
+    heights = {}
+    for chapter in CHAPTERS:
+        context, page, problems = open_offline(browser, f"{base}/{chapter}.html")
+        try:
+            wait_for_math(page)
+            page.wait_for_timeout(500)                     # figures drawn by their scripts take their height
+            heights[chapter] = page.evaluate("() => document.querySelector('article, main').scrollHeight")
+        finally:
+            context.close()
+    print("chapter page heights (px):", heights)
+    median = sorted(heights.values())[len(heights) // 2]
+    assert all(h <= 2 * median for h in heights.values()), heights
+    others = [h for c, h in heights.items() if not c.startswith("06")]
+    six = [h for c, h in heights.items() if c.startswith("06")]
+    assert all(0.8 * min(others) <= h <= 1.1 * max(others) for h in six), heights
 
 
 @in_chromium
