@@ -2,8 +2,8 @@
 
 Every figure has one line per sampler at its chosen rate, in the course's palette, a legend and axis
 titles; a run stopped by the divergence rule (F > 1.5·F₀) is a cross at the top of the loss axis, not a
-spike. ``show(fig)`` displays a figure without plotly's modebar (it would sit on the title) at most
-680 px wide, the book's column.
+spike. ``show(fig)`` displays a figure at most 680 px wide (the book's column) with its title at the left,
+clear of plotly's toolbar (top right; the book puts it in a strip above the figure).
 """
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ _LEGEND = dict(orientation="h", yanchor="top", y=-0.2, x=0)
 
 
 def show(fig: go.Figure) -> None:
-    """Display ``fig`` without the modebar (in the notebook and in the book, which reads the same config)."""
-    fig.show(config={"displayModeBar": False})
+    """Display ``fig`` with its zoom/pan toolbar, the title anchored at the left edge (clear of the toolbar)."""
+    fig.update_layout(title_x=0, title_xanchor="left")
+    fig.show()
 
 
 def _layout(fig: go.Figure, title: str, x: str, y: str, height: int = 400) -> go.Figure:
