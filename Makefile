@@ -76,10 +76,11 @@ test-browser: install
 bench: install
 	$(PY) -m benchmarks.run
 
-# Language models (SmolLM2 LoRA at B = 1, the four tiny families, a tiny homogeneous control): queries to
-# 50%/40% of F(θ₀), uniform/SAZO/oracle, held-out accuracy after a fixed budget (the protocol and its
-# measured run time: docs/llm.md). BENCH_LLM_ARGS=--quick for the pilot (the continual set, B = 1, one
-# seed; 70%/50% of F(θ₀)); the B = 4 races and full-parameter SmolLM2 are opt-in flags (--help).
+# Language models: the long-run race on SmolLM2's top block (opposed set, B = 4, uniform/SAZO/oracle each
+# at its own rate, 5 seeds, queries to 0.5-0.05 of F(θ₀), held-out accuracy after a fixed budget) and its
+# homogeneous control; the protocol and its measured run time: docs/llm.md. BENCH_LLM_ARGS=--quick for the
+# pilot (one seed, two rates a sampler, 800 steps); the all-layer races, the tiny families and
+# full-parameter SmolLM2 are opt-in flags (--help).
 BENCH_LLM_ARGS ?=
 .PHONY: bench-llm
 bench-llm: install
