@@ -247,9 +247,11 @@ def lab2_oracle_probs(norms):
     def _observe(self, indices, diffs, losses=None):
         self._lib.update(indices, diffs)"""}),
              ("delegate_probabilities", "q1", {"def lab3_plain_probs(": None})],   # filled below
+    # a working delegation (the library's per-example causal-LM loss gives the solution's values to 5e-7 on the
+    # hidden case's model and tokens, 2026-12-03): only the guard's call check can score it 0
     "lab4": [("delegate_losses", "q3", {"def lab4_lm_losses(": """def lab4_lm_losses(model, tokens):
-    from sazo_lite.llm import grad_norms
-    return grad_norms.example_losses(model, tokens, "lm")(range(len(tokens)))"""})],
+    logits = model(input_ids=tokens, attention_mask=torch.ones_like(tokens)).logits
+    return sazo_lite.llm.losses.causal_lm_losses(logits, tokens)"""})],
 }
 # Lab 3 Q1 through samplers.probabilities (numpy), the rest of the answer cell kept
 LAB3_PROBABILITIES = """def lab3_plain_probs(estimates, uniform_mix):
