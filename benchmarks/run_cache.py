@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from pathlib import Path
 from typing import Callable
+
+from sazo_lite.atomic import write_json
 
 RUN_PROTOCOL = 1    # bump when query_run's rules or defaults change what a cached run would be
 
@@ -37,15 +40,27 @@ def cached_run(cache: Path | None, key: dict, compute: Callable[[], dict], *, ca
     text = json.dumps(key, sort_keys=True, default=str)
     path = Path(cache) / f"run-{hashlib.sha256(text.encode()).hexdigest()[:20]}.json"
     if path.exists():
-        saved = json.loads(path.read_text())
-        if saved.get("key") == json.loads(text):
+        saved = _read_saved(path)
+        if saved is not None and saved["key"] == json.loads(text):
             return saved["run"]
     if cached_only:
         what = f"lr={key['lr']:g} seed={key.get('seed')}" if isinstance(key.get("lr"), float) else "a run"
         raise RunNotCached(f"{what} (not in {Path(cache).name})")
     run = compute()
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".tmp")
-    partial.write_text(json.dumps({"key": json.loads(text), "run": run}))
-    partial.replace(path)           # atomic: an interrupted write leaves no half run behind
+    write_json(path, {"key": json.loads(text), "run": run})   # atomic: no half run left behind
     return run
+
+
+def _read_saved(path: Path) -> dict | None:
+    """A cache file's {"key": dict, "run": dict}, or None (with a warning naming the file) when it
+    is truncated, not JSON or wrongly shaped: the run is then recomputed and the file rewritten."""
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        warnings.warn(f"run cache {path.name}: unreadable ({type(error).__name__}); recomputing the run")
+        return None
+    if not (isinstance(saved, dict) and isinstance(saved.get("key"), dict) and isinstance(saved.get("run"), dict)):
+        warnings.warn(f"run cache {path.name}: not a {{key, run}} record; recomputing the run")
+        return None
+    return saved

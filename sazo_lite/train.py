@@ -22,6 +22,7 @@ call ``train``. The rules they share are written here once:
 from __future__ import annotations
 
 import math
+import numbers
 import random
 import statistics
 from dataclasses import dataclass, field
@@ -95,10 +96,14 @@ class NoiseScaledStep:
         self.seen, self.reference, self.mean = 0, 0.0, 0.0
 
     def observe(self, projected_grad: float) -> None:
-        """Feed one step's ĝ."""
-        square = float(projected_grad) ** 2
-        if not math.isfinite(square):
+        """Feed one step's ĝ. A non-finite ĝ is skipped; one whose square overflows float64
+        (|ĝ| > ~1.3e154) is refused with ValueError before anything changes."""
+        value = float(projected_grad)
+        if not math.isfinite(value):
             return
+        if abs(value) > 1e154:
+            raise ValueError(f"Invalid projected_grad: {value!r} (its square overflows float64)")
+        square = value * value
         self.seen += 1
         if self.seen <= self.warmup:     # m_ref: the plain mean of the warm-up steps
             self.reference += (square - self.reference) / self.seen
@@ -247,7 +252,23 @@ def median_queries(values: Sequence[int | float | None]) -> float:
         >>> median_queries([100, None, 120]), median_queries([None, None, 120])
         (120, inf)
     """
-    return statistics.median(math.inf if v is None else v for v in values)
+    values = [math.inf if v is None else v for v in values]
+    return statistics.median(values)
+
+
+def _check_queries(name: str, values) -> list[float]:
+    """Queries per seed as median_ratio_interval takes them: each a positive number or a miss
+    (None / ∞); 0, NaN, negative, bool and non-numbers refused, naming the argument."""
+    checked = []
+    for v in values:
+        if v is None:
+            v = math.inf
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or math.isnan(v) or v <= 0:
+            raise ValueError(f"Invalid queries in {name}: {v!r} (expected queries > 0, or None / inf for a miss)")
+        checked.append(v)
+    if not checked:
+        raise ValueError(f"Invalid queries: expected at least one seed in {name}")
+    return checked
 
 
 def median_ratio_interval(numerator: Sequence[int | float | None], denominator: Sequence[int | float | None], *,
@@ -256,21 +277,22 @@ def median_ratio_interval(numerator: Sequence[int | float | None], denominator: 
 
     Each sampler's seeds are resampled with replacement, independently; a miss counts as never, so a
     resampled ratio is ∞ when only the numerator's median misses and 0 when only the denominator's
-    does (draws where both miss say nothing and are left out). For "uniform ÷ SAZO" pass uniform's
-    queries per seed as the numerator.
+    does (draws where both miss say nothing and are left out); (nan, nan) when every draw does.
+    For "uniform ÷ SAZO" pass uniform's queries per seed as the numerator. Each value must be a
+    positive number of queries or a miss (None / ∞): empty sides, 0, NaN and negative values raise
+    ValueError naming the argument.
 
     Example:
         >>> low, high = median_ratio_interval([200, 220, 240, 260, 280], [100, 110, 120, 130, 140])
         >>> 1.4 < low <= 2.0 <= high < 2.9
         True
     """
-    if not numerator or not denominator:
-        raise ValueError("Invalid queries: expected at least one seed on each side")
+    numerator, denominator = _check_queries("numerator", numerator), _check_queries("denominator", denominator)
     if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0.0 < level < 1.0:
         raise ValueError(f"Invalid level: {level!r} (expected 0 < level < 1)")
     draws = check_count("draws", draws)
     rng = random.Random(check_int("seed", seed))
-    numerator, denominator, ratios = list(numerator), list(denominator), []
+    ratios = []
     for _ in range(draws):
         top = median_queries(rng.choices(numerator, k=len(numerator)))
         bottom = median_queries(rng.choices(denominator, k=len(denominator)))

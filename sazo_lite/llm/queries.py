@@ -87,7 +87,8 @@ def queries_to(run: QueryRun | dict, fraction: float) -> int | None:
 def median_floor(runs: list[dict], fraction: float) -> float:
     """A lower bound on the median queries to ``fraction``·F₀: a run that reached it counts its queries,
     one cut short of it (stopped at its budget, not diverged) the queries it had run (it needs more), a
-    diverged one never (∞). Equal to the median when no run was cut short.
+    diverged one never (∞). Equal to the median when no run was cut short. A run that reached it
+    at 0 queries counts 0; no runs, or a run that logged nothing, raise ValueError.
 
     >>> cut = {"queries": [0, 800, 1600], "train_loss": [1.0, 0.8, 0.6], "diverged": False}
     >>> fast = {"queries": [0, 400], "train_loss": [1.0, 0.45], "diverged": False}
@@ -95,20 +96,31 @@ def median_floor(runs: list[dict], fraction: float) -> float:
     >>> median_floor([cut, cut, fast], 0.5), median_floor([cut, fast, fast], 0.5), median_floor([fast, gone, gone], 0.5)
     (1600, 400, inf)
     """
-    values = [queries_to(r, fraction) or (math.inf if r["diverged"] else r["queries"][-1]) for r in runs]
+    if not runs:
+        raise ValueError("Invalid runs: expected at least one run")
+    values = []
+    for r in runs:
+        if not r["queries"] or not r["train_loss"]:
+            raise ValueError("Invalid runs: a run logged nothing (no queries / train_loss)")
+        reached = queries_to(r, fraction)
+        values.append(reached if reached is not None else math.inf if r["diverged"] else r["queries"][-1])
     return statistics.median(values)
 
 
 def ratio_bound(top: list[dict], bottom: list[dict], fraction: float) -> tuple[str, float] | None:
     """Where one median of ``top_median ÷ bottom_median`` is "never" only because runs were cut short
-    of ``fraction``·F₀: ("<", top ÷ floor of bottom) or (">", floor of top ÷ bottom); None otherwise."""
+    of ``fraction``·F₀: ("<", top ÷ floor of bottom) or (">", floor of top ÷ bottom); None otherwise,
+    and None where the divisor is 0 (a floor of 0 queries, or a median reached at 0, bounds nothing).
+    No runs on either side: ValueError."""
+    if not top or not bottom:
+        raise ValueError("Invalid runs: expected at least one run in top and in bottom")
     t, b = (median_queries([queries_to(r, fraction) for r in runs]) for runs in (top, bottom))
     if math.isfinite(t) and math.isinf(b):
         floor = median_floor(bottom, fraction)
-        return ("<", t / floor) if math.isfinite(floor) else None
+        return ("<", t / floor) if math.isfinite(floor) and floor > 0 else None
     if math.isinf(t) and math.isfinite(b):
         floor = median_floor(top, fraction)
-        return (">", floor / b) if math.isfinite(floor) else None
+        return (">", floor / b) if math.isfinite(floor) and b > 0 else None
     return None
 
 

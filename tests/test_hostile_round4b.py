@@ -1,0 +1,134 @@
+"""Issue 43, round 4 (b): run caches that cannot be read are recomputed, the noise-scaled step
+refuses an overflowing ĝ before it changes, and the statistics helpers are defined on every input."""
+import json
+import math
+import warnings
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from benchmarks.run_cache import cached_run
+from sazo_lite.llm.queries import median_floor, ratio_bound
+from sazo_lite.train import NoiseScaledStep, median_ratio_interval
+
+
+# --- defect 4: run cache ---------------------------------------------------------------------------
+@pytest.mark.parametrize("content", ['{"key": {"protocol"', "not json", "[1, 2]", '"text"', "null",
+                                     '{"key": 3, "run": {}}', '{"key": {}, "run": [1]}', '{"run": {}}', b"\xff\xfe"])
+def test_unreadable_cache_entry_is_recomputed_with_a_warning(tmp_path, content):
+    cached_run(tmp_path, {"lr": 1e-3}, lambda: {"q": 1})
+    (path,) = tmp_path.glob("run-*.json")
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.warns(UserWarning, match=path.name):
+        run = cached_run(tmp_path, {"lr": 1e-3}, lambda: {"q": 2})
+    assert run == {"q": 2}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cached_run(tmp_path, {"lr": 1e-3}, lambda: {"q": 3}) == {"q": 2}   # rewritten whole
+
+
+def test_cache_write_that_fails_leaves_the_previous_entry(tmp_path, monkeypatch):
+    import os
+    cached_run(tmp_path, {"lr": 1e-3}, lambda: {"q": 1})
+    (path,) = tmp_path.glob("run-*.json")
+    before = path.read_bytes()
+    path.write_text(before.decode().replace('"q": 1', '"q": 1, "x": 0').replace('"protocol": 1', '"protocol": 0'))
+    kept = path.read_bytes()
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError):
+        cached_run(tmp_path, {"lr": 1e-3}, lambda: {"q": 2})
+    assert path.read_bytes() == kept and json.loads(kept)
+    assert list(tmp_path.iterdir()) == [path]                  # no temporary file left behind
+
+
+# --- defect 11: NoiseScaledStep.observe -------------------------------------------------------------
+@pytest.mark.parametrize("g", [1e200, -1e155, 1.7e308])
+def test_observe_refuses_an_overflowing_square_before_changing(g):
+    rule = NoiseScaledStep(warmup=2)
+    for v in (1.0, 2.0, 3.0):
+        rule.observe(v)
+    before = (rule.seen, rule.reference, rule.mean)
+    with pytest.raises(ValueError, match="projected_grad"):
+        rule.observe(g)
+    assert (rule.seen, rule.reference, rule.mean) == before
+    rule.observe(1e150)                                    # the largest accepted still gives a finite scale
+    assert math.isfinite(rule.scale())
+
+
+# --- defects 12-15: statistics helpers ---------------------------------------------------------------
+@pytest.mark.parametrize("bad", [0, 0.0, -1, -math.inf, math.nan, True, "100"])
+@pytest.mark.parametrize("side", ["numerator", "denominator"])
+def test_median_ratio_interval_refuses_bad_counts(bad, side):
+    good = [100, 120, 140]
+    args = {"numerator": good, "denominator": good}
+    args[side] = [100, bad, 140]
+    with pytest.raises(ValueError, match=side):
+        median_ratio_interval(args["numerator"], args["denominator"], draws=20)
+
+
+@pytest.mark.parametrize("side", ["numerator", "denominator"])
+def test_median_ratio_interval_refuses_empty(side):
+    args = {"numerator": [1], "denominator": [1], side: []}
+    with pytest.raises(ValueError, match=side):
+        median_ratio_interval(args["numerator"], args["denominator"])
+
+
+def test_median_ratio_interval_misses_never():
+    assert median_ratio_interval([None, math.inf], [None, None], draws=20) == (math.nan, math.nan) or \
+        all(math.isnan(x) for x in median_ratio_interval([None, math.inf], [None, None], draws=20))
+    assert median_ratio_interval([None, None], [5, 6], draws=20) == (math.inf, math.inf)
+    assert median_ratio_interval([5, 6], [None, None], draws=20) == (0.0, 0.0)
+
+
+queries = st.one_of(st.none(), st.just(math.inf), st.integers(1, 10**9),
+                    st.floats(min_value=1e-6, max_value=1e12, allow_nan=False))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(queries, min_size=1, max_size=8), st.lists(queries, min_size=1, max_size=8))
+def test_median_ratio_interval_is_ordered_and_in_range(top, bottom):
+    low, high = median_ratio_interval(top, bottom, draws=50)
+    if math.isnan(low):
+        assert math.isnan(high)
+    else:
+        assert 0.0 <= low <= high
+
+
+def run(queries, losses, diverged=False):
+    return {"queries": queries, "train_loss": losses, "diverged": diverged}
+
+
+def test_median_floor_counts_zero_queries_as_zero():
+    at_start = run([0, 400], [1.0, 0.5])            # the target F₀ is reached at query 0
+    assert median_floor([at_start], 1.0) == 0
+
+
+def test_median_floor_refuses_nothing_logged_and_no_runs():
+    with pytest.raises(ValueError, match="runs"):
+        median_floor([run([], [])], 0.5)
+    with pytest.raises(ValueError, match="runs"):
+        median_floor([], 0.5)
+
+
+def test_ratio_bound_on_a_zero_floor_or_zero_median():
+    cut_at_zero = run([0], [1.0])                   # cut short before a single query: floor 0
+    reached = run([0, 400], [1.0, 0.4])
+    assert ratio_bound([reached], [cut_at_zero], 0.5) is None
+    at_start = run([0, 400], [0.0, 0.0])            # F₀ = 0: reached at 0 queries
+    assert ratio_bound([run([0, 400], [1.0, 0.9])], [at_start], 0.5) is None
+    with pytest.raises(ValueError, match="runs"):
+        ratio_bound([], [reached], 0.5)
+
+
+curves = st.lists(st.floats(0.0, 10.0), min_size=1, max_size=6).flatmap(
+    lambda losses: st.builds(lambda qs, d: run(sorted(qs), losses, d),
+                             st.lists(st.integers(0, 10**6), min_size=len(losses), max_size=len(losses)), st.booleans()))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(curves, min_size=1, max_size=5), st.lists(curves, min_size=1, max_size=5), st.floats(0.01, 1.5))
+def test_floor_and_bound_are_defined_on_every_logged_run(top, bottom, fraction):
+    floor = median_floor(top, fraction)
+    assert floor >= 0 and not math.isnan(floor)
+    bound = ratio_bound(top, bottom, fraction)
+    assert bound is None or (bound[0] in "<>" and 0 <= bound[1] and not math.isnan(bound[1]))
