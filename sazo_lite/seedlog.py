@@ -244,9 +244,13 @@ class SeedLog:
         head, newline, body = bytes(data).partition(b"\n")
         try:
             header = json.loads(head)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        except (UnicodeDecodeError, ValueError, RecursionError) as error:   # ValueError: > 4300-digit ints too
             raise _invalid(f"the header is not JSON ({type(error).__name__}: {str(error)[:80]})") from None
-        _check_header(header)
+        try:
+            _check_header(header)
+        except OverflowError:                                 # an integer beyond float's range (eps = 10**400)
+            huge = [k for k, v in header.items() if isinstance(v, int) and abs(v) > 1e308]
+            raise _invalid(f"header field {', '.join(map(str, huge)) or '?'} is out of float range") from None
         count = header.pop("records", None)
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise _invalid("the header has no record count")

@@ -132,3 +132,20 @@ def test_floor_and_bound_are_defined_on_every_logged_run(top, bottom, fraction):
     assert floor >= 0 and not math.isnan(floor)
     bound = ratio_bound(top, bottom, fraction)
     assert bound is None or (bound[0] in "<>" and 0 <= bound[1] and not math.isnan(bound[1]))
+
+
+# --- defect 10: SeedLog header with out-of-range numbers ---------------------------------------------
+@pytest.mark.parametrize("digits", [400, 5000])
+def test_seedlog_header_with_a_huge_eps_is_a_value_error(digits):
+    import torch
+    import sazo_lite as sz
+    params = [torch.randn(3)]
+    opt = sz.MeZO(params, lr=1e-3, eps=1e-3, seed=0)
+    log = sz.SeedLog.attach(opt)
+    opt.step(lambda: (params[0] ** 2).sum())
+    head, _, body = log.to_bytes().partition(b"\n")
+    header = json.loads(head)
+    header["eps"] = "EPS"
+    crafted = json.dumps(header).replace('"EPS"', "1" + "0" * digits).encode() + b"\n" + body
+    with pytest.raises(ValueError, match="eps" if digits < 4300 else "not JSON"):
+        sz.SeedLog.from_bytes(crafted)
