@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from sazo_lite.atomic import write_text
 from sazo_lite.engine import MeZO
 from sazo_lite.kernels import TritonNoise, triton_available, triton_direction
 from sazo_lite.noise import Job
@@ -84,7 +85,7 @@ def main() -> dict:
               "timing": check_timing(device)}
     target = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
     target.mkdir(parents=True, exist_ok=True)
-    (target / "gpu_check.json").write_text(json.dumps(result, indent=1))
+    write_text(target / "gpu_check.json", json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
     return result
 

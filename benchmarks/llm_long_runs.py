@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from sazo_lite.atomic import write_text
 from benchmarks import llm_queries
 from sazo_lite.course.widgets.llm import run_summary
 from sazo_lite.llm import restore_snapshot, snapshot
@@ -66,7 +67,7 @@ def main(argv=None) -> None:
                                    oracle_mix=setup.oracle_mix, stop_fraction=args.stop,
                                    diagnose=4 if sampler == "sazo" else 0, accuracy_at=args.accuracy_at)
         run["seconds"] = time.perf_counter() - start
-        (args.out / f"{sampler}_{rate:g}_s{seed}.json").write_text(json.dumps(run))
+        write_text(args.out / f"{sampler}_{rate:g}_s{seed}.json", json.dumps(run))
         print(run_summary(f"{sampler} lr={rate:g} seed={seed}:", run, targets=(0.7, args.stop))
               + f"; held-out acc={run.get('test_accuracy')}"
               + (f" (after {run['budget_queries']} queries: {run['budget_accuracy']})" if args.accuracy_at else "")

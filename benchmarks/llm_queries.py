@@ -54,6 +54,7 @@ from pathlib import Path
 
 import torch
 
+from sazo_lite.atomic import write_json
 from benchmarks.llm_report import RESULTS, merge, print_report
 from benchmarks.llm_topblock import TARGETS, TopSetting, top_start
 from benchmarks.run_cache import RunNotCached, cached_run
@@ -535,7 +536,7 @@ def run_units(args, mine: list[tuple[int, str]], measure: bool) -> dict:
 def yield_partial(args, report: dict) -> None:
     """Write the report so far (a worker's partial results survive an interrupted run)."""
     if args.partial is not None:
-        args.partial.write_text(json.dumps(report, indent=1))
+        write_json(args.partial, report, indent=1)
 
 
 def parse_args(argv=None):
@@ -713,7 +714,7 @@ def main(argv=None) -> None:
     if args.merge:
         report = merge(args.merge)
         print_report(report)
-        args.out.write_text(json.dumps(report, indent=1))
+        write_json(args.out, report, indent=1)
         return
     if args.worker:
         job, jobs = map(int, args.worker.split("/"))
@@ -739,7 +740,7 @@ def main(argv=None) -> None:
     report["settings"].sort(key=lambda s: order.index(s["label"]) if s["label"] in order else len(order))
     print_report(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+    write_json(args.out, report, indent=1)
     print(f"\nwrote {args.out}")
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from sazo_lite.atomic import write_text
 from sazo_lite.llm import add_lora, load_smollm2, restore_snapshot, snapshot, trainable_parameters
 from sazo_lite.llm.continual import cached_first_round, keep_alike, make_continual_set
 from sazo_lite.llm.queries import SAMPLERS, queries_to, query_run
@@ -160,7 +161,7 @@ def main(argv=None) -> None:
               f"{out['ratio']:.1f}× cheaper; cache of N={out['N']} {out['cache_s']:.1f} s; true norms of all N "
               f"{1000 * out['norms_s']:.0f} ms")
         if args.json:
-            args.json.write_text(json.dumps(out))
+            write_text(args.json, json.dumps(out))
         return
     start = top_start(TopSetting(set_name=args.set, num_train=args.n))
     n = len(start[2])
@@ -170,7 +171,7 @@ def main(argv=None) -> None:
                    oracle_every=args.oracle_every, stop_fraction=args.stop)
     print_long_run(out, args.sampler)
     if args.json:
-        args.json.write_text(json.dumps(out))
+        write_text(args.json, json.dumps(out))
 
 
 def step_cost(*, steps: int = 8, batch_size: int = 4, rounds: int = 2) -> dict:

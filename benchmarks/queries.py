@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from sazo_lite.atomic import write_text
 from sazo_lite.engine import MeZO
 from sazo_lite.samplers import make_sampler
 from sazo_lite.course.problems import FiniteSumProblem, LeastSquares, LogisticRegression
@@ -374,7 +375,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"({results['seconds']} s)")
     out = Path(args.out) if args.out else RESULTS / ("queries_quick.json" if args.quick else "queries.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2, ensure_ascii=False))
+    write_text(out, json.dumps(results, indent=2, ensure_ascii=False))
     print(f"wrote {out}")
     return results
 

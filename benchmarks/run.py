@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from sazo_lite.atomic import write_text
 from benchmarks import engine_speed, sampler_state
 
 RESULTS = Path(__file__).parent / "results"
@@ -298,7 +299,7 @@ def main(argv=None) -> dict:
     def save(results: dict) -> str:
         info = machine() | dict(quick=quick, seconds=round(time.perf_counter() - started, 1))
         table = format_table(table_rows(results))
-        out.write_text(json.dumps(dict(machine=info, table=table, results=results), indent=1,
+        write_text(out, json.dumps(dict(machine=info, table=table, results=results), indent=1,
                                   ensure_ascii=False, default=str))
         return table
 

@@ -149,3 +149,32 @@ def test_seedlog_header_with_a_huge_eps_is_a_value_error(digits):
     crafted = json.dumps(header).replace('"EPS"', "1" + "0" * digits).encode() + b"\n" + body
     with pytest.raises(ValueError, match="eps" if digits < 4300 else "not JSON"):
         sz.SeedLog.from_bytes(crafted)
+
+
+# --- defect 3: report writers go through sazo_lite.atomic ---------------------------------------------
+WRITERS = ["benchmarks/llm_queries.py", "benchmarks/run.py", "benchmarks/llm_long_runs.py", "benchmarks/queries.py",
+           "benchmarks/gpu_check.py", "benchmarks/llm_topblock.py", "benchmarks/run_cache.py"]
+
+
+@pytest.mark.parametrize("path", WRITERS)
+def test_report_writers_write_nothing_in_place(path):
+    from pathlib import Path
+    source = (Path(__file__).parents[1] / path).read_text()
+    assert "from sazo_lite.atomic import" in source
+    assert ".write_text(" not in source and "json.dump(" not in source and '"w")' not in source
+
+
+@pytest.mark.parametrize("fail", ["serialise", "fsync", "replace"])
+def test_a_write_that_fails_part_way_keeps_the_previous_report(tmp_path, monkeypatch, fail):
+    import os
+    from sazo_lite.atomic import write_json
+    path = tmp_path / "report.json"
+    write_json(path, {"old": 1}, indent=1)
+    if fail == "serialise":
+        with pytest.raises(TypeError):
+            write_json(path, {"new": object()}, indent=1)
+    else:
+        monkeypatch.setattr(os, fail, lambda *a: (_ for _ in ()).throw(OSError(fail)))
+        with pytest.raises(OSError):
+            write_json(path, {"new": 2}, indent=1)
+    assert json.loads(path.read_text()) == {"old": 1} and list(tmp_path.iterdir()) == [path]
