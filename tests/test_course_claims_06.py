@@ -195,3 +195,11 @@ def test_the_lesson_finds_its_report_from_outside_the_checkout(tmp_path):
     assert all(len(runs) >= 2 for runs in race.runs.values())
     with pytest.raises(FileNotFoundError, match="Invalid report"):
         lesson.load_race("no_such_report.json", start=tmp_path)
+
+
+def test_a_race_without_an_oracle_gets_the_ratios_of_the_samplers_it_ran():
+    control = lesson.load_race("llm_topblock_race.json", setting=1)       # the homogeneous control: no oracle
+    assert "oracle" not in control.runs
+    table = lesson.ratio_table(control)
+    assert [h for h in table.header if "÷" in h] == ["uniform ÷ SAZO"]
+    assert all(len(row) == 2 for row in table.rows)

@@ -194,9 +194,10 @@ def _end(value: float) -> str:
 
 def ratios(race: Race, target: float) -> dict[str, str]:
     """"a ÷ b" → the ratio of median queries to ``target``·F₀ with its 95% bootstrap interval over seeds,
-    a bound where one median run was only cut short of the target, or "–" where neither median arrived."""
+    a bound where one median run was only cut short of the target, or "–" where neither median arrived.
+    Only the pairs whose samplers both ran (a control race has no oracle)."""
     out = {}
-    for a, b in RATIOS:
+    for a, b in _pairs(race):
         top, bottom = race.runs[a], race.runs[b]
         qa, qb = ([queries_to(r, target) for r in runs] for runs in (top, bottom))
         ma, mb = median_queries(qa), median_queries(qb)
@@ -209,10 +210,14 @@ def ratios(race: Race, target: float) -> dict[str, str]:
     return out
 
 
+def _pairs(race: Race) -> list[tuple[str, str]]:
+    return [(a, b) for a, b in RATIOS if a in race.runs and b in race.runs]
+
+
 def ratio_table(race: Race) -> Table:
-    """The three ratios at every target."""
+    """The ratios (of the samplers that ran) at every target."""
     rows = [[f"{t:g}·F₀", *ratios(race, t).values()] for t in race.targets]
-    return Table(["target", *(f"{NAMES[a]} ÷ {NAMES[b]}" for a, b in RATIOS)], rows,
+    return Table(["target", *(f"{NAMES[a]} ÷ {NAMES[b]}" for a, b in _pairs(race))], rows,
                  caption="ratios of median queries [95% bootstrap interval over seeds]")
 
 
