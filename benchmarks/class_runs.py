@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from sazo_lite.atomic import write_text
+
 ROOT = Path(__file__).resolve().parents[1]
 STORE = ROOT / "benchmarks" / "reference" / "class_runs"
 
@@ -61,7 +63,7 @@ def run(name: str) -> Path:
               f"{os.cpu_count()} cores, python {platform.python_version()}\n")
     STORE.mkdir(parents=True, exist_ok=True)
     path = STORE / f"{name}.txt"
-    path.write_text(header + "---\n" + claims.output_text(dict(notebook)))
+    write_text(path, header + "---\n" + claims.output_text(dict(notebook)))
     return path
 
 

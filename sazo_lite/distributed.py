@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from .atomic import atomic_write
 from .engine import MeZO
 from .samplers import SAZOSampler
 from .validation import check_count, check_int
@@ -123,9 +124,7 @@ def main(argv=None) -> None:
     try:
         weights = run_demo(args.steps, args.batch_size, args.crash_rank, args.crash_step)
         if dist.get_rank() == 0 and args.out:      # atomic: a reader never sees half a file
-            partial = f"{args.out}.{os.getpid()}.tmp"
-            torch.save(weights, partial)
-            os.replace(partial, args.out)
+            atomic_write(args.out, lambda handle: torch.save(weights, handle))
         dist.barrier()  # no rank tears down while another still talks to it
     finally:
         dist.destroy_process_group()

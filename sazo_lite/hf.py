@@ -61,6 +61,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from transformers.training_args import OptimizerNames
 from transformers.utils import is_datasets_available
 
+from .atomic import atomic_write
 from .distributed import gather_losses, rank_and_world, shard
 from .engine import MeZO
 from .llm.losses import IGNORE, causal_lm_losses
@@ -448,14 +449,7 @@ class ZOTrainer(Trainer):
             state = {"method": self.method, "sampler": self.zo_sampler.state_dict(),
                      "master": None if self._master is None else [t.detach().cpu().clone() for t in self._master.tensors]}
             path = os.path.join(output_dir, ZO_STATE_NAME)
-            partial = f"{path}.{os.getpid()}.tmp"
-            try:
-                torch.save(state, partial)
-                os.replace(partial, path)  # a failed save never leaves a half-written zo_state.pt
-            except BaseException:
-                if os.path.exists(partial):
-                    os.remove(partial)
-                raise
+            atomic_write(path, lambda handle: torch.save(state, handle))  # never a half-written zo_state.pt
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
         """``Trainer.train``; a checkpoint without a usable ``zo_state.pt`` is refused before anything loads."""

@@ -153,7 +153,9 @@ def test_seedlog_header_with_a_huge_eps_is_a_value_error(digits):
 
 # --- defect 3: report writers go through sazo_lite.atomic ---------------------------------------------
 WRITERS = ["benchmarks/llm_queries.py", "benchmarks/run.py", "benchmarks/llm_long_runs.py", "benchmarks/queries.py",
-           "benchmarks/gpu_check.py", "benchmarks/llm_topblock.py", "benchmarks/run_cache.py"]
+           "benchmarks/gpu_check.py", "benchmarks/llm_topblock.py", "benchmarks/run_cache.py", "benchmarks/class_runs.py"]
+# checkpoints and caches the library keeps: torch.save through atomic_write (fsync, then rename), no hand-made temp file
+SAVERS = ["sazo_lite/hf.py", "sazo_lite/distributed.py", "sazo_lite/llm/continual.py"]
 
 
 @pytest.mark.parametrize("path", WRITERS)
@@ -162,6 +164,32 @@ def test_report_writers_write_nothing_in_place(path):
     source = (Path(__file__).parents[1] / path).read_text()
     assert "from sazo_lite.atomic import" in source
     assert ".write_text(" not in source and "json.dump(" not in source and '"w")' not in source
+
+
+@pytest.mark.parametrize("path", SAVERS)
+def test_checkpoint_writers_save_through_atomic_write(path):
+    import re
+    from pathlib import Path
+    source = (Path(__file__).parents[1] / path).read_text()
+    assert "atomic_write(" in source and ".tmp" not in source and "os.replace(" not in source
+    targets = re.findall(r"torch\.save\([^,]*,\s*([^)]*)\)", source)
+    assert targets and set(targets) == {"handle"}, f"torch.save to a path, not a handle: {targets}"
+
+
+def test_a_failed_continual_cache_save_keeps_the_previous_file(tmp_path, monkeypatch):
+    import torch
+    from sazo_lite.atomic import atomic_write
+    path = tmp_path / "round.pt"
+    torch.save({"old": torch.ones(2)}, path)
+
+    def broken(obj, handle):
+        handle.write(b"half")
+        raise OSError("disk full")
+    monkeypatch.setattr(torch, "save", broken)
+    with pytest.raises(OSError):
+        atomic_write(path, lambda handle: torch.save({"new": 1}, handle))
+    monkeypatch.undo()
+    assert torch.load(path)["old"].tolist() == [1.0, 1.0] and [p.name for p in tmp_path.iterdir()] == ["round.pt"]
 
 
 @pytest.mark.parametrize("fail", ["serialise", "fsync", "replace"])

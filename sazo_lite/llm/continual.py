@@ -43,12 +43,12 @@ with no label noise:
 """
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass
 
 import torch
 
+from ..atomic import atomic_write
 from ..variance import uniform_gain
 from .losses import classification_losses, encode_classification
 from .tasks import ClassificationTask, Example, _CATEGORIES, _NEGATIVE, _NOUNS, _POSITIVE
@@ -305,9 +305,7 @@ def cached_first_round(model, params, cset: ContinualSet, tokenizer, *, key: str
         return True
     first_round(model, params, cset, tokenizer, steps=steps, lr=lr, progress=progress)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")   # atomic: parallel workers may race here
-    torch.save(snapshot(params), partial)
-    os.replace(partial, path)
+    atomic_write(path, lambda handle: torch.save(snapshot(params), handle))   # parallel workers may race here
     return False
 
 
