@@ -319,6 +319,10 @@ def mean_difference_interval(first: Sequence[float], second: Sequence[float], *,
     """
     if len(first) < 2 or len(second) < 2:
         raise ValueError(f"Invalid samples: expected at least two values on each side, got {len(first)} and {len(second)}")
+    for side, values in (("first", first), ("second", second)):
+        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)]
+        if bad:
+            raise ValueError(f"Invalid {side}: expected finite numbers, got {bad[0]!r}")
     if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0.0 < level < 1.0:
         raise ValueError(f"Invalid level: {level!r} (expected 0 < level < 1)")
     z = statistics.NormalDist().inv_cdf(0.5 + level / 2.0)

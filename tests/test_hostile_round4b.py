@@ -206,3 +206,11 @@ def test_a_write_that_fails_part_way_keeps_the_previous_report(tmp_path, monkeyp
         with pytest.raises(OSError):
             write_json(path, {"new": 2}, indent=1)
     assert json.loads(path.read_text()) == {"old": 1} and list(tmp_path.iterdir()) == [path]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), True, "0.5", None])
+def test_mean_difference_interval_refuses_values_that_are_not_finite_numbers(bad):
+    from sazo_lite.train import mean_difference_interval
+    with pytest.raises(ValueError, match="Invalid second"):
+        mean_difference_interval([0.5, 0.6], [0.4, bad])
+    assert mean_difference_interval([0.5, 0.6], [0.4, 0.5])[0] == pytest.approx(0.1)
