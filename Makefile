@@ -44,10 +44,11 @@ app: install
 # (--overwrite); the book test then builds the site from those runs instead of running them again.
 # (Running the app test beside the notebooks, theirs at nice 19, saved nothing: 158 s for both against
 # 94 + 65 s, 2026-12-02; Jupyter kernels start sessions of their own, so nice does not reach them.)
-# The Voilà app test runs last, alone: its page never shows the redraw after a slider move in about
-# half the page loads alone (5 of 11 on 2026-12-01; the cause is not found) and in more beside busy
-# test processes (2 of 2 page loads; in the pool it also saved no time: 679 s against 621-686 s). The
-# test then reports an expected failure with its diagnosis (-rxX prints it), and fails on anything else.
+# The Voilà app test runs last, alone (in the pool it saved no time: 679 s against 621-686 s, 2026-12-02):
+# SAZO_APP_LOADS page loads (3), each failing on a slider move that does not redraw the plot. Its page
+# used to miss the redraw in about half the loads: plotly's FigureWidget is an anywidget whose 5 MB
+# bundle could take over anywidget's 2 s to load, after which every update was dropped; the dashboards
+# now draw plain figures into an ipywidgets Output (course/widgets/_common.py, LiveFigure).
 TEST_JOBS ?= 2
 XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
 # The notebooks start longest first (fast mode, 2026-12-02, idle CI run: 05 36 s, 04 28, 06 28, 07 18, 02 17,
