@@ -29,9 +29,11 @@ $(STAMP): pyproject.toml Makefile
 lab: install
 	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root,) notebooks/
 
-# The race (notebook 05) as a standalone Voilà app: code hidden, widgets live; prints its URL.
+# The race (notebook 05) as a standalone Voilà app: code hidden, widgets live; prints its URL. Voilà reads
+# notebooks/voila.json from its working folder: it loads only the front-end extensions the app uses (ipylab's,
+# which otter-grader brings, wants a newer JupyterLab than Voilà's and logs "Unsatisfied version").
 app: install
-	$(VENV)/bin/voila notebooks/05_the_race.ipynb
+	cd notebooks && $(abspath $(VENV))/bin/voila 05_the_race.ipynb
 
 # Tests run in TEST_JOBS processes, a test file per process (--dist loadfile: a file's fixtures, such
 # as the built labs or the book, are built once); TEST_JOBS=0 runs everything in this process. The

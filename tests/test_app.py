@@ -63,6 +63,7 @@ def app(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("app")
     for notebook in (ROOT / "notebooks").glob("*.ipynb"):
         shutil.copy(notebook, workdir)
+    shutil.copy(ROOT / "notebooks" / "voila.json", workdir)  # as `make app` runs it: from notebooks/
     with_progress_bars(workdir / NOTEBOOK)
     port = free_port()
     log = (workdir / "voila.log").open("w")
@@ -153,9 +154,20 @@ def drawn(data: list) -> list | None:
     return data if full else None
 
 
-def test_race_app_draws_and_reacts_to_ema_decay(app, browser):
+# Every page load is a new kernel that runs the notebook: the fault this test caught (the plot not
+# following its slider) showed in about half the loads, so one load says little (SAZO_APP_LOADS: more).
+PAGE_LOADS = int(os.environ.get("SAZO_APP_LOADS", "3"))
+# An unhandled promise rejection (anywidget's "Failed to initialize model" was one) reaches no console
+# by itself: the page reports it as a console error, which the test collects with the others.
+REPORT_REJECTIONS = ("window.addEventListener('unhandledrejection', e => console.error("
+                     "'unhandled rejection: ' + ((e.reason && (e.reason.message || e.reason)) || '')))")
+
+
+@pytest.mark.parametrize("load", range(1, PAGE_LOADS + 1))
+def test_race_app_draws_and_reacts_to_ema_decay(app, browser, load):
     url, log = app
     context = browser.new_context(viewport={"width": 1400, "height": 2400})
+    context.add_init_script(REPORT_REJECTIONS)
     page = context.new_page()
     kernel_frames = []  # (time.monotonic(), kernel status or None, frame_summary) of each frame from its kernel
 
@@ -177,8 +189,8 @@ def test_race_app_draws_and_reacts_to_ema_decay(app, browser):
         assert "Traceback" not in body, f"a cell raised:\n{body[-3000:]}"
         assert page.locator(".widget-hprogress").count() >= 3, "the races' progress bars are not on the page"
         before = wait_until(lambda: drawn(dashboard_data(page)), 30,
-                            "the dashboard's plot to hold trace data (an empty plot means the "
-                            "FigureWidget's first draw never reached its widget state)")
+                            "the dashboard's plot to hold trace data (an empty plot means its first "
+                            "draw never reached the widget state a late page renders)")
         # Voilà shows the outputs while it runs the notebook and opens the page's kernel websocket only
         # after it: move the slider once that websocket carries messages.
         wait_until(lambda: kernel_frames, 120, "the page's websocket to its kernel to carry messages")
@@ -186,9 +198,11 @@ def test_race_app_draws_and_reacts_to_ema_decay(app, browser):
         press_slider(page, "EMA decay", times=3, last=True)  # the race's (the 2-D paths picture's comes first)
 
         def settled():
-            """'changed' once the plot follows; 'kernel done' once the kernel, busy with the move, has
-            been idle and silent for SETTLE s (the page has all it will get); else None."""
-            if dashboard_data(page) != before:
+            """'changed' once the plot follows (redrawn, with other data); 'kernel done' once the
+            kernel, busy with the move, has been idle and silent for SETTLE s (the page has all it
+            will get); else None."""
+            now = drawn(dashboard_data(page))
+            if now and now != before:
                 return "changed"
             after = [(t, status) for t, status, _ in kernel_frames if t > pressed_at]
             if any(status == "busy" for _, status in after) and after[-1][1] == "idle" \
@@ -201,24 +215,23 @@ def test_race_app_draws_and_reacts_to_ema_decay(app, browser):
         except AssertionError as error:
             outcome = str(error)
         kinds = collections.Counter(kind for t, _, kind in kernel_frames if t > pressed_at)
-        print(f"after the move ({outcome}): kernel frames {dict(kinds)}")   # pytest shows it on failure (or -s)
+        print(f"page load {load}, after the move ({outcome}): kernel frames {dict(kinds)}")  # shown on failure (or -s)
         if outcome != "changed":
-            after = [status for t, status, _ in kernel_frames if t > pressed_at]
-            assert after, f"the kernel never answered the slider move ({outcome})"
-            # A known fault of the app, cause not found (see KNOWN_FAULT): the kernel answers the
-            # move, the page receives its messages, and the plot never changes, nor after a second move.
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "05_the_race_app_no_redraw.png"))
+            after = [status for t, status, _ in kernel_frames if t > pressed_at]
             why = (f"the kernel went busy {after.count('busy')} times and was idle and silent for {SETTLE} s"
                    if outcome == "kernel done" else outcome)
             late = page_errors[errors_before:]
-            pytest.xfail(f"{KNOWN_FAULT}: {why}, and the plot never changed; the page received {len(after)} "
-                         f"kernel messages after the presses ({dict(kinds)}); its JavaScript reported "
-                         + ("; ".join(late[:5])[:1500] if late else "nothing") + " after them, and "
-                         + ("; ".join(page_errors[:min(3, errors_before)])[:800] if errors_before else "nothing")
-                         + " before"
-                         + kernel_traceback(log.read_text()[log_before:]))
-        assert drawn(dashboard_data(page))
+            pytest.fail(f"page load {load}: the plot never followed the slider: {why}; the page received "
+                        f"{len(after)} kernel messages after the presses ({dict(kinds)}); its JavaScript reported "
+                        + ("; ".join(late[:5])[:1500] if late else "nothing") + " after them, and "
+                        + ("; ".join(page_errors[:errors_before][:5])[:1500] if errors_before else "nothing")
+                        + " before" + kernel_traceback(log.read_text()[log_before:]))
+        # A front-end extension built for another JupyterLab than Voilà's logs "Unsatisfied version"
+        # (ipylab's, needing @jupyterlab/notebook ^4.4.3, did): the app loads only what it uses.
+        mismatched = [e for e in page_errors if "Unsatisfied version" in e]
+        assert not mismatched, f"a front-end extension does not fit Voilà's JupyterLab: {mismatched[:3]}"
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "05_the_race_app.png"))
         dashboard = page.locator(".widget-vbox", has=page.locator(".js-plotly-plot")).first

@@ -173,17 +173,19 @@ def test_batch_gain_shrinks_with_batch_and_rises_late_only_at_large_batch():
     assert marker.y[0] < large
 
 
-def test_displaying_a_dashboard_syncs_its_figures_state_for_late_pages():
-    """A page that connects after the first draw (Voilà, a re-display) renders the synced state."""
+def test_a_dashboards_figures_are_synced_state_for_late_pages():
+    """A page that connects after the draws (Voilà, a re-display) renders the figure as drawn now:
+    its view's one output is the current figure, updated by every redraw, in the synced state."""
     dashboard = sw.importance_dashboard(trials=2000)
     figure = dashboard.figures["variance"]
-    plotted = [list(trace.y) for trace in figure.data if trace.y is not None]
-    assert plotted
-    synced = lambda: [list(t.get("y", ())) for t in figure._widget_data if t.get("y") is not None]
-    assert synced() != plotted  # traces were drawn after the widget was created: stale state
-    bundle = dashboard._repr_mimebundle_()
-    assert "application/vnd.jupyter.widget-view+json" in bundle
-    assert synced() == plotted
-    dashboard.controls["sigma"].value = 2.0  # a redraw after display
-    dashboard._repr_mimebundle_()
-    assert synced() == [list(trace.y) for trace in figure.data if trace.y is not None]
+    assert figure.view in dashboard.children
+
+    def synced():
+        (output,) = figure.view.get_state()["outputs"]
+        return [t["y"] for t in output["data"]["application/vnd.plotly.v1+json"]["data"] if t.get("y") is not None]
+
+    plotted = lambda: [list(trace.y) for trace in figure.data if trace.y is not None]
+    assert plotted() and synced() == plotted()
+    dashboard.controls["sigma"].value = 2.0  # a redraw
+    assert synced() == plotted()
+    assert "application/vnd.jupyter.widget-view+json" in dashboard._repr_mimebundle_()

@@ -148,8 +148,8 @@ def test_no_preset_is_named_after_a_sampler_it_does_not_run(build):
 # -- notebook 05 ------------------------------------------------------------------------------
 
 @pytest.fixture()
-def racer():
-    return widgets.race_dashboard(seeds=2, steps=60, log_every=10)
+def racer():  # draws finished seeds only: a count of draws that does not depend on the machine's speed
+    return widgets.race_dashboard(seeds=2, steps=60, log_every=10, live_after=None)
 
 
 def _median_curve(dash, method_index: int) -> np.ndarray:
@@ -188,6 +188,34 @@ def test_race_draws_progressively_and_each_eta_retrains_its_method(racer):
     assert not np.array_equal(_median_curve(racer, 2), oracle)
     racer.controls["lr_oracle"].value = drawn_rate    # cached: drawn once
     assert racer.stages[0] == 1
+
+
+def test_race_draws_a_training_seed_as_far_as_it_got():
+    """live_after=0: a partial draw at each log point of a stale first seed (after θ₀'s, before its
+    last), on race's own query grid; each is a prefix of the finished run and marks no divergence."""
+    from sazo_lite.course.widgets.race import _query_grid
+
+    live = widgets.race_dashboard(seeds=2, steps=60, log_every=10, live_after=0.0)
+    figure, drawn = live.figures["race"], []
+
+    def recorded(_change):   # each redraw the page gets
+        sazo = figure.data[3]   # SAZO's median line
+        drawn.append((figure.layout.title.text, np.asarray(sazo.y, dtype=float), list(sazo.x),
+                      len(figure.layout.annotations)))
+
+    figure.view.observe(recorded, names="outputs")
+    live.controls["ema_decay"].value = 0.5                # SAZO alone retrains
+    training = [d for d in drawn if "training" in d[0]]
+    assert len(training) == 5 and live.stages[0] == len(drawn) == 5 + 2   # log points 10..50 of 0..60, seed 0, all
+    grid = _query_grid(60, live.controls["batch_size"].value, 10)
+    np.testing.assert_array_equal(live.result().queries, grid)   # the grid race logs on
+    seed0 = np.minimum(live.result().gaps["sazo"][0] / live.result().initial_gap, 1e3)
+    for k, (_, median, x, marks) in enumerate(training):
+        assert np.isfinite(median).sum() == k + 2 and x == list(grid) and marks == 0
+        np.testing.assert_allclose(median[:k + 2], seed0[:k + 2])
+    slow = widgets.race_dashboard(seeds=2, steps=60, log_every=10, live_after=60.0)
+    slow.controls["ema_decay"].value = 0.5
+    assert slow.stages[0] == 2                            # never due within the run: finished seeds only
 
 
 def test_race_tune_picks_rates_from_the_grid():

@@ -1,4 +1,4 @@
-"""Interactive dashboards for the notebooks (ipywidgets + plotly FigureWidget).
+"""Interactive dashboards for the notebooks (ipywidgets + plotly figures redrawn in an Output).
 
 Each public ``*_dashboard()`` can be called with no arguments and returns a ``Dashboard``
 (an ipywidgets VBox with ``controls``, ``figures`` and ``refresh()``). The maths they plot
@@ -20,7 +20,5 @@ from .importance import batch_gain_dashboard, gain_over_training_figure, importa
 __all__ += ["importance_dashboard", "unbiased_dashboard", "batch_gain_dashboard", "gain_over_training_figure"]
 from .memory import measured_vs_predicted_figure, memory_dashboard
 __all__ += ["memory_dashboard", "measured_vs_predicted_figure"]
-from .llm import llm_dashboard, top_sampled_rows
-__all__ += ["llm_dashboard", "top_sampled_rows"]
 from .pictures import batch_bars_dashboard, chi2_dashboard, norms_histogram_dashboard, paths_dashboard
 __all__ += ["norms_histogram_dashboard", "batch_bars_dashboard", "chi2_dashboard", "paths_dashboard"]

@@ -1,18 +1,28 @@
 """Building blocks shared by every dashboard: captioned sliders, presets, the dashboard box.
 
 A dashboard is an ``ipywidgets.VBox`` with three extra attributes that tests and notebooks use:
-``controls`` (name → widget), ``figures`` (name → ``plotly.graph_objects.FigureWidget``) and
+``controls`` (name → widget), ``figures`` (name → ``LiveFigure``, a plotly ``go.Figure``) and
 ``refresh()`` (recompute and redraw now). Setting a control's value from code redraws at once.
+
+A dashboard's figure is a plain ``go.Figure`` shown in an ``ipywidgets.Output`` (``LiveFigure.view``)
+whose one output, the figure's plotly JSON, is replaced after each change (one message per
+``batch_update``). It is not a plotly ``FigureWidget``: that is an anywidget whose page-side model
+imports plotly's whole widget bundle (5 MB, once per figure) and drops every later update for good
+if that import takes over anywidget's 2 s (``Runtime.ready``): in the Voilà app, which creates every
+model at once, the race's plot stopped following its slider on most page loads (docs/course.md).
 """
 from __future__ import annotations
 
-import copy
+import contextlib
+import json
 from typing import Callable
 
 import ipywidgets as widgets
+import plotly.graph_objects as go
+import plotly.io as pio
 
 __all__ = ["slider", "log_slider", "int_slider", "question", "captioned", "presets", "redraw_on_change",
-           "assemble", "Dashboard", "sync_figure_state", "static_dashboard_html", "set_controls", "SAMPLER_COLORS",
+           "assemble", "Dashboard", "LiveFigure", "static_dashboard_html", "set_controls", "SAMPLER_COLORS",
            "SAMPLER_FILLS", "SAMPLER_LABELS"]
 
 # One palette for every dashboard: a sampler has the same colour in every plot of the course.
@@ -102,13 +112,69 @@ def presets(choices: dict[str, dict[str, object]], controls: dict[str, widgets.W
     return box
 
 
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+
+
+class LiveFigure(go.Figure):
+    """A ``go.Figure`` drawn live in an ``ipywidgets.Output`` (``view``): every change redraws it there.
+
+    plotly calls a figure's ``_send_*_msg`` hooks after each change (once at the end of a
+    ``batch_update``); a plain ``go.Figure`` ignores them, a ``LiveFigure`` writes its plotly JSON as
+    the view's one output (adding traces inside ``batch_update`` redraws too). That output is synced widget state, so a page that connects later
+    (Voilà, a re-display) shows the current figure. Displayed by itself it is a static figure.
+
+    Example:
+        >>> fig = LiveFigure(layout=dict(title="demo"))
+        >>> with fig.batch_update():
+        ...     _ = fig.add_scatter(y=[1, 3, 2])
+        >>> fig.view.outputs[0]["data"]["application/vnd.plotly.v1+json"]["data"][0]["y"]
+        [1, 3, 2]
+    """
+
+    _holding = False  # inside batch_update: one redraw at its end
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._view = widgets.Output()
+        self._redraw()
+
+    @contextlib.contextmanager
+    def batch_update(self):
+        """plotly's ``batch_update`` (edits applied together at the end), then one redraw."""
+        if self._holding:  # nested
+            yield
+            return
+        self._holding = True
+        try:
+            with super().batch_update():
+                yield
+        finally:
+            self._holding = False
+        self._redraw()
+
+    @property
+    def view(self) -> widgets.Output:
+        """The ``Output`` widget that shows this figure (what a dashboard puts in its box)."""
+        return self._view
+
+    def _redraw(self, *_args, **_kwargs) -> None:
+        view = getattr(self, "_view", None)  # None while go.Figure.__init__ adds the first traces
+        if view is not None and not self._holding:
+            figure = json.loads(pio.to_json(self, validate=False))
+            view.outputs = ({"output_type": "display_data", "data": {PLOTLY_MIME: figure}, "metadata": {}},)
+
+    _send_addTraces_msg = _send_moveTraces_msg = _send_deleteTraces_msg = _redraw
+    _send_restyle_msg = _send_relayout_msg = _send_update_msg = _send_animate_msg = _redraw
+
+
 class Dashboard(widgets.VBox):
     """A VBox that exposes ``controls``, ``figures``, ``readout`` and ``refresh`` for tests."""
 
     def __init__(self, title: str, rows: list[widgets.Widget], controls: dict[str, widgets.Widget],
                  figures: dict, refresh: Callable[[], None], readout: widgets.HTML | None = None):
         header = widgets.HTML(f"<h3 style='margin:4px 0'>{title}</h3>")
-        parts = [header, *rows] + ([readout] if readout is not None else []) + list(figures.values())
+        shown = [getattr(figure, "view", figure) for figure in figures.values()]
+        parts = [header, *rows] + ([readout] if readout is not None else []) + shown
         super().__init__(parts)
         self.controls, self.figures, self.readout = controls, figures, readout
         self._refresh = refresh
@@ -118,13 +184,6 @@ class Dashboard(widgets.VBox):
         self._refresh()
 
     def _repr_mimebundle_(self, **kwargs):
-        # A FigureWidget copies its figure into its synced widget state only when it is itself
-        # displayed (plotly's own _repr_mimebundle_ does this); inside a box it is not. Edits
-        # made before display (every dashboard's first draw) then travel only as one-off
-        # messages, which a page that connects later never sees: Voilà, which runs the
-        # notebook first, showed empty plots, and so would a re-display or saved widget state.
-        for figure in self.figures.values():
-            sync_figure_state(figure)
         bundle = super()._repr_mimebundle_(**kwargs)
         # A frontend without a kernel (the course website, nbconvert) cannot draw the widget;
         # it falls back to this HTML: the figures as drawn now, the readout, a launch link.
@@ -147,8 +206,6 @@ def static_dashboard_html(board: Dashboard) -> str:
     """
     import html
     import uuid
-
-    import plotly.io as pio
 
     def shown(value):
         return f"{value:.3g}" if isinstance(value, float) else html.escape(str(value))
@@ -182,13 +239,6 @@ def _drawn(figure) -> bool:
         if any(column is not None and len(column) > 0 for column in columns):
             return True
     return False
-
-
-def sync_figure_state(figure) -> None:
-    """Make a ``FigureWidget``'s synced state (what a newly connected page renders) its current figure."""
-    if hasattr(figure, "_widget_data"):  # FigureWidget; a plain go.Figure has no widget state
-        figure._widget_layout = copy.deepcopy(figure._layout_obj._props)
-        figure._widget_data = copy.deepcopy(figure._data)
 
 
 def redraw_on_change(controls: dict[str, widgets.Widget], refresh: Callable[[], None], hold: list[bool]) -> None:

@@ -12,7 +12,7 @@ import torch
 
 from .. import two_point, instruments, mezo_vs_sgd, minibatches
 from ..config import one_thread
-from ._common import Dashboard, assemble, int_slider, log_slider, slider
+from ._common import LiveFigure, Dashboard, assemble, int_slider, log_slider, slider
 
 __all__ = ["estimator_dashboard", "epsilon_dashboard", "dimension_dashboard"]
 
@@ -57,9 +57,9 @@ def estimator_dashboard(theta=(1.2, 0.8), *, seed: int = 0) -> Dashboard:
         "precision": _precision_toggle(),
     }
     state = {"seed": seed}
-    fig = go.FigureWidget(layout=dict(width=520, height=480, xaxis=dict(range=[-2, 2], title="θ₁"),
-                                      yaxis=dict(range=[-2, 2], title="θ₂", scaleanchor="x"),
-                                      margin=dict(l=40, r=10, t=30, b=40), legend=dict(x=0, y=1)))
+    fig = LiveFigure(layout=dict(width=520, height=480, xaxis=dict(range=[-2, 2], title="θ₁"),
+                                 yaxis=dict(range=[-2, 2], title="θ₂", scaleanchor="x"),
+                                 margin=dict(l=40, r=10, t=30, b=40), legend=dict(x=0, y=1)))
     fig.add_trace(_contour_trace([1.0, controls["curvature"].value]))
     fig.add_scatter(mode="markers", marker=dict(color="grey", size=5), name="single estimates g_j z_j")
     fig.add_scatter(mode="lines+markers", line=dict(color="black", width=3),
@@ -127,9 +127,9 @@ def epsilon_dashboard(theta=(1.0, -0.8, 0.5), *, num_directions: int = 8) -> Das
         "quartic": slider("quartic term κ", 1.0, 0.0, 5.0, 0.25),
         "offset": slider("loss level c", 0.0, 0.0, 1000.0, 10.0),
     }
-    fig = go.FigureWidget(layout=dict(width=620, height=420, margin=dict(l=50, r=10, t=30, b=50),
-                                      xaxis=dict(type="log", title="ε", exponentformat="power"),
-                                      yaxis=dict(type="log", title="relative error of g(z)", exponentformat="power")))
+    fig = LiveFigure(layout=dict(width=620, height=420, margin=dict(l=50, r=10, t=30, b=50),
+                                 xaxis=dict(type="log", title="ε", exponentformat="power"),
+                                 yaxis=dict(type="log", title="relative error of g(z)", exponentformat="power")))
     for name in _DTYPES:
         fig.add_scatter(x=grid.tolist(), mode="lines", name=name)
     fig.add_scatter(mode="markers", marker=dict(size=14, color="crimson"), name="current ε")
@@ -179,9 +179,9 @@ def dimension_dashboard(dims=(2, 4, 8, 16, 32, 64, 128, 256, 512), *, directions
     controls = {"q": int_slider("directions q", 1, 1, 64),
                 "perturbation": widgets.ToggleButtons(options=["gaussian", "rademacher"], description="direction z",
                                                       style=dict(description_width="150px", button_width="110px"))}
-    fig = go.FigureWidget(layout=dict(width=620, height=420, margin=dict(l=50, r=10, t=30, b=50),
-                                      xaxis=dict(type="log", title="dimension d"),
-                                      yaxis=dict(type="log", title="E‖ĝ − ∇f‖² / ‖∇f‖²")))
+    fig = LiveFigure(layout=dict(width=620, height=420, margin=dict(l=50, r=10, t=30, b=50),
+                                 xaxis=dict(type="log", title="dimension d"),
+                                 yaxis=dict(type="log", title="E‖ĝ − ∇f‖² / ‖∇f‖²")))
     fig.add_scatter(x=list(dims), mode="markers", marker=dict(size=9), name="Monte-Carlo")
     fig.add_scatter(x=list(dims), mode="lines", name="theory")
     fig.add_scatter(x=list(dims), y=[1.0] * len(dims), mode="lines", line=dict(dash="dot", color="grey"),

@@ -13,7 +13,7 @@ import torch
 from .. import two_point, instruments, mezo_vs_sgd, minibatches, problems
 from ... import variance
 from ..config import one_thread
-from ._common import Dashboard, assemble, int_slider, slider
+from ._common import LiveFigure, Dashboard, assemble, int_slider, slider
 
 __all__ = ["importance_dashboard", "unbiased_dashboard", "batch_gain_dashboard", "gain_over_training_figure"]
 
@@ -70,13 +70,13 @@ def importance_dashboard(*, num_examples: int = 256, dim: int = 20, trials: int 
     sigma_grid = [round(0.25 * k, 2) for k in range(9)]
     controls = {"sigma": _sigma_slider(), "uniform_mix": slider("uniform mix λ", 0.3, 0.0, 1.0, 0.05),
                 "batch_size": int_slider("batch size B", 1, 1, 64), "progress": _progress_slider()}
-    bars = go.FigureWidget(layout=dict(width=470, height=380, margin=dict(l=50, r=10, t=30, b=40),
-                                       xaxis_title="sampling distribution p", yaxis_title="E‖ĝ‖² / oracle's", legend=dict(x=0.45, y=1)))
+    bars = LiveFigure(layout=dict(width=470, height=380, margin=dict(l=50, r=10, t=30, b=40),
+                                  xaxis_title="sampling distribution p", yaxis_title="E‖ĝ‖² / oracle's", legend=dict(x=0.45, y=1)))
     bars.add_bar(name="Monte-Carlo", marker_color="lightsteelblue")
     bars.add_scatter(mode="markers", marker=dict(symbol="diamond", size=12, color="black"), name="theory")
-    law = go.FigureWidget(layout=dict(width=470, height=380, margin=dict(l=50, r=10, t=30, b=40),
-                                      xaxis_title="heterogeneity σ", yaxis=dict(type="log", title="V(u) / V(p*)"),
-                                      legend=dict(x=0, y=1)))
+    law = LiveFigure(layout=dict(width=470, height=380, margin=dict(l=50, r=10, t=30, b=40),
+                                 xaxis_title="heterogeneity σ", yaxis=dict(type="log", title="V(u) / V(p*)"),
+                                 legend=dict(x=0, y=1)))
     law.add_scatter(x=sigma_grid, mode="lines", name="1 + CV²")
     law.add_scatter(x=sigma_grid, mode="markers", marker=dict(size=9), name="Monte-Carlo, B = 1")
     law.add_scatter(mode="markers", marker=dict(size=16, color="crimson", symbol="circle-open", line_width=3),
@@ -153,8 +153,8 @@ def unbiased_dashboard(*, num_examples: int = 256, dim: int = 20, trials: int = 
     snapshots = _Snapshots(num_examples, dim, seed)
     controls = {"sigma": _sigma_slider(), "uniform_mix": slider("uniform mix λ", 0.0, 0.0, 1.0, 0.05),
                 "batch_size": int_slider("batch size B", 8, 1, 64), "progress": _progress_slider(0.0)}
-    fig = go.FigureWidget(layout=dict(width=640, height=400, barmode="overlay", margin=dict(l=50, r=10, t=30, b=50),
-                                      xaxis_title="minibatch estimate of F", yaxis_title="count"))
+    fig = LiveFigure(layout=dict(width=640, height=400, barmode="overlay", margin=dict(l=50, r=10, t=30, b=50),
+                                 xaxis_title="minibatch estimate of F", yaxis_title="count"))
     fig.add_bar(name="weighted w = 1/(N p_i)", marker_color="darkorange", opacity=0.6)
     fig.add_bar(name="unweighted (w = 1)", marker_color="grey", opacity=0.5)
     fig.add_scatter(mode="lines", line=dict(color="black", dash="dash", width=2), name="true F")
@@ -216,11 +216,11 @@ def batch_gain_dashboard(*, num_examples: int = 256, dim: int = 20, seed: int = 
                 "progress": _progress_slider()}
     layout = dict(width=470, height=380, margin=dict(l=50, r=10, t=30, b=50), legend=dict(x=0.3, y=1),
                   yaxis=dict(type="log", title="gain: uniform / oracle"))
-    by_batch = go.FigureWidget(layout=dict(layout, xaxis=dict(type="log", title="batch size B")))
+    by_batch = LiveFigure(layout=dict(layout, xaxis=dict(type="log", title="batch size B")))
     by_batch.add_scatter(x=batch_grid, mode="lines", name="at t = 0 (start)", line=dict(dash="dot"))
     by_batch.add_scatter(x=batch_grid, mode="lines", name="at current t")
     by_batch.add_scatter(mode="markers", marker=dict(size=14, color="crimson"), name="current B")
-    by_progress = go.FigureWidget(layout=dict(layout, xaxis=dict(title="training progress t")))
+    by_progress = LiveFigure(layout=dict(layout, xaxis=dict(title="training progress t")))
     by_progress.add_scatter(x=progress_grid, mode="lines", name="B = 1 (1 + CV²)", line=dict(dash="dot"))
     by_progress.add_scatter(x=progress_grid, mode="lines", name="current B")
     by_progress.add_scatter(x=progress_grid, mode="lines", name="B = 64", line=dict(dash="dash"))

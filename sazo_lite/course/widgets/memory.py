@@ -10,7 +10,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from .. import memory
-from ._common import Dashboard, captioned, int_slider, presets, set_controls, slider
+from ._common import LiveFigure, Dashboard, captioned, int_slider, presets, set_controls, slider
 
 __all__ = ["memory_dashboard", "memory_bars", "fit_summary", "measured_vs_predicted_figure"]
 
@@ -94,10 +94,10 @@ def _current(controls, base_name: str) -> tuple[memory.ModelShape, memory.TrainS
     return shape, setup, ladder
 
 
-def _bar_figure() -> go.FigureWidget:
-    fig = go.FigureWidget(layout=dict(barmode="stack", height=380, width=560, xaxis_title="method",
-                                      yaxis_title="peak memory (GB)",
-                                      title="Peak memory of one training step", margin=dict(t=50, b=40)))
+def _bar_figure() -> LiveFigure:
+    fig = LiveFigure(layout=dict(barmode="stack", height=380, width=560, xaxis_title="method",
+                                 yaxis_title="peak memory (GB)",
+                                 title="Peak memory of one training step", margin=dict(t=50, b=40)))
     for part in PARTS:
         fig.add_bar(x=["BP", "ZO"], y=[0.0, 0.0], name=part, marker_color=COLOURS[part])
     fig.add_hline(y=40.0, line_dash="dash", line_color="black")  # the budget, moved by refresh()
@@ -187,11 +187,11 @@ def _differs_from_preset(controls) -> bool:
                                       for k in SHAPE_KEYS)
 
 
-def measured_vs_predicted_figure(rows: list[dict]) -> go.FigureWidget:
+def measured_vs_predicted_figure(rows: list[dict]) -> go.Figure:
     """Scatter of measured vs predicted extra memory (MB), one marker per (mode, attention)."""
-    fig = go.FigureWidget(layout=dict(height=420, width=560, xaxis_title="predicted (MB)",
-                                      yaxis_title="measured (MB)", xaxis_type="log", yaxis_type="log",
-                                      title="Memory model vs measurement (peak above the weights)"))
+    fig = go.Figure(layout=dict(height=420, width=560, xaxis_title="predicted (MB)",
+                                yaxis_title="measured (MB)", xaxis_type="log", yaxis_type="log",
+                                title="Memory model vs measurement (peak above the weights)"))
     groups = sorted({(r["mode"], r["attention"]) for r in rows})
     for mode, attention in groups:
         pts = [r for r in rows if (r["mode"], r["attention"]) == (mode, attention)]

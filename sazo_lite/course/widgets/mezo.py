@@ -8,7 +8,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from .. import two_point, instruments, mezo_vs_sgd, minibatches, problems
-from ._common import SAMPLER_COLORS, Dashboard, assemble, int_slider, log_slider
+from ._common import LiveFigure, SAMPLER_COLORS, Dashboard, assemble, int_slider, log_slider
 
 __all__ = ["memory_figure", "mezo_dashboard", "FORWARD_EQUIVALENTS"]
 
@@ -36,10 +36,10 @@ def memory_figure(measurements: dict[str, int]) -> go.Figure:
     return fig
 
 
-def _race_figure(x_title: str) -> go.FigureWidget:
-    fig = go.FigureWidget(layout=dict(width=470, height=360, margin=dict(l=50, r=10, t=30, b=50),
-                                      xaxis_title=x_title, legend=dict(x=0.35, y=1),
-                                      yaxis=dict(type="log", title="F(θ) − F(θ*)", exponentformat="power")))
+def _race_figure(x_title: str) -> LiveFigure:
+    fig = LiveFigure(layout=dict(width=470, height=360, margin=dict(l=50, r=10, t=30, b=50),
+                                 xaxis_title=x_title, legend=dict(x=0.35, y=1),
+                                 yaxis=dict(type="log", title="F(θ) − F(θ*)", exponentformat="power")))
     for name, color in _COLORS.items():
         fig.add_scatter(mode="lines", name=name, line=dict(color=color, width=2.5))
     return fig

@@ -20,7 +20,7 @@ from .. import two_point, instruments, mezo_vs_sgd, minibatches, problems
 from ... import variance
 from ..config import one_thread, pick
 from ..sazo_runs import SAMPLERS, ema_of_chi2, loss_grid, sampler_paths
-from ._common import SAMPLER_COLORS as _COLORS, SAMPLER_LABELS as _LABELS, Dashboard, assemble, int_slider, \
+from ._common import LiveFigure, SAMPLER_COLORS as _COLORS, SAMPLER_LABELS as _LABELS, Dashboard, assemble, int_slider, \
     log_slider, slider
 
 __all__ = ["norms_histogram_dashboard", "batch_bars_dashboard", "chi2_dashboard", "paths_dashboard"]
@@ -42,7 +42,7 @@ def norms_histogram_dashboard(*, num_examples: int = 256, dim: int = 20, seed: i
     cache: dict[tuple, torch.Tensor] = {}
     controls = {"sigma": slider("heterogeneity σ", 1.5, 0.0, 2.5, 0.1),
                 "progress": slider("training progress t", 0.0, 0.0, 1.0, 0.05)}
-    fig = go.FigureWidget(layout=dict(title="‖∇f_i‖ over the examples", bargap=0.05, **_FIG))
+    fig = LiveFigure(layout=dict(title="‖∇f_i‖ over the examples", bargap=0.05, **_FIG))
     fig.add_histogram(name="examples", marker=dict(color=_COLORS["sazo"]), xbins=dict(size=0.1))
     fig.add_scatter(name="mean", mode="lines", line=dict(color="black", dash="dash"))
     fig.update_xaxes(title="log10 ‖∇f_i(θ_t)‖", range=[-4, 3])
@@ -93,7 +93,7 @@ def batch_bars_dashboard(*, num_examples: int = 256, dim: int = 20, seed: int = 
     controls = {"batch_size": int_slider("batch size B", 8, 1, 256),
                 "sigma": slider("heterogeneity σ", 1.5, 0.0, 2.5, 0.1),
                 "progress": slider("training progress t", 0.5, 0.0, 1.0, 0.05)}
-    fig = go.FigureWidget(layout=dict(title="E‖ĝ‖² / (d+2), split in its two parts", barmode="stack", **_FIG))
+    fig = LiveFigure(layout=dict(title="E‖ĝ‖² / (d+2), split in its two parts", barmode="stack", **_FIG))
     fig.add_bar(name="(1/B)·V(p): depends on p", marker=dict(color=_COLORS["sazo"]))
     fig.add_bar(name="(1 − 1/B)·‖∇F‖²: the same for every p", marker=dict(color="#bbbbbb"))
     fig.update_xaxes(title="sampler")
@@ -149,7 +149,7 @@ def chi2_dashboard(*, examples: int | None = None, seed: int = 0) -> Dashboard:
     examples = examples if examples is not None else pick(20_000, 5_000)
     controls = {"ema_decay": slider("EMA decay β", 0.9, 0.0, 0.995, 0.005),
                 "observations": int_slider("observations n", 10, 1, 200)}
-    fig = go.FigureWidget(layout=dict(title="estimate / truth, over many examples", barmode="overlay", **_FIG))
+    fig = LiveFigure(layout=dict(title="estimate / truth, over many examples", barmode="overlay", **_FIG))
     bins = dict(start=0.0, end=5.0, size=0.05)
     fig.add_histogram(name="one δ² (χ²₁)", histnorm="probability density", xbins=bins,
                       marker=dict(color=_COLORS["uniform"]), opacity=0.5)
@@ -213,8 +213,8 @@ def paths_dashboard(*, num_examples: int = 32, heterogeneity: float = 2.0, steps
                 "lr": log_slider("η (all three)", 0.02, -3, -0.5),
                 "rule": widgets.ToggleButtons(options=["plain", "robust"], value="plain", description="SAZO rule",
                                               style=dict(description_width="150px"))}
-    fig = go.FigureWidget(layout=dict(title="MeZO paths on the contours of F", height=520, width=620,
-                                      margin=dict(l=50, r=15, t=45, b=45)))
+    fig = LiveFigure(layout=dict(title="MeZO paths on the contours of F", height=520, width=620,
+                                 margin=dict(l=50, r=15, t=45, b=45)))
     fig.add_contour(x=xs, y=ys, z=np.log10(losses - losses.min() + 1e-3), showscale=False, ncontours=25,
                     colorscale="Greys", reversescale=True, opacity=0.5, hoverinfo="skip",
                     contours=dict(coloring="lines"), name="log F")

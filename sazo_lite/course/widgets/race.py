@@ -7,6 +7,7 @@ queries to reach the target. Runs come from ``sazo_lite.course.sazo_runs.race``.
 from __future__ import annotations
 
 import html
+import time
 import warnings
 
 import numpy as np
@@ -17,7 +18,7 @@ import torch
 from ..config import pick
 from ..sazo_runs import PROBLEMS, SAMPLERS, RaceResult, make_problem, race, tune_lr
 from ._common import SAMPLER_COLORS as _COLORS, SAMPLER_FILLS as _FILLS, SAMPLER_LABELS as _LABELS, Dashboard, \
-    captioned, int_slider, log_slider, presets, set_controls, slider
+    LiveFigure, captioned, int_slider, log_slider, presets, set_controls, slider
 
 __all__ = ["race_dashboard", "race_figure", "race_table_html", "race_verdict", "merge_results", "join_seeds",
            "PROBLEM_DEFAULTS"]
@@ -73,7 +74,7 @@ def _band_xy(queries: np.ndarray, low: np.ndarray, high: np.ndarray) -> tuple[np
 
 
 def _empty_race_figure(methods=SAMPLERS, widget: bool = True, **layout):
-    figure_class = go.FigureWidget if widget else go.Figure
+    figure_class = LiveFigure if widget else go.Figure
     # 660 px fits the book's column with the legend below the plot (beside it, a legend was clipped); the
     # title starts at the left, clear of the modebar (top right).
     fig = figure_class(layout=dict(height=460, width=660, margin=dict(l=60, r=20, t=50, b=50),
@@ -89,8 +90,11 @@ def _empty_race_figure(methods=SAMPLERS, widget: bool = True, **layout):
     return fig
 
 
-def _draw_race(fig, result: RaceResult, methods=SAMPLERS) -> None:
-    """Draw ``methods``' bands and medians; a method missing from ``result`` is left blank (still running)."""
+def _draw_race(fig, result: RaceResult, methods=SAMPLERS, logged: dict[str, int] | None = None) -> None:
+    """Draw ``methods``' bands and medians; a method missing from ``result`` is left blank (still running).
+
+    ``logged``: method → how many of its row's entries exist yet (a run still training: the rest is NaN).
+    """
     q = result.queries
     with fig.batch_update():
         for k, method in enumerate(methods):
@@ -103,16 +107,16 @@ def _draw_race(fig, result: RaceResult, methods=SAMPLERS) -> None:
             fig.data[2 * k + 1].update(x=q, y=median)
         ratio = result.target / result.initial_gap
         fig.data[2 * len(methods)].update(x=[q[0], q[-1]], y=[ratio, ratio])
-        _frame_race(fig, result, methods, ratio)
+        _frame_race(fig, result, methods, ratio, logged or {})
 
 
 _TOP = 3.0  # the y axis ends at 3× the initial gap: a race is decided below 1, a diverging run is marked
 
 
-def _frame_race(fig, result: RaceResult, methods, ratio: float) -> None:
+def _frame_race(fig, result: RaceResult, methods, ratio: float, logged: dict[str, int]) -> None:
     """Fit the y axis to where the race is decided (from below the target to _TOP) and mark each method
-    whose median run leaves the top (diverged) at the first query it does."""
-    medians = {m: _band(result, m)[0] for m in methods if m in result.gaps}
+    whose median run leaves the top (diverged) at the first query it does (of those logged yet)."""
+    medians = {m: _band(result, m)[0][:logged.get(m)] for m in methods if m in result.gaps}
     finite = [v for median in medians.values() for v in median[np.isfinite(median)] if v > 0]
     low = min([ratio, *finite]) / 2 if finite else ratio / 2
     fig.update_yaxes(range=[float(np.log10(low)), float(np.log10(_TOP))])
@@ -226,6 +230,27 @@ def join_seeds(parts: list[RaceResult]) -> RaceResult:
 
 # -- the dashboard ---------------------------------------------------------------------------
 
+class _Watched:
+    """A problem whose ``gap`` evaluations (``race``'s: θ₀'s, then one per log point) also go to ``seen``."""
+
+    def __init__(self, problem, seen) -> None:
+        self._problem, self._seen = problem, seen
+
+    def __getattr__(self, name):
+        return getattr(self._problem, name)
+
+    def gap(self, theta) -> float:
+        value = self._problem.gap(theta)
+        self._seen(float(value))
+        return value
+
+
+def _query_grid(steps: int, batch_size: int, log_every: int) -> np.ndarray:
+    """The queries ``sazo_runs.race`` logs the gap at (θ₀, every ``log_every`` steps, the last step)."""
+    logged = [s for s in range(1, steps + 1) if s % log_every == 0 or s == steps]
+    return 2 * batch_size * np.asarray([0] + logged)
+
+
 def _controls(problem: str) -> dict[str, widgets.Widget]:
     defaults = PROBLEM_DEFAULTS[problem]
     dropdown = widgets.Dropdown(options=PROBLEMS, value=problem, description="problem",
@@ -264,12 +289,15 @@ _GRID = (0.25, 0.5, 1.0, 2.0, 4.0)  # "tune η": multiples of the current rate
 def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: int = 64, dim: int = 5,
                    seeds: int | None = None, steps: int | None = None, lrs: dict[str, float] | None = None,
                    log_every: int = 10, target_fraction: float = 0.1, dtype: torch.dtype = torch.float32,
-                   cache_size: int = 192) -> Dashboard:
+                   cache_size: int = 192, live_after: float | None = 0.1) -> Dashboard:
     """Uniform MeZO vs SAZO vs the oracle: gap against queries with seed bands, live.
 
     Each method has its own learning rate (defaults tuned per problem, see ``PROBLEM_DEFAULTS``;
     the "tune η per method" button re-tunes them for the current settings). A change draws
-    the first seed of every method that must rerun at once, then the other seeds.
+    the first seed of every method that must rerun as soon as it is done, then the other seeds;
+    while a first seed trains, its curve is drawn as far as it got ``live_after`` seconds into
+    the change and every 3 × ``live_after`` s after (a run of hundreds of steps takes longer
+    than a slider's answer should).
 
     Args:
         problem: the initial entry of ``sazo_lite.course.sazo_runs.PROBLEMS``.
@@ -283,11 +311,13 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
         target_fraction: the table's target, as a fraction of the initial gap.
         cache_size: runs kept (one method, one seed each); a method's runs are keyed only by
             the controls it depends on, so moving β or λ retrains SAZO alone.
+        live_after: seconds into a change before a training first seed's partial curve is
+            drawn (None: draw finished seeds only).
 
     Returns:
         A ``Dashboard`` with figure "race" and an HTML queries-to-target table as readout;
-        ``dash.stages`` counts the draws of the last change (1 or 2); ``dash.result()`` is the
-        ``RaceResult`` on screen.
+        ``dash.stages`` counts the draws of the last change (the partial ones included);
+        ``dash.result()`` is the ``RaceResult`` on screen.
 
     Example:
         >>> dash = race_dashboard(seeds=1, steps=20)
@@ -315,25 +345,31 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
                     if (method == "sazo" or k not in _SAZO_ONLY) and (not k.startswith("lr_") or k == LR_CONTROLS[method])}
         return method, seed, tuple(sorted(relevant.items()))
 
-    def run_method(method: str, values: dict, seed: int) -> RaceResult:
+    def run_method(method: str, values: dict, seed: int, seen=None) -> RaceResult:
         key = run_key(method, values, seed)
         if key not in runs:
             if len(runs) >= cache_size:
                 runs.pop(next(iter(runs)))  # oldest first
-            runs[key] = race(current_problem(values), samplers=(method,), seeds=(seed,), steps=steps,
+            problem = current_problem(values) if seen is None else _Watched(current_problem(values), seen)
+            runs[key] = race(problem, samplers=(method,), seeds=(seed,), steps=steps,
                              batch_size=values["batch_size"], lr=values[LR_CONTROLS[method]], eps=values["eps"],
                              ema_decay=values["ema_decay"], uniform_mix=values["uniform_mix"],
                              log_every=log_every, target_fraction=target_fraction, dtype=dtype)
         return runs[key]
 
-    def draw(values: dict, result: RaceResult, final: bool) -> None:
-        _draw_race(figures["race"], result)
+    def draw(values: dict, result: RaceResult, final: bool, logged: dict[str, int] | None = None) -> None:
         if final:
-            figures["race"].layout.title.text = f"{values['problem']}: gap against queries ({len(seeds)} seeds)"
+            title = f"{values['problem']}: gap against queries ({len(seeds)} seeds)"
+        elif logged:
+            title = f"{values['problem']}: {_LABELS[next(iter(logged))]} training…"
+        else:
+            title = f"{values['problem']}: first seed… (more seeds coming)"
+        with figures["race"].batch_update():   # one redraw
+            _draw_race(figures["race"], result, logged=logged)
+            figures["race"].layout.title.text = title
+        if final:
             readout.value = race_table_html(result)
             shown[0] = result
-        else:
-            figures["race"].layout.title.text = f"{values['problem']}: first seed… (more seeds coming)"
         draws[0] += 1
 
     def current_values() -> dict:
@@ -342,19 +378,40 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
             values["heterogeneity"] = 0.0  # σ is fixed by the problem's definition
         return values
 
+    def so_far(values: dict, done: list[str]) -> list[RaceResult]:
+        """The finished methods' runs: every seed run yet (at least the first)."""
+        return [join_seeds([run_method(m, values, s) for s in seeds if s == seeds[0] or run_key(m, values, s) in runs])
+                for m in SAMPLERS if m in done]
+
+    def watch(values: dict, method: str, done: list[str], due: list[float]):
+        """What ``race`` calls with each gap of ``method``'s first seed: draws the curve so far when due."""
+        grid = _query_grid(steps, values["batch_size"], log_every)
+        row = []
+
+        def seen(gap: float) -> None:
+            row.append(gap)
+            if time.perf_counter() >= due[0] and 1 < len(row) < len(grid):
+                gaps = np.full((1, len(grid)), np.nan)
+                gaps[0, :len(row)] = row
+                initial = row[0]
+                running = RaceResult(queries=grid, gaps={method: gaps}, initial_gap=initial,
+                                     target=target_fraction * initial, to_target={method: [None]})
+                draw(values, merge_results(so_far(values, done) + [running]), final=False, logged={method: len(row)})
+                due[0] = time.perf_counter() + 3 * live_after
+        return seen
+
     def refresh() -> None:
         values, draws[0] = current_values(), 0
+        due = [time.perf_counter() + (live_after if live_after is not None else np.inf)]
         stale = [m for m in SAMPLERS if any(run_key(m, values, s) not in runs for s in seeds)]
-        if len(stale) * len(seeds) > 1:
-            # Progressive: draw each stale method's first seed as soon as it is done (other
-            # stale methods blank meanwhile), then all seeds. Jupyter shows each draw at once.
-            done = [m for m in SAMPLERS if m not in stale]
-            for method in stale:
-                run_method(method, values, seeds[0])
-                done.append(method)
-                draw(values, merge_results([join_seeds([run_method(m, values, s) for s in seeds
-                                                        if s == seeds[0] or run_key(m, values, s) in runs])
-                                            for m in SAMPLERS if m in done]), final=False)
+        done = [m for m in SAMPLERS if m not in stale]
+        for method in stale:
+            # Progressive: draw each stale method's first seed as it trains and once it is done
+            # (other stale methods blank meanwhile), then all seeds. Jupyter shows each draw at once.
+            run_method(method, values, seeds[0], watch(values, method, done, due))
+            done.append(method)
+            if len(stale) * len(seeds) > 1:
+                draw(values, merge_results(so_far(values, done)), final=False)
         result = merge_results([join_seeds([run_method(m, values, s) for s in seeds]) for m in SAMPLERS])
         draw(values, result, final=True)
         status.value = " ".join(f"η {_LABELS[m]} = {values[LR_CONTROLS[m]]:.2g};" for m in SAMPLERS)

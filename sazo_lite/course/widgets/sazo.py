@@ -15,7 +15,7 @@ import ipywidgets as widgets
 
 from ..config import pick
 from ..sazo_runs import RULE_FIXES, RULE_NAMES, SAZOTrace, make_problem, rule_sampler, run_sazo_trace
-from ._common import SAMPLER_COLORS as _COLORS, Dashboard, captioned, int_slider, log_slider, presets, slider
+from ._common import LiveFigure, SAMPLER_COLORS as _COLORS, Dashboard, captioned, int_slider, log_slider, presets, slider
 
 __all__ = ["sazo_dashboard", "trace_readout", "decay_note"]
 
@@ -74,8 +74,8 @@ def decay_note(trace: SAZOTrace, ema_decay: float, index: int = -1) -> str:
 
 # -- figures: built once, then only their data change ----------------------------------------
 
-def _scatter_figure() -> go.FigureWidget:
-    fig = go.FigureWidget(layout=dict(title="SAZO's estimate of ‖∇f_i‖ against the truth", **_FIG))
+def _scatter_figure() -> LiveFigure:
+    fig = LiveFigure(layout=dict(title="SAZO's estimate of ‖∇f_i‖ against the truth", **_FIG))
     fig.add_scatter(name="examples", mode="markers", marker=dict(size=5, color=_COLORS["sazo"], opacity=0.6))
     fig.add_scatter(name="y = x", mode="lines", line=dict(color="black", dash="dash", width=1))
     fig.update_xaxes(type="log", title="true ‖∇f_i(θ_t)‖")
@@ -83,8 +83,8 @@ def _scatter_figure() -> go.FigureWidget:
     return fig
 
 
-def _trajectory_figure() -> go.FigureWidget:
-    fig = go.FigureWidget(layout=dict(title="three examples: estimate (solid) and truth (dotted)", **_FIG))
+def _trajectory_figure() -> LiveFigure:
+    fig = LiveFigure(layout=dict(title="three examples: estimate (solid) and truth (dotted)", **_FIG))
     for k, color in enumerate(_TRACKED_COLORS):
         fig.add_scatter(name=f"estimate #{k}", mode="lines", line=dict(color=color))
         fig.add_scatter(name=f"‖∇f‖ #{k}", mode="lines", line=dict(color=color, dash="dot"), showlegend=False)
@@ -93,8 +93,8 @@ def _trajectory_figure() -> go.FigureWidget:
     return fig
 
 
-def _probs_figure() -> go.FigureWidget:
-    fig = go.FigureWidget(layout=dict(title="p_SAZO against p*, sorted by p*", **_FIG))
+def _probs_figure() -> LiveFigure:
+    fig = LiveFigure(layout=dict(title="p_SAZO against p*, sorted by p*", **_FIG))
     fig.add_scatter(name="p_SAZO", mode="markers", marker=dict(size=4, color=_COLORS["sazo"]))
     fig.add_scatter(name="p* (oracle)", mode="lines", line=dict(color=_COLORS["oracle"]))
     fig.add_scatter(name="uniform 1/N", mode="lines", line=dict(color=_COLORS["uniform"], dash="dash"))
@@ -103,8 +103,8 @@ def _probs_figure() -> go.FigureWidget:
     return fig
 
 
-def _variance_figure() -> go.FigureWidget:
-    fig = go.FigureWidget(layout=dict(title="V(p)/V(p*) over training", **_FIG))
+def _variance_figure() -> LiveFigure:
+    fig = LiveFigure(layout=dict(title="V(p)/V(p*) over training", **_FIG))
     for name in ("uniform", "sazo", "oracle"):
         fig.add_scatter(name=name, mode="lines", line=dict(color=_COLORS[name]))
     fig.add_scatter(name="now", mode="lines", line=dict(color="black", width=1, dash="dot"), showlegend=False)
@@ -232,7 +232,7 @@ def sazo_dashboard(*, num_examples: int = 128, dim: int = 10, steps: int | None 
     rows = [presets(PRESETS, controls, refresh, hold, keep=("step",))]
     rows += [captioned(control, _QUESTIONS[name]) for name, control in controls.items()]
     dash = Dashboard("SAZO's estimates against the truth", rows, controls, figures, refresh, readout)
-    dash.children = (*dash.children[:len(rows) + 2], widgets.HBox([figures["scatter"], figures["trajectory"]]),
-                     widgets.HBox([figures["probs"], figures["variance"]]))
+    dash.children = (*dash.children[:len(rows) + 2], widgets.HBox([figures["scatter"].view, figures["trajectory"].view]),
+                     widgets.HBox([figures["probs"].view, figures["variance"].view]))
     refresh()
     return dash
