@@ -7,8 +7,8 @@ shows "Error displaying widget". This test starts ``voila`` from this environmen
 over a scratch copy of notebooks/ in fast mode with the race's progress bars on (full mode shows
 them, fast mode leaves them off), drives Debian's Chromium with Playwright (never ``playwright
 install``) and reads the dashboard's plot data from the DOM. Screenshots land in ``test-artifacts/``.
-A plot that never follows the slider, although the kernel answered, is a known fault whose cause is
-not found (``KNOWN_FAULT``): it is reported as an expected failure, with what the page received.
+It loads the page SAZO_APP_LOADS times (a fault that showed in half the loads once) and fails when
+the plot does not follow the slider, or when a front-end extension the app does not need is loaded.
 """
 from __future__ import annotations
 
@@ -34,13 +34,42 @@ NOTEBOOK = "05_the_race.ipynb"
 # shows: they are widgets too, and a bar closed before the page connects broke the app once.
 FAST_MODE_ENV = {**os.environ, "SAZO_FAST": "1"}
 FULL_MODE_BARS = ("progress=not FAST", "progress=True")
-# Measured 2026-12-01 (this test alone on the idle 2-core machine, and in CI): in 5 of 11 page loads
-# the dashboard's plot did not follow the slider; a second move did not help either. In those loads
-# the kernel handled the move and the page received the FigureWidget's redraw (_py2js_update and
-# _py2js_relayout messages, as in the loads that pass), with no JavaScript error and no traceback in
-# voila's log: the plot on the page is not listening to the model that gets the redraw. Until that is
-# found and fixed, the outcome is an expected failure with its diagnosis; everything before must pass.
-KNOWN_FAULT = "known fault of the Voilà app (not fixed): the plot ignored the kernel's redraw"
+# Voilà's widget managers are the only front-ends the app needs besides plotly's renderer. Voilà 0.5's page
+# core is JupyterLab 4.2.5, while its own bundled widgets-manager8 and jupyterlab_widgets' manager (which it
+# loads for the widget models) were built against newer JupyterLab packages: their shared singletons
+# (non-strict: the page falls back to its own copy) log "Unsatisfied version". Those are read from the
+# installed bundles, so any other extension's mismatch (ipylab's @jupyterlab/notebook ^4.4.3 was one) fails.
+MANAGERS = ("voila/labextensions/@voila-dashboards/widgets-manager8",
+            "labextensions/@jupyter-widgets/jupyterlab-manager")
+UNSATISFIED = re.compile(r"Unsatisfied version \S+ from \S+ of shared singleton module (\S+) \(required (\S+)\)")
+
+
+def required_versions(bundle: Path) -> set[tuple[str, str]]:
+    """(module, required range) of the shared modules a federated extension's remoteEntry asks for:
+    webpack 5 writes them as requiredVersion:"^4.6.2" or as an array [1,4,5,10] meaning ^4.5.10."""
+    pairs = set()
+    for entry in bundle.glob("static/remoteEntry.*.js"):
+        text = entry.read_text(errors="replace")
+        pairs |= set(re.findall(r'shareKey:"([^"]+)",import:null,requiredVersion:"([^"]+)"', text))
+        pairs |= {(name, "^" + ".".join(v)) for name, *v in
+                  re.findall(r'"(@[^"]+)",!1,\[1,(\d+),(\d+),(\d+)\]', text)}
+    return pairs
+
+
+def managers_mismatches() -> set[tuple[str, str]]:
+    share = Path(sys.executable).parent.parent / "share" / "jupyter"
+    return set().union(*(required_versions(share / manager) for manager in MANAGERS))
+
+
+def foreign_mismatches(page_errors: list[str], allowed: set[tuple[str, str]]) -> list[str]:
+    """The page's "Unsatisfied version" warnings that Voilà's own widget managers do not explain."""
+    foreign = []
+    for error in page_errors:
+        if "Unsatisfied version" in error:
+            match = UNSATISFIED.search(error)
+            if match is None or match.groups() not in allowed:
+                foreign.append(error)
+    return foreign
 
 
 def with_progress_bars(notebook: Path) -> None:
@@ -185,7 +214,8 @@ def test_race_app_draws_and_reacts_to_ema_decay(app, browser, load):
         page.goto(url, timeout=300_000)  # Voilà runs the notebook before it shows it
         page.wait_for_selector(_DASHBOARD_PLOT, timeout=300_000)
         body = page.inner_text("body")
-        assert "Error displaying widget" not in body, "a widget failed to render"
+        at = body.find("Error displaying widget")
+        assert at < 0, f"a widget failed to render, after: …{body[max(0, at - 800):at + 200]!r}"
         assert "Traceback" not in body, f"a cell raised:\n{body[-3000:]}"
         assert page.locator(".widget-hprogress").count() >= 3, "the races' progress bars are not on the page"
         before = wait_until(lambda: drawn(dashboard_data(page)), 30,
@@ -229,8 +259,8 @@ def test_race_app_draws_and_reacts_to_ema_decay(app, browser, load):
                         + ("; ".join(page_errors[:errors_before][:5])[:1500] if errors_before else "nothing")
                         + " before" + kernel_traceback(log.read_text()[log_before:]))
         # A front-end extension built for another JupyterLab than Voilà's logs "Unsatisfied version"
-        # (ipylab's, needing @jupyterlab/notebook ^4.4.3, did): the app loads only what it uses.
-        mismatched = [e for e in page_errors if "Unsatisfied version" in e]
+        # (ipylab's did): the app loads only what it uses (notebooks/voila.json); see MANAGERS.
+        mismatched = foreign_mismatches(page_errors, managers_mismatches())
         assert not mismatched, f"a front-end extension does not fit Voilà's JupyterLab: {mismatched[:3]}"
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "05_the_race_app.png"))
@@ -259,3 +289,16 @@ def test_a_frame_is_summarised_by_its_message_type_method_and_first_state_key():
     update = '{"header": {"msg_type": "comm_msg"}, "content": {"data": {"method": "update", "state": {"_py2js_update": {}}}}}'
     assert frame_summary(update) == "comm_msg update(_py2js_update)"
     assert frame_summary('{"header": {"msg_type": "status"}, "content": {"execution_state": "idle"}}') == "status"
+
+
+def test_only_the_widget_managers_version_gaps_are_forgiven():
+    """The filter forgives what the installed managers ask for, and nothing else (ipylab's old warning)."""
+    allowed = managers_mismatches()
+    assert allowed, "no shared-module requirements read from Voilà's widget managers: their bundles moved"
+    module, wanted = sorted(allowed)[0]
+    theirs = f"console.warning: Unsatisfied version 4.2.5 from _JUPYTERLAB.CORE_OUTPUT of shared singleton module {module} (required {wanted})"
+    ipylab = ("console.warning: Unsatisfied version 4.2.5 from _JUPYTERLAB.CORE_OUTPUT of shared singleton "
+              "module @jupyterlab/notebook (required ^0.0.1)")
+    assert foreign_mismatches([theirs, "console.error: unrelated"], allowed) == []
+    assert foreign_mismatches([theirs, ipylab], allowed) == [ipylab]
+    assert foreign_mismatches(["Unsatisfied version of something unparsed"], allowed) != []
