@@ -9,8 +9,8 @@ Wall time includes waiting for a core on a shared machine; CPU time of this proc
 
 Dashboards that draw progressively (the race: each method's first seed, then all seeds)
 show a change before the assignment returns: in Jupyter every finished draw reaches the page
-at once. "first draw" is the time to the first figure update (the end of a FigureWidget
-``batch_update`` or a readout change) after the assignment starts; the verdict uses it.
+at once. "first draw" is the time to the first figure update (a LiveFigure's new output, the end of a
+FigureWidget ``batch_update``, or a readout change) after the assignment starts; the verdict uses it.
 
 Run: ``python -m benchmarks.dashboard_latency [--only NAME] [--skip NAME] [--per-control]``.
 Target for toy dashboards: median ≤ 200 ms on the 2-core teaching machine.
@@ -63,7 +63,12 @@ def watch_draws(dash) -> list[tuple[float, float]]:
     """A list that gets a (``perf_counter``, ``process_time``) stamp whenever the dashboard sends a
     figure or readout update."""
     stamps: list[tuple[float, float]] = []
+    stamp = lambda _change=None: stamps.append((time.perf_counter(), time.process_time()))  # noqa: E731
     for figure in dash.figures.values():
+        view = getattr(figure, "view", None)
+        if isinstance(view, widgets.Output):  # a LiveFigure: each redraw replaces the view's output
+            view.observe(stamp, names="outputs")
+            continue
         if not hasattr(figure, "batch_update"):
             continue
         original = figure.batch_update
@@ -76,8 +81,7 @@ def watch_draws(dash) -> list[tuple[float, float]]:
 
         figure.batch_update = stamped
     if getattr(dash, "readout", None) is not None:
-        dash.readout.observe(lambda _change: stamps.append((time.perf_counter(), time.process_time())),
-                             names="value")
+        dash.readout.observe(stamp, names="value")
     return stamps
 
 
