@@ -30,7 +30,7 @@ from sazo_lite.atomic import write_text
 from sazo_lite.engine import MeZO
 from sazo_lite.samplers import make_sampler
 from sazo_lite.course.problems import FiniteSumProblem, LeastSquares, LogisticRegression
-from sazo_lite.samplers import SAZOSampler, Sampler, probabilities
+from sazo_lite.samplers import SAZOSampler, Sampler, StaleCorrectedSAZOSampler, probabilities
 from sazo_lite.train import best_rate, median_queries, queries_to_target, train
 from sazo_lite.variance import uniform_gain
 
@@ -98,6 +98,9 @@ METHODS: dict[str, Callable] = {
     "sazo-mix-0.2": _sazo_variant(uniform_mix=0.2),
     "sazo-decay-0.5": _sazo_variant(ema_decay=0.5),
     "sazo-decay-0.7": _sazo_variant(ema_decay=0.7),
+    "sazo-stale-corrected": _sazo_variant(StaleCorrectedSAZOSampler),
+    "oracle-mix-0.1": lambda problem, theta, seed: make_sampler(
+        "oracle", problem.num_examples, seed=seed, norms_fn=lambda: problem.norms(theta), oracle_mix=0.1),
     "informed-fresh": lambda problem, theta, seed: InformedSampler(
         problem.num_examples, lambda: problem.norms(theta), stale=False, seed=seed),
     "informed-stale": lambda problem, theta, seed: InformedSampler(

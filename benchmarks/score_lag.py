@@ -9,7 +9,14 @@ are turned into probabilities by the same transform (``samplers.probabilities``,
 
 V(p)/V(p*) of each isolates one cause: stale/fresh is the lag in steps, sazo/stale the estimate's noise.
 
+``--race`` instead races samplers that each remove one of SAZO's handicaps, in queries to the targets
+(B = 1, each at its best rate of a small grid, median over seeds, ``benchmarks.queries``' protocol):
+the oracle; the oracle mixed with uniform like SAZO (λ = 0.1: weights ≤ 10, the cap on the rate);
+``informed-fresh`` (true current norms of the examples seen so far, the RMS prior for the unseen: the
+unseen phase only); SAZO (adds the noise and lag of its estimates); and any other method named.
+
     python -m benchmarks.score_lag [--steps 3000] [--seeds 0 1 2]
+    python -m benchmarks.score_lag --race --problem "quadratic σ=1.5" --seeds 0 1 2 3 4
 """
 from __future__ import annotations
 
@@ -55,13 +62,41 @@ def run(problem_name: str, *, steps: int, lr: float, seed: int, batch_size: int 
     return rows
 
 
+RACE_METHODS = ("oracle", "oracle-mix-0.1", "informed-fresh", "sazo")
+
+
+def race(problem_name: str, methods, grid, seeds, targets=(0.02, 0.005), max_steps=None) -> dict:
+    """Median queries [per seed] at each method's best rate of ``grid`` (``benchmarks.queries``)."""
+    from benchmarks.queries import TargetRun, best_learning_rate, default_problems
+
+    item = {p.name: p for p in default_problems()}[problem_name]
+    steps = max_steps or item.max_steps
+    out = {}
+    for method in methods:
+        make_run = lambda lr, seed: TargetRun(item.problem, method, lr, seed, tuple(targets))
+        out[method] = best_learning_rate(make_run, list(grid), list(seeds), steps, targets=tuple(targets))
+        for t, r in out[method].items():
+            print(f"{problem_name} | {method} | target {t:g} | median {r['median']} lr {r['lr']} "
+                  f"per seed {r['per_seed']} grid {r['grid']}", flush=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--race", action="store_true", help="race the handicap-removing samplers in queries")
+    ap.add_argument("--methods", nargs="+", default=list(RACE_METHODS))
+    ap.add_argument("--grid", type=float, nargs="+", default=[0.0017, 0.0025, 0.0038, 0.0057])
+    ap.add_argument("--targets", type=float, nargs="+", default=[0.02, 0.005])
+    ap.add_argument("--max-steps", type=int, default=None)
     ap.add_argument("--problem", default="heterogeneous quadratic")
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = ap.parse_args()
+    torch.set_num_threads(1)
+    if args.race:
+        race(args.problem, args.methods, args.grid, args.seeds, args.targets, args.max_steps)
+        return
     for seed in args.seeds:
         for r in run(args.problem, steps=args.steps, lr=args.lr, seed=seed):
             print(f"seed {seed} step {r['step']:5d} gap {r['gap']:.3e}  V/V*: sazo {r['sazo']:.3f} "
