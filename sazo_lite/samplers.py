@@ -855,7 +855,7 @@ class StaleCorrectedSAZOSampler(SAZOSampler):
     the seen examples drawn at that age: A_b of their fresh observation's score (o_i for "abs",
     sqrt(o_i) for "square") and S_b of the score they had stored. Then
 
-        sample:  ŝ_i = s_i · r_{b(a_i)}  for seen examples,  r_b = clip(A_b / S_b, 1/``max_factor``, ``max_factor``)
+        sample:  ŝ_i = s_i · r_{b(a_i)}  for seen examples,  r_b = clip(A_b / S_b, ``min_factor``, ``max_factor``)
         update:  the robust rule's; then for each seen drawn example, A_b ← (1−ρ)A_b + ρ·fresh score,
                  S_b ← (1−ρ)S_b + ρ·stored score (ρ = ``growth_rate``; A_b = S_b = 1 at the start), t_i ← t
 
@@ -871,7 +871,8 @@ class StaleCorrectedSAZOSampler(SAZOSampler):
 
     Args:
         growth_rate: ρ ∈ (0, 1], the running means' step.
-        max_factor: the clip of each r_b, > 1.
+        min_factor, max_factor: the clip of each r_b, min_factor ∈ (0, 1] and max_factor > 1 (an age
+            that comes back smaller cannot starve its examples below half their score by default).
         (the rest as ``SAZOSampler``)
 
     Example:
@@ -887,12 +888,14 @@ class StaleCorrectedSAZOSampler(SAZOSampler):
 
     def __init__(self, num_examples: int, *, ema_decay: float = 0.9, uniform_mix: float = 0.1,
                  prior_strength: float = 1.0, statistic: str = "abs", level_decay: float = 0.99,
-                 growth_rate: float = 0.02, max_factor: float = 20.0, sum_tree: bool | None = None, seed: int = 0):
+                 growth_rate: float = 0.02, min_factor: float = 0.5, max_factor: float = 20.0,
+                 sum_tree: bool | None = None, seed: int = 0):
         if sum_tree:
             raise ValueError("Invalid sum_tree: True (the staleness correction rebuilds p in an O(N) pass per step)")
         super().__init__(num_examples, ema_decay=ema_decay, uniform_mix=uniform_mix, prior_strength=prior_strength,
                          statistic=statistic, level_decay=level_decay, sum_tree=False, seed=seed)
         self.growth_rate = check_fraction("growth_rate", growth_rate, 0.0, 1.0, closed_low=False, closed_high=True)
+        self.min_factor = check_fraction("min_factor", min_factor, 0.0, 1.0, closed_low=False, closed_high=True)
         self.max_factor = check_number("max_factor", max_factor, 1.0, closed_low=False)
         self._last = np.zeros(self.num_examples, dtype=np.int64)  # t_i, the update step of the last draw; 0 unseen
         self._fresh = np.ones(self.AGE_BUCKETS)    # A_b
@@ -905,7 +908,7 @@ class StaleCorrectedSAZOSampler(SAZOSampler):
 
     def growth_factors(self) -> np.ndarray:
         """r_b [K] float64: how much the score of a seen example of each age bucket is scaled by."""
-        return np.clip(self._fresh / self._stored, 1.0 / self.max_factor, self.max_factor)
+        return np.clip(self._fresh / self._stored, self.min_factor, self.max_factor)
 
     def _factors_at(self, indices: np.ndarray) -> np.ndarray:
         return self.growth_factors()[self._buckets(self.level_steps + 1 - self._last[indices])]
@@ -940,7 +943,7 @@ class StaleCorrectedSAZOSampler(SAZOSampler):
     # -- checkpoints ----------------------------------------------------------------------
     def _hyperparameters(self) -> dict:
         hyper = super()._hyperparameters()
-        hyper.update(growth_rate=self.growth_rate, max_factor=self.max_factor)
+        hyper.update(growth_rate=self.growth_rate, min_factor=self.min_factor, max_factor=self.max_factor)
         return hyper
 
     def _extra_state(self) -> dict:

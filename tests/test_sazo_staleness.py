@@ -211,3 +211,5 @@ def test_sum_tree_and_bad_hyperparameters_are_refused():
         StaleCorrectedSAZOSampler(10, growth_rate=0.0)
     with pytest.raises(ValueError, match="max_factor"):
         StaleCorrectedSAZOSampler(10, max_factor=1.0)
+    with pytest.raises(ValueError, match="min_factor"):
+        StaleCorrectedSAZOSampler(10, min_factor=0.0)
