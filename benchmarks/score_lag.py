@@ -13,7 +13,8 @@ V(p)/V(p*) of each isolates one cause: stale/fresh is the lag in steps, sazo/sta
 (B = 1, each at its best rate of a small grid, median over seeds, ``benchmarks.queries``' protocol):
 the oracle; the oracle mixed with uniform like SAZO (λ = 0.1: weights ≤ 10, the cap on the rate);
 ``informed-fresh`` (true current norms of the examples seen so far, the RMS prior for the unseen: the
-unseen phase only); SAZO (adds the noise and lag of its estimates); and any other method named.
+unseen phase only); SAZO (adds the noise and lag of its estimates); and any other method of
+``benchmarks.queries.METHODS`` named (e.g. ``sazo-stale-corrected``). Measured tables: docs/llm.md.
 
     python -m benchmarks.score_lag [--steps 3000] [--seeds 0 1 2]
     python -m benchmarks.score_lag --race --problem "quadratic σ=1.5" --seeds 0 1 2 3 4
