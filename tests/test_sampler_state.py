@@ -13,6 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from sazo_lite import OracleSampler, PlainSAZOSampler, SAZOSampler, UniformSampler
+from sazo_lite.samplers import StaleCorrectedSAZOSampler
 from sazo_lite.samplers import SAZOState, probabilities
 
 FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -38,10 +39,12 @@ def _make(kind: str, n: int, seed: int = 0, **kwargs):
         return SAZOSampler(n, seed=seed, sum_tree=True, **kwargs)
     if kind == "sazo-square":
         return SAZOSampler(n, seed=seed, statistic="square", **kwargs)
+    if kind == "sazo-stale":
+        return StaleCorrectedSAZOSampler(n, seed=seed, **kwargs)
     return SAZOSampler(n, seed=seed, sum_tree=False, **kwargs)
 
 
-KINDS = ["uniform", "plain", "plain-tree", "sazo", "sazo-tree", "sazo-square"]
+KINDS = ["uniform", "plain", "plain-tree", "sazo", "sazo-tree", "sazo-square", "sazo-stale"]
 
 
 def _steps(sampler, gen, steps, batch=4, scale=1.0):
@@ -256,7 +259,7 @@ def test_fuzz_bad_updates_raise_and_change_nothing(kind, n, warm, bad, seed):
 
 
 @FUZZ
-@given(kind=st.sampled_from(["plain", "sazo", "sazo-tree"]),
+@given(kind=st.sampled_from(["plain", "sazo", "sazo-tree", "sazo-stale"]),
        field=st.sampled_from(["uniform_mix", "ema_decay", "num_examples", "estimates", "counts", "generator"]),
        value=st.sampled_from([float("nan"), -1.0, 5.0, "x", None, 1e40]))
 def test_fuzz_bad_loads_raise_and_change_nothing(kind, field, value):
