@@ -852,8 +852,9 @@ class StaleCorrectedSAZOSampler(SAZOSampler):
     On top of ``SAZOSampler`` (whose rule, level and prior are unchanged) it keeps, per example, the
     update step t_i at which it was last observed, and for K = ``AGE_BUCKETS`` log₂ buckets of age
     a = t + 1 − t_i (the steps since that draw, counted at the next update) two running means over
-    the seen examples drawn at that age: A_b of their fresh observation's score (o_i for "abs",
-    sqrt(o_i) for "square") and S_b of the score they had stored. Then
+    the seen examples drawn at that age: A_b of their fresh observation in score units (|d_i|/L for
+    "abs"; |d_i|/L·sqrt(π/2) for "square", whose mean is ‖∇f_i‖/L like s_i = sqrt(G_i)) and S_b of the
+    score s_i they had stored. Then
 
         sample:  ŝ_i = s_i · r_{b(a_i)}  for seen examples,  r_b = clip(A_b / S_b, ``min_factor``, ``max_factor``)
         update:  the robust rule's; then for each seen drawn example, A_b ← (1−ρ)A_b + ρ·fresh score,
@@ -866,8 +867,8 @@ class StaleCorrectedSAZOSampler(SAZOSampler):
 
     Why: on norms that grow where SAZO rarely looks (an example with a low score is drawn about once
     every N/(λB) steps), the stored score is stale-low and its weight 1/(N·p_i) large when it is finally
-    drawn; examples of that age, drawn meanwhile, show the growth. Measured against the plain robust
-    rule on the toys and a language model: docs/samplers.md.
+    drawn; examples of that age, drawn meanwhile, show the growth. Measured against the default
+    robust rule on the toys and a language model: docs/samplers.md and docs/llm.md.
 
     Args:
         growth_rate: ρ ∈ (0, 1], the running means' step.
