@@ -51,11 +51,13 @@ from typing import NamedTuple
 
 import torch
 
-from .directions import derive_seed, draw_direction, rademacher_signs, z_dtype
+import math
+
+from .directions import Z_BOUND, derive_seed, draw_direction, rademacher_signs, z_dtype
 from .validation import check_int
 
-__all__ = ["Job", "NoiseSource", "PlainNoise", "TorchNoise", "NoiseTable",
-           "split_jobs", "chunk_bounds", "z_dtype"]
+__all__ = ["Job", "NoiseSource", "PlainNoise", "TorchNoise", "NoiseTable", "GaussianTable",
+           "white_table", "source_for", "split_jobs", "chunk_bounds", "z_dtype"]
 
 
 class Job(NamedTuple):
@@ -358,3 +360,154 @@ class NoiseTable(_Threaded):
 
     def direction_bytes(self, param: torch.Tensor) -> int:
         return 0  # windows are views of the table
+
+
+def white_table(size: int, seed: int) -> torch.Tensor:
+    """[size] float64 whose circular autocorrelation is exactly (1, 0, 0, …): a white sequence.
+
+    x = irfft(X) with every bin |X_f| = √size and uniform random phases (DC and Nyquist: a
+    random sign). Parseval gives (1/size)·Σ x_n x_(n+k mod size) = δ_k for every lag k, and
+    the random phases make the values close to standard normal (a sum of size/2 cosines).
+
+    Example:
+        >>> x = white_table(2 ** 10, seed=0)
+        >>> abs(float((x * x.roll(3)).mean())) < 1e-12, abs(float((x * x).mean()) - 1) < 1e-12
+        (True, True)
+    """
+    if size < 4 or size & (size - 1):
+        raise ValueError(f"Invalid size: {size} (expected a power of two >= 4)")
+    generator = torch.Generator().manual_seed(seed)
+    half = size // 2
+    phases = torch.rand(half + 1, generator=generator, dtype=torch.float64) * (2 * math.pi)
+    real = phases[[0, half]]
+    phases[[0, half]] = torch.where(real < math.pi, torch.zeros_like(real), torch.full_like(real, math.pi))  # ±1
+    spectrum = torch.polar(torch.full((half + 1,), math.sqrt(size), dtype=torch.float64), phases)
+    return torch.fft.irfft(spectrum, n=size)
+
+
+class GaussianTable(_Threaded):
+    """Gaussian z from circular windows of one white table, each window with a random sign.
+
+    The table t (``white_table``, ``size`` entries, stored in z's dtype) is built once from
+    ``seed``. Window j of a tensor with seed s covers z[j·chunk : (j+1)·chunk]; with
+    h = derive_seed(s, j), its offset is o = h mod size and its sign σ = ±1 from h's top bit:
+
+        z_i = σ_j · t[(o_j + i − j·chunk) mod size]
+
+    Statistics, given the table (the expectation is over offsets and signs, i.e. over seeds):
+      - E[z] = 0 and E[z zᵀ] = I exactly: within a window E[z_i z_k] is the table's circular
+        autocorrelation at lag k − i, which is δ by construction (offsets are uniform on all
+        ``size`` positions); entries of different windows, tensors or steps carry independent
+        signs. So the MeZO estimate g·z is exactly unbiased for a quadratic, as with iid z;
+      - marginally z_i is a table entry: standard normal up to the table's empirical
+        distribution (kurtosis 3 − O(1/size)); max |t| < ``Z_BOUND`` is checked when it is built;
+      - not independent: a model with d > size entries reuses each table entry ≈ d/size times
+        in one z (with independent signs), which changes fourth moments slightly, not the mean;
+      - replay: z is a function of (size, chunk, seed, the step seed) only, so ``directions``
+        names them and ``SeedLog`` rebuilds the same source (``source_for``).
+
+    A pass costs one read of the table windows (4·size bytes, cache-resident for 2²² floats)
+    and one read-write of θ. Rademacher jobs are drawn by ``TorchNoise`` (signs are cheap).
+
+    Args:
+        size: table entries, a power of two (4·size bytes per device and dtype).
+        chunk: window length (≤ size).
+        seed: seed of the table.
+        workers: threads applying different tensors at once.
+
+    Example:
+        >>> source = GaussianTable(size=2 ** 12, chunk=2 ** 8)
+        >>> z = source.direction(torch.empty(1000), seed=7)
+        >>> z.shape, source.directions
+        (torch.Size([1000]), 'gaussian-table:size=4096,chunk=256,seed=0')
+    """
+
+    replayable = True
+
+    def __init__(self, size: int = 2 ** 22, chunk: int = 2 ** 18, seed: int = 0, workers: int = 1):
+        super().__init__(workers)
+        self.size, self.chunk = check_int("size", size, 4), check_int("chunk", chunk, 1)
+        if size & (size - 1):
+            raise ValueError(f"Invalid size: {size} (expected a power of two)")
+        if chunk > size:
+            raise ValueError(f"Invalid chunk: {chunk} (must be at most size = {size})")
+        self.seed = check_int("seed", seed, 0)
+        self._tables: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+        self._signs = TorchNoise(workers=1)
+
+    @property
+    def directions(self) -> str:
+        return f"gaussian-table:size={self.size},chunk={self.chunk},seed={self.seed}"
+
+    def table(self, device, dtype: torch.dtype) -> torch.Tensor:
+        """[size + chunk]: the white table followed by its first ``chunk`` entries (windows wrap)."""
+        key = (torch.device(device), dtype)
+        if key not in self._tables:
+            values = white_table(self.size, self.seed).to(dtype)
+            if float(values.abs().max()) >= Z_BOUND:  # MeZO's overflow guards assume |z| < Z_BOUND
+                raise ValueError(f"Invalid seed: table {self.seed} holds |z| >= {Z_BOUND}; pick another")
+            self._tables[key] = torch.cat([values, values[:self.chunk]]).to(key[0])
+        return self._tables[key]
+
+    def windows(self, numel: int, seed: int) -> list[tuple[int, int, int, float]]:
+        """(start, stop, table offset, sign) for every window of a tensor with ``numel`` entries."""
+        out = []
+        for j, start in enumerate(range(0, numel, self.chunk)):
+            h = derive_seed(seed, j)  # 63 bits: the low ones give the offset, the top one the sign
+            out.append((start, min(start + self.chunk, numel), h % self.size, -1.0 if h >> 62 else 1.0))
+        return out
+
+    def direction(self, like: torch.Tensor, seed: int) -> torch.Tensor:
+        """The whole z for one tensor by the formula (modular indexing into the bare table;
+        reference and teaching, allocates)."""
+        base = self.table(like.device, z_dtype(like))[:self.size]
+        parts = [sign * base[(offset + torch.arange(stop - start, device=like.device)) % self.size]
+                 for start, stop, offset, sign in self.windows(like.numel(), seed)]
+        return torch.cat(parts).view(like.shape)
+
+    def _apply_one(self, job: Job, slot: int) -> None:
+        p = job.param
+        if any(perturbation != "gaussian" for _, _, perturbation in job.terms()):
+            self._signs._apply_one(job, slot)
+            return
+        if not p.is_contiguous():
+            shrink = job.shrink
+            for seed, coefficient, _ in job.terms():
+                _add(p, self.direction(p, seed), coefficient, shrink)
+                shrink = 1.0
+            return
+        flat, table = p.view(-1), self.table(p.device, z_dtype(p))
+        terms = [(self.windows(p.numel(), seed), coefficient) for seed, coefficient, _ in job.terms()]
+        for w, (start, stop, _, _) in enumerate(terms[0][0]):  # every term has the same windows
+            shrink = job.shrink
+            for windows, coefficient in terms:
+                _, _, offset, sign = windows[w]
+                _add(flat[start:stop], table[offset:offset + stop - start], sign * coefficient, shrink)
+                shrink = 1.0
+
+    def direction_bytes(self, param: torch.Tensor) -> int:
+        return 0  # windows are views of the table
+
+    def __getstate__(self):
+        return {**super().__getstate__(), "_tables": {}}
+
+
+def source_for(directions: str):
+    """A noise source drawing the z that ``directions`` names (as ``SeedLog`` records it):
+    "torch" → None (the plain loop), "gaussian-table:size=…,chunk=…,seed=…" → ``GaussianTable``.
+
+    Example:
+        >>> source_for(GaussianTable(size=64, chunk=16).directions).directions
+        'gaussian-table:size=64,chunk=16,seed=0'
+    """
+    if directions == "torch":
+        return None
+    kind, _, rest = str(directions).partition(":")
+    try:
+        fields = dict(item.split("=") for item in rest.split(","))
+        if kind == "gaussian-table" and set(fields) == {"size", "chunk", "seed"}:
+            return GaussianTable(**{k: int(v) for k, v in fields.items()})
+    except ValueError:
+        pass
+    raise ValueError(f"Invalid directions: {directions!r} (expected 'torch' or "
+                     f"'gaussian-table:size=…,chunk=…,seed=…')")
