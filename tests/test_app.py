@@ -9,6 +9,7 @@ them, fast mode leaves them off), drives Debian's Chromium with Playwright (neve
 install``) and reads the dashboard's plot data from the DOM. Screenshots land in ``test-artifacts/``.
 It loads the page SAZO_APP_LOADS times (a fault that showed in half the loads once) and fails when
 the plot does not follow the slider, or when a front-end extension the app does not need is loaded.
+A page showing "model not found" (seen in some loads, cause not found) is an expected failure.
 """
 from __future__ import annotations
 
@@ -215,12 +216,12 @@ def test_race_app_draws_and_reacts_to_ema_decay(app, browser, load):
         page.wait_for_selector(_DASHBOARD_PLOT, timeout=300_000)
         body = page.inner_text("body")
         at = body.find("Error displaying widget")
+        around = body[max(0, at - 800):at + 200] if at >= 0 else ""
         if "Error displaying widget: model not found" in body:
             # Seen in 3 of 13 page loads on 2026-12-03 (load 1-4), cause not found yet: a view whose model
             # the page never received. Reported as an expected failure with where it sits, not hidden.
-            pytest.xfail(f"known fault (not fixed): a widget's model was not found, after: "
-                         f"…{body[max(0, at - 800):at + 200]!r}")
-        assert at < 0, f"a widget failed to render, after: …{body[max(0, at - 800):at + 200]!r}"
+            pytest.xfail(f"known fault (not fixed): a widget's model was not found, after: …{around!r}")
+        assert at < 0, f"a widget failed to render, after: …{around!r}"
         assert "Traceback" not in body, f"a cell raised:\n{body[-3000:]}"
         assert page.locator(".widget-hprogress").count() >= 3, "the races' progress bars are not on the page"
         before = wait_until(lambda: drawn(dashboard_data(page)), 30,
