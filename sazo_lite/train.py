@@ -30,7 +30,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from .validation import check_bool, check_callable, check_count, check_int, check_number
+from .validation import check_bool, check_callable, check_count, check_fraction, check_int, check_number
 
 __all__ = ["History", "train", "queries_to_target", "diverged", "median_queries", "median_ratio_interval",
            "mean_difference_interval", "best_rate", "NoiseScaledStep"]
@@ -288,8 +288,7 @@ def median_ratio_interval(numerator: Sequence[int | float | None], denominator: 
         True
     """
     numerator, denominator = _check_queries("numerator", numerator), _check_queries("denominator", denominator)
-    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0.0 < level < 1.0:
-        raise ValueError(f"Invalid level: {level!r} (expected 0 < level < 1)")
+    level = check_fraction("level", level, 0.0, 1.0, closed_low=False, closed_high=False)
     draws = check_count("draws", draws)
     rng = random.Random(check_int("seed", seed))
     ratios = []
@@ -323,8 +322,7 @@ def mean_difference_interval(first: Sequence[float], second: Sequence[float], *,
         bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)]
         if bad:
             raise ValueError(f"Invalid {side}: expected finite numbers, got {bad[0]!r}")
-    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0.0 < level < 1.0:
-        raise ValueError(f"Invalid level: {level!r} (expected 0 < level < 1)")
+    level = check_fraction("level", level, 0.0, 1.0, closed_low=False, closed_high=False)
     z = statistics.NormalDist().inv_cdf(0.5 + level / 2.0)
     half = z * (statistics.variance(first) / len(first) + statistics.variance(second) / len(second)) ** 0.5
     return statistics.mean(first) - statistics.mean(second), half

@@ -93,7 +93,8 @@ def test_bad_batch_size_and_indices():
 
 # -- the one loop's shared rules: divergence, queries to a target, the best rate, the step rule --------
 from sazo_lite.samplers import make_sampler
-from sazo_lite.train import NoiseScaledStep, best_rate, diverged, median_queries, queries_to_target
+from sazo_lite.train import (NoiseScaledStep, best_rate, diverged, mean_difference_interval, median_queries,
+                             median_ratio_interval, queries_to_target)
 
 
 def test_one_divergence_rule_stops_the_loop_and_catches_a_refused_step():
@@ -233,3 +234,11 @@ def test_mean_difference_interval_covers_the_true_difference_about_as_often_as_i
             mean_difference_interval(**bad)
     with pytest.raises(ValueError, match="Invalid level"):
         mean_difference_interval([1.0, 2.0], [1.0, 2.0], level=1.0)
+
+
+@pytest.mark.parametrize("interval", [lambda level: median_ratio_interval([1.0, 2.0], [1.0, 2.0], level=level),
+                                      lambda level: mean_difference_interval([1.0, 2.0], [1.0, 2.0], level=level)])
+@pytest.mark.parametrize("level", [0.0, 1.0, -0.5, 1.5, float("nan"), True, "0.9", None])
+def test_both_intervals_refuse_the_same_bad_levels(interval, level):
+    with pytest.raises(ValueError, match="Invalid level"):
+        interval(level)
