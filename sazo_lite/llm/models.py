@@ -102,6 +102,20 @@ def _gguf_parsed_once():
         gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
 
 
+def _fsync_tree(folder: Path) -> None:
+    """fsync every file under ``folder`` and the folder itself (where the OS allows it)."""
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def convert_gguf(gguf_file: Path, target: Path) -> Path:
     """Dequantise a GGUF checkpoint once and save it as a float32 safetensors folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -115,8 +129,13 @@ def convert_gguf(gguf_file: Path, target: Path) -> Path:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        _fsync_tree(tmp)          # the files are on disk before the rename makes them the cache
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     try:
         os.replace(tmp, target)  # atomic: a half-written cache is never picked up
     except OSError:              # another process finished the same conversion first: keep its copy
