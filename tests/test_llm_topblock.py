@@ -223,3 +223,32 @@ def test_walk_bound_holds_for_every_sampler_and_a_loose_one_changes_nothing(tiny
     assert bounded.bound_steps > 0 and bounded.walk_bound == radius
     loose, _ = run(walk_bound=10 * max(free.walk) + 1.0)
     assert loose.train_loss == free.train_loss and loose.walk == free.walk and loose.bound_steps == 0
+
+
+def test_query_run_takes_a_sampler_object_and_refuses_a_wrong_one(tiny_top):
+    """A sampler object runs as its name does (the same draws: a UniformSampler seeded like the run is
+    what "uniform" builds) and is labelled by its class; an object that is no sampler, or one for a
+    different N, is refused before any step (θ unchanged)."""
+    from sazo_lite.samplers import UniformSampler
+
+    model, params, top = tiny_top
+    theta0 = [p.detach().clone() for p in params]
+    kwargs = dict(lr=0.05, steps=20, batch_size=2, log_every=5, seed=3)
+
+    def run(sampler):
+        with torch.no_grad():
+            for p, s in zip(params, theta0):
+                p.copy_(s)
+        return query_run(model, params, top, sampler, **kwargs)
+
+    by_name = run("uniform")
+    by_object = run(UniformSampler(len(top), seed=3))
+    assert by_object.sampler == "UniformSampler"
+    assert by_object.train_loss == by_name.train_loss and by_object.walk == by_name.walk
+    with torch.no_grad():
+        for p, s in zip(params, theta0):
+            p.copy_(s)
+    for bad in (object(), 3, UniformSampler(len(top) + 1), "unifrom"):
+        with pytest.raises(ValueError, match="Invalid sampler"):
+            query_run(model, params, top, bad, **kwargs)
+    assert all(torch.equal(p, s) for p, s in zip(params, theta0))

@@ -210,6 +210,19 @@ def _accuracy(model, batch) -> float:
     return batch.accuracy() if isinstance(batch, TopBlocks) else accuracy(model, batch)
 
 
+def _check_sampler(sampler, n: int) -> None:
+    """A name of ``SAMPLERS``, or an object with ``sample(B)`` and ``update(indices, diffs)`` for N = n."""
+    if isinstance(sampler, str):
+        check_choice("sampler", sampler, SAMPLERS)
+        return
+    if not all(callable(getattr(sampler, name, None)) for name in ("sample", "update")):
+        raise ValueError(f"Invalid sampler: {sampler!r} (expected one of {tuple(SAMPLERS)}, "
+                         "or a sampler object with sample(B) and update(indices, diffs))")
+    size = getattr(sampler, "num_examples", n)
+    if size != n:
+        raise ValueError(f"Invalid sampler: it draws from {size} examples, the training batch has {n}")
+
+
 def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr: float, eps: float = 1e-3,
               batch_size: int = 1, steps: int = 300, seed: int = 0, log_every: int = 10,
               oracle_every: int = 1, uniform_mix: float = 0.1, oracle_mix: float = 0.0,
@@ -245,7 +258,7 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
             after it, so every run is compared at the same budget. A run that diverged before the
             budget is measured where it stopped (``budget_queries`` says where).
     """
-    check_choice("sampler", sampler, SAMPLERS)
+    _check_sampler(sampler, len(train_batch))
     if accuracy_at is not None and (test_batch is None or int(accuracy_at) < 1):
         raise ValueError(f"Invalid accuracy_at: {accuracy_at} (a query count ≥ 1, with a test_batch)")
     n = len(train_batch)
