@@ -1,4 +1,4 @@
-"""The language-model figures (data in, figures out) and the live toy race on a tiny random-init Llama."""
+"""The language-model figures (data in, figures out)."""
 import os
 from pathlib import Path
 
@@ -85,28 +85,6 @@ def test_queries_table_counts_a_miss_as_never_in_the_median():
     table = queries_table_html({"uniform": [_run([0, 10], [1.0, 0.4]), _run([0, 10], [1.0, 0.9]),
                                             _run([0, 10], [1.0, 0.9])]}, targets=(0.5,))
     assert "not reached" in table          # 1 of 3 reached: the median is "never", not the one hit
-
-
-def test_race_dashboard_reruns_the_three_samplers_when_a_slider_moves():
-    from sazo_lite.course.widgets.llm import race_dashboard
-    from sazo_lite.llm import TokenBatch, add_lora, tiny_causal_lm, trainable_parameters
-
-    g = torch.Generator().manual_seed(0)
-    ids = [torch.randint(3, 64, (6,), generator=g).tolist() for _ in range(8)]
-    batch = TokenBatch(ids, [6] * 8, 0, torch.randint(0, 3, (8,), generator=g), torch.tensor([5, 9, 17]))
-    model = add_lora(tiny_causal_lm("llama", vocab_size=64, seed=0), rank=2)
-    params = trainable_parameters(model)
-    before = [p.detach().clone() for p in params]
-    board = race_dashboard(model, params, batch, steps=6, log_every=3, batch_size=2)
-    assert set(board.runs) == {"uniform", "sazo", "oracle"}
-    assert list(board.figures["loss"].data[0].x) == [0, 12, 24] and len(board.figures["walk"].data) == 3
-    walk = list(board.figures["walk"].data[1].y)
-    board.controls["batch_size"].value = 1              # the slider reruns: B = 1 halves the query axis
-    assert list(board.figures["loss"].data[0].x) == [0, 6, 12]
-    board.controls["lr"].value = 0.5                    # a larger rate walks further
-    assert max(board.figures["walk"].data[0].y) > max(walk)
-    assert "E[ĝ²]" in board.readout.value
-    assert all(torch.equal(a, b) for a, b in zip(before, params))     # θ₀ restored after every rerun
 
 
 def test_a_stored_report_is_found_from_a_copy_below_the_checkout_and_this_machines_run_comes_first(tmp_path):

@@ -1,23 +1,21 @@
-"""Figures for language-model runs (notebook 06's records and ``benchmarks/llm_*``) and a live toy race.
+"""Figures for language-model runs (notebook 06's records and ``benchmarks/llm_*``).
 
 Plain functions of recorded data (``sazo_lite.llm.queries.QueryRun`` dicts): loss bands, the
-queries-to-target table, the walk ‖θ − θ₀‖, staleness, the detectors; and ``race_dashboard``, the
-three samplers racing on a tiny random-init Llama, rerun when a slider moves.
+queries-to-target table, the walk ‖θ − θ₀‖, staleness, the detectors.
 """
 from __future__ import annotations
 
 import html
 import statistics
 
-import ipywidgets as widgets
 import plotly.graph_objects as go
 import torch
 
-from ._common import LiveFigure, SAMPLER_COLORS, Dashboard, captioned, int_slider, log_slider, redraw_on_change, slider
+from ._common import SAMPLER_COLORS
 
 __all__ = ["peak_memory_bars", "run_summary", "best_cells", "fewest_queries", "loss_bands", "runs_by_rate",
            "queries_table_html", "scores_vs_norms", "diagnostics_figure", "probs_vs_oracle", "detector_precision",
-           "detector_bars", "walk_figure", "staleness_figure", "gain_vs_batch_figure", "race_dashboard", "WALK_BAND"]
+           "detector_bars", "walk_figure", "staleness_figure", "gain_vs_batch_figure", "WALK_BAND"]
 
 WALK_BAND = (14.0, 20.0)   # ‖θ−θ₀‖ where the measured SmolLM2 runs failed (docs/llm.md, 2026-12-01 diagnosis)
 
@@ -406,68 +404,3 @@ def gain_vs_batch_figure(predicted: dict, measured: dict | None = None, *, title
     fig.update_layout(width=640, height=360, yaxis_title="uniform ÷ oracle (queries)", title=title or
                       "what importance sampling can gain, against B", margin=dict(l=55, r=10, t=40, b=45))
     return fig
-
-
-def race_dashboard(model, params, batch, *, steps: int = 60, log_every: int = 5, lr: float = 2e-2,
-                   eps: float = 1e-3, batch_size: int = 2, seed: int = 0, run_now: bool = True) -> Dashboard:
-    """A live race of uniform, SAZO and the fresh oracle on a (tiny) model: sliders B, ε, β, λ and the rate.
-
-    Every change reruns the three samplers from the same θ₀ (``query_run``) and redraws F/F₀ and the walk
-    ‖θ−θ₀‖ against queries; the readout gives each sampler's queries to 0.5·F₀, E[ĝ²] and max |ĝ|. On a
-    2-layer random-init model with N ≈ 24 this takes a few seconds per change.
-    """
-    from ...llm import restore_snapshot, snapshot
-    from ...llm.queries import query_run, queries_to
-
-    params = list(params)
-    start = snapshot(params)
-    controls = {"batch_size": int_slider("batch size B", batch_size, 1, 8),
-                "eps": log_slider("ε", eps, -4, -1),
-                "ema_decay": slider("EMA decay β", 0.9, 0.0, 0.99, 0.01),
-                "uniform_mix": slider("uniform mix λ", 0.1, 0.0, 1.0, 0.05),
-                "lr": log_slider("rate η", lr, -3, 0, 0.125)}
-    layout = lambda title, y: dict(width=470, height=320, title=title, xaxis_title="queries (2·B per step)",
-                                   yaxis_title=y, margin=dict(l=55, r=10, t=40, b=45), legend=dict(orientation="h", y=-0.3))
-    figures = {"loss": LiveFigure(layout=layout("F(θ)/F(θ₀) against queries", "F / F₀")),
-               "walk": LiveFigure(layout=layout("‖θ − θ₀‖ against queries", "‖θ − θ₀‖"))}
-    for name in ("uniform", "sazo", "oracle"):
-        color = _SAMPLER_COLORS[name]
-        for fig in figures.values():
-            fig.add_scatter(x=[], y=[], mode="lines", name=name, line=dict(color=color))
-    readout = widgets.HTML()
-    runs: dict = {}
-    hold = [False]
-
-    def refresh() -> None:
-        lines = []
-        for k, name in enumerate(("uniform", "sazo", "oracle")):
-            restore_snapshot(params, start)
-            run = query_run(model, params, batch, name, lr=controls["lr"].value, eps=controls["eps"].value,
-                            batch_size=controls["batch_size"].value, steps=steps, log_every=log_every, seed=seed,
-                            uniform_mix=controls["uniform_mix"].value, ema_decay=controls["ema_decay"].value)
-            runs[name] = run
-            with figures["loss"].batch_update():
-                figures["loss"].data[k].x = run.queries
-                figures["loss"].data[k].y = [v / run.train_loss[0] for v in run.train_loss]
-            with figures["walk"].batch_update():
-                figures["walk"].data[k].x, figures["walk"].data[k].y = run.queries, run.walk
-            q = queries_to(run, 0.5)
-            lines.append(f"<b>{name}</b>: {'diverged' if run.diverged else f'{q} queries to 0.5·F₀' if q else 'not at 0.5·F₀'}"
-                         f", E[ĝ²] = {run.mean_sq_step_scale or 0:.3g}, max |ĝ| = {run.max_step_scale or 0:.3g}")
-        restore_snapshot(params, start)
-        readout.value = "<br>".join(lines)
-
-    redraw_on_change(controls, refresh, hold)
-    rows = [captioned(controls["lr"], "Raise η: every sampler gets faster per query until its walk runs away. "
-                                      "Which one tolerates the highest η?"),
-            captioned(controls["batch_size"], "A larger B averages the noise but costs 2·B queries per step. "
-                                              "Does the oracle's lead survive?"),
-            captioned(controls["eps"], "ε sets how far each probe steps: is δ still the derivative at ε = 0.1?"),
-            captioned(controls["ema_decay"], "SAZO's memory β: how fast do its scores follow the norms?"),
-            captioned(controls["uniform_mix"], "SAZO's uniform share λ: λ = 1 is uniform sampling. Where does SAZO "
-                                               "join the uniform curve?")]
-    board = Dashboard("uniform, SAZO and the fresh oracle, live", rows, controls, figures, refresh, readout)
-    board.runs = runs
-    if run_now:
-        refresh()
-    return board
