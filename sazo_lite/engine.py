@@ -12,9 +12,11 @@ One step, with a fresh seed s, smoothing radius ε and per-example losses f_k:
 z is never stored: it is regenerated from (step seed, tensor index) (``sazo_lite.directions``),
 so peak memory is inference memory plus one parameter tensor's worth of z. Every pass goes
 through one noise source's ``apply(jobs)`` (``sazo_lite.noise``): ``PlainNoise`` (the plain
-loop, ``noise=None``), ``TorchNoise`` (same z bit for bit, chunked and threaded; the default
-for CPU models of ≥ 2²⁰ entries), ``NoiseTable`` (windows of a shared table; different z) or,
-on CUDA, ``sazo_lite.kernels.TritonNoise``.
+loop, ``noise=None``), ``TorchNoise`` (same z bit for bit, chunked and threaded),
+``GaussianTable`` (Gaussian z read from circular windows of one white table with a random sign
+per window: E[z zᵀ] = I exactly, a fraction of randn's cost; the default for CPU models of
+≥ 2²⁰ entries), ``NoiseTable`` (windows of a shared table; biased) or, on CUDA,
+``sazo_lite.kernels.TritonNoise``.
 
 What a step guarantees (tested in tests/test_engine_guarantees.py and tests/test_fuzz_core.py):
     * bad arguments (hyperparameters, param groups, state dicts, weights, closure results)
@@ -45,7 +47,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .directions import PERTURBATIONS, Z_BOUND, derive_seed, draw_direction, rademacher_signs
 from .interrupts import InterruptsDeferred as _InterruptsDeferred
-from .noise import Job, NoiseSource, PlainNoise, TorchNoise
+from .noise import GaussianTable, Job, NoiseSource, PlainNoise
 from .validation import check_bool, check_callable, check_choice, check_int, check_number
 
 __all__ = ["MeZO", "ZOStep", "StepEvent", "derive_seed", "draw_direction", "rademacher_signs",
@@ -84,17 +86,22 @@ class StepEvent(NamedTuple):
     value: float
 
 
-# "auto" noise switches to TorchNoise from this many parameter entries on (below it, e.g. the
+# "auto" noise switches to GaussianTable from this many parameter entries on (below it, e.g. the
 # toy problems, a pass is a few µs of Python either way and the plain loop is simplest).
 AUTO_NOISE_MIN_ENTRIES = 2 ** 20
 
 
 def _auto_noise(param_groups: list[dict]):
-    """TorchNoise for large all-CPU models (same z, faster), else None (the plain loop)."""
+    """GaussianTable for large all-CPU models, else None (the plain loop).
+
+    On a CPU, drawing z with ``randn`` is most of a pass; reading it from a cached table makes
+    the pass a read-write of θ (``make bench`` has the step ratios). Its z are as unbiased as
+    randn's (``noise.GaussianTable``) and replayable (``SeedLog`` records the table's name).
+    """
     params = [p for group in param_groups for p in group["params"]]
     if any(p.device.type != "cpu" for p in params) or sum(p.numel() for p in params) < AUTO_NOISE_MIN_ENTRIES:
         return None
-    return TorchNoise(workers=max(1, min(2, torch.get_num_threads())))
+    return GaussianTable(workers=max(1, min(2, torch.get_num_threads())))
 
 
 def _check_group(group: dict, defaults: dict) -> dict:
@@ -226,10 +233,11 @@ class MeZO(torch.optim.Optimizer):
         weight_decay: decoupled L2 coefficient ≥ 0.
         perturbation: "gaussian" (z ~ N(0, I)) or "rademacher" (z ∈ {±1}^d).
         seed: base of the seed stream; step t uses ``derive_seed(seed, t)``.
-        noise: where z comes from. "auto" (default): ``sazo_lite.noise.TorchNoise`` (the
-            plain loop's z bit for bit, chunked and on up to 2 threads) when every parameter
-            is on the CPU and they hold ≥ ``AUTO_NOISE_MIN_ENTRIES`` entries in all, else the
-            plain loop. None: the plain loop (``noise.PlainNoise``). Or a ``noise.NoiseSource``
+        noise: where z comes from. "auto" (default): ``sazo_lite.noise.GaussianTable``
+            (Gaussian z from windows of one cached white table, on up to 2 threads) when every
+            parameter is on the CPU and they hold ≥ ``AUTO_NOISE_MIN_ENTRIES`` entries in all,
+            else the plain loop. ``noise.TorchNoise()`` draws the plain loop's z bit for bit.
+            None: the plain loop (``noise.PlainNoise``). Or a ``noise.NoiseSource``
             (or any object with ``apply(jobs)``; one without ``done`` tracking cannot be
             undone if it raises part-way through a pass).
         fold_updates: apply each update together with the next step's +εz (2 passes a step

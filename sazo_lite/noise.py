@@ -362,6 +362,9 @@ class NoiseTable(_Threaded):
         return 0  # windows are views of the table
 
 
+MAX_TABLE_SIZE = 2 ** 30  # 4 GiB of float32: a larger table is a typo (or a hostile seed log)
+
+
 def white_table(size: int, seed: int) -> torch.Tensor:
     """[size] float64 whose circular autocorrelation is exactly (1, 0, 0, …): a white sequence.
 
@@ -427,8 +430,8 @@ class GaussianTable(_Threaded):
     def __init__(self, size: int = 2 ** 22, chunk: int = 2 ** 18, seed: int = 0, workers: int = 1):
         super().__init__(workers)
         self.size, self.chunk = check_int("size", size, 4), check_int("chunk", chunk, 1)
-        if size & (size - 1):
-            raise ValueError(f"Invalid size: {size} (expected a power of two)")
+        if size & (size - 1) or size > MAX_TABLE_SIZE:
+            raise ValueError(f"Invalid size: {size} (expected a power of two ≤ 2**30)")
         if chunk > size:
             raise ValueError(f"Invalid chunk: {chunk} (must be at most size = {size})")
         self.seed = check_int("seed", seed, 0)

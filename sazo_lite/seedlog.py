@@ -8,11 +8,12 @@ single forward pass.
 
 What a log refuses (ValueError, before anything changes):
     * recording a step whose directions replay could not reproduce (a non-replayable noise
-      source such as ``NoiseTable``), a change of eps, perturbation or param groups, or a
-      jump of the step count or seed since the last recorded step (``load_state_dict`` on the
-      optimiser: attach a new log for the resumed run);
-    * replaying into parameters of other shapes or dtypes, or into another optimiser type
-      (a ``SparseMeZO`` log replays only through ``replay_into(SparseMeZO(...))``);
+      source such as ``NoiseTable``, or a source swapped since ``attach``), a change of eps,
+      perturbation or param groups, or a jump of the step count or seed since the last
+      recorded step (``load_state_dict`` on the optimiser: attach a new log for the resumed run);
+    * replaying into parameters of other shapes or dtypes, into another optimiser type
+      (a ``SparseMeZO`` log replays only through ``replay_into(SparseMeZO(...))``), or through
+      an optimiser whose noise source draws other directions than the logged ones;
     * loading a log whose header is malformed, whose record count disagrees with the header
       (a truncated file), or with an unknown record kind, a failure record other than 1 or 2
       passes, a non-finite g, or a negative or non-finite lr / weight decay;
@@ -48,10 +49,12 @@ import torch
 from .directions import PERTURBATIONS
 from .engine import MeZO, StepEvent
 from .interrupts import InterruptsDeferred
+from .noise import source_for
 
 __all__ = ["SeedLog"]
 
-FORMAT = 2
+FORMAT = 3            # 3 records the noise source's ``directions``; 2 (without) means "torch"
+READABLE_FORMATS = (2, 3)
 _STEP, _FAIL, _LR, _WD = 0, 1, 2, 3  # record kinds
 _RECORD = np.dtype([("kind", "u1"), ("seed", "<u8"), ("value", "<f8")])  # 17 bytes
 
@@ -63,6 +66,23 @@ def _invalid(message: str):
 def _structure(optimizer: MeZO) -> list[dict]:
     return [{"perturbation": g["perturbation"], "shapes": [list(p.shape) for p in g["params"]],
              "dtypes": [str(p.dtype) for p in g["params"]]} for g in optimizer.param_groups]
+
+
+def _directions(optimizer: MeZO) -> str | None:
+    """The name of the z the optimiser's source draws, as ``noise.source_for`` reads it, or None
+    when replay could not rebuild them. A replayable source without a name of its own (such as
+    ``SparseMeZO``'s masked plain loop) draws the plain loop's z: "torch"."""
+    source = optimizer.noise_source
+    if not getattr(source, "replayable", False):
+        return None
+    name = getattr(source, "directions", None)
+    if not isinstance(name, str):
+        return "torch"
+    try:
+        source_for(name)
+    except ValueError:
+        return None
+    return name
 
 
 def _mask_sizes(optimizer) -> list[int] | None:
@@ -77,8 +97,9 @@ class SeedLog:
     """The per-step record of a MeZO run (a step hook of the optimiser it is attached to).
 
     Attributes:
-        header: format, optimiser type, eps, base seed, start step and per group the
-            perturbation, tensor shapes and dtypes (``SparseMeZO``: mask sizes too).
+        header: format, optimiser type, eps, base seed, start step, the directions of the
+            noise source (``noise.source_for`` rebuilds it) and per group the perturbation,
+            tensor shapes and dtypes (``SparseMeZO``: mask sizes too).
         records: (kind, seed-or-group, value) triples: a step (seed, g), a failed step
             (seed, shift passes made: 1 or 2), or a change of a group's lr / weight_decay.
     """
@@ -98,7 +119,8 @@ class SeedLog:
         state = optimizer.state[optimizer._first_param()]
         header = {"format": FORMAT, "optimizer": type(optimizer).__name__,
                   "eps": optimizer.param_groups[0]["eps"], "base_seed": state["seed"],
-                  "start_step": state["step"], "groups": _structure(optimizer)}
+                  "start_step": state["step"], "directions": _directions(optimizer) or "torch",
+                  "groups": _structure(optimizer)}
         sizes = _mask_sizes(optimizer)
         if sizes is not None:
             header["mask_sizes"] = sizes
@@ -116,10 +138,13 @@ class SeedLog:
     # -- recording (the optimiser calls these) ------------------------------------------
     def check(self, optimizer: MeZO) -> None:
         """Refuse a step that replay could not reproduce (called before the step changes θ)."""
-        source = optimizer.noise_source
-        if not getattr(source, "replayable", False):
-            raise ValueError(f"Invalid noise: SeedLog replays with the plain loop, which cannot "
-                             f"reproduce {type(source).__name__}'s directions")
+        source, directions = optimizer.noise_source, _directions(optimizer)
+        if directions is None:
+            raise ValueError(f"Invalid noise: SeedLog cannot replay {type(source).__name__}'s directions "
+                             f"(it replays sources that noise.source_for can rebuild)")
+        if directions != self.header["directions"]:
+            raise ValueError(f"Invalid noise: the source now draws {directions!r}, but the log records "
+                             f"{self.header['directions']!r} since SeedLog.attach; a seed log cannot record that")
         if optimizer.param_groups[0]["eps"] != self.header["eps"] or _structure(optimizer) != self.header["groups"]:
             raise ValueError("Invalid optimizer: eps, perturbation or param groups changed since "
                              "SeedLog.attach; a seed log cannot record that")
@@ -163,7 +188,7 @@ class SeedLog:
         if start != len(params) or any(not g["params"] for g in groups):
             raise ValueError(f"Invalid params: expected {start} tensors, got {len(params)}")
         self._check_params(groups)
-        self.replay_into(MeZO(groups, lr=0.0, eps=self.header["eps"], noise=None))
+        self.replay_into(MeZO(groups, lr=0.0, eps=self.header["eps"], noise=source_for(self.header["directions"])))
 
     def _check_params(self, groups) -> None:
         for spec, group in zip(self.header["groups"], groups):
@@ -198,8 +223,10 @@ class SeedLog:
             raise ValueError("Invalid optimizer: perturbations differ from the logged run's")
         if _mask_sizes(optimizer) != self.header.get("mask_sizes"):
             raise ValueError("Invalid optimizer: its masks differ from the logged run's")
-        if not getattr(optimizer.noise_source, "replayable", False):
-            raise ValueError("Invalid optimizer: its noise source does not draw the logged directions")
+        if _directions(optimizer) != self.header["directions"]:
+            raise ValueError(f"Invalid optimizer: its noise source ({type(optimizer.noise_source).__name__}) "
+                             f"does not draw the logged directions {self.header['directions']!r}; build it "
+                             f"with noise=sazo_lite.noise.source_for({self.header['directions']!r})")
         self._check_updates(optimizer)
         optimizer.flush()
         saved = _Saved(optimizer, backup)
@@ -246,6 +273,8 @@ class SeedLog:
             header = json.loads(head)
         except (UnicodeDecodeError, ValueError, RecursionError) as error:   # ValueError: > 4300-digit ints too
             raise _invalid(f"the header is not JSON ({type(error).__name__}: {str(error)[:80]})") from None
+        if isinstance(header, dict) and header.get("format") == 2 and "directions" not in header:
+            header = {**header, "format": FORMAT, "directions": "torch"}  # format 2 logged torch z only
         try:
             _check_header(header)
         except OverflowError:                                 # an integer beyond float's range (eps = 10**400)
@@ -314,7 +343,12 @@ def _check_header(header) -> None:
     if not isinstance(header, dict):
         raise _invalid("the header is not a JSON object")
     if header.get("format") != FORMAT:
-        raise _invalid(f"format {header.get('format')!r}, this version reads format {FORMAT}")
+        raise _invalid(f"format {header.get('format')!r}, this version reads formats "
+                       f"{', '.join(map(str, READABLE_FORMATS))}")
+    try:
+        source_for(header.get("directions"))
+    except ValueError:
+        raise _invalid(f"directions {str(header.get('directions'))[:80]!r}") from None
     if not isinstance(header.get("optimizer"), str):
         raise _invalid("the header does not name the optimiser")
     eps = header.get("eps")

@@ -152,22 +152,27 @@ def test_mezo_rejects_noise_without_apply():
         sz.MeZO([torch.zeros(2)], lr=0.1, noise="table")
 
 
-def test_auto_noise_picks_torch_noise_for_large_cpu_models_only_and_changes_nothing():
+def test_auto_noise_picks_the_gaussian_table_for_large_cpu_models_only():
     from sazo_lite.engine import AUTO_NOISE_MIN_ENTRIES
+    from sazo_lite.noise import GaussianTable
 
     assert sz.MeZO([torch.zeros(5)], lr=0.1).noise is None  # toy problems: the plain loop
     assert sz.MeZO([torch.zeros(5)], lr=0.1, noise=None).noise is None
+    just_below = [(AUTO_NOISE_MIN_ENTRIES // 2,), (AUTO_NOISE_MIN_ENTRIES // 2 - 1,)]
+    assert sz.MeZO(random_params(shapes=just_below), lr=0.1).noise is None
     shapes = [(AUTO_NOISE_MIN_ENTRIES // 2 + 3,), (AUTO_NOISE_MIN_ENTRIES // 2,)]  # ≥ 2²⁰ in all
     runs = {}
-    for noise in ("auto", None):
+    for noise in ("auto", GaussianTable(), None):
         params = random_params(seed=4, shapes=shapes)
         opt = sz.MeZO(params, lr=0.05, eps=1e-2, weight_decay=0.1, seed=2, noise=noise)
-        assert isinstance(opt.noise, TorchNoise) == (noise == "auto")
         targets = [torch.zeros(p.shape, dtype=torch.float64) for p in params]
         grads = [opt.step(quadratic_closure(params, targets)).projected_grad for _ in range(2)]
-        runs[noise] = (params, grads)
-    assert runs["auto"][1] == runs[None][1]
-    assert all(torch.equal(a, b) for a, b in zip(runs["auto"][0], runs[None][0]))
+        runs["explicit" if isinstance(noise, GaussianTable) else noise] = (opt.noise, params, grads)
+    assert isinstance(runs["auto"][0], GaussianTable)
+    assert runs["auto"][0].directions == runs["explicit"][0].directions
+    assert runs["auto"][2] == runs["explicit"][2]  # "auto" is exactly the default table
+    assert all(torch.equal(a, b) for a, b in zip(runs["auto"][1], runs["explicit"][1]))
+    assert runs["auto"][2] != runs[None][2]  # and not randn's z (the plain loop's)
 
 
 # -- Triton: on CPU through the interpreter, in a subprocess (TRITON_INTERPRET must be set
