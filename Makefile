@@ -79,6 +79,13 @@ test-browser: install
 bench: install
 	$(PY) -m benchmarks.run
 
+# The default MeZO step on SmolLM2 against its bound (≤ 1.15 × two forwards): prints where the step's
+# time goes (forwards, passes over θ, the rest) and exits 1 past the bound. `make bench` holds it too.
+STEP_BOUND ?= 1.15
+.PHONY: bench-step
+bench-step: install
+	$(PY) -m benchmarks.engine_speed speed smollm2 --bound $(STEP_BOUND)
+
 # Language models: the long-run race on SmolLM2's top block (opposed set, B = 4, uniform/SAZO/oracle each
 # at its own rate, 5 seeds, queries to 0.5-0.05 of F(θ₀), held-out accuracy after a fixed budget) and its
 # homogeneous control; the protocol and its measured run time: docs/llm.md. BENCH_LLM_ARGS=--quick for the

@@ -6,7 +6,8 @@ processes only ever add time; the medians are in the JSON too):
 
     speed      ZO step ÷ (2 × forward) for SmolLM2-135M and a tiny GPT-2, B=8, seq 64, float32:
                a plain reference MeZO loop (global ``torch.manual_seed``, 4 out-of-place passes,
-               as in the original MeZO code) and sazo_lite with noise=None / TorchNoise / NoiseTable,
+               as in the original MeZO code) and sazo_lite with noise=None / TorchNoise / the default
+               (``noise="auto"``: GaussianTable for these CPU models, folded too) / NoiseTable,
                Rademacher z (8 signs per random byte) with TorchNoise, and both TorchNoise variants
                with ``fold_updates=True`` (2 passes a step in steady state)
     memory     peak RSS of one ZO step ÷ peak RSS of one inference forward, each in a fresh process
@@ -32,8 +33,8 @@ from sazo_lite.noise import NoiseTable, TorchNoise
 from sazo_lite.sumtree import SumTree
 
 MODELS = ("smollm2", "gpt2-tiny")
-VARIANTS = ("reference", "plain", "torch_noise", "noise_table", "rademacher", "torch_noise_folded",
-            "rademacher_folded")
+VARIANTS = ("reference", "plain", "torch_noise", "default", "default_folded", "noise_table", "rademacher",
+            "torch_noise_folded", "rademacher_folded")
 
 
 # -- models and losses ------------------------------------------------------------------
@@ -107,6 +108,8 @@ def step_functions(model, params, closure) -> dict:
     """One callable per variant, each taking one ZO step (lr = 0: θ only drifts by rounding)."""
     optimisers = {"plain": MeZO(params, lr=0.0, eps=1e-3, noise=None),
                   "torch_noise": MeZO(params, lr=0.0, eps=1e-3, noise=TorchNoise(workers=2)),
+                  "default": MeZO(params, lr=0.0, eps=1e-3),
+                  "default_folded": MeZO(params, lr=0.0, eps=1e-3, fold_updates=True),
                   "noise_table": MeZO(params, lr=0.0, eps=1e-3, noise=NoiseTable()),
                   "rademacher": MeZO(params, lr=0.0, eps=1e-3, perturbation="rademacher",
                                      noise=TorchNoise(workers=2)),
@@ -119,6 +122,18 @@ def step_functions(model, params, closure) -> dict:
     counter = iter(range(10 ** 9))
     steps["reference"] = lambda: reference_mezo_step(params, closure, 1e-3, 0.0, next(counter))
     return steps
+
+
+PASS_SOURCES = ("plain", "torch_noise", "default")
+
+
+def pass_functions(params) -> dict:
+    """One callable per source making two passes over θ (+εz, then −εz: θ back within rounding);
+    the breakdown of a step: it makes 3 such passes (2 folded) beside its 2 forwards."""
+    optimisers = {"plain": MeZO(params, lr=0.0, eps=1e-3, noise=None),
+                  "torch_noise": MeZO(params, lr=0.0, eps=1e-3, noise=TorchNoise(workers=2)),
+                  "default": MeZO(params, lr=0.0, eps=1e-3)}
+    return {name: (lambda opt=opt: (opt._shift(1, +1.0), opt._shift(1, -1.0))) for name, opt in optimisers.items()}
 
 
 def speed(name: str, rounds: int = 3, batch: int = 8, seq: int = 64, clock: str = "wall") -> dict:
@@ -137,18 +152,24 @@ def speed(name: str, rounds: int = 3, batch: int = 8, seq: int = 64, clock: str 
     closure = lambda: lm_losses(model, tokens)  # noqa: E731
     params = distinct_parameters(model)
     steps = step_functions(model, params, closure)
+    passes = pass_functions(params)
     closure()
-    for fn in steps.values():  # warm-up: thread pool, buffers, the noise table
+    for fn in (*steps.values(), *passes.values()):  # warm-up: thread pool, buffers, the noise table
         fn()
-    times = {key: [] for key in ("two_forwards", *VARIANTS)}
+    times = {key: [] for key in ("two_forwards", *VARIANTS, *(f"two_passes_{s}" for s in PASS_SOURCES))}
     for _ in range(rounds):
         times["two_forwards"].append(_timed(lambda: (closure(), closure()), timer))
         for variant in VARIANTS:
             times[variant].append(_timed(steps[variant], timer))
+        for source in PASS_SOURCES:
+            times[f"two_passes_{source}"].append(_timed(passes[source], timer))
     # other processes only ever add time: the best round is the least disturbed one
     best = {key: min(values) for key, values in times.items()}
     out = dict(model=name, params=sum(p.numel() for p in params), batch=batch, seq=seq, rounds=rounds, clock=clock,
                threads=torch.get_num_threads(), forward_s=best["two_forwards"] / 2, times=times)
+    for source in PASS_SOURCES:
+        out[f"pass_{source}_s"] = best[f"two_passes_{source}"] / 2
+    out["default_noise"] = type(MeZO(params, lr=0.0).noise).__name__
     for variant in VARIANTS:
         out[f"{variant}_s"] = best[variant]
         out[f"{variant}_ratio"] = best[variant] / best["two_forwards"]
@@ -156,15 +177,32 @@ def speed(name: str, rounds: int = 3, batch: int = 8, seq: int = 64, clock: str 
     return out
 
 
+def breakdown(result: dict) -> str:
+    """Where the default step's time goes: 2 forwards, 3 passes over θ, the rest (Python, checks)."""
+    forwards, step, one_pass = 2 * result["forward_s"], result["default_s"], result["pass_default_s"]
+    rest = step - forwards - 3 * one_pass
+    return (f"{result['model']} default step ({result['default_noise']}) {step:.3f} s = 2 forwards {forwards:.3f} s"
+            f" + 3 passes × {one_pass:.3f} s + rest {rest:.3f} s (plain-loop pass {result['pass_plain_s']:.3f} s,"
+            f" TorchNoise pass {result['pass_torch_noise_s']:.3f} s)")
+
+
+def step_bound_failure(result: dict, bound: float) -> str | None:
+    """A message when the default step costs more than ``bound`` × two forwards, else None."""
+    if result["default_ratio"] <= bound:
+        return None
+    return (f"FAILED: the default MeZO step costs {result['default_ratio']:.2f} × two forwards on "
+            f"{result['model']}, past its bound {bound}\n  {breakdown(result)}")
+
+
 # -- memory (fresh processes) -------------------------------------------------------------
-MEMORY_MODES = ("inference", "plain", "torch_noise", "noise_table")
+MEMORY_MODES = ("inference", "plain", "torch_noise", "default", "noise_table")
 
 
 def _memory_child(name: str, mode: str, batch: int = 8, seq: int = 64) -> dict:
     torch.manual_seed(0)
     model = build_model(name)
     params = distinct_parameters(model)
-    noise = {"plain": None, "torch_noise": TorchNoise(workers=2), "noise_table": NoiseTable()}.get(mode)
+    noise = {"plain": None, "torch_noise": TorchNoise(workers=2), "default": "auto", "noise_table": NoiseTable()}.get(mode)
     opt = MeZO(params, lr=0.0, eps=1e-3, noise=noise) if mode != "inference" else None
     run = (lambda t: lm_losses(model, t)) if opt is None else (lambda t: opt.step(lambda: lm_losses(model, t)))
     run(random_tokens(model, batch, seq))  # warm-up: allocator, kernels, noise table
@@ -272,13 +310,22 @@ def main(argv=None) -> None:
     parser.add_argument("mode", nargs="?", default="plain", choices=MEMORY_MODES)
     parser.add_argument("--clock", default="wall", choices=tuple(CLOCKS), help="speed: wall or CPU seconds")
     parser.add_argument("--rounds", type=int, default=3, help="speed: interleaved rounds")
+    parser.add_argument("--bound", type=float, default=None,
+                        help="speed: exit 1 when the default step costs more than BOUND × two forwards")
     args = parser.parse_args(argv)
     if args.part == "memory-child":
         print(json.dumps(_memory_child(args.model, args.mode)))
         return
     run = {"speed": lambda: speed(args.model, rounds=args.rounds, clock=args.clock), "memory": lambda: memory(args.model),
            "overhead": lambda: overhead(args.model), "sampler": sampler_cost}[args.part]
-    print(json.dumps(run(), indent=1))
+    result = run()
+    print(json.dumps(result, indent=1))
+    if args.part == "speed":
+        print(breakdown(result))
+        failure = step_bound_failure(result, args.bound) if args.bound is not None else None
+        if failure:
+            raise SystemExit(failure)
+        print(f"default step ÷ 2·forward = {result['default_ratio']:.2f}" + (f" ≤ {args.bound}" if args.bound else ""))
 
 
 if __name__ == "__main__":

@@ -5,12 +5,15 @@ each regenerating z from a seed (two with ``fold_updates=True``: the update ride
 forwards (1.0 = free). Measured back to back in one process, median of ``--repeats``:
 
     forward        answer-token CE (``answer_losses``) on B random 64-token rows, float32
-    full step      ``MeZO`` over all 134.5M parameters (plain loop, ``noise=TorchNoise()``, which
-                   ``noise="auto"``, the default, picks for this model, and TorchNoise folded)
+    full step      ``MeZO`` over all 134.5M parameters: the plain loop, ``noise=TorchNoise()`` (the
+                   plain loop's z), the default (``noise="auto"``: ``GaussianTable`` for this CPU
+                   model) and the default folded
     LoRA step      ``MeZO`` over rank-8 q/v adapters only (peft)
     sparse step    ``SparseMeZO`` over a fixed 1% of every tensor
 
-Run: ``python -m benchmarks.llm_step_ratio [--repeats 3] [--batch 8] [--seq 64]``
+Run: ``python -m benchmarks.llm_step_ratio [--repeats 3] [--batch 8] [--seq 64]`` (the bound on the
+default step, with its breakdown, is ``python -m benchmarks.engine_speed speed smollm2 --bound 1.15``,
+``make bench-step``)
 """
 from __future__ import annotations
 
@@ -57,14 +60,17 @@ def main() -> None:
     closure = lambda: answer_losses(model, rows)  # noqa: E731
     closure()  # warm-up
     params = full_parameters(model)
-    full_opt = MeZO(params, lr=0.0, eps=1e-3, noise=None)  # the plain loop (the default picks TorchNoise)
+    full_opt = MeZO(params, lr=0.0, eps=1e-3, noise=None)  # the plain loop
     sparse_opt = SparseMeZO(params, sparse_indices(params, 0.01), lr=0.0, eps=1e-3)
     fast_opt = MeZO(params, lr=0.0, eps=1e-3, noise=TorchNoise())  # same z, chunked + 2 threads
-    folded_opt = MeZO(params, lr=0.0, eps=1e-3, noise=TorchNoise(), fold_updates=True)  # 2 passes a step
+    default_opt = MeZO(params, lr=0.0, eps=1e-3)  # noise="auto"
+    folded_opt = MeZO(params, lr=0.0, eps=1e-3, fold_updates=True)  # 2 passes a step
     folded_opt.step(closure)  # steady state: every later step folds the previous update in
+    default = f"full, {type(default_opt.noise).__name__}"
     results = {"full, plain loop": paired_ratio(closure, lambda: full_opt.step(closure), args.repeats),
                "full, TorchNoise": paired_ratio(closure, lambda: fast_opt.step(closure), args.repeats),
-               "full, folded": paired_ratio(closure, lambda: folded_opt.step(closure), args.repeats),
+               default: paired_ratio(closure, lambda: default_opt.step(closure), args.repeats),
+               f"{default}, folded": paired_ratio(closure, lambda: folded_opt.step(closure), args.repeats),
                "sparse 1%": paired_ratio(closure, lambda: sparse_opt.step(closure), args.repeats)}
     peft_model = add_lora(model, rank=8)
     lora_closure = lambda: answer_losses(peft_model, rows)  # noqa: E731
@@ -74,7 +80,7 @@ def main() -> None:
     print(f"SmolLM2-135M, B={args.batch}, seq={args.seq}, float32, {torch.get_num_threads()} threads, "
           f"median of {args.repeats} back-to-back pairs")
     for name, (forward, step, ratio) in results.items():
-        print(f"{name:17s} forward {forward:.3f} s  step {step:.3f} s  step / (2 × forward) = {ratio:.2f}")
+        print(f"{name:28s} forward {forward:.3f} s  step {step:.3f} s  step / (2 × forward) = {ratio:.2f}")
 
 
 if __name__ == "__main__":

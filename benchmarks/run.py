@@ -220,12 +220,16 @@ def table_rows(results: dict) -> list[tuple]:
         if "error" in r:
             rows.append(("2 speed", key, "failed", "", ""))
             continue
-        limit = f"≤ {TARGETS['speed']}" if r["model"] == "smollm2" else ""
         rows.append(("2 speed", f"{r['model']}: forward (s)", _fmt(r["forward_s"], ".3f"), "", ""))
+        for source in engine_speed.PASS_SOURCES:  # the breakdown: a step is 2 forwards + 3 passes
+            if f"pass_{source}_s" in r:
+                rows.append(("2 speed", f"{r['model']}: one pass over θ, {source} (s)", _fmt(r[f"pass_{source}_s"], ".3f"), "", ""))
         for variant in engine_speed.VARIANTS:
-            verdict = _verdict(r[f"{variant}_ratio"], TARGETS["speed"]) if limit else ""
-            rows.append(("2 speed", f"{r['model']}: {variant} step ÷ 2·forward",
-                         _fmt(r[f"{variant}_ratio"]), limit, verdict))
+            graded = r["model"] == "smollm2" and variant == "default"  # the goal is the default step's
+            name = f"default ({r.get('default_noise', '?')})" if variant == "default" else variant
+            rows.append(("2 speed", f"{r['model']}: {name} step ÷ 2·forward", _fmt(r[f"{variant}_ratio"]),
+                         f"≤ {TARGETS['speed']}" if graded else "",
+                         _verdict(r[f"{variant}_ratio"], TARGETS["speed"]) if graded else ""))
     for key in sorted(k for k in results if k.startswith("memory/")):
         r = results[key]
         if "error" in r:
@@ -250,8 +254,8 @@ def table_rows(results: dict) -> list[tuple]:
     if "sazo_s" in sampler:
         for name in ("uniform", "sazo", "sumtree", "multinomial"):
             rows.append(("5 sampler", f"N=1e6 B=32: {name} (ms)", _fmt(sampler[f"{name}_s"] * 1e3, ".2f"), "", ""))
-        if "torch_noise_s" in speed:
-            share = 1 + (sampler["sazo_s"] - sampler["uniform_s"]) / speed["torch_noise_s"]
+        if "default_s" in speed:
+            share = 1 + (sampler["sazo_s"] - sampler["uniform_s"]) / speed["default_s"]
             rows.append(("4 SAZO overhead", "smollm2 N=1e6 B=32: 1 + sampler extra ÷ MeZO step", _fmt(share, ".4f"),
                          f"≤ {TARGETS['overhead']}", _verdict(share, TARGETS["overhead"])))
     elif "error" in sampler:
@@ -314,6 +318,12 @@ def main(argv=None) -> dict:
               + results["queries"]["table"])
     print("\n" + table)
     print(f"\nwrote {out}")
+    speed = results.get("speed/smollm2", {})
+    if "default_ratio" in speed:
+        print(engine_speed.breakdown(speed))
+        failure = engine_speed.step_bound_failure(speed, TARGETS["speed"])
+        if failure:  # the step's cost is the one goal that fails the run: it is what every user pays
+            raise SystemExit(failure)
     return results
 
 

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from benchmarks import llm_queries, llm_report, run
+from benchmarks import engine_speed, llm_queries, llm_report, run
 
 
 def fake_run(sampler, losses, step=10, diverged=False, moment=1.0):
@@ -514,3 +514,24 @@ def test_the_step_down_brackets_the_chosen_rate_from_either_start(monkeypatch):
         out = {"grid": {}, "chosen_lr": {}, "runs": {}}
         llm_queries.race_variant(setting, "uniform", None, [], None, None, args, out)
         assert list(out["grid"]["uniform"]) == grid and out["chosen_lr"]["uniform"] == 1e-3   # bracketed either way
+
+
+def fake_speed(default_ratio):
+    return {**{f"{v}_ratio": 1.0 for v in engine_speed.VARIANTS}, "model": "smollm2", "forward_s": 1.0,
+            "default_s": 2 * default_ratio, "default_ratio": default_ratio, "default_noise": "GaussianTable",
+            "pass_default_s": 0.03, "pass_plain_s": 0.5, "pass_torch_noise_s": 0.3}
+
+
+def test_the_default_step_past_its_bound_fails_make_bench_with_its_breakdown(monkeypatch, tmp_path, capsys):
+    assert engine_speed.step_bound_failure(fake_speed(1.15), 1.15) is None
+    message = engine_speed.step_bound_failure(fake_speed(1.3), 1.15)
+    assert "1.30" in message and "3 passes × 0.030 s" in message and "GaussianTable" in message
+    rows = run.table_rows({"speed/smollm2": fake_speed(1.3)})
+    graded = [r for r in rows if r[3]]
+    assert len(graded) == 1 and "default (GaussianTable)" in graded[0][1] and graded[0][4] == "NO"
+    monkeypatch.setattr(run, "run_sections", lambda *a, **k: {"speed/smollm2": fake_speed(1.3)})
+    with pytest.raises(SystemExit, match="past its bound 1.15"):
+        run.main(["--out", str(tmp_path / "bench.json")])
+    monkeypatch.setattr(run, "run_sections", lambda *a, **k: {"speed/smollm2": fake_speed(1.05)})
+    run.main(["--out", str(tmp_path / "bench.json")])  # within the bound: no exit
+    assert "rest" in capsys.readouterr().out
