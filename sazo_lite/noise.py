@@ -14,7 +14,11 @@ perturbs fixed entries only (``sazo_lite.sparse``).
     * threads: tensors are shared among ``workers`` threads, each with its own generator.
       Every tensor has its own seed, so the order of work does not change any value.
 
-``NoiseTable`` (different z; opt-in; the ES trick of Salimans et al., 2017):
+``GaussianTable`` (different z, as unbiased as randn's; ``noise="auto"`` picks it for large CPU
+models): circular windows of one white table, a random sign per window, so that E[z] = 0 and
+E[z zᵀ] = I hold exactly given the table; replayable (``SeedLog`` records its ``directions``).
+
+``NoiseTable`` (different z; opt-in, biased; the ES trick of Salimans et al., 2017):
     One table of T standard normals is drawn once. z for a tensor is cut into windows of
     ``chunk`` entries; window j of the tensor with seed s is the table slice starting at
     ``derive_seed(s, j) mod (T − chunk − 14)`` (room for a last window of chunk + 15).
