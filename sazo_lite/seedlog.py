@@ -68,7 +68,7 @@ def _structure(optimizer: MeZO) -> list[dict]:
              "dtypes": [str(p.dtype) for p in g["params"]]} for g in optimizer.param_groups]
 
 
-def _directions(optimizer: MeZO) -> str | None:
+def _logged_directions(optimizer: MeZO) -> str | None:
     """The name of the z the optimiser's source draws, as ``noise.source_for`` reads it, or None
     when replay could not rebuild them. A replayable source without a name of its own (such as
     ``SparseMeZO``'s masked plain loop) draws the plain loop's z: "torch"."""
@@ -119,7 +119,7 @@ class SeedLog:
         state = optimizer.state[optimizer._first_param()]
         header = {"format": FORMAT, "optimizer": type(optimizer).__name__,
                   "eps": optimizer.param_groups[0]["eps"], "base_seed": state["seed"],
-                  "start_step": state["step"], "directions": _directions(optimizer) or "torch",
+                  "start_step": state["step"], "directions": _logged_directions(optimizer) or "torch",
                   "groups": _structure(optimizer)}
         sizes = _mask_sizes(optimizer)
         if sizes is not None:
@@ -138,7 +138,7 @@ class SeedLog:
     # -- recording (the optimiser calls these) ------------------------------------------
     def check(self, optimizer: MeZO) -> None:
         """Refuse a step that replay could not reproduce (called before the step changes θ)."""
-        source, directions = optimizer.noise_source, _directions(optimizer)
+        source, directions = optimizer.noise_source, _logged_directions(optimizer)
         if directions is None:
             raise ValueError(f"Invalid noise: SeedLog cannot replay {type(source).__name__}'s directions "
                              f"(it replays sources that noise.source_for can rebuild)")
@@ -223,7 +223,7 @@ class SeedLog:
             raise ValueError("Invalid optimizer: perturbations differ from the logged run's")
         if _mask_sizes(optimizer) != self.header.get("mask_sizes"):
             raise ValueError("Invalid optimizer: its masks differ from the logged run's")
-        if _directions(optimizer) != self.header["directions"]:
+        if _logged_directions(optimizer) != self.header["directions"]:
             raise ValueError(f"Invalid optimizer: its noise source ({type(optimizer.noise_source).__name__}) "
                              f"does not draw the logged directions {self.header['directions']!r}; build it "
                              f"with noise=sazo_lite.noise.source_for({self.header['directions']!r})")
