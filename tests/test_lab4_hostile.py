@@ -67,11 +67,13 @@ def _forward():
         buffer += chunk
         while b"\\n" in buffer:
             line, buffer = buffer.split(b"\\n", 1)
-            if b'"rule"' not in line:
+            if b'"rule"' not in line or KEEP_FINDINGS:
                 os.write(_real, line + b"\\n")
             if line.strip() == b'{"done": true}':
                 return
 threading.Thread(target=_forward).start()"""
+DUP2_FORWARD_ALL = DUP2_FILTER.replace("KEEP_FINDINGS", "True")   # the control: the same dup2, every line forwarded
+DUP2_FILTER = DUP2_FILTER.replace("KEEP_FINDINGS", "False")
 WRAPPED_Q3 = ("import sys\n" + WRAPPED[0] + _namespace_cells(LIB["lab4"]) +
               f"def lab4_lm_losses(model, tokens):\n    return _lib_{abs(hash(LIB['lab4'])) % 1000}.f({LOGITS}, tokens)")
 # a cell that binds no graded name computes q4's initial loss with the library, reloaded (importlib.reload makes
@@ -87,6 +89,7 @@ SUBMISSIONS = {
     "hostile_values_and_reports": ({}, [("import torch", EXIT), ("lab4_sazo = ", MALFORMED), (Q1, HOSTILE_Q1),
                                         (Q2, INF_Q2), (Q3, HOSTILE_Q3), (Q4, MINUS_INF_Q4)]),
     "dup2_report_fd": ({Q3: DELEGATE_Q3}, [("import torch", DUP2_FILTER)]),
+    "dup2_report_fd_forwarding_all": ({Q3: DELEGATE_Q3}, [("import torch", DUP2_FORWARD_ALL)]),
     "wrapped_road": ({Q3: WRAPPED_Q3}, []),
     "reload_and_extra_check_cell": ({}, [(CHECK_Q3, LIBRARY_CELL), ("import importlib, sys\n_losses", 'grader.check("q1")')]),
 }
@@ -197,10 +200,13 @@ DUP2_HOLE = ("hole: the worker reports on a file descriptor the submission's cod
              "findings scores a library delegation 12/12")
 
 
-@pytest.mark.xfail(strict=True, reason=DUP2_HOLE)
-def test_dup2_onto_the_report_fd_hides_no_finding(graded):
-    _assert_scores(graded, "dup2_report_fd", {"q3": "the library is not the answer", "q4": "the library is not the answer"})
-    assert any("sazo_lite" in reason for reason in _details(graded, "dup2_report_fd")["questions"]["q3"]["rule"])
+@pytest.mark.parametrize("name", [
+    pytest.param("dup2_report_fd", marks=pytest.mark.xfail(strict=True, reason=DUP2_HOLE)),
+    "dup2_report_fd_forwarding_all",   # the control: the delegation is caught through the same dup2
+])
+def test_dup2_onto_the_report_fd_hides_no_finding(graded, name):
+    _assert_scores(graded, name, {"q3": "the library is not the answer", "q4": "the library is not the answer"})
+    assert any("causal_lm_losses" in reason for reason in _details(graded, name)["questions"]["q3"]["rule"])
 
 
 def test_the_wrapped_road_to_the_library_scores_zero_with_the_rule_as_reason(graded):
