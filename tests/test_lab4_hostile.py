@@ -195,13 +195,8 @@ def test_nan_inf_and_huge_values_fail_their_hidden_cases(graded):
     _assert_honest_full_marks(graded)
 
 
-DUP2_HOLE = ("hole: the worker reports on a file descriptor the submission's code shares (worker.py `_emit`, fd from "
-             "sys.argv[1]); dup2 of a pipe onto it with a thread forwarding every line but the guard's `rule` "
-             "findings scores a library delegation 12/12")
-
-
 @pytest.mark.parametrize("name", [
-    pytest.param("dup2_report_fd", marks=pytest.mark.xfail(strict=True, reason=DUP2_HOLE)),
+    "dup2_report_fd",                  # the kernel refuses dup2 onto the report fd (worker.block_programs)
     "dup2_report_fd_forwarding_all",   # the control: the delegation is caught through the same dup2
 ])
 def test_dup2_onto_the_report_fd_hides_no_finding(graded, name):
@@ -236,3 +231,36 @@ def test_links_are_refused_quoting_nothing_and_a_dots_name_stays_inside(graded):
     assert sorted(p.name for p in csv_path.parent.iterdir()) == ["lab4", "lab4.csv"], "nothing written next to the CSV"
     folders = list((csv_path.parent / "lab4").iterdir())
     assert len(folders) == len(rows) and all(p.is_dir() and not p.name.startswith(".") for p in folders), folders
+
+
+SECCOMP_PROBE = r"""
+import json, os, subprocess, sys
+from sazo_lite.course.labs.worker import block_programs
+r, w = os.pipe()
+report = os.dup(w)
+out = {"blocked": block_programs(report)}
+for name, call in [("dup2 onto", lambda: os.dup2(r, report)), ("close", lambda: os.close(report)),
+                   ("closerange", lambda: os.closerange(report, report + 1)), ("exec", lambda: subprocess.run(["true"])),
+                   ("dup2 elsewhere", lambda: os.dup2(r, w)), ("dup", lambda: os.dup(report)),
+                   ("close another", lambda: os.close(os.dup(r))), ("write", lambda: os.write(report, b"x"))]:
+    try:
+        call()
+        out[name] = "ok"
+    except OSError as error:
+        out[name] = error.errno
+out["still the report"] = os.write(report, b"y") == 1
+print(json.dumps(out))
+"""
+
+
+def test_the_kernel_keeps_the_report_fd_in_place_and_only_it():
+    import json
+    import subprocess
+    import sys
+    out = json.loads(subprocess.run([sys.executable, "-c", SECCOMP_PROBE], capture_output=True, text=True,
+                                    check=True).stdout)
+    if not out["blocked"]:
+        pytest.skip("seccomp is not available here")
+    assert out["dup2 onto"] == out["close"] == out["exec"] == 1  # EPERM
+    assert out["dup2 elsewhere"] == out["dup"] == out["close another"] == out["write"] == "ok"
+    assert out["still the report"]  # closerange fell back to close(), refused on the report fd

@@ -69,12 +69,36 @@ def _emit(fd: int, event: dict) -> None:
             data = data[_write(fd, data):]
 
 
-# seccomp: a classic BPF program over struct seccomp_data {int nr; u32 arch; ...}
-_ARCHES = {"x86_64": (0xC000003E, (59, 322)), "aarch64": (0xC00000B7, (221, 281))}  # AUDIT_ARCH, execve, execveat
+# seccomp: a classic BPF program over struct seccomp_data {int nr; u32 arch; u64 ip; u64 args[6]}
+# Per architecture: AUDIT_ARCH, the calls refused outright (execve, execveat, close_range) and the calls
+# refused on the report fd, as (number, offset of the fd argument's low 32 bits in seccomp_data).
+_ARCHES = {"x86_64": (0xC000003E, (59, 322, 436), ((3, 16), (33, 24), (292, 24))),  # close, dup2, dup3
+           "aarch64": (0xC00000B7, (221, 281, 436), ((57, 16), (24, 24)))}        # close, dup3
+_DENY = "deny"
 
 
-def block_programs() -> bool:
-    """Make the kernel refuse ``execve``/``execveat`` (EPERM) to this process and its children, for good.
+def _filter_program(arch: str, report_fd: int | None) -> list[tuple[int, int, int, int]]:
+    """The BPF program: (code, jt, jf, k) with relative jumps (jt/jf skip that many instructions)."""
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06          # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    allow, eperm = 0x7FFF0000, 0x00050000 | 1            # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    audit_arch, refused, on_fd = _ARCHES[arch]
+    program = [(ld, 0, 0, 4), (jeq, 1, 0, audit_arch), (ret, 0, 0, eperm), (ld, 0, 0, 0)]  # another ABI: refused
+    if arch == "x86_64":
+        program.append((jge, _DENY, 0, 0x40000000))      # x32 syscalls: refused
+    program += [(jeq, _DENY, 0, nr) for nr in refused]
+    if report_fd is not None:  # dup2/dup3 onto the report fd, or closing it (to reopen it as a pipe): refused
+        for nr, offset in on_fd:
+            program += [(jeq, 0, 3, nr), (ld, 0, 0, offset), (jeq, _DENY, 0, report_fd), (ld, 0, 0, 0)]
+    program.append((ret, 0, 0, allow))
+    deny = len(program)
+    program.append((ret, 0, 0, eperm))
+    return [(code, deny - i - 1 if jt == _DENY else jt, jf, k) for i, (code, jt, jf, k) in enumerate(program)]
+
+
+def block_programs(report_fd: int | None = None) -> bool:
+    """Make the kernel refuse ``execve``/``execveat`` (EPERM) to this process and its children, for good;
+    with ``report_fd``, also ``dup2``/``dup3`` onto it and ``close`` of it (and ``close_range``), so that
+    student code cannot put a pipe of its own in the report's place and filter what the guard reports.
 
     Returns False where it cannot (unknown architecture, no seccomp): the audit hook of ``guard``
     still refuses the Python ways to start a program.
@@ -82,15 +106,9 @@ def block_programs() -> bool:
     import ctypes
     import platform
 
-    arch = _ARCHES.get(platform.machine())
-    if arch is None:
+    if platform.machine() not in _ARCHES:
         return False
-    audit_arch, (execve, execveat) = arch
-    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06          # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
-    allow, eperm = 0x7FFF0000, 0x00050000 | 1            # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
-    program = [(ld, 0, 0, 4), (jeq, 1, 0, audit_arch), (ret, 0, 0, eperm),   # another ABI (i386, ...): refused
-               (ld, 0, 0, 0), (jge, 3, 0, 0x40000000),                       # x32 syscalls: refused
-               (jeq, 2, 0, execve), (jeq, 1, 0, execveat), (ret, 0, 0, allow), (ret, 0, 0, eperm)]
+    program = _filter_program(platform.machine(), report_fd)
 
     class Filter(ctypes.Structure):
         _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
@@ -98,8 +116,6 @@ def block_programs() -> bool:
     class Program(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
 
-    if platform.machine() != "x86_64":
-        program[3:5] = [program[3], (jeq, 0, 0, 0xFFFFFFFF)]  # no x32 elsewhere: a jump that never fires
     filters = (Filter * len(program))(*[Filter(*f) for f in program])
     prog = Program(len(program), filters)
     libc = ctypes.CDLL(None, use_errno=True)
@@ -126,7 +142,7 @@ def main(fd: int) -> None:
     current = [None]
     guard = None
     if job.get("block_programs", True):
-        block_programs()
+        block_programs(fd)
     if job.get("rule"):
         reported = set()
 
