@@ -55,6 +55,11 @@ print(json.dumps({"results": results, "found": found, "blocked": blocked}))
 """
 N = "n = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)\n"
 CLEAN = {"honest thread": "", "honest fork": ""}
+# a copy of sampling_variance's code whose constants (the guard's check among them) are swapped for no-ops,
+# and a stand-in for the library helper it calls (whose call would be reported)
+COPY = ("import types\n_sv = sazo_lite.variance.sampling_variance.__code__\n"
+        "_noop_check = lambda c: c.replace(co_consts=tuple((lambda: None) if callable(x) else x for x in c.co_consts))\n"
+        "_mine = lambda x: torch.as_tensor(x).double()\n")
 ATTACKS = [
     # name, cell source, the test case's call (None: nothing)
     ("honest thread", N + "import concurrent.futures\ndef f(x):\n    return float(x.sum())\n"
@@ -100,6 +105,28 @@ ATTACKS = [
      "finally:\n    sys.modules['sazo_lite.variance'] = _saved\n_x = _v.oracle_probs(n)", None),
     ("exec of the library's file", "_src = open(sazo_lite.variance.__file__).read()\n_g = {}\n"
      "exec(compile(_src, sazo_lite.variance.__file__, 'exec'), _g)", None),
+    # round 5: copies of the library's code that change what a fingerprint of the exact code looked at
+    ("code.replace of the constants", N + COPY + "_raw5 = types.FunctionType(_noop_check(_sv), vars(sazo_lite.variance))\n"
+     "def f(a, b):\n    return _raw5(a, b)", "f(n, n / n.sum())"),
+    ("code.replace keeping the check", N + COPY + "_raw6 = types.FunctionType(_sv.replace(co_consts=tuple(2.0 if c == 2 and "
+     "type(c) is int else c for c in _sv.co_consts)), vars(sazo_lite.variance))\n_v6 = _raw6(n, n / n.sum())", None),
+    ("code.replace of a name", N + COPY + "_raw7 = types.FunctionType(_noop_check(_sv).replace(co_names=tuple('_as64x' if x == "
+     "'_as64' else x for x in _sv.co_names)), dict(vars(sazo_lite.variance), _as64x=_mine))\n"
+     "def f(a, b):\n    return _raw7(a, b)", "f(n, n / n.sum())"),
+    ("code.replace of the file", N + COPY + "_raw8 = types.FunctionType(_noop_check(_sv).replace(co_filename='<cell>'), "
+     "{'torch': torch, '_as64': _mine, 'float': float, 'len': len})\ndef f(a, b):\n    return _raw8(a, b)", "f(n, n / n.sum())"),
+    ("exec of the source", N + COPY + "import inspect\n_g9 = {'torch': torch, '_as64': _mine}\n"
+     "exec(inspect.getsource(sazo_lite.variance.sampling_variance), _g9)\ndef f(a, b):\n    return _g9['sampling_variance'](a, b)",
+     "f(n, n / n.sum())"),
+    ("a module registered in sys.modules", N + COPY + "import sys\n_m10 = types.ModuleType('mymod10')\n"
+     "sys.modules['mymod10'] = _m10\n_m10.g = types.FunctionType(_noop_check(_sv), vars(sazo_lite.variance))\n"
+     "def f(a, b):\n    import mymod10\n    return mymod10.g(a, b)", "f(n, n / n.sum())"),
+    ("a library module under another name", N + "import sys\nsys.modules['mymod11'] = sazo_lite.variance\n"
+     "def f(x):\n    return sys.modules['mymod11'].oracle_probs(x)", None),
+    ("inspect.unwrap", N + "import inspect\n_v12 = inspect.unwrap(sazo_lite.variance.oracle_probs)(n)", None),
+    ("gc.get_referents", "import gc\n_all = gc.get_referents(sazo_lite.variance.oracle_probs)", None),
+    ("a generator", N + "def _gen13():\n    yield sazo_lite.variance.oracle_probs(n)\n_v13 = list(_gen13())", None),
+    ("__del__", N + "class _D14:\n    def __del__(self):\n        sazo_lite.variance.oracle_probs(n)\n_D14()", None),
     ("swapping the code back", "import ast\n_src = open(sazo_lite.variance.__file__).read()\n_g = dict(vars(sazo_lite.variance))\n"
      "exec(compile(_src, '<copy>', 'exec'), _g)\nsazo_lite.variance.oracle_probs.__code__ = _g['oracle_probs'].__code__", None),
 ]
@@ -137,6 +164,29 @@ def test_the_findings_name_the_library_object(guarded):
     for name in ("partial in an instance", "slots", "a module the student built", "__wrapped__ into a namespace"):
         assert any(kind == "check" for kind, _ in checks[name]), (name, checks[name])
     assert any(kind == "intact" for kind, _ in checks["swapping the code back"]), checks["swapping the code back"]
+
+
+COPIES = ("code.replace of the constants", "code.replace of a name", "code.replace of the file", "exec of the source",
+          "a module registered in sys.modules")
+
+
+@pytest.mark.parametrize("name", COPIES)
+def test_a_copy_of_the_library_code_is_found_by_the_definition_check(guarded, name):
+    """Issue 42 round 5: copies made by ``code.replace`` (constants, a name, the file) or by ``exec`` of the source
+    run no check of their own, so the definition check must see through them (and reach a registered module)."""
+    checks = guarded["results"][name]
+    assert any(kind == "check" and how in ("f uses it", "f is a copy of its code") for kind, how in checks), (name, checks)
+    assert all(kind != "raised" for kind, _ in checks), (name, checks)   # the copy ran: only the check can tell
+
+
+def test_a_copy_that_kept_the_check_is_reported_when_called(guarded):
+    found = guarded["found"].get("code.replace keeping the check", [])
+    assert ["sazo_lite.variance.sampling_variance", "called"] in found, found
+
+
+def test_a_library_module_registered_under_another_name_is_found(guarded):
+    checks = guarded["results"]["a library module under another name"]
+    assert ["check", "f uses this module"] in checks, checks
 
 
 def test_the_kernel_refuses_programs_and_forked_children_get_no_result(guarded):

@@ -103,6 +103,40 @@ def _fingerprint(code: types.CodeType) -> tuple:
     return tuple(out)
 
 
+def _shape(code: types.CodeType) -> tuple[tuple, tuple]:
+    """(instructions with constants and names left out, the names in order): what stays when a copy is made
+    with ``code.replace`` of its constants, names or file (or compiled again from the source elsewhere)."""
+    ops, names = [], []
+    for ins in dis.get_instructions(code):
+        if ins.opname in _SKIP_OPS:
+            continue
+        if isinstance(ins.argval, types.CodeType):
+            inner_ops, inner_names = _shape(ins.argval)
+            ops.append(("CODE", inner_ops))
+            names += inner_names
+            continue
+        if ins.opcode in dis.hasname:
+            names.append(str(ins.argval))
+            arg = None
+        elif ins.opcode in dis.hasconst or "JUMP" in ins.opname or ins.opname in ("FOR_ITER", "SEND"):
+            arg = None
+        else:
+            arg = ins.arg    # locals by number, operators, argument counts
+        ops.append(("LOAD_ATTR" if ins.opname == "LOAD_METHOD" else ins.opname, arg))
+    return tuple(ops), tuple(names)
+
+
+def _genuine_module(module) -> bool:
+    """A module Python or an installed package (or the library) loaded from its file, under its own name
+    (not one the student built, wrote or registered in ``sys.modules`` by hand)."""
+    name = getattr(module, "__name__", None)
+    if not isinstance(name, str) or sys.modules.get(name) is not module or name == "__main__":
+        return False
+    origin = getattr(getattr(module, "__spec__", None), "origin", None)
+    return origin in ("built-in", "frozen") or isinstance(origin, str) and \
+        origin.startswith((*_NEUTRAL_PREFIXES, LIBRARY_DIR))
+
+
 class _Preamble(ast.NodeTransformer):
     """Puts ``PLACEHOLDER()`` first in every function body (after its docstring), on the line of
     the statement it precedes (line numbers, so tracebacks, stay those of the source)."""
@@ -146,6 +180,8 @@ class Guard:
         self.allowed_modules: set[str] = set()
         self.forbidden: dict[int, str] = {}  # id(forbidden function or class) -> qualified name
         self.fingerprints: dict = {}       # of the library's own code (before the check went in) -> name
+        self.shapes: dict = {}             # _shape instructions of the library's code (and guarded code) -> [(names, name)]
+        self._copies: dict = {}            # id(code) -> (code, the library function it copies or None)
         self.code_names: dict[int, str] = {}  # id(instrumented code object) -> qualified name
         self.instrumented: list = []       # (function, its instrumented code): what intact() checks
         self.wrappers: dict[int, tuple] = {}  # id(wrapper) -> (original, name), for code without source
@@ -286,8 +322,10 @@ class Guard:
         self.forbidden[id(fn)] = name
         self._keep.append(fn)
         self.fingerprints[_fingerprint(fn.__code__)] = name
+        self._add_shape(fn.__code__, name)
         code = self._instrumented(fn.__code__)
         if code is not None:
+            self._add_shape(code, name)   # a copy of the guarded code with the check swapped for a no-op
             fn.__code__ = code
             self.code_names[id(code)] = name
             self.instrumented.append((fn, code))
@@ -296,6 +334,27 @@ class Guard:
             for attr, value in list(vars(module).items()):
                 if value is fn:
                     setattr(module, attr, self._wrapper(fn, name))
+
+    def _add_shape(self, code: types.CodeType, name: str) -> None:
+        ops, names = _shape(code)
+        if len(ops) >= MIN_COPY:
+            self.shapes.setdefault(ops, []).append((names, name))
+
+    def copy_of(self, code: types.CodeType) -> str | None:
+        """The forbidden library function ``code`` is a copy of (None: none): the same instructions, whatever
+        its constants and file, and at least half the same names (renaming a few does not hide it)."""
+        known = self._copies.get(id(code))
+        if known is not None and known[0] is code:
+            return known[1]
+        found = None
+        ops, names = _shape(code)
+        for library_names, name in self.shapes.get(ops, ()) if len(ops) >= MIN_COPY else ():
+            same = sum(a == b for a, b in zip(names, library_names))
+            if 2 * same >= len(library_names):
+                found = name
+                break
+        self._copies[id(code)] = (code, found)
+        return found
 
     def _instrumented(self, code: types.CodeType) -> types.CodeType | None:
         table = self._table(code.co_filename)
@@ -339,7 +398,9 @@ class Guard:
         if caller is None or (id(caller.f_globals) in self._library_globals and _is_library_file(caller.f_code.co_filename)):
             return  # the library calling itself (most calls): no walk
         name = self.code_names.get(id(frame.f_code))
-        if name is not None and self._from_student(caller):
+        if name is None:   # only guarded code holds the check: this is a copy of it (code.replace, FunctionType)
+            name = self.copy_of(frame.f_code) or f"{LIBRARY} (a copy of {frame.f_code.co_qualname})"
+        if self._from_student(caller):
             self._found(name, "called")
 
     def _wrapper(self, fn, name: str):
@@ -534,12 +595,11 @@ class Guard:
             held += [cell.cell_contents for cell in (obj.__closure__ or ()) if _has_contents(cell)]
             held += list(vars(obj).values())   # attributes set on the function itself
             for code in _codes(obj.__code__):
-                print_ = _fingerprint(code)
-                copied = self.fingerprints.get(print_) if len(print_) >= MIN_COPY else None
+                copied = self.copy_of(code)
                 if copied:
                     findings.append((copied, f"{where} is a copy of its code"))
                 globals_used, attributes = _names(code)
-                roots = []
+                roots = self._modules_named(code)
                 for name in globals_used:
                     if name in obj.__globals__:
                         roots.append((name, obj.__globals__[name]))
@@ -549,6 +609,14 @@ class Guard:
                     self._inspect_value(value, where, attributes, findings, visited, depth, budget)
             return
         self._inspect_value(obj, where, set(), findings, visited, depth, budget)
+
+    @staticmethod
+    def _modules_named(code: types.CodeType) -> list:
+        """Modules in ``sys.modules`` that ``code`` imports or names in a string (``sys.modules['m']``,
+        ``importlib.import_module('m')``): the student may have registered one holding a library function."""
+        wanted = {ins.argval for ins in dis.get_instructions(code) if ins.opname == "IMPORT_NAME"}
+        wanted |= {c for c in code.co_consts if type(c) is str and 0 < len(c) < 200}
+        return [(name, sys.modules[name]) for name in sorted(wanted) if name != "__main__" and name in sys.modules]
 
     def _inspect_value(self, value, where, attributes, findings, visited, depth, budget) -> None:
         """A value the student's code can reach: forbidden itself, or leading to forbidden objects (its parts,
@@ -600,8 +668,8 @@ class Guard:
             code = obj.__code__
             if id(code) in self.code_names:   # a function rebuilt from a guarded one's code
                 return True
-            if _is_library_file(code.co_filename) and not self.is_allowed(obj) and id(obj) not in self.allowed_ids:
-                return _fingerprint(code) in self.fingerprints   # a fresh copy of the library's code
+            if not self.is_allowed(obj) and id(obj) not in self.allowed_ids:
+                return self.copy_of(code) is not None   # a copy of the library's code, from any file or none
             return False
         if isinstance(obj, (types.MethodType, functools.partial)):
             return self._is_forbidden(obj.__func__ if isinstance(obj, types.MethodType) else obj.func)
@@ -733,9 +801,8 @@ def _parts(value) -> list | None:
         return [value.cell_contents] if _has_contents(value) else []
     if isinstance(value, (staticmethod, classmethod, property)):
         return _members(value)
-    if isinstance(value, types.ModuleType):
-        real = sys.modules.get(getattr(value, "__name__", None)) is value
-        return None if real else list(vars(value).values())  # a module the student built holds what it was given
+    if isinstance(value, types.ModuleType):  # a module the student built (registered or not) holds what it was given
+        return None if _genuine_module(value) else list(vars(value).values())
     module = getattr(type(value), "__module__", "") or ""
     if module.split(".")[0] in ("torch", "numpy", "builtins") and not isinstance(value, types.SimpleNamespace):
         return None
