@@ -47,7 +47,8 @@ app: install
 # (Running the app test beside the notebooks, theirs at nice 19, saved nothing: 158 s for both against
 # 94 + 65 s, 2026-12-02; Jupyter kernels start sessions of their own, so nice does not reach them.)
 # The Voilà app test runs last, alone (in the pool it saved no time: 679 s against 621-686 s, 2026-12-02):
-# SAZO_APP_LOADS page loads (3), each failing on a slider move that does not redraw the plot. Its page
+# SAZO_APP_LOADS page loads (3) and one with the page held busy as the widget states arrive, each failing on
+# a widget that does not render or a slider move that does not redraw the plot (docs/course.md). Its page
 # used to miss the redraw in about half the loads: plotly's FigureWidget is an anywidget whose 5 MB
 # bundle could take over anywidget's 2 s to load, after which every update was dropped; the dashboards
 # now draw plain figures into an ipywidgets Output (course/widgets/_common.py, LiveFigure).
