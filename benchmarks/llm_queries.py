@@ -379,6 +379,7 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
         return r
 
     grid, best = out["grid"].setdefault(variant, {}), math.inf   # filled as runs end (a partial race shows them)
+    capped = set()      # cells whose runs stopped at the best median so far: no use below the select target
 
     def climb(lr) -> bool:
         """One grid cell (3 seeds, stopped early once its median is lost); True if the cell is lost."""
@@ -387,6 +388,8 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
         if accuracy_at:      # every run reaches the accuracy budget
             cap = max(cap, min(setting.steps, -(-accuracy_at // (2 * setting.batch))))
         cell = grid[f"{lr:g}"] = []
+        if cap < setting.steps:
+            capped.add(f"{lr:g}")
         missing = None
         for seed in range(setting.grid_seeds):   # SAZO's seed 0: its scores against the true norms, too
             try:
@@ -431,7 +434,10 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
     chosen = choose()
     out["chosen_lr"][variant] = chosen
     chosen_cell = grid[f"{chosen:g}"]
-    runs = out["runs"][variant] = [] if setting.budget_runs else list(chosen_cell)
+    # the chosen cell's runs count as finals only if they had the whole budget: a capped cell stopped its runs
+    # at the best median to the select target so far, which leaves the deeper targets unmeasured
+    reuse = not setting.budget_runs and f"{chosen:g}" not in capped
+    runs = out["runs"][variant] = list(chosen_cell) if reuse else []
     for seed in range(len(runs), setting.seeds):
         runs.append(run(chosen, seed, stop=not setting.budget_runs,
                         diagnose=setting.diagnose if (seed == 0 and sampler == "sazo" and setting.budget_runs) else 0))

@@ -92,7 +92,7 @@ def summarise(setting: dict, targets=(0.5, 0.3)) -> list[str]:
         base, ruled = med.get(("sazo", t)), med.get(("sazo+rule", t))
         ratios[f"sazo/sazo+rule@{t}"] = base / ruled if base and ruled else None
         for key in [k for k in ratios if k.endswith(f"@{t}") and ratios[k] is None]:
-            top, bottom = key.split("@")[0].split("/")
+            top, bottom = ratio_pair(key.split("@")[0])
             if top in setting["runs"] and bottom in setting["runs"]:
                 bound = ratio_bound(setting["runs"][top], setting["runs"][bottom], t)
                 if bound:
@@ -105,14 +105,36 @@ GOALS = ("goals, at B ≥ 4 and a target ≤ 0.3·F₀, each sampler at its own 
          "homogeneous control SAZO÷uniform ≤ 1.1; held-out accuracy SAZO ≥ uniform")
 
 
+SUFFIXES = ("+rule", "+bound")
+
+
+def ratio_pair(name: str) -> tuple[str, str]:
+    """The two variants a ratio's name divides: "uniform/sazo+bound" is uniform+bound ÷ sazo+bound (the
+    suffix is written once for a pair of variants that both have it), "sazo/sazo+bound" is sazo ÷ sazo+bound."""
+    top, bottom = name.split("/")
+    for suffix in SUFFIXES:
+        if bottom.endswith(suffix) and top != bottom[:-len(suffix)]:
+            return top + suffix, bottom
+    return top, bottom
+
+
+def ratio_name(top: str, bottom: str) -> str:
+    """The inverse of ``ratio_pair``: the name ``summarise`` stores the ratio of ``top`` ÷ ``bottom`` under."""
+    for suffix in SUFFIXES:
+        if top.endswith(suffix) and bottom.endswith(suffix):
+            return f"{top[:-len(suffix)]}/{bottom}"
+    return f"{top}/{bottom}"
+
+
 def ratio_text(setting: dict, top: str, bottom: str, target: float) -> str:
     """"r [low–high]": the ratio of the two samplers' median queries to ``target``·F₀ at their chosen
     rates and its 95% bootstrap interval over seeds (``train.median_ratio_interval``); "–" without both."""
-    ratio = setting.get("ratios", {}).get(f"{top}/{bottom}@{target}")
+    name = ratio_name(top, bottom)
+    ratio = setting.get("ratios", {}).get(f"{name}@{target}")
     runs = setting["runs"]
     if top not in runs or bottom not in runs:
         return "–"
-    bound = setting.get("ratio_bounds", {}).get(f"{top}/{bottom}@{target}")
+    bound = setting.get("ratio_bounds", {}).get(f"{name}@{target}")
     if ratio is None and bound:      # a median run stopped at its budget: the ratio is bounded, not known
         return f"{bound[0]} {bound[1]:.2f} (a median run was cut short of the target)"
     if min(len(runs[top]), len(runs[bottom])) < 2:       # no spread to resample
@@ -176,6 +198,9 @@ def print_report(report: dict) -> None:
             print(f"    held-out accuracy after {max(budgets)} queries (mean difference, 95% interval): "
                   f"SAZO − uniform = {accuracy_difference(s['runs'], 'sazo', 'uniform')}, "
                   f"oracle − uniform = {accuracy_difference(s['runs'], 'oracle', 'uniform')}"
+                  + (f"; with the walk bound: SAZO − uniform = {accuracy_difference(s['runs'], 'sazo+bound', 'uniform+bound')}, "
+                     f"oracle − uniform = {accuracy_difference(s['runs'], 'oracle+bound', 'uniform+bound')}"
+                     if "uniform+bound" in s["runs"] else "")
                   + (" (the oracle's at its runs' end: it has no budget)"
                      if s["runs"].get("oracle") and not any(r.get("budget_queries") for r in s["runs"]["oracle"]) else "")
                   + (f" (runs that diverged earlier are counted where they stopped: {min(budgets)} queries)"

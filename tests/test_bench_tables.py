@@ -46,6 +46,34 @@ def test_seeds_that_missed_count_as_never_in_the_median():
     assert "| 20 [10–?] (1 missed) |" in rows[0] and setting["ratios"]["uniform/sazo@0.5"] == pytest.approx(2.0)
 
 
+def test_bounded_variants_are_compared_with_each_other_and_printed_with_their_ratio():
+    slow, fast = [1.0, 0.8, 0.6, 0.45, 0.3], [1.0, 0.5, 0.3]
+    setting = fake_setting("x", {"uniform+bound": [slow] * 3, "sazo+bound": [fast] * 3, "oracle+bound": [fast] * 3,
+                                 "sazo": [slow, slow, [1.0, 0.9]]})
+    llm_report.summarise(setting, (0.5, 0.3))
+    r = setting["ratios"]
+    assert r["uniform/sazo+bound@0.5"] == pytest.approx(3.0) and r["sazo/oracle+bound@0.3"] == pytest.approx(1.0)
+    assert r["sazo/sazo+bound@0.5"] == pytest.approx(3.0)        # sazo (30) ÷ sazo+bound (10): plain against bounded
+    assert llm_report.ratio_pair("uniform/sazo+bound") == ("uniform+bound", "sazo+bound")
+    assert llm_report.ratio_pair("sazo/sazo+bound") == ("sazo", "sazo+bound")
+    assert llm_report.ratio_pair("uniform/sazo") == ("uniform", "sazo")
+    assert llm_report.ratio_text(setting, "uniform+bound", "sazo+bound", 0.5).startswith("3.00 [")
+    assert llm_report.ratio_text(setting, "sazo", "sazo+bound", 0.5).startswith("3.00 [")
+
+
+def test_the_report_prints_the_bounded_ratios_and_accuracies(capsys):
+    slow, fast = [1.0, 0.8, 0.6, 0.45, 0.3], [1.0, 0.5, 0.3]
+    setting = fake_setting("x", {"uniform+bound": [slow] * 3, "sazo+bound": [fast] * 3, "oracle+bound": [fast] * 3})
+    for variant, accuracy in (("uniform+bound", 0.25), ("sazo+bound", 0.5), ("oracle+bound", 0.75)):
+        for k, run in enumerate(setting["runs"][variant]):
+            run.update(budget_accuracy=accuracy + 0.01 * k, budget_queries=40)
+    llm_report.print_report({"date": "d", "machine": "m", "runtime_s": 60, "args": {"eps": 1e-3, "targets": [0.5, 0.3]},
+                             "settings": [setting]})
+    printed = capsys.readouterr().out
+    assert "with the walk bound: uniform÷SAZO=3.00 [" in printed
+    assert "with the walk bound: SAZO − uniform = +0.250 ± " in printed and "oracle − uniform = +0.500 ± " in printed
+
+
 def test_the_grid_climbs_by_root_two_and_a_cell_is_lost_when_half_its_seeds_diverged():
     rates = llm_queries.grid_rates(2.5e-4, 5)
     assert rates == [2.5e-4, 3.54e-4, 5e-4, 7.07e-4, 1e-3]
@@ -231,6 +259,26 @@ def test_the_rate_rule_counts_queries_to_the_settings_select_target(monkeypatch,
     assert list(out["grid"]["uniform"]) == ["0.001", "0.00141", "0.002"]      # climbed to the edge
     assert out["chosen_lr"]["uniform"] == pytest.approx(expected)
     assert out["select_target"] == (select or 0.3)
+
+
+def test_finals_at_a_rate_whose_grid_runs_were_capped_are_run_with_the_whole_budget(monkeypatch):
+    """1e-3 reaches 0.3·F₀ at 80 queries and caps the next cells there (50 of 100 steps); 1.41e-3 reaches it at
+    40 and is chosen (2e-3 diverges: the edge); its finals run all 100 steps, so the deeper target is measured."""
+    curves = {1e-3: [1.0, 0.8, 0.6, 0.5, 0.25], 1.41e-3: [1.0, 0.5, 0.25, 0.2, 0.09], 2e-3: [1.0, 2.0]}
+    seen = []
+    patch_runs(monkeypatch, curves, record=lambda sampler, lr, seed, settings: seen.append((lr, seed, settings["steps"])),
+               step_from_settings=True)
+    args = llm_queries.parse_args(["--sets", "--measure-sets", "--tiny", "--targets", "0.3", "0.1"])
+    setting = llm_queries.Setting("fake", None, {"uniform": 1e-3}, 1, 100, 10, variants=("uniform",), cells=3,
+                                  grid_seeds=3, seeds=3, budget_runs=False, select_target=0.3)
+    out = {"grid": {}, "chosen_lr": {}, "runs": {}}
+    llm_queries.race_variant(setting, "uniform", None, [], None, None, args, out)
+    assert out["chosen_lr"]["uniform"] == pytest.approx(1.41e-3)
+    chosen = [(seed, steps) for lr, seed, steps in seen if lr == pytest.approx(1.41e-3)]
+    assert chosen == [(0, 50), (1, 50), (2, 50), (0, 100), (1, 100), (2, 100)]   # the grid's cell, then the finals
+    assert len(out["runs"]["uniform"]) == 3
+    uncapped = [(seed, steps) for lr, seed, steps in seen if lr == pytest.approx(1e-3)]
+    assert uncapped == [(0, 100), (1, 100), (2, 100)]     # the first cell had the whole budget: nothing rerun
 
 
 def test_a_median_run_cut_short_of_the_target_bounds_the_ratio_and_make_bench_grades_the_bound(monkeypatch):
