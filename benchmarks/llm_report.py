@@ -47,6 +47,9 @@ def accuracy_difference(runs: dict, top: str, bottom: str) -> str:
     return f"{difference:+.3f} ± {half:.3f}"
 
 
+SUFFIXES = ("+rule", "+bound")      # the variants a sampler has: the step rule, the walk bound
+
+
 def summarise(setting: dict, targets=(0.5, 0.3)) -> list[str]:
     """Table rows per variant: rate, queries to each target (median [min–max]; a miss counts as never),
     walk ‖θ−θ₀‖ at the end, max |ĝ|, max weight, E[ĝ²], held-out accuracy; fills ``setting["ratios"]``."""
@@ -79,13 +82,13 @@ def summarise(setting: dict, targets=(0.5, 0.3)) -> list[str]:
                     f"{f' ({diverged_count} diverged, walk {failed_walk})' if diverged_count else ''} |")
     ratios, bounds = {}, {}
     for t in targets:
-        for suffix in ("", "+rule", "+bound"):
+        for suffix in ("", *SUFFIXES):
             u, s, o = (med.get((f"{name}{suffix}", t)) for name in ("uniform", "sazo", "oracle"))
             ratios[f"uniform/oracle{suffix}@{t}"] = u / o if u and o else None
             ratios[f"uniform/sazo{suffix}@{t}"] = u / s if u and s else None
             ratios[f"sazo/oracle{suffix}@{t}"] = s / o if s and o else None
         for name in ("uniform", "sazo", "oracle"):
-            for suffix in ("+rule", "+bound"):
+            for suffix in SUFFIXES:
                 base, ruled = med.get((name, t)), med.get((f"{name}{suffix}", t))
                 if (name, t) in med and (f"{name}{suffix}", t) in med:
                     ratios[f"{name}/{name}{suffix}@{t}"] = base / ruled if base and ruled else None
@@ -103,9 +106,6 @@ def summarise(setting: dict, targets=(0.5, 0.3)) -> list[str]:
 
 GOALS = ("goals, at B ≥ 4 and a target ≤ 0.3·F₀, each sampler at its own rate: uniform÷SAZO ≥ 2, SAZO÷oracle ≤ 1.3; "
          "homogeneous control SAZO÷uniform ≤ 1.1; held-out accuracy SAZO ≥ uniform")
-
-
-SUFFIXES = ("+rule", "+bound")
 
 
 def ratio_pair(name: str) -> tuple[str, str]:
