@@ -71,7 +71,7 @@ from sazo_lite.llm.tuning import full_parameters
 from sazo_lite.train import best_rate, diverged, median_queries
 
 VARIANTS = ("uniform", "sazo", "oracle", "uniform+rule", "sazo+rule", "oracle+rule", "uniform+bound", "sazo+bound",
-            "oracle+bound")
+            "oracle+bound", "uniform+pull", "sazo+pull", "oracle+pull")
 TOP_SETS = ("top-opposed", "top-homogeneous")    # SmolLM2 top-block (cached activations): the long-run race
 ROOT2 = 2 ** 0.5
 BIG_SETS = ("balanced", "opposed")   # the sets designed for B > 1: sized by --big-n / --big-new-fraction
@@ -164,6 +164,7 @@ class Setting:
     step_down: bool = False              # bracket from below: √2 lower while the chosen rate is the lowest tried
     oracle_accuracy: bool = True         # the oracle's runs too (False where its refreshes would make the budget hours)
     walk_bound: float | None = None      # R of the "+bound" variants (``query_run(walk_bound=R)``)
+    walk_pull: float | None = None       # λ of the "+pull" variants (``query_run(walk_pull=λ)``)
 
 
 def settings(args) -> list[Setting]:
@@ -186,7 +187,7 @@ def settings(args) -> list[Setting]:
                                seeds=args.seeds, oracle_every=args.top_oracle_every, diagnose=args.diagnose_every,
                                cost=1.0 if kind == "opposed" else 0.6, oracle_cost=2.5, budget_runs=False,
                                select_target=args.top_select, accuracy_at=args.top_accuracy_at or None,
-                               step_down=True, walk_bound=args.walk_bound))
+                               step_down=True, walk_bound=args.walk_bound, walk_pull=args.walk_pull))
         elif name == "continual":     # the documented case: N = 24, B = 1 (issue 28's diagnosis)
             out.append(Setting(f"SmolLM2 LoRA r{args.rank} continual (N={args.num_train}, B=1)",
                                lambda: smollm2_start("continual", args),
@@ -363,6 +364,8 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
                         perturbation=setting.perturbation, step_rule=rule == "rule", accuracy_at=accuracy_at)
         if rule == "bound":      # only then in the key: the cached runs of every other variant keep theirs
             settings["walk_bound"] = setting.walk_bound
+        if rule == "pull":
+            settings["walk_pull"] = setting.walk_pull
         r = cached_run(args.run_cache, {"setting": setting.label, "theta0": theta0_key(args), "sampler": sampler,
                                         **settings},
                        lambda: run_from(theta0, model, params, train, test, sampler, **settings),
@@ -567,12 +570,15 @@ def parse_args(argv=None):
     parser.add_argument("--top-accuracy-at", type=int, default=8000,
                         help="top-block sets: held-out accuracy after this many queries in every run (0: none)")
     parser.add_argument("--top-variants", nargs="+", default=["uniform", "sazo", "oracle"], choices=VARIANTS,
-                        help="the samplers raced on the top-block sets (+bound: with the walk bound --walk-bound)")
+                        help="the samplers raced on the top-block sets (+bound: with the walk bound --walk-bound; "
+                             "+pull: with the pull toward θ₀ --walk-pull)")
     parser.add_argument("--top-start", nargs="*", default=["uniform=6e-3", "sazo=6e-3", "oracle=1.2e-2"],
                         metavar="SAMPLER=RATE", help="top-block sets: each sampler's first grid rate (where 800-step "
                         "scans placed them: uniform diverged at 1.2e-2, the oracle did not)")
     parser.add_argument("--walk-bound", type=float, default=None,
                         help="R of the +bound variants: θ is projected onto ‖θ−θ₀‖ ≤ R after every step")
+    parser.add_argument("--walk-pull", type=float, default=None,
+                        help="λ of the +pull variants: θ−θ₀ shrinks by 1 − lr·λ after every step (L2 toward θ₀)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS[:6]), choices=VARIANTS,
                         help="the samplers raced on the opposed and balanced sets (+rule: with the step rule)")
     parser.add_argument("--measure-sets", nargs="*", default=[],
@@ -680,6 +686,8 @@ def parse_args(argv=None):
         parser.error(f"--top-start takes SAMPLER=RATE pairs, got {args.top_start}")
     if any(v.endswith("+bound") for v in args.top_variants) and not args.walk_bound:
         parser.error("the +bound variants need --walk-bound R")
+    if any(v.endswith("+pull") for v in args.top_variants) and not (args.walk_pull or 0) > 0:
+        parser.error("the +pull variants need --walk-pull λ > 0")
     if not all(v in VARIANTS and r > 0 for v, r in args.variant_start.items()):
         parser.error(f"--variant-start: variants are {VARIANTS}, rates > 0 (got {args.variant_start})")
     return args

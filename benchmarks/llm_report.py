@@ -47,7 +47,8 @@ def accuracy_difference(runs: dict, top: str, bottom: str) -> str:
     return f"{difference:+.3f} ± {half:.3f}"
 
 
-SUFFIXES = ("+rule", "+bound")      # the variants a sampler has: the step rule, the walk bound
+SUFFIXES = ("+rule", "+bound", "+pull")     # the variants a sampler has: the step rule, the walk bound, the pull
+WALK_RULES = {"+bound": "the walk bound", "+pull": "the pull toward θ₀"}     # the sampler-agnostic walk rules
 
 
 def summarise(setting: dict, targets=(0.5, 0.3)) -> list[str]:
@@ -185,11 +186,11 @@ def print_report(report: dict) -> None:
                   f"uniform÷SAZO={ratio_text(s, 'uniform', 'sazo', t)}, SAZO÷oracle={ratio_text(s, 'sazo', 'oracle', t)}"
                   + (f" | with the step rule: uniform÷SAZO={fmt(r.get(f'uniform/sazo+rule@{t}'))}, "
                      f"SAZO÷SAZO+rule={fmt(r.get(f'sazo/sazo+rule@{t}'))}" if f"sazo+rule" in s["runs"] else "")
-                  + (f" | with the walk bound: uniform÷SAZO={ratio_text(s, 'uniform+bound', 'sazo+bound', t)}, "
-                     f"SAZO÷oracle={ratio_text(s, 'sazo+bound', 'oracle+bound', t)}, "
-                     + ", ".join(f"{v}÷{v}+bound={ratio_text(s, v, v + '+bound', t)}" for v in ("uniform", "sazo", "oracle")
-                                 if f"{v}+bound" in s["runs"])
-                     if any(k.endswith("+bound") for k in s["runs"]) else ""))
+                  + "".join(f" | with {name}: uniform÷SAZO={ratio_text(s, 'uniform' + x, 'sazo' + x, t)}, "
+                            f"SAZO÷oracle={ratio_text(s, 'sazo' + x, 'oracle' + x, t)}, "
+                            + ", ".join(f"{v}÷{v}{x}={ratio_text(s, v, v + x, t)}" for v in ("uniform", "sazo", "oracle")
+                                        if f"{v}{x}" in s["runs"])
+                            for x, name in WALK_RULES.items() if any(k.endswith(x) for k in s["runs"])))
             if "homogeneous" in s["label"] and r.get(f"uniform/sazo@{t}"):
                 print(f"      homogeneous: SAZO÷uniform={1 / r[f'uniform/sazo@{t}']:.2f} "
                       f"(interval: 1 ÷ uniform÷SAZO's {ratio_text(s, 'uniform', 'sazo', t)})")
@@ -198,9 +199,9 @@ def print_report(report: dict) -> None:
             print(f"    held-out accuracy after {max(budgets)} queries (mean difference, 95% interval): "
                   f"SAZO − uniform = {accuracy_difference(s['runs'], 'sazo', 'uniform')}, "
                   f"oracle − uniform = {accuracy_difference(s['runs'], 'oracle', 'uniform')}"
-                  + (f"; with the walk bound: SAZO − uniform = {accuracy_difference(s['runs'], 'sazo+bound', 'uniform+bound')}, "
-                     f"oracle − uniform = {accuracy_difference(s['runs'], 'oracle+bound', 'uniform+bound')}"
-                     if "uniform+bound" in s["runs"] else "")
+                  + "".join(f"; with {name}: SAZO − uniform = {accuracy_difference(s['runs'], 'sazo' + x, 'uniform' + x)}, "
+                            f"oracle − uniform = {accuracy_difference(s['runs'], 'oracle' + x, 'uniform' + x)}"
+                            for x, name in WALK_RULES.items() if "uniform" + x in s["runs"])
                   + (" (the oracle's at its runs' end: it has no budget)"
                      if s["runs"].get("oracle") and not any(r.get("budget_queries") for r in s["runs"]["oracle"]) else "")
                   + (f" (runs that diverged earlier are counted where they stopped: {min(budgets)} queries)"

@@ -33,10 +33,10 @@ import torch
 from sazo_lite.atomic import write_text
 from sazo_lite.llm import add_lora, load_smollm2, restore_snapshot, snapshot, trainable_parameters
 from sazo_lite.llm.continual import cached_first_round, keep_alike, make_continual_set
-from sazo_lite.llm.queries import SAMPLERS, queries_to, query_run
+from sazo_lite.llm.queries import SAMPLERS, queries_to, query_run, walk
 from sazo_lite.llm.topblock import TopBlocks, top_layers
 
-__all__ = ["TopSetting", "top_start", "long_run", "TARGETS"]
+__all__ = ["TopSetting", "top_start", "long_run", "pull_floor", "TARGETS"]
 
 TARGETS = (0.5, 0.3, 0.2, 0.1, 0.05)
 
@@ -146,10 +146,13 @@ def main(argv=None) -> None:
     parser.add_argument("--diagnose", type=int, default=4, help="true norms every n-th log point")
     parser.add_argument("--oracle-every", type=int, default=5)
     parser.add_argument("--walk-bound", type=float, default=None)
+    parser.add_argument("--walk-pull", type=float, default=None, help="λ of the pull toward θ₀ (WalkPull)")
     parser.add_argument("--set", default="opposed", choices=("opposed", "homogeneous"))
     parser.add_argument("--n", type=int, default=TopSetting.num_train)
     parser.add_argument("--stop", type=float, default=None, help="stop at this fraction of F₀")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--pull-floor", type=float, nargs="+", default=None, metavar="λ",
+                        help="instead: full-batch GD by backprop at --lr for --steps on F + λ/2‖θ−θ₀‖², per λ (0: plain F)")
     parser.add_argument("--cost", action="store_true",
                         help="measure a step's cost instead: top-block against all-layer LoRA (ratio in one run)")
     args = parser.parse_args(argv)
@@ -164,14 +167,52 @@ def main(argv=None) -> None:
             write_text(args.json, json.dumps(out))
         return
     start = top_start(TopSetting(set_name=args.set, num_train=args.n))
+    if args.pull_floor is not None:
+        out = pull_floor(args.pull_floor, lr=args.lr, steps=args.steps, log_every=args.log_every, start=start)
+        if args.json:
+            write_text(args.json, json.dumps(out))
+        return
     n = len(start[2])
     sampler = _factory(args.factory)(n, args.seed) if args.factory else args.sampler
     out = long_run(sampler, lr=args.lr, steps=args.steps, seed=args.seed, batch_size=args.batch,
                    log_every=args.log_every, diagnose=args.diagnose, start=start, walk_bound=args.walk_bound,
-                   oracle_every=args.oracle_every, stop_fraction=args.stop)
+                   oracle_every=args.oracle_every, stop_fraction=args.stop, walk_pull=args.walk_pull)
     print_long_run(out, args.sampler)
     if args.json:
         write_text(args.json, json.dumps(out))
+
+
+def pull_floor(strengths, *, lr: float = 0.05, steps: int = 800, log_every: int = 20, start=None,
+               targets=TARGETS) -> dict:
+    """What a pull toward θ₀ costs the mean path: full-batch gradient descent by backprop (the path every
+    unbiased ZO sampler follows on average, without its noise) on F(θ) + λ/2·‖θ − θ₀‖² from θ₀, one run
+    per λ of ``strengths`` (0: plain F). Returns {λ: {"F_over_F0": [...], "walk": [...] per log point,
+    "floor": lowest F/F₀, "walk_to": {target: ‖θ − θ₀‖ when F first reached it, or None}}}: how far
+    from θ₀ each target lies along the path, and how deep a pull of strength λ lets the path go."""
+    model, params, train, _, _ = start if start is not None else top_start(TopSetting())
+    theta0, out = snapshot(params), {}
+    try:
+        for strength in strengths:
+            restore_snapshot(params, theta0)
+            f0, record = train.mean_loss(), {"F_over_F0": [1.0], "walk": [0.0]}
+            for step in range(1, steps + 1):
+                grads = torch.autograd.grad(train.losses(range(len(train)), grad=True).mean(), params)
+                with torch.no_grad():
+                    for p, g, s in zip(params, grads, theta0):
+                        p.sub_(lr * (g + strength * (p - s)))
+                if step % log_every == 0:
+                    record["F_over_F0"].append(train.mean_loss() / f0)
+                    record["walk"].append(walk(params, theta0))
+            points = list(zip(record["F_over_F0"], record["walk"]))
+            record["floor"] = min(record["F_over_F0"])
+            record["walk_to"] = {str(t): next((w for f, w in points if f <= t), None) for t in targets}
+            out[f"{strength:g}"] = record
+            print(f"  GD lr={lr:g} λ={strength:g}: F/F₀ floor {record['floor']:.3f} (walk {points[-1][1]:.2f} at the end); "
+                  "walk to " + ", ".join(f"{t}·F₀: {'–' if w is None else f'{w:.2f}'}" for t, w in record["walk_to"].items()),
+                  flush=True)
+    finally:
+        restore_snapshot(params, theta0)
+    return out
 
 
 def step_cost(*, steps: int = 8, batch_size: int = 4, rounds: int = 2) -> dict:

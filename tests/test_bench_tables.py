@@ -61,17 +61,21 @@ def test_bounded_variants_are_compared_with_each_other_and_printed_with_their_ra
     assert llm_report.ratio_text(setting, "sazo", "sazo+bound", 0.5).startswith("3.00 [")
 
 
-def test_the_report_prints_the_bounded_ratios_and_accuracies(capsys):
+@pytest.mark.parametrize("suffix, name", [("+bound", "the walk bound"), ("+pull", "the pull toward θ₀")])
+def test_the_report_prints_the_walk_rules_ratios_and_accuracies(capsys, suffix, name):
     slow, fast = [1.0, 0.8, 0.6, 0.45, 0.3], [1.0, 0.5, 0.3]
-    setting = fake_setting("x", {"uniform+bound": [slow] * 3, "sazo+bound": [fast] * 3, "oracle+bound": [fast] * 3})
-    for variant, accuracy in (("uniform+bound", 0.25), ("sazo+bound", 0.5), ("oracle+bound", 0.75)):
+    setting = fake_setting("x", {"uniform" + suffix: [slow] * 3, "sazo" + suffix: [fast] * 3, "oracle" + suffix: [fast] * 3,
+                                 "sazo": [slow] * 3})
+    for variant, accuracy in (("uniform" + suffix, 0.25), ("sazo" + suffix, 0.5), ("oracle" + suffix, 0.75)):
         for k, run in enumerate(setting["runs"][variant]):
             run.update(budget_accuracy=accuracy + 0.01 * k, budget_queries=40)
     llm_report.print_report({"date": "d", "machine": "m", "runtime_s": 60, "args": {"eps": 1e-3, "targets": [0.5, 0.3]},
                              "settings": [setting]})
     printed = capsys.readouterr().out
-    assert "with the walk bound: uniform÷SAZO=3.00 [" in printed
-    assert "with the walk bound: SAZO − uniform = +0.250 ± " in printed and "oracle − uniform = +0.500 ± " in printed
+    assert f"with {name}: uniform÷SAZO=3.00 [" in printed and f"sazo÷sazo{suffix}=3.00 [" in printed
+    assert f"with {name}: SAZO − uniform = +0.250 ± " in printed and "oracle − uniform = +0.500 ± " in printed
+    other = {"+bound": "the pull toward θ₀", "+pull": "the walk bound"}[suffix]
+    assert f"with {other}" not in printed
 
 
 def test_the_grid_climbs_by_root_two_and_a_cell_is_lost_when_half_its_seeds_diverged():
@@ -203,6 +207,11 @@ def test_the_pilot_gives_the_oracle_one_rate_and_the_other_samplers_two():
         llm_queries.parse_args(["--top-variants", "uniform+bound"])
     bound = llm_queries.settings(llm_queries.parse_args(["--top-variants", "uniform", "uniform+bound", "--walk-bound", "8"]))
     assert bound[0].walk_bound == 8.0 and bound[0].variants == ("uniform", "uniform+bound")
+    for bad in ([], ["--walk-pull", "0"], ["--walk-pull", "-0.1"]):     # a pull variant without a strength > 0
+        with pytest.raises(SystemExit):
+            llm_queries.parse_args(["--top-variants", "sazo+pull", *bad])
+    pull = llm_queries.settings(llm_queries.parse_args(["--top-variants", "sazo", "sazo+pull", "--walk-pull", "0.01"]))
+    assert pull[0].walk_pull == 0.01 and pull[0].walk_bound is None and pull[0].variants == ("sazo", "sazo+pull")
 
 
 def test_long_runs_are_named_sampler_rate_seed_and_a_bad_name_is_refused():
@@ -262,6 +271,24 @@ def test_the_rate_rule_counts_queries_to_the_settings_select_target(monkeypatch,
     assert list(out["grid"]["uniform"]) == ["0.001", "0.00141", "0.002"]      # climbed to the edge
     assert out["chosen_lr"]["uniform"] == pytest.approx(expected)
     assert out["select_target"] == (select or 0.3)
+
+
+@pytest.mark.parametrize("variant, key, value", [("sazo+pull", "walk_pull", 0.02), ("sazo+bound", "walk_bound", 9.0),
+                                                  ("sazo", None, None)])
+def test_a_walk_rule_variant_hands_its_rule_to_every_run_and_the_plain_variant_none(monkeypatch, variant, key, value):
+    """The sampler is the variant's part before "+"; only the rule's own setting reaches query_run (so a plain
+    variant's run settings, and its cache key, are what they were before the rules existed)."""
+    seen = []
+    patch_runs(monkeypatch, {1e-3: [1.0, 0.45], 1.41e-3: [1.0, 2.0]},
+               record=lambda sampler, lr, seed, settings: seen.append((sampler, settings)))
+    args = llm_queries.parse_args(["--sets", "--measure-sets", "--tiny", "--targets", "0.5"])
+    setting = llm_queries.Setting("fake", None, {variant: 1e-3}, 1, 40, 10, variants=(variant,), cells=2,
+                                  grid_seeds=2, seeds=2, budget_runs=False, walk_bound=9.0, walk_pull=0.02)
+    llm_queries.race_variant(setting, variant, None, [], None, None, args, {"grid": {}, "chosen_lr": {}, "runs": {}})
+    assert seen and all(sampler == "sazo" for sampler, _ in seen)
+    for _, settings in seen:
+        assert {k for k in ("walk_pull", "walk_bound") if k in settings} == ({key} if key else set())
+        assert key is None or settings[key] == value
 
 
 def test_finals_at_a_rate_whose_grid_runs_were_capped_are_run_with_the_whole_budget(monkeypatch):

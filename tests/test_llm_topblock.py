@@ -1,4 +1,5 @@
-"""Top-block tuning on cached activations (sazo_lite.llm.topblock) and the walk bound (llm.queries.WalkBound)."""
+"""Top-block tuning on cached activations (sazo_lite.llm.topblock) and the walk rules (llm.queries.WalkBound,
+WalkPull)."""
 from __future__ import annotations
 
 import pytest
@@ -7,11 +8,11 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from sazo_lite.engine import MeZO
+from sazo_lite.engine import MeZO, StepEvent
 from sazo_lite.llm import TINY_FAMILIES, add_lora, tiny_causal_lm, trainable_parameters
 from sazo_lite.llm.grad_norms import grad_norms
 from sazo_lite.llm.losses import TokenBatch, classification_losses
-from sazo_lite.llm.queries import WalkBound, query_run, walk
+from sazo_lite.llm.queries import WalkBound, WalkPull, query_run, walk
 from sazo_lite.llm.topblock import TopBlocks, decoder_layers, top_block_parameters, top_layers
 
 
@@ -195,6 +196,51 @@ def test_walk_bound_projects_onto_the_ball_like_a_plain_reference():
             WalkBound([theta], bad)
 
 
+# -- the pull toward θ₀ -----------------------------------------------------------------------------
+
+def test_walk_pull_shrinks_each_group_by_its_own_rate_like_a_plain_reference():
+    """θ ← θ₀ + (1 − η·λ)(θ − θ₀) per group, with that group's rate; a tensor it does not track is left
+    alone; a "failure" event moves nothing."""
+    a, b, other = torch.tensor([3.0, -1.0]), torch.tensor([[0.5, 2.0]]), torch.tensor([7.0])
+    a0, b0 = torch.tensor([1.0, 1.0]), torch.tensor([[0.0, 0.0]])
+    opt = MeZO([{"params": [a], "lr": 0.1}, {"params": [b, other], "lr": 0.4}], lr=0.2, eps=1e-3)
+    pull = WalkPull([a, b], strength=0.5)
+    pull.start = [a0.clone(), b0.clone()]
+    want_a, want_b = a0 + (1 - 0.1 * 0.5) * (a - a0), b0 + (1 - 0.4 * 0.5) * (b - b0)
+    pull(opt, StepEvent("failure", 0, 1.0))
+    assert torch.equal(a, torch.tensor([3.0, -1.0]))
+    pull(opt, StepEvent("step", 0, 0.0))
+    assert torch.allclose(a, want_a) and torch.allclose(b, want_b) and torch.equal(other, torch.tensor([7.0]))
+
+
+def test_walk_pull_refuses_bad_strengths_and_a_rate_that_would_overshoot_before_moving_anything():
+    theta = torch.tensor([2.0, 1.0])
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="Invalid strength"):
+            WalkPull([theta], bad)
+    other = torch.tensor([5.0])
+    opt = MeZO([{"params": [other], "lr": 0.01}, {"params": [theta], "lr": 2.0}], lr=0.1, eps=1e-3)
+    pull = WalkPull([other, theta], strength=0.5)          # the second group: lr·λ = 1
+    pull.start = [torch.zeros(1), torch.zeros(2)]
+    with pytest.raises(ValueError, match="lr·strength"):
+        pull(opt, StepEvent("step", 0, 0.0))
+    assert torch.equal(theta, torch.tensor([2.0, 1.0])) and torch.equal(other, torch.tensor([5.0]))
+
+
+def test_walk_pull_applies_a_folded_update_before_it_pulls():
+    """With ``fold_updates`` the step's update waits for the next pass: the pull must see θ after it,
+    so the folded and the plain optimiser give the same θ after a pulled step."""
+    def one_step(fold: bool) -> torch.Tensor:
+        theta = torch.tensor([0.5, -0.3, 0.2])
+        opt = MeZO([theta], lr=0.2, eps=1e-3, seed=4, fold_updates=fold)
+        opt.register_step_hook(WalkPull([theta], strength=2.0))
+        opt.step(lambda: ((theta - 1.0) ** 2).sum(0, keepdim=True))
+        opt.flush()
+        return theta
+
+    assert torch.allclose(one_step(True), one_step(False), atol=1e-6)
+
+
 @pytest.fixture(scope="module")
 def tiny_top():
     model, params = lora_top("llama")
@@ -223,6 +269,53 @@ def test_walk_bound_holds_for_every_sampler_and_a_loose_one_changes_nothing(tiny
     assert bounded.bound_steps > 0 and bounded.walk_bound == radius
     loose, _ = run(walk_bound=10 * max(free.walk) + 1.0)
     assert loose.train_loss == free.train_loss and loose.walk == free.walk and loose.bound_steps == 0
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "sazo", "oracle"])
+def test_walk_pull_is_one_rule_for_every_sampler_and_matches_a_pulled_plain_loop(tiny_top, sampler):
+    """Every sampler's run with the pull is the run whose every step is followed by the plain update
+    θ ← θ₀ + (1 − η·λ)(θ − θ₀): replayed here by hand through a step hook of the test's own (so the
+    rule is the same whatever the sampler draws), it gives the same losses and walks; a pull shortens
+    the walk against the free run; a bad λ is refused before any step (θ unchanged)."""
+    model, params, top = tiny_top
+    theta0 = [p.detach().clone() for p in params]
+    kwargs = dict(lr=0.05, steps=40, batch_size=2, log_every=5, seed=2)
+
+    def restore():
+        with torch.no_grad():
+            for p, s in zip(params, theta0):
+                p.copy_(s)
+
+    def by_hand(optimizer, event):
+        if event.kind == "step":
+            with torch.no_grad():
+                for p, s in zip(params, theta0):
+                    p.copy_(s + (1 - 0.05 * 3.0) * (p - s))
+
+    restore()
+    free = query_run(model, params, top, sampler, **kwargs)
+    restore()
+    pulled = query_run(model, params, top, sampler, walk_pull=3.0, **kwargs)
+    restore()
+    original = MeZO.__init__
+
+    def with_hook(self, *args, **kw):          # the same run, its pull written out by hand
+        original(self, *args, **kw)
+        self.register_step_hook(by_hand)
+
+    try:
+        MeZO.__init__ = with_hook
+        manual = query_run(model, params, top, sampler, **kwargs)
+    finally:
+        MeZO.__init__ = original
+    restore()
+    assert pulled.walk_pull == 3.0 and manual.walk_pull is None
+    assert pulled.train_loss == pytest.approx(manual.train_loss, rel=1e-5, abs=1e-7)
+    assert pulled.walk == pytest.approx(manual.walk, rel=1e-4, abs=1e-7)
+    assert pulled.walk[-1] < free.walk[-1]
+    with pytest.raises(ValueError, match="Invalid strength"):
+        query_run(model, params, top, sampler, walk_pull=-1.0, **kwargs)
+    assert all(torch.equal(p, s) for p, s in zip(params, theta0))
 
 
 def test_query_run_takes_a_sampler_object_and_refuses_a_wrong_one(tiny_top):

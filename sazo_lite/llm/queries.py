@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..engine import MeZO
+from ..engine import MeZO, StepEvent
 from ..samplers import RACED, make_sampler
 from ..train import NoiseScaledStep, median_queries, queries_to_target, train
 from ..variance import oracle_probs, spearman, tv_distance, variance_ratio
@@ -34,7 +34,7 @@ from .losses import TokenBatch, accuracy, batched_closure
 from .topblock import TopBlocks
 
 __all__ = ["QueryRun", "query_run", "queries_to", "median_floor", "ratio_bound", "held_out_accuracies", "SAMPLERS",
-           "DIVERGE_FACTOR", "sampling_diagnostics", "walk", "WalkBound"]
+           "DIVERGE_FACTOR", "sampling_diagnostics", "walk", "WalkBound", "WalkPull"]
 
 SAMPLERS = RACED        # the samplers a query race runs (one vocabulary: ``samplers.make_sampler``)
 DIVERGE_FACTOR = 1.5     # F(θ) above this × F(θ₀) has diverged (``train.diverged``; no run that passed it came back)
@@ -69,6 +69,7 @@ class QueryRun:
     lr_scale: list[float] = field(default_factory=list)     # the rule's factor at each log point (1 without)
     walk_bound: float | None = None             # R of ``WalkBound`` (None: the walk was free)
     bound_steps: int = 0                        # steps whose update the bound shortened
+    walk_pull: float | None = None              # λ of ``WalkPull`` (None: no pull toward θ₀)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -194,6 +195,51 @@ class WalkBound:
             self.count += 1
 
 
+class WalkPull:
+    """A step hook for ``MeZO`` that pulls θ toward θ₀ after every committed step (decoupled L2 to θ₀):
+
+        θ ← θ₀ + (1 − η·λ)·(θ − θ₀)        (η: the rate of the tensor's group at that step)
+
+    the gradient step on λ/2·‖θ − θ₀‖², applied apart from ĝ as AdamW applies weight decay (which pulls
+    toward 0, not θ₀). Like ``WalkBound`` it reads nothing but θ, θ₀ and the rate, so every sampler
+    meets the same rule; unlike the bound it acts at every step. Against a noise walk that adds
+    η²·d·E[ĝ²] to ‖θ − θ₀‖² each step, it holds ‖θ − θ₀‖² near η·d·E[ĝ²] / (2λ).
+
+    Example:
+        >>> theta = torch.tensor([2.0, 0.0])
+        >>> opt = MeZO([theta], lr=0.1, eps=1e-3, seed=0)
+        >>> pull = WalkPull([theta], strength=1.0)
+        >>> pull.start = [torch.tensor([1.0, 0.0])]
+        >>> pull(opt, StepEvent("step", 0, 0.0))
+        >>> theta.tolist()
+        [1.899999976158142, 0.0]
+    """
+
+    def __init__(self, params, strength: float):
+        strength = float(strength)
+        if not math.isfinite(strength) or strength <= 0:
+            raise ValueError(f"Invalid strength: {strength} (expected a finite number > 0)")
+        self.params, self.strength = list(params), strength
+        self.start = [p.detach().clone() for p in self.params]
+
+    @torch.no_grad()
+    def __call__(self, optimizer, event) -> None:
+        if event.kind != "step":
+            return
+        flush = getattr(optimizer, "flush", None)
+        if flush is not None:      # a folded update is applied before θ is read
+            flush()
+        starts = {id(p): s for p, s in zip(self.params, self.start)}
+        keeps = [1.0 - group["lr"] * self.strength for group in optimizer.param_groups]
+        if min(keeps, default=1.0) <= 0:       # checked before any tensor moves
+            raise ValueError(f"Invalid strength: lr·strength = {1.0 - min(keeps):g} ≥ 1 would carry θ past θ₀ "
+                             "(expected lr·strength < 1)")
+        for group, keep in zip(optimizer.param_groups, keeps):
+            for p in group["params"]:
+                if id(p) in starts:
+                    p.sub_(starts[id(p)]).mul_(keep).add_(starts[id(p)])
+
+
 def _objective(model, batch, loss: str):
     """(losses closure, full loss F(θ), true norms of the tuned tensors, held-out accuracy) for a
     ``TokenBatch`` (the whole model) or a ``TopBlocks`` (cached activations, top blocks only)."""
@@ -229,7 +275,7 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
               test_batch: TokenBatch | None = None, stop_fraction: float | None = None, diagnose: int = 0,
               diverge_factor: float = DIVERGE_FACTOR, loss: str = "classification", perturbation: str = "gaussian",
               step_rule: bool | NoiseScaledStep = False, ema_decay: float = 0.9, accuracy_at: int | None = None,
-              walk_bound: float | None = None, progress: bool = False) -> QueryRun:
+              walk_bound: float | None = None, walk_pull: float | None = None, progress: bool = False) -> QueryRun:
     """One ZO run from the current weights (the caller restores θ₀ between runs).
 
     Args:
@@ -257,6 +303,8 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
             this many queries (rounded up to a log point), and ``stop_fraction`` only stops the run
             after it, so every run is compared at the same budget. A run that diverged before the
             budget is measured where it stopped (``budget_queries`` says where).
+        walk_bound: R of ``WalkBound``: θ projected onto ‖θ − θ₀‖ ≤ R after every step (None: free).
+        walk_pull: λ of ``WalkPull``: θ − θ₀ shrunk by 1 − η·λ after every step (None: no pull).
     """
     _check_sampler(sampler, len(train_batch))
     if accuracy_at is not None and (test_batch is None or int(accuracy_at) < 1):
@@ -276,12 +324,15 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
     else:
         chooser, sampler = sampler, type(sampler).__name__
     bound = None
+    if walk_pull is not None:     # before the bound: a step is pulled, then projected
+        optimizer.register_step_hook(WalkPull(params, walk_pull))
     if walk_bound is not None:
         bound = WalkBound(params, walk_bound)
         optimizer.register_step_hook(bound)
     rule = step_rule if isinstance(step_rule, NoiseScaledStep) else (NoiseScaledStep() if step_rule else None)
     run = QueryRun(sampler, float(lr), int(seed), oracle_every=oracle_every if sampler == "oracle" else None,
-                   step_rule=rule is not None, walk_bound=None if walk_bound is None else float(walk_bound))
+                   step_rule=rule is not None, walk_bound=None if walk_bound is None else float(walk_bound),
+                   walk_pull=None if walk_pull is None else float(walk_pull))
     start_params = [p.detach().clone() for p in params]
     counted = [0]
 
