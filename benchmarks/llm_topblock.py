@@ -15,6 +15,8 @@ each target. The CLI prints that table:
 
     python -m benchmarks.llm_topblock sazo --lr 4.24e-3 --steps 3000 [--factory mymodule:make] [--json out.json]
     python -m benchmarks.llm_topblock cost --lr 1 --cost      # a step's cost: top-block ÷ all-layer LoRA
+    python -m benchmarks.llm_topblock gd --lr 0.05 --steps 600 --pull-floor 0 0.03 --walk-radii 3 10 30
+        # the mean path: GD on F + λ/2‖θ−θ₀‖², how far from θ₀ each target lies, what a random walk adds
 
 ``--factory module:function`` names ``function(n, seed) → sampler`` (then the positional name only
 labels the run). One torch thread; the first call in a fresh cache pays the first round (≈ 1–2 min).
@@ -32,6 +34,7 @@ import torch
 
 from sazo_lite.atomic import write_text
 from sazo_lite.llm import add_lora, load_smollm2, restore_snapshot, snapshot, trainable_parameters
+from sazo_lite.llm.landscape import random_walk_descent
 from sazo_lite.llm.continual import cached_first_round, keep_alike, make_continual_set
 from sazo_lite.llm.queries import SAMPLERS, queries_to, query_run, walk
 from sazo_lite.llm.topblock import TopBlocks, top_layers
@@ -153,6 +156,8 @@ def main(argv=None) -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--pull-floor", type=float, nargs="+", default=None, metavar="λ",
                         help="instead: full-batch GD by backprop at --lr for --steps on F + λ/2‖θ−θ₀‖², per λ (0: plain F)")
+    parser.add_argument("--walk-radii", type=float, nargs="*", default=[],
+                        help="with --pull-floor: ΔF of random displacements of these radii at θ₀ and at each path's end")
     parser.add_argument("--cost", action="store_true",
                         help="measure a step's cost instead: top-block against all-layer LoRA (ratio in one run)")
     args = parser.parse_args(argv)
@@ -168,7 +173,8 @@ def main(argv=None) -> None:
         return
     start = top_start(TopSetting(set_name=args.set, num_train=args.n))
     if args.pull_floor is not None:
-        out = pull_floor(args.pull_floor, lr=args.lr, steps=args.steps, log_every=args.log_every, start=start)
+        out = pull_floor(args.pull_floor, lr=args.lr, steps=args.steps, log_every=args.log_every, start=start,
+                         radii=args.walk_radii)
         if args.json:
             write_text(args.json, json.dumps(out))
         return
@@ -183,14 +189,21 @@ def main(argv=None) -> None:
 
 
 def pull_floor(strengths, *, lr: float = 0.05, steps: int = 800, log_every: int = 20, start=None,
-               targets=TARGETS) -> dict:
+               targets=TARGETS, radii=(), draws: int = 4) -> dict:
     """What a pull toward θ₀ costs the mean path: full-batch gradient descent by backprop (the path every
     unbiased ZO sampler follows on average, without its noise) on F(θ) + λ/2·‖θ − θ₀‖² from θ₀, one run
     per λ of ``strengths`` (0: plain F). Returns {λ: {"F_over_F0": [...], "walk": [...] per log point,
     "floor": lowest F/F₀, "walk_to": {target: ‖θ − θ₀‖ when F first reached it, or None}}}: how far
-    from θ₀ each target lies along the path, and how deep a pull of strength λ lets the path go."""
+    from θ₀ each target lies along the path, and how deep a pull of strength λ lets the path go.
+    With ``radii``: also what a random displacement of each radius does to F (``random_walk_descent``,
+    ``draws`` ± pairs) at θ₀ (``out["theta0_displaced"]``) and at each path's end (``"displaced"``):
+    the part of F a ZO run's noise walk adds on top of its mean path."""
     model, params, train, _, _ = start if start is not None else top_start(TopSetting())
     theta0, out = snapshot(params), {}
+    loss = train.mean_loss
+    if radii:
+        out["theta0_displaced"] = random_walk_descent(loss, params, radii=radii, draws=draws)
+        print_displaced("θ₀", out["theta0_displaced"])
     try:
         for strength in strengths:
             restore_snapshot(params, theta0)
@@ -207,12 +220,22 @@ def pull_floor(strengths, *, lr: float = 0.05, steps: int = 800, log_every: int 
             record["floor"] = min(record["F_over_F0"])
             record["walk_to"] = {str(t): next((w for f, w in points if f <= t), None) for t in targets}
             out[f"{strength:g}"] = record
+            if radii:
+                record["displaced"] = random_walk_descent(loss, params, radii=radii, draws=draws)
             print(f"  GD lr={lr:g} λ={strength:g}: F/F₀ floor {record['floor']:.3f} (walk {points[-1][1]:.2f} at the end); "
                   "walk to " + ", ".join(f"{t}·F₀: {'–' if w is None else f'{w:.2f}'}" for t, w in record["walk_to"].items()),
                   flush=True)
+            if radii:
+                print_displaced(f"the end of λ={strength:g}", record["displaced"])
     finally:
         restore_snapshot(params, theta0)
     return out
+
+
+def print_displaced(where: str, displaced: dict) -> None:
+    print(f"  random displacements at {where} (F there {displaced['F']:.4f}): "
+          + ", ".join(f"‖Δθ‖ = {r:g}: ΔF = {m * displaced['F']:+.4f} (tr H/d ≈ {k:.2g})"
+                      for r, m, k in zip(displaced["radii"], displaced["mean_change"], displaced["curvature"])), flush=True)
 
 
 def step_cost(*, steps: int = 8, batch_size: int = 4, rounds: int = 2) -> dict:

@@ -345,3 +345,35 @@ def test_query_run_takes_a_sampler_object_and_refuses_a_wrong_one(tiny_top):
         with pytest.raises(ValueError, match="Invalid sampler"):
             query_run(model, params, top, bad, **kwargs)
     assert all(torch.equal(p, s) for p, s in zip(params, theta0))
+
+
+def test_pull_floor_is_gradient_descent_on_the_pulled_loss_and_restores_theta0(tiny_top):
+    """``benchmarks.llm_topblock.pull_floor``: with λ = 0 its path is plain full-batch GD (compared with
+    torch.optim.SGD on the mean loss), with λ > 0 GD on F + λ/2‖θ − θ₀‖² (SGD on that loss), the walks to
+    the targets are read off the path, and θ is back at θ₀ afterwards."""
+    from benchmarks.llm_topblock import pull_floor
+
+    model, params, top = tiny_top
+    theta0 = [p.detach().clone() for p in params]
+    out = pull_floor([0.0, 2.0], lr=0.2, steps=12, log_every=4, start=(model, params, top, None, None),
+                     targets=(0.99, 0.9, 1e-9), radii=(0.5,), draws=2)
+    assert all(torch.equal(p, s) for p, s in zip(params, theta0))
+    for strength in (0.0, 2.0):
+        sgd = torch.optim.SGD(params, lr=0.2)
+        for _ in range(12):
+            sgd.zero_grad()
+            pulled = sum((p - s).pow(2).sum() for p, s in zip(params, theta0))
+            (top.losses(range(len(top)), grad=True).mean() + strength / 2 * pulled).backward()
+            sgd.step()
+        record = out[f"{strength:g}"]
+        assert record["walk"][-1] == pytest.approx(walk(params, theta0), rel=1e-4)
+        with torch.no_grad():
+            for p, s in zip(params, theta0):
+                p.copy_(s)
+                p.grad = None
+        assert record["F_over_F0"][-1] < 1.0 and record["floor"] == min(record["F_over_F0"])
+        reached = [record["walk_to"][str(t)] for t in (0.99, 0.9)]
+        assert reached[0] is not None and (reached[1] is None or reached[1] >= reached[0])
+        assert record["walk_to"]["1e-09"] is None and len(record["displaced"]["changes"][0]) == 2
+    assert out["2"]["walk"][-1] < out["0"]["walk"][-1]          # the pull shortens the path's walk
+    assert "theta0_displaced" in out
