@@ -15,7 +15,9 @@ The protocol (issue 28; the mechanism behind it is in docs/llm.md):
   which run the whole budget, so their held-out accuracy is after a fixed number of queries.
 * Every run records ‖θ−θ₀‖ at every log point, max |ĝ|, max weight and E[ĝ²]; the table shows them.
 * Ratios of median queries: uniform ÷ oracle, uniform ÷ SAZO, SAZO ÷ oracle at 0.5·F₀ and the deeper
-  target; ``+rule`` variants run ``NoiseScaledStep`` (the sampler-agnostic step rule) with their own grid.
+  target; ``+rule`` variants run ``NoiseScaledStep`` (the sampler-agnostic step rule) with their own grid,
+  ``+bound`` and ``+pull`` variants a walk rule (``WalkBound`` at ``--walk-bound R``, ``WalkPull`` at
+  ``--walk-pull λ``), the same for every sampler.
 
 What the default run races (sized for an hour on an idle 2-core machine; docs/llm.md has the measured
 time): SmolLM2 + LoRA on the continual set at B = 1 (uniform, SAZO, the fresh oracle on a two-rate

@@ -26,7 +26,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
+import platform
 import time
+from datetime import datetime, timezone
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,7 +179,8 @@ def main(argv=None) -> None:
         out = pull_floor(args.pull_floor, lr=args.lr, steps=args.steps, log_every=args.log_every, start=start,
                          radii=args.walk_radii)
         if args.json:
-            write_text(args.json, json.dumps(out))
+            write_text(args.json, json.dumps({**measured_on(), "args": {"set": args.set, "n": args.n, "lr": args.lr,
+                       "steps": args.steps, "strengths": args.pull_floor, "radii": args.walk_radii}, **out}, indent=1))
         return
     n = len(start[2])
     sampler = _factory(args.factory)(n, args.seed) if args.factory else args.sampler
@@ -230,6 +234,13 @@ def pull_floor(strengths, *, lr: float = 0.05, steps: int = 800, log_every: int 
     finally:
         restore_snapshot(params, theta0)
     return out
+
+
+def measured_on() -> dict:
+    """When and where a measurement ran (a report's header)."""
+    return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+                       f"{torch.get_num_threads()} thread(s)"}
 
 
 def print_displaced(where: str, displaced: dict) -> None:

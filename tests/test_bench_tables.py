@@ -172,11 +172,26 @@ def test_gd_reference_follows_backprop_and_reports_divergence():
     assert all(torch.equal(a, b) for a, b in zip(before, params))     # θ₀ restored
 
 
-# the reports benchmarks.llm_queries wrote (the pilots' and llm_topblock_walk.json, written by other tools, differ)
+# the reports benchmarks.llm_queries wrote (the pilots', llm_topblock_walk.json and the pull floor, written by
+# other tools, differ)
+PULL_FLOOR = llm_report.REFERENCE.with_name("llm_topblock_pull_floor.json")
 QUERY_REPORTS = sorted({llm_report.REFERENCE, *(llm_report.REFERENCE.with_name(name) for name in (
     "llm_tiny_families.json", "llm_homogeneous_b4.json", "llm_tiny_oracle.json", "llm_quick_pilot.json",
     "llm_full_parameter.json"))} | set(llm_report.REFERENCE.parent.glob("llm_topblock_*.json"))
-    - {llm_report.REFERENCE.with_name("llm_topblock_walk.json")})
+    - {llm_report.REFERENCE.with_name("llm_topblock_walk.json"), PULL_FLOOR})
+
+
+def test_the_pull_floor_reference_holds_what_docs_llm_says():
+    """benchmarks.llm_topblock --pull-floor's reference: the mean path reaches 0.05·F₀ within ‖θ−θ₀‖ < 3 (the
+    ZO runs' walks are 10× that), a weak pull leaves its floor where it was, λ = 0.1 stops it above 0.1·F₀."""
+    report = json.loads(PULL_FLOOR.read_text())
+    assert report["date"] and report["machine"] and not any(root in PULL_FLOOR.read_text() for root in ('"/work', '"/tmp'))
+    plain = report["0"]
+    assert plain["walk_to"]["0.05"] < 3 and plain["walk_to"]["0.5"] < plain["walk_to"]["0.05"]
+    assert abs(report["0.01"]["floor"] - plain["floor"]) < 0.01 and report["0.1"]["floor"] > 0.1
+    assert report["0.1"]["walk_to"]["0.1"] is None
+    docs = (PULL_FLOOR.parents[2] / "docs" / "llm.md").read_text()
+    assert f"{plain['walk_to']['0.05']:.2f}" in docs and f"{report['0.1']['floor']:.3f}" in docs
 
 
 @pytest.mark.parametrize("path", QUERY_REPORTS, ids=lambda p: p.stem)

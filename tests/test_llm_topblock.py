@@ -225,6 +225,11 @@ def test_walk_pull_refuses_bad_strengths_and_a_rate_that_would_overshoot_before_
     with pytest.raises(ValueError, match="lr·strength"):
         pull(opt, StepEvent("step", 0, 0.0))
     assert torch.equal(theta, torch.tensor([2.0, 1.0])) and torch.equal(other, torch.tensor([5.0]))
+    stray = WalkPull([theta, torch.tensor([1.0])], strength=0.1)     # a tensor the optimiser does not step
+    stray.start = [torch.zeros(2), torch.zeros(1)]
+    with pytest.raises(ValueError, match="not in the optimizer's param groups"):
+        stray(MeZO([theta], lr=0.1, eps=1e-3), StepEvent("step", 0, 0.0))
+    assert torch.equal(theta, torch.tensor([2.0, 1.0]))
 
 
 def test_walk_pull_applies_a_folded_update_before_it_pulls():

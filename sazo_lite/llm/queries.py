@@ -230,8 +230,12 @@ class WalkPull:
         if flush is not None:      # a folded update is applied before θ is read
             flush()
         starts = {id(p): s for p, s in zip(self.params, self.start)}
+        grouped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        if not starts.keys() <= grouped:       # a tensor no group gives a rate to: checked before any moves
+            raise ValueError(f"Invalid params: {len(starts.keys() - grouped)} of the pulled tensors are not "
+                             "in the optimizer's param groups (their rate η is unknown)")
         keeps = [1.0 - group["lr"] * self.strength for group in optimizer.param_groups]
-        if min(keeps, default=1.0) <= 0:       # checked before any tensor moves
+        if min(keeps, default=1.0) <= 0:
             raise ValueError(f"Invalid strength: lr·strength = {1.0 - min(keeps):g} ≥ 1 would carry θ past θ₀ "
                              "(expected lr·strength < 1)")
         for group, keep in zip(optimizer.param_groups, keeps):
