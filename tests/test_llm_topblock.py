@@ -382,3 +382,28 @@ def test_pull_floor_is_gradient_descent_on_the_pulled_loss_and_restores_theta0(t
         assert record["walk_to"]["1e-09"] is None and len(record["displaced"]["changes"][0]) == 2
     assert out["2"]["walk"][-1] < out["0"]["walk"][-1]          # the pull shortens the path's walk
     assert "theta0_displaced" in out
+
+
+def test_query_run_calls_extra_step_hooks_every_step_and_refuses_one_that_is_not_callable(tiny_top):
+    """``step_hooks``: e.g. ``benchmarks.llm_kicks.StepTracer`` sees every committed step's ĝ and the walk
+    after it (the same walk the run logs); a hook that is not callable is refused before any step."""
+    from benchmarks.llm_kicks import StepTracer, kicks
+
+    model, params, top = tiny_top
+    theta0 = [p.detach().clone() for p in params]
+    tracer = StepTracer(params)
+    run = query_run(model, params, top, "sazo", lr=0.05, steps=30, batch_size=2, log_every=5, seed=4,
+                    step_hooks=[tracer])
+    assert len(tracer.projected_grad) == run.steps_run == 30
+    assert tracer.walk[-1] == pytest.approx(run.walk[-1], rel=1e-6) == pytest.approx(walk(params, theta0), rel=1e-6)
+    found = kicks(tracer, lr=0.05, top=3)
+    sizes = [k["kick"] for k in found["largest"]]
+    assert sizes == sorted(sizes, reverse=True) and 0 < found["top1pct_share"] <= 1
+    largest = max(abs(g) for g in tracer.projected_grad)
+    assert sizes[0] == pytest.approx(0.05 * largest * found["d"] ** 0.5)
+    with torch.no_grad():
+        for p, s in zip(params, theta0):
+            p.copy_(s)
+    with pytest.raises(ValueError, match="hook"):
+        query_run(model, params, top, "sazo", lr=0.05, steps=5, batch_size=2, step_hooks=["not a hook"])
+    assert all(torch.equal(p, s) for p, s in zip(params, theta0))

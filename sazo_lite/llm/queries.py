@@ -279,7 +279,8 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
               test_batch: TokenBatch | None = None, stop_fraction: float | None = None, diagnose: int = 0,
               diverge_factor: float = DIVERGE_FACTOR, loss: str = "classification", perturbation: str = "gaussian",
               step_rule: bool | NoiseScaledStep = False, ema_decay: float = 0.9, accuracy_at: int | None = None,
-              walk_bound: float | None = None, walk_pull: float | None = None, progress: bool = False) -> QueryRun:
+              walk_bound: float | None = None, walk_pull: float | None = None, step_hooks=(),
+              progress: bool = False) -> QueryRun:
     """One ZO run from the current weights (the caller restores θ₀ between runs).
 
     Args:
@@ -309,6 +310,8 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
             budget is measured where it stopped (``budget_queries`` says where).
         walk_bound: R of ``WalkBound``: θ projected onto ‖θ − θ₀‖ ≤ R after every step (None: free).
         walk_pull: λ of ``WalkPull``: θ − θ₀ shrunk by 1 − η·λ after every step (None: no pull).
+        step_hooks: more ``MeZO`` step hooks for the run's optimiser (e.g. a per-step tracer), called
+            after the walk rules.
     """
     _check_sampler(sampler, len(train_batch))
     if accuracy_at is not None and (test_batch is None or int(accuracy_at) < 1):
@@ -333,6 +336,8 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
     if walk_bound is not None:
         bound = WalkBound(params, walk_bound)
         optimizer.register_step_hook(bound)
+    for hook in step_hooks:
+        optimizer.register_step_hook(hook)
     rule = step_rule if isinstance(step_rule, NoiseScaledStep) else (NoiseScaledStep() if step_rule else None)
     run = QueryRun(sampler, float(lr), int(seed), oracle_every=oracle_every if sampler == "oracle" else None,
                    step_rule=rule is not None, walk_bound=None if walk_bound is None else float(walk_bound),
