@@ -232,6 +232,22 @@ def test_walk_pull_refuses_bad_strengths_and_a_rate_that_would_overshoot_before_
     assert torch.equal(theta, torch.tensor([2.0, 1.0]))
 
 
+def test_walk_pull_holds_a_noise_walk_near_the_radius_its_docstring_gives():
+    """Steps θ ← θ − η·ĝ·z of pure noise (ĝ = 1, z Gaussian, d = 400), each followed by the pull: once
+    stationary, ‖θ − θ₀‖² averages η·d·E[ĝ²] / (2λ) (the AR(1) variance; to 10% over 4,000 steps)."""
+    d, lr, strength = 400, 0.05, 0.2
+    theta = torch.zeros(d, dtype=torch.float64)
+    opt = MeZO([theta], lr=lr, eps=1e-3)
+    pull = WalkPull([theta], strength=strength)
+    g, squares = torch.Generator().manual_seed(0), []
+    for step in range(6000):
+        theta.sub_(lr * torch.randn(d, generator=g, dtype=torch.float64))
+        pull(opt, StepEvent("step", step, 1.0))
+        if step >= 2000:            # 1/(η·λ) = 100 steps: stationary long before
+            squares.append(float(theta.pow(2).sum()))
+    assert sum(squares) / len(squares) == pytest.approx(lr * d / (2 * strength), rel=0.1)
+
+
 def test_walk_pull_applies_a_folded_update_before_it_pulls():
     """With ``fold_updates`` the step's update waits for the next pass: the pull must see θ after it,
     so the folded and the plain optimiser give the same θ after a pulled step."""
