@@ -160,7 +160,7 @@ def print_report(report: dict) -> None:
           f"{' (sum of the merged parts)' if report.get('merged_from') else ''}")
     parts = {name: part_args or {} for name, part_args in report.get("part_args", {}).items()}
     differ = sorted({k for pa in parts.values() for k in pa if len({json.dumps(x.get(k)) for x in parts.values()}) > 1})
-    for name, part_args in parts.items():      # what the merged processes ran with, where they differed
+    for name, part_args in parts.items() if differ else ():     # what the merged processes ran with, where they differed
         print(f"  {name}: " + ", ".join(f"{k}={part_args.get(k)}" for k in differ))
     print("\n".join(header + rows))
     for lr, g in report.get("gd_reference", {}).items():
@@ -182,15 +182,20 @@ def print_report(report: dict) -> None:
               + (f", ‖∇F‖²/V(p*)={d['grad_sq_ratio']:.2f}, predicted uniform÷oracle at B={s.get('B')}: "
                  f"{d['gain'].get(str(s.get('B')), d['gain'].get(s.get('B'), float('nan'))):.2f}" if d else ""))
         for t in targets:
-            print(f"    @{t:g}·F₀: uniform÷oracle={ratio_text(s, 'uniform', 'oracle', t)}, "
-                  f"uniform÷SAZO={ratio_text(s, 'uniform', 'sazo', t)}, SAZO÷oracle={ratio_text(s, 'sazo', 'oracle', t)}"
-                  + (f" | with the step rule: uniform÷SAZO={fmt(r.get(f'uniform/sazo+rule@{t}'))}, "
-                     f"SAZO÷SAZO+rule={fmt(r.get(f'sazo/sazo+rule@{t}'))}" if f"sazo+rule" in s["runs"] else "")
-                  + "".join(f" | with {name}: uniform÷SAZO={ratio_text(s, 'uniform' + x, 'sazo' + x, t)}, "
-                            f"SAZO÷oracle={ratio_text(s, 'sazo' + x, 'oracle' + x, t)}, "
-                            + ", ".join(f"{v}÷{v}{x}={ratio_text(s, v, v + x, t)}" for v in ("uniform", "sazo", "oracle")
-                                        if f"{v}{x}" in s["runs"])
-                            for x, name in WALK_RULES.items() if any(k.endswith(x) for k in s["runs"])))
+            segments = []
+            if any(v in s["runs"] for v in ("uniform", "sazo", "oracle")):
+                segments.append(f"uniform÷oracle={ratio_text(s, 'uniform', 'oracle', t)}, uniform÷SAZO="
+                                f"{ratio_text(s, 'uniform', 'sazo', t)}, SAZO÷oracle={ratio_text(s, 'sazo', 'oracle', t)}")
+            if "sazo+rule" in s["runs"]:
+                segments.append(f"with the step rule: uniform÷SAZO={fmt(r.get(f'uniform/sazo+rule@{t}'))}, "
+                                f"SAZO÷SAZO+rule={fmt(r.get(f'sazo/sazo+rule@{t}'))}")
+            for x, name in WALK_RULES.items():
+                if any(k.endswith(x) for k in s["runs"]):
+                    segments.append(f"with {name}: uniform÷SAZO={ratio_text(s, 'uniform' + x, 'sazo' + x, t)}, "
+                                    f"SAZO÷oracle={ratio_text(s, 'sazo' + x, 'oracle' + x, t)}" + "".join(
+                                        f", {v}÷{v}{x}={ratio_text(s, v, v + x, t)}" for v in ("uniform", "sazo", "oracle")
+                                        if v in s["runs"] and f"{v}{x}" in s["runs"]))
+            print(f"    @{t:g}·F₀: " + " | ".join(segments))
             if "homogeneous" in s["label"] and r.get(f"uniform/sazo@{t}"):
                 print(f"      homogeneous: SAZO÷uniform={1 / r[f'uniform/sazo@{t}']:.2f} "
                       f"(interval: 1 ÷ uniform÷SAZO's {ratio_text(s, 'uniform', 'sazo', t)})")

@@ -288,6 +288,23 @@ def test_the_rate_rule_counts_queries_to_the_settings_select_target(monkeypatch,
     assert out["select_target"] == (select or 0.3)
 
 
+def test_a_race_of_walk_rule_variants_only_prints_no_empty_plain_ratios_and_no_empty_part_lines(capsys):
+    """A report whose samplers all run a walk rule (e.g. the pull race) prints that rule's ratios alone: no
+    "uniform÷oracle=–" of absent plain samplers, no "uniform÷uniform+pull" without a plain uniform; merged parts
+    that ran with the same arguments get no empty "part0.json:" line."""
+    slow, fast = [1.0, 0.8, 0.6, 0.45, 0.3], [1.0, 0.5, 0.3]
+    setting = fake_setting("x", {"uniform+pull": [slow] * 3, "sazo+pull": [fast] * 3})
+    llm_report.print_report({"date": "d", "machine": "m", "runtime_s": 60, "args": {"eps": 1e-3, "targets": [0.5, 0.3]},
+                             "settings": [setting], "part_args": {"part0.json": {"eps": 1e-3}, "part1.json": {"eps": 1e-3}}})
+    printed = capsys.readouterr().out
+    assert "@0.5·F₀: with the pull toward θ₀: uniform÷SAZO=3.00 [" in printed
+    assert "uniform÷oracle=" not in printed and "÷uniform+pull" not in printed and "part0.json" not in printed
+    setting = fake_setting("x", {"uniform+pull": [slow] * 3, "sazo+pull": [fast] * 3})
+    llm_report.print_report({"date": "d", "machine": "m", "runtime_s": 60, "args": {"eps": 1e-3, "targets": [0.5, 0.3]},
+                             "settings": [setting], "part_args": {"part0.json": {"eps": 1e-3}, "part1.json": {"eps": 2e-3}}})
+    assert "part0.json: eps=0.001" in capsys.readouterr().out       # where the parts differ, it is said
+
+
 @pytest.mark.parametrize("variant, key, value", [("sazo+pull", "walk_pull", 0.02), ("sazo+bound", "walk_bound", 9.0),
                                                   ("sazo", None, None)])
 def test_a_walk_rule_variant_hands_its_rule_to_every_run_and_the_plain_variant_none(monkeypatch, variant, key, value):
