@@ -20,22 +20,19 @@ import torch
 
 from sazo_lite.atomic import write_text
 from sazo_lite.llm import restore_snapshot, snapshot
-from sazo_lite.llm.queries import query_run, walk
+from sazo_lite.llm.queries import AfterStep, query_run, walk
 from benchmarks.llm_long_runs import parse_plan
 from benchmarks.llm_topblock import TopSetting, measured_on, top_start
 
 
-class StepTracer:
+class StepTracer(AfterStep):
     """A MeZO step hook: ĝ of every committed step and the walk ‖θ−θ₀‖ after it."""
 
     def __init__(self, params):
-        self.params, self.start = list(params), [p.detach().clone() for p in params]
+        super().__init__(params)
         self.projected_grad, self.walk = [], []
 
-    def __call__(self, optimizer, event) -> None:
-        if event.kind != "step":
-            return
-        optimizer.flush()
+    def after_step(self, optimizer, event) -> None:
         self.projected_grad.append(float(event.value))
         self.walk.append(walk(self.params, self.start))
 

@@ -34,7 +34,7 @@ from .losses import TokenBatch, accuracy, batched_closure
 from .topblock import TopBlocks
 
 __all__ = ["QueryRun", "query_run", "queries_to", "median_floor", "ratio_bound", "held_out_accuracies", "SAMPLERS",
-           "DIVERGE_FACTOR", "sampling_diagnostics", "walk", "WalkBound", "WalkPull"]
+           "DIVERGE_FACTOR", "sampling_diagnostics", "walk", "AfterStep", "WalkBound", "WalkPull"]
 
 SAMPLERS = RACED        # the samplers a query race runs (one vocabulary: ``samplers.make_sampler``)
 DIVERGE_FACTOR = 1.5     # F(θ) above this × F(θ₀) has diverged (``train.diverged``; no run that passed it came back)
@@ -154,7 +154,29 @@ def walk(params, start) -> float:
     return float(sum(float((p.detach().double() - s.double()).pow(2).sum()) for p, s in zip(params, start)) ** 0.5)
 
 
-class WalkBound:
+class AfterStep:
+    """A ``MeZO`` step hook that keeps θ₀ (copies of ``params``) and acts after every committed step,
+    with a folded update applied first (``flush``), so ``after_step`` reads θ as the step left it.
+    The walk rules and tracers are its subclasses; failed steps (θ restored) are ignored."""
+
+    def __init__(self, params):
+        self.params = list(params)
+        self.start = [p.detach().clone() for p in self.params]
+
+    @torch.no_grad()
+    def __call__(self, optimizer, event) -> None:
+        if event.kind != "step":
+            return
+        flush = getattr(optimizer, "flush", None)
+        if flush is not None:
+            flush()
+        self.after_step(optimizer, event)
+
+    def after_step(self, optimizer, event) -> None:
+        raise NotImplementedError
+
+
+class WalkBound(AfterStep):
     """A step hook for ``MeZO`` that keeps the walk inside a ball: after every committed step,
 
         θ ← θ₀ + min(1, R / ‖θ − θ₀‖)·(θ − θ₀)        (norm over all tuned tensors)
@@ -177,16 +199,10 @@ class WalkBound:
         radius = float(radius)
         if not math.isfinite(radius) or radius <= 0:
             raise ValueError(f"Invalid radius: {radius} (expected a finite number > 0)")
-        self.params, self.radius, self.count = list(params), radius, 0
-        self.start = [p.detach().clone() for p in self.params]
+        super().__init__(params)
+        self.radius, self.count = radius, 0
 
-    @torch.no_grad()
-    def __call__(self, optimizer, event) -> None:
-        if event.kind != "step":
-            return
-        flush = getattr(optimizer, "flush", None)
-        if flush is not None:      # a folded update is applied before θ is read
-            flush()
+    def after_step(self, optimizer, event) -> None:
         distance = walk(self.params, self.start)
         if distance > self.radius:
             shrink = self.radius / distance
@@ -195,7 +211,7 @@ class WalkBound:
             self.count += 1
 
 
-class WalkPull:
+class WalkPull(AfterStep):
     """A step hook for ``MeZO`` that pulls θ toward θ₀ after every committed step (decoupled L2 to θ₀):
 
         θ ← θ₀ + (1 − η·λ)·(θ − θ₀)        (η: the rate of the tensor's group at that step)
@@ -219,16 +235,10 @@ class WalkPull:
         strength = float(strength)
         if not math.isfinite(strength) or strength <= 0:
             raise ValueError(f"Invalid strength: {strength} (expected a finite number > 0)")
-        self.params, self.strength = list(params), strength
-        self.start = [p.detach().clone() for p in self.params]
+        super().__init__(params)
+        self.strength = strength
 
-    @torch.no_grad()
-    def __call__(self, optimizer, event) -> None:
-        if event.kind != "step":
-            return
-        flush = getattr(optimizer, "flush", None)
-        if flush is not None:      # a folded update is applied before θ is read
-            flush()
+    def after_step(self, optimizer, event) -> None:
         starts = {id(p): s for p, s in zip(self.params, self.start)}
         grouped = {id(p) for group in optimizer.param_groups for p in group["params"]}
         if not starts.keys() <= grouped:       # a tensor no group gives a rate to: checked before any moves
