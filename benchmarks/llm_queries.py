@@ -17,7 +17,7 @@ The protocol (issue 28; the mechanism behind it is in docs/llm.md):
 * Ratios of median queries: uniform ÷ oracle, uniform ÷ SAZO, SAZO ÷ oracle at 0.5·F₀ and the deeper
   target; ``+rule`` variants run ``NoiseScaledStep`` (the sampler-agnostic step rule) with their own grid,
   ``+bound`` and ``+pull`` variants a walk rule (``WalkBound`` at ``--walk-bound R``, ``WalkPull`` at
-  ``--walk-pull λ``), the same for every sampler.
+  ``--walk-pull λ``), ``+cap`` the step cap (``StepCap`` at ``--step-cap κ``), the same for every sampler.
 
 What the default run races (sized for an hour on an idle 2-core machine; docs/llm.md has the measured
 time): SmolLM2 + LoRA on the continual set at B = 1 (uniform, SAZO, the fresh oracle on a two-rate
@@ -73,7 +73,7 @@ from sazo_lite.llm.tuning import full_parameters
 from sazo_lite.train import best_rate, diverged, median_queries
 
 VARIANTS = ("uniform", "sazo", "oracle", "uniform+rule", "sazo+rule", "oracle+rule", "uniform+bound", "sazo+bound",
-            "oracle+bound", "uniform+pull", "sazo+pull", "oracle+pull")
+            "oracle+bound", "uniform+pull", "sazo+pull", "oracle+pull", "uniform+cap", "sazo+cap", "oracle+cap")
 TOP_SETS = ("top-opposed", "top-homogeneous")    # SmolLM2 top-block (cached activations): the long-run race
 ROOT2 = 2 ** 0.5
 BIG_SETS = ("balanced", "opposed")   # the sets designed for B > 1: sized by --big-n / --big-new-fraction
@@ -167,6 +167,7 @@ class Setting:
     oracle_accuracy: bool = True         # the oracle's runs too (False where its refreshes would make the budget hours)
     walk_bound: float | None = None      # R of the "+bound" variants (``query_run(walk_bound=R)``)
     walk_pull: float | None = None       # λ of the "+pull" variants (``query_run(walk_pull=λ)``)
+    step_cap: float | None = None        # κ of the "+cap" variants (``query_run(step_cap=κ)``)
 
 
 def settings(args) -> list[Setting]:
@@ -189,7 +190,8 @@ def settings(args) -> list[Setting]:
                                seeds=args.seeds, oracle_every=args.top_oracle_every, diagnose=args.diagnose_every,
                                cost=1.0 if kind == "opposed" else 0.6, oracle_cost=2.5, budget_runs=False,
                                select_target=args.top_select, accuracy_at=args.top_accuracy_at or None,
-                               step_down=True, walk_bound=args.walk_bound, walk_pull=args.walk_pull))
+                               step_down=True, walk_bound=args.walk_bound, walk_pull=args.walk_pull,
+                               step_cap=args.step_cap))
         elif name == "continual":     # the documented case: N = 24, B = 1 (issue 28's diagnosis)
             out.append(Setting(f"SmolLM2 LoRA r{args.rank} continual (N={args.num_train}, B=1)",
                                lambda: smollm2_start("continual", args),
@@ -368,6 +370,8 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
             settings["walk_bound"] = setting.walk_bound
         if rule == "pull":
             settings["walk_pull"] = setting.walk_pull
+        if rule == "cap":
+            settings["step_cap"] = setting.step_cap
         r = cached_run(args.run_cache, {"setting": setting.label, "theta0": theta0_key(args), "sampler": sampler,
                                         **settings},
                        lambda: run_from(theta0, model, params, train, test, sampler, **settings),
@@ -573,7 +577,7 @@ def parse_args(argv=None):
                         help="top-block sets: held-out accuracy after this many queries in every run (0: none)")
     parser.add_argument("--top-variants", nargs="+", default=["uniform", "sazo", "oracle"], choices=VARIANTS,
                         help="the samplers raced on the top-block sets (+bound: with the walk bound --walk-bound; "
-                             "+pull: with the pull toward θ₀ --walk-pull)")
+                             "+pull: with the pull toward θ₀ --walk-pull; +cap: with the step cap --step-cap)")
     parser.add_argument("--top-start", nargs="*", default=["uniform=6e-3", "sazo=6e-3", "oracle=1.2e-2"],
                         metavar="SAMPLER=RATE", help="top-block sets: each sampler's first grid rate (where 800-step "
                         "scans placed them: uniform diverged at 1.2e-2, the oracle did not)")
@@ -581,6 +585,8 @@ def parse_args(argv=None):
                         help="R of the +bound variants: θ is projected onto ‖θ−θ₀‖ ≤ R after every step")
     parser.add_argument("--walk-pull", type=float, default=None,
                         help="λ of the +pull variants: θ−θ₀ shrinks by 1 − lr·λ after every step (L2 toward θ₀)")
+    parser.add_argument("--step-cap", type=float, default=None,
+                        help="κ of the +cap variants: |ĝ| capped at κ × the running RMS of the capped ĝ (StepCap)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS[:6]), choices=VARIANTS,
                         help="the samplers raced on the opposed and balanced sets (+rule: with the step rule)")
     parser.add_argument("--measure-sets", nargs="*", default=[],
@@ -690,6 +696,8 @@ def parse_args(argv=None):
         parser.error("the +bound variants need --walk-bound R")
     if any(v.endswith("+pull") for v in args.top_variants) and not (args.walk_pull or 0) > 0:
         parser.error("the +pull variants need --walk-pull λ > 0")
+    if any(v.endswith("+cap") for v in args.top_variants) and not (args.step_cap or 0) > 0:
+        parser.error("the +cap variants need --step-cap κ > 0")
     if not all(v in VARIANTS and r > 0 for v, r in args.variant_start.items()):
         parser.error(f"--variant-start: variants are {VARIANTS}, rates > 0 (got {args.variant_start})")
     return args

@@ -47,8 +47,8 @@ def accuracy_difference(runs: dict, top: str, bottom: str) -> str:
     return f"{difference:+.3f} ± {half:.3f}"
 
 
-SUFFIXES = ("+rule", "+bound", "+pull")     # the variants a sampler has: the step rule, the walk bound, the pull
-WALK_RULES = {"+bound": "the walk bound", "+pull": "the pull toward θ₀"}     # the sampler-agnostic walk rules
+SUFFIXES = ("+rule", "+bound", "+pull", "+cap")   # a sampler's variants: the step rule, the walk bound, the pull, the cap
+WALK_RULES = {"+bound": "the walk bound", "+pull": "the pull toward θ₀", "+cap": "the step cap"}   # sampler-agnostic rules
 
 
 def summarise(setting: dict, targets=(0.5, 0.3)) -> list[str]:

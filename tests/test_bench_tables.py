@@ -61,7 +61,8 @@ def test_bounded_variants_are_compared_with_each_other_and_printed_with_their_ra
     assert llm_report.ratio_text(setting, "sazo", "sazo+bound", 0.5).startswith("3.00 [")
 
 
-@pytest.mark.parametrize("suffix, name", [("+bound", "the walk bound"), ("+pull", "the pull toward θ₀")])
+@pytest.mark.parametrize("suffix, name", [("+bound", "the walk bound"), ("+pull", "the pull toward θ₀"),
+                                          ("+cap", "the step cap")])
 def test_the_report_prints_the_walk_rules_ratios_and_accuracies(capsys, suffix, name):
     slow, fast = [1.0, 0.8, 0.6, 0.45, 0.3], [1.0, 0.5, 0.3]
     setting = fake_setting("x", {"uniform" + suffix: [slow] * 3, "sazo" + suffix: [fast] * 3, "oracle" + suffix: [fast] * 3,
@@ -74,8 +75,7 @@ def test_the_report_prints_the_walk_rules_ratios_and_accuracies(capsys, suffix, 
     printed = capsys.readouterr().out
     assert f"with {name}: uniform÷SAZO=3.00 [" in printed and f"sazo÷sazo{suffix}=3.00 [" in printed
     assert f"with {name}: SAZO − uniform = +0.250 ± " in printed and "oracle − uniform = +0.500 ± " in printed
-    other = {"+bound": "the pull toward θ₀", "+pull": "the walk bound"}[suffix]
-    assert f"with {other}" not in printed
+    assert not any(f"with {other}" in printed for x, other in llm_report.WALK_RULES.items() if x != suffix)
 
 
 def test_the_grid_climbs_by_root_two_and_a_cell_is_lost_when_half_its_seeds_diverged():
@@ -225,6 +225,9 @@ def test_the_pilot_gives_the_oracle_one_rate_and_the_other_samplers_two():
     for bad in ([], ["--walk-pull", "0"], ["--walk-pull", "-0.1"]):     # a pull variant without a strength > 0
         with pytest.raises(SystemExit):
             llm_queries.parse_args(["--top-variants", "sazo+pull", *bad])
+    for bad in ([], ["--step-cap", "0"]):                                 # a cap variant without its κ > 0
+        with pytest.raises(SystemExit):
+            llm_queries.parse_args(["--top-variants", "sazo+cap", *bad])
     pull = llm_queries.settings(llm_queries.parse_args(["--top-variants", "sazo", "sazo+pull", "--walk-pull", "0.01"]))
     assert pull[0].walk_pull == 0.01 and pull[0].walk_bound is None and pull[0].variants == ("sazo", "sazo+pull")
 
@@ -306,7 +309,7 @@ def test_a_race_of_walk_rule_variants_only_prints_no_empty_plain_ratios_and_no_e
 
 
 @pytest.mark.parametrize("variant, key, value", [("sazo+pull", "walk_pull", 0.02), ("sazo+bound", "walk_bound", 9.0),
-                                                  ("sazo", None, None)])
+                                                  ("sazo+cap", "step_cap", 3.0), ("sazo", None, None)])
 def test_a_walk_rule_variant_hands_its_rule_to_every_run_and_the_plain_variant_none(monkeypatch, variant, key, value):
     """The sampler is the variant's part before "+"; only the rule's own setting reaches query_run (so a plain
     variant's run settings, and its cache key, are what they were before the rules existed)."""
@@ -315,11 +318,11 @@ def test_a_walk_rule_variant_hands_its_rule_to_every_run_and_the_plain_variant_n
                record=lambda sampler, lr, seed, settings: seen.append((sampler, settings)))
     args = llm_queries.parse_args(["--sets", "--measure-sets", "--tiny", "--targets", "0.5"])
     setting = llm_queries.Setting("fake", None, {variant: 1e-3}, 1, 40, 10, variants=(variant,), cells=2,
-                                  grid_seeds=2, seeds=2, budget_runs=False, walk_bound=9.0, walk_pull=0.02)
+                                  grid_seeds=2, seeds=2, budget_runs=False, walk_bound=9.0, walk_pull=0.02, step_cap=3.0)
     llm_queries.race_variant(setting, variant, None, [], None, None, args, {"grid": {}, "chosen_lr": {}, "runs": {}})
     assert seen and all(sampler == "sazo" for sampler, _ in seen)
     for _, settings in seen:
-        assert {k for k in ("walk_pull", "walk_bound") if k in settings} == ({key} if key else set())
+        assert {k for k in ("walk_pull", "walk_bound", "step_cap") if k in settings} == ({key} if key else set())
         assert key is None or settings[key] == value
 
 

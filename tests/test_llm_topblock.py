@@ -2,6 +2,8 @@
 WalkPull)."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -12,7 +14,7 @@ from sazo_lite.engine import MeZO, StepEvent
 from sazo_lite.llm import TINY_FAMILIES, add_lora, tiny_causal_lm, trainable_parameters
 from sazo_lite.llm.grad_norms import grad_norms
 from sazo_lite.llm.losses import TokenBatch, classification_losses
-from sazo_lite.llm.queries import WalkBound, WalkPull, query_run, walk
+from sazo_lite.llm.queries import StepCap, WalkBound, WalkPull, query_run, walk
 from sazo_lite.llm.topblock import TopBlocks, decoder_layers, top_block_parameters, top_layers
 
 
@@ -423,3 +425,72 @@ def test_query_run_calls_extra_step_hooks_every_step_and_refuses_one_that_is_not
     with pytest.raises(ValueError, match="hook"):
         query_run(model, params, top, "sazo", lr=0.05, steps=5, batch_size=2, step_hooks=["not a hook"])
     assert all(torch.equal(p, s) for p, s in zip(params, theta0))
+
+
+# -- the step cap ------------------------------------------------------------------------------------
+
+def test_step_cap_turns_a_capped_step_into_the_clipped_step_of_a_plain_reference():
+    """A twin optimiser with the same seed shows the step's z; the capped optimiser's step is
+    θ − η·clip(ĝ, ±κ·r)·z with r² the mean of the warmup steps' ĝ², and an uncapped step is unchanged."""
+    theta, twin = torch.tensor([0.3, -0.2, 0.5], dtype=torch.float64), torch.tensor([0.3, -0.2, 0.5], dtype=torch.float64)
+    capped, plain = MeZO([theta], lr=0.1, eps=1e-3, seed=7), MeZO([twin], lr=0.1, eps=1e-3, seed=7)
+    cap = StepCap([theta], kappa=2.0, warmup=2)
+    capped.register_step_hook(cap)
+    gs, caps = [], []
+    for target in (1.0, 1.5, 1.2, 80.0, 90.0):
+        caps.append(cap.cap())
+        before = twin.clone()
+        assert torch.allclose(theta, before)
+        kept_cap = cap.cap()
+        capped.step(lambda: ((theta - target) ** 2).sum(0, keepdim=True))
+        g = plain.step(lambda: ((twin - target) ** 2).sum(0, keepdim=True)).projected_grad
+        z = (before - twin) / (0.1 * g)
+        kept = max(-kept_cap, min(kept_cap, g))
+        assert torch.allclose(theta, before - 0.1 * kept * z, atol=1e-9)
+        theta.copy_(twin)            # both go on from the plain path
+        gs.append(g)
+    assert caps[:2] == [math.inf, math.inf]          # the warmup steps are not capped
+    mean_sq = (gs[0] ** 2 + gs[1] ** 2) / 2
+    mean_sq += 0.01 * (gs[2] ** 2 - mean_sq)
+    assert caps[3] == pytest.approx(2.0 * mean_sq ** 0.5) and abs(gs[3]) > caps[3]
+    mean_sq += 0.01 * (caps[3] ** 2 - mean_sq)       # the EMA takes the capped ĝ², not the raw one
+    assert caps[4] == pytest.approx(2.0 * mean_sq ** 0.5) and cap.count == 2
+
+
+def test_step_cap_refuses_bad_settings_and_weight_decay_before_moving_anything():
+    theta = torch.tensor([1.0, 2.0])
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="Invalid kappa"):
+            StepCap([theta], bad)
+    for bad in (1.0, -0.1):
+        with pytest.raises(ValueError, match="Invalid ema_decay"):
+            StepCap([theta], ema_decay=bad)
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="Invalid warmup"):
+            StepCap([theta], warmup=bad)
+    opt = MeZO([theta], lr=0.1, eps=1e-3, weight_decay=0.1)
+    with pytest.raises(ValueError, match="weight_decay = 0"):
+        StepCap([theta])(opt, StepEvent("step", 0, 5.0))
+    assert torch.equal(theta, torch.tensor([1.0, 2.0]))
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "sazo", "oracle"])
+def test_step_cap_is_one_rule_for_every_sampler_and_a_loose_one_changes_nothing(tiny_top, sampler):
+    """query_run(step_cap=κ): a tight cap shortens some steps of every sampler; a cap no step reaches leaves
+    the run bit for bit as it was; the record says κ and how many steps were capped."""
+    model, params, top = tiny_top
+    theta0 = [p.detach().clone() for p in params]
+    kwargs = dict(lr=0.05, steps=60, batch_size=2, log_every=5, seed=1)
+
+    def run(**extra):
+        with torch.no_grad():
+            for p, s in zip(params, theta0):
+                p.copy_(s)
+        return query_run(model, params, top, sampler, **kwargs, **extra)
+
+    free, tight, loose = run(), run(step_cap=1.0), run(step_cap=1e9)
+    assert tight.capped_steps > 0 and tight.step_cap == 1.0 and tight.train_loss != free.train_loss
+    assert loose.capped_steps == 0 and loose.train_loss == free.train_loss and loose.walk == free.walk
+    with torch.no_grad():
+        for p, s in zip(params, theta0):
+            p.copy_(s)

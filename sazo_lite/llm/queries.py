@@ -34,7 +34,7 @@ from .losses import TokenBatch, accuracy, batched_closure
 from .topblock import TopBlocks
 
 __all__ = ["QueryRun", "query_run", "queries_to", "median_floor", "ratio_bound", "held_out_accuracies", "SAMPLERS",
-           "DIVERGE_FACTOR", "sampling_diagnostics", "walk", "AfterStep", "WalkBound", "WalkPull"]
+           "DIVERGE_FACTOR", "sampling_diagnostics", "walk", "AfterStep", "WalkBound", "WalkPull", "StepCap"]
 
 SAMPLERS = RACED        # the samplers a query race runs (one vocabulary: ``samplers.make_sampler``)
 DIVERGE_FACTOR = 1.5     # F(θ) above this × F(θ₀) has diverged (``train.diverged``; no run that passed it came back)
@@ -70,6 +70,8 @@ class QueryRun:
     walk_bound: float | None = None             # R of ``WalkBound`` (None: the walk was free)
     bound_steps: int = 0                        # steps whose update the bound shortened
     walk_pull: float | None = None              # λ of ``WalkPull`` (None: no pull toward θ₀)
+    step_cap: float | None = None               # κ of ``StepCap`` (None: steps not capped)
+    capped_steps: int = 0                       # steps whose |ĝ| the cap shortened
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -254,6 +256,60 @@ class WalkPull(AfterStep):
                     p.sub_(starts[id(p)]).mul_(keep).add_(starts[id(p)])
 
 
+class StepCap(AfterStep):
+    """A step hook for ``MeZO`` that caps a step's length: after a committed step with |ĝ| above the cap,
+    the excess is taken back, so the step becomes
+
+        θ ← θ − η·clip(ĝ, −κ·r, κ·r)·z        r² = EMA (decay β) of the capped ĝ² of earlier steps
+
+    (r is the mean of the first ``warmup`` steps' ĝ², which are not capped). A kick η·|ĝ|·√d of a
+    heavy-tailed ĝ is what ends long top-block runs (docs/llm.md); the cap reads nothing but ĝ, so it is
+    one rule for every sampler, and it biases ĝ where |ĝ| is largest. The excess is undone by
+    ``MeZO.replay_step`` with −(ĝ − clip(ĝ)) (three passes over θ, only on capped steps); it needs
+    weight_decay = 0 (a replay would apply the decay again). ``count``: the steps it capped.
+
+    Example:
+        >>> theta = torch.tensor([0.0, 0.0])
+        >>> opt = MeZO([theta], lr=0.1, eps=1e-3, seed=0)
+        >>> cap = StepCap([theta], kappa=1.0, warmup=1)
+        >>> handle = opt.register_step_hook(cap)
+        >>> for target in (1.0, 100.0):     # the second step's ĝ is ~100× the first's: capped to its size
+        ...     _ = opt.step(lambda: ((theta - target) ** 2).sum(0, keepdim=True))
+        >>> cap.count
+        1
+    """
+
+    def __init__(self, params, kappa: float = 3.0, *, ema_decay: float = 0.99, warmup: int = 20):
+        kappa, ema_decay = float(kappa), float(ema_decay)
+        if not math.isfinite(kappa) or kappa <= 0:
+            raise ValueError(f"Invalid kappa: {kappa} (expected a finite number > 0)")
+        if not 0.0 <= ema_decay < 1.0:
+            raise ValueError(f"Invalid ema_decay: {ema_decay} (expected 0 ≤ ema_decay < 1)")
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
+            raise ValueError(f"Invalid warmup: {warmup!r} (expected an int ≥ 1)")
+        super().__init__(params)
+        self.kappa, self.ema_decay, self.warmup = kappa, ema_decay, warmup
+        self.seen, self.mean_sq, self.count = 0, 0.0, 0
+
+    def cap(self) -> float:
+        """κ·r, the largest |ĝ| the next step keeps (∞ during the warmup)."""
+        return math.inf if self.seen < self.warmup else self.kappa * math.sqrt(self.mean_sq)
+
+    def after_step(self, optimizer, event) -> None:
+        if any(group["weight_decay"] for group in optimizer.param_groups):
+            raise ValueError("Invalid optimizer: StepCap needs weight_decay = 0 (a replayed excess would decay θ twice)")
+        g, cap = float(event.value), self.cap()
+        kept = max(-cap, min(cap, g))
+        if kept != g:
+            optimizer.replay_step(event.seed, -(g - kept))      # θ ← θ + η·(g − kept)·z: the step was −η·kept·z
+            self.count += 1
+        self.seen += 1
+        if self.seen <= self.warmup:    # the first steps' plain mean, then the EMA of the capped ĝ²
+            self.mean_sq += (kept * kept - self.mean_sq) / self.seen
+        else:
+            self.mean_sq = self.ema_decay * self.mean_sq + (1 - self.ema_decay) * kept * kept
+
+
 def _objective(model, batch, loss: str):
     """(losses closure, full loss F(θ), true norms of the tuned tensors, held-out accuracy) for a
     ``TokenBatch`` (the whole model) or a ``TopBlocks`` (cached activations, top blocks only)."""
@@ -289,7 +345,8 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
               test_batch: TokenBatch | None = None, stop_fraction: float | None = None, diagnose: int = 0,
               diverge_factor: float = DIVERGE_FACTOR, loss: str = "classification", perturbation: str = "gaussian",
               step_rule: bool | NoiseScaledStep = False, ema_decay: float = 0.9, accuracy_at: int | None = None,
-              walk_bound: float | None = None, walk_pull: float | None = None, step_hooks=(),
+              walk_bound: float | None = None, walk_pull: float | None = None, step_cap: float | None = None,
+              step_hooks=(),
               progress: bool = False) -> QueryRun:
     """One ZO run from the current weights (the caller restores θ₀ between runs).
 
@@ -320,6 +377,7 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
             budget is measured where it stopped (``budget_queries`` says where).
         walk_bound: R of ``WalkBound``: θ projected onto ‖θ − θ₀‖ ≤ R after every step (None: free).
         walk_pull: λ of ``WalkPull``: θ − θ₀ shrunk by 1 − η·λ after every step (None: no pull).
+        step_cap: κ of ``StepCap``: |ĝ| capped at κ × the running RMS of the capped ĝ (None: no cap).
         step_hooks: more ``MeZO`` step hooks for the run's optimiser (e.g. a per-step tracer), called
             after the walk rules.
     """
@@ -340,7 +398,10 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
                                oracle_mix=oracle_mix, seed=seed)
     else:
         chooser, sampler = sampler, type(sampler).__name__
-    bound = None
+    bound = cap = None
+    if step_cap is not None:      # first: it shortens the step itself, the walk rules then act on θ
+        cap = StepCap(params, step_cap)
+        optimizer.register_step_hook(cap)
     if walk_pull is not None:     # before the bound: a step is pulled, then projected
         optimizer.register_step_hook(WalkPull(params, walk_pull))
     if walk_bound is not None:
@@ -351,7 +412,8 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
     rule = step_rule if isinstance(step_rule, NoiseScaledStep) else (NoiseScaledStep() if step_rule else None)
     run = QueryRun(sampler, float(lr), int(seed), oracle_every=oracle_every if sampler == "oracle" else None,
                    step_rule=rule is not None, walk_bound=None if walk_bound is None else float(walk_bound),
-                   walk_pull=None if walk_pull is None else float(walk_pull))
+                   walk_pull=None if walk_pull is None else float(walk_pull),
+                   step_cap=None if step_cap is None else float(step_cap))
     start_params = [p.detach().clone() for p in params]
     counted = [0]
 
@@ -398,6 +460,8 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
         run.test_accuracy = _accuracy(model, test_batch)
     if bound is not None:
         run.bound_steps = bound.count
+    if cap is not None:
+        run.capped_steps = cap.count
     if refreshing is not None:
         run.oracle_refreshes, run.staleness = refreshing.refreshes, list(refreshing.staleness)
     scales = history.projected_grad
