@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from sazo_lite.engine import MeZO, StepEvent
-from sazo_lite.llm import TINY_FAMILIES, add_lora, tiny_causal_lm, trainable_parameters
+from sazo_lite.llm import TINY_FAMILIES, add_lora, restore_snapshot, tiny_causal_lm, trainable_parameters
 from sazo_lite.llm.grad_norms import grad_norms
 from sazo_lite.llm.losses import TokenBatch, classification_losses
 from sazo_lite.llm.queries import StepCap, WalkBound, WalkPull, query_run, walk
@@ -279,9 +279,7 @@ def test_walk_bound_holds_for_every_sampler_and_a_loose_one_changes_nothing(tiny
     kwargs = dict(lr=0.05, steps=60, batch_size=2, log_every=5, seed=1)
 
     def run(**extra):
-        with torch.no_grad():
-            for p, s in zip(params, theta0):
-                p.copy_(s)
+        restore_snapshot(params, theta0)
         out = query_run(model, params, top, sampler, **kwargs, **extra)
         return out, walk(params, theta0)
 
@@ -304,22 +302,17 @@ def test_walk_pull_is_one_rule_for_every_sampler_and_matches_a_pulled_plain_loop
     theta0 = [p.detach().clone() for p in params]
     kwargs = dict(lr=0.05, steps=40, batch_size=2, log_every=5, seed=2)
 
-    def restore():
-        with torch.no_grad():
-            for p, s in zip(params, theta0):
-                p.copy_(s)
-
     def by_hand(optimizer, event):
         if event.kind == "step":
             with torch.no_grad():
                 for p, s in zip(params, theta0):
                     p.copy_(s + (1 - 0.05 * 3.0) * (p - s))
 
-    restore()
+    restore_snapshot(params, theta0)
     free = query_run(model, params, top, sampler, **kwargs)
-    restore()
+    restore_snapshot(params, theta0)
     pulled = query_run(model, params, top, sampler, walk_pull=3.0, **kwargs)
-    restore()
+    restore_snapshot(params, theta0)
     original = MeZO.__init__
 
     def with_hook(self, *args, **kw):          # the same run, its pull written out by hand
@@ -331,7 +324,7 @@ def test_walk_pull_is_one_rule_for_every_sampler_and_matches_a_pulled_plain_loop
         manual = query_run(model, params, top, sampler, **kwargs)
     finally:
         MeZO.__init__ = original
-    restore()
+    restore_snapshot(params, theta0)
     assert pulled.walk_pull == 3.0 and manual.walk_pull is None
     assert pulled.train_loss == pytest.approx(manual.train_loss, rel=1e-5, abs=1e-7)
     assert pulled.walk == pytest.approx(manual.walk, rel=1e-4, abs=1e-7)
@@ -352,18 +345,14 @@ def test_query_run_takes_a_sampler_object_and_refuses_a_wrong_one(tiny_top):
     kwargs = dict(lr=0.05, steps=20, batch_size=2, log_every=5, seed=3)
 
     def run(sampler):
-        with torch.no_grad():
-            for p, s in zip(params, theta0):
-                p.copy_(s)
+        restore_snapshot(params, theta0)
         return query_run(model, params, top, sampler, **kwargs)
 
     by_name = run("uniform")
     by_object = run(UniformSampler(len(top), seed=3))
     assert by_object.sampler == "UniformSampler"
     assert by_object.train_loss == by_name.train_loss and by_object.walk == by_name.walk
-    with torch.no_grad():
-        for p, s in zip(params, theta0):
-            p.copy_(s)
+    restore_snapshot(params, theta0)
     for bad in (object(), 3, UniformSampler(len(top) + 1), "unifrom"):
         with pytest.raises(ValueError, match="Invalid sampler"):
             query_run(model, params, top, bad, **kwargs)
@@ -390,10 +379,9 @@ def test_pull_floor_is_gradient_descent_on_the_pulled_loss_and_restores_theta0(t
             sgd.step()
         record = out[f"{strength:g}"]
         assert record["walk"][-1] == pytest.approx(walk(params, theta0), rel=1e-4)
-        with torch.no_grad():
-            for p, s in zip(params, theta0):
-                p.copy_(s)
-                p.grad = None
+        restore_snapshot(params, theta0)
+        for p in params:
+            p.grad = None
         assert record["F_over_F0"][-1] < 1.0 and record["floor"] == min(record["F_over_F0"])
         reached = [record["walk_to"][str(t)] for t in (0.99, 0.9)]
         assert reached[0] is not None and (reached[1] is None or reached[1] >= reached[0])
@@ -419,9 +407,7 @@ def test_query_run_calls_extra_step_hooks_every_step_and_refuses_one_that_is_not
     assert sizes == sorted(sizes, reverse=True) and 0 < found["top1pct_share"] <= 1
     largest = max(abs(g) for g in tracer.projected_grad)
     assert sizes[0] == pytest.approx(0.05 * largest * found["d"] ** 0.5)
-    with torch.no_grad():
-        for p, s in zip(params, theta0):
-            p.copy_(s)
+    restore_snapshot(params, theta0)
     with pytest.raises(ValueError, match="hook"):
         query_run(model, params, top, "sazo", lr=0.05, steps=5, batch_size=2, step_hooks=["not a hook"])
     assert all(torch.equal(p, s) for p, s in zip(params, theta0))
@@ -483,14 +469,10 @@ def test_step_cap_is_one_rule_for_every_sampler_and_a_loose_one_changes_nothing(
     kwargs = dict(lr=0.05, steps=60, batch_size=2, log_every=5, seed=1)
 
     def run(**extra):
-        with torch.no_grad():
-            for p, s in zip(params, theta0):
-                p.copy_(s)
+        restore_snapshot(params, theta0)
         return query_run(model, params, top, sampler, **kwargs, **extra)
 
     free, tight, loose = run(), run(step_cap=1.0), run(step_cap=1e9)
     assert tight.capped_steps > 0 and tight.step_cap == 1.0 and tight.train_loss != free.train_loss
     assert loose.capped_steps == 0 and loose.train_loss == free.train_loss and loose.walk == free.walk
-    with torch.no_grad():
-        for p, s in zip(params, theta0):
-            p.copy_(s)
+    restore_snapshot(params, theta0)
