@@ -74,6 +74,7 @@ from sazo_lite.train import best_rate, diverged, median_queries
 
 VARIANTS = ("uniform", "sazo", "oracle", "uniform+rule", "sazo+rule", "oracle+rule", "uniform+bound", "sazo+bound",
             "oracle+bound", "uniform+pull", "sazo+pull", "oracle+pull", "uniform+cap", "sazo+cap", "oracle+cap")
+RULE_SETTINGS = {"bound": "walk_bound", "pull": "walk_pull", "cap": "step_cap"}  # a variant's rule → its query_run argument
 TOP_SETS = ("top-opposed", "top-homogeneous")    # SmolLM2 top-block (cached activations): the long-run race
 ROOT2 = 2 ** 0.5
 BIG_SETS = ("balanced", "opposed")   # the sets designed for B > 1: sized by --big-n / --big-new-fraction
@@ -366,12 +367,8 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
                         log_every=setting.log_every, oracle_every=oracle_every or setting.oracle_every,
                         oracle_mix=args.oracle_mix, stop_fraction=deepest if stop else None, diagnose=diagnose,
                         perturbation=setting.perturbation, step_rule=rule == "rule", accuracy_at=accuracy_at)
-        if rule == "bound":      # only then in the key: the cached runs of every other variant keep theirs
-            settings["walk_bound"] = setting.walk_bound
-        if rule == "pull":
-            settings["walk_pull"] = setting.walk_pull
-        if rule == "cap":
-            settings["step_cap"] = setting.step_cap
+        if rule in RULE_SETTINGS:   # only then in the key: the cached runs of every other variant keep theirs
+            settings[RULE_SETTINGS[rule]] = getattr(setting, RULE_SETTINGS[rule])
         r = cached_run(args.run_cache, {"setting": setting.label, "theta0": theta0_key(args), "sampler": sampler,
                                         **settings},
                        lambda: run_from(theta0, model, params, train, test, sampler, **settings),
@@ -692,12 +689,9 @@ def parse_args(argv=None):
         args.top_start = {name: float(rate) for name, rate in (item.split("=") for item in args.top_start)}
     except ValueError:
         parser.error(f"--top-start takes SAMPLER=RATE pairs, got {args.top_start}")
-    if any(v.endswith("+bound") for v in args.top_variants) and not args.walk_bound:
-        parser.error("the +bound variants need --walk-bound R")
-    if any(v.endswith("+pull") for v in args.top_variants) and not (args.walk_pull or 0) > 0:
-        parser.error("the +pull variants need --walk-pull λ > 0")
-    if any(v.endswith("+cap") for v in args.top_variants) and not (args.step_cap or 0) > 0:
-        parser.error("the +cap variants need --step-cap κ > 0")
+    for rule, name in RULE_SETTINGS.items():
+        if any(v.endswith(f"+{rule}") for v in args.top_variants) and not (getattr(args, name) or 0) > 0:
+            parser.error(f"the +{rule} variants need --{name.replace('_', '-')} > 0")
     if not all(v in VARIANTS and r > 0 for v, r in args.variant_start.items()):
         parser.error(f"--variant-start: variants are {VARIANTS}, rates > 0 (got {args.variant_start})")
     return args

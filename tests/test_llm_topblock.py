@@ -420,7 +420,7 @@ def test_step_cap_turns_a_capped_step_into_the_clipped_step_of_a_plain_reference
     θ − η·clip(ĝ, ±κ·r)·z with r² the mean of the warmup steps' ĝ², and an uncapped step is unchanged."""
     theta, twin = torch.tensor([0.3, -0.2, 0.5], dtype=torch.float64), torch.tensor([0.3, -0.2, 0.5], dtype=torch.float64)
     capped, plain = MeZO([theta], lr=0.1, eps=1e-3, seed=7), MeZO([twin], lr=0.1, eps=1e-3, seed=7)
-    cap = StepCap([theta], kappa=2.0, warmup=2)
+    cap = StepCap(kappa=2.0, warmup=2)
     capped.register_step_hook(cap)
     gs, caps = [], []
     for target in (1.0, 1.5, 1.2, 80.0, 90.0):
@@ -447,16 +447,16 @@ def test_step_cap_refuses_bad_settings_and_weight_decay_before_moving_anything()
     theta = torch.tensor([1.0, 2.0])
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="Invalid kappa"):
-            StepCap([theta], bad)
+            StepCap(bad)
     for bad in (1.0, -0.1):
         with pytest.raises(ValueError, match="Invalid ema_decay"):
-            StepCap([theta], ema_decay=bad)
+            StepCap(ema_decay=bad)
     for bad in (0, 1.5, True):
         with pytest.raises(ValueError, match="Invalid warmup"):
-            StepCap([theta], warmup=bad)
+            StepCap(warmup=bad)
     opt = MeZO([theta], lr=0.1, eps=1e-3, weight_decay=0.1)
     with pytest.raises(ValueError, match="weight_decay = 0"):
-        StepCap([theta])(opt, StepEvent("step", 0, 5.0))
+        StepCap()(opt, StepEvent("step", 0, 5.0))
     assert torch.equal(theta, torch.tensor([1.0, 2.0]))
 
 

@@ -157,13 +157,15 @@ def walk(params, start) -> float:
 
 
 class AfterStep:
-    """A ``MeZO`` step hook that keeps θ₀ (copies of ``params``) and acts after every committed step,
-    with a folded update applied first (``flush``), so ``after_step`` reads θ as the step left it.
-    The walk rules and tracers are its subclasses; failed steps (θ restored) are ignored."""
+    """A ``MeZO`` step hook that keeps θ₀ and acts after every committed step, with a folded update
+    applied first (``flush``), so ``after_step`` reads θ as the step left it. The walk rules and tracers
+    are its subclasses; failed steps (θ restored) are ignored. ``start``: θ₀'s copies to read (shared,
+    e.g. one ``snapshot(params)`` for several hooks: a full-model θ₀ is one more model's memory each);
+    None copies ``params`` here."""
 
-    def __init__(self, params):
+    def __init__(self, params, start=None):
         self.params = list(params)
-        self.start = [p.detach().clone() for p in self.params]
+        self.start = [p.detach().clone() for p in self.params] if start is None else list(start)
 
     @torch.no_grad()
     def __call__(self, optimizer, event) -> None:
@@ -197,11 +199,11 @@ class WalkBound(AfterStep):
         (1.0, 1)
     """
 
-    def __init__(self, params, radius: float):
+    def __init__(self, params, radius: float, *, start=None):
         radius = float(radius)
         if not math.isfinite(radius) or radius <= 0:
             raise ValueError(f"Invalid radius: {radius} (expected a finite number > 0)")
-        super().__init__(params)
+        super().__init__(params, start)
         self.radius, self.count = radius, 0
 
     def after_step(self, optimizer, event) -> None:
@@ -233,11 +235,11 @@ class WalkPull(AfterStep):
         [1.899999976158142, 0.0]
     """
 
-    def __init__(self, params, strength: float):
+    def __init__(self, params, strength: float, *, start=None):
         strength = float(strength)
         if not math.isfinite(strength) or strength <= 0:
             raise ValueError(f"Invalid strength: {strength} (expected a finite number > 0)")
-        super().__init__(params)
+        super().__init__(params, start)
         self.strength = strength
 
     def after_step(self, optimizer, event) -> None:
@@ -256,7 +258,7 @@ class WalkPull(AfterStep):
                     p.sub_(starts[id(p)]).mul_(keep).add_(starts[id(p)])
 
 
-class StepCap(AfterStep):
+class StepCap:
     """A step hook for ``MeZO`` that caps a step's length: after a committed step with |ĝ| above the cap,
     the excess is taken back, so the step becomes
 
@@ -266,12 +268,13 @@ class StepCap(AfterStep):
     heavy-tailed ĝ is what ends long top-block runs (docs/llm.md); the cap reads nothing but ĝ, so it is
     one rule for every sampler, and it biases ĝ where |ĝ| is largest. The excess is undone by
     ``MeZO.replay_step`` with −(ĝ − clip(ĝ)) (three passes over θ, only on capped steps); it needs
-    weight_decay = 0 (a replay would apply the decay again). ``count``: the steps it capped.
+    weight_decay = 0 (a replay would apply the decay again); it reads no θ, so it keeps no θ₀ (a replay
+    flushes a folded update itself). ``count``: the steps it capped.
 
     Example:
         >>> theta = torch.tensor([0.0, 0.0])
         >>> opt = MeZO([theta], lr=0.1, eps=1e-3, seed=0)
-        >>> cap = StepCap([theta], kappa=1.0, warmup=1)
+        >>> cap = StepCap(kappa=1.0, warmup=1)
         >>> handle = opt.register_step_hook(cap)
         >>> for target in (1.0, 100.0):     # the second step's ĝ is ~100× the first's: capped to its size
         ...     _ = opt.step(lambda: ((theta - target) ** 2).sum(0, keepdim=True))
@@ -279,7 +282,7 @@ class StepCap(AfterStep):
         1
     """
 
-    def __init__(self, params, kappa: float = 3.0, *, ema_decay: float = 0.99, warmup: int = 20):
+    def __init__(self, kappa: float = 3.0, *, ema_decay: float = 0.99, warmup: int = 20):
         kappa, ema_decay = float(kappa), float(ema_decay)
         if not math.isfinite(kappa) or kappa <= 0:
             raise ValueError(f"Invalid kappa: {kappa} (expected a finite number > 0)")
@@ -287,7 +290,6 @@ class StepCap(AfterStep):
             raise ValueError(f"Invalid ema_decay: {ema_decay} (expected 0 ≤ ema_decay < 1)")
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
             raise ValueError(f"Invalid warmup: {warmup!r} (expected an int ≥ 1)")
-        super().__init__(params)
         self.kappa, self.ema_decay, self.warmup = kappa, ema_decay, warmup
         self.seen, self.mean_sq, self.count = 0, 0.0, 0
 
@@ -295,7 +297,10 @@ class StepCap(AfterStep):
         """κ·r, the largest |ĝ| the next step keeps (∞ during the warmup)."""
         return math.inf if self.seen < self.warmup else self.kappa * math.sqrt(self.mean_sq)
 
-    def after_step(self, optimizer, event) -> None:
+    @torch.no_grad()
+    def __call__(self, optimizer, event) -> None:
+        if event.kind != "step":
+            return
         if any(group["weight_decay"] for group in optimizer.param_groups):
             raise ValueError("Invalid optimizer: StepCap needs weight_decay = 0 (a replayed excess would decay θ twice)")
         g, cap = float(event.value), self.cap()
@@ -399,13 +404,14 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
     else:
         chooser, sampler = sampler, type(sampler).__name__
     bound = cap = None
+    start_params = [p.detach().clone() for p in params]     # θ₀: the logged walk's and the walk rules'
     if step_cap is not None:      # first: it shortens the step itself, the walk rules then act on θ
-        cap = StepCap(params, step_cap)
+        cap = StepCap(step_cap)
         optimizer.register_step_hook(cap)
     if walk_pull is not None:     # before the bound: a step is pulled, then projected
-        optimizer.register_step_hook(WalkPull(params, walk_pull))
+        optimizer.register_step_hook(WalkPull(params, walk_pull, start=start_params))
     if walk_bound is not None:
-        bound = WalkBound(params, walk_bound)
+        bound = WalkBound(params, walk_bound, start=start_params)
         optimizer.register_step_hook(bound)
     for hook in step_hooks:
         optimizer.register_step_hook(hook)
@@ -414,7 +420,6 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
                    step_rule=rule is not None, walk_bound=None if walk_bound is None else float(walk_bound),
                    walk_pull=None if walk_pull is None else float(walk_pull),
                    step_cap=None if step_cap is None else float(step_cap))
-    start_params = [p.detach().clone() for p in params]
     counted = [0]
 
     def evaluate() -> float:
