@@ -20,12 +20,14 @@ The protocol (issue 28; the mechanism behind it is in docs/llm.md):
   ``--walk-pull λ``), ``+cap`` the step cap (``StepCap`` at ``--step-cap κ``), the same for every sampler.
 
 What the default run races (sized for an hour on an idle 2-core machine; docs/llm.md has the measured
-time): SmolLM2 + LoRA on the continual set at B = 1 (uniform, SAZO, the fresh oracle on a two-rate
-grid, the stale k = 25 oracle; held-out accuracy after a fixed ``--accuracy-at`` budget in every run),
-the four tiny families (uniform against SAZO: the does-not-lose check) and a homogeneous control on a
-tiny model (N = 8 alike examples, targets many draws per example away). Opt-in: ``--sets opposed`` /
-``balanced`` (B = 4, N = 192: hours), ``--sets homogeneous`` (SmolLM2's control at B = 4),
-``--full-start`` (full-parameter SmolLM2), ``--tiny-variants ... oracle``, ``--measure-sets``.
+time): the long-run race on SmolLM2's top block on cached activations (``top-opposed``: N = 32, B = 4,
+runs of ``--top-steps`` 6,000 steps, rates picked by the queries to ``--top-select`` 0.3·F₀, held-out
+accuracy after ``--top-accuracy-at`` queries) and its homogeneous control (``top-homogeneous``), every
+sampler with the same walk bound (``+bound`` variants, ``--walk-bound`` R = 30; plain names in
+``--top-variants`` race the free walk). Opt-in: ``--sets continual`` (SmolLM2 + all-layer LoRA at B = 1,
+with the stale k = 25 oracle), ``--tiny ...`` (the four tiny families) and ``--tiny-homogeneous``,
+``--sets opposed`` / ``balanced`` (all-layer LoRA, B = 4, N = 192: hours), ``--sets homogeneous``,
+``--full-start`` (full-parameter SmolLM2), ``--measure-sets``.
 
 JSON goes to ``benchmarks/results/llm_queries.json`` (not in git); the run docs/llm.md reports is kept
 in ``benchmarks/reference/llm_queries.json``, which notebook 06 and ``make bench`` read when this
@@ -33,9 +35,8 @@ machine has no run of its own (``benchmarks.llm_report`` reads, prints and merge
 split into (setting, sampler) units shared by ``--jobs`` worker processes (2 on a machine with ≥ 2
 CPUs), one torch thread each.
 
-Run: ``python -m benchmarks.llm_queries`` (``make bench-llm``); ``--quick`` for the pilot (the
-documented continual set only, B = 1, 1 seed, 2 rates for uniform and SAZO and 1 for the oracle, where
-the diagnosis found them).
+Run: ``python -m benchmarks.llm_queries`` (``make bench-llm``); ``--quick`` for the pilot (the top-block
+race only: 1 seed, 800-step runs, 2 rates for uniform and SAZO and 1 for the oracle).
 """
 from __future__ import annotations
 
@@ -171,6 +172,13 @@ class Setting:
     step_cap: float | None = None        # κ of the "+cap" variants (``query_run(step_cap=κ)``)
 
 
+def rule_values(args, variants) -> dict:
+    """The walk rules' values a setting races: R, λ, κ where one of ``variants`` names that rule, else None
+    (a setting without ``+bound`` variants has no bound, whatever ``--walk-bound`` says)."""
+    return {name: getattr(args, name) if any(v.endswith(f"+{rule}") for v in variants) else None
+            for rule, name in RULE_SETTINGS.items()}
+
+
 def settings(args) -> list[Setting]:
     """The benchmark's settings, in the order of the table."""
     out = []
@@ -187,12 +195,11 @@ def settings(args) -> list[Setting]:
                                {v: args.variant_start.get(v, args.top_start.get(v.split("+")[0], 2e-3)) for v in variants},
                                args.top_batch, args.top_steps if kind == "opposed" else args.top_control_steps,
                                args.top_log_every, variants=variants, cells=args.cells, grid_seeds=args.grid_seeds,
-                               variant_cells={"oracle": 1} if args.quick else {},   # the pilot: the oracle at one rate
+                               variant_cells={v: 1 for v in variants if v.startswith("oracle")} if args.quick else {},   # the pilot: the oracle at one rate
                                seeds=args.seeds, oracle_every=args.top_oracle_every, diagnose=args.diagnose_every,
                                cost=1.0 if kind == "opposed" else 0.6, oracle_cost=2.5, budget_runs=False,
                                select_target=args.top_select, accuracy_at=args.top_accuracy_at or None,
-                               step_down=True, walk_bound=args.walk_bound, walk_pull=args.walk_pull,
-                               step_cap=args.step_cap))
+                               step_down=True, **rule_values(args, variants)))
         elif name == "continual":     # the documented case: N = 24, B = 1 (issue 28's diagnosis)
             out.append(Setting(f"SmolLM2 LoRA r{args.rank} continual (N={args.num_train}, B=1)",
                                lambda: smollm2_start("continual", args),
@@ -554,7 +561,8 @@ def yield_partial(args, report: dict) -> None:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_queries", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="pilot (minutes; docs/llm.md gives the measured time): the continual set only, 1 seed, 2 rates for uniform and SAZO (1 for the oracle) from the diagnosis's, 120 steps")
+                        help="pilot (minutes; docs/llm.md gives the measured time): the top-block race only, 1 seed, 800-step "
+                             "runs, 2 rates for uniform and SAZO (1 for the oracle)")
     parser.add_argument("--sets", nargs="*", default=list(TOP_SETS),
                         help="raced SmolLM2 sets: the default is the long-run race on the top block (top-opposed) and "
                              "its homogeneous control (top-homogeneous); opt-in: 'continual' (B = 1, all-layer LoRA), "
@@ -563,23 +571,25 @@ def parse_args(argv=None):
     parser.add_argument("--top-new-fraction", type=float, default=TopSetting.new_fraction)
     parser.add_argument("--top-blocks", type=int, default=TopSetting.blocks, help="k, the tuned top blocks")
     parser.add_argument("--top-batch", type=int, default=4)
-    parser.add_argument("--top-steps", type=int, default=3000, help="top-opposed: steps cap of a run")
+    parser.add_argument("--top-steps", type=int, default=6000, help="top-opposed: steps cap of a run")
     parser.add_argument("--top-control-steps", type=int, default=1500, help="top-homogeneous: steps cap of a run")
     parser.add_argument("--top-log-every", type=int, default=25)
     parser.add_argument("--top-oracle-every", type=int, default=5,
                         help="top-block oracle: true norms refreshed every k steps (V(p_stale)/V(p*) is reported)")
-    parser.add_argument("--top-select", type=float, default=0.1,
+    parser.add_argument("--top-select", type=float, default=0.3,
                         help="top-block sets: the fraction of F₀ the median rule counts queries to")
     parser.add_argument("--top-accuracy-at", type=int, default=8000,
                         help="top-block sets: held-out accuracy after this many queries in every run (0: none)")
-    parser.add_argument("--top-variants", nargs="+", default=["uniform", "sazo", "oracle"], choices=VARIANTS,
-                        help="the samplers raced on the top-block sets (+bound: with the walk bound --walk-bound; "
+    parser.add_argument("--top-variants", nargs="+", default=["uniform+bound", "sazo+bound", "oracle+bound"], choices=VARIANTS,
+                        help="the samplers raced on the top-block sets (default: each with the walk bound; plain names race the free walk; "
+                             "+bound: with the walk bound --walk-bound; "
                              "+pull: with the pull toward θ₀ --walk-pull; +cap: with the step cap --step-cap)")
-    parser.add_argument("--top-start", nargs="*", default=["uniform=6e-3", "sazo=6e-3", "oracle=1.2e-2"],
+    parser.add_argument("--top-start", nargs="*", default=["uniform=6e-3", "sazo=8.49e-3", "oracle=1.2e-2"],
                         metavar="SAMPLER=RATE", help="top-block sets: each sampler's first grid rate (where 800-step "
                         "scans placed them: uniform diverged at 1.2e-2, the oracle did not)")
-    parser.add_argument("--walk-bound", type=float, default=None,
-                        help="R of the +bound variants: θ is projected onto ‖θ−θ₀‖ ≤ R after every step")
+    parser.add_argument("--walk-bound", type=float, default=30.0,
+                        help="R of the +bound variants: θ is projected onto ‖θ−θ₀‖ ≤ R after every step (docs/llm.md: "
+                             "how far from θ₀ the targets lie)")
     parser.add_argument("--walk-pull", type=float, default=None,
                         help="λ of the +pull variants: θ−θ₀ shrinks by 1 − lr·λ after every step (L2 toward θ₀)")
     parser.add_argument("--step-cap", type=float, default=None,

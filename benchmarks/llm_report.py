@@ -51,6 +51,13 @@ SUFFIXES = ("+rule", "+bound", "+pull", "+cap")   # a sampler's variants: the st
 WALK_RULES = {"+bound": "the walk bound", "+pull": "the pull toward θ₀", "+cap": "the step cap"}   # sampler-agnostic rules
 
 
+def raced_suffix(setting: dict) -> str:
+    """The variant suffix of a setting's race: "" where plain uniform ran, else the suffix uniform
+    carries ("+bound" for ``make bench-llm``'s default, every sampler with the walk bound)."""
+    runs = setting.get("runs", {})
+    return "" if "uniform" in runs else next((x for x in SUFFIXES if f"uniform{x}" in runs), "")
+
+
 def summarise(setting: dict, targets=(0.5, 0.3)) -> list[str]:
     """Table rows per variant: rate, queries to each target (median [min–max]; a miss counts as never),
     walk ‖θ−θ₀‖ at the end, max |ĝ|, max weight, E[ĝ²], held-out accuracy; fills ``setting["ratios"]``."""
@@ -196,9 +203,10 @@ def print_report(report: dict) -> None:
                                         f", {v}÷{v}{x}={ratio_text(s, v, v + x, t)}" for v in ("uniform", "sazo", "oracle")
                                         if v in s["runs"] and f"{v}{x}" in s["runs"]))
             print(f"    @{t:g}·F₀: " + " | ".join(segments))
-            if "homogeneous" in s["label"] and r.get(f"uniform/sazo@{t}"):
-                print(f"      homogeneous: SAZO÷uniform={1 / r[f'uniform/sazo@{t}']:.2f} "
-                      f"(interval: 1 ÷ uniform÷SAZO's {ratio_text(s, 'uniform', 'sazo', t)})")
+            x = raced_suffix(s)
+            if "homogeneous" in s["label"] and r.get(f"uniform/sazo{x}@{t}"):
+                print(f"      homogeneous: SAZO÷uniform={1 / r[f'uniform/sazo{x}@{t}']:.2f} "
+                      f"(interval: 1 ÷ uniform÷SAZO's {ratio_text(s, 'uniform' + x, 'sazo' + x, t)})")
         budgets = sorted({r["budget_queries"] for runs in s["runs"].values() for r in runs if r.get("budget_queries")})
         if budgets:
             print(f"    held-out accuracy after {max(budgets)} queries (mean difference, 95% interval): "

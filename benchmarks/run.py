@@ -69,7 +69,7 @@ def llm_queries_section(quick: bool) -> dict:
 
 
 def _llm_report_section(name: str, title: str) -> dict:
-    from benchmarks.llm_report import latest_report, summarise
+    from benchmarks.llm_report import latest_report, raced_suffix, summarise
 
     report, source = latest_report(name)
     if report is None:
@@ -81,7 +81,8 @@ def _llm_report_section(name: str, title: str) -> dict:
         settings.append({"label": setting["label"], "heterogeneity": setting["heterogeneity_at_theta0"],
                          "B": setting.get("B", 1), "chosen_lr": setting["chosen_lr"], "ratios": setting["ratios"],
                          "ratio_bounds": setting.get("ratio_bounds", {}),
-                         "incomplete": setting.get("incomplete", {})})   # a race read from its cache before it ended
+                         "incomplete": setting.get("incomplete", {}),    # a race read from its cache before it ended
+                         "suffix": raced_suffix(setting)})               # "+bound": the race of make bench-llm's default
     return {"date": report["date"], "machine": report["machine"], "source": source, "settings": settings,
             "targets": targets, "title": title}
 
@@ -156,6 +157,8 @@ def _query_rows(result: dict) -> list[tuple]:
 
 def _llm_rows(llm: dict) -> list[tuple]:
     """Rows for the language-model sets (``make bench-llm``'s report, with its date)."""
+    from benchmarks.llm_report import WALK_RULES, ratio_pair
+
     if "error" in llm or "missing" in llm:
         return [("1 queries", "language-model sets", llm.get("missing") or "failed", "", "")]
     rows = []
@@ -168,7 +171,7 @@ def _llm_rows(llm: dict) -> list[tuple]:
         def grade(ratio: str, value, limit, higher_is_better=False, target=None) -> str:
             """A goal's verdict, or "not finished" while a sampler in the ratio has runs to go; a ratio
             bounded by runs cut short of the target is graded by its bound where the bound decides."""
-            if any(sampler in unfinished for sampler in ratio.split("/")):
+            if any(sampler in unfinished for sampler in ratio_pair(ratio)):
                 return "? (race not finished)"
             bound = bound_of(ratio, target)
             if value is None and bound:
@@ -185,8 +188,11 @@ def _llm_rows(llm: dict) -> list[tuple]:
 
         source = ", reference run" if "reference" in llm.get("source", "") else ""
         name = f"LLM {s['label']} (V(u)/V(p*) = {s['heterogeneity']:.2f}; {llm.get('title', 'bench-llm')} {llm['date']}{source})"
+        x = s.get("suffix", "")        # "+bound": every sampler raced with the walk bound
+        if x in WALK_RULES:
+            name += f", with {WALK_RULES[x]}"
         for t in llm.get("targets", (0.7, 0.5)):
-            gain, behind = s["ratios"].get(f"uniform/sazo@{t}"), s["ratios"].get(f"sazo/oracle@{t}")
+            gain, behind = s["ratios"].get(f"uniform/sazo{x}@{t}"), s["ratios"].get(f"sazo/oracle{x}@{t}")
             if "homogeneous" in s["label"]:
                 cost = None if not gain else 1 / gain
                 rows.append(("1 queries", f"{name} @ {t}·F₀: SAZO ÷ uniform", _fmt(cost, suffix="×"), "≤ 1.1",
@@ -194,14 +200,14 @@ def _llm_rows(llm: dict) -> list[tuple]:
                 continue
             graded = s["label"].startswith("SmolLM2") and s.get("B", 1) >= 4     # the issue's goals are at B ≥ 4
             if graded:
-                headroom = s["ratios"].get(f"uniform/oracle@{t}")
-                rows.append(("1 queries", f"{name} @ {t}·F₀: uniform ÷ oracle", shown("uniform/oracle", headroom, t), "≥ 3",
-                             grade("uniform/oracle", headroom, 3.0, higher_is_better=True, target=t)))
-            rows.append(("1 queries", f"{name} @ {t}·F₀: uniform ÷ SAZO", shown("uniform/sazo", gain, t),
+                headroom = s["ratios"].get(f"uniform/oracle{x}@{t}")
+                rows.append(("1 queries", f"{name} @ {t}·F₀: uniform ÷ oracle", shown("uniform/oracle" + x, headroom, t), "≥ 3",
+                             grade("uniform/oracle" + x, headroom, 3.0, higher_is_better=True, target=t)))
+            rows.append(("1 queries", f"{name} @ {t}·F₀: uniform ÷ SAZO", shown("uniform/sazo" + x, gain, t),
                          "≥ 2" if graded else "",
-                         grade("uniform/sazo", gain, 2.0, higher_is_better=True, target=t) if graded else ""))
-            rows.append(("1 queries", f"{name} @ {t}·F₀: SAZO ÷ oracle", shown("sazo/oracle", behind, t),
-                         "≤ 1.5" if graded else "", grade("sazo/oracle", behind, 1.5, target=t) if graded else ""))
+                         grade("uniform/sazo" + x, gain, 2.0, higher_is_better=True, target=t) if graded else ""))
+            rows.append(("1 queries", f"{name} @ {t}·F₀: SAZO ÷ oracle", shown("sazo/oracle" + x, behind, t),
+                         "≤ 1.5" if graded else "", grade("sazo/oracle" + x, behind, 1.5, target=t) if graded else ""))
         for sampler, where in unfinished.items():
             rows.append(("1 queries", f"{name}: {sampler}'s runs", "not finished", "", where))
     for more in llm.get("more", []):

@@ -129,6 +129,28 @@ def test_make_bench_grades_the_llm_rows_against_the_issue_targets():
     assert run._llm_rows({"missing": "run make bench-llm"})[0][2] == "run make bench-llm"
 
 
+def test_make_bench_grades_the_bounded_race_that_bench_llm_runs_by_default(monkeypatch):
+    slow, fast, never = [1.0, 0.8, 0.6, 0.45, 0.25], [1.0, 0.5, 0.25], [1.0, 0.9, 0.8]
+    setting = fake_setting("SmolLM2 top-block (k=1) LoRA r4 opposed (N=32, 4 new, B=4)", {
+        "uniform+bound": [slow] * 3, "sazo+bound": [fast] * 3, "oracle+bound": [fast] * 3})
+    report = {"date": "d", "machine": "m", "args": {"targets": [0.3]},
+              "settings": [{**setting, "B": 4, "heterogeneity_at_theta0": 6.3}]}
+    monkeypatch.setattr(llm_report, "latest_report", lambda name="llm_queries.json": (report, "reference"))
+    rows = run._llm_rows(run._llm_report_section("llm_queries.json", "bench-llm"))
+    graded = {row[1].split(": ")[-1]: (row[2], row[4]) for row in rows}
+    assert graded == {"uniform ÷ oracle": ("2.00×", "NO"), "uniform ÷ SAZO": ("2.00×", "yes"),   # 40 ÷ 20 queries
+                      "SAZO ÷ oracle": ("1.00×", "yes")}                   # the +bound ratios, read from the runs
+    assert all("with the walk bound" in row[1] for row in rows)
+    report["settings"][0]["incomplete"] = {"sazo+bound": "2 of 5 seeds"}
+    verdicts = [row[4] for row in run._llm_rows(run._llm_report_section("llm_queries.json", "bench-llm"))]
+    assert verdicts[:3] == ["NO", "? (race not finished)", "? (race not finished)"]
+    report["settings"][0]["runs"]["uniform"] = [fake_run("uniform", never)] * 3   # a plain race is graded first
+    report["settings"][0]["chosen_lr"]["uniform"] = 1e-3
+    rows = run._llm_rows(run._llm_report_section("llm_queries.json", "bench-llm"))
+    assert [row[2] for row in rows][:2] == ["–", "–"] and not any("walk bound" in row[1] for row in rows)
+    assert llm_report.raced_suffix({"runs": {"sazo+cap": [], "uniform+cap": []}}) == "+cap"
+
+
 def test_make_bench_reads_the_llm_report_at_its_own_targets(monkeypatch):
     report = {"date": "d", "machine": "m", "args": {"targets": [0.5, 0.4]},
               "settings": [{**fake_setting("SmolLM2 LoRA r4 opposed (N=96, B=4)",
@@ -209,17 +231,22 @@ def test_the_reference_report_is_relative_and_summarises(path):
 def test_the_pilot_gives_the_oracle_one_rate_and_the_other_samplers_two():
     (setting,) = llm_queries.settings(llm_queries.parse_args(["--quick"]))
     cells = {v: setting.variant_cells.get(v, setting.cells) for v in setting.variants}
-    assert cells == {"uniform": 2, "sazo": 2, "oracle": 1}
+    assert cells == {"uniform+bound": 2, "sazo+bound": 2, "oracle+bound": 1}
     assert setting.label.startswith("SmolLM2 top-block") and setting.batch == 4 and setting.steps == 800
     assert setting.select_target == 0.3 and setting.accuracy_at is None
     full = llm_queries.settings(llm_queries.parse_args([]))        # make bench-llm: the long race and its control
     assert [s.label.split(" ")[5] for s in full] == ["opposed", "homogeneous"]
-    assert full[0].variants == ("uniform", "sazo", "oracle") and full[1].variants == ("uniform", "sazo")
+    assert full[0].variants == ("uniform+bound", "sazo+bound", "oracle+bound")       # every sampler: the same bound
+    assert full[1].variants == ("uniform+bound", "sazo+bound") and {s.walk_bound for s in full} == {30.0}
     assert full[0].batch >= 4 and full[0].steps * full[0].batch >= 300 * 32 and full[0].accuracy_at == 8000
+    assert {s.select_target for s in full} == {0.3} and full[0].walk_pull is None and full[0].step_cap is None
     assert llm_queries.parse_args([]).targets == [0.5, 0.3, 0.2, 0.1, 0.05]
     assert llm_queries.parse_args(["--sets", "continual"]).targets == [0.5, 0.4]     # the old races unchanged
-    with pytest.raises(SystemExit):          # a bound variant without its radius
-        llm_queries.parse_args(["--top-variants", "uniform+bound"])
+    for bad in (["--walk-bound", "0"], ["--walk-bound", "-1"]):          # a bound variant without a radius > 0
+        with pytest.raises(SystemExit):
+            llm_queries.parse_args(["--top-variants", "uniform+bound", *bad])
+    free = llm_queries.settings(llm_queries.parse_args(["--top-variants", "uniform", "sazo", "oracle"]))
+    assert free[0].walk_bound is None and free[0].variants == ("uniform", "sazo", "oracle")   # the free walk on request
     bound = llm_queries.settings(llm_queries.parse_args(["--top-variants", "uniform", "uniform+bound", "--walk-bound", "8"]))
     assert bound[0].walk_bound == 8.0 and bound[0].variants == ("uniform", "uniform+bound")
     for bad in ([], ["--walk-pull", "0"], ["--walk-pull", "-0.1"]):     # a pull variant without a strength > 0
