@@ -44,7 +44,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -52,14 +51,13 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 from sazo_lite.atomic import write_json
 from benchmarks.llm_report import RESULTS, merge, print_report
-from benchmarks.llm_topblock import TARGETS, TopSetting, top_start
+from benchmarks.llm_topblock import TARGETS, TopSetting, gd_steps, measured_on, top_start
 from benchmarks.run_cache import RunNotCached, cached_run
 from sazo_lite.llm import add_lora, load_smollm2, restore_snapshot, snapshot, tiny_causal_lm, trainable_parameters
 from sazo_lite.llm.continual import (alike_indices, cached_first_round, keep_alike, make_continual_set,
@@ -472,12 +470,8 @@ def gd_reference(model, params, train, lrs: list[float], steps: int, log_every: 
     for lr in lrs:
         restore_snapshot(params, theta0)
         record = {"steps": [0], "train_loss": [mean_loss(model, train)], "diverged": False}
-        for step in range(1, steps + 1):
-            loss = classification_losses(model, train, grad=True).mean()
-            grads = torch.autograd.grad(loss, params)
-            with torch.no_grad():
-                for p, g in zip(params, grads):
-                    p.sub_(lr * g)
+        full = lambda: classification_losses(model, train, grad=True).mean()
+        for step in gd_steps(full, params, lr=lr, steps=steps):
             if step % log_every == 0:
                 record["steps"].append(step)
                 record["train_loss"].append(mean_loss(model, train))
@@ -758,11 +752,9 @@ def main(argv=None) -> None:
             torch.set_num_threads(args.threads)
         report = run_units(args, units(args), measure=True)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    report.update(date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                  machine=f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-                          f"{args.jobs} process(es) × {1 if args.jobs > 1 else torch.get_num_threads()} thread(s), "
-                          f"load average {load:.1f} at the end",
-                  args=relative_args(args), runtime_s=time.perf_counter() - started)
+    header = measured_on(f"{args.jobs} process(es) × {1 if args.jobs > 1 else torch.get_num_threads()} thread(s), "
+                         f"load average {load:.1f} at the end")
+    report.update(**header, args=relative_args(args), runtime_s=time.perf_counter() - started)
     report.pop("merged_from", None)
     order = [s.label for s in settings(args)]
     report["settings"].sort(key=lambda s: order.index(s["label"]) if s["label"] in order else len(order))

@@ -42,7 +42,7 @@ from sazo_lite.llm.continual import cached_first_round, keep_alike, make_continu
 from sazo_lite.llm.queries import SAMPLERS, queries_to, query_run, walk
 from sazo_lite.llm.topblock import TopBlocks, top_layers
 
-__all__ = ["TopSetting", "top_start", "long_run", "pull_floor", "TARGETS"]
+__all__ = ["TopSetting", "top_start", "long_run", "gd_steps", "pull_floor", "TARGETS"]
 
 TARGETS = (0.5, 0.3, 0.2, 0.1, 0.05)
 
@@ -192,6 +192,19 @@ def main(argv=None) -> None:
         write_text(args.json, json.dumps(out))
 
 
+def gd_steps(loss, params, *, lr: float, steps: int, pull: float = 0.0, start=None):
+    """Full-batch gradient descent by backprop on F(θ) + pull/2·‖θ − θ₀‖² (``loss()``: F with its
+    graph; ``start``: θ₀'s copies, needed when ``pull`` > 0); yields the step number after each update."""
+    if pull and start is None:
+        raise ValueError("Invalid start: a pull toward θ₀ needs θ₀'s copies")
+    for step in range(1, steps + 1):
+        grads = torch.autograd.grad(loss(), params)
+        with torch.no_grad():
+            for k, (p, g) in enumerate(zip(params, grads)):
+                p.sub_(lr * (g + pull * (p - start[k])) if pull else lr * g)
+        yield step
+
+
 def pull_floor(strengths, *, lr: float = 0.05, steps: int = 800, log_every: int = 20, start=None,
                targets=TARGETS, radii=(), draws: int = 4) -> dict:
     """What a pull toward θ₀ costs the mean path: full-batch gradient descent by backprop (the path every
@@ -212,11 +225,8 @@ def pull_floor(strengths, *, lr: float = 0.05, steps: int = 800, log_every: int 
         for strength in strengths:
             restore_snapshot(params, theta0)
             f0, record = train.mean_loss(), {"F_over_F0": [1.0], "walk": [0.0]}
-            for step in range(1, steps + 1):
-                grads = torch.autograd.grad(train.losses(range(len(train)), grad=True).mean(), params)
-                with torch.no_grad():
-                    for p, g, s in zip(params, grads, theta0):
-                        p.sub_(lr * (g + strength * (p - s)))
+            full = lambda: train.losses(range(len(train)), grad=True).mean()
+            for step in gd_steps(full, params, lr=lr, steps=steps, pull=strength, start=theta0):
                 if step % log_every == 0:
                     record["F_over_F0"].append(train.mean_loss() / f0)
                     record["walk"].append(walk(params, theta0))
@@ -236,11 +246,12 @@ def pull_floor(strengths, *, lr: float = 0.05, steps: int = 800, log_every: int 
     return out
 
 
-def measured_on() -> dict:
-    """When and where a measurement ran (a report's header)."""
+def measured_on(workers: str | None = None) -> dict:
+    """When and where a measurement ran (a report's header). ``workers``: how the work ran, e.g.
+    "2 process(es) × 1 thread(s)" (default: this process's torch threads)."""
     return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-                       f"{torch.get_num_threads()} thread(s)"}
+                       f"{workers or f'{torch.get_num_threads()} thread(s)'}"}
 
 
 def print_displaced(where: str, displaced: dict) -> None:

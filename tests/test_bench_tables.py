@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 
 from benchmarks import engine_speed, llm_queries, llm_report, run
 
@@ -675,3 +676,17 @@ def test_the_default_step_past_its_bound_fails_make_bench_with_its_breakdown(mon
     monkeypatch.setattr(run, "run_sections", lambda *a, **k: {"speed/smollm2": fake_speed(1.05)})
     run.main(["--out", str(tmp_path / "bench.json")])  # within the bound: no exit
     assert "rest" in capsys.readouterr().out
+
+
+def test_gd_steps_descend_the_pulled_loss_and_refuse_a_pull_without_theta0():
+    from benchmarks.llm_topblock import gd_steps
+
+    theta, start = torch.tensor([3.0, -1.0]), torch.tensor([1.0, 1.0])
+    theta.requires_grad_(True)
+    list(gd_steps(lambda: (theta ** 2).sum() / 2, [theta], lr=0.1, steps=2, pull=1.0, start=[start]))
+    expected = torch.tensor([3.0, -1.0])
+    for _ in range(2):                       # θ ← θ − η(θ + λ(θ − θ₀)), written out
+        expected = expected - 0.1 * (expected + (expected - start))
+    assert torch.allclose(theta.detach(), expected)
+    with pytest.raises(ValueError, match="Invalid start"):
+        next(gd_steps(lambda: (theta ** 2).sum(), [theta], lr=0.1, steps=1, pull=0.1))
