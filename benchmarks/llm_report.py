@@ -48,7 +48,7 @@ def accuracy_difference(runs: dict, top: str, bottom: str) -> str:
 
 
 SUFFIXES = ("+rule", "+bound", "+pull", "+cap")   # a sampler's variants: the step rule, the walk bound, the pull, the cap
-WALK_RULES = {"+bound": "the walk bound", "+pull": "the pull toward θ₀", "+cap": "the step cap"}   # sampler-agnostic rules
+SHARED_RULES = {"+bound": "the walk bound", "+pull": "the pull toward θ₀", "+cap": "the step cap"}   # rules applied alike to every sampler
 
 
 def raced_suffix(setting: dict) -> str:
@@ -196,7 +196,7 @@ def print_report(report: dict) -> None:
             if "sazo+rule" in s["runs"]:
                 segments.append(f"with the step rule: uniform÷SAZO={fmt(r.get(f'uniform/sazo+rule@{t}'))}, "
                                 f"SAZO÷SAZO+rule={fmt(r.get(f'sazo/sazo+rule@{t}'))}")
-            for x, name in WALK_RULES.items():
+            for x, name in SHARED_RULES.items():
                 if any(k.endswith(x) for k in s["runs"]):
                     segments.append(f"with {name}: uniform÷SAZO={ratio_text(s, 'uniform' + x, 'sazo' + x, t)}, "
                                     f"SAZO÷oracle={ratio_text(s, 'sazo' + x, 'oracle' + x, t)}" + "".join(
@@ -214,7 +214,7 @@ def print_report(report: dict) -> None:
                   f"oracle − uniform = {accuracy_difference(s['runs'], 'oracle', 'uniform')}"
                   + "".join(f"; with {name}: SAZO − uniform = {accuracy_difference(s['runs'], 'sazo' + x, 'uniform' + x)}, "
                             f"oracle − uniform = {accuracy_difference(s['runs'], 'oracle' + x, 'uniform' + x)}"
-                            for x, name in WALK_RULES.items() if "uniform" + x in s["runs"])
+                            for x, name in SHARED_RULES.items() if "uniform" + x in s["runs"])
                   + (" (the oracle's at its runs' end: it has no budget)"
                      if s["runs"].get("oracle") and not any(r.get("budget_queries") for r in s["runs"]["oracle"]) else "")
                   + (f" (runs that diverged earlier are counted where they stopped: {min(budgets)} queries)"

@@ -157,7 +157,7 @@ def _query_rows(result: dict) -> list[tuple]:
 
 def _llm_rows(llm: dict) -> list[tuple]:
     """Rows for the language-model sets (``make bench-llm``'s report, with its date)."""
-    from benchmarks.llm_report import WALK_RULES, ratio_pair
+    from benchmarks.llm_report import SHARED_RULES, ratio_pair
 
     if "error" in llm or "missing" in llm:
         return [("1 queries", "language-model sets", llm.get("missing") or "failed", "", "")]
@@ -189,8 +189,8 @@ def _llm_rows(llm: dict) -> list[tuple]:
         source = ", reference run" if "reference" in llm.get("source", "") else ""
         name = f"LLM {s['label']} (V(u)/V(p*) = {s['heterogeneity']:.2f}; {llm.get('title', 'bench-llm')} {llm['date']}{source})"
         x = s.get("suffix", "")        # "+bound": every sampler raced with the walk bound
-        if x in WALK_RULES:
-            name += f", with {WALK_RULES[x]}"
+        if x in SHARED_RULES:
+            name += f", with {SHARED_RULES[x]}"
         for t in llm.get("targets", (0.7, 0.5)):
             gain, behind = s["ratios"].get(f"uniform/sazo{x}@{t}"), s["ratios"].get(f"sazo/oracle{x}@{t}")
             if "homogeneous" in s["label"]:
