@@ -209,12 +209,12 @@ def print_report(report: dict) -> None:
                       f"(interval: 1 ÷ uniform÷SAZO's {ratio_text(s, 'uniform' + x, 'sazo' + x, t)})")
         budgets = sorted({r["budget_queries"] for runs in s["runs"].values() for r in runs if r.get("budget_queries")})
         if budgets:
+            parts = [(f"with {SHARED_RULES[x]}: " if x else "")
+                     + f"SAZO − uniform = {accuracy_difference(s['runs'], 'sazo' + x, 'uniform' + x)}, "
+                       f"oracle − uniform = {accuracy_difference(s['runs'], 'oracle' + x, 'uniform' + x)}"
+                     for x in ("", *SHARED_RULES) if "uniform" + x in s["runs"]]     # the races this report holds
             print(f"    held-out accuracy after {max(budgets)} queries (mean difference, 95% interval): "
-                  f"SAZO − uniform = {accuracy_difference(s['runs'], 'sazo', 'uniform')}, "
-                  f"oracle − uniform = {accuracy_difference(s['runs'], 'oracle', 'uniform')}"
-                  + "".join(f"; with {name}: SAZO − uniform = {accuracy_difference(s['runs'], 'sazo' + x, 'uniform' + x)}, "
-                            f"oracle − uniform = {accuracy_difference(s['runs'], 'oracle' + x, 'uniform' + x)}"
-                            for x, name in SHARED_RULES.items() if "uniform" + x in s["runs"])
+                  + "; ".join(parts or ["no uniform runs to compare with"])
                   + (" (the oracle's at its runs' end: it has no budget)"
                      if s["runs"].get("oracle") and not any(r.get("budget_queries") for r in s["runs"]["oracle"]) else "")
                   + (f" (runs that diverged earlier are counted where they stopped: {min(budgets)} queries)"

@@ -77,6 +77,7 @@ def test_the_report_prints_the_walk_rules_ratios_and_accuracies(capsys, suffix, 
     assert f"with {name}: uniform÷SAZO=3.00 [" in printed and f"sazo÷sazo{suffix}=3.00 [" in printed
     assert f"with {name}: SAZO − uniform = +0.250 ± " in printed and "oracle − uniform = +0.500 ± " in printed
     assert not any(f"with {other}" in printed for x, other in llm_report.SHARED_RULES.items() if x != suffix)
+    assert "interval): with " in printed and "SAZO − uniform = –" not in printed    # no plain uniform: no plain line
 
 
 def test_the_grid_climbs_by_root_two_and_a_cell_is_lost_when_half_its_seeds_diverged():
