@@ -190,9 +190,13 @@ def settings(args) -> list[Setting]:
                      else f"N={args.top_n} alike")
             out.append(Setting(f"SmolLM2 top-block (k={args.top_blocks}) LoRA r{args.rank} {kind} ({sizes}, B={args.top_batch})",
                                lambda top=top: top_start(top),
-                               {v: args.variant_start.get(v, args.top_start.get(v.split("+")[0], 2e-3)) for v in variants},
+                               # the control: every sampler climbs the same grid (one start), so a grid's
+                               # top is no sampler's advantage
+                               {v: args.variant_start.get(v, args.top_start.get(v.split("+")[0], 2e-3) if kind == "opposed"
+                                                          else args.top_control_start) for v in variants},
                                args.top_batch, args.top_steps if kind == "opposed" else args.top_control_steps,
-                               args.top_log_every, variants=variants, cells=args.cells, grid_seeds=args.grid_seeds,
+                               args.top_log_every, variants=variants,
+                               cells=args.cells if kind == "opposed" else args.top_control_cells, grid_seeds=args.grid_seeds,
                                variant_cells={v: 1 for v in variants if v.startswith("oracle")} if args.quick else {},   # the pilot: the oracle at one rate
                                seeds=args.seeds, oracle_every=args.top_oracle_every, diagnose=args.diagnose_every,
                                cost=1.0 if kind == "opposed" else 0.6, oracle_cost=2.5, budget_runs=False,
@@ -567,6 +571,10 @@ def parse_args(argv=None):
     parser.add_argument("--top-batch", type=int, default=4)
     parser.add_argument("--top-steps", type=int, default=6000, help="top-opposed: steps cap of a run")
     parser.add_argument("--top-control-steps", type=int, default=1500, help="top-homogeneous: steps cap of a run")
+    parser.add_argument("--top-control-start", type=float, default=6e-3,
+                        help="top-homogeneous: every sampler's first grid rate (one grid for all)")
+    parser.add_argument("--top-control-cells", type=int, default=8,
+                        help="top-homogeneous: at most this many √2-spaced rates per sampler (its runs are short)")
     parser.add_argument("--top-log-every", type=int, default=25)
     parser.add_argument("--top-oracle-every", type=int, default=5,
                         help="top-block oracle: true norms refreshed every k steps (V(p_stale)/V(p*) is reported)")
@@ -676,8 +684,10 @@ def parse_args(argv=None):
         args.sets, args.grid_seeds, args.seeds, args.cells, args.targets = ["top-opposed"], 1, 1, 2, [0.5, 0.3, 0.2]
         args.top_steps, args.stale_every, args.tiny, args.measure_sets, args.full_start = 800, 0, [], [], 0.0
         args.tiny_homogeneous, args.top_select, args.top_accuracy_at = [], 0.3, 0
-    if args.jobs < 1 or args.seeds < 1 or args.steps < 1 or args.grid_seeds < 1 or args.cells < 1:
-        parser.error("--jobs, --seeds, --grid-seeds, --cells and --steps must be ≥ 1")
+    if args.jobs < 1 or args.seeds < 1 or args.steps < 1 or args.grid_seeds < 1 or min(args.cells, args.top_control_cells) < 1:
+        parser.error("--jobs, --seeds, --grid-seeds, --cells, --top-control-cells and --steps must be ≥ 1")
+    if not args.top_control_start > 0:
+        parser.error(f"--top-control-start must be > 0 (got {args.top_control_start})")
     args.targets = sorted(args.targets, reverse=True)
     try:
         args.variant_start = {name: float(rate) for name, rate in (item.split("=") for item in args.variant_start)}

@@ -242,6 +242,11 @@ def test_the_pilot_gives_the_oracle_one_rate_and_the_other_samplers_two():
     assert full[1].variants == ("uniform+bound", "sazo+bound") and {s.walk_bound for s in full} == {30.0}
     assert full[0].batch >= 4 and full[0].steps * full[0].batch >= 300 * 32 and full[0].accuracy_at == 8000
     assert {s.select_target for s in full} == {0.3} and full[0].walk_pull is None and full[0].step_cap is None
+    assert len(set(full[1].starts.values())) == 1 and full[1].cells >= full[0].cells   # the control: one grid for all
+    assert len(set(full[0].starts.values())) > 1                                    # the race: each sampler's own start
+    for bad in (["--top-control-start", "0"], ["--top-control-cells", "0"]):
+        with pytest.raises(SystemExit):
+            llm_queries.parse_args(bad)
     assert llm_queries.parse_args([]).targets == [0.5, 0.3, 0.2, 0.1, 0.05]
     assert llm_queries.parse_args(["--sets", "continual"]).targets == [0.5, 0.4]     # the old races unchanged
     for bad in (["--walk-bound", "0"], ["--walk-bound", "-1"]):          # a bound variant without a radius > 0
