@@ -30,7 +30,7 @@ with the stale k = 25 oracle), ``--tiny ...`` (the four tiny families) and ``--t
 ``--full-start`` (full-parameter SmolLM2), ``--measure-sets``.
 
 JSON goes to ``benchmarks/results/llm_queries.json`` (not in git); the run docs/llm.md reports is kept
-in ``benchmarks/reference/llm_queries.json``, which notebook 06 and ``make bench`` read when this
+in ``benchmarks/reference/llm_queries.json``, which ``make bench`` reads when this
 machine has no run of its own (``benchmarks.llm_report`` reads, prints and merges reports). Work is
 split into (setting, sampler) units shared by ``--jobs`` worker processes (2 on a machine with ≥ 2
 CPUs), one torch thread each.

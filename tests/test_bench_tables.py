@@ -201,7 +201,7 @@ def test_gd_reference_follows_backprop_and_reports_divergence():
 PULL_FLOOR = llm_report.REFERENCE.with_name("llm_topblock_pull_floor.json")
 QUERY_REPORTS = sorted({llm_report.REFERENCE, *(llm_report.REFERENCE.with_name(name) for name in (
     "llm_tiny_families.json", "llm_homogeneous_b4.json", "llm_tiny_oracle.json", "llm_quick_pilot.json",
-    "llm_full_parameter.json"))} | set(llm_report.REFERENCE.parent.glob("llm_topblock_*.json"))
+    "llm_full_parameter.json", "llm_continual_race.json"))} | set(llm_report.REFERENCE.parent.glob("llm_topblock_*.json"))
     - {llm_report.REFERENCE.with_name("llm_topblock_walk.json"), PULL_FLOOR})
 
 
@@ -216,6 +216,25 @@ def test_the_pull_floor_reference_holds_what_docs_llm_says():
     assert report["0.1"]["walk_to"]["0.1"] is None
     docs = (PULL_FLOOR.parents[2] / "docs" / "llm.md").read_text()
     assert f"{plain['walk_to']['0.05']:.2f}" in docs and f"{report['0.1']['floor']:.3f}" in docs
+
+
+def test_the_readme_headline_is_the_reference_run_of_make_bench_llm():
+    """The README's bounded-race row quotes the committed reference of ``make bench-llm``'s default (the
+    bounded long race): its ratios at 0.3·F₀ and its held-out difference, as the report computes them."""
+    report = json.loads(llm_report.REFERENCE.read_text())
+    defaults = llm_queries.parse_args([])
+    assert report["args"]["top_variants"] == defaults.top_variants and report["args"]["top_steps"] == defaults.top_steps
+    race = report["settings"][0]
+    llm_report.summarise(race, tuple(report["args"]["targets"]))
+    x = llm_report.raced_suffix(race)
+    assert x == "+bound"
+    row = next(line for line in (llm_report.REFERENCE.parents[2] / "README.md").read_text().splitlines()
+               if "`make bench-llm`'s default" in line and line.startswith("|"))
+    gain, behind = race["ratios"][f"uniform/sazo{x}@0.3"], race["ratios"][f"sazo/oracle{x}@0.3"]
+    headroom = race["ratios"][f"uniform/oracle{x}@0.3"]
+    assert f"{gain:.2f}× / {behind:.2f}×" in row and f"uniform ÷ oracle {headroom:.2f}" in row
+    held_out = llm_report.accuracy_difference(race["runs"], "sazo" + x, "uniform" + x)     # "+0.200 ± 0.105"
+    assert f"SAZO − uniform {held_out}" in row and report["date"][:10] in row
 
 
 @pytest.mark.parametrize("path", QUERY_REPORTS, ids=lambda p: p.stem)
