@@ -88,7 +88,7 @@ bench-step: install
 	$(PY) -m benchmarks.engine_speed speed smollm2 --bound $(STEP_BOUND)
 
 # Language models: the long-run race on SmolLM2's top block (opposed set, B = 4, uniform/SAZO/oracle each
-# at its own rate, 5 seeds, queries to 0.5-0.05 of F(θ₀), held-out accuracy after a fixed budget) and its
+# at its own rate, every one with the same walk bound, 5 seeds, queries to 0.5-0.05 of F(θ₀), held-out accuracy after a fixed budget) and its
 # homogeneous control; the protocol and its measured run time: docs/llm.md. BENCH_LLM_ARGS=--quick for the
 # pilot (one seed, two rates a sampler, 800 steps); the all-layer races, the tiny families and
 # full-parameter SmolLM2 are opt-in flags (--help).
