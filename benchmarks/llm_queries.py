@@ -171,7 +171,7 @@ class Setting:
 
 
 def rule_values(args, variants) -> dict:
-    """The walk rules' values a setting races: R, λ, κ where one of ``variants`` names that rule, else None
+    """The shared rules' values a setting races: R, λ, κ where one of ``variants`` names that rule, else None
     (a setting without ``+bound`` variants has no bound, whatever ``--walk-bound`` says)."""
     return {name: getattr(args, name) if any(v.endswith(f"+{rule}") for v in variants) else None
             for rule, name in RULE_SETTINGS.items()}
@@ -185,21 +185,21 @@ def settings(args) -> list[Setting]:
             kind = name.split("-")[1]
             top = TopSetting(set_name=kind, num_train=args.top_n, new_fraction=args.top_new_fraction,
                              num_test=args.num_test, rank=args.rank, blocks=args.top_blocks, setup_steps=args.setup_steps)
-            variants = tuple(v for v in args.top_variants if kind == "opposed" or not v.startswith("oracle"))
-            sizes = (f"N={args.top_n}, {max(1, round(args.top_new_fraction * args.top_n))} new" if kind == "opposed"
+            opposed = kind == "opposed"
+            variants = tuple(v for v in args.top_variants if opposed or not v.startswith("oracle"))
+            # the control: every sampler climbs the same grid (one start), so a grid's top is no sampler's advantage
+            first = {v: args.variant_start.get(v, args.top_start.get(v.split("+")[0], 2e-3) if opposed else args.top_control_start)
+                     for v in variants}
+            sizes = (f"N={args.top_n}, {max(1, round(args.top_new_fraction * args.top_n))} new" if opposed
                      else f"N={args.top_n} alike")
             out.append(Setting(f"SmolLM2 top-block (k={args.top_blocks}) LoRA r{args.rank} {kind} ({sizes}, B={args.top_batch})",
                                lambda top=top: top_start(top),
-                               # the control: every sampler climbs the same grid (one start), so a grid's
-                               # top is no sampler's advantage
-                               {v: args.variant_start.get(v, args.top_start.get(v.split("+")[0], 2e-3) if kind == "opposed"
-                                                          else args.top_control_start) for v in variants},
-                               args.top_batch, args.top_steps if kind == "opposed" else args.top_control_steps,
+                               first, args.top_batch, args.top_steps if opposed else args.top_control_steps,
                                args.top_log_every, variants=variants,
-                               cells=args.cells if kind == "opposed" else args.top_control_cells, grid_seeds=args.grid_seeds,
+                               cells=args.cells if opposed else args.top_control_cells, grid_seeds=args.grid_seeds,
                                variant_cells={v: 1 for v in variants if v.startswith("oracle")} if args.quick else {},   # the pilot: the oracle at one rate
                                seeds=args.seeds, oracle_every=args.top_oracle_every, diagnose=args.diagnose_every,
-                               cost=1.0 if kind == "opposed" else 0.6, oracle_cost=2.5, budget_runs=False,
+                               cost=1.0 if opposed else 0.6, oracle_cost=2.5, budget_runs=False,
                                select_target=args.top_select, accuracy_at=args.top_accuracy_at or None,
                                step_down=True, **rule_values(args, variants)))
         elif name == "continual":     # the documented case: N = 24, B = 1 (issue 28's diagnosis)
