@@ -92,15 +92,48 @@ class InformedSampler(Sampler):
 
 class NoiselessSAZO(SAZOSampler):
     """Diagnosis only: SAZO's rule fed E|d| = sqrt(2/π)·‖∇f_i‖ (the true norm at the draw) instead of
-    |d|: the noise of single observations removed, the lag of the EMA over draws (and the level) kept."""
+    |d|: the noise of single observations removed, the lag of the EMA over draws (and the level) kept.
+    ``ema_decay`` shortens that memory (0: the last draw's norm, relative to the level)."""
 
-    def __init__(self, num_examples, norms_fn, *, seed: int = 0):
-        super().__init__(num_examples, seed=seed)
+    def __init__(self, num_examples, norms_fn, *, ema_decay: float = 0.9, seed: int = 0):
+        super().__init__(num_examples, ema_decay=ema_decay, seed=seed)
         self.norms_fn = norms_fn
 
     def _observe(self, indices, diffs) -> None:
         norms = torch.as_tensor(self.norms_fn()).double()[indices]
         super()._observe(indices, norms * math.sqrt(2 / math.pi))
+
+
+class SmoothedOracle(Sampler):
+    """Diagnosis only: an oracle that knows every example's *recent* norms, not the present ones.
+
+    After every step m_i ← (1 − 1/h)·m_i + (1/h)·‖∇f_i(θ)‖² for all i (true norms, m starts at θ₀'s),
+    and p_i ∝ sqrt(m_i), mixed with uniform like SAZO (λ = 0.1). h = 1 is the capped oracle
+    (``oracle-mix-0.1``); h = N/B steps averages over one visit interval; h = 10·N/B is the memory
+    in steps of SAZO's EMA (β = 0.9: about ten draws of an example). What it measures: how fast the
+    norms a sampler must know change, against how often a visit-based rule can observe them.
+    """
+
+    def __init__(self, num_examples, norms_fn, *, horizon: float, uniform_mix: float = 0.1, seed: int = 0):
+        super().__init__(num_examples, seed=seed)
+        if not horizon >= 1:
+            raise ValueError(f"Invalid horizon: {horizon!r} (expected ≥ 1 step)")
+        self.norms_fn, self.rate, self.uniform_mix = norms_fn, 1.0 / horizon, uniform_mix
+        self.mean_sq: np.ndarray | None = None     # m [N]: the smoothed squared norms
+
+    def _squared_norms(self) -> np.ndarray:
+        return torch.as_tensor(self.norms_fn()).double().numpy() ** 2
+
+    @property
+    def probs(self) -> torch.Tensor:
+        if self.mean_sq is None:
+            self.mean_sq = self._squared_norms()
+        scores = np.sqrt(self.mean_sq)
+        return torch.from_numpy(probabilities(scores, float(scores.sum()), self.uniform_mix, self.num_examples))
+
+    def _observe(self, indices, diffs) -> None:
+        now = self._squared_norms()
+        self.mean_sq = now if self.mean_sq is None else (1 - self.rate) * self.mean_sq + self.rate * now
 
 
 class AgeDecaySAZO(SAZOSampler):
@@ -171,6 +204,11 @@ METHODS: dict[str, Callable] = {
        for name, q in (("max", 1.0), ("q90", 0.9))},
     **{f"sazo-optimistic-{name}": (lambda q: lambda problem, theta, seed: OptimisticPriorSAZO(
         problem.num_examples, quantile=q, seed=seed))(q) for name, q in (("max", 1.0), ("q90", 0.9))},
+    **{f"oracle-smoothed-{k}N": (lambda k: lambda problem, theta, seed: SmoothedOracle(
+        problem.num_examples, lambda: problem.norms(theta), horizon=k * problem.num_examples, seed=seed))(k)
+       for k in (1, 3, 10)},   # horizon k·N steps: k visit intervals at B = 1
+    **{f"noiseless-decay-{b:g}": (lambda b: lambda problem, theta, seed: NoiselessSAZO(
+        problem.num_examples, lambda: problem.norms(theta), ema_decay=b, seed=seed))(b) for b in (0.0, 0.5)},
     "informed-stale": lambda problem, theta, seed: InformedSampler(
         problem.num_examples, lambda: problem.norms(theta), stale=True, seed=seed),
 }

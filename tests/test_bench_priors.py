@@ -49,8 +49,31 @@ def test_the_optimistic_sazo_draws_the_unseen_at_the_largest_seen_score_and_stay
 def test_every_prior_variant_is_a_raceable_method():
     problem = LeastSquares(16, 3, heterogeneity=1.5, seed=0)
     theta = problem.initial_theta(torch.float64)
-    for name in ("informed-max", "informed-q90", "sazo-optimistic-max", "sazo-optimistic-q90"):
+    for name in ("informed-max", "informed-q90", "sazo-optimistic-max", "sazo-optimistic-q90",
+                 "oracle-smoothed-1N", "oracle-smoothed-10N", "noiseless-decay-0", "noiseless-decay-0.5"):
         sampler = METHODS[name](problem, theta, 0)
         idx, w = sampler.sample(4)
         sampler.update(idx, torch.randn(4, dtype=torch.float64))
         assert abs(float(sampler.probs.sum()) - 1.0) < 1e-9, name
+
+
+def test_the_smoothed_oracle_with_a_one_step_horizon_is_the_capped_oracle_and_averages_squared_norms():
+    from benchmarks.queries import SmoothedOracle
+    from sazo_lite.samplers import OracleSampler
+
+    state = {"norms": torch.tensor([1.0, 2.0, 4.0, 0.5], dtype=torch.float64)}
+    norms_fn = lambda: state["norms"]
+    one, capped = SmoothedOracle(4, norms_fn, horizon=1), OracleSampler(4, norms_fn, uniform_mix=0.1)
+    slow = SmoothedOracle(4, norms_fn, horizon=4)
+    assert torch.allclose(one.probs, capped.probs.double())
+    first = state["norms"].numpy() ** 2
+    slow.probs                                                       # m starts at the first norms
+    state["norms"] = torch.tensor([3.0, 1.0, 1.0, 2.0], dtype=torch.float64)
+    for s in (one, slow):
+        s.update(torch.tensor([0]), torch.zeros(1))
+    assert torch.allclose(one.probs, capped.probs.double())          # follows the present at h = 1
+    m = 0.75 * first + 0.25 * state["norms"].numpy() ** 2
+    expected = 0.9 * np.sqrt(m) / np.sqrt(m).sum() + 0.1 / 4
+    assert np.allclose(slow.probs.numpy(), expected, rtol=1e-12)
+    with pytest.raises(ValueError, match="Invalid horizon"):
+        SmoothedOracle(4, norms_fn, horizon=0.5)
