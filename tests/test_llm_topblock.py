@@ -130,6 +130,85 @@ def test_usable_as_mezo_closure_and_accuracy():
     assert 0.0 <= top.accuracy() <= 1.0 and top.predict().shape == (7,)
 
 
+# Families beyond the four tiny ones, each with what sets it apart: a map after the head (Gemma 2's soft
+# cap, Cohere's logit scale, Granite's logit divisor), another final norm's name (Phi), another stack
+# (GPT-NeoX), arguments with several rows an example (Bloom's ALiBi: one a head), Falcon's shared norm.
+OTHER_FAMILIES = {
+    "gemma2": ("Gemma2Config", dict(head_dim=8, final_logit_softcapping=0.5)),
+    "cohere": ("CohereConfig", dict(logit_scale=0.5)),
+    "granite": ("GraniteConfig", dict(logits_scaling=4.0)),
+    "phi": ("PhiConfig", {}),
+    "gpt_neox": ("GPTNeoXConfig", {}),
+    "bloom": ("BloomConfig", dict(n_layer=3, n_head=4)),
+    "falcon": ("FalconConfig", {}),
+}
+
+
+def other_family(name: str):
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    class_name, extra = OTHER_FAMILIES[name]
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=128)
+    config = getattr(transformers, class_name)(vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                               **{**sizes, **extra})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        return AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("family", sorted(OTHER_FAMILIES))
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_other_families_equal_the_full_model(family, blocks):
+    model = other_family(family)
+    assert len(decoder_layers(model)) == 3
+    params = top_block_parameters(model, blocks)
+    batch = padded_batch()
+    jiggle(params, 0.3)
+    top = TopBlocks(model, batch, blocks=blocks)
+    assert torch.allclose(top(INDICES), classification_losses(model, batch, INDICES), atol=1e-5, rtol=0)
+
+
+def test_a_family_that_does_something_unknown_after_its_head_is_refused_not_scored_wrongly():
+    from transformers import LlamaForCausalLM
+
+    class ScaledLlama(LlamaForCausalLM):          # a map after the head that TopBlocks does not know
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = 3.0 * out.logits
+            return out
+
+    base = tiny_causal_lm("llama", vocab_size=64, seed=1)
+    model = ScaledLlama(base.config).eval()
+    model.load_state_dict(base.state_dict())
+    top_block_parameters(model, 1)
+    batch = padded_batch()
+    with pytest.raises(ValueError, match="differ from its full forward"):
+        TopBlocks(model, batch)
+    unchecked = TopBlocks(model, batch, check=False)          # what the check keeps users from
+    assert (unchecked(INDICES) - classification_losses(model, batch, INDICES)).abs().max() > 1e-2
+
+
+def test_batch_carrying_arguments_are_found_by_experiment_and_indexed_like_a_loop():
+    from sazo_lite.llm.topblock import _batch_axes, _rows
+
+    n, m, T = 5, 3, 5                       # T == n: a [T, D] table must not be taken for a batch
+    g = torch.Generator().manual_seed(0)
+    per_head = torch.randn(n * m, 1, T, generator=g)           # batch-major, m rows an example (ALiBi)
+    mask = torch.randn(n, 1, T, T, generator=g)
+    table = torch.randn(T, 4, generator=g)
+    full = ((per_head, table), {"mask": mask, "cos": torch.randn(1, T, 4, generator=g), "flag": True})
+    probe = ((per_head[:m], table), {"mask": mask[:1], "cos": full[1]["cos"], "flag": True})
+    axes = _batch_axes(full, probe, n)
+    assert axes == ((m, None), {"mask": 1, "cos": None, "flag": None})
+    index = torch.tensor([4, 0, 2])
+    (rows_per_head, rows_table), rows_kw = _rows(full[0], axes[0], index), _rows(full[1], axes[1], index)
+    assert torch.equal(rows_per_head, torch.cat([per_head[i * m:(i + 1) * m] for i in index.tolist()]))
+    assert rows_table is table and rows_kw["cos"] is full[1]["cos"] and rows_kw["flag"] is True
+    assert torch.equal(rows_kw["mask"], torch.stack([mask[i] for i in index.tolist()]))
+
+
 def test_invalid_inputs_raise_value_errors():
     model, params = lora_top("llama")
     batch = padded_batch()

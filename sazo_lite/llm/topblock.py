@@ -11,17 +11,22 @@ them once for a whole split (one ordinary forward of the model), then every loss
 The blocks are called with exactly the arguments the model's own forward passed them (attention
 mask, rotary position embeddings from ``model.model.rotary_emb``, position ids: recorded by forward
 pre-hooks while the cache was computed), so no attention is re-implemented; the final norm and LM head
-run at the scored positions only, and the head only on the verbaliser rows. The per-example losses
-equal the full model's (``classification_losses``) to float rounding.
+run at the scored positions only, and the head only on the verbaliser rows, followed by the map some
+families apply to the logits (a scale, a soft cap). Which recorded arguments carry the batch (masks,
+per-example position ids, Bloom's ALiBi with one row a head) is found by a second recording over one
+example. The per-example losses equal the full model's (``classification_losses``) to float rounding,
+and the constructor checks that on up to four examples: a family whose forward does something this mode
+does not know is refused (ValueError), never scored wrongly.
 
 What it costs and keeps (N examples of padded length T, hidden size H): the cache holds N·T·H
 floats (plus the recorded masks and position embeddings); a step costs k blocks' forward on B·T
 tokens instead of all L blocks and the head over the vocabulary. Tune LoRA adapters on the top
 blocks (``add_lora(model, layers=top_layers(model, k))``) or all their parameters
 (``top_block_parameters(model, k)``). A trainable tensor below the top blocks would make the cache
-stale: ``TopBlocks`` refuses it (ValueError). Supported: Llama-style models (Llama, SmolLM2, Qwen2,
-Mistral: ``model.model.layers``), GPT-2 (``transformer.h``) and OPT (``model.decoder.layers``), plain
-or wrapped by peft.
+stale: ``TopBlocks`` refuses it (ValueError). Decoder blocks are found at ``model.layers`` (Llama,
+SmolLM2, Qwen, Mistral, Gemma, Phi, OLMo, Cohere, Granite, ...), ``transformer.h`` (GPT-2, GPT-J,
+GPT-Neo, CodeGen, Falcon, Bloom), ``gpt_neox.layers`` and ``model.decoder.layers`` (OPT), plain or
+wrapped by peft.
 
 Example (a tiny random model; in practice SmolLM2 with ``blocks=1``):
     >>> from sazo_lite.llm import tiny_causal_lm
@@ -50,21 +55,51 @@ def _base(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+# Where causal LMs keep their decoder blocks (the first found wins), and the names of the modules the
+# model applies, in this order, between the last block and the LM head.
+_STACKS = (("model", "layers"), ("transformer", "h"), ("gpt_neox", "layers"), ("model.decoder", "layers"))
+_FINAL = ("norm", "final_layernorm", "final_layer_norm", "ln_f", "project_out")
+
+
+def _attribute(module, dotted: str):
+    for name in dotted.split("."):
+        module = getattr(module, name, None)
+    return module
+
+
 def _parts(model):
     """(decoder layers [ModuleList], [modules applied after the last block, in order]) of a causal LM."""
     base = _base(model)
-    inner = getattr(base, "model", None)
-    if inner is not None and isinstance(getattr(inner, "layers", None), torch.nn.ModuleList):   # Llama, Qwen2, Mistral
-        return inner.layers, [inner.norm]
-    transformer = getattr(base, "transformer", None)
-    if transformer is not None and isinstance(getattr(transformer, "h", None), torch.nn.ModuleList):   # GPT-2
-        return transformer.h, [transformer.ln_f]
-    decoder = getattr(inner, "decoder", None)
-    if decoder is not None and isinstance(getattr(decoder, "layers", None), torch.nn.ModuleList):   # OPT
-        after = [getattr(decoder, "final_layer_norm", None), getattr(decoder, "project_out", None)]
-        return decoder.layers, [m for m in after if m is not None]
-    raise ValueError(f"Invalid model: {type(base).__name__} is not a supported causal LM "
-                     "(Llama-style model.model.layers, GPT-2 transformer.h, OPT model.decoder.layers)")
+    for owner_name, stack in _STACKS:
+        owner = _attribute(base, owner_name)
+        layers = getattr(owner, stack, None)
+        if isinstance(layers, torch.nn.ModuleList):
+            after = [getattr(owner, name, None) for name in _FINAL]
+            return layers, [m for m in after if isinstance(m, torch.nn.Module)]
+    raise ValueError(f"Invalid model: {type(base).__name__} is not a supported causal LM (no decoder blocks at "
+                     "model.layers, transformer.h, gpt_neox.layers or model.decoder.layers)")
+
+
+def _logit_map(model):
+    """The elementwise map some families apply to the LM head's logits ([..., V] → [..., V]): Cohere's
+    ``logit_scale``, Granite's ``logits_scaling``, Falcon-H1's ``lm_head_multiplier``, Gemma 2/3's
+    ``final_logit_softcapping``; the identity elsewhere. ``TopBlocks`` checks the result against the
+    full model, so a family with another map is refused, not scored wrongly."""
+    base = _base(model)
+    config = base.config
+    scale = 1.0
+    for value in (getattr(base, "logit_scale", None), getattr(getattr(base, "model", None), "lm_head_multiplier", None)):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            scale *= float(value)
+    divisor = getattr(config, "logits_scaling", None)
+    if isinstance(divisor, (int, float)) and not isinstance(divisor, bool):
+        scale /= float(divisor)
+    cap = getattr(config, "final_logit_softcapping", None)
+
+    def apply(logits):
+        logits = logits * scale if scale != 1.0 else logits
+        return torch.tanh(logits / cap) * cap if cap else logits
+    return apply
 
 
 def decoder_layers(model) -> torch.nn.ModuleList:
@@ -103,16 +138,47 @@ def top_block_parameters(model, blocks: int) -> list[torch.Tensor]:
     return params
 
 
-def _rows(value, index: torch.Tensor, n: int):
-    """``value`` (a recorded block argument) for the examples ``index``: tensors with a batch
-    dimension of n (ndim ≥ 2) are indexed, tuples/lists/dicts element-wise, anything else kept."""
+def _batch_axes(full, probe, n: int):
+    """Which recorded block arguments carry the batch, found by experiment: ``full`` was recorded for
+    all n examples, ``probe`` for the first one alone (same padded width). A tensor whose first
+    dimension went from n·m to m holds m rows an example, batch-major (m = 1: a plain batch dimension;
+    Bloom's ALiBi: m = heads); its entry is m, None for everything else. Same nesting as ``full``."""
+    if isinstance(full, torch.Tensor):
+        if isinstance(probe, torch.Tensor) and full.dim() >= 1 and probe.dim() == full.dim() \
+                and full.shape[1:] == probe.shape[1:] and full.shape[0] == n * probe.shape[0] and n > 1:
+            return probe.shape[0]
+        return None
+    if isinstance(full, (tuple, list)) and isinstance(probe, (tuple, list)) and len(full) == len(probe):
+        return type(full)(_batch_axes(f, q, n) for f, q in zip(full, probe))
+    if isinstance(full, dict) and isinstance(probe, dict) and full.keys() == probe.keys():
+        return {key: _batch_axes(full[key], probe[key], n) for key in full}
+    return None
+
+
+def _rows(value, axes, index: torch.Tensor):
+    """``value`` (a recorded block argument) for the examples ``index``: where ``axes`` gives m rows an
+    example, the rows of those examples (batch-major); everything else as recorded."""
     if isinstance(value, torch.Tensor):
-        return value.index_select(0, index.to(value.device)) if value.dim() >= 2 and value.shape[0] == n and n > 1 else value
+        if not axes:
+            return value
+        m = axes
+        rows = value.reshape(-1, m, *value.shape[1:]).index_select(0, index.to(value.device))   # [B, m, ...]
+        return rows.reshape(-1, *value.shape[1:])
     if isinstance(value, (tuple, list)):
-        return type(value)(_rows(v, index, n) for v in value)
+        axes = axes if isinstance(axes, (tuple, list)) else [None] * len(value)
+        return type(value)(_rows(v, a, index) for v, a in zip(value, axes))
     if isinstance(value, dict):
-        return {key: _rows(v, index, n) for key, v in value.items()}
+        axes = axes if isinstance(axes, dict) else {}
+        return {key: _rows(v, axes.get(key), index) for key, v in value.items()}
     return value
+
+
+def _split_hidden(args, kwargs):
+    """(hidden states [N, T, H], the block's other positional args, its kwargs) of a recorded call."""
+    if args:
+        return args[0], args[1:], kwargs
+    kwargs = dict(kwargs)
+    return kwargs.pop("hidden_states"), (), kwargs
 
 
 class _Recorded(Exception):
@@ -127,6 +193,9 @@ class TopBlocks:
         batch: the examples (``TokenBatch`` with labels and label word ids, as
             ``encode_classification`` makes them).
         blocks: k, how many top decoder blocks are tuned (1 ≤ k ≤ L).
+        check: compare the losses with the model's own forward on up to 4 examples and refuse
+            (ValueError) a family whose top blocks this mode cannot reproduce; costs one forward of
+            the full model on those examples.
 
     Call it with indices ([B]) for the losses [B] (float32, inference mode), as ``MeZO.step``'s closure
     and ``sazo_lite.train``'s ``batch_losses`` want; ``losses(indices, grad=True)`` keeps the autograd
@@ -134,7 +203,7 @@ class TopBlocks:
     backprop) cover the split. Construct it again if weights below the top blocks change.
     """
 
-    def __init__(self, model, batch: TokenBatch, blocks: int = 1):
+    def __init__(self, model, batch: TokenBatch, blocks: int = 1, *, check: bool = True):
         if not isinstance(batch, TokenBatch) or batch.labels is None or batch.label_ids is None:
             raise ValueError("Invalid batch: expected a TokenBatch with labels and label_ids "
                              "(encode_classification)")
@@ -152,7 +221,10 @@ class TopBlocks:
         self.device = next(model.parameters()).device
         self.label_ids = batch.label_ids.to(self.device)
         self.labels = batch.labels.to(self.device)
-        self.hidden, self.arguments, self.lengths = self._cache()
+        self.logit_map = _logit_map(model)
+        self.hidden, self.arguments, self.batch_axes, self.lengths = self._cache()
+        if check:
+            self._check_equals_the_full_model()
 
     def _check_frozen_below(self, model) -> None:
         """No trainable tensor may feed the cached hidden states (the embeddings, the lower blocks)."""
@@ -164,10 +236,8 @@ class TopBlocks:
                              "them (top_block_parameters, add_lora(layers=top_layers(...))) or raise blocks")
 
     @torch.no_grad()
-    def _cache(self):
-        """Run the model once over every example (right-padded to one width), recording the hidden
-        states entering the first tuned block and every tuned block's other arguments."""
-        inputs = self.batch.select(range(len(self.batch)), self.device)
+    def _record(self, input_ids, attention_mask) -> list[tuple]:
+        """Run the model up to its top block, returning each tuned block's (args, kwargs) as called."""
         recorded: dict[int, tuple] = {}
 
         def record(k):
@@ -180,15 +250,47 @@ class TopBlocks:
         handles = [layer.register_forward_pre_hook(record(k), with_kwargs=True) for k, layer in enumerate(self.layers)]
         try:
             with contextlib.suppress(_Recorded):
-                self.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False)
+                self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         finally:
             for handle in handles:
                 handle.remove()
         if len(recorded) != len(self.layers):
             raise ValueError("Invalid model: its forward did not call every top block")
-        hidden = recorded[0][0][0].detach()                                        # [N, T, H]
-        arguments = [(args[1:], kwargs) for args, kwargs in (recorded[k] for k in range(len(self.layers)))]
-        return hidden, arguments, inputs["lengths"]
+        return [_split_hidden(*recorded[k]) for k in range(len(self.layers))]
+
+    def _cache(self):
+        """Run the model once over every example (right-padded to one width), recording the hidden
+        states entering the first tuned block and every tuned block's other arguments; a second run
+        over the first example alone tells which arguments carry the batch (``_batch_axes``)."""
+        inputs = self.batch.select(range(len(self.batch)), self.device)
+        ids, mask = inputs["input_ids"], inputs["attention_mask"]
+        full = self._record(ids, mask)
+        hidden = full[0][0].detach()                                                 # [N, T, H]
+        arguments = [(args, kwargs) for _, args, kwargs in full]
+        probe = [(args, kwargs) for _, args, kwargs in self._record(ids[:1], mask[:1])] if len(ids) > 1 else arguments
+        return hidden, arguments, _batch_axes(arguments, probe, len(ids)), inputs["lengths"]
+
+    def _check_equals_the_full_model(self) -> None:
+        """Refuse a model whose top-block losses differ from its own forward's (an unsupported family:
+        another map after the head, arguments this cache cannot index): compared on up to 4 examples,
+        in reverse order (a wrongly indexed argument shows)."""
+        from .losses import classification_losses
+
+        indices = list(range(len(self) - 1, max(len(self) - 5, -1), -1))
+        with torch.no_grad():
+            full = classification_losses(self.model, self.batch, indices).to(self.device)
+        try:
+            top = self.losses(indices)
+        except (RuntimeError, IndexError) as error:
+            raise ValueError(f"Invalid model: {type(_base(self.model)).__name__}'s top blocks cannot be run on "
+                             f"cached activations ({type(error).__name__}: {error})") from error
+        dtype = self.hidden.dtype if self.hidden.is_floating_point() else torch.float32
+        tolerance = max(1e-4, 4 * torch.finfo(dtype).eps)
+        gap = float(((top - full).abs() / (1 + full.abs())).max())
+        if not gap <= tolerance:
+            raise ValueError(f"Invalid model: {type(_base(self.model)).__name__}'s top-block losses differ from its "
+                             f"full forward's (relative gap {gap:.2e} > {tolerance:.0e}): a family this mode does "
+                             "not support (a step after the LM head or between its blocks that it does not know)")
 
     def __len__(self) -> int:
         return len(self.batch)
@@ -205,12 +307,11 @@ class TopBlocks:
     def logits(self, indices, *, grad: bool = False) -> torch.Tensor:
         """Label-word logits at each example's last prompt position: float32 [B, C]."""
         index = self._index(indices)
-        n = len(self)
         mode = torch.enable_grad() if grad else torch.inference_mode()
         with mode:
             h = self.hidden.index_select(0, index)                               # [B, T, H]
-            for layer, (args, kwargs) in zip(self.layers, self.arguments):
-                out = layer(h, *_rows(args, index, n), **_rows(kwargs, index, n))
+            for layer, (args, kwargs), (args_axes, kwargs_axes) in zip(self.layers, self.arguments, self.batch_axes):
+                out = layer(h, *_rows(args, args_axes, index), **_rows(kwargs, kwargs_axes, index))
                 h = out[0] if isinstance(out, tuple) else out
             rows = torch.arange(len(index), device=h.device)
             h = h[rows, self.lengths.index_select(0, index) - 1]                 # [B, H]: scored positions only
@@ -218,8 +319,8 @@ class TopBlocks:
                 h = module(h)
             if type(self.head) is torch.nn.Linear:                               # the verbaliser rows only
                 bias = None if self.head.bias is None else self.head.bias[self.label_ids]
-                return F.linear(h, self.head.weight[self.label_ids], bias).float()   # [B, C]
-            return self.head(h)[:, self.label_ids].float()
+                return self.logit_map(F.linear(h, self.head.weight[self.label_ids], bias)).float()   # [B, C]
+            return self.logit_map(self.head(h)[:, self.label_ids]).float()
 
     def losses(self, indices, *, grad: bool = False) -> torch.Tensor:
         """Per-example verbaliser cross-entropy: float32 [B] (``grad=True``: keep the autograd graph)."""
