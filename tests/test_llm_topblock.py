@@ -190,6 +190,18 @@ def test_a_family_that_does_something_unknown_after_its_head_is_refused_not_scor
     assert (unchecked(INDICES) - classification_losses(model, batch, INDICES)).abs().max() > 1e-2
 
 
+def test_add_lora_targets_query_and_value_where_peft_has_no_default_and_tunes_the_top_block():
+    model = add_lora(other_family("cohere"), rank=2, layers=top_layers(other_family("cohere"), 1))
+    adapted = {name.split(".lora_A")[0].rsplit(".", 1)[-1] for name, _ in model.named_parameters() if "lora_A" in name}
+    assert adapted == {"q_proj", "v_proj"}
+    params = trainable_parameters(model)
+    jiggle(params, 0.3)
+    batch = padded_batch()
+    assert torch.allclose(TopBlocks(model, batch)(INDICES), classification_losses(model, batch, INDICES), atol=1e-5, rtol=0)
+    gpt2 = add_lora(tiny_causal_lm("gpt2", vocab_size=64), rank=2)          # peft's own default is kept
+    assert {n for n, _ in gpt2.named_parameters() if "lora_A" in n} and all("c_attn" in n for n, _ in gpt2.named_parameters() if "lora_A" in n)
+
+
 def test_batch_carrying_arguments_are_found_by_experiment_and_indexed_like_a_loop():
     from sazo_lite.llm.topblock import _batch_axes, _rows
 

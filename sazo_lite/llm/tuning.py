@@ -44,6 +44,17 @@ def parameter_count(params) -> int:
     return sum(p.numel() for p in params)
 
 
+def _query_value_if_peft_has_no_default(model):
+    """None where peft knows the family's targets; else ["q_proj", "v_proj"] if the model has both
+    (MeZO's and LoRA's choice); else None (peft then asks for target_modules)."""
+    from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as defaults
+
+    if getattr(getattr(model, "config", None), "model_type", None) in defaults:
+        return None
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    return ["q_proj", "v_proj"] if {"q_proj", "v_proj"} <= names else None
+
+
 def add_lora(model, *, rank: int = 8, alpha: int = 16, target_modules=None, init_seed: int = 0, layers=None):
     """Wrap ``model`` with peft LoRA adapters; only the adapters require grad.
 
@@ -55,7 +66,8 @@ def add_lora(model, *, rank: int = 8, alpha: int = 16, target_modules=None, init
         rank: r ≥ 1.
         alpha: the LoRA scale numerator α.
         target_modules: module names to adapt; None uses peft's default for the family
-            (q_proj/v_proj for Llama, OPT, Qwen2; c_attn for GPT-2).
+            (q_proj/v_proj for Llama, OPT, Qwen2; c_attn for GPT-2), or q_proj/v_proj where peft
+            has none and the model has modules of those names (OLMo, Cohere, Granite, SmolLM3, ...).
         init_seed: seeds A's initialisation.
         layers: decoder-layer indices to adapt (None: every layer); e.g.
             ``sazo_lite.llm.topblock.top_layers(model, k)`` for top-block tuning.
@@ -75,6 +87,8 @@ def add_lora(model, *, rank: int = 8, alpha: int = 16, target_modules=None, init
         if not layers or any(not 0 <= i < count for i in layers):
             raise ValueError(f"Invalid layers: {layers!r} (expected indices in [0, {count}))")
         extra = dict(layers_to_transform=layers)
+    if target_modules is None:
+        target_modules = _query_value_if_peft_has_no_default(model)
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules, lora_dropout=0.0,
                         task_type="CAUSAL_LM", **extra)
     with torch.random.fork_rng(devices=[]):
