@@ -291,6 +291,16 @@ def test_walk_bound_projects_onto_the_ball_like_a_plain_reference():
 
 # -- the pull toward θ₀ -----------------------------------------------------------------------------
 
+def test_walk_rules_refuse_a_start_that_does_not_match_the_tuned_tensors():
+    params = [torch.zeros(3), torch.zeros(2, 2)]
+    for start in ([torch.zeros(3)], [torch.zeros(3), torch.zeros(4)], [torch.zeros(3), None]):
+        with pytest.raises(ValueError, match="Invalid start"):
+            WalkBound(params, 1.0, start=start)
+        with pytest.raises(ValueError, match="Invalid start"):
+            WalkPull(params, 0.1, start=start)
+    assert WalkBound(params, 1.0, start=[torch.ones(3), torch.ones(2, 2)]).start[0].sum() == 3
+
+
 def test_walk_pull_shrinks_each_group_by_its_own_rate_like_a_plain_reference():
     """θ ← θ₀ + (1 − η·λ)(θ − θ₀) per group, with that group's rate; a tensor it does not track is left
     alone; a "failure" event moves nothing."""

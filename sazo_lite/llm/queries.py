@@ -166,6 +166,10 @@ class AfterStep:
     def __init__(self, params, start=None):
         self.params = list(params)
         self.start = [p.detach().clone() for p in self.params] if start is None else list(start)
+        if len(self.start) != len(self.params) or any(
+                not isinstance(s, torch.Tensor) or s.shape != p.shape for p, s in zip(self.params, self.start)):
+            raise ValueError(f"Invalid start: expected one tensor of each tuned tensor's shape "
+                             f"({len(self.params)} tensors), got {len(self.start)}")
 
     @torch.no_grad()
     def __call__(self, optimizer, event) -> None:
