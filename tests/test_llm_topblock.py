@@ -238,9 +238,15 @@ def test_invalid_inputs_raise_value_errors():
         TopBlocks(model, batch)
     model.eval()
     top = TopBlocks(model, batch)
-    for bad in ([], [7], [-1]):
+    for bad in ([], [7], [-1], [1.5], [True], torch.tensor([0.0, 1.0]), torch.tensor([[0, 1]]),
+                torch.tensor([True, False]), ["1"]):
         with pytest.raises(ValueError, match="Invalid indices"):
             top(bad)
+    import numpy as np
+
+    expected = top([2, 0, 2])                       # duplicates (sampling with replacement) are kept
+    for same in (torch.tensor([2, 0, 2]), np.array([2, 0, 2]), (2, 0, 2), np.array([2, 0, 2], dtype=np.int32)):
+        assert torch.equal(top(same), expected)
     with pytest.raises(ValueError, match="Invalid model"):
         TopBlocks(torch.nn.Linear(2, 2).eval(), batch)
     with pytest.raises(ValueError, match="Invalid layers"):

@@ -41,6 +41,7 @@ Example (a tiny random model; in practice SmolLM2 with ``blocks=1``):
 from __future__ import annotations
 
 import contextlib
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -299,10 +300,18 @@ class TopBlocks:
         return self.losses(indices)
 
     def _index(self, indices) -> torch.Tensor:
-        index = torch.as_tensor([int(i) for i in indices], dtype=torch.long)
-        if index.numel() == 0 or int(index.min()) < 0 or int(index.max()) >= len(self):
+        """Indices (a 1-D integer tensor or array, or a sequence of ints) as a LongTensor [B]; floats,
+        bools, an empty selection and indices outside [0, N) are refused."""
+        if isinstance(indices, torch.Tensor):
+            ok = indices.dim() == 1 and not indices.dtype.is_floating_point and not indices.dtype.is_complex \
+                and indices.dtype != torch.bool
+            values = indices.tolist() if ok else [None]
+        else:
+            values = list(indices)
+        if not values or any(isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < len(self)
+                             for i in values):
             raise ValueError(f"Invalid indices: expected a non-empty list of ints in [0, {len(self)})")
-        return index.to(self.device)
+        return torch.as_tensor([int(i) for i in values], dtype=torch.long).to(self.device)
 
     def logits(self, indices, *, grad: bool = False) -> torch.Tensor:
         """Label-word logits at each example's last prompt position: float32 [B, C]."""
