@@ -202,6 +202,20 @@ def test_add_lora_targets_query_and_value_where_peft_has_no_default_and_tunes_th
     assert {n for n, _ in gpt2.named_parameters() if "lora_A" in n} and all("c_attn" in n for n, _ in gpt2.named_parameters() if "lora_A" in n)
 
 
+@pytest.mark.parametrize("family", ["llama", "bloom"])
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_small_splits_with_an_unpadded_first_example_index_their_masks(family, n):
+    # An unpadded example alone gets no attention mask in some families: a probe of it alone would not
+    # show that the split's mask carries the batch (the check refused the docstring's example then).
+    model = other_family("bloom") if family == "bloom" else tiny_causal_lm("llama", vocab_size=64, seed=1)
+    jiggle(top_block_parameters(model, 1), 0.3)
+    ids = [[5, 6, 7, 8, 9], [8, 9], [10, 11, 12]][:n]
+    batch = TokenBatch(ids, [len(r) for r in ids], 0, torch.tensor([0, 1, 1][:n]), torch.tensor([3, 4]))
+    top = TopBlocks(model, batch)
+    order = list(range(n))[::-1] + [0]
+    assert torch.allclose(top(order), classification_losses(model, batch, order), atol=1e-5, rtol=0)
+
+
 def test_batch_carrying_arguments_are_found_by_experiment_and_indexed_like_a_loop():
     from sazo_lite.llm.topblock import _batch_axes, _rows
 
@@ -211,14 +225,29 @@ def test_batch_carrying_arguments_are_found_by_experiment_and_indexed_like_a_loo
     mask = torch.randn(n, 1, T, T, generator=g)
     table = torch.randn(T, 4, generator=g)
     full = ((per_head, table), {"mask": mask, "cos": torch.randn(1, T, 4, generator=g), "flag": True})
-    probe = ((per_head[:m], table), {"mask": mask[:1], "cos": full[1]["cos"], "flag": True})
-    axes = _batch_axes(full, probe, n)
+    probe = ((per_head[:2 * m], table), {"mask": mask[:2], "cos": full[1]["cos"], "flag": True})
+    axes = _batch_axes(full, probe, n, 2)
+    assert _batch_axes(full, ((per_head[:2 * m], table), {"mask": None, "cos": None, "flag": True}), n, 2)[1]["mask"] is None
     assert axes == ((m, None), {"mask": 1, "cos": None, "flag": None})
     index = torch.tensor([4, 0, 2])
     (rows_per_head, rows_table), rows_kw = _rows(full[0], axes[0], index), _rows(full[1], axes[1], index)
     assert torch.equal(rows_per_head, torch.cat([per_head[i * m:(i + 1) * m] for i in index.tolist()]))
     assert rows_table is table and rows_kw["cos"] is full[1]["cos"] and rows_kw["flag"] is True
     assert torch.equal(rows_kw["mask"], torch.stack([mask[i] for i in index.tolist()]))
+
+
+def test_the_full_models_losses_refuse_the_indices_top_blocks_refuse():
+    from sazo_lite.llm.losses import batched_closure
+
+    model, _ = lora_top("gpt2")
+    batch = padded_batch()
+    losses = batched_closure(model, batch)
+    for bad in ([-1], [1.5], [7], [], torch.tensor([1.0])):       # -1 used to score the last example
+        with pytest.raises(ValueError, match="Invalid indices"):
+            classification_losses(model, batch, bad)
+        with pytest.raises(ValueError, match="Invalid indices"):
+            losses(bad)
+    assert torch.equal(losses(torch.tensor([6, 1])), classification_losses(model, batch, [6, 1]))
 
 
 def test_invalid_inputs_raise_value_errors():

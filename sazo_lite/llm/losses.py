@@ -30,12 +30,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import numbers
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["causal_lm_losses", "TokenBatch", "encode_answers", "encode_classification", "label_word_ids",
+__all__ = ["causal_lm_losses", "checked_indices", "TokenBatch", "encode_answers", "encode_classification", "label_word_ids",
            "answer_losses", "classification_losses", "classification_logits", "predict", "accuracy",
            "batched_closure"]
 
@@ -83,7 +84,7 @@ class TokenBatch:
 
     def select(self, indices, device) -> dict[str, torch.Tensor]:
         """Right-padded tensors for the chosen examples: input_ids, attention_mask [B, T], lengths [B]."""
-        rows = [self.ids[int(i)] for i in indices]
+        rows = [self.ids[i] for i in checked_indices(indices, len(self))]
         lengths = torch.tensor([len(r) for r in rows])
         width = int(lengths.max())
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
@@ -92,6 +93,26 @@ class TokenBatch:
         mask = torch.arange(width)[None, :] < lengths[:, None]
         return dict(input_ids=input_ids.to(device), attention_mask=mask.long().to(device),
                     lengths=lengths.to(device))
+
+
+def checked_indices(indices, count: int) -> list[int]:
+    """Example indices (a 1-D integer tensor or array, or a sequence of ints) as a list of ints in
+    [0, count); duplicates kept. Floats, bools, negative (wrapping) or too large indices and an empty
+    selection raise ValueError.
+
+    >>> checked_indices(torch.tensor([2, 0, 2]), 3)
+    [2, 0, 2]
+    """
+    if isinstance(indices, torch.Tensor):
+        ok = indices.dim() == 1 and not indices.dtype.is_floating_point and not indices.dtype.is_complex \
+            and indices.dtype != torch.bool
+        values = indices.tolist() if ok else [None]
+    else:
+        values = list(indices)
+    if not values or any(isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < count
+                         for i in values):
+        raise ValueError(f"Invalid indices: expected a non-empty list of ints in [0, {count})")
+    return [int(i) for i in values]
 
 
 def _ids(tokenizer, text: str) -> list[int]:
@@ -241,4 +262,4 @@ def batched_closure(model, batch: TokenBatch, loss: str = "classification", *, a
     if loss not in kinds:
         raise ValueError(f"Invalid loss: {loss!r} (expected one of {sorted(kinds)})")
     fn = kinds[loss]
-    return lambda indices: fn(model, batch, [int(i) for i in indices], autocast_dtype=autocast_dtype)
+    return lambda indices: fn(model, batch, checked_indices(indices, len(batch)), autocast_dtype=autocast_dtype)

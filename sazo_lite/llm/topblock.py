@@ -41,12 +41,11 @@ Example (a tiny random model; in practice SmolLM2 with ``blocks=1``):
 from __future__ import annotations
 
 import contextlib
-import numbers
 
 import torch
 import torch.nn.functional as F
 
-from .losses import TokenBatch
+from .losses import TokenBatch, checked_indices
 
 __all__ = ["TopBlocks", "decoder_layers", "top_layers", "top_block_parameters"]
 
@@ -139,20 +138,22 @@ def top_block_parameters(model, blocks: int) -> list[torch.Tensor]:
     return params
 
 
-def _batch_axes(full, probe, n: int):
+def _batch_axes(full, probe, n: int, p: int):
     """Which recorded block arguments carry the batch, found by experiment: ``full`` was recorded for
-    all n examples, ``probe`` for the first one alone (same padded width). A tensor whose first
-    dimension went from n·m to m holds m rows an example, batch-major (m = 1: a plain batch dimension;
-    Bloom's ALiBi: m = heads); its entry is m, None for everything else. Same nesting as ``full``."""
+    n examples, ``probe`` for p ≠ n of them (with the same padded width and padding). A tensor whose
+    first dimension is n·m there and p·m here holds m rows an example, batch-major (m = 1: a plain
+    batch dimension; Bloom's ALiBi: m = heads); its entry is m, None for everything else (a tensor
+    that does not change with the batch, a value). Same nesting as ``full``."""
     if isinstance(full, torch.Tensor):
         if isinstance(probe, torch.Tensor) and full.dim() >= 1 and probe.dim() == full.dim() \
-                and full.shape[1:] == probe.shape[1:] and full.shape[0] == n * probe.shape[0] and n > 1:
-            return probe.shape[0]
+                and full.shape[1:] == probe.shape[1:] and full.shape[0] % n == 0 \
+                and full.shape[0] // n == probe.shape[0] / p >= 1:
+            return full.shape[0] // n
         return None
     if isinstance(full, (tuple, list)) and isinstance(probe, (tuple, list)) and len(full) == len(probe):
-        return type(full)(_batch_axes(f, q, n) for f, q in zip(full, probe))
+        return type(full)(_batch_axes(f, q, n, p) for f, q in zip(full, probe))
     if isinstance(full, dict) and isinstance(probe, dict) and full.keys() == probe.keys():
-        return {key: _batch_axes(full[key], probe[key], n) for key in full}
+        return {key: _batch_axes(full[key], probe[key], n, p) for key in full}
     return None
 
 
@@ -261,15 +262,20 @@ class TopBlocks:
 
     def _cache(self):
         """Run the model once over every example (right-padded to one width), recording the hidden
-        states entering the first tuned block and every tuned block's other arguments; a second run
-        over the first example alone tells which arguments carry the batch (``_batch_axes``)."""
+        states entering the first tuned block and every tuned block's other arguments. A second run
+        over a few of them tells which arguments carry the batch (``_batch_axes``): the longest and
+        the shortest example (the same width, padded as the whole split is), or for N ≤ 2 all of them
+        and the shortest again (a selection may repeat an example: sampling is with replacement)."""
         inputs = self.batch.select(range(len(self.batch)), self.device)
-        ids, mask = inputs["input_ids"], inputs["attention_mask"]
+        ids, mask, n = inputs["input_ids"], inputs["attention_mask"], len(self.batch)
         full = self._record(ids, mask)
         hidden = full[0][0].detach()                                                 # [N, T, H]
         arguments = [(args, kwargs) for _, args, kwargs in full]
-        probe = [(args, kwargs) for _, args, kwargs in self._record(ids[:1], mask[:1])] if len(ids) > 1 else arguments
-        return hidden, arguments, _batch_axes(arguments, probe, len(ids)), inputs["lengths"]
+        lengths = inputs["lengths"].cpu()
+        rows = [int(lengths.argmax()), int(lengths.argmin())]
+        rows = rows if n > 2 else list(range(n)) + rows[1:]
+        probe = [(args, kwargs) for _, args, kwargs in self._record(ids[rows], mask[rows])]
+        return hidden, arguments, _batch_axes(arguments, probe, n, len(rows)), inputs["lengths"]
 
     def _check_equals_the_full_model(self) -> None:
         """Refuse a model whose top-block losses differ from its own forward's (an unsupported family:
@@ -300,18 +306,7 @@ class TopBlocks:
         return self.losses(indices)
 
     def _index(self, indices) -> torch.Tensor:
-        """Indices (a 1-D integer tensor or array, or a sequence of ints) as a LongTensor [B]; floats,
-        bools, an empty selection and indices outside [0, N) are refused."""
-        if isinstance(indices, torch.Tensor):
-            ok = indices.dim() == 1 and not indices.dtype.is_floating_point and not indices.dtype.is_complex \
-                and indices.dtype != torch.bool
-            values = indices.tolist() if ok else [None]
-        else:
-            values = list(indices)
-        if not values or any(isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < len(self)
-                             for i in values):
-            raise ValueError(f"Invalid indices: expected a non-empty list of ints in [0, {len(self)})")
-        return torch.as_tensor([int(i) for i in values], dtype=torch.long).to(self.device)
+        return torch.as_tensor(checked_indices(indices, len(self)), dtype=torch.long).to(self.device)
 
     def logits(self, indices, *, grad: bool = False) -> torch.Tensor:
         """Label-word logits at each example's last prompt position: float32 [B, C]."""
