@@ -41,3 +41,16 @@ def test_language_model_rows_point_to_the_llm_page():
     rows = [row for row in _headline_rows() if re.search(r"SmolLM2|language model|Llama|LoRA", row[0])
             and "memory" not in row[0] and "costs" not in row[0]]
     assert rows and all("docs/llm.md" in where for _, _, where in rows), rows
+
+
+def test_top_block_example_runs_and_lowers_the_loss(capsys):
+    import pytest
+
+    pytest.importorskip("peft")
+    section = README.split("## Tuning only the top blocks", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    namespace = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    top, start = namespace["top"], namespace["start"]
+    assert top.mean_loss() < 0.9 * start
+    assert "F(θ):" in capsys.readouterr().out
