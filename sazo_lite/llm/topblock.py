@@ -280,10 +280,11 @@ class TopBlocks:
     def _check_equals_the_full_model(self) -> None:
         """Refuse a model whose top-block losses differ from its own forward's (an unsupported family:
         another map after the head, arguments this cache cannot index): compared on up to 4 examples,
-        in reverse order (a wrongly indexed argument shows)."""
+        in reverse order and one of them twice (a wrongly indexed argument shows)."""
         from .losses import classification_losses
 
         indices = list(range(len(self) - 1, max(len(self) - 5, -1), -1))
+        indices.append(indices[0])
         with torch.no_grad():
             full = classification_losses(self.model, self.batch, indices).to(self.device)
         try:
