@@ -30,12 +30,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import numbers
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from ..validation import check_int
 __all__ = ["causal_lm_losses", "checked_indices", "TokenBatch", "encode_answers", "encode_classification", "label_word_ids",
            "answer_losses", "classification_losses", "classification_logits", "predict", "accuracy",
            "batched_closure"]
@@ -109,10 +109,9 @@ def checked_indices(indices, count: int) -> list[int]:
         values = indices.tolist() if ok else [None]
     else:
         values = list(indices)
-    if not values or any(isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < count
-                         for i in values):
+    if not values:
         raise ValueError(f"Invalid indices: expected a non-empty list of ints in [0, {count})")
-    return [int(i) for i in values]
+    return [check_int("indices", i, 0, count - 1) for i in values]
 
 
 def _ids(tokenizer, text: str) -> list[int]:

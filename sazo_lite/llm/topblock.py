@@ -13,8 +13,8 @@ mask, rotary position embeddings from ``model.model.rotary_emb``, position ids: 
 pre-hooks while the cache was computed), so no attention is re-implemented; the final norm and LM head
 run at the scored positions only, and the head only on the verbaliser rows, followed by the map some
 families apply to the logits (a scale, a soft cap). Which recorded arguments carry the batch (masks,
-per-example position ids, Bloom's ALiBi with one row a head) is found by a second recording over one
-example. The per-example losses equal the full model's (``classification_losses``) to float rounding,
+per-example position ids, Bloom's ALiBi with one row a head) is found by a second recording over a few
+examples. The per-example losses equal the full model's (``classification_losses``) to float rounding,
 and the constructor checks that on up to four examples: a family whose forward does something this mode
 does not know is refused (ValueError), never scored wrongly.
 
@@ -45,7 +45,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from .losses import TokenBatch, checked_indices
+from .losses import TokenBatch, checked_indices, classification_losses
 
 __all__ = ["TopBlocks", "decoder_layers", "top_layers", "top_block_parameters"]
 
@@ -163,8 +163,7 @@ def _rows(value, axes, index: torch.Tensor):
     if isinstance(value, torch.Tensor):
         if not axes:
             return value
-        m = axes
-        rows = value.reshape(-1, m, *value.shape[1:]).index_select(0, index.to(value.device))   # [B, m, ...]
+        rows = value.reshape(-1, axes, *value.shape[1:]).index_select(0, index.to(value.device))   # [B, m, ...]
         return rows.reshape(-1, *value.shape[1:])
     if isinstance(value, (tuple, list)):
         axes = axes if isinstance(axes, (tuple, list)) else [None] * len(value)
@@ -281,8 +280,6 @@ class TopBlocks:
         """Refuse a model whose top-block losses differ from its own forward's (an unsupported family:
         another map after the head, arguments this cache cannot index): compared on up to 4 examples,
         in reverse order and one of them twice (a wrongly indexed argument shows)."""
-        from .losses import classification_losses
-
         indices = list(range(len(self) - 1, max(len(self) - 5, -1), -1))
         indices.append(indices[0])
         with torch.no_grad():
