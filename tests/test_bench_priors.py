@@ -77,3 +77,52 @@ def test_the_smoothed_oracle_with_a_one_step_horizon_is_the_capped_oracle_and_av
     assert np.allclose(slow.probs.numpy(), expected, rtol=1e-12)
     with pytest.raises(ValueError, match="Invalid horizon"):
         SmoothedOracle(4, norms_fn, horizon=0.5)
+
+
+def test_the_regressed_sazo_starts_as_sazo_fits_a_line_per_age_and_stays_unbiased():
+    from benchmarks.queries import RegressedSAZO
+
+    n, rate = 12, 0.3
+    sampler, plain = RegressedSAZO(n, rate=rate, seed=5), SAZOSampler(n, seed=5)
+    diffs = torch.linspace(0.5, 3.0, n, dtype=torch.float64)
+    for s in (sampler, plain):
+        s.update(torch.arange(n), diffs)                            # every example seen once, at step 1
+    assert np.allclose(sampler.probs.numpy(), plain.probs.numpy(), rtol=1e-12)  # α = 0, β = 1: SAZO's p
+    # a reference for the age-1 bucket: running means of (s, o, s², s·o) over the re-drawn examples, o = |d|/L
+    moments = np.array([1.0, 1.0, 2.0, 2.0])
+    for idx, d in (([2, 9], [1.0, 4.0]), ([4, 5], [0.2, 2.5]), ([6, 7], [3.0, 0.1])):
+        idx = torch.tensor(idx)
+        ages = sampler.level_steps + 1 - sampler._last[idx.numpy()]
+        stored = sampler._seen_scores(idx.numpy())
+        sampler.update(idx, torch.tensor(d, dtype=torch.float64))
+        fresh = np.abs(np.array(d)) / sampler.level
+        if ages[0] == 1:
+            for s_, o_ in zip(stored, fresh):
+                moments += rate * (np.array([s_, o_, s_ * s_, s_ * o_]) - moments)
+    assert (sampler._buckets(np.array([1])) == 0).all()
+    intercept, slope = sampler.coefficients()
+    m_s, m_o, m_ss, m_so = moments
+    expected_slope = np.clip((m_so - m_s * m_o) / (m_ss - m_s * m_s), 0.0, 2.0)
+    assert np.isclose(slope[0], expected_slope) and np.isclose(intercept[0], m_o - expected_slope * m_s)
+    # the line scores the seen examples of that age (floored at 5% of the prior)
+    one_step_old = np.flatnonzero(sampler.level_steps + 1 - sampler._last == 1)
+    line = intercept[0] + slope[0] * sampler._seen_scores(one_step_old)
+    floor = 0.05 * sampler._prior_score()
+    assert np.allclose(sampler._sampling_scores(one_step_old), np.maximum(line, floor))
+    # ... and p is still what the weights say it is: E[w·f] = F
+    p = sampler.probs.numpy()
+    assert abs(p.sum() - 1.0) < 1e-12 and p.min() >= 0.1 / n - 1e-15
+    draws, weights = sampler.sample(100_000)
+    assert np.abs(np.bincount(draws.numpy(), minlength=n) / len(draws) - p).max() < 0.005
+    assert np.allclose(weights.numpy(), 1.0 / (n * p[draws.numpy()]))
+
+
+def test_the_regressed_sazo_gives_unseen_examples_no_seen_mass():
+    from benchmarks.queries import RegressedSAZO
+
+    sampler = RegressedSAZO(10, seed=0)
+    idx, weights = sampler.sample(4)
+    assert torch.equal(weights, torch.ones(4, dtype=torch.float64))    # before any data: uniform
+    sampler.update(torch.tensor([0, 1]), torch.tensor([1.0, 4.0], dtype=torch.float64))
+    assert (sampler._sampling_scores(np.arange(2, 10)) == 0).all()   # the store adds the prior for these
+    assert "sazo-regressed" in METHODS and "sazo-decay-0.95" in METHODS and "sazo-level-decay-0.999" in METHODS
