@@ -324,6 +324,29 @@ def lost(runs: list[dict]) -> bool:
     return 2 * sum(r["diverged"] for r in runs) >= len(runs)
 
 
+RELAPSE = 1.5    # a run whose F climbed to 1.5× its best so far is held by its noise, not by its pace
+
+
+def relapse(run: dict) -> float:
+    """max_t F_t / min_{s≤t} F_s over a run's log: 1 for a run that only descends.
+
+    Example:
+        >>> relapse({"train_loss": [1.0, 0.4, 0.5, 0.3, 0.6]})
+        2.0
+    """
+    best, worst = math.inf, 1.0
+    for loss in run["train_loss"]:
+        best = min(best, loss)
+        worst = max(worst, loss / best) if best > 0 else worst
+    return worst
+
+
+def noise_held(runs: list[dict]) -> bool:
+    """At least half of a cell's seeds diverged or relapsed (``RELAPSE``): its rate is above the one whose
+    noise floor lies below the target, so a lower rate can go deeper within the same cut."""
+    return 2 * sum(r["diverged"] or relapse(r) >= RELAPSE for r in runs) >= len(runs)
+
+
 def run_from(theta0: list, model, params, train, test, sampler: str, *, lr: float, seed: int, **settings) -> dict:
     """One ZO run from θ₀ (the weights restored first) as ``QueryRun.to_dict()``; ``settings`` go to
     ``query_run``. The race's grid cells and ``benchmarks.llm_long_runs`` both run through it."""
@@ -436,13 +459,15 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
 
     # bracket from below: while the rule's choice is the lowest rate tried (or no rate reached the target),
     # one √2 step lower, so that the chosen rate is not just where the grid happened to start; but a rate
-    # whose median missed the target without half its seeds diverging was too slow, and below the edge every
-    # sampler moves at GD's pace (queries ∝ 1/η): a lower rate cannot reach the target within the same cut
+    # whose median missed the target with its runs still descending (under half of its seeds diverged or
+    # relapsed) was too slow: there every sampler moves at GD's pace (queries ∝ 1/η), so a lower rate cannot
+    # reach the target within the same cut. A cell held by its noise (F climbing back to 1.5× its best) steps
+    # down: a lower rate has a lower noise floor.
     for _ in range(cells if setting.step_down else 0):
         lowest = min(map(float, grid))
         if not (math.isinf(best) or choose() == lowest):
             break
-        if math.isinf(best) and not past_edge(grid[f"{lowest:g}"]):
+        if math.isinf(best) and not noise_held(grid[f"{lowest:g}"]):
             out.setdefault("too_slow", {})[variant] = lowest      # the report says why the grid stopped there
             break
         climb(float(f"{lowest / ROOT2:.3g}"))

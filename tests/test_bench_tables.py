@@ -668,6 +668,29 @@ def test_the_step_down_stops_at_a_rate_that_missed_by_being_too_slow(monkeypatch
     assert "0.000705" in out["grid"]["oracle"] and "too_slow" in out    # 7.05e-4 missed without diverging
 
 
+def test_a_rate_held_by_its_noise_is_not_too_slow_and_the_grid_steps_below_it(monkeypatch):
+    """Missing the target at a noise floor (F climbing back to ≥ 1.5× its best) is not missing it by pace: a
+    lower rate has a lower floor, so the step-down goes on (the default race's grids stopped at such cells)."""
+    curves = {1.41e-3: [1.0, 0.45, 2.0], 9.97e-4: [1.0, 0.55, 0.85, 0.6, 0.58], 7.05e-4: [1.0, 0.7, 0.5, 0.42],
+              4.98e-4: [1.0, 0.9, 0.8, 0.7]}
+    calls = []
+    patch_runs(monkeypatch, curves, lambda sampler, lr, seed, settings: calls.append(lr))
+    args = llm_queries.parse_args(["--sets", "--tiny", "--targets", "0.5", "0.4"])
+    setting = llm_queries.Setting("fake", None, {"oracle": 1.41e-3}, 1, 40, 10, variants=("oracle",), cells=4,
+                                  grid_seeds=3, seeds=3, budget_runs=False, step_down=True)
+    out = {"grid": {}, "chosen_lr": {}, "runs": {}}
+    llm_queries.race_variant(setting, "oracle", None, [], None, None, args, out)
+    # 9.97e-4 relapsed (0.85 / 0.55 = 1.55): step down; 7.05e-4 descends smoothly but misses: too slow, stop
+    assert list(out["grid"]["oracle"]) == ["0.00141", "0.000997", "0.000705"]
+    assert out["too_slow"] == {"oracle": 7.05e-4} and 4.98e-4 not in calls
+    assert out["chosen_lr"]["oracle"] == 7.05e-4                  # no median reached: the best final F
+    assert llm_queries.relapse({"train_loss": [1.0, 0.55, 0.85]}) == pytest.approx(0.85 / 0.55)
+    assert llm_queries.relapse({"train_loss": [1.0, 0.9, 0.8]}) == 1.0
+    held = [{"diverged": False, "train_loss": [1.0, 0.5, 0.8]}, {"diverged": True, "train_loss": [1.0, 3.0]},
+            {"diverged": False, "train_loss": [1.0, 0.6, 0.5]}]
+    assert llm_queries.noise_held(held) and not llm_queries.noise_held(held[2:] + [held[2]] + held[:1])
+
+
 def test_the_step_down_brackets_the_chosen_rate_from_either_start(monkeypatch):
     calls = []
     curves = {7.07e-4: [1.0, 0.8, 0.6, 0.45], 1e-3: [1.0, 0.45, 0.4], 1.41e-3: [1.0, 2.0]}
