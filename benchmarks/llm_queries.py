@@ -158,7 +158,7 @@ class Setting:
     stale_every: int = 0     # > 0: also the oracle with norms this many steps old, at the fresh oracle's rate
     diagnose: int = 0        # SAZO diagnostics every n-th log point of its chosen-rate first seed (0: none)
     cost: float = 1.0        # rough cost of one run, for splitting the work between processes
-    oracle_cost: float = 3.0  # an oracle run's cost ÷ a ZO run's (its backprop refreshes)
+    oracle_cost: float = 3.0  # an oracle run's cost ÷ a ZO run's (its backprop refreshes, every oracle_every steps)
     perturbation: str = "gaussian"
     budget_runs: bool = True  # the chosen-rate seeds run the whole budget (held-out accuracy after it)
     select_target: float | None = None   # the fraction of F₀ the rate rule counts queries to (None: the deepest)
@@ -528,7 +528,7 @@ def share(args, jobs: int, job: int) -> list[tuple[int, str]]:
 
     def cost(unit):      # runs of the unit (grid + seeds) × the cost of one
         setting = table[unit[0]]
-        factor = setting.oracle_cost if unit[1].startswith("oracle") and setting.oracle_every == 1 else 1.0
+        factor = setting.oracle_cost if unit[1].startswith("oracle") else 1.0
         cells = setting.variant_cells.get(unit[1], setting.cells)
         return setting.cost * factor * (cells * setting.grid_seeds / 2 + setting.seeds)
 

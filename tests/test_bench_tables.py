@@ -112,6 +112,11 @@ def test_work_is_shared_between_jobs_without_loss_or_overlap():
     every = sorted(llm_queries.units(args))
     parts = [llm_queries.share(args, 2, k) for k in range(2)]
     assert sorted(parts[0] + parts[1]) == every and not set(parts[0]) & set(parts[1]) and all(parts)
+    # the oracle's refreshes make its unit the longest even when they come every k > 1 steps (the default
+    # race's k = 5): it shares its worker with no other sampler of its set
+    (mine,) = [part for part in parts if (0, "oracle+bound") in part]
+    assert llm_queries.settings(args)[0].oracle_every > 1
+    assert [unit for unit in mine if unit[0] == 0] == [(0, "oracle+bound")]
 
 
 def test_make_bench_grades_the_llm_rows_against_the_issue_targets():
