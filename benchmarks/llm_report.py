@@ -222,8 +222,9 @@ def print_report(report: dict) -> None:
         for variant, where in s.get("incomplete", {}).items():
             print(f"    {variant}: INCOMPLETE, the race so far ({where})")
         for variant, rate in s.get("too_slow", {}).items():
-            print(f"    {variant}: the grid stops stepping down at {rate:g}, which missed the target without half its "
-                  "seeds diverging (too slow: a lower rate cannot reach it within the same cut)")
+            print(f"    {variant}: the grid stops stepping down at {rate:g}, which missed the target with its runs still "
+                  "descending (under half its seeds diverged or relapsed): too slow, a lower rate cannot reach it "
+                  "within the same cut")
         for variant, grid in s["grid"].items():
             select = s.get("select_target", targets[-1])
             print(f"    grid {variant} (median over seeds of the queries to {select:g}·F₀): " + "; ".join(
