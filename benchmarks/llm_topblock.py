@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import transformers
 
 from sazo_lite.atomic import write_text
 from sazo_lite.llm import add_lora, load_smollm2, restore_snapshot, snapshot, trainable_parameters
@@ -251,6 +252,7 @@ def measured_on(workers: str | None = None) -> dict:
     "2 process(es) × 1 thread(s)" (default: this process's torch threads)."""
     return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+                       f"transformers {transformers.__version__}, "
                        f"{workers or f'{torch.get_num_threads()} thread(s)'}"}
 
 
