@@ -8,6 +8,10 @@ are turned into probabilities by the same transform (``samplers.probabilities``,
 * ``fresh`` — the true norms now, mixed like SAZO (the mix only).
 
 V(p)/V(p*) of each isolates one cause: stale/fresh is the lag in steps, sazo/stale the estimate's noise.
+SAZO's excess V(p)/V(p*) − 1 is also split between the examples drawn within the last 2·N/B steps
+(``recent``) and the others (``old``): where it sits says whether rarely drawn examples' stale scores or
+the motion of every example's norm within a visit interval costs. The problem is a course problem
+(``sazo_runs.PROBLEMS``) or one of ``make bench``'s (``benchmarks.queries``, e.g. "quadratic σ=1.5").
 
 ``--race`` instead races samplers that each remove one of SAZO's handicaps, in queries to the targets
 (B = 1, each at its best rate of a small grid, median over seeds, ``benchmarks.queries``' protocol):
@@ -37,18 +41,42 @@ def v_ratio(p: np.ndarray, norms: np.ndarray) -> float:
     return float((norms ** 2 / p).sum() / n / (norms.sum() ** 2 / n))
 
 
+def excess_by_age(p: np.ndarray, norms: np.ndarray, recent: np.ndarray) -> tuple[float, float]:
+    """(old, recent): V(p)/V(p*) − 1 split between the examples not in ``recent`` (bool [N]) and those in it.
+
+    Example i adds a_i²/(p_i·(Σa)²) to V(p)/V(p*) against p*_i = a_i/Σa for the oracle, so each side's share
+    is Σ over it of that difference; the two add up to V(p)/V(p*) − 1.
+
+    Example:
+        >>> old, new = excess_by_age(np.array([0.5, 0.5]), np.array([1.0, 3.0]), np.array([True, False]))
+        >>> round(old, 3), round(new, 3), round(old + new + 1, 3) == round(v_ratio(np.array([0.5, 0.5]), np.array([1.0, 3.0])), 3)
+        (0.375, -0.125, True)
+    """
+    share = norms ** 2 / p / norms.sum() ** 2 - norms / norms.sum()
+    return float(share[~recent].sum()), float(share[recent].sum())
+
+
+def _problem(name: str):
+    """A course problem by name, or one of ``make bench``'s (the same data as its race)."""
+    from benchmarks.queries import default_problems
+
+    bench = {p.name: p.problem for p in default_problems()}
+    return bench[name] if name in bench else make_problem(name)
+
+
 def run(problem_name: str, *, steps: int, lr: float, seed: int, batch_size: int = 4, log_every: int = 100):
-    problem = make_problem(problem_name)
+    problem = _problem(problem_name)
     theta = problem.initial_theta(torch.float64)
     n = problem.num_examples
     sampler = SAZOSampler(n, seed=seed)
     opt = MeZO([theta], lr=lr, eps=1e-3, seed=seed)
-    last_true = np.full(n, np.nan)
+    last_true, last_step = np.full(n, np.nan), np.full(n, -np.inf)
     rows = []
     for step in range(1, steps + 1):
         idx, w = sampler.sample(batch_size)
         norms_now = problem.norms(theta).double().numpy()
         last_true[idx.numpy()] = norms_now[idx.numpy()]
+        last_step[idx.numpy()] = step
 
         out = opt.step(lambda: problem.losses(theta, idx), w)
         sampler.update(idx, out.directional_diffs)
@@ -56,8 +84,10 @@ def run(problem_name: str, *, steps: int, lr: float, seed: int, batch_size: int 
             a = problem.norms(theta).double().numpy()
             mix = sampler.uniform_mix
             stale = np.where(np.isnan(last_true), np.nanmean(last_true), last_true)
-            rows.append(dict(step=step, gap=float(problem.gap(theta)),
-                             sazo=v_ratio(sampler.probs.double().numpy(), a),
+            p = sampler.probs.double().numpy()
+            old, recent = excess_by_age(p, a, step - last_step < 2 * n / batch_size)
+            rows.append(dict(step=step, gap=float(problem.gap(theta)), old=old, recent=recent,
+                             sazo=v_ratio(p, a),
                              stale=v_ratio(probabilities(stale, stale.sum(), mix, n), a),
                              fresh=v_ratio(probabilities(a, a.sum(), mix, n), a)))
     return rows
@@ -93,15 +123,19 @@ def main():
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--log-every", type=int, default=100)
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.race:
         race(args.problem, args.methods, args.grid, args.seeds, args.targets, args.max_steps)
         return
     for seed in args.seeds:
-        for r in run(args.problem, steps=args.steps, lr=args.lr, seed=seed):
+        for r in run(args.problem, steps=args.steps, lr=args.lr, seed=seed, batch_size=args.batch_size,
+                     log_every=args.log_every):
             print(f"seed {seed} step {r['step']:5d} gap {r['gap']:.3e}  V/V*: sazo {r['sazo']:.3f} "
-                  f"stale {r['stale']:.3f} fresh(mix) {r['fresh']:.3f}", flush=True)
+                  f"stale {r['stale']:.3f} fresh(mix) {r['fresh']:.3f}  sazo's excess: drawn within 2N/B steps "
+                  f"{r['recent']:+.3f}, earlier {r['old']:+.3f}", flush=True)
 
 
 if __name__ == "__main__":

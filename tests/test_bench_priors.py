@@ -126,3 +126,12 @@ def test_the_regressed_sazo_gives_unseen_examples_no_seen_mass():
     sampler.update(torch.tensor([0, 1]), torch.tensor([1.0, 4.0], dtype=torch.float64))
     assert (sampler._sampling_scores(np.arange(2, 10)) == 0).all()   # the store adds the prior for these
     assert "sazo-regressed" in METHODS and "sazo-decay-0.95" in METHODS and "sazo-level-decay-0.999" in METHODS
+
+
+def test_score_lag_splits_sazos_excess_variance_between_recently_drawn_and_older_examples():
+    from benchmarks.score_lag import run
+
+    rows = run("quadratic σ=1.5", steps=300, lr=0.005, seed=0, batch_size=4, log_every=150)   # make bench's data
+    assert [r["step"] for r in rows] == [150, 300]
+    for r in rows:
+        assert abs(r["old"] + r["recent"] + 1.0 - r["sazo"]) < 1e-9 and r["sazo"] >= 1.0
