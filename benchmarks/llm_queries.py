@@ -439,7 +439,8 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
                 break      # the median is lost whatever the other seeds do
         if missing:
             raise missing
-        best = min(best, median_queries([queries_to(r, select) for r in cell]))
+        if not past_edge(cell):      # a rate where most runs diverge is no rate to run, however soon they arrive
+            best = min(best, median_queries([queries_to(r, select) for r in cell]))
         return past_edge(cell)
 
     def past_edge(cell) -> bool:     # half of the cell's seeds (counted in full) diverged
@@ -450,11 +451,12 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
         if climb(lr):
             break          # the edge: every higher rate diverges sooner
 
-    def choose() -> float:      # the median rule over the cells so far (a miss counts as never)
+    def choose() -> float:      # the median rule over the cells so far (a miss counts as never), past the edge excluded
+        eligible = {lr: cell for lr, cell in grid.items() if not past_edge(cell)} or grid
         per_rate = {float(lr): [queries_to(r, select) for r in cell] + [None] * (setting.grid_seeds - len(cell))
-                    for lr, cell in grid.items()}
+                    for lr, cell in eligible.items()}
         finals = {float(lr): statistics.median(r["train_loss"][-1] / r["train_loss"][0] if not r["diverged"]
-                                               else math.inf for r in cell) for lr, cell in grid.items()}
+                                               else math.inf for r in cell) for lr, cell in eligible.items()}
         return best_rate(per_rate, tiebreak=finals)
 
     # bracket from below: while the rule's choice is the lowest rate tried (or no rate reached the target),

@@ -696,6 +696,22 @@ def test_a_rate_held_by_its_noise_is_not_too_slow_and_the_grid_steps_below_it(mo
     assert llm_queries.noise_held(held) and not llm_queries.noise_held(held[2:] + [held[2]] + held[:1])
 
 
+def test_a_rate_past_the_edge_is_not_chosen_even_where_its_runs_reached_the_target_before_diverging(monkeypatch):
+    """A replication of the default race chose SAZO's 0.012, where 2 of 3 grid seeds reached 0.3·F₀ and then
+    diverged; 5 of 5 of its final seeds diverged. A cell with half its seeds diverged is no rate to run."""
+    curves = {2e-3: [1.0, 0.25, 2.0], 1.41e-3: [1.0, 0.6, 0.45, 0.28], 1e-3: [1.0, 0.7, 0.6, 0.5, 0.45]}
+    patch_runs(monkeypatch, curves)
+    args = llm_queries.parse_args(["--sets", "--tiny", "--targets", "0.5", "0.3"])
+    setting = llm_queries.Setting("fake", None, {"sazo": 1e-3}, 1, 40, 10, variants=("sazo",), cells=3,
+                                  grid_seeds=3, seeds=3, budget_runs=False, step_down=True, select_target=0.3)
+    out = {"grid": {}, "chosen_lr": {}, "runs": {}}
+    llm_queries.race_variant(setting, "sazo", None, [], None, None, args, out)
+    assert list(out["grid"]["sazo"]) == ["0.001", "0.00141", "0.002"]      # climbed to the edge
+    assert llm_queries.queries_to(out["grid"]["sazo"]["0.002"][0], 0.3) == 10     # it did reach the target first
+    assert out["chosen_lr"]["sazo"] == 1.41e-3                               # ... and is still not chosen
+    assert all(not r["diverged"] for r in out["runs"]["sazo"])
+
+
 def test_the_step_down_brackets_the_chosen_rate_from_either_start(monkeypatch):
     calls = []
     curves = {7.07e-4: [1.0, 0.8, 0.6, 0.45], 1e-3: [1.0, 0.45, 0.4], 1.41e-3: [1.0, 2.0]}
