@@ -11,8 +11,10 @@ The protocol (issue 28; the mechanism behind it is in docs/llm.md):
   fresh oracle's chosen rate as the documented failure.
 * Each sampler climbs its own √2-spaced rate grid from its start rate until the median over 3 seeds is
   lost (≥ half the seeds diverged: the sampler's edge); a miss counts as never. The chosen rate is
-  ``sazo_lite.train.best_rate``'s (the one grid rule); then seeds up to ``--seeds`` (5) at that rate,
-  which run the whole budget, so their held-out accuracy is after a fixed number of queries.
+  ``sazo_lite.train.best_rate``'s (the one grid rule) among the cells short of the edge; then seeds up to
+  ``--seeds`` (5) at that rate, which run the whole budget, so their held-out accuracy is after a fixed
+  number of queries. Where the rule's choice is the lowest rate tried, the grid steps √2 lower, but not
+  below a cell that missed the target with its runs still descending (too slow; ``noise_held``).
 * Every run records ‖θ−θ₀‖ at every log point, max |ĝ|, max weight and E[ĝ²]; the table shows them.
 * Ratios of median queries: uniform ÷ oracle, uniform ÷ SAZO, SAZO ÷ oracle at 0.5·F₀ and the deeper
   target; ``+rule`` variants run ``NoiseScaledStep`` (the sampler-agnostic step rule) with their own grid,
