@@ -441,9 +441,10 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
                 break      # the median is lost whatever the other seeds do
         if missing:
             raise missing
-        if not past_edge(cell):      # a rate where most runs diverge is no rate to run, however soon they arrive
+        edge = past_edge(cell)
+        if not edge:      # a rate where most runs diverge is no rate to run, however soon they arrive
             best = min(best, median_queries([queries_to(r, select) for r in cell]))
-        return past_edge(cell)
+        return edge
 
     def past_edge(cell) -> bool:     # half of the cell's seeds (counted in full) diverged
         return lost(cell) and 2 * sum(r["diverged"] for r in cell) >= setting.grid_seeds

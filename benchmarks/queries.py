@@ -209,17 +209,9 @@ class RegressedSAZO(StaleCorrectedSAZOSampler):
         floored = np.maximum(predicted, self.floor * self._prior_score())
         return np.where(self._n[indices] > 0, floored, 0.0)   # 0 where unseen, as the store expects
 
-    def _observe(self, indices, diffs) -> None:
-        unique = np.unique(indices.numpy())
-        seen = self._n[unique] > 0
-        buckets = self._buckets(self.level_steps + 1 - self._last[unique[seen]])
-        stored = self._seen_scores(unique[seen])
-        SAZOSampler._observe(self, indices, diffs)
-        fresh = self._fresh_scores(indices, diffs)[seen]
-        for b, o, s in zip(buckets, fresh, stored):   # ≤ B of them
+    def _learn_by_age(self, buckets, fresh, stored) -> None:   # the staleness correction's draws, other moments
+        for b, o, s in zip(buckets, fresh, stored):
             self._moments[b] += self.rate * (np.array([s, o, s * s, s * o]) - self._moments[b])
-        self._last[unique] = self.level_steps
-        self._store.refresh(None)
 
 
 # name -> (problem, θ, seed) -> sampler. The first three are the table's columns; the rest

@@ -56,12 +56,17 @@ def excess_by_age(p: np.ndarray, norms: np.ndarray, recent: np.ndarray) -> tuple
     return float(share[~recent].sum()), float(share[recent].sum())
 
 
-def _problem(name: str):
-    """A course problem by name, or one of ``make bench``'s (the same data as its race)."""
+def _bench(name: str):
+    """``make bench``'s problem of that name (``benchmarks.queries.BenchProblem``), or None."""
     from benchmarks.queries import default_problems
 
-    bench = {p.name: p.problem for p in default_problems()}
-    return bench[name] if name in bench else make_problem(name)
+    return {p.name: p for p in default_problems()}.get(name)
+
+
+def _problem(name: str):
+    """A course problem by name, or one of ``make bench``'s (the same data as its race)."""
+    bench = _bench(name)
+    return bench.problem if bench is not None else make_problem(name)
 
 
 def run(problem_name: str, *, steps: int, lr: float, seed: int, batch_size: int = 4, log_every: int = 100):
@@ -98,9 +103,11 @@ RACE_METHODS = ("oracle", "oracle-mix-0.1", "informed-fresh", "sazo")
 
 def race(problem_name: str, methods, grid, seeds, targets=(0.02, 0.005), max_steps=None) -> dict:
     """Median queries [per seed] at each method's best rate of ``grid`` (``benchmarks.queries``)."""
-    from benchmarks.queries import TargetRun, best_learning_rate, default_problems
+    from benchmarks.queries import TargetRun, best_learning_rate
 
-    item = {p.name: p for p in default_problems()}[problem_name]
+    item = _bench(problem_name)
+    if item is None:
+        raise ValueError(f"Invalid problem: {problem_name!r} (the race runs make bench's problems)")
     steps = max_steps or item.max_steps
     out = {}
     for method in methods:

@@ -926,12 +926,16 @@ class StaleCorrectedSAZOSampler(SAZOSampler):
         stored = self._seen_scores(unique[seen])
         with InterruptsDeferred():   # the robust update and the correction's state: all or none
             super()._observe(indices, diffs)       # raises before any change if the diffs are refused
-            fresh = self._fresh_scores(indices, diffs)
-            for b, f, g in zip(buckets, fresh[seen], stored):   # ≤ B of them
-                self._fresh[b] += self.growth_rate * (f - self._fresh[b])
-                self._stored[b] += self.growth_rate * (g - self._stored[b])
+            self._learn_by_age(buckets, self._fresh_scores(indices, diffs)[seen], stored)
             self._last[unique] = self.level_steps
             self._store.refresh(None)
+
+    def _learn_by_age(self, buckets: np.ndarray, fresh: np.ndarray, stored: np.ndarray) -> None:
+        """The running means A_b, S_b from the seen examples this step redrew: their age buckets, fresh
+        observations and the scores they had stored (≤ B of each)."""
+        for b, f, g in zip(buckets, fresh, stored):
+            self._fresh[b] += self.growth_rate * (f - self._fresh[b])
+            self._stored[b] += self.growth_rate * (g - self._stored[b])
 
     def _fresh_scores(self, indices, diffs) -> np.ndarray:
         """This step's observations in score units (at the level just updated), one per distinct index

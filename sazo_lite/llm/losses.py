@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from ..validation import check_int
+
 __all__ = ["causal_lm_losses", "checked_indices", "TokenBatch", "encode_answers", "encode_classification", "label_word_ids",
            "answer_losses", "classification_losses", "classification_logits", "predict", "accuracy",
            "batched_closure"]
