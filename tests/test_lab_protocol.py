@@ -6,10 +6,12 @@ runs in, as it does in the sandbox's worker).
 """
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
 import textwrap
+import types
 
 import pytest
 import torch
@@ -169,6 +171,27 @@ def test_a_cell_that_binds_graded_names_belongs_to_their_questions(tmp_path):
     assert grading.bound_names("def f():\n    x = 1\n    global y\n    y = 2\n(z := 3)\nimport a.b as c, d.e") \
         == {"f", "y", "z", "c", "d"}
     assert grading.bound_names("this is not python") == set()
+
+
+DEEP_CELLS = ["x" + "[0]" * 100000, "-" * 100000 + "1", "(" * 300 + ")" * 300]  # RecursionError, MemoryError, SyntaxError
+
+
+@pytest.mark.parametrize("parser", ["this interpreter", "broken here (cpython#106905)"])
+def test_bound_names_survive_deep_cells_and_a_broken_parser(parser, monkeypatch):
+    """A cell nested past the parser's limits binds nothing (it does not stop the grading); where
+    this interpreter's parser raises its spurious SystemError, the names come from a fresh one."""
+    if parser != "this interpreter":
+        def broken(*args, **kwargs):
+            raise SystemError("AST constructor recursion depth mismatch (before=33, after=23)")
+        monkeypatch.setattr(grading, "ast", types.SimpleNamespace(**{**vars(ast), "parse": broken}))
+    source = "def f():\n    x = 1\n    global y\n    y = 2\n(z := 3)\nimport a.b as c, d.e"
+    assert grading.bound_names(source) == {"f", "y", "z", "c", "d"}
+    assert grading.bound_names("this is not python") == set()
+    for cell in DEEP_CELLS:
+        assert grading.bound_names(cell) == set()
+    assert grading._test_dict("x = 1\ntest = {'name': 'q1', 'points': 2}\n") == {"name": "q1", "points": 2}
+    with pytest.raises(SyntaxError):
+        grading.parse_python("def (:")
 
 
 GUARD = r"""

@@ -21,6 +21,7 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import re
 import selectors
 import subprocess
@@ -59,9 +60,43 @@ def load_tests(autograder: Path) -> tuple[dict, dict]:
     return config, questions
 
 
+def parse_python(source: str) -> ast.Module:
+    """``ast.parse(source)``, from a fresh interpreter where this one's parser is broken.
+
+    CPython 3.11.0-3.11.7 keeps the AST constructor's recursion counter in state shared by every
+    parse, so a parse can fail with a spurious ``SystemError`` ("AST constructor recursion depth
+    mismatch", python/cpython#106905), and in a long-lived process (a grader, a test worker) the
+    parses after it can fail the same way. Then the source is parsed again in a new interpreter
+    (``-I``: no site, no environment) that only parses it and sends the tree back; its SyntaxError
+    or ValueError is raised here as if ``ast.parse`` had raised it.
+    """
+    try:
+        return ast.parse(source)
+    except SystemError:
+        pass
+    done = subprocess.run([sys.executable, "-I", "-c", _PARSE_ELSEWHERE], input=source.encode("utf-8", "surrogatepass"),
+                          capture_output=True, timeout=60, check=False)
+    if done.returncode != 0:
+        raise SystemError(f"parsing failed here and in a fresh interpreter: {done.stderr.decode(errors='replace')[-300:]}")
+    tree = pickle.loads(done.stdout)  # written by _PARSE_ELSEWHERE: an ast.Module or the parse's own exception
+    if isinstance(tree, BaseException):
+        raise tree
+    return tree
+
+
+_PARSE_ELSEWHERE = """\
+import ast, pickle, sys
+try:
+    found = pickle.dumps(ast.parse(sys.stdin.buffer.read().decode("utf-8", "surrogatepass")))
+except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:  # a deep tree fails in dumps
+    found = pickle.dumps(type(exc)(*exc.args))
+sys.stdout.buffer.write(found)
+"""
+
+
 def _test_dict(source: str) -> dict:
     """The ``test = {...}`` literal of an OK-format test file, read without executing it."""
-    for node in ast.parse(source).body:
+    for node in parse_python(source).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "test" for t in node.targets):
             return ast.literal_eval(node.value)
     return {}
@@ -120,8 +155,8 @@ def _notebook(notebook):
 def bound_names(source: str) -> set[str]:
     """The names a cell binds at its top level (assignments, def, class, import; not inside functions)."""
     try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+        tree = parse_python(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return set()
     names: set[str] = set()
 
