@@ -279,6 +279,7 @@ def lab1_estimator_variance(f, grad, theta, eps, directions):   # an answer of 4
     return torch.zeros(2000, 2000, dtype=torch.float64)
 """]),
     "exits": ({}, ["import os\nos._exit(3)"]),
+    "deep_cell": ({}, ["x" + "[0]" * 100000]),   # past the parser's limits (RecursionError): that cell fails, the rest stands
 }
 
 
@@ -605,6 +606,8 @@ def test_hostile_submissions_are_graded_and_every_one_gets_its_row(graded):
     assert huge["q3"][0] < huge["q3"][1] and all(huge[q][0] == huge[q][1] for q in ("q1", "q2", "q4")), huge
     details = json.loads((csv_path.parent / csv_path.stem / "huge_value" / "results.json").read_text())
     assert any("too large" in (c["message"] or "") for c in details["questions"]["q3"]["cases"]), details["questions"]["q3"]
+    deep = _scores(rows["deep_cell.ipynb"])
+    assert all(deep[q][0] == deep[q][1] for q in ("q1", "q2", "q3", "q4")), deep
     exits = rows["exits.ipynb"]
     assert exits["total"] == exits["possible"] and exits["status"] == "timeout", "graded again without the cell that exits"
 
