@@ -214,6 +214,40 @@ class RegressedSAZO(StaleCorrectedSAZOSampler):
             self._moments[b] += self.rate * (np.array([s, o, s * s, s * o]) - self._moments[b])
 
 
+class AdaptiveMixSAZO(SAZOSampler):
+    """Candidate rule (not in the library): SAZO whose uniform mix λ is chosen, every step, as the λ'
+    of ``mixes`` whose variance term V(p_λ') the draws estimate lowest. For indices k drawn from p
+    (the current mix) with diffs d_k (E d_k² = ‖∇f_k‖²),
+
+        V̂(λ') ← (1 − r)·V̂(λ') + r·mean_k d_k² / (N²·p_k·p_λ'(k)),   E_{k∼p}[d_k²/(N² p_k p'_k)] = V(p'),
+
+    with p_λ' = (1 − λ')·ŝ/Σŝ + λ'/N from the same scores, so an example whose norm outgrew its score
+    (a floor example after a jump) raises the V̂ of the small mixes first. |mixes| floats of state,
+    zero extra forwards, weights 1/(N·p_i) of the p sampled."""
+
+    def __init__(self, num_examples, *, mixes=(0.05, 0.1, 0.2, 0.4), rate: float = 0.01, seed: int = 0):
+        super().__init__(num_examples, seed=seed)
+        self.mixes, self.rate = np.asarray(mixes, dtype=np.float64), rate
+        self.variance_estimates = np.zeros(len(mixes))
+        self.mix_history: list[float] = []
+
+    def _observe(self, indices, diffs) -> None:
+        if indices.numel():
+            idx, squared = indices.numpy(), diffs.numpy().astype(np.float64) ** 2
+            total, _, _, prior = self._total()
+            scores = self._scores_at(idx, prior)
+            n = self.num_examples
+            sampled = probabilities(scores, total, self.uniform_mix, n)                       # [B]
+            each = np.stack([probabilities(scores, total, m, n) for m in self.mixes])          # [M, B]
+            estimate = (squared / (n * n * sampled * each)).mean(axis=1)                       # [M]
+            if np.isfinite(estimate).all():
+                self.variance_estimates += self.rate * (estimate - self.variance_estimates)
+        super()._observe(indices, diffs)
+        if self.level_steps * self.rate >= 1.0:   # after ~1/rate steps of estimates
+            self.uniform_mix = float(self.mixes[int(np.argmin(self.variance_estimates))])
+        self.mix_history.append(self.uniform_mix)
+
+
 # name -> (problem, θ, seed) -> sampler. The first three are the table's columns; the rest
 # switch one robustness feature of SAZO's rule off (or change it) for the ablation.
 METHODS: dict[str, Callable] = {
@@ -248,6 +282,7 @@ METHODS: dict[str, Callable] = {
         problem.num_examples, lambda: problem.norms(theta), ema_decay=b, seed=seed))(b) for b in (0.0, 0.5)},
     "sazo-regressed": lambda problem, theta, seed: RegressedSAZO(problem.num_examples, seed=seed),
     "sazo-level-decay-0.999": _sazo_variant(level_decay=0.999),
+    "sazo-adaptive-mix": _sazo_variant(AdaptiveMixSAZO),
     "informed-stale": lambda problem, theta, seed: InformedSampler(
         problem.num_examples, lambda: problem.norms(theta), stale=True, seed=seed),
 }
