@@ -231,15 +231,18 @@ class AdaptiveMixSAZO(SAZOSampler):
         self.variance_estimates = np.zeros(len(mixes))
         self.mix_history: list[float] = []
 
+    def variance_terms(self, indices: np.ndarray, squared: np.ndarray) -> np.ndarray:
+        """One batch's estimates of V(p_λ') for every λ' of ``mixes`` [M]: mean_k squared_k/(N² p_k p_λ'(k)),
+        unbiased for indices drawn from the current p and E[squared_k] = ‖∇f_k‖²."""
+        total, _, _, prior = self._total()
+        scores, n = self._scores_at(indices, prior), self.num_examples
+        sampled = probabilities(scores, total, self.uniform_mix, n)                            # [B]
+        each = np.stack([probabilities(scores, total, m, n) for m in self.mixes])               # [M, B]
+        return (squared / (n * n * sampled * each)).mean(axis=1)
+
     def _observe(self, indices, diffs) -> None:
         if indices.numel():
-            idx, squared = indices.numpy(), diffs.numpy().astype(np.float64) ** 2
-            total, _, _, prior = self._total()
-            scores = self._scores_at(idx, prior)
-            n = self.num_examples
-            sampled = probabilities(scores, total, self.uniform_mix, n)                       # [B]
-            each = np.stack([probabilities(scores, total, m, n) for m in self.mixes])          # [M, B]
-            estimate = (squared / (n * n * sampled * each)).mean(axis=1)                       # [M]
+            estimate = self.variance_terms(indices.numpy(), diffs.numpy().astype(np.float64) ** 2)
             if np.isfinite(estimate).all():
                 self.variance_estimates += self.rate * (estimate - self.variance_estimates)
         super()._observe(indices, diffs)

@@ -135,3 +135,42 @@ def test_score_lag_splits_sazos_excess_variance_between_recently_drawn_and_older
     assert [r["step"] for r in rows] == [150, 300]
     for r in rows:
         assert abs(r["old"] + r["recent"] + 1.0 - r["sazo"]) < 1e-9 and r["sazo"] >= 1.0
+
+
+def test_the_adaptive_mix_estimates_each_mixs_variance_term_without_bias_and_takes_the_lowest():
+    from benchmarks.queries import AdaptiveMixSAZO
+    from sazo_lite.samplers import probabilities
+
+    n = 10
+    norms = np.array([0.1, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 4.0, 0.05, 3.0])
+    sampler = AdaptiveMixSAZO(n, rate=0.5, seed=1)
+    sampler.update(torch.arange(n), torch.from_numpy(np.linspace(3.0, 0.2, n)))   # scores that disagree with the norms
+    scores = sampler.scores().numpy()
+    exact = np.array([np.sum(norms ** 2 / probabilities(scores, scores.sum(), m, n)) / n ** 2 for m in sampler.mixes])
+    draws, weights = sampler.sample(200_000)                                     # from the current p (λ = 0.1)
+    idx = draws.numpy()
+    estimate = sampler.variance_terms(idx, norms[idx] ** 2)                      # E d² = ‖∇f‖²: the norms themselves
+    assert np.allclose(estimate, exact, rtol=0.03)
+    assert np.allclose(weights.numpy(), 1.0 / (n * sampler.probs.numpy()[idx]))  # weights of the p sampled
+    assert "sazo-adaptive-mix" in METHODS
+
+
+def test_the_adaptive_mix_follows_its_estimates_and_raises_the_floor_when_a_low_scored_norm_jumps():
+    from benchmarks.queries import AdaptiveMixSAZO
+
+    n = 10
+    norms = np.array([0.01, 0.01, 0.02, 0.3, 0.5, 1.0, 2.0, 4.0, 0.01, 3.0])
+    sampler, gen = AdaptiveMixSAZO(n, rate=0.1, seed=2), torch.Generator().manual_seed(0)
+
+    def steps(k):
+        for _ in range(k):
+            idx, _ = sampler.sample(4)
+            sampler.update(idx, torch.from_numpy(norms[idx.numpy()]))          # |d| = the norm: no noise
+            if sampler.level_steps >= 10:                                       # after 1/rate steps of estimates
+                assert sampler.uniform_mix == float(sampler.mixes[np.argmin(sampler.variance_estimates)])
+    steps(300)
+    assert set(sampler.mix_history[50:300]) == {0.05}     # scores that match the norms: the lowest floor
+    norms[[0, 1, 8]] = 8.0                                # three floor examples jump past every other norm
+    steps(100)
+    assert max(sampler.mix_history[300:]) >= 0.1          # the jump is seen as variance, and the floor rises
+    assert abs(float(sampler.probs.sum()) - 1.0) < 1e-9
