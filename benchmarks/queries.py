@@ -223,7 +223,8 @@ class AdaptiveMixSAZO(SAZOSampler):
 
     with p_λ' = (1 − λ')·ŝ/Σŝ + λ'/N from the same scores, so an example whose norm outgrew its score
     (a floor example after a jump) raises the V̂ of the small mixes first. |mixes| floats of state,
-    zero extra forwards, weights 1/(N·p_i) of the p sampled."""
+    zero extra forwards, weights 1/(N·p_i) of the p sampled. Raced in docs/llm.md ("Probes of the floor
+    and of the norms' age at N = 64"): level with SAZO on the toys at B = 4, a loss on SmolLM2 at N = 64."""
 
     def __init__(self, num_examples, *, mixes=(0.05, 0.1, 0.2, 0.4), rate: float = 0.01, seed: int = 0):
         super().__init__(num_examples, seed=seed)
