@@ -174,3 +174,32 @@ def test_the_adaptive_mix_follows_its_estimates_and_raises_the_floor_when_a_low_
     steps(100)
     assert max(sampler.mix_history[300:]) >= 0.1          # the jump is seen as variance, and the floor rises
     assert abs(float(sampler.probs.sum()) - 1.0) < 1e-9
+
+
+def test_the_fast_up_sazo_is_sazo_at_equal_decays_and_otherwise_rises_by_the_up_decay_only():
+    from benchmarks.queries import FastUpSAZO
+
+    n, gen = 12, torch.Generator().manual_seed(4)
+    same, plain, fast = FastUpSAZO(n, up_decay=0.9, seed=3), SAZOSampler(n, seed=3), FastUpSAZO(n, up_decay=0.3, seed=3)
+    for _ in range(60):                                  # up_decay = β: SAZO's rule, step for step
+        idx, _ = plain.sample(4)
+        assert torch.equal(idx, same.sample(4)[0])
+        d = torch.randn(4, generator=gen, dtype=torch.float64) * (1 + idx.double())
+        for s in (same, plain):
+            s.update(idx, d)
+    assert np.allclose(same.probs.numpy(), plain.probs.numpy(), rtol=1e-6)
+    # the rule on its own: one draw of each of two seen examples, one above its score and one below
+    fast.update(torch.arange(n), torch.ones(n, dtype=torch.float64))
+    fast.update(torch.arange(n), torch.ones(n, dtype=torch.float64))             # every count 2, every G 1
+    g_before = fast.estimates.numpy().astype(np.float64)
+    fast.update(torch.tensor([0, 1]), torch.tensor([5.0, 0.2], dtype=torch.float64))
+    o = np.array([5.0, 0.2]) / fast.level
+    beta = fast.decay([2, 2])
+    up, down = min(0.3, beta[0]) * g_before[0] + (1 - min(0.3, beta[0])) * o[0], beta[1] * g_before[1] + (1 - beta[1]) * o[1]
+    assert np.allclose(fast.estimates.numpy()[:2], [up, down], rtol=1e-6)
+    scores = fast.scores().numpy()
+    assert np.isclose(fast._seen_sq, float((scores ** 2).sum()), rtol=1e-9)     # the prior's running sum follows
+    draws, weights = fast.sample(50_000)
+    p = fast.probs.numpy()
+    assert abs(p.sum() - 1) < 1e-12 and np.allclose(weights.numpy(), 1.0 / (n * p[draws.numpy()]))
+    assert np.abs(np.bincount(draws.numpy(), minlength=n) / len(draws) - p).max() < 0.01
