@@ -30,7 +30,7 @@ from sazo_lite.atomic import write_text
 from sazo_lite.engine import MeZO
 from sazo_lite.samplers import make_sampler
 from sazo_lite.course.problems import FiniteSumProblem, LeastSquares, LogisticRegression
-from sazo_lite.samplers import SCORE_MAX, SAZOSampler, Sampler, StaleCorrectedSAZOSampler, _mean_by_index, probabilities
+from sazo_lite.samplers import SAZOSampler, Sampler, StaleCorrectedSAZOSampler, probabilities
 from sazo_lite.train import best_rate, median_queries, queries_to_target, train
 from sazo_lite.variance import uniform_gain
 
@@ -261,34 +261,18 @@ class FastUpSAZO(SAZOSampler):
     so a norm that jumps is followed within a draw or two (the under-scored example is what draws a large
     weight), while a low draw of |d| still moves the score by only 1 − β. The upward bias is the same
     multiple for every example with the same noise, so p is about unchanged where norms stand still.
-    O(N), zero extra forwards, weights 1/(N·p_i) of the p sampled ("abs" statistic only). Raced in docs/llm.md
+    O(N), zero extra forwards, weights 1/(N·p_i) of the p sampled: only the decay of SAZO's update changes
+    (``_observation_decay``). Raced in docs/llm.md
     ("Probes of the floor and of the norms' age at N = 64"): a loss on the σ = 1.5 quadratic and at N = 64."""
 
     def __init__(self, num_examples, *, up_decay: float = 0.5, seed: int = 0):
         super().__init__(num_examples, seed=seed)
         self.up_decay = up_decay
 
-    def _observe(self, indices, diffs) -> None:
-        if not indices.numel():
-            return
-        idx = indices.numpy()
-        before = np.unique(idx)
-        old_g, old_n = dict(zip(before, self._g[before].astype(np.float64))), dict(zip(before, self._n[before]))
-        super()._observe(indices, diffs)                          # SAZO's update, then the rising ones again
-        if not self.level > 0:
-            return
-        unique, observed = _mean_by_index(idx, np.minimum(np.abs(diffs.numpy()) / self.level, SCORE_MAX))
-        old = np.array([old_g[i] for i in unique])
-        counts = np.array([old_n[i] for i in unique], dtype=np.float64)
+    def _observation_decay(self, counts, old, observed) -> np.ndarray:
+        decay = self.decay(counts)
         rising = (counts > 0) & (observed > old)
-        if not rising.any():
-            return
-        up, b = unique[rising], np.minimum(self.up_decay, self.decay(counts[rising]))
-        new = (b * old[rising] + (1.0 - b) * observed[rising]).astype(np.float32)
-        current = self._g[up].astype(np.float64)
-        self._seen_sq += float((new.astype(np.float64) ** 2).sum() - (current ** 2).sum())
-        self._g[up] = new
-        self._store.refresh(up, unseen_changed=up[:0])
+        return np.where(rising, np.minimum(self.up_decay, decay), decay)
 
 
 # name -> (problem, θ, seed) -> sampler. The first three are the table's columns; the rest

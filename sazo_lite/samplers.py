@@ -735,7 +735,7 @@ class SAZOSampler(_ScoredSampler):
         seen = counts > 0
         prior = self.prior()
         old = np.where(seen, self._g[unique].astype(np.float64), prior)
-        decay = self.decay(counts)
+        decay = self._observation_decay(counts, old, observed)
         new = (decay * old + (1.0 - decay) * observed).astype(np.float32)
         old_scores = self._seen_scores(unique)[seen]
         new_counts = np.minimum(self._n[unique].astype(np.int64) + 1, COUNT_MAX)
@@ -750,6 +750,10 @@ class SAZOSampler(_ScoredSampler):
             if self._since_resync >= self.num_examples:  # bound the running sum's rounding drift
                 self._resync()
             self._store.refresh(unique, unseen_changed=unique[~seen])
+
+    def _observation_decay(self, counts: np.ndarray, old: np.ndarray, observed: np.ndarray) -> np.ndarray:
+        """The decay each observed example's G takes now ([U]; ``old``: its G, the prior where unseen): β_n."""
+        return self.decay(counts)
 
     def _next_level(self, indices: np.ndarray, size: np.ndarray, steps: int) -> float:
         """L ← EMA of mean_k(w_k·|d_k|): an importance-weighted estimate of (1/N)·Σ_i E|d_i|."""
