@@ -130,10 +130,18 @@ def test_usable_as_mezo_closure_and_accuracy():
     assert 0.0 <= top.accuracy() <= 1.0 and top.predict().shape == (7,)
 
 
-# Families beyond the four tiny ones, each with what sets it apart: a map after the head (Gemma 2's soft
-# cap, Cohere's logit scale, Granite's logit divisor), another final norm's name (Phi), another stack
-# (GPT-NeoX), arguments with several rows an example (Bloom's ALiBi: one a head), Falcon's shared norm.
+# Families beyond the four tiny ones, each with what sets it apart: a map after the head (Gemma 2's and
+# RecurrentGemma's soft caps, Cohere's logit scale, Granite's logit divisor), another final norm's name (Phi; XGLM's and BioGPT's
+# layer_norm, LFM2's embedding_norm), another stack (GPT-NeoX; MPT's transformer.blocks and BioGPT's
+# biogpt.layers, found as the ModuleList of num_hidden_layers blocks), arguments with several rows an
+# example (Bloom's ALiBi: one a head), Falcon's shared norm, blocks that are not attention (Mamba).
 OTHER_FAMILIES = {
+    "xglm": ("XGLMConfig", {}),
+    "mpt": ("MptConfig", dict(d_model=32, n_heads=4, n_layers=3, max_seq_len=128)),
+    "biogpt": ("BioGptConfig", {}),
+    "lfm2": ("Lfm2Config", {}),
+    "mamba": ("MambaConfig", {}),
+    "recurrent_gemma": ("RecurrentGemmaConfig", {}),
     "gemma2": ("Gemma2Config", dict(head_dim=8, final_logit_softcapping=0.5)),
     "cohere": ("CohereConfig", dict(logit_scale=0.5)),
     "granite": ("GraniteConfig", dict(logits_scaling=4.0)),
@@ -170,24 +178,68 @@ def test_other_families_equal_the_full_model(family, blocks):
     assert torch.allclose(top(INDICES), classification_losses(model, batch, INDICES), atol=1e-5, rtol=0)
 
 
-def test_a_family_that_does_something_unknown_after_its_head_is_refused_not_scored_wrongly():
+def test_the_modules_after_the_blocks_are_the_ones_the_forward_calls_not_the_ones_named_like_a_norm():
+    model = tiny_causal_lm("llama", vocab_size=64, seed=1)
+    model.model.final_layernorm = torch.nn.LayerNorm(32)          # named like a final norm, never called
+    with torch.no_grad():
+        model.model.final_layernorm.weight.mul_(5.0)
+    params = top_block_parameters(model, 1)
+    jiggle(params, 0.3)
+    batch = padded_batch()
+    top = TopBlocks(model, batch)
+    assert top.after == [model.model.norm]
+    assert torch.allclose(top(INDICES), classification_losses(model, batch, INDICES), atol=1e-5, rtol=0)
+
+
+def llama_with_logits(logit_map):
+    """The tiny Llama (top block trainable) whose forward applies ``logit_map`` to its logits."""
     from transformers import LlamaForCausalLM
 
-    class ScaledLlama(LlamaForCausalLM):          # a map after the head that TopBlocks does not know
+    class MappedLlama(LlamaForCausalLM):
         def forward(self, *args, **kwargs):
             out = super().forward(*args, **kwargs)
-            out.logits = 3.0 * out.logits
+            out.logits = logit_map(out.logits)
             return out
 
     base = tiny_causal_lm("llama", vocab_size=64, seed=1)
-    model = ScaledLlama(base.config).eval()
+    model = MappedLlama(base.config).eval()
     model.load_state_dict(base.state_dict())
     top_block_parameters(model, 1)
+    return model
+
+
+def test_a_family_that_does_something_unknown_after_its_head_is_refused_not_scored_wrongly():
+    model = llama_with_logits(lambda logits: 3.0 * logits)      # a map after the head that TopBlocks does not know
     batch = padded_batch()
-    with pytest.raises(ValueError, match="differ from its full forward"):
+    with pytest.raises(ValueError, match="maps its LM head's output"):
         TopBlocks(model, batch)
     unchecked = TopBlocks(model, batch, check=False)          # what the check keeps users from
     assert (unchecked(INDICES) - classification_losses(model, batch, INDICES)).abs().max() > 1e-2
+
+
+def test_a_step_between_the_blocks_and_the_head_that_no_module_makes_is_refused_by_the_loss_check():
+    model = tiny_causal_lm("llama", vocab_size=64, seed=1)
+    top_block_parameters(model, 1)
+
+    def doubled(module, args, output):                        # the decoder's output scaled after its final norm
+        output.last_hidden_state = 2.0 * output.last_hidden_state
+        return output
+    model.model.register_forward_hook(doubled)
+    batch = padded_batch()
+    with pytest.raises(ValueError, match="differ from its full forward"):
+        TopBlocks(model, batch)
+    unchecked = TopBlocks(model, batch, check=False)
+    assert (unchecked(INDICES) - classification_losses(model, batch, INDICES)).abs().max() > 1e-3
+
+
+def test_a_map_after_the_head_too_small_for_the_loss_check_is_still_refused():
+    model = llama_with_logits(lambda logits: 50.0 * torch.tanh(logits / 50.0))   # a soft cap at 50
+    batch = padded_batch()
+    unchecked = TopBlocks(model, batch, check=False)
+    gap = float((unchecked(INDICES) - classification_losses(model, batch, INDICES)).abs().max())
+    assert 0 < gap < 1e-4                                       # what the check on the losses lets through
+    with pytest.raises(ValueError, match="maps its LM head's output"):
+        TopBlocks(model, batch)
 
 
 def test_add_lora_targets_query_and_value_where_peft_has_no_default_and_tunes_the_top_block():
@@ -612,3 +664,17 @@ def test_step_cap_is_one_rule_for_every_sampler_and_a_loose_one_changes_nothing(
     assert tight.capped_steps > 0 and tight.step_cap == 1.0 and tight.train_loss != free.train_loss
     assert loose.capped_steps == 0 and loose.train_loss == free.train_loss and loose.walk == free.walk
     restore_snapshot(params, theta0)
+
+
+def test_the_families_probe_sorts_equal_refused_and_crashed(monkeypatch, capsys):
+    import benchmarks.llm_families as families
+
+    assert families.probe("Mpt", 1)["outcome"] == "equal"            # a stack found as num_hidden_layers blocks
+    monkeypatch.setattr(families, "TopBlocks", lambda *a, **k: (_ for _ in ()).throw(ValueError("Invalid model: x")))
+    assert families.probe("Llama", 1)["outcome"] == "refused"
+    monkeypatch.setattr(families, "TopBlocks", lambda *a, **k: (_ for _ in ()).throw(IndexError("boom")))
+    assert families.probe("Llama", 1) == {"outcome": "crashed", "gap": None, "error": "IndexError: boom"}
+    monkeypatch.setitem(families.FAMILIES, "Llama", dict(hidden_size=30))     # 30 is not a multiple of 4 heads
+    assert families.probe("Llama", 1)["outcome"] == "no model"
+    families.main(["--families", "Llama", "Mpt"])
+    assert "families: 0 equal, 0 refused, 1 crashed, 1 no model" in capsys.readouterr().out

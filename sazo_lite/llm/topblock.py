@@ -25,8 +25,10 @@ blocks (``add_lora(model, layers=top_layers(model, k))``) or all their parameter
 (``top_block_parameters(model, k)``). A trainable tensor below the top blocks would make the cache
 stale: ``TopBlocks`` refuses it (ValueError). Decoder blocks are found at ``model.layers`` (Llama,
 SmolLM2, Qwen, Mistral, Gemma, Phi, OLMo, Cohere, Granite, ...), ``transformer.h`` (GPT-2, GPT-J,
-GPT-Neo, CodeGen, Falcon, Bloom), ``gpt_neox.layers`` and ``model.decoder.layers`` (OPT), plain or
-wrapped by peft.
+GPT-Neo, CodeGen, Falcon, Bloom), ``gpt_neox.layers`` and ``model.decoder.layers`` (OPT), else as the
+ModuleList of ``config.num_hidden_layers`` blocks (MPT, BioGPT, ...), plain or wrapped by peft; the
+modules between the last block and the head (a final norm of any name) are those the model's own
+forward calls there.
 
 Example (a tiny random model; in practice SmolLM2 with ``blocks=1``):
     >>> from sazo_lite.llm import tiny_causal_lm
@@ -55,10 +57,10 @@ def _base(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-# Where causal LMs keep their decoder blocks (the first found wins), and the names of the modules the
-# model applies, in this order, between the last block and the LM head.
+# Where causal LMs keep their decoder blocks (the first found wins); elsewhere the shallowest ModuleList
+# with one module a layer (``config.num_hidden_layers``) is taken: MPT's and DBRX's ``transformer.blocks``,
+# BioGPT's ``biogpt.layers``, Mamba's ``backbone.layers``.
 _STACKS = (("model", "layers"), ("transformer", "h"), ("gpt_neox", "layers"), ("model.decoder", "layers"))
-_FINAL = ("norm", "final_layernorm", "final_layer_norm", "ln_f", "project_out")
 
 
 def _attribute(module, dotted: str):
@@ -67,24 +69,31 @@ def _attribute(module, dotted: str):
     return module
 
 
-def _parts(model):
-    """(decoder layers [ModuleList], [modules applied after the last block, in order]) of a causal LM."""
+def _stack(model):
+    """(the module holding the decoder blocks, the blocks [ModuleList]) of a causal LM."""
     base = _base(model)
     for owner_name, stack in _STACKS:
         owner = _attribute(base, owner_name)
         layers = getattr(owner, stack, None)
         if isinstance(layers, torch.nn.ModuleList):
-            after = [getattr(owner, name, None) for name in _FINAL]
-            return layers, [m for m in after if isinstance(m, torch.nn.Module)]
+            return owner, layers
+    count = getattr(base.config, "num_hidden_layers", None) if hasattr(base, "config") else None
+    lists = [(name, m) for name, m in base.named_modules() if isinstance(m, torch.nn.ModuleList)
+             and len(m) == count and len({type(layer) for layer in m}) == 1]
+    if count and lists:
+        name, layers = min(lists, key=lambda item: item[0].count("."))
+        return (base.get_submodule(name.rpartition(".")[0]) if "." in name else base), layers
     raise ValueError(f"Invalid model: {type(base).__name__} is not a supported causal LM (no decoder blocks at "
-                     "model.layers, transformer.h, gpt_neox.layers or model.decoder.layers)")
+                     "model.layers, transformer.h, gpt_neox.layers or model.decoder.layers, nor a ModuleList of "
+                     "config.num_hidden_layers blocks)")
 
 
 def _logit_map(model):
     """The elementwise map some families apply to the LM head's logits ([..., V] → [..., V]): Cohere's
     ``logit_scale``, Granite's ``logits_scaling``, Falcon-H1's ``lm_head_multiplier``, Gemma 2/3's
-    ``final_logit_softcapping``; the identity elsewhere. ``TopBlocks`` checks the result against the
-    full model, so a family with another map is refused, not scored wrongly."""
+    ``final_logit_softcapping``, RecurrentGemma's ``logits_soft_cap``; the identity elsewhere.
+    ``TopBlocks`` checks it on the model's own head output and logits, so a family with another map is
+    refused, not scored wrongly."""
     base = _base(model)
     config = base.config
     scale = 1.0
@@ -94,7 +103,7 @@ def _logit_map(model):
     divisor = getattr(config, "logits_scaling", None)
     if isinstance(divisor, (int, float)) and not isinstance(divisor, bool):
         scale /= float(divisor)
-    cap = getattr(config, "final_logit_softcapping", None)
+    cap = getattr(config, "final_logit_softcapping", None) or getattr(config, "logits_soft_cap", None)
 
     def apply(logits):
         logits = logits * scale if scale != 1.0 else logits
@@ -104,7 +113,7 @@ def _logit_map(model):
 
 def decoder_layers(model) -> torch.nn.ModuleList:
     """The decoder blocks of a causal LM, bottom to top (``model.model.layers``, ``transformer.h``, ...)."""
-    return _parts(model)[0]
+    return _stack(model)[1]
 
 
 def _check_blocks(model, blocks) -> int:
@@ -194,9 +203,10 @@ class TopBlocks:
         batch: the examples (``TokenBatch`` with labels and label word ids, as
             ``encode_classification`` makes them).
         blocks: k, how many top decoder blocks are tuned (1 ≤ k ≤ L).
-        check: compare the losses with the model's own forward on up to 4 examples and refuse
-            (ValueError) a family whose top blocks this mode cannot reproduce; costs one forward of
-            the full model on those examples.
+        check: compare ``logit_map`` of the head's output with the model's logits (one example) and
+            the losses with the model's own forward on up to 4 examples, and refuse (ValueError) a
+            family whose top blocks this mode cannot reproduce; costs one forward of the full model
+            on those examples.
 
     Call it with indices ([B]) for the losses [B] (float32, inference mode), as ``MeZO.step``'s closure
     and ``sazo_lite.train``'s ``batch_losses`` want; ``losses(indices, grad=True)`` keeps the autograd
@@ -213,16 +223,18 @@ class TopBlocks:
         count = _check_blocks(model, blocks)
         if model.training:
             raise ValueError("Invalid model: it is in training mode (dropout would make f_i random); call model.eval()")
-        self.model, self.batch, self.blocks = model, batch, blocks
-        layers, self.after = _parts(model)
+        self.model, self.batch, self.blocks, self.check = model, batch, blocks, bool(check)
+        owner, layers = _stack(model)
         self.layers = list(layers[count - blocks:])
-        self._check_frozen_below(model)
-        base = _base(model)
-        self.head = base.get_output_embeddings()
+        self.head = _base(model).get_output_embeddings()
+        if not isinstance(self.head, torch.nn.Module):
+            raise ValueError(f"Invalid model: {type(_base(model)).__name__} has no LM head (get_output_embeddings)")
+        self.logit_map = _logit_map(model)
         self.device = next(model.parameters()).device
         self.label_ids = batch.label_ids.to(self.device)
         self.labels = batch.labels.to(self.device)
-        self.logit_map = _logit_map(model)
+        self.after = self._modules_after(owner, layers)
+        self._check_frozen_below(model)
         self.hidden, self.arguments, self.batch_axes, self.lengths = self._cache()
         if check:
             self._check_equals_the_full_model()
@@ -235,6 +247,39 @@ class TopBlocks:
             raise ValueError(f"Invalid model: {len(stale)} trainable tensors outside the top {self.blocks} "
                              f"block(s) would make the cached hidden states stale (e.g. {stale[0]}); freeze "
                              "them (top_block_parameters, add_lora(layers=top_layers(...))) or raise blocks")
+
+    @torch.no_grad()
+    def _modules_after(self, owner, layers) -> list[torch.nn.Module]:
+        """The modules the model applies between its last block and the LM head, in call order (the
+        final norm, whatever its name; OPT's ``project_out``): the children of the blocks' owner that
+        run after the last block returned, found by running the model on one example. The same run
+        checks ``logit_map`` on the head's output against the model's logits (every position and word):
+        a map after the head that this mode does not know is refused here, however small."""
+        order, finished, head_out = [], [], []
+        children = [m for m in owner.children() if m is not layers and m is not self.head]
+        handles = [layers[-1].register_forward_hook(lambda *_: finished.append(True)),
+                   self.head.register_forward_hook(lambda module, args, output: head_out.append(output))]
+
+        def called(module, args, output):
+            if finished and all(module is not seen for seen in order):
+                order.append(module)
+        handles += [child.register_forward_hook(called) for child in children]
+        inputs = self.batch.select([0], self.device)
+        try:
+            logits = self.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                                use_cache=False).logits
+        finally:
+            for handle in handles:
+                handle.remove()
+        if self.check and len(head_out) == 1 and isinstance(head_out[0], torch.Tensor) \
+                and head_out[0].shape == logits.shape:
+            mapped, logits = self.logit_map(head_out[0]).float(), logits.float()      # [1, T, V]
+            tolerance = 8 * torch.finfo(head_out[0].dtype).eps if head_out[0].is_floating_point() else 0.0
+            gap = float(((mapped - logits).abs() / (1 + logits.abs())).max())
+            if not gap <= tolerance:
+                raise ValueError(f"Invalid model: {type(_base(self.model)).__name__} maps its LM head's output to "
+                                 f"its logits in a way this mode does not know (relative gap {gap:.1e})")
+        return order
 
     @torch.no_grad()
     def _record(self, input_ids, attention_mask) -> list[tuple]:
