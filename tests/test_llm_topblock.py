@@ -254,6 +254,28 @@ def test_add_lora_targets_query_and_value_where_peft_has_no_default_and_tunes_th
     assert {n for n, _ in gpt2.named_parameters() if "lora_A" in n} and all("c_attn" in n for n, _ in gpt2.named_parameters() if "lora_A" in n)
 
 
+def test_add_lora_passes_peft_defaults_itself_and_names_the_linear_modules_where_there_is_no_default():
+    from benchmarks.llm_families import tiny_model
+
+    mixtral = tiny_model("Mixtral")                 # peft has a default (q_proj/v_proj) its own lookup fails on
+    adapted = add_lora(mixtral, rank=2, layers=top_layers(mixtral, 1))
+    assert {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in adapted.named_parameters() if "lora_A" in n} \
+        == {"q_proj", "v_proj"}
+    mamba = tiny_model("Mamba")
+    with pytest.raises(ValueError, match=r"no default for 'mamba'.*'in_proj'.*'x_proj'"):
+        add_lora(mamba, rank=2)
+    model = add_lora(mamba, rank=2, layers=top_layers(mamba, 1), target_modules=["in_proj", "x_proj"])
+    params = trainable_parameters(model)
+    jiggle(params, 0.3)
+    batch = padded_batch()
+    top = TopBlocks(model, batch)
+    assert torch.allclose(top(INDICES), classification_losses(model, batch, INDICES), atol=1e-5, rtol=0)
+    jamba = tiny_model("Jamba")                     # its top layer is a Mamba layer: no q_proj/v_proj there
+    with pytest.raises(ValueError, match=r"name no module of layers \[2\].*'in_proj'"):
+        add_lora(jamba, rank=2, layers=top_layers(jamba, 1))
+    assert trainable_parameters(add_lora(jamba, rank=2, layers=[1]))          # its attention layer has them
+
+
 @pytest.mark.parametrize("family", ["llama", "bloom"])
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_small_splits_with_an_unpadded_first_example_index_their_masks(family, n):

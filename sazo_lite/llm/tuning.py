@@ -44,15 +44,38 @@ def parameter_count(params) -> int:
     return sum(p.numel() for p in params)
 
 
-def _query_value_if_peft_has_no_default(model):
-    """None where peft knows the family's targets; else ["q_proj", "v_proj"] if the model has both
-    (MeZO's and LoRA's choice); else None (peft then asks for target_modules)."""
+def _linear_names(modules) -> list[str]:
+    """The last names of the linear modules (Linear, GPT-2's Conv1D) among ``modules`` ([(name, module)])."""
+    return sorted({name.rsplit(".", 1)[-1] for name, m in modules
+                   if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D"} - {"lm_head"})
+
+
+def _default_targets(model) -> list[str]:
+    """peft's default target modules for the family (passed explicitly: peft's own lookup fails on some
+    mixture-of-experts models, e.g. Mixtral), else q_proj/v_proj where the model has both (MeZO's and
+    LoRA's choice); else a ValueError naming the model's linear modules to choose from."""
     from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as defaults
 
-    if getattr(getattr(model, "config", None), "model_type", None) in defaults:
-        return None
-    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    return ["q_proj", "v_proj"] if {"q_proj", "v_proj"} <= names else None
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type in defaults:
+        return list(defaults[model_type])
+    if {"q_proj", "v_proj"} <= {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}:
+        return ["q_proj", "v_proj"]
+    raise ValueError(f"Invalid target_modules: None, and peft has no default for {model_type!r} nor has the model "
+                     f"q_proj/v_proj; pass target_modules (its linear modules: {_linear_names(model.named_modules())})")
+
+
+def _check_targets_in_layers(model, target_modules, layers) -> None:
+    """A list of module names must name at least one module in the adapted decoder layers."""
+    from .topblock import decoder_layers
+
+    if isinstance(target_modules, str):     # peft reads a string as a regular expression: peft checks it
+        return
+    stack = decoder_layers(model)
+    modules = [(name, m) for i in layers for name, m in stack[i].named_modules()]
+    if not {name.rsplit(".", 1)[-1] for name, _ in modules} & set(target_modules):
+        raise ValueError(f"Invalid target_modules: {sorted(target_modules)} name no module of layers {layers} "
+                         f"(their linear modules: {_linear_names(modules)})")
 
 
 def add_lora(model, *, rank: int = 8, alpha: int = 16, target_modules=None, init_seed: int = 0, layers=None):
@@ -66,8 +89,9 @@ def add_lora(model, *, rank: int = 8, alpha: int = 16, target_modules=None, init
         rank: r ≥ 1.
         alpha: the LoRA scale numerator α.
         target_modules: module names to adapt; None uses peft's default for the family
-            (q_proj/v_proj for Llama, OPT, Qwen2; c_attn for GPT-2), or q_proj/v_proj where peft
-            has none and the model has modules of those names (OLMo, Cohere, Granite, SmolLM3, ...).
+            (q_proj/v_proj for Llama, OPT, Qwen2, Mixtral; c_attn for GPT-2), or q_proj/v_proj where
+            peft has none and the model has modules of those names (OLMo, Cohere, Granite, SmolLM3,
+            ...); elsewhere (Mamba, Phi-3's fused qkv_proj) a ValueError lists the linear modules.
         init_seed: seeds A's initialisation.
         layers: decoder-layer indices to adapt (None: every layer); e.g.
             ``sazo_lite.llm.topblock.top_layers(model, k)`` for top-block tuning.
@@ -88,7 +112,9 @@ def add_lora(model, *, rank: int = 8, alpha: int = 16, target_modules=None, init
             raise ValueError(f"Invalid layers: {layers!r} (expected indices in [0, {count}))")
         extra = dict(layers_to_transform=layers)
     if target_modules is None:
-        target_modules = _query_value_if_peft_has_no_default(model)
+        target_modules = _default_targets(model)
+    if layers is not None:
+        _check_targets_in_layers(model, target_modules, layers)
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules, lora_dropout=0.0,
                         task_type="CAUSAL_LM", **extra)
     with torch.random.fork_rng(devices=[]):
