@@ -1,11 +1,12 @@
 """Which transformers families the top-block mode reproduces: a probe over tiny random models.
 
-For each family a 3-layer (4 for the hybrids whose layer pattern needs it), width-32 causal LM is built from
-its config (no download), every parameter of the top k blocks is jiggled, and ``TopBlocks``' per-example
-losses are compared with the full model's forward on padded examples, for k = 1 and 2. Each family ends
-as ``equal`` (the largest gap printed), ``refused`` (``TopBlocks`` raised ValueError: a family it cannot
-reproduce) or ``crashed`` (any other error: a defect), and ``no model`` where this transformers version
-cannot build the tiny config or its own forward fails on it (not the mode's doing).
+For each family a 3-layer (4 for the hybrids whose layer pattern needs it), width-32 causal LM is built
+from its config (no download), every parameter of the top k blocks is jiggled, and ``TopBlocks``'
+per-example losses are compared with the full model's forward on padded examples, for k = 1, 2 and
+every block. Each family ends as ``equal`` (the largest gap printed), ``refused`` (``TopBlocks`` raised
+ValueError: a family it cannot reproduce) or ``crashed`` (any other error: a defect), and ``no model``
+where this transformers version cannot build the tiny config or its own forward fails on it (not the
+mode's doing).
 
     python -m benchmarks.llm_families [--families Llama Mamba ...] [--json out.json]
 """
@@ -102,7 +103,9 @@ def main(argv=None) -> None:
     warnings.filterwarnings("ignore")
     out = {}
     for family in args.families:
-        out[family] = {blocks: probe(family, blocks) for blocks in (1, 2)}
+        model = tiny_model(family)
+        every = len(decoder_layers(model)) if model is not None else 3
+        out[family] = {blocks: probe(family, blocks) for blocks in (1, 2, every)}
         cells = [f"k={k}: {r['outcome']}" + (f" {r['gap']:.1e}" if r["gap"] is not None else "")
                  + (f" ({r['error'][:80]})" if r["error"] else "") for k, r in out[family].items()]
         print(f"{family:15s} " + " | ".join(cells), flush=True)
