@@ -116,6 +116,8 @@ def _check_group(group: dict, defaults: dict) -> dict:
 def _check_params(params) -> list[torch.Tensor]:
     """A group's tensors: at least one, each a dense floating-point tensor with storage of its
     own entries (not on the meta device, no entry shared by two positions)."""
+    if isinstance(params, (set, frozenset)):   # tensor k's z comes from derive_seed(seed, k): the order matters
+        raise ValueError("Invalid params: a set of tensors has no order (pass a list)")
     params = [params] if isinstance(params, torch.Tensor) else list(params)
     if not params:
         raise ValueError("Invalid params: a param group holds no tensors")
@@ -265,6 +267,8 @@ class MeZO(torch.optim.Optimizer):
         self._plain = PlainNoise()
         if isinstance(params, torch.Tensor):
             raise ValueError("Invalid params: expected an iterable of tensors or dicts, got a tensor")
+        if isinstance(params, (set, frozenset)):   # as torch.optim: a set's order would change the z of each tensor
+            raise ValueError("Invalid params: a set of tensors has no order (pass a list)")
         params = list(params)
         if not params:
             raise ValueError("Invalid params: an empty parameter list")
@@ -333,7 +337,8 @@ class MeZO(torch.optim.Optimizer):
                              f"param groups, expected {len(self.param_groups)}")
         cleaned = []
         for saved, group in zip(groups, self.param_groups):
-            if not isinstance(saved, dict) or len(saved.get("params", ())) != len(group["params"]):
+            if (not isinstance(saved, dict) or not isinstance(saved.get("params"), (list, tuple))
+                    or len(saved["params"]) != len(group["params"])):
                 raise ValueError("Invalid state_dict: a param group's size differs from the optimiser's")
             missing = {"lr", "weight_decay", "eps", "perturbation"} - set(saved)
             if missing:
@@ -590,6 +595,8 @@ class MeZO(torch.optim.Optimizer):
         eps = None
         for group in self.param_groups:
             cleaned = group if _plain_group(group) else _check_group(group, {})
+            if cleaned is not group:   # the same values as floats: a numpy float32 lr would make the passes float32
+                group.update(cleaned)
             if eps is not None and cleaned["eps"] != eps:
                 raise ValueError(f"Invalid eps: {cleaned['eps']} (all param groups must share one eps)")
             eps = cleaned["eps"]
@@ -624,6 +631,7 @@ class MeZO(torch.optim.Optimizer):
         if "step" not in self.state.get(params[0], {}):
             raise ValueError("Invalid params: the first parameter was replaced or moved; MeZO keeps its step count "
                              "and seed with it (build a new optimiser, or load_state_dict into one)")
+        self.flush()   # a pending update's jobs were made for the groups as they were: applied before the next pass
         self._checked_groups = [list(group["params"]) for group in groups]   # the tensors themselves: no id reuse
 
     @torch.no_grad()
@@ -674,6 +682,8 @@ class MeZO(torch.optim.Optimizer):
     def _check_weights(weights) -> torch.Tensor | None:
         if weights is None:
             return None
+        if not isinstance(weights, torch.Tensor) and _booleans_or_complex(weights):   # float64 would read True as 1.0
+            raise ValueError(f"Invalid weights: {weights!r} (expected real numbers, not booleans or complex numbers)")
         try:
             weights = torch.as_tensor(weights, dtype=None if isinstance(weights, torch.Tensor) else torch.float64)
         except (TypeError, ValueError, RuntimeError):

@@ -103,7 +103,9 @@ class Sampler:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a ``state_dict``; everything is checked before anything changes."""
-        self._apply_base(self._check_base(state))
+        checked = self._check_base(state)
+        _check_fields(state, {"num_examples", "seed", "generator"})
+        self._apply_base(checked)
 
     def _check_base(self, state) -> tuple[int, torch.Tensor]:
         if not isinstance(state, dict):
@@ -130,10 +132,24 @@ class Sampler:
             self._generator.set_state(checked[1])
 
 
+def _check_fields(state: dict, known: set) -> None:
+    """A state with fields this sampler does not keep (another sampler's: a SAZO state loaded into a
+    uniform sampler would drop its scores) is refused, naming them."""
+    unknown = set(state) - known
+    if unknown:
+        raise ValueError(f"Invalid state: unknown fields {sorted(map(str, unknown))} (a state of another sampler?)")
+
+
 def _tensor(name: str, value) -> torch.Tensor:
-    """``value`` as a tensor with data on a real device, or ``ValueError("Invalid <name>")``."""
+    """``value`` as a tensor with data on a real device, or ``ValueError("Invalid <name>")``.
+
+    Python floats (a list of them) are read in float64: torch's default float32 would round them
+    and turn |d| > 3.4e38 into inf.
+    """
     try:
         tensor = torch.as_tensor(value)
+        if tensor.is_floating_point() and not isinstance(value, (torch.Tensor, np.ndarray, np.generic)):
+            tensor = torch.as_tensor(value, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError):
         raise ValueError(f"Invalid {name}: {type(value).__name__} (expected a 1-D tensor)") from None
     if tensor.device.type == "meta":
@@ -484,6 +500,7 @@ class _ScoredSampler(Sampler):
         missing = {f.name for f in fields(SAZOState)} - set(state)
         if missing:
             raise ValueError(f"Invalid state: missing {sorted(missing)}")
+        _check_fields(state, {f.name for f in fields(SAZOState)})
         if not isinstance(state["hyperparameters"], dict) or not isinstance(state["extra"], dict):
             raise ValueError("Invalid state: hyperparameters and extra must be dicts")
         hyper = self._check_hyperparameters(state["hyperparameters"])
