@@ -170,6 +170,21 @@ def safe_name(stem: str) -> str:
     return name
 
 
+def _printable(text: str) -> str:
+    """``text`` as valid UTF-8, so that a file name's undecodable bytes cannot break the CSV, the JSON or
+    the terminal: Linux hands such bytes over as lone surrogates (``b"\\xff"`` -> ``"\\udcff"``), which
+    UTF-8 refuses; they are shown as ``\\xff``.
+
+    Example:
+        >>> _printable("b\\udcffob.ipynb"), _printable("ålice.ipynb")
+        ('b\\\\xffob.ipynb', 'ålice.ipynb')
+    """
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no file name decodes to
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _inside(folder: Path, name: str) -> Path:
     """``folder / name``, checked to be a child of ``folder`` (no link or name leads elsewhere)."""
     folder = Path(folder)
@@ -253,13 +268,14 @@ def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout:
         outcome = {**outcome, "status": "error"}
     if reason is None and outcome["status"] in ("crashed", "timeout"):
         reason = "; ".join(outcome.get("notes") or [])[:500] or None
+    name, reason = _printable(submission.name), reason if reason is None else _printable(reason)
     total, possible = sum(q["score"] for q in scored.values()), sum(q["possible"] for q in scored.values())
     write_bytes(output_dir / "grade.log", log.getvalue().encode("utf-8", "replace"))
     write_json(output_dir / "results.json",
-               {"submission": submission.name, "status": outcome["status"], "reason": reason,
+               {"submission": name, "status": outcome["status"], "reason": reason,
                 "sandbox": outcome["sandbox"], "caps": outcome.get("caps", {}), "killed": outcome["skipped"],
                 "questions": scored}, indent=2)
-    summary = {"submission": submission.name, "status": outcome["status"], "reason": reason,
+    summary = {"submission": name, "status": outcome["status"], "reason": reason,
                "sandbox": outcome["sandbox"], "total": total, "possible": possible,
                "questions": {q: {"score": v["score"], "possible": v["possible"]} for q, v in scored.items()}}
     write_json(output_dir / "score.json", summary, indent=2)
@@ -321,9 +337,9 @@ def grade_all(autograder: Path, submissions_dir: Path, csv_path: Path, *, worker
             return grade(path, autograder, out, expected=expected, **timeouts)
         except Exception as exc:  # whatever happened, this submission gets its row (and the others theirs)
             reason = f"{type(exc).__name__}: {str(exc)[:300]}" if status == "error" else str(exc)
-            row = {"submission": path.name, "status": status, "reason": reason, "sandbox": None, "total": 0.0,
-                   "possible": possible, "questions": {q: {"score": 0.0, "possible": sum(v["points"])}
-                                                       for q, v in spec.items()}}
+            row = {"submission": _printable(path.name), "status": status, "reason": _printable(reason), "sandbox": None,
+                   "total": 0.0, "possible": possible,
+                   "questions": {q: {"score": 0.0, "possible": sum(v["points"])} for q, v in spec.items()}}
             with contextlib.suppress(OSError, ValueError):
                 out = _inside(details, folders[path])
                 out.mkdir(exist_ok=True)

@@ -191,7 +191,8 @@ def cell_questions(notebook, graded: dict | None = None, questions=None) -> dict
     question.
     """
     nb = _notebook(notebook)
-    code = [(i, c.source if isinstance(c.source, str) else "") for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    code = [(i, without_magics(c.source) if isinstance(c.source, str) else "") for i, c in enumerate(nb.cells)
+            if c.cell_type == "code"]
     order = question_order(questions) if questions else []
     owners, pending, last = {}, [], -1
     for index, source in code:
@@ -218,7 +219,8 @@ def cell_questions(notebook, graded: dict | None = None, questions=None) -> dict
 
 
 def notebook_cells(notebook: Path, config: dict) -> list[tuple[int, str]]:
-    """The code cells to run: not tagged ``otter_ignore``, not otter's own; the seed set as otter does."""
+    """The code cells to run: not tagged ``otter_ignore``, not otter's own (otter's statements taken out of
+    the others), IPython's magics made Python (``without_magics``); the seed set as otter does."""
     nb = _notebook(notebook)
     cells, seed_name = [], config.get("seed_variable")
     for index, cell in enumerate(nb.cells):
@@ -227,12 +229,82 @@ def notebook_cells(notebook: Path, config: dict) -> list[tuple[int, str]]:
         source = cell.source
         if not isinstance(source, str):
             raise ValueError(f"cell {index} has no source text")
-        if _RUNS_OTTER.search(source):
+        source = _without_otter(without_magics(source))
+        if source is None:
             continue
         if seed_name and config.get("seed") is not None:
             source = re.sub(rf"^{re.escape(seed_name)}\s*=.*$", f"{seed_name} = {config['seed']!r}", source, flags=re.M)
         cells.append((index, source))
     return cells
+
+
+_OTTER_ONLY = (ast.Import, ast.ImportFrom, ast.Expr, ast.Assign)   # what otter's own cells hold
+
+
+def _without_otter(source: str) -> str | None:
+    """``source`` without otter's statements (its ``otter.Notebook(...)`` and ``grader.check`` calls, which
+    need otter's files); None for a cell of nothing else (otter's own cells, skipped as before).
+
+    A student who ends an answer cell with ``grader.check("q1")`` keeps the answer: only that statement
+    goes (a ``pass`` in its place, so line numbers stay). A compound statement (a loop, a function) is kept
+    whole. A cell that runs otter and does not parse is skipped.
+    """
+    if not _RUNS_OTTER.search(source):
+        return source
+    try:
+        tree = parse_python(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    otters = [node for node in tree.body if isinstance(node, _OTTER_ONLY) and _RUNS_OTTER.search(
+        ast.get_source_segment(source, node) or "")]
+    rest = [node for node in tree.body if node not in otters and not _imports_otter(node)]
+    if not rest:
+        return None
+    lines = [line.encode() for line in source.splitlines(keepends=True)]   # col_offset counts UTF-8 bytes
+    for node in otters:
+        for row in range(node.lineno - 1, node.end_lineno):
+            line = lines[row]
+            start = node.col_offset if row == node.lineno - 1 else 0
+            end = node.end_col_offset if row == node.end_lineno - 1 else len(line.rstrip(b"\r\n"))
+            filler = b"pass".ljust(end - start) if row == node.lineno - 1 else b" " * (end - start)
+            lines[row] = line[:start] + filler + line[end:]
+    return b"".join(lines).decode()
+
+
+def _imports_otter(node) -> bool:
+    names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+        [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+    return bool(names) and all(n.split(".")[0] == "otter" for n in names)
+
+
+_CELL_MAGIC = re.compile(r"\A(\s*)%%(?:time|capture)\b[^\n]*")       # run their body as Python, once
+_LINE_MAGIC = re.compile(r"^([ \t]*)(?:%(\w+)[ \t]?|!)(.*)$", re.M)   # %time stmt, %matplotlib inline, !pip ...
+
+
+def without_magics(source: str) -> str:
+    """A cell Jupyter runs with IPython's magics, as Python that does the same work (else unchanged).
+
+    Only for a cell that does not parse as Python (a ``%`` inside a string is left alone): a first line
+    ``%%time`` or ``%%capture`` goes (the body runs); a line ``%time stmt`` runs ``stmt``; any other
+    ``%magic`` line or ``!command`` line does nothing (``pass``: programs do not run in the sandbox).
+    Line numbers stay. Used where it still does not parse, the cell fails as it did.
+
+    Example:
+        >>> without_magics("%%time\\nx = 1\\n%time y = 2\\n%matplotlib inline\\n!pip install torch")
+        '\\nx = 1\\ny = 2\\npass\\npass'
+    """
+    try:
+        parse_python(source)
+        return source
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        pass
+    plain = _CELL_MAGIC.sub(r"\1", source, count=1)
+    plain = _LINE_MAGIC.sub(lambda m: m.group(1) + (m.group(3) if m.group(2) == "time" else "pass"), plain)
+    try:
+        parse_python(plain)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return source
+    return plain
 
 
 # -- running it in the sandbox -------------------------------------------------------------
@@ -408,6 +480,8 @@ class _Protocol:
             if len(line) > MAX_LINE:
                 self.malformed(f"a report line longer than {MAX_LINE // 2 ** 20} MiB")
                 continue
+            if not line.strip():
+                continue  # the worker starts every event on a fresh line: the blank lines are not events
             self.count += 1
             if self.count > MAX_EVENTS:
                 if self.count == MAX_EVENTS + 1:

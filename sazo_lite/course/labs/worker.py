@@ -3,7 +3,7 @@
 Started by ``sazo_lite.course.labs.grading`` as ``python -m sazo_lite.course.labs.worker FD`` with the job
 (JSON) on stdin. Everything this process reports is untrusted: the parent only believes values
 that match the solution's (see ``values``), and ends the process (its whole namespace) itself.
-Events, one JSON object per line on file descriptor FD:
+Events, one JSON object per line (each written after a newline of its own) on file descriptor FD:
 ``{"unit": ["cell", i] | ["case", q, k], "phase": "start" | "end", ...}``, ``{"rule": [name, how],
 "unit": ...}`` (the lab's library rule was broken there, see ``guard``) and ``{"done": true}``.
 
@@ -63,7 +63,9 @@ def run_case(source: str, namespace: dict, name: str = "<case>", guard: Guard | 
 
 
 def _emit(fd: int, event: dict) -> None:
-    data = (_dumps(event) + "\n").encode()
+    # A newline first: bytes the submission wrote to the fd without one (``os.write(fd, b"x")``) end
+    # there as a malformed line of their own instead of swallowing this event (a finding of the guard).
+    data = ("\n" + _dumps(event) + "\n").encode()
     with _LOCK:
         while data:
             data = data[_write(fd, data):]
