@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 import transformers
 
+from benchmarks.queries import InformedSampler
 from sazo_lite.atomic import write_text
 from sazo_lite.llm import add_lora, load_smollm2, restore_snapshot, snapshot, trainable_parameters
 from sazo_lite.llm.landscape import random_walk_descent
@@ -46,6 +47,7 @@ from sazo_lite.llm.topblock import TopBlocks, top_layers
 __all__ = ["TopSetting", "top_start", "long_run", "gd_steps", "pull_floor", "TARGETS"]
 
 TARGETS = (0.5, 0.3, 0.2, 0.1, 0.05)
+INFORMED_STALE = "informed-stale"
 
 
 @dataclass
@@ -143,7 +145,8 @@ def print_long_run(out: dict, label: str) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_topblock", description=__doc__.splitlines()[0])
-    parser.add_argument("sampler", help=f"one of {SAMPLERS}, or a label with --factory")
+    parser.add_argument("sampler", help=f"one of {SAMPLERS}, {INFORMED_STALE!r} (diagnosis: the exact norm of each "
+                        "example as of its last draw, by backprop) or a label with --factory")
     parser.add_argument("--factory", default=None, help="module:function, function(n, seed) → sampler")
     parser.add_argument("--lr", type=float, required=True)
     parser.add_argument("--steps", type=int, default=3000)
@@ -185,6 +188,10 @@ def main(argv=None) -> None:
         return
     n = len(start[2])
     sampler = _factory(args.factory)(n, args.seed) if args.factory else args.sampler
+    if sampler == INFORMED_STALE:
+        _, params, train, _, _ = start
+        sampler = InformedSampler(n, None, stale=True, seed=args.seed,
+                                  norms_at=lambda indices: train.grad_norms(params, indices.tolist()))
     out = long_run(sampler, lr=args.lr, steps=args.steps, seed=args.seed, batch_size=args.batch,
                    log_every=args.log_every, diagnose=args.diagnose, start=start, walk_bound=args.walk_bound,
                    oracle_every=args.oracle_every, stop_fraction=args.stop, walk_pull=args.walk_pull)

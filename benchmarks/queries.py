@@ -63,14 +63,20 @@ class InformedSampler(Sampler):
     (``prior="rms"``, SAZO's prior) or by their ``prior``-quantile (a float in (0, 1]; 1 is the
     largest: optimism, every unseen example drawn as if it were the largest seen). Mixed with
     uniform as SAZO is (λ = 0.1). SAZO's own gap beyond the stale version is estimation noise.
+    ``norms_at`` (stale only): ``indices → their true norms``, measured at each draw for the drawn
+    examples alone, where all N norms a step cost too much (a language model); ``norms_fn`` is then unused.
     """
 
     def __init__(self, num_examples, norms_fn, *, stale: bool, prior="rms", uniform_mix: float = 0.1,
-                 seed: int = 0):
+                 seed: int = 0, norms_at=None):
         super().__init__(num_examples, seed=seed)
         if prior != "rms" and not (isinstance(prior, float) and 0 < prior <= 1):
             raise ValueError(f"Invalid prior: {prior!r} (expected 'rms' or a quantile in (0, 1])")
+        if norms_at is not None and not stale:
+            raise ValueError("Invalid norms_at: only a stale sampler reads norms at the draws alone")
         self.norms_fn, self.stale, self.prior, self.uniform_mix = norms_fn, stale, prior, uniform_mix
+        self.norms_at = norms_at if norms_at is not None else \
+            (lambda indices: torch.as_tensor(self.norms_fn()).double()[indices])
         self.seen = np.zeros(num_examples, dtype=bool)
         self.last = np.zeros(num_examples)
 
@@ -87,7 +93,7 @@ class InformedSampler(Sampler):
     def _observe(self, indices, diffs) -> None:
         indices = indices.numpy()
         self.seen[indices] = True
-        self.last[indices] = torch.as_tensor(self.norms_fn()).double().numpy()[indices]
+        self.last[indices] = torch.as_tensor(self.norms_at(indices)).double().numpy()
 
 
 class NoiselessSAZO(SAZOSampler):

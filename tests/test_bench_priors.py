@@ -25,6 +25,28 @@ def test_the_informed_prior_gives_unseen_examples_the_rms_or_the_quantile_of_the
         InformedSampler(5, lambda: torch.ones(5), stale=False, prior=0.0)
 
 
+def test_the_stale_informed_sampler_reading_norms_at_the_draws_alone_draws_as_the_one_reading_all():
+    rng = np.random.default_rng(0)
+    state = {"norms": rng.uniform(0.1, 3.0, 12)}
+    asked = []
+
+    def norms_at(indices):
+        asked.append(len(indices))
+        return torch.as_tensor(state["norms"][indices])
+    every = InformedSampler(12, lambda: torch.as_tensor(state["norms"]), stale=True, seed=5)
+    drawn = InformedSampler(12, None, stale=True, seed=5, norms_at=norms_at)
+    for _ in range(40):
+        (a, _), (b, _) = every.sample(3), drawn.sample(3)
+        assert torch.equal(a, b)
+        for sampler in (every, drawn):
+            sampler.update(a, torch.zeros(3))
+        assert np.array_equal(every.last, drawn.last) and np.array_equal(every.last[a.numpy()], state["norms"][a.numpy()])
+        state["norms"] = state["norms"] * rng.uniform(0.5, 2.0, 12)          # the norms move between draws
+    assert set(asked) == {3}                                                  # the drawn examples alone
+    with pytest.raises(ValueError, match="Invalid norms_at"):
+        InformedSampler(12, None, stale=False, norms_at=norms_at)
+
+
 def test_the_optimistic_sazo_draws_the_unseen_at_the_largest_seen_score_and_stays_unbiased():
     n = 40
     sampler, plain = OptimisticPriorSAZO(n, quantile=1.0, seed=3), SAZOSampler(n, seed=3)
