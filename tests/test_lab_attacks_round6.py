@@ -7,7 +7,8 @@
   ``!pip``) made the cells SyntaxErrors (Jupyter runs them), and ``grader.check("q3")`` at the end of an
   answer cell made the grader skip the whole cell: each lost the answers' points;
 - a hand-in whose file name is not UTF-8 (Linux hands such bytes over as lone surrogates) crashed
-  ``grade_all`` when it wrote the CSV, after grading everyone: no scores for the whole class.
+  ``grade_all`` when it wrote the CSV, after grading everyone: no scores for the whole class;
+- the grading seed replaced a whole line ``lab_seed = ...``, so ``lab_seed = 1; lab2_x = 2`` lost ``lab2_x``.
 """
 from __future__ import annotations
 
@@ -107,3 +108,25 @@ def test_a_hand_in_whose_name_is_not_utf8_gets_its_row_and_the_csv_is_written(gr
     assert set(table) == set(rows) and float(table[name]["total"]) == rows[name]["total"] > 0
     score = [p for p in (csv_path.parent / csv_path.stem).iterdir() if p.name.startswith("b_ob")]
     assert len(score) == 1 and json.loads((score[0] / "score.json").read_text())["submission"] == name
+
+
+def test_the_grading_seed_replaces_only_the_seed_variables_value_and_keeps_the_rest_of_its_line():
+    from sazo_lite.course.labs.grading import notebook_cells, with_seed
+
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("lab_seed = 1; lab2_x = 2  # a student's own line"),
+        nbformat.v4.new_code_cell('_s = "é"; lab_seed: int = (3 +\n    4)\nlab_y = lab_seed\nlab_a = lab_seed = 5'),
+        nbformat.v4.new_code_cell("def _f():\n    lab_seed = 3\n    return lab_seed\n"),
+        nbformat.v4.new_code_cell("lab_seed = 1\n%%bad("),          # does not parse: the whole line, as before
+    ])
+    cells = [source for _, source in notebook_cells(nb, {"seed_variable": "lab_seed", "seed": 42})]
+    first, second, third, fourth = ({} for _ in range(4))
+    exec(cells[0], first)
+    assert (first["lab_seed"], first["lab2_x"]) == (42, 2)
+    exec(cells[1], second)
+    assert (second["lab_seed"], second["lab_y"], second["lab_a"]) == (42, 42, 42)
+    assert cells[1].count("\n") == 3                                # line numbers kept for tracebacks
+    exec(cells[2], third)
+    assert third["_f"]() == 3                                       # not a top-level assignment: untouched
+    assert cells[3] == "lab_seed = 42\n%%bad("
+    assert with_seed("lab_x = 1", "lab_seed", 42) == "lab_x = 1"

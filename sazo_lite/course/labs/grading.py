@@ -233,9 +233,38 @@ def notebook_cells(notebook: Path, config: dict) -> list[tuple[int, str]]:
         if source is None:
             continue
         if seed_name and config.get("seed") is not None:
-            source = re.sub(rf"^{re.escape(seed_name)}\s*=.*$", f"{seed_name} = {config['seed']!r}", source, flags=re.M)
+            source = with_seed(source, seed_name, config["seed"])
         cells.append((index, source))
     return cells
+
+
+def with_seed(source: str, name: str, seed) -> str:
+    """``source`` with the value of each top-level assignment to ``name`` (otter's ``seed_variable``)
+    replaced by the grading seed; the rest of the line stays (``lab_seed = 1; x = 2`` keeps ``x``),
+    and so do the line numbers. A cell that does not parse: every line ``name = ...`` whole, as before.
+
+    Example:
+        >>> with_seed("lab_seed = 1; x = 2\\nlab_seed = (3 +\\n    4)", "lab_seed", 7)
+        'lab_seed = 7; x = 2\\nlab_seed = ((7\\n))'
+    """
+    try:
+        tree = parse_python(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return re.sub(rf"^{re.escape(name)}\s*=.*$", f"{name} = {seed!r}", source, flags=re.M)
+    values = [node.value for node in tree.body if node_assigns(node, name) and node.value is not None]
+    lines = [line.encode() for line in source.splitlines(keepends=True)]   # col_offset counts UTF-8 bytes
+    for value in sorted(values, key=lambda v: (v.lineno, v.col_offset), reverse=True):
+        first, last = value.lineno - 1, value.end_lineno - 1
+        breaks = last - first                       # a value over several lines: kept in parentheses
+        text = (f"({seed!r}" + "\n" * breaks + ")" if breaks else repr(seed)).encode()
+        lines[first:last + 1] = [lines[first][:value.col_offset] + text + lines[last][value.end_col_offset:]]
+    return b"".join(lines).decode()
+
+
+def node_assigns(node, name: str) -> bool:
+    """Whether a statement is ``name = ...`` (among its targets) or ``name: T = ...``."""
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+    return any(isinstance(t, ast.Name) and t.id == name for t in targets)
 
 
 _OTTER_ONLY = (ast.Import, ast.ImportFrom, ast.Expr, ast.Assign)   # what otter's own cells hold
