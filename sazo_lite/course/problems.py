@@ -95,6 +95,8 @@ class LeastSquares(FiniteSumProblem):
         num_examples, dim = check_count("num_examples", num_examples), check_count("dim", dim)
         heterogeneity = check_number("heterogeneity", heterogeneity, 0.0)
         noise = check_number("noise", noise, 0.0)
+        if num_examples < dim:  # fewer equations than unknowns: no unique optimum θ*
+            raise ValueError(f"Invalid num_examples: {num_examples} (expected >= dim = {dim} for a unique optimum)")
         g = torch.Generator().manual_seed(check_int("seed", seed))
         self.num_examples, self.dim, self.heterogeneity = num_examples, dim, heterogeneity
         self.features = torch.randn(num_examples, dim, generator=g, dtype=torch.float64)

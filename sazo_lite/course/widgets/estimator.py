@@ -25,6 +25,18 @@ def _arrow(start: torch.Tensor, vector: torch.Tensor) -> tuple[list[float], list
     return [float(start[0]), float(end[0])], [float(start[1]), float(end[1])]
 
 
+def _point(name: str, theta, size: int | None = None) -> torch.Tensor:
+    """θ as a float64 vector of finite numbers (``size`` of them if given), or a ValueError naming it."""
+    try:
+        point = torch.as_tensor(theta, dtype=torch.float64).flatten()
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"Invalid {name}: {theta!r} (expected a sequence of numbers)") from None
+    expected = f"{size} finite numbers" if size is not None else "at least one finite number"
+    if (size is not None and point.numel() != size) or point.numel() == 0 or not bool(point.isfinite().all()):
+        raise ValueError(f"Invalid {name}: {theta!r} (expected {expected})")
+    return point
+
+
 def _precision_toggle(value: str = "float32") -> widgets.ToggleButtons:
     return widgets.ToggleButtons(options=list(_DTYPES), value=value, description="precision",
                                  style=dict(description_width="150px", button_width="80px"))
@@ -49,7 +61,10 @@ def estimator_dashboard(theta=(1.2, 0.8), *, seed: int = 0) -> Dashboard:
         theta: the point θ (2 numbers) where the gradient is estimated.
         seed: seed of the first set of directions ("new directions" draws the next ones).
     """
-    point = torch.tensor(theta, dtype=torch.float64)
+    point = _point("theta", theta, 2)
+    if not bool(point.ne(0).any()):
+        raise ValueError(f"Invalid theta: {tuple(theta)!r} (∇f(θ) = 0 there: expected a point other than the "
+                         "minimum θ = (0, 0), the arrows are drawn relative to ‖∇f‖)")
     controls = {
         "q": int_slider("directions q", 4, 1, 400),
         "eps": log_slider("ε", 1e-3, -10, 0),
@@ -118,7 +133,10 @@ def epsilon_dashboard(theta=(1.0, -0.8, 0.5), *, num_directions: int = 8) -> Das
     f(θ) = Σ_j (a_j/2)θ_j² + (κ/4)Σ_j θ_j⁴ + c: the quartic term κ gives the third-derivative error
     at large ε (∝ ε²), the precision and the loss level c set the rounding error at tiny ε (∝ u·|f|/ε).
     """
-    point = torch.tensor(theta, dtype=torch.float64)
+    point = _point("theta", theta)
+    if not bool(point.ne(0).any()):
+        raise ValueError(f"Invalid theta: {tuple(theta)!r} (∇f(θ) = 0 there: expected a point other than the "
+                         "minimum θ = 0, the errors are relative to zᵀ∇f)")
     curvatures = torch.linspace(1.0, 3.0, len(point), dtype=torch.float64)
     grid = torch.logspace(-10, 0, 41, dtype=torch.float64)
     controls = {

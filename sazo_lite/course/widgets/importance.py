@@ -12,6 +12,7 @@ import torch
 
 from .. import two_point, instruments, mezo_vs_sgd, minibatches, problems
 from ... import variance
+from ...validation import check_int
 from ..config import one_thread
 from ._common import LiveFigure, Dashboard, assemble, int_slider, slider
 
@@ -265,6 +266,7 @@ def gain_over_training_figure(problem, batch_sizes=(1, 8, 64), points: int = 41)
     rises as the (1 − 1/B)‖∇F‖² term vanishes; at B = 1 it follows 1 + CV² of the current norms.
     Trace k is B = ``batch_sizes[k]``: x the t grid, y the gains.
     """
+    points = check_int("points", points, 2)   # t runs from 0 to 1
     progress = [k / (points - 1) for k in range(points)]
     gains = minibatches.gain_along_path(problem, batch_sizes, progress)
     fig = go.Figure(layout=dict(title="oracle's gain over uniform along training, by batch size", height=380,

@@ -4,6 +4,7 @@ All numbers come from ``sazo_lite.course.memory``; this module only draws them.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import ipywidgets as widgets
@@ -38,10 +39,17 @@ def fit_summary(shape: memory.ModelShape, setup: memory.TrainSetup, budget_gb: f
 
 def _readout_html(summary: dict, bp_gb: float, zo_gb: float, budget_gb: float) -> str:
     size = summary["size_ratio"]
-    size_text = f"{size:.1f}×" if size == size and size != float("inf") else "BP fits nothing"
+    if math.isfinite(size) and size >= 1:
+        size_text = f"ZO trains a {size:.1f}× larger model of this width"
+    elif math.isfinite(size):  # a tiny budget: ZO's one-off buffers outweigh BP's few layers
+        size_text = f"ZO trains a smaller model of this width than BP ({size:.1f}× BP's parameters)"
+    elif size == math.inf:  # ``memory.size_ratio``: BP cannot hold even the embeddings, ZO can
+        size_text = "BP cannot train any model of this width (not even its embeddings fit); ZO can"
+    else:
+        size_text = "neither BP nor ZO can train a model of this width (not even its embeddings fit)"
     return (f"<div style='font-size:1.05em'>BP needs <b>{bp_gb:.1f} GB</b>, ZO needs <b>{zo_gb:.1f} GB</b>: "
             f"BP/ZO memory ratio <b class='ratio'>{summary['memory_ratio']:.1f}×</b>. "
-            f"In {budget_gb:g} GB, ZO trains a {size_text} larger model of this width.<br>"
+            f"In {budget_gb:g} GB, {size_text}.<br>"
             f"Largest of the family that fits {budget_gb:g} GB: BP → <b>{summary['bp_fits']}</b>, "
             f"ZO → <b>{summary['zo_fits']}</b>.</div>")
 
@@ -175,7 +183,7 @@ def memory_dashboard() -> Dashboard:
     choices = {"short chat (n_ctx = 512)": dict(context=512, batch=8, checkpointing=False),
                "long document (n_ctx = 32k)": dict(context=32768, batch=2, checkpointing=False),
                "32k + checkpointing": dict(context=32768, batch=2, checkpointing=True),
-               "17 GB device": dict(budget=17.0, context=512, batch=8, checkpointing=False)}
+               "17 GB device": dict(budget=17.0, context=256, batch=8, checkpointing=False)}  # notebook 07: BoolQ-like
     rows = [presets(choices, controls, refresh, hold, keep=("preset", *SHAPE_KEYS))]  # a preset keeps the model
     rows += [captioned(w, CAPTIONS[k]) if k in CAPTIONS else w for k, w in controls.items()]
     return Dashboard("Memory: backprop vs zeroth-order", rows, controls, {"bars": fig}, refresh, readout)

@@ -4,6 +4,8 @@ The measurements and the training runs live in ``sazo_lite.course``.
 """
 from __future__ import annotations
 
+import math
+
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
@@ -82,22 +84,31 @@ def mezo_dashboard(problem=None, *, steps: int = 200, seed: int = 0) -> Dashboar
         return cache[key]
 
     def refresh() -> None:
-        try:
-            runs = {method: run(method) for method in mezo_vs_sgd.RACE_METHODS}
-        except FloatingPointError as error:  # MeZO refuses a non-finite loss: the lr diverged
-            readout.value = f"<b style='color:crimson'>training diverged: {error}</b>"
-            return
-        state["runs"] = runs
+        runs, diverged = {}, {}
+        for method in mezo_vs_sgd.RACE_METHODS:
+            try:
+                runs[method] = run(method)
+            except FloatingPointError:  # MeZO refuses a non-finite loss: its η diverged
+                diverged[method] = "its loss became infinite or NaN"
+        for name, curve in runs.items():  # SGD has no such guard: its θ overflows to inf/NaN
+            bad = next((q for q, g in zip(curve["queries"], curve["gap"]) if not math.isfinite(g)), None)
+            if bad is not None:
+                diverged[name] = f"its gap is not finite from {bad} queries on"
+        state["runs"], state["diverged"] = runs, diverged
         with figures["queries"].batch_update(), figures["seconds"].batch_update():
-            for index, (name, curve) in enumerate(runs.items()):
-                gap = [max(g, 1e-12) for g in curve["gap"]]
+            for index, name in enumerate(mezo_vs_sgd.RACE_METHODS):
+                curve = runs.get(name, dict(queries=[], seconds=[], gap=[]))
+                gap = [max(g, 1e-12) if math.isfinite(g) else None for g in curve["gap"]]  # None: a gap in the line
                 forwards = [FORWARD_EQUIVALENTS[name] * q for q in curve["queries"]]
                 figures["queries"].data[index].x, figures["queries"].data[index].y = forwards, gap
                 figures["seconds"].data[index].x, figures["seconds"].data[index].y = curve["seconds"], gap
-        readout.value = " &nbsp; ".join(
-            f"{name}: gap {curve['gap'][-1]:.3g} after {curve['queries'][-1]} queries "
-            f"(≈ {FORWARD_EQUIVALENTS[name] * curve['queries'][-1]} forwards), "
-            f"{1e3 * curve['seconds'][-1] / steps:.2f} ms/step" for name, curve in runs.items())
+        lines = [f"{name}: gap {curve['gap'][-1]:.3g} after {curve['queries'][-1]} queries "
+                 f"(≈ {FORWARD_EQUIVALENTS[name] * curve['queries'][-1]} forwards), "
+                 f"{1e3 * curve['seconds'][-1] / steps:.2f} ms/step" for name, curve in runs.items()
+                 if name not in diverged]
+        lines += [f"<b style='color:crimson'>{name} diverged: {why} (η too large: lower its η)</b>"
+                  for name, why in diverged.items()]
+        readout.value = " &nbsp; ".join(lines)
 
     questions = {
         "eps": "θ is float32 here: below which ε does MeZO stop learning, and why?",

@@ -16,6 +16,7 @@ import ipywidgets as widgets
 import torch
 
 from ..config import pick
+from ...validation import check_count
 from ..sazo_runs import PROBLEMS, SAMPLERS, RaceResult, make_problem, race, tune_lr
 from ._common import SAMPLER_COLORS as _COLORS, SAMPLER_FILLS as _FILLS, SAMPLER_LABELS as _LABELS, Dashboard, \
     LiveFigure, captioned, int_slider, log_slider, presets, set_controls, slider
@@ -207,6 +208,8 @@ def race_table_html(result: RaceResult) -> str:
 
 def merge_results(parts: list[RaceResult]) -> RaceResult:
     """Join races run one method at a time on the same problem and query grid."""
+    if not parts:
+        raise ValueError("Invalid parts: expected at least one RaceResult")
     first = parts[0]
     gaps, to_target = {}, {}
     for part in parts:
@@ -221,7 +224,11 @@ def merge_results(parts: list[RaceResult]) -> RaceResult:
 
 def join_seeds(parts: list[RaceResult]) -> RaceResult:
     """Join races of the same methods run one seed (or seed group) at a time."""
+    if not parts:
+        raise ValueError("Invalid parts: expected at least one RaceResult")
     first = parts[0]
+    if any(not np.array_equal(part.queries, first.queries) or set(part.gaps) != set(first.gaps) for part in parts):
+        raise ValueError("Invalid parts: races must share one query grid and one set of methods")
     gaps = {m: np.concatenate([part.gaps[m] for part in parts]) for m in first.gaps}
     to_target = {m: [q for part in parts for q in part.to_target[m]] for m in first.to_target}
     return RaceResult(queries=first.queries, gaps=gaps, initial_gap=first.initial_gap, target=first.target,
@@ -323,8 +330,13 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
         >>> dash = race_dashboard(seeds=1, steps=20)
         >>> dash.controls["problem"].value = "homogeneous quadratic"
     """
-    seeds = tuple(range(seeds if seeds is not None else pick(3, 2)))
-    steps = steps if steps is not None else pick(200, 100)
+    if problem not in PROBLEM_DEFAULTS:
+        raise ValueError(f"Invalid problem: {problem!r} (expected one of {tuple(PROBLEM_DEFAULTS)})")
+    seeds = tuple(range(check_count("seeds", seeds) if seeds is not None else pick(3, 2)))
+    steps = check_count("steps", steps) if steps is not None else pick(200, 100)
+    unknown = set(lrs or {}) - set(LR_CONTROLS)
+    if unknown:
+        raise ValueError(f"Invalid lrs: {sorted(unknown)} (expected methods among {tuple(LR_CONTROLS)})")
     controls = _controls(problem)
     for method, rate in (lrs or {}).items():
         controls[LR_CONTROLS[method]].value = float(rate)
