@@ -167,3 +167,18 @@ def test_mezo_dashboard_says_when_sgd_diverges():
 def test_helpers_reject_bad_arguments_with_a_value_error(call, name):
     with pytest.raises(ValueError, match=name):
         call()
+
+
+def test_the_race_calls_speed_ups_lower_bounds_only_when_some_method_reached_the_target_uniform_missed():
+    from dataclasses import replace
+
+    from sazo_lite.course.sazo_runs import RaceResult
+    from sazo_lite.course.widgets.race import race_table_html, race_verdict
+
+    q = np.array([0.0, 100.0, 200.0])
+    gaps = {m: np.ones((1, 3)) for m in ("uniform", "sazo", "oracle")}
+    nobody = RaceResult(q, gaps, 1.0, 0.1, {"uniform": [None], "sazo": [None], "oracle": [None]})
+    assert "lower bound" not in race_table_html(nobody) and "no method did" in race_table_html(nobody)
+    assert "lower bound" not in race_verdict(nobody)
+    some = replace(nobody, to_target={"uniform": [None], "sazo": [100], "oracle": [None]})
+    assert "lower bounds" in race_table_html(some) and "lower bound" in race_verdict(some)

@@ -153,6 +153,11 @@ def _format_speedup(result: RaceResult, method: str) -> str:
     return f"{speedup:.2f}×"
 
 
+def _lower_bounds(result: RaceResult) -> bool:
+    """Whether some method reached the target where uniform did not (its speed-up then a lower bound)."""
+    return any(np.isinf(result.speedup(m)) for m in result.to_target if m != "uniform")
+
+
 def race_verdict(result: RaceResult) -> str:
     """One plain sentence on a race: each method's speed-up over uniform, lower bounds said so.
 
@@ -166,9 +171,9 @@ def race_verdict(result: RaceResult) -> str:
     others = [m for m in result.to_target if m != "uniform"]
     if not np.isfinite(uniform):
         reached = sum(q is not None for q in result.to_target["uniform"])
+        bounds = ", so each speed-up is a lower bound" if _lower_bounds(result) else ""
         head = (f"uniform MeZO did not reach {fraction:.0%} of the initial gap within {int(result.queries[-1]):,} "
-                f"queries (median over seeds; {reached}/{len(result.to_target['uniform'])} seeds did), so each "
-                "speed-up is a lower bound")
+                f"queries (median over seeds; {reached}/{len(result.to_target['uniform'])} seeds did){bounds}")
     else:
         head = f"uniform MeZO reached {fraction:.0%} of the initial gap in {uniform:,.0f} queries (median)"
     parts = []
@@ -200,8 +205,9 @@ def race_table_html(result: RaceResult) -> str:
             "<th>seeds reaching it</th></tr>")
     note = ""
     if "uniform" in result.to_target and not np.isfinite(result.median_to_target("uniform")):
+        why = "the “&gt;” speed-ups are lower bounds" if _lower_bounds(result) else "no method did (raise the rate or the steps)"
         note = (f"<div style='color:#a33'>uniform MeZO did not reach the target within "
-                f"{int(result.queries[-1]):,} queries: the “&gt;” speed-ups are lower bounds.</div>")
+                f"{int(result.queries[-1]):,} queries: {why}.</div>")
     return (f"<div><b>Queries to reach {fraction:.0%} of the initial gap</b>"
             f"<table style='border-collapse:collapse' cellpadding='4'>{head}{''.join(rows)}</table>{note}</div>")
 
