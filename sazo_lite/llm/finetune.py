@@ -58,6 +58,13 @@ def snapshot(params) -> list[torch.Tensor]:
 
 @torch.no_grad()
 def restore_snapshot(params, saved) -> None:
+    """Copy ``saved`` (a ``snapshot``) back into ``params``; checked before any copy (zip stopped at the
+    shorter list, and copy_ broadcast a tensor of another shape, both without a word)."""
+    params, saved = list(params), list(saved)
+    if len(saved) != len(params) or any(
+            not isinstance(s, torch.Tensor) or s.shape != p.shape for p, s in zip(params, saved)):
+        raise ValueError(f"Invalid saved: expected one tensor of each tuned tensor's shape ({len(params)} "
+                         f"tensors), got {len(saved)}")
     for p, s in zip(params, saved):
         p.copy_(s)
 

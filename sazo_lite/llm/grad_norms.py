@@ -41,7 +41,8 @@ from typing import Callable
 
 import torch
 
-from .losses import TokenBatch, answer_losses, classification_losses
+from ..validation import check_count
+from .losses import TokenBatch, answer_losses, checked_indices, classification_losses
 
 __all__ = ["loop_grad_norms", "linear_grad_norms", "vmap_grad_norms", "grad_norms", "example_losses", "RefreshingNorms",
            "linear_modules_for", "full_gradient_norm", "directional_error"]
@@ -71,15 +72,18 @@ def loop_grad_norms(losses: Callable, params, indices) -> torch.Tensor:
 def linear_modules_for(model, params) -> dict[int, list[torch.nn.Linear]] | None:
     """For each tuned tensor (by id), the ``nn.Linear`` modules it is the weight or bias of.
 
-    None when some tensor belongs to no Linear (then only the loop applies).
+    None when some tensor belongs to no Linear, or is also a parameter of another module (a head tied
+    to the embedding: the hooks would see the head's part of its gradient only); then only the loop applies.
     """
     wanted = {id(p) for p in params}
     owners: dict[int, list] = {i: [] for i in wanted}
     for module in model.modules():
-        if isinstance(module, torch.nn.Linear):
-            for tensor in (module.weight, module.bias):
-                if tensor is not None and id(tensor) in wanted:
-                    owners[id(tensor)].append(module)
+        linear = isinstance(module, torch.nn.Linear)
+        for name, tensor in module.named_parameters(recurse=False):
+            if id(tensor) in wanted:
+                if not (linear and name in ("weight", "bias")):
+                    return None
+                owners[id(tensor)].append(module)
     return owners if all(owners.values()) else None
 
 
@@ -97,6 +101,7 @@ def linear_grad_norms(model, losses: Callable, params, indices, *, chunk: int = 
         float64 [len(indices)].
     """
     params = list(params)
+    chunk = check_count("chunk", chunk)
     owners = linear_modules_for(model, params)
     if owners is None:
         raise ValueError("Invalid params: every tensor must be the weight or bias of an nn.Linear "
@@ -112,6 +117,9 @@ def linear_grad_norms(model, losses: Callable, params, indices, *, chunk: int = 
         handles = []
         def keep(key):
             def forward_hook(module, args, output):   # x now; ∂(Σf)/∂y once backward reaches y
+                if key in inputs:                     # a second call would replace the first call's x and g
+                    raise ValueError("Invalid params: a Linear that owns them runs twice in one forward "
+                                     "(use loop_grad_norms)")
                 inputs[key] = args[0].detach()
                 output.register_hook(lambda grad: grads.__setitem__(key, grad.detach()))
             return forward_hook
@@ -153,7 +161,7 @@ def vmap_grad_norms(model, batch: TokenBatch, params, indices=None, *, max_bytes
     """
     from torch.func import functional_call, grad, vmap
 
-    indices = list(range(len(batch))) if indices is None else [int(i) for i in indices]
+    indices = list(range(len(batch))) if indices is None else _checked(indices, len(batch))
     if len({len(batch.ids[i]) for i in indices}) > 1:
         raise ValueError("Invalid batch: vmap_grad_norms needs examples of one length (no padding)")
     names = {id(p): name for name, p in model.named_parameters()}
@@ -181,6 +189,12 @@ def vmap_grad_norms(model, batch: TokenBatch, params, indices=None, *, max_bytes
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
 
 
+def _checked(indices, count: int) -> list[int]:
+    """The examples to measure, checked as a loss checks them (1.5 was read as example 1); none: []."""
+    empty = indices.numel() == 0 if isinstance(indices, torch.Tensor) else len(list(indices)) == 0
+    return [] if empty else checked_indices(indices, count)
+
+
 def _vmap_applies(model, batch: TokenBatch, indices, loss: str) -> bool:
     return (loss == "classification" and type(model) not in _UNTRACEABLE and batch.labels is not None
             and len({len(batch.ids[int(i)]) for i in indices}) == 1)
@@ -204,7 +218,7 @@ def grad_norms(model, batch: TokenBatch, params, *, loss: str = "classification"
     if method not in ("auto", "linear", "vmap", "loop"):
         raise ValueError(f"Invalid method: {method!r} (expected 'auto', 'linear', 'vmap' or 'loop')")
     params = list(params)
-    indices = range(len(batch)) if indices is None else indices
+    indices = range(len(batch)) if indices is None else _checked(indices, len(batch))
     losses = example_losses(model, batch, loss)
     if method == "vmap":
         return vmap_grad_norms(model, batch, params, indices)

@@ -30,7 +30,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from dataclasses import dataclass
+import numbers
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +73,11 @@ class TokenBatch:
         labels: class index per example (classification), or None.
         label_ids: token id of each class's verbaliser (classification), or None.
         pad_id: the padding token id.
+        max_id: the largest token id of ids, pad_id and label_ids (the losses check it against the model's
+            vocabulary).
+
+    Checked at construction (ValueError): every row a non-empty sequence of ints >= 0, one prompt length
+    in [0, len(row)] a row, labels (ints, one a row) in [0, C), label_ids distinct ints >= 0.
     """
 
     ids: list[list[int]]
@@ -79,6 +85,20 @@ class TokenBatch:
     pad_id: int
     labels: torch.Tensor | None = None
     label_ids: torch.Tensor | None = None
+    max_id: int = field(init=False, repr=False, compare=False)   # the largest token id (ids, pad, label words)
+
+    def __post_init__(self):
+        # checked once here: each loss would otherwise read an empty row's answer slot at position −1,
+        # truncate a float id, wrap a negative label word id, or score a prompt length past its row
+        tops = [_check_row(k, row) for k, row in enumerate(self.ids)]
+        if len(self.prompt_lengths) != len(self.ids):
+            raise ValueError(f"Invalid prompt_lengths: {len(self.prompt_lengths)} for {len(self.ids)} examples")
+        for k, (row, length) in enumerate(zip(self.ids, self.prompt_lengths)):
+            check_int(f"prompt_lengths[{k}]", length, 0, len(row))
+        self.pad_id = check_int("pad_id", self.pad_id, 0)
+        self.labels, self.label_ids = _check_labels(self.labels, self.label_ids, len(self.ids))
+        label_top = [int(self.label_ids.max())] if self.label_ids is not None and len(self.label_ids) else []
+        self.max_id = max(tops + label_top + [self.pad_id])
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -90,10 +110,64 @@ class TokenBatch:
         width = int(lengths.max())
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         for k, row in enumerate(rows):
-            input_ids[k, :len(row)] = torch.tensor(row)
+            input_ids[k, :len(row)] = torch.as_tensor(row)     # a row may be a tensor
         mask = torch.arange(width)[None, :] < lengths[:, None]
         return dict(input_ids=input_ids.to(device), attention_mask=mask.long().to(device),
                     lengths=lengths.to(device))
+
+
+def _integer_tensor(name: str, value) -> torch.Tensor:
+    """``value`` as a 1-D integer tensor (not bool, not float: 0.7 would be read as class 0)."""
+    if not isinstance(value, torch.Tensor):
+        value = list(value)
+        tensor = torch.as_tensor(value) if value else torch.zeros(0, dtype=torch.long)   # [] is float32 else
+    else:
+        tensor = value
+    if tensor.dim() != 1 or tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
+        raise ValueError(f"Invalid {name}: expected a 1-D tensor of ints, got {tensor.dtype} of shape "
+                         f"{tuple(tensor.shape)}")
+    return tensor.long()
+
+
+def _all_ints(values) -> bool:
+    """Every value an int, not a bool (a plain-int check first: the ABC check is 10x slower per token)."""
+    return all(type(t) is int for t in values) or all(
+        isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in values)
+
+
+def _check_row(k: int, row) -> int:
+    """Example k's token ids: a non-empty sequence of ints >= 0; returns the largest."""
+    values = row.tolist() if isinstance(row, torch.Tensor) and row.dim() == 1 else row
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or len(values) == 0 or not _all_ints(values) \
+            or min(values) < 0:
+        raise ValueError(f"Invalid ids: example {k} is {row!r} (expected a non-empty sequence of token ids, "
+                         "ints >= 0)")
+    return int(max(values))
+
+
+def _check_labels(labels, label_ids, count: int):
+    """One class index in [0, C) per example and C distinct label word ids >= 0 (each when given)."""
+    if label_ids is not None:
+        label_ids = _integer_tensor("label_ids", label_ids)
+        if len(label_ids) == 0 or int(label_ids.min()) < 0 or len(set(label_ids.tolist())) != len(label_ids):
+            raise ValueError(f"Invalid label_ids: {label_ids.tolist()} (expected distinct token ids >= 0)")
+    if labels is not None:
+        labels = _integer_tensor("labels", labels)
+        classes = len(label_ids) if label_ids is not None else None
+        if len(labels) != count or (len(labels) and (int(labels.min()) < 0 or
+                                                     (classes is not None and int(labels.max()) >= classes))):
+            raise ValueError(f"Invalid labels: need one class index in [0, {classes}) per example ({count})")
+    return labels, label_ids
+
+
+def _check_vocabulary(model, batch: TokenBatch) -> None:
+    """Token ids past the model's embedding rows: a ValueError here, not torch's "index out of range in
+    self" (on a GPU a device-side assert that ends the process's CUDA use)."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    if rows is not None and batch.max_id >= rows:
+        raise ValueError(f"Invalid batch: token id {batch.max_id} (ids, pad_id or label_ids) is past the "
+                         f"model's vocabulary of {rows}")
 
 
 def checked_indices(indices, count: int) -> list[int]:
@@ -141,6 +215,7 @@ def encode_answers(tokenizer, prompts, answers, *, max_length: int = 128) -> Tok
     """Tokenise prompt + answer pairs for ``answer_losses`` (answers keep their leading space)."""
     if len(prompts) != len(answers):
         raise ValueError(f"Invalid answers: {len(answers)} answers for {len(prompts)} prompts")
+    max_length = check_int("max_length", max_length, 2)       # a prompt token and an answer token at least
     ids, prompt_lengths = [], []
     for prompt, answer in zip(prompts, answers):
         p, a = _ids(tokenizer, prompt), _ids(tokenizer, answer)
@@ -155,7 +230,8 @@ def encode_answers(tokenizer, prompts, answers, *, max_length: int = 128) -> Tok
 def encode_classification(tokenizer, prompts, labels, label_words, *, max_length: int = 128) -> TokenBatch:
     """Tokenise prompts for ``classification_losses``; the answer slot is the prompt's end."""
     label_ids = label_word_ids(tokenizer, label_words)
-    labels = torch.as_tensor(list(labels), dtype=torch.long)
+    max_length = check_int("max_length", max_length, 1)       # [-0:] would keep the whole prompt
+    labels = _integer_tensor("labels", labels)                  # not as_tensor(dtype=long): 0.7 became class 0
     if len(labels) != len(prompts) or (len(labels) and not 0 <= int(labels.min()) <= int(labels.max()) < len(label_ids)):
         raise ValueError(f"Invalid labels: need one class index in [0, {len(label_ids)}) per prompt")
     ids = [_ids(tokenizer, p)[-max_length:] for p in prompts]
@@ -212,6 +288,7 @@ def answer_losses(model, batch: TokenBatch, indices=None, *, autocast_dtype=None
     ``grad=True`` records the autograd graph (for true per-example gradients); default: inference mode.
     """
     indices = range(len(batch)) if indices is None else indices
+    _check_vocabulary(model, batch)
     inputs = batch.select(indices, _device(model))
     logits = _logits(model, inputs, autocast_dtype, grad)
     ids = inputs["input_ids"]
@@ -225,6 +302,9 @@ def classification_logits(model, batch: TokenBatch, indices=None, *, autocast_dt
                           grad: bool = False) -> torch.Tensor:
     """Logits of the label words at each prompt's last position: float32 [B, C]."""
     indices = range(len(batch)) if indices is None else indices
+    if batch.label_ids is None:
+        raise ValueError("Invalid batch: no label_ids (classification needs encode_classification's batch)")
+    _check_vocabulary(model, batch)
     inputs = batch.select(indices, _device(model))
     last = _logits(model, inputs, autocast_dtype, grad, positions=inputs["lengths"] - 1)   # [B, V]
     return last[:, batch.label_ids.to(last.device)]
@@ -234,6 +314,8 @@ def classification_losses(model, batch: TokenBatch, indices=None, *, autocast_dt
                           grad: bool = False) -> torch.Tensor:
     """Per-example verbaliser cross-entropy: float32 [B] (``grad=True``: keep the autograd graph)."""
     indices = range(len(batch)) if indices is None else indices
+    if batch.labels is None:
+        raise ValueError("Invalid batch: no labels (classification needs encode_classification's batch)")
     logits = classification_logits(model, batch, indices, autocast_dtype=autocast_dtype, grad=grad)
     labels = batch.labels[torch.as_tensor(list(indices), dtype=torch.long)].to(logits.device)
     return F.cross_entropy(logits, labels, reduction="none")

@@ -18,6 +18,7 @@ step). Every run also records what limits its rate (the measured mechanism, docs
 from __future__ import annotations
 
 import math
+import numbers
 import statistics
 from dataclasses import asdict, dataclass, field
 
@@ -27,7 +28,7 @@ from ..engine import MeZO, StepEvent
 from ..samplers import RACED, make_sampler
 from ..train import NoiseScaledStep, median_queries, queries_to_target, train
 from ..variance import oracle_probs, spearman, tv_distance, variance_ratio
-from ..validation import check_choice
+from ..validation import check_choice, check_int, check_number
 from .finetune import mean_loss
 from .grad_norms import RefreshingNorms, grad_norms
 from .losses import TokenBatch, accuracy, batched_closure
@@ -156,6 +157,13 @@ def walk(params, start) -> float:
     return float(sum(float((p.detach().double() - s.double()).pow(2).sum()) for p, s in zip(params, start)) ** 0.5)
 
 
+def _real(name: str, value) -> float:
+    """A real number as a float (float() took True as 1.0 and the string "2" as 2.0 without a word)."""
+    if isinstance(value, (bool, str, bytes)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"Invalid {name}: {value!r} (expected a number)")
+    return float(value)
+
+
 class AfterStep:
     """A ``MeZO`` step hook that keeps θ₀ and acts after every committed step, with a folded update
     applied first (``flush``), so ``after_step`` reads θ as the step left it. The walk rules and tracers
@@ -204,7 +212,7 @@ class WalkBound(AfterStep):
     """
 
     def __init__(self, params, radius: float, *, start=None):
-        radius = float(radius)
+        radius = _real("radius", radius)
         if not math.isfinite(radius) or radius <= 0:
             raise ValueError(f"Invalid radius: {radius} (expected a finite number > 0)")
         super().__init__(params, start)
@@ -240,7 +248,7 @@ class WalkPull(AfterStep):
     """
 
     def __init__(self, params, strength: float, *, start=None):
-        strength = float(strength)
+        strength = _real("strength", strength)
         if not math.isfinite(strength) or strength <= 0:
             raise ValueError(f"Invalid strength: {strength} (expected a finite number > 0)")
         super().__init__(params, start)
@@ -287,7 +295,7 @@ class StepCap:
     """
 
     def __init__(self, kappa: float = 3.0, *, ema_decay: float = 0.99, warmup: int = 20):
-        kappa, ema_decay = float(kappa), float(ema_decay)
+        kappa, ema_decay = _real("kappa", kappa), _real("ema_decay", ema_decay)
         if not math.isfinite(kappa) or kappa <= 0:
             raise ValueError(f"Invalid kappa: {kappa} (expected a finite number > 0)")
         if not 0.0 <= ema_decay < 1.0:
@@ -348,6 +356,27 @@ def _check_sampler(sampler, n: int) -> None:
         raise ValueError(f"Invalid sampler: it draws from {size} examples, the training batch has {n}")
 
 
+def _check_run_settings(lr, test_batch, accuracy_at, stop_fraction, diagnose, diverge_factor, walk_pull) -> None:
+    """query_run's own settings, checked before θ moves: a bad one used to surface mid-run (a pull that
+    overshoots after the first step, a test batch of the wrong type after the whole run, diagnose=0.5 as a
+    ZeroDivisionError) or never (accuracy_at=1.7 read as 1, a negative stop_fraction or diverge_factor)."""
+    if test_batch is not None and not isinstance(test_batch, (TokenBatch, TopBlocks)):
+        raise ValueError(f"Invalid test_batch: {type(test_batch).__name__} (expected a TokenBatch or a TopBlocks)")
+    if accuracy_at is not None and (test_batch is None or isinstance(accuracy_at, bool)):
+        raise ValueError(f"Invalid accuracy_at: {accuracy_at} (a query count ≥ 1, with a test_batch)")
+    if accuracy_at is not None:
+        check_int("accuracy_at", accuracy_at, 1)
+    if stop_fraction is not None:
+        check_number("stop_fraction", stop_fraction, 0.0, closed_low=False)
+    if not isinstance(diagnose, bool):
+        check_int("diagnose", diagnose, 0)
+    if _real("diverge_factor", diverge_factor) <= 0 or math.isnan(diverge_factor):     # inf: never diverges
+        raise ValueError(f"Invalid diverge_factor: {diverge_factor} (expected a number > 0)")
+    if walk_pull is not None and isinstance(lr, numbers.Real) and _real("walk_pull", walk_pull) * lr >= 1:
+        raise ValueError(f"Invalid walk_pull: lr·strength = {walk_pull * lr:g} ≥ 1 would carry θ past θ₀ "
+                         "(expected lr·walk_pull < 1)")
+
+
 def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr: float, eps: float = 1e-3,
               batch_size: int = 1, steps: int = 300, seed: int = 0, log_every: int = 10,
               oracle_every: int = 1, uniform_mix: float = 0.1, oracle_mix: float = 0.0,
@@ -391,8 +420,8 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
             after the walk rules.
     """
     _check_sampler(sampler, len(train_batch))
-    if accuracy_at is not None and (test_batch is None or int(accuracy_at) < 1):
-        raise ValueError(f"Invalid accuracy_at: {accuracy_at} (a query count ≥ 1, with a test_batch)")
+    _check_run_settings(lr, test_batch, accuracy_at, stop_fraction, diagnose, diverge_factor, walk_pull)
+    diagnose = int(diagnose)
     n = len(train_batch)
     params = list(params)
     optimizer = MeZO(params, lr=lr, eps=eps, seed=seed, perturbation=perturbation)

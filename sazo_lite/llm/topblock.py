@@ -236,6 +236,7 @@ class TopBlocks:
         self.after = self._modules_after(owner, layers)
         self._check_frozen_below(model)
         self.hidden, self.arguments, self.batch_axes, self.lengths = self._cache()
+        self.layout = self._layout()
         if check:
             self._check_equals_the_full_model()
 
@@ -342,6 +343,20 @@ class TopBlocks:
                              f"full forward's (relative gap {gap:.2e} > {tolerance:.0e}): a family this mode does "
                              "not support (a step after the LM head or between its blocks that it does not know)")
 
+    def _layout(self) -> set:
+        """The dtypes and devices of the weights that run on the cache (top blocks, final norm, head)."""
+        return {f"{str(p.dtype).removeprefix('torch.')} on {p.device}"
+                for m in self.layers + self.after + [self.head] for p in m.parameters()}
+
+    def _check_layout(self) -> None:
+        """A model moved to another dtype or device since the cache was made: a ValueError that says so
+        (the cached float32 states met bfloat16 weights in a matmul's dtype error; the lower blocks' weights,
+        rounded by the move, would not be seen either)."""
+        now = self._layout()
+        if now != self.layout:
+            raise ValueError(f"Invalid model: its top blocks' weights moved from {', '.join(sorted(self.layout))} to "
+                             f"{', '.join(sorted(now))} since the cache was made; construct TopBlocks again")
+
     def __len__(self) -> int:
         return len(self.batch)
 
@@ -354,6 +369,7 @@ class TopBlocks:
     def logits(self, indices, *, grad: bool = False) -> torch.Tensor:
         """Label-word logits at each example's last prompt position: float32 [B, C]."""
         index = self._index(indices)
+        self._check_layout()
         mode = torch.enable_grad() if grad else torch.inference_mode()
         with mode:
             h = self.hidden.index_select(0, index)                               # [B, T, H]
@@ -399,7 +415,7 @@ class TopBlocks:
         if method not in ("auto", "linear", "loop"):
             raise ValueError(f"Invalid method: {method!r} (expected 'auto', 'linear' or 'loop')")
         params = list(params)
-        indices = range(len(self)) if indices is None else indices
+        indices = range(len(self)) if indices is None else checked_indices(indices, len(self))  # not int(1.5)
         losses = lambda idx: self.losses(idx, grad=True)
         if method == "loop" or (method == "auto" and linear_modules_for(self.model, params) is None):
             return loop_grad_norms(losses, params, indices)

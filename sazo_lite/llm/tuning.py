@@ -18,7 +18,12 @@ Sparse subsets are ``sazo_lite.sparse``; half precision and its restore bound ``
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
+
+from ..validation import check_int
 
 
 __all__ = ["trainable_parameters", "full_parameters", "add_lora", "parameter_count"]
@@ -103,13 +108,17 @@ def add_lora(model, *, rank: int = 8, alpha: int = 16, target_modules=None, init
 
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise ValueError(f"Invalid rank: {rank!r} (expected an int >= 1)")
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not (math.isfinite(alpha) and alpha > 0):
+        # α = 0 makes every adapter a no-op: each ZO step would see δ = 0 and learn nothing, silently
+        raise ValueError(f"Invalid alpha: {alpha!r} (expected a finite number > 0)")
     extra = {}
     if layers is not None:
         from .topblock import decoder_layers
 
-        count, layers = len(decoder_layers(model)), [int(i) for i in layers]
-        if not layers or any(not 0 <= i < count for i in layers):
+        count, layers = len(decoder_layers(model)), list(layers)
+        if not layers:
             raise ValueError(f"Invalid layers: {layers!r} (expected indices in [0, {count}))")
+        layers = [check_int("layers", i, 0, count - 1) for i in layers]     # int(1.7) adapted layer 1
         extra = dict(layers_to_transform=layers)
     if target_modules is None:
         target_modules = _default_targets(model)
