@@ -700,3 +700,26 @@ def test_the_families_probe_sorts_equal_refused_and_crashed(monkeypatch, capsys)
     assert families.probe("Llama", 1)["outcome"] == "no model"
     families.main(["--families", "Llama", "Mpt"])
     assert "families: 0 equal, 0 refused, 1 crashed, 1 no model" in capsys.readouterr().out
+
+
+def test_an_lm_head_of_its_own_can_be_tuned_with_the_top_block_a_tied_one_cannot():
+    from sazo_lite.llm.grad_norms import grad_norms as full_model_norms
+
+    model, adapters = lora_top("llama")                                # Llama: a head of its own
+    head = model.get_base_model().get_output_embeddings().weight
+    assert head is not model.get_base_model().get_input_embeddings().weight
+    params = adapters + [head.requires_grad_(True)]                    # every tensor a Linear's weight
+    jiggle(params, 0.3)
+    batch = padded_batch()
+    top = TopBlocks(model, batch)
+    assert torch.allclose(top(INDICES), classification_losses(model, batch, INDICES), atol=1e-5, rtol=0)
+    norms = top.grad_norms(params, INDICES)
+    assert torch.allclose(norms, full_model_norms(model, batch, params, indices=INDICES), rtol=1e-4)
+    assert torch.allclose(norms, top.grad_norms(params, INDICES, method="loop"), rtol=1e-6)
+    with pytest.raises(ValueError, match="Invalid method: 'linear'"):
+        top.grad_norms(params, INDICES, method="linear")
+    tied = tiny_causal_lm("gpt2", vocab_size=64, seed=1)               # GPT-2: the head is the embedding
+    top_block_parameters(tied, 1)
+    tied.get_output_embeddings().weight.requires_grad_(True)
+    with pytest.raises(ValueError, match="stale"):
+        TopBlocks(tied, batch)

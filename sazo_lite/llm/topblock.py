@@ -23,7 +23,8 @@ floats (plus the recorded masks and position embeddings); a step costs k blocks'
 tokens instead of all L blocks and the head over the vocabulary. Tune LoRA adapters on the top
 blocks (``add_lora(model, layers=top_layers(model, k))``) or all their parameters
 (``top_block_parameters(model, k)``). A trainable tensor below the top blocks would make the cache
-stale: ``TopBlocks`` refuses it (ValueError). Decoder blocks are found at ``model.layers`` (Llama,
+stale: ``TopBlocks`` refuses it (ValueError); an LM head of its own may be tuned too (it runs live), one
+tied to the input embeddings may not. Decoder blocks are found at ``model.layers`` (Llama,
 SmolLM2, Qwen, Mistral, Gemma, Phi, OLMo, Cohere, Granite, ...), ``transformer.h`` (GPT-2, GPT-J,
 GPT-Neo, CodeGen, Falcon, Bloom), ``gpt_neox.layers`` and ``model.decoder.layers`` (OPT), else as the
 ModuleList of ``config.num_hidden_layers`` blocks (MPT, BioGPT, ...), plain or wrapped by peft; the
@@ -241,8 +242,13 @@ class TopBlocks:
             self._check_equals_the_full_model()
 
     def _check_frozen_below(self, model) -> None:
-        """No trainable tensor may feed the cached hidden states (the embeddings, the lower blocks)."""
-        live = {id(p) for m in self.layers + self.after for p in m.parameters()}
+        """No trainable tensor may feed the cached hidden states (the embeddings, the lower blocks). The
+        top blocks, the modules after them and an LM head of its own run live on the cache; a head tied
+        to the input embeddings does not (tuning it would change the cached inputs too)."""
+        tops = self.layers + self.after + [self.head]
+        inside = {id(m) for top in tops for m in top.modules()}
+        below = {id(p) for m in model.modules() if id(m) not in inside for p in m.parameters(recurse=False)}
+        live = {id(p) for m in tops for p in m.parameters()} - below
         stale = [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in live]
         if stale:
             raise ValueError(f"Invalid model: {len(stale)} trainable tensors outside the top {self.blocks} "
@@ -417,6 +423,10 @@ class TopBlocks:
         params = list(params)
         indices = range(len(self)) if indices is None else checked_indices(indices, len(self))  # not int(1.5)
         losses = lambda idx: self.losses(idx, grad=True)
-        if method == "loop" or (method == "auto" and linear_modules_for(self.model, params) is None):
+        head = {id(p) for p in self.head.parameters()} & {id(p) for p in params}   # run on its label rows only
+        if head and method == "linear":
+            raise ValueError("Invalid method: 'linear' (the LM head is tuned and runs on its label rows, not as a "
+                             "module the batched hooks see; use 'loop' or 'auto')")
+        if method == "loop" or (method == "auto" and (head or linear_modules_for(self.model, params) is None)):
             return loop_grad_norms(losses, params, indices)
         return linear_grad_norms(self.model, losses, params, indices)
