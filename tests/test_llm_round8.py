@@ -212,3 +212,19 @@ def test_add_lora_refuses_an_alpha_that_silences_the_adapters_and_fractional_lay
             add_lora(tiny_causal_lm("llama", vocab_size=VOCAB), rank=2, layers=layers)
     model = add_lora(tiny_causal_lm("llama", vocab_size=VOCAB), rank=2, alpha=8.0, layers=[1])
     assert model.peft_config["default"].layers_to_transform == [1]
+
+
+def test_norms_of_tensors_the_losses_do_not_depend_on_are_refused_with_a_reason_every_method():
+    base = tiny_causal_lm("llama", vocab_size=64, seed=1)
+    model = add_lora(base, rank=2, layers=top_layers(base, 1))
+    params = trainable_parameters(model)
+    with torch.no_grad():
+        for p in params:
+            p.add_(0.3 * torch.randn_like(p))
+    ids = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15]]
+    batch = TokenBatch(ids, [len(r) for r in ids], 0, torch.tensor([0, 1, 0]), torch.tensor([3, 4]))
+    assert (grad_norms(model, batch, params) > 0).all()
+    model.merge_adapter()                         # the adapters' product now lives in the base weights
+    for method in ("auto", "loop", "linear"):
+        with pytest.raises(ValueError, match="do not depend on them"):
+            grad_norms(model, batch, params, method=method)

@@ -63,10 +63,18 @@ def loop_grad_norms(losses: Callable, params, indices) -> torch.Tensor:
     params = list(params)
     out = []
     for i in indices:
-        value = losses([int(i)]).sum()
-        grads = torch.autograd.grad(value, params, allow_unused=True)
+        grads = _grads(losses([int(i)]).sum(), params)
         out.append(sum(float(g.double().pow(2).sum()) for g in grads if g is not None) ** 0.5)
     return torch.tensor(out, dtype=torch.float64)
+
+
+def _grads(value: torch.Tensor, params) -> tuple:
+    """∂value/∂params (parameter ``.grad`` untouched), or a ValueError where the loss does not depend on
+    any of them (merged or disabled LoRA adapters, tensors the forward never reads, no grad enabled)."""
+    if not value.requires_grad:
+        raise ValueError("Invalid params: the losses do not depend on them (merged or disabled adapters, "
+                         "frozen tensors, or tensors the forward does not use?)")
+    return torch.autograd.grad(value, params, allow_unused=True)
 
 
 def linear_modules_for(model, params) -> dict[int, list[torch.nn.Linear]] | None:
@@ -127,9 +135,8 @@ def linear_grad_norms(model, losses: Callable, params, indices, *, chunk: int = 
         for key, module in modules.items():
             handles.append(module.register_forward_hook(keep(key)))
         try:
-            value = losses(part).sum()      # Σ_i f_i: row i of every output gradient is ∂f_i/∂y_i
-            # backward through the graph only (parameter .grad untouched): grads w.r.t. the tuned tensors
-            torch.autograd.grad(value, params, allow_unused=True)
+            # Σ_i f_i: row i of every output gradient is ∂f_i/∂y_i; backward through the graph only
+            _grads(losses(part).sum(), params)
         finally:
             for handle in handles:
                 handle.remove()
