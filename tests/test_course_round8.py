@@ -182,3 +182,18 @@ def test_the_race_calls_speed_ups_lower_bounds_only_when_some_method_reached_the
     assert "lower bound" not in race_verdict(nobody)
     some = replace(nobody, to_target={"uniform": [None], "sazo": [100], "oracle": [None]})
     assert "lower bounds" in race_table_html(some) and "lower bound" in race_verdict(some)
+
+
+def test_the_sazo_scatter_says_when_estimates_of_zero_fall_off_its_log_axis():
+    from sazo_lite.course.sazo_runs import make_problem, run_sazo_trace
+    from sazo_lite.course.widgets.sazo import _draw, _probs_figure, _scatter_figure, _trajectory_figure, _variance_figure
+
+    figures = {"scatter": _scatter_figure(), "trajectory": _trajectory_figure(), "probs": _probs_figure(),
+               "variance": _variance_figure()}
+    for eps, zeros in ((1e-3, False), (1e-10, True)):      # ε = 1e-10 in float32: every d_k rounds to 0
+        trace = run_sazo_trace(make_problem(), steps=30, eps=eps, ema_decay=0.0, rule="plain")
+        _draw(figures, trace, len(trace.steps) - 1)
+        title = figures["scatter"].layout.title.text
+        assert ("off the log axis" in title) == zeros, title
+        if zeros:
+            assert f"{int((trace.sqrt_g[-1] <= 0).sum())} of {trace.sqrt_g.shape[1]} estimates are 0" in title

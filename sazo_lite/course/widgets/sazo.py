@@ -113,6 +113,13 @@ def _variance_figure() -> LiveFigure:
     return fig
 
 
+def _off_the_log_axis(estimates: np.ndarray) -> str:
+    """What the log-scaled plots cannot show, said in the title: estimates of exactly 0 (a tiny ε rounds
+    every directional difference to 0, and β = 0 keeps only the last one)."""
+    zeros = int(np.sum(np.asarray(estimates) <= 0))
+    return f" · {zeros} of {len(estimates)} estimates are 0, off the log axis" if zeros else ""
+
+
 def _draw(figures: dict, trace: SAZOTrace, index: int) -> None:
     """Put one trace's data into the four figures (each inside one batch_update)."""
     norms, sqrt_g = trace.norms[index], trace.sqrt_g[index]
@@ -122,7 +129,7 @@ def _draw(figures: dict, trace: SAZOTrace, index: int) -> None:
         figures["scatter"].data[0].update(x=norms, y=sqrt_g)
         figures["scatter"].data[1].update(x=[low, high], y=[low, high])
         figures["scatter"].layout.title.text = f"estimate vs true ‖∇f_i‖, step {int(trace.steps[index])}: " \
-                                               f"ρ = {trace.spearman[index]:.2f}"
+                                               f"ρ = {trace.spearman[index]:.2f}" + _off_the_log_axis(sqrt_g)
     with figures["trajectory"].batch_update():
         for k, example in enumerate(trace.tracked):
             figures["trajectory"].data[2 * k].update(x=trace.steps, y=trace.sqrt_g[:, example])
