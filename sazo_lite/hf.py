@@ -19,7 +19,9 @@ lr schedules, peft models and ``torchrun`` launches are the Trainer's own. What 
   ``SAZOSampler``), the step minimises mean_k(w_k·f_k), and the sampler then sees the B directional
   differences. The Trainer's train dataloader only yields step tickets, so its prefetching and its
   skipping of batches on resume never draw from the sampler; examples are collated in
-  ``training_step`` (``dataloader_num_workers`` does not apply to training).
+  ``training_step`` (``dataloader_num_workers`` does not apply to training). The sampler is seeded
+  by ``args.data_seed`` when set (else zo_seed + 1); a ``train_sampling_strategy`` other than
+  "random" and ``neftune_noise_alpha`` (no noise in eval mode) are refused, not ignored.
 - Loss: f_i = mean token cross-entropy over example i's labels (causal shift, −100 ignored;
   ``sazo_lite.llm.losses.causal_lm_losses``), or ``per_example_loss(outputs, inputs) -> [B]``.
   ``train()`` first runs the model once, without changing anything, on the first two training
@@ -179,13 +181,15 @@ class ZOTrainer(Trainer):
         eps: ε > 0, the perturbation radius.
         perturbation: "gaussian" or "rademacher" z.
         ema_decay, uniform_mix: SAZO's β ∈ [0, 1) and λ ∈ (0, 1] (see ``SAZOSampler``).
-        zo_seed: seed of MeZO's directions (the sampler uses zo_seed + 1); default ``args.seed``.
+        zo_seed: seed of MeZO's directions; default ``args.seed``. The sampler uses
+            ``args.data_seed`` when set, else zo_seed + 1.
         per_example_loss: ``(outputs, inputs) -> losses [B]``; default ``causal_lm_losses`` on
             ``outputs.logits`` and ``inputs["labels"]``.
         master_weights: "auto" (a float32 master copy when a trainable tensor is bf16/fp16),
             True or False.
         **kwargs: the Trainer's other arguments (compute_metrics, callbacks, ...). ``optimizers``
-            is refused: the optimiser is MeZO.
+            is refused (the optimiser is MeZO), and so are ``compute_loss_func`` and a subclass's
+            ``compute_loss`` (steps need per-example losses: use ``per_example_loss``).
 
     Raises:
         ValueError: on bad settings, before any training (see ``_check_settings``).
@@ -208,6 +212,7 @@ class ZOTrainer(Trainer):
             raise ValueError(f"Invalid master_weights: {master_weights!r} (expected 'auto', True or False)")
         if per_example_loss is not None and not callable(per_example_loss):
             raise ValueError(f"Invalid per_example_loss: {per_example_loss!r} (expected a callable)")
+        _check_loss_hooks(type(self), kwargs)
         if data_collator is None and model is not None:
             data_collator = CausalLMCollator(_pad_token_id(processing_class, model))
         super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
@@ -215,6 +220,11 @@ class ZOTrainer(Trainer):
         self.eps, self.perturbation, self.master_weights = eps, perturbation, master_weights
         self.zo_seed = self.args.seed if zo_seed is None else zo_seed
         self.per_example_loss = per_example_loss or _causal_lm_loss
+        if self.args.label_names is None:
+            # The losses read inputs["labels"]: without this a model whose forward takes no
+            # ``labels`` (a plain module) would have that column dropped from its rows (the
+            # collator then scored every token) and evaluate() would pass labels to forward.
+            self.label_names = ["labels"]
         self._check_settings(ema_decay, uniform_mix)
         self.zo_sampler = self._make_sampler(ema_decay, uniform_mix) if train_dataset is not None else None
         # Loss scaling exists for backward passes; ZO has none (and GradScaler.step asserts on
@@ -234,7 +244,7 @@ class ZOTrainer(Trainer):
         trainable = [p for p in self.model.parameters() if p.requires_grad] if self.model is not None else []
         MeZO(trainable or [torch.zeros(1)], lr=args.learning_rate, eps=self.eps, weight_decay=args.weight_decay,
              perturbation=self.perturbation, seed=self.zo_seed, noise=None)
-        make_sampler(sampler_name(self.method), 1, ema_decay=ema_decay, uniform_mix=uniform_mix, seed=self.zo_seed + 1)
+        make_sampler(sampler_name(self.method), 1, ema_decay=ema_decay, uniform_mix=uniform_mix, seed=self._sampler_seed())
         default_optim = TrainingArguments.__dataclass_fields__["optim"].default
         if OptimizerNames(args.optim) != OptimizerNames(default_optim) or args.optim_args or args.optim_target_modules:
             raise ValueError(f"Invalid optim: {str(getattr(args.optim, 'value', args.optim))!r} / optim_args / "
@@ -250,6 +260,15 @@ class ZOTrainer(Trainer):
             raise ValueError("Invalid label_smoothing_factor: ZOTrainer's per-example losses do not smooth")
         if args.auto_find_batch_size:
             raise ValueError("Invalid auto_find_batch_size: the sampler's batch size is fixed")
+        if args.train_sampling_strategy != "random":
+            raise ValueError(f"Invalid train_sampling_strategy: {args.train_sampling_strategy!r} (the ZO sampler "
+                             f"draws every batch i.i.d.; leave it at 'random')")
+        if args.neftune_noise_alpha is not None:
+            raise ValueError("Invalid neftune_noise_alpha: ZO steps run the model in eval mode (both passes must "
+                             "see the same function), where NEFTune adds no noise")
+        if self.per_example_loss is _causal_lm_loss and "labels" not in self.label_names:
+            raise ValueError(f"Invalid label_names: {self.label_names} (the default per_example_loss scores "
+                             f"inputs['labels']; keep 'labels' or pass per_example_loss=(outputs, inputs) -> [B])")
         if self.is_deepspeed_enabled or self.is_fsdp_enabled:
             raise ValueError("Invalid parallelism: ZOTrainer supports data parallel (DDP) launches only")
         if self.model is not None and not any(p.requires_grad for p in self.model.parameters()):
@@ -263,8 +282,12 @@ class ZOTrainer(Trainer):
                 raise ValueError("Invalid train_dataset: it is empty")
 
     def _make_sampler(self, ema_decay, uniform_mix):
-        n, seed = len(self.train_dataset), self.zo_seed + 1   # the same seed on every rank
+        n, seed = len(self.train_dataset), self._sampler_seed()   # the same seed on every rank
         return make_sampler(sampler_name(self.method), n, ema_decay=ema_decay, uniform_mix=uniform_mix, seed=seed)
+
+    def _sampler_seed(self) -> int:
+        """``args.data_seed`` ("the seed of the data samplers") when set, else zo_seed + 1."""
+        return self.zo_seed + 1 if self.args.data_seed is None else self.args.data_seed
 
     @property
     def zo_optimizer(self) -> MeZO:
@@ -457,6 +480,7 @@ class ZOTrainer(Trainer):
         if checkpoint is True:
             checkpoint = get_last_checkpoint(self.args.output_dir)  # None: the Trainer raises its own error
         self._zo_resume = self._read_zo_state(checkpoint) if checkpoint else None
+        self._zo_pending = []   # steps of an earlier train() after its last log belong to no log of this one
         if self.train_dataset is not None and self.zo_sampler is not None:
             self._check_model_and_data()
         try:
@@ -511,6 +535,17 @@ class ZOTrainer(Trainer):
                 for master, saved in zip(self._master.tensors, state["master"]):
                     master.copy_(saved)
             self._master.sync()
+
+
+def _check_loss_hooks(cls, kwargs) -> None:
+    """Refuse the Trainer's loss hooks: a step needs one loss per example and never calls them."""
+    if kwargs.get("compute_loss_func") is not None:
+        raise ValueError("Invalid compute_loss_func: ZO steps score each example with per_example_loss; pass "
+                         "per_example_loss=(outputs, inputs) -> losses [B] instead")
+    if cls.compute_loss is not ZOTrainer.compute_loss:
+        raise ValueError(f"Invalid compute_loss: {cls.__name__} overrides it, but training steps never call it "
+                         f"(they need one loss per example); pass per_example_loss=(outputs, inputs) -> losses [B], "
+                         f"which evaluation uses too")
 
 
 def _datasets():
