@@ -130,3 +130,16 @@ def test_the_grading_seed_replaces_only_the_seed_variables_value_and_keeps_the_r
     assert third["_f"]() == 3                                       # not a top-level assignment: untouched
     assert cells[3] == "lab_seed = 42\n%%bad("
     assert with_seed("lab_x = 1", "lab_seed", 42) == "lab_x = 1"
+
+
+def test_cell_magics_other_than_time_and_capture_make_the_cell_do_nothing_as_in_jupyter():
+    from sazo_lite.course.labs.grading import without_magics
+
+    for cell in ("%%timeit\nlab2_x = 1\nlab2_y = [i for i in range(3)]", "%%bash\necho hi\nls -l", "%%html\n<b>hi</b>"):
+        plain = without_magics(cell)
+        namespace = {}
+        exec(plain, namespace)                                    # runs, binds nothing (Jupyter keeps none of it)
+        assert not [k for k in namespace if not k.startswith("__")] and plain.count("\n") == cell.count("\n")
+    namespace = {}
+    exec(without_magics("%%capture out\nlab2_x = 1"), namespace)  # a body that Jupyter runs in the namespace
+    assert namespace["lab2_x"] == 1

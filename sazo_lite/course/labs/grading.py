@@ -307,6 +307,7 @@ def _imports_otter(node) -> bool:
 
 
 _CELL_MAGIC = re.compile(r"\A(\s*)%%(?:time|capture)\b[^\n]*")       # run their body as Python, once
+_OTHER_CELL_MAGIC = re.compile(r"\A\s*%%\w+")   # %%timeit (its body's names do not persist), %%bash, %%html, ...
 _LINE_MAGIC = re.compile(r"^([ \t]*)(?:%(\w+)[ \t]?|!)(.*)$", re.M)   # %time stmt, %matplotlib inline, !pip ...
 
 
@@ -314,9 +315,11 @@ def without_magics(source: str) -> str:
     """A cell Jupyter runs with IPython's magics, as Python that does the same work (else unchanged).
 
     Only for a cell that does not parse as Python (a ``%`` inside a string is left alone): a first line
-    ``%%time`` or ``%%capture`` goes (the body runs); a line ``%time stmt`` runs ``stmt``; any other
-    ``%magic`` line or ``!command`` line does nothing (``pass``: programs do not run in the sandbox).
-    Line numbers stay. Used where it still does not parse, the cell fails as it did.
+    ``%%time`` or ``%%capture`` goes (the body runs); any other cell magic (``%%timeit``, whose body's
+    names do not outlive it; ``%%bash``, ``%%html``: not Python) makes the whole cell do nothing; a line
+    ``%time stmt`` runs ``stmt``; any other ``%magic`` line or ``!command`` line does nothing (``pass``:
+    programs do not run in the sandbox). Line numbers stay. Where it still does not parse, the cell
+    fails as it did.
 
     Example:
         >>> without_magics("%%time\\nx = 1\\n%time y = 2\\n%matplotlib inline\\n!pip install torch")
@@ -327,6 +330,8 @@ def without_magics(source: str) -> str:
         return source
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         pass
+    if _OTHER_CELL_MAGIC.match(source) and not _CELL_MAGIC.match(source):
+        return "\n".join("pass" for _ in source.splitlines())
     plain = _CELL_MAGIC.sub(r"\1", source, count=1)
     plain = _LINE_MAGIC.sub(lambda m: m.group(1) + (m.group(3) if m.group(2) == "time" else "pass"), plain)
     try:
