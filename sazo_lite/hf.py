@@ -434,9 +434,12 @@ class ZOTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """Mean per-example loss (evaluation uses this; training steps use ``training_step``)."""
-        if "labels" not in inputs:
+        # label_names too: a per_example_loss reading inputs["target"] (label_names=["target"]) is
+        # what training minimised; the Trainer's loss would pass "target" to the model's forward.
+        held = {"labels", *self.label_names}
+        if not held & set(inputs):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        outputs = model(**{k: v for k, v in inputs.items() if k != "labels"})
+        outputs = model(**{k: v for k, v in inputs.items() if k not in held})
         loss = self.per_example_loss(outputs, inputs).mean()
         return (loss, outputs) if return_outputs else loss
 

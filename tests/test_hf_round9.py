@@ -127,3 +127,26 @@ def test_a_second_train_logs_only_its_own_steps(tmp_path):
     assert first["step"] == 2 and len(grads) == 3
     # it averaged in the first run's step 3 as well
     assert first["zo_projected_grad"] == pytest.approx(sum(grads[:2]) / 2, rel=1e-12)
+
+
+# -- evaluation ------------------------------------------------------------------------------------
+def test_evaluate_scores_custom_label_names_with_per_example_loss(tmp_path):
+    # training minimised per_example_loss on inputs["target"]; evaluate() handed "target" to the
+    # model's forward (the Trainer's own loss) and raised "The model did not return a loss"
+    rows = [{"input_ids": r["input_ids"], "target": r["labels"]} for r in memorisable_rows(n=6, ragged=True)]
+
+    def collator(batch_rows):
+        batch = hf.CausalLMCollator(0)([{"input_ids": r["input_ids"], "labels": r["target"]} for r in batch_rows])
+        return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "target": batch["labels"]}
+
+    def target_losses(outputs, inputs):
+        return hf.causal_lm_losses(outputs.logits, inputs["target"])
+
+    trainer = trainer_for(tmp_path, rows=rows, data_collator=collator, per_example_loss=target_losses,
+                          args=training_args(tmp_path, max_steps=2, label_names=["target"]))
+    trainer.train()
+    loss = trainer.evaluate()["eval_loss"]
+    batch = collator(rows)
+    with torch.no_grad():
+        logits = trainer.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    assert loss == pytest.approx(float(hf.causal_lm_losses(logits, batch["target"]).mean()), rel=1e-5)
