@@ -213,10 +213,13 @@ class ZOTrainer(Trainer):
         if per_example_loss is not None and not callable(per_example_loss):
             raise ValueError(f"Invalid per_example_loss: {per_example_loss!r} (expected a callable)")
         _check_loss_hooks(type(self), kwargs)
-        if data_collator is None and model is not None:
+        own_collator = data_collator is None
+        if own_collator and model is not None:
             data_collator = CausalLMCollator(_pad_token_id(processing_class, model))
         super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
+        if own_collator and model is None and self.model is not None:   # model_init=: the model exists now
+            self.data_collator = CausalLMCollator(_pad_token_id(processing_class, self.model))
         self.eps, self.perturbation, self.master_weights = eps, perturbation, master_weights
         self.zo_seed = self.args.seed if zo_seed is None else zo_seed
         self.per_example_loss = per_example_loss or _causal_lm_loss

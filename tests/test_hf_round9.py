@@ -150,3 +150,15 @@ def test_evaluate_scores_custom_label_names_with_per_example_loss(tmp_path):
     with torch.no_grad():
         logits = trainer.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     assert loss == pytest.approx(float(hf.causal_lm_losses(logits, batch["target"]).mean()), rel=1e-5)
+
+
+def test_model_init_gets_the_causal_lm_collator_and_trains_on_ragged_rows_as_a_given_model_does(tmp_path):
+    rows = memorisable_rows(ragged=True)                       # lengths 6, 7, 8: the Trainer's default collator fails
+    init = hf.ZOTrainer(None, training_args(tmp_path / "a"), train_dataset=rows, method="mezo",
+                        model_init=lambda: tiny_causal_lm("llama", vocab_size=VOCAB))
+    assert isinstance(init.data_collator, hf.CausalLMCollator)
+    init.train()
+    given = hf.ZOTrainer(tiny_causal_lm("llama", vocab_size=VOCAB), training_args(tmp_path / "b"), train_dataset=rows,
+                         method="mezo")
+    given.train()
+    assert all(torch.equal(a, b) for a, b in zip(init.model.state_dict().values(), given.model.state_dict().values()))
