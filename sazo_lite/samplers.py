@@ -80,7 +80,9 @@ class Sampler:
         """Learn from a checked batch; the default sampler learns nothing."""
 
     def _check_feedback(self, indices, diffs):
+        empty = isinstance(indices, (list, tuple)) and not indices   # torch reads [] as float32: no indices is fine
         indices, diffs = _tensor("indices", indices), _tensor("directional_diffs", diffs)
+        indices = indices.long() if empty else indices
         if (indices.dim() != 1 or indices.dtype.is_floating_point or indices.dtype.is_complex
                 or indices.dtype == torch.bool):
             raise ValueError(f"Invalid indices: expected a 1-D integer tensor, got {indices.dtype} "

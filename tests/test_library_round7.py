@@ -244,3 +244,13 @@ def test_train_leaves_a_folded_optimisers_parameters_current_when_it_raises(afte
     assert not opt.pending and opt.step_count == after + 1
     opt.flush()
     assert torch.equal(seen, theta)
+
+
+@pytest.mark.parametrize("make", [lambda: SAZOSampler(5, seed=0), lambda: UniformSampler(5, seed=0)])
+def test_empty_python_lists_of_feedback_change_nothing_like_empty_tensors(make):
+    by_list, by_tensor = make(), make()
+    by_list.update([], [])                                          # torch reads [] as float32
+    by_tensor.update(torch.zeros(0, dtype=torch.long), torch.zeros(0))
+    assert torch.equal(by_list.probs, by_tensor.probs) and torch.equal(by_list.probs, make().probs)
+    with pytest.raises(ValueError, match="Invalid indices"):
+        by_list.update([1.5], [0.1])                                # a float index is still refused

@@ -4,6 +4,7 @@ and labels; true norms of a head tied to the embedding and of fractional indices
 TopBlocks after a dtype move; query_run's and the walk rules' settings; add_lora's alpha and layers."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -228,3 +229,13 @@ def test_norms_of_tensors_the_losses_do_not_depend_on_are_refused_with_a_reason_
     for method in ("auto", "loop", "linear"):
         with pytest.raises(ValueError, match="do not depend on them"):
             grad_norms(model, batch, params, method=method)
+
+
+def test_queries_to_refuses_a_target_that_is_not_a_positive_number():
+    from sazo_lite.llm.queries import queries_to
+
+    run = {"queries": [0, 8, 16], "train_loss": [1.0, 0.6, 0.4]}
+    assert queries_to(run, 0.5) == 16 and queries_to(run, np.float32(0.7)) == 8
+    for bad in (None, "0.5", True, 0.0, -0.5, float("nan")):
+        with pytest.raises(ValueError, match="Invalid fraction"):
+            queries_to(run, bad)

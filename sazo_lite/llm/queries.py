@@ -84,6 +84,7 @@ def queries_to(run: QueryRun | dict, fraction: float) -> int | None:
     ``run`` is a ``QueryRun`` or its ``to_dict()`` (as benchmark reports store it); the rule is
     ``sazo_lite.train.queries_to_target``'s.
     """
+    fraction = check_number("fraction", fraction, 0.0, closed_low=False)   # None or "0.3" raised a TypeError
     queries, losses = (run["queries"], run["train_loss"]) if isinstance(run, dict) else (run.queries, run.train_loss)
     return queries_to_target((queries, losses), fraction * losses[0]) if losses else None
 
