@@ -30,7 +30,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from .validation import check_bool, check_callable, check_count, check_fraction, check_int, check_number
+from .validation import check_bool, check_callable, check_count, check_fraction, check_int, check_limit, check_number
 
 __all__ = ["History", "train", "queries_to_target", "diverged", "median_queries", "median_ratio_interval",
            "mean_difference_interval", "best_rate", "NoiseScaledStep"]
@@ -157,7 +157,7 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
     if stop_below is not None:
         stop_below = check_number("stop_below", stop_below)
     if diverge_above is not None:
-        diverge_above = _check_limit(diverge_above)
+        diverge_above = check_limit("diverge_above", diverge_above)   # +inf: stop on a non-finite metric only
     if step_rule is not None and not isinstance(step_rule, NoiseScaledStep):
         raise ValueError(f"Invalid step_rule: {type(step_rule).__name__} (expected a NoiseScaledStep)")
     check_bool("record_probs", record_probs)
@@ -210,14 +210,6 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
         if flush is not None:  # the parameters are current when train returns or raises (Ctrl-C between steps)
             flush()
     return history
-
-
-def _check_limit(value) -> float:
-    """``diverge_above``: a number, or +inf (stop on a non-finite metric only). Strings and bools are
-    refused (float() would parse "1e9" and read True as a limit of 1.0), as are NaN and -inf."""
-    if isinstance(value, numbers.Real) and not isinstance(value, bool) and value == math.inf:
-        return math.inf
-    return check_number("diverge_above", value)
 
 
 def _log(history: History, optimizer, sampler, evaluate, step: int, queries: int, record_probs: bool):

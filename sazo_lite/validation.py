@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["check_int", "check_count", "check_number", "check_fraction", "check_choice", "check_bool",
-           "check_callable"]
+__all__ = ["check_int", "check_count", "check_real", "check_number", "check_limit", "check_fraction", "check_choice",
+           "check_bool", "check_callable"]
 
 
 def check_int(name: str, value, low: int | None = None, high: int | None = None) -> int:
@@ -26,18 +26,30 @@ def check_count(name: str, value) -> int:
     return check_int(name, value, 1)
 
 
+def check_real(name: str, value) -> float:
+    """A real number as a float, ±inf and NaN included (not a bool or a string: float() would read
+    True as 1.0 and "2" as 2.0)."""
+    if isinstance(value, (bool, str, bytes)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"Invalid {name}: {value!r} (expected a number)")
+    return float(value)
+
+
 def check_number(name: str, value, low: float = -math.inf, high: float = math.inf, *,
                  closed_low: bool = True, closed_high: bool = True) -> float:
     """A finite real number (not a bool or a string) in the interval (low|[low, high]|)."""
-    if isinstance(value, (bool, str, bytes)) or not isinstance(value, numbers.Real):
-        raise ValueError(f"Invalid {name}: {value!r} (expected a number)")
-    value = float(value)
+    value = check_real(name, value)
     above = value >= low if closed_low else value > low
     below = value <= high if closed_high else value < high
     if not (math.isfinite(value) and above and below):
         interval = f"{'[' if closed_low else '('}{low}, {high}{']' if closed_high else ')'}"
         raise ValueError(f"Invalid {name}: {value} (expected a finite number in {interval})")
     return value
+
+
+def check_limit(name: str, value, low: float = -math.inf, *, closed_low: bool = True) -> float:
+    """A limit: a number above ``low`` (as ``check_number``), or +inf for none (a divergence threshold)."""
+    value = check_real(name, value)
+    return value if value == math.inf else check_number(name, value, low, closed_low=closed_low)
 
 
 def check_fraction(name: str, value, low: float, high: float, *, closed_low: bool, closed_high: bool) -> float:

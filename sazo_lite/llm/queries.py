@@ -28,7 +28,7 @@ from ..engine import MeZO, StepEvent
 from ..samplers import RACED, make_sampler
 from ..train import NoiseScaledStep, median_queries, queries_to_target, train
 from ..variance import oracle_probs, spearman, tv_distance, variance_ratio
-from ..validation import check_choice, check_int, check_number
+from ..validation import check_choice, check_int, check_limit, check_number, check_real
 from .finetune import mean_loss
 from .grad_norms import RefreshingNorms, grad_norms
 from .losses import TokenBatch, accuracy, batched_closure
@@ -158,13 +158,6 @@ def walk(params, start) -> float:
     return float(sum(float((p.detach().double() - s.double()).pow(2).sum()) for p, s in zip(params, start)) ** 0.5)
 
 
-def _real(name: str, value) -> float:
-    """A real number as a float (float() took True as 1.0 and the string "2" as 2.0 without a word)."""
-    if isinstance(value, (bool, str, bytes)) or not isinstance(value, numbers.Real):
-        raise ValueError(f"Invalid {name}: {value!r} (expected a number)")
-    return float(value)
-
-
 class AfterStep:
     """A ``MeZO`` step hook that keeps θ₀ and acts after every committed step, with a folded update
     applied first (``flush``), so ``after_step`` reads θ as the step left it. The walk rules and tracers
@@ -213,7 +206,7 @@ class WalkBound(AfterStep):
     """
 
     def __init__(self, params, radius: float, *, start=None):
-        radius = _real("radius", radius)
+        radius = check_real("radius", radius)
         if not math.isfinite(radius) or radius <= 0:
             raise ValueError(f"Invalid radius: {radius} (expected a finite number > 0)")
         super().__init__(params, start)
@@ -249,7 +242,7 @@ class WalkPull(AfterStep):
     """
 
     def __init__(self, params, strength: float, *, start=None):
-        strength = _real("strength", strength)
+        strength = check_real("strength", strength)
         if not math.isfinite(strength) or strength <= 0:
             raise ValueError(f"Invalid strength: {strength} (expected a finite number > 0)")
         super().__init__(params, start)
@@ -296,7 +289,7 @@ class StepCap:
     """
 
     def __init__(self, kappa: float = 3.0, *, ema_decay: float = 0.99, warmup: int = 20):
-        kappa, ema_decay = _real("kappa", kappa), _real("ema_decay", ema_decay)
+        kappa, ema_decay = check_real("kappa", kappa), check_real("ema_decay", ema_decay)
         if not math.isfinite(kappa) or kappa <= 0:
             raise ValueError(f"Invalid kappa: {kappa} (expected a finite number > 0)")
         if not 0.0 <= ema_decay < 1.0:
@@ -371,9 +364,8 @@ def _check_run_settings(lr, test_batch, accuracy_at, stop_fraction, diagnose, di
         check_number("stop_fraction", stop_fraction, 0.0, closed_low=False)
     if not isinstance(diagnose, bool):
         check_int("diagnose", diagnose, 0)
-    if _real("diverge_factor", diverge_factor) <= 0 or math.isnan(diverge_factor):     # inf: never diverges
-        raise ValueError(f"Invalid diverge_factor: {diverge_factor} (expected a number > 0)")
-    if walk_pull is not None and isinstance(lr, numbers.Real) and _real("walk_pull", walk_pull) * lr >= 1:
+    check_limit("diverge_factor", diverge_factor, 0.0, closed_low=False)     # inf: never diverges
+    if walk_pull is not None and isinstance(lr, numbers.Real) and check_real("walk_pull", walk_pull) * lr >= 1:
         raise ValueError(f"Invalid walk_pull: lr·strength = {walk_pull * lr:g} ≥ 1 would carry θ past θ₀ "
                          "(expected lr·walk_pull < 1)")
 
