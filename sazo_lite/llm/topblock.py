@@ -237,6 +237,7 @@ class TopBlocks:
         self.after = self._modules_after(owner, layers)
         self._check_frozen_below(model)
         self.hidden, self.arguments, self.batch_axes, self.lengths = self._cache()
+        self.live_weights = [p for m in self.layers + self.after + [self.head] for p in m.parameters()]
         self.layout = self._layout()
         if check:
             self._check_equals_the_full_model()
@@ -349,10 +350,10 @@ class TopBlocks:
                              f"full forward's (relative gap {gap:.2e} > {tolerance:.0e}): a family this mode does "
                              "not support (a step after the LM head or between its blocks that it does not know)")
 
-    def _layout(self) -> set:
-        """The dtypes and devices of the weights that run on the cache (top blocks, final norm, head)."""
-        return {f"{str(p.dtype).removeprefix('torch.')} on {p.device}"
-                for m in self.layers + self.after + [self.head] for p in m.parameters()}
+    def _layout(self) -> list[tuple]:
+        """(dtype, device) of each weight that runs on the cache (top blocks, final norm, head): runs before
+        every loss, so the weights are listed once (``Module.to`` keeps the Parameter objects)."""
+        return [(p.dtype, p.device) for p in self.live_weights]
 
     def _check_layout(self) -> None:
         """A model moved to another dtype or device since the cache was made: a ValueError that says so
@@ -360,8 +361,9 @@ class TopBlocks:
         rounded by the move, would not be seen either)."""
         now = self._layout()
         if now != self.layout:
-            raise ValueError(f"Invalid model: its top blocks' weights moved from {', '.join(sorted(self.layout))} to "
-                             f"{', '.join(sorted(now))} since the cache was made; construct TopBlocks again")
+            said = lambda layout: ", ".join(sorted({f"{str(d).removeprefix('torch.')} on {v}" for d, v in layout}))
+            raise ValueError(f"Invalid model: its top blocks' weights moved from {said(self.layout)} to "
+                             f"{said(now)} since the cache was made; construct TopBlocks again")
 
     def __len__(self) -> int:
         return len(self.batch)
