@@ -18,12 +18,9 @@ Sparse subsets are ``sazo_lite.sparse``; half precision and its restore bound ``
 """
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 
-from ..validation import check_int
+from ..validation import check_int, check_number
 
 
 __all__ = ["trainable_parameters", "full_parameters", "add_lora", "parameter_count"]
@@ -70,13 +67,10 @@ def _default_targets(model) -> list[str]:
                      f"q_proj/v_proj; pass target_modules (its linear modules: {_linear_names(model.named_modules())})")
 
 
-def _check_targets_in_layers(model, target_modules, layers) -> None:
-    """A list of module names must name at least one module in the adapted decoder layers."""
-    from .topblock import decoder_layers
-
+def _check_targets_in_layers(stack, target_modules, layers) -> None:
+    """A list of module names must name at least one module in the adapted decoder layers (of ``stack``)."""
     if isinstance(target_modules, str):     # peft reads a string as a regular expression: peft checks it
         return
-    stack = decoder_layers(model)
     modules = [(name, m) for i in layers for name, m in stack[i].named_modules()]
     if not {name.rsplit(".", 1)[-1] for name, _ in modules} & set(target_modules):
         raise ValueError(f"Invalid target_modules: {sorted(target_modules)} name no module of layers {layers} "
@@ -108,22 +102,21 @@ def add_lora(model, *, rank: int = 8, alpha: int = 16, target_modules=None, init
 
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise ValueError(f"Invalid rank: {rank!r} (expected an int >= 1)")
-    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not (math.isfinite(alpha) and alpha > 0):
-        # α = 0 makes every adapter a no-op: each ZO step would see δ = 0 and learn nothing, silently
-        raise ValueError(f"Invalid alpha: {alpha!r} (expected a finite number > 0)")
+    # α = 0 makes every adapter a no-op: each ZO step would see δ = 0 and learn nothing, silently
+    check_number("alpha", alpha, 0.0, closed_low=False)
     extra = {}
     if layers is not None:
         from .topblock import decoder_layers
 
-        count, layers = len(decoder_layers(model)), list(layers)
+        stack, layers = decoder_layers(model), list(layers)
         if not layers:
-            raise ValueError(f"Invalid layers: {layers!r} (expected indices in [0, {count}))")
-        layers = [check_int("layers", i, 0, count - 1) for i in layers]     # int(1.7) adapted layer 1
+            raise ValueError(f"Invalid layers: {layers!r} (expected indices in [0, {len(stack)}))")
+        layers = [check_int("layers", i, 0, len(stack) - 1) for i in layers]     # int(1.7) adapted layer 1
         extra = dict(layers_to_transform=layers)
     if target_modules is None:
         target_modules = _default_targets(model)
     if layers is not None:
-        _check_targets_in_layers(model, target_modules, layers)
+        _check_targets_in_layers(stack, target_modules, layers)
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules, lora_dropout=0.0,
                         task_type="CAUSAL_LM", **extra)
     with torch.random.fork_rng(devices=[]):
