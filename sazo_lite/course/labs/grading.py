@@ -94,6 +94,15 @@ sys.stdout.buffer.write(found)
 """
 
 
+def parsed_or_none(source: str) -> ast.Module | None:
+    """``parse_python(source)``, or None for a cell that is not Python (a syntax error, a null byte, a
+    tree too deep for the parser)."""
+    try:
+        return parse_python(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
 def _test_dict(source: str) -> dict:
     """The ``test = {...}`` literal of an OK-format test file, read without executing it."""
     for node in parse_python(source).body:
@@ -154,9 +163,8 @@ def _notebook(notebook):
 
 def bound_names(source: str) -> set[str]:
     """The names a cell binds at its top level (assignments, def, class, import; not inside functions)."""
-    try:
-        tree = parse_python(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    tree = parsed_or_none(source)
+    if tree is None:
         return set()
     names: set[str] = set()
 
@@ -247,9 +255,8 @@ def with_seed(source: str, name: str, seed) -> str:
         >>> with_seed("lab_seed = 1; x = 2\\nlab_seed = (3 +\\n    4)", "lab_seed", 7)
         'lab_seed = 7; x = 2\\nlab_seed = ((7\\n))'
     """
-    try:
-        tree = parse_python(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    tree = parsed_or_none(source)
+    if tree is None:
         return re.sub(rf"^{re.escape(name)}\s*=.*$", f"{name} = {seed!r}", source, flags=re.M)
     values = [node.value for node in tree.body if node_assigns(node, name) and node.value is not None]
     lines = [line.encode() for line in source.splitlines(keepends=True)]   # col_offset counts UTF-8 bytes
@@ -280,9 +287,8 @@ def _without_otter(source: str) -> str | None:
     """
     if not _RUNS_OTTER.search(source):
         return source
-    try:
-        tree = parse_python(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    tree = parsed_or_none(source)
+    if tree is None:
         return None
     otters = [node for node in tree.body if isinstance(node, _OTTER_ONLY) and _RUNS_OTTER.search(
         ast.get_source_segment(source, node) or "")]
@@ -325,20 +331,13 @@ def without_magics(source: str) -> str:
         >>> without_magics("%%time\\nx = 1\\n%time y = 2\\n%matplotlib inline\\n!pip install torch")
         '\\nx = 1\\ny = 2\\npass\\npass'
     """
-    try:
-        parse_python(source)
+    if parsed_or_none(source) is not None:
         return source
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        pass
     if _OTHER_CELL_MAGIC.match(source) and not _CELL_MAGIC.match(source):
         return "\n".join("pass" for _ in source.splitlines())
     plain = _CELL_MAGIC.sub(r"\1", source, count=1)
     plain = _LINE_MAGIC.sub(lambda m: m.group(1) + (m.group(3) if m.group(2) == "time" else "pass"), plain)
-    try:
-        parse_python(plain)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return source
-    return plain
+    return plain if parsed_or_none(plain) is not None else source
 
 
 # -- running it in the sandbox -------------------------------------------------------------
