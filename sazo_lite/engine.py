@@ -113,11 +113,17 @@ def _check_group(group: dict, defaults: dict) -> dict:
                 perturbation=check_choice("perturbation", merged["perturbation"], PERTURBATIONS))
 
 
+def _check_ordered(params) -> None:
+    """Tensor k's z comes from derive_seed(seed, k), so the order matters: a set has none (torch.optim
+    refuses sets too)."""
+    if isinstance(params, (set, frozenset)):
+        raise ValueError("Invalid params: a set of tensors has no order (pass a list)")
+
+
 def _check_params(params) -> list[torch.Tensor]:
     """A group's tensors: at least one, each a dense floating-point tensor with storage of its
     own entries (not on the meta device, no entry shared by two positions)."""
-    if isinstance(params, (set, frozenset)):   # tensor k's z comes from derive_seed(seed, k): the order matters
-        raise ValueError("Invalid params: a set of tensors has no order (pass a list)")
+    _check_ordered(params)
     params = [params] if isinstance(params, torch.Tensor) else list(params)
     if not params:
         raise ValueError("Invalid params: a param group holds no tensors")
@@ -267,8 +273,7 @@ class MeZO(torch.optim.Optimizer):
         self._plain = PlainNoise()
         if isinstance(params, torch.Tensor):
             raise ValueError("Invalid params: expected an iterable of tensors or dicts, got a tensor")
-        if isinstance(params, (set, frozenset)):   # as torch.optim: a set's order would change the z of each tensor
-            raise ValueError("Invalid params: a set of tensors has no order (pass a list)")
+        _check_ordered(params)
         params = list(params)
         if not params:
             raise ValueError("Invalid params: an empty parameter list")
