@@ -103,8 +103,7 @@ def main(argv=None) -> None:
     warnings.filterwarnings("ignore")
     out = {}
     for family in args.families:
-        model = tiny_model(family)
-        every = len(decoder_layers(model)) if model is not None else 3
+        every = FAMILIES[family].get("num_hidden_layers", SIZES["num_hidden_layers"])   # k = L: all its blocks
         out[family] = {blocks: probe(family, blocks) for blocks in (1, 2, every)}
         cells = [f"k={k}: {r['outcome']}" + (f" {r['gap']:.1e}" if r["gap"] is not None else "")
                  + (f" ({r['error'][:80]})" if r["error"] else "") for k, r in out[family].items()]
