@@ -723,3 +723,20 @@ def test_an_lm_head_of_its_own_can_be_tuned_with_the_top_block_a_tied_one_cannot
     tied.get_output_embeddings().weight.requires_grad_(True)
     with pytest.raises(ValueError, match="stale"):
         TopBlocks(tied, batch)
+
+
+def test_top_block_weights_a_lower_block_shares_are_refused_as_stale_and_accepted_when_every_block_is_tuned():
+    from benchmarks.llm_families import padded_examples, tiny_model
+
+    model = tiny_model("Zamba2")           # its hybrid layers 1 and 3 share one transformer's weights
+    layers = decoder_layers(model)
+    assert {id(p) for p in layers[1].parameters()} & {id(p) for p in layers[3].parameters()}
+    top_block_parameters(model, 1)
+    with pytest.raises(ValueError, match="stale"):
+        TopBlocks(model, padded_examples())                  # tuning them would change layer 1's cached output
+    top_block_parameters(model, len(layers))
+    batch = padded_examples()
+    assert torch.allclose(TopBlocks(model, batch, blocks=len(layers))(INDICES),
+                          classification_losses(model, batch, INDICES), atol=1e-5, rtol=0)
+    adapted = add_lora(tiny_model("Zamba2"), rank=2, layers=[3])    # adapters of their own: nothing shared below
+    assert TopBlocks(adapted, batch)(INDICES).shape == (4,)
