@@ -271,6 +271,7 @@ class MeZO(torch.optim.Optimizer):
         self._offset = 0      # where θ stands in the step in flight: 0, +1 (θ+εz) or −1 (θ−εz)
         self._step_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._plain = PlainNoise()
+        self.last_step: ZOStep | None = None   # the last committed step's ZOStep (see step())
         if isinstance(params, torch.Tensor):
             raise ValueError("Invalid params: expected an iterable of tensors or dicts, got a tensor")
         _check_ordered(params)
@@ -525,8 +526,8 @@ class MeZO(torch.optim.Optimizer):
         return self._jobs(seed, lambda group: eps - group["lr"] * (projected_grad + group["weight_decay"] * eps),
                           lambda group: 1.0 - group["lr"] * group["weight_decay"])
 
-    def _commit(self, seed: int, projected_grad: float, update: list[Job]) -> None:
-        """Apply (or, folding, hold) the update, count the step, tell the hooks."""
+    def _commit(self, seed: int, projected_grad: float, update: list[Job], result: ZOStep | None = None) -> None:
+        """Apply (or, folding, hold) the update, count the step, keep its result, tell the hooks."""
         with _InterruptsDeferred():
             if self.fold_updates:
                 self._pending = (self.noise_source, update)
@@ -534,6 +535,7 @@ class MeZO(torch.optim.Optimizer):
                 self._apply(update)
             self._offset = 0
             self.state[self._first_param()]["step"] += 1
+            self.last_step = result
             self._notify(StepEvent("step", seed, projected_grad))
 
     def _abandon(self, seed: int) -> None:
@@ -648,7 +650,10 @@ class MeZO(torch.optim.Optimizer):
             weights: optional importance weights [B]; the objective is mean(weights·losses).
 
         Returns:
-            A ``ZOStep`` with the loss, projected gradient, directional diffs and seed.
+            A ``ZOStep`` with the loss, projected gradient, directional diffs and seed. It is also
+            kept as ``last_step`` when the step commits, before the step hooks run: a hook that
+            raises, or a Ctrl-C delivered once the update pass is done, raises from ``step`` with
+            the step committed, and ``last_step`` (with ``step_count`` one higher) is its record.
         """
         check_callable("closure", closure)
         weights = self._check_weights(weights)
@@ -671,17 +676,12 @@ class MeZO(torch.optim.Optimizer):
             if not math.isfinite(g):
                 raise FloatingPointError(f"the projected gradient overflowed float64 ({g}): losses or "
                                          f"weights too large; parameters restored")
-            self._commit(seed, g, self._update_jobs(seed, g, magnitudes))
+            result = _result(plus, minus, diffs, weights, g, seed)
+            self._commit(seed, g, self._update_jobs(seed, g, magnitudes), result)
         except BaseException:
             self._abandon(seed)
             raise
-        mean_loss = (plus + minus) / 2.0
-        loss = float((mean_loss * weights).mean()) if weights is not None else float(mean_loss.mean())
-        per_example = plus.dim() == 1
-        empty = torch.empty(0, dtype=torch.float64)
-        return ZOStep(loss=loss, projected_grad=g, seed=seed,
-                      directional_diffs=diffs if per_example else empty,
-                      losses=mean_loss if per_example else empty)
+        return result
 
     @staticmethod
     def _check_weights(weights) -> torch.Tensor | None:
@@ -710,6 +710,17 @@ class MeZO(torch.optim.Optimizer):
         if weights is not None and (plus.dim() != 1 or weights.shape != plus.shape):
             raise ValueError(f"Invalid weights: shape {tuple(weights.shape)} does not match "
                              f"the per-example losses' shape {tuple(plus.shape)}")
+
+
+def _result(plus: torch.Tensor, minus: torch.Tensor, diffs: torch.Tensor, weights, g: float, seed: int) -> ZOStep:
+    """What a step observed, built before it commits (``MeZO.last_step`` holds it even when a hook
+    or a Ctrl-C raises once θ has moved)."""
+    mean_loss = (plus + minus) / 2.0
+    loss = float((mean_loss * weights).mean()) if weights is not None else float(mean_loss.mean())
+    per_example = plus.dim() == 1
+    empty = torch.empty(0, dtype=torch.float64)
+    return ZOStep(loss=loss, projected_grad=g, seed=seed, directional_diffs=diffs if per_example else empty,
+                  losses=mean_loss if per_example else empty)
 
 
 def _booleans_or_complex(value) -> bool:

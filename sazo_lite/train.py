@@ -25,6 +25,7 @@ import math
 import numbers
 import random
 import statistics
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
@@ -32,7 +33,7 @@ import torch
 
 from .validation import check_bool, check_callable, check_count, check_fraction, check_int, check_limit, check_number
 
-__all__ = ["History", "train", "queries_to_target", "diverged", "median_queries", "median_ratio_interval",
+__all__ = ["History", "FlatLossWarning", "train", "queries_to_target", "diverged", "median_queries", "median_ratio_interval",
            "mean_difference_interval", "best_rate", "NoiseScaledStep"]
 
 
@@ -58,6 +59,43 @@ class History:
     metrics: list[float] = field(default_factory=list)
     probs: list[torch.Tensor] = field(default_factory=list)
     diverged: bool = False
+
+
+class FlatLossWarning(RuntimeWarning):
+    """``train``'s first steps saw the loss take exactly the same value at θ+εz and θ−εz, for every
+    example: the run moves nothing (see ``FLAT_STEPS``)."""
+
+
+# The flat-loss check: warn when the first FLAT_STEPS steps, holding at least FLAT_EXAMPLES
+# per-example differences in all (a scalar loss counts as one), are all exactly 0. Exactly: a loss
+# that merely changes little still differs in its last bits; several steps and examples: a run whose
+# data holds some examples the parameters cannot change (a fully masked row) rarely draws only those.
+FLAT_STEPS, FLAT_EXAMPLES = 4, 16
+
+
+class _FlatLossCheck:
+    """Counts the exactly-flat steps at the start of a run; warns once when there are enough."""
+
+    def __init__(self):
+        self.steps, self.examples, self.done = 0, 0, False
+
+    def observe(self, result) -> None:
+        if self.done:
+            return
+        diffs = result.directional_diffs
+        if result.projected_grad != 0.0 or bool(diffs.any()):
+            self.done = True   # the loss moved: the parameters reach it
+            return
+        self.steps += 1
+        self.examples += max(1, diffs.numel())
+        if self.steps >= FLAT_STEPS and self.examples >= FLAT_EXAMPLES:
+            self.done = True
+            warnings.warn(
+                f"the first {self.steps} steps ({self.examples} examples) saw exactly the same loss at θ+εz "
+                f"and θ−εz: the run moves nothing. The tuned parameters may not affect the loss (merged or "
+                f"disabled LoRA adapters, the wrong tensors passed to the optimiser, a loss computed without "
+                f"them), eps may be too small for the loss's precision, or θ sits where the loss is symmetric",
+                FlatLossWarning, stacklevel=3)
 
 
 def diverged(value: float, limit: float) -> bool:
@@ -124,7 +162,7 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
           batch_size: int = 1, evaluate: Callable[[], float] | None = None, log_every: int = 10,
           record_probs: bool = False, progress: bool = True, stop_below: float | None = None,
           diverge_above: float | None = None, step_rule: NoiseScaledStep | None = None,
-          description: str = "ZO training") -> History:
+          description: str = "ZO training", history: History | None = None) -> History:
     """Run ``steps`` ZO steps with any sampler.
 
     Args:
@@ -145,9 +183,17 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
         step_rule: optional ``NoiseScaledStep``: every step's rate is the optimiser's base rate
             times ``step_rule.scale()`` (the base rates are restored when ``train`` returns).
         description: the progress bar's label.
+        history: an empty ``History`` to fill in place (default: a new one). Pass one to keep the
+            record of the steps taken when ``train`` raises (Ctrl-C, a sampler that refuses its
+            feedback): it holds every step the optimiser committed, since a step is recorded as
+            soon as θ has moved, before the sampler sees its feedback.
+
+    Warns ``FlatLossWarning`` when the first steps' losses are exactly equal at θ+εz and θ−εz
+    (``FLAT_STEPS``, ``FLAT_EXAMPLES``): parameters that do not reach the loss make a run that
+    moves nothing and says nothing.
 
     Returns:
-        A ``History``.
+        The ``History``.
     """
     from tqdm.auto import tqdm
 
@@ -164,7 +210,8 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
     check_bool("progress", progress)
     check_callable("batch_losses", batch_losses)
     check_callable("evaluate", evaluate, optional=True)
-    history = History()
+    history = _check_history(history)
+    flat = _FlatLossCheck()
     groups = getattr(optimizer, "param_groups", [])
     base_rates = [group["lr"] for group in groups]
     queries = 0
@@ -176,23 +223,28 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
                 for group, rate in zip(groups, base_rates):
                     group["lr"] = rate * scale
             indices, weights = sampler.sample(batch_size)
+            rate = base_rates[0] * scale if base_rates else float("nan")
+            before = _step_count(optimizer)
             try:
                 result = optimizer.step(lambda: batch_losses(indices), weights)
-            except FloatingPointError:   # MeZO refused a non-finite loss and restored θ
-                if diverge_above is None:
+            except BaseException as error:
+                late = _committed(optimizer, before)
+                if late is not None:   # θ moved, then a step hook or a Ctrl-C raised: keep the record
+                    _record(history, late, queries + 2 * batch_size, weights, rate)
                     raise
-                history.diverged = True
+                if not isinstance(error, FloatingPointError) or diverge_above is None:
+                    raise
+                history.diverged = True   # MeZO refused a non-finite loss and restored θ
                 break
-            if result.directional_diffs.numel():
-                sampler.update(indices, result.directional_diffs)
+            # θ has moved: record the step before anything else can raise (the sampler may refuse
+            # its feedback, Ctrl-C may arrive), so the History never lags behind θ.
+            queries += 2 * batch_size
+            _record(history, result, queries, weights, rate)
             if step_rule is not None:
                 step_rule.observe(result.projected_grad)
-            queries += 2 * batch_size
-            history.queries.append(queries)
-            history.loss.append(result.loss)
-            history.projected_grad.append(result.projected_grad)
-            history.max_weight.append(float(torch.as_tensor(weights).max()))
-            history.lr.append(base_rates[0] * scale if base_rates else float("nan"))
+            flat.observe(result)
+            if result.directional_diffs.numel():
+                sampler.update(indices, result.directional_diffs)
             if (step + 1) % log_every == 0 or step + 1 == steps:
                 value = _log(history, optimizer, sampler, evaluate, step + 1, queries, record_probs)
                 if value is not None:
@@ -210,6 +262,45 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
         if flush is not None:  # the parameters are current when train returns or raises (Ctrl-C between steps)
             flush()
     return history
+
+
+def _check_history(history) -> History:
+    """A new History, or the caller's, which must be empty (query counts and step numbers start at 0)."""
+    if history is None:
+        return History()
+    if not isinstance(history, History):
+        raise ValueError(f"Invalid history: {type(history).__name__} (expected a History)")
+    if any(getattr(history, name) for name in ("queries", "loss", "projected_grad", "max_weight", "lr",
+                                               "logged_steps", "logged_queries", "metrics", "probs")) or history.diverged:
+        raise ValueError("Invalid history: expected an empty History (train counts steps and queries from 0)")
+    return history
+
+
+def _step_count(optimizer) -> int | None:
+    """The optimiser's step count, or None (an optimiser without one; a MeZO whose groups were edited
+    so that the count cannot be read: its step() raises the ValueError that says why)."""
+    try:
+        return optimizer.step_count
+    except Exception:   # noqa: BLE001 - only a hint for _committed
+        return None
+
+
+def _committed(optimizer, before):
+    """The ZOStep of a step that committed although ``step`` raised (MeZO keeps it as ``last_step``),
+    else None."""
+    if before is None or _step_count(optimizer) != before + 1:
+        return None
+    return getattr(optimizer, "last_step", None)
+
+
+def _record(history: History, result, queries: int, weights, lr: float) -> None:
+    """One committed step's entries, appended together (computed first: nothing half-appended)."""
+    max_weight = float(torch.as_tensor(weights).max())
+    history.queries.append(queries)
+    history.loss.append(result.loss)
+    history.projected_grad.append(result.projected_grad)
+    history.max_weight.append(max_weight)
+    history.lr.append(lr)
 
 
 def _log(history: History, optimizer, sampler, evaluate, step: int, queries: int, record_probs: bool):
