@@ -14,6 +14,7 @@ re-implements them.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,12 +24,12 @@ from .config import one_thread
 from ..engine import MeZO
 from .problems import FiniteSumProblem, LeastSquares, LogisticRegression
 from ..samplers import RACED, PlainSAZOSampler, SAZOSampler, make_sampler
-from ..train import best_rate, queries_to_target, train
+from ..train import best_rate, diverged as train_diverged, queries_to_target, train
 from .. import variance
 
 __all__ = ["PROBLEMS", "make_problem", "SAZOTrace", "run_sazo_trace", "RULES", "RULE_NAMES", "RULE_FIXES",
            "rule_sampler", "feed_sampler", "rule_ladder",
-           "roughness", "RaceResult", "race", "tune_lr", "SAMPLERS", "ema_of_chi2", "loss_grid", "sampler_paths"]
+           "roughness", "RaceResult", "DIVERGE_FACTOR", "first_divergence", "race", "tune_lr", "SAMPLERS", "ema_of_chi2", "loss_grid", "sampler_paths"]
 
 SAMPLERS = RACED        # the samplers a race compares (one vocabulary: ``samplers.make_sampler``)
 # Notebook 04's ladder: the plain rule, then one robustness fix of ``SAZOSampler`` added at a time.
@@ -43,6 +44,24 @@ RULE_FIXES = {
     "robust": "+ |δ| instead of δ²: SAZOSampler, the rule the library runs",
 }
 PROBLEMS = ("heterogeneous quadratic", "homogeneous quadratic", "logistic regression (breast cancer)")
+# The course's divergence rule for a run it draws (``train.diverged``): its gap is not finite or above
+# DIVERGE_FACTOR × its starting gap. A noisy run that recovers stays below it (B = 1 on σ = 2.5 at a safe η
+# peaks near 3×); a too-large η passes it within a few log points and goes on to 10⁶× and beyond.
+DIVERGE_FACTOR = 10.0
+
+
+def first_divergence(gaps, *, factor: float = DIVERGE_FACTOR) -> int | None:
+    """Index of the first gap that is not finite or above ``factor`` × ``gaps[0]`` (None: the run did not diverge).
+
+    Example:
+        >>> first_divergence([2.0, 3.0, 25.0, float("inf")]), first_divergence([2.0, 1.0])
+        (2, None)
+    """
+    values = np.asarray(gaps, dtype=np.float64)
+    if values.ndim != 1 or len(values) == 0 or not np.isfinite(values[0]) or values[0] < 0:
+        raise ValueError(f"Invalid gaps: expected a 1-D sequence starting with a finite gap >= 0, got {gaps!r}")
+    bad = np.flatnonzero(~(values <= factor * values[0]))     # NaN counts as diverged
+    return int(bad[0]) if bad.size else None
 
 
 def make_problem(name: str = "heterogeneous quadratic", *, heterogeneity: float = 1.5,
@@ -173,6 +192,9 @@ class SAZOTrace:
         tracked: [k] example indices whose G trajectory a plot follows.
         counts: [T, N] how often each example had been observed (sampled) by then.
         rule: one of ``RULES`` (see ``rule_sampler``).
+        diverged_at: the step at which the run was stopped as diverged (``run_sazo_trace``'s
+            ``diverge_factor``, or MeZO refusing a non-finite loss); None if it ran to the end.
+        lr: the learning rate it ran with.
     """
 
     steps: np.ndarray
@@ -188,6 +210,8 @@ class SAZOTrace:
     tracked: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
     counts: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=int))
     rule: str = "robust"
+    diverged_at: int | None = None
+    lr: float = float("nan")
 
 
 def _squared_norm_estimates(sampler) -> torch.Tensor:
@@ -236,7 +260,7 @@ def run_sazo_trace(problem: FiniteSumProblem, *, steps: int = 300, batch_size: i
                    lr: float = 0.01, eps: float = 1e-3, ema_decay: float = 0.9,
                    uniform_mix: float = 0.1, seed: int = 0, log_every: int = 3,
                    dtype: torch.dtype = torch.float32, progress: bool = False,
-                   rule: str = "robust") -> SAZOTrace:
+                   rule: str = "robust", diverge_factor: float | None = None) -> SAZOTrace:
     """Train with SAZO and record its estimates against the truth every ``log_every`` steps.
 
     θ lives in ``dtype`` (float32 by default, like a language model), so that a tiny ε shows
@@ -244,6 +268,10 @@ def run_sazo_trace(problem: FiniteSumProblem, *, steps: int = 300, batch_size: i
     ``rule`` picks the sampler from ``RULES`` (``rule_sampler``): "robust" is ``SAZOSampler``, what the
     library runs; "plain" is ``PlainSAZOSampler`` (EMA of d² from a constant start), the rule
     notebook 04 shows first; the rungs between add one robustness fix each.
+
+    A run whose loss becomes non-finite stops there (MeZO refuses the step), with ``diverged_at`` set;
+    with ``diverge_factor`` it also stops at the first log point whose gap is above that factor × the
+    starting gap (``first_divergence``), that point included. Its arrays end at the last log point.
 
     Example:
         >>> trace = run_sazo_trace(make_problem(num_examples=32, dim=4), steps=30, log_every=10)
@@ -259,19 +287,26 @@ def run_sazo_trace(problem: FiniteSumProblem, *, steps: int = 300, batch_size: i
     sampler = rule_sampler(rule, problem.num_examples, seed=seed, ema_decay=ema_decay, uniform_mix=uniform_mix)
     recorder = _TraceRecorder(problem, theta, sampler)
     with one_thread():
-        recorder()  # the starting point θ₀
+        start = recorder()  # the starting point θ₀
+        limit = math.inf if diverge_factor is None else float(diverge_factor) * start
         history = train(optimizer, sampler, lambda idx: problem.losses(theta, idx), steps,
                         batch_size=batch_size, evaluate=recorder, log_every=log_every,
-                        progress=progress, description="SAZO trace")
+                        progress=progress, description="SAZO trace", diverge_above=limit)
     rows = recorder.rows
     logged = np.asarray([0] + history.logged_steps)
+    stopped = None
+    if history.diverged:   # at a log point (its gap), or at the step after the last one taken (a refused loss)
+        at_log = len(history.logged_steps) and history.logged_steps[-1] == len(history.queries) \
+            and train_diverged(history.metrics[-1], limit)
+        stopped = history.logged_steps[-1] if at_log else len(history.queries) + 1
     return SAZOTrace(
         steps=logged, queries=2 * batch_size * logged, gap=_stack(rows, "gap"),
         sqrt_g=_stack(rows, "sqrt_g"), norms=_stack(rows, "norms"), p_sazo=_stack(rows, "p_sazo"),
         p_star=_stack(rows, "p_star"), spearman=_stack(rows, "spearman"), tv=_stack(rows, "tv"),
         ratio={"uniform": _stack(rows, "uniform"), "sazo": _stack(rows, "sazo"),
                "oracle": np.ones(len(rows))},
-        tracked=_tracked_examples(rows[0]["norms"]), counts=_stack(rows, "counts").astype(np.int64), rule=rule)
+        tracked=_tracked_examples(rows[0]["norms"]), counts=_stack(rows, "counts").astype(np.int64), rule=rule,
+        diverged_at=stopped, lr=float(lr))
 
 
 def roughness(trajectory) -> float:

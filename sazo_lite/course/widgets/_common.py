@@ -23,13 +23,47 @@ import plotly.io as pio
 
 __all__ = ["slider", "log_slider", "int_slider", "question", "captioned", "presets", "redraw_on_change",
            "assemble", "Dashboard", "LiveFigure", "static_dashboard_html", "set_controls", "SAMPLER_COLORS",
-           "SAMPLER_FILLS", "SAMPLER_LABELS"]
+           "SAMPLER_FILLS", "SAMPLER_LABELS", "divergence_note", "finite", "lower_rate"]
 
 # One palette for every dashboard: a sampler has the same colour in every plot of the course.
 SAMPLER_COLORS = {"uniform": "#7f7f7f", "sazo": "#1f77b4", "sazo-plain": "#9467bd", "oracle": "#d62728"}
 SAMPLER_FILLS = {"uniform": "rgba(127,127,127,0.2)", "sazo": "rgba(31,119,180,0.2)",
                  "sazo-plain": "rgba(148,103,189,0.2)", "oracle": "rgba(214,39,40,0.15)"}
 SAMPLER_LABELS = {"uniform": "uniform MeZO", "sazo": "SAZO", "sazo-plain": "SAZO, plain rule", "oracle": "oracle p*"}
+
+def lower_rate(rate: float) -> float:
+    """A rate to try after a divergence: two notches (10^-0.5 ≈ 1/3) of the log sliders below ``rate``,
+    to two significant digits.
+
+    Example:
+        >>> lower_rate(0.1), lower_rate(0.02)
+        (0.032, 0.0063)
+    """
+    return float(f"{rate * 10 ** -0.5:.2g}")
+
+
+def divergence_note(what: str, how: str, rate_name: str, rate: float, after: str = "") -> str:
+    """The crimson sentence every training dashboard shows for a diverged run: what diverged (and when),
+    how it shows, at which rate, and the fix (a lower rate).
+
+    Example:
+        >>> divergence_note("SAZO diverged at step 20", "its loss became infinite", "η", 0.1)[-74:]
+        'infinite. At η = 0.1 the steps are too large: lower η (try 0.032).</b><br>'
+    """
+    tail = f"; {after}" if after else ""
+    return (f"<b style='color:crimson'>{what}: {how}{tail}. At {rate_name} = {rate:.2g} the steps are too large: "
+            f"lower {rate_name} (try {lower_rate(rate):.2g}).</b><br>")
+
+
+def finite(values):
+    """``values`` as a float array with every inf and NaN made NaN: a gap in a plotly line, not an axis
+    stretched to 10³⁰⁸ (plotly sends inf as it is)."""
+    import numpy as np
+
+    array = np.array(values, dtype=np.float64)
+    array[~np.isfinite(array)] = np.nan
+    return array
+
 
 _LAYOUT = dict(width="470px")
 _STYLE = dict(description_width="150px")

@@ -14,10 +14,12 @@ import plotly.graph_objects as go
 import ipywidgets as widgets
 
 from ..config import pick
-from ..sazo_runs import RULE_FIXES, RULE_NAMES, SAZOTrace, make_problem, rule_sampler, run_sazo_trace
-from ._common import LiveFigure, SAMPLER_COLORS as _COLORS, Dashboard, captioned, int_slider, log_slider, presets, slider
+from ..sazo_runs import DIVERGE_FACTOR, RULE_FIXES, RULE_NAMES, SAZOTrace, make_problem, rule_sampler, \
+    run_sazo_trace
+from ._common import LiveFigure, SAMPLER_COLORS as _COLORS, Dashboard, captioned, divergence_note, finite, int_slider, \
+    log_slider, presets, slider
 
-__all__ = ["sazo_dashboard", "trace_readout", "decay_note"]
+__all__ = ["sazo_dashboard", "trace_readout", "decay_note", "trace_divergence"]
 
 _TRACKED_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c")
 _FIG = dict(height=320, width=470, margin=dict(l=55, r=15, t=45, b=45))
@@ -51,6 +53,27 @@ def trace_readout(trace: SAZOTrace, index: int = -1) -> str:
             f"V(uniform)/V(p*) = {trace.ratio['uniform'][index]:.2f}, gap = {trace.gap[index]:.3g}; "
             f"mean over the run: SAZO {np.mean(trace.ratio['sazo'][upto]):.2f}, "
             f"uniform {np.mean(trace.ratio['uniform'][upto]):.2f}")
+
+
+def trace_divergence(trace: SAZOTrace) -> str:
+    """The sentence a diverged run needs ("" if it did not diverge): at which step, at which η, the fix.
+
+    Example:
+        >>> from sazo_lite.course.sazo_runs import make_problem, run_sazo_trace
+        >>> "diverged at step" in trace_divergence(run_sazo_trace(make_problem(), steps=40, lr=0.1, batch_size=1,
+        ...                                                        log_every=5, diverge_factor=10))
+        True
+    """
+    if trace.diverged_at is None:
+        return ""
+    last = float(trace.gap[-1])
+    if trace.steps[-1] == trace.diverged_at:
+        how = (f"its gap F(θ) − F(θ*) rose above {DIVERGE_FACTOR:g}× its start ({float(trace.gap[0]):.3g} → "
+               f"{last:.3g})" if np.isfinite(last) else "its gap F(θ) − F(θ*) became infinite or NaN")
+    else:
+        how = "its loss became infinite or NaN (MeZO refused the step)"
+    return divergence_note(f"The run diverged at step {trace.diverged_at}", how, "η", trace.lr,
+                           f"the plots stop at step {int(trace.steps[-1])}")
 
 
 def decay_note(trace: SAZOTrace, ema_decay: float, index: int = -1) -> str:
@@ -123,8 +146,9 @@ def _off_the_log_axis(estimates: np.ndarray) -> str:
 def _draw(figures: dict, trace: SAZOTrace, index: int) -> None:
     """Put one trace's data into the four figures (each inside one batch_update)."""
     norms, sqrt_g = trace.norms[index], trace.sqrt_g[index]
-    positive = norms[norms > 0]
+    positive = norms[np.isfinite(norms) & (norms > 0)]
     low, high = (positive.min(), positive.max()) if len(positive) else (1e-3, 1.0)
+    norms, sqrt_g = finite(norms), finite(sqrt_g)   # a diverged run's last point may overflow: left off the plot
     with figures["scatter"].batch_update():
         figures["scatter"].data[0].update(x=norms, y=sqrt_g)
         figures["scatter"].data[1].update(x=[low, high], y=[low, high])
@@ -132,21 +156,22 @@ def _draw(figures: dict, trace: SAZOTrace, index: int) -> None:
                                                f"ρ = {trace.spearman[index]:.2f}" + _off_the_log_axis(sqrt_g)
     with figures["trajectory"].batch_update():
         for k, example in enumerate(trace.tracked):
-            figures["trajectory"].data[2 * k].update(x=trace.steps, y=trace.sqrt_g[:, example])
-            figures["trajectory"].data[2 * k + 1].update(x=trace.steps, y=trace.norms[:, example])
+            figures["trajectory"].data[2 * k].update(x=trace.steps, y=finite(trace.sqrt_g[:, example]))
+            figures["trajectory"].data[2 * k + 1].update(x=trace.steps, y=finite(trace.norms[:, example]))
     order = np.argsort(-trace.p_star[index])
     ranks = np.arange(len(order))
     with figures["probs"].batch_update():
-        figures["probs"].data[0].update(x=ranks, y=trace.p_sazo[index][order])
-        figures["probs"].data[1].update(x=ranks, y=trace.p_star[index][order])
+        figures["probs"].data[0].update(x=ranks, y=finite(trace.p_sazo[index][order]))
+        figures["probs"].data[1].update(x=ranks, y=finite(trace.p_star[index][order]))
         figures["probs"].data[2].update(x=[0, len(order) - 1], y=[1.0 / len(order)] * 2)
         figures["probs"].layout.title.text = f"p_SAZO vs p*: TV = {trace.tv[index]:.2f}"
-    ratios = np.concatenate([trace.ratio[name] for name in ("uniform", "sazo")])
+    ratios = finite(np.concatenate([trace.ratio[name] for name in ("uniform", "sazo")]))
     with figures["variance"].batch_update():
         for k, name in enumerate(("uniform", "sazo", "oracle")):
-            figures["variance"].data[k].update(x=trace.steps, y=trace.ratio[name])
+            figures["variance"].data[k].update(x=trace.steps, y=finite(trace.ratio[name]))
         step = int(trace.steps[index])
-        figures["variance"].data[3].update(x=[step, step], y=[1.0, float(np.nanmax(ratios))])
+        top = float(np.nanmax(ratios)) if np.isfinite(ratios).any() else 1.0
+        figures["variance"].data[3].update(x=[step, step], y=[1.0, top])
 
 
 # -- controls ------------------------------------------------------------------------------
@@ -220,14 +245,15 @@ def sazo_dashboard(*, num_examples: int = 128, dim: int = 10, steps: int | None 
                 problems[sigma] = make_problem(heterogeneity=sigma, num_examples=num_examples, dim=dim, seed=seed)
             if len(traces) >= cache_size:
                 traces.pop(next(iter(traces)))  # oldest first
-            traces[key] = run_sazo_trace(problems[sigma], steps=steps, log_every=log_every, seed=seed, **values)
+            traces[key] = run_sazo_trace(problems[sigma], steps=steps, log_every=log_every, seed=seed,
+                                         diverge_factor=DIVERGE_FACTOR, **values)
         return traces[key]
 
     def refresh() -> None:
         trace = current_trace()
         index = _snapshot_index(trace, controls["step"].value)
         _draw(figures, trace, index)
-        readout.value = (f"<b>{trace_readout(trace, index)}</b><br>"
+        readout.value = (trace_divergence(trace) + f"<b>{trace_readout(trace, index)}</b><br>"
                          f"<span style='color:#555'>{decay_note(trace, controls['ema_decay'].value, index)}</span>")
 
     def on_change(_change) -> None:

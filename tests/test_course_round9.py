@@ -1,0 +1,70 @@
+"""Red-team round 9 on the course layer: diverged runs, extremes of every slider, presets, bad data.
+
+Round 8 (tests/test_course_round8.py) covered MeZO-vs-SGD's divergence, bad points, ties and the memory
+sentences; this round drives the dashboards that train (SAZO, paths, race) into divergence and the
+others to their slider ends, and calls the helpers with bad data.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ipywidgets")
+pytest.importorskip("plotly")
+
+from sazo_lite.course import sazo_runs  # noqa: E402
+from sazo_lite.course import widgets as sw  # noqa: E402
+
+
+def text(html: str) -> str:
+    return re.sub(r"<[^>]+>", "", html)
+
+
+def finite_or_missing(values) -> bool:
+    return all(v is None or math.isfinite(v) for v in np.asarray(values, dtype=np.float64).tolist()
+               if not (isinstance(v, float) and math.isnan(v)))
+
+
+# -- the known defect: a diverged run in the SAZO dashboard ------------------------------------------
+
+def test_sazo_dashboard_names_a_diverged_run_its_step_its_rate_and_the_fix():
+    """At η = 0.1, B = 1 the gap grows to 10⁸: the readout said "gap = 4.3e+07" as if that were a result."""
+    board = sw.sazo_dashboard(steps=60)
+    board.controls["batch_size"].value = 1
+    board.controls["lr"].value = 0.1
+    shown = text(board.readout.value)
+    found = re.search(r"The run diverged at step (\d+)", shown)
+    assert found, shown
+    assert "η = 0.1" in shown and "lower η (try 0.032)" in shown, shown
+    step = int(found.group(1))
+    assert 0 < step <= 60
+    gap = float(re.search(r"gap = ([0-9.e+]+);", shown).group(1))
+    assert gap < 1e6, shown                          # the run stopped where it diverged, not 10⁷ later
+    for figure in board.figures.values():
+        for trace in figure.data:
+            for column in (trace.x, trace.y):
+                if column is not None:
+                    assert finite_or_missing(column)
+    board.controls["lr"].value = 1e-2   # a safe rate: the message goes
+    assert "diverged" not in text(board.readout.value)
+
+
+def test_a_sazo_trace_whose_loss_overflows_stops_instead_of_raising(monkeypatch):
+    """MeZO refuses a non-finite loss with FloatingPointError: ``run_sazo_trace`` let it escape, so the
+    dashboard raised instead of saying the run diverged."""
+    problem = sazo_runs.make_problem(num_examples=16, dim=3)
+    losses, calls = problem.losses, [0]
+
+    def overflowing(theta, indices=None):
+        calls[0] += 1
+        values = losses(theta, indices)
+        return values * np.inf if calls[0] > 40 else values      # infinite after a few steps
+
+    monkeypatch.setattr(problem, "losses", overflowing)
+    trace = sazo_runs.run_sazo_trace(problem, steps=50, log_every=5, batch_size=2)
+    assert trace.steps[-1] < trace.diverged_at <= trace.steps[-1] + 5 < 50, (trace.diverged_at, trace.steps)
+    note = text(sw.sazo.trace_divergence(trace))
+    assert f"diverged at step {trace.diverged_at}" in note and "infinite" in note and "lower η" in note, note
