@@ -68,3 +68,23 @@ def test_a_sazo_trace_whose_loss_overflows_stops_instead_of_raising(monkeypatch)
     assert trace.steps[-1] < trace.diverged_at <= trace.steps[-1] + 5 < 50, (trace.diverged_at, trace.steps)
     note = text(sw.sazo.trace_divergence(trace))
     assert f"diverged at step {trace.diverged_at}" in note and "infinite" in note and "lower η" in note, note
+
+
+# -- notebook 05: the 2-D paths ----------------------------------------------------------------------
+
+def test_paths_dashboard_names_diverged_paths_and_does_not_rank_them():
+    """At η = 0.32 all three paths leave the picture: the readout ranked gaps of 2.4e+03 and 8.9e+04 as if
+    they were results ("oracle p* < uniform MeZO < SAZO")."""
+    board = sw.paths_dashboard(steps=60)
+    board.controls["lr"].value = 10 ** -0.5
+    shown = text(board.readout.value)
+    assert "uniform MeZO, SAZO and oracle p* diverged" in shown, shown
+    assert "η = 0.32" in shown and "lower η (try 0.1)" in shown, shown
+    assert "closest to θ* first" not in shown and set(board.state["diverged"]) == {"uniform", "sazo", "oracle"}
+    for k, method in enumerate(("uniform", "sazo", "oracle")):
+        at = board.state["diverged"][method][0]
+        assert f"diverged at step {at}" in shown
+        assert len(board.figures["paths"].data[1 + k].x) == at + 1      # drawn up to where it diverged
+    board.controls["lr"].value = 0.02    # the default: nothing diverged, all three ranked
+    shown = text(board.readout.value)
+    assert "diverged" not in shown and shown.count(" < ") + shown.count(" = ") == 2, shown

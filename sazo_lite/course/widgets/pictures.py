@@ -19,9 +19,9 @@ import torch
 from .. import two_point, instruments, mezo_vs_sgd, minibatches, problems
 from ... import variance
 from ..config import one_thread, pick
-from ..sazo_runs import SAMPLERS, ema_of_chi2, loss_grid, sampler_paths
-from ._common import LiveFigure, SAMPLER_COLORS as _COLORS, SAMPLER_LABELS as _LABELS, Dashboard, assemble, int_slider, \
-    log_slider, slider
+from ..sazo_runs import DIVERGE_FACTOR, SAMPLERS, ema_of_chi2, first_divergence, loss_grid, sampler_paths
+from ._common import LiveFigure, SAMPLER_COLORS as _COLORS, SAMPLER_LABELS as _LABELS, Dashboard, assemble, \
+    divergence_note, finite, int_slider, log_slider, slider
 
 __all__ = ["norms_histogram_dashboard", "batch_bars_dashboard", "chi2_dashboard", "paths_dashboard"]
 
@@ -201,6 +201,11 @@ def _ranking(order: list[str], finals: dict[str, float]) -> str:
 
 
 
+def _names(names: list[str]) -> str:
+    """"a", "a and b", "a, b and c"."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
 def paths_dashboard(*, num_examples: int = 32, heterogeneity: float = 2.0, steps: int | None = None,
                     seed: int = 0, grid: int = 60) -> Dashboard:
     """Uniform, SAZO and oracle MeZO paths on the loss contours of a 2-D least-squares problem.
@@ -257,22 +262,53 @@ def paths_dashboard(*, num_examples: int = 32, heterogeneity: float = 2.0, steps
                 cache[key] = sampler_paths(problem, steps=steps, seed=seed, samplers=(method,), **values)[method]
         return cache[key]
 
+    def divergence(points: np.ndarray) -> tuple[int | None, float]:
+        """(the step at which a path diverged or None, its gap there): the course's rule
+        (``sazo_runs.first_divergence``), or a path cut short by a refused non-finite loss."""
+        gaps = [problem.gap(torch.as_tensor(point)) for point in points]
+        index = first_divergence(gaps)
+        if index is not None:
+            return index, float(gaps[index])
+        if len(points) < steps + 1:
+            return len(points), float("inf")
+        return None, float(gaps[-1])
+
     def refresh() -> None:
         values = {name: control.value for name, control in controls.items()}
-        finals, jumps = {}, {}
+        finals, jumps, diverged = {}, {}, {}
         for k, method in enumerate(SAMPLERS):  # each changed path is drawn as soon as it is ready
             points = path(method, values)
+            at, gap = divergence(points)
+            if at is not None:
+                diverged[method] = (at, gap)
+                points = points[:at + 1]   # drawn as far as where it diverged (the frame stays on the contours)
             if drawn.get(method) != path_key(method, values):
                 with fig.batch_update():
-                    fig.data[1 + k].update(x=points[:, 0], y=points[:, 1])
+                    fig.data[1 + k].update(x=finite(points[:, 0]), y=finite(points[:, 1]))
                 drawn[method] = path_key(method, values)
             finals[method] = problem.gap(torch.as_tensor(points[-1]))
             jumps[method] = float(np.linalg.norm(np.diff(points, axis=0), axis=1).max()) if len(points) > 1 else 0.0
-        order = sorted(SAMPLERS, key=lambda m: finals[m])
-        readout.value = f"after {steps} steps: " + "; ".join(
-            f"{_LABELS[m]}: gap <b>{finals[m]:.3g}</b>, largest step {jumps[m]:.2g}" for m in SAMPLERS) + \
-            "<br>closest to θ* first: " + _ranking(order, finals)
-        state.update(order=order, finals=finals, jumps=jumps)  # what the readout says, for tests
+        ranked = [m for m in SAMPLERS if m not in diverged]
+        order = sorted(ranked, key=lambda m: finals[m])
+        parts = [f"{_LABELS[m]}: gap <b>{finals[m]:.3g}</b>, largest step {jumps[m]:.2g}" for m in ranked]
+        parts += [f"{_LABELS[m]}: <b>diverged at step {at}</b>" for m, (at, _gap) in diverged.items()]
+        lines = f"after {steps} steps: " + "; ".join(parts)
+        if order:
+            lines += "<br>closest to θ* first: " + _ranking(order, finals) + \
+                     (f" (the diverged {'path is' if len(diverged) == 1 else 'paths are'} not ranked)" if diverged else "")
+        notes = ""
+        if diverged:
+            start = problem.gap(problem.initial_theta())
+            who = _names([_LABELS[m] for m in diverged])
+            hows = "; ".join(f"{_LABELS[m]}'s gap " + (f"passed {DIVERGE_FACTOR:g}× its start ({start:.3g} → {gap:.3g}) "
+                                                         f"at step {at}" if np.isfinite(gap) else
+                                                         f"loss became infinite at step {at}")
+                             for m, (at, gap) in diverged.items())
+            notes = divergence_note(f"{who} diverged", hows, "η", values["lr"],
+                                    "its path is drawn up to that step" if len(diverged) == 1 else
+                                    "each path is drawn up to its step")
+        readout.value = notes + lines
+        state.update(order=order, finals=finals, jumps=jumps, diverged=diverged)  # what the readout says, for tests
 
     questions = {
         "eps": "θ is float32: what do the three paths do at ε = 1e-9, where f(θ±εz) round to nearly the same float?",
