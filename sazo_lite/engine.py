@@ -271,6 +271,7 @@ class MeZO(torch.optim.Optimizer):
         self._offset = 0      # where θ stands in the step in flight: 0, +1 (θ+εz) or −1 (θ−εz)
         self._step_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._plain = PlainNoise()
+        self._in_step = False   # True while step() runs its closure (see _refuse_in_step)
         self.last_step: ZOStep | None = None   # the last committed step's ZOStep (see step())
         if isinstance(params, torch.Tensor):
             raise ValueError("Invalid params: expected an iterable of tensors or dicts, got a tensor")
@@ -286,6 +287,7 @@ class MeZO(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict) -> None:
         """Validate a group fully (tensors, hyperparameters, the shared eps), then add it."""
+        self._refuse_in_step("add_param_group")
         if not isinstance(param_group, dict) or "params" not in param_group:
             raise ValueError(f"Invalid param_group: expected a dict with 'params', got {param_group!r}")
         params = _check_params(param_group["params"])
@@ -330,6 +332,7 @@ class MeZO(torch.optim.Optimizer):
 
         A pending folded update is dropped: the loaded state describes flushed parameters.
         """
+        self._refuse_in_step("load_state_dict")
         self._check_state_dict(state_dict)
         _undecorated(torch.optim.Optimizer.load_state_dict)(self, state_dict)
         self._pending = None
@@ -362,7 +365,8 @@ class MeZO(torch.optim.Optimizer):
     def __getstate__(self) -> dict:
         """deepcopy/pickle keep the noise source, folding and a pending update; not the hooks."""
         return {**super().__getstate__(), "noise": self.noise, "fold_updates": self.fold_updates,
-                "_pending": self._pending, "_offset": 0, "_step_hooks": OrderedDict(), "_plain": self._plain}
+                "_pending": self._pending, "_offset": 0, "_step_hooks": OrderedDict(), "_plain": self._plain,
+                "_in_step": False}
 
     # -- hooks ---------------------------------------------------------------------------
     def register_step_hook(self, hook: Callable[["MeZO", StepEvent], None]) -> RemovableHandle:
@@ -550,6 +554,7 @@ class MeZO(torch.optim.Optimizer):
     @torch.no_grad()
     def replay_step(self, seed: int, projected_grad: float) -> None:
         """Repeat a logged step's passes without evaluating anything (bit-exact replay)."""
+        self._refuse_in_step("replay_step")
         check_number("projected_grad", projected_grad)
         self.flush()
         magnitudes = self._magnitudes()
@@ -564,6 +569,7 @@ class MeZO(torch.optim.Optimizer):
     @torch.no_grad()
     def replay_failure(self, seed: int, passes: int) -> None:
         """Repeat the shifts of a failed step: to θ+εz and back (1), or θ+εz, θ−εz and back (2)."""
+        self._refuse_in_step("replay_failure")
         passes = _check_passes(passes)
         self.flush()
         self._check_room(self._magnitudes())
@@ -655,6 +661,7 @@ class MeZO(torch.optim.Optimizer):
             raises, or a Ctrl-C delivered once the update pass is done, raises from ``step`` with
             the step committed, and ``last_step`` (with ``step_count`` one higher) is its record.
         """
+        self._refuse_in_step("step")
         check_callable("closure", closure)
         weights = self._check_weights(weights)
         self._check_ready()
@@ -663,13 +670,17 @@ class MeZO(torch.optim.Optimizer):
         seed = self.next_seed()
         eps = self.param_groups[0]["eps"]
         self._offset = 0
+        frozen = _freeze(self.param_groups)
+        self._in_step = True
         try:
             self._move(seed, +1.0, +1)
             plus = self._losses(closure(), 1)
+            _check_frozen(self.param_groups, frozen)
             if weights is not None and weights.shape != plus.shape:  # known now: undo 1 pass, not 2
                 self._check_shapes(plus, plus, weights)
             self._move(seed, -2.0, -1)
             minus = self._losses(closure(), 2)
+            _check_frozen(self.param_groups, frozen)
             self._check_shapes(plus, minus, weights)
             diffs = (plus - minus) / (2.0 * eps)
             g = float((diffs * weights).mean()) if weights is not None else float(diffs.mean())
@@ -679,9 +690,19 @@ class MeZO(torch.optim.Optimizer):
             result = _result(plus, minus, diffs, weights, g, seed)
             self._commit(seed, g, self._update_jobs(seed, g, magnitudes), result)
         except BaseException:
+            _thaw(self.param_groups, frozen)   # the undo must reach the tensors, ε and z the passes used
             self._abandon(seed)
             raise
+        finally:
+            self._in_step = False
         return result
+
+    def _refuse_in_step(self, name: str) -> None:
+        """ValueError when called from a step's closure: θ stands at θ ± εz and the step's passes are
+        planned for the groups as they are (a nested step or a new group would leave θ shifted)."""
+        if getattr(self, "_in_step", False):
+            raise ValueError(f"Invalid call: {name}() inside a step's closure (θ is perturbed until the step "
+                             f"ends); call it between steps")
 
     @staticmethod
     def _check_weights(weights) -> torch.Tensor | None:
@@ -710,6 +731,37 @@ class MeZO(torch.optim.Optimizer):
         if weights is not None and (plus.dim() != 1 or weights.shape != plus.shape):
             raise ValueError(f"Invalid weights: shape {tuple(weights.shape)} does not match "
                              f"the per-example losses' shape {tuple(plus.shape)}")
+
+
+# What a step's passes depend on: edited by the closure, the undo would miss the tensors it moved
+# (a new group, a replaced tensor) or shift them with another ε or z.
+_FROZEN_KEYS = ("eps", "perturbation", "lr", "weight_decay")
+
+
+def _freeze(groups: list) -> tuple:
+    """The groups, their tensors and hyperparameters as a step starts."""
+    return list(groups), [(g["params"], list(g["params"]), {k: g[k] for k in _FROZEN_KEYS}) for g in groups]
+
+
+def _check_frozen(groups: list, frozen: tuple) -> None:
+    """ValueError if the closure edited the param groups (checked after each call)."""
+    dicts, saved = frozen
+    if len(groups) == len(dicts) and all(a is b for a, b in zip(groups, dicts)) and all(
+            g.get("params") is held and len(held) == len(ps) and all(x is y for x, y in zip(held, ps))
+            and all(g.get(k) is v or g.get(k) == v for k, v in values.items())
+            for g, (held, ps, values) in zip(groups, saved)):
+        return
+    raise ValueError("Invalid param_groups: edited inside the step's closure (tensors, eps, perturbation, lr or "
+                     "weight_decay); edit them between steps. Parameters restored")
+
+
+def _thaw(groups: list, frozen: tuple) -> None:
+    """Put back the groups a step started with (no-op when the closure left them alone)."""
+    dicts, saved = frozen
+    groups[:] = dicts
+    for g, (held, ps, values) in zip(dicts, saved):
+        held[:] = ps   # the same list object: torch.optim and the caller may hold it
+        g.update(values, params=held)
 
 
 def _result(plus: torch.Tensor, minus: torch.Tensor, diffs: torch.Tensor, weights, g: float, seed: int) -> ZOStep:

@@ -206,6 +206,9 @@ class OracleSampler(Sampler):
         if not bool(torch.isfinite(norms).all()) or bool((norms < 0).any()):
             raise ValueError("Invalid norms_fn: norms must be finite and non-negative")
         norms = norms.numpy()
+        peak = float(norms.max())
+        if peak > 0.0:   # p is scale-free: norms near float64's max summed to inf and fell back to uniform
+            norms = norms / peak
         return torch.from_numpy(probabilities(norms, float(norms.sum()), self.uniform_mix, self.num_examples))
 
 

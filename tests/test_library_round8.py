@@ -148,3 +148,91 @@ def test_a_dataset_with_some_constant_examples_does_not_warn():
             train(MeZO([theta], lr=0.001, noise=None, seed=seed), UniformSampler(8, seed=seed), masked, 20,
                   progress=False)
         assert not [w for w in caught if issubclass(w.category, FlatLossWarning)], seed
+
+
+# --- the closure changes the optimiser under the step ----------------------------------------------
+def _quadratic(*tensors):
+    return lambda: torch.stack([((t.double() - 1.0) ** 2).sum() for t in tensors])
+
+
+def test_a_step_inside_the_closure_is_refused_and_theta_restored():
+    """A nested step ran its three passes while θ stood at θ+εz: θ drifted by lr·g·z and the count
+    jumped by 2 for one outer step."""
+    theta = torch.zeros(4, dtype=torch.float64)
+    opt = MeZO([theta], lr=0.1, noise=None)
+
+    def nested():
+        opt.step(_quadratic(theta))
+        return _quadratic(theta)()
+    with pytest.raises(ValueError, match="Invalid call: step"):
+        opt.step(nested)
+    assert opt.step_count == 0 and theta.abs().max() < 1e-15
+    opt.step(_quadratic(theta))   # the optimiser is usable again
+    assert opt.step_count == 1
+
+
+@pytest.mark.parametrize("call", ["add_param_group", "load_state_dict", "replay_step", "replay_failure"])
+def test_changing_the_optimiser_inside_the_closure_is_refused_and_nothing_is_left_shifted(call):
+    """add_param_group from the closure: the new tensor got −2εz then +εz and was left at −εz."""
+    theta, extra = torch.zeros(4, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)
+    opt = MeZO([theta], lr=0.0, noise=None)
+    state = opt.state_dict()
+    actions = {"add_param_group": lambda: opt.add_param_group({"params": [extra]}),
+               "load_state_dict": lambda: opt.load_state_dict(state),
+               "replay_step": lambda: opt.replay_step(123, 1.0),
+               "replay_failure": lambda: opt.replay_failure(123, 2)}
+
+    def closure():
+        actions[call]()
+        return _quadratic(theta, extra)()
+    with pytest.raises(ValueError, match=f"Invalid call: {call}"):
+        opt.step(closure)
+    assert len(opt.param_groups) == 1 and opt.step_count == 0
+    assert extra.abs().max() == 0 and theta.abs().max() < 1e-15
+
+
+def _edit(opt, theta, other, what):
+    group = opt.param_groups[0]
+    if what == "params":
+        group["params"].append(other)
+    elif what == "replace":
+        group["params"] = [other]
+    elif what == "new group":
+        opt.param_groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": [other]})
+    else:
+        group[what] = {"eps": 0.5, "perturbation": "rademacher", "lr": 0.2, "weight_decay": 0.1}[what]
+
+
+@pytest.mark.parametrize("what", ["eps", "perturbation", "lr", "weight_decay", "params", "replace", "new group"])
+@pytest.mark.parametrize("at_call, then_raise", [(1, False), (2, False), (2, True)])
+def test_param_groups_edited_inside_the_closure_are_refused_and_theta_and_groups_restored(what, at_call, then_raise):
+    """The passes read ε, z's kind and the tensors from the groups as they are: an ε edited by the
+    closure made the −2εz pass and the undo use another ε (θ left at 1.06 where it started at 0,
+    also when the closure then raised), diffs were divided by the old ε."""
+    theta, other = torch.zeros(4, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)
+    opt = MeZO([theta], lr=0.0, eps=1e-3, noise=None)
+    before = [dict(g, params=list(g["params"])) for g in opt.param_groups]
+    calls = []
+
+    def closure():
+        calls.append(1)
+        if len(calls) == at_call:
+            _edit(opt, theta, other, what)
+            if then_raise:
+                raise RuntimeError("closure failed")
+        return _quadratic(theta)()
+    with pytest.raises(RuntimeError if then_raise else ValueError, match="closure failed|Invalid param_groups"):
+        opt.step(closure)
+    assert theta.abs().max() < 1e-15 and other.abs().max() == 0 and opt.step_count == 0
+    assert [dict(g, params=list(g["params"])) for g in opt.param_groups] == before
+
+
+def test_an_oracle_with_norms_near_the_float_maximum_keeps_its_distribution():
+    """Σ norms overflowed to inf and the oracle fell back to uniform: examples with norm 1 beside two
+    of 1e308 were drawn a third of the time (p* gives them ~1e-308)."""
+    from sazo_lite.samplers import OracleSampler
+    norms = torch.tensor([1e308, 1e308, 1.0], dtype=torch.float64)
+    probs = OracleSampler(3, lambda: norms).probs
+    assert torch.allclose(probs, torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64))
+    scaled = OracleSampler(3, lambda: norms * 1e-300, uniform_mix=0.3).probs
+    assert torch.allclose(scaled, 0.7 * probs + 0.1)
