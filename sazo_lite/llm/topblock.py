@@ -227,6 +227,10 @@ class TopBlocks:
         self.model, self.batch, self.blocks, self.check = model, batch, blocks, bool(check)
         owner, layers = _stack(model)
         self.layers = list(layers[count - blocks:])
+        slots = [k for k, layer in enumerate(layers) if any(layer is top for top in self.layers)]
+        if len(slots) != blocks or len({id(layer) for layer in self.layers}) != blocks:   # the hooks that record a top block's inputs would fire at its other slot
+            raise ValueError(f"Invalid model: one decoder block object fills slots {slots} of its stack; the top "
+                             f"{blocks} block(s) must each be a module of their own to be run on a cache")
         self.head = _base(model).get_output_embeddings()
         if not isinstance(self.head, torch.nn.Module):
             raise ValueError(f"Invalid model: {type(_base(model)).__name__} has no LM head (get_output_embeddings)")
@@ -235,22 +239,32 @@ class TopBlocks:
         self.label_ids = batch.label_ids.to(self.device)
         self.labels = batch.labels.to(self.device)
         self.after = self._modules_after(owner, layers)
-        self._check_frozen_below(model)
+        self._check_frozen_below(model, layers)
         self.hidden, self.arguments, self.batch_axes, self.lengths = self._cache()
         self.live_weights = [p for m in self.layers + self.after + [self.head] for p in m.parameters()]
         self.layout = self._layout()
         if check:
             self._check_equals_the_full_model()
 
-    def _check_frozen_below(self, model) -> None:
-        """No trainable tensor may feed the cached hidden states (the embeddings, the lower blocks). The
-        top blocks, the modules after them and an LM head of its own run live on the cache; a head tied
-        to the input embeddings does not (tuning it would change the cached inputs too)."""
-        tops = self.layers + self.after + [self.head]
-        inside = {id(m) for top in tops for m in top.modules()}
-        below = {id(p) for m in model.modules() if id(m) not in inside for p in m.parameters(recurse=False)}
-        live = {id(p) for m in tops for p in m.parameters()} - below
-        stale = [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in live]
+    def _check_frozen_below(self, model, layers) -> None:
+        """No trainable tensor may feed the cached hidden states. Every module that can run before the
+        cache is taken counts as below: the lower blocks (each slot, whatever else holds the same module
+        object) and every module reachable from the model without passing through a top block, the
+        modules after them or the LM head. A tensor held by one of them (a weight shared with a lower
+        block, a module object placed in a lower and a top layer, a head tied to the input embeddings)
+        is below even where a top block holds it too; the top blocks, the modules after them and an LM
+        head of its own run live on the cache."""
+        lower = list(layers[:len(layers) - self.blocks])
+        live = {id(m) for m in self.layers + self.after + [self.head]} - {id(m) for m in lower} | {id(layers)}
+        below, todo = {}, lower + [model]
+        while todo:
+            module = todo.pop()
+            if id(module) not in below and id(module) not in live:
+                below[id(module)] = module
+                todo.extend(m for m in module._modules.values() if m is not None)
+        held = {id(t) for m in below.values() for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]}
+        stale = [name for name, t in [*model.named_parameters(), *model.named_buffers()]
+                 if t.requires_grad and id(t) in held]
         if stale:
             raise ValueError(f"Invalid model: {len(stale)} trainable tensors outside the top {self.blocks} "
                              f"block(s) would make the cached hidden states stale (e.g. {stale[0]}); freeze "

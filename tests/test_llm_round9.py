@@ -1,0 +1,74 @@
+"""Round 9 red team of the language-model part (sazo_lite.llm): each test failed on the code before its fix.
+TopBlocks and a module object shared by a top and a lower block; empty index lists for the true norms;
+batched per-example norms of a Linear whose inputs are not laid out batch-major."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from sazo_lite.llm import tiny_causal_lm
+from sazo_lite.llm.grad_norms import grad_norms, linear_grad_norms, loop_grad_norms
+from sazo_lite.llm.losses import TokenBatch, classification_losses
+from sazo_lite.llm.topblock import TopBlocks, decoder_layers, top_block_parameters
+
+VOCAB = 64
+INDICES = [4, 0, 3, 1]
+
+
+def batch(n: int = 5, seed: int = 0) -> TokenBatch:
+    """n examples of 3 … 7 tokens (right padding inside every selection), 2 classes on words 5 and 9."""
+    g = torch.Generator().manual_seed(seed)
+    ids = [torch.randint(3, VOCAB, (3 + (3 * k) % 5,), generator=g).tolist() for k in range(n)]
+    return TokenBatch(ids, [len(r) for r in ids], 0, torch.randint(0, 2, (n,), generator=g), torch.tensor([5, 9]))
+
+
+@torch.no_grad()
+def jiggle(params, scale: float = 0.5, seed: int = 3) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for p in params:
+        p.add_(scale * torch.randn(p.shape, generator=g))
+
+
+# --- 1. a module object in a top and a lower block: its tensors feed the cache ------------------------------
+def shared_mlp_model():
+    """Tiny Llama whose two layers call one MLP module object (as hybrid models share blocks)."""
+    model = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    layers = decoder_layers(model)
+    layers[1].mlp = layers[0].mlp
+    return model, layers
+
+
+def test_a_module_object_a_lower_block_shares_with_the_top_block_is_refused_as_stale():
+    model, layers = shared_mlp_model()
+    top_block_parameters(model, 1)                          # the shared MLP's weights among them
+    with pytest.raises(ValueError, match="Invalid model: .* stale"):
+        TopBlocks(model, batch())                           # tuning them would change layer 0's cached output
+
+
+@pytest.mark.parametrize("check", [True, False])
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_one_block_object_in_two_slots_is_refused_not_recorded_at_the_wrong_slot(blocks, check):
+    model = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    layers = decoder_layers(model)
+    layers[1] = layers[0]                                   # one block run twice; nothing tuned
+    for p in model.parameters():
+        p.requires_grad_(False)
+    # the top block's recording hook fired at slot 0: the "cache" was the embeddings, one block short
+    with pytest.raises(ValueError, match="Invalid model: one decoder block object fills slots"):
+        TopBlocks(model, batch(), blocks=blocks, check=check)
+
+
+def test_the_top_blocks_own_tensors_beside_a_shared_module_are_accepted_and_stay_equal():
+    model, layers = shared_mlp_model()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    own = list(layers[1].self_attn.parameters())            # the top block's attention: not shared
+    for p in own:
+        p.requires_grad_(True)
+    data = batch()
+    top = TopBlocks(model, data)
+    jiggle(own)
+    assert torch.allclose(top(INDICES), classification_losses(model, data, INDICES), atol=1e-5, rtol=0)
