@@ -76,6 +76,8 @@ def distributed_closure(batch_losses, indices: torch.Tensor):
 
 def communication_bytes(batch_size: int, num_params: int, world_size: int, bytes_per_value: int = 4) -> dict:
     """Bytes each rank receives per step: ZO's two loss all-gathers vs DDP's gradient all-reduce."""
+    batch_size, world_size = check_count("batch_size", batch_size), check_count("world_size", world_size)
+    num_params, bytes_per_value = check_int("num_params", num_params, 0), check_count("bytes_per_value", bytes_per_value)
     share = (world_size - 1) / world_size
     return {"zo": 2 * batch_size * share * bytes_per_value,
             "ddp": 2 * num_params * share * bytes_per_value}

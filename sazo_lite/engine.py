@@ -335,6 +335,8 @@ class MeZO(torch.optim.Optimizer):
         self._refuse_in_step("load_state_dict")
         self._check_state_dict(state_dict)
         _undecorated(torch.optim.Optimizer.load_state_dict)(self, state_dict)
+        state = self.state[self._first_param()]   # numpy ints as Python ints: state_dict() loads with weights_only
+        state.update(step=int(state["step"]), seed=int(state["seed"]))
         self._pending = None
 
     def _check_state_dict(self, state_dict) -> None:

@@ -48,13 +48,18 @@ class Float32Master:
 
     def __init__(self, params):
         self.params = list(params)
-        self.tensors = [p.detach().to(torch.float32).clone() for p in self.params]
+        for p in self.params:   # an integer tensor's master would be perturbed, then truncated into it
+            if not isinstance(p, torch.Tensor) or not p.is_floating_point():
+                raise ValueError(f"Invalid params: a master copy is kept for floating-point tensors, got "
+                                 f"{p.dtype if isinstance(p, torch.Tensor) else type(p).__name__}")
+        # float32, or the tensor's own dtype when it is wider (a float64 tensor kept in float32 would lose
+        # its low bits at the first sync)
+        self.tensors = [p.detach().to(torch.promote_types(p.dtype, torch.float32)).clone() for p in self.params]
         self._declare()
 
     def _declare(self) -> None:
         for p, master in zip(self.params, self.tensors):
-            if p.dtype.is_floating_point:
-                store_as(master, p.dtype)
+            store_as(master, p.dtype)
 
     def __setstate__(self, state: dict) -> None:   # deepcopy/pickle: the copies are masters too
         self.__dict__.update(state)

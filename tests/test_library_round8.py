@@ -236,3 +236,53 @@ def test_an_oracle_with_norms_near_the_float_maximum_keeps_its_distribution():
     assert torch.allclose(probs, torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64))
     scaled = OracleSampler(3, lambda: norms * 1e-300, uniform_mix=0.3).probs
     assert torch.allclose(scaled, 0.7 * probs + 0.1)
+
+
+# --- dtypes the helpers assumed away ---------------------------------------------------------------
+def test_a_float64_tensor_under_a_master_copy_keeps_its_precision():
+    """The master was float32 for every tensor: a float64 weight lost its low bits at the first sync
+    (1 + 1e-12 became 1, and 1 − 6e-8 after a step with lr = 0)."""
+    from sazo_lite.precision import Float32Master
+    weight = torch.full((3,), 1.0 + 1e-12, dtype=torch.float64)
+    half = torch.ones(2, dtype=torch.bfloat16)
+    master = Float32Master([weight, half])
+    assert [t.dtype for t in master.tensors] == [torch.float64, torch.float32]
+    opt = MeZO(master.tensors, lr=0.0, noise=None)
+    master.step(opt, lambda: torch.stack([((weight - 1) ** 2).sum(), ((half.double() - 1) ** 2).sum()]))
+    assert torch.allclose(weight - 1, torch.full((3,), 1e-12, dtype=torch.float64), rtol=1e-3, atol=0)
+
+
+def test_a_master_copy_of_an_integer_tensor_is_refused():
+    """An integer buffer passed by mistake got a float master, was perturbed and truncated back
+    ([1, 2, 3] became [248, -84, 172])."""
+    from sazo_lite.precision import Float32Master
+    with pytest.raises(ValueError, match="Invalid params"):
+        Float32Master([torch.ones(2), torch.tensor([1, 2, 3])])
+
+
+def test_a_state_dict_with_numpy_integers_loads_as_python_ints():
+    """A step or seed saved as numpy ints (a checkpoint edited with numpy) was kept as numpy scalars, so
+    every later state_dict() failed torch.load(weights_only=True) (the ZOTrainer's reader)."""
+    import io
+    import numpy as np
+    theta = torch.zeros(3, dtype=torch.float64)
+    opt = MeZO([theta], lr=0.1, noise=None)
+    state = opt.state_dict()
+    state["state"][0].update(step=np.int64(5), seed=np.int64(7))
+    opt.load_state_dict(state)
+    assert type(opt.step_count) is int and type(opt.state[theta]["seed"]) is int
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    buffer.seek(0)
+    assert torch.load(buffer, weights_only=True)["state"][0]["step"] == 5
+
+
+@pytest.mark.parametrize("kw, name", [(dict(world_size=0), "world_size"), (dict(world_size=-2), "world_size"),
+                                      (dict(world_size=True), "world_size"), (dict(batch_size=-8), "batch_size"),
+                                      (dict(num_params=-1), "num_params"), (dict(bytes_per_value=0), "bytes_per_value")])
+def test_communication_bytes_refuses_impossible_sizes(kw, name):
+    """world_size 0 raised ZeroDivisionError; -1, a negative batch or True gave numbers."""
+    from sazo_lite.distributed import communication_bytes
+    args = {**dict(batch_size=8, num_params=100, world_size=2), **kw}
+    with pytest.raises(ValueError, match=f"Invalid {name}"):
+        communication_bytes(**args)
