@@ -88,3 +88,51 @@ def test_paths_dashboard_names_diverged_paths_and_does_not_rank_them():
     board.controls["lr"].value = 0.02    # the default: nothing diverged, all three ranked
     shown = text(board.readout.value)
     assert "diverged" not in shown and shown.count(" < ") + shown.count(" = ") == 2, shown
+
+
+# -- notebook 05: the race -----------------------------------------------------------------------------
+
+def test_race_readout_says_which_method_diverged_when_and_at_which_rate():
+    """At η SAZO = 1 SAZO's gap reaches 10¹²× its start: the table only said "not reached"."""
+    board = sw.race_dashboard(seeds=1, steps=40, live_after=None)
+    assert "diverged" not in text(board.readout.value)
+    board.controls["lr_sazo"].value = 1.0
+    shown = text(board.readout.value)
+    assert re.search(r"SAZO diverged in its one seed: its gap passed 10× its start or stopped being finite by "
+                     r"step \d+\. At η SAZO = 1 the steps are too large: lower η SAZO \(try 0\.32\)", shown), shown
+    assert "uniform MeZO diverged" not in shown and "oracle p* diverged" not in shown
+    assert [a.text for a in board.figures["race"].layout.annotations] == ["SAZO diverged"]
+
+
+def test_race_tiny_eps_divergence_advises_a_larger_eps_not_only_a_lower_rate():
+    from sazo_lite.course.sazo_runs import RaceResult
+    from sazo_lite.course.widgets.race import race_divergence
+
+    q = np.array([0.0, 20.0, 40.0])
+    result = RaceResult(q, {"uniform": np.array([[1.0, 50.0, np.nan]])}, 1.0, 0.1, {"uniform": [None]},
+                        lrs={"uniform": 0.01})
+    assert "by step 10" in text(race_divergence(result, batch_size=1))
+    assert "lower η uniform (try 0.0032)" in text(race_divergence(result, batch_size=1, eps=1e-3))
+    assert "raise ε" in text(race_divergence(result, batch_size=1, eps=1e-9))
+    with pytest.raises(ValueError, match="batch_size"):
+        race_divergence(result, batch_size=0)
+
+
+def test_a_race_run_whose_loss_overflows_keeps_its_curve_up_to_there(monkeypatch):
+    """A refused non-finite loss made ``race`` drop the whole run (NaN from the first log point), so the plot
+    and the readout could not say when it diverged."""
+    problem = sazo_runs.make_problem(num_examples=16, dim=3)
+    losses, calls = problem.losses, [0]
+
+    def overflowing(theta, indices=None):
+        calls[0] += 1
+        values = losses(theta, indices)
+        return values * np.inf if calls[0] > 60 else values
+
+    monkeypatch.setattr(problem, "losses", overflowing)
+    result = sazo_runs.race(problem, samplers=("uniform",), seeds=(0,), steps=50, log_every=5)
+    row = result.gaps["uniform"][0]
+    finite = np.isfinite(row)
+    assert finite[:3].all() and not finite[-1] and result.to_target["uniform"] == [None], row
+    stop = sazo_runs.first_divergence(row)
+    assert stop is not None and finite[:stop].all()

@@ -407,10 +407,11 @@ class RaceResult:
 
     Attributes:
         queries: [T] logged query counts (the same grid for every run).
-        gaps: method → [S, T] array of F(θ) − F(θ*) per seed (NaN if the loss overflowed).
+        gaps: method → [S, T] array of F(θ) − F(θ*) per seed (NaN from the first log point after the
+            loss or the gap became non-finite: the run stopped there).
         initial_gap: F(θ₀) − F(θ*).
         target: the gap to reach (``target_fraction`` × ``initial_gap``).
-        to_target: method → list (per seed) of queries to reach ``target`` (None: never).
+        to_target: method → list (per seed) of queries to reach ``target`` (None: never, or diverged).
         lrs: method → the learning rate it ran with.
     """
 
@@ -440,16 +441,14 @@ class RaceResult:
 
 def _run_one(problem, method: str, seed: int, *, steps, batch_size, lr, eps, ema_decay,
              uniform_mix, log_every, dtype):
-    """One training run; returns its ``History`` (None if the loss overflowed)."""
+    """One training run; returns its ``History``, stopped (``diverged``) where the loss or the gap became
+    non-finite (a too-large lr)."""
     theta = problem.initial_theta(dtype)
     optimizer = MeZO([theta], lr=lr, eps=eps, seed=seed)
     sampler = make_sampler(method, problem.num_examples, norms_fn=lambda: problem.norms(theta), seed=seed, ema_decay=ema_decay, uniform_mix=uniform_mix)
-    try:
-        return train(optimizer, sampler, lambda idx: problem.losses(theta, idx), steps,
-                     batch_size=batch_size, evaluate=lambda: problem.gap(theta),
-                     log_every=log_every, progress=False)
-    except FloatingPointError:  # diverged (a too-large lr): the whole curve is NaN
-        return None
+    return train(optimizer, sampler, lambda idx: problem.losses(theta, idx), steps,
+                 batch_size=batch_size, evaluate=lambda: problem.gap(theta),
+                 log_every=log_every, progress=False, diverge_above=math.inf)
 
 
 def race(problem: FiniteSumProblem, *, samplers=SAMPLERS, seeds=(0, 1, 2), steps: int = 400,
@@ -491,11 +490,9 @@ def race(problem: FiniteSumProblem, *, samplers=SAMPLERS, seeds=(0, 1, 2), steps
                                dtype=dtype)
         row = np.full(len(queries), np.nan)
         row[0] = initial_gap
-        if history is not None:
-            row[1:] = history.metrics
+        row[1:1 + len(history.metrics)] = history.metrics   # a run stopped as diverged: NaN after its last log point
         gaps.setdefault(method, []).append(row)
-        to_target.setdefault(method, []).append(
-            queries_to_target(history, target) if history is not None else None)
+        to_target.setdefault(method, []).append(None if history.diverged else queries_to_target(history, target))
     return RaceResult(queries=queries, gaps={m: np.stack(r) for m, r in gaps.items()},
                       initial_gap=initial_gap, target=target, to_target=to_target, lrs=lrs)
 

@@ -23,7 +23,7 @@ import plotly.io as pio
 
 __all__ = ["slider", "log_slider", "int_slider", "question", "captioned", "presets", "redraw_on_change",
            "assemble", "Dashboard", "LiveFigure", "static_dashboard_html", "set_controls", "SAMPLER_COLORS",
-           "SAMPLER_FILLS", "SAMPLER_LABELS", "divergence_note", "finite", "lower_rate"]
+           "SAMPLER_FILLS", "SAMPLER_LABELS", "divergence_note", "finite", "lower_rate", "TINY_EPS"]
 
 # One palette for every dashboard: a sampler has the same colour in every plot of the course.
 SAMPLER_COLORS = {"uniform": "#7f7f7f", "sazo": "#1f77b4", "sazo-plain": "#9467bd", "oracle": "#d62728"}
@@ -42,15 +42,25 @@ def lower_rate(rate: float) -> float:
     return float(f"{rate * 10 ** -0.5:.2g}")
 
 
-def divergence_note(what: str, how: str, rate_name: str, rate: float, after: str = "") -> str:
+# Below this ε a float32 loss difference f(θ+εz) − f(θ−εz) is mostly rounding (about 1e-7 of the loss), and
+# rounding divided by 2ε is a huge, random δ: a run can blow up from that alone, at any rate.
+TINY_EPS = 1e-6
+
+
+def divergence_note(what: str, how: str, rate_name: str, rate: float, after: str = "", *,
+                    eps: float | None = None) -> str:
     """The crimson sentence every training dashboard shows for a diverged run: what diverged (and when),
-    how it shows, at which rate, and the fix (a lower rate).
+    how it shows, at which rate, and the fix (a lower rate; at ε below ``TINY_EPS`` also a larger ε).
 
     Example:
         >>> divergence_note("SAZO diverged at step 20", "its loss became infinite", "η", 0.1)[-74:]
         'infinite. At η = 0.1 the steps are too large: lower η (try 0.032).</b><br>'
     """
     tail = f"; {after}" if after else ""
+    if eps is not None and eps < TINY_EPS:
+        return (f"<b style='color:crimson'>{what}: {how}{tail}. At ε = {eps:.1g} float32 rounding of the loss, divided "
+                f"by 2ε, makes some δ huge and random: raise ε (1e-3 is safe here) before lowering {rate_name} "
+                f"(now {rate:.2g}).</b><br>")
     return (f"<b style='color:crimson'>{what}: {how}{tail}. At {rate_name} = {rate:.2g} the steps are too large: "
             f"lower {rate_name} (try {lower_rate(rate):.2g}).</b><br>")
 

@@ -306,7 +306,7 @@ def paths_dashboard(*, num_examples: int = 32, heterogeneity: float = 2.0, steps
                              for m, (at, gap) in diverged.items())
             notes = divergence_note(f"{who} diverged", hows, "η", values["lr"],
                                     "its path is drawn up to that step" if len(diverged) == 1 else
-                                    "each path is drawn up to its step")
+                                    "each path is drawn up to its step", eps=values["eps"])
         readout.value = notes + lines
         state.update(order=order, finals=finals, jumps=jumps, diverged=diverged)  # what the readout says, for tests
 

@@ -17,12 +17,12 @@ import torch
 
 from ..config import pick
 from ...validation import check_count
-from ..sazo_runs import PROBLEMS, SAMPLERS, RaceResult, make_problem, race, tune_lr
+from ..sazo_runs import DIVERGE_FACTOR, PROBLEMS, SAMPLERS, RaceResult, first_divergence, make_problem, race, tune_lr
 from ._common import SAMPLER_COLORS as _COLORS, SAMPLER_FILLS as _FILLS, SAMPLER_LABELS as _LABELS, Dashboard, \
-    LiveFigure, captioned, int_slider, log_slider, presets, set_controls, slider
+    LiveFigure, captioned, divergence_note, int_slider, log_slider, presets, set_controls, slider
 
-__all__ = ["race_dashboard", "race_figure", "race_table_html", "race_verdict", "merge_results", "join_seeds",
-           "PROBLEM_DEFAULTS"]
+__all__ = ["race_dashboard", "race_figure", "race_table_html", "race_verdict", "race_divergence", "merge_results",
+           "join_seeds", "PROBLEM_DEFAULTS"]
 
 # What the dropdown sets when a problem is chosen: σ, B and each method's own learning rate.
 # The rates are notebook 05's class-mode tuning (``sazo_runs.tune_lr``: best of its grid by
@@ -37,6 +37,7 @@ PROBLEM_DEFAULTS = {
                                                 lr_oracle=0.1),
 }
 LR_CONTROLS = {method: f"lr_{method}" for method in SAMPLERS}
+_RATE_NAMES = {"uniform": "η uniform", "sazo": "η SAZO", "oracle": "η oracle"}   # as their sliders say
 
 _HETERO, _HOMOG = "heterogeneous quadratic", "homogeneous quadratic"
 _BASE = dict(eps=1e-3, ema_decay=0.9, uniform_mix=0.1)
@@ -116,14 +117,14 @@ _TOP = 3.0  # the y axis ends at 3× the initial gap: a race is decided below 1,
 
 def _frame_race(fig, result: RaceResult, methods, ratio: float, logged: dict[str, int]) -> None:
     """Fit the y axis to where the race is decided (from below the target to _TOP) and mark each method
-    whose median run leaves the top (diverged) at the first query it does (of those logged yet)."""
+    whose median run diverged (``sazo_runs.first_divergence``) at the first query it did (of those logged yet)."""
     medians = {m: _band(result, m)[0][:logged.get(m)] for m in methods if m in result.gaps}
     finite = [v for median in medians.values() for v in median[np.isfinite(median)] if v > 0]
     low = min([ratio, *finite]) / 2 if finite else ratio / 2
     fig.update_yaxes(range=[float(np.log10(low)), float(np.log10(_TOP))])
     marks = []
-    for method, median in medians.items():
-        above = np.flatnonzero(~(median <= _TOP))          # NaN (every seed diverged) counts as above
+    for method, median in medians.items():   # the course's divergence rule: above DIVERGE_FACTOR × the start, or NaN
+        above = np.flatnonzero(~(median <= DIVERGE_FACTOR))          # NaN (every seed diverged) counts as above
         if above.size:
             marks.append(dict(x=float(result.queries[above[0]]), y=float(np.log10(_TOP)), yref="y", xref="x",
                               text=f"{_LABELS[method]} diverged", showarrow=True, arrowhead=2, ay=-25,
@@ -188,6 +189,35 @@ def race_verdict(result: RaceResult) -> str:
         else:
             parts.append(f"{_LABELS[method]} needed {needed:,.0f}: {1 / speedup:.2f}× uniform's queries (slower)")
     return head + "; " + "; ".join(parts) + "."
+
+
+def race_divergence(result: RaceResult, batch_size: int, eps: float | None = None) -> str:
+    """The crimson sentences for the methods whose runs diverged ("" if none): in how many seeds, from which
+    step (the first log point at which a seed's gap was above ``DIVERGE_FACTOR`` × its start, or not finite),
+    at which η, and the fix (``eps``: the runs' ε, for the advice at a tiny ε).
+
+    Example:
+        >>> from sazo_lite.course.sazo_runs import make_problem, race
+        >>> "lower η SAZO" in race_divergence(race(make_problem(num_examples=16, dim=3), samplers=("sazo",), seeds=(0,),
+        ...                                        steps=40, lr=1.0), batch_size=1)
+        True
+    """
+    check_count("batch_size", batch_size)
+    notes = []
+    for method in (m for m in _LABELS if m in result.gaps):
+        starts = [first_divergence(row) for row in result.gaps[method]]
+        steps = [int(result.queries[i]) // (2 * batch_size) for i in starts if i is not None]
+        if not steps:
+            continue
+        seeds = len(starts)
+        which = ("its one seed" if seeds == 1 else "both its seeds" if seeds == len(steps) == 2 else
+                 f"all {seeds} of its seeds" if seeds == len(steps) else f"{len(steps)} of its {seeds} seeds")
+        when = f"by step {min(steps)}" + (" in the earliest" if len(steps) > 1 else "")
+        notes.append(divergence_note(
+            f"{_LABELS[method]} diverged in {which}",
+            f"its gap passed {DIVERGE_FACTOR:g}× its start or stopped being finite {when}",
+            _RATE_NAMES[method], result.lrs.get(method, float("nan")), eps=eps))
+    return "".join(notes)
 
 
 def race_table_html(result: RaceResult) -> str:
@@ -386,7 +416,7 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
             _draw_race(figures["race"], result, logged=logged)
             figures["race"].layout.title.text = title
         if final:
-            readout.value = race_table_html(result)
+            readout.value = race_divergence(result, values["batch_size"], values["eps"]) + race_table_html(result)
             shown[0] = result
         draws[0] += 1
 

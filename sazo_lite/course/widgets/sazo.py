@@ -55,8 +55,9 @@ def trace_readout(trace: SAZOTrace, index: int = -1) -> str:
             f"uniform {np.mean(trace.ratio['uniform'][upto]):.2f}")
 
 
-def trace_divergence(trace: SAZOTrace) -> str:
-    """The sentence a diverged run needs ("" if it did not diverge): at which step, at which η, the fix.
+def trace_divergence(trace: SAZOTrace, eps: float | None = None) -> str:
+    """The sentence a diverged run needs ("" if it did not diverge): at which step, at which η, the fix
+    (``eps``: the run's ε, for the advice at a tiny ε).
 
     Example:
         >>> from sazo_lite.course.sazo_runs import make_problem, run_sazo_trace
@@ -73,7 +74,7 @@ def trace_divergence(trace: SAZOTrace) -> str:
     else:
         how = "its loss became infinite or NaN (MeZO refused the step)"
     return divergence_note(f"The run diverged at step {trace.diverged_at}", how, "η", trace.lr,
-                           f"the plots stop at step {int(trace.steps[-1])}")
+                           f"the plots stop at step {int(trace.steps[-1])}", eps=eps)
 
 
 def decay_note(trace: SAZOTrace, ema_decay: float, index: int = -1) -> str:
@@ -253,7 +254,7 @@ def sazo_dashboard(*, num_examples: int = 128, dim: int = 10, steps: int | None 
         trace = current_trace()
         index = _snapshot_index(trace, controls["step"].value)
         _draw(figures, trace, index)
-        readout.value = (trace_divergence(trace) + f"<b>{trace_readout(trace, index)}</b><br>"
+        readout.value = (trace_divergence(trace, controls["eps"].value) + f"<b>{trace_readout(trace, index)}</b><br>"
                          f"<span style='color:#555'>{decay_note(trace, controls['ema_decay'].value, index)}</span>")
 
     def on_change(_change) -> None:
