@@ -72,3 +72,32 @@ def test_the_top_blocks_own_tensors_beside_a_shared_module_are_accepted_and_stay
     top = TopBlocks(model, data)
     jiggle(own)
     assert torch.allclose(top(INDICES), classification_losses(model, data, INDICES), atol=1e-5, rtol=0)
+
+
+# --- 2. an empty list of examples: empty norms, as grad_norms(model, ...) and the samplers take it ------------
+@pytest.mark.parametrize("method", ["auto", "linear", "loop"])
+def test_top_block_norms_of_no_examples_are_empty_as_the_full_models_are(method):
+    model = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    top_block_parameters(model, 1)
+    params = [m.weight for m in decoder_layers(model)[1].modules() if isinstance(m, torch.nn.Linear)]
+    data = batch()
+    top = TopBlocks(model, data)
+    for empty in ([], (), torch.zeros(0, dtype=torch.long)):
+        norms = top.grad_norms(params, empty, method=method)
+        assert norms.dtype == torch.float64 and norms.shape == (0,)
+        assert torch.equal(norms, grad_norms(model, data, params, indices=empty, method=method))
+    with pytest.raises(ValueError, match="Invalid indices"):
+        top.grad_norms(params, [0.5])
+
+
+def test_top_block_norms_refuse_tensors_that_feed_the_cache_instead_of_leaving_their_part_out():
+    model = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    top_params = top_block_parameters(model, 1)
+    data = batch()
+    top = TopBlocks(model, data)
+    lower = decoder_layers(model)[0].self_attn.q_proj.weight       # frozen: runs before the cache
+    embedding = model.get_input_embeddings().weight
+    for params in (top_params + [lower], top_params + [embedding], [lower]):
+        # the cache is detached: the lower tensor's gradient was left out (0, or the top part alone)
+        with pytest.raises(ValueError, match="Invalid params: 1 tensors"):
+            top.grad_norms(params, INDICES)

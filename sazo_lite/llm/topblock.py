@@ -263,6 +263,7 @@ class TopBlocks:
                 below[id(module)] = module
                 todo.extend(m for m in module._modules.values() if m is not None)
         held = {id(t) for m in below.values() for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]}
+        self.below = held        # ids of the tensors that feed the cache (grad_norms refuses them)
         stale = [name for name, t in [*model.named_parameters(), *model.named_buffers()]
                  if t.requires_grad and id(t) in held]
         if stale:
@@ -432,12 +433,20 @@ class TopBlocks:
         ``method``: "linear" (one batched backward; every tensor a Linear's weight/bias, e.g. LoRA),
         "loop" (one backward per example, any tensors) or "auto" (linear when it applies).
         """
-        from .grad_norms import linear_grad_norms, linear_modules_for, loop_grad_norms
+        from .grad_norms import _checked, linear_grad_norms, linear_modules_for, loop_grad_norms
 
         if method not in ("auto", "linear", "loop"):
             raise ValueError(f"Invalid method: {method!r} (expected 'auto', 'linear' or 'loop')")
         params = list(params)
-        indices = range(len(self)) if indices is None else checked_indices(indices, len(self))  # not int(1.5)
+        live = {id(p) for p in self.live_weights}
+        cached = [k for k, p in enumerate(params) if id(p) in self.below or id(p) not in live]
+        if cached:      # the cache is detached: their part of each gradient (through the lower blocks) is not seen
+            raise ValueError(f"Invalid params: {len(cached)} tensors (e.g. params[{cached[0]}]) are not run on the "
+                             f"cache only (they feed the cached states or are not in the top {self.blocks} "
+                             "block(s), the modules after them or the LM head): use grad_norms(model, batch, params)")
+        indices = range(len(self)) if indices is None else _checked(indices, len(self))   # not int(1.5); [] → []
+        if not indices:
+            return torch.zeros(0, dtype=torch.float64)
         losses = lambda idx: self.losses(idx, grad=True)
         head = {id(p) for p in self.head.parameters()} & {id(p) for p in params}   # run on its label rows only
         if head and method == "linear":
