@@ -11,6 +11,7 @@ import torch
 from .directions import derive_seed, draw_direction
 from .engine import MeZO
 from .noise import Job, NoiseSource, PlainNoise, z_dtype
+from .validation import check_fraction
 
 __all__ = ["sparse_indices", "SparseMeZO", "MaskedNoise"]
 
@@ -22,9 +23,7 @@ def sparse_indices(params, fraction: float, *, seed: int = 0) -> list[torch.Tens
     (seed, tensor index): the same seed always gives the same mask, so it can be
     regenerated instead of stored.
     """
-    fraction = float(fraction)
-    if not 0.0 < fraction <= 1.0:
-        raise ValueError(f"Invalid fraction: {fraction} (expected a number in (0, 1])")
+    fraction = check_fraction("fraction", fraction, 0.0, 1.0, closed_low=False, closed_high=True)
     masks = []
     for index, p in enumerate(params):
         generator = torch.Generator().manual_seed(derive_seed(seed, index))
@@ -69,10 +68,46 @@ class SparseMeZO(MeZO):
                 raise ValueError("Invalid params: SparseMeZO needs contiguous tensors")
             if m.numel() and (int(m.min()) < 0 or int(m.max()) >= p.numel()):
                 raise ValueError("Invalid masks: each must be 1-D flat indices into its parameter")
+            if m.unique().numel() != m.numel():   # two writes to one entry in a pass: the last wins (any on CUDA)
+                raise ValueError("Invalid masks: an index appears twice in one mask")
         kwargs["noise"] = None
         super().__init__(params, **kwargs)
-        self.masks = {id(p): m.to(p.device) for p, m in zip(params, masks)}
+        self._set_masks(params, [m.to(p.device) for p, m in zip(params, masks)])
+
+    def _set_masks(self, params, masks) -> None:
+        self.masks = {id(p): m for p, m in zip(params, masks)}
+        self._masked = {id(p): p for p in params}   # the tensors themselves: an id alone may be reused
         self.noise = MaskedNoise(self.masks)
+
+    def _params(self) -> list:
+        return [p for group in self.param_groups for p in group["params"]]
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Only while constructing: a tensor added later has no mask (its first pass raised KeyError)."""
+        if hasattr(self, "masks"):
+            raise ValueError("Invalid param_group: SparseMeZO's masks are fixed at construction; build a new "
+                             "SparseMeZO with every tensor and its mask")
+        super().add_param_group(param_group)
+
+    def _check_groups_unchanged(self) -> None:
+        """A tensor appended to or swapped into a group has no mask: refused before any pass."""
+        if any(self._masked.get(id(p)) is not p for p in self._params()):
+            raise ValueError("Invalid params: a tensor without a mask was put into SparseMeZO's param groups; "
+                             "build a new SparseMeZO with every tensor and its mask")
+        super()._check_groups_unchanged()
+
+    def __getstate__(self) -> dict:
+        """deepcopy/pickle: the masks in parameter order (they are keyed by the tensors' ids)."""
+        state = super().__getstate__()
+        params = self._params()
+        state["masks"] = [self.masks[id(p)] for p in params]
+        state.pop("_masked", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        masks = state.pop("masks")
+        super().__setstate__(state)
+        self._set_masks(self._params(), masks)
 
 
 class MaskedNoise(NoiseSource):

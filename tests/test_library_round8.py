@@ -286,3 +286,52 @@ def test_communication_bytes_refuses_impossible_sizes(kw, name):
     args = {**dict(batch_size=8, num_params=100, world_size=2), **kw}
     with pytest.raises(ValueError, match=f"Invalid {name}"):
         communication_bytes(**args)
+
+
+# --- SparseMeZO: masks keyed by tensor ids --------------------------------------------------------
+def _sparse():
+    from sazo_lite.sparse import SparseMeZO
+    w = torch.zeros(10, dtype=torch.float64)
+    return w, SparseMeZO([w], [torch.tensor([1, 3])], lr=0.1)
+
+
+@pytest.mark.parametrize("how", ["add_param_group", "append", "replace"])
+def test_a_tensor_without_a_mask_is_refused_before_any_pass(how):
+    """add_param_group was accepted and every later step raised KeyError from the mask lookup."""
+    w, opt = _sparse()
+    other = torch.zeros(4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="Invalid param"):
+        if how == "add_param_group":
+            opt.add_param_group({"params": [other]})
+        else:
+            if how == "append":
+                opt.param_groups[0]["params"].append(other)
+            else:
+                opt.param_groups[0]["params"][0] = other
+            opt.step(lambda: torch.cat([(w - 1) ** 2, (other - 1) ** 2]))
+    assert other.abs().max() == 0 and w.abs().max() == 0 and opt.state[w]["step"] == 0
+
+
+@pytest.mark.parametrize("copier", ["deepcopy", "pickle"])
+def test_a_copied_sparse_optimiser_steps_like_the_original(copier):
+    """The copy's masks were keyed by the original tensors' ids: its first step raised KeyError."""
+    import copy
+    import pickle
+    w, opt = _sparse()
+    twin = copy.deepcopy(opt) if copier == "deepcopy" else pickle.loads(pickle.dumps(opt))
+    w2 = twin.param_groups[0]["params"][0]
+    for _ in range(3):
+        opt.step(lambda: (w - 1) ** 2)
+        twin.step(lambda: (w2 - 1) ** 2)
+    assert torch.equal(w, w2) and int((w != 0).sum()) == 2
+
+
+def test_sparse_masks_with_a_repeated_index_and_fractions_that_are_not_numbers_are_refused():
+    """A repeated index is written twice in one pass (the last write wins; on CUDA any): refused.
+    sparse_indices read '0.5' and True with float()."""
+    from sazo_lite.sparse import SparseMeZO, sparse_indices
+    with pytest.raises(ValueError, match="Invalid masks"):
+        SparseMeZO([torch.zeros(5)], [torch.tensor([1, 1, 2])], lr=0.1)
+    for bad in ("0.5", True):
+        with pytest.raises(ValueError, match="Invalid fraction"):
+            sparse_indices([torch.zeros(5)], bad)
