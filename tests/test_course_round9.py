@@ -36,7 +36,7 @@ def test_sazo_dashboard_names_a_diverged_run_its_step_its_rate_and_the_fix():
     board.controls["batch_size"].value = 1
     board.controls["lr"].value = 0.1
     shown = text(board.readout.value)
-    found = re.search(r"The run diverged at step (\d+)", shown)
+    found = re.search(r"The run diverged by step (\d+)", shown)       # found at a log point
     assert found, shown
     assert "η = 0.1" in shown and "lower η (try 0.032)" in shown, shown
     step = int(found.group(1))
@@ -67,7 +67,7 @@ def test_a_sazo_trace_whose_loss_overflows_stops_instead_of_raising(monkeypatch)
     trace = sazo_runs.run_sazo_trace(problem, steps=50, log_every=5, batch_size=2)
     assert trace.steps[-1] < trace.diverged_at <= trace.steps[-1] + 5 < 50, (trace.diverged_at, trace.steps)
     note = text(sw.sazo.trace_divergence(trace))
-    assert f"diverged at step {trace.diverged_at}" in note and "infinite" in note and "lower η" in note, note
+    assert f"diverged at step {trace.diverged_at}" in note and "infinite" in note and "lower η" in note, note  # the refused step
 
 
 # -- notebook 05: the 2-D paths ----------------------------------------------------------------------
@@ -136,3 +136,43 @@ def test_a_race_run_whose_loss_overflows_keeps_its_curve_up_to_there(monkeypatch
     assert finite[:3].all() and not finite[-1] and result.to_target["uniform"] == [None], row
     stop = sazo_runs.first_divergence(row)
     assert stop is not None and finite[:stop].all()
+
+
+# -- notebook 02: MeZO against SGD ---------------------------------------------------------------------
+
+def test_mezo_dashboard_names_a_finite_but_exploding_run_and_keeps_its_axis_readable():
+    """On least squares SGD at its default η = 0.5 reaches a gap of 3.6e+17 (and MeZO at η = 0.3, 8e+10): the
+    readout printed those as results and the log axis ran from 10⁻² to 10⁷⁶ (round 8 caught only inf/NaN)."""
+    from sazo_lite.course import problems
+
+    board = sw.mezo_dashboard(problems.LeastSquares(64, 5, heterogeneity=1.5, seed=0), steps=60)
+    shown = text(board.readout.value)
+    assert re.search(r"SGD \(backprop\) diverged by step \d+: its gap passed 10× its start", shown), shown
+    assert "η SGD = 0.5" in shown and "lower η SGD (try 0.16)" in shown and "e+17" not in shown, shown
+    board.controls["lr_zo"].value = 0.3
+    shown = text(board.readout.value)
+    assert re.search(r"MeZO diverged by step \d+", shown) and "lower η MeZO (try 0.095)" in shown, shown
+    for figure in board.figures.values():
+        for trace in figure.data:        # nothing past the divergence (10× the starting gap of 3.15)
+            assert all(y is None or y <= 31.5 for y in trace.y), (trace.name, trace.y)
+            assert any(y is None for y in trace.y)
+    board.controls["lr_zo"].value, board.controls["lr_sgd"].value = 0.02, 0.05
+    assert "diverged" not in text(board.readout.value), text(board.readout.value)
+
+
+def test_a_mezo_run_whose_loss_overflows_stops_and_says_at_which_step(monkeypatch):
+    """MeZO refused a non-finite loss with FloatingPointError and the dashboard could only say "its loss became
+    infinite or NaN", not when."""
+    from sazo_lite.course import mezo_vs_sgd, problems
+
+    problem = problems.LeastSquares(32, 3, seed=0)
+    losses, calls = problem.losses, [0]
+
+    def overflowing(theta, indices=None):
+        calls[0] += 1
+        values = losses(theta, indices)
+        return values * float("inf") if calls[0] > 30 else values
+
+    monkeypatch.setattr(problem, "losses", overflowing)
+    run = mezo_vs_sgd.race_mezo_sgd(problem, steps=40, batch_size=2, log_every=2, methods=("MeZO",))["MeZO"]
+    assert run["stopped"] is not None and run["queries"][-1] // 4 <= run["stopped"] <= run["queries"][-1] // 4 + 2 < 40

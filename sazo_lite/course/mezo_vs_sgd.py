@@ -1,6 +1,7 @@
 """MeZO against backprop SGD on one problem (notebook 02's race): queries and wall-clock time."""
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -34,8 +35,14 @@ def _run_mezo(problem, steps, batch_size, lr, eps, seed, log_every, dtype) -> di
     sampler = UniformSampler(problem.num_examples, seed=seed)
     clock = _new_clock(problem)
     history = train(optimizer, sampler, lambda idx: problem.losses(theta, idx), steps, batch_size=batch_size,
-                    evaluate=lambda: _timed_gap(problem, theta, clock), log_every=log_every, progress=False)
-    return dict(queries=history.logged_queries, seconds=clock["seconds"], gap=history.metrics)
+                    evaluate=lambda: _timed_gap(problem, theta, clock), log_every=log_every, progress=False,
+                    diverge_above=math.inf)   # a non-finite loss or gap stops the run (``stopped``), not raises
+    stopped = None
+    if history.diverged:   # at a log point (a non-finite gap) or at the step whose loss MeZO refused
+        at_log = history.logged_steps and history.logged_steps[-1] == len(history.queries) \
+            and not math.isfinite(history.metrics[-1])
+        stopped = history.logged_steps[-1] if at_log else len(history.queries) + 1
+    return dict(queries=history.logged_queries, seconds=clock["seconds"], gap=history.metrics, stopped=stopped)
 
 
 def _run_sgd(problem, steps, batch_size, lr, seed, log_every, dtype) -> dict:
@@ -71,7 +78,9 @@ def race_mezo_sgd(problem, *, steps: int = 300, batch_size: int = 16, lr_zo: flo
 
     Returns:
         {"MeZO": {...}, "SGD (backprop)": {...}}, each with lists ``queries``, ``seconds``, ``gap``
-        (F(θ) − F(θ*)) at every ``log_every`` steps.
+        (F(θ) − F(θ*)) at every ``log_every`` steps. MeZO's also has ``stopped``: the step at which its loss
+        or gap became non-finite and the run stopped (its lists end there), or None. SGD has no such guard:
+        its gap may overflow to inf/NaN and stays so.
     """
     for name, value in (("steps", steps), ("batch_size", batch_size), ("log_every", log_every)):
         check_count(name, value)

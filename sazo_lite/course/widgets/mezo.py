@@ -8,9 +8,11 @@ import math
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
+import torch
 
 from .. import two_point, instruments, mezo_vs_sgd, minibatches, problems
-from ._common import LiveFigure, SAMPLER_COLORS, Dashboard, assemble, int_slider, log_slider
+from ..sazo_runs import DIVERGE_FACTOR, first_divergence
+from ._common import LiveFigure, SAMPLER_COLORS, Dashboard, assemble, divergence_note, int_slider, log_slider
 
 __all__ = ["memory_figure", "mezo_dashboard", "FORWARD_EQUIVALENTS"]
 
@@ -83,22 +85,39 @@ def mezo_dashboard(problem=None, *, steps: int = 200, seed: int = 0) -> Dashboar
                 log_every=max(1, steps // 20), methods=(method,))[method]
         return cache[key]
 
+    start_gap = [None]   # F(θ₀) − F(θ*), the divergence rule's reference (computed once)
+    rate_names = {"MeZO": ("η MeZO", "lr_zo"), "SGD (backprop)": ("η SGD", "lr_sgd")}
+
+    def divergence(name: str, curve: dict) -> tuple[int, str, str] | None:
+        """(index of the first diverged log point, "by step s" or "at step s", how it shows) or None: the course's rule
+        (``sazo_runs.first_divergence``: above 10× the starting gap, or not finite), or MeZO's refused loss."""
+        if start_gap[0] is None:
+            start_gap[0] = float(problem.full_loss(problem.initial_theta(torch.float32)) - problem.optimal_loss)
+        index = first_divergence([start_gap[0], *curve["gap"]])
+        per_step = controls["batch_size"].value * (2 if name == "MeZO" else 1)
+        if index is not None:
+            gap = curve["gap"][index - 1]
+            how = (f"its gap passed {DIVERGE_FACTOR:g}× its start ({start_gap[0]:.3g} → {gap:.3g})"
+                   if math.isfinite(gap) else "its gap became infinite or NaN")
+            return index - 1, f"by step {curve['queries'][index - 1] // per_step}", how   # a log point
+        if curve.get("stopped") is not None:
+            return len(curve["gap"]), f"at step {curve['stopped']}", "its loss became infinite or NaN (MeZO refused the step)"
+        return None
+
     def refresh() -> None:
         runs, diverged = {}, {}
         for method in mezo_vs_sgd.RACE_METHODS:
-            try:
-                runs[method] = run(method)
-            except FloatingPointError:  # MeZO refuses a non-finite loss: its η diverged
-                diverged[method] = "its loss became infinite or NaN"
-        for name, curve in runs.items():  # SGD has no such guard: its θ overflows to inf/NaN
-            bad = next((q for q, g in zip(curve["queries"], curve["gap"]) if not math.isfinite(g)), None)
-            if bad is not None:
-                diverged[name] = f"its gap is not finite from {bad} queries on"
-        state["runs"], state["diverged"] = runs, diverged
+            runs[method] = run(method)
+            found = divergence(method, runs[method])
+            if found is not None:
+                diverged[method] = found
+        state["runs"], state["diverged"] = runs, {name: why for name, (_i, _s, why) in diverged.items()}
         with figures["queries"].batch_update(), figures["seconds"].batch_update():
             for index, name in enumerate(mezo_vs_sgd.RACE_METHODS):
-                curve = runs.get(name, dict(queries=[], seconds=[], gap=[]))
-                gap = [max(g, 1e-12) if math.isfinite(g) else None for g in curve["gap"]]  # None: a gap in the line
+                curve = runs[name]
+                cut = diverged[name][0] if name in diverged else len(curve["gap"])
+                # up to where it diverged; None after (a gap in the line, not an axis stretched to 10⁷⁶)
+                gap = [max(g, 1e-12) if k < cut and math.isfinite(g) else None for k, g in enumerate(curve["gap"])]
                 forwards = [FORWARD_EQUIVALENTS[name] * q for q in curve["queries"]]
                 figures["queries"].data[index].x, figures["queries"].data[index].y = forwards, gap
                 figures["seconds"].data[index].x, figures["seconds"].data[index].y = curve["seconds"], gap
@@ -106,9 +125,11 @@ def mezo_dashboard(problem=None, *, steps: int = 200, seed: int = 0) -> Dashboar
                  f"(≈ {FORWARD_EQUIVALENTS[name] * curve['queries'][-1]} forwards), "
                  f"{1e3 * curve['seconds'][-1] / steps:.2f} ms/step" for name, curve in runs.items()
                  if name not in diverged]
-        lines += [f"<b style='color:crimson'>{name} diverged: {why} (η too large: lower its η)</b>"
-                  for name, why in diverged.items()]
-        readout.value = " &nbsp; ".join(lines)
+        notes = [divergence_note(f"{name} diverged {step}", how, rate_names[name][0],
+                                 controls[rate_names[name][1]].value, "its curves stop there",
+                                 eps=controls["eps"].value if name == "MeZO" else None)
+                 for name, (_index, step, how) in diverged.items()]
+        readout.value = "".join(notes) + " &nbsp; ".join(lines)
 
     questions = {
         "eps": "θ is float32 here: below which ε does MeZO stop learning, and why?",

@@ -61,19 +61,20 @@ def trace_divergence(trace: SAZOTrace, eps: float | None = None) -> str:
 
     Example:
         >>> from sazo_lite.course.sazo_runs import make_problem, run_sazo_trace
-        >>> "diverged at step" in trace_divergence(run_sazo_trace(make_problem(), steps=40, lr=0.1, batch_size=1,
+        >>> "diverged by step" in trace_divergence(run_sazo_trace(make_problem(), steps=40, lr=0.1, batch_size=1,
         ...                                                        log_every=5, diverge_factor=10))
         True
     """
     if trace.diverged_at is None:
         return ""
     last = float(trace.gap[-1])
-    if trace.steps[-1] == trace.diverged_at:
+    if trace.steps[-1] == trace.diverged_at:   # found at a log point: it diverged by then
+        when = "by"
         how = (f"its gap F(θ) − F(θ*) rose above {DIVERGE_FACTOR:g}× its start ({float(trace.gap[0]):.3g} → "
                f"{last:.3g})" if np.isfinite(last) else "its gap F(θ) − F(θ*) became infinite or NaN")
     else:
-        how = "its loss became infinite or NaN (MeZO refused the step)"
-    return divergence_note(f"The run diverged at step {trace.diverged_at}", how, "η", trace.lr,
+        when, how = "at", "its loss became infinite or NaN (MeZO refused the step)"
+    return divergence_note(f"The run diverged {when} step {trace.diverged_at}", how, "η", trace.lr,
                            f"the plots stop at step {int(trace.steps[-1])}", eps=eps)
 
 
