@@ -13,7 +13,8 @@ lr schedules, peft models and ``torchrun`` launches are the Trainer's own. What 
 - Optimiser: ``sazo_lite.MeZO`` over the parameters that require grad (lr, weight decay and the lr
   schedule come from ``args``). A training step runs the model exactly twice, at θ+εz and θ−εz,
   under ``no_grad`` and in eval mode (the two passes must see the same function: no dropout);
-  nothing calls backward and no ``.grad`` is ever allocated. ``max_grad_norm`` is ignored.
+  nothing calls backward and no ``.grad`` is ever allocated. ``max_grad_norm`` is ignored. After
+  each step the model is in train mode again, as the Trainer's own ``training_step`` leaves it.
 - Batches: each step the ZO sampler draws B = per_device_train_batch_size × world_size *dataset
   indices* i.i.d. with weights w = 1/(N·p_i) (``method="mezo"``: uniform, w = 1; ``"sazo"``:
   ``SAZOSampler``), the step minimises mean_k(w_k·f_k), and the sampler then sees the B directional
@@ -31,7 +32,8 @@ lr schedules, peft models and ``torchrun`` launches are the Trainer's own. What 
   f_k(θ−εz))/2); ``eval_loss`` is mean_i f_i over the eval set (not the token-weighted mean; under
   data parallel the Trainer pads the last eval batch of each rank, so it is exact only when the eval
   set fills whole batches on every rank).
-- Logs add ``zo_queries`` (per-example forward evaluations so far, 2·B per step),
+- Logs add ``zo_queries`` (per-example forward evaluations so far, 2·B per step, counted since MeZO
+  was built: over repeated ``train()`` calls and across resumes, whose checkpoints carry the count),
   ``zo_projected_grad`` (mean |g| since the last log) and, for SAZO, ``sazo_max_weight`` and
   ``sazo_ess`` (mean Kish effective sample size (Σw)²/Σw² of the batches, as a fraction of B).
 - Data parallel (``torchrun --nproc_per_node=W script.py``, gloo on CPU): every rank draws the same
@@ -40,12 +42,16 @@ lr schedules, peft models and ``torchrun`` launches are the Trainer's own. What 
 - Checkpoints add ``zo_state.pt`` (the sampler's state and any float32 master weights: plain
   tensors, numbers and strings, written to a temporary file and renamed) to the Trainer's
   files; MeZO's state (step count and seed) is the Trainer's ``optimizer.pt``. Resuming
-  continues the uninterrupted run bit for bit. ``zo_state.pt`` is read with
+  continues the uninterrupted run bit for bit, so a resume whose lr, weight decay, eps,
+  perturbation, seeds or sampler settings differ from the checkpoint's is refused
+  (``ValueError``) before anything loads: loading would silently put the old values back. ``zo_state.pt`` is read with
   ``torch.load(weights_only=True)`` (a file holding anything else, such as a pickled object,
   is refused and nothing in it runs) and checked in full before anything loads.
 - Half precision: a model loaded in bfloat16/float16 is tuned through ``Float32Master``
   (``master_weights="auto"``): MeZO perturbs a float32 copy of the trainable tensors, copied into
-  the model before each forward, so updates smaller than half an ulp are not lost. ``bf16=True``
+  the model before each forward, so updates smaller than half an ulp are not lost. With
+  ``load_best_model_at_end`` the master follows the best weights loaded at the end (that
+  checkpoint's float32 master), so a later ``train()`` continues from them. ``bf16=True``
   with a float32 model only autocasts the forwards; the weights stay float32.
 """
 from __future__ import annotations
@@ -74,6 +80,7 @@ __all__ = ["ZOTrainer", "causal_lm_losses", "CausalLMCollator", "METHODS", "ZO_S
 
 METHODS = ("mezo", "uniform", "sazo", "sazo-plain")   # samplers by name; "mezo" = "uniform"
 ZO_STATE_NAME = "zo_state.pt"
+ZO_STATE_KEYS = {"method", "sampler", "master"}   # and "queries" (round 10 on)
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 PROBE_EXAMPLES = 2   # examples the pre-training check runs the model on
 
@@ -180,7 +187,8 @@ class ZOTrainer(Trainer):
             (importance sampling from the diffs; ``sazo_lite.samplers.make_sampler``).
         eps: ε > 0, the perturbation radius.
         perturbation: "gaussian" or "rademacher" z.
-        ema_decay, uniform_mix: SAZO's β ∈ [0, 1) and λ ∈ (0, 1] (see ``SAZOSampler``).
+        ema_decay, uniform_mix: SAZO's β ∈ [0, 1) and λ ∈ (0, 1] (see ``SAZOSampler``); None: the
+            sampler's defaults 0.9 and 0.1. Refused with "mezo"/"uniform", whose batches do not use them.
         zo_seed: seed of MeZO's directions; default ``args.seed``. The sampler uses
             ``args.data_seed`` when set, else zo_seed + 1.
         per_example_loss: ``(outputs, inputs) -> losses [B]``; default ``causal_lm_losses`` on
@@ -202,7 +210,7 @@ class ZOTrainer(Trainer):
 
     def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
                  processing_class=None, *, method: str = "sazo", eps: float = 1e-3,
-                 perturbation: str = "gaussian", ema_decay: float = 0.9, uniform_mix: float = 0.1,
+                 perturbation: str = "gaussian", ema_decay: float | None = None, uniform_mix: float | None = None,
                  zo_seed: int | None = None, per_example_loss=None, master_weights="auto", **kwargs):
         self.method = check_choice("method", method, METHODS)
         if kwargs.get("optimizers", (None, None)) != (None, None):
@@ -238,6 +246,7 @@ class ZOTrainer(Trainer):
         self._zo_last_batch = None      # this rank's last collated batch (token and FLOP counts)
         self._zo_pending = []           # (|g|, max w, ESS fraction) per step since the last log
         self._zo_resume = None          # a checked zo_state, applied by create_optimizer on resume
+        self._zo_queries = 0            # per-example forwards since MeZO was built (zo_queries)
 
     # -- settings ----------------------------------------------------------------------------
     def _check_settings(self, ema_decay, uniform_mix) -> None:
@@ -247,7 +256,8 @@ class ZOTrainer(Trainer):
         trainable = [p for p in self.model.parameters() if p.requires_grad] if self.model is not None else []
         MeZO(trainable or [torch.zeros(1)], lr=args.learning_rate, eps=self.eps, weight_decay=args.weight_decay,
              perturbation=self.perturbation, seed=self.zo_seed, noise=None)
-        make_sampler(sampler_name(self.method), 1, ema_decay=ema_decay, uniform_mix=uniform_mix, seed=self._sampler_seed())
+        _check_sampler_settings(self.method, ema_decay, uniform_mix)
+        make_sampler(sampler_name(self.method), 1, seed=self._sampler_seed(), **_given(ema_decay, uniform_mix))
         default_optim = TrainingArguments.__dataclass_fields__["optim"].default
         if OptimizerNames(args.optim) != OptimizerNames(default_optim) or args.optim_args or args.optim_target_modules:
             raise ValueError(f"Invalid optim: {str(getattr(args.optim, 'value', args.optim))!r} / optim_args / "
@@ -286,7 +296,7 @@ class ZOTrainer(Trainer):
 
     def _make_sampler(self, ema_decay, uniform_mix):
         n, seed = len(self.train_dataset), self._sampler_seed()   # the same seed on every rank
-        return make_sampler(sampler_name(self.method), n, ema_decay=ema_decay, uniform_mix=uniform_mix, seed=seed)
+        return make_sampler(sampler_name(self.method), n, seed=seed, **_given(ema_decay, uniform_mix))
 
     def _sampler_seed(self) -> int:
         """``args.data_seed`` ("the seed of the data samplers") when set, else zo_seed + 1."""
@@ -314,6 +324,7 @@ class ZOTrainer(Trainer):
             self.optimizer = _TrainerMeZO(params, lr=self.args.learning_rate, eps=self.eps,
                                           weight_decay=self.args.weight_decay, perturbation=self.perturbation,
                                           seed=self.zo_seed)
+            self._zo_queries = 0   # a new optimiser (first train(), or model_init's new model) starts the count
         if self._zo_resume is not None:  # resuming: the Trainer has loaded the model's weights by now
             self._apply_zo_state(self._zo_resume)
             self._zo_resume = None
@@ -409,9 +420,20 @@ class ZOTrainer(Trainer):
 
     # -- the step ------------------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
-        """One MeZO step on a batch the ZO sampler chose; returns the step's loss (a 0-d tensor)."""
+        """One MeZO step on a batch the ZO sampler chose; returns the step's loss (a 0-d tensor).
+
+        The passes run in eval mode; the model leaves the step in train mode, as the Trainer's own
+        ``training_step`` leaves it (callbacks, evaluation and the code after ``train()`` see the
+        mode they would see with ``Trainer``; a model left in eval mode stayed there silently).
+        """
         net = self.accelerator.unwrap_model(model)
         net.eval()  # the + and − passes must see the same function
+        try:
+            return self._zo_step(net)
+        finally:
+            net.train()
+
+    def _zo_step(self, net) -> torch.Tensor:
         indices, weights = self.zo_sampler.sample(self.global_batch_size())
         rank, world = rank_and_world()
         batch = self._collate(shard(indices, rank, world))  # this rank's B/W examples
@@ -430,6 +452,7 @@ class ZOTrainer(Trainer):
             if self._master is not None:
                 self._master.sync()
         self.zo_sampler.update(indices, out.directional_diffs)
+        self._zo_queries += 2 * self.global_batch_size()
         w = weights.double()
         self._zo_pending.append((abs(out.projected_grad), float(w.max()),
                                  float(w.sum() ** 2 / (w ** 2).sum()) / len(w)))
@@ -462,7 +485,9 @@ class ZOTrainer(Trainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self._zo_pending:
             grads, max_weights, ess = zip(*self._zo_pending)
-            logs = {**logs, "zo_queries": 2 * self.global_batch_size() * self.state.global_step,
+            # counted, not 2·B·global_step: global_step restarts at 0 on a second train() while
+            # MeZO and the model go on, and B may differ from the steps before a resume
+            logs = {**logs, "zo_queries": self._zo_queries,
                     "zo_projected_grad": sum(grads) / len(grads)}
             if sampler_name(self.method) != "uniform":
                 logs.update(sazo_max_weight=max(max_weights), sazo_ess=sum(ess) / len(ess))
@@ -475,7 +500,7 @@ class ZOTrainer(Trainer):
         # not told it). Loading uses public hooks: ``train`` reads and checks, ``create_optimizer`` applies.
         super()._save_optimizer_and_scheduler(output_dir)  # optimizer.pt holds MeZO's step and seed
         if self.args.should_save:  # plain tensors, numbers and strings: what weights_only=True reads
-            state = {"method": self.method, "sampler": self.zo_sampler.state_dict(),
+            state = {"method": self.method, "sampler": self.zo_sampler.state_dict(), "queries": self._zo_queries,
                      "master": None if self._master is None else [t.detach().cpu().clone() for t in self._master.tensors]}
             path = os.path.join(output_dir, ZO_STATE_NAME)
             atomic_write(path, lambda handle: torch.save(state, handle))  # never a half-written zo_state.pt
@@ -486,6 +511,8 @@ class ZOTrainer(Trainer):
         if checkpoint is True:
             checkpoint = get_last_checkpoint(self.args.output_dir)  # None: the Trainer raises its own error
         self._zo_resume = self._read_zo_state(checkpoint) if checkpoint else None
+        if checkpoint:
+            self._check_resumed_settings(checkpoint, self._zo_resume)
         self._zo_pending = []   # steps of an earlier train() after its last log belong to no log of this one
         if self.train_dataset is not None and self.zo_sampler is not None:
             self._check_model_and_data()
@@ -500,16 +527,14 @@ class ZOTrainer(Trainer):
         path = os.path.join(checkpoint, ZO_STATE_NAME)
         if not os.path.isfile(path):
             raise ValueError(f"Invalid checkpoint: {checkpoint} has no {ZO_STATE_NAME} (not written by ZOTrainer?)")
-        try:  # weights_only: tensors, numbers, strings and containers; no object is ever built
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, TypeError,
-                AttributeError, ImportError, IndexError, KeyError) as error:
-            raise ValueError(f"Invalid checkpoint: {path} is not a ZOTrainer state of plain tensors and numbers "
-                             f"(refused without running anything: {type(error).__name__}: {str(error)[:200]})") from None
-        if (not isinstance(state, dict) or set(state) != {"method", "sampler", "master"}
+        state = _load_plain(path, "a ZOTrainer state")
+        if (not isinstance(state, dict) or not ZO_STATE_KEYS <= set(state) <= ZO_STATE_KEYS | {"queries"}
                 or not isinstance(state["sampler"], dict) or not isinstance(state["method"], str)):
             raise ValueError(f"Invalid checkpoint: {path} does not hold a ZOTrainer state "
-                             f"(expected the keys method, sampler and master)")
+                             f"(expected the keys method, sampler, master and, since round 10, queries)")
+        queries = state.get("queries", 0)   # absent from checkpoints written before round 10
+        if isinstance(queries, bool) or not isinstance(queries, int) or queries < 0:
+            raise ValueError(f"Invalid checkpoint: its query count {queries!r} is not an integer >= 0")
         if state["method"] != self.method:
             raise ValueError(f"Invalid checkpoint: written with method={state['method']!r}, "
                              f"resumed with method={self.method!r}")
@@ -533,9 +558,74 @@ class ZOTrainer(Trainer):
             raise ValueError(f"Invalid checkpoint: {error}") from None
         return state
 
+    def _check_resumed_settings(self, checkpoint: str, zo_state: dict) -> None:
+        """Refuse a resume whose settings differ from the checkpoint's, before anything loads.
+
+        Loading optimizer.pt, scheduler.pt and the sampler's state puts the checkpoint's lr, eps,
+        weight decay, perturbation, seeds and sampler settings back (the Trainer does the same for
+        its own optimisers' lr, through the scheduler's base lrs), so new values were silently
+        dropped. Resuming continues the run as it was; a run with new settings is a new run.
+        """
+        group, seed = self._saved_optimizer(checkpoint)
+        sampler = zo_state["sampler"]
+        pairs = [("learning_rate", group.get("initial_lr"), self.args.learning_rate),  # None: no base lr (plateau)
+                 ("weight_decay", group["weight_decay"], self.args.weight_decay),
+                 ("eps", group["eps"], self.eps), ("perturbation", group["perturbation"], self.perturbation),
+                 ("zo_seed (args.seed unless given)", seed, self.zo_seed),
+                 ("data_seed (the sampler's seed, zo_seed + 1 when unset)", sampler["seed"], self.zo_sampler.seed)]
+        pairs += [(name, old, getattr(self.zo_sampler, name, None))     # ema_decay, uniform_mix, ...
+                  for name, old in sampler.get("hyperparameters", {}).items()]
+        for name, old, new in pairs:
+            if old is not None and old != new:
+                raise ValueError(f"Invalid {name}: {new!r}, but {checkpoint} was written with {old!r}. Resuming "
+                                 f"continues that run with its settings: resume with {name.split()[0]}={old!r}, or, to "
+                                 f"change it, start a new run from the checkpoint's weights (without resuming)")
+
+    @staticmethod
+    def _saved_optimizer(checkpoint: str) -> tuple[dict, int]:
+        """optimizer.pt's first param group and MeZO's seed (the Trainer loads both or neither file)."""
+        for name in ("optimizer.pt", "scheduler.pt"):
+            if not os.path.isfile(os.path.join(checkpoint, name)):
+                raise ValueError(f"Invalid checkpoint: {checkpoint} has no {name}, so MeZO's step count and "
+                                 f"seed would restart instead of continuing")
+        state = _load_plain(os.path.join(checkpoint, "optimizer.pt"), "a MeZO state")
+        try:
+            group = state["param_groups"][0]
+            entry = state["state"][group["params"][0]]
+            keys = {"lr", "eps", "weight_decay", "perturbation"}
+            if not isinstance(group, dict) or not keys <= set(group) or not isinstance(entry["seed"], int):
+                raise KeyError("param group")
+        except (KeyError, IndexError, TypeError) as error:
+            raise ValueError(f"Invalid checkpoint: {checkpoint}/optimizer.pt is not a MeZO state "
+                             f"(missing {error})") from None
+        return group, entry["seed"]
+
+    def _load_best_model(self) -> None:
+        # private, kept: where load_best_model_at_end puts the best weights into the model. The
+        # float32 master must follow them, or the next step (a later train()) would sync the last
+        # weights back over the best ones.
+        super()._load_best_model()
+        if self._master is not None:
+            self._master_follows_model(self.state.best_model_checkpoint)
+
+    def _master_follows_model(self, checkpoint: str) -> None:
+        """The master takes the weights the model holds now: the checkpoint's float32 master where it
+        rounds to them (exactly the master of that step), else the model's own half-precision values."""
+        try:
+            saved = self._read_zo_state(checkpoint)["master"]
+        except ValueError:
+            saved = None
+        with torch.no_grad():
+            for k, (param, master) in enumerate(zip(self._master.params, self._master.tensors)):
+                exact = saved is not None and torch.equal(saved[k].to(param.device, param.dtype), param.detach())
+                master.copy_(saved[k] if exact else param.detach().float())
+        self._master.sync()
+
     def _apply_zo_state(self, state: dict) -> None:
         """Load a checked ZO state: the sampler's, then the float32 master weights into the model."""
         self.zo_sampler.load_state_dict(state["sampler"])
+        # an older checkpoint has no count: 2·B per step it took (right unless B changed before it)
+        self._zo_queries = state.get("queries", 2 * self.global_batch_size() * self.state.global_step)
         if self._master is not None:
             with torch.no_grad():
                 for master, saved in zip(self._master.tensors, state["master"]):
@@ -552,6 +642,30 @@ def _check_loss_hooks(cls, kwargs) -> None:
         raise ValueError(f"Invalid compute_loss: {cls.__name__} overrides it, but training steps never call it "
                          f"(they need one loss per example); pass per_example_loss=(outputs, inputs) -> losses [B], "
                          f"which evaluation uses too")
+
+
+def _load_plain(path: str, what: str):
+    """``torch.load(weights_only=True)``: tensors, numbers, strings and containers; no object is ever built."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, TypeError,
+            AttributeError, ImportError, IndexError, KeyError) as error:
+        raise ValueError(f"Invalid checkpoint: {path} is not {what} of plain tensors and numbers "
+                         f"(refused without running anything: {type(error).__name__}: {str(error)[:200]})") from None
+
+
+def _check_sampler_settings(method: str, ema_decay, uniform_mix) -> None:
+    """Uniform batches have no EMA and no mixing: a value given for them would be silently ignored."""
+    given = [name for name, value in (("ema_decay", ema_decay), ("uniform_mix", uniform_mix)) if value is not None]
+    if given and sampler_name(method) == "uniform":
+        raise ValueError(f"Invalid {given[0]}: method={method!r} draws uniform batches, which use neither "
+                         f"ema_decay nor uniform_mix (they set SAZO's sampler: method='sazo' or 'sazo-plain')")
+
+
+def _given(ema_decay, uniform_mix) -> dict:
+    """The sampler settings the user gave; the others keep ``make_sampler``'s defaults."""
+    return {name: value for name, value in (("ema_decay", ema_decay), ("uniform_mix", uniform_mix))
+            if value is not None}
 
 
 def _datasets():
