@@ -48,6 +48,7 @@ CELL_TIMEOUT = 120       # seconds per cell while grading (a looping answer scor
 NOTEBOOK_TIMEOUT = 900   # seconds per submission, restarts included (then what is left scores 0)
 TEST_TIMEOUT = 60        # seconds per test's calls into student code (``time_limit``)
 TEST_TIMEOUT_ENV = "SAZO_LAB_TEST_TIMEOUT"  # how grade() passes its test_timeout into the sandbox
+MAX_FINDINGS = 20        # unreadable cells named per submission (results.json, reason)
 
 # Held at import, before any student code runs in the same process.
 _setitimer, _signal, _ITIMER, _SIGALRM = getattr(signal, "setitimer", None), signal.signal, \
@@ -123,7 +124,37 @@ def assign(master: Path, build_dir: Path = BUILD_DIR) -> Path:
     done = subprocess.run(command, capture_output=True, text=True, cwd=master.parent)
     if done.returncode != 0:
         raise RuntimeError(f"otter assign failed for {master.name}:\n{done.stdout}\n{done.stderr}")
+    for notebook in sorted(out.glob("*/*.ipynb")):  # the student notebook and the solutions
+        _stable_ids(notebook, master)
     return out
+
+
+def _stable_ids(notebook: Path, master: Path) -> None:
+    """Give the cells otter added (its init and ``grader.check`` cells, whose ids it draws at random) ids
+    made from the master's name and their source, so that assigning a master again writes the same
+    notebooks byte for byte (a student version to diff and redistribute; the reference cache, keyed
+    by the solutions' bytes, stays valid). Ids the master gave its own cells are kept."""
+    import nbformat
+
+    nb = nbformat.read(notebook, as_version=4)
+    kept = {cell.get("id") for cell in nbformat.read(master, as_version=4).cells}
+    taken = {cell.get("id") for cell in nb.cells if cell.get("id") in kept}
+    changed = False
+    for cell in nb.cells:
+        if "id" not in cell or cell["id"] in kept:
+            continue
+        k = 0
+        while True:
+            text = f"{master.stem}\0{cell.cell_type}\0{cell.source}\0{k}"
+            new = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+            if new not in taken:
+                break
+            k += 1
+        taken.add(new)
+        changed |= cell["id"] != new
+        cell["id"] = new
+    if changed:
+        nbformat.write(nb, notebook)
 
 
 def assign_all(labs_dir: Path = LABS_DIR, build_dir: Path = BUILD_DIR, *, workers: int = 1) -> list[Path]:
@@ -217,7 +248,8 @@ def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout:
         status "ok", "timeout" (a cell or case was killed or ended the worker; see results.json
         for which; the rest was graded in a fresh sandbox; anything past ``notebook_timeout``
         scored 0), "crashed", "failed" (not a notebook) or "error" (a grading step failed on
-        this submission; ``reason`` says which). Whatever the submission does, score.json and
+        this submission; ``reason`` says which). A cell in a form that cannot run (its source not text)
+        is not run and ``reason`` names it (status "ok": the rest is graded). Whatever the submission does, score.json and
         results.json are written; only a broken grader (e.g. solutions that fail their own
         tests) raises.
     """
@@ -244,14 +276,17 @@ def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout:
     outcome, reason = {"cases": {}, "skipped": [], "status": "failed", "sandbox": None, "rules": {}}, None
     log = io.StringIO()  # written with the scores, at the end
     rule = grading.lab_rule(config)
+    unreadable: list[str] = []  # cells in a form that cannot run (each costs its own cell only)
     try:
-        notebook = grading.read_notebook(submission)  # a regular file, never a link's target
+        notebook = grading.read_notebook(submission, unreadable)  # a regular file, never a link's target
         cells = grading.notebook_cells(notebook, config)
         owners = grading.cell_questions(notebook, (rule or {}).get("graded"), questions)
     except Exception as exc:  # not a notebook (or not a file)
         reason = f"cannot read {submission.name} as a notebook: {type(exc).__name__}: {str(exc)[:300]}"
         log.write(f"[grader] {reason}\n")
         cells = None
+    for line in unreadable[:MAX_FINDINGS]:
+        log.write(f"[grader] {line}\n")
     if cells is not None:
         try:
             outcome = grading.run(cells, questions, log=log, require=sandbox, rule=rule,
@@ -268,13 +303,16 @@ def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout:
         outcome = {**outcome, "status": "error"}
     if reason is None and outcome["status"] in ("crashed", "timeout"):
         reason = "; ".join(outcome.get("notes") or [])[:500] or None
+    if reason is None and unreadable:  # graded, but these cells were not run: say which
+        more = f" (and {len(unreadable) - MAX_FINDINGS} more)" if len(unreadable) > MAX_FINDINGS else ""
+        reason = "; ".join(unreadable[:MAX_FINDINGS])[:500] + more
     name, reason = _printable(submission.name), reason if reason is None else _printable(reason)
     total, possible = sum(q["score"] for q in scored.values()), sum(q["possible"] for q in scored.values())
     write_bytes(output_dir / "grade.log", log.getvalue().encode("utf-8", "replace"))
     write_json(output_dir / "results.json",
                {"submission": name, "status": outcome["status"], "reason": reason,
                 "sandbox": outcome["sandbox"], "caps": outcome.get("caps", {}), "killed": outcome["skipped"],
-                "questions": scored}, indent=2)
+                "unreadable_cells": unreadable[:MAX_FINDINGS], "questions": scored}, indent=2)
     summary = {"submission": name, "status": outcome["status"], "reason": reason,
                "sandbox": outcome["sandbox"], "total": total, "possible": possible,
                "questions": {q: {"score": v["score"], "possible": v["possible"]} for q, v in scored.items()}}
@@ -288,9 +326,18 @@ def _reference_limits(timeouts: dict) -> dict:
     return {name: max(timeouts.get(name, value), value) for name, value in defaults.items()}
 
 
+def hand_ins(folder: Path) -> list[Path]:
+    """The hand-ins of a folder: its entries named ``*.ipynb`` in any case (``Alice.IPYNB``, as some
+    systems save it, is a hand-in too), sorted; a missing folder has none."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(path for path in folder.iterdir() if path.name.lower().endswith(".ipynb"))
+
+
 def grade_all(autograder: Path, submissions_dir: Path, csv_path: Path, *, workers: int = 1,
               **timeouts) -> list[dict]:
-    """Grade every ``*.ipynb`` in a folder; one CSV row per submission.
+    """Grade every ``*.ipynb`` in a folder (``hand_ins``: ``.IPYNB`` too); one CSV row per submission.
 
     Columns: submission, status, one per question, total, possible, reason (why a submission was
     not graded normally). Every submission gets its row, whatever it did; one that is not a regular
@@ -304,7 +351,7 @@ def grade_all(autograder: Path, submissions_dir: Path, csv_path: Path, *, worker
 
     from tqdm.auto import tqdm
 
-    submissions = sorted(Path(submissions_dir).glob("*.ipynb"))
+    submissions = hand_ins(submissions_dir)
     if not submissions:
         raise ValueError(f"Invalid submissions_dir: no .ipynb files in {submissions_dir}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:

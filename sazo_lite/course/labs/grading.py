@@ -130,13 +130,13 @@ def question_order(names) -> list[str]:
     return sorted(names, key=lambda q: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", q)])
 
 
-def read_notebook(path: Path):
+def read_notebook(path: Path, findings: list | None = None):
     """A hand-in as a notebook: a regular file, read once without following a symbolic link.
 
     Raises ValueError with a reason that quotes nothing of what a link points to; nbformat's own
-    errors (not JSON, not a notebook) pass through.
+    errors (not JSON, not a notebook) pass through. The rest is ``parse_notebook`` (a cell in a form
+    that cannot run costs that cell, with a line in ``findings``, not the notebook).
     """
-    import nbformat
     import stat
 
     try:
@@ -152,13 +152,90 @@ def read_notebook(path: Path):
         if info.st_nlink > 1:
             raise ValueError(f"{Path(path).name} has other names (hard links): hand in a copy of the notebook")
         data = handle.read()
-    return nbformat.reads(data.decode("utf-8"), as_version=4)
+    return parse_notebook(data, findings)
+
+
+def parse_notebook(data: bytes, findings: list | None = None):
+    """A notebook (nbformat 4, upgraded from older versions) from a hand-in's bytes, read as leniently as
+    its cells allow: what only an editor got wrong costs nothing, a cell that cannot run costs that cell.
+
+    A byte-order mark (Windows editors write one) is skipped; a cell's ``source`` as a list of lines (valid
+    nbformat on disk) is joined; a cell that is not an object, has no type, or whose source is neither text
+    nor a list of text becomes an empty cell, and ``findings`` (a list, if given) gets one line naming it;
+    metadata that is not an object, or tags that are not a list, are read as none. Outputs and attachments
+    are dropped (grading never reads them; a hand-in with huge outputs costs no more than its code).
+    """
+    import nbformat
+
+    found = [] if findings is None else findings
+    try:
+        raw = json.loads(data.decode("utf-8-sig"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raw = None
+    if not isinstance(raw, dict):  # not JSON (or not an object): nbformat's own error says so
+        return nbformat.reads(data.decode("utf-8", "replace"), as_version=4)
+    index = 0
+    worksheets = raw.get("worksheets") if raw.get("nbformat") == 3 else None
+    for cells in ([w.get("cells") for w in worksheets if isinstance(w, dict)] if isinstance(worksheets, list)
+                  else [raw.get("cells")]):
+        if not isinstance(cells, list):
+            continue
+        for k, cell in enumerate(cells):
+            cells[k] = _readable_cell(cell, index, found)
+            index += 1
+    return nbformat.from_dict(nbformat.reads(json.dumps(raw), as_version=4))
+
+
+_SOURCE_KEYS = ("source", "input")   # nbformat 4; a version 3 code cell keeps its code under "input"
+
+
+def _readable_cell(cell, index: int, findings: list) -> dict:
+    """One cell of a hand-in's JSON in a form nbformat reads and the grader runs (see ``parse_notebook``)."""
+    if not isinstance(cell, dict) or not isinstance(cell.get("cell_type"), str):
+        what = "has no cell type" if isinstance(cell, dict) else f"is not a cell (a JSON {_json_kind(cell)})"
+        findings.append(f"cell {index} {what}: not run")
+        return {"cell_type": "raw", "metadata": {}, "source": ""}
+    for key in _SOURCE_KEYS:
+        if key not in cell:
+            continue
+        source = cell[key]
+        if isinstance(source, list) and all(isinstance(line, str) for line in source):
+            cell[key] = "".join(source)
+        elif not isinstance(source, str):
+            kind = "a list holding something other than text" if isinstance(source, list) else \
+                f"a JSON {_json_kind(source)}, not text"
+            findings.append(f"cell {index} ({_printable_kind(cell['cell_type'])}): its {key} is {kind}: not run")
+            cell[key] = ""
+    if cell["cell_type"] == "code" and "source" not in cell and "input" not in cell:
+        cell["source"] = ""
+    metadata = cell.get("metadata")
+    if not isinstance(metadata, dict):
+        cell["metadata"] = metadata = {}
+    if "tags" in metadata and not (isinstance(metadata["tags"], list) and all(isinstance(t, str) for t in metadata["tags"])):
+        del metadata["tags"]
+    if "outputs" in cell:
+        cell["outputs"] = []
+    cell.pop("attachments", None)
+    return cell
+
+
+def _printable_kind(cell_type: str) -> str:
+    return "".join(c if c.isalnum() or c in "_-" else "?" for c in cell_type[:20])
+
+
+def _json_kind(value) -> str:
+    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number")
 
 
 def _notebook(notebook):
     import nbformat
 
-    return notebook if isinstance(notebook, nbformat.NotebookNode) else nbformat.read(notebook, as_version=4)
+    if isinstance(notebook, nbformat.NotebookNode):
+        return notebook
+    if isinstance(notebook, dict):  # an upgraded version 3 notebook is a dict of another class
+        return nbformat.from_dict(notebook)
+    return nbformat.read(notebook, as_version=4)
 
 
 def bound_names(source: str) -> set[str]:
