@@ -28,8 +28,9 @@ which scores the question concerned 0 with the finding as the reason:
 5. the tests themselves (the test cases' own code) may use anything.
 
 The student's code runs in this process, so a submission set on it can still reach the guard
-itself (through frames) and switch it off; ``intact`` notices the lasting changes. The trust model
-in ``labs/README.md`` says what holds.
+itself (through frames, or the closures of its hooks) and switch it off; ``intact`` and the worker's
+``_witness`` (this module's code, the library functions the checks call, the report's functions)
+notice the lasting changes. The trust model in ``labs/README.md`` says what holds.
 """
 from __future__ import annotations
 

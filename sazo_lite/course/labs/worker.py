@@ -13,7 +13,9 @@ children keep the guard) but cannot start another program, such as a fresh Pytho
 """
 from __future__ import annotations
 
+import _thread
 import builtins
+import importlib
 import json
 import os
 import signal
@@ -39,27 +41,40 @@ def run_case(source: str, namespace: dict, name: str = "<case>", guard: Guard | 
     top-level ``abs = ...`` that shadows it) and puts the grader's ``record`` and
     ``time_limit`` in place, so the test's own names mean what its author meant.
     """
-    records = []
+    return _case_runner(dict(_BUILTINS))(source, namespace, name, guard)
 
-    def record(value, *, rtol=None, atol=None):
-        records.append({"value": encode(value), "rtol": rtol, "atol": atol})
 
-    builtins.__dict__.update(_BUILTINS)
-    for shadow in [k for k in namespace if k in _BUILTINS and not k.startswith("__")]:
-        del namespace[shadow]
-    namespace["record"], namespace["time_limit"] = record, time_limit
-    try:
-        code = compile(source, name, "exec")
-        if guard is not None:
-            guard.trust(code)
+def _case_runner(pristine: dict):
+    """``run_case`` holding what it uses (the builtins to restore, ``compile``, ``exec``, ...): ``main`` makes one
+    before student code runs, so rebinding this module's names (``sys.modules["__main__"]._BUILTINS``) changes
+    nothing of how the cases run."""
+    space, compile_, exec_, encode_, limit, error_text = builtins.__dict__, compile, exec, encode, time_limit, _error
+    update, keys, base = dict.update, list, _BaseException
+
+    def run(source: str, namespace: dict, name: str = "<case>", guard: Guard | None = None):
+        records = []
+
+        def record(value, *, rtol=None, atol=None):
+            records.append({"value": encode_(value), "rtol": rtol, "atol": atol})
+
+        update(space, pristine)
+        for shadow in [k for k in keys(namespace) if k in pristine and not k.startswith("__")]:
+            del namespace[shadow]
+        namespace["record"], namespace["time_limit"] = record, limit
         try:
-            exec(code, namespace)
-        finally:
+            code = compile_(source, name, "exec")
             if guard is not None:
-                guard.trust(None)
-    except _BaseException as exc:
-        return _error(exc), records
-    return None, records
+                guard.trust(code)
+            try:
+                exec_(code, namespace)
+            finally:
+                if guard is not None:
+                    guard.trust(None)
+        except base as exc:
+            return error_text(exc), records
+        return None, records
+
+    return run
 
 
 def _emit(fd: int, event: dict) -> None:
@@ -69,6 +84,105 @@ def _emit(fd: int, event: dict) -> None:
     with _LOCK:
         while data:
             data = data[_write(fd, data):]
+
+
+def _emitter(fd: int):
+    """``emit(event)``: ``_emit`` on ``fd`` made of objects it holds itself, taken before any student code.
+
+    ``main`` reports through it, never through this module's names: the submission runs in this process,
+    where ``sys.modules["__main__"]`` is this module, and rebinding ``_emit``, ``_write`` or ``_dumps`` there
+    (or ``json.dumps``, ``builtins.str``) would otherwise filter the guard's findings out of the report.
+    """
+    write, lock, text = os.write, threading.Lock(), _json_text()
+
+    def emit(event: dict) -> None:
+        data = ("\n" + text(event) + "\n").encode("utf-8", "replace")
+        with lock:
+            while data:
+                data = data[write(fd, data):]
+
+    return emit
+
+
+def _json_text():
+    """JSON text of the worker's events (dicts, lists, text, numbers, None) using only what it holds: no
+    ``json`` module (whose functions and encoder the submission could replace). Other types write ``null``."""
+    type_, str_, int_, float_, bool_, list_, tuple_, dict_ = type, str, int, float, bool, list, tuple, dict
+    int_text, float_text, translate, inf = int.__repr__, float.__repr__, str.translate, float("inf")
+    escapes = {**{i: f"\\u{i:04x}" for i in range(32)}, ord('"'): '\\"', ord("\\"): "\\\\"}
+
+    def text(value, depth: int = 0) -> str:
+        kind = type_(value)
+        if kind is str_:
+            return '"' + translate(value, escapes) + '"'
+        if value is None:
+            return "null"
+        if kind is bool_:
+            return "true" if value else "false"
+        if kind is int_:
+            return int_text(value)
+        if kind is float_:
+            return "NaN" if value != value else "Infinity" if value == inf else "-Infinity" if value == -inf \
+                else float_text(value)
+        if depth > 100:
+            return "null"
+        if kind is list_ or kind is tuple_:
+            return "[" + ",".join([text(item, depth + 1) for item in value]) + "]"
+        if kind is dict_:
+            return "{" + ",".join([text(k) + ":" + text(v, depth + 1) for k, v in dict_.items(value)
+                                   if type_(k) is str_]) + "}"
+        return "null"
+
+    return text
+
+
+# What the guard's checks call from the standard library at check time: a lasting change to one is tampering.
+_CHECKS_CALL = (("sys", "_getframe"), ("sys", "modules"), ("os", "getpid"), ("_thread", "get_ident"),
+                ("dis", "get_instructions"), ("dis", "hasname"), ("dis", "hasconst"), ("inspect", "getattr_static"),
+                ("importlib.util", "resolve_name"), ("functools", "partial"), ("types", "FunctionType"),
+                ("types", "CodeType"), ("types", "MethodType"), ("types", "ModuleType"), ("types", "CellType"))
+
+
+def _witness(guard, *held):
+    """``look()``: what the checks and the report are made of, by identity, taken before any student code.
+
+    Returns ``{what: (objects...)}`` for: every global of the guard's module (its functions and classes with
+    their code, defaults and class members), the standard library attributes the checks call
+    (``_CHECKS_CALL``), the guard's own attributes that name a method (an instance attribute shadowing one),
+    and each of ``held`` (the worker's report functions: their code and closures). ``main`` compares a look
+    after each cell and before each case with the first: a lasting change is tampering.
+    """
+    import sazo_lite.course.labs.guard as module
+
+    vars_, type_, getattr_, isinstance_, tuple_, sorted_, list_ = vars, type, getattr, isinstance, tuple, sorted, list
+    function, value_error, wrappers = type(_witness), ValueError, (staticmethod, classmethod, property)
+    calls = [(f"{m}.{attr}", importlib.import_module(m), attr) for m, attr in _CHECKS_CALL]
+    klass, space, prefix = type(guard), vars(module), module.__name__ + "."
+
+    def held_by(cell):
+        try:
+            return cell.cell_contents
+        except value_error:   # an empty cell
+            return None
+
+    def parts(obj) -> tuple:
+        if isinstance_(obj, wrappers):
+            return (obj, *[part for a in ("__func__", "fget", "fset") for part in parts(getattr_(obj, a, None))])
+        if type_(obj) is function:
+            return (obj, obj.__code__, obj.__defaults__, obj.__kwdefaults__, obj.__globals__,
+                    *[held_by(cell) for cell in obj.__closure__ or ()])
+        if isinstance_(obj, type) and obj.__module__ == module.__name__:
+            return (obj, *[part for _, v in sorted_(vars_(obj).items()) for part in parts(v)])
+        return (obj,)
+
+    def look() -> dict:
+        seen = {prefix + name: parts(value) for name, value in sorted_(space.items())}
+        seen.update({what: (getattr_(source, attr, None),) for what, source, attr in calls})
+        seen["the guard's methods"] = (type_(guard), *sorted_(k for k in list_(vars_(guard)) if k in vars_(klass)))
+        seen.update({f"{getattr_(h, '__module__', '?')}.{getattr_(h, '__qualname__', '?')}": parts(h) for h in held})
+        return seen
+
+    return look
 
 
 # seccomp: a classic BPF program over struct seccomp_data {int nr; u32 arch; u64 ip; u64 args[6]}
@@ -143,6 +257,9 @@ def main(fd: int) -> None:
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     current = [None]
     guard = None
+    # Everything below is held here before student code runs: none of it is looked up again in this module,
+    # which the submission can reach as sys.modules["__main__"] (see _emitter).
+    emit, error_text, text, to_str, length, pairs, some = _emitter(fd), _error, repr, str, len, zip, any
     if job.get("block_programs", True):
         block_programs(fd)
     if job.get("rule"):
@@ -150,23 +267,33 @@ def main(fd: int) -> None:
 
         def report(name, how, unit=None):
             unit = current[0] if unit is None else unit
-            key = (name, how, repr(unit))
+            key = (name, how, text(unit))
             if key not in reported:
                 reported.add(key)
-                _emit(fd, {"rule": [str(name)[:200], str(how)[:200]], "unit": unit})
-
-        def tampered():
-            changed = guard.intact()
-            if changed:
-                report(TAMPERED, f"changed ({', '.join(changed)[:150]})")
+                emit({"rule": [to_str(name)[:200], to_str(how)[:200]], "unit": unit})
 
         guard = Guard(job["rule"]["modules"], job["rule"]["names"], namespace, report, unit=lambda: current[0])
         guard.install()
         _BUILTINS["__import__"] = builtins.__import__  # the guarded import is what every case restores
+        hooks = (builtins.__import__, importlib.import_module, _thread.start_new_thread)
+        intact, check, look = guard.intact, guard.check, _witness(guard, emit, report, *hooks)
+        first = look()
+
+        def tampered():
+            changed = intact()
+            now = look()
+            changed += [what for what, objects in first.items() if length(now.get(what, ())) != length(objects)
+                        or some(a is not b for a, b in pairs(now.get(what, ()), objects))]
+            changed += [what for what in now if what not in first]
+            if guard.report is not report:
+                changed.append("the guard's report")
+            if changed:
+                report(TAMPERED, f"changed ({', '.join(changed)[:150]})")
     graded = (job.get("rule") or {}).get("graded", {})
+    run = _case_runner(dict(_BUILTINS))
     for index, source in job["cells"]:
         current[0] = ["cell", index]
-        _emit(fd, {"unit": ["cell", index], "phase": "start"})
+        emit({"unit": ["cell", index], "phase": "start"})
         error = None
         try:
             code = compile(source, f"<cell {index}>", "exec")
@@ -177,30 +304,30 @@ def main(fd: int) -> None:
             finally:
                 _setitimer(_ITIMER, 0)
         except _BaseException as exc:  # SystemExit, KeyboardInterrupt and LabTimeout included
-            error = _error(exc)
+            error = error_text(exc)
         if guard is not None:
             tampered()
-        _emit(fd, {"unit": ["cell", index], "phase": "end", "error": error})
+        emit({"unit": ["cell", index], "phase": "end", "error": error})
         current[0] = None
     for question, case, source in job["cases"]:
         current[0] = ["case", question, case]
-        _emit(fd, {"unit": ["case", question, case], "phase": "start"})
+        emit({"unit": ["case", question, case], "phase": "start"})
         if guard is not None:
             try:
                 tampered()
-                for name, how in guard.check(graded.get(question, [])):
+                for name, how in check(graded.get(question, [])):
                     report(name, how)
             except _BaseException as exc:  # a hostile object made the check itself fail: that is a finding too
-                report("the graded names", f"could not be checked ({_error(exc)[:100]})")
-        error, records = run_case(source, namespace, f"<{question} case {case}>", guard)
-        _emit(fd, {"unit": ["case", question, case], "phase": "end", "error": error, "records": records})
+                report("the graded names", f"could not be checked ({error_text(exc)[:100]})")
+        error, records = run(source, namespace, f"<{question} case {case}>", guard)
+        emit({"unit": ["case", question, case], "phase": "end", "error": error, "records": records})
         current[0] = None
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except _BaseException:
             pass
-    _emit(fd, {"done": True})
+    emit({"done": True})
 
 
 if __name__ == "__main__":
