@@ -22,7 +22,7 @@ import torch
 from .interrupts import InterruptsDeferred
 from .sumtree import SumTree
 from .validation import check_choice, check_count, check_fraction, check_int, check_number
-from .variance import importance_weights, mixed_probabilities
+from .variance import importance_weights, mixed_probabilities, relative_scores
 
 __all__ = ["Sampler", "UniformSampler", "PlainSAZOSampler", "SAZOSampler", "StaleCorrectedSAZOSampler", "OracleSampler",
            "SAZOState", "probabilities", "CdfStore", "TreeStore", "SAMPLERS", "RACED", "ALIASES", "sampler_name", "make_sampler"]
@@ -205,10 +205,7 @@ class OracleSampler(Sampler):
             raise ValueError(f"Invalid norms_fn: expected norms of shape ({self.num_examples},), got {tuple(norms.shape)}")
         if not bool(torch.isfinite(norms).all()) or bool((norms < 0).any()):
             raise ValueError("Invalid norms_fn: norms must be finite and non-negative")
-        norms = norms.numpy()
-        peak = float(norms.max())
-        if peak > 0.0:   # p is scale-free: norms near float64's max summed to inf and fell back to uniform
-            norms = norms / peak
+        norms = relative_scores(norms.numpy())   # a sum of norms near float64's max would be inf
         return torch.from_numpy(probabilities(norms, float(norms.sum()), self.uniform_mix, self.num_examples))
 
 

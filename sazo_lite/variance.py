@@ -16,7 +16,7 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["mixed_probabilities", "importance_weights", "oracle_probs", "sampling_variance",
+__all__ = ["mixed_probabilities", "relative_scores", "importance_weights", "oracle_probs", "sampling_variance",
            "variance_ratio", "uniform_gain", "zo_second_moment", "tv_distance", "spearman", "mix_with_uniform"]
 
 
@@ -37,6 +37,16 @@ def mixed_probabilities(scores, total: float, uniform_mix: float, num_examples: 
     return (1.0 - uniform_mix) * (scores / total) + uniform_mix / num_examples
 
 
+def relative_scores(scores):
+    """scores / max(scores) (unchanged when every score is 0; numpy or torch, returned in kind).
+
+    p* and the variance ratios are scale-free; on the raw norms a sum or a square near float64's
+    maximum overflows to inf (p* fell back to uniform, V(u)/V(p*) was NaN).
+    """
+    peak = float(scores.max()) if len(scores) else 0.0
+    return scores / peak if peak > 0.0 and math.isfinite(peak) else scores
+
+
 def importance_weights(probs, num_examples: int):
     """w_i = 1/(N·p_i): E_{i~p}[w_i·f_i] = (1/N)·Σ_i f_i for any p with full support.
 
@@ -53,7 +63,7 @@ def _as64(x) -> torch.Tensor:
 
 def oracle_probs(norms) -> torch.Tensor:
     """p* ∝ ‖∇f_i‖ (uniform if every norm is 0): ``mixed_probabilities`` with λ = 0."""
-    norms = _as64(norms)
+    norms = relative_scores(_as64(norms))
     return mixed_probabilities(norms, float(norms.sum()), 0.0, len(norms))
 
 
@@ -73,13 +83,14 @@ def sampling_variance(norms, probs) -> float:
 
 def variance_ratio(norms, probs) -> float:
     """V(p)/V(p*) ≥ 1: how far p is from the minimum-variance oracle."""
+    norms = relative_scores(_as64(norms))
     optimum = sampling_variance(norms, oracle_probs(norms))
     return sampling_variance(norms, probs) / optimum if optimum > 0 else 1.0
 
 
 def uniform_gain(norms) -> float:
     """1 + CV² of the per-example norms, which equals V(u)/V(p*)."""
-    norms = _as64(norms)
+    norms = relative_scores(_as64(norms))
     mean = norms.mean()
     return float(1.0 + norms.var(unbiased=False) / mean ** 2) if mean > 0 else 1.0
 

@@ -227,6 +227,17 @@ def test_param_groups_edited_inside_the_closure_are_refused_and_theta_and_groups
     assert [dict(g, params=list(g["params"])) for g in opt.param_groups] == before
 
 
+@pytest.mark.parametrize("scale", [1e200, 1e300])
+def test_variance_helpers_on_norms_near_the_float_maximum_are_those_of_the_scaled_norms(scale):
+    """uniform_gain and variance_ratio squared the raw norms (inf/inf = NaN at 1e200), oracle_probs
+    summed them (inf: uniform at 1e308); all three are scale-free."""
+    from sazo_lite import variance
+    norms = torch.tensor([1.0, 1.0, 1e-8], dtype=torch.float64)
+    uniform = torch.full((3,), 1 / 3, dtype=torch.float64)
+    for fn in (variance.uniform_gain, variance.oracle_probs, lambda n: variance.variance_ratio(n, uniform)):
+        assert torch.allclose(torch.as_tensor(fn(norms * scale)), torch.as_tensor(fn(norms)), rtol=1e-12, atol=0)
+
+
 def test_an_oracle_with_norms_near_the_float_maximum_keeps_its_distribution():
     """Σ norms overflowed to inf and the oracle fell back to uniform: examples with norm 1 beside two
     of 1e308 were drawn a third of the time (p* gives them ~1e-308)."""
