@@ -307,14 +307,22 @@ class MeZO(torch.optim.Optimizer):
     def _first_param(self) -> torch.Tensor:
         return self.param_groups[0]["params"][0]
 
+    def _counter(self) -> dict:
+        """The state entry holding the step count and seed (kept with the first parameter)."""
+        entry = self.state.get(self._first_param()) if self.param_groups and self.param_groups[0].get("params") else None
+        if not entry or "step" not in entry:   # was a KeyError from step_count / next_seed
+            raise ValueError("Invalid params: the first parameter was replaced or moved; MeZO keeps its step count "
+                             "and seed with it (build a new optimiser, or load_state_dict into one)")
+        return entry
+
     @property
     def step_count(self) -> int:
         """Number of completed steps (also the index into the seed stream)."""
-        return self.state[self._first_param()]["step"]
+        return self._counter()["step"]
 
     def next_seed(self) -> int:
         """The seed the next step will use."""
-        state = self.state[self._first_param()]
+        state = self._counter()
         return derive_seed(state["seed"], state["step"])
 
     @property
@@ -643,9 +651,7 @@ class MeZO(torch.optim.Optimizer):
         if len({id(p) for p in params}) < len(params):
             raise ValueError("Invalid params: some tensors appear in more than one place")
         _check_disjoint(params)
-        if "step" not in self.state.get(params[0], {}):
-            raise ValueError("Invalid params: the first parameter was replaced or moved; MeZO keeps its step count "
-                             "and seed with it (build a new optimiser, or load_state_dict into one)")
+        self._counter()
         self.flush()   # a pending update's jobs were made for the groups as they were: applied before the next pass
         self._checked_groups = [list(group["params"]) for group in groups]   # the tensors themselves: no id reuse
 

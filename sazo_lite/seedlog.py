@@ -115,8 +115,9 @@ class SeedLog:
         """Start logging every later step of ``optimizer`` (from its current, flushed weights)."""
         if not isinstance(optimizer, MeZO):
             raise ValueError(f"Invalid optimizer: {type(optimizer).__name__} (expected a MeZO)")
+        optimizer._refuse_in_step("SeedLog.attach")   # θ is perturbed: the log would start from θ ± εz
         optimizer.flush()
-        state = optimizer.state[optimizer._first_param()]
+        state = optimizer._counter()
         header = {"format": FORMAT, "optimizer": type(optimizer).__name__,
                   "eps": optimizer.param_groups[0]["eps"], "base_seed": state["seed"],
                   "start_step": state["step"], "directions": _logged_directions(optimizer) or "torch",

@@ -346,3 +346,30 @@ def test_sparse_masks_with_a_repeated_index_and_fractions_that_are_not_numbers_a
     for bad in ("0.5", True):
         with pytest.raises(ValueError, match="Invalid fraction"):
             sparse_indices([torch.zeros(5)], bad)
+
+
+# --- the step counter and a seed log started mid-step ---------------------------------------------
+def test_reading_the_step_count_after_the_first_tensor_was_replaced_is_a_value_error():
+    """step_count and next_seed raised KeyError('step'); step() already said why in a ValueError."""
+    theta = torch.zeros(3)
+    opt = MeZO([theta], lr=0.1)
+    opt.param_groups[0]["params"][0] = torch.zeros(3)
+    for read in (lambda: opt.step_count, opt.next_seed):
+        with pytest.raises(ValueError, match="Invalid params: the first parameter was replaced"):
+            read()
+
+
+def test_a_seed_log_attached_inside_the_closure_is_refused_and_theta_restored():
+    """attach() from the closure recorded θ+εz as the run's start and then logged the step, so replay
+    from the saved weights could not rebuild the run."""
+    from sazo_lite import SeedLog
+    theta = torch.zeros(3, dtype=torch.float64)
+    opt = MeZO([theta], lr=0.1, noise=None)
+    logs = []
+
+    def closure():
+        logs.append(SeedLog.attach(opt))
+        return _quadratic(theta)()
+    with pytest.raises(ValueError, match="Invalid call: SeedLog.attach"):
+        opt.step(closure)
+    assert logs == [] and opt.step_count == 0 and theta.abs().max() < 1e-15 and not opt._step_hooks
