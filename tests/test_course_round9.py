@@ -176,3 +176,45 @@ def test_a_mezo_run_whose_loss_overflows_stops_and_says_at_which_step(monkeypatc
     monkeypatch.setattr(problem, "losses", overflowing)
     run = mezo_vs_sgd.race_mezo_sgd(problem, steps=40, batch_size=2, log_every=2, methods=("MeZO",))["MeZO"]
     assert run["stopped"] is not None and run["queries"][-1] // 4 <= run["stopped"] <= run["queries"][-1] // 4 + 2 < 40
+
+
+# -- helpers given bad data ----------------------------------------------------------------------------
+
+def _bad_data_calls():
+    from sazo_lite.course.sazo_runs import RaceResult, SAZOTrace
+    from sazo_lite.course.widgets import llm, llm_lesson, race, sazo
+
+    tiny = sazo_runs.make_problem(num_examples=8, dim=2)
+    walk = {"F": 2.0, "radii": [1.0], "changes": [[-0.2, 0.0]], "mean_change": [-0.1]}
+    return [
+        # (call, the word its message must name, what it raised before)
+        (lambda: llm.run_summary("x", {"queries": [0, 4]}), "train_loss"),                       # KeyError
+        (lambda: llm.run_summary("x", {"queries": [0], "train_loss": [0.0], "walk": [0]}), "F₀"),  # ZeroDivisionError
+        (lambda: llm.scores_vs_norms([1.0, 2.0], [1.0]), "scores/norms"),                         # IndexError
+        (lambda: llm.probs_vs_oracle([0.5, 0.5], [1.0]), "p_sazo/p_star"),                       # silently drawn
+        (lambda: llm.detector_precision([1.0, 2.0, 3.0], [0], 0), "k"),                          # ZeroDivisionError
+        (lambda: llm.detector_precision([1.0, 2.0, 3.0], [0], 5), "k"),                          # silently 0.2
+        (lambda: llm.displacement_figure({}), "radii"),                                           # KeyError
+        (lambda: llm.displacement_figure({**walk, "F": 0.0}), "F"),                              # ZeroDivisionError
+        (lambda: llm_lesson.gain_figure({"a": (2.0, 1.0)}, batch_sizes=(0,)), "batch_sizes"),    # ZeroDivisionError
+        (lambda: llm_lesson.gain_figure({"a": (2.0, -1.0)}, batch_sizes=(2,)), "‖∇F‖²"),         # ZeroDivisionError
+        (lambda: llm_lesson.scores_figure({}), "diagnostics"),                                    # KeyError
+        (lambda: llm_lesson.scores_vs_norms_figure([1.0, 2.0], [1.0], ["new"]), "scores/norms"),  # silently drawn
+        (lambda: sw.memory_figure({"MeZO step": -5}), "MeZO step"),                              # silently drawn
+        (lambda: sw.memory_figure({"MeZO step": float("nan")}), "MeZO step"),                    # silently drawn
+        (lambda: race.race_verdict(RaceResult(np.array([0.0]), {}, 1.0, 0.1, {"sazo": [None]})), "uniform"),  # KeyError
+        (lambda: sazo.trace_readout(SAZOTrace(*[np.zeros(0)] * 9)), "trace"),                    # ZeroDivisionError
+        (lambda: sazo_runs.race(tiny, seeds=(0,), steps=5, log_every=0), "log_every"),           # ZeroDivisionError
+        (lambda: sazo_runs.rule_sampler("prior", 8, ema_decay=1.0), "ema_decay"),                # ZeroDivisionError
+        (lambda: sazo_runs.rule_ladder(tiny, steps=5, seeds=()), "seeds"),                        # silently NaN
+        (lambda: sazo_runs.run_sazo_trace(tiny, steps=5, diverge_factor=-1.0), "diverge_factor"),  # every run "diverged"
+        (lambda: sazo_runs.feed_sampler(sazo_runs.SAZOSampler(4), [1.0, 1.0, 1.0], steps=2, batch_size=2), "norms"),
+        (lambda: sazo_runs.first_divergence([]), "gaps"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_bad_data_calls())))
+def test_helpers_given_bad_data_raise_a_value_error_naming_it(case):
+    call, name = _bad_data_calls()[case]
+    with pytest.raises(ValueError, match=re.escape(name)):
+        call()

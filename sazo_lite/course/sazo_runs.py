@@ -26,6 +26,7 @@ from .problems import FiniteSumProblem, LeastSquares, LogisticRegression
 from ..samplers import RACED, PlainSAZOSampler, SAZOSampler, make_sampler
 from ..train import best_rate, diverged as train_diverged, queries_to_target, train
 from .. import variance
+from ..validation import check_count, check_number
 
 __all__ = ["PROBLEMS", "make_problem", "SAZOTrace", "run_sazo_trace", "RULES", "RULE_NAMES", "RULE_FIXES",
            "rule_sampler", "feed_sampler", "rule_ladder",
@@ -113,6 +114,8 @@ def rule_sampler(rule: str, num_examples: int, *, ema_decay: float = 0.9, unifor
     """
     if rule not in RULES:
         raise ValueError(f"Invalid rule: {rule!r} (expected one of {RULES})")
+    # β < 1: "prior" turns β into β/(1−β) pseudo-observations (β = 1 would divide by 0)
+    check_number("ema_decay", ema_decay, 0.0, 1.0, closed_high=False)
     common = dict(ema_decay=ema_decay, uniform_mix=uniform_mix, seed=seed)
     if rule == "plain":
         return PlainSAZOSampler(num_examples, **common)
@@ -140,6 +143,9 @@ def feed_sampler(sampler, norms, *, steps: int, batch_size: int, shrink: float =
         1.0
     """
     norms = torch.as_tensor(norms, dtype=torch.float64)
+    if norms.shape != (sampler.num_examples,):
+        raise ValueError(f"Invalid norms: shape {tuple(norms.shape)} (expected one norm per example, "
+                         f"({sampler.num_examples},))")
     generator = torch.Generator().manual_seed(seed)
     ratios = [variance.variance_ratio(norms, sampler.probs)]
     for t in range(steps):
@@ -163,6 +169,8 @@ def rule_ladder(problem: FiniteSumProblem, *, steps: int, seeds=(0, 1, 2), rules
         >>> sorted(table)
         ['plain', 'uniform']
     """
+    if not seeds or not rules:
+        raise ValueError(f"Invalid seeds/rules: {seeds!r}, {rules!r} (expected at least one of each)")
     table, uniform = {}, []
     for rule in rules:
         means = []
@@ -282,6 +290,8 @@ def run_sazo_trace(problem: FiniteSumProblem, *, steps: int = 300, batch_size: i
         raise ValueError(f"Invalid steps: {steps} (expected >= 1)")
     if rule not in RULES:
         raise ValueError(f"Invalid rule: {rule!r} (expected one of {RULES})")
+    if diverge_factor is not None:
+        check_number("diverge_factor", diverge_factor, 1.0, closed_low=False)   # a limit above the start
     theta = problem.initial_theta(dtype)
     optimizer = MeZO([theta], lr=lr, eps=eps, seed=seed)
     sampler = rule_sampler(rule, problem.num_examples, seed=seed, ema_decay=ema_decay, uniform_mix=uniform_mix)
@@ -477,6 +487,7 @@ def race(problem: FiniteSumProblem, *, samplers=SAMPLERS, seeds=(0, 1, 2), steps
         raise ValueError(f"Invalid lr: {lr!r} (a dict needs a rate for each of {tuple(samplers)})")
     if not 0.0 < target_fraction < 1.0:
         raise ValueError(f"Invalid target_fraction: {target_fraction} (expected a number in (0, 1))")
+    steps, log_every = check_count("steps", steps), check_count("log_every", log_every)
     logged = [s for s in range(1, steps + 1) if s % log_every == 0 or s == steps]
     queries = 2 * batch_size * np.asarray([0] + logged)
     initial_gap = problem.gap(problem.initial_theta(torch.float64))

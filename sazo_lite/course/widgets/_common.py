@@ -23,7 +23,8 @@ import plotly.io as pio
 
 __all__ = ["slider", "log_slider", "int_slider", "question", "captioned", "presets", "redraw_on_change",
            "assemble", "Dashboard", "LiveFigure", "static_dashboard_html", "set_controls", "SAMPLER_COLORS",
-           "SAMPLER_FILLS", "SAMPLER_LABELS", "divergence_note", "finite", "lower_rate", "TINY_EPS"]
+           "SAMPLER_FILLS", "SAMPLER_LABELS", "divergence_note", "finite", "lower_rate", "TINY_EPS", "require_keys",
+           "same_lengths"]
 
 # One palette for every dashboard: a sampler has the same colour in every plot of the course.
 SAMPLER_COLORS = {"uniform": "#7f7f7f", "sazo": "#1f77b4", "sazo-plain": "#9467bd", "oracle": "#d62728"}
@@ -63,6 +64,24 @@ def divergence_note(what: str, how: str, rate_name: str, rate: float, after: str
                 f"(now {rate:.2g}).</b><br>")
     return (f"<b style='color:crimson'>{what}: {how}{tail}. At {rate_name} = {rate:.2g} the steps are too large: "
             f"lower {rate_name} (try {lower_rate(rate):.2g}).</b><br>")
+
+
+def require_keys(name: str, record, keys) -> None:
+    """Refuse a record (a dict of stored results) that lacks one of ``keys``, naming what is missing."""
+    if not isinstance(record, dict):
+        raise ValueError(f"Invalid {name}: expected a dict with keys {list(keys)}, got {type(record).__name__}")
+    missing = [key for key in keys if key not in record]
+    if missing:
+        raise ValueError(f"Invalid {name}: missing {missing} (expected keys {list(keys)})")
+
+
+def same_lengths(**columns) -> int:
+    """The common length of several sequences; ValueError naming them when they differ."""
+    lengths = {name: len(column) for name, column in columns.items() if column is not None}
+    if len(set(lengths.values())) > 1:
+        raise ValueError("Invalid " + "/".join(lengths) + f": lengths {list(lengths.values())} differ "
+                         "(expected one value per example)")
+    return next(iter(lengths.values()), 0)
 
 
 def finite(values):

@@ -11,7 +11,8 @@ import statistics
 import plotly.graph_objects as go
 import torch
 
-from ._common import SAMPLER_COLORS
+from ...validation import check_int
+from ._common import SAMPLER_COLORS, require_keys, same_lengths
 
 __all__ = ["peak_memory_bars", "run_summary", "best_cells", "fewest_queries", "loss_bands", "runs_by_rate",
            "queries_table_html", "scores_vs_norms", "diagnostics_figure", "probs_vs_oracle", "detector_precision",
@@ -115,6 +116,10 @@ def run_summary(label: str, run, *, targets=(0.7, 0.5)) -> str:
     from ...llm.queries import queries_to
 
     run = _as_dict(run)
+    require_keys("run", run, ("queries", "train_loss", "walk"))
+    if not (run["queries"] and run["train_loss"] and run["walk"]) or not run["train_loss"][0] > 0:
+        raise ValueError(f"Invalid run: needs logged queries, walk and train_loss with F₀ > 0 (F/F₀ is reported), "
+                         f"got train_loss {run['train_loss'][:1]}")
     reached = ", ".join(f"{t:g}·F₀ {'at ' + str(q) if (q := queries_to(run, t)) else 'not reached'}" for t in targets)
     loss, g = run["train_loss"], lambda key: "–" if run.get(key) is None else f"{run[key]:.3g}"  # None: no step
     return (f"{label}  {reached}; F/F₀ {loss[-1] / loss[0]:.3f} after {run['queries'][-1]} queries"
@@ -206,6 +211,7 @@ def scores_vs_norms(scores, norms, kinds=None) -> go.Figure:
     """
     scores, norms = [float(v) for v in scores], [float(v) for v in norms]
     kinds = list(kinds) if kinds is not None else ["example"] * len(scores)
+    same_lengths(scores=scores, norms=norms, kinds=kinds)
     fig = go.Figure()
     for kind in sorted(set(kinds)):
         idx = [i for i, k in enumerate(kinds) if k == kind]
@@ -251,6 +257,7 @@ def probs_vs_oracle(p_sazo, p_star, kinds=None) -> go.Figure:
     """
     n = len(p_sazo)
     kinds = list(kinds) if kinds is not None else [""] * n
+    same_lengths(p_sazo=p_sazo, p_star=p_star, kinds=kinds)
     fig = go.Figure()
     fig.add_bar(x=list(range(n)), y=[float(v) * n for v in p_sazo], name="SAZO", marker_color=_SAMPLER_COLORS["sazo"],
                 hovertext=kinds)
@@ -270,7 +277,11 @@ def detector_precision(ranking_scores, flagged, k: int) -> float:
         >>> detector_precision([0.1, 5.0, 3.0, 0.2], flagged=[1, 3], k=2)
         0.5
     """
-    order = torch.argsort(torch.as_tensor(ranking_scores, dtype=torch.float64), descending=True, stable=True)[:k]
+    scores = torch.as_tensor(ranking_scores, dtype=torch.float64)
+    check_int("k", k, 1, max(1, len(scores)))   # precision@k of k ≤ N examples (k = 0 would divide by 0)
+    if len(scores) == 0:
+        raise ValueError("Invalid ranking_scores: empty (expected one score per example)")
+    order = torch.argsort(scores, descending=True, stable=True)[:k]
     flagged = set(int(i) for i in flagged)
     return sum(int(i) in flagged for i in order) / k
 
@@ -331,6 +342,10 @@ def displacement_figure(walk: dict, *, ends: dict | None = None, band=WALK_BAND)
         >>> list(fig.data[0].y), [round(y, 2) for y in fig.data[1].y]
         ([-0.05, -0.3], [-0.1, 0.0, -0.2, -0.4])
     """
+    require_keys("walk", walk, ("F", "radii", "changes", "mean_change"))
+    same_lengths(radii=walk["radii"], changes=walk["changes"], mean_change=walk["mean_change"])
+    if not walk["F"] > 0:
+        raise ValueError(f"Invalid walk: F = {walk['F']!r} (expected F(θ₀) > 0: the changes are drawn relative to it)")
     fig = go.Figure()
     fig.add_scatter(x=walk["radii"], y=walk["mean_change"], mode="lines+markers", name="mean over ±u",
                     line=dict(color="black", width=2))

@@ -13,7 +13,8 @@ import statistics
 import plotly.graph_objects as go
 
 from ..llm_lesson import DIVERGE_FACTOR, Race, turn
-from ._common import SAMPLER_COLORS, SAMPLER_FILLS, SAMPLER_LABELS
+from ...validation import check_count, check_number
+from ._common import SAMPLER_COLORS, SAMPLER_FILLS, SAMPLER_LABELS, require_keys, same_lengths
 
 __all__ = ["show", "gain_figure", "race_figure", "walk_figure", "loss_vs_walk_figure", "scores_figure",
            "scores_vs_norms_figure", "WIDTH"]
@@ -47,6 +48,10 @@ def gain_figure(sets: dict[str, tuple[float, float]], batch_sizes=(1, 2, 4, 8, 1
         >>> [round(y, 2) for y in gain_figure({"aligned": (6.0, 0.55)}, (1, 4)).data[0].y]
         [6.0, 2.89]
     """
+    batch_sizes = [check_count("batch_sizes", b) for b in batch_sizes]
+    for label, (v_u, g2) in sets.items():   # ratios of variances: ‖∇F‖² < 0 could divide by 0
+        check_number(f"V(u)/V(p*) of {label!r}", v_u, 0.0, closed_low=False)
+        check_number(f"‖∇F‖²/V(p*) of {label!r}", g2, 0.0)
     fig = go.Figure()
     for (label, (v_u, g2)), dash in zip(sets.items(), ("solid", "dash", "dot")):
         gains = [(v_u + (b - 1) * g2) / (1 + (b - 1) * g2) for b in batch_sizes]
@@ -139,6 +144,9 @@ def loss_vs_walk_figure(race: Race) -> go.Figure:
 
 def scores_figure(run: dict) -> go.Figure:
     """A diagnosed SAZO run: V(p_SAZO)/V(p*) and V(u)/V(p*) at each diagnosed point (1 = the oracle)."""
+    require_keys("run", run, ("diagnostics", "seed"))
+    for point in run["diagnostics"]:
+        require_keys("run's diagnostics", point, ("queries", "v_ratio", "v_uniform_ratio"))
     q = [d["queries"] for d in run["diagnostics"]]
     fig = go.Figure()
     fig.add_scatter(x=q, y=[d["v_ratio"] for d in run["diagnostics"]], mode="lines+markers", name="V(p_SAZO)/V(p*)",
@@ -154,6 +162,10 @@ def scores_figure(run: dict) -> go.Figure:
 
 def scores_vs_norms_figure(scores, norms, kinds) -> go.Figure:
     """SAZO's scores against the true ‖∇f_i‖ at the end of a run (log axes), new and assimilated examples apart."""
+    same_lengths(scores=scores, norms=norms, kinds=kinds)
+    unknown = set(kinds) - {"new", "assimilated"}
+    if unknown:
+        raise ValueError(f"Invalid kinds: {sorted(unknown)} (expected 'new' or 'assimilated')")
     fig = go.Figure()
     for kind, symbol in (("new", "diamond"), ("assimilated", "circle")):
         idx = [i for i, k in enumerate(kinds) if k == kind]

@@ -12,6 +12,7 @@ import torch
 
 from .. import two_point, instruments, mezo_vs_sgd, minibatches, problems
 from ..sazo_runs import DIVERGE_FACTOR, first_divergence
+from ...validation import check_number
 from ._common import LiveFigure, SAMPLER_COLORS, Dashboard, assemble, divergence_note, int_slider, log_slider
 
 __all__ = ["memory_figure", "mezo_dashboard", "FORWARD_EQUIVALENTS"]
@@ -32,6 +33,8 @@ def memory_figure(measurements: dict[str, int]) -> go.Figure:
     """
     if not measurements:
         raise ValueError("Invalid measurements: expected a non-empty dict of name -> bytes")
+    for name, value in measurements.items():
+        check_number(f"measurements[{name!r}]", value, 0.0)   # bytes: a finite count ≥ 0
     names = list(measurements)
     mib = [measurements[name] / 2 ** 20 for name in names]
     fig = go.Figure(go.Bar(x=names, y=mib, text=[f"{v:.2f} MiB" for v in mib], textposition="outside"))

@@ -167,6 +167,8 @@ def race_verdict(result: RaceResult) -> str:
         >>> "uniform MeZO" in race_verdict(race(make_problem(num_examples=16, dim=3), seeds=(0,), steps=20))
         True
     """
+    if "uniform" not in result.to_target:
+        raise ValueError(f"Invalid result: no uniform run to compare with (methods {list(result.to_target)})")
     fraction = result.target / result.initial_gap
     uniform = result.median_to_target("uniform")
     others = [m for m in result.to_target if m != "uniform"]

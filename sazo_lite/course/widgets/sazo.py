@@ -46,6 +46,10 @@ def trace_readout(trace: SAZOTrace, index: int = -1) -> str:
 
     Ends with the mean of V(p_SAZO)/V(p*) over the run so far (one snapshot is noisy).
     """
+    if len(trace.steps) == 0:
+        raise ValueError("Invalid trace: no log points")
+    if not -len(trace.steps) <= index < len(trace.steps):
+        raise ValueError(f"Invalid index: {index} (the trace has {len(trace.steps)} log points)")
     last = index % len(trace.steps)
     upto = slice(1, last + 1) if last else slice(0, 1)   # the log points after θ₀, up to ``index``
     return (f"step {int(trace.steps[index])}: Spearman ρ = {trace.spearman[index]:.2f}, "
