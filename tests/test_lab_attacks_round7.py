@@ -220,3 +220,32 @@ def test_the_worker_writes_its_events_as_json_without_the_json_module():
     assert back["error"] == expected["error"] and back["records"] == expected["records"]
     assert back["unit"] == event["unit"] and back["nan"] != back["nan"] and back["inf"] == event["inf"]
     assert json.loads(text({"x": object(), 1: "dropped", "s": type("S", (str,), {})("y")})) == {"x": None, "s": None}
+
+
+def test_a_pasted_line_separator_does_not_shift_the_seed_or_the_check_call():
+    """``str.splitlines`` splits at U+2028, form feeds and the like, which Python does not: every later line was
+    rewritten one line off (``42lab_seed = 1``: a SyntaxError, the cell's answers lost)."""
+    from sazo_lite.course.labs.grading import _without_otter, with_seed
+
+    seeded = with_seed("# pasted\u2028from a PDF\nlab_seed = 1\nlab2_x = 2\n", "lab_seed", 42)
+    namespace = {}
+    exec(seeded, namespace)
+    assert (namespace["lab_seed"], namespace["lab2_x"]) == (42, 2)
+    for cell in ('_s = "a\x0cb"\nlab2_y = 3\ngrader.check("q1")\n', '_s = "\x85"\r\nlab2_y = 3\r\ngrader.check("q1")'):
+        namespace = {}
+        exec(_without_otter(cell), namespace)
+        assert namespace["lab2_y"] == 3
+    seeded = with_seed("lab2_z = 1\rlab_seed = (5 +\r 3)\rlab2_w = 2", "lab_seed", 42)
+    namespace = {}
+    exec(seeded, namespace)
+    assert (namespace["lab_seed"], namespace["lab2_w"]) == (42, 2)
+
+
+def test_a_huge_hand_in_is_refused_unread_and_the_others_still_graded(tmp_path):
+    """A hand-in of many GiB was read whole (and parsed): the grading process, and every student's grade with
+    it, could die of memory. Now past ``MAX_NOTEBOOK_BYTES`` it is refused with a reason, unread."""
+    path = tmp_path / "huge.ipynb"
+    with open(path, "wb") as handle:   # sparse: costs no disk
+        handle.truncate(512 * 2 ** 20 + 1)
+    with pytest.raises(ValueError, match="larger than 512 MiB: clear its outputs"):
+        grading.read_notebook(path)

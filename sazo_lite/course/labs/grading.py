@@ -38,6 +38,7 @@ from sazo_lite.course.labs.values import ATOL, MAX_ITEMS, RTOL, check_encoded, c
 GRACE = 5.0          # seconds past a unit's own limit before the sandbox is killed
 MAX_RESTARTS = 3     # fresh sandboxes after a kill; then what is left scores 0
 LOG_BYTES = 2 ** 20  # of the submission's output kept in grade.log
+MAX_NOTEBOOK_BYTES = 512 * 2 ** 20   # a hand-in's size; past it, it is not read (status "failed", with the reason)
 ENV_PASSED = ("SAZO_FAST",)  # environment the sandboxed worker inherits (besides its own)
 _RUNS_OTTER = re.compile(r"otter\.Notebook\(|grader\.check(_all)?\(")  # otter's init and check cells
 
@@ -151,7 +152,10 @@ def read_notebook(path: Path, findings: list | None = None):
             raise ValueError(f"{Path(path).name} is not a regular file: hand in the notebook itself")
         if info.st_nlink > 1:
             raise ValueError(f"{Path(path).name} has other names (hard links): hand in a copy of the notebook")
-        data = handle.read()
+        data = handle.read(MAX_NOTEBOOK_BYTES + 1)   # never more: one huge hand-in must not end the class's grading
+    if len(data) > MAX_NOTEBOOK_BYTES:
+        raise ValueError(f"{Path(path).name} is larger than {MAX_NOTEBOOK_BYTES // 2 ** 20} MiB: clear its outputs "
+                         f"(Edit > Clear Outputs of All Cells) and hand it in again")
     return parse_notebook(data, findings)
 
 
@@ -336,13 +340,28 @@ def with_seed(source: str, name: str, seed) -> str:
     if tree is None:
         return re.sub(rf"^{re.escape(name)}\s*=.*$", f"{name} = {seed!r}", source, flags=re.M)
     values = [node.value for node in tree.body if node_assigns(node, name) and node.value is not None]
-    lines = [line.encode() for line in source.splitlines(keepends=True)]   # col_offset counts UTF-8 bytes
+    lines = [line.encode() for line in source_lines(source)]   # col_offset counts UTF-8 bytes
     for value in sorted(values, key=lambda v: (v.lineno, v.col_offset), reverse=True):
         first, last = value.lineno - 1, value.end_lineno - 1
         breaks = last - first                       # a value over several lines: kept in parentheses
         text = (f"({seed!r}" + "\n" * breaks + ")" if breaks else repr(seed)).encode()
         lines[first:last + 1] = [lines[first][:value.col_offset] + text + lines[last][value.end_col_offset:]]
     return b"".join(lines).decode()
+
+
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
+def source_lines(source: str) -> list[str]:
+    """The lines of ``source`` as Python numbers them (``ast``'s ``lineno``), ends kept: split at ``\\n``,
+    ``\\r\\n`` and ``\\r`` only. ``str.splitlines`` also splits at form feeds, ``\\x1c``-``\\x1e``, ``\\x85``
+    and U+2028/2029 (a pasted comment has them), which shifted every later line.
+
+    Example:
+        >>> source_lines("a\\u2028b\\r\\nc\\rd")
+        ['a\\u2028b\\r\\n', 'c\\r', 'd']
+    """
+    return _LINE.findall(source)
 
 
 def node_assigns(node, name: str) -> bool:
@@ -372,7 +391,7 @@ def _without_otter(source: str) -> str | None:
     rest = [node for node in tree.body if node not in otters and not _imports_otter(node)]
     if not rest:
         return None
-    lines = [line.encode() for line in source.splitlines(keepends=True)]   # col_offset counts UTF-8 bytes
+    lines = [line.encode() for line in source_lines(source)]   # col_offset counts UTF-8 bytes
     for node in otters:
         for row in range(node.lineno - 1, node.end_lineno):
             line = lines[row]
