@@ -53,7 +53,7 @@ class SumTree:
         weights = torch.as_tensor(weights).detach().to("cpu", torch.float64)
         if weights.dim() != 1 or weights.numel() == 0:
             raise ValueError(f"Invalid weights: expected a non-empty 1-D tensor, got shape {tuple(weights.shape)}")
-        self._check_values(weights.numpy())
+        self._check_values(weights.numpy(), weights.numel())
         self._leaves = weights.numpy().copy()
         self._setup(len(self._leaves), lambda idx: self._leaves[idx], np.float64)
 
@@ -114,9 +114,13 @@ class SumTree:
 
     # -- changing --------------------------------------------------------------------------
     @staticmethod
-    def _check_values(values: np.ndarray) -> None:
+    def _check_values(values: np.ndarray, num_leaves: int) -> None:
         if not np.isfinite(values).all() or (values < 0).any():
             raise ValueError("Invalid weights: entries must be finite and non-negative")
+        limit = np.finfo(np.float64).max / num_leaves   # so that every sum of N leaves stays finite
+        if values.size and values.max() > limit:
+            raise ValueError(f"Invalid weights: entries up to {values.max():.3g}; the tree's sums would overflow "
+                             f"float64 (at most {limit:.3g} each for {num_leaves} leaves; rescale them)")
 
     def update(self, indices: torch.Tensor, values: torch.Tensor) -> None:
         """Set w[indices] = values (last write wins for repeats) in a tree that owns its leaves."""
@@ -126,7 +130,7 @@ class SumTree:
         values = torch.as_tensor(values, dtype=torch.float64).expand(indices.shape).numpy()
         if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= self.num_leaves):
             raise ValueError(f"Invalid indices: values must lie in [0, {self.num_leaves})")
-        self._check_values(values)
+        self._check_values(values, self.num_leaves)
         self._leaves[indices.numpy()] = values
         self.refresh(indices.numpy())
 
@@ -165,6 +169,8 @@ class SumTree:
         total = self.total
         if not total > 0:
             raise ValueError("Invalid weights: cannot sample when all weights are zero")
+        if not np.isfinite(total):   # an owner's leaves whose sum overflows: every draw would go left
+            raise ValueError(f"Invalid weights: their sum overflows {self._sums.dtype}; rescale them")
         u = torch.rand(batch_size, generator=generator, dtype=torch.float64).numpy() * total
         node = np.ones(batch_size, dtype=np.int64)
         for _ in range(max(0, self.num_leaves.bit_length() - 2)):  # levels whose children are all internal (< N)

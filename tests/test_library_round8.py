@@ -373,3 +373,23 @@ def test_a_seed_log_attached_inside_the_closure_is_refused_and_theta_restored():
     with pytest.raises(ValueError, match="Invalid call: SeedLog.attach"):
         opt.step(closure)
     assert logs == [] and opt.step_count == 0 and theta.abs().max() < 1e-15 and not opt._step_hooks
+
+
+# --- a sum tree whose sums overflow ---------------------------------------------------------------
+def test_a_sum_tree_refuses_weights_whose_sum_overflows():
+    """[1e308, 1e308, 1]: the root was inf and every draw went to leaf 0 (half of them belong to 1)."""
+    import numpy as np
+    from sazo_lite.sumtree import SumTree
+    with pytest.raises(ValueError, match="Invalid weights"):
+        SumTree(torch.tensor([1e308, 1e308, 1.0], dtype=torch.float64))
+    tree = SumTree(torch.ones(3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="Invalid weights"):
+        tree.update(torch.tensor([0, 1]), torch.tensor([1e308, 1e308], dtype=torch.float64))
+    assert tree.total == 3.0
+    leaves = np.array([1e38, 3e38, 1.0], dtype=np.float32)   # an owner's leaves, float32 sums
+    with np.errstate(over="ignore"):   # numpy says so when the float32 root overflows
+        over = SumTree.over(3, lambda idx: leaves[idx].astype(np.float64), dtype=np.float32)
+    with pytest.raises(ValueError, match="Invalid weights"):
+        over.sample(4)
+    draws = SumTree(torch.tensor([1e307, 1e307, 1.0], dtype=torch.float64)).sample(400, torch.Generator().manual_seed(0))
+    assert 100 < int((draws == 1).sum()) < 300
