@@ -247,6 +247,7 @@ class ZOTrainer(Trainer):
         self._zo_pending = []           # (|g|, max w, ESS fraction) per step since the last log
         self._zo_resume = None          # a checked zo_state, applied by create_optimizer on resume
         self._zo_queries = 0            # per-example forwards since MeZO was built (zo_queries)
+        self._zo_sampler_start = None   # the sampler's state before the first step (see _restart_sampler)
 
     # -- settings ----------------------------------------------------------------------------
     def _check_settings(self, ema_decay, uniform_mix) -> None:
@@ -325,10 +326,22 @@ class ZOTrainer(Trainer):
                                           weight_decay=self.args.weight_decay, perturbation=self.perturbation,
                                           seed=self.zo_seed)
             self._zo_queries = 0   # a new optimiser (first train(), or model_init's new model) starts the count
+            self._restart_sampler()
         if self._zo_resume is not None:  # resuming: the Trainer has loaded the model's weights by now
             self._apply_zo_state(self._zo_resume)
             self._zo_resume = None
         return self.optimizer
+
+    def _restart_sampler(self) -> None:
+        """A new MeZO is a new run: with ``model_init`` every ``train()`` builds a new model and
+        optimiser from the same seeds, and the sampler went on from the last run's state, so a
+        rerun drew other batches. It now starts again from its state before the first step."""
+        if self.zo_sampler is None:
+            return   # no train_dataset: nothing to restart (train() refuses)
+        if self._zo_sampler_start is None:
+            self._zo_sampler_start = copy.deepcopy(self.zo_sampler.state_dict())
+        else:
+            self.zo_sampler.load_state_dict(self._zo_sampler_start)
 
     def _wants_master(self, params) -> bool:
         half = any(p.dtype in HALF_DTYPES for p in params)

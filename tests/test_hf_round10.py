@@ -163,3 +163,16 @@ def test_sampler_settings_still_set_sazo(tmp_path):
     assert (trainer.zo_sampler.ema_decay, trainer.zo_sampler.uniform_mix) == (0.5, 0.2)
     default = trainer_for(tmp_path, method="sazo").zo_sampler
     assert (default.ema_decay, default.uniform_mix) == (0.9, 0.1)
+
+
+# -- model_init: every train() is a new run ------------------------------------------------------
+def test_with_model_init_a_second_train_call_reruns_the_first(tmp_path):
+    # model, MeZO and the lr schedule start again from the same seeds; the sampler went on from the
+    # first run's state, so the second run drew other batches and ended elsewhere
+    trainer = hf.ZOTrainer(model_init=lambda: tiny_causal_lm("llama", vocab_size=VOCAB),
+                           args=training_args(tmp_path, max_steps=3), train_dataset=memorisable_rows())
+    trainer.train()
+    first, losses = weights(trainer.model), [e.get("loss") for e in trainer.state.log_history]
+    trainer.train()
+    assert [e.get("loss") for e in trainer.state.log_history] == losses
+    assert all(torch.equal(weights(trainer.model)[k], v) for k, v in first.items())
