@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .engine import store_as
+from .engine import _check_disjoint, store_as
 
 __all__ = ["Float32Master", "unit_roundoff", "restore_bound"]
 
@@ -52,6 +52,9 @@ class Float32Master:
             if not isinstance(p, torch.Tensor) or not p.is_floating_point():
                 raise ValueError(f"Invalid params: a master copy is kept for floating-point tensors, got "
                                  f"{p.dtype if isinstance(p, torch.Tensor) else type(p).__name__}")
+        if len({id(p) for p in self.params}) < len(self.params):   # two masters, one tensor: the last sync wins
+            raise ValueError("Invalid params: a tensor appears twice (each needs one master copy)")
+        _check_disjoint(self.params)   # views that share entries: the same, entry by entry
         # float32, or the tensor's own dtype when it is wider (a float64 tensor kept in float32 would lose
         # its low bits at the first sync)
         self.tensors = [p.detach().to(torch.promote_types(p.dtype, torch.float32)).clone() for p in self.params]

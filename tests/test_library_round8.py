@@ -393,3 +393,15 @@ def test_a_sum_tree_refuses_weights_whose_sum_overflows():
         over.sample(4)
     draws = SumTree(torch.tensor([1e307, 1e307, 1.0], dtype=torch.float64)).sample(400, torch.Generator().manual_seed(0))
     assert 100 < int((draws == 1).sum()) < 300
+
+
+@pytest.mark.parametrize("share", ["same tensor", "overlapping views"])
+def test_a_master_copy_refuses_tensors_that_share_entries(share):
+    """Each got a master of its own; MeZO saw two distinct masters, and sync wrote both into the same
+    entries: the last won, so the first master's perturbations never reached the model."""
+    from sazo_lite.precision import Float32Master
+    base = torch.zeros(6, dtype=torch.bfloat16)
+    params = [base, base] if share == "same tensor" else [base[:4], base[2:]]
+    with pytest.raises(ValueError, match="Invalid params"):
+        Float32Master(params)
+    Float32Master([base[:3], base[3:]])   # disjoint views are fine
