@@ -10,12 +10,12 @@ The library is this package (engine, noise, samplers, train, seed log, distribut
 from .directions import derive_seed, draw_direction
 from .engine import MeZO, StepEvent, ZOStep
 from .samplers import OracleSampler, PlainSAZOSampler, SAZOSampler, Sampler, UniformSampler
-from .train import History, queries_to_target, train
+from .train import FlatLossWarning, History, queries_to_target, train
 from .seedlog import SeedLog
 from . import variance
 
 __version__ = "0.1.0"
 
 __all__ = ["MeZO", "ZOStep", "StepEvent", "derive_seed", "draw_direction", "Sampler", "UniformSampler",
-           "SAZOSampler", "PlainSAZOSampler", "OracleSampler", "History", "train", "queries_to_target",
+           "SAZOSampler", "PlainSAZOSampler", "OracleSampler", "History", "FlatLossWarning", "train", "queries_to_target",
            "variance", "SeedLog"]
