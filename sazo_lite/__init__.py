@@ -17,5 +17,6 @@ from . import variance
 __version__ = "0.1.0"
 
 __all__ = ["MeZO", "ZOStep", "StepEvent", "derive_seed", "draw_direction", "Sampler", "UniformSampler",
-           "SAZOSampler", "PlainSAZOSampler", "OracleSampler", "History", "FlatLossWarning", "train", "queries_to_target",
+           "SAZOSampler", "PlainSAZOSampler", "OracleSampler", "History", "FlatLossWarning", "train",
+           "queries_to_target",
            "variance", "SeedLog"]
