@@ -218,3 +218,45 @@ def test_helpers_given_bad_data_raise_a_value_error_naming_it(case):
     call, name = _bad_data_calls()[case]
     with pytest.raises(ValueError, match=re.escape(name)):
         call()
+
+
+def _bad_data_calls_2():
+    import torch
+
+    from sazo_lite.course import llm_lesson, minibatches, problems, two_point
+
+    ls = problems.LeastSquares(16, 3, seed=0)
+    bowl = lambda t: two_point.bowl_loss(t, [1.0, 2.0])
+    return [
+        (lambda: two_point.bowl_loss(torch.zeros(3), [1.0, 2.0]), "curvatures"),             # RuntimeError
+        (lambda: two_point.bowl_grad(torch.zeros(3), [1.0, 2.0]), "curvatures"),             # RuntimeError
+        (lambda: two_point.directional_error(bowl, torch.zeros(2), torch.zeros(2),
+                                             two_point.random_directions(2, 2), 1e-3), "zᵀ∇f = 0"),  # silently 0.0
+        (lambda: minibatches.sample_minibatches([0.5, 0.6], 1, 3), "probs"),                 # weights silently off
+        (lambda: minibatches.sample_minibatches([0.0, 0.0], 1, 3), "probs"),                 # RuntimeError
+        (lambda: minibatches.sample_minibatches([0.5, 0.5], 0, 3), "batch_size"),            # RuntimeError
+        (lambda: minibatches.sample_minibatches([0.5, 0.5], 1, 0), "trials"),                # RuntimeError
+        (lambda: minibatches.minibatch_zo_estimates(torch.ones(3, 2), [0.5, 0.5], 1, 3), "per_example_grads"),
+        (lambda: minibatches.weighted_loss_estimates([1.0, 2.0, 3.0], [0.5, 0.5], 1, 3), "losses"),
+        (lambda: minibatches.gain_vs_batch([], 1.0, 2, [1]), "norms"),                       # ZeroDivisionError
+        (lambda: minibatches.gain_vs_batch([0.0, 0.0], 0.0, 2, [1]), "norms"),               # ZeroDivisionError
+        (lambda: minibatches.gain_vs_batch([1.0, 2.0], 1.0, 2, [0]), "batch_sizes"),         # ZeroDivisionError
+        (lambda: minibatches.gain_vs_batch([-1.0, 2.0], 1.0, 2, [1]), "norms"),              # silently 4.0
+        (lambda: minibatches.gain_along_path(ls, [1], []), "progress"),                      # RuntimeError
+        (lambda: minibatches.second_moment_estimate(torch.ones(1, 2)), "draws"),             # silent NaN error bar
+        (lambda: minibatches.norm_spread([]), "norms"),                                       # RuntimeError
+        (lambda: ls.losses(torch.zeros(5)), "theta"),                                         # RuntimeError
+        (lambda: llm_lesson.gain_by_hand([1.0, 2.0], 1.0, 0), "batch_size"),                 # silently 1.2
+        (lambda: llm_lesson.gain_by_hand([], 1.0, 1), "norms"),                              # ZeroDivisionError
+        (lambda: llm_lesson.gain_by_hand([0.0, 0.0], 0.0, 1), "norms"),                      # ZeroDivisionError
+        (lambda: llm_lesson.turn({}), "train_loss"),                                          # KeyError
+        (lambda: llm_lesson.turn({"train_loss": [], "walk": []}), "losses"),                 # "min() arg is an empty sequence"
+        (lambda: llm_lesson.score_table({}), "diagnostics"),                                  # KeyError
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_bad_data_calls_2())))
+def test_course_helpers_given_bad_data_raise_a_value_error_naming_it(case):
+    call, name = _bad_data_calls_2()[case]
+    with pytest.raises(ValueError, match=re.escape(name)):
+        call()

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..llm.queries import DIVERGE_FACTOR, held_out_accuracies, queries_to, ratio_bound
 from ..train import median_queries, median_ratio_interval
+from ..validation import check_count, check_number
 from .config import benchmark_report
 from .tables import Table
 
@@ -109,6 +110,10 @@ def gain_by_hand(norms, grad_sq: float, batch_size: int) -> float:
         1.75
     """
     norms = [float(a) for a in norms]
+    check_count("batch_size", batch_size)
+    check_number("grad_sq", grad_sq, 0.0)
+    if not norms or not all(math.isfinite(a) and a >= 0 for a in norms) or not any(a > 0 for a in norms):
+        raise ValueError(f"Invalid norms: expected finite per-example norms >= 0, not all 0, got {norms[:5]}")
     n, total = len(norms), sum(norms)
     v_uniform = sum(a * a / (1 / n) for a in norms) / n ** 2          # p_i = 1/N
     v_oracle = sum(a * a / (a / total) for a in norms if a > 0) / n ** 2   # p_i = ‖∇f_i‖ / Σ‖∇f_j‖
@@ -221,8 +226,18 @@ def ratio_table(race: Race) -> Table:
                  caption="ratios of median queries [95% bootstrap interval over seeds]")
 
 
+def _require(run, keys) -> None:
+    if not isinstance(run, dict) or any(key not in run for key in keys):
+        have = sorted(run) if isinstance(run, dict) else type(run).__name__
+        raise ValueError(f"Invalid run: expected a stored run with keys {list(keys)}, got {have}")
+
+
 def turn(run: dict) -> tuple[float, float]:
     """Where a run's loss was lowest: (F/F₀ there, ‖θ−θ₀‖ there)."""
+    _require(run, ("train_loss", "walk"))
+    if not run["train_loss"] or len(run["walk"]) != len(run["train_loss"]):
+        raise ValueError(f"Invalid run: {len(run['train_loss'])} losses and {len(run['walk'])} walk points "
+                         "(expected the same number, at least one)")
     losses = _f0(run)
     k = min(range(len(losses)), key=losses.__getitem__)
     return losses[k], run["walk"][k]
@@ -246,6 +261,7 @@ def walk_table(race: Race) -> Table:
 def score_table(run: dict) -> Table:
     """A diagnosed SAZO run (``query_run(diagnose=...)``): at each diagnosed log point, how well its scores
     rank the true norms (Spearman ρ), TV(p_SAZO, p*), V(p_SAZO)/V(p*) and V(u)/V(p*)."""
+    _require(run, ("queries", "walk", "diagnostics", "seed", "lr"))
     walk_at = dict(zip(run["queries"], run["walk"]))
     rows = [[f"{d['queries']:,}", f"{walk_at.get(d['queries'], float('nan')):.1f}", f"{d.get('rho', float('nan')):.2f}",
              f"{d['tv']:.2f}", f"{d['v_ratio']:.2f}", f"{d['v_uniform_ratio']:.2f}"] for d in run["diagnostics"]]

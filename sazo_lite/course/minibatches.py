@@ -9,6 +9,7 @@ import torch
 
 from .. import variance
 from ..directions import derive_seed
+from ..validation import check_count
 
 __all__ = ["gain_along_path", "path_point", "sample_minibatches", "minibatch_zo_estimates", "weighted_loss_estimates",
            "gain_vs_batch", "second_moment_estimate", "norm_spread"]
@@ -22,13 +23,40 @@ def path_point(problem, progress: float) -> torch.Tensor:
     return theta0 + progress * (problem.optimum - theta0)
 
 
+def _probs(probs) -> torch.Tensor:
+    """p as float64 [N]: finite, ≥ 0, summing to 1 (the weights 1/(N p_i) assume it)."""
+    p = torch.as_tensor(probs, dtype=torch.float64)
+    if p.dim() != 1 or len(p) == 0 or not bool(torch.isfinite(p).all()) or bool((p < 0).any()) \
+            or abs(float(p.sum()) - 1.0) > 1e-6:
+        raise ValueError(f"Invalid probs: expected a non-empty 1-D distribution (finite, >= 0, summing to 1), "
+                         f"got shape {tuple(p.shape)} summing to {float(p.sum()) if p.numel() else 0.0:.6g}")
+    return p
+
+
+def _norms(norms) -> torch.Tensor:
+    """Per-example gradient norms as float64 [N]: finite, ≥ 0, not all 0 (p* ∝ ‖∇f_i‖ needs one > 0)."""
+    a = torch.as_tensor(norms, dtype=torch.float64)
+    if a.dim() != 1 or len(a) == 0 or not bool(torch.isfinite(a).all()) or bool((a < 0).any()) \
+            or not bool((a > 0).any()):
+        raise ValueError(f"Invalid norms: expected a non-empty 1-D tensor of finite norms >= 0, not all 0, "
+                         f"got shape {tuple(a.shape)}")
+    return a
+
+
+def _columns(name: str, values, probs: torch.Tensor) -> None:
+    if len(values) != len(probs):
+        raise ValueError(f"Invalid {name}: {len(values)} rows for {len(probs)} probabilities (expected one per example)")
+
+
 def sample_minibatches(probs, batch_size: int, trials: int, *, seed: int = 0):
     """``trials`` minibatches of B indices i.i.d. from p, with weights w = 1/(N p_i).
 
     Returns:
         (indices Long [trials, B], weights float64 [trials, B]).
     """
-    probs = torch.as_tensor(probs, dtype=torch.float64)
+    probs = _probs(probs)
+    check_count("batch_size", batch_size)
+    check_count("trials", trials)
     g = torch.Generator().manual_seed(seed)
     indices = torch.multinomial(probs, trials * batch_size, replacement=True, generator=g)
     indices = indices.view(trials, batch_size)
@@ -42,6 +70,7 @@ def minibatch_zo_estimates(per_example_grads: torch.Tensor, probs, batch_size: i
     Exact MeZO estimates for linear f_i (a_i = ∇f_i); E[ĝ] = ∇F and, by
     ``variance.zo_second_moment``, E‖ĝ‖² = (d+2)[V(p)/B + (1 − 1/B)‖∇F‖²].
     """
+    _columns("per_example_grads", per_example_grads, _probs(probs))
     indices, weights = sample_minibatches(probs, batch_size, trials, seed=seed)
     a = per_example_grads.double()
     g = torch.Generator().manual_seed(derive_seed(seed, 1))
@@ -59,6 +88,7 @@ def weighted_loss_estimates(losses, probs, batch_size: int, trials: int, *, seed
     is Σ_i p_i f_i, which is biased unless p is uniform.
     """
     losses = torch.as_tensor(losses, dtype=torch.float64)
+    _columns("losses", losses, _probs(probs))
     indices, weights = sample_minibatches(probs, batch_size, trials, seed=seed)
     values = losses[indices]
     return (weights * values if weighted else values).mean(1)
@@ -70,7 +100,8 @@ def gain_vs_batch(norms, full_grad_norm: float, dim: int, batch_sizes) -> torch.
     = (V(u)/B + (1−1/B)‖∇F‖²) / (V(p*)/B + (1−1/B)‖∇F‖²): 1 + CV² at B = 1 or ‖∇F‖ = 0,
     shrinking towards 1 as B grows. Returns float64 [len(batch_sizes)].
     """
-    norms = torch.as_tensor(norms, dtype=torch.float64)
+    norms = _norms(norms)
+    batch_sizes = [check_count("batch_sizes", b) for b in batch_sizes]
     uniform = torch.full_like(norms, 1.0 / len(norms))
     oracle = variance.oracle_probs(norms)
     return torch.tensor([variance.zo_second_moment(norms, uniform, full_grad_norm, dim, int(b))
@@ -95,6 +126,9 @@ def gain_along_path(problem, batch_sizes, progress) -> dict[int, torch.Tensor]:
         >>> bool(abs(gains[1][-1] - gains[64][-1]) < 1e-9)   # ∇F(θ*) = 0: B no longer matters
         True
     """
+    progress = list(progress)
+    if not progress or not list(batch_sizes):
+        raise ValueError(f"Invalid progress/batch_sizes: {progress!r}, {batch_sizes!r} (expected at least one of each)")
     rows = []
     for t in progress:
         grads = problem.per_example_grads(path_point(problem, float(t)))        # [N, d]
@@ -114,6 +148,9 @@ def second_moment_estimate(draws: torch.Tensor) -> tuple[float, float]:
         >>> mean, error
         (3.0, 0.0)
     """
+    if draws.dim() != 2 or draws.shape[0] < 2:
+        raise ValueError(f"Invalid draws: shape {tuple(draws.shape)} (expected [trials, d] with trials >= 2 "
+                         "for a standard error)")
     squares = (draws.double() ** 2).sum(1)                                   # ‖ĝ‖² per draw, [trials]
     return float(squares.mean()), float(squares.std() / len(squares) ** 0.5)
 
@@ -125,5 +162,5 @@ def norm_spread(norms) -> float:
         >>> round(norm_spread(torch.logspace(0, 2, 101)), 2)
         1.8
     """
-    logs = torch.log10(torch.as_tensor(norms, dtype=torch.float64).clamp_min(1e-300))
+    logs = torch.log10(_norms(norms).clamp_min(1e-300))
     return float(torch.quantile(logs, 0.95) - torch.quantile(logs, 0.05))

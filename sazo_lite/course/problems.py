@@ -69,8 +69,10 @@ class FiniteSumProblem:
 
     def _rows(self, theta: torch.Tensor, indices):
         """(features, responses, scales) of ``indices`` (all if None), cast to θ's dtype."""
+        if theta.shape[-1:] != (self.dim,):
+            raise ValueError(f"Invalid theta: shape {tuple(theta.shape)} (expected [..., {self.dim}])")
         columns = (self.features, self.responses, self.scales)
-        if indices is not None:
+        if indices is not None:   # (no range check here: torch.func.vmap batches indices, which cannot be read)
             columns = tuple(column[indices] for column in columns)
         return tuple(column.to(theta.dtype) for column in columns)
 

@@ -18,6 +18,15 @@ __all__ = ["bowl_loss", "bowl_grad", "random_directions", "two_point_estimates",
            "directional_error", "error_vs_eps", "relative_error_theory", "relative_error_monte_carlo"]
 
 
+def _curvatures(theta: torch.Tensor, curvatures) -> torch.Tensor:
+    """The curvatures a as a tensor of θ's dtype: one per coordinate of θ (or a single one for all)."""
+    a = torch.as_tensor(curvatures, dtype=theta.dtype)
+    if a.dim() > 1 or (a.dim() == 1 and a.shape[0] not in (1, theta.shape[-1])):
+        raise ValueError(f"Invalid curvatures: shape {tuple(a.shape)} (expected one per coordinate of θ, "
+                         f"{theta.shape[-1]})")
+    return a
+
+
 def bowl_loss(theta: torch.Tensor, curvatures, quartic: float = 0.0, offset: float = 0.0) -> torch.Tensor:
     """f(θ) = Σ_j (a_j/2) θ_j² + (κ/4) Σ_j θ_j⁴ + c, for θ of shape [..., d] → [...].
 
@@ -29,13 +38,13 @@ def bowl_loss(theta: torch.Tensor, curvatures, quartic: float = 0.0, offset: flo
         >>> float(bowl_loss(torch.tensor([1.0, 2.0]), [1.0, 1.0]))
         2.5
     """
-    a = torch.as_tensor(curvatures, dtype=theta.dtype)
+    a = _curvatures(theta, curvatures)
     return (0.5 * a * theta ** 2 + 0.25 * quartic * theta ** 4).sum(-1) + offset
 
 
 def bowl_grad(theta: torch.Tensor, curvatures, quartic: float = 0.0) -> torch.Tensor:
     """∇f(θ) = a ⊙ θ + κ θ³ for ``bowl_loss`` (same shape as θ)."""
-    a = torch.as_tensor(curvatures, dtype=theta.dtype)
+    a = _curvatures(theta, curvatures)
     return a * theta + quartic * theta ** 3
 
 
@@ -91,6 +100,9 @@ def directional_error(fn, grad: torch.Tensor, theta: torch.Tensor, directions: t
     """
     g, _ = two_point_estimates(fn, theta, directions, eps)
     exact = directions.double() @ grad.double()
+    if bool((exact == 0).any()):
+        raise ValueError("Invalid grad/directions: zᵀ∇f = 0 for some direction (at the minimum, or z ⟂ ∇f), "
+                         "where its relative error is 0/0")
     return float(((g.double() - exact).abs() / exact.abs().clamp_min(1e-300)).mean())
 
 
