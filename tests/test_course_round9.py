@@ -260,3 +260,22 @@ def test_course_helpers_given_bad_data_raise_a_value_error_naming_it(case):
     call, name = _bad_data_calls_2()[case]
     with pytest.raises(ValueError, match=re.escape(name)):
         call()
+
+
+# -- presets and captions ------------------------------------------------------------------------------
+
+def test_the_race_eps_caption_does_not_promise_that_every_method_stalls_at_the_preset():
+    """The caption asked "at which ε do all three methods stall"; at the "ε too small" preset (ε = 1e-9) a
+    seed of uniform or SAZO jumps off instead (rounding noise divided by 2ε), in fast and in class mode. The
+    caption now asks about stalls and jumps, and the readout says the jump is ε's doing (raise ε)."""
+    from sazo_lite.course.widgets import race as race_widgets
+
+    caption = race_widgets._QUESTIONS["eps"]
+    assert "all three methods stall" not in caption and "stalls" in caption and "jumps" in caption
+    board = sw.race_dashboard(seeds=2, steps=100, live_after=None)
+    preset = next(row.buttons for row in board.children if hasattr(row, "buttons"))["ε too small"]
+    preset.click()
+    shown = text(board.readout.value)
+    assert board.controls["eps"].value == pytest.approx(1e-9)
+    assert "diverged" in shown and "At ε = 1e-09 float32 rounding" in shown and "raise ε" in shown, shown
+    assert "the steps are too large" not in shown

@@ -315,7 +315,8 @@ def _controls(problem: str) -> dict[str, widgets.Widget]:
 
 _QUESTIONS = {
     "problem": "On which problem does SAZO gain most — and does it ever lose to uniform?",
-    "eps": "θ is float32: at which ε do all three methods stall, whatever they sample?",
+    "eps": "θ is float32: below which ε does sampling stop mattering? At ε = 1e-9 (the preset) a run either stalls "
+           "or jumps: why, when f(θ+εz) and f(θ−εz) differ only by rounding?",
     "ema_decay": "Does a larger β help SAZO late in the race? (Its decay grows with each example's count "
                  "up to β, notebook 04: β near 1 only matters for examples seen dozens of times.)",
     "batch_size": "Per query, does a bigger batch help uniform or SAZO more?",
