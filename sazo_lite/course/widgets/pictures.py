@@ -262,7 +262,15 @@ def paths_dashboard(*, num_examples: int = 32, heterogeneity: float = 2.0, steps
                 cache[key] = sampler_paths(problem, steps=steps, seed=seed, samplers=(method,), **values)[method]
         return cache[key]
 
-    def divergence(points: np.ndarray) -> tuple[int | None, float]:
+    verdicts: dict[tuple, tuple] = {}   # path key → its ``divergence`` (computed once per path)
+
+    def divergence(method: str, values: dict, points: np.ndarray) -> tuple[int | None, float]:
+        key = path_key(method, values)
+        if key not in verdicts:
+            verdicts[key] = diverged_at(points)
+        return verdicts[key]
+
+    def diverged_at(points: np.ndarray) -> tuple[int | None, float]:
         """(the step at which a path diverged or None, its gap there): the course's rule
         (``sazo_runs.first_divergence``), or a path cut short by a refused non-finite loss."""
         gaps = [problem.gap(torch.as_tensor(point)) for point in points]
@@ -278,7 +286,7 @@ def paths_dashboard(*, num_examples: int = 32, heterogeneity: float = 2.0, steps
         finals, jumps, diverged = {}, {}, {}
         for k, method in enumerate(SAMPLERS):  # each changed path is drawn as soon as it is ready
             points = path(method, values)
-            at, gap = divergence(points)
+            at, gap = divergence(method, values, points)
             if at is not None:
                 diverged[method] = (at, gap)
                 points = points[:at + 1]   # drawn as far as where it diverged (the frame stays on the contours)
