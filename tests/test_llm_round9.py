@@ -101,3 +101,72 @@ def test_top_block_norms_refuse_tensors_that_feed_the_cache_instead_of_leaving_t
         # the cache is detached: the lower tensor's gradient was left out (0, or the top part alone)
         with pytest.raises(ValueError, match="Invalid params: 1 tensors"):
             top.grad_norms(params, INDICES)
+
+
+# --- 3. per-example norms from hooks on a Linear whose rows are not the batch's ----------------------------
+class Routed(torch.nn.Module):
+    """A tiny MoE-style net: x [B, T, d] → tokens flattened, each sent to one of two expert Linears by a fixed
+    router (an expert sees the rows routed to it, examples mixed), put back, scored at the last token."""
+
+    def __init__(self, d: int = 4, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(2))
+        self.router = torch.nn.Linear(d, 1)
+        self.shared = torch.nn.Linear(d, d)          # every token, flattened [B·T, d] in order: batch-major
+
+    def forward(self, x):                            # [B, T, d] → [B]
+        b, t, d = x.shape
+        flat = x.reshape(-1, d)
+        route = (self.router(flat).squeeze(-1) > 0).detach()
+        out = torch.zeros_like(flat)
+        for k, expert in enumerate(self.experts):
+            rows = (route == bool(k)).nonzero().squeeze(-1)
+            if len(rows):
+                out = out.index_add(0, rows, expert(flat[rows]))
+        h = torch.tanh(out + self.shared(flat)).reshape(b, t, d)
+        return h[:, -1].pow(2).sum(-1)
+
+
+def routed_setup(n: int = 6):
+    net = Routed()
+    x = torch.randn(n, 3, 4, generator=torch.Generator().manual_seed(29))   # an even count a pair: it reshaped
+    losses = lambda idx: net(x[list(idx)])
+    return net, losses
+
+
+def test_linear_norms_refuse_an_expert_whose_rows_are_regrouped_across_examples():
+    net, losses = routed_setup()
+    params = list(net.experts.parameters())
+    for chunk in (2, 6):     # chunk 2: each expert's rows split into 2 equal groups, summed into the wrong examples
+        with pytest.raises(ValueError, match="Invalid params: .*(batch-major|regrouped)"):
+            linear_grad_norms(net, losses, params, range(6), chunk=chunk)
+    shared = list(net.shared.parameters())                       # flattened in order: split right, checked
+    assert torch.allclose(linear_grad_norms(net, losses, shared, range(6), chunk=4),
+                          loop_grad_norms(losses, shared, range(6)), rtol=1e-6)
+
+
+def test_grad_norms_auto_fall_back_to_the_exact_loop_for_regrouped_rows():
+    model = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    layer = decoder_layers(model)[1]
+    mlp = layer.mlp
+    # the top layer's MLP sees its tokens in a fixed shuffled order across the batch (as an MoE dispatch)
+    def regrouped(x):
+        flat = x.reshape(-1, x.shape[-1])
+        order = torch.randperm(len(flat), generator=torch.Generator().manual_seed(len(flat)))
+        y = mlp.down_proj(mlp.act_fn(mlp.gate_proj(flat[order])) * mlp.up_proj(flat[order]))
+        return torch.empty_like(y).index_copy(0, order, y).reshape(x.shape)
+    layer.mlp = type("Regrouped", (torch.nn.Module,), {"forward": lambda self, x: regrouped(x)})()
+    layer.mlp.inner = mlp
+    for p in model.parameters():
+        p.requires_grad_(False)
+    params = [mlp.down_proj.weight.requires_grad_(True)]
+    data = batch()
+    exact = loop_grad_norms(lambda idx: classification_losses(model, data, list(idx), grad=True), params, INDICES)
+    assert torch.allclose(grad_norms(model, data, params, indices=INDICES), exact, rtol=1e-5)
+    with pytest.raises(ValueError, match="Invalid params: .*(batch-major|regrouped)"):
+        grad_norms(model, data, params, indices=INDICES, method="linear")
+    top = TopBlocks(model, data)
+    assert torch.allclose(top.grad_norms(params, INDICES), exact, rtol=1e-5)
+    with pytest.raises(ValueError, match="Invalid params: .*(batch-major|regrouped)"):
+        top.grad_norms(params, INDICES, method="linear")

@@ -95,8 +95,31 @@ def linear_modules_for(model, params) -> dict[int, list[torch.nn.Linear]] | None
     return owners if all(owners.values()) else None
 
 
+class _HooksCannotSplit(ValueError):
+    """The batched hooks cannot tell the examples apart (a Linear run twice in one forward, or fed rows not
+    laid out batch-major): ``linear_grad_norms`` raises it, the "auto" paths fall back to the exact loop."""
+
+
+def _batch_major(x: torch.Tensor, g: torch.Tensor, count: int) -> bool | None:
+    """Whether a Linear's input x [..., d_in] and output gradient g [..., d_out] are laid out batch-major
+    for ``count`` examples: True when x is [B, T, ..., d_in] with B = count (the decoder's layout), False when
+    its rows cannot be split into ``count`` equal groups, None when they can but the grouping is not known to
+    be the examples' (x [B, d_in], tokens flattened [B·T, d_in], or rows regrouped, e.g. by an MoE router)."""
+    if count == 1:
+        return True                                       # one example: every row is its own
+    if x.shape[:-1] != g.shape[:-1] or x.dim() < 2 or x.shape[0] % count:
+        return False
+    return True if x.dim() >= 3 and x.shape[0] == count else None
+
+
 def linear_grad_norms(model, losses: Callable, params, indices, *, chunk: int = 16) -> torch.Tensor:
     """‖∇f_i‖ from one batched backward per chunk (tuned tensors: Linear weights/biases only).
+
+    Each Linear's input x and output gradient g are split into the examples along their first dimension,
+    which must be the batch. Where the layout does not say so (2-D rows, tokens flattened to [B·T, d], rows
+    regrouped by an MoE router), a second backward of Σ_i c_i f_i with distinct weights c_i checks the split
+    (Σ_i c_i ∇f_i must match it); rows that cannot be split, a split that fails that check, or a Linear run
+    twice in one forward raise ValueError (``grad_norms``' "auto" then takes the exact loop).
 
     Args:
         model: the module that contains the Linear layers.
@@ -126,10 +149,11 @@ def linear_grad_norms(model, losses: Callable, params, indices, *, chunk: int = 
         def keep(key):
             def forward_hook(module, args, output):   # x now; ∂(Σf)/∂y once backward reaches y
                 if key in inputs:                     # a second call would replace the first call's x and g
-                    raise ValueError("Invalid params: a Linear that owns them runs twice in one forward "
-                                     "(use loop_grad_norms)")
+                    raise _HooksCannotSplit("Invalid params: a Linear that owns them runs twice in one forward "
+                                            "(use loop_grad_norms)")
                 inputs[key] = args[0].detach()
-                output.register_hook(lambda grad: grads.__setitem__(key, grad.detach()))
+                if output.requires_grad:
+                    output.register_hook(lambda grad: grads.__setitem__(key, grad.detach()))
             return forward_hook
 
         for key, module in modules.items():
@@ -141,7 +165,16 @@ def linear_grad_norms(model, losses: Callable, params, indices, *, chunk: int = 
             for handle in handles:
                 handle.remove()
         per_example: dict[int, torch.Tensor] = {}   # id(tensor) → [B, *tensor.shape] summed over modules
+        unsure = False
         for key, module in modules.items():
+            if key not in grads:                    # not run on this chunk (an expert no token reached): no part
+                continue
+            layout = _batch_major(inputs[key], grads[key], len(part))
+            if layout is False:
+                raise _HooksCannotSplit(f"Invalid params: a Linear that owns them ({module}) sees inputs of shape "
+                                        f"{tuple(inputs[key].shape)}, not laid out batch-major for {len(part)} "
+                                        "examples (use loop_grad_norms)")
+            unsure = unsure or layout is None
             x = inputs[key].double().reshape(len(part), -1, module.in_features)      # [B, T, d_in]
             g = grads[key].double().reshape(len(part), -1, module.out_features)     # [B, T, d_out]
             if id(module.weight) in tuned:
@@ -149,9 +182,34 @@ def linear_grad_norms(model, losses: Callable, params, indices, *, chunk: int = 
                 per_example[id(module.weight)] = per_example.get(id(module.weight), 0) + gw
             if module.bias is not None and id(module.bias) in tuned:
                 per_example[id(module.bias)] = per_example.get(id(module.bias), 0) + g.sum(1)
+        if unsure:
+            _check_split(losses, params, part, per_example)
         squared = sum(t.reshape(len(part), -1).pow(2).sum(1) for t in per_example.values())
-        out.append(squared.sqrt())
-    return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
+        out.append(squared.sqrt() if isinstance(squared, torch.Tensor) else torch.zeros(len(part), dtype=torch.float64))
+    return torch.cat([o.cpu() for o in out]) if out else torch.zeros(0, dtype=torch.float64)
+
+
+def _check_split(losses: Callable, params, part: list[int], per_example: dict) -> None:
+    """Σ_i c_i ∇f_i from the split per-example gradients against the backward of Σ_i c_i f_i (c_i = 1 … B,
+    distinct): a split that gave some example another's rows fails it (raises ``_HooksCannotSplit``)."""
+    weights = torch.arange(1, len(part) + 1, dtype=torch.float64)
+    total = _grads((losses(part) * weights.to(torch.float32).to(_device_of(params))).sum(), params)
+    for p, exact in zip(params, total):
+        mine = per_example.get(id(p))
+        if mine is None:
+            continue
+        mine = mine.to(weights.device)
+        split = torch.einsum("b,b...->...", weights, mine)
+        exact = torch.zeros_like(split) if exact is None else exact.detach().double().cpu().reshape(split.shape)
+        scale = float(torch.einsum("b,b->", weights, mine.reshape(len(part), -1).norm(dim=1)))
+        if float((split - exact).norm()) > 1e-4 * scale + 1e-12:
+            raise _HooksCannotSplit("Invalid params: a Linear that owns them sees its rows regrouped across examples "
+                                    "(the batched split does not add up to the weighted gradient; e.g. an MoE "
+                                    "router's tokens): use loop_grad_norms")
+
+
+def _device_of(params) -> torch.device:
+    return params[0].device if params else torch.device("cpu")
 
 
 VMAP_BYTES = 256 * 2 ** 20      # per-example gradients held at once by ``vmap_grad_norms`` (float32)
@@ -229,16 +287,18 @@ def grad_norms(model, batch: TokenBatch, params, *, loss: str = "classification"
     losses = example_losses(model, batch, loss)
     if method == "vmap":
         return vmap_grad_norms(model, batch, params, indices)
-    if method == "auto" and linear_modules_for(model, params) is None:
-        if _vmap_applies(model, batch, indices, loss):
-            try:
-                return vmap_grad_norms(model, batch, params, indices)
-            except RuntimeError:          # a forward vmap cannot trace (data-dependent branches): the loop
-                _UNTRACEABLE.add(type(model))
-        return loop_grad_norms(losses, params, indices)
-    if method == "loop":
-        return loop_grad_norms(losses, params, indices)
-    return linear_grad_norms(model, losses, params, indices, chunk=chunk)
+    if method == "linear" or (method == "auto" and linear_modules_for(model, params) is not None):
+        try:
+            return linear_grad_norms(model, losses, params, indices, chunk=chunk)
+        except _HooksCannotSplit:         # a Linear run twice or fed rows not batch-major: the exact ways
+            if method == "linear":
+                raise
+    if method == "auto" and _vmap_applies(model, batch, indices, loss):
+        try:
+            return vmap_grad_norms(model, batch, params, indices)
+        except RuntimeError:              # a forward vmap cannot trace (data-dependent branches): the loop
+            _UNTRACEABLE.add(type(model))
+    return loop_grad_norms(losses, params, indices)
 
 
 def full_gradient_norm(model, batch: TokenBatch, params, *, loss: str = "classification", chunk: int = 16) -> float:

@@ -433,7 +433,7 @@ class TopBlocks:
         ``method``: "linear" (one batched backward; every tensor a Linear's weight/bias, e.g. LoRA),
         "loop" (one backward per example, any tensors) or "auto" (linear when it applies).
         """
-        from .grad_norms import _checked, linear_grad_norms, linear_modules_for, loop_grad_norms
+        from .grad_norms import _checked, _HooksCannotSplit, linear_grad_norms, linear_modules_for, loop_grad_norms
 
         if method not in ("auto", "linear", "loop"):
             raise ValueError(f"Invalid method: {method!r} (expected 'auto', 'linear' or 'loop')")
@@ -454,4 +454,9 @@ class TopBlocks:
                              "module the batched hooks see; use 'loop' or 'auto')")
         if method == "loop" or (method == "auto" and (head or linear_modules_for(self.model, params) is None)):
             return loop_grad_norms(losses, params, indices)
-        return linear_grad_norms(self.model, losses, params, indices)
+        try:
+            return linear_grad_norms(self.model, losses, params, indices)
+        except _HooksCannotSplit:         # a Linear run twice or fed rows not batch-major: the exact loop
+            if method == "linear":
+                raise
+        return loop_grad_norms(losses, params, indices)
