@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .directions import PERTURBATIONS
+from .directions import PERTURBATIONS, derive_seed
 from .engine import MeZO, StepEvent
 from .interrupts import InterruptsDeferred
 from .noise import source_for
@@ -211,6 +211,7 @@ class SeedLog:
         """
         _check_header(self.header)
         _check_records(self.records, len(self.header["groups"]))
+        _check_seeds(self.records, self.header)
         if type(optimizer).__name__ != self.header["optimizer"]:
             raise ValueError(f"Invalid optimizer: {type(optimizer).__name__}, but the log was written "
                              f"by {self.header['optimizer']}")
@@ -385,3 +386,16 @@ def _check_records(records, num_groups: int) -> None:
             raise _invalid(f"{where}: unknown record kind {kind}")
         if kind in (_STEP, _FAIL) and not 0 <= key < 2 ** 63:
             raise _invalid(f"{where}: seed {key} out of range")
+
+
+def _check_seeds(records, header: dict) -> None:
+    """Each step's (and failed step's) seed is the stream's next, derive_seed(base, start + steps so far):
+    replay sets the optimiser to the end of that stream, so records edited, reordered or spliced from
+    another run would rebuild a θ the run never had and a stream that reuses directions."""
+    steps = header["start_step"]
+    for index, (kind, key, _) in enumerate(records):
+        if kind in (_STEP, _FAIL):
+            if key != derive_seed(header["base_seed"], steps):
+                raise _invalid(f"record {index}: seed {key} is not step {steps}'s seed of the stream from base "
+                               f"seed {header['base_seed']} (records edited, reordered or from another run)")
+            steps += kind == _STEP

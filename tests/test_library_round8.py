@@ -405,3 +405,37 @@ def test_a_master_copy_refuses_tensors_that_share_entries(share):
     with pytest.raises(ValueError, match="Invalid params"):
         Float32Master(params)
     Float32Master([base[:3], base[3:]])   # disjoint views are fine
+
+
+# --- seed logs whose records left the seed stream ---------------------------------------------------
+def _logged_run(steps=4):
+    from sazo_lite import SeedLog
+    theta = torch.linspace(-1, 1, 5, dtype=torch.float64)
+    start = theta.clone()
+    opt = MeZO([theta], lr=0.1, noise=None, seed=3)
+    log = SeedLog.attach(opt)
+    for _ in range(steps):
+        opt.step(_quadratic(theta))
+    return log, start
+
+
+@pytest.mark.parametrize("edit", ["swap", "splice", "drop"])
+def test_a_log_whose_seeds_left_the_stream_is_refused_before_replay(edit):
+    """Replay took any seeds and then set the optimiser to (start + steps, base seed): reordered,
+    spliced or thinned records rebuilt a θ the run never had and a stream that reused directions."""
+    from sazo_lite import SeedLog
+    log, start = _logged_run()
+    other, _ = _logged_run()
+    steps = [r for r in log.records if r[0] == 0]
+    first = log.records.index(steps[0])
+    if edit == "swap":
+        log.records[first], log.records[first + 1] = log.records[first + 1], log.records[first]
+    elif edit == "splice":
+        log.records += [r for r in other.records if r[0] == 0]
+    else:
+        del log.records[first]
+    for candidate in (log, SeedLog.from_bytes(log.to_bytes())):   # the file parses; replay refuses it
+        target = start.clone()
+        with pytest.raises(ValueError, match="Invalid seed log: record .* seed"):
+            candidate.replay([target])
+        assert torch.equal(target, start)
