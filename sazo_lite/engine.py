@@ -266,6 +266,8 @@ class MeZO(torch.optim.Optimizer):
         seed = check_int("seed", seed)
         if noise is not None and noise != "auto" and not callable(getattr(noise, "apply", None)):
             raise ValueError(f"Invalid noise: {noise!r} (expected 'auto', None or an object with apply(jobs))")
+        if isinstance(noise, type):   # its apply is unbound: the first pass raised TypeError
+            raise ValueError(f"Invalid noise: the class {noise.__name__} (pass an instance: noise={noise.__name__}())")
         self.fold_updates = check_bool("fold_updates", fold_updates)
         self._pending = None  # (source, update jobs) of a folded step, applied by the next pass
         self._offset = 0      # where θ stands in the step in flight: 0, +1 (θ+εz) or −1 (θ−εz)

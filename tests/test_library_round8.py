@@ -439,3 +439,10 @@ def test_a_log_whose_seeds_left_the_stream_is_refused_before_replay(edit):
         with pytest.raises(ValueError, match="Invalid seed log: record .* seed"):
             candidate.replay([target])
         assert torch.equal(target, start)
+
+
+def test_a_noise_class_instead_of_an_instance_is_refused_at_construction():
+    """noise=TorchNoise (the class) was accepted: its apply is unbound and every step raised TypeError."""
+    from sazo_lite.noise import TorchNoise
+    with pytest.raises(ValueError, match=r"Invalid noise: the class TorchNoise .*TorchNoise\(\)"):
+        MeZO([torch.zeros(3)], lr=0.1, noise=TorchNoise)
