@@ -309,12 +309,23 @@ def _log(history: History, optimizer, sampler, evaluate, step: int, queries: int
         flush()
     history.logged_steps.append(step)
     history.logged_queries.append(queries)
-    value = float(evaluate()) if evaluate is not None else None
+    value = _metric(evaluate()) if evaluate is not None else None
     if value is not None:
         history.metrics.append(value)
     if record_probs:
         history.probs.append(sampler.probs.clone())
     return value
+
+
+def _metric(value) -> float:
+    """``evaluate``'s result as a float: a number or a one-element tensor (not a bool, a string or None:
+    float() read True as 1.0, and the others raised errors that did not say which callback)."""
+    if value is None or isinstance(value, (bool, str, bytes)):
+        raise ValueError(f"Invalid evaluate result: {value!r} (expected a number)")
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"Invalid evaluate result: {value!r} (expected a number or a one-element tensor)") from None
 
 
 def queries_to_target(record, target: float) -> int | None:

@@ -446,3 +446,17 @@ def test_a_noise_class_instead_of_an_instance_is_refused_at_construction():
     from sazo_lite.noise import TorchNoise
     with pytest.raises(ValueError, match=r"Invalid noise: the class TorchNoise .*TorchNoise\(\)"):
         MeZO([torch.zeros(3)], lr=0.1, noise=TorchNoise)
+
+
+@pytest.mark.parametrize("result", ["0.5", torch.ones(2), None, True])
+def test_an_evaluate_callback_that_returns_no_number_is_a_value_error_naming_it(result):
+    """float() read True as 1.0 and raised 'could not convert string to float' / TypeError for the rest,
+    without naming the callback; the steps taken stay in the History."""
+    theta, losses = _problem()
+    history = History()
+    with pytest.raises(ValueError, match="Invalid evaluate result"):
+        train(MeZO([theta], lr=0.01), UniformSampler(8), losses, 3, log_every=2, evaluate=lambda: result,
+              progress=False, history=history)
+    assert len(history.loss) == 2 and history.metrics == []
+    assert train(MeZO([theta], lr=0.01), UniformSampler(8), losses, 2, log_every=1, progress=False,
+                 evaluate=lambda: torch.tensor([0.25])).metrics == [0.25, 0.25]
