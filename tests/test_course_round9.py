@@ -279,3 +279,31 @@ def test_the_race_eps_caption_does_not_promise_that_every_method_stalls_at_the_p
     assert board.controls["eps"].value == pytest.approx(1e-9)
     assert "diverged" in shown and "At ε = 1e-09 float32 rounding" in shown and "raise ε" in shown, shown
     assert "the steps are too large" not in shown
+
+
+# -- readouts at the extremes --------------------------------------------------------------------------
+
+def test_sazo_readout_does_not_report_a_rank_correlation_of_equal_estimates():
+    """At step 0 under the plain rule every G is 1, and with N = 1 there is nothing to rank: the readout and the
+    scatter's title said "ρ = 0.00" (no correlation), a number ``variance.spearman`` returns by convention."""
+    board = sw.sazo_dashboard(steps=20)
+    board.controls["step"].value = 0
+    shown = text(board.readout.value)
+    assert "Spearman ρ undefined (every estimate is equal)" in shown and "ρ = 0.00" not in shown, shown
+    assert "ρ undefined" in board.figures["scatter"].layout.title.text
+    board.controls["step"].value = 20
+    assert re.search(r"Spearman ρ = -?\d\.\d\d", text(board.readout.value))
+    single = sw.sazo_dashboard(num_examples=1, dim=1, steps=10)
+    assert "ρ undefined" in text(single.readout.value), text(single.readout.value)
+
+
+def test_paths_readout_says_one_step_not_one_steps():
+    board = sw.paths_dashboard(steps=1)
+    assert text(board.readout.value).startswith("after 1 step: "), text(board.readout.value)
+
+
+def test_dimension_dashboard_refuses_no_dimensions():
+    with pytest.raises(ValueError, match="dims"):
+        sw.dimension_dashboard(dims=())
+    with pytest.raises(ValueError, match="dims"):
+        sw.dimension_dashboard(dims=(0, 4))

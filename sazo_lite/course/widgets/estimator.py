@@ -12,6 +12,7 @@ import torch
 
 from .. import two_point, instruments, mezo_vs_sgd, minibatches
 from ..config import one_thread
+from ...validation import check_count
 from ._common import LiveFigure, Dashboard, assemble, int_slider, log_slider, slider
 
 __all__ = ["estimator_dashboard", "epsilon_dashboard", "dimension_dashboard"]
@@ -194,6 +195,9 @@ def dimension_dashboard(dims=(2, 4, 8, 16, 32, 64, 128, 256, 512), *, directions
 
     Each dot averages ``directions_drawn // q`` trials (at least 16), so redraws cost about the same for any q.
     """
+    dims = [check_count("dims", d) for d in dims]
+    if not dims:
+        raise ValueError("Invalid dims: expected at least one dimension to draw")
     controls = {"q": int_slider("directions q", 1, 1, 64),
                 "perturbation": widgets.ToggleButtons(options=["gaussian", "rademacher"], description="direction z",
                                                       style=dict(description_width="150px", button_width="110px"))}

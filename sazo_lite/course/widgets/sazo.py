@@ -41,6 +41,15 @@ def _snapshot_index(trace: SAZOTrace, step: int) -> int:
     return int(np.clip(np.searchsorted(trace.steps, step, side="right") - 1, 0, len(trace.steps) - 1))
 
 
+def _rho(trace: SAZOTrace, index: int) -> str:
+    """"ρ = 0.59", or why there is no rank correlation: every estimate (or every true norm) equal, as at
+    θ₀ under the plain rule (G₀ = 1 for all) or with one example (``variance.spearman`` reports 0 there)."""
+    if np.ptp(trace.sqrt_g[index]) == 0 or np.ptp(trace.norms[index]) == 0:
+        what = "estimate" if np.ptp(trace.sqrt_g[index]) == 0 else "true norm"
+        return f"ρ undefined (every {what} is equal)"
+    return f"ρ = {trace.spearman[index]:.2f}"
+
+
 def trace_readout(trace: SAZOTrace, index: int = -1) -> str:
     """One line of numbers at a log point, e.g. "step 300: Spearman ρ = 0.59, TV = 0.39, ...".
 
@@ -52,7 +61,7 @@ def trace_readout(trace: SAZOTrace, index: int = -1) -> str:
         raise ValueError(f"Invalid index: {index} (the trace has {len(trace.steps)} log points)")
     last = index % len(trace.steps)
     upto = slice(1, last + 1) if last else slice(0, 1)   # the log points after θ₀, up to ``index``
-    return (f"step {int(trace.steps[index])}: Spearman ρ = {trace.spearman[index]:.2f}, "
+    return (f"step {int(trace.steps[index])}: Spearman {_rho(trace, index)}, "
             f"TV = {trace.tv[index]:.2f}, V(p_SAZO)/V(p*) = {trace.ratio['sazo'][index]:.2f}, "
             f"V(uniform)/V(p*) = {trace.ratio['uniform'][index]:.2f}, gap = {trace.gap[index]:.3g}; "
             f"mean over the run: SAZO {np.mean(trace.ratio['sazo'][upto]):.2f}, "
@@ -159,7 +168,7 @@ def _draw(figures: dict, trace: SAZOTrace, index: int) -> None:
         figures["scatter"].data[0].update(x=norms, y=sqrt_g)
         figures["scatter"].data[1].update(x=[low, high], y=[low, high])
         figures["scatter"].layout.title.text = f"estimate vs true ‖∇f_i‖, step {int(trace.steps[index])}: " \
-                                               f"ρ = {trace.spearman[index]:.2f}" + _off_the_log_axis(sqrt_g)
+                                               f"{_rho(trace, index)}" + _off_the_log_axis(sqrt_g)
     with figures["trajectory"].batch_update():
         for k, example in enumerate(trace.tracked):
             figures["trajectory"].data[2 * k].update(x=trace.steps, y=finite(trace.sqrt_g[:, example]))
