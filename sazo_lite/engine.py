@@ -628,6 +628,9 @@ class MeZO(torch.optim.Optimizer):
             for dtype in {range_dtype(p) for p in group["params"]}:
                 if not _fits(2.0 * eps, dtype):
                     raise ValueError(f"Invalid eps: {eps} (2·eps·z overflows {dtype})")
+        if getattr(self, "_inference", False) and not torch.is_inference_mode_enabled():
+            raise ValueError("Invalid params: inference tensors (made under torch.inference_mode) can be changed in "
+                             "place only inside it: step inside torch.inference_mode(), or clone them")
         for hook in list(self._step_hooks.values()):
             check = getattr(hook, "check", None)
             if check is not None:
@@ -656,6 +659,7 @@ class MeZO(torch.optim.Optimizer):
         self._counter()
         self.flush()   # a pending update's jobs were made for the groups as they were: applied before the next pass
         self._checked_groups = [list(group["params"]) for group in groups]   # the tensors themselves: no id reuse
+        self._inference = any(p.is_inference() for p in params)   # fixed per tensor: checked each step, cheaply
 
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor], weights: torch.Tensor | None = None) -> ZOStep:

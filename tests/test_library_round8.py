@@ -460,3 +460,17 @@ def test_an_evaluate_callback_that_returns_no_number_is_a_value_error_naming_it(
     assert len(history.loss) == 2 and history.metrics == []
     assert train(MeZO([theta], lr=0.01), UniformSampler(8), losses, 2, log_every=1, progress=False,
                  evaluate=lambda: torch.tensor([0.25])).metrics == [0.25, 0.25]
+
+
+def test_inference_tensors_step_inside_inference_mode_and_are_refused_outside_it():
+    """Outside torch.inference_mode the first pass raised torch's RuntimeError ('Inplace update to
+    inference tensor outside InferenceMode'); inside it they step as any tensor."""
+    with torch.inference_mode():
+        theta = torch.zeros(3)
+    opt = MeZO([theta], lr=0.1, noise=None)
+    with pytest.raises(ValueError, match="Invalid params: inference tensors"):
+        opt.step(lambda: (theta - 1) ** 2)
+    assert opt.step_count == 0 and theta.abs().max() == 0
+    with torch.inference_mode():
+        opt.step(lambda: (theta - 1) ** 2)
+    assert opt.step_count == 1 and theta.abs().max() > 0
