@@ -307,3 +307,17 @@ def test_dimension_dashboard_refuses_no_dimensions():
         sw.dimension_dashboard(dims=())
     with pytest.raises(ValueError, match="dims"):
         sw.dimension_dashboard(dims=(0, 4))
+
+
+def test_estimator_readout_says_why_the_error_is_exactly_one_at_a_tiny_eps():
+    """At ε ≤ 1e-8 in float32 every difference rounds to 0 and the error is exactly 1; the readout still
+    promised "expected about √(3/q) = 0.245" as if the estimate were a noisy average."""
+    board = sw.estimator_dashboard()
+    preset = next(row.buttons for row in board.children if hasattr(row, "buttons"))["ε too small"]
+    preset.click()
+    shown = text(board.readout.value)
+    assert board.state["error"] == pytest.approx(1.0)
+    assert "rounds to 0 in float32" in shown and "ĝ = 0" in shown and "expected about" not in shown, shown
+    board.controls["precision"].value = "float64"    # float64 rescues it: the ordinary sentence again
+    shown = text(board.readout.value)
+    assert "expected about √(3/q)" in shown and "rounds to 0" not in shown, shown

@@ -102,6 +102,11 @@ def estimator_dashboard(theta=(1.2, 0.8), *, seed: int = 0) -> Dashboard:
             fig.data[2].x, fig.data[2].y = _arrow(point, scale * true)
             fig.data[3].x, fig.data[3].y = _arrow(point, scale * mean)
         state["error"] = error
+        if not bool(singles.ne(0).any()):   # a tiny ε: f(θ+εz) and f(θ−εz) are the same float
+            readout.value = (f"relative error ‖ĝ − ∇f‖/‖∇f‖ = <b>{error:.3g}</b>: at ε = {controls['eps'].value:.1g} "
+                             f"every f(θ+εz) − f(θ−εz) rounds to 0 in {controls['precision'].value}, so ĝ = 0 "
+                             "whatever q (√(3/q) is the error of exact differences)")
+            return
         readout.value = (f"relative error ‖ĝ − ∇f‖/‖∇f‖ = <b>{error:.3g}</b> "
                          f"(expected about √(3/q) = {math.sqrt(3 / controls['q'].value):.3g} for Gaussian z in d = 2)")
 
