@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from sazo_lite.llm import tiny_causal_lm
+from sazo_lite.llm import tiny_causal_lm, trainable_parameters
 from sazo_lite.llm.grad_norms import grad_norms, linear_grad_norms, loop_grad_norms
 from sazo_lite.llm.losses import TokenBatch, classification_losses
 from sazo_lite.llm.topblock import TopBlocks, decoder_layers, top_block_parameters
@@ -170,3 +170,48 @@ def test_grad_norms_auto_fall_back_to_the_exact_loop_for_regrouped_rows():
     assert torch.allclose(top.grad_norms(params, INDICES), exact, rtol=1e-5)
     with pytest.raises(ValueError, match="Invalid params: .*(batch-major|regrouped)"):
         top.grad_norms(params, INDICES, method="linear")
+
+
+# --- dropout: ZO's two passes must see one function ---------------------------------------------------------
+def lora_with_dropout(p: float = 0.5):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny_causal_lm("llama", vocab_size=VOCAB, seed=1),      # the base in eval mode
+                           LoraConfig(r=2, lora_dropout=p, target_modules=["q_proj", "v_proj"]))
+    jiggle([q for name, q in model.named_parameters() if "lora_B" in name])
+    return model
+
+
+def test_losses_of_a_model_whose_dropout_is_active_are_refused_not_random():
+    from sazo_lite.llm.losses import answer_losses, batched_closure
+
+    data = batch()
+    model = lora_with_dropout()          # peft leaves the new PeftModel and its lora_dropout in training mode
+    for loss in (lambda: classification_losses(model, data, INDICES), lambda: answer_losses(model, data, INDICES),
+                 lambda: batched_closure(model, data)(INDICES), lambda: grad_norms(model, data, trainable_parameters(model), indices=[0])):
+        with pytest.raises(ValueError, match="Invalid model: .*training mode with Dropout"):
+            loss()                       # each call drew its own dropout: δ = f(θ+εz) − f(θ−εz) was noise
+    model.eval()
+    assert torch.equal(classification_losses(model, data, INDICES), classification_losses(model, data, INDICES))
+    plain = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    expected = classification_losses(plain, data, INDICES)
+    plain.train()                        # training mode, every rate 0: the same function, accepted
+    assert torch.allclose(classification_losses(plain, data, INDICES), expected, atol=1e-6, rtol=0)
+
+
+def test_a_module_left_in_training_mode_under_an_eval_model_is_refused():
+    from sazo_lite.llm.losses import batched_closure
+
+    data = batch()
+    model = lora_with_dropout().eval()
+    layer = decoder_layers(model)[1]
+    layer.self_attn.q_proj.lora_dropout.train()          # as an adapter added after eval() is left
+    with pytest.raises(ValueError, match="Invalid model: .*lora_dropout.*training mode"):
+        batched_closure(model, data)
+    with pytest.raises(ValueError, match="Invalid model: .*lora_dropout.*training mode"):
+        TopBlocks(model, data, check=False)
+    layer.self_attn.q_proj.lora_dropout.eval()
+    top = TopBlocks(model, data, blocks=2)                # adapters in both layers
+    model.train()
+    with pytest.raises(ValueError, match="Invalid model: it is in training mode"):
+        top(INDICES)

@@ -42,7 +42,7 @@ from typing import Callable
 import torch
 
 from ..validation import check_count
-from .losses import TokenBatch, answer_losses, checked_indices, classification_losses
+from .losses import TokenBatch, answer_losses, check_deterministic, checked_indices, classification_losses
 
 __all__ = ["loop_grad_norms", "linear_grad_norms", "vmap_grad_norms", "grad_norms", "example_losses", "RefreshingNorms",
            "linear_modules_for", "full_gradient_norm", "directional_error"]
@@ -234,6 +234,8 @@ def vmap_grad_norms(model, batch: TokenBatch, params, indices=None, *, max_bytes
     if any(id(p) not in names for p in params):
         raise ValueError("Invalid params: every tensor must be a parameter of the model")
     tuned = {names[id(p)]: p.detach() for p in params}
+    if model.training:
+        check_deterministic(model)
     label_ids = batch.label_ids.to(params[0].device)
 
     def example_loss(weights, ids, label):        # ids [T], label []: one example, no batch dimension

@@ -38,7 +38,8 @@ import torch.nn.functional as F
 
 from ..validation import check_int
 
-__all__ = ["causal_lm_losses", "checked_indices", "TokenBatch", "encode_answers", "encode_classification", "label_word_ids",
+__all__ = ["causal_lm_losses", "checked_indices", "check_deterministic", "TokenBatch", "encode_answers",
+           "encode_classification", "label_word_ids",
            "answer_losses", "classification_losses", "classification_logits", "predict", "accuracy",
            "batched_closure"]
 
@@ -170,6 +171,34 @@ def _check_vocabulary(model, batch: TokenBatch) -> None:
                          f"model's vocabulary of {rows}")
 
 
+def _random_in_training(module) -> str | None:
+    """Why ``module`` (not its children) makes a forward random or batch-dependent in training mode: a dropout
+    module with p > 0, a drop rate > 0 read as an attribute (Hugging Face's ``attention_dropout``, OPT's
+    ``dropout`` and ``layerdrop``, peft's ``lora_dropout`` modules), batch norm's batch statistics; else None."""
+    if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+        return f"{type(module).__name__}(p={module.p})" if module.p > 0 else None
+    if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+        return f"{type(module).__name__} (batch statistics)"
+    for name, value in vars(module).items():
+        if "drop" in name and isinstance(value, float) and value > 0:
+            return f"{type(module).__name__}.{name} = {value}"
+    return None
+
+
+def check_deterministic(model) -> None:
+    """ValueError where a module in training mode would make the losses random (dropout, LayerDrop; LoRA
+    dropout of adapters added after ``eval()``, which peft leaves in training mode) or depend on the batch
+    (batch norm): ZO's two passes must see the same function, so the difference of their losses is δ.
+    A model in training mode without any of them (every rate 0) is accepted."""
+    if not any(module.training for module in model.modules()):       # eval mode: the usual case, quick
+        return
+    for name, module in model.named_modules():
+        why = _random_in_training(module) if module.training else None
+        if why is not None:
+            raise ValueError(f"Invalid model: {name or 'the model'} is in training mode with {why}, so each "
+                             "forward draws its own dropout and the losses are random; call model.eval()")
+
+
 def checked_indices(indices, count: int) -> list[int]:
     """Example indices (a 1-D integer tensor or array, or a sequence of ints) as a list of ints in
     [0, count); duplicates kept. Floats, bools, negative (wrapping) or too large indices and an empty
@@ -289,6 +318,8 @@ def answer_losses(model, batch: TokenBatch, indices=None, *, autocast_dtype=None
     """
     indices = range(len(batch)) if indices is None else indices
     _check_vocabulary(model, batch)
+    if model.training:          # every call: the quick test (batched_closure and TopBlocks look at every module)
+        check_deterministic(model)
     inputs = batch.select(indices, _device(model))
     logits = _logits(model, inputs, autocast_dtype, grad)
     ids = inputs["input_ids"]
@@ -305,6 +336,8 @@ def classification_logits(model, batch: TokenBatch, indices=None, *, autocast_dt
     if batch.label_ids is None:
         raise ValueError("Invalid batch: no label_ids (classification needs encode_classification's batch)")
     _check_vocabulary(model, batch)
+    if model.training:          # every call: the quick test (batched_closure and TopBlocks look at every module)
+        check_deterministic(model)
     inputs = batch.select(indices, _device(model))
     last = _logits(model, inputs, autocast_dtype, grad, positions=inputs["lengths"] - 1)   # [B, V]
     return last[:, batch.label_ids.to(last.device)]
@@ -344,4 +377,5 @@ def batched_closure(model, batch: TokenBatch, loss: str = "classification", *, a
     if loss not in kinds:
         raise ValueError(f"Invalid loss: {loss!r} (expected one of {sorted(kinds)})")
     fn = kinds[loss]
+    check_deterministic(model)
     return lambda indices: fn(model, batch, checked_indices(indices, len(batch)), autocast_dtype=autocast_dtype)

@@ -48,7 +48,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from .losses import TokenBatch, checked_indices, classification_losses
+from .losses import TokenBatch, check_deterministic, checked_indices, classification_losses
 
 __all__ = ["TopBlocks", "decoder_layers", "top_layers", "top_block_parameters"]
 
@@ -224,6 +224,7 @@ class TopBlocks:
         count = _check_blocks(model, blocks)
         if model.training:
             raise ValueError("Invalid model: it is in training mode (dropout would make f_i random); call model.eval()")
+        check_deterministic(model)      # a module in training mode under an eval model (adapters added later)
         self.model, self.batch, self.blocks, self.check = model, batch, blocks, bool(check)
         owner, layers = _stack(model)
         self.layers = list(layers[count - blocks:])
@@ -393,6 +394,8 @@ class TopBlocks:
         """Label-word logits at each example's last prompt position: float32 [B, C]."""
         index = self._index(indices)
         self._check_layout()
+        if self.model.training:       # put in training mode since: dropout would make f_i random
+            raise ValueError("Invalid model: it is in training mode (dropout would make f_i random); call model.eval()")
         mode = torch.enable_grad() if grad else torch.inference_mode()
         with mode:
             h = self.hidden.index_select(0, index)                               # [B, T, H]
