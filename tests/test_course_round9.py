@@ -210,6 +210,9 @@ def _bad_data_calls():
         (lambda: sazo_runs.run_sazo_trace(tiny, steps=5, diverge_factor=-1.0), "diverge_factor"),  # every run "diverged"
         (lambda: sazo_runs.feed_sampler(sazo_runs.SAZOSampler(4), [1.0, 1.0, 1.0], steps=2, batch_size=2), "norms"),
         (lambda: sazo_runs.first_divergence([]), "gaps"),
+        (lambda: llm.loss_bands({"uniform": [{"queries": [0, 2], "train_loss": [0.0, 1.0]}]}), "F(θ₀)"),  # ZeroDivision
+        (lambda: llm.loss_bands({"uniform": [{"queries": [0, 2]}]}), "train_loss"),                    # KeyError
+        (lambda: llm.loss_bands({"uniform": [{"queries": [0, 2], "train_loss": [1.0]}]}), "queries/train_loss"),
     ]
 
 

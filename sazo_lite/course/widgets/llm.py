@@ -66,6 +66,12 @@ def loss_bands(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> go.Figure:
     fig, shown = go.Figure(), []
     for sampler, runs in runs_by_sampler.items():
         runs = [_as_dict(r) for r in runs]
+        for run in runs:   # each curve is drawn relative to its F(θ₀)
+            require_keys(f"runs of {sampler!r}", run, ("queries", "train_loss"))
+            same_lengths(queries=run["queries"], train_loss=run["train_loss"])
+            if not run["train_loss"] or not run["train_loss"][0] > 0:
+                raise ValueError(f"Invalid runs of {sampler!r}: train_loss {run['train_loss'][:1]} (expected a "
+                                 "logged F(θ₀) > 0: the curves are F(θ)/F(θ₀))")
         color = _color(sampler)
         dash = _DASHES[shown.count(color) % len(_DASHES)]   # several rates of one sampler: one colour, dashes
         shown.append(color)
