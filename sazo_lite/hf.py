@@ -11,7 +11,7 @@ Logging, callbacks, ``evaluate`` with ``compute_metrics``, ``save_steps`` checkp
 lr schedules, peft models and ``torchrun`` launches are the Trainer's own. What differs:
 
 - Optimiser: ``sazo_lite.MeZO`` over the parameters that require grad (lr, weight decay and the lr
-  schedule come from ``args``). A training step runs the model exactly twice, at θ+εz and θ−εz,
+  schedule come from ``args``; as with the Trainer's AdamW, biases and norms are not decayed). A training step runs the model exactly twice, at θ+εz and θ−εz,
   under ``no_grad`` and in eval mode (the two passes must see the same function: no dropout);
   nothing calls backward and no ``.grad`` is ever allocated. ``max_grad_norm`` is ignored. After
   each step the model is in train mode again, as the Trainer's own ``training_step`` leaves it.
@@ -317,12 +317,13 @@ class ZOTrainer(Trainer):
         if self.optimizer is None:
             net = self.accelerator.unwrap_model(model if model is not None else self.model)
             params = [p for p in net.parameters() if p.requires_grad]
+            self._master = None
             if self._wants_master(params):
                 from .precision import Float32Master
 
                 self._master = Float32Master(params)
                 params = self._master.tensors
-            self.optimizer = _TrainerMeZO(params, lr=self.args.learning_rate, eps=self.eps,
+            self.optimizer = _TrainerMeZO(self._decay_groups(net, params), lr=self.args.learning_rate, eps=self.eps,
                                           weight_decay=self.args.weight_decay, perturbation=self.perturbation,
                                           seed=self.zo_seed)
             self._zo_queries = 0   # a new optimiser (first train(), or model_init's new model) starts the count
@@ -331,6 +332,23 @@ class ZOTrainer(Trainer):
             self._apply_zo_state(self._zo_resume)
             self._zo_resume = None
         return self.optimizer
+
+    def _decay_groups(self, net, params) -> list[dict]:
+        """``params`` (net's trainable tensors or their masters, in order) as param groups: weight
+        decay on the tensors the Trainer decays, none on biases and norms (``get_decay_parameter_names``,
+        as the Trainer's AdamW and MeZO's reference code; every tensor was decayed). Groups are
+        contiguous runs, so tensor k keeps its z (MeZO seeds z by position) and weight_decay=0 is
+        one group, as before."""
+        decayed = set(self.get_decay_parameter_names(net))
+        names = [name for name, p in net.named_parameters() if p.requires_grad]
+        groups = []
+        for name, p in zip(names, params):
+            decay = self.args.weight_decay if name in decayed else 0.0
+            if groups and groups[-1]["weight_decay"] == decay:
+                groups[-1]["params"].append(p)
+            else:
+                groups.append({"params": [p], "weight_decay": decay})
+        return groups
 
     def _restart_sampler(self) -> None:
         """A new MeZO is a new run: with ``model_init`` every ``train()`` builds a new model and
@@ -579,10 +597,10 @@ class ZOTrainer(Trainer):
         its own optimisers' lr, through the scheduler's base lrs), so new values were silently
         dropped. Resuming continues the run as it was; a run with new settings is a new run.
         """
-        group, seed = self._saved_optimizer(checkpoint)
-        sampler = zo_state["sampler"]
+        groups, seed = self._saved_optimizer(checkpoint)
+        group, sampler = groups[0], zo_state["sampler"]
         pairs = [("learning_rate", group.get("initial_lr"), self.args.learning_rate),  # None: no base lr (plateau)
-                 ("weight_decay", group["weight_decay"], self.args.weight_decay),
+                 ("weight_decay", max(g["weight_decay"] for g in groups), self.args.weight_decay),
                  ("eps", group["eps"], self.eps), ("perturbation", group["perturbation"], self.perturbation),
                  ("zo_seed (args.seed unless given)", seed, self.zo_seed),
                  ("data_seed (the sampler's seed, zo_seed + 1 when unset)", sampler["seed"], self.zo_sampler.seed)]
@@ -593,25 +611,31 @@ class ZOTrainer(Trainer):
                 raise ValueError(f"Invalid {name}: {new!r}, but {checkpoint} was written with {old!r}. Resuming "
                                  f"continues that run with its settings: resume with {name.split()[0]}={old!r}, or, to "
                                  f"change it, start a new run from the checkpoint's weights (without resuming)")
+        net = self.accelerator.unwrap_model(self.model)
+        planned = [len(g["params"]) for g in self._decay_groups(net, [p for p in net.parameters() if p.requires_grad])]
+        if [len(g["params"]) for g in groups] != planned:
+            raise ValueError(f"Invalid checkpoint: its optimizer groups {[len(g['params']) for g in groups]} tensors, "
+                             f"this run {planned} (weight decay skips biases and norms since round 10: a checkpoint "
+                             f"written before with weight_decay > 0 decayed them all and cannot continue here)")
 
     @staticmethod
-    def _saved_optimizer(checkpoint: str) -> tuple[dict, int]:
-        """optimizer.pt's first param group and MeZO's seed (the Trainer loads both or neither file)."""
+    def _saved_optimizer(checkpoint: str) -> tuple[list[dict], int]:
+        """optimizer.pt's param groups and MeZO's seed (the Trainer loads both or neither file)."""
         for name in ("optimizer.pt", "scheduler.pt"):
             if not os.path.isfile(os.path.join(checkpoint, name)):
                 raise ValueError(f"Invalid checkpoint: {checkpoint} has no {name}, so MeZO's step count and "
                                  f"seed would restart instead of continuing")
         state = _load_plain(os.path.join(checkpoint, "optimizer.pt"), "a MeZO state")
         try:
-            group = state["param_groups"][0]
-            entry = state["state"][group["params"][0]]
-            keys = {"lr", "eps", "weight_decay", "perturbation"}
-            if not isinstance(group, dict) or not keys <= set(group) or not isinstance(entry["seed"], int):
+            groups = list(state["param_groups"])
+            entry = state["state"][groups[0]["params"][0]]
+            keys = {"params", "lr", "eps", "weight_decay", "perturbation"}
+            if not all(isinstance(g, dict) and keys <= set(g) for g in groups) or not isinstance(entry["seed"], int):
                 raise KeyError("param group")
         except (KeyError, IndexError, TypeError) as error:
             raise ValueError(f"Invalid checkpoint: {checkpoint}/optimizer.pt is not a MeZO state "
                              f"(missing {error})") from None
-        return group, entry["seed"]
+        return groups, entry["seed"]
 
     def _load_best_model(self) -> None:
         # private, kept: where load_best_model_at_end puts the best weights into the model. The

@@ -176,3 +176,38 @@ def test_with_model_init_a_second_train_call_reruns_the_first(tmp_path):
     trainer.train()
     assert [e.get("loss") for e in trainer.state.log_history] == losses
     assert all(torch.equal(weights(trainer.model)[k], v) for k, v in first.items())
+
+
+# -- weight decay: not on biases and norms, as in the Trainer ------------------------------------
+def one_step_weights(tmp_path, weight_decay):
+    model = tiny_causal_lm("llama", vocab_size=VOCAB)
+    trainer_for(tmp_path, model=model, method="mezo",
+                args=training_args(tmp_path, max_steps=1, weight_decay=weight_decay)).train()
+    return model
+
+
+def test_weight_decay_skips_norms_and_biases_as_in_the_trainer(tmp_path):
+    # every tensor was decayed; the Trainer's AdamW (and MeZO's reference code) skip biases and norms
+    plain, decayed = one_step_weights(tmp_path / "a", 0.0), one_step_weights(tmp_path / "b", 0.1)
+    trainer = hf.ZOTrainer(plain, training_args(tmp_path))
+    names = set(trainer.get_decay_parameter_names(plain))
+    a, b = dict(plain.named_parameters()), dict(decayed.named_parameters())
+    assert names and set(a) - names                        # both kinds are there
+    for name in a:                                          # same z for every tensor, decay only where named
+        assert torch.equal(a[name], b[name]) == (name not in names), name
+
+
+def test_a_checkpoint_whose_groups_differ_is_refused_before_anything_loads(tmp_path):
+    # a checkpoint written before the decay groups (one group, weight_decay > 0) could not load
+    args = training_args(tmp_path, max_steps=2, save_strategy="steps", save_steps=2, weight_decay=0.1)
+    trainer_for(tmp_path, args=args).train()
+    path = tmp_path / "out" / "checkpoint-2" / "optimizer.pt"
+    state = torch.load(path, weights_only=True)
+    groups = state["param_groups"]
+    state["param_groups"] = [{**groups[0], "params": [k for g in groups for k in g["params"]]}]
+    torch.save(state, path)
+    again = trainer_for(tmp_path / "again", args=training_args(tmp_path / "again", max_steps=4, weight_decay=0.1))
+    before = weights(again.model)
+    with pytest.raises(ValueError, match="Invalid checkpoint: its optimizer groups"):
+        again.train(resume_from_checkpoint=str(path.parent))
+    assert all(torch.equal(weights(again.model)[k], v) for k, v in before.items())
