@@ -226,7 +226,7 @@ def test_helpers_given_bad_data_raise_a_value_error_naming_it(case):
 def _bad_data_calls_2():
     import torch
 
-    from sazo_lite.course import llm_lesson, minibatches, problems, two_point
+    from sazo_lite.course import llm_lesson, memory, minibatches, problems, two_point
 
     ls = problems.LeastSquares(16, 3, seed=0)
     bowl = lambda t: two_point.bowl_loss(t, [1.0, 2.0])
@@ -255,6 +255,7 @@ def _bad_data_calls_2():
         (lambda: llm_lesson.turn({}), "train_loss"),                                          # KeyError
         (lambda: llm_lesson.turn({"train_loss": [], "walk": []}), "losses"),                 # "min() arg is an empty sequence"
         (lambda: llm_lesson.score_table({}), "diagnostics"),                                  # KeyError
+        (lambda: memory.ladder_table("gpt-5"), "ladder_name"),                                  # KeyError
     ]
 
 

@@ -452,6 +452,7 @@ def format_table(rows: list[dict] | None = None, shape: ModelShape = None,
 
 def ladder_table(ladder_name: str = "qwen2.5", setup: TrainSetup = None) -> str:
     """Peak GB per model of a ladder, BP vs ZO (a second, model-by-model view)."""
+    check_choice("ladder_name", ladder_name, tuple(LADDERS))
     setup = setup or replace(HEADLINE_SETUP, context=2048)
     lines = [f"{ladder_name} ladder, N={setup.context}, B={setup.batch}, {setup.dtype}: peak GB",
              f"{'model':16s} {'params':>7s} {'BP':>8s} {'BP ckpt':>8s} {'ZO':>8s}"]
