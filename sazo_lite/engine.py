@@ -695,6 +695,7 @@ class MeZO(torch.optim.Optimizer):
             self._move(seed, -2.0, -1)
             minus = self._losses(closure(), 2)
             _check_frozen(self.param_groups, frozen)
+            self._in_step = False   # the closure is done: step hooks (run by _commit) may replay or shift θ
             self._check_shapes(plus, minus, weights)
             diffs = (plus - minus) / (2.0 * eps)
             g = float((diffs * weights).mean()) if weights is not None else float(diffs.mean())
@@ -704,7 +705,8 @@ class MeZO(torch.optim.Optimizer):
             result = _result(plus, minus, diffs, weights, g, seed)
             self._commit(seed, g, self._update_jobs(seed, g, magnitudes), result)
         except BaseException:
-            _thaw(self.param_groups, frozen)   # the undo must reach the tensors, ε and z the passes used
+            if self._offset:   # θ is shifted: the undo must reach the tensors, ε and z the passes used
+                _thaw(self.param_groups, frozen)
             self._abandon(seed)
             raise
         finally:

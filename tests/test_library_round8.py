@@ -474,3 +474,22 @@ def test_inference_tensors_step_inside_inference_mode_and_are_refused_outside_it
     with torch.inference_mode():
         opt.step(lambda: (theta - 1) ** 2)
     assert opt.step_count == 1 and theta.abs().max() > 0
+
+
+def test_a_step_hook_may_still_replay_a_pass_after_the_commit():
+    """The closure guard covers the closure only: a hook runs once θ is committed (llm.queries.StepCap
+    takes part of a step back with replay_step from its hook)."""
+    theta = torch.zeros(4, dtype=torch.float64)
+    opt = MeZO([theta], lr=0.1, noise=None)
+    seen = []
+
+    def take_half_back(optimizer, event):
+        if event.kind == "step":
+            optimizer.replay_step(event.seed, -event.value / 2)   # θ ← θ + η·(g/2)·z
+            seen.append(event.value)
+    opt.register_step_hook(take_half_back)
+    twin = theta.clone()
+    plain = MeZO([twin], lr=0.05, noise=None)
+    opt.step(_quadratic(theta))
+    plain.step(_quadratic(twin))
+    assert len(seen) == 1 and torch.allclose(theta, twin, atol=1e-12)
