@@ -215,3 +215,31 @@ def test_a_module_left_in_training_mode_under_an_eval_model_is_refused():
     model.train()
     with pytest.raises(ValueError, match="Invalid model: it is in training mode"):
         top(INDICES)
+
+
+# --- batches every loss of which was 0, or whose answer's first token went unscored --------------------------
+class CharTokenizer:
+    """One token a character (no download)."""
+    pad_token_id, eos_token_id = 0, 2
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [3 + ord(c) % 50 for c in text]}
+
+
+def test_one_label_word_is_refused_every_loss_was_zero():
+    from sazo_lite.llm.losses import encode_classification
+
+    with pytest.raises(ValueError, match="Invalid label_ids"):
+        TokenBatch([[3, 4], [4, 5, 6]], [2, 3], 0, torch.tensor([0, 0]), torch.tensor([5]))
+    with pytest.raises(ValueError, match="Invalid label_ids"):
+        encode_classification(CharTokenizer(), ["ab", "cd"], [0, 0], [" yes"])
+
+
+def test_an_answer_with_no_prompt_before_it_is_refused_its_first_token_went_unscored():
+    from sazo_lite.llm.losses import answer_losses, encode_answers
+
+    tok = CharTokenizer()
+    with pytest.raises(ValueError, match="Invalid prompts"):
+        encode_answers(tok, ["", "ab"], ["x", "yz"])        # "x" alone: no token scored, loss 0
+    data = encode_answers(tok, ["a", "ab"], ["x", "yz"])
+    assert data.prompt_lengths == [1, 2] and bool((answer_losses(tiny_causal_lm("llama", vocab_size=VOCAB), data) > 0).all())

@@ -78,7 +78,7 @@ class TokenBatch:
             vocabulary).
 
     Checked at construction (ValueError): every row a non-empty sequence of ints >= 0, one prompt length
-    in [0, len(row)] a row, labels (ints, one a row) in [0, C), label_ids distinct ints >= 0.
+    in [0, len(row)] a row, labels (ints, one a row) in [0, C), label_ids C >= 2 distinct ints >= 0.
     """
 
     ids: list[list[int]]
@@ -150,8 +150,9 @@ def _check_labels(labels, label_ids, count: int):
     """One class index in [0, C) per example and C distinct label word ids >= 0 (each when given)."""
     if label_ids is not None:
         label_ids = _integer_tensor("label_ids", label_ids)
-        if len(label_ids) == 0 or int(label_ids.min()) < 0 or len(set(label_ids.tolist())) != len(label_ids):
-            raise ValueError(f"Invalid label_ids: {label_ids.tolist()} (expected distinct token ids >= 0)")
+        # one class: softmax over one logit, every loss 0 and every ZO step δ = 0, without a word
+        if len(label_ids) < 2 or int(label_ids.min()) < 0 or len(set(label_ids.tolist())) != len(label_ids):
+            raise ValueError(f"Invalid label_ids: {label_ids.tolist()} (expected 2 or more distinct token ids >= 0)")
     if labels is not None:
         labels = _integer_tensor("labels", labels)
         classes = len(label_ids) if label_ids is not None else None
@@ -250,6 +251,8 @@ def encode_answers(tokenizer, prompts, answers, *, max_length: int = 128) -> Tok
         p, a = _ids(tokenizer, prompt), _ids(tokenizer, answer)
         if not a:
             raise ValueError(f"Invalid answers: {answer!r} has no tokens")
+        if not p:           # nothing before the answer: its first token would be predicted from nothing, unscored
+            raise ValueError(f"Invalid prompts: {prompt!r} has no tokens (the answer's first token would not be scored)")
         p = p[-max(1, max_length - len(a)):]  # keep the prompt's end, next to the answer
         ids.append(p + a)
         prompt_lengths.append(len(p))
