@@ -22,7 +22,9 @@ lr schedules, peft models and ``torchrun`` launches are the Trainer's own. What 
   skipping of batches on resume never draw from the sampler; examples are collated in
   ``training_step`` (``dataloader_num_workers`` does not apply to training). The sampler is seeded
   by ``args.data_seed`` when set (else zo_seed + 1); a ``train_sampling_strategy`` other than
-  "random" and ``neftune_noise_alpha`` (no noise in eval mode) are refused, not ignored.
+  "random" and ``neftune_noise_alpha`` (no noise in eval mode) are refused, not ignored, and so
+  are ``adam_beta1/2`` and ``adam_epsilon`` other than their defaults (MeZO keeps no moments). An
+  epoch is ceil(N/B) steps, floor(N/B) (at least 1) with ``dataloader_drop_last``.
 - Loss: f_i = mean token cross-entropy over example i's labels (causal shift, −100 ignored;
   ``sazo_lite.llm.losses.causal_lm_losses``), or ``per_example_loss(outputs, inputs) -> [B]``.
   ``train()`` first runs the model once, without changing anything, on the first two training
@@ -264,6 +266,10 @@ class ZOTrainer(Trainer):
             raise ValueError(f"Invalid optim: {str(getattr(args.optim, 'value', args.optim))!r} / optim_args / "
                              f"optim_target_modules: ZOTrainer's optimiser is MeZO (learning_rate and "
                              f"weight_decay come from args); leave optim at its default {default_optim!r}")
+        for name in ("adam_beta1", "adam_beta2", "adam_epsilon"):   # AdamW's, set for it and then unused
+            if getattr(args, name) != TrainingArguments.__dataclass_fields__[name].default:
+                raise ValueError(f"Invalid {name}: {getattr(args, name)!r} (ZOTrainer's optimiser is MeZO, which keeps "
+                                 f"no moments; leave it at its default)")
         if args.per_device_train_batch_size < 1:
             raise ValueError(f"Invalid per_device_train_batch_size: {args.per_device_train_batch_size} "
                              f"(expected >= 1 examples per step and device)")
@@ -376,13 +382,17 @@ class ZOTrainer(Trainer):
 
     # -- data ----------------------------------------------------------------------------------
     def get_train_dataloader(self) -> DataLoader:
-        """Step tickets, ceil(N / B) per epoch; the batches themselves come from ``zo_sampler``."""
+        """Step tickets, ceil(N / B) per epoch (floor with ``dataloader_drop_last``); the batches
+        themselves come from ``zo_sampler``."""
         if self.train_dataset is None:
             raise ValueError("Trainer: training requires a train_dataset.")
         if self.zo_sampler is None or self.zo_sampler.num_examples != len(self.train_dataset):
             raise ValueError("Invalid train_dataset: set it when building ZOTrainer (the sampler is sized by it)")
         self._zo_data = self._training_data()
-        steps = math.ceil(len(self._zo_data[0]) / self.global_batch_size())
+        n, b = len(self._zo_data[0]), self.global_batch_size()
+        # an epoch is as many steps as the Trainer's loader has batches (dataloader_drop_last: the
+        # full ones only); at least one, since i.i.d. draws never run out of examples
+        steps = max(1, n // b) if self.args.dataloader_drop_last else math.ceil(n / b)
         return DataLoader(_StepTickets(steps), batch_size=1, collate_fn=_ticket_batch)
 
     def _training_data(self):

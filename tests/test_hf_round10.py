@@ -211,3 +211,18 @@ def test_a_checkpoint_whose_groups_differ_is_refused_before_anything_loads(tmp_p
     with pytest.raises(ValueError, match="Invalid checkpoint: its optimizer groups"):
         again.train(resume_from_checkpoint=str(path.parent))
     assert all(torch.equal(weights(again.model)[k], v) for k, v in before.items())
+
+
+# -- arguments the Trainer honours that were accepted and ignored -------------------------------
+@pytest.mark.parametrize("name, value", [("adam_beta1", 0.8), ("adam_beta2", 0.98), ("adam_epsilon", 1e-6)])
+def test_adam_settings_are_refused_not_ignored(tmp_path, name, value):
+    with pytest.raises(ValueError, match=f"Invalid {name}"):
+        trainer_for(tmp_path, args=training_args(tmp_path, **{name: value}))
+
+
+def test_dataloader_drop_last_makes_an_epoch_the_full_batches_only(tmp_path):
+    # 10 examples, B = 4: the Trainer's epoch is 2 batches with drop_last; the ZO epoch was 3 steps
+    args = training_args(tmp_path, max_steps=-1, num_train_epochs=1, dataloader_drop_last=True)
+    trainer = trainer_for(tmp_path, rows=memorisable_rows(n=10), args=args, method="mezo")
+    trainer.train()
+    assert trainer.state.global_step == 2
