@@ -243,3 +243,12 @@ def test_an_answer_with_no_prompt_before_it_is_refused_its_first_token_went_unsc
         encode_answers(tok, ["", "ab"], ["x", "yz"])        # "x" alone: no token scored, loss 0
     data = encode_answers(tok, ["a", "ab"], ["x", "yz"])
     assert data.prompt_lengths == [1, 2] and bool((answer_losses(tiny_causal_lm("llama", vocab_size=VOCAB), data) > 0).all())
+
+
+def test_linear_norms_of_an_expert_no_token_reached_add_nothing():
+    net, losses = routed_setup()
+    with torch.no_grad():
+        net.router.bias.fill_(-100.0)          # every token to expert 0, in order; expert 1 never runs
+    params = list(net.experts.parameters())
+    assert torch.allclose(linear_grad_norms(net, losses, params, range(6), chunk=4),
+                          loop_grad_norms(losses, params, range(6)), rtol=1e-6)    # was a KeyError
