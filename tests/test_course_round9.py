@@ -325,3 +325,17 @@ def test_estimator_readout_says_why_the_error_is_exactly_one_at_a_tiny_eps():
     board.controls["precision"].value = "float64"    # float64 rescues it: the ordinary sentence again
     shown = text(board.readout.value)
     assert "expected about √(3/q)" in shown and "rounds to 0" not in shown, shown
+
+
+@pytest.mark.parametrize("build, name", [
+    (lambda: sw.sazo_dashboard(steps=5, cache_size=0), "cache_size"),                   # StopIteration
+    (lambda: sw.race_dashboard(steps=5, seeds=1, cache_size=0, live_after=None), "cache_size"),   # StopIteration
+    (lambda: sw.race_dashboard(steps=5, seeds=1, log_every=0), "log_every"),             # ZeroDivisionError
+    (lambda: sw.race_dashboard(steps=5, seeds=1, live_after=-1.0), "live_after"),        # silently accepted
+    (lambda: sw.paths_dashboard(steps=5, grid=0), "grid"),                                # numpy's "zero-size array"
+    (lambda: sw.paths_dashboard(steps=0), "steps"),                                       # "after 0 steps", no path
+    (lambda: sw.unbiased_dashboard(trials=100, bins=0), "bins"),                          # ZeroDivisionError
+])
+def test_dashboards_given_bad_arguments_raise_a_value_error_naming_them(build, name):
+    with pytest.raises(ValueError, match=name):
+        build()

@@ -151,6 +151,7 @@ def unbiased_dashboard(*, num_examples: int = 256, dim: int = 20, trials: int = 
     With the weights w = 1/(N p_i) the mean (diamond) sits on F (dashed line); without them it
     drifts towards Σ_i p_i f_i, the loss of the examples p prefers.
     """
+    check_int("bins", bins, 1)
     snapshots = _Snapshots(num_examples, dim, seed)
     controls = {"sigma": _sigma_slider(), "uniform_mix": slider("uniform mix λ", 0.0, 0.0, 1.0, 0.05),
                 "batch_size": int_slider("batch size B", 8, 1, 64), "progress": _progress_slider(0.0)}

@@ -19,6 +19,7 @@ import torch
 from .. import two_point, instruments, mezo_vs_sgd, minibatches, problems
 from ... import variance
 from ..config import one_thread, pick
+from ...validation import check_int
 from ..sazo_runs import DIVERGE_FACTOR, SAMPLERS, ema_of_chi2, first_divergence, loss_grid, sampler_paths
 from ._common import LiveFigure, SAMPLER_COLORS as _COLORS, SAMPLER_LABELS as _LABELS, Dashboard, assemble, \
     divergence_note, finite, int_slider, log_slider, slider
@@ -220,7 +221,8 @@ def paths_dashboard(*, num_examples: int = 32, heterogeneity: float = 2.0, steps
         >>> dash = paths_dashboard(steps=20)
         >>> dash.controls["batch_size"].value = 8
     """
-    steps = steps if steps is not None else 100  # cheap: fast mode draws the class picture
+    steps = check_int("steps", steps, 1) if steps is not None else 100  # cheap: fast mode draws the class picture
+    check_int("grid", grid, 2)   # the contour grid: at least 2 points a side
     problem = problems.LeastSquares(num_examples, 2, heterogeneity=heterogeneity, seed=seed)
     ends = torch.stack([problem.initial_theta(), problem.optimum])
     low, high = ends.min(0).values - 0.8, ends.max(0).values + 0.8

@@ -16,7 +16,7 @@ import ipywidgets as widgets
 import torch
 
 from ..config import pick
-from ...validation import check_count
+from ...validation import check_count, check_number
 from ..sazo_runs import DIVERGE_FACTOR, PROBLEMS, SAMPLERS, RaceResult, first_divergence, make_problem, race, tune_lr
 from ._common import SAMPLER_COLORS as _COLORS, SAMPLER_FILLS as _FILLS, SAMPLER_LABELS as _LABELS, Dashboard, \
     LiveFigure, captioned, divergence_note, int_slider, log_slider, presets, set_controls, slider
@@ -373,6 +373,10 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
         raise ValueError(f"Invalid problem: {problem!r} (expected one of {tuple(PROBLEM_DEFAULTS)})")
     seeds = tuple(range(check_count("seeds", seeds) if seeds is not None else pick(3, 2)))
     steps = check_count("steps", steps) if steps is not None else pick(200, 100)
+    check_count("log_every", log_every)
+    check_count("cache_size", cache_size)     # the runs on screen are cached too
+    if live_after is not None:
+        check_number("live_after", live_after, 0.0)
     unknown = set(lrs or {}) - set(LR_CONTROLS)
     if unknown:
         raise ValueError(f"Invalid lrs: {sorted(unknown)} (expected methods among {tuple(LR_CONTROLS)})")

@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 import ipywidgets as widgets
 
 from ..config import pick
+from ...validation import check_count
 from ..sazo_runs import DIVERGE_FACTOR, RULE_FIXES, RULE_NAMES, SAZOTrace, make_problem, rule_sampler, \
     run_sazo_trace
 from ._common import LiveFigure, SAMPLER_COLORS as _COLORS, Dashboard, captioned, divergence_note, finite, int_slider, \
@@ -244,6 +245,8 @@ def sazo_dashboard(*, num_examples: int = 128, dim: int = 10, steps: int | None 
         >>> dash.controls["ema_decay"].value = 0.99   # retrains and redraws
     """
     steps = steps if steps is not None else pick(150, 100)
+    check_count("cache_size", cache_size)     # the run on screen is cached too
+    check_count("log_every", log_every)
     controls = _controls(steps, log_every)
     figures = {"scatter": _scatter_figure(), "trajectory": _trajectory_figure(),
                "probs": _probs_figure(), "variance": _variance_figure()}
