@@ -339,3 +339,13 @@ def test_estimator_readout_says_why_the_error_is_exactly_one_at_a_tiny_eps():
 def test_dashboards_given_bad_arguments_raise_a_value_error_naming_them(build, name):
     with pytest.raises(ValueError, match=name):
         build()
+
+
+def test_batch_bars_readout_says_the_gradient_is_zero_at_the_optimum():
+    """At t = 1 (θ*) the readout printed "‖∇F‖ = 3.51e-15", rounding noise read as a number."""
+    board = sw.batch_bars_dashboard()
+    board.controls["progress"].value = 1.0
+    shown = text(board.readout.value)
+    assert "‖∇F‖ = 0 (θ* up to rounding)" in shown and "e-1" not in shown, shown
+    board.controls["progress"].value = 0.5
+    assert re.search(r"‖∇F‖ = \d\.\d+$", text(board.readout.value)), text(board.readout.value)
