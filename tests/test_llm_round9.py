@@ -252,3 +252,12 @@ def test_linear_norms_of_an_expert_no_token_reached_add_nothing():
     params = list(net.experts.parameters())
     assert torch.allclose(linear_grad_norms(net, losses, params, range(6), chunk=4),
                           loop_grad_norms(losses, params, range(6)), rtol=1e-6)    # was a KeyError
+
+
+def test_top_blocks_refuse_token_ids_past_the_vocabulary_before_any_forward():
+    model = tiny_causal_lm("llama", vocab_size=VOCAB)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    past = TokenBatch([[3, 4], [4, VOCAB + 26, 6]], [2, 3], 0, torch.tensor([0, 1]), torch.tensor([5, 7]))
+    with pytest.raises(ValueError, match="Invalid batch: token id"):     # an IndexError (on a GPU, a device assert)
+        TopBlocks(model, past)

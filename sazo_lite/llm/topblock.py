@@ -48,7 +48,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from .losses import TokenBatch, check_deterministic, checked_indices, classification_losses
+from .losses import TokenBatch, _check_vocabulary, check_deterministic, checked_indices, classification_losses
 
 __all__ = ["TopBlocks", "decoder_layers", "top_layers", "top_block_parameters"]
 
@@ -225,6 +225,7 @@ class TopBlocks:
         if model.training:
             raise ValueError("Invalid model: it is in training mode (dropout would make f_i random); call model.eval()")
         check_deterministic(model)      # a module in training mode under an eval model (adapters added later)
+        _check_vocabulary(model, batch)  # before the first forward: an id past the embedding was an IndexError
         self.model, self.batch, self.blocks, self.check = model, batch, blocks, bool(check)
         owner, layers = _stack(model)
         self.layers = list(layers[count - blocks:])
