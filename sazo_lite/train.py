@@ -222,7 +222,7 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
             if step_rule is not None:
                 for group, rate in zip(groups, base_rates):
                     group["lr"] = rate * scale
-            indices, weights = sampler.sample(batch_size)
+            indices, weights = _drawn(sampler, batch_size)
             rate = base_rates[0] * scale if base_rates else float("nan")
             before = _step_count(optimizer)
             try:
@@ -274,6 +274,15 @@ def _check_history(history) -> History:
                                                "logged_steps", "logged_queries", "metrics", "probs")) or history.diverged:
         raise ValueError("Invalid history: expected an empty History (train counts steps and queries from 0)")
     return history
+
+
+def _drawn(sampler, batch_size: int):
+    """``sampler.sample(B)``, which must give B indices and B weights: the query count is 2·B a step."""
+    indices, weights = sampler.sample(batch_size)
+    if len(indices) != batch_size or len(weights) != batch_size:
+        raise ValueError(f"Invalid sampler: sample({batch_size}) returned {len(indices)} indices and "
+                         f"{len(weights)} weights (expected {batch_size} of each)")
+    return indices, weights
 
 
 def _step_count(optimizer) -> int | None:

@@ -493,3 +493,19 @@ def test_a_step_hook_may_still_replay_a_pass_after_the_commit():
     opt.step(_quadratic(theta))
     plain.step(_quadratic(twin))
     assert len(seen) == 1 and torch.allclose(theta, twin, atol=1e-12)
+
+
+class _ShortSampler(UniformSampler):
+    def sample(self, batch_size):
+        indices, weights = super().sample(batch_size)
+        return indices[:1], weights[:1]
+
+
+def test_a_sampler_that_draws_fewer_examples_than_asked_is_refused_before_the_step():
+    """train counted 2·B queries a step for a sampler that drew one example: the queries-to-target
+    figures (the project's unit of cost) were silently inflated."""
+    theta, losses = _problem()
+    opt = MeZO([theta], lr=0.01)
+    with pytest.raises(ValueError, match=r"Invalid sampler: sample\(4\) returned 1 indices"):
+        train(opt, _ShortSampler(8), losses, 3, batch_size=4, progress=False)
+    assert opt.step_count == 0
