@@ -261,3 +261,17 @@ def test_top_blocks_refuse_token_ids_past_the_vocabulary_before_any_forward():
     past = TokenBatch([[3, 4], [4, VOCAB + 26, 6]], [2, 3], 0, torch.tensor([0, 1]), torch.tensor([5, 7]))
     with pytest.raises(ValueError, match="Invalid batch: token id"):     # an IndexError (on a GPU, a device assert)
         TopBlocks(model, past)
+
+
+@pytest.mark.parametrize("bad", [dict(eps=0.0), dict(eps=float("nan")), dict(draws=0), dict(indices=[1.5])])
+def test_directional_error_refuses_settings_it_answered_with_nan_or_another_example(bad):
+    from sazo_lite.llm.grad_norms import directional_error, full_gradient_norm
+
+    model = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    params = [decoder_layers(model)[1].self_attn.q_proj.weight]
+    data = batch()
+    settings = {"eps": 1e-3, "draws": 1, "indices": [0], **bad}
+    with pytest.raises(ValueError, match="Invalid (eps|draws|indices)"):
+        directional_error(model, data, params, **settings)      # eps 0 or no draws: nan; 1.5 read as example 1
+    with pytest.raises(ValueError, match="Invalid chunk"):
+        full_gradient_norm(model, data, params, chunk=0)

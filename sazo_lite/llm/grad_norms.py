@@ -41,7 +41,7 @@ from typing import Callable
 
 import torch
 
-from ..validation import check_count
+from ..validation import check_count, check_number
 from .losses import TokenBatch, answer_losses, check_deterministic, checked_indices, classification_losses
 
 __all__ = ["loop_grad_norms", "linear_grad_norms", "vmap_grad_norms", "grad_norms", "example_losses", "RefreshingNorms",
@@ -306,6 +306,7 @@ def grad_norms(model, batch: TokenBatch, params, *, loss: str = "classification"
 def full_gradient_norm(model, batch: TokenBatch, params, *, loss: str = "classification", chunk: int = 16) -> float:
     """‖∇F(θ)‖ for F = mean_i f_i over the tuned tensors, by backprop (chunked; float64 accumulation)."""
     params = list(params)
+    chunk = check_count("chunk", chunk)
     losses = example_losses(model, batch, loss)
     total = [torch.zeros_like(p, dtype=torch.float64) for p in params]
     n = len(batch)
@@ -331,8 +332,12 @@ def directional_error(model, batch: TokenBatch, params, *, eps: float, draws: in
     For ``draws`` Gaussian directions z (seeded), the RMS over draws of δ_k − zᵀ∇f_k (autograd),
     relative to ‖∇f_k‖ (the RMS of zᵀ∇f_k itself): float64 [len(indices)]. θ is restored.
     """
+    if loss not in LOSSES:
+        raise ValueError(f"Invalid loss: {loss!r} (expected one of {sorted(LOSSES)})")
+    eps = check_number("eps", eps, 0.0, closed_low=False)      # 0: every δ was 0/0 = nan
+    draws = check_count("draws", draws)                         # 0: the mean over no draws was nan
     params = list(params)
-    indices = list(range(len(batch))) if indices is None else [int(i) for i in indices]
+    indices = list(range(len(batch))) if indices is None else _checked(indices, len(batch))   # not int(1.5)
     fn = LOSSES[loss]
     grad_losses = example_losses(model, batch, loss)
     grads = []
