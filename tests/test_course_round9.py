@@ -349,3 +349,18 @@ def test_batch_bars_readout_says_the_gradient_is_zero_at_the_optimum():
     assert "‖∇F‖ = 0 (θ* up to rounding)" in shown and "e-1" not in shown, shown
     board.controls["progress"].value = 0.5
     assert re.search(r"‖∇F‖ = \d\.\d+$", text(board.readout.value)), text(board.readout.value)
+
+
+def test_sazo_readout_prints_the_wiggle_notebook_04_reads_from_it():
+    """Notebook 04's answer: "the readout's mean step |Δlog| of the trajectories falls as β rises" — the
+    readout printed no such number."""
+    board = sw.sazo_dashboard(steps=60)
+    wiggle = {}
+    for beta in (0.5, 0.99):
+        board.controls["ema_decay"].value = beta
+        found = re.search(r"plotted estimates' mean step \|Δ log\| = ([0-9.]+)", text(board.readout.value))
+        assert found, text(board.readout.value)
+        wiggle[beta] = float(found.group(1))
+    assert wiggle[0.99] < wiggle[0.5] / 2, wiggle
+    board.controls["step"].value = 0
+    assert "not yet measurable" in text(board.readout.value)

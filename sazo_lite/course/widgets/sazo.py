@@ -15,7 +15,7 @@ import ipywidgets as widgets
 
 from ..config import pick
 from ...validation import check_count
-from ..sazo_runs import DIVERGE_FACTOR, RULE_FIXES, RULE_NAMES, SAZOTrace, make_problem, rule_sampler, \
+from ..sazo_runs import DIVERGE_FACTOR, RULE_FIXES, RULE_NAMES, SAZOTrace, make_problem, roughness, rule_sampler, \
     run_sazo_trace
 from ._common import LiveFigure, SAMPLER_COLORS as _COLORS, Dashboard, captioned, divergence_note, finite, int_slider, \
     log_slider, presets, slider
@@ -51,10 +51,20 @@ def _rho(trace: SAZOTrace, index: int) -> str:
     return f"ρ = {trace.spearman[index]:.2f}"
 
 
+def _wiggle(trace: SAZOTrace, last: int) -> str:
+    """"plotted estimates' mean step |Δ log| = 0.12" up to log point ``last`` (or why there is none yet)."""
+    try:
+        value = roughness(trace.sqrt_g[:last + 1][:, trace.tracked])
+    except ValueError:   # fewer than two log points, or the plotted estimates not yet positive
+        return "plotted estimates' mean step |Δ log|: not yet measurable"
+    return f"plotted estimates' mean step |Δ log| = {value:.2f}"
+
+
 def trace_readout(trace: SAZOTrace, index: int = -1) -> str:
     """One line of numbers at a log point, e.g. "step 300: Spearman ρ = 0.59, TV = 0.39, ...".
 
-    Ends with the mean of V(p_SAZO)/V(p*) over the run so far (one snapshot is noisy).
+    Ends with the mean of V(p_SAZO)/V(p*) over the run so far (one snapshot is noisy) and how much the
+    three plotted estimates wiggle: their mean step |Δ log| between log points so far (``sazo_runs.roughness``).
     """
     if len(trace.steps) == 0:
         raise ValueError("Invalid trace: no log points")
@@ -66,7 +76,7 @@ def trace_readout(trace: SAZOTrace, index: int = -1) -> str:
             f"TV = {trace.tv[index]:.2f}, V(p_SAZO)/V(p*) = {trace.ratio['sazo'][index]:.2f}, "
             f"V(uniform)/V(p*) = {trace.ratio['uniform'][index]:.2f}, gap = {trace.gap[index]:.3g}; "
             f"mean over the run: SAZO {np.mean(trace.ratio['sazo'][upto]):.2f}, "
-            f"uniform {np.mean(trace.ratio['uniform'][upto]):.2f}")
+            f"uniform {np.mean(trace.ratio['uniform'][upto]):.2f}; {_wiggle(trace, last)}")
 
 
 def trace_divergence(trace: SAZOTrace, eps: float | None = None) -> str:
