@@ -364,3 +364,15 @@ def test_sazo_readout_prints_the_wiggle_notebook_04_reads_from_it():
     assert wiggle[0.99] < wiggle[0.5] / 2, wiggle
     board.controls["step"].value = 0
     assert "not yet measurable" in text(board.readout.value)
+
+
+def test_a_heterogeneity_beyond_float64_is_a_value_error_not_a_linalg_error():
+    """At σ = 50 every scale exp(σξ − σ²/2) underflows to 0: LeastSquares raised torch's LinAlgError
+    ("the input matrix is singular") from its normal equations."""
+    from sazo_lite.course import problems
+
+    with pytest.raises(ValueError, match="heterogeneity"):
+        problems.LeastSquares(16, 3, heterogeneity=50.0)
+    with pytest.raises(ValueError, match="heterogeneity"):
+        sazo_runs.make_problem(heterogeneity=50.0)
+    assert problems.LeastSquares(16, 3, heterogeneity=2.5).optimum.isfinite().all()

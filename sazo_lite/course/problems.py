@@ -16,7 +16,11 @@ def lognormal_scales(num_examples: int, heterogeneity: float, generator: torch.G
     """s_i = exp(σξ_i − σ²/2): mean-one log-normal scales; all ones when σ = 0."""
     heterogeneity = check_number("heterogeneity", heterogeneity, 0.0)
     xi = torch.randn(num_examples, generator=generator, dtype=torch.float64)
-    return torch.exp(heterogeneity * xi - heterogeneity ** 2 / 2)
+    scales = torch.exp(heterogeneity * xi - heterogeneity ** 2 / 2)
+    if not bool(((scales > 0) & torch.isfinite(scales)).all()):   # σ ≳ 35: e^(−σ²/2) underflows float64
+        raise ValueError(f"Invalid heterogeneity: {heterogeneity} (the scales exp(σξ − σ²/2) leave float64's range; "
+                         "expected σ of a few units)")
+    return scales
 
 
 class FiniteSumProblem:
@@ -107,7 +111,11 @@ class LeastSquares(FiniteSumProblem):
         self.scales = lognormal_scales(num_examples, heterogeneity, g)
         self.responses = self.targets
         weighted = self.features * self.scales[:, None]
-        self.optimum = torch.linalg.solve(weighted.T @ self.features, weighted.T @ self.targets)
+        try:
+            self.optimum = torch.linalg.solve(weighted.T @ self.features, weighted.T @ self.targets)
+        except torch.linalg.LinAlgError as error:   # e.g. scales so uneven that the weighted system is singular
+            raise ValueError(f"Invalid problem: its weighted normal equations are singular (num_examples "
+                             f"{num_examples}, dim {dim}, heterogeneity {heterogeneity}): no unique optimum") from error
 
     def losses(self, theta, indices=None):
         x, y, s = self._rows(theta, indices)
