@@ -275,3 +275,13 @@ def test_directional_error_refuses_settings_it_answered_with_nan_or_another_exam
         directional_error(model, data, params, **settings)      # eps 0 or no draws: nan; 1.5 read as example 1
     with pytest.raises(ValueError, match="Invalid chunk"):
         full_gradient_norm(model, data, params, chunk=0)
+
+
+@pytest.mark.parametrize("bad", [dict(radius=float("inf")), dict(radius=True), dict(draws=2.5), dict(draws=True)])
+def test_displaced_losses_refuse_an_infinite_radius_and_a_fractional_count_of_draws(bad):
+    from sazo_lite.llm.landscape import displaced_losses
+
+    theta = torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(ValueError, match="Invalid (radius|draws)"):
+        displaced_losses(lambda: float(theta.detach().pow(2).sum()), [theta], **{"radius": 1.0, "draws": 2, **bad})
+    assert torch.equal(theta.detach(), torch.zeros(3))

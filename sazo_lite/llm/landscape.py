@@ -25,6 +25,8 @@ from typing import Callable
 
 import torch
 
+from ..validation import check_count, check_number
+
 __all__ = ["displaced_losses", "random_walk_descent", "expected_step_change"]
 
 
@@ -33,8 +35,11 @@ def displaced_losses(loss: Callable[[], float], params, *, radius: float, draws:
                      seed: int = 0) -> torch.Tensor:
     """F(θ + radius·u) and F(θ − radius·u) for ``draws`` seeded random unit directions u (Gaussian,
     normalised over all of ``params`` together): float64 [draws, 2]. θ is restored exactly."""
-    if not radius > 0 or draws < 1:
-        raise ValueError(f"Invalid radius or draws: {radius!r}, {draws!r} (expected radius > 0, draws ≥ 1)")
+    try:        # an infinite radius made every displaced loss nan; 2.5 draws were range's TypeError
+        radius, draws = check_number("radius", radius, 0.0, closed_low=False), check_count("draws", draws)
+    except ValueError:
+        raise ValueError(f"Invalid radius or draws: {radius!r}, {draws!r} (expected a finite radius > 0, "
+                         "an int draws ≥ 1)") from None
     params = list(params)
     saved = [p.detach().clone() for p in params]
     generator = torch.Generator().manual_seed(seed)
