@@ -376,3 +376,23 @@ def test_a_heterogeneity_beyond_float64_is_a_value_error_not_a_linalg_error():
     with pytest.raises(ValueError, match="heterogeneity"):
         sazo_runs.make_problem(heterogeneity=50.0)
     assert problems.LeastSquares(16, 3, heterogeneity=2.5).optimum.isfinite().all()
+
+
+def test_race_table_does_not_advise_raising_the_rate_of_a_diverged_race():
+    """With every method diverged and none at the target, the table said "no method did (raise the rate or
+    the steps)": the opposite of the fix."""
+    from sazo_lite.course.sazo_runs import RaceResult
+    from sazo_lite.course.widgets.race import race_table_html
+
+    q = np.array([0.0, 20.0, 40.0])
+    wild, calm = np.array([[1.0, 50.0, np.nan]]), np.array([[1.0, 0.9, 0.8]])
+    every = RaceResult(q, {m: wild for m in ("uniform", "sazo", "oracle")}, 1.0, 0.1,
+                       {m: [None] for m in ("uniform", "sazo", "oracle")})
+    assert "every method diverged: lower the rates" in text(race_table_html(every))
+    assert "raise the rate" not in text(race_table_html(every))
+    some = RaceResult(q, {"uniform": wild, "sazo": calm, "oracle": calm}, 1.0, 0.1,
+                      {m: [None] for m in ("uniform", "sazo", "oracle")})
+    assert "uniform MeZO diverged: lower its η; raise the others' η or the steps" in text(race_table_html(some))
+    slow = RaceResult(q, {m: calm for m in ("uniform", "sazo", "oracle")}, 1.0, 0.1,
+                      {m: [None] for m in ("uniform", "sazo", "oracle")})
+    assert "no method did (raise the rate or the steps)" in text(race_table_html(slow))

@@ -222,6 +222,18 @@ def race_divergence(result: RaceResult, batch_size: int, eps: float | None = Non
     return "".join(notes)
 
 
+def _what_to_raise(result: RaceResult) -> str:
+    """The advice when no method reached the target: a diverged method needs a lower η, not a higher one."""
+    diverged = [m for m in (m for m in _LABELS if m in result.gaps)
+                if any(first_divergence(row) is not None for row in result.gaps[m])]
+    if not diverged:
+        return "raise the rate or the steps"
+    if len(diverged) == len(result.gaps):
+        return "every method diverged: lower the rates"
+    names = ", ".join(_LABELS[m] for m in diverged)
+    return f"{names} diverged: lower {'its' if len(diverged) == 1 else 'their'} η; raise the others' η or the steps"
+
+
 def race_table_html(result: RaceResult) -> str:
     """An HTML table: median queries to target per method, the speed-up over uniform, seeds that got there."""
     rows = []
@@ -237,7 +249,7 @@ def race_table_html(result: RaceResult) -> str:
             "<th>seeds reaching it</th></tr>")
     note = ""
     if "uniform" in result.to_target and not np.isfinite(result.median_to_target("uniform")):
-        why = "the “&gt;” speed-ups are lower bounds" if _lower_bounds(result) else "no method did (raise the rate or the steps)"
+        why = "the “&gt;” speed-ups are lower bounds" if _lower_bounds(result) else f"no method did ({_what_to_raise(result)})"
         note = (f"<div style='color:#a33'>uniform MeZO did not reach the target within "
                 f"{int(result.queries[-1]):,} queries: {why}.</div>")
     return (f"<div><b>Queries to reach {fraction:.0%} of the initial gap</b>"
