@@ -333,21 +333,26 @@ class MeZO(torch.optim.Optimizer):
         return self._pending is not None
 
     def state_dict(self) -> dict:
-        """The optimiser's state (flushes a pending folded update first)."""
+        """The optimiser's state (flushes a pending folded update first): a snapshot, whose step count
+        does not move on with later steps (torch.optim's holds the live per-tensor dicts)."""
         self.flush()
-        return _undecorated(torch.optim.Optimizer.state_dict)(self)
+        out = _undecorated(torch.optim.Optimizer.state_dict)(self)
+        out["state"] = {key: dict(value) for key, value in out["state"].items()}   # ints: a shallow copy is whole
+        return out
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Load a ``state_dict`` after validating all of it; nothing changes if it is invalid.
 
-        A pending folded update is dropped: the loaded state describes flushed parameters.
+        A pending folded update is applied first (``flush``), as an unfolded run would have applied
+        it: the parameters hold the last committed step, never θ − εz (the state describes flushed
+        parameters; as with torch.optim, loading leaves the parameters' values to the caller).
         """
         self._refuse_in_step("load_state_dict")
         self._check_state_dict(state_dict)
+        self.flush()   # dropping it left θ at θ − εz of the last step: neither that step's start nor its end
         _undecorated(torch.optim.Optimizer.load_state_dict)(self, state_dict)
         state = self.state[self._first_param()]   # numpy ints as Python ints: state_dict() loads with weights_only
         state.update(step=int(state["step"]), seed=int(state["seed"]))
-        self._pending = None
 
     def _check_state_dict(self, state_dict) -> None:
         if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):

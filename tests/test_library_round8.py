@@ -509,3 +509,35 @@ def test_a_sampler_that_draws_fewer_examples_than_asked_is_refused_before_the_st
     with pytest.raises(ValueError, match=r"Invalid sampler: sample\(4\) returned 1 indices"):
         train(opt, _ShortSampler(8), losses, 3, batch_size=4, progress=False)
     assert opt.step_count == 0
+
+
+def test_a_state_dict_is_a_snapshot_that_later_steps_leave_alone():
+    """state_dict() held the optimiser's live state entry: saved at step 0 and kept in memory, it said
+    step 2 two steps later, and loading it did not go back."""
+    theta = torch.zeros(3, dtype=torch.float64)
+    opt = MeZO([theta], lr=0.1, noise=None)
+    saved = opt.state_dict()
+    opt.step(_quadratic(theta))
+    opt.step(_quadratic(theta))
+    assert saved["state"][0]["step"] == 0
+    opt.load_state_dict(saved)
+    assert opt.step_count == 0
+    opt.step(_quadratic(theta))
+    assert saved["state"][0]["step"] == 0 and opt.step_count == 1
+
+
+def test_load_state_dict_into_a_folded_optimiser_leaves_the_same_theta_as_unfolded():
+    """The pending update was dropped: θ stayed at θ − εz of the last step (neither its start nor its
+    end), where the unfolded run held the updated θ; folding promises the same θ bit for bit."""
+    def run(fold):
+        theta = torch.linspace(-1, 1, 6, dtype=torch.float64)
+        opt = MeZO([theta], lr=0.1, noise=None, fold_updates=fold)
+        saved = opt.state_dict()
+        opt.step(_quadratic(theta))
+        opt.step(_quadratic(theta))
+        opt.load_state_dict(saved)   # back to step 0's count and seed, θ as the caller left it
+        opt.step(_quadratic(theta))
+        opt.flush()
+        return theta, opt.step_count
+    (unfolded, n), (folded, m) = run(False), run(True)
+    assert n == m == 1 and torch.equal(unfolded, folded)
