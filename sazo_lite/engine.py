@@ -31,7 +31,8 @@ What a step guarantees (tested in tests/test_engine_guarantees.py and tests/test
 ``fold_updates=True`` folds each step's update into the next step's first pass (2 passes per
 step instead of 3; bit for bit the same θ). Between steps the update is then pending: the
 parameters hold θ − εz of the last step until ``flush()`` (also called by ``state_dict``,
-``add_param_group``, ``SeedLog.attach`` and ``sazo_lite.train`` before every evaluation).
+``load_state_dict``, ``add_param_group``, ``SeedLog.attach`` and ``sazo_lite.train`` before every
+evaluation).
 """
 from __future__ import annotations
 
