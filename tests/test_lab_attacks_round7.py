@@ -18,6 +18,7 @@
 """
 from __future__ import annotations
 
+import csv
 import json
 import re
 
@@ -101,6 +102,8 @@ def _hand_ins(solution, folder) -> None:
     v3 = nbformat.convert(nbformat.read(solution, as_version=4), 3)
     (folder / "nbformat3.ipynb").write_text(nbformat.writes(v3, version=3))
     (folder / "Upper.IPYNB").write_bytes(solution.read_bytes())
+    for name in ("twin.ipynb", "TWIN.ipynb"):   # one folder name where case does not count
+        (folder / name).write_bytes(solution.read_bytes())
     for name, patch in {**SILENCERS, **STILL_FAIL}.items():
         nb = nbformat.read(solution, as_version=4)
         _edit(nb, "lab2_problem = ", lambda s, p=patch: s.replace(HONEST_CV2, p + LIBRARY_CV2))
@@ -144,8 +147,27 @@ def test_each_cell_that_cannot_run_is_named_in_the_reason(graded):
 
 
 def test_a_hand_in_named_in_capitals_gets_its_row(graded):
-    rows, _ = graded
+    rows, csv_path = graded
     assert _full(rows["Upper.IPYNB"]), sorted(rows)
+    with open(csv_path, newline="", encoding="utf-8") as handle:
+        assert "Upper.IPYNB" in {r["submission"] for r in csv.DictReader(handle)}
+
+
+def test_hand_ins_whose_names_differ_only_in_case_get_folders_that_differ_in_more(graded):
+    rows, csv_path = graded
+    assert _full(rows["twin.ipynb"]) and _full(rows["TWIN.ipynb"])
+    folders = [p.name for p in (csv_path.parent / csv_path.stem).iterdir() if p.name.casefold().startswith("twin")]
+    assert len({f.casefold() for f in folders}) == len(folders) == 2, folders   # on macOS twin/ is TWIN/
+
+
+def test_grade_all_on_the_command_line_with_no_hand_ins_says_so_without_a_traceback(assigned_labs, tmp_path, capsys):
+    empty = tmp_path / "handins"
+    empty.mkdir()
+    zip_path = labs.autograder_zip(STEM, build_dir=assigned_labs)
+    with pytest.raises(SystemExit) as stop:
+        labs.main(["grade-all", str(zip_path), str(empty), "--out", str(tmp_path / "g.csv")])
+    assert stop.value.code == 2 and "no .ipynb files in" in capsys.readouterr().err
+    assert not (tmp_path / "g.csv").exists()
 
 
 @pytest.mark.parametrize("name", list(SILENCERS))

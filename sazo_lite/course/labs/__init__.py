@@ -367,12 +367,14 @@ def grade_all(autograder: Path, submissions_dir: Path, csv_path: Path, *, worker
     possible = sum(sum(q["points"]) for q in spec.values())
 
     folders: dict[Path, str] = {}
-    for path in submissions:  # distinct safe names, one per submission
-        name, k = safe_name(path.stem), 1
-        while name in folders.values():
+    taken: set[str] = set()
+    for path in submissions:  # distinct safe names, one per submission, also where case does not count
+        name, k = safe_name(path.stem), 1     # (alice/ and Alice/ are one folder on macOS and Windows)
+        while name.casefold() in taken:
             k += 1
             name = f"{safe_name(path.stem)}-{k}"
         folders[path] = name
+        taken.add(name.casefold())
 
     def one(path: Path) -> dict:
         status = "error"
@@ -430,7 +432,13 @@ def main(argv: list[str] | None = None) -> int:
         if name == "grade-all":
             p.add_argument("--workers", type=int, default=1, help="submissions graded at once")
     args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except ValueError as exc:  # a wrong lab, folder or option: say so, without a traceback
+        parser.exit(2, f"{parser.prog} {args.command}: error: {exc}\n")
 
+
+def _run(args) -> int:
     if args.command == "assign":
         outputs = [assign(resolve_master(args.lab), args.build)] if args.lab else \
             assign_all(build_dir=args.build, workers=args.workers)
