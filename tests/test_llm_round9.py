@@ -285,3 +285,27 @@ def test_displaced_losses_refuse_an_infinite_radius_and_a_fractional_count_of_dr
     with pytest.raises(ValueError, match="Invalid (radius|draws)"):
         displaced_losses(lambda: float(theta.detach().pow(2).sum()), [theta], **{"radius": 1.0, "draws": 2, **bad})
     assert torch.equal(theta.detach(), torch.zeros(3))
+
+
+class SplitSpaceTokenizer:
+    """One token a character, as SmolLM2 splits " 1" into " " and "1"; with decode."""
+    pad_token_id, eos_token_id = 0, 2
+    alphabet = "<pad><s></s> abcdefghijklmnopqrstuvwxyz0123456789"[11:]
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [3 + self.alphabet.index(c) for c in text]}
+
+    def decode(self, ids):
+        return "".join(self.alphabet[i - 3] for i in ids)
+
+
+def test_a_label_word_whose_first_token_is_a_bare_space_is_refused_it_scored_the_space():
+    from sazo_lite.llm.losses import encode_classification, label_word_ids
+
+    tok = SplitSpaceTokenizer()
+    with pytest.raises(ValueError, match="Invalid label_words: ' 1' starts with a whitespace-only token"):
+        label_word_ids(tok, ["x", " 1"])           # distinct first tokens "x" and " ": the class was p(" ")
+    with pytest.raises(ValueError, match="Invalid label_words"):
+        encode_classification(tok, ["ab"], [0], ["x", " 1"])
+    assert tok.decode(label_word_ids(tok, ["x", "yes"]).tolist()) == "xy"
+    assert label_word_ids(CharTokenizer(), ["x", " 1"]).shape == (2,)    # no decode: nothing to look at

@@ -233,11 +233,20 @@ def _pad_id(tokenizer) -> int:
 def label_word_ids(tokenizer, label_words) -> torch.Tensor:
     """First token id of each verbaliser, e.g. [" positive", " negative"] → LongTensor [C].
 
-    Raises ValueError when two label words start with the same token.
+    A word of several tokens is scored by its first (MeZO's verbalisers). Raises ValueError when two label
+    words start with the same token, and when a word of several tokens starts with a token that is only
+    whitespace (SmolLM2 splits " 1" into " " and "1": the class would be scored by the space alone).
     """
-    ids = [(_ids(tokenizer, w) or [None])[0] for w in label_words]
+    words = list(label_words)
+    tokens = [_ids(tokenizer, w) for w in words]
+    ids = [(t or [None])[0] for t in tokens]
     if None in ids or len(set(ids)) != len(ids):
-        raise ValueError(f"Invalid label_words: {list(label_words)!r} must start with distinct tokens")
+        raise ValueError(f"Invalid label_words: {words!r} must start with distinct tokens")
+    decode = getattr(tokenizer, "decode", None)
+    for word, t in zip(words, tokens):
+        if len(t) > 1 and callable(decode) and not str(decode([t[0]])).strip():
+            raise ValueError(f"Invalid label_words: {word!r} starts with a whitespace-only token ({decode([t[0]])!r} "
+                             f"of {t}), which would score its class; choose a word whose first token carries it")
     return torch.tensor(ids, dtype=torch.long)
 
 
