@@ -71,7 +71,17 @@ def distributed_closure(batch_losses, indices: torch.Tensor):
     """Wrap ``batch_losses(local_indices) -> [B/W]`` into a closure returning the global [B]."""
     rank, world = rank_and_world()
     mine = shard(indices, rank, world)
-    return lambda: gather_losses(batch_losses(mine))
+    return lambda: gather_losses(_local_losses(batch_losses(mine), len(mine)))
+
+
+def _local_losses(losses, count: int) -> torch.Tensor:
+    """One loss per local example, as a tensor [B/W]: a rank whose shard is shorter or a scalar
+    would make the all-gather's parts differ in size (an error or a hang on the other ranks)."""
+    if not isinstance(losses, torch.Tensor) or losses.shape != (count,):
+        shape = tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__
+        raise ValueError(f"Invalid batch_losses result: {shape} (expected a tensor of {count} per-example losses, "
+                         f"one per index of this rank's shard)")
+    return losses
 
 
 def communication_bytes(batch_size: int, num_params: int, world_size: int, bytes_per_value: int = 4) -> dict:

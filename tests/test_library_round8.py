@@ -541,3 +541,14 @@ def test_load_state_dict_into_a_folded_optimiser_leaves_the_same_theta_as_unfold
         return theta, opt.step_count
     (unfolded, n), (folded, m) = run(False), run(True)
     assert n == m == 1 and torch.equal(unfolded, folded)
+
+
+@pytest.mark.parametrize("bad", [lambda idx: torch.ones(len(idx)).mean(), lambda idx: torch.ones(len(idx) - 1),
+                                 lambda idx: [1.0] * len(idx)])
+def test_a_distributed_closure_refuses_losses_that_are_not_one_per_local_example(bad):
+    """A scalar or a short tensor went into the all-gather (with one process: passed through, so a mean
+    loss trained as 'no per-example losses'; with several: parts of different sizes)."""
+    from sazo_lite.distributed import distributed_closure
+    with pytest.raises(ValueError, match="Invalid batch_losses result"):
+        distributed_closure(bad, torch.arange(4))()
+    assert torch.equal(distributed_closure(lambda idx: idx.double(), torch.arange(4))(), torch.arange(4.0, dtype=torch.float64))
