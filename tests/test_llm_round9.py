@@ -309,3 +309,21 @@ def test_a_label_word_whose_first_token_is_a_bare_space_is_refused_it_scored_the
         encode_classification(tok, ["ab"], [0], ["x", " 1"])
     assert tok.decode(label_word_ids(tok, ["x", "yes"]).tolist()) == "xy"
     assert label_word_ids(CharTokenizer(), ["x", " 1"]).shape == (2,)    # no decode: nothing to look at
+
+
+def test_query_run_refuses_tuned_tensors_a_top_block_cache_does_not_see_before_theta_moves():
+    from sazo_lite.llm.queries import query_run
+
+    model = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    top_params = top_block_parameters(model, 1)
+    data = batch()
+    top = TopBlocks(model, data)
+    lower = decoder_layers(model)[0].mlp.up_proj.weight          # frozen, but MeZO moves what it is given
+    before = lower.detach().clone()
+    for train, test in ((top, None), (data, top)):
+        with pytest.raises(ValueError, match="Invalid params: 1 tensors"):
+            # the cache kept layer 0's old output: δ and the accuracy ignored the moves of `lower`
+            query_run(model, top_params + [lower], train, "uniform", lr=1e-3, steps=2, test_batch=test)
+        assert torch.equal(lower, before)
+    run = query_run(model, top_params, top, "uniform", lr=1e-3, steps=2, log_every=1)
+    assert len(run.train_loss) == 3

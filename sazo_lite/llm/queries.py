@@ -417,6 +417,9 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
     diagnose = int(diagnose)
     n = len(train_batch)
     params = list(params)
+    for cached in (train_batch, test_batch):      # a tuned tensor below the top blocks: the cache would go stale
+        if isinstance(cached, TopBlocks):
+            cached.check_params(params)
     optimizer = MeZO(params, lr=lr, eps=eps, seed=seed, perturbation=perturbation)
     losses, full_loss, norms_of = _objective(model, train_batch, loss)
     true_norms = lambda: norms_of(params)

@@ -431,6 +431,20 @@ class TopBlocks:
         """Fraction of examples whose label word has the largest logit."""
         return float((self.predict() == self.batch.labels).double().mean())
 
+    def check_params(self, params) -> list[torch.Tensor]:
+        """``params`` as a list, each a tensor that runs on the cache only (the top blocks, the modules after
+        them, the LM head); else ValueError: a tensor that feeds the cached states or runs nowhere here
+        would be moved (MeZO) or differentiated (``grad_norms``) without these losses seeing it."""
+        params = list(params)
+        live = {id(p) for p in self.live_weights}
+        cached = [k for k, p in enumerate(params) if id(p) in self.below or id(p) not in live]
+        if cached:      # the cache is detached: their part of each gradient (through the lower blocks) is not seen
+            raise ValueError(f"Invalid params: {len(cached)} tensors (e.g. params[{cached[0]}]) are not run on the "
+                             f"cache only (they feed the cached states or are not in the top {self.blocks} "
+                             "block(s), the modules after them or the LM head): tune the top blocks' tensors only, "
+                             "or score the whole model (a TokenBatch; grad_norms(model, batch, params))")
+        return params
+
     def grad_norms(self, params, indices=None, *, method: str = "auto") -> torch.Tensor:
         """True per-example gradient norms ‖∇f_i‖ over ``params`` by backprop: float64 [len(indices)].
 
@@ -441,13 +455,7 @@ class TopBlocks:
 
         if method not in ("auto", "linear", "loop"):
             raise ValueError(f"Invalid method: {method!r} (expected 'auto', 'linear' or 'loop')")
-        params = list(params)
-        live = {id(p) for p in self.live_weights}
-        cached = [k for k, p in enumerate(params) if id(p) in self.below or id(p) not in live]
-        if cached:      # the cache is detached: their part of each gradient (through the lower blocks) is not seen
-            raise ValueError(f"Invalid params: {len(cached)} tensors (e.g. params[{cached[0]}]) are not run on the "
-                             f"cache only (they feed the cached states or are not in the top {self.blocks} "
-                             "block(s), the modules after them or the LM head): use grad_norms(model, batch, params)")
+        params = self.check_params(params)
         indices = range(len(self)) if indices is None else _checked(indices, len(self))   # not int(1.5); [] → []
         if not indices:
             return torch.zeros(0, dtype=torch.float64)
