@@ -33,8 +33,8 @@ import torch
 
 from .validation import check_bool, check_callable, check_count, check_fraction, check_int, check_limit, check_number
 
-__all__ = ["History", "FlatLossWarning", "train", "queries_to_target", "diverged", "median_queries", "median_ratio_interval",
-           "mean_difference_interval", "best_rate", "NoiseScaledStep"]
+__all__ = ["History", "FlatLossWarning", "train", "queries_to_target", "diverged", "median_queries",
+           "median_ratio_interval", "mean_difference_interval", "best_rate", "NoiseScaledStep"]
 
 
 @dataclass
@@ -270,8 +270,7 @@ def _check_history(history) -> History:
         return History()
     if not isinstance(history, History):
         raise ValueError(f"Invalid history: {type(history).__name__} (expected a History)")
-    if any(getattr(history, name) for name in ("queries", "loss", "projected_grad", "max_weight", "lr",
-                                               "logged_steps", "logged_queries", "metrics", "probs")) or history.diverged:
+    if history != History():   # any list not empty, or diverged set
         raise ValueError("Invalid history: expected an empty History (train counts steps and queries from 0)")
     return history
 
@@ -316,9 +315,9 @@ def _log(history: History, optimizer, sampler, evaluate, step: int, queries: int
     flush = getattr(optimizer, "flush", None)
     if flush is not None:  # a folded MeZO: evaluate the updated parameters
         flush()
-    history.logged_steps.append(step)
-    history.logged_queries.append(queries)
     value = _metric(evaluate()) if evaluate is not None else None
+    history.logged_steps.append(step)   # after evaluate: a callback that raises logs no point
+    history.logged_queries.append(queries)
     if value is not None:
         history.metrics.append(value)
     if record_probs:
