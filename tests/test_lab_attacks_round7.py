@@ -104,6 +104,17 @@ def _hand_ins(solution, folder) -> None:
     (folder / "Upper.IPYNB").write_bytes(solution.read_bytes())
     for name in ("twin.ipynb", "TWIN.ipynb"):   # one folder name where case does not count
         (folder / name).write_bytes(solution.read_bytes())
+    nb = nbformat.read(solution, as_version=4)   # Jupyter habits: display() needs no import there, x? is help
+    _edit(nb, "def lab2_weights", lambda s: "display(1.5)\n" + s + "\ndisplay(lab2_weights, display_id=True)\n")
+    nbformat.write(nb, folder / "display_call.ipynb")
+    nb = nbformat.read(solution, as_version=4)
+    _edit(nb, "def lab2_weights", lambda s: "torch.randn?\n??torch.ones\n" + s + "\nlab2_weights?\n")
+    nbformat.write(nb, folder / "help_lines.ipynb")
+    nb = nbformat.read(solution, as_version=4)   # the documented gap: a library value laundered to another question
+    _edit(nb, "lab2_problem = ", lambda s: s.replace(HONEST_CV2, "lab2_one_plus_cv2 = 0.0"))
+    nb.cells.append(nbformat.v4.new_code_cell("lab2_weights = lab2_weights   # binds q1's name: charged to q1\n"
+                                              "globals()['lab2_one_plus_cv2'] = " + LIBRARY_CV2.split(" = ")[1]))
+    nbformat.write(nb, folder / "launder_to_q1.ipynb")
     for name, patch in {**SILENCERS, **STILL_FAIL}.items():
         nb = nbformat.read(solution, as_version=4)
         _edit(nb, "lab2_problem = ", lambda s, p=patch: s.replace(HONEST_CV2, p + LIBRARY_CV2))
@@ -128,7 +139,7 @@ def _full(row) -> bool:
     return row["status"] == "ok" and row["possible"] > 0 and row["total"] == row["possible"]
 
 
-@pytest.mark.parametrize("name", ["list_sources", "broken_cells", "bom", "nbformat3"])
+@pytest.mark.parametrize("name", ["list_sources", "broken_cells", "bom", "nbformat3", "display_call", "help_lines"])
 def test_a_cell_or_file_format_an_editor_chose_costs_nothing(graded, name):
     rows, _ = graded
     assert _full(rows["solution.ipynb"]), rows["solution.ipynb"]
@@ -271,3 +282,10 @@ def test_a_huge_hand_in_is_refused_unread_and_the_others_still_graded(tmp_path):
         handle.truncate(512 * 2 ** 20 + 1)
     with pytest.raises(ValueError, match="larger than 512 MiB: clear its outputs"):
         grading.read_notebook(path)
+
+
+def test_documented_gap_a_library_value_handed_to_another_question_costs_only_the_cells_own(graded):
+    """labs/README.md, what does not hold: a finding costs the questions of its cell (the graded names it binds,
+    else the check below it), not those its values reach. If this fails, the gap was closed: update the README."""
+    scores = {q: v["score"] for q, v in graded[0]["launder_to_q1.ipynb"]["questions"].items()}
+    assert scores["q1"] == 0 and scores["q4"] == 2.0, scores
