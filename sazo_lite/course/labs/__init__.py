@@ -132,8 +132,8 @@ def assign(master: Path, build_dir: Path = BUILD_DIR) -> Path:
 def _stable_ids(notebook: Path, master: Path) -> None:
     """Give the cells otter added (its init and ``grader.check`` cells, whose ids it draws at random) ids
     made from the master's name and their source, so that assigning a master again writes the same
-    notebooks byte for byte (a student version to diff and redistribute; the reference cache, keyed
-    by the solutions' bytes, stays valid). Ids the master gave its own cells are kept."""
+    notebooks byte for byte (a student version to diff against the one distributed). Ids the master
+    gave its own cells are kept."""
     import nbformat
 
     nb = nbformat.read(notebook, as_version=4)
