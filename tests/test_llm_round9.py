@@ -327,3 +327,18 @@ def test_query_run_refuses_tuned_tensors_a_top_block_cache_does_not_see_before_t
         assert torch.equal(lower, before)
     run = query_run(model, top_params, top, "uniform", lr=1e-3, steps=2, log_every=1)
     assert len(run.train_loss) == 3
+
+
+def test_answer_losses_refuse_examples_with_no_answer_token_every_loss_was_zero():
+    from sazo_lite.llm.losses import answer_losses, batched_closure
+
+    model = tiny_causal_lm("llama", vocab_size=VOCAB)
+    data = batch()                                  # a classification batch: the prompt is the whole row
+    with pytest.raises(ValueError, match="Invalid batch: example 4 has no answer token"):
+        answer_losses(model, data, INDICES)         # every loss 0: ZO on loss="answer" learnt nothing
+    with pytest.raises(ValueError, match="Invalid batch"):
+        batched_closure(model, data, "answer")([0])
+    with pytest.raises(ValueError, match="Invalid batch: example 0 has no answer token"):
+        answer_losses(model, TokenBatch([[7], [5, 6, 7]], [0, 1], 0))     # one token: nothing predicts it
+    scored = TokenBatch([[5, 6], [5, 6, 7]], [0, 1], 0)                   # token 1 of row 0; tokens 1, 2 of row 1
+    assert bool((answer_losses(model, scored) > 0).all())

@@ -333,6 +333,11 @@ def answer_losses(model, batch: TokenBatch, indices=None, *, autocast_dtype=None
     if model.training:          # every call: the quick test (batched_closure and TopBlocks look at every module)
         check_deterministic(model)
     inputs = batch.select(indices, _device(model))
+    unscored = [int(i) for i in indices if len(batch.ids[int(i)]) <= max(batch.prompt_lengths[int(i)], 1)]
+    if unscored:                # its loss was 0 (no token to score), e.g. a classification batch: ZO learnt nothing
+        raise ValueError(f"Invalid batch: example {unscored[0]} has no answer token after its prompt (prompt length "
+                         f"{batch.prompt_lengths[unscored[0]]} of {len(batch.ids[unscored[0]])} tokens; the first "
+                         "token is never scored), so its answer loss would be 0: encode_answers' batches only")
     logits = _logits(model, inputs, autocast_dtype, grad)
     ids = inputs["input_ids"]
     positions = torch.arange(ids.shape[1], device=ids.device)[None, :]
