@@ -342,3 +342,14 @@ def test_answer_losses_refuse_examples_with_no_answer_token_every_loss_was_zero(
         answer_losses(model, TokenBatch([[7], [5, 6, 7]], [0, 1], 0))     # one token: nothing predicts it
     scored = TokenBatch([[5, 6], [5, 6, 7]], [0, 1], 0)                   # token 1 of row 0; tokens 1, 2 of row 1
     assert bool((answer_losses(model, scored) > 0).all())
+
+
+def test_the_split_check_allows_for_bfloat16_rounding_and_still_refuses_regrouped_rows():
+    net = Routed().to(torch.bfloat16)
+    x = torch.randn(6, 3, 4, generator=torch.Generator().manual_seed(29)).bfloat16()
+    losses = lambda idx: net(x[list(idx)]).float()
+    shared = list(net.shared.parameters())
+    assert torch.allclose(linear_grad_norms(net, losses, shared, range(6), chunk=4),
+                          loop_grad_norms(losses, shared, range(6)), rtol=2e-2)
+    with pytest.raises(ValueError, match="Invalid params: .*(batch-major|regrouped)"):
+        linear_grad_norms(net, losses, list(net.experts.parameters()), range(6), chunk=2)

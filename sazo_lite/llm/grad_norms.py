@@ -202,7 +202,8 @@ def _check_split(losses: Callable, params, part: list[int], per_example: dict) -
         split = torch.einsum("b,b...->...", weights, mine)
         exact = torch.zeros_like(split) if exact is None else exact.detach().double().cpu().reshape(split.shape)
         scale = float(torch.einsum("b,b->", weights, mine.reshape(len(part), -1).norm(dim=1)))
-        if float((split - exact).norm()) > 1e-4 * scale + 1e-12:
+        tolerance = max(1e-4, 16 * torch.finfo(p.dtype).eps) if p.is_floating_point() else 1e-4   # bf16's grads
+        if float((split - exact).norm()) > tolerance * scale + 1e-12:
             raise _HooksCannotSplit("Invalid params: a Linear that owns them sees its rows regrouped across examples "
                                     "(the batched split does not add up to the weighted gradient; e.g. an MoE "
                                     "router's tokens): use loop_grad_norms")
