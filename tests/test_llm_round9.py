@@ -353,3 +353,21 @@ def test_the_split_check_allows_for_bfloat16_rounding_and_still_refuses_regroupe
                           loop_grad_norms(losses, shared, range(6)), rtol=2e-2)
     with pytest.raises(ValueError, match="Invalid params: .*(batch-major|regrouped)"):
         linear_grad_norms(net, losses, list(net.experts.parameters()), range(6), chunk=2)
+
+
+@pytest.mark.parametrize("bad", [-1, 0, 2.5])
+def test_a_negative_chunk_is_refused_the_mean_loss_over_no_chunk_was_zero(bad):
+    from sazo_lite.llm.finetune import mean_loss
+    from sazo_lite.llm.losses import predict
+
+    model = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    data = batch()
+    top = TopBlocks(model, data)
+    for call in (lambda: mean_loss(model, data, chunk=bad), lambda: top.mean_loss(chunk=bad),
+                 lambda: top.predict(chunk=bad)):
+        with pytest.raises(ValueError, match="Invalid chunk"):
+            call()                                  # chunk -1: F = 0.0
+    with pytest.raises(ValueError, match="Invalid batch_size"):
+        predict(model, data, batch_size=bad)

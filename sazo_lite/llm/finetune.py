@@ -20,7 +20,7 @@ import torch
 from ..engine import MeZO
 from ..samplers import make_sampler, sampler_name
 from ..train import History, train
-from ..validation import check_choice
+from ..validation import check_choice, check_count
 from .losses import TokenBatch, accuracy, batched_closure, classification_losses
 
 __all__ = ["FinetuneRun", "zo_finetune", "mean_loss", "snapshot", "restore_snapshot", "METHODS"]
@@ -43,6 +43,7 @@ class FinetuneRun:
 
 def mean_loss(model, batch: TokenBatch, *, chunk: int = 32, autocast_dtype=None) -> float:
     """F(θ) = mean per-example classification loss over a whole split."""
+    chunk = check_count("chunk", chunk)         # -1: no chunk ran and F was 0.0
     total = 0.0
     for start in range(0, len(batch), chunk):
         indices = list(range(start, min(start + chunk, len(batch))))

@@ -373,6 +373,7 @@ def classification_losses(model, batch: TokenBatch, indices=None, *, autocast_dt
 
 def predict(model, batch: TokenBatch, *, batch_size: int = 32, autocast_dtype=None) -> torch.Tensor:
     """Predicted class per example (argmax over label words): LongTensor [N] on the CPU."""
+    batch_size = check_int("batch_size", batch_size, 1)
     chunks = [range(s, min(s + batch_size, len(batch))) for s in range(0, len(batch), batch_size)]
     return torch.cat([classification_logits(model, batch, c, autocast_dtype=autocast_dtype).argmax(1).cpu()
                       for c in chunks])

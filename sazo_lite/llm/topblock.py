@@ -48,6 +48,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
+from ..validation import check_count
 from .losses import TokenBatch, _check_vocabulary, check_deterministic, checked_indices, classification_losses
 
 __all__ = ["TopBlocks", "decoder_layers", "top_layers", "top_block_parameters"]
@@ -419,11 +420,13 @@ class TopBlocks:
 
     def mean_loss(self, *, chunk: int = 64) -> float:
         """F(θ) = mean loss over the whole split."""
+        chunk = check_count("chunk", chunk)     # -1: no chunk ran and F was 0.0
         return float(sum(float(self.losses(range(s, min(s + chunk, len(self)))).sum())
                          for s in range(0, len(self), chunk))) / len(self)
 
     def predict(self, *, chunk: int = 64) -> torch.Tensor:
         """Predicted class per example: LongTensor [N] on the CPU."""
+        chunk = check_count("chunk", chunk)
         return torch.cat([self.logits(range(s, min(s + chunk, len(self)))).argmax(1).cpu()
                           for s in range(0, len(self), chunk)])
 
