@@ -371,3 +371,14 @@ def test_a_negative_chunk_is_refused_the_mean_loss_over_no_chunk_was_zero(bad):
             call()                                  # chunk -1: F = 0.0
     with pytest.raises(ValueError, match="Invalid batch_size"):
         predict(model, data, batch_size=bad)
+
+
+@pytest.mark.parametrize("bad", [dict(norms=[1.0, float("nan")]), dict(norms=[1.0, -2.0]), dict(norms=[]),
+                                 dict(full_grad_norm=float("nan")), dict(full_grad_norm=-1.0),
+                                 dict(batch_sizes=(0, 4)), dict(batch_sizes=(1.5,))])
+def test_predicted_gains_refuse_what_they_answered_with_nan_or_a_gain_at_no_batch(bad):
+    from sazo_lite.llm.continual import predicted_gains
+
+    settings = {"norms": [1.0, 1.0, 1.0, 5.0], "full_grad_norm": 0.5, "batch_sizes": (1, 4), **bad}
+    with pytest.raises(ValueError, match="Invalid (norms|full_grad_norm|batch_sizes)"):
+        predicted_gains(torch.tensor(settings.pop("norms")), **settings)

@@ -50,6 +50,7 @@ import torch
 
 from ..atomic import atomic_write
 from ..variance import uniform_gain
+from ..validation import check_int, check_number
 from .losses import classification_losses, encode_classification
 from .tasks import ClassificationTask, Example, _CATEGORIES, _NEGATIVE, _NOUNS, _POSITIVE
 
@@ -211,6 +212,10 @@ def predicted_gains(norms, full_grad_norm: float, batch_sizes=(1, 2, 4, 8, 16)) 
         (1.75, 1.75)
     """
     norms = torch.as_tensor(norms, dtype=torch.float64)
+    if norms.dim() != 1 or len(norms) == 0 or not bool(torch.isfinite(norms).all()) or bool((norms < 0).any()):
+        raise ValueError(f"Invalid norms: expected a non-empty 1-D tensor of finite norms >= 0, got {norms.tolist()}")
+    full_grad_norm = check_number("full_grad_norm", full_grad_norm, 0.0)      # a sign or nan went into ‖∇F‖²
+    batch_sizes = [check_int("batch_sizes", b, 1) for b in batch_sizes]     # B = 0 "gained" (v_u − g²)/(v_o − g²)
     v_u, v_o, g2 = float((norms ** 2).mean()), float(norms.mean()) ** 2, float(full_grad_norm) ** 2
     return {"v_uniform": v_u, "v_oracle": v_o, "v_uniform_ratio": v_u / v_o if v_o > 0 else 1.0, "grad_sq": g2,
             "grad_sq_ratio": g2 / v_o if v_o > 0 else 0.0,
