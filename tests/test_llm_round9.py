@@ -382,3 +382,13 @@ def test_predicted_gains_refuse_what_they_answered_with_nan_or_a_gain_at_no_batc
     settings = {"norms": [1.0, 1.0, 1.0, 5.0], "full_grad_norm": 0.5, "batch_sizes": (1, 4), **bad}
     with pytest.raises(ValueError, match="Invalid (norms|full_grad_norm|batch_sizes)"):
         predicted_gains(torch.tensor(settings.pop("norms")), **settings)
+
+
+def test_walk_refuses_a_start_that_does_not_match_the_tuned_tensors():
+    from sazo_lite.llm.queries import walk
+
+    params = [torch.ones(3), torch.ones(2)]
+    assert walk(params, [torch.zeros(3), torch.zeros(2)]) == pytest.approx(5 ** 0.5)
+    for start in ([torch.zeros(3)], [torch.zeros(3), torch.zeros(1)], [torch.zeros(3), torch.zeros(2), torch.zeros(1)]):
+        with pytest.raises(ValueError, match="Invalid start"):
+            walk(params, start)                     # was sqrt(3) or a broadcast 5 ** 0.5 over the wrong copy

@@ -155,6 +155,12 @@ def sampling_diagnostics(norms: torch.Tensor, probs: torch.Tensor, scores: torch
 @torch.no_grad()
 def walk(params, start) -> float:
     """‖θ − θ₀‖ over the tuned tensors (``start``: their copies at θ₀, e.g. ``snapshot(params)``)."""
+    params, start = list(params), list(start)
+    if len(start) != len(params) or any(not isinstance(s, torch.Tensor) or s.shape != p.shape
+                                        for p, s in zip(params, start)):
+        # zip stopped at the shorter list and a [1] copy broadcast: a walk over part of θ, without a word
+        raise ValueError(f"Invalid start: expected one tensor of each tuned tensor's shape ({len(params)} tensors), "
+                         f"got {len(start)}")
     return float(sum(float((p.detach().double() - s.double()).pow(2).sum()) for p, s in zip(params, start)) ** 0.5)
 
 
