@@ -392,3 +392,20 @@ def test_walk_refuses_a_start_that_does_not_match_the_tuned_tensors():
     for start in ([torch.zeros(3)], [torch.zeros(3), torch.zeros(1)], [torch.zeros(3), torch.zeros(2), torch.zeros(1)]):
         with pytest.raises(ValueError, match="Invalid start"):
             walk(params, start)                     # was sqrt(3) or a broadcast 5 ** 0.5 over the wrong copy
+
+
+def test_add_lora_refuses_a_model_that_already_holds_adapters_it_replaced_them():
+    from sazo_lite.llm import add_lora
+
+    base = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    first = add_lora(base, rank=2)
+    tuned = trainable_parameters(first)
+    jiggle(tuned)
+    data = batch()
+    before = classification_losses(first, data, INDICES)
+    for again in (first, base):                 # peft injected the adapters into base in place too
+        with pytest.raises(ValueError, match="Invalid model: it already holds peft adapters"):
+            add_lora(again, rank=4)
+    assert torch.equal(classification_losses(first, data, INDICES), before)    # the tuned adapters kept
+    merged = first.merge_and_unload()
+    assert len(trainable_parameters(add_lora(merged, rank=2))) == len(tuned)

@@ -99,7 +99,13 @@ def add_lora(model, *, rank: int = 8, alpha: int = 16, target_modules=None, init
         The ``PeftModel`` in eval mode; pass ``trainable_parameters(peft_model)`` to MeZO.
     """
     from peft import LoraConfig, get_peft_model
+    from peft.tuners.tuners_utils import BaseTunerLayer
 
+    # peft injects its layers into the model in place: a second add_lora (on the PeftModel or on the base it
+    # returned) put its adapter "default" over the first, whose tuned weights were lost without a word
+    if any(isinstance(module, BaseTunerLayer) for module in model.modules()):
+        raise ValueError("Invalid model: it already holds peft adapters (a second add_lora replaced them); "
+                         "merge them first (model = model.merge_and_unload()) or start from a fresh model")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise ValueError(f"Invalid rank: {rank!r} (expected an int >= 1)")
     # α = 0 makes every adapter a no-op: each ZO step would see δ = 0 and learn nothing, silently
