@@ -409,3 +409,18 @@ def test_add_lora_refuses_a_model_that_already_holds_adapters_it_replaced_them()
     assert torch.equal(classification_losses(first, data, INDICES), before)    # the tuned adapters kept
     merged = first.merge_and_unload()
     assert len(trainable_parameters(add_lora(merged, rank=2))) == len(tuned)
+
+
+def test_zo_runs_refuse_tensors_of_another_model_every_delta_was_zero():
+    from sazo_lite.llm import add_lora, zo_finetune
+    from sazo_lite.llm.queries import query_run
+
+    data = batch()
+    stale = trainable_parameters(add_lora(tiny_causal_lm("llama", vocab_size=VOCAB, seed=1), rank=2))
+    model = add_lora(tiny_causal_lm("llama", vocab_size=VOCAB, seed=1), rank=2)      # reloaded: new tensors
+    with pytest.raises(ValueError, match="Invalid params: 8 of 8 tensors"):
+        zo_finetune(model, stale, data, steps=2, progress=False)     # it "trained" for the whole run: δ = 0
+    with pytest.raises(ValueError, match="Invalid params"):
+        query_run(model, stale, data, "uniform", lr=1e-3, steps=2)
+    run = zo_finetune(model, trainable_parameters(model), data, steps=2, log_every=1, progress=False)
+    assert len(run.train_loss) == 3

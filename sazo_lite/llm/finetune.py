@@ -23,7 +23,7 @@ from ..train import History, train
 from ..validation import check_choice, check_count
 from .losses import TokenBatch, accuracy, batched_closure, classification_losses
 
-__all__ = ["FinetuneRun", "zo_finetune", "mean_loss", "snapshot", "restore_snapshot", "METHODS"]
+__all__ = ["FinetuneRun", "zo_finetune", "check_params_in", "mean_loss", "snapshot", "restore_snapshot", "METHODS"]
 
 METHODS = ("mezo", "uniform", "sazo", "sazo-plain")   # samplers by name; "mezo" = "uniform"
 
@@ -70,6 +70,19 @@ def restore_snapshot(params, saved) -> None:
         p.copy_(s)
 
 
+def check_params_in(model, params) -> list[torch.Tensor]:
+    """``params`` as a list, every one a parameter of ``model``; else ValueError. A tensor of another model
+    (params taken before the model was reloaded or copied) is moved by MeZO while the losses never read it:
+    every δ is 0 and nothing is learnt, without a word."""
+    params = list(params)
+    own = {id(p) for p in model.parameters()}
+    foreign = [k for k, p in enumerate(params) if id(p) not in own]
+    if foreign:
+        raise ValueError(f"Invalid params: {len(foreign)} of {len(params)} tensors (e.g. params[{foreign[0]}]) are "
+                         "not parameters of the model (taken from another copy of it?); the losses would not see them")
+    return params
+
+
 def zo_finetune(model, params, train_batch: TokenBatch, test_batch: TokenBatch | None = None, *,
                 method: str = "sazo", steps: int = 100, batch_size: int = 8, lr: float = 1e-3,
                 eps: float = 1e-3, ema_decay: float = 0.9, uniform_mix: float = 0.1, seed: int = 0,
@@ -93,6 +106,7 @@ def zo_finetune(model, params, train_batch: TokenBatch, test_batch: TokenBatch |
     """
     run = FinetuneRun(method)
     check_choice("method", method, METHODS)
+    params = check_params_in(model, params)
     sampler = make_sampler(sampler_name(method), len(train_batch), ema_decay=ema_decay, uniform_mix=uniform_mix,
                            seed=seed)
     optimizer = optimizer or MeZO(params, lr=lr, eps=eps, seed=seed)

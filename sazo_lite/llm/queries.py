@@ -29,7 +29,7 @@ from ..samplers import RACED, make_sampler
 from ..train import NoiseScaledStep, median_queries, queries_to_target, train
 from ..variance import oracle_probs, spearman, tv_distance, variance_ratio
 from ..validation import check_choice, check_int, check_limit, check_number, check_real
-from .finetune import mean_loss
+from .finetune import check_params_in, mean_loss
 from .grad_norms import RefreshingNorms, grad_norms
 from .losses import TokenBatch, accuracy, batched_closure
 from .topblock import TopBlocks
@@ -422,7 +422,7 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
     _check_run_settings(lr, test_batch, accuracy_at, stop_fraction, diagnose, diverge_factor, walk_pull)
     diagnose = int(diagnose)
     n = len(train_batch)
-    params = list(params)
+    params = check_params_in(model, params)
     for cached in (train_batch, test_batch):      # a tuned tensor below the top blocks: the cache would go stale
         if isinstance(cached, TopBlocks):
             cached.check_params(params)
