@@ -422,7 +422,8 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
     _check_run_settings(lr, test_batch, accuracy_at, stop_fraction, diagnose, diverge_factor, walk_pull)
     diagnose = int(diagnose)
     n = len(train_batch)
-    params = check_params_in(model, params)
+    params = check_params_in(train_batch.model if model is None and isinstance(train_batch, TopBlocks) else model,
+                             params)       # a TopBlocks run needed no model: None still takes its own
     for cached in (train_batch, test_batch):      # a tuned tensor below the top blocks: the cache would go stale
         if isinstance(cached, TopBlocks):
             cached.check_params(params)
