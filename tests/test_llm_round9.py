@@ -424,3 +424,13 @@ def test_zo_runs_refuse_tensors_of_another_model_every_delta_was_zero():
         query_run(model, stale, data, "uniform", lr=1e-3, steps=2)
     run = zo_finetune(model, trainable_parameters(model), data, steps=2, log_every=1, progress=False)
     assert len(run.train_loss) == 3
+
+
+@pytest.mark.parametrize("bad", [dict(noise=0.7), dict(noise=-0.1), dict(num_train=0), dict(seed=1.5),
+                                 dict(name="imdb")])
+def test_load_hf_task_checks_its_settings_before_any_download(bad, monkeypatch):
+    from sazo_lite.llm import tasks
+
+    monkeypatch.setattr(tasks, "_hf_rows", lambda name: pytest.fail("downloaded before checking"))
+    with pytest.raises(ValueError, match="Invalid (noise|num_train|seed|name)"):
+        tasks.load_hf_task(**{"name": "sst2", **bad})     # noise 0.7: most labels inverted, without a word

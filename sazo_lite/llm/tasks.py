@@ -172,6 +172,12 @@ def load_hf_task(name: str, *, num_train: int = 1000, num_test: int = 500, noise
 
     Train comes from the train split, test from the validation split (GLUE test labels are hidden).
     """
+    # checked before the download: noise 0.7 flipped most labels (a task of inverted labels), and
+    # 1.5 or num_train = 0 surfaced as random.sample's errors once the data had come
+    check_choice("name", name, ["boolq", "multirc", "sst2"])
+    noise = check_fraction("noise", noise, 0.0, 0.5, closed_low=True, closed_high=False)
+    num_train, num_test = check_count("num_train", num_train), check_count("num_test", num_test)
+    seed = check_int("seed", seed)
     data, words, row = _hf_rows(name)
     rng = random.Random(seed)
 
