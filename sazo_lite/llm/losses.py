@@ -261,7 +261,8 @@ def encode_answers(tokenizer, prompts, answers, *, max_length: int = 128) -> Tok
         if not a:
             raise ValueError(f"Invalid answers: {answer!r} has no tokens")
         if not p:           # nothing before the answer: its first token would be predicted from nothing, unscored
-            raise ValueError(f"Invalid prompts: {prompt!r} has no tokens (the answer's first token would not be scored)")
+            raise ValueError(f"Invalid prompts: {prompt!r} has no tokens (the answer's first token would not be "
+                             "scored)")
         p = p[-max(1, max_length - len(a)):]  # keep the prompt's end, next to the answer
         ids.append(p + a)
         prompt_lengths.append(len(p))

@@ -231,7 +231,8 @@ class TopBlocks:
         owner, layers = _stack(model)
         self.layers = list(layers[count - blocks:])
         slots = [k for k, layer in enumerate(layers) if any(layer is top for top in self.layers)]
-        if len(slots) != blocks or len({id(layer) for layer in self.layers}) != blocks:   # the hooks that record a top block's inputs would fire at its other slot
+        # one block object in two slots: the hook that records a top block's inputs would fire at its other slot
+        if len(slots) != blocks or len({id(layer) for layer in self.layers}) != blocks:
             raise ValueError(f"Invalid model: one decoder block object fills slots {slots} of its stack; the top "
                              f"{blocks} block(s) must each be a module of their own to be run on a cache")
         self.head = _base(model).get_output_embeddings()
