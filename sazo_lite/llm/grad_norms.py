@@ -278,9 +278,10 @@ def grad_norms(model, batch: TokenBatch, params, *, loss: str = "classification"
         params: the tuned tensors (e.g. ``trainable_parameters(lora_model)``).
         loss: "classification" (verbalisers) or "answer" (answer-token CE).
         indices: which examples (default all).
-        method: "auto" (batched hooks when every tensor is a Linear's weight/bias; else ``vmap``
-            for the classification loss on examples without padding, the loop if the model's
-            forward cannot be traced; else the loop), "linear", "vmap" or "loop".
+        method: "auto" (batched hooks when every tensor is a Linear's weight/bias and each such Linear
+            runs once on batch-major rows; else ``vmap`` for the classification loss on examples
+            without padding, the loop if the model's forward cannot be traced; else the loop),
+            "linear" (ValueError where the hooks cannot split the examples), "vmap" or "loop".
         chunk: examples per batched backward.
     """
     if method not in ("auto", "linear", "vmap", "loop"):
