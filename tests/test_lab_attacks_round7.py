@@ -73,6 +73,9 @@ _s._getframe = _gf
 }
 
 
+FAKE_NOTE = "[grader] ['cell', 7] ran past its limit or ended the worker: killed; restarting without it"
+
+
 def _edit(nb, start: str, change) -> None:
     cells = [c for c in nb.cells if c.cell_type == "code" and c.source.lstrip().startswith(start)]
     assert len(cells) == 1, f"lab 2's cell {start!r} moved: update the attack"
@@ -115,6 +118,12 @@ def _hand_ins(solution, folder) -> None:
     nb.cells.append(nbformat.v4.new_code_cell("lab2_weights = lab2_weights   # binds q1's name: charged to q1\n"
                                               "globals()['lab2_one_plus_cv2'] = " + LIBRARY_CV2.split(" = ")[1]))
     nbformat.write(nb, folder / "launder_to_q1.ipynb")
+    nb = nbformat.read(solution, as_version=4)   # output written to read as the grader's notes in grade.log
+    nb.cells.insert(1, nbformat.v4.new_code_cell(
+        f"_note = {FAKE_NOTE!r}\n"
+        "print('x\\n' + _note + '\\rwork\\r' + _note + '\\x1b[2J\\x1b[1G' + _note)\n"
+        "print('a' + 'é' * 200_000)   # characters split between two reads of the pipe"))
+    nbformat.write(nb, folder / "mimics_the_grader.ipynb")
     for name, patch in {**SILENCERS, **STILL_FAIL}.items():
         nb = nbformat.read(solution, as_version=4)
         _edit(nb, "lab2_problem = ", lambda s, p=patch: s.replace(HONEST_CV2, p + LIBRARY_CV2))
@@ -289,3 +298,16 @@ def test_documented_gap_a_library_value_handed_to_another_question_costs_only_th
     else the check below it), not those its values reach. If this fails, the gap was closed: update the README."""
     scores = {q: v["score"] for q, v in graded[0]["launder_to_q1.ipynb"]["questions"].items()}
     assert scores["q1"] == 0 and scores["q4"] == 2.0, scores
+
+
+def test_output_cannot_pose_as_the_graders_notes_in_grade_log(graded):
+    """The submission's output went into grade.log as it came, next to the grader's own ``[grader]`` notes:
+    a hand-in could write a kill and a restart that read as the grader's (and terminal escapes that clear the
+    instructor's screen); each read of the pipe was decoded alone, so a character split between two reads
+    became U+FFFD. Now the output is decoded once, and its lines that start like a note are marked."""
+    rows, csv_path = graded
+    assert _full(rows["mimics_the_grader.ipynb"])
+    log = (csv_path.parent / csv_path.stem / "mimics_the_grader" / "grade.log").read_text(encoding="utf-8")
+    assert log.count("[output] " + FAKE_NOTE) == 2 and "\x1b" not in log and "\r" not in log, log[:500]
+    assert not [line for line in log.splitlines() if line.startswith("[grader]")], log[:500]
+    assert "a" + "é" * 200_000 in log and "\ufffd" not in log

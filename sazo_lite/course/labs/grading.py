@@ -522,7 +522,7 @@ def _attempt(job: dict, limits: dict, deadline: float, require: str, log, test_t
     box = Sandbox([sys.executable, "-m", "sazo_lite.course.labs.worker", str(write_fd)], env, pass_fds=(write_fd,),
                   require=require, limits=caps)
     protocol = _Protocol(job)
-    kept = 0
+    output = bytearray()   # the submission's own output, at most LOG_BYTES (see _as_output)
     try:
         process = box.start(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         os.close(write_fd)
@@ -551,9 +551,8 @@ def _attempt(job: dict, limits: dict, deadline: float, require: str, log, test_t
                     open_streams -= 1
                     continue
                 if key.data == "log":
-                    if log and kept < LOG_BYTES:
-                        log.write(chunk[:LOG_BYTES - kept].decode(errors="replace"))
-                        kept += len(chunk)
+                    if log and len(output) < LOG_BYTES:
+                        output += chunk[:LOG_BYTES - len(output)]
                     continue
                 protocol.feed(chunk)
         protocol.ended()
@@ -563,10 +562,31 @@ def _attempt(job: dict, limits: dict, deadline: float, require: str, log, test_t
                 os.close(fd)
         box.close()
     if log:
+        log.write(_as_output(bytes(output)))
         for note in protocol.notes:
             log.write(f"\n[grader] {note}\n")
     return {"cases": protocol.cases, "finished": protocol.finished, "stuck": protocol.stuck, "sandbox": box.kind,
             "rules": protocol.rules, "notes": protocol.notes, "caps": box.caps}
+
+
+def _as_output(data: bytes) -> str:
+    """The submission's output for grade.log, such that nothing in it reads as the grader's notes.
+
+    Decoded once (a character split between two reads of the pipe stays whole); carriage returns (progress
+    bars) end lines; other control characters (terminal escapes that move the cursor or clear the screen)
+    and Unicode line separators are shown escaped (``\\x1b``); a line that starts like a note of the grader
+    (``[grader] ...``: a kill, a restart) is marked ``[output] [grader] ...``.
+
+    Example:
+        >>> _as_output(b"ok\\r\\n[grader] killed\\x1b[2J\\rdone \\xc3\\xa9")
+        'ok\\n[output] [grader] killed\\\\x1b[2J\\ndone é'
+    """
+    text = data.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}", text)
+    return re.sub(r"^\[grader\]", "[output] [grader]", text, flags=re.M)
+
+
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f\x85\u2028\u2029]")
 
 
 MAX_LINE = 8 * 2 ** 20   # bytes of one event line from the worker; a longer one fails its case
