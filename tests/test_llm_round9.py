@@ -434,3 +434,31 @@ def test_load_hf_task_checks_its_settings_before_any_download(bad, monkeypatch):
     monkeypatch.setattr(tasks, "_hf_rows", lambda name: pytest.fail("downloaded before checking"))
     with pytest.raises(ValueError, match="Invalid (noise|num_train|seed|name)"):
         tasks.load_hf_task(**{"name": "sst2", **bad})     # noise 0.7: most labels inverted, without a word
+
+
+def test_adapters_added_after_the_cache_are_judged_as_the_model_is_now():
+    from sazo_lite.llm import add_lora, top_layers
+    from sazo_lite.llm.queries import query_run
+
+    data = batch()
+    base = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    for p in base.parameters():
+        p.requires_grad_(False)
+    top = TopBlocks(base, data)
+    everywhere = add_lora(base, rank=2)              # peft puts adapters into the cached lower block too
+    params = trainable_parameters(everywhere)
+    with pytest.raises(ValueError, match="Invalid params: 4 tensors"):
+        top.grad_norms(params, INDICES)              # the lower adapters' part of each gradient was left out
+    with pytest.raises(ValueError, match="Invalid params: 4 tensors"):
+        query_run(everywhere, params, top, "uniform", lr=1e-3, steps=2)     # and their moves were not seen
+
+    base = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    for p in base.parameters():
+        p.requires_grad_(False)
+    top = TopBlocks(base, data)
+    adapted = add_lora(base, rank=2, layers=top_layers(base, 1))      # the top block's own: run on the cache
+    params = trainable_parameters(adapted)
+    jiggle(params)
+    assert torch.allclose(top(INDICES), classification_losses(adapted, data, INDICES), atol=1e-5, rtol=0)
+    assert torch.allclose(top.grad_norms(params, INDICES), grad_norms(adapted, data, params, indices=INDICES),
+                          rtol=1e-4)

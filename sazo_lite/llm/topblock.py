@@ -258,22 +258,27 @@ class TopBlocks:
         block, a module object placed in a lower and a top layer, a head tied to the input embeddings)
         is below even where a top block holds it too; the top blocks, the modules after them and an LM
         head of its own run live on the cache."""
-        lower = list(layers[:len(layers) - self.blocks])
-        live = {id(m) for m in self.layers + self.after + [self.head]} - {id(m) for m in lower} | {id(layers)}
-        below, todo = {}, lower + [model]
-        while todo:
-            module = todo.pop()
-            if id(module) not in below and id(module) not in live:
-                below[id(module)] = module
-                todo.extend(m for m in module._modules.values() if m is not None)
-        held = {id(t) for m in below.values() for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]}
-        self.below = held        # ids of the tensors that feed the cache (grad_norms refuses them)
+        self.stack = layers
+        held = self._below()
         stale = [name for name, t in [*model.named_parameters(), *model.named_buffers()]
                  if t.requires_grad and id(t) in held]
         if stale:
             raise ValueError(f"Invalid model: {len(stale)} trainable tensors outside the top {self.blocks} "
                              f"block(s) would make the cached hidden states stale (e.g. {stale[0]}); freeze "
                              "them (top_block_parameters, add_lora(layers=top_layers(...))) or raise blocks")
+
+    def _below(self) -> set[int]:
+        """ids of the tensors that feed the cache, as the model is now (adapters may have been added since)."""
+        layers = self.stack
+        lower = list(layers[:len(layers) - self.blocks])
+        live = {id(m) for m in self.layers + self.after + [self.head]} - {id(m) for m in lower} | {id(layers)}
+        below, todo = {}, lower + [self.model]
+        while todo:
+            module = todo.pop()
+            if id(module) not in below and id(module) not in live:
+                below[id(module)] = module
+                todo.extend(m for m in module._modules.values() if m is not None)
+        return {id(t) for m in below.values() for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]}
 
     @torch.no_grad()
     def _modules_after(self, owner, layers) -> list[torch.nn.Module]:
@@ -440,8 +445,9 @@ class TopBlocks:
         them, the LM head); else ValueError: a tensor that feeds the cached states or runs nowhere here
         would be moved (MeZO) or differentiated (``grad_norms``) without these losses seeing it."""
         params = list(params)
-        live = {id(p) for p in self.live_weights}
-        cached = [k for k, p in enumerate(params) if id(p) in self.below or id(p) not in live]
+        live = {id(p) for m in self.layers + self.after + [self.head] for p in m.parameters()}   # as they are now
+        below = self._below()
+        cached = [k for k, p in enumerate(params) if id(p) in below or id(p) not in live]
         if cached:      # the cache is detached: their part of each gradient (through the lower blocks) is not seen
             raise ValueError(f"Invalid params: {len(cached)} tensors (e.g. params[{cached[0]}]) are not run on the "
                              f"cache only (they feed the cached states or are not in the top {self.blocks} "
