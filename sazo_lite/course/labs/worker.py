@@ -264,8 +264,9 @@ def main(fd: int) -> None:
     namespace = {"__name__": "__main__", "__builtins__": builtins, "display": display}
     current = [None]
     guard = None
-    # Everything below is held here before student code runs: none of it is looked up again in this module,
-    # which the submission can reach as sys.modules["__main__"] (see _emitter).
+    # What reports and runs the cases is held here before student code runs, not looked up again in this
+    # module, which the submission can reach as sys.modules["__main__"] (see _emitter). (The cell timer's
+    # names still are: rebinding them only lets a cell overrun, and the parent kills it.)
     emit, error_text, text, to_str, length, pairs, some = _emitter(fd), _error, repr, str, len, zip, any
     if job.get("block_programs", True):
         block_programs(fd)
