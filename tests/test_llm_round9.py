@@ -462,3 +462,21 @@ def test_adapters_added_after_the_cache_are_judged_as_the_model_is_now():
     assert torch.allclose(top(INDICES), classification_losses(adapted, data, INDICES), atol=1e-5, rtol=0)
     assert torch.allclose(top.grad_norms(params, INDICES), grad_norms(adapted, data, params, indices=INDICES),
                           rtol=1e-4)
+
+
+def test_top_block_losses_refuse_dropout_that_adapters_added_since_the_cache_left_active():
+    from peft import LoraConfig, get_peft_model
+
+    data = batch()
+    base = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    for p in base.parameters():
+        p.requires_grad_(False)
+    top = TopBlocks(base, data)                   # base stays in eval mode; peft's new layers do not
+    peft = get_peft_model(base, LoraConfig(r=2, lora_dropout=0.5, target_modules=["q_proj", "v_proj"],
+                                           layers_to_transform=[1]))
+    jiggle([q for name, q in peft.named_parameters() if "lora_B" in name])
+    with pytest.raises(ValueError, match="Invalid model: .*lora_dropout.*training mode"):
+        top(INDICES)                              # each call drew its own dropout: random losses
+    peft.eval()
+    assert torch.equal(top(INDICES), top(INDICES))
+    assert torch.allclose(top(INDICES), classification_losses(peft, data, INDICES), atol=1e-5, rtol=0)
