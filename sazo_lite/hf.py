@@ -75,6 +75,7 @@ from .atomic import atomic_write
 from .distributed import gather_losses, rank_and_world, shard
 from .engine import MeZO
 from .llm.losses import IGNORE, causal_lm_losses
+from .precision import master_dtype
 from .samplers import make_sampler, sampler_name
 from .validation import check_choice
 
@@ -589,10 +590,11 @@ class ZOTrainer(Trainer):
                              f"{'on' if self._wants_master(params) else 'off'}")
         master = state["master"]
         if master is not None and (not isinstance(master, list) or len(master) != len(params) or any(
-                not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.shape != p.shape
+                not isinstance(t, torch.Tensor) or t.dtype != master_dtype(p.dtype) or t.shape != p.shape
                 or not bool(torch.isfinite(t).all()) for t, p in zip(master, params))):
             raise ValueError("Invalid checkpoint: its master weights do not match this model's trainable "
-                             "parameters (finite float32 tensors of the same shapes)")
+                             "parameters (finite tensors of the same shapes, float32 or the parameter's "
+                             "wider dtype)")
         try:  # the sampler checks every field; a copy, so nothing changes here
             copy.deepcopy(self.zo_sampler).load_state_dict(state["sampler"])
         except ValueError as error:
@@ -665,7 +667,7 @@ class ZOTrainer(Trainer):
         with torch.no_grad():
             for k, (param, master) in enumerate(zip(self._master.params, self._master.tensors)):
                 exact = saved is not None and torch.equal(saved[k].to(param.device, param.dtype), param.detach())
-                master.copy_(saved[k] if exact else param.detach().float())
+                master.copy_(saved[k] if exact else param.detach().to(master.dtype))
         self._master.sync()
 
     def _apply_zo_state(self, state: dict) -> None:

@@ -24,6 +24,11 @@ from .engine import _check_disjoint, store_as
 __all__ = ["Float32Master", "unit_roundoff", "restore_bound"]
 
 
+def master_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a master copy: float32, or the parameter's own dtype when it is wider (float64)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 class Float32Master:
     """A float32 master copy of half-precision trainable parameters (restore-drift mitigation).
 
@@ -57,7 +62,7 @@ class Float32Master:
         _check_disjoint(self.params)   # views that share entries: the same, entry by entry
         # float32, or the tensor's own dtype when it is wider (a float64 tensor kept in float32 would lose
         # its low bits at the first sync)
-        self.tensors = [p.detach().to(torch.promote_types(p.dtype, torch.float32)).clone() for p in self.params]
+        self.tensors = [p.detach().to(master_dtype(p.dtype)).clone() for p in self.params]
         self._declare()
 
     def _declare(self) -> None:

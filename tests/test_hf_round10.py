@@ -226,3 +226,22 @@ def test_dataloader_drop_last_makes_an_epoch_the_full_batches_only(tmp_path):
     trainer = trainer_for(tmp_path, rows=memorisable_rows(n=10), args=args, method="mezo")
     trainer.train()
     assert trainer.state.global_step == 2
+
+
+# -- master weights of a float64 model survive a resume ------------------------------------------
+def test_a_float64_model_with_master_weights_resumes_where_a_straight_run_goes(tmp_path):
+    # Float32Master keeps a float64 tensor's master in float64 (its low bits); the resume check
+    # wanted float32 masters and refused the checkpoint it had just written
+    def run(root, steps, resume=None):
+        model = tiny_causal_lm("llama", vocab_size=VOCAB, dtype=torch.float64)
+        args = training_args(root, max_steps=steps, save_strategy="steps", save_steps=2)
+        trainer = trainer_for(root, model=model, args=args, master_weights=True)
+        trainer.train(resume_from_checkpoint=resume)
+        return model, trainer
+
+    straight, _ = run(tmp_path / "straight", 4)
+    run(tmp_path / "first", 2)
+    resumed, trainer = run(tmp_path / "first", 4, resume=str(tmp_path / "first" / "out" / "checkpoint-2"))
+    assert all(t.dtype == torch.float64 for t in trainer._master.tensors)
+    for a, b in zip(straight.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)
