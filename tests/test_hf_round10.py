@@ -11,16 +11,10 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from sazo_lite.llm.models import tiny_causal_lm  # noqa: E402
-from test_hf import VOCAB, _OnFirstUse, memorisable_rows, training_args, weights  # noqa: E402
+from test_hf import VOCAB, _OnFirstUse, memorisable_rows, trainer_for, training_args, weights  # noqa: E402
 
 hf = _OnFirstUse("sazo_lite.hf")
 transformers.logging.set_verbosity_error()
-
-
-def trainer_for(tmp_path, rows=None, model=None, args=None, **kwargs):
-    rows = memorisable_rows() if rows is None else rows
-    model = tiny_causal_lm("llama", vocab_size=VOCAB) if model is None else model
-    return hf.ZOTrainer(model, args or training_args(tmp_path), train_dataset=rows, eval_dataset=rows, **kwargs)
 
 
 def queries_logged(trainer):

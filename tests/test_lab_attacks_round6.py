@@ -60,17 +60,22 @@ def _hand_ins(solution, folder) -> None:
         handle.write(solution.read_bytes())
 
 
-@pytest.fixture(scope="module")
-def graded(assigned_labs, tmp_path_factory):
-    root = tmp_path_factory.mktemp("round6")
+def grade_hand_ins(assigned_labs, root, write_hand_ins):
+    """Lab 2 hand-ins written by ``write_hand_ins(solution, folder)``, graded by grade_all in fast mode:
+    ({submission: row}, the CSV's path)."""
     folder = root / "handins"
     folder.mkdir()
-    _hand_ins(assigned_labs / STEM / "autograder" / f"{STEM}.ipynb", folder)
+    write_hand_ins(assigned_labs / STEM / "autograder" / f"{STEM}.ipynb", folder)
     csv_path = root / "grades" / "lab2.csv"
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SAZO_FAST", "1")
         rows = labs.grade_all(labs.autograder_zip(STEM, build_dir=assigned_labs), folder, csv_path)
     return {r["submission"]: r for r in rows}, csv_path
+
+
+@pytest.fixture(scope="module")
+def graded(assigned_labs, tmp_path_factory):
+    return grade_hand_ins(assigned_labs, tmp_path_factory.mktemp("round6"), _hand_ins)
 
 
 def _scores(row) -> dict:

@@ -29,6 +29,7 @@ pytest.importorskip("otter")
 
 from sazo_lite.course import labs  # noqa: E402
 from sazo_lite.course.labs import grading  # noqa: E402
+from test_lab_attacks_round6 import grade_hand_ins  # noqa: E402
 
 STEM = labs.resolve_master("lab2").stem
 HONEST_CV2 = "lab2_one_plus_cv2 = float(1 + lab2_norms.var(unbiased=False) / lab2_norms.mean() ** 2)"
@@ -133,15 +134,7 @@ def _hand_ins(solution, folder) -> None:
 
 @pytest.fixture(scope="module")
 def graded(assigned_labs, tmp_path_factory):
-    root = tmp_path_factory.mktemp("round7")
-    folder = root / "handins"
-    folder.mkdir()
-    _hand_ins(assigned_labs / STEM / "autograder" / f"{STEM}.ipynb", folder)
-    csv_path = root / "grades" / "lab2.csv"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SAZO_FAST", "1")
-        rows = labs.grade_all(labs.autograder_zip(STEM, build_dir=assigned_labs), folder, csv_path)
-    return {r["submission"]: r for r in rows}, csv_path
+    return grade_hand_ins(assigned_labs, tmp_path_factory.mktemp("round7"), _hand_ins)
 
 
 def _full(row) -> bool:
