@@ -60,9 +60,11 @@ import torch
 from sazo_lite.atomic import write_json
 from benchmarks.llm_report import RESULTS, merge, print_report
 from benchmarks.llm_topblock import TARGETS, TopSetting, gd_steps, measured_on, top_start
+from benchmarks.cli import check_folder, check_output, count, fraction, mix as cli_mix, natural, non_negative, positive, unit_fraction
 from benchmarks.run_cache import RunNotCached, cached_run
+from sazo_lite.llm.models import TINY_FAMILIES
 from sazo_lite.llm import add_lora, load_smollm2, restore_snapshot, snapshot, tiny_causal_lm, trainable_parameters
-from sazo_lite.llm.continual import (alike_indices, cached_first_round, keep_alike, make_continual_set,
+from sazo_lite.llm.continual import (SET_NAMES, alike_indices, cached_first_round, keep_alike, make_continual_set,
                                      predicted_gains)
 from sazo_lite.llm.grad_norms import directional_error, full_gradient_norm, grad_norms
 from sazo_lite.llm.landscape import random_walk_descent
@@ -79,6 +81,7 @@ RULE_SETTINGS = {"bound": "walk_bound", "pull": "walk_pull", "cap": "step_cap"} 
 TOP_SETS = ("top-opposed", "top-homogeneous")    # SmolLM2 top-block (cached activations): the long-run race
 ROOT2 = 2 ** 0.5
 BIG_SETS = ("balanced", "opposed")   # the sets designed for B > 1: sized by --big-n / --big-new-fraction
+RACED_SETS = (*TOP_SETS, "continual", "homogeneous", *BIG_SETS)    # what --sets races (``settings``)
 
 
 def smollm2_start(set_name: str, args, *, full: bool = False, num_train: int | None = None,
@@ -591,26 +594,26 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true",
                         help="pilot (minutes; docs/llm.md gives the measured time): the top-block race only, 1 seed, 800-step "
                              "runs, 2 rates for uniform and SAZO (1 for the oracle)")
-    parser.add_argument("--sets", nargs="*", default=list(TOP_SETS),
+    parser.add_argument("--sets", nargs="*", default=list(TOP_SETS), choices=RACED_SETS, metavar="SET",
                         help="raced SmolLM2 sets: the default is the long-run race on the top block (top-opposed) and "
                              "its homogeneous control (top-homogeneous); opt-in: 'continual' (B = 1, all-layer LoRA), "
                              "'homogeneous', 'opposed' or 'balanced' (all-layer LoRA, B = 4, N = 192: hours on 2 CPU cores)")
-    parser.add_argument("--top-n", type=int, default=TopSetting.num_train, help="N of the top-block sets")
-    parser.add_argument("--top-new-fraction", type=float, default=TopSetting.new_fraction)
-    parser.add_argument("--top-blocks", type=int, default=TopSetting.blocks, help="k, the tuned top blocks")
-    parser.add_argument("--top-batch", type=int, default=4)
-    parser.add_argument("--top-steps", type=int, default=6000, help="top-opposed: steps cap of a run")
-    parser.add_argument("--top-control-steps", type=int, default=1500, help="top-homogeneous: steps cap of a run")
-    parser.add_argument("--top-control-start", type=float, default=6e-3,
+    parser.add_argument("--top-n", type=count, default=TopSetting.num_train, help="N of the top-block sets")
+    parser.add_argument("--top-new-fraction", type=unit_fraction, default=TopSetting.new_fraction)
+    parser.add_argument("--top-blocks", type=count, default=TopSetting.blocks, help="k, the tuned top blocks")
+    parser.add_argument("--top-batch", type=count, default=4)
+    parser.add_argument("--top-steps", type=count, default=6000, help="top-opposed: steps cap of a run")
+    parser.add_argument("--top-control-steps", type=count, default=1500, help="top-homogeneous: steps cap of a run")
+    parser.add_argument("--top-control-start", type=positive, default=6e-3,
                         help="top-homogeneous: every sampler's first grid rate (one grid for all)")
-    parser.add_argument("--top-control-cells", type=int, default=8,
+    parser.add_argument("--top-control-cells", type=count, default=8,
                         help="top-homogeneous: at most this many √2-spaced rates per sampler (its runs are short)")
-    parser.add_argument("--top-log-every", type=int, default=25)
-    parser.add_argument("--top-oracle-every", type=int, default=5,
+    parser.add_argument("--top-log-every", type=count, default=25)
+    parser.add_argument("--top-oracle-every", type=count, default=5,
                         help="top-block oracle: true norms refreshed every k steps (V(p_stale)/V(p*) is reported)")
-    parser.add_argument("--top-select", type=float, default=0.3,
+    parser.add_argument("--top-select", type=fraction, default=0.3,
                         help="top-block sets: the fraction of F₀ the median rule counts queries to")
-    parser.add_argument("--top-accuracy-at", type=int, default=8000,
+    parser.add_argument("--top-accuracy-at", type=natural, default=8000,
                         help="top-block sets: held-out accuracy after this many queries in every run (0: none)")
     parser.add_argument("--top-variants", nargs="+", default=["uniform+bound", "sazo+bound", "oracle+bound"], choices=VARIANTS,
                         help="the samplers raced on the top-block sets (default: each with the walk bound; plain names race the free walk; "
@@ -619,54 +622,54 @@ def parse_args(argv=None):
     parser.add_argument("--top-start", nargs="*", default=["uniform=6e-3", "sazo=8.49e-3", "oracle=1.2e-2"],
                         metavar="SAMPLER=RATE", help="top-block sets: each sampler's first grid rate (where 800-step "
                         "scans placed them: uniform diverged at 1.2e-2, the oracle did not)")
-    parser.add_argument("--walk-bound", type=float, default=30.0,
+    parser.add_argument("--walk-bound", type=positive, default=30.0,
                         help="R of the +bound variants: θ is projected onto ‖θ−θ₀‖ ≤ R after every step (docs/llm.md: "
                              "how far from θ₀ the targets lie)")
-    parser.add_argument("--walk-pull", type=float, default=None,
+    parser.add_argument("--walk-pull", type=positive, default=None,
                         help="λ of the +pull variants: θ−θ₀ shrinks by 1 − lr·λ after every step (L2 toward θ₀)")
-    parser.add_argument("--step-cap", type=float, default=None,
+    parser.add_argument("--step-cap", type=positive, default=None,
                         help="κ of the +cap variants: |ĝ| capped at κ × the running RMS of the capped ĝ (StepCap)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS[:6]), choices=VARIANTS,
                         help="the samplers raced on the opposed and balanced sets (+rule: with the step rule)")
-    parser.add_argument("--measure-sets", nargs="*", default=[],
+    parser.add_argument("--measure-sets", nargs="*", default=[], choices=SET_NAMES, metavar="SET",
                         help="sets whose θ₀ design (V(u)/V(p*), ‖∇F‖²/V(p*)) is measured without runs")
-    parser.add_argument("--targets", type=float, nargs="+", default=None,
+    parser.add_argument("--targets", type=fraction, nargs="+", default=None,
                         help="fractions of F(θ₀) (default: 0.5 0.3 0.2 0.1 0.05 with a top-block set, else 0.5 0.4: the "
                              "oracle's continual runs diverge on the way to 0.3)")
-    parser.add_argument("--diagnose-every", type=int, default=4, help="SAZO diagnostics every n-th log point")
-    parser.add_argument("--seeds", type=int, default=5, help="seeds at the chosen rates")
-    parser.add_argument("--grid-seeds", type=int, default=3, help="seeds per grid rate (the median rule)")
-    parser.add_argument("--cells", type=int, default=6, help="at most this many √2-spaced rates per sampler")
-    parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--log-every", type=int, default=10)
-    parser.add_argument("--eps", type=float, default=1e-3)
-    parser.add_argument("--rank", type=int, default=4)
-    parser.add_argument("--num-train", type=int, default=24)
-    parser.add_argument("--num-test", type=int, default=32)
-    parser.add_argument("--new-fraction", type=float, default=1 / 6)
-    parser.add_argument("--setup-steps", type=int, default=10)
-    parser.add_argument("--stale-every", type=int, default=25,
+    parser.add_argument("--diagnose-every", type=count, default=4, help="SAZO diagnostics every n-th log point")
+    parser.add_argument("--seeds", type=count, default=5, help="seeds at the chosen rates")
+    parser.add_argument("--grid-seeds", type=count, default=3, help="seeds per grid rate (the median rule)")
+    parser.add_argument("--cells", type=count, default=6, help="at most this many √2-spaced rates per sampler")
+    parser.add_argument("--steps", type=count, default=150)
+    parser.add_argument("--log-every", type=count, default=10)
+    parser.add_argument("--eps", type=positive, default=1e-3)
+    parser.add_argument("--rank", type=count, default=4)
+    parser.add_argument("--num-train", type=count, default=24)
+    parser.add_argument("--num-test", type=count, default=32)
+    parser.add_argument("--new-fraction", type=unit_fraction, default=1 / 6)
+    parser.add_argument("--setup-steps", type=natural, default=10)
+    parser.add_argument("--stale-every", type=natural, default=25,
                         help="continual set: also race the old benchmark's stale oracle (norms refreshed every k steps)")
-    parser.add_argument("--oracle-mix", type=float, default=0.0, help="the oracle's uniform mix λ (0: exact p*)")
-    parser.add_argument("--big-n", type=int, default=192, help="N of the opposed and balanced sets")
-    parser.add_argument("--big-new-fraction", type=float, default=0.125)
-    parser.add_argument("--big-batch", type=int, default=4)
-    parser.add_argument("--big-steps", type=int, default=600)
-    parser.add_argument("--big-log-every", type=int, default=25)
-    parser.add_argument("--big-start", type=float, default=5e-4, help="first rate of the opposed and balanced sets' grids")
-    parser.add_argument("--oracle-start-factor", type=float, default=1.0,
+    parser.add_argument("--oracle-mix", type=cli_mix, default=0.0, help="the oracle's uniform mix λ (0: exact p*)")
+    parser.add_argument("--big-n", type=count, default=192, help="N of the opposed and balanced sets")
+    parser.add_argument("--big-new-fraction", type=unit_fraction, default=0.125)
+    parser.add_argument("--big-batch", type=count, default=4)
+    parser.add_argument("--big-steps", type=count, default=600)
+    parser.add_argument("--big-log-every", type=count, default=25)
+    parser.add_argument("--big-start", type=positive, default=5e-4, help="first rate of the opposed and balanced sets' grids")
+    parser.add_argument("--oracle-start-factor", type=positive, default=1.0,
                         help="the oracle's grid starts this many times higher (its edge is higher; fewer runs)")
-    parser.add_argument("--big-oracle-every", type=int, default=5,
+    parser.add_argument("--big-oracle-every", type=count, default=5,
                         help="k on the opposed and balanced sets (one backprop over N per refresh; V(p_stale)/V(p*) is reported)")
     parser.add_argument("--variant-start", nargs="*", default=[], metavar="VARIANT=RATE",
                         help="opposed/balanced: a sampler's own first grid rate (e.g. uniform=2.5e-4), where a pilot "
                              "found its edge")
-    parser.add_argument("--big-accuracy-at", type=int, default=0,
+    parser.add_argument("--big-accuracy-at", type=natural, default=0,
                         help="opposed/balanced: held-out accuracy after this many queries in every uniform and SAZO run "
                              "(0: none)")
-    parser.add_argument("--walk-radii", type=float, nargs="*", default=[],
+    parser.add_argument("--walk-radii", type=positive, nargs="*", default=[],
                         help="--measure-sets: also F(θ₀ ± r·u) for random unit u at these radii (what a walk alone does)")
-    parser.add_argument("--walk-draws", type=int, default=4, help="± pairs per radius of --walk-radii")
+    parser.add_argument("--walk-draws", type=count, default=4, help="± pairs per radius of --walk-radii")
     parser.add_argument("--run-cache", type=Path, default=None,
                         help="save every run here and reuse saved ones (an interrupted race resumes where it stopped)")
     parser.add_argument("--cached-only", action="store_true",
@@ -677,32 +680,33 @@ def parse_args(argv=None):
     parser.add_argument("--no-budget", action="store_true",
                         help="opposed/balanced: the chosen-rate seeds stop at the target too (no held-out accuracy "
                              "after a fixed budget; a pilot)")
-    parser.add_argument("--full-start", type=float, default=0.0,
+    parser.add_argument("--full-start", type=non_negative, default=0.0,
                         help="full-parameter SmolLM2: first grid rate (0: skip; e.g. 1e-5)")
-    parser.add_argument("--full-steps", type=int, default=60)
-    parser.add_argument("--full-cells", type=int, default=3, help="at most this many rates of the full-parameter grid")
-    parser.add_argument("--oracle-cells", type=int, default=2,
+    parser.add_argument("--full-steps", type=count, default=60)
+    parser.add_argument("--full-cells", type=count, default=3, help="at most this many rates of the full-parameter grid")
+    parser.add_argument("--oracle-cells", type=count, default=2,
                         help="continual set: the fresh oracle's grid (each run pays one backprop over N per step)")
-    parser.add_argument("--accuracy-at", type=int, default=100,
+    parser.add_argument("--accuracy-at", type=natural, default=100,
                         help="continual set: held-out accuracy after this many queries, every run")
-    parser.add_argument("--tiny", nargs="*", default=[],
+    parser.add_argument("--tiny", nargs="*", default=[], choices=TINY_FAMILIES, metavar="FAMILY",
                         help="tiny families of the does-not-lose check (opt-in: llama gpt2 opt qwen2)")
-    parser.add_argument("--tiny-n", type=int, default=32)
+    parser.add_argument("--tiny-n", type=count, default=32)
     parser.add_argument("--tiny-variants", nargs="+", default=["uniform", "sazo"], choices=("uniform", "sazo", "oracle"))
-    parser.add_argument("--tiny-steps", type=int, default=1000)
-    parser.add_argument("--tiny-homogeneous", nargs="*", default=[], help="families of the tiny homogeneous control (opt-in: llama)")
-    parser.add_argument("--tiny-homogeneous-n", type=int, default=8, help="N of the tiny homogeneous control (0: skip it)")
-    parser.add_argument("--tiny-homogeneous-steps", type=int, default=2000)
-    parser.add_argument("--tiny-homogeneous-start", type=float, default=1.41e-4)
-    parser.add_argument("--control-seeds", type=int, default=10, help="seeds at the chosen rates of the tiny control")
-    parser.add_argument("--tiny-start", type=float, default=7.07e-5)
-    parser.add_argument("--tiny-cells", type=int, default=5, help="at most this many rates per tiny family's grid")
-    parser.add_argument("--gd-lrs", type=float, nargs="*", default=[],
+    parser.add_argument("--tiny-steps", type=count, default=1000)
+    parser.add_argument("--tiny-homogeneous", nargs="*", default=[], choices=TINY_FAMILIES, metavar="FAMILY", help="families of the tiny homogeneous control (opt-in: llama)")
+    parser.add_argument("--tiny-homogeneous-n", type=natural, default=8, help="N of the tiny homogeneous control (0: skip it)")
+    parser.add_argument("--tiny-homogeneous-steps", type=count, default=2000)
+    parser.add_argument("--tiny-homogeneous-start", type=positive, default=1.41e-4)
+    parser.add_argument("--control-seeds", type=count, default=10, help="seeds at the chosen rates of the tiny control")
+    parser.add_argument("--tiny-start", type=positive, default=7.07e-5)
+    parser.add_argument("--tiny-cells", type=count, default=5, help="at most this many rates per tiny family's grid")
+    parser.add_argument("--gd-lrs", type=positive, nargs="*", default=[],
                         help="also run full-batch GD by backprop on the continual set at these rates (reference)")
-    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+    parser.add_argument("--jobs", type=count, default=min(2, os.cpu_count() or 1),
                         help="worker processes, one torch thread each (default: 2 on a machine with ≥ 2 CPUs)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads with --jobs 1")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--threads", type=count, default=None, help="torch threads with --jobs 1")
+    parser.add_argument("--out", type=Path, default=RESULTS,
+                        help="the report JSON (default benchmarks/results/llm_queries.json: the one make bench reads)")
     parser.add_argument("--merge", type=Path, nargs="+",
                         help="print one table from partial JSON reports (or reprint one report), write --out")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)     # "k/J": run job k of J
@@ -736,8 +740,21 @@ def parse_args(argv=None):
     for rule, name in RULE_SETTINGS.items():
         if any(v.endswith(f"+{rule}") for v in args.top_variants) and not (getattr(args, name) or 0) > 0:
             parser.error(f"the +{rule} variants need --{name.replace('_', '-')} > 0")
-    if not all(v in VARIANTS and r > 0 for v, r in args.variant_start.items()):
+    if not all(v in VARIANTS and math.isfinite(r) and r > 0 for v, r in args.variant_start.items()):
         parser.error(f"--variant-start: variants are {VARIANTS}, rates > 0 (got {args.variant_start})")
+    if not all(name in ("uniform", "sazo", "oracle") and math.isfinite(r) and r > 0 for name, r in args.top_start.items()):
+        parser.error(f"--top-start: samplers are uniform, sazo and oracle, rates finite and > 0 (got {args.top_start})")
+    if not all(math.isfinite(float(rate)) and float(rate) > 0 and seed >= 0 for rate, seed in args.only_run):
+        parser.error(f"--only-run: rates finite and > 0, seeds ≥ 0 (got {args.only_run})")
+    if not args.merge and not (args.sets or args.measure_sets or args.full_start or args.gd_lrs or args.tiny
+                               or (args.tiny_homogeneous and args.tiny_homogeneous_n)):
+        parser.error("nothing to run: --sets is empty and no --measure-sets, --tiny, --tiny-homogeneous, "
+                     "--full-start or --gd-lrs")
+    missing = [str(path) for path in args.merge or () if not Path(path).is_file()]
+    if missing:
+        parser.error(f"argument --merge: no such report {missing}")
+    check_folder(parser, "--run-cache", args.run_cache)
+    check_output(parser, "--out", args.out)
     return args
 
 

@@ -1,0 +1,73 @@
+"""The benchmarks' command lines: a bad argument is refused by argparse (exit code 2, a message naming
+the argument) before any long work starts, instead of a traceback, a hang or a silent wrong table.
+Each test calls a module's parser or ``main(argv)`` with tiny settings: seconds in all."""
+import json
+import math
+
+import pytest
+
+from benchmarks import llm_queries
+
+
+def refused(capsys, call, *words) -> str:
+    """Run ``call()``; it must exit 2 (argparse's usage error) with ``words`` in its message."""
+    with pytest.raises(SystemExit) as caught:
+        call()
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err, err
+    return err
+
+
+# -- benchmarks.llm_queries (make bench-llm) ------------------------------------------------------
+@pytest.mark.parametrize("argv, option", [
+    (["--sets", "top-oposed"], "--sets"),            # a typo raced nothing and overwrote the report with an empty one
+    (["--measure-sets", "opossed"], "--measure-sets"),
+    (["--tiny", "lama"], "--tiny"),
+    (["--targets", "1.5"], "--targets"),              # targets are fractions of F(θ₀)
+    (["--targets", "0"], "--targets"),
+    (["--targets", "nan"], "--targets"),
+    (["--top-select", "0"], "--top-select"),
+    (["--top-n", "0"], "--top-n"),
+    (["--top-batch", "0"], "--top-batch"),
+    (["--top-steps", "-5"], "--top-steps"),
+    (["--top-log-every", "0"], "--top-log-every"),   # a division by zero deep in the first run
+    (["--log-every", "0"], "--log-every"),
+    (["--diagnose-every", "0"], "--diagnose-every"),
+    (["--top-oracle-every", "0"], "--top-oracle-every"),
+    (["--eps", "0"], "--eps"),
+    (["--eps", "nan"], "--eps"),
+    (["--threads", "0"], "--threads"),
+    (["--rank", "0"], "--rank"),
+    (["--top-new-fraction", "2"], "--top-new-fraction"),
+    (["--oracle-mix", "1.5"], "--oracle-mix"),
+    (["--top-accuracy-at", "-1"], "--top-accuracy-at"),
+    (["--top-start", "uniform=0"], "--top-start"),
+    (["--top-start", "uniform=nan"], "--top-start"),
+    (["--top-start", "unifrom=1e-3"], "--top-start"),  # a misspelt sampler kept the default rate, silently
+    (["--variant-start", "sazo=inf"], "--variant-start"),
+    (["--only-run", "nan:0", "--run-cache", "cache"], "--only-run"),
+    (["--sets"], "nothing to run"),                  # an empty race overwrote the report
+    (["--merge", "no-such-report.json"], "--merge"),
+])
+def test_llm_queries_refuses_bad_arguments_before_the_race(capsys, argv, option):
+    refused(capsys, lambda: llm_queries.parse_args(argv), option)
+
+
+def test_llm_queries_refuses_an_output_it_cannot_write_and_a_cache_that_is_a_file(capsys, tmp_path):
+    afile = tmp_path / "a-file"
+    afile.write_text("x")
+    refused(capsys, lambda: llm_queries.parse_args(["--out", str(tmp_path)]), "--out", "folder")
+    refused(capsys, lambda: llm_queries.parse_args(["--out", str(afile / "report.json")]), "--out")
+    refused(capsys, lambda: llm_queries.parse_args(["--run-cache", str(afile)]), "--run-cache")
+    # a missing folder is fine: it is created at the end
+    args = llm_queries.parse_args(["--out", str(tmp_path / "new" / "report.json"), "--run-cache", str(tmp_path / "c")])
+    assert args.sets == list(llm_queries.TOP_SETS)
+
+
+def test_llm_queries_defaults_and_quick_still_parse():
+    assert llm_queries.parse_args([]).targets == [0.5, 0.3, 0.2, 0.1, 0.05]
+    quick = llm_queries.parse_args(["--quick"])
+    assert quick.sets == ["top-opposed"] and quick.seeds == 1 and quick.top_steps == 800
+    assert llm_queries.parse_args(["--sets", "--tiny", "llama"]).tiny == ["llama"]   # the tiny families alone
