@@ -41,7 +41,7 @@ lr schedules, peft models and ``torchrun`` launches are the Trainer's own. What 
 - Data parallel (``torchrun --nproc_per_node=W script.py``, gloo on CPU): every rank draws the same
   global batch, evaluates its contiguous block of B/W examples and all-gathers the losses
   (``sazo_lite.distributed``), so g, the update and the sampler stay identical on every rank.
-- Checkpoints add ``zo_state.pt`` (the sampler's state and any float32 master weights: plain
+- Checkpoints add ``zo_state.pt`` (the sampler's state and any master weights: plain
   tensors, numbers and strings, written to a temporary file and renamed) to the Trainer's
   files; MeZO's state (step count and seed) is the Trainer's ``optimizer.pt``. Resuming
   continues the uninterrupted run bit for bit, so a resume whose lr, weight decay, eps,
@@ -197,7 +197,7 @@ class ZOTrainer(Trainer):
         per_example_loss: ``(outputs, inputs) -> losses [B]``; default ``causal_lm_losses`` on
             ``outputs.logits`` and ``inputs["labels"]``.
         master_weights: "auto" (a float32 master copy when a trainable tensor is bf16/fp16),
-            True or False.
+            True (always; a float64 tensor's master is float64, ``precision.master_dtype``) or False.
         **kwargs: the Trainer's other arguments (compute_metrics, callbacks, ...). ``optimizers``
             is refused (the optimiser is MeZO), and so are ``compute_loss_func`` and a subclass's
             ``compute_loss`` (steps need per-example losses: use ``per_example_loss``).
@@ -651,14 +651,14 @@ class ZOTrainer(Trainer):
 
     def _load_best_model(self) -> None:
         # private, kept: where load_best_model_at_end puts the best weights into the model. The
-        # float32 master must follow them, or the next step (a later train()) would sync the last
+        # master must follow them, or the next step (a later train()) would sync the last
         # weights back over the best ones.
         super()._load_best_model()
         if self._master is not None:
             self._master_follows_model(self.state.best_model_checkpoint)
 
     def _master_follows_model(self, checkpoint: str) -> None:
-        """The master takes the weights the model holds now: the checkpoint's float32 master where it
+        """The master takes the weights the model holds now: the checkpoint's master where it
         rounds to them (exactly the master of that step), else the model's own half-precision values."""
         try:
             saved = self._read_zo_state(checkpoint)["master"]
@@ -671,7 +671,7 @@ class ZOTrainer(Trainer):
         self._master.sync()
 
     def _apply_zo_state(self, state: dict) -> None:
-        """Load a checked ZO state: the sampler's, then the float32 master weights into the model."""
+        """Load a checked ZO state: the sampler's, then the master weights into the model."""
         self.zo_sampler.load_state_dict(state["sampler"])
         # an older checkpoint has no count: 2·B per step it took (right unless B changed before it)
         self._zo_queries = state.get("queries", 2 * self.global_batch_size() * self.state.global_step)

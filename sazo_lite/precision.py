@@ -32,6 +32,9 @@ def master_dtype(dtype: torch.dtype) -> torch.dtype:
 class Float32Master:
     """A float32 master copy of half-precision trainable parameters (restore-drift mitigation).
 
+    Each master is float32, or the parameter's own dtype where it is wider (``master_dtype``: a
+    float64 tensor keeps a float64 master); integer tensors are refused.
+
     MeZO perturbs and updates the master tensors; ``wrap`` makes the closure copy the master
     into the model (rounding once to bf16/fp16) before every forward, so rounding never
     accumulates in θ and small updates ηg·z are not lost.

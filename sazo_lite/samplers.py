@@ -28,7 +28,7 @@ __all__ = ["Sampler", "UniformSampler", "PlainSAZOSampler", "SAZOSampler", "Stal
            "SAZOState", "probabilities", "CdfStore", "TreeStore", "SAMPLERS", "RACED", "ALIASES", "sampler_name", "make_sampler"]
 
 # From this N on, SAZO samplers keep sum trees (O(B log N) per update) instead of an O(N)
-# pass per step; the README's bench table has the measured crossover.
+# pass per step; docs/benchmarks.md (speed and memory) has the measured costs of both.
 SUM_TREE_MIN_EXAMPLES = 2 ** 16
 COUNT_MAX = np.iinfo(np.uint16).max  # counts saturate here (they only steer the early decay)
 SCORE_MAX = 1e30                     # relative scores are clipped here: float32 storage and sums stay finite
@@ -635,9 +635,9 @@ class SAZOSampler(_ScoredSampler):
     (``statistic="square"``: o_i = (|d_i|/L)², s_i = sqrt(G_i), and an unseen example's G
     starts from s̄².) Relative observations are clipped at 1e30 and G is stored in float32.
 
-    Why each piece (the plain rule, ``PlainSAZOSampler``, can need more queries than uniform
-    sampling, see the README's ablation: single d² are χ²₁-noisy and an example is seen about
-    once every N/B steps):
+    Why each piece (the plain rule, ``PlainSAZOSampler``, lacks them all: single d² are χ²₁-noisy
+    and an example is seen about once every N/B steps; docs/benchmarks.md's ablation measures the
+    queries each piece saves):
     - Unseen examples take the prior s̄, neither starved nor favoured by a stale start;
       before any data SAZO is uniform sampling. s̄ is the root-mean-square score: an unseen
       example's expected ‖∇f‖² is the data set's mean ‖∇f_j‖², and p ∝ sqrt(E‖∇f_i‖²)
@@ -655,7 +655,7 @@ class SAZOSampler(_ScoredSampler):
 
     Huge but finite diffs: the level works in units of |d| for both statistics, so |d| up to
     ~1e300 keeps it finite; an update that would still overflow it raises ``ValueError``
-    with the state unchanged. Measured queries against uniform and the oracle: README.
+    with the state unchanged. Measured queries against uniform and the oracle: docs/benchmarks.md.
 
     Args:
         num_examples: N.
