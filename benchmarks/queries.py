@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from sazo_lite.atomic import write_text
+from benchmarks.cli import check_output, count, fraction, positive
 from sazo_lite.engine import MeZO
 from sazo_lite.samplers import make_sampler
 from sazo_lite.course.problems import FiniteSumProblem, LeastSquares, LogisticRegression
@@ -556,21 +557,19 @@ def format_table(results: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.queries", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 seed, 2 rates, loose target")
-    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (default 5; quick: 1)")
-    parser.add_argument("--targets", type=float, nargs="+", default=None,
+    parser.add_argument("--seeds", type=count, default=None, help="number of seeds (default 5; quick: 1)")
+    parser.add_argument("--targets", type=fraction, nargs="+", default=None,
                         help="targets as fractions of the initial gap (default 0.02 0.005; quick: 0.1)")
     parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=list(METHODS))
     parser.add_argument("--problems", nargs="+", default=None, help="problem names (default: all)")
-    parser.add_argument("--lr-grid", type=float, nargs="+", default=None, help="override every problem's grid")
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/queries.json)")
+    parser.add_argument("--lr-grid", type=positive, nargs="+", default=None, help="override every problem's grid")
+    parser.add_argument("--batch-size", type=count, default=1, help="B, examples per step (default 1)")
+    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/queries.json; --quick: queries_quick.json)")
     args = parser.parse_args(argv)
     seeds = list(range((1 if args.quick else 5) if args.seeds is None else args.seeds))
-    targets = args.targets or ([0.1] if args.quick else list(TARGETS))
-    for name, ok in (("seeds", len(seeds) >= 1), ("batch-size", args.batch_size >= 1),
-                     ("targets", all(0 < t < 1 for t in targets))):
-        if not ok:
-            parser.error(f"invalid --{name}")
+    targets = sorted(set(args.targets), reverse=True) if args.targets else ([0.1] if args.quick else list(TARGETS))
+    out = Path(args.out) if args.out else RESULTS / ("queries_quick.json" if args.quick else "queries.json")
+    check_output(parser, "--out", out)      # before the run, not after it
     problems = default_problems(args.quick)
     if args.problems:
         unknown = set(args.problems) - {p.name for p in problems}
@@ -590,7 +589,6 @@ def main(argv: list[str] | None = None) -> dict:
           f"median [min–max] over {len(seeds)} seeds, best lr per method and target")
     print(results["table"])
     print(f"({results['seconds']} s)")
-    out = Path(args.out) if args.out else RESULTS / ("queries_quick.json" if args.quick else "queries.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text(out, json.dumps(results, indent=2, ensure_ascii=False))
     print(f"wrote {out}")

@@ -71,3 +71,45 @@ def test_llm_queries_defaults_and_quick_still_parse():
     quick = llm_queries.parse_args(["--quick"])
     assert quick.sets == ["top-opposed"] and quick.seeds == 1 and quick.top_steps == 800
     assert llm_queries.parse_args(["--sets", "--tiny", "llama"]).tiny == ["llama"]   # the tiny families alone
+
+
+# -- benchmarks.queries (make bench's toy problems) ------------------------------------------------
+def never_run(*args, **kwargs):
+    raise AssertionError("the benchmark started before its arguments were checked")
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--lr-grid", "0"], "--lr-grid"),        # a zero rate never moves: a cell "not reached" after 30 000 steps
+    (["--lr-grid", "-0.001"], "--lr-grid"),
+    (["--lr-grid", "nan"], "--lr-grid"),
+    (["--targets", "1"], "--targets"),
+    (["--targets", "nan"], "--targets"),
+    (["--seeds", "0"], "--seeds"),
+    (["--batch-size", "0"], "--batch-size"),
+    (["--methods", "sazzo"], "--methods"),
+    (["--problems", "quadratic"], "--problems"),
+])
+def test_queries_refuses_bad_arguments_before_the_run(capsys, monkeypatch, argv, option):
+    from benchmarks import queries
+    monkeypatch.setattr(queries, "run_queries_benchmark", never_run)
+    refused(capsys, lambda: queries.main(argv), option)
+
+
+def test_queries_refuses_an_output_folder_before_the_run_not_after_it(capsys, monkeypatch, tmp_path):
+    from benchmarks import queries
+    monkeypatch.setattr(queries, "run_queries_benchmark", never_run)
+    refused(capsys, lambda: queries.main(["--quick", "--out", str(tmp_path)]), "--out")
+
+
+def test_queries_runs_a_repeated_target_once(monkeypatch, tmp_path):
+    """``--targets 0.1 0.1`` printed the same table twice (and stored the target twice)."""
+    from benchmarks import queries
+    seen = {}
+
+    def fake(problems, seeds, targets, batch_size, methods):
+        seen["targets"] = list(targets)
+        return {"targets": list(targets), "methods": list(methods), "rows": []}
+    monkeypatch.setattr(queries, "run_queries_benchmark", fake)
+    queries.main(["--quick", "--targets", "0.1", "0.2", "0.1", "--out", str(tmp_path / "q.json")])
+    assert seen["targets"] == [0.2, 0.1]
+    assert json.loads((tmp_path / "q.json").read_text())["targets"] == [0.2, 0.1]
