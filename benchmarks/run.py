@@ -30,6 +30,7 @@ import torch
 
 from sazo_lite.atomic import write_text
 from benchmarks import engine_speed, sampler_state
+from benchmarks.cli import check_output
 
 RESULTS = Path(__file__).parent / "results"
 TARGETS = {"speed": 1.15, "memory": 1.05, "overhead": 1.02, "sazo_gain_heterogeneous": 3.5,
@@ -87,8 +88,19 @@ def _llm_report_section(name: str, title: str) -> dict:
             "targets": targets, "title": title}
 
 
+def models_of(quick: bool) -> list[str]:
+    return ["gpt2-tiny"] if quick else ["smollm2", "gpt2-tiny"]
+
+
+def section_names(quick: bool) -> list[str]:
+    """The sections a run has, in order (the names ``--only`` takes)."""
+    models = models_of(quick)
+    return ["queries", "llm_queries", *(f"speed/{m}" for m in models), *(f"memory/{m}" for m in models),
+            "overhead", "sampler", "sampler_state"]
+
+
 def run_sections(quick: bool, save=None, only=None, previous=None) -> dict:
-    models = ["gpt2-tiny"] if quick else ["smollm2", "gpt2-tiny"]
+    models = models_of(quick)
     rounds = 2 if quick else 3  # SmolLM2: ≈ 30 s per round on 2 cores
     sections = {
         "queries": lambda: queries_section(quick),
@@ -297,13 +309,31 @@ def machine() -> dict:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run (also when SAZO_FAST=1)")
-    parser.add_argument("--out", default=str(RESULTS / "bench.json"))
-    parser.add_argument("--only", nargs="+", default=None,
-                        help="rerun these sections (e.g. memory/smollm2) and merge them into --out")
+    parser.add_argument("--out", default=str(RESULTS / "bench.json"),
+                        help="the results JSON (default benchmarks/results/bench.json), rewritten after every section")
+    parser.add_argument("--only", nargs="+", default=None, metavar="SECTION",
+                        help=f"rerun these sections and merge them into --out's earlier results: "
+                             f"{', '.join(section_names(False))} (--quick: no smollm2 sections)")
     args = parser.parse_args(argv)
     quick = args.quick or os.environ.get("SAZO_FAST") == "1"
     started = time.perf_counter()
     out = Path(args.out)
+    check_output(parser, "--out", out)
+    unknown = sorted(set(args.only or ()) - set(section_names(quick)))
+    if unknown:
+        parser.error(f"argument --only: unknown section(s) {unknown}{' in a --quick run' if quick else ''} "
+                     f"(sections: {', '.join(section_names(quick))})")
+    previous = None
+    if args.only and out.exists():     # the earlier run the sections are merged into: same kind of run only
+        try:
+            saved = json.loads(out.read_text())
+            previous, was_quick = saved["results"], saved["machine"]["quick"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            parser.error(f"argument --only: cannot merge into {out.name}: not a make bench results file "
+                         f"({type(error).__name__}); rerun without --only or name another --out")
+        if bool(was_quick) != quick:
+            parser.error(f"argument --only: {out.name} holds a {'--quick' if was_quick else 'full'} run; "
+                         f"merging {'--quick' if quick else 'full'} sections into it would mix the two in one table")
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def save(results: dict) -> str:
@@ -313,7 +343,6 @@ def main(argv=None) -> dict:
                                   ensure_ascii=False, default=str))
         return table
 
-    previous = json.loads(out.read_text())["results"] if args.only and out.exists() else None
     results = run_sections(quick, save, args.only, previous)
     table = save(results)
     info = machine() | dict(quick=quick, seconds=round(time.perf_counter() - started, 1))

@@ -113,3 +113,45 @@ def test_queries_runs_a_repeated_target_once(monkeypatch, tmp_path):
     queries.main(["--quick", "--targets", "0.1", "0.2", "0.1", "--out", str(tmp_path / "q.json")])
     assert seen["targets"] == [0.2, 0.1]
     assert json.loads((tmp_path / "q.json").read_text())["targets"] == [0.2, 0.1]
+
+
+# -- benchmarks.run (make bench) -----------------------------------------------------------------
+def test_bench_refuses_an_unknown_section_with_a_usage_error(capsys, monkeypatch, tmp_path):
+    """``--only speed/smolm2`` was a ValueError traceback (and ``memory/smollm2`` with --quick too)."""
+    from benchmarks import run
+    monkeypatch.setattr(run.engine_speed, "speed", never_run)
+    out = str(tmp_path / "bench.json")
+    refused(capsys, lambda: run.main(["--only", "speed/smolm2", "--out", out]), "--only", "speed/smolm2")
+    refused(capsys, lambda: run.main(["--quick", "--only", "memory/smollm2", "--out", out]), "--only", "--quick")
+
+
+def test_bench_only_refuses_a_corrupt_or_other_kind_results_file(capsys, monkeypatch, tmp_path):
+    """``--only`` merges into --out's earlier results: a truncated file was a JSONDecodeError traceback,
+    and a --quick run's file took full sections (or the reverse) into one table without a word."""
+    from benchmarks import run
+    monkeypatch.setattr(run, "run_sections", never_run)
+    out = tmp_path / "bench.json"
+    out.write_text('{"machine": {"quick": true}, "results": {')
+    refused(capsys, lambda: run.main(["--only", "sampler", "--out", str(out)]), "--only", "bench.json")
+    out.write_text(json.dumps({"machine": {"quick": True}, "table": "", "results": {"sampler": {}}}))
+    refused(capsys, lambda: run.main(["--only", "sampler", "--out", str(out)]), "--only", "--quick")
+
+
+def test_bench_refuses_an_output_folder_before_the_first_section(capsys, monkeypatch, tmp_path):
+    from benchmarks import run
+    monkeypatch.setattr(run, "run_sections", never_run)
+    refused(capsys, lambda: run.main(["--quick", "--out", str(tmp_path)]), "--out")
+
+
+def test_bench_only_merges_into_a_run_of_its_kind(monkeypatch, tmp_path):
+    from benchmarks import run
+    out = tmp_path / "bench.json"
+    out.write_text(json.dumps({"machine": {"quick": True}, "table": "", "results": {"queries": {"error": "x"}}}))
+    seen = {}
+
+    def fake(quick, save, only, previous):
+        seen.update(quick=quick, only=only, previous=previous)
+        return dict(previous)
+    monkeypatch.setattr(run, "run_sections", fake)
+    run.main(["--quick", "--only", "sampler", "--out", str(out)])
+    assert seen == {"quick": True, "only": ["sampler"], "previous": {"queries": {"error": "x"}}}
