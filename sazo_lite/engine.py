@@ -26,7 +26,7 @@ What a step guarantees (tested in tests/test_engine_guarantees.py and tests/test
     * any failure inside a step (the closure raises or returns a non-finite loss, an
       interrupt, a bad shape, an update that would overflow) shifts θ back to where the step
       started, within the rounding of the shifts made (1 or 2 passes, see
-      ``llm.tuning.restore_bound``), leaves the step count unchanged, and re-raises.
+      ``precision.restore_bound``), leaves the step count unchanged, and re-raises.
 
 ``fold_updates=True`` folds each step's update into the next step's first pass (2 passes per
 step instead of 3; bit for bit the same θ). Between steps the update is then pending: the
