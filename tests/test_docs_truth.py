@@ -251,3 +251,48 @@ def test_seed_log_snippet_runs_and_replays(tmp_path, monkeypatch):
     from sazo_lite.seedlog import _RECORD
 
     assert int(stated("docs/distributed.md", r"records them \((\d+) bytes a step\)")) == _RECORD.itemsize
+
+
+# -- the README's API paragraph, the step bound, the Trainer's probe ------------------------------------
+def test_readme_lists_the_fields_of_a_step():
+    from dataclasses import fields
+
+    from sazo_lite import ZOStep
+
+    sentence = stated("README.md", r"`step` returns a `ZOStep` with (.*?)\. Any")
+    named = set(re.findall(r"`(\w+)`", re.sub(r"\(`\[B\]`.*?\)", "", sentence)))
+    assert named == {f.name for f in fields(ZOStep)}
+
+
+def test_step_cost_bound_is_the_makefiles():
+    bound = float(re.search(r"^STEP_BOUND \?= ([\d.]+)", read("Makefile"), re.M).group(1))
+    assert float(stated("README.md", r"two forward passes \(goal ≤ ([\d.]+);")) == bound
+    assert float(stated("docs/benchmarks.md", r"default step costs more than ([\d.]+) × two forwards")) == bound
+
+
+def test_trainer_probe_size_in_guarantees():
+    pytest.importorskip("transformers")
+    from sazo_lite import hf
+
+    words = {"one": 1, "two": 2, "three": 3, "four": 4}
+    assert words[stated("docs/guarantees.md", r"under `no_grad` on the first (\w+) training examples")] \
+        == hf.PROBE_EXAMPLES
+
+
+# -- files a page names -------------------------------------------------------------------------------
+@pytest.mark.parametrize("page", PAGES)
+def test_every_source_file_a_page_names_exists(page):
+    """tests/, docs/, examples/ and benchmarks/ paths (not run outputs: benchmarks/results, build/)."""
+    folders = "tests|docs|examples|benchmarks|notebooks|labs|book|binder"
+    named = set(re.findall(rf"(?<![\w/.])((?:{folders})/[\w./*-]*\w)", read(page)))   # not build/book/...
+    missing = [p for p in sorted(named) if not p.startswith("benchmarks/results/") and not list(ROOT.glob(p))
+               and not (ROOT / p).with_suffix(".py").exists()]
+    assert not missing, f"{page} names files that do not exist: {missing}"
+
+
+def test_readme_tree_names_the_library_modules():
+    tree = read("README.md").split("## Where things are", 1)[1].split("```", 2)[1]
+    library = tree.split("notebooks/", 1)[0]
+    for module in set(re.findall(r"\b(\w+\.py)\b", library)):
+        found = list((ROOT / "sazo_lite").rglob(module))
+        assert found, f"the README's tree names sazo_lite's {module}, which does not exist"
