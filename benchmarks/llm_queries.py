@@ -589,7 +589,8 @@ def yield_partial(args, report: dict) -> None:
         write_json(args.partial, report, indent=1)
 
 
-def parse_args(argv=None):
+def parse_args(argv=None, *, run: bool = False):
+    """The arguments; ``run``: also refuse a command line that races nothing (``main``)."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_queries", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="pilot (minutes; docs/llm.md gives the measured time): the top-block race only, 1 seed, 800-step "
@@ -746,10 +747,10 @@ def parse_args(argv=None):
         parser.error(f"--top-start: samplers are uniform, sazo and oracle, rates finite and > 0 (got {args.top_start})")
     if not all(math.isfinite(float(rate)) and float(rate) > 0 and seed >= 0 for rate, seed in args.only_run):
         parser.error(f"--only-run: rates finite and > 0, seeds ≥ 0 (got {args.only_run})")
-    if not args.merge and not (args.sets or args.measure_sets or args.full_start or args.gd_lrs or args.tiny
-                               or (args.tiny_homogeneous and args.tiny_homogeneous_n)):
+    if run and not args.merge and not (args.sets or args.measure_sets or args.full_start or args.gd_lrs or args.tiny
+                                       or (args.tiny_homogeneous and args.tiny_homogeneous_n)):
         parser.error("nothing to run: --sets is empty and no --measure-sets, --tiny, --tiny-homogeneous, "
-                     "--full-start or --gd-lrs")
+                     "--full-start or --gd-lrs (the report would be empty)")
     missing = [str(path) for path in args.merge or () if not Path(path).is_file()]
     if missing:
         parser.error(f"argument --merge: no such report {missing}")
@@ -788,7 +789,7 @@ def relative_args(args) -> dict:
 
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_args(argv)
+    args = parse_args(argv, run=True)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.merge:
         report = merge(args.merge)

@@ -48,11 +48,17 @@ def refused(capsys, call, *words) -> str:
     (["--top-start", "unifrom=1e-3"], "--top-start"),  # a misspelt sampler kept the default rate, silently
     (["--variant-start", "sazo=inf"], "--variant-start"),
     (["--only-run", "nan:0", "--run-cache", "cache"], "--only-run"),
-    (["--sets"], "nothing to run"),                  # an empty race overwrote the report
     (["--merge", "no-such-report.json"], "--merge"),
 ])
 def test_llm_queries_refuses_bad_arguments_before_the_race(capsys, argv, option):
     refused(capsys, lambda: llm_queries.parse_args(argv), option)
+
+
+def test_llm_queries_refuses_a_race_of_nothing(capsys, tmp_path):
+    """``--sets`` alone raced nothing and wrote an empty report over --out (by default the one make bench reads)."""
+    out = tmp_path / "report.json"
+    refused(capsys, lambda: llm_queries.main(["--sets", "--jobs", "1", "--out", str(out)]), "nothing to run")
+    assert not out.exists()
 
 
 def test_llm_queries_refuses_an_output_it_cannot_write_and_a_cache_that_is_a_file(capsys, tmp_path):
