@@ -296,3 +296,38 @@ def test_readme_tree_names_the_library_modules():
     for module in set(re.findall(r"\b(\w+\.py)\b", library)):
         found = list((ROOT / "sazo_lite").rglob(module))
         assert found, f"the README's tree names sazo_lite's {module}, which does not exist"
+
+
+def test_readme_trainer_column_runs_as_written(tmp_path, monkeypatch):
+    """The right-hand column of the README's Trainer snippet, on a tiny Llama and 32 rows: it trains its
+    200 steps, writes its checkpoints, and `train(resume_from_checkpoint=True)` (its comment) resumes."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    import textwrap
+
+    import torch
+    from sazo_lite.llm import tiny_causal_lm
+
+    block = re.search(r"```python\n(.*?)```", read("README.md").split("## Fine-tuning with the Hugging Face Trainer", 1)[1],
+                      re.S).group(1).splitlines()
+    column = block[1].index("from transformers")
+    code = textwrap.dedent("\n".join(line[column:] for line in block[1:] if len(line) > column))
+    g = torch.Generator().manual_seed(0)
+
+    def rows(n):
+        ids = [torch.randint(3, 64, (8,), generator=g).tolist() for _ in range(n)]
+        return [{"input_ids": r, "labels": [-100] * 6 + r[6:]} for r in ids]
+
+    monkeypatch.chdir(tmp_path)
+    model = tiny_causal_lm("llama", vocab_size=64)
+    namespace = {"model": model, "rows": rows(32), "test_rows": rows(8)}
+    exec(compile(code, "README.md", "exec"), namespace)
+    steps = int(re.search(r"max_steps=(\d+)", code).group(1))
+    assert namespace["trainer"].state.global_step == steps
+    assert (tmp_path / "out" / f"checkpoint-{steps}" / "zo_state.pt").exists()
+    resumed = code.replace(f"max_steps={steps}", f"max_steps={steps + 10}")
+    resumed = re.sub(r"trainer\.train\(\)\s+# or train\((resume_from_checkpoint=True)\)", r"trainer.train(\1)", resumed)
+    assert "resume_from_checkpoint=True" in resumed
+    namespace = {**namespace, "trainer": None}
+    exec(compile(resumed, "README.md", "exec"), namespace)
+    assert namespace["trainer"].state.global_step == steps + 10
