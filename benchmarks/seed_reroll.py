@@ -27,7 +27,15 @@ from sazo_lite.train import median_queries
 from sazo_lite.validation import check_count
 from sazo_lite.variance import importance_weights
 
+from .cli import count, fraction, positive
 from .queries import queries_to_reach
+
+
+def at_least_two(text: str) -> int:
+    value = count(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"invalid value: {text!r} (expected ≥ 2 seeds: an interval needs two)")
+    return value
 
 __all__ = ["InverseCdfSAZO", "reroll_shift", "main"]
 
@@ -66,25 +74,30 @@ def reroll_shift(first: list[float], second: list[float], *, subset: int = 5, sh
         >>> abs(out["mean_log_ratio"]) < 0.1, 0 < out["p_shift"] < 0.5
         (True, True)
     """
-    a = np.log([q for q in first if q]); b = np.log([q for q in second if q])
-    pool = np.concatenate([a, b])
+    both = [(x, y) for x, y in zip(first, second, strict=True) if x and y]     # the seeds both streams finished
+    if len(both) < 2:
+        raise ValueError(f"Invalid queries: {len(both)} seed(s) finished by both streams (expected ≥ 2 for an interval)")
+    a, b = np.log(np.array(both, dtype=float)).T
+    # a miss counts as never (∞), as in every median of the benchmarks: a re-roll that misses is a shift
+    pool = np.log(np.array([q if q else math.inf for q in (*first, *second)], dtype=float))
     rng = np.random.default_rng(seed)
     x = np.median(rng.choice(pool, (draws, subset)), axis=1)
     y = np.median(rng.choice(pool, (draws, subset)), axis=1)
+    with np.errstate(invalid="ignore"):      # ∞ − ∞ (both medians never reached): no shift
+        shifted = np.nan_to_num(y - x, nan=0.0) >= math.log(shift)
     return {"mean_log_ratio": float(b.mean() - a.mean()),
             "half_width": float(1.96 * math.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))),
-            "p_shift": float(np.mean(y - x >= math.log(shift))),
+            "p_shift": float(np.mean(shifted)), "both_finished": len(both),
             "missed": (sum(q is None for q in first), sum(q is None for q in second))}
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, default=60)
-    parser.add_argument("--lr", type=float, default=0.0025, help="SAZO's chosen rate at 2% in make bench")
-    parser.add_argument("--target", type=float, default=0.02)
-    parser.add_argument("--max-steps", type=int, default=30_000)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.seed_reroll", description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=at_least_two, default=60, help="seeds per stream (default 60; ≥ 2)")
+    parser.add_argument("--lr", type=positive, default=0.0025, help="SAZO's chosen rate at 2%% in make bench")
+    parser.add_argument("--target", type=fraction, default=0.02, help="fraction of the initial gap (default 0.02)")
+    parser.add_argument("--max-steps", type=count, default=30_000, help="step budget of a run (default 30000)")
     args = parser.parse_args(argv)
-    check_count("seeds", args.seeds)
     problem = LeastSquares(256, 20, heterogeneity=1.5, seed=0)
     streams = {"inverse CDF (before 28b823e)": InverseCdfSAZO, "mixture (now)": SAZOSampler}
     queries = {}
@@ -94,9 +107,12 @@ def main(argv: list[str] | None = None) -> dict:
                          for seed in range(args.seeds)]
         print(f"{name:30s} median queries to {args.target:g} of the gap: {median_queries(queries[name]):g} "
               f"(first 5 seeds: {median_queries(queries[name][:5]):g})", flush=True)
-    out = reroll_shift(*queries.values())
+    try:
+        out = reroll_shift(*queries.values())
+    except ValueError as error:      # too few seeds reached the target in the budget for an interval
+        raise SystemExit(f"seed_reroll: {error}; raise --max-steps or --target") from None
     print(f"mean log(queries now / before) = {out['mean_log_ratio']:+.3f} ± {out['half_width']:.3f} "
-          f"({args.seeds} seeds; never reached: {out['missed']})")
+          f"({out['both_finished']} of {args.seeds} seeds finished by both; never reached: {out['missed']})")
     print(f"two re-rolls of 5 seeds give medians ≥ 1.19× apart (one way) with probability {out['p_shift']:.2f}")
     return {"queries": queries, **out}
 

@@ -161,3 +161,39 @@ def test_bench_only_merges_into_a_run_of_its_kind(monkeypatch, tmp_path):
     monkeypatch.setattr(run, "run_sections", fake)
     run.main(["--quick", "--only", "sampler", "--out", str(out)])
     assert seen == {"quick": True, "only": ["sampler"], "previous": {"queries": {"error": "x"}}}
+
+
+# -- benchmarks.seed_reroll -----------------------------------------------------------------------
+@pytest.mark.parametrize("argv, option", [
+    (["--seeds", "0"], "--seeds"),          # was a ValueError traceback
+    (["--seeds", "1"], "--seeds"),          # one seed: a nan interval, printed as a result
+    (["--target", "1.5"], "--target"),
+    (["--target", "0"], "--target"),
+    (["--lr", "0"], "--lr"),
+    (["--lr", "nan"], "--lr"),
+    (["--max-steps", "0"], "--max-steps"),
+])
+def test_seed_reroll_refuses_bad_arguments_before_the_runs(capsys, monkeypatch, argv, option):
+    from benchmarks import seed_reroll
+    monkeypatch.setattr(seed_reroll, "queries_to_reach", never_run)
+    refused(capsys, lambda: seed_reroll.main(argv), option)
+
+
+def test_seed_reroll_compares_the_seeds_both_streams_finished_and_counts_a_miss_as_never():
+    """The mean log ratio is over the seeds both streams finished (its docstring), not the mean of each
+    stream's finished seeds apart; and a miss counts as never in the re-roll odds, not as no run."""
+    from benchmarks.seed_reroll import reroll_shift
+    out = reroll_shift([100, None, 400, 800], [100, 50, 400, 800], draws=2000)
+    assert out["mean_log_ratio"] == 0.0 and out["both_finished"] == 3 and out["missed"] == (1, 0)
+    half_missed = reroll_shift([100, 100, None, None], [100, 100, None, None], draws=2000)
+    assert half_missed["p_shift"] > 0.1       # two re-rolls of 5 seeds: one median never reached, the other 100
+    with pytest.raises(ValueError, match="finished by both"):
+        reroll_shift([100, None], [None, 100])
+
+
+def test_seed_reroll_says_so_when_too_few_seeds_reach_the_target(monkeypatch, capsys):
+    from benchmarks import seed_reroll
+    monkeypatch.setattr(seed_reroll, "queries_to_reach", lambda *a, **k: None)
+    with pytest.raises(SystemExit) as caught:
+        seed_reroll.main(["--seeds", "3", "--max-steps", "10"])
+    assert "--max-steps" in str(caught.value.code)
