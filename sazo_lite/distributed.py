@@ -68,7 +68,11 @@ def gather_losses(local_losses: torch.Tensor) -> torch.Tensor:
 
 
 def distributed_closure(batch_losses, indices: torch.Tensor):
-    """Wrap ``batch_losses(local_indices) -> [B/W]`` into a closure returning the global [B]."""
+    """Wrap ``batch_losses(local_indices) -> [B/W]`` into a closure returning the global [B].
+
+    Raises (when the closure runs):
+        ValueError: ``batch_losses`` returned anything but a tensor of one loss per local index.
+    """
     rank, world = rank_and_world()
     mine = shard(indices, rank, world)
     return lambda: gather_losses(_local_losses(batch_losses(mine), len(mine)))
