@@ -30,7 +30,7 @@ import argparse
 import numpy as np
 import torch
 
-from sazo_lite.course.sazo_runs import make_problem
+from sazo_lite.course.sazo_runs import PROBLEMS, make_problem
 from sazo_lite.engine import MeZO
 from sazo_lite.samplers import SAZOSampler, probabilities
 
@@ -119,20 +119,40 @@ def race(problem_name: str, methods, grid, seeds, targets=(0.02, 0.005), max_ste
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser()
+RACE_PROBLEM, TRACE_PROBLEM = "quadratic σ=1.5", "heterogeneous quadratic"
+
+
+def main(argv=None):
+    from benchmarks.cli import count, fraction, natural, positive
+    from benchmarks.queries import METHODS, default_problems
+
+    bench_names = [p.name for p in default_problems()]
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.score_lag", description=__doc__.splitlines()[0])
     ap.add_argument("--race", action="store_true", help="race the handicap-removing samplers in queries")
-    ap.add_argument("--methods", nargs="+", default=list(RACE_METHODS))
-    ap.add_argument("--grid", type=float, nargs="+", default=[0.0017, 0.0025, 0.0038, 0.0057])
-    ap.add_argument("--targets", type=float, nargs="+", default=[0.02, 0.005])
-    ap.add_argument("--max-steps", type=int, default=None)
-    ap.add_argument("--problem", default="heterogeneous quadratic")
-    ap.add_argument("--steps", type=int, default=3000)
-    ap.add_argument("--lr", type=float, default=0.01)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--log-every", type=int, default=100)
-    args = ap.parse_args()
+    ap.add_argument("--methods", nargs="+", default=list(RACE_METHODS), choices=list(METHODS), metavar="METHOD",
+                    help=f"--race: the samplers (benchmarks.queries.METHODS; default {' '.join(RACE_METHODS)})")
+    ap.add_argument("--grid", type=positive, nargs="+", default=[0.0017, 0.0025, 0.0038, 0.0057],
+                    help="--race: the learning-rate grid")
+    ap.add_argument("--targets", type=fraction, nargs="+", default=[0.02, 0.005],
+                    help="--race: targets as fractions of the initial gap")
+    ap.add_argument("--max-steps", type=count, default=None, help="--race: step budget (default: the problem's)")
+    ap.add_argument("--problem", default=None,
+                    help=f"one of make bench's problems {bench_names} or, without --race, a course problem {list(PROBLEMS)} "
+                         f"(default: {TRACE_PROBLEM!r}; --race: {RACE_PROBLEM!r})")
+    ap.add_argument("--steps", type=count, default=3000, help="the decomposition's SAZO run: steps")
+    ap.add_argument("--lr", type=positive, default=0.01, help="the decomposition's SAZO run: learning rate")
+    ap.add_argument("--seeds", type=natural, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--batch-size", type=count, default=4, help="the decomposition's SAZO run: B")
+    ap.add_argument("--log-every", type=count, default=100, help="the decomposition: a row every n steps")
+    args = ap.parse_args(argv)
+    if args.problem is None:
+        args.problem = RACE_PROBLEM if args.race else TRACE_PROBLEM
+    allowed = bench_names if args.race else [*bench_names, *PROBLEMS]
+    if args.problem not in allowed:
+        ap.error(f"argument --problem: invalid choice {args.problem!r}{' with --race' if args.race else ''} "
+                 f"(choose from {allowed})")
+    if not args.race and args.log_every > args.steps:
+        ap.error(f"argument --log-every: {args.log_every} > --steps {args.steps}: no row would be printed")
     torch.set_num_threads(1)
     if args.race:
         race(args.problem, args.methods, args.grid, args.seeds, args.targets, args.max_steps)

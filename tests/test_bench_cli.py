@@ -197,3 +197,35 @@ def test_seed_reroll_says_so_when_too_few_seeds_reach_the_target(monkeypatch, ca
     with pytest.raises(SystemExit) as caught:
         seed_reroll.main(["--seeds", "3", "--max-steps", "10"])
     assert "--max-steps" in str(caught.value.code)
+
+
+# -- benchmarks.score_lag -------------------------------------------------------------------------
+def test_score_lag_race_runs_on_a_bench_problem_by_default(monkeypatch):
+    """``--race`` alone was a ValueError traceback: its default problem was a course problem, which the race
+    does not run."""
+    from benchmarks import score_lag
+    seen = {}
+    monkeypatch.setattr(score_lag, "race", lambda problem, *a, **k: seen.setdefault("problem", problem))
+    score_lag.main(["--race"])
+    assert seen["problem"] == "quadratic σ=1.5"
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--race", "--methods", "sazzo"], "--methods"),     # a KeyError after the methods before it had raced
+    (["--race", "--problem", "heterogeneous quadratic"], "--problem"),
+    (["--problem", "quadratic"], "--problem"),
+    (["--race", "--grid", "0"], "--grid"),
+    (["--race", "--targets", "1"], "--targets"),
+    (["--race", "--max-steps", "0"], "--max-steps"),
+    (["--steps", "0"], "--steps"),
+    (["--lr", "nan"], "--lr"),
+    (["--seeds", "-1"], "--seeds"),
+    (["--batch-size", "0"], "--batch-size"),
+    (["--log-every", "0"], "--log-every"),               # a ZeroDivisionError at the first step
+    (["--steps", "50", "--log-every", "100"], "--log-every"),   # no row: the run printed nothing
+])
+def test_score_lag_refuses_bad_arguments_before_the_runs(capsys, monkeypatch, argv, option):
+    from benchmarks import score_lag
+    monkeypatch.setattr(score_lag, "race", never_run)
+    monkeypatch.setattr(score_lag, "run", never_run)
+    refused(capsys, lambda: score_lag.main(argv), option)
