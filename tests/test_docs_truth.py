@@ -137,6 +137,9 @@ def test_score_storage_in_samplers_md():
     assert number(stated("docs/samplers.md", r"from N = (2\S+) on a `TreeStore`")) == SUM_TREE_MIN_EXAMPLES
     assert int(stated("docs/samplers.md", r"unseen examples per block of (\d+)")) == TreeStore.UNSEEN_BLOCK
     assert number(stated("docs/guarantees.md", r"counts outside \[0, (\d+)\]")) == COUNT_MAX
+    from sazo_lite.samplers import SCORE_MAX
+
+    assert float(stated("docs/guarantees.md", r"clips relative observations at ([\de.]+):")) == SCORE_MAX
 
 
 def test_sampler_size_limits_in_guarantees():
@@ -251,6 +254,7 @@ def test_seed_log_snippet_runs_and_replays(tmp_path, monkeypatch):
     from sazo_lite.seedlog import _RECORD
 
     assert int(stated("docs/distributed.md", r"records them \((\d+) bytes a step\)")) == _RECORD.itemsize
+    assert int(stated("docs/guarantees.md", r"a JSON header and fixed (\d+)-byte records")) == _RECORD.itemsize
 
 
 # -- the README's API paragraph, the step bound, the Trainer's probe ------------------------------------
@@ -331,3 +335,19 @@ def test_readme_trainer_column_runs_as_written(tmp_path, monkeypatch):
     namespace = {**namespace, "trainer": None}
     exec(compile(resumed, "README.md", "exec"), namespace)
     assert namespace["trainer"].state.global_step == steps + 10
+
+
+# -- docs/llm.md: how make bench-llm races (the protocol's rules) ------------------------------------------
+def test_race_rules_in_llm_md():
+    from sazo_lite.llm import queries
+    from sazo_lite.train import NoiseScaledStep
+
+    from benchmarks import queries as toy
+
+    low, high, warmup = re.search(r"`train.NoiseScaledStep`: η_t = η₀·clip\(m_ref/m_t, 1/(\d+), (\d+)\), m_t a running "
+                                  r"mean of ĝ², m_ref its mean over the first (\d+) steps", flat(read("docs/llm.md"))).groups()
+    rule = defaults(NoiseScaledStep)
+    assert (float(low), float(high), int(warmup)) == (rule["max_scale"], rule["max_scale"], rule["warmup"])
+    llm, gap = re.search(r"F not finite or above ([\d.]+)·F₀ for the LLM runs; the toy benchmark keeps its (10\S+)·gap₀",
+                         flat(read("docs/llm.md"))).groups()
+    assert float(llm) == queries.DIVERGE_FACTOR and number(gap) == toy.DIVERGE_FACTOR
