@@ -351,3 +351,20 @@ def test_race_rules_in_llm_md():
     llm, gap = re.search(r"F not finite or above ([\d.]+)·F₀ for the LLM runs; the toy benchmark keeps its (10\S+)·gap₀",
                          flat(read("docs/llm.md"))).groups()
     assert float(llm) == queries.DIVERGE_FACTOR and number(gap) == toy.DIVERGE_FACTOR
+
+
+def test_readme_bench_llm_row_states_the_defaults():
+    """The README's `make bench-llm` row: its batch, seeds, draws per example, walk bound and selection target
+    are `python -m benchmarks.llm_queries`'s defaults (the figures themselves: tests/test_bench_tables.py)."""
+    pytest.importorskip("transformers")
+    from benchmarks import llm_queries
+
+    row = next(line for line in read("README.md").splitlines() if "`make bench-llm`'s default" in line)
+    found = re.search(r"B = (\d+), (\d+) seeds, ([\d,]+) draws per example, every sampler with the same walk bound "
+                      r"‖θ−θ₀‖ ≤ (\d+), rates picked at ([\d.]+)·F₀", row)
+    assert found, "the README's bench-llm row no longer states its settings: update this test"
+    batch, seeds, draws, bound, select = found.groups()
+    args = llm_queries.parse_args([])
+    assert (int(batch), int(seeds)) == (args.top_batch, args.seeds)
+    assert number(draws) == args.top_steps * args.top_batch / args.top_n
+    assert (float(bound), float(select)) == (args.walk_bound, args.top_select)
