@@ -37,6 +37,7 @@ import torch
 import transformers
 
 from benchmarks.queries import InformedSampler
+from benchmarks.cli import check_output, count, fraction, natural, non_negative, positive
 from sazo_lite.atomic import write_text
 from sazo_lite.llm import add_lora, load_smollm2, restore_snapshot, snapshot, trainable_parameters
 from sazo_lite.llm.landscape import random_walk_descent
@@ -148,26 +149,36 @@ def main(argv=None) -> None:
     parser.add_argument("sampler", help=f"one of {SAMPLERS}, {INFORMED_STALE!r} (diagnosis: the exact norm of each "
                         "example as of its last draw, by backprop) or a label with --factory")
     parser.add_argument("--factory", default=None, help="module:function, function(n, seed) → sampler")
-    parser.add_argument("--lr", type=float, required=True)
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--log-every", type=int, default=25)
-    parser.add_argument("--diagnose", type=int, default=4, help="true norms every n-th log point")
-    parser.add_argument("--oracle-every", type=int, default=5)
-    parser.add_argument("--walk-bound", type=float, default=None)
-    parser.add_argument("--walk-pull", type=float, default=None, help="λ of the pull toward θ₀ (WalkPull)")
+    parser.add_argument("--lr", type=positive, required=True, help="learning rate (--cost: unused, any value > 0)")
+    parser.add_argument("--steps", type=count, default=3000, help="steps of the run (default 3000)")
+    parser.add_argument("--seed", type=natural, default=0)
+    parser.add_argument("--batch", type=count, default=4, help="B, examples per step (default 4)")
+    parser.add_argument("--log-every", type=count, default=25, help="a log point every n steps (default 25)")
+    parser.add_argument("--diagnose", type=count, default=4, help="true norms every n-th log point")
+    parser.add_argument("--oracle-every", type=count, default=5, help="the oracle: true norms refreshed every k steps")
+    parser.add_argument("--walk-bound", type=positive, default=None, help="R: θ projected onto ‖θ−θ₀‖ ≤ R after every step")
+    parser.add_argument("--walk-pull", type=positive, default=None, help="λ of the pull toward θ₀ (WalkPull)")
     parser.add_argument("--set", default="opposed", choices=("opposed", "homogeneous"))
-    parser.add_argument("--n", type=int, default=TopSetting.num_train)
-    parser.add_argument("--stop", type=float, default=None, help="stop at this fraction of F₀")
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--pull-floor", type=float, nargs="+", default=None, metavar="λ",
+    parser.add_argument("--n", type=count, default=TopSetting.num_train, help=f"N, the training examples (default {TopSetting.num_train})")
+    parser.add_argument("--stop", type=fraction, default=None, help="stop at this fraction of F₀")
+    parser.add_argument("--json", type=Path, default=None, help="also write the result to this JSON file")
+    parser.add_argument("--pull-floor", type=non_negative, nargs="+", default=None, metavar="λ",
                         help="instead: full-batch GD by backprop at --lr for --steps on F + λ/2‖θ−θ₀‖², per λ (0: plain F)")
-    parser.add_argument("--walk-radii", type=float, nargs="*", default=[],
+    parser.add_argument("--walk-radii", type=positive, nargs="*", default=[],
                         help="with --pull-floor: ΔF of random displacements of these radii at θ₀ and at each path's end")
     parser.add_argument("--cost", action="store_true",
                         help="measure a step's cost instead: top-block against all-layer LoRA (ratio in one run)")
     args = parser.parse_args(argv)
+    check_output(parser, "--json", args.json)
+    factory = None
+    if args.factory:        # resolved now, not after the setting's activations are cached (minutes)
+        try:
+            factory = _factory(args.factory)
+        except (ValueError, ImportError, AttributeError) as error:
+            parser.error(f"argument --factory: {error}")
+    elif not (args.cost or args.pull_floor is not None) and args.sampler not in (*SAMPLERS, INFORMED_STALE):
+        parser.error(f"argument sampler: invalid choice {args.sampler!r} (choose from {[*SAMPLERS, INFORMED_STALE]}, "
+                     "or name any label with --factory)")
     torch.set_num_threads(1)
     if args.cost:
         out = step_cost(batch_size=args.batch)
@@ -187,7 +198,7 @@ def main(argv=None) -> None:
                        "steps": args.steps, "strengths": args.pull_floor, "radii": args.walk_radii}, **out}, indent=1))
         return
     n = len(start[2])
-    sampler = _factory(args.factory)(n, args.seed) if args.factory else args.sampler
+    sampler = factory(n, args.seed) if factory else args.sampler
     if sampler == INFORMED_STALE:
         _, params, train, _, _ = start
         sampler = InformedSampler(n, None, stale=True, seed=args.seed,

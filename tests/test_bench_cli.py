@@ -229,3 +229,33 @@ def test_score_lag_refuses_bad_arguments_before_the_runs(capsys, monkeypatch, ar
     monkeypatch.setattr(score_lag, "race", never_run)
     monkeypatch.setattr(score_lag, "run", never_run)
     refused(capsys, lambda: score_lag.main(argv), option)
+
+
+# -- benchmarks.llm_topblock ----------------------------------------------------------------------
+@pytest.mark.parametrize("argv, option", [
+    (["sazzo", "--lr", "1e-3"], "sampler"),        # failed only after the setting's activations were cached
+    (["sazo", "--lr", "1e-3", "--factory", "nomodule"], "--factory"),
+    (["sazo", "--lr", "1e-3", "--factory", "benchmarks.llm_topblock:no_such"], "--factory"),
+    (["sazo", "--lr", "0"], "--lr"),
+    (["sazo", "--lr", "nan"], "--lr"),
+    (["sazo", "--lr", "1e-3", "--steps", "0"], "--steps"),
+    (["sazo", "--lr", "1e-3", "--batch", "0"], "--batch"),
+    (["sazo", "--lr", "1e-3", "--log-every", "0"], "--log-every"),
+    (["sazo", "--lr", "1e-3", "--n", "0"], "--n"),
+    (["sazo", "--lr", "1e-3", "--stop", "1.5"], "--stop"),
+    (["sazo", "--lr", "1e-3", "--walk-bound", "0"], "--walk-bound"),
+    (["gd", "--lr", "1e-3", "--pull-floor", "-1"], "--pull-floor"),
+])
+def test_llm_topblock_refuses_bad_arguments_before_building_the_setting(capsys, monkeypatch, argv, option):
+    from benchmarks import llm_topblock
+    for name in ("top_start", "step_cost", "long_run", "pull_floor"):
+        monkeypatch.setattr(llm_topblock, name, never_run)
+    refused(capsys, lambda: llm_topblock.main(argv), option)
+
+
+def test_llm_topblock_refuses_a_json_path_in_a_file_before_the_run(capsys, monkeypatch, tmp_path):
+    from benchmarks import llm_topblock
+    monkeypatch.setattr(llm_topblock, "top_start", never_run)
+    (tmp_path / "f").write_text("x")
+    refused(capsys, lambda: llm_topblock.main(["sazo", "--lr", "1e-3", "--json", str(tmp_path / "f" / "o.json")]), "--json")
+    refused(capsys, lambda: llm_topblock.main(["sazo", "--lr", "1e-3", "--json", str(tmp_path)]), "--json")
