@@ -213,7 +213,9 @@ class TopBlocks:
     Call it with indices ([B]) for the losses [B] (float32, inference mode), as ``MeZO.step``'s closure
     and ``sazo_lite.train``'s ``batch_losses`` want; ``losses(indices, grad=True)`` keeps the autograd
     graph. ``mean_loss()``, ``accuracy()`` and ``grad_norms(params)`` (true per-example norms by
-    backprop) cover the split. Construct it again if weights below the top blocks change.
+    backprop) cover the split. Construct it again if weights below the top blocks change. Every call
+    refuses (ValueError) a model in training mode, and top blocks or modules after them with dropout
+    left active (``check_deterministic``: adapters peft adds after the cache are in training mode).
     """
 
     def __init__(self, model, batch: TokenBatch, blocks: int = 1, *, check: bool = True):
