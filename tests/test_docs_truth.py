@@ -368,3 +368,22 @@ def test_readme_bench_llm_row_states_the_defaults():
     assert (int(batch), int(seeds)) == (args.top_batch, args.seeds)
     assert number(draws) == args.top_steps * args.top_batch / args.top_n
     assert (float(bound), float(select)) == (args.walk_bound, args.top_select)
+
+
+def github_slug(heading: str) -> str:
+    """The anchor GitHub gives a markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_relative_link_and_anchor_resolves(page):
+    missing = []
+    for target, anchor in re.findall(r"\]\((?!https?:|mailto:)([^)#\s]*)(?:#([^)\s]+))?\)", read(page)):
+        path = (ROOT / page).parent / target if target else ROOT / page
+        if not path.exists():
+            missing.append(target)
+        elif anchor and path.suffix == ".md":
+            headings = re.findall(r"^#+ (.+)$", path.read_text(), re.M)
+            if anchor not in {github_slug(h) for h in headings}:
+                missing.append(f"{target}#{anchor}")
+    assert not missing, f"{page} links to what does not exist: {missing}"
