@@ -387,3 +387,23 @@ def test_every_relative_link_and_anchor_resolves(page):
             if anchor not in {github_slug(h) for h in headings}:
                 missing.append(f"{target}#{anchor}")
     assert not missing, f"{page} links to what does not exist: {missing}"
+
+
+# Names a page quotes that belong to Python, torch, transformers, plotly, Jupyter or Linux, not to this project.
+FOREIGN_NAMES = {"TrainingArguments", "FloatingPointError", "VmHWM", "FigureWidget", "WidgetRenderer",
+                 "AutoModelForCausalLM"}
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_class_name_a_page_quotes_is_defined(page):
+    """A `CamelCase` name in backticks (`SAZOSampler`, `noise.GaussianTable`, `TopBlocks(...)`) is defined by
+    the library or the benchmarks: a class, function or constant renamed since the page was written fails."""
+    source = "\n".join(p.read_text() for folder in ("sazo_lite", "benchmarks") for p in (ROOT / folder).rglob("*.py"))
+    defined = set(re.findall(r"^\s*(?:class|def)\s+(\w+)", source, re.M)) | set(re.findall(r"^\s*(\w+)\s*[:=]", source, re.M))
+    quoted = set()
+    for code in re.findall(r"`([^`\n]+)`", read(page)):
+        name = re.match(r"(?:[\w.]+\.)?([A-Z][a-z0-9]+[A-Z]\w*|[A-Z][a-z]+[A-Z0-9]\w*)", code)
+        if name:
+            quoted.add(name.group(1))
+    missing = sorted(quoted - defined - FOREIGN_NAMES)
+    assert not missing, f"{page} quotes names nothing defines: {missing}"
