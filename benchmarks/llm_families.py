@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.cli import check_output
+from sazo_lite.atomic import write_text
 from sazo_lite.llm.losses import TokenBatch, classification_losses
 from sazo_lite.llm.topblock import TopBlocks, decoder_layers, top_block_parameters
 
@@ -95,11 +97,29 @@ def probe(family: str, blocks: int) -> dict:
         return {"outcome": "crashed", "gap": None, "error": f"{type(error).__name__}: {str(error)[:200]}"}
 
 
+def summary(out: dict) -> str:
+    """The count of families per outcome; a family whose k differ in outcome is counted as mixed (and named),
+    so that the counts add up to the families probed.
+
+    >>> summary({"A": {1: {"outcome": "equal"}}, "B": {1: {"outcome": "equal"}, 3: {"outcome": "refused"}}})
+    '1 equal, 0 refused, 0 crashed, 0 no model, 1 mixed (B)'
+    """
+    outcomes = ("equal", "refused", "crashed", "no model")
+    counts = {o: sum(all(r["outcome"] == o for r in v.values()) for v in out.values()) for o in outcomes}
+    mixed = [family for family, v in out.items() if len({r["outcome"] for r in v.values()}) > 1]
+    text = ", ".join(f"{n} {o}" for o, n in counts.items())
+    return text + (f", {len(mixed)} mixed ({', '.join(mixed)})" if mixed else "")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_families", description=__doc__.splitlines()[0])
-    parser.add_argument("--families", nargs="+", default=sorted(FAMILIES), choices=sorted(FAMILIES), metavar="F")
-    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--families", nargs="+", default=sorted(FAMILIES), choices=sorted(FAMILIES), metavar="F",
+                        help=f"the families to probe (default: all): {', '.join(sorted(FAMILIES))}")
+    parser.add_argument("--json", type=Path, default=None, help="also write the outcomes to this JSON file")
     args = parser.parse_args(argv)
+    check_output(parser, "--json", args.json)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)     # a missing folder: made now, not a crash after the probes
     warnings.filterwarnings("ignore")
     out = {}
     for family in args.families:
@@ -108,11 +128,9 @@ def main(argv=None) -> None:
         cells = [f"k={k}: {r['outcome']}" + (f" {r['gap']:.1e}" if r["gap"] is not None else "")
                  + (f" ({r['error'][:80]})" if r["error"] else "") for k, r in out[family].items()]
         print(f"{family:15s} " + " | ".join(cells), flush=True)
-    counts = {o: sum(all(r["outcome"] == o for r in v.values()) for v in out.values())
-              for o in ("equal", "refused", "crashed", "no model")}
-    print("families: " + ", ".join(f"{n} {o}" for o, n in counts.items()))
+    print("families: " + summary(out))
     if args.json:
-        args.json.write_text(json.dumps(out, indent=1))
+        write_text(args.json, json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

@@ -170,6 +170,8 @@ def main(argv=None) -> None:
                         help="measure a step's cost instead: top-block against all-layer LoRA (ratio in one run)")
     args = parser.parse_args(argv)
     check_output(parser, "--json", args.json)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)     # a missing folder: made now, not a crash after the run
     factory = None
     if args.factory:        # resolved now, not after the setting's activations are cached (minutes)
         try:

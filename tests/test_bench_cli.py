@@ -259,3 +259,41 @@ def test_llm_topblock_refuses_a_json_path_in_a_file_before_the_run(capsys, monke
     (tmp_path / "f").write_text("x")
     refused(capsys, lambda: llm_topblock.main(["sazo", "--lr", "1e-3", "--json", str(tmp_path / "f" / "o.json")]), "--json")
     refused(capsys, lambda: llm_topblock.main(["sazo", "--lr", "1e-3", "--json", str(tmp_path)]), "--json")
+
+
+# -- benchmarks.llm_families ----------------------------------------------------------------------
+def fake_probe(family, blocks):
+    refused = family == "Zamba2" and blocks < 3
+    return {"outcome": "refused" if refused else "equal", "gap": None if refused else 1e-7, "error": ""}
+
+
+def test_llm_families_summary_adds_up_to_the_families_probed(capsys, monkeypatch, tmp_path):
+    """A family equal at some k and refused at others (Zamba 2) was counted in no outcome: the summary
+    said '1 equal, 0 refused, ...' of two families probed."""
+    from benchmarks import llm_families
+    monkeypatch.setattr(llm_families, "probe", fake_probe)
+    llm_families.main(["--families", "Llama", "Zamba2"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == "families: 1 equal, 0 refused, 0 crashed, 0 no model, 1 mixed (Zamba2)"
+
+
+def test_llm_families_writes_its_json_into_a_missing_folder_and_refuses_a_folder(capsys, monkeypatch, tmp_path):
+    """--json in a missing folder was a FileNotFoundError after every probe had run."""
+    from benchmarks import llm_families
+    monkeypatch.setattr(llm_families, "probe", fake_probe)
+    out = tmp_path / "new" / "families.json"
+    llm_families.main(["--families", "Llama", "--json", str(out)])
+    assert json.loads(out.read_text())["Llama"]["1"]["outcome"] == "equal"
+    monkeypatch.setattr(llm_families, "probe", never_run)
+    refused(capsys, lambda: llm_families.main(["--families", "Llama", "--json", str(tmp_path)]), "--json")
+
+
+def test_llm_topblock_makes_a_missing_json_folder_before_the_run(monkeypatch, tmp_path):
+    """--json in a missing folder was a FileNotFoundError after the whole run."""
+    from benchmarks import llm_topblock
+    monkeypatch.setattr(llm_topblock, "step_cost", lambda batch_size: {
+        "B": batch_size, "top_block": 0.01, "all_layer": 0.1, "top_parameters": 1, "all_parameters": 2, "ratio": 10.0,
+        "N": 4, "cache_s": 0.1, "norms_s": 0.01})
+    out = tmp_path / "new" / "cost.json"
+    llm_topblock.main(["cost", "--lr", "1", "--cost", "--json", str(out)])
+    assert json.loads(out.read_text())["ratio"] == 10.0
