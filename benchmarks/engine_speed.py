@@ -14,7 +14,7 @@ processes only ever add time; the medians are in the JSON too):
     overhead   SAZO step ÷ uniform (MeZO) step on the tiny GPT-2, and the sampler's extra state
     sampler    sample + update for N = 10⁶, B = 32: SAZOSampler, UniformSampler and a bare SumTree
 
-Run one part: ``python -m benchmarks.engine_speed speed --model gpt2-tiny`` (the whole table:
+Run one part: ``python -m benchmarks.engine_speed speed gpt2-tiny`` (the whole table:
 ``make bench``).
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ import time
 import numpy as np
 import torch
 
+from benchmarks.cli import count, positive
 from sazo_lite import MeZO, SAZOSampler, UniformSampler
 from sazo_lite.course.memory_measure import peak_rss_bytes, run_child
 from sazo_lite.noise import NoiseTable, TorchNoise
@@ -304,13 +305,13 @@ def sampler_cost(n: int = 10 ** 6, batch: int = 32, repeats: int = 20) -> dict:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.engine_speed", description=__doc__.splitlines()[0])
     parser.add_argument("part", choices=("speed", "memory", "overhead", "sampler", "memory-child"))
     parser.add_argument("model", nargs="?", default="gpt2-tiny", choices=MODELS)
     parser.add_argument("mode", nargs="?", default="plain", choices=MEMORY_MODES)
     parser.add_argument("--clock", default="wall", choices=tuple(CLOCKS), help="speed: wall or CPU seconds")
-    parser.add_argument("--rounds", type=int, default=3, help="speed: interleaved rounds")
-    parser.add_argument("--bound", type=float, default=None,
+    parser.add_argument("--rounds", type=count, default=3, help="speed: interleaved rounds (default 3)")
+    parser.add_argument("--bound", type=positive, default=None,
                         help="speed: exit 1 when the default step costs more than BOUND × two forwards")
     args = parser.parse_args(argv)
     if args.part == "memory-child":

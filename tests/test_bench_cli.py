@@ -297,3 +297,28 @@ def test_llm_topblock_makes_a_missing_json_folder_before_the_run(monkeypatch, tm
     out = tmp_path / "new" / "cost.json"
     llm_topblock.main(["cost", "--lr", "1", "--cost", "--json", str(out)])
     assert json.loads(out.read_text())["ratio"] == 10.0
+
+
+# -- benchmarks.engine_speed (make bench-step) ----------------------------------------------------
+@pytest.mark.parametrize("argv, option", [
+    (["speed", "--rounds", "0"], "--rounds"),     # min() of no rounds: a traceback after the model was built
+    (["speed", "--bound", "0"], "--bound"),
+    (["speed", "--bound", "nan"], "--bound"),    # nan: every step 'past' it, a FAILED line on any machine
+])
+def test_engine_speed_refuses_bad_arguments_before_building_the_model(capsys, monkeypatch, argv, option):
+    from benchmarks import engine_speed
+    monkeypatch.setattr(engine_speed, "speed", never_run)
+    refused(capsys, lambda: engine_speed.main(argv), option)
+
+
+def test_engine_speed_usage_in_its_docstring_parses(monkeypatch, capsys):
+    """The docstring said ``speed --model gpt2-tiny``; the model is a positional argument (no --model)."""
+    import re
+    import shlex
+    from benchmarks import engine_speed
+    seen = {}
+    monkeypatch.setattr(engine_speed, "speed", lambda model, **k: seen.setdefault("model", model) and never_run())
+    command = re.search(r"``python -m benchmarks\.engine_speed ([^`]*)``", engine_speed.__doc__).group(1)
+    with pytest.raises(AssertionError, match="started"):        # it parsed and reached the measurement
+        engine_speed.main(shlex.split(command))
+    assert seen["model"] == "gpt2-tiny"
