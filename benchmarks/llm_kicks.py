@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from sazo_lite.atomic import write_text
+from benchmarks.cli import check_output, count
 from sazo_lite.llm import restore_snapshot, snapshot
 from sazo_lite.llm.queries import AfterStep, query_run, walk
 from benchmarks.llm_long_runs import parse_plan
@@ -50,11 +51,17 @@ def kicks(tracer: StepTracer, lr: float, top: int = 5) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_kicks", description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", help="sampler:rate:seed")
-    parser.add_argument("--steps", type=int, default=6000)
-    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("runs", nargs="+", help="sampler:rate:seed (top-block set, B = 4)")
+    parser.add_argument("--steps", type=count, default=6000, help="steps of each run (default 6000)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the report to this JSON file")
     args = parser.parse_args(argv)
-    plan = parse_plan(args.runs)
+    try:
+        plan = parse_plan(args.runs)
+    except ValueError as error:
+        parser.error(f"argument runs: {error}")
+    check_output(parser, "--json", args.json)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
     model, params, train, test, _ = top_start(TopSetting())
     theta0, report = snapshot(params), {**measured_on(), "args": vars(args) | {"json": None}, "runs": []}

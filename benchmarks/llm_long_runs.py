@@ -12,6 +12,7 @@ log point. One JSON per run in OUT_DIR (``QueryRun.to_dict()`` plus its wall tim
 from __future__ import annotations
 
 import argparse
+import math
 import json
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 
 from sazo_lite.atomic import write_text
+from benchmarks.cli import check_folder, count, fraction, natural, unit_fraction
 from benchmarks import llm_queries
 from sazo_lite.course.widgets.llm import run_summary
 from sazo_lite.llm import restore_snapshot, snapshot
@@ -32,8 +34,11 @@ def parse_plan(specs: list[str]) -> list[tuple[str, float, int]]:
         parts = spec.split(":")
         if len(parts) != 3 or parts[0] not in SAMPLERS:
             raise ValueError(f"Invalid run: {spec!r} (expected sampler:rate:seed, sampler one of {SAMPLERS})")
-        rate, seed = float(parts[1]), int(parts[2])
-        if not rate > 0 or seed < 0:
+        try:
+            rate, seed = float(parts[1]), int(parts[2])
+        except ValueError:
+            raise ValueError(f"Invalid run: {spec!r} (expected sampler:rate:seed, a number and an integer)") from None
+        if not (math.isfinite(rate) and rate > 0) or seed < 0:
             raise ValueError(f"Invalid run: {spec!r} (rate > 0, seed ≥ 0)")
         plan.append((parts[0], rate, seed))
     return plan
@@ -41,19 +46,23 @@ def parse_plan(specs: list[str]) -> list[tuple[str, float, int]]:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_long_runs", description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path)
-    parser.add_argument("runs", nargs="+", help="sampler:rate:seed")
+    parser.add_argument("out", type=Path, help="the folder a JSON per run is written to")
+    parser.add_argument("runs", nargs="+", help=f"sampler:rate:seed (sampler one of {SAMPLERS})")
     parser.add_argument("--set", default="opposed", choices=sorted(llm_queries.BIG_SETS))
-    parser.add_argument("--n", type=int, default=96)
-    parser.add_argument("--new-fraction", type=float, default=0.125)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=750)
-    parser.add_argument("--log-every", type=int, default=25)
-    parser.add_argument("--stop", type=float, default=0.5, help="stop at this fraction of F(θ₀)")
-    parser.add_argument("--accuracy-at", type=int, default=None,
+    parser.add_argument("--n", type=count, default=96, help="N, the training examples (default 96)")
+    parser.add_argument("--new-fraction", type=unit_fraction, default=0.125)
+    parser.add_argument("--batch", type=count, default=4, help="B (default 4)")
+    parser.add_argument("--steps", type=count, default=750, help="steps cap of a run (default 750)")
+    parser.add_argument("--log-every", type=count, default=25)
+    parser.add_argument("--stop", type=fraction, default=0.5, help="stop at this fraction of F(θ₀)")
+    parser.add_argument("--accuracy-at", type=count, default=None,
                         help="held-out accuracy after this many queries (a fixed budget; the run does not stop before it)")
     args = parser.parse_args(argv)
-    plan = parse_plan(args.runs)
+    try:
+        plan = parse_plan(args.runs)
+    except ValueError as error:
+        parser.error(f"argument runs: {error}")
+    check_folder(parser, "out", args.out)
     torch.set_num_threads(1)
     setup = llm_queries.parse_args(["--sets", args.set, "--big-n", str(args.n)])
     model, params, train, test, _ = llm_queries.smollm2_start(args.set, setup, num_train=args.n,

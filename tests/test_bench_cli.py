@@ -322,3 +322,26 @@ def test_engine_speed_usage_in_its_docstring_parses(monkeypatch, capsys):
     with pytest.raises(AssertionError, match="started"):        # it parsed and reached the measurement
         engine_speed.main(shlex.split(command))
     assert seen["model"] == "gpt2-tiny"
+
+
+# -- benchmarks.llm_long_runs and llm_kicks (sampler:rate:seed plans) -------------------------------
+@pytest.mark.parametrize("runs", [["sazzo:1e-3:0"], ["sazo:abc:0"], ["sazo:1e-3"], ["sazo:inf:0"], ["sazo:1e-3:-1"]])
+def test_run_plans_are_refused_with_a_usage_error(capsys, monkeypatch, tmp_path, runs):
+    """A bad sampler:rate:seed was a ValueError traceback ('could not convert string to float' for a bad rate),
+    and an infinite rate was accepted."""
+    from benchmarks import llm_kicks, llm_long_runs
+    monkeypatch.setattr(llm_kicks, "top_start", never_run)
+    monkeypatch.setattr(llm_long_runs.llm_queries, "smollm2_start", never_run)
+    refused(capsys, lambda: llm_kicks.main(runs), "runs", runs[0])
+    refused(capsys, lambda: llm_long_runs.main([str(tmp_path / "out"), *runs]), "runs", runs[0])
+
+
+def test_long_runs_refuse_bad_sizes_and_an_output_that_is_a_file(capsys, monkeypatch, tmp_path):
+    from benchmarks import llm_long_runs
+    monkeypatch.setattr(llm_long_runs.llm_queries, "smollm2_start", never_run)
+    out = str(tmp_path / "out")
+    for argv, option in ((["--n", "0"], "--n"), (["--stop", "1"], "--stop"), (["--steps", "0"], "--steps"),
+                         (["--batch", "0"], "--batch"), (["--accuracy-at", "0"], "--accuracy-at")):
+        refused(capsys, lambda: llm_long_runs.main([out, "sazo:1e-3:0", *argv]), option)
+    (tmp_path / "afile").write_text("x")
+    refused(capsys, lambda: llm_long_runs.main([str(tmp_path / "afile"), "sazo:1e-3:0"]), "out")
