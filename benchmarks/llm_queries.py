@@ -363,7 +363,13 @@ def theta0_key(args) -> dict:
     """What θ₀ and the sets depend on beyond a setting's label (sizes, first round, LoRA rank)."""
     names = ("rank", "num_train", "num_test", "new_fraction", "setup_steps", "big_n", "big_new_fraction",
              "tiny_n", "tiny_homogeneous_n")
-    return {name: getattr(args, name) for name in names}
+    key = {name: getattr(args, name) for name in names}
+    # The top-block sets' θ₀ (their first round) depends on --top-new-fraction, which their labels show only
+    # rounded to a count of new examples (and the control's not at all): in the key when not the default, so
+    # that a resumed race at another fraction recomputes, and the default race's cached runs keep their keys.
+    if getattr(args, "top_new_fraction", TopSetting.new_fraction) != TopSetting.new_fraction:
+        key["top_new_fraction"] = args.top_new_fraction
+    return key
 
 
 def computes(args, lr: float, seed: int) -> bool:

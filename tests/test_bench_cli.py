@@ -345,3 +345,13 @@ def test_long_runs_refuse_bad_sizes_and_an_output_that_is_a_file(capsys, monkeyp
         refused(capsys, lambda: llm_long_runs.main([out, "sazo:1e-3:0", *argv]), option)
     (tmp_path / "afile").write_text("x")
     refused(capsys, lambda: llm_long_runs.main([str(tmp_path / "afile"), "sazo:1e-3:0"]), "out")
+
+
+def test_llm_queries_run_cache_keys_tell_top_new_fractions_apart():
+    """--run-cache: a race resumed with another --top-new-fraction (another θ₀: the first round's cache key has
+    the fraction) read the other fraction's runs back, whenever the rounded count of new examples was the same
+    (the opposed set's label) or always (the control's label has no count): a table of runs from another θ₀."""
+    default = llm_queries.theta0_key(llm_queries.parse_args([]))
+    other = llm_queries.theta0_key(llm_queries.parse_args(["--top-new-fraction", "0.13"]))
+    assert default != other
+    assert "top_new_fraction" not in default       # the default race's cached runs keep their keys
