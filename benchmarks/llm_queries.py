@@ -760,6 +760,15 @@ def parse_args(argv=None, *, run: bool = False):
     missing = [str(path) for path in args.merge or () if not Path(path).is_file()]
     if missing:
         parser.error(f"argument --merge: no such report {missing}")
+    for path in args.merge or ():
+        try:
+            report = json.loads(Path(path).read_text())
+            assert isinstance(report, dict) and isinstance(report["settings"], list)
+        except (OSError, ValueError, KeyError, TypeError, AssertionError) as error:
+            parser.error(f"argument --merge: {str(path)!r} is not a report of this benchmark ({type(error).__name__})")
+    if args.cached_only and args.run_cache is not None and not args.run_cache.is_dir():
+        parser.error(f"argument --run-cache: no such folder {str(args.run_cache)!r} (--cached-only reads a race "
+                     "from it: a report of nothing would be written over --out)")
     check_folder(parser, "--run-cache", args.run_cache)
     check_output(parser, "--out", args.out)
     return args

@@ -355,3 +355,15 @@ def test_llm_queries_run_cache_keys_tell_top_new_fractions_apart():
     other = llm_queries.theta0_key(llm_queries.parse_args(["--top-new-fraction", "0.13"]))
     assert default != other
     assert "top_new_fraction" not in default       # the default race's cached runs keep their keys
+
+
+def test_llm_queries_refuses_a_corrupt_merge_and_a_missing_cache_to_report_from(capsys, tmp_path):
+    """--merge of a truncated report was a JSONDecodeError traceback; --cached-only with a misspelt --run-cache
+    reported a race of nothing (every sampler INCOMPLETE) over --out, by default the report make bench reads."""
+    broken = tmp_path / "part.json"
+    broken.write_text('{"settings": [')
+    refused(capsys, lambda: llm_queries.parse_args(["--merge", str(broken)]), "--merge", "part.json")
+    refused(capsys, lambda: llm_queries.parse_args(["--cached-only", "--run-cache", str(tmp_path / "typo")]),
+            "--run-cache", "typo")
+    (tmp_path / "cache").mkdir()
+    assert llm_queries.parse_args(["--cached-only", "--run-cache", str(tmp_path / "cache")]).cached_only
