@@ -56,10 +56,12 @@ def lost_update_fraction(params, lr: float = 1e-6) -> float:
     return lost / sum(p.numel() for p in params)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--eps", type=float, default=1e-3)
-    args = parser.parse_args()
+def main(argv=None) -> None:
+    from benchmarks.cli import positive
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_drift", description=__doc__.splitlines()[0])
+    parser.add_argument("--eps", type=positive, default=1e-3, help="ε of the perturbation (default 1e-3)")
+    args = parser.parse_args(argv)
     model, _ = load_smollm2()
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         model.to(dtype)

@@ -49,12 +49,14 @@ def paired_ratio(forward, step, repeats: int) -> tuple[float, float, float]:
             statistics.median(ratios))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=64)
-    args = parser.parse_args()
+def main(argv=None) -> None:
+    from benchmarks.cli import count
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_step_ratio", description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=count, default=3, help="back-to-back (forward, step) pairs per row (default 3)")
+    parser.add_argument("--batch", type=count, default=8, help="B, sequences per batch (default 8)")
+    parser.add_argument("--seq", type=count, default=64, help="tokens per sequence (default 64)")
+    args = parser.parse_args(argv)
     model, tokenizer = load_smollm2()
     rows = random_rows(args.batch, args.seq, tokenizer.vocab_size)
     closure = lambda: answer_losses(model, rows)  # noqa: E731

@@ -367,3 +367,18 @@ def test_llm_queries_refuses_a_corrupt_merge_and_a_missing_cache_to_report_from(
             "--run-cache", "typo")
     (tmp_path / "cache").mkdir()
     assert llm_queries.parse_args(["--cached-only", "--run-cache", str(tmp_path / "cache")]).cached_only
+
+
+# -- benchmarks.llm_step_ratio and llm_drift ------------------------------------------------------
+@pytest.mark.parametrize("module, argv, option", [
+    ("llm_step_ratio", ["--repeats", "0"], "--repeats"),    # a median of no pairs: a traceback after loading SmolLM2
+    ("llm_step_ratio", ["--batch", "0"], "--batch"),
+    ("llm_step_ratio", ["--seq", "-1"], "--seq"),
+    ("llm_drift", ["--eps", "0"], "--eps"),
+    ("llm_drift", ["--eps", "nan"], "--eps"),
+])
+def test_small_llm_benchmarks_refuse_bad_arguments_before_loading_the_model(capsys, monkeypatch, module, argv, option):
+    import importlib
+    mod = importlib.import_module(f"benchmarks.{module}")
+    monkeypatch.setattr(mod, "load_smollm2", never_run)
+    refused(capsys, lambda: mod.main(argv), option)
