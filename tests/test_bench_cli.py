@@ -382,3 +382,17 @@ def test_small_llm_benchmarks_refuse_bad_arguments_before_loading_the_model(caps
     mod = importlib.import_module(f"benchmarks.{module}")
     monkeypatch.setattr(mod, "load_smollm2", never_run)
     refused(capsys, lambda: mod.main(argv), option)
+
+
+# -- the entry points as a researcher types them --------------------------------------------------
+@pytest.mark.parametrize("argv, option", [
+    (["benchmarks.score_lag", "--steps", "0"], "--steps"),
+    (["benchmarks.llm_queries", "--sets", "top-oposed"], "--sets"),
+])
+def test_python_dash_m_gives_a_usage_error_not_a_traceback(argv, option):
+    import subprocess
+    import sys
+    from pathlib import Path
+    done = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 2 and option in done.stderr and "Traceback" not in done.stderr, done.stderr
