@@ -729,7 +729,7 @@ def parse_args(argv=None, *, run: bool = False):
         parser.error("--jobs, --seeds, --grid-seeds, --cells, --top-control-cells and --steps must be ≥ 1")
     if not args.top_control_start > 0:
         parser.error(f"--top-control-start must be > 0 (got {args.top_control_start})")
-    args.targets = sorted(args.targets, reverse=True)
+    args.targets = sorted(set(args.targets), reverse=True)     # a repeated target: one column, not two
     try:
         args.variant_start = {name: float(rate) for name, rate in (item.split("=") for item in args.variant_start)}
     except ValueError:

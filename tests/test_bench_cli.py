@@ -396,3 +396,8 @@ def test_python_dash_m_gives_a_usage_error_not_a_traceback(argv, option):
     done = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 2 and option in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_llm_queries_runs_a_repeated_target_once():
+    """``--targets 0.5 0.3 0.5`` gave the table two 0.5·F₀ columns and the ratios two rows."""
+    assert llm_queries.parse_args(["--targets", "0.5", "0.3", "0.5"]).targets == [0.5, 0.3]
