@@ -63,7 +63,7 @@ class History:
 
 class FlatLossWarning(RuntimeWarning):
     """``train``'s first steps saw the loss take exactly the same value at θ+εz and θ−εz, for every
-    example: the run moves nothing (see ``FLAT_STEPS``)."""
+    example: those steps moved nothing (see ``FLAT_STEPS``)."""
 
 
 # The flat-loss check: warn when the first FLAT_STEPS steps, holding at least FLAT_EXAMPLES
@@ -92,7 +92,7 @@ class _FlatLossCheck:
             self.done = True
             warnings.warn(
                 f"the first {self.steps} steps ({self.examples} examples) saw exactly the same loss at θ+εz "
-                f"and θ−εz: the run moves nothing. The tuned parameters may not affect the loss (merged or "
+                f"and θ−εz: those steps moved nothing. The tuned parameters may not affect the loss (merged or "
                 f"disabled LoRA adapters, the wrong tensors passed to the optimiser, a loss computed without "
                 f"them), eps may be too small for the loss's precision, or θ sits where the loss is symmetric",
                 FlatLossWarning, stacklevel=3)

@@ -396,3 +396,31 @@ def test_race_table_does_not_advise_raising_the_rate_of_a_diverged_race():
     slow = RaceResult(q, {m: calm for m in ("uniform", "sazo", "oracle")}, 1.0, 0.1,
                       {m: [None] for m in ("uniform", "sazo", "oracle")})
     assert "no method did (raise the rate or the steps)" in text(race_table_html(slow))
+
+
+def test_the_dashboards_tiny_eps_presets_raise_no_flat_loss_warning():
+    """The "ε too small" presets (ε = 1e-9 in float32) made sazo_lite.train warn FlatLossWarning about merged
+    adapters beside readouts that already explain ε; under the race's rounding noise θ even moves later."""
+    import warnings
+
+    from sazo_lite import FlatLossWarning
+
+    boards = [sw.sazo_dashboard(num_examples=64, dim=6, steps=30, log_every=3),
+              sw.race_dashboard(seeds=1, steps=30, log_every=10, live_after=None),
+              sw.mezo_dashboard(steps=30)]
+    for board in boards:
+        preset = next(b for b in _buttons(board) if b.description == "ε too small")
+        with warnings.catch_warnings(record=True) as caught:   # a click's handler swallows exceptions
+            warnings.simplefilter("always")
+            preset.click()
+        assert board.controls["eps"].value == pytest.approx(1e-9)
+        assert not [w for w in caught if issubclass(w.category, FlatLossWarning)]
+
+
+def _buttons(widget):
+    import ipywidgets
+
+    if isinstance(widget, ipywidgets.Button):
+        yield widget
+    for child in getattr(widget, "children", ()):
+        yield from _buttons(child)

@@ -120,7 +120,7 @@ def test_a_run_whose_parameters_do_not_reach_the_loss_warns(batch_size):
     theta, losses = _problem()
     adapter = torch.zeros(3)   # tuned, but the loss never reads it
     flat = _run(losses, [adapter], steps=20, batch_size=batch_size)
-    assert len(flat) == 1 and "moves nothing" in str(flat[0].message)
+    assert len(flat) == 1 and "moved nothing" in str(flat[0].message)
     assert adapter.abs().max() < 1e-8   # g = 0: only the rounding of the ±εz shifts
 
 

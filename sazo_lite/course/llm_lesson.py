@@ -266,4 +266,5 @@ def score_table(run: dict) -> Table:
     rows = [[f"{d['queries']:,}", f"{walk_at.get(d['queries'], float('nan')):.1f}", f"{d.get('rho', float('nan')):.2f}",
              f"{d['tv']:.2f}", f"{d['v_ratio']:.2f}", f"{d['v_uniform_ratio']:.2f}"] for d in run["diagnostics"]]
     return Table(["queries", "‖θ−θ₀‖", "Spearman ρ(score, ‖∇f_i‖)", "TV(p_SAZO, p*)", "V(p_SAZO)/V(p*)", "V(u)/V(p*)"],
-                 rows, caption=f"SAZO's scores against the true norms (seed {run['seed']}, η = {run['lr']:.3g})")
+                 rows, caption=f"SAZO's scores against the true norms (seed {run['seed']}, η = {run['lr']:.3g}; ρ reads 0 "
+                                 f"where it is undefined, as before any draw, when every score is equal)")

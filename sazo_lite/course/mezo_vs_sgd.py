@@ -9,7 +9,7 @@ import torch
 from .config import one_thread
 from ..engine import MeZO
 from ..samplers import UniformSampler
-from ..train import train
+from .sazo_runs import lesson_train
 from ..validation import check_count
 
 __all__ = ["RACE_METHODS", "race_mezo_sgd"]
@@ -34,7 +34,7 @@ def _run_mezo(problem, steps, batch_size, lr, eps, seed, log_every, dtype) -> di
     optimizer = MeZO([theta], lr=lr, eps=eps, seed=seed)
     sampler = UniformSampler(problem.num_examples, seed=seed)
     clock = _new_clock(problem)
-    history = train(optimizer, sampler, lambda idx: problem.losses(theta, idx), steps, batch_size=batch_size,
+    history = lesson_train(optimizer, sampler, lambda idx: problem.losses(theta, idx), steps, batch_size=batch_size,
                     evaluate=lambda: _timed_gap(problem, theta, clock), log_every=log_every, progress=False,
                     diverge_above=math.inf)   # a non-finite loss or gap stops the run (``stopped``), not raises
     stopped = None

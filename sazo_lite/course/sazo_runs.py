@@ -15,6 +15,7 @@ re-implements them.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,15 +25,27 @@ from .config import one_thread
 from ..engine import MeZO
 from .problems import FiniteSumProblem, LeastSquares, LogisticRegression
 from ..samplers import RACED, PlainSAZOSampler, SAZOSampler, make_sampler
-from ..train import best_rate, diverged as train_diverged, queries_to_target, train
+from ..train import FlatLossWarning, best_rate, diverged as train_diverged, queries_to_target, train
 from .. import variance
 from ..validation import check_count, check_number
+
 
 __all__ = ["PROBLEMS", "make_problem", "SAZOTrace", "run_sazo_trace", "RULES", "RULE_NAMES", "RULE_FIXES",
            "rule_sampler", "feed_sampler", "rule_ladder",
            "roughness", "RaceResult", "DIVERGE_FACTOR", "first_divergence", "race", "tune_lr", "SAMPLERS", "ema_of_chi2", "loss_grid", "sampler_paths"]
 
 SAMPLERS = RACED        # the samplers a race compares (one vocabulary: ``samplers.make_sampler``)
+
+
+def lesson_train(*args, **kwargs):
+    """``sazo_lite.train`` without its ``FlatLossWarning``: the dashboards run tiny ε on purpose (their
+    "ε too small" presets) and say in their readouts what it does; a warning about merged adapters
+    beside them would only confuse (and rounding noise may move θ after the first flat steps)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FlatLossWarning)
+        return train(*args, **kwargs)
+
+
 # Notebook 04's ladder: the plain rule, then one robustness fix of ``SAZOSampler`` added at a time.
 RULES = ("plain", "prior", "blend", "level", "robust")
 RULE_NAMES = {"plain": "plain rule", "prior": "+ prior", "blend": "+ blend", "level": "+ level",
@@ -299,7 +312,7 @@ def run_sazo_trace(problem: FiniteSumProblem, *, steps: int = 300, batch_size: i
     with one_thread():
         start = recorder()  # the starting point θ₀
         limit = math.inf if diverge_factor is None else float(diverge_factor) * start
-        history = train(optimizer, sampler, lambda idx: problem.losses(theta, idx), steps,
+        history = lesson_train(optimizer, sampler, lambda idx: problem.losses(theta, idx), steps,
                         batch_size=batch_size, evaluate=recorder, log_every=log_every,
                         progress=progress, description="SAZO trace", diverge_above=limit)
     rows = recorder.rows
@@ -401,7 +414,7 @@ def sampler_paths(problem: FiniteSumProblem, *, steps: int = 100, batch_size: in
         points = [theta.detach().double().clone()]
         record = lambda: points.append(theta.detach().double().clone()) or 0.0
         try:
-            train(optimizer, sampler, lambda idx: problem.losses(theta, idx), steps, batch_size=batch_size,
+            lesson_train(optimizer, sampler, lambda idx: problem.losses(theta, idx), steps, batch_size=batch_size,
                   evaluate=record, log_every=1, progress=False)
         except FloatingPointError:
             pass
@@ -456,7 +469,7 @@ def _run_one(problem, method: str, seed: int, *, steps, batch_size, lr, eps, ema
     theta = problem.initial_theta(dtype)
     optimizer = MeZO([theta], lr=lr, eps=eps, seed=seed)
     sampler = make_sampler(method, problem.num_examples, norms_fn=lambda: problem.norms(theta), seed=seed, ema_decay=ema_decay, uniform_mix=uniform_mix)
-    return train(optimizer, sampler, lambda idx: problem.losses(theta, idx), steps,
+    return lesson_train(optimizer, sampler, lambda idx: problem.losses(theta, idx), steps,
                  batch_size=batch_size, evaluate=lambda: problem.gap(theta),
                  log_every=log_every, progress=False, diverge_above=math.inf)
 
