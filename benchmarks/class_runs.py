@@ -68,10 +68,15 @@ def run(name: str) -> Path:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.class_runs", description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="+", help="notebook names without .ipynb, e.g. 05_the_race")
-    for name in parser.parse_args(argv).notebooks:
-        print(f"{name}: stored in {run(name.removesuffix('.ipynb')).relative_to(ROOT)}", flush=True)
+    names = [name.removesuffix(".ipynb") for name in parser.parse_args(argv).notebooks]
+    missing = [name for name in names if not (ROOT / "notebooks" / f"{name}.ipynb").exists()]
+    if missing:     # all checked before the first one runs (class mode: up to an hour a notebook)
+        known = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
+        parser.error(f"argument notebooks: no such notebook {missing} (notebooks: {known})")
+    for name in names:
+        print(f"{name}: stored in {run(name).relative_to(ROOT)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -401,3 +401,10 @@ def test_python_dash_m_gives_a_usage_error_not_a_traceback(argv, option):
 def test_llm_queries_runs_a_repeated_target_once():
     """``--targets 0.5 0.3 0.5`` gave the table two 0.5·F₀ columns and the ratios two rows."""
     assert llm_queries.parse_args(["--targets", "0.5", "0.3", "0.5"]).targets == [0.5, 0.3]
+
+
+def test_class_runs_checks_every_notebook_name_before_running_the_first(capsys, monkeypatch):
+    """A misspelt second name was a ValueError traceback after the first notebook's class-mode run (up to an hour)."""
+    from benchmarks import class_runs
+    monkeypatch.setattr(class_runs, "run", never_run)
+    refused(capsys, lambda: class_runs.main(["05_the_race", "05_the_rase"]), "notebooks", "05_the_rase")
