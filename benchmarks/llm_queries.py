@@ -606,16 +606,19 @@ def parse_args(argv=None, *, run: bool = False):
                              "its homogeneous control (top-homogeneous); opt-in: 'continual' (B = 1, all-layer LoRA), "
                              "'homogeneous', 'opposed' or 'balanced' (all-layer LoRA, B = 4, N = 192: hours on 2 CPU cores)")
     parser.add_argument("--top-n", type=count, default=TopSetting.num_train, help="N of the top-block sets")
-    parser.add_argument("--top-new-fraction", type=unit_fraction, default=TopSetting.new_fraction)
+    parser.add_argument("--top-new-fraction", type=unit_fraction, default=TopSetting.new_fraction,
+                        help="top-block sets: the share of new examples (the opposed set; the first round of both)")
     parser.add_argument("--top-blocks", type=count, default=TopSetting.blocks, help="k, the tuned top blocks")
-    parser.add_argument("--top-batch", type=count, default=4)
+    parser.add_argument("--top-batch", type=count, default=4,
+                        help="B of the top-block sets")
     parser.add_argument("--top-steps", type=count, default=6000, help="top-opposed: steps cap of a run")
     parser.add_argument("--top-control-steps", type=count, default=1500, help="top-homogeneous: steps cap of a run")
     parser.add_argument("--top-control-start", type=positive, default=6e-3,
                         help="top-homogeneous: every sampler's first grid rate (one grid for all)")
     parser.add_argument("--top-control-cells", type=count, default=8,
                         help="top-homogeneous: at most this many √2-spaced rates per sampler (its runs are short)")
-    parser.add_argument("--top-log-every", type=count, default=25)
+    parser.add_argument("--top-log-every", type=count, default=25,
+                        help="top-block sets: a log point every n steps")
     parser.add_argument("--top-oracle-every", type=count, default=5,
                         help="top-block oracle: true norms refreshed every k steps (V(p_stale)/V(p*) is reported)")
     parser.add_argument("--top-select", type=fraction, default=0.3,
@@ -647,22 +650,34 @@ def parse_args(argv=None, *, run: bool = False):
     parser.add_argument("--seeds", type=count, default=5, help="seeds at the chosen rates")
     parser.add_argument("--grid-seeds", type=count, default=3, help="seeds per grid rate (the median rule)")
     parser.add_argument("--cells", type=count, default=6, help="at most this many √2-spaced rates per sampler")
-    parser.add_argument("--steps", type=count, default=150)
-    parser.add_argument("--log-every", type=count, default=10)
-    parser.add_argument("--eps", type=positive, default=1e-3)
-    parser.add_argument("--rank", type=count, default=4)
-    parser.add_argument("--num-train", type=count, default=24)
-    parser.add_argument("--num-test", type=count, default=32)
-    parser.add_argument("--new-fraction", type=unit_fraction, default=1 / 6)
-    parser.add_argument("--setup-steps", type=natural, default=10)
+    parser.add_argument("--steps", type=count, default=150,
+                        help="continual and homogeneous sets: steps cap of a run")
+    parser.add_argument("--log-every", type=count, default=10,
+                        help="continual set: a log point every n steps (homogeneous: every n/4)")
+    parser.add_argument("--eps", type=positive, default=1e-3,
+                        help="ε of every run's perturbation")
+    parser.add_argument("--rank", type=count, default=4,
+                        help="LoRA rank r (every SmolLM2 set)")
+    parser.add_argument("--num-train", type=count, default=24,
+                        help="N of the continual and homogeneous sets")
+    parser.add_argument("--num-test", type=count, default=32,
+                        help="held-out examples (every SmolLM2 set)")
+    parser.add_argument("--new-fraction", type=unit_fraction, default=1 / 6,
+                        help="continual set: the share of new examples")
+    parser.add_argument("--setup-steps", type=natural, default=10,
+                        help="Adam steps of the first round that makes θ₀ (cached)")
     parser.add_argument("--stale-every", type=natural, default=25,
                         help="continual set: also race the old benchmark's stale oracle (norms refreshed every k steps)")
     parser.add_argument("--oracle-mix", type=cli_mix, default=0.0, help="the oracle's uniform mix λ (0: exact p*)")
     parser.add_argument("--big-n", type=count, default=192, help="N of the opposed and balanced sets")
-    parser.add_argument("--big-new-fraction", type=unit_fraction, default=0.125)
-    parser.add_argument("--big-batch", type=count, default=4)
-    parser.add_argument("--big-steps", type=count, default=600)
-    parser.add_argument("--big-log-every", type=count, default=25)
+    parser.add_argument("--big-new-fraction", type=unit_fraction, default=0.125,
+                        help="opposed and balanced sets: the share of new examples")
+    parser.add_argument("--big-batch", type=count, default=4,
+                        help="B of the opposed, balanced and homogeneous sets")
+    parser.add_argument("--big-steps", type=count, default=600,
+                        help="opposed and balanced sets: steps cap of a run")
+    parser.add_argument("--big-log-every", type=count, default=25,
+                        help="opposed and balanced sets: a log point every n steps")
     parser.add_argument("--big-start", type=positive, default=5e-4, help="first rate of the opposed and balanced sets' grids")
     parser.add_argument("--oracle-start-factor", type=positive, default=1.0,
                         help="the oracle's grid starts this many times higher (its edge is higher; fewer runs)")
@@ -689,7 +704,8 @@ def parse_args(argv=None, *, run: bool = False):
                              "after a fixed budget; a pilot)")
     parser.add_argument("--full-start", type=non_negative, default=0.0,
                         help="full-parameter SmolLM2: first grid rate (0: skip; e.g. 1e-5)")
-    parser.add_argument("--full-steps", type=count, default=60)
+    parser.add_argument("--full-steps", type=count, default=60,
+                        help="full-parameter SmolLM2: steps cap of a run")
     parser.add_argument("--full-cells", type=count, default=3, help="at most this many rates of the full-parameter grid")
     parser.add_argument("--oracle-cells", type=count, default=2,
                         help="continual set: the fresh oracle's grid (each run pays one backprop over N per step)")
@@ -697,15 +713,21 @@ def parse_args(argv=None, *, run: bool = False):
                         help="continual set: held-out accuracy after this many queries, every run")
     parser.add_argument("--tiny", nargs="*", default=[], choices=TINY_FAMILIES, metavar="FAMILY",
                         help="tiny families of the does-not-lose check (opt-in: llama gpt2 opt qwen2)")
-    parser.add_argument("--tiny-n", type=count, default=32)
-    parser.add_argument("--tiny-variants", nargs="+", default=["uniform", "sazo"], choices=("uniform", "sazo", "oracle"))
-    parser.add_argument("--tiny-steps", type=count, default=1000)
+    parser.add_argument("--tiny-n", type=count, default=32,
+                        help="N of the tiny families' sets")
+    parser.add_argument("--tiny-variants", nargs="+", default=["uniform", "sazo"], choices=("uniform", "sazo", "oracle"),
+                        help="tiny families: the samplers raced")
+    parser.add_argument("--tiny-steps", type=count, default=1000,
+                        help="tiny families: steps cap of a run")
     parser.add_argument("--tiny-homogeneous", nargs="*", default=[], choices=TINY_FAMILIES, metavar="FAMILY", help="families of the tiny homogeneous control (opt-in: llama)")
     parser.add_argument("--tiny-homogeneous-n", type=natural, default=8, help="N of the tiny homogeneous control (0: skip it)")
-    parser.add_argument("--tiny-homogeneous-steps", type=count, default=2000)
-    parser.add_argument("--tiny-homogeneous-start", type=positive, default=1.41e-4)
+    parser.add_argument("--tiny-homogeneous-steps", type=count, default=2000,
+                        help="tiny homogeneous control: steps cap of a run")
+    parser.add_argument("--tiny-homogeneous-start", type=positive, default=1.41e-4,
+                        help="tiny homogeneous control: first grid rate")
     parser.add_argument("--control-seeds", type=count, default=10, help="seeds at the chosen rates of the tiny control")
-    parser.add_argument("--tiny-start", type=positive, default=7.07e-5)
+    parser.add_argument("--tiny-start", type=positive, default=7.07e-5,
+                        help="tiny families: first grid rate")
     parser.add_argument("--tiny-cells", type=count, default=5, help="at most this many rates per tiny family's grid")
     parser.add_argument("--gd-lrs", type=positive, nargs="*", default=[],
                         help="also run full-batch GD by backprop on the continual set at these rates (reference)")

@@ -408,3 +408,26 @@ def test_class_runs_checks_every_notebook_name_before_running_the_first(capsys, 
     from benchmarks import class_runs
     monkeypatch.setattr(class_runs, "run", never_run)
     refused(capsys, lambda: class_runs.main(["05_the_race", "05_the_rase"]), "notebooks", "05_the_rase")
+
+
+def parser_of(monkeypatch, call):
+    """The ArgumentParser a module's ``call()`` builds (its parse_args intercepted)."""
+    import argparse
+    caught = {}
+
+    def grab(self, args=None, namespace=None):
+        caught["parser"] = self
+        raise SystemExit(0)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", grab)
+    with pytest.raises(SystemExit):
+        call()
+    monkeypatch.undo()
+    return caught["parser"]
+
+
+def test_make_bench_llm_describes_every_option_in_its_help(monkeypatch):
+    """--help of make bench-llm's module left 22 options (--steps, --eps, --big-batch, ...) undescribed: which
+    sets each applies to was only in the code (--big-batch is also the homogeneous set's B)."""
+    parser = parser_of(monkeypatch, lambda: llm_queries.parse_args([]))
+    bare = [a.option_strings[0] for a in parser._actions if a.option_strings and a.help is None]
+    assert bare == []
