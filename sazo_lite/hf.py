@@ -13,7 +13,8 @@ lr schedules, peft models and ``torchrun`` launches are the Trainer's own. What 
 - Optimiser: ``sazo_lite.MeZO`` over the parameters that require grad (lr, weight decay and the lr
   schedule come from ``args``; as with the Trainer's AdamW, biases and norms are not decayed). A training step runs the model exactly twice, at θ+εz and θ−εz,
   under ``no_grad`` and in eval mode (the two passes must see the same function: no dropout);
-  nothing calls backward and no ``.grad`` is ever allocated. ``max_grad_norm`` is ignored. After
+  nothing calls backward and no ``.grad`` is ever allocated. ``max_grad_norm`` other than its default
+  (or 0) is refused: there is no gradient to clip. After
   each step the model is in train mode again, as the Trainer's own ``training_step`` leaves it.
 - Batches: each step the ZO sampler draws B = per_device_train_batch_size × world_size *dataset
   indices* i.i.d. with weights w = 1/(N·p_i) (``method="mezo"``: uniform, w = 1; ``"sazo"``:
@@ -271,6 +272,10 @@ class ZOTrainer(Trainer):
             if getattr(args, name) != TrainingArguments.__dataclass_fields__[name].default:
                 raise ValueError(f"Invalid {name}: {getattr(args, name)!r} (ZOTrainer's optimiser is MeZO, which keeps "
                                  f"no moments; leave it at its default)")
+        clip, default_clip = args.max_grad_norm, TrainingArguments.__dataclass_fields__["max_grad_norm"].default
+        if clip not in (None, 0, default_clip):   # the default (and "no clipping") pass: nobody asked for it
+            raise ValueError(f"Invalid max_grad_norm: {clip!r} (ZO steps have no gradient to clip; leave it at its "
+                             f"default {default_clip!r} or 0)")
         if args.per_device_train_batch_size < 1:
             raise ValueError(f"Invalid per_device_train_batch_size: {args.per_device_train_batch_size} "
                              f"(expected >= 1 examples per step and device)")

@@ -239,3 +239,14 @@ def test_a_float64_model_with_master_weights_resumes_where_a_straight_run_goes(t
     assert all(t.dtype == torch.float64 for t in trainer._master.tensors)
     for a, b in zip(straight.parameters(), resumed.parameters()):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("value, refused", [(0.5, True), (1.0, False), (0.0, False)])
+def test_max_grad_norm_other_than_its_default_is_refused_not_ignored(tmp_path, value, refused):
+    # it was accepted and ignored (ZO steps never clip): a user asking for clipping got none, silently
+    args = training_args(tmp_path, max_grad_norm=value)
+    if refused:
+        with pytest.raises(ValueError, match="Invalid max_grad_norm"):
+            trainer_for(tmp_path, args=args)
+    else:
+        trainer_for(tmp_path, args=args)
