@@ -306,9 +306,10 @@ def sampler_cost(n: int = 10 ** 6, batch: int = 32, repeats: int = 20) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.engine_speed", description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=("speed", "memory", "overhead", "sampler", "memory-child"))
-    parser.add_argument("model", nargs="?", default="gpt2-tiny", choices=MODELS)
-    parser.add_argument("mode", nargs="?", default="plain", choices=MEMORY_MODES)
+    parser.add_argument("part", choices=("speed", "memory", "overhead", "sampler", "memory-child"),
+                        help="what to measure (memory-child: one fresh process of memory, run by memory)")
+    parser.add_argument("model", nargs="?", default="gpt2-tiny", choices=MODELS, help="the model (default gpt2-tiny)")
+    parser.add_argument("mode", nargs="?", default="plain", choices=MEMORY_MODES, help="memory-child: the step measured (default plain)")
     parser.add_argument("--clock", default="wall", choices=tuple(CLOCKS), help="speed: wall or CPU seconds")
     parser.add_argument("--rounds", type=count, default=3, help="speed: interleaved rounds (default 3)")
     parser.add_argument("--bound", type=positive, default=None,

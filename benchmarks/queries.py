@@ -560,7 +560,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", type=count, default=None, help="number of seeds (default 5; quick: 1)")
     parser.add_argument("--targets", type=fraction, nargs="+", default=None,
                         help="targets as fractions of the initial gap (default 0.02 0.005; quick: 0.1)")
-    parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=list(METHODS))
+    parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=list(METHODS), metavar="METHOD",
+                        help=f"samplers to race (default {' '.join(DEFAULT_METHODS)}): {', '.join(METHODS)}")
     parser.add_argument("--problems", nargs="+", default=None, help="problem names (default: all)")
     parser.add_argument("--lr-grid", type=positive, nargs="+", default=None, help="override every problem's grid")
     parser.add_argument("--batch-size", type=count, default=1, help="B, examples per step (default 1)")

@@ -141,7 +141,7 @@ def main(argv=None):
                          f"(default: {TRACE_PROBLEM!r}; --race: {RACE_PROBLEM!r})")
     ap.add_argument("--steps", type=count, default=3000, help="the decomposition's SAZO run: steps")
     ap.add_argument("--lr", type=positive, default=0.01, help="the decomposition's SAZO run: learning rate")
-    ap.add_argument("--seeds", type=natural, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--seeds", type=natural, nargs="+", default=[0, 1, 2], help="the seeds (default 0 1 2), each run in turn")
     ap.add_argument("--batch-size", type=count, default=4, help="the decomposition's SAZO run: B")
     ap.add_argument("--log-every", type=count, default=100, help="the decomposition: a row every n steps")
     args = ap.parse_args(argv)

@@ -431,3 +431,19 @@ def test_make_bench_llm_describes_every_option_in_its_help(monkeypatch):
     parser = parser_of(monkeypatch, lambda: llm_queries.parse_args([]))
     bare = [a.option_strings[0] for a in parser._actions if a.option_strings and a.help is None]
     assert bare == []
+
+
+@pytest.mark.parametrize("module, argv", [
+    ("queries", []), ("run", []), ("score_lag", []), ("seed_reroll", []), ("llm_topblock", ["sazo", "--lr", "1"]),
+    ("llm_families", []), ("engine_speed", ["speed"]), ("llm_kicks", ["sazo:1:0"]), ("llm_long_runs", ["o", "sazo:1:0"]),
+    ("llm_step_ratio", []), ("llm_drift", []), ("class_runs", ["x"]), ("sampler_state", []),
+])
+def test_every_entry_point_names_itself_and_describes_every_argument(monkeypatch, module, argv):
+    """--help of several entry points named the file (engine_speed.py, score_lag.py) instead of the
+    ``python -m`` command, and left arguments undescribed (queries --methods, engine_speed's part/model/mode,
+    llm_topblock --seed/--set, score_lag --seeds, sampler_state --quick, ...)."""
+    import importlib
+    mod = importlib.import_module(f"benchmarks.{module}")
+    parser = parser_of(monkeypatch, lambda: mod.main(argv))
+    assert parser.prog == f"python -m benchmarks.{module}"
+    assert [a.dest for a in parser._actions if a.help is None] == []
