@@ -424,3 +424,11 @@ def _buttons(widget):
         yield widget
     for child in getattr(widget, "children", ()):
         yield from _buttons(child)
+
+
+@pytest.mark.parametrize("examples", [1, 2, 99])
+def test_the_chi2_dashboard_refuses_too_few_examples_for_its_statistics(examples):
+    """examples=1 printed 'relative variance 0.00 (theory 2)': a statistic of one draw, not χ²₁."""
+    with pytest.raises(ValueError, match="Invalid examples"):
+        sw.chi2_dashboard(examples=examples)
+    assert "theory 2" in sw.chi2_dashboard(examples=100).readout.value

@@ -153,7 +153,8 @@ def chi2_dashboard(*, examples: int | None = None, seed: int = 0) -> Dashboard:
         >>> dash = chi2_dashboard(examples=2000)
         >>> dash.controls["ema_decay"].value = 0.95   # a narrower orange histogram
     """
-    examples = examples if examples is not None else pick(20_000, 5_000)
+    # a relative variance and a tail probability read off fewer draws are noise, not χ²₁ (one draw: 0)
+    examples = check_int("examples", examples, 100) if examples is not None else pick(20_000, 5_000)
     controls = {"ema_decay": slider("EMA decay β", 0.9, 0.0, 0.995, 0.005),
                 "observations": int_slider("observations n", 10, 1, 200)}
     fig = LiveFigure(layout=dict(title="estimate / truth, over many examples", barmode="overlay", **_FIG))
