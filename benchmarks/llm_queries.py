@@ -735,7 +735,8 @@ def parse_args(argv=None, *, run: bool = False):
                         help="worker processes, one torch thread each (default: 2 on a machine with ≥ 2 CPUs)")
     parser.add_argument("--threads", type=count, default=None, help="torch threads with --jobs 1")
     parser.add_argument("--out", type=Path, default=RESULTS,
-                        help="the report JSON (default benchmarks/results/llm_queries.json: the one make bench reads)")
+                        help="the report JSON (default benchmarks/results/llm_queries.json: the one make bench reads; "
+                             "a --quick pilot's report is shown there, not graded)")
     parser.add_argument("--merge", type=Path, nargs="+",
                         help="print one table from partial JSON reports (or reprint one report), write --out")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)     # "k/J": run job k of J

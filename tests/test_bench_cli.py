@@ -447,3 +447,22 @@ def test_every_entry_point_names_itself_and_describes_every_argument(monkeypatch
     parser = parser_of(monkeypatch, lambda: mod.main(argv))
     assert parser.prog == f"python -m benchmarks.{module}"
     assert [a.dest for a in parser._actions if a.help is None] == []
+
+
+def test_a_bench_llm_pilot_is_shown_by_make_bench_but_not_graded(monkeypatch):
+    """``make bench-llm BENCH_LLM_ARGS=--quick`` (the pilot: 1 seed, 800 steps) writes results/llm_queries.json,
+    and make bench then graded the issue's goals on that pilot as on the race, its rows marked by a date only."""
+    from benchmarks import llm_report, run
+    fast, slow = [1.0, 0.5, 0.25], [1.0, 0.8, 0.6, 0.45, 0.25]
+    runs = {"uniform": [{"sampler": "uniform", "queries": [10 * k for k in range(len(slow))], "train_loss": slow,
+                         "walk": [0.0] * len(slow), "diverged": False}],
+            "sazo": [{"sampler": "sazo", "queries": [10 * k for k in range(len(fast))], "train_loss": fast,
+                      "walk": [0.0] * len(fast), "diverged": False}]}
+    report = {"date": "d", "machine": "m", "args": {"targets": [0.3], "quick": True},
+              "settings": [{"label": "SmolLM2 top-block (k=1) LoRA r4 opposed (N=32, 4 new, B=4)", "B": 4,
+                            "heterogeneity_at_theta0": 6.3, "chosen_lr": {"uniform": 1e-3, "sazo": 1e-3},
+                            "grid": {}, "runs": runs}]}
+    monkeypatch.setattr(llm_report, "latest_report", lambda name="llm_queries.json": (report, "this machine's"))
+    rows = run._llm_rows(run._llm_report_section("llm_queries.json", "bench-llm"))
+    assert rows and all(row[3] == row[4] == "" for row in rows)      # shown, not graded
+    assert all("--quick pilot" in row[1] for row in rows)
