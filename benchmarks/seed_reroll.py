@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
         queries[name] = [queries_to_reach(problem, factory, args.lr, seed, args.target, args.max_steps)
                          for seed in range(args.seeds)]
         print(f"{name:30s} median queries to {args.target:g} of the gap: {median_queries(queries[name]):g} "
-              f"(first 5 seeds: {median_queries(queries[name][:5]):g})", flush=True)
+              f"(first {min(5, args.seeds)} seeds: {median_queries(queries[name][:5]):g})", flush=True)
     try:
         out = reroll_shift(*queries.values())
     except ValueError as error:      # too few seeds reached the target in the budget for an interval

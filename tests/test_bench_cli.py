@@ -466,3 +466,13 @@ def test_a_bench_llm_pilot_is_shown_by_make_bench_but_not_graded(monkeypatch):
     rows = run._llm_rows(run._llm_report_section("llm_queries.json", "bench-llm"))
     assert rows and all(row[3] == row[4] == "" for row in rows)      # shown, not graded
     assert all("--quick pilot" in row[1] for row in rows)
+
+
+def test_seed_reroll_names_the_seeds_its_small_median_is_over(monkeypatch, capsys):
+    """With --seeds 3 the printout said '(first 5 seeds: ...)' of a median over 3."""
+    from benchmarks import seed_reroll
+    monkeypatch.setattr(seed_reroll, "queries_to_reach", lambda problem, factory, lr, seed, *a: 100 * (seed + 1))
+    out = seed_reroll.main(["--seeds", "3", "--max-steps", "10"])
+    printed = capsys.readouterr().out
+    assert "first 3 seeds: 200" in printed and "first 5 seeds" not in printed
+    assert out["both_finished"] == 3 and f"{out['both_finished']} of 3 seeds" in printed
