@@ -136,7 +136,8 @@ def print_long_run(out: dict, label: str) -> None:
     print(f"{label}: lr={run['lr']:g} seed={run['seed']} steps={run['steps_run']} diverged={run['diverged']} "
           f"F/F₀ end={run['train_loss'][-1] / run['train_loss'][0]:.3f} walk end={run['walk'][-1]:.1f} "
           f"held-out acc={run.get('test_accuracy')} ({out['seconds']:.0f} s)")
-    print("  queries to target: " + ", ".join(f"{t}·F₀: {q}" for t, q in out["queries_to"].items()))
+    print("  queries to target: " + ", ".join(f"{t}·F₀: {'not reached' if q is None else q}"
+                                              for t, q in out["queries_to"].items()))
     print("  queries | F/F₀ | walk | V(p)/V(p*) | V(u)/V(p*) | ρ(scores, norms)")
     for p in out["points"]:
         rho = "–" if p["rho"] is None else f"{p['rho']:.2f}"

@@ -476,3 +476,12 @@ def test_seed_reroll_names_the_seeds_its_small_median_is_over(monkeypatch, capsy
     printed = capsys.readouterr().out
     assert "first 3 seeds: 200" in printed and "first 5 seeds" not in printed
     assert out["both_finished"] == 3 and f"{out['both_finished']} of 3 seeds" in printed
+
+
+def test_llm_topblock_prints_a_missed_target_as_not_reached(capsys):
+    """A target the run missed printed as 'None' (every other table of the benchmarks says 'not reached')."""
+    from benchmarks.llm_topblock import print_long_run
+    run = {"lr": 1e-3, "seed": 0, "steps_run": 10, "diverged": False, "train_loss": [1.0, 0.4], "walk": [0.0, 1.0]}
+    print_long_run({"run": run, "points": [], "queries_to": {"0.5": 80, "0.3": None}, "seconds": 1.0}, "sazo")
+    printed = capsys.readouterr().out
+    assert "0.5·F₀: 80, 0.3·F₀: not reached" in printed and "None" not in printed.split("acc=")[1].split("\n", 1)[1]
