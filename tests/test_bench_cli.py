@@ -485,3 +485,15 @@ def test_llm_topblock_prints_a_missed_target_as_not_reached(capsys):
     print_long_run({"run": run, "points": [], "queries_to": {"0.5": 80, "0.3": None}, "seconds": 1.0}, "sazo")
     printed = capsys.readouterr().out
     assert "0.5·F₀: 80, 0.3·F₀: not reached" in printed and "None" not in printed.split("acc=")[1].split("\n", 1)[1]
+
+
+def test_score_lag_race_prints_a_miss_as_not_reached(monkeypatch, capsys):
+    """A method that missed the target printed 'median None lr None' and None per seed."""
+    from benchmarks import queries, score_lag
+    missed = {"lr": None, "median": None, "min": None, "max": None, "per_seed": [None, None], "grid": {"0.001": None}}
+    hit = {"lr": 0.001, "median": 120, "min": 100, "max": None, "per_seed": [100, None, 140], "grid": {"0.001": 120}}
+    monkeypatch.setattr(queries, "best_learning_rate", lambda *a, targets, **k: {targets[0]: missed, targets[1]: hit})
+    score_lag.race("quadratic σ=1.5", ["sazo"], [0.001], [0, 1], targets=(0.02, 0.005))
+    printed = capsys.readouterr().out
+    assert "None" not in printed.replace("grid {'0.001': None}", "")
+    assert "target 0.02 | median not reached" in printed and "median 120 lr 0.001 per seed [100, 'not reached', 140]" in printed
