@@ -22,6 +22,7 @@ import datetime
 import json
 import os
 import platform
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -338,14 +339,26 @@ def main(argv=None) -> dict:
                          f"merging {'--quick' if quick else 'full'} sections into it would mix the two in one table")
     out.parent.mkdir(parents=True, exist_ok=True)
 
+    finished = []      # one entry per section this run saved: the rest is what a Ctrl-C leaves to do
+
     def save(results: dict) -> str:
+        finished.append(True)
         info = machine() | dict(quick=quick, seconds=round(time.perf_counter() - started, 1))
         table = format_table(table_rows(results))
         write_text(out, json.dumps(dict(machine=info, table=table, results=results), indent=1,
                                   ensure_ascii=False, default=str))
         return table
 
-    results = run_sections(quick, save, args.only, previous)
+    planned = [name for name in section_names(quick) if args.only is None or name in args.only]
+    try:
+        results = run_sections(quick, save, args.only, previous)
+    except KeyboardInterrupt:
+        left = planned[len(finished):]
+        print(f"\ninterrupted in {left[0]}: the sections before it are saved in {out}; to finish the table:\n"
+              f"  python -m benchmarks.run{' --quick' if quick else ''}"
+              f"{'' if str(out) == str(RESULTS / 'bench.json') else f' --out {out}'} --only {' '.join(left)}",
+              file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
     table = save(results)
     info = machine() | dict(quick=quick, seconds=round(time.perf_counter() - started, 1))
     print(f"\nsazo-lite benchmarks, {info['date']}, {info['processor']}, {info['cpus']} CPUs, "

@@ -497,3 +497,26 @@ def test_score_lag_race_prints_a_miss_as_not_reached(monkeypatch, capsys):
     printed = capsys.readouterr().out
     assert "None" not in printed.replace("grid {'0.001': None}", "")
     assert "target 0.02 | median not reached" in printed and "median 120 lr 0.001 per seed [100, 'not reached', 140]" in printed
+
+
+def test_bench_ctrl_c_keeps_the_finished_sections_and_says_how_to_finish(monkeypatch, capsys, tmp_path):
+    """Ctrl-C in make bench was a KeyboardInterrupt traceback: the sections done were saved, but nothing said
+    which were left or how to merge them in (--only, into the same --out, with the same --quick)."""
+    from benchmarks import run
+    monkeypatch.setattr(run.engine_speed, "sampler_cost", lambda: {"uniform_s": 1e-4, "sazo_s": 2e-4,
+                                                                   "sumtree_s": 1e-4, "multinomial_s": 1e-4})
+
+    def interrupted(quick):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(run.sampler_state, "run", interrupted)
+    out = tmp_path / "bench.json"
+    try:
+        with pytest.raises(SystemExit) as caught:
+            run.main(["--quick", "--only", "sampler", "sampler_state", "--out", str(out)])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped as a traceback")
+    assert caught.value.code == 130
+    err = capsys.readouterr().err
+    assert f"--quick --out {out} --only sampler_state" in err
+    saved = json.loads(out.read_text())
+    assert "sampler" in saved["results"] and "sampler_state" not in saved["results"]
