@@ -805,7 +805,14 @@ def run_workers(args, argv: list[str]) -> dict:
         parts = [Path(tmp) / f"part{k}.json" for k in range(args.jobs)]
         procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.llm_queries", *argv, "--worker",
                                    f"{k}/{args.jobs}", "--partial", str(parts[k])]) for k in range(args.jobs)]
-        codes = [p.wait() for p in procs]
+        try:
+            codes = [p.wait() for p in procs]
+        except KeyboardInterrupt:       # a Ctrl-C sent to this process alone: no worker races on unseen
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                p.wait()
+            raise
         if any(codes):
             raise SystemExit(f"a worker failed (exit codes {codes}); partial results: {tmp}")
         return merge([p for p in parts if p.exists()])
@@ -837,16 +844,26 @@ def main(argv=None) -> None:
     if args.worker:
         job, jobs = map(int, args.worker.split("/"))
         torch.set_num_threads(1)
-        report = run_units(args, share(args, jobs, job), measure=job == jobs - 1)
+        try:
+            report = run_units(args, share(args, jobs, job), measure=job == jobs - 1)
+        except KeyboardInterrupt:      # Ctrl-C reaches every worker: the parent says what to do
+            raise SystemExit(130) from None
         yield_partial(args, report)
         return
     started = time.perf_counter()
-    if args.jobs > 1:
-        report = run_workers(args, argv)
-    else:
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        report = run_units(args, units(args), measure=True)
+    try:
+        if args.jobs > 1:
+            report = run_workers(args, argv)
+        else:
+            if args.threads:
+                torch.set_num_threads(args.threads)
+            report = run_units(args, units(args), measure=True)
+    except KeyboardInterrupt:
+        print("\ninterrupted: " + (f"the finished runs are in {args.run_cache}; the same command resumes the race there"
+                                    if args.run_cache else "no run was kept (no --run-cache); with --run-cache DIR an "
+                                    "interrupted race resumes where it stopped") + f"; {args.out} was not written",
+              file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     header = measured_on(f"{args.jobs} process(es) × {1 if args.jobs > 1 else torch.get_num_threads()} thread(s), "
                          f"load average {load:.1f} at the end")

@@ -520,3 +520,21 @@ def test_bench_ctrl_c_keeps_the_finished_sections_and_says_how_to_finish(monkeyp
     assert f"--quick --out {out} --only sampler_state" in err
     saved = json.loads(out.read_text())
     assert "sampler" in saved["results"] and "sampler_state" not in saved["results"]
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_bench_llm_ctrl_c_says_what_was_kept_and_how_to_resume(monkeypatch, capsys, tmp_path, cache):
+    """Ctrl-C in make bench-llm (41 min) was a KeyboardInterrupt traceback, silent on whether anything was kept."""
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(llm_queries, "run_units", interrupted)
+    argv = ["--jobs", "1", "--out", str(tmp_path / "report.json")] + (["--run-cache", str(tmp_path / "c")] if cache else [])
+    try:
+        with pytest.raises(SystemExit) as caught:
+            llm_queries.main(argv)
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped as a traceback")
+    assert caught.value.code == 130
+    err = capsys.readouterr().err
+    assert ("the same command resumes" in err) if cache else ("--run-cache DIR" in err)
+    assert not (tmp_path / "report.json").exists()
