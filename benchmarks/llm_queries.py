@@ -81,6 +81,7 @@ RULE_SETTINGS = {"bound": "walk_bound", "pull": "walk_pull", "cap": "step_cap"} 
 TOP_SETS = ("top-opposed", "top-homogeneous")    # SmolLM2 top-block (cached activations): the long-run race
 ROOT2 = 2 ** 0.5
 BIG_SETS = ("balanced", "opposed")   # the sets designed for B > 1: sized by --big-n / --big-new-fraction
+TOP_START = {"uniform": 6e-3, "sazo": 8.49e-3, "oracle": 1.2e-2}    # the top-block grids' first rates
 RACED_SETS = (*TOP_SETS, "continual", "homogeneous", *BIG_SETS)    # what --sets races (``settings``)
 
 
@@ -629,9 +630,10 @@ def parse_args(argv=None, *, run: bool = False):
                         help="the samplers raced on the top-block sets (default: each with the walk bound; plain names race the free walk; "
                              "+bound: with the walk bound --walk-bound; "
                              "+pull: with the pull toward θ₀ --walk-pull; +cap: with the step cap --step-cap)")
-    parser.add_argument("--top-start", nargs="*", default=["uniform=6e-3", "sazo=8.49e-3", "oracle=1.2e-2"],
-                        metavar="SAMPLER=RATE", help="top-block sets: each sampler's first grid rate (where 800-step "
-                        "scans placed them: uniform diverged at 1.2e-2, the oracle did not)")
+    parser.add_argument("--top-start", nargs="*", default=[], metavar="SAMPLER=RATE",
+                        help="top-block sets: a sampler's first grid rate; the others keep theirs (default "
+                        f"{' '.join(f'{k}={v:g}' for k, v in TOP_START.items())}: where 800-step scans placed them: "
+                        "uniform diverged at 1.2e-2, the oracle did not)")
     parser.add_argument("--walk-bound", type=positive, default=30.0,
                         help="R of the +bound variants: θ is projected onto ‖θ−θ₀‖ ≤ R after every step (docs/llm.md: "
                              "how far from θ₀ the targets lie)")
@@ -764,7 +766,7 @@ def parse_args(argv=None, *, run: bool = False):
     except ValueError:
         parser.error(f"--only-run takes RATE:SEED pairs, got {args.only_run}")
     try:
-        args.top_start = {name: float(rate) for name, rate in (item.split("=") for item in args.top_start)}
+        args.top_start = {**TOP_START, **{name: float(rate) for name, rate in (item.split("=") for item in args.top_start)}}
     except ValueError:
         parser.error(f"--top-start takes SAMPLER=RATE pairs, got {args.top_start}")
     for rule, name in RULE_SETTINGS.items():

@@ -538,3 +538,13 @@ def test_bench_llm_ctrl_c_says_what_was_kept_and_how_to_resume(monkeypatch, caps
     err = capsys.readouterr().err
     assert ("the same command resumes" in err) if cache else ("--run-cache DIR" in err)
     assert not (tmp_path / "report.json").exists()
+
+
+def test_llm_queries_top_start_overrides_one_sampler_and_keeps_the_others():
+    """``--top-start sazo=1e-2`` moved uniform's and the oracle's first rates to 2e-3 (a fallback), not their
+    defaults 6e-3 and 1.2e-2: a grid of other rates than the help said, without a word."""
+    assert llm_queries.parse_args([]).top_start == {"uniform": 6e-3, "sazo": 8.49e-3, "oracle": 1.2e-2}
+    assert llm_queries.parse_args(["--top-start", "sazo=1e-2"]).top_start == {"uniform": 6e-3, "sazo": 1e-2,
+                                                                             "oracle": 1.2e-2}
+    (top, _) = llm_queries.settings(llm_queries.parse_args(["--top-start", "sazo=1e-2"]))
+    assert top.starts == {"uniform+bound": 6e-3, "sazo+bound": 1e-2, "oracle+bound": 1.2e-2}
