@@ -601,7 +601,8 @@ def parse_args(argv=None, *, run: bool = False):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_queries", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="pilot (minutes; docs/llm.md gives the measured time): the top-block race only, 1 seed, 800-step "
-                             "runs, 2 rates for uniform and SAZO (1 for the oracle)")
+                             "runs, 2 rates for uniform and SAZO (1 for the oracle); it sets --sets, --seeds, --grid-seeds, --cells, --targets, "
+                             "--top-steps and the opt-in sets itself, so it refuses them")
     parser.add_argument("--sets", nargs="*", default=list(TOP_SETS), choices=RACED_SETS, metavar="SET",
                         help="raced SmolLM2 sets: the default is the long-run race on the top block (top-opposed) and "
                              "its homogeneous control (top-homogeneous); opt-in: 'continual' (B = 1, all-layer LoRA), "
@@ -744,6 +745,11 @@ def parse_args(argv=None, *, run: bool = False):
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)     # "k/J": run job k of J
     parser.add_argument("--partial", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    quick_sets = ("sets", "grid_seeds", "seeds", "cells", "targets", "top_steps", "stale_every", "tiny", "measure_sets",
+                  "full_start", "tiny_homogeneous", "top_select", "top_accuracy_at")
+    clashes = [f"--{name.replace('_', '-')}" for name in quick_sets if getattr(args, name) != parser.get_default(name)]
+    if args.quick and clashes:      # the pilot's sizes would replace them without a word
+        parser.error(f"--quick sets {', '.join(clashes)} itself (the pilot's sizes): drop --quick or drop them")
     if args.targets is None:
         args.targets = list(TARGETS) if set(args.sets) & set(TOP_SETS) else [0.5, 0.4]
     if args.quick:   # the pilot: the top-block race, 1 seed, 2 rates a sampler from the reference race's, shorter runs

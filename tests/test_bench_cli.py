@@ -548,3 +548,12 @@ def test_llm_queries_top_start_overrides_one_sampler_and_keeps_the_others():
                                                                              "oracle": 1.2e-2}
     (top, _) = llm_queries.settings(llm_queries.parse_args(["--top-start", "sazo=1e-2"]))
     assert top.starts == {"uniform+bound": 6e-3, "sazo+bound": 1e-2, "oracle+bound": 1.2e-2}
+
+
+def test_llm_queries_quick_refuses_the_options_it_would_override(capsys):
+    """``--quick --seeds 3`` ran 1 seed, ``--quick --targets 0.1`` raced to 0.5 0.3 0.2 and ``--quick --top-steps
+    2000`` capped runs at 800: the pilot's sizes replaced what was asked, without a word."""
+    for argv, option in ((["--seeds", "3"], "--seeds"), (["--targets", "0.1"], "--targets"),
+                         (["--top-steps", "2000"], "--top-steps"), (["--sets", "continual"], "--sets")):
+        refused(capsys, lambda: llm_queries.parse_args(["--quick", *argv]), "--quick", option)
+    assert llm_queries.parse_args(["--quick", "--jobs", "1", "--eps", "2e-3"]).eps == 2e-3   # what it does not set
