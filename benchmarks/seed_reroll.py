@@ -75,9 +75,7 @@ def reroll_shift(first: list[float], second: list[float], *, subset: int = 5, sh
         (True, True)
     """
     both = [(x, y) for x, y in zip(first, second, strict=True) if x and y]     # the seeds both streams finished
-    if len(both) < 2:
-        raise ValueError(f"Invalid queries: {len(both)} seed(s) finished by both streams (expected ≥ 2 for an interval)")
-    a, b = np.log(np.array(both, dtype=float)).T
+    a, b = np.log(np.array(both, dtype=float).reshape(-1, 2)).T      # fewer than 2: no interval (nan)
     # a miss counts as never (∞), as in every median of the benchmarks: a re-roll that misses is a shift
     pool = np.log(np.array([q if q else math.inf for q in (*first, *second)], dtype=float))
     rng = np.random.default_rng(seed)
@@ -85,8 +83,9 @@ def reroll_shift(first: list[float], second: list[float], *, subset: int = 5, sh
     y = np.median(rng.choice(pool, (draws, subset)), axis=1)
     with np.errstate(invalid="ignore"):      # ∞ − ∞ (both medians never reached): no shift
         shifted = np.nan_to_num(y - x, nan=0.0) >= math.log(shift)
-    return {"mean_log_ratio": float(b.mean() - a.mean()),
-            "half_width": float(1.96 * math.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))),
+    two = len(both) >= 2
+    return {"mean_log_ratio": float(b.mean() - a.mean()) if both else math.nan,
+            "half_width": float(1.96 * math.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))) if two else math.nan,
             "p_shift": float(np.mean(shifted)), "both_finished": len(both),
             "missed": (sum(q is None for q in first), sum(q is None for q in second))}
 
@@ -107,10 +106,10 @@ def main(argv: list[str] | None = None) -> dict:
                          for seed in range(args.seeds)]
         print(f"{name:30s} median queries to {args.target:g} of the gap: {median_queries(queries[name]):g} "
               f"(first {min(5, args.seeds)} seeds: {median_queries(queries[name][:5]):g})", flush=True)
-    try:
-        out = reroll_shift(*queries.values())
-    except ValueError as error:      # too few seeds reached the target in the budget for an interval
-        raise SystemExit(f"seed_reroll: {error}; raise --max-steps or --target") from None
+    out = reroll_shift(*queries.values())
+    if out["both_finished"] < 2:      # too few seeds reached the target in the budget for an interval
+        raise SystemExit(f"seed_reroll: {out['both_finished']} seed(s) finished by both streams (an interval needs 2); "
+                         "raise --max-steps or --target")
     print(f"mean log(queries now / before) = {out['mean_log_ratio']:+.3f} ± {out['half_width']:.3f} "
           f"({out['both_finished']} of {args.seeds} seeds finished by both; never reached: {out['missed']})")
     print(f"two re-rolls of 5 seeds give medians ≥ 1.19× apart (one way) with probability {out['p_shift']:.2f}")
