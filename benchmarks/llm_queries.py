@@ -761,6 +761,9 @@ def parse_args(argv=None, *, run: bool = False):
     if not args.top_control_start > 0:
         parser.error(f"--top-control-start must be > 0 (got {args.top_control_start})")
     args.targets = sorted(set(args.targets), reverse=True)     # a repeated target: one column, not two
+    if set(args.sets) & set(TOP_SETS) and args.top_select < min(args.targets):
+        parser.error(f"argument --top-select: {args.top_select:g}·F₀ is deeper than the deepest --targets "
+                     f"{min(args.targets):g}·F₀, where every run stops: no run would reach it to pick a rate")
     try:
         args.variant_start = {name: float(rate) for name, rate in (item.split("=") for item in args.variant_start)}
     except ValueError:

@@ -557,3 +557,11 @@ def test_llm_queries_quick_refuses_the_options_it_would_override(capsys):
                          (["--top-steps", "2000"], "--top-steps"), (["--sets", "continual"], "--sets")):
         refused(capsys, lambda: llm_queries.parse_args(["--quick", *argv]), "--quick", option)
     assert llm_queries.parse_args(["--quick", "--jobs", "1", "--eps", "2e-3"]).eps == 2e-3   # what it does not set
+
+
+def test_llm_queries_refuses_a_rate_rule_target_past_where_the_runs_stop(capsys):
+    """``--targets 0.5`` with the default --top-select 0.3: every run stops at 0.5·F₀, the rate rule counts queries
+    to 0.3·F₀, so every grid cell read 'not reached' and the race picked rates from nothing."""
+    refused(capsys, lambda: llm_queries.parse_args(["--targets", "0.5"]), "--top-select", "0.5")
+    assert llm_queries.parse_args(["--targets", "0.5", "--top-select", "0.5"]).targets == [0.5]
+    assert llm_queries.parse_args(["--sets", "continual", "--targets", "0.5"]).targets == [0.5]   # no top-block set
