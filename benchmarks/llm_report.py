@@ -112,8 +112,12 @@ def summarise(setting: dict, targets=(0.5, 0.3)) -> list[str]:
     return rows
 
 
-GOALS = ("goals, at B ≥ 4 and a target ≤ 0.3·F₀, each sampler at its own rate: uniform÷SAZO ≥ 2, SAZO÷oracle ≤ 1.3; "
-         "homogeneous control SAZO÷uniform ≤ 1.1; held-out accuracy SAZO ≥ uniform")
+# The long-run race's goals (make bench-llm's default report), written once: the printed line and make bench's
+# grading read them. Graded at B ≥ 4 and at targets ≤ GOAL_TARGET·F₀ only.
+GOAL_TARGET, GOAL_UNIFORM_OVER_SAZO, GOAL_SAZO_OVER_ORACLE, GOAL_CONTROL = 0.3, 2.0, 1.3, 1.1
+GOALS = (f"goals, at B ≥ 4 and a target ≤ {GOAL_TARGET}·F₀, each sampler at its own rate: "
+         f"uniform÷SAZO ≥ {GOAL_UNIFORM_OVER_SAZO:g}, SAZO÷oracle ≤ {GOAL_SAZO_OVER_ORACLE}; "
+         f"homogeneous control SAZO÷uniform ≤ {GOAL_CONTROL}; held-out accuracy SAZO ≥ uniform")
 
 
 def ratio_pair(name: str) -> tuple[str, str]:

@@ -759,3 +759,20 @@ def test_gd_steps_descend_the_pulled_loss_and_refuse_a_pull_without_theta0():
     assert torch.allclose(theta.detach(), expected)
     with pytest.raises(ValueError, match="Invalid start"):
         next(gd_steps(lambda: (theta ** 2).sum(), [theta], lr=0.1, steps=1, pull=0.1))
+
+
+def test_make_bench_grades_the_long_run_race_by_the_goals_bench_llm_prints(monkeypatch):
+    # make bench graded bench-llm's long-run race with SAZO ÷ oracle ≤ 1.5 at every target, while bench-llm
+    # prints (and the issue sets) ≤ 1.3 at targets ≤ 0.3·F₀ only
+    setting = {"label": "SmolLM2 top block (N=64, B=4)", "heterogeneity": 5.0, "B": 4, "ratios": {
+        "uniform/sazo@0.5": 2.5, "sazo/oracle@0.5": 1.4, "uniform/sazo@0.3": 2.1, "sazo/oracle@0.3": 1.4,
+        "uniform/oracle@0.5": 3.5, "uniform/oracle@0.3": 3.5}}
+    section = {"date": "d", "machine": "m", "settings": [setting], "targets": [0.5, 0.3], "title": "bench-llm"}
+    monkeypatch.setattr(run, "_llm_report_section", lambda name, title: dict(section) if "queries" in name
+                        else {"missing": "no"})
+    rows = {row[1].split(": ")[-1] + row[1].split("@ ")[1][:3]: row[3:] for row in run._llm_rows(
+        run.llm_queries_section(quick=False))}
+    assert rows["SAZO ÷ oracle0.3"] == (f"≤ {llm_report.GOAL_SAZO_OVER_ORACLE:g}", "NO")    # 1.4 > 1.3
+    assert rows["uniform ÷ SAZO0.3"] == (f"≥ {llm_report.GOAL_UNIFORM_OVER_SAZO:g}", "yes")
+    assert rows["SAZO ÷ oracle0.5"] == ("", "") and rows["uniform ÷ SAZO0.5"] == ("", "")  # shallower: shown only
+    assert f"SAZO÷oracle ≤ {llm_report.GOAL_SAZO_OVER_ORACLE}" in llm_report.GOALS
