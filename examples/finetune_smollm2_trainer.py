@@ -25,6 +25,7 @@ with ``datasets`` (online)::
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 import time
@@ -53,6 +54,20 @@ def verbaliser_accuracy(label_word_ids: torch.Tensor):
         return {"accuracy": float((predicted[rows, first - 1] == truth).float().mean())}
 
     return predicted_class, accuracy
+
+
+def output_folder(out: str | None) -> str:
+    """--out, or a temporary folder: one for the whole torchrun job, so every process checkpoints into it."""
+    if out:
+        return out
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return tempfile.mkdtemp(prefix="zo-smollm2-")
+    if os.environ.get("LOCAL_WORLD_SIZE") != os.environ["WORLD_SIZE"]:
+        raise SystemExit("--out is required across machines: name a folder every process can write to")
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "none")       # shared by the job's processes
+    folder = os.path.join(tempfile.gettempdir(), f"zo-smollm2-{os.getppid() if run == 'none' else run}")
+    os.makedirs(folder, exist_ok=True)
+    return folder
 
 
 def main(argv=None) -> None:
@@ -94,7 +109,7 @@ def main(argv=None) -> None:
     predicted_class, accuracy = verbaliser_accuracy(label_word_ids(tok, words))
 
     args = TrainingArguments(
-        output_dir=opts.out or tempfile.mkdtemp(prefix="zo-smollm2-"), max_steps=opts.steps,
+        output_dir=output_folder(opts.out), max_steps=opts.steps,
         per_device_train_batch_size=opts.batch_size, per_device_eval_batch_size=16,
         learning_rate=opts.lr, lr_scheduler_type="constant", logging_steps=max(1, opts.steps // 10),
         save_strategy="steps" if opts.save_steps else "no", save_steps=opts.save_steps or 500,
@@ -104,13 +119,19 @@ def main(argv=None) -> None:
                         method=opts.method, eps=opts.eps, compute_metrics=accuracy,
                         preprocess_logits_for_metrics=predicted_class)
     before = trainer.evaluate()
+    first = 0                                  # a resumed run takes only the steps after its checkpoint
+    if opts.resume:
+        with open(os.path.join(opts.resume, "trainer_state.json")) as f:
+            first = json.load(f)["global_step"]
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=opts.resume)
     seconds = time.perf_counter() - start
     after = trainer.evaluate()
     if args.process_index == 0:
-        print(f"\n{opts.method} on {opts.task}: {opts.steps} steps × B = {trainer.global_batch_size()} "
-              f"in {seconds:.0f} s ({2 * trainer.global_batch_size() * opts.steps} example forwards)")
+        steps = trainer.state.global_step - first
+        resumed = f", resumed at step {first}" if opts.resume else ""
+        print(f"\n{opts.method} on {opts.task}: {steps} steps × B = {trainer.global_batch_size()} "
+              f"in {seconds:.0f} s ({2 * trainer.global_batch_size() * steps} example forwards{resumed})")
         print(f"  test loss {before['eval_loss']:.3f} -> {after['eval_loss']:.3f}, "
               f"accuracy {before['eval_accuracy']:.3f} -> {after['eval_accuracy']:.3f}")
         print(f"  checkpoints and logs: {args.output_dir}")
