@@ -70,19 +70,30 @@ def output_folder(out: str | None) -> str:
     return folder
 
 
+HUB_TASKS = ("sst2", "boolq", "multirc")
+
+
+def positive(text: str) -> int:
+    """An argparse type: an integer ≥ 1 (--steps 0 became the Trainer's max_steps=0, which trains an epoch)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not ≥ 1")
+    return value
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", default="sentiment",
                         help="generated: sentiment | numbers | yesno; online (hub): sst2 | boolq | multirc")
     parser.add_argument("--method", default="sazo", choices=["sazo", "mezo"])
-    parser.add_argument("--num-train", type=int, default=64)
-    parser.add_argument("--num-test", type=int, default=64)
+    parser.add_argument("--num-train", type=positive, default=64)
+    parser.add_argument("--num-test", type=positive, default=64)
     parser.add_argument("--noise", type=float, default=0.0, help="fraction of flipped train labels")
-    parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--batch-size", type=int, default=8, help="per process")
+    parser.add_argument("--steps", type=positive, default=100)
+    parser.add_argument("--batch-size", type=positive, default=8, help="per process")
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--eps", type=float, default=1e-3)
-    parser.add_argument("--lora-rank", type=int, default=4)
+    parser.add_argument("--lora-rank", type=positive, default=4)
     parser.add_argument("--out", default=None, help="checkpoints and logs (default: a temporary folder)")
     parser.add_argument("--save-steps", type=int, default=0, help="checkpoint every this many steps (0: never)")
     parser.add_argument("--resume", default=None, help="a checkpoint folder to continue from")
@@ -90,6 +101,9 @@ def main(argv=None) -> None:
     opts = parser.parse_args(argv)
 
     from sazo_lite.llm.tasks import TASKS, load_hf_task, make_task
+
+    if opts.task not in TASKS and opts.task not in HUB_TASKS:   # else a traceback naming the hub tasks only
+        parser.error(f"argument --task: invalid choice: {opts.task!r} (choose from {', '.join([*TASKS, *HUB_TASKS])})")
 
     # Hub data first: load_smollm2 switches the process to offline mode.
     task = (make_task(opts.task, num_train=opts.num_train, num_test=opts.num_test, noise=opts.noise, seed=opts.seed)
