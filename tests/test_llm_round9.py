@@ -480,3 +480,17 @@ def test_top_block_losses_refuse_dropout_that_adapters_added_since_the_cache_lef
     peft.eval()
     assert torch.equal(top(INDICES), top(INDICES))
     assert torch.allclose(top(INDICES), classification_losses(peft, data, INDICES), atol=1e-5, rtol=0)
+
+
+def test_add_lora_passes_on_no_deprecation_warning_of_peft_s_own_calls():
+    # peft's get_peft_model reads model.is_gradient_checkpointing, deprecated by transformers: every
+    # add_lora printed a FutureWarning its caller could not act on
+    import warnings
+
+    from sazo_lite.llm.models import tiny_causal_lm
+    from sazo_lite.llm.tuning import add_lora
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        add_lora(tiny_causal_lm("llama", vocab_size=64), rank=2)
+    assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]

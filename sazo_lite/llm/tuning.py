@@ -18,6 +18,8 @@ Sparse subsets are ``sazo_lite.sparse``; half precision and its restore bound ``
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ..validation import check_int, check_number
@@ -125,7 +127,10 @@ def add_lora(model, *, rank: int = 8, alpha: int = 16, target_modules=None, init
         _check_targets_in_layers(stack, target_modules, layers)
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules, lora_dropout=0.0,
                         task_type="CAUSAL_LM", **extra)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        # peft reads model.is_gradient_checkpointing, which transformers deprecates with a FutureWarning
+        # every user of add_lora saw and could do nothing about (peft's call, not theirs)
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         torch.manual_seed(init_seed)
         peft_model = get_peft_model(model, config)
     return peft_model.eval()
