@@ -136,6 +136,7 @@ def test_bench_only_refuses_a_corrupt_or_other_kind_results_file(capsys, monkeyp
     and a --quick run's file took full sections (or the reverse) into one table without a word."""
     from benchmarks import run
     monkeypatch.setattr(run, "run_sections", never_run)
+    monkeypatch.delenv("SAZO_FAST", raising=False)   # make test sets it, and it makes a run --quick
     out = tmp_path / "bench.json"
     out.write_text('{"machine": {"quick": true}, "results": {')
     refused(capsys, lambda: run.main(["--only", "sampler", "--out", str(out)]), "--only", "bench.json")
