@@ -13,6 +13,8 @@ import argparse
 import math
 from pathlib import Path
 
+from sazo_lite.validation import check_number
+
 
 def _int(text: str, low: int, what: str) -> int:
     try:
@@ -34,51 +36,41 @@ def natural(text: str) -> int:
     return _int(text, 0, "non-negative integer")
 
 
-def _float(text: str) -> float:
+def _number(text: str, low: float, high: float = math.inf, *, closed_low: bool, closed_high: bool = True) -> float:
+    """A finite number in the interval, by the library's one rule (``validation.check_number``)."""
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+    try:
+        return check_number("value", value, low, high, closed_low=closed_low, closed_high=closed_high)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"invalid {str(error)[len('Invalid '):]} (from {text!r})") from None
 
 
 def positive(text: str) -> float:
     """A finite number > 0 (a learning rate, ε, a bound)."""
-    value = _float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"invalid value: {text!r} (expected a finite number > 0)")
-    return value
+    return _number(text, 0.0, closed_low=False)
 
 
 def non_negative(text: str) -> float:
     """A finite number ≥ 0 (0 usually meaning "off")."""
-    value = _float(text)
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"invalid value: {text!r} (expected a finite number ≥ 0)")
-    return value
+    return _number(text, 0.0, closed_low=True)
 
 
 def fraction(text: str) -> float:
     """A number in the open interval (0, 1): a target as a fraction of the initial loss or gap."""
-    value = _float(text)
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"invalid fraction: {text!r} (expected a number in (0, 1))")
-    return value
+    return _number(text, 0.0, 1.0, closed_low=False, closed_high=False)
 
 
 def unit_fraction(text: str) -> float:
     """A number in (0, 1] (a share of the examples)."""
-    value = _float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"invalid fraction: {text!r} (expected a number in (0, 1])")
-    return value
+    return _number(text, 0.0, 1.0, closed_low=False)
 
 
 def mix(text: str) -> float:
     """A number in [0, 1] (a uniform mix λ)."""
-    value = _float(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"invalid mix: {text!r} (expected a number in [0, 1])")
-    return value
+    return _number(text, 0.0, 1.0, closed_low=True)
 
 
 def check_output(parser: argparse.ArgumentParser, option: str, path) -> None:
@@ -89,11 +81,7 @@ def check_output(parser: argparse.ArgumentParser, option: str, path) -> None:
     path = Path(path)
     if path.is_dir():
         parser.error(f"argument {option}: {str(path)!r} is a folder (expected a file to write)")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                parser.error(f"argument {option}: {str(parent)!r} is a file, not a folder")
-            break
+    check_folder(parser, option, path.parent)
 
 
 def check_folder(parser: argparse.ArgumentParser, option: str, path) -> None:
