@@ -74,8 +74,8 @@ def first_divergence(gaps, *, factor: float = DIVERGE_FACTOR) -> int | None:
     values = np.asarray(gaps, dtype=np.float64)
     if values.ndim != 1 or len(values) == 0 or not np.isfinite(values[0]) or values[0] < 0:
         raise ValueError(f"Invalid gaps: expected a 1-D sequence starting with a finite gap >= 0, got {gaps!r}")
-    bad = np.flatnonzero(~(values <= factor * values[0]))     # NaN counts as diverged
-    return int(bad[0]) if bad.size else None
+    limit = factor * values[0]
+    return next((k for k, gap in enumerate(values.tolist()) if train_diverged(gap, limit)), None)
 
 
 def make_problem(name: str = "heterogeneous quadratic", *, heterogeneity: float = 1.5,
