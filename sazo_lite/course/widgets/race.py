@@ -16,6 +16,7 @@ import ipywidgets as widgets
 import torch
 
 from ..config import pick
+from ...train import diverged
 from ...validation import check_count, check_number
 from ..sazo_runs import DIVERGE_FACTOR, PROBLEMS, SAMPLERS, RaceResult, first_divergence, make_problem, race, tune_lr
 from ._common import SAMPLER_COLORS as _COLORS, SAMPLER_FILLS as _FILLS, SAMPLER_LABELS as _LABELS, Dashboard, \
@@ -123,10 +124,10 @@ def _frame_race(fig, result: RaceResult, methods, ratio: float, logged: dict[str
     low = min([ratio, *finite]) / 2 if finite else ratio / 2
     fig.update_yaxes(range=[float(np.log10(low)), float(np.log10(_TOP))])
     marks = []
-    for method, median in medians.items():   # the course's divergence rule: above DIVERGE_FACTOR × the start, or NaN
-        above = np.flatnonzero(~(median <= DIVERGE_FACTOR))          # NaN (every seed diverged) counts as above
-        if above.size:
-            marks.append(dict(x=float(result.queries[above[0]]), y=float(np.log10(_TOP)), yref="y", xref="x",
+    for method, median in medians.items():   # the one divergence rule, at DIVERGE_FACTOR × the start (1 here)
+        above = next((k for k, gap in enumerate(median.tolist()) if diverged(gap, DIVERGE_FACTOR)), None)
+        if above is not None:                # NaN (every seed diverged) counts as diverged
+            marks.append(dict(x=float(result.queries[above]), y=float(np.log10(_TOP)), yref="y", xref="x",
                               text=f"{_LABELS[method]} diverged", showarrow=True, arrowhead=2, ay=-25,
                               font=dict(color=_COLORS[method], size=11)))
     fig.layout.annotations = marks
