@@ -225,14 +225,14 @@ def race_divergence(result: RaceResult, batch_size: int, eps: float | None = Non
 
 def _what_to_raise(result: RaceResult) -> str:
     """The advice when no method reached the target: a diverged method needs a lower η, not a higher one."""
-    diverged = [m for m in (m for m in _LABELS if m in result.gaps)
-                if any(first_divergence(row) is not None for row in result.gaps[m])]
-    if not diverged:
+    failed = [m for m in (m for m in _LABELS if m in result.gaps)
+              if any(first_divergence(row) is not None for row in result.gaps[m])]
+    if not failed:
         return "raise the rate or the steps"
-    if len(diverged) == len(result.gaps):
+    if len(failed) == len(result.gaps):
         return "every method diverged: lower the rates"
-    names = ", ".join(_LABELS[m] for m in diverged)
-    return f"{names} diverged: lower {'its' if len(diverged) == 1 else 'their'} η; raise the others' η or the steps"
+    names = ", ".join(_LABELS[m] for m in failed)
+    return f"{names} diverged: lower {'its' if len(failed) == 1 else 'their'} η; raise the others' η or the steps"
 
 
 def race_table_html(result: RaceResult) -> str:
