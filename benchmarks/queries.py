@@ -343,8 +343,8 @@ class TargetRun:
     Extending to s steps in pieces gives the same trajectory as one run of s steps: the
     optimiser and sampler keep their state, and logging happens every ``log_every`` steps.
     ``reached[target]`` is set once the gap is ≤ target·gap₀ (for each of ``targets``; the run
-    stops at the smallest); ``failed`` once the run diverged. ``queries`` is the smallest
-    target's count (None until reached).
+    stops at the smallest): the first logged count, kept if the run diverges later. ``failed`` once
+    the run diverged. ``queries`` is the smallest target's count (None until reached).
     """
 
     def __init__(self, problem: FiniteSumProblem, method: str | Callable, lr: float, seed: int,
@@ -380,15 +380,15 @@ class TargetRun:
                         more, batch_size=self.batch_size, evaluate=self._gap, log_every=self.log_every,
                         progress=False, stop_below=self.targets[-1] * self.initial_gap,
                         diverge_above=DIVERGE_FACTOR * self.initial_gap)
-        if history.diverged:     # the whole extension is void, as when the gap first exploded
-            self.failed = True
-            return self
+        # first hitting time (``train.queries_to_target``, the one rule): a target crossed before the run
+        # diverged keeps its count, whether the divergence came in the same extension or a later one
         for target in self.targets:
             if self.reached[target] is None:
                 reached = queries_to_target(history, target * self.initial_gap)
                 if reached is not None:
                     self.reached[target] = reached + 2 * self.batch_size * self.steps
         self.steps += len(history.queries)
+        self.failed = history.diverged
         return self
 
 
