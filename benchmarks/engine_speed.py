@@ -1,8 +1,10 @@
 """Engine benchmarks: step speed, peak memory, SAZO's overhead and the sampler's cost.
 
 Every number is a ratio of two measurements taken in the same run (timings on shared
-machines drift up to 2×), over interleaved rounds (speed: best round of each, as other
-processes only ever add time; the medians are in the JSON too):
+machines drift up to 2×), over interleaved rounds. Speed times each step back to back with two
+forwards of its own, in alternating order, so that both sides of a ratio see the same load; its
+ratio is the least disturbed pair's (the smallest step + forwards, as other processes only ever
+add time), and the median of the pairs' ratios is in the JSON too. Progress goes to stderr:
 
     speed      ZO step ÷ (2 × forward) for SmolLM2-135M and a tiny GPT-2, B=8, seq 64, float32:
                a plain reference MeZO loop (global ``torch.manual_seed``, 4 out-of-place passes,
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -137,54 +140,94 @@ def pass_functions(params) -> dict:
     return {name: (lambda opt=opt: (opt._shift(1, +1.0), opt._shift(1, -1.0))) for name, opt in optimisers.items()}
 
 
-def speed(name: str, rounds: int = 3, batch: int = 8, seq: int = 64, clock: str = "wall") -> dict:
-    """step ÷ (2 × forward) for every variant: best of interleaved rounds (and medians).
+def paired_ratio(step_times: list[float], forward_times: list[float]) -> dict:
+    """A step's cost in two forwards from pairs timed back to back: the least disturbed pair's (the smallest
+    step + forwards) step, forwards and ratio, and the median of the pairs' ratios."""
+    pairs = list(zip(step_times, forward_times))
+    step, forwards = min(pairs, key=sum)
+    return dict(step_s=step, forwards_s=forwards, ratio=step / forwards,
+                median_ratio=statistics.median(s / f for s, f in pairs))
 
+
+def speed(name: str, rounds: int = 3, batch: int = 8, seq: int = 64, clock: str = "wall",
+          progress: bool = True) -> dict:
+    """step ÷ (2 × forward) for every variant, each step paired with two forwards timed beside it.
+
+    Each round times, for every variant, two forwards and one step back to back (which runs first
+    alternates), then two passes over θ per pass source: a ratio's numerator and denominator are
+    measured in the same moment, whatever the machine's load does over the run. ``{variant}_ratio``
+    is the least disturbed pair's, ``{variant}_median_ratio`` the median of the pairs'.
     ``clock="cpu"`` times CPU seconds of the whole process (``time.process_time``, all threads)
     on one torch thread: the work a step costs, for a machine too loaded for wall-clock ratios
-    (it does not credit TorchNoise's second worker thread).
+    (it does not credit TorchNoise's second worker thread). ``progress``: a bar on stderr.
     """
+    from tqdm.auto import tqdm
+
     timer = CLOCKS[clock]
     if clock == "cpu":
         torch.set_num_threads(1)
     torch.manual_seed(0)
+    if progress:
+        print(f"speed: loading {name} ...", file=sys.stderr, flush=True)
     model = build_model(name)
     tokens = random_tokens(model, batch, seq)
     closure = lambda: lm_losses(model, tokens)  # noqa: E731
+    two_forwards = lambda: (closure(), closure())  # noqa: E731
     params = distinct_parameters(model)
     steps = step_functions(model, params, closure)
     passes = pass_functions(params)
-    closure()
-    for fn in (*steps.values(), *passes.values()):  # warm-up: thread pool, buffers, the noise table
-        fn()
-    times = {key: [] for key in ("two_forwards", *VARIANTS, *(f"two_passes_{s}" for s in PASS_SOURCES))}
-    for _ in range(rounds):
-        times["two_forwards"].append(_timed(lambda: (closure(), closure()), timer))
-        for variant in VARIANTS:
-            times[variant].append(_timed(steps[variant], timer))
-        for source in PASS_SOURCES:
-            times[f"two_passes_{source}"].append(_timed(passes[source], timer))
-    # other processes only ever add time: the best round is the least disturbed one
-    best = {key: min(values) for key, values in times.items()}
+    bar = tqdm(total=1 + len(steps) + len(passes) + rounds * (len(VARIANTS) + len(PASS_SOURCES)),
+               desc=f"speed {name} (warm-up, then {rounds} rounds)", file=sys.stderr, disable=not progress)
+    try:
+        for fn in (closure, *steps.values(), *passes.values()):  # warm-up: thread pool, buffers, the noise table
+            fn()
+            bar.update(1)
+        times = {key: [] for key in (*VARIANTS, *(f"two_forwards_{v}" for v in VARIANTS),
+                                     *(f"two_passes_{s}" for s in PASS_SOURCES))}
+        for k in range(rounds):
+            for i, variant in enumerate(VARIANTS):
+                order = ((variant, steps[variant]), (f"two_forwards_{variant}", two_forwards))
+                for key, fn in order if (k + i) % 2 else order[::-1]:
+                    times[key].append(_timed(fn, timer))
+                bar.update(1)
+            for source in PASS_SOURCES:
+                times[f"two_passes_{source}"].append(_timed(passes[source], timer))
+                bar.update(1)
+    finally:
+        bar.close()
+    forwards = [t for v in VARIANTS for t in times[f"two_forwards_{v}"]]
     out = dict(model=name, params=sum(p.numel() for p in params), batch=batch, seq=seq, rounds=rounds, clock=clock,
-               threads=torch.get_num_threads(), forward_s=best["two_forwards"] / 2, times=times)
-    for source in PASS_SOURCES:
-        out[f"pass_{source}_s"] = best[f"two_passes_{source}"] / 2
+               threads=torch.get_num_threads(), forward_s=min(forwards) / 2, times=times)
+    for source in PASS_SOURCES:   # other processes only ever add time: the best round is the least disturbed one
+        out[f"pass_{source}_s"] = min(times[f"two_passes_{source}"]) / 2
     out["default_noise"] = type(MeZO(params, lr=0.0).noise).__name__
     for variant in VARIANTS:
-        out[f"{variant}_s"] = best[variant]
-        out[f"{variant}_ratio"] = best[variant] / best["two_forwards"]
-        out[f"{variant}_median_ratio"] = statistics.median(times[variant]) / statistics.median(times["two_forwards"])
+        pair = paired_ratio(times[variant], times[f"two_forwards_{variant}"])
+        out[f"{variant}_s"], out[f"{variant}_forwards_s"] = pair["step_s"], pair["forwards_s"]
+        out[f"{variant}_ratio"], out[f"{variant}_median_ratio"] = pair["ratio"], pair["median_ratio"]
     return out
 
 
 def breakdown(result: dict) -> str:
-    """Where the default step's time goes: 2 forwards, 3 passes over θ, the rest (Python, checks)."""
-    forwards, step, one_pass = 2 * result["forward_s"], result["default_s"], result["pass_default_s"]
+    """Where the default step's time goes: 2 forwards (those timed beside it), 3 passes over θ, the rest
+    (Python, checks)."""
+    forwards = result.get("default_forwards_s", 2 * result["forward_s"])   # reports before the pairing: the best round's
+    step, one_pass = result["default_s"], result["pass_default_s"]
     rest = step - forwards - 3 * one_pass
     return (f"{result['model']} default step ({result['default_noise']}) {step:.3f} s = 2 forwards {forwards:.3f} s"
             f" + 3 passes × {one_pass:.3f} s + rest {rest:.3f} s (plain-loop pass {result['pass_plain_s']:.3f} s,"
             f" TorchNoise pass {result['pass_torch_noise_s']:.3f} s)")
+
+
+def too_noisy(result: dict) -> str | None:
+    """A warning when some step's median paired ratio is below 1: a step is two forwards and more, so
+    the machine's load, not the step, made those timings (the ratios of that run are noise); else None."""
+    cheap = [v for v in VARIANTS if result.get(f"{v}_median_ratio", 1.0) < 1.0]
+    if not cheap:
+        return None
+    return (f"WARNING: {', '.join(cheap)} read cheaper than two forwards (median paired ratio "
+            f"{min(result[f'{v}_median_ratio'] for v in cheap):.2f} < 1): the load of this machine swamped the "
+            f"timings; rerun on an idle machine, with more --rounds, or with --clock cpu")
 
 
 def step_bound_failure(result: dict, bound: float) -> str | None:
@@ -324,6 +367,9 @@ def main(argv=None) -> None:
     print(json.dumps(result, indent=1))
     if args.part == "speed":
         print(breakdown(result))
+        warning = too_noisy(result)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
         failure = step_bound_failure(result, args.bound) if args.bound is not None else None
         if failure:
             raise SystemExit(failure)

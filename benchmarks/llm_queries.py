@@ -31,7 +31,8 @@ with the stale k = 25 oracle), ``--tiny ...`` (the four tiny families) and ``--t
 ``--sets opposed`` / ``balanced`` (all-layer LoRA, B = 4, N = 192: hours), ``--sets homogeneous``,
 ``--full-start`` (full-parameter SmolLM2), ``--measure-sets``.
 
-JSON goes to ``benchmarks/results/llm_queries.json`` (not in git); the run docs/llm.md reports is kept
+JSON goes to ``benchmarks/results/llm_queries.json`` (not in git; a ``--quick`` pilot's to
+``llm_queries_quick.json`` beside it, so that a pilot never replaces the race); the run docs/llm.md reports is kept
 in ``benchmarks/reference/llm_queries.json``, which ``make bench`` reads when this
 machine has no run of its own (``benchmarks.llm_report`` reads, prints and merges reports). Work is
 split into (setting, sampler) units shared by ``--jobs`` worker processes (2 on a machine with ≥ 2
@@ -58,7 +59,7 @@ from pathlib import Path
 import torch
 
 from sazo_lite.atomic import write_json
-from benchmarks.llm_report import RESULTS, merge, print_report
+from benchmarks.llm_report import QUICK_RESULTS, RESULTS, is_pilot, merge, print_report
 from benchmarks.llm_topblock import TARGETS, TopSetting, gd_steps, measured_on, top_start
 from benchmarks.cli import check_folder, check_output, count, fraction, mix as cli_mix, natural, non_negative, positive, unit_fraction
 from benchmarks.run_cache import RunNotCached, cached_run
@@ -305,7 +306,8 @@ def design_at_theta0(model, params, train, eps: float, cset=None) -> dict:
     return design
 
 
-def setting_header(setting: Setting, model, params, train, args, cset=None) -> dict:
+def setting_header(setting: Setting, model, params, train, args, cset=None, *, announce: bool = True) -> dict:
+    """The setting's report header (its θ₀ design, cached in ``--run-cache``); ``announce``: print its line."""
     design = cached_run(args.run_cache, {"design": setting.label, "theta0": theta0_key(args), "eps": args.eps},
                         lambda: design_at_theta0(model, params, train, args.eps, cset))   # one backprop over N
     out = {"label": setting.label, "N": len(train), "B": setting.batch, "heterogeneity_at_theta0": design["v_uniform_ratio"],
@@ -313,10 +315,11 @@ def setting_header(setting: Setting, model, params, train, args, cset=None) -> d
            "oracle_every": setting.oracle_every, "steps": setting.steps, "log_every": setting.log_every,
            "grid": {}, "chosen_lr": {}, "runs": {}}
     gains = ", ".join(f"B={b}: {g:.2f}" for b, g in design["gain"].items())
-    print(f"\n== {setting.label}: N={len(train)}, d={out['tuned_parameters']}, F₀={design['F0']:.4f}, "
+    if announce:
+        print(f"\n== {setting.label}: N={len(train)}, d={out['tuned_parameters']}, F₀={design['F0']:.4f}, "
           f"V(u)/V(p*)={design['v_uniform_ratio']:.2f}, ‖∇F‖²/V(p*)={design['grad_sq_ratio']:.2f}; "
-          f"predicted uniform÷oracle {gains}; δ_k error at ε={args.eps:g}: max {max(design['eps_relative_error']):.1%}",
-          flush=True)
+              f"predicted uniform÷oracle {gains}; δ_k error at ε={args.eps:g}: max {max(design['eps_relative_error']):.1%}",
+              flush=True)
     return out
 
 
@@ -555,13 +558,22 @@ def share(args, jobs: int, job: int) -> list[tuple[int, str]]:
     return sorted(assigned[job])
 
 
-def run_units(args, mine: list[tuple[int, str]], measure: bool) -> dict:
-    """Run some units in this process (one setting's θ₀ built once); returns a (partial) report."""
+def announced(args, jobs: int, job: int) -> set[int]:
+    """The settings whose header line job ``job`` prints: those of its units that no lower job shares
+    (a setting split between workers is announced once, by the first of them)."""
+    shares = [{k for k, _ in share(args, jobs, j)} for j in range(jobs)]
+    return shares[job] - set().union(*shares[:job])
+
+
+def run_units(args, mine: list[tuple[int, str]], measure: bool, announce: set[int] | None = None) -> dict:
+    """Run some units in this process (one setting's θ₀ built once); returns a (partial) report.
+    ``announce``: the settings whose header line this process prints (None: all of its own)."""
     report = {"settings": [], "measured_only": {}}
     table = settings(args)
     for k in sorted({k for k, _ in mine}):
         model, params, train, test, cset = table[k].build()
-        header = setting_header(table[k], model, params, train, args, cset)
+        header = setting_header(table[k], model, params, train, args, cset,
+                                announce=announce is None or k in announce)
         report["settings"].append(header)
         for _, variant in (u for u in mine if u[0] == k):
             race_variant(table[k], variant, model, params, train, test, args, header)
@@ -737,9 +749,9 @@ def parse_args(argv=None, *, run: bool = False):
     parser.add_argument("--jobs", type=count, default=min(2, os.cpu_count() or 1),
                         help="worker processes, one torch thread each (default: 2 on a machine with ≥ 2 CPUs)")
     parser.add_argument("--threads", type=count, default=None, help="torch threads with --jobs 1")
-    parser.add_argument("--out", type=Path, default=RESULTS,
-                        help="the report JSON (default benchmarks/results/llm_queries.json: the one make bench reads; "
-                             "a --quick pilot's report is shown there, not graded)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the report JSON (default benchmarks/results/llm_queries.json, the race make bench grades; "
+                             "--quick: llm_queries_quick.json, a pilot make bench shows but does not grade)")
     parser.add_argument("--merge", type=Path, nargs="+",
                         help="print one table from partial JSON reports (or reprint one report), write --out")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)     # "k/J": run job k of J
@@ -804,7 +816,17 @@ def parse_args(argv=None, *, run: bool = False):
         parser.error(f"argument --run-cache: no such folder {str(args.run_cache)!r} (--cached-only reads a race "
                      "from it: a report of nothing would be written over --out)")
     check_folder(parser, "--run-cache", args.run_cache)
+    if args.out is None:
+        args.out = QUICK_RESULTS if args.quick and not args.merge else RESULTS
     check_output(parser, "--out", args.out)
+    if args.quick and not args.merge and args.out.is_file():
+        try:
+            race = not is_pilot(json.loads(args.out.read_text()))
+        except (OSError, ValueError, AttributeError):
+            race = False       # not a report of this benchmark: check_output's business, not a race to keep
+        if race:
+            parser.error(f"argument --out: {str(args.out)!r} holds a full race; a --quick pilot would replace it "
+                         f"(drop --out: the pilot writes {QUICK_RESULTS.name})")
     return args
 
 
@@ -856,7 +878,8 @@ def main(argv=None) -> None:
         job, jobs = map(int, args.worker.split("/"))
         torch.set_num_threads(1)
         try:
-            report = run_units(args, share(args, jobs, job), measure=job == jobs - 1)
+            report = run_units(args, share(args, jobs, job), measure=job == jobs - 1,
+                               announce=announced(args, jobs, job))
         except KeyboardInterrupt:      # Ctrl-C reaches every worker: the parent says what to do
             raise SystemExit(130) from None
         yield_partial(args, report)

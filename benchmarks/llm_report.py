@@ -15,21 +15,32 @@ from benchmarks.queries import grid_edge
 from sazo_lite.llm.queries import held_out_accuracies, queries_to, ratio_bound
 from sazo_lite.train import mean_difference_interval, median_queries, median_ratio_interval
 
-__all__ = ["RESULTS", "REFERENCE", "GOALS", "latest_report", "accuracy_difference", "summarise", "ratio_text",
+__all__ = ["RESULTS", "QUICK_RESULTS", "REFERENCE", "GOALS", "latest_report", "reference_report", "is_pilot", "accuracy_difference", "summarise", "ratio_text",
            "print_report", "merge"]
 
 RESULTS = Path(__file__).parent / "results" / "llm_queries.json"        # this machine's latest run (not in git)
 REFERENCE = Path(__file__).parent / "reference" / "llm_queries.json"    # the run docs/llm.md reports (in git)
+QUICK_RESULTS = RESULTS.with_name("llm_queries_quick.json")             # this machine's latest --quick pilot (not in git)
+
+
+def is_pilot(report: dict) -> bool:
+    """Whether a report is a ``--quick`` pilot's (1 seed, 800 steps: shown, never graded)."""
+    return bool(report.get("args", {}).get("quick"))
 
 
 def latest_report(name: str = "llm_queries.json") -> tuple[dict | None, str]:
     """This machine's latest report ``name`` if there is one, else the committed reference run; and which it is.
     ``llm_queries.json`` is ``make bench-llm``'s; ``llm_opposed_race.json`` the opt-in race at B = 4."""
-    for path, kind in ((RESULTS.parent / name, f"this machine's latest {name}"),
-                       (REFERENCE.parent / name, "the reference run in git")):
-        if path.exists():
-            return json.loads(path.read_text()), kind
-    return None, "none"
+    path = RESULTS.parent / name
+    if path.exists():
+        return json.loads(path.read_text()), f"this machine's latest {name}"
+    return reference_report(name)
+
+
+def reference_report(name: str = "llm_queries.json") -> tuple[dict | None, str]:
+    """The committed reference run ``name`` (or None) and which it is, as ``latest_report`` says it."""
+    path = REFERENCE.parent / name
+    return (json.loads(path.read_text()), "the reference run in git") if path.exists() else (None, "none")
 
 
 def _spread(values: list) -> str:

@@ -54,30 +54,45 @@ def queries_section(quick: bool) -> dict:
 
 
 def llm_queries_section(quick: bool) -> dict:
-    """The language-model sets, in the same table: read from the latest ``make bench-llm`` report, and
-    the opt-in race at B = 4 (``llm_opposed_race.json``) under ``"more"`` when there is one.
+    """The language-model sets, in the same table: read from the latest ``make bench-llm`` race, and under
+    ``"more"`` this machine's latest ``--quick`` pilot and the opt-in race at B = 4 (``llm_opposed_race.json``)
+    when there are.
 
     Those benchmarks are sized for an hour and for hours (docs/llm.md gives their measured times), so
     ``make bench`` does not rerun them; their rows carry their dates (this machine's latest run, else the
-    reference run committed with the README's figures). The issue's goals grade the sets raced at B ≥ 4 only.
+    reference run committed with the README's figures). The issue's goals grade the sets raced at B ≥ 4 only,
+    never a pilot: a pilot in llm_queries.json (where ``--quick`` wrote until 2026-12-07) is shown as one, and
+    the race is then the reference run's.
     """
-    from benchmarks.llm_report import GOAL_SAZO_OVER_ORACLE, GOAL_TARGET, GOAL_UNIFORM_OVER_SAZO
+    from benchmarks.llm_report import (GOAL_SAZO_OVER_ORACLE, GOAL_TARGET, GOAL_UNIFORM_OVER_SAZO, QUICK_RESULTS,
+                                       reference_report)
 
     section = _llm_report_section("llm_queries.json", "bench-llm")
+    pilots = [_llm_report_section(QUICK_RESULTS.name, "bench-llm")]
+    if section.get("pilot"):        # a pilot over the race's file: the race shown is the reference run
+        pilots.append(section)
+        section = _section_of(*reference_report("llm_queries.json"), "bench-llm")
     # the long-run race's own goals (issue of the long runs: targets ≤ 0.3·F₀); the B = 4 race keeps its earlier ones
     section["goals"] = {"deepest": GOAL_TARGET, "uniform/sazo": GOAL_UNIFORM_OVER_SAZO, "sazo/oracle": GOAL_SAZO_OVER_ORACLE}
     if "missing" in section:
         section["missing"] = "no LLM report: run `make bench-llm` (sized for an hour) to add these rows"
     race = _llm_report_section("llm_opposed_race.json", "B = 4 race")
-    if "missing" not in race:
-        section["more"] = [race]
+    more = [s for s in pilots if s.get("pilot")] + ([race] if "missing" not in race else [])
+    if more:
+        section["more"] = more
     return section
 
 
 def _llm_report_section(name: str, title: str) -> dict:
-    from benchmarks.llm_report import latest_report, raced_suffix, summarise
+    from benchmarks.llm_report import latest_report
 
-    report, source = latest_report(name)
+    return _section_of(*latest_report(name), title, name)
+
+
+def _section_of(report: dict | None, source: str, title: str, name: str = "llm_queries.json") -> dict:
+    """A report's section of the table: its settings' ratios at its targets, its date and source."""
+    from benchmarks.llm_report import raced_suffix, summarise
+
     if report is None:
         return {"missing": f"no report {name}"}
     targets = report.get("args", {}).get("targets", [0.7, 0.5])
@@ -382,6 +397,9 @@ def main(argv=None) -> dict:
     speed = results.get("speed/smollm2", {})
     if "default_ratio" in speed:
         print(engine_speed.breakdown(speed))
+        warning = engine_speed.too_noisy(speed)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
         failure = engine_speed.step_bound_failure(speed, TARGETS["speed"])
         if failure:  # the step's cost is the one goal that fails the run: it is what every user pays
             raise SystemExit(failure)

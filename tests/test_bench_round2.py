@@ -1,0 +1,199 @@
+"""The benchmark CLIs as a user runs them (second round): the race's counting rule, make bench-llm's
+workers and its --quick pilot's report, engine_speed's progress and how its ratios are measured.
+Every test runs on fakes or tiny settings: seconds in all, no timing assertions (fake clocks)."""
+import json
+import math
+
+import pytest
+import torch
+
+from benchmarks import engine_speed, llm_queries, llm_report, queries, run
+from sazo_lite.course.problems import LeastSquares
+from sazo_lite.train import History
+
+
+# -- the race's rule: queries to a target are the first hitting time -------------------------------------------
+def fake_train(gaps):
+    """A ``train`` that logs ``gaps`` (× the initial gap) every 10 steps and stops as diverged at a non-finite
+    or exploded one, as the real one does."""
+    def train(optimizer, sampler, losses, steps, *, batch_size, evaluate, log_every, diverge_above, **kwargs):
+        history, start = History(), evaluate()
+        for k, gap in enumerate(gaps, 1):
+            history.queries += [2 * batch_size * (10 * (k - 1) + j) for j in range(1, 11)]
+            history.logged_queries.append(2 * batch_size * 10 * k)
+            history.metrics.append(gap * start)
+            if not gap * start <= diverge_above:
+                history.diverged = True
+                break
+        return history
+    return train
+
+
+def test_a_target_crossed_before_the_run_diverged_counts_its_first_hit(monkeypatch):
+    """TargetRun voided a whole extension that diverged: a seed that crossed 2% and then diverged before 0.5%
+    counted as never reaching 2% — unless the crossing fell in an earlier extension of the growing budget.
+    The docs (queries.py, notebook 05, docs/llm.md) count queries until the gap *first* drops below."""
+    monkeypatch.setattr(queries, "train", fake_train([0.5, 0.01, math.inf]))
+    run_ = queries.TargetRun(LeastSquares(16, 2, seed=0), "uniform", 1e-3, 0, (0.02, 0.005))
+    run_.extend_to(30)
+    assert run_.failed and run_.queries is None
+    assert run_.reached[0.02] == 40          # the second log point, as the LLM race's queries_to counts it
+
+
+def test_first_hits_do_not_depend_on_how_the_budget_grew(monkeypatch):
+    gaps = [0.5, 0.01, math.inf]
+    whole = queries.TargetRun(LeastSquares(16, 2, seed=0), "uniform", 1e-3, 0, (0.02, 0.005))
+    monkeypatch.setattr(queries, "train", fake_train(gaps))
+    whole.extend_to(30)
+    pieces = queries.TargetRun(LeastSquares(16, 2, seed=0), "uniform", 1e-3, 0, (0.02, 0.005))
+    monkeypatch.setattr(queries, "train", fake_train(gaps[:2]))
+    pieces.extend_to(20)
+    monkeypatch.setattr(queries, "train", fake_train(gaps[2:]))
+    pieces.extend_to(30)
+    assert whole.reached == pieces.reached and whole.failed and pieces.failed
+
+
+# -- make bench-llm: two workers, one header per setting --------------------------------------------------------
+def fake_settings(args):
+    build = lambda: (None, [torch.zeros(3)], [0, 1, 2, 3], None, None)
+    return [llm_queries.Setting(label, build, {}, 4, 10, 5, variants=("uniform", "sazo", "oracle")[:n])
+            for label, n in (("setting A", 3), ("setting B", 2))]
+
+
+def test_two_workers_print_each_settings_header_once(monkeypatch, capsys, tmp_path):
+    """The default race (top-opposed: 3 samplers, top-homogeneous: 2) shared between 2 workers gives each
+    worker units of both settings, and each printed both settings' '== ...' lines: every header twice."""
+    design = {"v_uniform_ratio": 2.0, "grad_sq_ratio": 0.5, "gain": {"4": 1.5}, "F0": 1.0, "eps_relative_error": [0.01]}
+    monkeypatch.setattr(llm_queries, "settings", fake_settings)
+    monkeypatch.setattr(llm_queries, "design_at_theta0", lambda *a, **k: design)
+    monkeypatch.setattr(llm_queries, "race_variant", lambda *a, **k: None)
+    monkeypatch.setattr(llm_queries.torch, "set_num_threads", lambda n: None)   # a worker's: not this process's
+    args = llm_queries.parse_args([])
+    assert all({k for k, _ in llm_queries.share(args, 2, job)} == {0, 1} for job in (0, 1))   # both share both
+    for job in (0, 1):
+        llm_queries.main(["--worker", f"{job}/2", "--partial", str(tmp_path / f"part{job}.json")])
+    out = capsys.readouterr().out
+    assert out.count("== setting A:") == 1 and out.count("== setting B:") == 1, out
+    merged = llm_report.merge([tmp_path / "part0.json", tmp_path / "part1.json"])
+    assert [s["label"] for s in merged["settings"]] == ["setting A", "setting B"]    # the headers are all there
+
+
+# -- make bench-llm --quick: its own report, never the race's ---------------------------------------------------
+def report(quick: bool, date: str) -> dict:
+    fast, slow = [1.0, 0.5, 0.25], [1.0, 0.8, 0.6, 0.45, 0.25]
+    curve = lambda losses: {"queries": [10 * k for k in range(len(losses))], "train_loss": losses,
+                            "walk": [0.0] * len(losses), "diverged": False}
+    return {"date": date, "machine": "m", "args": {"targets": [0.3], "quick": quick},
+            "settings": [{"label": "SmolLM2 top-block (k=1) LoRA r4 opposed (N=32, 4 new, B=4)", "B": 4,
+                          "heterogeneity_at_theta0": 6.3, "chosen_lr": {"uniform": 1e-3, "sazo": 1e-3}, "grid": {},
+                          "runs": {"uniform": [curve(slow)], "sazo": [curve(fast)]}}]}
+
+
+def test_a_quick_pilot_writes_its_own_report():
+    """``make bench-llm BENCH_LLM_ARGS=--quick`` wrote results/llm_queries.json, over the hour-long race."""
+    assert llm_queries.parse_args(["--quick"]).out == llm_report.QUICK_RESULTS
+    assert llm_report.QUICK_RESULTS != llm_report.RESULTS and llm_report.QUICK_RESULTS.parent == llm_report.RESULTS.parent
+    assert llm_queries.parse_args([]).out == llm_queries.RESULTS
+
+
+def test_a_quick_pilot_refuses_to_replace_a_full_race(capsys, tmp_path):
+    race, pilot = tmp_path / "race.json", tmp_path / "pilot.json"
+    race.write_text(json.dumps(report(False, "d1")))
+    pilot.write_text(json.dumps(report(True, "d2")))
+    with pytest.raises(SystemExit) as caught:
+        llm_queries.parse_args(["--quick", "--out", str(race)])
+    assert caught.value.code == 2 and "--out" in capsys.readouterr().err
+    assert llm_queries.parse_args(["--quick", "--out", str(pilot)]).out == pilot    # a pilot over a pilot: fine
+    assert llm_queries.parse_args(["--out", str(race)]).out == race                 # a race over a race: fine
+
+
+def sections(monkeypatch, tmp_path, files: dict) -> dict:
+    """make bench's language-model section with ``files`` (name → report) in results/ and the reference race."""
+    results, reference = tmp_path / "results", tmp_path / "reference"
+    results.mkdir()
+    reference.mkdir()
+    (reference / "llm_queries.json").write_text(json.dumps(report(False, "reference day")))
+    for name, body in files.items():
+        (results / name).write_text(json.dumps(body))
+    monkeypatch.setattr(llm_report, "RESULTS", results / "llm_queries.json")
+    monkeypatch.setattr(llm_report, "QUICK_RESULTS", results / "llm_queries_quick.json")
+    monkeypatch.setattr(llm_report, "REFERENCE", reference / "llm_queries.json")
+    return run.llm_queries_section(quick=False)
+
+
+def test_make_bench_grades_the_race_and_shows_the_pilot_beside_it(monkeypatch, tmp_path):
+    section = sections(monkeypatch, tmp_path, {"llm_queries.json": report(False, "race day"),
+                                               "llm_queries_quick.json": report(True, "pilot day")})
+    assert section["date"] == "race day" and not section["pilot"]
+    assert [(s["date"], s["pilot"]) for s in section["more"]] == [("pilot day", True)]
+    rows = run._llm_rows(section)
+    graded = [r for r in rows if r[3]]
+    assert graded and all("race day" in r[1] for r in graded)
+    shown = [r for r in rows if "pilot day" in r[1]]
+    assert shown and all("--quick pilot" in r[1] and r[3] == r[4] == "" for r in shown)
+
+
+def test_a_pilot_left_in_the_races_file_is_shown_as_a_pilot_and_the_reference_race_graded(monkeypatch, tmp_path):
+    """A pilot written by the earlier code over results/llm_queries.json hid the reference race from make bench."""
+    section = sections(monkeypatch, tmp_path, {"llm_queries.json": report(True, "old pilot day")})
+    assert section["date"] == "reference day" and "reference" in section["source"] and not section["pilot"]
+    assert [(s["date"], s["pilot"]) for s in section["more"]] == [("old pilot day", True)]
+
+
+# -- engine_speed (make bench-step): progress, and both sides of a ratio measured together -------------------------
+class DriftingMachine:
+    """A fake clock: a forward costs 1 unit × the load, a step 2 forwards + 0.1, and the load falls by 1% at
+    every piece of work (a shared machine whose other jobs end), so that a slot late in a round runs faster."""
+
+    def __init__(self):
+        self.now, self.load = 0.0, 2.0
+
+    def work(self, units: float) -> None:
+        self.now += units * self.load
+        self.load *= 0.99
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    fake = DriftingMachine()
+    monkeypatch.setattr(engine_speed, "build_model", lambda name: None)
+    monkeypatch.setattr(engine_speed, "random_tokens", lambda model, batch, seq, seed=0: None)
+    monkeypatch.setattr(engine_speed, "lm_losses", lambda model, tokens: fake.work(1.0))
+    monkeypatch.setattr(engine_speed, "distinct_parameters", lambda model: [torch.zeros(4)])
+    monkeypatch.setattr(engine_speed, "step_functions", lambda model, params, closure: {
+        v: (lambda: (closure(), closure(), fake.work(0.1))) for v in engine_speed.VARIANTS})
+    monkeypatch.setattr(engine_speed, "pass_functions", lambda params: {
+        s: (lambda: fake.work(0.01)) for s in engine_speed.PASS_SOURCES})
+    monkeypatch.setitem(engine_speed.CLOCKS, "wall", lambda: fake.now)
+    return fake
+
+
+def test_a_step_never_reads_cheaper_than_its_two_forwards_under_a_drifting_load(machine):
+    """A ZO step is two forwards and more, yet engine_speed once wrote default_median_ratio = 0.61 on a loaded
+    machine: each round timed two forwards once, at its start, and then the nine steps one after another, so a
+    ratio divided a step by forwards timed up to a round earlier, under another load (and the best-of-rounds
+    ratio divided minima taken in different rounds). Each step is now paired with forwards timed beside it."""
+    result = engine_speed.speed("gpt2-tiny", rounds=3)
+    for variant in engine_speed.VARIANTS:
+        assert result[f"{variant}_ratio"] >= 1.0, (variant, result[f"{variant}_ratio"])
+        assert result[f"{variant}_median_ratio"] >= 1.0, (variant, result[f"{variant}_median_ratio"])
+
+
+def test_engine_speed_shows_progress_on_stderr_and_keeps_stdout_json(machine, capsys):
+    """make bench-step printed nothing for about 3 minutes (a user thinks it hung)."""
+    engine_speed.main(["speed", "gpt2-tiny", "--rounds", "2"])
+    out, err = capsys.readouterr()
+    result, end = json.JSONDecoder().raw_decode(out)
+    assert result["rounds"] == 2 and "default_ratio" in result
+    assert "speed gpt2-tiny" in err and "loading" in err          # where it is, while it runs
+    assert "loading" not in out and "warm-up" not in out
+
+
+def test_a_run_where_a_step_reads_cheaper_than_two_forwards_says_its_timings_are_noise():
+    """Pairing removes the drift between the two sides, not a loaded machine's noise within a pair (a gpt2-tiny
+    run at load 6 read rademacher 0.80): such a ratio is graded as if measured, without a word."""
+    quiet = {**{f"{v}_median_ratio": 1.2 for v in engine_speed.VARIANTS}}
+    assert engine_speed.too_noisy(quiet) is None
+    loud = {**quiet, "rademacher_median_ratio": 0.8}
+    assert "rademacher" in engine_speed.too_noisy(loud) and "0.80" in engine_speed.too_noisy(loud)
+
