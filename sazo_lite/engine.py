@@ -37,6 +37,8 @@ evaluation).
 from __future__ import annotations
 
 import math
+import sys
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
@@ -51,8 +53,8 @@ from .interrupts import InterruptsDeferred as _InterruptsDeferred
 from .noise import GaussianTable, Job, NoiseSource, PlainNoise
 from .validation import check_bool, check_callable, check_choice, check_int, check_number
 
-__all__ = ["MeZO", "ZOStep", "StepEvent", "derive_seed", "draw_direction", "rademacher_signs",
-           "PERTURBATIONS"]
+__all__ = ["MeZO", "ZOStep", "StepEvent", "FlatLossWarning", "FlatLossCheck", "derive_seed", "draw_direction",
+           "rademacher_signs", "PERTURBATIONS"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,64 @@ class StepEvent(NamedTuple):
     kind: str
     seed: int
     value: float
+
+
+class FlatLossWarning(RuntimeWarning):
+    """A run's first steps saw the loss take exactly the same value at θ+εz and θ−εz, for every
+    example: those steps moved nothing (see ``FLAT_STEPS``)."""
+
+
+# The flat-loss rule: warn when the first FLAT_STEPS steps, holding at least FLAT_EXAMPLES
+# per-example differences in all (a scalar loss counts as one), are all exactly 0. Exactly: a loss
+# that merely changes little still differs in its last bits; several steps and examples: a run whose
+# data holds some examples the parameters cannot change (a fully masked row) rarely draws only those.
+# The first steps only: what the warning is for (merged or disabled adapters, the wrong tensors, ε below
+# the loss's precision) is there from the first step, while later in a run exactly flat steps also come
+# legitimately (a float32 loss near its minimum changes by less than its last bit; a streak of draws of
+# constant examples), and a rule judging every window of a long run would have as many chances of a
+# false alarm as the run has windows.
+FLAT_STEPS, FLAT_EXAMPLES = 4, 16
+
+
+class FlatLossCheck:
+    """The flat-loss rule over the steps it observes from when it is made: warns ``FlatLossWarning``
+    once, when the first ``FLAT_STEPS`` steps (``FLAT_EXAMPLES`` differences in all) were exactly flat.
+
+    ``MeZO`` feeds the one in its ``flat_check`` every committed step (a new one at construction,
+    when its param groups change and at ``load_state_dict``); ``sazo_lite.train`` puts a new one there
+    at each call, so each call judges its own first steps (and runs one itself for other optimisers).
+    """
+
+    def __init__(self):
+        self.steps, self.examples, self.done = 0, 0, False
+
+    def observe(self, result) -> None:
+        """Count one committed step's ``ZOStep`` (``projected_grad`` and ``directional_diffs``)."""
+        if self.done:
+            return
+        diffs = result.directional_diffs
+        if result.projected_grad != 0.0 or bool(diffs.any()):
+            self.done = True   # the loss moved: the parameters reach it
+            return
+        self.steps += 1
+        self.examples += max(1, diffs.numel())
+        if self.steps >= FLAT_STEPS and self.examples >= FLAT_EXAMPLES:
+            self.done = True
+            warnings.warn(
+                f"the first {self.steps} steps ({self.examples} examples) saw exactly the same loss at θ+εz "
+                f"and θ−εz: those steps moved nothing. The tuned parameters may not affect the loss (merged or "
+                f"disabled LoRA adapters, the wrong tensors passed to the optimiser, a loss computed without "
+                f"them), eps may be too small for the loss's precision, or θ sits where the loss is symmetric",
+                FlatLossWarning, stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """``warnings.warn``'s stacklevel for the first frame outside sazo_lite and torch (torch.no_grad
+    wraps ``step``): the warning names the line of the caller's loop or its call of ``train``."""
+    frame, level = sys._getframe(2), 2   # frame 1 called warn; this counts from the one above it
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in ("sazo_lite", "torch"):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 # "auto" noise switches to GaussianTable from this many parameter entries on (below it, e.g. the
@@ -253,6 +313,13 @@ class MeZO(torch.optim.Optimizer):
             instead of 3, same θ bit for bit); the parameters are current only after
             ``flush()``. See the module docstring.
 
+    Attributes:
+        flat_check: the ``FlatLossCheck`` every committed step feeds: ``step`` warns
+            ``FlatLossWarning`` when the first ``FLAT_STEPS`` steps (``FLAT_EXAMPLES`` per-example
+            differences in all) saw exactly the same loss at θ+εz and θ−εz (parameters that do not
+            reach the loss). A new one is made at construction, when the param groups change and at
+            ``load_state_dict``; assign ``FlatLossCheck()`` to judge the next steps afresh.
+
     Example:
         >>> theta = torch.zeros(3)
         >>> opt = MeZO([theta], lr=0.1, eps=1e-3)
@@ -276,6 +343,7 @@ class MeZO(torch.optim.Optimizer):
         self._plain = PlainNoise()
         self._in_step = False   # True while step() runs its closure (see _refuse_in_step)
         self.last_step: ZOStep | None = None   # the last committed step's ZOStep (see step())
+        self.flat_check = FlatLossCheck()   # fed every committed step: warns when the first ones are exactly flat
         if isinstance(params, torch.Tensor):
             raise ValueError("Invalid params: expected an iterable of tensors or dicts, got a tensor")
         _check_ordered(params)
@@ -354,6 +422,7 @@ class MeZO(torch.optim.Optimizer):
         _undecorated(torch.optim.Optimizer.load_state_dict)(self, state_dict)
         state = self.state[self._first_param()]   # numpy ints as Python ints: state_dict() loads with weights_only
         state.update(step=int(state["step"]), seed=int(state["seed"]))
+        self.flat_check = FlatLossCheck()   # a resumed run (adapters merged at save?): its first steps are judged
 
     def _check_state_dict(self, state_dict) -> None:
         if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
@@ -608,6 +677,9 @@ class MeZO(torch.optim.Optimizer):
         if not isinstance(value, torch.Tensor) and _booleans_or_complex(value):   # float64 would read True as 1.0
             raise ValueError(f"Invalid closure result: {value!r} (expected real losses, not booleans or "
                              f"complex numbers); parameters restored")
+        if losses.layout != torch.strided or losses.device.type == "meta":   # no dense data to read the losses from
+            raise ValueError(f"Invalid closure result: a {losses.layout} tensor on {losses.device} (expected a "
+                             f"dense tensor of losses); parameters restored")
         if losses.is_complex() or losses.dtype == torch.bool:
             raise ValueError(f"Invalid closure result: dtype {losses.dtype} (expected real losses)")
         if losses.dim() > 1:
@@ -615,7 +687,9 @@ class MeZO(torch.optim.Optimizer):
                              f"got shape {tuple(losses.shape)}")
         if losses.numel() == 0:
             raise ValueError("Invalid closure result: an empty tensor of losses; parameters restored")
-        losses = losses.to("cpu", torch.float64)
+        # a copy: a result that shares memory with θ (the losses are a parameter's entries) or with a buffer the
+        # closure writes again would change under the next pass, and L+ − L− would read 0
+        losses = losses.to("cpu", torch.float64, copy=True)
         if not bool(torch.isfinite(losses).all()):
             raise FloatingPointError(f"closure returned a non-finite loss (call {call}); parameters restored")
         return losses
@@ -665,6 +739,7 @@ class MeZO(torch.optim.Optimizer):
         self._counter()
         self.flush()   # a pending update's jobs were made for the groups as they were: applied before the next pass
         self._checked_groups = [list(group["params"]) for group in groups]   # the tensors themselves: no id reuse
+        self.flat_check = FlatLossCheck()   # other tensors: their first steps are judged afresh
         self._inference = any(p.is_inference() for p in params)   # fixed per tensor: checked each step, cheaply
 
     @torch.no_grad()
@@ -680,6 +755,9 @@ class MeZO(torch.optim.Optimizer):
             kept as ``last_step`` when the step commits, before the step hooks run: a hook that
             raises, or a Ctrl-C delivered once the update pass is done, raises from ``step`` with
             the step committed, and ``last_step`` (with ``step_count`` one higher) is its record.
+
+        Warns ``FlatLossWarning`` (once) when the first steps' losses were exactly equal at θ+εz and
+        θ−εz (``FLAT_STEPS``, ``FLAT_EXAMPLES``; see ``flat_check``).
         """
         self._refuse_in_step("step")
         check_callable("closure", closure)
@@ -717,6 +795,9 @@ class MeZO(torch.optim.Optimizer):
             raise
         finally:
             self._in_step = False
+        flat = getattr(self, "flat_check", None)   # None: unpickled from a version without it
+        if flat is not None:
+            flat.observe(result)
         return result
 
     def _refuse_in_step(self, name: str) -> None:

@@ -342,7 +342,7 @@ class NoiseTable(_Threaded):
         """The whole z for one tensor, assembled plainly (reference and teaching; allocates)."""
         table = self.table(like.device, z_dtype(like), perturbation)
         parts = [table[offset:offset + stop - start] for start, stop, offset in self.windows(like.numel(), seed)]
-        return torch.cat(parts).view(like.shape)
+        return torch.cat(parts or [table[:0]]).view(like.shape)   # a zero-size tensor has no window
 
     def _apply_one(self, job: Job, slot: int) -> None:
         p = job.param
@@ -470,7 +470,7 @@ class GaussianTable(_Threaded):
         base = self.table(like.device, z_dtype(like))[:self.size]
         parts = [sign * base[(offset + torch.arange(stop - start, device=like.device)) % self.size]
                  for start, stop, offset, sign in self.windows(like.numel(), seed)]
-        return torch.cat(parts).view(like.shape)
+        return torch.cat(parts or [base[:0]]).view(like.shape)   # a zero-size tensor has no window
 
     def _apply_one(self, job: Job, slot: int) -> None:
         p = job.param

@@ -25,12 +25,12 @@ import math
 import numbers
 import random
 import statistics
-import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 import torch
 
+from .engine import FLAT_EXAMPLES, FLAT_STEPS, FlatLossCheck, FlatLossWarning
 from .validation import check_bool, check_callable, check_count, check_fraction, check_int, check_limit, check_number
 
 __all__ = ["History", "FlatLossWarning", "train", "queries_to_target", "diverged", "median_queries",
@@ -59,43 +59,6 @@ class History:
     metrics: list[float] = field(default_factory=list)
     probs: list[torch.Tensor] = field(default_factory=list)
     diverged: bool = False
-
-
-class FlatLossWarning(RuntimeWarning):
-    """``train``'s first steps saw the loss take exactly the same value at θ+εz and θ−εz, for every
-    example: those steps moved nothing (see ``FLAT_STEPS``)."""
-
-
-# The flat-loss check: warn when the first FLAT_STEPS steps, holding at least FLAT_EXAMPLES
-# per-example differences in all (a scalar loss counts as one), are all exactly 0. Exactly: a loss
-# that merely changes little still differs in its last bits; several steps and examples: a run whose
-# data holds some examples the parameters cannot change (a fully masked row) rarely draws only those.
-FLAT_STEPS, FLAT_EXAMPLES = 4, 16
-
-
-class _FlatLossCheck:
-    """Counts the exactly-flat steps at the start of a run; warns once when there are enough."""
-
-    def __init__(self):
-        self.steps, self.examples, self.done = 0, 0, False
-
-    def observe(self, result) -> None:
-        if self.done:
-            return
-        diffs = result.directional_diffs
-        if result.projected_grad != 0.0 or bool(diffs.any()):
-            self.done = True   # the loss moved: the parameters reach it
-            return
-        self.steps += 1
-        self.examples += max(1, diffs.numel())
-        if self.steps >= FLAT_STEPS and self.examples >= FLAT_EXAMPLES:
-            self.done = True
-            warnings.warn(
-                f"the first {self.steps} steps ({self.examples} examples) saw exactly the same loss at θ+εz "
-                f"and θ−εz: those steps moved nothing. The tuned parameters may not affect the loss (merged or "
-                f"disabled LoRA adapters, the wrong tensors passed to the optimiser, a loss computed without "
-                f"them), eps may be too small for the loss's precision, or θ sits where the loss is symmetric",
-                FlatLossWarning, stacklevel=3)
 
 
 def diverged(value: float, limit: float) -> bool:
@@ -188,9 +151,11 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
             feedback): it holds every step the optimiser committed, since a step is recorded as
             soon as θ has moved, before the sampler sees its feedback.
 
-    Warns ``FlatLossWarning`` when the first steps' losses are exactly equal at θ+εz and θ−εz
-    (``FLAT_STEPS``, ``FLAT_EXAMPLES``): parameters that do not reach the loss make a run that
-    moves nothing and says nothing.
+    Warns ``FlatLossWarning`` when the first steps of this call saw losses exactly equal at θ+εz and
+    θ−εz (``engine.FLAT_STEPS``, ``engine.FLAT_EXAMPLES``): parameters that do not reach the loss make
+    a run that moves nothing and says nothing. The rule is ``engine.FlatLossCheck``: a MeZO's own
+    steps run it (``train`` gives it a new ``flat_check`` first, so the warning comes once, from
+    the optimiser); for another optimiser ``train`` runs it.
 
     Returns:
         The ``History``.
@@ -211,7 +176,7 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
     check_callable("batch_losses", batch_losses)
     check_callable("evaluate", evaluate, optional=True)
     history = _check_history(history)
-    flat = _FlatLossCheck()
+    flat = _flat_check(optimizer)
     groups = getattr(optimizer, "param_groups", [])
     base_rates = [group["lr"] for group in groups]
     queries = 0
@@ -242,7 +207,8 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
             _record(history, result, queries, weights, rate)
             if step_rule is not None:
                 step_rule.observe(result.projected_grad)
-            flat.observe(result)
+            if flat is not None:
+                flat.observe(result)
             if result.directional_diffs.numel():
                 sampler.update(indices, result.directional_diffs)
             if (step + 1) % log_every == 0 or step + 1 == steps:
@@ -262,6 +228,15 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
         if flush is not None:  # the parameters are current when train returns or raises (Ctrl-C between steps)
             flush()
     return history
+
+
+def _flat_check(optimizer) -> FlatLossCheck | None:
+    """The flat-loss check ``train`` feeds: None for an optimiser that runs the rule in its own steps (a
+    MeZO, given a new check here so that this call's first steps are judged), else a new one."""
+    if isinstance(getattr(optimizer, "flat_check", None), FlatLossCheck):
+        optimizer.flat_check = FlatLossCheck()
+        return None
+    return FlatLossCheck()
 
 
 def _check_history(history) -> History:

@@ -1,0 +1,243 @@
+"""Round 9 of the library's red team: a researcher's own nn.Module and hand-written loops.
+
+Each defect's test fails on the code before its fix; the reference tests compare the fast paths with
+formulas written here, in float64.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import sazo_lite as sz
+from sazo_lite.engine import FLAT_EXAMPLES, FLAT_STEPS, FlatLossCheck, FlatLossWarning
+from sazo_lite.noise import GaussianTable, TorchNoise
+from sazo_lite.samplers import StaleCorrectedSAZOSampler
+
+
+def _flat_warnings(caught) -> list:
+    return [w for w in caught if issubclass(w.category, FlatLossWarning)]
+
+
+# --- defect 1: a closure result that shares memory with what the passes change -----------------------
+def _aliasing_closures():
+    """(θ, closure) pairs whose result is memory the next pass or call overwrites."""
+    theta = torch.zeros(4, dtype=torch.float64)
+    yield "theta itself", theta, lambda: theta          # f_i = θ_i: d_i = z_i
+    theta2 = torch.zeros(4, dtype=torch.float64)
+    buffer = torch.empty(4, dtype=torch.float64)        # a preallocated output, written by every call
+    yield "a reused buffer", theta2, lambda: torch.mul(theta2, 1.0, out=buffer)
+    theta3 = torch.zeros(3, 4, dtype=torch.float64)
+    yield "a view of theta", theta3, lambda: theta3[1]
+
+
+@pytest.mark.parametrize("case", [0, 1, 2])
+def test_a_closure_result_sharing_memory_with_theta_or_a_reused_buffer_gives_the_true_differences(case):
+    """MeZO kept the first call's tensor as L+ without a copy (float64 on the CPU: ``to`` returns it
+    unchanged): the −2εz pass or the second call overwrote it, L+ − L− read 0 and the step moved nothing."""
+    name, theta, closure = list(_aliasing_closures())[case]
+    opt = sz.MeZO([theta], lr=0.0, eps=1e-3, noise=None, seed=4)
+    seed = opt.next_seed()
+    out = opt.step(closure)
+    z = sz.draw_direction(theta, sz.derive_seed(seed, 0), "gaussian", torch.Generator()).double()
+    expected = z if theta.dim() == 1 else z[1]                      # f = the entries themselves: d = z
+    assert torch.allclose(out.directional_diffs, expected, rtol=1e-9, atol=1e-12), name
+    assert out.projected_grad == pytest.approx(float(expected.mean()), rel=1e-9)
+
+
+@pytest.mark.parametrize("make", [lambda: torch.ones(2, device="meta"), lambda: torch.ones(2).to_sparse()],
+                         ids=["meta", "sparse"])
+def test_a_closure_result_without_dense_data_is_a_value_error_and_theta_restored(make):
+    """A meta or sparse tensor of losses raised NotImplementedError from inside torch."""
+    theta = torch.randn(5, dtype=torch.float64)
+    start = theta.clone()
+    opt = sz.MeZO([theta], lr=0.1, noise=None)
+    with pytest.raises(ValueError, match="Invalid closure result"):
+        opt.step(make)
+    assert torch.allclose(theta, start, rtol=0, atol=1e-15) and opt.step_count == 0
+
+
+# --- defect 2 (known item 1): a hand-written loop over flat losses said nothing ----------------------
+def _flat_loop(opt, losses, steps=20):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(steps):
+            opt.step(losses)
+    return _flat_warnings(caught)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_a_hand_written_loop_whose_parameters_do_not_reach_the_loss_warns_once_at_its_own_line(batch):
+    """``opt.step(closure)`` in the caller's loop: merged adapters, the wrong tensors. Only
+    ``sazo_lite.train`` warned; the warning now comes from the step itself, once, naming the loop's line."""
+    data = torch.randn(8)
+    adapter = torch.zeros(3)   # tuned, never read by the loss
+    caught = _flat_loop(sz.MeZO([adapter], lr=0.01, noise=None), lambda: data[:batch] ** 2)
+    assert len(caught) == 1 and "moved nothing" in str(caught[0].message)
+    assert caught[0].filename == __file__
+
+
+@pytest.mark.parametrize("dtype, offset", [(torch.float32, 0.0), (torch.float64, 0.0), (torch.float64, 1.0)])
+def test_a_hand_written_loop_over_a_loss_that_changes_very_little_does_not_warn(dtype, offset):
+    """The same losses as train's round-8 check: 1e-9·(...) in float32/64, 1 + 1e-9·(...) in float64."""
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(8, 5, generator=g, dtype=dtype)
+    theta = torch.zeros(5, dtype=dtype)
+    assert _flat_loop(sz.MeZO([theta], lr=0.01, noise=None), lambda: offset + 1e-9 * (a @ theta - 1.0) ** 2) == []
+    assert bool(theta.abs().max() > 0)
+
+
+def test_train_driving_a_mezo_warns_once_and_each_call_judges_its_own_first_steps():
+    """No double warning (the optimiser's and train's), and train's rule unchanged: per call."""
+    data = torch.randn(8)
+    opt = sz.MeZO([torch.zeros(3)], lr=0.01, noise=None)
+    for _ in range(2):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            sz.train(opt, sz.UniformSampler(8), lambda idx: data[idx] ** 2, 10, batch_size=4, progress=False)
+        assert len(_flat_warnings(caught)) == 1
+        assert _flat_warnings(caught)[0].filename == __file__
+
+
+def test_train_still_runs_the_rule_for_an_optimiser_without_one():
+    """Anything whose step returns a ZOStep: train runs the same rule for it."""
+    class Wrapped:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def step(self, closure, weights=None):
+            with warnings.catch_warnings():   # only train's own check may speak
+                warnings.simplefilter("ignore", FlatLossWarning)
+                return self.inner.step(closure, weights)
+
+    data = torch.randn(8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sz.train(Wrapped(sz.MeZO([torch.zeros(3)], lr=0.01)), sz.UniformSampler(8), lambda idx: data[idx] ** 2, 10,
+                 batch_size=4, progress=False)
+    assert len(_flat_warnings(caught)) == 1
+
+
+def test_the_rule_is_armed_again_by_load_state_dict_and_new_param_groups():
+    """A resumed run (adapters merged when saved) or an added group: their first steps are judged."""
+    data = torch.randn(8)
+    theta, adapter = torch.zeros(3), torch.zeros(2)
+    opt = sz.MeZO([theta], lr=0.01, noise=None)
+    moving = lambda: (data[:4] - theta.sum()) ** 2
+    assert _flat_loop(opt, moving, steps=3) == []                      # the loss moved: the check is done
+    opt.load_state_dict(opt.state_dict())
+    assert len(_flat_loop(opt, lambda: data[:4] ** 2)) == 1
+    opt2 = sz.MeZO([theta], lr=0.01, noise=None)
+    assert _flat_loop(opt2, moving, steps=3) == []
+    opt2.add_param_group({"params": [adapter]})
+    assert len(_flat_loop(opt2, lambda: data[:4] ** 2)) == 1
+
+
+def test_the_rule_needs_its_steps_and_examples_and_is_written_once():
+    """FLAT_STEPS steps and FLAT_EXAMPLES differences; train's names are the engine's."""
+    import importlib
+
+    train_module = importlib.import_module("sazo_lite.train")   # the package's ``train`` is the function
+    assert (train_module.FLAT_STEPS, train_module.FLAT_EXAMPLES) == (FLAT_STEPS, FLAT_EXAMPLES)
+    assert train_module.FlatLossWarning is FlatLossWarning is sz.FlatLossWarning
+    flat = sz.ZOStep(loss=0.0, projected_grad=0.0, directional_diffs=torch.zeros(1, dtype=torch.float64), seed=0,
+                     losses=torch.zeros(1, dtype=torch.float64))
+    check = FlatLossCheck()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(FLAT_EXAMPLES - 1):   # B = 1: enough steps, one example short
+            check.observe(flat)
+        assert _flat_warnings(caught) == []
+        check.observe(flat)
+        assert len(_flat_warnings(caught)) == 1
+
+
+# --- references written here: MeZO's update and the samplers' weights --------------------------------
+@pytest.mark.parametrize("noise", ["plain", "torch", "table"])
+@pytest.mark.parametrize("fold", [False, True])
+@pytest.mark.parametrize("perturbation", ["gaussian", "rademacher"])
+def test_the_fast_paths_follow_the_textbook_update_with_groups_of_their_own_lr_and_decay(noise, fold, perturbation):
+    """θ_g ← (1 − η_g λ_g) θ_g − η_g ĝ z, ĝ = mean_k w_k (f_k(θ+εz) − f_k(θ−εz)) / (2ε), in float64 against
+    a reference written here, with non-contiguous, zero-size and float32 tensors among the groups."""
+    if noise == "table" and perturbation == "rademacher":
+        pytest.skip("GaussianTable draws Rademacher z with TorchNoise: the torch case covers it")
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(6, 40, generator=g, dtype=torch.float64)
+    a, b, empty = base.t(), torch.randn(40, generator=g, dtype=torch.float64), torch.zeros(0, 2, dtype=torch.float64)
+    params = [a, b, empty]
+    x = torch.randn(5, 40, generator=g, dtype=torch.float64)
+    loss = lambda ps: ((x @ ps[0]).tanh().sum(1) + x @ ps[1]) ** 2          # per-example losses [5]
+    source = {"plain": None, "torch": TorchNoise(workers=2, chunk=32), "table": GaussianTable(size=256, chunk=64)}[noise]
+    lrs, decays = (0.02, 0.005, 0.1), (0.0, 0.3, 0.5)
+    opt = sz.MeZO([{"params": [p], "lr": lr, "weight_decay": wd} for p, lr, wd in zip(params, lrs, decays)],
+                  lr=1.0, eps=1e-4, seed=9, noise=source, fold_updates=fold, perturbation=perturbation)
+    reference = [p.clone() for p in params]
+    weights = torch.rand(5, generator=g, dtype=torch.float64) + 0.5
+    for _ in range(4):
+        seed = opt.next_seed()
+        out = opt.step(lambda: loss(params), weights)
+        if noise == "table" and perturbation == "gaussian":
+            zs = [source.direction(p, sz.derive_seed(seed, k)) for k, p in enumerate(reference)]
+        else:
+            zs = [sz.draw_direction(p, sz.derive_seed(seed, k), perturbation, torch.Generator())
+                  for k, p in enumerate(reference)]
+        plus = loss([p + 1e-4 * z for p, z in zip(reference, zs)])
+        minus = loss([p - 1e-4 * z for p, z in zip(reference, zs)])
+        grad = float((weights * (plus - minus) / 2e-4).mean())
+        assert out.projected_grad == pytest.approx(grad, rel=1e-6, abs=1e-9)
+        reference = [(1 - lr * wd) * p - lr * out.projected_grad * z for p, z, lr, wd in zip(reference, zs, lrs, decays)]
+    opt.flush()
+    for p, r in zip(params, reference):
+        assert torch.allclose(p, r, rtol=1e-10, atol=1e-10)
+
+
+def _warm(sampler, rng, steps=6):
+    """Feedback on half the examples, of very different sizes: seen and unseen examples side by side."""
+    n = sampler.num_examples
+    for _ in range(steps):
+        idx = torch.from_numpy(rng.integers(0, n // 2, 2))
+        sampler.update(idx, torch.from_numpy(rng.standard_normal(2) * 10.0 ** rng.integers(-3, 3, 2)))
+    return sampler
+
+
+@pytest.mark.parametrize("make", [
+    lambda n: sz.SAZOSampler(n, sum_tree=False, seed=3),
+    lambda n: sz.SAZOSampler(n, sum_tree=True, statistic="square", uniform_mix=0.01, seed=3),
+    lambda n: sz.PlainSAZOSampler(n, sum_tree=True, seed=3),
+    lambda n: StaleCorrectedSAZOSampler(n, growth_rate=0.5, seed=3),
+], ids=["sazo", "sazo-square-tree", "plain-tree", "stale-corrected"])
+def test_draws_follow_probs_and_the_weighted_mean_is_unbiased(make):
+    """Frequencies against p (a chi-square statistic, 11 degrees of freedom) and E[w·f] against the exact
+    mean F of f, for states with seen and unseen examples whose scores span six decades."""
+    rng = np.random.default_rng(0)
+    n = 12
+    sampler = _warm(make(n), rng)
+    assert int((sampler.counts == 0).sum()) >= n // 2
+    p = sampler.probs.numpy()
+    f = rng.standard_normal(n)
+    counts, means = np.zeros(n), []
+    for _ in range(100):
+        idx, w = sampler.sample(500)
+        idx, w = idx.numpy(), w.numpy()
+        assert np.allclose(w, 1.0 / (n * p[idx]), rtol=1e-12)
+        counts += np.bincount(idx, minlength=n)
+        means.append(float((w * f[idx]).mean()))
+    expected = counts.sum() * p / p.sum()
+    assert float(((counts - expected) ** 2 / expected).sum()) < 40.0   # P(χ²₁₁ > 40) ≈ 3e-5
+    means = np.asarray(means)
+    assert abs(means.mean() - f.mean()) < 5 * means.std() / np.sqrt(len(means))
+
+
+@pytest.mark.parametrize("direction", [
+    lambda like: GaussianTable(size=64, chunk=16).direction(like, seed=3),
+    lambda like: __import__("sazo_lite.noise", fromlist=["NoiseTable"]).NoiseTable(size=64, chunk=16).direction(
+        like, seed=3, perturbation="gaussian"),
+], ids=["gaussian-table", "noise-table"])
+def test_the_tables_reference_direction_of_a_zero_size_tensor_is_empty(direction):
+    """``direction`` (the formula the passes are checked against) raised from torch.cat on a tensor with
+    no entries, which MeZO's passes accept (a zero-size tensor has no window)."""
+    like = torch.zeros(0, 3)
+    assert direction(like).shape == (0, 3)
+    assert direction(torch.zeros(5, 3)).shape == (5, 3)
