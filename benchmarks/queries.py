@@ -412,12 +412,14 @@ def best_learning_rate(make_run: Callable[[float, int], TargetRun], grid: list[f
     Every rate's runs are extended together under a step budget that grows by ``growth``
     until some rate's median is reached at the smallest target: the rates still open then
     cannot beat it (nor at the larger targets, which every run crosses first), so a bad rate
-    costs at most about as much as the best one. The winners' seeds are run to the end (up to
-    ``max_steps``) for the min–max spread.
+    costs at most about as much as the best one. A rate where more than half of the seeds
+    diverged is lost (its edge): it stops and is not chosen, even at a larger target its seeds
+    crossed before diverging (unless every rate is lost). The winners' seeds are run to the end
+    (up to ``max_steps``) for the min–max spread.
 
     Returns:
         {target: dict with ``lr``, ``median``, ``min``, ``max`` (None if a seed never got there),
-        ``per_seed`` and ``grid`` (median per rate; None where it cannot beat the winner)};
+        ``per_seed`` and ``grid`` (median per rate; None where it cannot beat the winner or is lost)};
         without ``targets`` (runs with one target), that one target's dict.
     """
     runs = {lr: [make_run(lr, seed) for seed in seeds] for lr in grid}
@@ -425,10 +427,11 @@ def best_learning_rate(make_run: Callable[[float, int], TargetRun], grid: list[f
     # a run's queries at a target (one target: its ``queries``, whatever it calls that target)
     reached = (lambda run, target: run.queries) if single else (lambda run, target: run.reached[target])
     targets = (None,) if single else targets
+    alive = lambda lr_runs: sum(run.failed for run in lr_runs) <= len(lr_runs) // 2   # else its median is lost
     budget = min(first_budget, max_steps)
     while True:
         for lr_runs in runs.values():
-            if sum(run.failed for run in lr_runs) <= len(lr_runs) // 2:  # else its median is lost
+            if alive(lr_runs):
                 for run in lr_runs:
                     run.extend_to(budget)
         medians = {lr: median_queries([run.queries for run in lr_runs]) for lr, lr_runs in runs.items()}
@@ -439,8 +442,9 @@ def best_learning_rate(make_run: Callable[[float, int], TargetRun], grid: list[f
     out = {}
     for target in targets:
         at = {lr: median_queries([reached(run, target) for run in lr_runs]) for lr, lr_runs in runs.items()}
-        grid_medians = {repr(lr): (None if math.isinf(m) else m) for lr, m in at.items()}
-        best_lr = best_rate({lr: [reached(run, target) for run in runs[lr]] for lr in grid})
+        grid_medians = {repr(lr): (None if math.isinf(m) or not alive(runs[lr]) else m) for lr, m in at.items()}
+        eligible = [lr for lr in grid if alive(runs[lr])] or grid
+        best_lr = best_rate({lr: [reached(run, target) for run in runs[lr]] for lr in eligible})
         if math.isinf(at[best_lr]):
             out[target] = {"lr": None, "median": None, "min": None, "max": None,
                            "per_seed": [None] * len(seeds), "grid": grid_medians}

@@ -197,3 +197,30 @@ def test_a_run_where_a_step_reads_cheaper_than_two_forwards_says_its_timings_are
     loud = {**quiet, "rademacher_median_ratio": 0.8}
     assert "rademacher" in engine_speed.too_noisy(loud) and "0.80" in engine_speed.too_noisy(loud)
 
+
+
+class FakeRun:
+    """A TargetRun stand-in whose counts are given: reached ({target: queries or None}) and failed."""
+
+    def __init__(self, reached: dict, failed: bool):
+        self.reached, self.failed, self.targets = dict(reached), failed, tuple(reached)
+
+    @property
+    def queries(self):
+        return self.reached[self.targets[-1]]
+
+    def extend_to(self, steps):
+        return self
+
+
+def test_a_rate_where_most_seeds_diverged_is_not_chosen_at_a_target_they_crossed_first():
+    """With first hits kept, a rate whose seeds cross 2% fast and then mostly diverge would win the 2% column:
+    a rate past the edge is no rate to run (the LLM race excludes such cells too), however soon its seeds arrive."""
+    edge = [FakeRun({0.02: 100, 0.005: None}, True), FakeRun({0.02: 120, 0.005: None}, True),
+            FakeRun({0.02: 110, 0.005: 300}, False)]
+    steady = [FakeRun({0.02: 500, 0.005: 900}, False) for _ in range(3)]
+    runs = {2e-3: edge, 1e-3: steady}
+    out = queries.best_learning_rate(lambda lr, seed: runs[lr][seed], [1e-3, 2e-3], [0, 1, 2], 100,
+                                     targets=(0.02, 0.005))
+    assert out[0.02]["lr"] == 1e-3 and out[0.005]["lr"] == 1e-3
+    assert out[0.02]["grid"][repr(2e-3)] is None      # lost: shown as no median, as at the deepest target
