@@ -30,11 +30,16 @@ lr schedules, peft models and ``torchrun`` launches are the Trainer's own. What 
   ``sazo_lite.llm.losses.causal_lm_losses``), or ``per_example_loss(outputs, inputs) -> [B]``.
   ``train()`` first runs the model once, without changing anything, on the first two training
   examples, and refuses (``ValueError``) a model, collator or ``per_example_loss`` it cannot
-  use: no ``labels`` in the batches, outputs without ``logits`` [B, T, V], a loss that is not
-  one float per example. The logged training loss is mean_k(w_k·(f_k(θ+εz) +
-  f_k(θ−εz))/2); ``eval_loss`` is mean_i f_i over the eval set (not the token-weighted mean; under
-  data parallel the Trainer pads the last eval batch of each rank, so it is exact only when the eval
-  set fills whole batches on every rank).
+  use: no ``labels`` in the batches, outputs without ``logits`` [B, T, V] (an attribute, or a
+  dict's key), a loss that is not one float per example. The logged training loss is mean_k(w_k·(f_k(θ+εz) +
+  f_k(θ−εz))/2); ``eval_loss`` is mean_i f_i over the eval set, averaged in float32 (not the
+  token-weighted mean; under data parallel the Trainer pads the last eval batch of each rank, so it
+  is exact only when the eval set fills whole batches on every rank). The model is called without
+  labels, so a tuple or tensor it returns holds no loss: ``compute_loss`` puts the loss in front
+  (the Trainer's convention), so ``predict`` and ``compute_metrics`` get the model's whole outputs. Without
+  a ``train_dataset`` a model with nothing trainable may be evaluated (training it is refused).
+- Without an accelerator, ``dataloader_pin_memory`` is off in the trainer's copy of ``args``
+  (torch ignores pinning there, with a warning); the caller's ``args`` are unchanged.
 - Logs add ``zo_queries`` (per-example forward evaluations so far, 2·B per step, counted since MeZO
   was built: over repeated ``train()`` calls and across resumes, whose checkpoints carry the count),
   ``zo_projected_grad`` (mean |g| since the last log) and, for SAZO, ``sazo_max_weight`` and
@@ -47,7 +52,8 @@ lr schedules, peft models and ``torchrun`` launches are the Trainer's own. What 
   files; MeZO's state (step count and seed) is the Trainer's ``optimizer.pt``. Resuming
   continues the uninterrupted run bit for bit, so a resume whose lr, weight decay, eps,
   perturbation, seeds or sampler settings differ from the checkpoint's is refused
-  (``ValueError``) before anything loads: loading would silently put the old values back. ``zo_state.pt`` is read with
+  (``ValueError``) before anything loads: loading would silently put the old values back. A
+  ``save_only_model=True`` checkpoint holds the weights only and cannot be resumed. ``zo_state.pt`` is read with
   ``torch.load(weights_only=True)`` (a file holding anything else, such as a pickled object,
   is refused and nothing in it runs) and checked in full before anything loads.
 - Half precision: a model loaded in bfloat16/float16 is tuned through ``Float32Master``
@@ -232,6 +238,11 @@ class ZOTrainer(Trainer):
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         if own_collator and model is None and self.model is not None:   # model_init=: the model exists now
             self.data_collator = CausalLMCollator(_pad_token_id(processing_class, self.model))
+        if self.args.dataloader_pin_memory and not _has_accelerator():
+            # Pinning needs an accelerator: without one torch ignores pin_memory and warns at every
+            # evaluation loader. A copy, so the user's args object is left as it was.
+            self.args = copy.copy(self.args)
+            self.args.dataloader_pin_memory = False
         self.eps, self.perturbation, self.master_weights = eps, perturbation, master_weights
         self.zo_seed = self.args.seed if zo_seed is None else zo_seed
         self.per_example_loss = per_example_loss or _causal_lm_loss
@@ -297,10 +308,10 @@ class ZOTrainer(Trainer):
                              f"inputs['labels']; keep 'labels' or pass per_example_loss=(outputs, inputs) -> [B])")
         if self.is_deepspeed_enabled or self.is_fsdp_enabled:
             raise ValueError("Invalid parallelism: ZOTrainer supports data parallel (DDP) launches only")
-        if self.model is not None and not any(p.requires_grad for p in self.model.parameters()):
-            raise ValueError("Invalid model: no parameter requires grad, so there is nothing to tune")
         dataset = self.train_dataset
-        if dataset is not None:
+        if dataset is not None:   # without one nothing trains: a frozen model may be evaluated
+            if self.model is not None and not any(p.requires_grad for p in self.model.parameters()):
+                raise ValueError("Invalid model: no parameter requires grad, so there is nothing to tune")
             if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
                 raise ValueError("Invalid train_dataset: ZO sampling draws indices, so it needs a map-style "
                                  "dataset with a length (not an IterableDataset)")
@@ -436,7 +447,7 @@ class ZOTrainer(Trainer):
             with torch.no_grad(), self.compute_loss_context_manager():
                 outputs = net(**{k: v for k, v in batch.items() if k != "labels"})
             if default:
-                logits = getattr(outputs, "logits", None)
+                logits = _logits(outputs)
                 if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != batch["labels"].shape:
                     got = (f"outputs of type {type(outputs).__name__}" if logits is None
                            else f"logits of shape {tuple(getattr(logits, 'shape', ()))}")
@@ -513,8 +524,15 @@ class ZOTrainer(Trainer):
         if not held & set(inputs):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         outputs = model(**{k: v for k, v in inputs.items() if k not in held})
-        loss = self.per_example_loss(outputs, inputs).mean()
-        return (loss, outputs) if return_outputs else loss
+        loss = self.per_example_loss(outputs, inputs).float().mean()   # float32, as the training steps average
+        if not return_outputs:
+            return loss
+        if not isinstance(outputs, Mapping):
+            # The Trainer reads a tuple's first entry as the loss and the rest as predictions; the
+            # model got no labels, so its outputs hold no loss: without this, outputs[1:] dropped
+            # a tuple's logits (or a tensor's first row).
+            outputs = (loss, *((outputs,) if isinstance(outputs, torch.Tensor) else outputs))
+        return loss, outputs
 
     def floating_point_ops(self, inputs) -> int:
         """Two forwards ≈ 4·N·tokens, i.e. 2/3 of the Trainer's forward+backward estimate 6·N·tokens."""
@@ -573,7 +591,9 @@ class ZOTrainer(Trainer):
         """The checkpoint's ZO state, checked against this trainer (ValueError if it does not fit)."""
         path = os.path.join(checkpoint, ZO_STATE_NAME)
         if not os.path.isfile(path):
-            raise ValueError(f"Invalid checkpoint: {checkpoint} has no {ZO_STATE_NAME} (not written by ZOTrainer?)")
+            raise ValueError(f"Invalid checkpoint: {checkpoint} has no {ZO_STATE_NAME}: it was written with "
+                             f"save_only_model=True (the weights only) or not by ZOTrainer, so the sampler's and "
+                             f"MeZO's state cannot continue; start a new run from its weights instead")
         state = _load_plain(path, "a ZOTrainer state")
         if (not isinstance(state, dict) or not ZO_STATE_KEYS <= set(state) <= ZO_STATE_KEYS | {"queries"}
                 or not isinstance(state["sampler"], dict) or not isinstance(state["method"], str)):
@@ -730,7 +750,20 @@ def _datasets():
 
 def _causal_lm_loss(outputs, inputs) -> torch.Tensor:
     """The default per_example_loss: ``causal_lm_losses(outputs.logits, inputs["labels"])``."""
-    return causal_lm_losses(outputs.logits, inputs["labels"])
+    return causal_lm_losses(_logits(outputs), inputs["labels"])
+
+
+def _logits(outputs):
+    """``outputs.logits``, or ``outputs["logits"]`` of a model returning a plain dict (None if neither)."""
+    if isinstance(outputs, Mapping):
+        return outputs.get("logits")
+    return getattr(outputs, "logits", None)
+
+
+def _has_accelerator() -> bool:
+    """Whether torch sees an accelerator (torch < 2.6 has no ``torch.accelerator``: CUDA only)."""
+    accelerator = getattr(torch, "accelerator", None)
+    return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
 
 
 def _pad_token_id(processing_class, model) -> int:

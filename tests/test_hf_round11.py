@@ -1,0 +1,165 @@
+"""ZOTrainer red-team round 11: what a Hugging Face user does with a Trainer, through ZOTrainer.
+
+One test per defect (each fails on the code before the fix). Tiny random models, rows in memory.
+"""
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from sazo_lite.llm.models import tiny_causal_lm  # noqa: E402
+from test_hf import VOCAB, _OnFirstUse, lora_model, memorisable_rows, training_args  # noqa: E402
+from test_hostile_trainer import TupleLM  # noqa: E402
+
+hf = _OnFirstUse("sazo_lite.hf")
+transformers.logging.set_verbosity_error()
+
+
+def own_losses(outputs, inputs):
+    """Per-example losses for a model whose outputs are a tuple, a tensor or a mapping."""
+    if isinstance(outputs, torch.Tensor):
+        logits = outputs
+    elif isinstance(outputs, tuple):
+        logits = outputs[0]
+    else:
+        logits = outputs["logits"]
+    return hf.causal_lm_losses(logits, inputs["labels"])
+
+
+class TensorLM(TupleLM):
+    """A causal LM whose forward returns the logits tensor itself."""
+
+    def forward(self, input_ids, attention_mask=None):
+        return super().forward(input_ids, attention_mask)[0]
+
+
+class DictLM(TupleLM):
+    """A causal LM whose forward returns a plain dict {"logits": ...} (no loss: no labels given)."""
+
+    def forward(self, input_ids, attention_mask=None):
+        return {"logits": super().forward(input_ids, attention_mask)[0]}
+
+
+def expected_logits(model, rows):
+    batch = hf.CausalLMCollator(0)(rows)
+    with torch.no_grad():
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    return out[0] if isinstance(out, tuple) else out if isinstance(out, torch.Tensor) else out["logits"]
+
+
+# -- predictions of models whose outputs are a tuple or a tensor ---------------------------------
+@pytest.mark.parametrize("make", [TupleLM, TensorLM], ids=["tuple", "tensor"])
+def test_predict_and_compute_metrics_get_the_logits_of_a_tuple_or_tensor_model(tmp_path, make):
+    # compute_loss returned the model's outputs, and the Trainer takes outputs[1:] as the logits
+    # (the first entry is the loss in its convention): a tuple model's predictions were (), a
+    # tensor model's lost their first row
+    rows = memorisable_rows(n=6)                       # one length: the logits need no padding
+    seen = []
+
+    def metrics(prediction):
+        seen.append(prediction.predictions)
+        return {}
+
+    model = make()
+    trainer = hf.ZOTrainer(model, training_args(tmp_path, max_steps=1, per_device_eval_batch_size=4),
+                           train_dataset=rows, per_example_loss=own_losses, compute_metrics=metrics)
+    trainer.train()
+    predicted = trainer.predict(rows)
+    logits = expected_logits(model, rows)
+    assert torch.allclose(torch.as_tensor(predicted.predictions), logits, atol=1e-6)
+    assert torch.allclose(torch.as_tensor(seen[-1]), logits, atol=1e-6)
+    assert predicted.metrics["test_loss"] == pytest.approx(float(own_losses(logits, {"labels": torch.tensor(
+        [r["labels"] for r in rows])}).mean()), rel=1e-5)
+
+
+# -- a model returning a plain dict --------------------------------------------------------------
+def test_the_default_loss_reads_the_logits_of_a_model_returning_a_dict(tmp_path):
+    # the default per_example_loss read outputs.logits only: a model returning {"logits": ...}
+    # (the Trainer's own convention for dict outputs) was refused as "Invalid model"
+    model = DictLM()
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = hf.ZOTrainer(model, training_args(tmp_path, max_steps=2), train_dataset=memorisable_rows())
+    trainer.train()
+    assert trainer.zo_optimizer.step_count == 2
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+
+
+# -- an evaluation-only ZOTrainer of a frozen model ------------------------------------------------
+def test_a_frozen_model_can_be_evaluated_without_a_train_dataset(tmp_path):
+    # PeftModel.from_pretrained loads adapters frozen (is_trainable=False): evaluating the saved
+    # model with ZOTrainer was refused with "nothing to tune", although nothing was to be trained
+    pytest.importorskip("peft")
+    from peft import PeftModel
+
+    rows = memorisable_rows(n=6)
+    trainer = hf.ZOTrainer(lora_model(), training_args(tmp_path, max_steps=2, learning_rate=1e-2),
+                           train_dataset=rows, eval_dataset=rows)
+    trainer.train()
+    trained_loss = trainer.evaluate()["eval_loss"]
+    trainer.save_model(str(tmp_path / "final"))
+    loaded = PeftModel.from_pretrained(tiny_causal_lm("llama", vocab_size=VOCAB), str(tmp_path / "final"))
+    assert not any(p.requires_grad for p in loaded.parameters())
+    again = hf.ZOTrainer(loaded, training_args(tmp_path / "again"), eval_dataset=rows)
+    assert again.evaluate()["eval_loss"] == pytest.approx(trained_loss, rel=1e-6)
+    with pytest.raises(ValueError, match="nothing to tune"):     # training it is still refused
+        hf.ZOTrainer(loaded, training_args(tmp_path / "again"), train_dataset=rows)
+
+
+# -- eval_loss of a half-precision per_example_loss ----------------------------------------------
+def test_eval_loss_is_the_float32_mean_of_a_half_precision_per_example_loss(tmp_path):
+    # training averages the losses in float32; evaluation took their mean in bfloat16 (3 digits)
+    def bf16_losses(outputs, inputs):
+        return hf.causal_lm_losses(outputs.logits, inputs["labels"]).to(torch.bfloat16)
+
+    rows = memorisable_rows(n=8)
+    model = tiny_causal_lm("llama", vocab_size=VOCAB)
+    trainer = hf.ZOTrainer(model, training_args(tmp_path, per_device_eval_batch_size=8), train_dataset=rows,
+                           eval_dataset=rows, per_example_loss=bf16_losses)
+    batch = hf.CausalLMCollator(0)(rows)
+    with torch.no_grad():
+        losses = bf16_losses(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]), batch)
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(float(losses.float().mean()), rel=1e-6)
+
+
+# -- resuming from a save_only_model checkpoint --------------------------------------------------
+def test_resuming_a_save_only_model_checkpoint_says_why_it_cannot(tmp_path):
+    # the refusal said "not written by ZOTrainer?" of a checkpoint ZOTrainer had just written
+    rows = memorisable_rows()
+    args = training_args(tmp_path, max_steps=2, save_strategy="steps", save_steps=2, save_only_model=True)
+    hf.ZOTrainer(tiny_causal_lm("llama", vocab_size=VOCAB), args, train_dataset=rows).train()
+    again = hf.ZOTrainer(tiny_causal_lm("llama", vocab_size=VOCAB), training_args(tmp_path, max_steps=4),
+                         train_dataset=rows)
+    with pytest.raises(ValueError, match="save_only_model"):
+        again.train(resume_from_checkpoint=True)
+    assert again.state.global_step == 0
+
+
+# -- the pin_memory warning on machines without an accelerator ----------------------------------
+def has_accelerator() -> bool:
+    accelerator = getattr(torch, "accelerator", None)
+    return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
+
+
+def test_no_pin_memory_warning_without_an_accelerator_and_the_users_args_unchanged(tmp_path):
+    # dataloader_pin_memory defaults to True: without an accelerator torch ignores it and warned
+    # "'pin_memory' argument is set as true but no accelerator is found" at every evaluation
+    rows = memorisable_rows(n=4)
+    args = transformers.TrainingArguments(str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=2,
+                                          report_to=[], disable_tqdm=True)
+    assert args.dataloader_pin_memory
+    trainer = hf.ZOTrainer(tiny_causal_lm("llama", vocab_size=VOCAB), args, train_dataset=rows, eval_dataset=rows)
+    assert args.dataloader_pin_memory                       # the user's object is left as it was
+    assert trainer.args.dataloader_pin_memory == has_accelerator()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+        trainer.evaluate()
+    assert not [w for w in caught if "pin_memory" in str(w.message)]
+
+
+def test_an_explicit_pin_memory_false_is_kept(tmp_path):
+    args = training_args(tmp_path, dataloader_pin_memory=False)
+    trainer = hf.ZOTrainer(tiny_causal_lm("llama", vocab_size=VOCAB), args, train_dataset=memorisable_rows())
+    assert trainer.args is args and not trainer.args.dataloader_pin_memory
