@@ -358,6 +358,9 @@ def main(argv=None) -> None:
     parser.add_argument("--bound", type=positive, default=None,
                         help="speed: exit 1 when the default step costs more than BOUND × two forwards")
     args = parser.parse_args(argv)
+    ignored = [f"--{name}" for name in ("clock", "rounds", "bound") if getattr(args, name) != parser.get_default(name)]
+    if args.part != "speed" and ignored:     # else taken without a word, and not applied
+        parser.error(f"{', '.join(ignored)} apply to speed only, not to {args.part}")
     if args.part == "memory-child":
         print(json.dumps(_memory_child(args.model, args.mode)))
         return

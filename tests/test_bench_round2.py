@@ -3,6 +3,8 @@ workers and its --quick pilot's report, engine_speed's progress and how its rati
 Every test runs on fakes or tiny settings: seconds in all, no timing assertions (fake clocks)."""
 import json
 import math
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -105,6 +107,11 @@ def test_a_quick_pilot_refuses_to_replace_a_full_race(capsys, tmp_path):
     assert caught.value.code == 2 and "--out" in capsys.readouterr().err
     assert llm_queries.parse_args(["--quick", "--out", str(pilot)]).out == pilot    # a pilot over a pilot: fine
     assert llm_queries.parse_args(["--out", str(race)]).out == race                 # a race over a race: fine
+    # merged parts of a pilot are a pilot too: their own file by default, never over the race
+    assert llm_queries.parse_args(["--merge", str(pilot)]).out == llm_queries.QUICK_RESULTS
+    assert llm_queries.parse_args(["--merge", str(race)]).out == llm_queries.RESULTS
+    with pytest.raises(SystemExit):
+        llm_queries.parse_args(["--merge", str(pilot), "--out", str(race)])
 
 
 def sections(monkeypatch, tmp_path, files: dict) -> dict:
@@ -224,3 +231,70 @@ def test_a_rate_where_most_seeds_diverged_is_not_chosen_at_a_target_they_crossed
                                      targets=(0.02, 0.005))
     assert out[0.02]["lr"] == 1e-3 and out[0.005]["lr"] == 1e-3
     assert out[0.02]["grid"][repr(2e-3)] is None      # lost: shown as no median, as at the deepest target
+
+
+# -- make bench --quick: its own results file -------------------------------------------------------------------
+def test_a_quick_make_bench_writes_its_own_results_and_never_over_a_full_run(monkeypatch, capsys, tmp_path):
+    """``python -m benchmarks.run --quick`` (or any run under SAZO_FAST=1) wrote results/bench.json over the
+    48-minute full run's table."""
+    monkeypatch.setattr(run, "RESULTS", tmp_path)
+    monkeypatch.setattr(run, "run_sections", lambda quick, save, only, previous: save({}) and {})
+    run.main(["--quick"])
+    assert (tmp_path / "bench_quick.json").exists() and not (tmp_path / "bench.json").exists()
+    assert json.loads((tmp_path / "bench_quick.json").read_text())["machine"]["quick"]
+    full = tmp_path / "full.json"
+    full.write_text(json.dumps({"machine": {"quick": False}, "table": "", "results": {}}))
+    with pytest.raises(SystemExit) as caught:
+        run.main(["--quick", "--out", str(full)])
+    assert caught.value.code == 2 and "holds a full run" in capsys.readouterr().err
+    assert not json.loads(full.read_text())["machine"]["quick"]
+
+
+# -- make bench-llm: a failed worker's partial reports ----------------------------------------------------------
+class FakeWorker:
+    """A worker process: job 0 writes its partial report and ends, job 1 fails."""
+
+    def __init__(self, command):
+        self.job = int(command[command.index("--worker") + 1].split("/")[0])
+        self.partial = command[command.index("--partial") + 1]
+
+    def wait(self):
+        if self.job == 0:
+            Path(self.partial).write_text(json.dumps({"settings": [], "measured_only": {}}))
+        return self.job
+
+
+def test_a_failed_worker_keeps_the_others_partial_reports_where_it_says(monkeypatch, capsys, tmp_path):
+    """It said 'partial results: /tmp/llm-queries-…', a temporary folder removed as the message was raised,
+    and the parts it held had no header, so --merge could not print them (KeyError 'args')."""
+    monkeypatch.setattr(llm_queries, "settings", fake_settings)
+    monkeypatch.setattr(llm_queries.subprocess, "Popen", FakeWorker)
+    args = llm_queries.parse_args(["--jobs", "2", "--out", str(tmp_path / "report.json")])
+    with pytest.raises(SystemExit) as caught:
+        llm_queries.run_workers(args, [])
+    message = str(caught.value.code)
+    kept = [word for word in message.split() if word.endswith(".json") and "report.json" != word.split("/")[-1]]
+    assert kept and all(os.path.exists(path) for path in kept), message
+    llm_queries.main(["--merge", *sorted(set(kept)), "--out", str(tmp_path / "merged.json")])
+    assert json.loads((tmp_path / "merged.json").read_text())["args"]["jobs"] == 2
+
+
+# -- options that applied to nothing ----------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, option", [
+    (["memory", "smollm2", "--bound", "1.05"], "--bound"),     # the memory ratio was not bounded, without a word
+    (["overhead", "--rounds", "9"], "--rounds"),
+    (["sampler", "--clock", "cpu"], "--clock"),
+])
+def test_engine_speed_refuses_speed_options_for_other_parts(monkeypatch, capsys, argv, option):
+    for name in ("speed", "memory", "overhead", "sampler_cost"):
+        monkeypatch.setattr(engine_speed, name, lambda *a, **k: pytest.fail("ran with an option it ignores"))
+    with pytest.raises(SystemExit) as caught:
+        engine_speed.main(argv)
+    assert caught.value.code == 2 and option in capsys.readouterr().err
+
+
+def test_llm_queries_refuses_threads_its_workers_would_not_use(capsys):
+    with pytest.raises(SystemExit) as caught:
+        llm_queries.parse_args(["--jobs", "2", "--threads", "2"])
+    assert caught.value.code == 2 and "--threads" in capsys.readouterr().err
+    assert llm_queries.parse_args(["--jobs", "1", "--threads", "2"]).threads == 2
