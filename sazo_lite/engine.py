@@ -181,6 +181,11 @@ def _check_ordered(params) -> None:
         raise ValueError("Invalid params: a set of tensors has no order (pass a list)")
 
 
+# The dtypes a pass can move in place: torch has no aminmax (the overflow guard) or in-place add for the float8
+# types, which raised NotImplementedError from inside the first step.
+PASS_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def _check_params(params) -> list[torch.Tensor]:
     """A group's tensors: at least one, each a dense floating-point tensor with storage of its
     own entries (not on the meta device, no entry shared by two positions)."""
@@ -194,6 +199,10 @@ def _check_params(params) -> list[torch.Tensor]:
         if not p.is_floating_point() or p.layout != torch.strided:
             raise ValueError(f"Invalid params: MeZO perturbs dense floating-point tensors, got "
                              f"{p.dtype} ({p.layout}) of shape {tuple(p.shape)}")
+        if p.dtype not in PASS_DTYPES:
+            raise ValueError(f"Invalid params: MeZO's passes add z in place to float16, bfloat16, float32 or float64 "
+                             f"tensors, got {p.dtype} of shape {tuple(p.shape)}; keep a float32 master copy "
+                             f"(sazo_lite.precision.Float32Master)")
         if p.device.type == "meta":
             raise ValueError(f"Invalid params: a tensor of shape {tuple(p.shape)} is on the meta device "
                              f"(no data to perturb); materialise the model's weights first")

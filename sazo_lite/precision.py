@@ -25,8 +25,11 @@ __all__ = ["Float32Master", "unit_roundoff", "restore_bound"]
 
 
 def master_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of a master copy: float32, or the parameter's own dtype when it is wider (float64)."""
-    return torch.promote_types(dtype, torch.float32)
+    """The dtype of a master copy: float32, or the parameter's own dtype when it is wider (float64).
+
+    Chosen by width, not by ``torch.promote_types``, which refuses the float8 types (the ones that need
+    a master most: MeZO cannot move them in place)."""
+    return dtype if dtype.is_floating_point and torch.finfo(dtype).bits > 32 else torch.float32
 
 
 class Float32Master:

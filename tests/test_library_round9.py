@@ -241,3 +241,37 @@ def test_the_tables_reference_direction_of_a_zero_size_tensor_is_empty(direction
     like = torch.zeros(0, 3)
     assert direction(like).shape == (0, 3)
     assert direction(torch.zeros(5, 3)).shape == (5, 3)
+
+
+# --- defect 4: float8 parameters -----------------------------------------------------------------------
+FLOAT8 = [getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, name)]
+
+
+@pytest.mark.parametrize("dtype", FLOAT8)
+def test_float8_parameters_are_refused_at_construction_naming_the_master_copy(dtype):
+    """MeZO took them, then its first step raised NotImplementedError (no aminmax, no in-place add)."""
+    with pytest.raises(ValueError, match="Invalid params.*float8.*Float32Master"):
+        sz.MeZO([torch.ones(4).to(dtype)], lr=0.1)
+
+
+@pytest.mark.parametrize("dtype", FLOAT8)
+def test_a_float32_master_of_float8_parameters_trains_and_keeps_their_range(dtype):
+    """Float32Master raised RuntimeError from torch.promote_types, which refuses float8; with its
+    master MeZO moves the model, and refuses a shift beyond the float8 range before anything changes."""
+    from sazo_lite.precision import Float32Master
+
+    model = torch.ones(4).to(dtype)
+    master = Float32Master([model])
+    assert master.tensors[0].dtype == torch.float32
+    opt = sz.MeZO(master.tensors, lr=0.05, eps=0.25, noise=None, seed=1)
+    for _ in range(30):
+        master.step(opt, lambda: (model.float() - 3.0) ** 2)
+    assert float(model.float().mean()) > 1.5
+    assert torch.equal(model, master.tensors[0].to(dtype))
+    large = torch.full((4,), torch.finfo(dtype).max / 2).to(dtype)
+    big_master = Float32Master([large])
+    before = large.clone()
+    with pytest.raises(ValueError, match="would overflow"):
+        big_master.step(sz.MeZO(big_master.tensors, lr=0.05, eps=torch.finfo(dtype).max / 20, noise=None),
+                        lambda: large.float())
+    assert torch.equal(large.float(), before.float())
