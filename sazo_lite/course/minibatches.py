@@ -9,7 +9,7 @@ import torch
 
 from .. import variance
 from ..directions import derive_seed
-from ..validation import check_count
+from ..validation import check_count, check_number
 
 __all__ = ["gain_along_path", "path_point", "sample_minibatches", "minibatch_zo_estimates", "weighted_loss_estimates",
            "gain_vs_batch", "second_moment_estimate", "norm_spread"]
@@ -43,6 +43,18 @@ def _norms(norms) -> torch.Tensor:
     return a
 
 
+def _finite(name: str, values, dims: int, shape: str) -> torch.Tensor:
+    """``values`` as a float64 tensor with ``dims`` dimensions of finite numbers, or a ValueError naming it."""
+    try:
+        a = torch.as_tensor(values, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"Invalid {name}: expected {shape} of numbers, got {type(values).__name__}") from None
+    if a.dim() != dims or a.numel() == 0 or not bool(torch.isfinite(a).all()):
+        raise ValueError(f"Invalid {name}: expected {shape} of finite numbers, got shape {tuple(a.shape)}"
+                         + ("" if a.numel() == 0 or bool(torch.isfinite(a).all()) else " with inf or NaN"))
+    return a
+
+
 def _columns(name: str, values, probs: torch.Tensor) -> None:
     if len(values) != len(probs):
         raise ValueError(f"Invalid {name}: {len(values)} rows for {len(probs)} probabilities (expected one per example)")
@@ -70,9 +82,9 @@ def minibatch_zo_estimates(per_example_grads: torch.Tensor, probs, batch_size: i
     Exact MeZO estimates for linear f_i (a_i = ∇f_i); E[ĝ] = ∇F and, by
     ``variance.zo_second_moment``, E‖ĝ‖² = (d+2)[V(p)/B + (1 − 1/B)‖∇F‖²].
     """
-    _columns("per_example_grads", per_example_grads, _probs(probs))
+    a = _finite("per_example_grads", per_example_grads, 2, "[N, d] per-example gradients")
+    _columns("per_example_grads", a, _probs(probs))
     indices, weights = sample_minibatches(probs, batch_size, trials, seed=seed)
-    a = per_example_grads.double()
     g = torch.Generator().manual_seed(derive_seed(seed, 1))
     z = torch.randn(trials, a.shape[1], generator=g, dtype=torch.float64)
     diffs = torch.einsum("tbd,td->tb", a[indices], z)  # d_k = zᵀa_{i_k}, [trials, B]
@@ -87,7 +99,7 @@ def weighted_loss_estimates(losses, probs, batch_size: int, trials: int, *, seed
     With the weights, E[F̂] = F for any p with full support; without them (w = 1) the mean
     is Σ_i p_i f_i, which is biased unless p is uniform.
     """
-    losses = torch.as_tensor(losses, dtype=torch.float64)
+    losses = _finite("losses", losses, 1, "[N] per-example losses")
     _columns("losses", losses, _probs(probs))
     indices, weights = sample_minibatches(probs, batch_size, trials, seed=seed)
     values = losses[indices]
@@ -101,6 +113,10 @@ def gain_vs_batch(norms, full_grad_norm: float, dim: int, batch_sizes) -> torch.
     shrinking towards 1 as B grows. Returns float64 [len(batch_sizes)].
     """
     norms = _norms(norms)
+    if isinstance(full_grad_norm, torch.Tensor) and full_grad_norm.numel() == 1:
+        full_grad_norm = float(full_grad_norm)                              # e.g. grads.mean(0).norm()
+    full_grad_norm = check_number("full_grad_norm", full_grad_norm, 0.0)   # ‖∇F‖
+    dim = check_count("dim", dim)
     batch_sizes = [check_count("batch_sizes", b) for b in batch_sizes]
     uniform = torch.full_like(norms, 1.0 / len(norms))
     oracle = variance.oracle_probs(norms)
@@ -148,10 +164,11 @@ def second_moment_estimate(draws: torch.Tensor) -> tuple[float, float]:
         >>> mean, error
         (3.0, 0.0)
     """
-    if draws.dim() != 2 or draws.shape[0] < 2:
+    draws = _finite("draws", draws, 2, "[trials, d] estimates")
+    if draws.shape[0] < 2:
         raise ValueError(f"Invalid draws: shape {tuple(draws.shape)} (expected [trials, d] with trials >= 2 "
                          "for a standard error)")
-    squares = (draws.double() ** 2).sum(1)                                   # ‖ĝ‖² per draw, [trials]
+    squares = (draws ** 2).sum(1)                                   # ‖ĝ‖² per draw, [trials]
     return float(squares.mean()), float(squares.std() / len(squares) ** 0.5)
 
 

@@ -23,16 +23,17 @@ import torch
 
 from .config import one_thread
 from ..engine import MeZO
+from .minibatches import _norms
 from .problems import FiniteSumProblem, LeastSquares, LogisticRegression
 from ..samplers import RACED, PlainSAZOSampler, SAZOSampler, make_sampler
 from ..train import FlatLossWarning, best_rate, diverged as train_diverged, queries_to_target, train
 from .. import variance
-from ..validation import check_count, check_number
+from ..validation import check_count, check_int, check_number
 
 
 __all__ = ["PROBLEMS", "make_problem", "SAZOTrace", "run_sazo_trace", "RULES", "RULE_NAMES", "RULE_FIXES",
            "rule_sampler", "feed_sampler", "rule_ladder",
-           "roughness", "RaceResult", "DIVERGE_FACTOR", "first_divergence", "race", "tune_lr", "SAMPLERS", "ema_of_chi2", "loss_grid", "sampler_paths"]
+           "roughness", "RaceResult", "DIVERGE_FACTOR", "first_divergence", "race", "tune_lr", "pick_rate", "SAMPLERS", "ema_of_chi2", "loss_grid", "sampler_paths"]
 
 SAMPLERS = RACED        # the samplers a race compares (one vocabulary: ``samplers.make_sampler``)
 
@@ -155,7 +156,9 @@ def feed_sampler(sampler, norms, *, steps: int, batch_size: int, shrink: float =
         >>> float(feed_sampler(SAZOSampler(16), torch.ones(16), steps=3, batch_size=4)[0])
         1.0
     """
-    norms = torch.as_tensor(norms, dtype=torch.float64)
+    norms = _norms(norms)                           # finite, >= 0, not all 0: p* ∝ ‖∇f_i‖ needs one > 0
+    steps, batch_size = check_int("steps", steps, 0), check_count("batch_size", batch_size)
+    shrink = check_number("shrink", shrink, 0.0, closed_low=False)
     if norms.shape != (sampler.num_examples,):
         raise ValueError(f"Invalid norms: shape {tuple(norms.shape)} (expected one norm per example, "
                          f"({sampler.num_examples},))")
@@ -403,6 +406,7 @@ def sampler_paths(problem: FiniteSumProblem, *, steps: int = 100, batch_size: in
     """
     if rule not in RULES:
         raise ValueError(f"Invalid rule: {rule!r} (expected one of {RULES})")
+    check_count("steps", steps)
     paths = {}
     for method in samplers:
         theta = problem.initial_theta(dtype)
@@ -540,11 +544,30 @@ def tune_lr(problem: FiniteSumProblem, method: str, grid, **race_kwargs) -> tupl
     if not grid:
         raise ValueError("Invalid grid: expected at least one learning rate")
     results = {lr: race(problem, samplers=(method,), lr=lr, **race_kwargs) for lr in grid}
+    best = pick_rate(results, method)
+    return best, results[best]
+
+
+def pick_rate(results: dict[float, RaceResult], method: str) -> float:
+    """``tune_lr``'s choice among races already run: rate → that rate's ``RaceResult`` of ``method``.
+
+    The fewest median queries to target wins; ties go to the smaller median final gap (a diverged
+    seed's counts as infinite), then to the earlier rate.
+
+    Example:
+        >>> q = np.array([0.0, 10.0])
+        >>> runs = {r: RaceResult(q, {"uniform": np.array([[1.0, g]])}, 1.0, 0.1, {"uniform": [None]}) for r, g in
+        ...         ((0.01, 0.5), (0.02, 0.3))}
+        >>> pick_rate(runs, "uniform")
+        0.02
+    """
+    if not results or any(method not in result.gaps for result in results.values()):
+        raise ValueError(f"Invalid results: expected a non-empty dict rate -> RaceResult with a {method!r} race")
 
     def final_gap(lr: float) -> float:
         final = results[lr].gaps[method][:, -1]
         return float(np.median(np.where(np.isfinite(final), final, np.inf)))
 
-    best = best_rate({lr: results[lr].to_target[method] for lr in grid}, tiebreak={lr: final_gap(lr) for lr in grid})
-    return best, results[best]
+    return best_rate({lr: results[lr].to_target[method] for lr in results},
+                     tiebreak={lr: final_gap(lr) for lr in results})
 

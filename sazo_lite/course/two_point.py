@@ -18,6 +18,20 @@ __all__ = ["bowl_loss", "bowl_grad", "random_directions", "two_point_estimates",
            "directional_error", "error_vs_eps", "relative_error_theory", "relative_error_monte_carlo"]
 
 
+def _theta(theta, name: str = "theta") -> torch.Tensor:
+    """θ as a floating-point tensor (a list becomes float64); an integer tensor is refused: the curvatures and
+    the directions are cast to θ's dtype, and an int dtype would truncate them (a = 1.5 → 1) without a word."""
+    if not isinstance(theta, torch.Tensor):
+        try:
+            return torch.as_tensor(theta, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"Invalid {name}: {theta!r} (expected a tensor or a sequence of numbers)") from None
+    if not theta.is_floating_point():
+        raise ValueError(f"Invalid {name}: dtype {theta.dtype} (expected a floating-point tensor, e.g. "
+                         f"torch.tensor([1.0, 2.0]): an int dtype would truncate the curvatures and directions)")
+    return theta
+
+
 def _curvatures(theta: torch.Tensor, curvatures) -> torch.Tensor:
     """The curvatures a as a tensor of θ's dtype: one per coordinate of θ (or a single one for all)."""
     a = torch.as_tensor(curvatures, dtype=theta.dtype)
@@ -38,12 +52,14 @@ def bowl_loss(theta: torch.Tensor, curvatures, quartic: float = 0.0, offset: flo
         >>> float(bowl_loss(torch.tensor([1.0, 2.0]), [1.0, 1.0]))
         2.5
     """
+    theta = _theta(theta)
     a = _curvatures(theta, curvatures)
     return (0.5 * a * theta ** 2 + 0.25 * quartic * theta ** 4).sum(-1) + offset
 
 
 def bowl_grad(theta: torch.Tensor, curvatures, quartic: float = 0.0) -> torch.Tensor:
     """∇f(θ) = a ⊙ θ + κ θ³ for ``bowl_loss`` (same shape as θ)."""
+    theta = _theta(theta)
     a = _curvatures(theta, curvatures)
     return a * theta + quartic * theta ** 3
 
@@ -73,7 +89,11 @@ def two_point_estimates(fn, theta: torch.Tensor, directions: torch.Tensor, eps: 
         (g [q], g_j z_j [q, d]); their mean over q is ĝ.
     """
     eps = check_number("eps", eps, 0.0, closed_low=False)
-    z = directions.to(theta.dtype)
+    theta = _theta(theta)
+    z = torch.as_tensor(directions).to(theta.dtype)     # ±1 ints are exact in any float dtype
+    if z.dim() != 2 or z.shape[1] != theta.numel():
+        raise ValueError(f"Invalid directions: shape {tuple(z.shape)} (expected [q, d] with d = {theta.numel()}, "
+                         "θ's size)")
     g = (fn(theta + eps * z) - fn(theta - eps * z)) / (2 * eps)  # [q]
     return g, g[:, None] * z
 
@@ -99,7 +119,7 @@ def directional_error(fn, grad: torch.Tensor, theta: torch.Tensor, directions: t
     ``grad`` is the exact ∇f(θ) (computed in float64); g(z) is computed in θ's dtype.
     """
     g, _ = two_point_estimates(fn, theta, directions, eps)
-    exact = directions.double() @ grad.double()
+    exact = torch.as_tensor(directions, dtype=torch.float64) @ torch.as_tensor(grad, dtype=torch.float64)
     if bool((exact == 0).any()):
         raise ValueError("Invalid grad/directions: zᵀ∇f = 0 for some direction (at the minimum, or z ⟂ ∇f), "
                          "where its relative error is 0/0")

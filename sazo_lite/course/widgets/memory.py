@@ -11,7 +11,9 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from .. import memory
-from ._common import LiveFigure, Dashboard, captioned, int_slider, presets, set_controls, slider
+from ...validation import check_number
+from ._common import LiveFigure, Dashboard, captioned, int_slider, presets, require_keys, set_controls, \
+    slider
 
 __all__ = ["memory_dashboard", "memory_bars", "fit_summary", "measured_vs_predicted_figure"]
 
@@ -195,8 +197,22 @@ def _differs_from_preset(controls) -> bool:
                                       for k in SHAPE_KEYS)
 
 
+_ROW_KEYS = ("mode", "attention", "context", "predicted", "measured", "relative_error")
+
+
 def measured_vs_predicted_figure(rows: list[dict]) -> go.Figure:
-    """Scatter of measured vs predicted extra memory (MB), one marker per (mode, attention)."""
+    """Scatter of measured vs predicted extra memory (MB), one marker per (mode, attention).
+
+    ``rows``: ``memory_measure.validate``'s, each with mode, attention, context, predicted and measured bytes
+    (finite, >= 0) and relative_error.
+    """
+    if not isinstance(rows, (list, tuple)) or not rows:
+        raise ValueError(f"Invalid rows: expected a non-empty list of measurements "
+                         f"(memory_measure.validate's), got {rows!r}")
+    for k, row in enumerate(rows):
+        require_keys(f"rows[{k}]", row, _ROW_KEYS)
+        for key in ("predicted", "measured"):
+            check_number(f"rows[{k}][{key!r}]", row[key], 0.0)   # bytes
     fig = go.Figure(layout=dict(height=420, width=560, xaxis_title="predicted (MB)",
                                 yaxis_title="measured (MB)", xaxis_type="log", yaxis_type="log",
                                 title="Memory model vs measurement (peak above the weights)"))
@@ -206,7 +222,7 @@ def measured_vs_predicted_figure(rows: list[dict]) -> go.Figure:
         fig.add_scatter(x=[r["predicted"] / 1e6 for r in pts], y=[r["measured"] / 1e6 for r in pts],
                         mode="markers", name=f"{mode}, {attention}",
                         text=[f"n_ctx={r['context']}, error {100 * r['relative_error']:+.0f}%" for r in pts])
-    values = [v / 1e6 for r in rows for v in (r["predicted"], r["measured"])] or [1.0, 10.0]
+    values = [v / 1e6 for r in rows for v in (r["predicted"], r["measured"])]
     low, high = min(values) / 1.5, max(values) * 1.5
     fig.add_scatter(x=[low, high], y=[low, high], mode="lines", name="measured = predicted",
                     line=dict(dash="dot", color="grey"))

@@ -18,9 +18,9 @@ import torch
 from ..config import pick
 from ...train import diverged
 from ...validation import check_count, check_number
-from ..sazo_runs import DIVERGE_FACTOR, PROBLEMS, SAMPLERS, RaceResult, first_divergence, make_problem, race, tune_lr
+from ..sazo_runs import DIVERGE_FACTOR, PROBLEMS, SAMPLERS, RaceResult, first_divergence, make_problem, pick_rate, race
 from ._common import SAMPLER_COLORS as _COLORS, SAMPLER_FILLS as _FILLS, SAMPLER_LABELS as _LABELS, Dashboard, \
-    LiveFigure, captioned, divergence_note, int_slider, log_slider, presets, set_controls, slider
+    LiveFigure, TINY_EPS, captioned, divergence_note, int_slider, log_slider, presets, set_controls, slider
 
 __all__ = ["race_dashboard", "race_figure", "race_table_html", "race_verdict", "race_divergence", "merge_results",
            "join_seeds", "PROBLEM_DEFAULTS"]
@@ -223,8 +223,11 @@ def race_divergence(result: RaceResult, batch_size: int, eps: float | None = Non
     return "".join(notes)
 
 
-def _what_to_raise(result: RaceResult) -> str:
-    """The advice when no method reached the target: a diverged method needs a lower η, not a higher one."""
+def _what_to_raise(result: RaceResult, eps: float | None = None) -> str:
+    """The advice when no method reached the target: at ε below ``TINY_EPS`` a larger ε first (what the red
+    notes say: the differences are rounding, and no η helps); a diverged method needs a lower η, not a higher one."""
+    if eps is not None and eps < TINY_EPS:
+        return f"at ε = {eps:.1g} the loss differences are float32 rounding: raise ε (1e-3 is safe here) first"
     failed = [m for m in (m for m in _LABELS if m in result.gaps)
               if any(first_divergence(row) is not None for row in result.gaps[m])]
     if not failed:
@@ -235,8 +238,11 @@ def _what_to_raise(result: RaceResult) -> str:
     return f"{names} diverged: lower {'its' if len(failed) == 1 else 'their'} η; raise the others' η or the steps"
 
 
-def race_table_html(result: RaceResult) -> str:
-    """An HTML table: median queries to target per method, the speed-up over uniform, seeds that got there."""
+def race_table_html(result: RaceResult, eps: float | None = None) -> str:
+    """An HTML table: median queries to target per method, the speed-up over uniform, seeds that got there.
+
+    ``eps``: the runs' ε, for the advice when no method reached the target (at a tiny ε: raise it).
+    """
     rows = []
     for method in (m for m in _LABELS if m in result.to_target):
         reached = sum(q is not None for q in result.to_target[method])
@@ -250,7 +256,7 @@ def race_table_html(result: RaceResult) -> str:
             "<th>seeds reaching it</th></tr>")
     note = ""
     if "uniform" in result.to_target and not np.isfinite(result.median_to_target("uniform")):
-        why = "the “&gt;” speed-ups are lower bounds" if _lower_bounds(result) else f"no method did ({_what_to_raise(result)})"
+        why = "the “&gt;” speed-ups are lower bounds" if _lower_bounds(result) else f"no method did ({_what_to_raise(result, eps)})"
         note = (f"<div style='color:#a33'>uniform MeZO did not reach the target within "
                 f"{int(result.queries[-1]):,} queries: {why}.</div>")
     return (f"<div><b>Queries to reach {fraction:.0%} of the initial gap</b>"
@@ -436,7 +442,8 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
             _draw_race(figures["race"], result, logged=logged)
             figures["race"].layout.title.text = title
         if final:
-            readout.value = race_divergence(result, values["batch_size"], values["eps"]) + race_table_html(result)
+            readout.value = (race_divergence(result, values["batch_size"], values["eps"])
+                             + race_table_html(result, values["eps"]))
             shown[0] = result
         draws[0] += 1
 
@@ -494,16 +501,20 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
             set_controls(controls, PROBLEM_DEFAULTS[change["new"]], refresh, hold)
 
     def tune(_button=None) -> None:
-        """Each method's best rate among ``_GRID`` × its current rate (queries to target, then final gap)."""
+        """Each method's best rate among ``_GRID`` × its current rate that its slider can hold (``pick_rate``:
+        queries to target, then final gap). The grid's runs go through the run cache: the current rate's are
+        not run again, and the redraw at the chosen rates trains nothing."""
         values = current_values()
         status.value = "tuning η per method…"
         best = {}
         for method in SAMPLERS:
-            grid = [values[LR_CONTROLS[method]] * factor for factor in _GRID]
-            best[LR_CONTROLS[method]], _ = tune_lr(
-                current_problem(values), method, grid, seeds=seeds, steps=steps, batch_size=values["batch_size"],
-                eps=values["eps"], ema_decay=values["ema_decay"], uniform_mix=values["uniform_mix"],
-                log_every=log_every, target_fraction=target_fraction, dtype=dtype)
+            name = LR_CONTROLS[method]
+            control = controls[name]
+            low, high = control.base ** control.min, control.base ** control.max
+            grid = [rate for rate in (values[name] * factor for factor in _GRID) if low <= rate <= high]
+            results = {rate: join_seeds([run_method(method, {**values, name: rate}, s) for s in seeds])
+                       for rate in grid}
+            best[name] = pick_rate(results, method)
         set_controls(controls, best, refresh, hold)
 
     controls["problem"].observe(on_problem, names="value")
@@ -512,7 +523,8 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
             control.observe(on_change, names="value")
     controls["heterogeneity"].disabled = problem == _HOMOG
     tune_button = widgets.Button(description="tune η per method", layout=widgets.Layout(width="auto"),
-                                 tooltip="best of ¼×, ½×, 1×, 2×, 4× each method's current η (a few seconds)")
+                                 tooltip="best of ¼×, ½×, 1×, 2×, 4× each method's current η within its slider "
+                                         "(a few seconds)")
     tune_button.on_click(tune)
     opening = {name: control.value for name, control in controls.items()}
     choices = {"defaults": opening, **{label: values for label, values in PRESETS.items() if label != "defaults"}}

@@ -60,17 +60,23 @@ def _wiggle(trace: SAZOTrace, last: int) -> str:
     return f"plotted estimates' mean step |Δ log| = {value:.2f}"
 
 
+def _log_point(trace: SAZOTrace, index: int) -> int:
+    """``index`` as a position among the trace's log points (a negative one counts from the end)."""
+    if len(trace.steps) == 0:
+        raise ValueError("Invalid trace: no log points")
+    if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or \
+            not -len(trace.steps) <= index < len(trace.steps):
+        raise ValueError(f"Invalid index: {index!r} (the trace has {len(trace.steps)} log points)")
+    return int(index) % len(trace.steps)
+
+
 def trace_readout(trace: SAZOTrace, index: int = -1) -> str:
     """One line of numbers at a log point, e.g. "step 300: Spearman ρ = 0.59, TV = 0.39, ...".
 
     Ends with the mean of V(p_SAZO)/V(p*) over the run so far (one snapshot is noisy) and how much the
     three plotted estimates wiggle: their mean step |Δ log| between log points so far (``sazo_runs.roughness``).
     """
-    if len(trace.steps) == 0:
-        raise ValueError("Invalid trace: no log points")
-    if not -len(trace.steps) <= index < len(trace.steps):
-        raise ValueError(f"Invalid index: {index} (the trace has {len(trace.steps)} log points)")
-    last = index % len(trace.steps)
+    last = _log_point(trace, index)
     upto = slice(1, last + 1) if last else slice(0, 1)   # the log points after θ₀, up to ``index``
     return (f"step {int(trace.steps[index])}: Spearman {_rho(trace, index)}, "
             f"TV = {trace.tv[index]:.2f}, V(p_SAZO)/V(p*) = {trace.ratio['sazo'][index]:.2f}, "
@@ -110,7 +116,7 @@ def decay_note(trace: SAZOTrace, ema_decay: float, index: int = -1) -> str:
     so β matters only for examples seen more than about β/(1−β) − c times.
     """
     sampler = rule_sampler(trace.rule, 1, ema_decay=ema_decay)
-    counts = trace.counts[index]
+    counts = trace.counts[_log_point(trace, index)]
     decay = sampler.decay(counts)
     share = float(np.mean(decay >= ema_decay))
     if share == 1.0:

@@ -1,0 +1,184 @@
+"""Red-team round 10 on the course layer: what the race's "tune η" button and the importance dashboard's λ
+slider recompute, the race table's advice at a tiny ε, and course helpers given bad data.
+
+Rounds 8 and 9 (tests/test_course_round8.py, test_course_round9.py) drove the dashboards to their slider ends
+and into divergence; this round counts the runs a control's change costs and calls the helpers left unchecked.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("ipywidgets")
+pytest.importorskip("plotly")
+
+from sazo_lite.course import minibatches, problems, sazo_runs, two_point  # noqa: E402
+from sazo_lite.course import widgets as sw  # noqa: E402
+from sazo_lite.course.widgets import race as race_widgets  # noqa: E402
+
+
+def text(html: str) -> str:
+    return re.sub(r"<[^>]+>", "", html)
+
+
+@pytest.fixture
+def runs(monkeypatch):
+    """Every training run ``sazo_runs.race`` starts, as (method, seed, lr)."""
+    started, run_one = [], sazo_runs._run_one
+
+    def counted(problem, method, seed, **kwargs):
+        started.append((method, seed, kwargs["lr"]))
+        return run_one(problem, method, seed, **kwargs)
+
+    monkeypatch.setattr(sazo_runs, "_run_one", counted)
+    return started
+
+
+# -- notebook 05: the "tune η per method" button -----------------------------------------------------
+
+def test_race_tune_trains_each_grid_rate_once_and_its_redraw_trains_nothing(runs):
+    """The button ran ``tune_lr`` (5 rates × 3 methods × seeds), threw its runs away and retrained the three
+    chosen rates for the redraw; the current rate's runs, already on screen, were trained again too: 54 runs
+    for the notebook's 3 seeds where 36 are new. Its choice is still ``tune_lr``'s."""
+    seeds, steps = 2, 40
+    board = sw.race_dashboard(seeds=seeds, steps=steps, live_after=None)
+    values = {name: control.value for name, control in board.controls.items()}
+    runs.clear()
+    board.tune()
+    assert len(runs) == 3 * (len(race_widgets._GRID) - 1) * seeds, runs
+    assert len(set(runs)) == len(runs)                       # no run twice
+    for method in sazo_runs.SAMPLERS:
+        name = race_widgets.LR_CONTROLS[method]
+        current = values[name]
+        assert (method, 0, current) not in runs               # on screen already
+        expected, _ = sazo_runs.tune_lr(
+            sazo_runs.make_problem(values["problem"], heterogeneity=values["heterogeneity"], num_examples=64, dim=5),
+            method, [current * f for f in race_widgets._GRID], seeds=tuple(range(seeds)), steps=steps,
+            batch_size=values["batch_size"], eps=values["eps"], ema_decay=values["ema_decay"],
+            uniform_mix=values["uniform_mix"], log_every=10, target_fraction=0.1, dtype=torch.float32)
+        assert board.controls[name].value == expected, (method, board.controls[name].value, expected)
+    assert board.result().lrs == {m: board.controls[race_widgets.LR_CONTROLS[m]].value for m in sazo_runs.SAMPLERS}
+
+
+def test_race_tune_tries_only_rates_its_sliders_can_hold(runs):
+    """At η uniform = 1 (the slider's end) the button also raced 2 and 4: a choice the slider would have cut to
+    1 without a word, so the plot would not show the tuned rate."""
+    board = sw.race_dashboard(seeds=1, steps=30, live_after=None)
+    board.controls["lr_uniform"].value = 1.0
+    runs.clear()
+    board.tune()
+    tried = sorted({lr for method, _seed, lr in runs if method == "uniform"})
+    assert tried == [0.25, 0.5], tried                     # ¼×, ½× (1× is on screen; 2×, 4× are off the slider)
+    assert board.controls["lr_uniform"].value in (0.25, 0.5, 1.0)
+
+
+# -- notebook 05: the race table at a tiny ε ---------------------------------------------------------
+
+def test_race_table_at_a_tiny_eps_says_raise_eps_as_the_red_notes_do():
+    """The "ε too small" preset's table said "no method did (uniform MeZO, SAZO diverged: lower their η; raise
+    the others' η or the steps)" under red notes saying "raise ε before lowering η": at ε = 1e-9 no η helps."""
+    from sazo_lite.course.sazo_runs import RaceResult
+
+    q = np.array([0.0, 20.0, 40.0])
+    wild, flat = np.array([[1.0, 50.0, np.nan]]), np.array([[1.0, 1.0, 1.0]])
+    result = RaceResult(q, {"uniform": wild, "sazo": wild, "oracle": flat}, 1.0, 0.1,
+                        {m: [None] for m in ("uniform", "sazo", "oracle")})
+    tiny = text(race_widgets.race_table_html(result, eps=1e-9))
+    assert "raise ε" in tiny and "lower their η" not in tiny and "raise the others' η" not in tiny, tiny
+    assert "lower their η" in text(race_widgets.race_table_html(result, eps=1e-3))   # a safe ε: the η advice
+    assert "lower their η" in text(race_widgets.race_table_html(result))
+
+
+def test_race_dashboard_tiny_eps_readout_gives_one_advice():
+    board = sw.race_dashboard(seeds=1, steps=60, live_after=None)
+    board.controls["eps"].value = 1e-9
+    shown = text(board.readout.value)
+    assert "raise ε" in shown and "raise the others' η" not in shown, shown
+
+
+# -- notebook 03: the importance dashboard's λ ------------------------------------------------------
+
+def test_importance_dashboard_redraws_only_the_mixed_bar_when_lambda_moves(monkeypatch):
+    """Moving λ redrew the Monte-Carlo bars of uniform and the oracle as well, which do not depend on λ (the
+    same draws, the same numbers): three Monte-Carlo runs per move instead of one (0.40 s against 0.20 s at the
+    notebook's 100,000 draws)."""
+    board = sw.importance_dashboard(num_examples=64, dim=5, trials=4000)
+    bars = list(board.figures["variance"].data[0].y)
+    calls, estimates = [], minibatches.minibatch_zo_estimates
+
+    def counted(*args, **kwargs):
+        calls.append(args[2])
+        return estimates(*args, **kwargs)
+
+    monkeypatch.setattr(minibatches, "minibatch_zo_estimates", counted)
+    board.controls["uniform_mix"].value = 0.6
+    assert len(calls) == 1, calls
+    moved = list(board.figures["variance"].data[0].y)
+    assert moved[0] == bars[0] and moved[2] == bars[2] and moved[1] != bars[1]
+    board.controls["uniform_mix"].value = 0.3                 # back to the opening λ: nothing to draw again
+    assert len(calls) == 1 and list(board.figures["variance"].data[0].y) == bars
+    board.controls["batch_size"].value = 4                    # B changes every bar
+    assert len(calls) == 4
+
+
+# -- helpers given bad data ----------------------------------------------------------------------------
+
+def _bad_data_calls():
+    ls = problems.LeastSquares(16, 3, seed=0)
+    bowl = lambda t: two_point.bowl_loss(t, [1.0, 2.0])
+    nan = float("nan")
+    return [
+        # (call, the word its message must name)   what it did before
+        (lambda: minibatches.gain_vs_batch([1.0, 2.0], nan, 2, [1]), "full_grad_norm"),             # tensor([nan])
+        (lambda: minibatches.gain_vs_batch([1.0, 2.0], -1.0, 2, [1]), "full_grad_norm"),            # silently 1.11
+        (lambda: minibatches.gain_vs_batch([1.0, 2.0], 1.0, 0, [1]), "dim"),                        # silently 1.11
+        (lambda: minibatches.weighted_loss_estimates([nan, 1.0], [0.5, 0.5], 1, 3), "losses"),      # NaN estimates
+        (lambda: minibatches.minibatch_zo_estimates(torch.tensor([[nan, 1.0], [1.0, 1.0]]), [0.5, 0.5], 1, 3),
+         "per_example_grads"),                                                                       # NaN estimates
+        (lambda: minibatches.minibatch_zo_estimates(torch.ones(2), [0.5, 0.5], 1, 3), "per_example_grads"),  # IndexError
+        (lambda: minibatches.second_moment_estimate(torch.tensor([[nan, 1.0], [1.0, 1.0]])), "draws"),  # (nan, nan)
+        (lambda: two_point.bowl_loss(torch.tensor([1, 2]), [1.5, 1.5]), "theta"),                   # a = 1: 2.5, not 3.75
+        (lambda: two_point.bowl_grad(torch.tensor([1, 2]), [1.5, 1.5]), "theta"),                   # a = 1
+        (lambda: two_point.two_point_estimates(bowl, torch.tensor([1, 1]), two_point.random_directions(2, 2), 1e-3),
+         "theta"),                                                                                   # z truncated to ints
+        (lambda: two_point.two_point_estimates(bowl, torch.ones(2), torch.ones(2, 3), 1e-3), "directions"),  # RuntimeError
+        (lambda: sazo_runs.feed_sampler(sazo_runs.SAZOSampler(2), [nan, 1.0], steps=2, batch_size=1), "norms"),  # silent
+        (lambda: sazo_runs.feed_sampler(sazo_runs.SAZOSampler(2), [1.0, 1.0], steps=-1, batch_size=1), "steps"),  # silent
+        (lambda: sazo_runs.feed_sampler(sazo_runs.SAZOSampler(2), [1.0, 1.0], steps=2, batch_size=1, shrink=-1.0),
+         "shrink"),                                                                                  # silent
+        (lambda: sazo_runs.sampler_paths(problems.LeastSquares(8, 2), steps=0), "steps"),            # θ₀ alone
+        (lambda: sw.decay_note(sazo_runs.run_sazo_trace(ls, steps=2, log_every=1), 0.9, 10), "index"),  # IndexError
+        (lambda: sw.measured_vs_predicted_figure([]), "rows"),                                        # an empty plot
+        (lambda: sw.measured_vs_predicted_figure([{"predicted": 1e6, "measured": 1e6}]), "rows[0]"),  # KeyError 'mode'
+        (lambda: sw.measured_vs_predicted_figure([dict(_ROW, measured=float("nan"))]), "measured"),  # silently drawn
+    ]
+
+
+_ROW = dict(mode="zo", attention="fused", context=256, predicted=2e6, measured=2.2e6, relative_error=0.1)
+
+
+@pytest.mark.parametrize("case", range(len(_bad_data_calls())))
+def test_helpers_given_bad_data_raise_a_value_error_naming_it(case):
+    call, name = _bad_data_calls()[case]
+    with pytest.raises(ValueError, match=re.escape(name)):
+        call()
+
+
+def test_the_checked_helpers_still_take_what_the_notebooks_pass():
+    """The checks refuse bad data only: lists, a 0-d tensor ‖∇F‖ and ±1 integer directions still work."""
+    grads = torch.tensor([[1.0, 0.5], [2.0, -1.0]])
+    as_list = minibatches.minibatch_zo_estimates(grads.tolist(), [0.5, 0.5], 1, 5)
+    assert torch.equal(as_list, minibatches.minibatch_zo_estimates(grads, [0.5, 0.5], 1, 5))
+    assert minibatches.second_moment_estimate(as_list.tolist()) == minibatches.second_moment_estimate(as_list)
+    norms = grads.norm(dim=1)
+    assert torch.equal(minibatches.gain_vs_batch(norms, grads.mean(0).norm(), 2, [1, 4]),
+                       minibatches.gain_vs_batch(norms, float(grads.mean(0).norm()), 2, [1, 4]))
+    assert float(two_point.bowl_loss([1.0, 2.0], [1.5, 1.5])) == pytest.approx(3.75)
+    signs = torch.tensor([[1, -1], [-1, -1]])
+    bowl = lambda t: two_point.bowl_loss(t, [1.0, 2.0])
+    theta = torch.tensor([1.0, 1.0])
+    assert torch.equal(two_point.two_point_estimates(bowl, theta, signs, 1e-3)[0],
+                       two_point.two_point_estimates(bowl, theta, signs.float(), 1e-3)[0])
