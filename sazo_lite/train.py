@@ -188,7 +188,7 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
                 for group, rate in zip(groups, base_rates):
                     group["lr"] = rate * scale
             indices, weights = _drawn(sampler, batch_size)
-            rate = base_rates[0] * scale if base_rates else float("nan")
+            rate = groups[0]["lr"] if groups else float("nan")   # as the step finds it (a step hook may set it)
             before = _step_count(optimizer)
             try:
                 result = optimizer.step(lambda: batch_losses(indices), weights)
@@ -222,8 +222,9 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
                         break
     finally:
         bar.close()
-        for group, rate in zip(groups, base_rates):
-            group["lr"] = rate
+        if step_rule is not None:   # the rule's scaled rates are undone; without it the rates are the caller's
+            for group, rate in zip(groups, base_rates):
+                group["lr"] = rate
         flush = getattr(optimizer, "flush", None)
         if flush is not None:  # the parameters are current when train returns or raises (Ctrl-C between steps)
             flush()
@@ -278,7 +279,7 @@ def _committed(optimizer, before):
 
 def _record(history: History, result, queries: int, weights, lr: float) -> None:
     """One committed step's entries, appended together (computed first: nothing half-appended)."""
-    max_weight = float(torch.as_tensor(weights).max())
+    max_weight, lr = float(torch.as_tensor(weights).max()), float(lr)   # the step took lr: a number
     history.queries.append(queries)
     history.loss.append(result.loss)
     history.projected_grad.append(result.projected_grad)

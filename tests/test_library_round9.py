@@ -275,3 +275,35 @@ def test_a_float32_master_of_float8_parameters_trains_and_keeps_their_range(dtyp
         big_master.step(sz.MeZO(big_master.tensors, lr=0.05, eps=torch.finfo(dtype).max / 20, noise=None),
                         lambda: large.float())
     assert torch.equal(large.float(), before.float())
+
+
+# --- defect 5: train and a rate schedule of the caller's ----------------------------------------------
+def test_train_records_the_rate_each_step_used_and_leaves_a_callers_schedule_alone():
+    """A step hook (or an evaluate callback) that sets the rate: History.lr repeated the rate train found
+    at its start, and train put that rate back when it returned, undoing the schedule."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(8, 3, generator=g, dtype=torch.float64)
+    theta = torch.zeros(3, dtype=torch.float64)
+    opt = sz.MeZO([theta], lr=0.1, noise=None)
+
+    def halve(optimizer, event):
+        if event.kind == "step":
+            for group in optimizer.param_groups:
+                group["lr"] *= 0.5
+
+    opt.register_step_hook(halve)
+    history = sz.train(opt, sz.UniformSampler(8), lambda idx: (a[idx] @ theta - 1.0) ** 2, 4, progress=False)
+    assert history.lr == [0.1, 0.05, 0.025, 0.0125]
+    assert opt.param_groups[0]["lr"] == 0.1 / 16
+
+
+def test_train_with_a_step_rule_still_restores_the_base_rates():
+    from sazo_lite.train import NoiseScaledStep
+
+    theta = torch.zeros(3, dtype=torch.float64)
+    a = torch.randn(8, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    opt = sz.MeZO([theta], lr=0.1, noise=None)
+    history = sz.train(opt, sz.UniformSampler(8), lambda idx: (a[idx] @ theta - 1.0) ** 2, 30, progress=False,
+                       step_rule=NoiseScaledStep(warmup=2))
+    assert opt.param_groups[0]["lr"] == 0.1
+    assert any(rate != 0.1 for rate in history.lr)
