@@ -298,3 +298,22 @@ def test_llm_queries_refuses_threads_its_workers_would_not_use(capsys):
         llm_queries.parse_args(["--jobs", "2", "--threads", "2"])
     assert caught.value.code == 2 and "--threads" in capsys.readouterr().err
     assert llm_queries.parse_args(["--jobs", "1", "--threads", "2"]).threads == 2
+
+
+def test_make_bench_grades_a_ratio_of_two_sections_only_when_one_run_measured_both(monkeypatch, tmp_path):
+    """``--only sampler`` merges this run's sampler section into an earlier run's results, and the graded
+    'smollm2 1 + sampler extra ÷ MeZO step' then divided this run's sampler time by another run's step."""
+    sampler = {"uniform_s": 1e-4, "sazo_s": 3e-4, "sumtree_s": 1e-4, "multinomial_s": 1e-4}
+    speed = {**{f"{v}_ratio": 1.05 for v in engine_speed.VARIANTS}, "model": "smollm2", "forward_s": 1.0,
+             "default_s": 2.0, "default_noise": "GaussianTable"}
+    share = lambda rows: [r for r in rows if "sampler extra ÷ MeZO step" in r[1] and "smollm2" in r[1]][0]
+    assert share(run.table_rows({"sampler": sampler, "speed/smollm2": speed}))[4] == "yes"     # old reports: as before
+    earlier = {"speed/smollm2": {**speed, "run": "2026-12-01 10:00 UTC"}}
+    monkeypatch.setattr(run.engine_speed, "sampler_cost", lambda: dict(sampler))
+    results = run.run_sections(True, only=["sampler"], previous=earlier)
+    row = share(run.table_rows(results))
+    assert row[3] == row[4] == "" and "not one run" in row[1]
+    assert results["sampler"]["run"] != "2026-12-01 10:00 UTC"
+    both = run.run_sections(True, only=["sampler"], previous={"speed/smollm2": dict(speed)})
+    both["speed/smollm2"]["run"] = both["sampler"]["run"]
+    assert share(run.table_rows(both))[4] == "yes"
