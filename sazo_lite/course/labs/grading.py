@@ -146,10 +146,11 @@ def read_notebook(path: Path, findings: list | None = None):
         if os.path.islink(path):
             raise ValueError(f"{Path(path).name} is a symbolic link, not a file: hand in the notebook itself") from None
         raise ValueError(f"{Path(path).name} cannot be opened ({exc.strerror})") from None
+    info = os.fstat(fd)   # before fdopen, which refuses a folder with an error that names the descriptor
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise ValueError(f"{Path(path).name} is not a regular file: hand in the notebook itself")
     with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{Path(path).name} is not a regular file: hand in the notebook itself")
         if info.st_nlink > 1:
             raise ValueError(f"{Path(path).name} has other names (hard links): hand in a copy of the notebook")
         data = handle.read(MAX_NOTEBOOK_BYTES + 1)   # never more: one huge hand-in must not end the class's grading
@@ -166,7 +167,8 @@ def parse_notebook(data: bytes, findings: list | None = None):
     A byte-order mark (Windows editors write one) is skipped; a cell's ``source`` as a list of lines (valid
     nbformat on disk) is joined; a cell that is not an object, has no type, or whose source is neither text
     nor a list of text becomes an empty cell, and ``findings`` (a list, if given) gets one line naming it;
-    metadata that is not an object, or tags that are not a list, are read as none. Outputs and attachments
+    metadata (the notebook's or a cell's) that is missing or not an object, or tags that are not a list, are
+    read as none. Outputs and attachments
     are dropped (grading never reads them; a hand-in with huge outputs costs no more than its code).
     """
     import nbformat
@@ -178,6 +180,8 @@ def parse_notebook(data: bytes, findings: list | None = None):
         raw = None
     if not isinstance(raw, dict):  # not JSON (or not an object): nbformat's own error says so
         return nbformat.reads(data.decode("utf-8", "replace"), as_version=4)
+    if not isinstance(raw.get("metadata"), dict):   # missing or not an object (a notebook a script wrote):
+        raw["metadata"] = {}                         # nbformat refuses the file, grading never reads it
     index = 0
     worksheets = raw.get("worksheets") if raw.get("nbformat") == 3 else None
     for cells in ([w.get("cells") for w in worksheets if isinstance(w, dict)] if isinstance(worksheets, list)

@@ -20,7 +20,8 @@ def record(value, *, rtol: float = RTOL, atol: float = ATOL) -> None:
     """Hand ``value`` to the grader (compared with the solution's within ``rtol``/``atol``).
 
     Numbers, tensors and arrays compare with ``|a − b| ≤ atol + rtol·|b|``; ints, bools,
-    strings and None exactly; lists, tuples and dicts item by item. Returns None, so a bare
+    strings and None exactly; lists, tuples and dicts item by item. Where the solution
+    recorded a Python number, a 0-d tensor or array holding a number matches it by value. Returns None, so a bare
     ``record(x)`` line prints nothing in a doctest. Outside grading it does nothing.
 
     Example:
@@ -190,8 +191,8 @@ def compare(expected, got, rtol: float = RTOL, atol: float = ATOL) -> str | None
         return f"the value is too large to grade ({got.get('n')} numbers or more; at most {MAX_ITEMS})"
     kind = expected.get("t")
     numeric = {"int", "float"}
-    if kind in numeric and got.get("t") in numeric:
-        return _close(expected["v"], got["v"], rtol, atol)
+    if kind in numeric and (got.get("t") in numeric or _number_array(got)):
+        return _close(expected["v"], got.get("v"), rtol, atol)
     if got.get("t") != kind:
         return f"expected a {kind}, got a {got.get('t')}"
     if kind == "array":
@@ -210,6 +211,12 @@ def compare(expected, got, rtol: float = RTOL, atol: float = ATOL) -> str | None
                     return reason
         return None
     return None if got.get("v") == expected.get("v") else "a different value"
+
+
+def _number_array(value: dict) -> bool:
+    """A 0-d tensor or array of numbers (``x.mean()``, ``np.float32(x)``): where the solution recorded a Python
+    number, the number it holds is compared (a test that asks for a Python float records the type too)."""
+    return value.get("t") == "array" and value.get("shape") == [] and value.get("dtype") != "bool"
 
 
 def _close(a, b, rtol, atol) -> str | None:
