@@ -182,3 +182,33 @@ def test_the_checked_helpers_still_take_what_the_notebooks_pass():
     theta = torch.tensor([1.0, 1.0])
     assert torch.equal(two_point.two_point_estimates(bowl, theta, signs, 1e-3)[0],
                        two_point.two_point_estimates(bowl, theta, signs.float(), 1e-3)[0])
+
+
+def test_race_titles_say_what_is_still_coming_with_one_seed():
+    """With one seed per method the draws between methods were titled "first seed… (more seeds coming)", though
+    no seed was coming, and the last method's was drawn twice (a partial draw, then the same final one)."""
+    board = sw.race_dashboard(seeds=1, steps=30, live_after=None)
+    figure, titles = board.figures["race"], []
+    figure.view.observe(lambda _change: titles.append(figure.layout.title.text), names="outputs")
+    board.controls["eps"].value = 1e-2                       # every method retrains
+    assert titles == ["heterogeneous quadratic: SAZO, oracle p* still training…",
+                      "heterogeneous quadratic: oracle p* still training…",
+                      "heterogeneous quadratic: gap against queries (1 seed)"], titles
+    assert board.stages[0] == 3
+    two = sw.race_dashboard(seeds=2, steps=30, live_after=None)
+    two.figures["race"].view.observe(lambda _change: titles.append(two.figures["race"].layout.title.text),
+                                     names="outputs")
+    titles.clear()
+    two.controls["eps"].value = 1e-2
+    assert titles == ["heterogeneous quadratic: first seed… (more seeds coming)"] * 3 + \
+        ["heterogeneous quadratic: gap against queries (2 seeds)"], titles
+
+
+@pytest.mark.parametrize("rate", [5.0, 1e-6, "0.01"])
+def test_race_dashboard_refuses_an_opening_rate_its_slider_cannot_hold(rate):
+    """``lrs={"uniform": 5.0}`` opened the race at η uniform = 1 (the slider's end) without a word, so its
+    headline was not the race asked for; a string was a bare "could not convert string to float"."""
+    with pytest.raises(ValueError, match=re.escape("Invalid lrs['uniform']")):
+        sw.race_dashboard(seeds=1, steps=10, lrs={"uniform": rate}, live_after=None)
+    board = sw.race_dashboard(seeds=1, steps=10, lrs={"uniform": 1.0, "oracle": 1e-4}, live_after=None)
+    assert board.result().lrs["uniform"] == 1.0 and board.result().lrs["oracle"] == 1e-4   # the ends are fine

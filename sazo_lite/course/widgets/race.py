@@ -401,7 +401,9 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
         raise ValueError(f"Invalid lrs: {sorted(unknown)} (expected methods among {tuple(LR_CONTROLS)})")
     controls = _controls(problem)
     for method, rate in (lrs or {}).items():
-        controls[LR_CONTROLS[method]].value = float(rate)
+        control = controls[LR_CONTROLS[method]]
+        # a rate off the slider would be cut to its end without a word, and the opening race not the one asked for
+        control.value = check_number(f"lrs[{method!r}]", rate, control.base ** control.min, control.base ** control.max)
     figures = {"race": _empty_race_figure(title="Gap against queries")}
     readout = widgets.HTML()
     status = widgets.HTML()
@@ -431,13 +433,17 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
                              log_every=log_every, target_fraction=target_fraction, dtype=dtype)
         return runs[key]
 
-    def draw(values: dict, result: RaceResult, final: bool, logged: dict[str, int] | None = None) -> None:
+    def draw(values: dict, result: RaceResult, final: bool, logged: dict[str, int] | None = None,
+             coming: tuple[str, ...] = ()) -> None:
+        """``coming``: the stale methods not trained yet (what a partial draw of one seed waits for)."""
         if final:
-            title = f"{values['problem']}: gap against queries ({len(seeds)} seeds)"
+            title = f"{values['problem']}: gap against queries ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})"
         elif logged:
             title = f"{values['problem']}: {_LABELS[next(iter(logged))]} training…"
-        else:
+        elif len(seeds) > 1:
             title = f"{values['problem']}: first seed… (more seeds coming)"
+        else:
+            title = f"{values['problem']}: {', '.join(_LABELS[m] for m in coming)} still training…"
         with figures["race"].batch_update():   # one redraw
             _draw_race(figures["race"], result, logged=logged)
             figures["race"].layout.title.text = title
@@ -480,13 +486,14 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
         due = [time.perf_counter() + (live_after if live_after is not None else np.inf)]
         stale = [m for m in SAMPLERS if any(run_key(m, values, s) not in runs for s in seeds)]
         done = [m for m in SAMPLERS if m not in stale]
-        for method in stale:
+        for k, method in enumerate(stale):
             # Progressive: draw each stale method's first seed as it trains and once it is done
             # (other stale methods blank meanwhile), then all seeds. Jupyter shows each draw at once.
             run_method(method, values, seeds[0], watch(values, method, done, due))
             done.append(method)
-            if len(stale) * len(seeds) > 1:
-                draw(values, merge_results(so_far(values, done)), final=False)
+            coming = tuple(stale[k + 1:])
+            if len(seeds) > 1 or coming:   # with one seed the last method's draw is the final one
+                draw(values, merge_results(so_far(values, done)), final=False, coming=coming)
         result = merge_results([join_seeds([run_method(m, values, s) for s in seeds]) for m in SAMPLERS])
         draw(values, result, final=True)
         status.value = " ".join(f"η {_LABELS[m]} = {values[LR_CONTROLS[m]]:.2g};" for m in SAMPLERS)
