@@ -58,7 +58,7 @@ import torch
 import math
 
 from .directions import Z_BOUND, derive_seed, draw_direction, rademacher_signs, z_dtype
-from .validation import check_int
+from .validation import check_int, check_seed
 
 __all__ = ["Job", "NoiseSource", "PlainNoise", "TorchNoise", "NoiseTable", "GaussianTable",
            "white_table", "source_for", "split_jobs", "chunk_bounds", "z_dtype"]
@@ -311,7 +311,7 @@ class NoiseTable(_Threaded):
         self.size, self.chunk = check_int("size", size, 32), check_int("chunk", chunk, 16)
         if chunk + 15 > size:
             raise ValueError(f"Invalid chunk: {chunk} (must be at most size − 15 = {size - 15})")
-        self.seed = check_int("seed", seed)
+        self.seed = check_seed("seed", seed)
         self._tables: dict[tuple[torch.device, torch.dtype, str], torch.Tensor] = {}
 
     @property
@@ -438,7 +438,7 @@ class GaussianTable(_Threaded):
             raise ValueError(f"Invalid size: {size} (expected a power of two ≤ 2**30)")
         if chunk > size:
             raise ValueError(f"Invalid chunk: {chunk} (must be at most size = {size})")
-        self.seed = check_int("seed", seed, 0)
+        self.seed = check_seed("seed", seed, 0)
         self._tables: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
         self._signs = TorchNoise(workers=1)
 

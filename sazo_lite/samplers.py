@@ -21,7 +21,7 @@ import torch
 
 from .interrupts import InterruptsDeferred
 from .sumtree import SumTree
-from .validation import check_choice, check_count, check_fraction, check_int, check_number
+from .validation import check_choice, check_count, check_fraction, check_int, check_number, check_seed
 from .variance import importance_weights, mixed_probabilities, relative_scores
 
 __all__ = ["Sampler", "UniformSampler", "PlainSAZOSampler", "SAZOSampler", "StaleCorrectedSAZOSampler", "OracleSampler",
@@ -47,7 +47,7 @@ class Sampler:
 
     def __init__(self, num_examples: int, *, seed: int = 0):
         self.num_examples = check_int("num_examples", num_examples, 1, type(self).MAX_EXAMPLES)
-        self.seed = check_int("seed", seed)
+        self.seed = check_seed("seed", seed)
         self._generator = torch.Generator().manual_seed(self.seed)
 
     @property
@@ -117,7 +117,7 @@ class Sampler:
             raise ValueError(f"Invalid state: missing {sorted(missing)}")
         if check_int("num_examples", state["num_examples"]) != self.num_examples:
             raise ValueError(f"Invalid state: num_examples {state['num_examples']!r} != {self.num_examples}")
-        seed = check_int("seed", state["seed"])
+        seed = check_seed("seed", state["seed"])
         generator = state["generator"]
         reference = self._generator.get_state()
         if not isinstance(generator, torch.Tensor) or generator.dtype != torch.uint8 or generator.shape != reference.shape:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["check_int", "check_count", "check_real", "check_number", "check_limit", "check_fraction", "check_choice",
+__all__ = ["check_int", "check_seed", "check_count", "check_real", "check_number", "check_limit", "check_fraction", "check_choice",
            "check_bool", "check_callable"]
 
 
@@ -19,6 +19,12 @@ def check_int(name: str, value, low: int | None = None, high: int | None = None)
         bound = (f" >= {low}" if low is not None else "") + (f" and <= {high}" if high is not None else "")
         raise ValueError(f"Invalid {name}: {value!r} (expected an int{bound})")
     return int(value)
+
+
+def check_seed(name: str, value, low: int = -2 ** 63) -> int:
+    """An int that ``torch.Generator.manual_seed`` takes: in [low, 2**64 − 1] (low ≥ −2**63); beyond
+    that range torch raised "Overflow when unpacking long long" at the first draw."""
+    return check_int(name, value, max(low, -2 ** 63), 2 ** 64 - 1)
 
 
 def check_count(name: str, value) -> int:
