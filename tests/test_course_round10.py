@@ -212,3 +212,12 @@ def test_race_dashboard_refuses_an_opening_rate_its_slider_cannot_hold(rate):
         sw.race_dashboard(seeds=1, steps=10, lrs={"uniform": rate}, live_after=None)
     board = sw.race_dashboard(seeds=1, steps=10, lrs={"uniform": 1.0, "oracle": 1e-4}, live_after=None)
     assert board.result().lrs["uniform"] == 1.0 and board.result().lrs["oracle"] == 1e-4   # the ends are fine
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: sw.importance_dashboard(trials=1), "Invalid trials: 1"),         # was "Invalid trials: 0" (trials // 2)
+    (lambda: sw.epsilon_dashboard(num_directions=0), "Invalid num_directions"),  # was "Invalid num"
+])
+def test_dashboards_name_the_argument_the_caller_gave(build, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build()

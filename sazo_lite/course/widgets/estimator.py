@@ -143,6 +143,7 @@ def epsilon_dashboard(theta=(1.0, -0.8, 0.5), *, num_directions: int = 8) -> Das
     if not bool(point.ne(0).any()):
         raise ValueError(f"Invalid theta: {tuple(theta)!r} (∇f(θ) = 0 there: expected a point other than the "
                          "minimum θ = 0, the errors are relative to zᵀ∇f)")
+    check_count("num_directions", num_directions)
     curvatures = torch.linspace(1.0, 3.0, len(point), dtype=torch.float64)
     grid = torch.logspace(-10, 0, 41, dtype=torch.float64)
     controls = {

@@ -67,6 +67,7 @@ def importance_dashboard(*, num_examples: int = 256, dim: int = 20, trials: int 
     divided by the oracle's theory value. Right: V(u)/V(p*) against σ: the line is 1 + CV² of
     the norms, the dots Monte-Carlo ratios at B = 1.
     """
+    check_int("trials", trials, 2)   # the law's Monte-Carlo dots draw trials // 2 minibatches each
     snapshots = _Snapshots(num_examples, dim, seed)
     sigma_grid = [round(0.25 * k, 2) for k in range(9)]
     controls = {"sigma": _sigma_slider(), "uniform_mix": slider("uniform mix λ", 0.3, 0.0, 1.0, 0.05),
