@@ -232,12 +232,28 @@ def _extent(p: torch.Tensor) -> tuple:
 
 
 def _check_disjoint(params: list[torch.Tensor]) -> None:
-    """Two tensors that share memory would be perturbed twice in one pass: refused."""
-    spans = sorted(_extent(p) for p in params if p.numel())
-    for (dev_a, store_a, _, end_a), (dev_b, store_b, start_b, _) in zip(spans, spans[1:]):
-        if (dev_a, store_a) == (dev_b, store_b) and start_b < end_a:
+    """Two tensors that share memory would be perturbed twice in one pass: refused. Views whose memory
+    ranges interleave without a common entry (the column blocks of one matrix) are accepted."""
+    spans = sorted((_extent(p), k) for k, p in enumerate(params) if p.numel())
+    crowded = {a[:2] for (a, _), (b, _) in zip(spans, spans[1:]) if a[:2] == b[:2] and b[2] < a[3]}
+    for storage in crowded:   # ranges overlap: look entry by entry
+        if _share_entries([params[k] for extent, k in spans if extent[:2] == storage]):
             raise ValueError("Invalid params: two tensors share memory (views of one tensor?); each entry "
                              "must belong to one parameter, or a pass would move it twice")
+
+
+def _share_entries(tensors: list[torch.Tensor]) -> bool:
+    """True when two of ``tensors`` (views of one storage) address a common byte: each marks its own bytes
+    in one byte per byte of their joint range (only for views whose ranges overlap)."""
+    if any(_overlaps_itself(t) for t in tensors):
+        return True
+    base = min(t.data_ptr() for t in tensors)
+    marks = torch.zeros(max(_extent(t)[3] for t in tensors) - base, dtype=torch.uint8)
+    for t in tensors:
+        size = t.element_size()
+        marks.as_strided(tuple(t.shape) + (size,), tuple(st * size for st in t.stride()) + (1,),
+                         t.data_ptr() - base).add_(1)
+    return bool((marks > 1).any())
 
 
 _FLOAT_MAX: dict[torch.dtype, float] = {}

@@ -341,3 +341,31 @@ def test_the_ends_of_the_seed_range_still_work(make):
     state["seed"] = 2 ** 64
     with pytest.raises(ValueError, match="Invalid seed"):
         sz.SAZOSampler(10).load_state_dict(state)
+
+
+# --- defect 7: views of one matrix that interleave without sharing an entry ------------------------------
+def test_column_blocks_of_one_matrix_are_accepted_and_step_like_separate_tensors():
+    """A fused matrix split by columns (q and k of a QKV weight, each with its own lr): their memory ranges
+    interleave, so the range test refused them as sharing memory, though no entry is shared."""
+    from sazo_lite.precision import Float32Master
+
+    fused = torch.randn(6, 8, dtype=torch.float64)
+    q, k = fused[:, :4], fused[:, 4:]
+    apart = [q.clone(), k.clone()]
+    loss = lambda a, b: (torch.cat([a, b], 1).sum(1) - 1.0) ** 2
+    groups = lambda a, b: [{"params": [a], "lr": 0.1}, {"params": [b], "lr": 0.02}]
+    views = sz.MeZO(groups(q, k), lr=1.0, noise=None, seed=2)
+    copies = sz.MeZO(groups(*apart), lr=1.0, noise=None, seed=2)
+    for _ in range(3):
+        views.step(lambda: loss(q, k))
+        copies.step(lambda: loss(*apart))
+    assert torch.equal(q, apart[0]) and torch.equal(k, apart[1])
+    sz.MeZO([fused[:, ::2], fused[:, 1::2]], lr=0.1)          # interleaved columns
+    Float32Master([q, k])
+
+
+@pytest.mark.parametrize("views", [lambda w: [w[:, :5], w[:, 4:]], lambda w: [w[:, ::2], w[:, 1::2], w[:, 3:5]],
+                                   lambda w: [w[0], w.t()[0]]], ids=["columns", "third-overlaps", "row-and-column"])
+def test_views_that_do_share_an_entry_are_still_refused(views):
+    with pytest.raises(ValueError, match="share memory"):
+        sz.MeZO(views(torch.zeros(6, 8)), lr=0.1)
