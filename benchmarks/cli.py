@@ -73,6 +73,14 @@ def mix(text: str) -> float:
     return _number(text, 0.0, 1.0, closed_low=True)
 
 
+def refuse_unused(parser: argparse.ArgumentParser, args, names, where: str) -> None:
+    """Refuse options given (not at their defaults) that the run ``where`` does not use: else they are
+    taken without a word and not applied. ``names``: the options' destinations (``batch_size``)."""
+    given = [f"--{name.replace('_', '-')}" for name in names if getattr(args, name) != parser.get_default(name)]
+    if given:
+        parser.error(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply {where}")
+
+
 def check_output(parser: argparse.ArgumentParser, option: str, path) -> None:
     """Refuse, before the run, an output file that cannot be written at its end: a folder, or a path
     under an existing file. (A missing folder is fine: the benchmarks create it.)"""

@@ -135,16 +135,19 @@ def report(name: str, results: dict, per_control: bool) -> None:
                 print(f"    {control:16s} {_summary(times)}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.dashboard_latency", description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="only dashboards whose name contains this")
     parser.add_argument("--skip", action="append", default=[],
                         help="leave out dashboards whose name contains this (repeatable), e.g. --skip llm")
     parser.add_argument("--per-control", action="store_true", help="print each control's timings")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    chosen = dashboard_functions(args.only, args.skip)
+    if not chosen:      # else it measured nothing and printed nothing
+        parser.error(f"--only {args.only!r} / --skip {args.skip} leave no dashboard of {sorted(dashboard_functions())}")
     if hasattr(os, "getloadavg"):  # other work on the machine inflates wall times
         print(f"load average (1 min) at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    for name, build in dashboard_functions(args.only, args.skip).items():
+    for name, build in chosen.items():
         report(name, measure(build), args.per_control)
 
 

@@ -30,7 +30,7 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.cli import count, positive
+from benchmarks.cli import count, positive, refuse_unused
 from sazo_lite import MeZO, SAZOSampler, UniformSampler
 from sazo_lite.course.memory_measure import peak_rss_bytes, run_child
 from sazo_lite.noise import NoiseTable, TorchNoise
@@ -358,9 +358,8 @@ def main(argv=None) -> None:
     parser.add_argument("--bound", type=positive, default=None,
                         help="speed: exit 1 when the default step costs more than BOUND × two forwards")
     args = parser.parse_args(argv)
-    ignored = [f"--{name}" for name in ("clock", "rounds", "bound") if getattr(args, name) != parser.get_default(name)]
-    if args.part != "speed" and ignored:     # else taken without a word, and not applied
-        parser.error(f"{', '.join(ignored)} apply to speed only, not to {args.part}")
+    if args.part != "speed":
+        refuse_unused(parser, args, ("clock", "rounds", "bound"), f"to {args.part} (speed only)")
     if args.part == "memory-child":
         print(json.dumps(_memory_child(args.model, args.mode)))
         return

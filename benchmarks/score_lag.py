@@ -124,7 +124,7 @@ RACE_PROBLEM, TRACE_PROBLEM = "quadratic σ=1.5", "heterogeneous quadratic"
 
 
 def main(argv=None):
-    from benchmarks.cli import count, fraction, natural, positive
+    from benchmarks.cli import count, fraction, natural, positive, refuse_unused
     from benchmarks.queries import METHODS, default_problems
 
     bench_names = [p.name for p in default_problems()]
@@ -140,12 +140,20 @@ def main(argv=None):
     ap.add_argument("--problem", default=None,
                     help=f"one of make bench's problems {bench_names} or, without --race, a course problem {list(PROBLEMS)} "
                          f"(default: {TRACE_PROBLEM!r}; --race: {RACE_PROBLEM!r})")
-    ap.add_argument("--steps", type=count, default=3000, help="the decomposition's SAZO run: steps")
-    ap.add_argument("--lr", type=positive, default=0.01, help="the decomposition's SAZO run: learning rate")
+    # the decomposition's sizes default to None, filled in below: --race refuses them even at these values
+    decomposition = {"steps": 3000, "lr": 0.01, "batch_size": 4, "log_every": 100}
+    ap.add_argument("--steps", type=count, default=None, help="the decomposition's SAZO run: steps (default 3000)")
+    ap.add_argument("--lr", type=positive, default=None, help="the decomposition's SAZO run: learning rate (default 0.01)")
     ap.add_argument("--seeds", type=natural, nargs="+", default=[0, 1, 2], help="the seeds (default 0 1 2), each run in turn")
-    ap.add_argument("--batch-size", type=count, default=4, help="the decomposition's SAZO run: B")
-    ap.add_argument("--log-every", type=count, default=100, help="the decomposition: a row every n steps")
+    ap.add_argument("--batch-size", type=count, default=None, help="the decomposition's SAZO run: B (default 4)")
+    ap.add_argument("--log-every", type=count, default=None, help="the decomposition: a row every n steps (default 100)")
     args = ap.parse_args(argv)
+    if args.race:      # the race runs TargetRun's B = 1 and its own budgets: the decomposition's sizes are not its
+        refuse_unused(ap, args, tuple(decomposition), "to --race (the decomposition's run only)")
+    else:
+        refuse_unused(ap, args, ("methods", "grid", "targets", "max_steps"), "without --race")
+        for name, value in decomposition.items():
+            setattr(args, name, value if getattr(args, name) is None else getattr(args, name))
     if args.problem is None:
         args.problem = RACE_PROBLEM if args.race else TRACE_PROBLEM
     allowed = bench_names if args.race else [*bench_names, *PROBLEMS]

@@ -317,3 +317,31 @@ def test_make_bench_grades_a_ratio_of_two_sections_only_when_one_run_measured_bo
     both = run.run_sections(True, only=["sampler"], previous={"speed/smollm2": dict(speed)})
     both["speed/smollm2"]["run"] = both["sampler"]["run"]
     assert share(run.table_rows(both))[4] == "yes"
+
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--race", "--batch-size", "4"], "--batch-size"),     # the race ran at B = 1, without a word
+    (["--race", "--steps", "500"], "--steps"),
+    (["--race", "--lr", "0.1"], "--lr"),
+    (["--grid", "0.001"], "--grid"),                        # the decomposition ran, the grid raced nothing
+    (["--methods", "sazo"], "--methods"),
+    (["--max-steps", "100"], "--max-steps"),
+])
+def test_score_lag_refuses_options_of_the_other_mode(capsys, monkeypatch, argv, option):
+    from benchmarks import score_lag
+    for name in ("race", "run"):
+        monkeypatch.setattr(score_lag, name, lambda *a, **k: pytest.fail("ran with an option it ignores"))
+    with pytest.raises(SystemExit) as caught:
+        score_lag.main(argv)
+    assert caught.value.code == 2 and option in capsys.readouterr().err
+
+
+def test_dashboard_latency_names_itself_and_refuses_a_filter_that_leaves_nothing(capsys, monkeypatch):
+    """``--only sazzo`` measured no dashboard and printed nothing but the load line; ``main`` took no argv."""
+    from benchmarks import dashboard_latency
+    monkeypatch.setattr(dashboard_latency, "measure", lambda build: pytest.fail("measured with no dashboard chosen"))
+    with pytest.raises(SystemExit) as caught:
+        dashboard_latency.main(["--only", "no-such-dashboard"])
+    err = capsys.readouterr().err
+    assert caught.value.code == 2 and "--only" in err and "python -m benchmarks.dashboard_latency" in err
