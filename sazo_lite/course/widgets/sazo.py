@@ -9,6 +9,8 @@ the oracle.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import plotly.graph_objects as go
 import ipywidgets as widgets
@@ -175,8 +177,10 @@ def _off_the_log_axis(estimates: np.ndarray) -> str:
     return f" · {zeros} of {len(estimates)} estimates are 0, off the log axis" if zeros else ""
 
 
-def _draw(figures: dict, trace: SAZOTrace, index: int) -> None:
-    """Put one trace's data into the four figures (each inside one batch_update)."""
+def _draw(figures: dict, trace: SAZOTrace, index: int, *, trajectories: bool = True) -> None:
+    """Put one trace's data into the four figures (each inside one batch_update); ``trajectories=False``
+    leaves the trajectory figure as drawn (it shows the whole run, not the snapshot: the step slider
+    needs no redraw of it)."""
     norms, sqrt_g = trace.norms[index], trace.sqrt_g[index]
     positive = norms[np.isfinite(norms) & (norms > 0)]
     low, high = (positive.min(), positive.max()) if len(positive) else (1e-3, 1.0)
@@ -186,8 +190,8 @@ def _draw(figures: dict, trace: SAZOTrace, index: int) -> None:
         figures["scatter"].data[1].update(x=[low, high], y=[low, high])
         figures["scatter"].layout.title.text = f"estimate vs true ‖∇f_i‖, step {int(trace.steps[index])}: " \
                                                f"{_rho(trace, index)}" + _off_the_log_axis(sqrt_g)
-    with figures["trajectory"].batch_update():
-        for k, example in enumerate(trace.tracked):
+    with figures["trajectory"].batch_update() if trajectories else contextlib.nullcontext():
+        for k, example in enumerate(trace.tracked if trajectories else ()):
             figures["trajectory"].data[2 * k].update(x=trace.steps, y=finite(trace.sqrt_g[:, example]))
             figures["trajectory"].data[2 * k + 1].update(x=trace.steps, y=finite(trace.norms[:, example]))
     order = np.argsort(-trace.p_star[index])
@@ -283,10 +287,13 @@ def sazo_dashboard(*, num_examples: int = 128, dim: int = 10, steps: int | None 
                                          diverge_factor=DIVERGE_FACTOR, **values)
         return traces[key]
 
+    drawn = [None]   # the trace on screen
+
     def refresh() -> None:
         trace = current_trace()
         index = _snapshot_index(trace, controls["step"].value)
-        _draw(figures, trace, index)
+        _draw(figures, trace, index, trajectories=trace is not drawn[0])
+        drawn[0] = trace
         readout.value = (trace_divergence(trace, controls["eps"].value) + f"<b>{trace_readout(trace, index)}</b><br>"
                          f"<span style='color:#555'>{decay_note(trace, controls['ema_decay'].value, index)}</span>")
 
