@@ -33,7 +33,7 @@ from ..validation import check_count, check_int, check_number
 
 __all__ = ["PROBLEMS", "make_problem", "SAZOTrace", "run_sazo_trace", "RULES", "RULE_NAMES", "RULE_FIXES",
            "rule_sampler", "feed_sampler", "rule_ladder",
-           "roughness", "RaceResult", "DIVERGE_FACTOR", "first_divergence", "race", "tune_lr", "pick_rate", "SAMPLERS", "ema_of_chi2", "loss_grid", "sampler_paths"]
+           "roughness", "RaceResult", "DIVERGE_FACTOR", "first_divergence", "race", "tune_lr", "pick_rate", "SAMPLERS", "chi2_draws", "ema_weights", "ema_of_chi2", "loss_grid", "sampler_paths"]
 
 SAMPLERS = RACED        # the samplers a race compares (one vocabulary: ``samplers.make_sampler``)
 
@@ -355,26 +355,50 @@ def roughness(trajectory) -> float:
     return float(np.abs(np.diff(logs, axis=0))[both].mean())
 
 
-def ema_of_chi2(examples: int, *, observations: int, ema_decay: float, seed: int = 0) -> np.ndarray:
+def chi2_draws(examples: int, observations: int, *, seed: int = 0) -> np.ndarray:
+    """d²/‖∇f‖² ~ χ²₁ for ``observations`` observations of ``examples`` independent examples, [n, examples].
+
+    Row k is observation k; the first rows do not depend on ``observations`` (one seed, one stream).
+    """
+    check_count("observations", observations)
+    check_count("examples", examples)
+    return np.random.default_rng(seed).standard_normal((observations, examples)) ** 2
+
+
+def ema_weights(observations: int, ema_decay: float) -> np.ndarray:
+    """The weight of each observation in G after ``observations`` of them, [n]: G starts at the first, then
+    G ← β·G + (1−β)·d², so observation 0 keeps β^(n−1) and observation k ≥ 1 gets (1−β)·β^(n−1−k).
+
+    Example:
+        >>> ema_weights(3, 0.5).tolist()
+        [0.25, 0.25, 0.5]
+    """
+    check_count("observations", observations)
+    check_number("ema_decay", ema_decay, 0.0, 1.0, closed_high=False)
+    powers = ema_decay ** np.arange(observations - 1, -1, -1, dtype=np.float64)   # β^(n−1−k)
+    return np.concatenate([powers[:1], (1.0 - ema_decay) * powers[1:]])
+
+
+def ema_of_chi2(examples: int, *, observations: int, ema_decay: float, seed: int = 0,
+                draws: np.ndarray | None = None) -> np.ndarray:
     """G/‖∇f‖² for ``examples`` independent examples after ``observations`` d² each.
 
     d²/‖∇f‖² ~ χ²₁ (Gaussian z); G starts at the first observation, then G ← β·G + (1−β)·d².
-    The same draws serve every β (one seed), so moving β changes only the averaging.
+    The same draws serve every β (one seed), so moving β changes only the averaging; ``draws``
+    (``chi2_draws(examples, observations, seed=seed)``, e.g. kept by a dashboard) skips drawing them again.
     Relative variance: 2 for one observation, → 2(1−β)/(1+β) after many.
 
     Example:
         >>> bool(ema_of_chi2(10_000, observations=1, ema_decay=0.5).var() > ema_of_chi2(10_000, observations=50, ema_decay=0.9).var())
         True
     """
-    if not 0.0 <= ema_decay < 1.0:
-        raise ValueError(f"Invalid ema_decay: {ema_decay} (expected a number in [0, 1))")
-    if observations < 1 or examples < 1:
-        raise ValueError(f"Invalid observations/examples: {observations}, {examples} (expected >= 1)")
-    chi2 = np.random.default_rng(seed).standard_normal((observations, examples)) ** 2   # [n, examples]
-    g = chi2[0].copy()
-    for row in chi2[1:]:
-        g = ema_decay * g + (1.0 - ema_decay) * row
-    return g
+    weights = ema_weights(observations, ema_decay)
+    if draws is None:
+        draws = chi2_draws(examples, observations, seed=seed)
+    elif np.shape(draws) != (observations, examples):
+        raise ValueError(f"Invalid draws: shape {np.shape(draws)} (expected (observations, examples) = "
+                         f"({observations}, {examples}))")
+    return weights @ draws
 
 
 def loss_grid(problem: FiniteSumProblem, xs, ys) -> np.ndarray:

@@ -20,7 +20,8 @@ from .. import two_point, instruments, mezo_vs_sgd, minibatches, problems
 from ... import variance
 from ..config import one_thread, pick
 from ...validation import check_int
-from ..sazo_runs import DIVERGE_FACTOR, SAMPLERS, ema_of_chi2, first_divergence, loss_grid, sampler_paths
+from ..sazo_runs import DIVERGE_FACTOR, SAMPLERS, chi2_draws, ema_of_chi2, first_divergence, loss_grid, \
+    sampler_paths
 from ._common import LiveFigure, SAMPLER_COLORS as _COLORS, SAMPLER_LABELS as _LABELS, Dashboard, assemble, \
     divergence_note, finite, int_slider, log_slider, slider
 
@@ -168,10 +169,14 @@ def chi2_dashboard(*, examples: int | None = None, seed: int = 0) -> Dashboard:
     fig.update_yaxes(title="density", range=[0, 3])
     readout = widgets.HTML()
     single = ema_of_chi2(examples, observations=1, ema_decay=0.0, seed=seed)
+    kept: dict[int, np.ndarray] = {}   # the draws of the current n: moving β only reweights them
 
     def refresh() -> None:
         beta, n = controls["ema_decay"].value, controls["observations"].value
-        ema = ema_of_chi2(examples, observations=n, ema_decay=beta, seed=seed)
+        if n not in kept:
+            kept.clear()
+            kept[n] = chi2_draws(examples, n, seed=seed)
+        ema = ema_of_chi2(examples, observations=n, ema_decay=beta, seed=seed, draws=kept[n])
         with fig.batch_update():
             fig.data[0].x = single
             fig.data[1].x = ema
