@@ -5,8 +5,9 @@
   that recorded it, since the solution recorded a Python float ("expected a float, got a array"), and the
   float32 average (~5e-8 off) failed a tolerance of 1e-9; an estimate that weighted index by index through
   ``lab2_weights`` failed the hidden case that recorded the list of its calls ([1, 1, ...] instead of [6]),
-  and the prompt never said that ``lab2_weights`` must be used at all. Now a 0-d tensor or array matches a
-  recorded Python number by value (a test that asks for a float records the type too), the hidden case
+  and the prompt never said that ``lab2_weights`` must be used at all; lab 1's errors per ε filled as a
+  tensor (``torch.tensor([...])``) failed as "expected a seq". Now a 0-d tensor or array matches a recorded
+  Python number by value, a 1-d one a list of numbers (a test that asks for a type records it), the hidden case
   records how many indices went through ``lab2_weights``, and the prompt says to use it;
 - an instructor got a hand-in refused for its form: a notebook written by a script without the notebook's
   own ``metadata`` (or with one that is not an object) was "failed" with nbformat's error, all 0; a folder
@@ -132,7 +133,7 @@ def test_documented_gap_code_compiled_under_a_file_name_of_pythons_calls_the_lib
     assert row["questions"]["q3"]["score"] == row["questions"]["q3"]["possible"] and "rule" not in details["questions"]["q3"]
 
 
-def test_a_0d_tensor_or_array_matches_a_recorded_python_number_by_value():
+def test_a_tensor_or_array_matches_a_recorded_python_number_or_list_of_numbers_by_value():
     import numpy as np
     import torch
 
@@ -141,6 +142,13 @@ def test_a_0d_tensor_or_array_matches_a_recorded_python_number_by_value():
         assert compare(encode(want), encode(got)) is None, (want, got)
     for want, got in ((2.5, torch.tensor(2.6)), (1.0, torch.tensor(True)), (2.5, torch.tensor([2.5])),
                       (40, torch.tensor(40.5))):
+        assert compare(encode(want), encode(got)) is not None, (want, got)
+    # lab 1's errors per ε filled as a tensor or array (the prompt says "one value per ε"): a list of numbers
+    for want, got in (([0.1, 2], torch.tensor([0.1, 2.0])), ([0.5, 0.25], np.array([0.5, 0.25])), ([], torch.tensor([]))):
+        assert compare(encode(want), encode(got)) is None, (want, got)
+    for want, got in (([0.1, 0.2], torch.tensor([0.1, 0.3])), ([0.1, 0.2], torch.tensor([[0.1, 0.2]])),
+                      ([0.1, 0.2, 0.3], torch.tensor([0.1, 0.2])), ([True, False], torch.tensor([True, False])),
+                      (["a", "b"], np.array(["a", "b"]))):
         assert compare(encode(want), encode(got)) is not None, (want, got)
     # a tensor recorded on the solution still wants a tensor of its dtype and shape
     assert compare(encode(torch.tensor(2.5, dtype=torch.float64)), encode(2.5)) is not None

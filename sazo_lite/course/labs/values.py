@@ -21,7 +21,8 @@ def record(value, *, rtol: float = RTOL, atol: float = ATOL) -> None:
 
     Numbers, tensors and arrays compare with ``|a − b| ≤ atol + rtol·|b|``; ints, bools,
     strings and None exactly; lists, tuples and dicts item by item. Where the solution
-    recorded a Python number, a 0-d tensor or array holding a number matches it by value. Returns None, so a bare
+    recorded a Python number, a 0-d tensor or array holding a number matches it by value
+    (a list of numbers: a 1-d one holding them). Returns None, so a bare
     ``record(x)`` line prints nothing in a doctest. Outside grading it does nothing.
 
     Example:
@@ -193,6 +194,9 @@ def compare(expected, got, rtol: float = RTOL, atol: float = ATOL) -> str | None
     numeric = {"int", "float"}
     if kind in numeric and (got.get("t") in numeric or _number_array(got)):
         return _close(expected["v"], got.get("v"), rtol, atol)
+    if kind == "seq" and _number_array(got, [len(expected["v"])]) and \
+            all(isinstance(item, dict) and item.get("t") in numeric for item in expected["v"]):
+        return _close([item.get("v") for item in expected["v"]], got.get("v"), rtol, atol)
     if got.get("t") != kind:
         return f"expected a {kind}, got a {got.get('t')}"
     if kind == "array":
@@ -213,10 +217,11 @@ def compare(expected, got, rtol: float = RTOL, atol: float = ATOL) -> str | None
     return None if got.get("v") == expected.get("v") else "a different value"
 
 
-def _number_array(value: dict) -> bool:
-    """A 0-d tensor or array of numbers (``x.mean()``, ``np.float32(x)``): where the solution recorded a Python
-    number, the number it holds is compared (a test that asks for a Python float records the type too)."""
-    return value.get("t") == "array" and value.get("shape") == [] and value.get("dtype") != "bool"
+def _number_array(value: dict, shape: list | None = None) -> bool:
+    """A tensor or array of numbers of ``shape`` (default 0-d: ``x.mean()``, ``np.float32(x)``): where the
+    solution recorded a Python number (or a list of numbers, for a 1-d one), the numbers it holds are compared
+    (a test that asks for a Python float or list records the type too)."""
+    return value.get("t") == "array" and value.get("shape") == (shape or []) and value.get("dtype") != "bool"
 
 
 def _close(a, b, rtol, atol) -> str | None:
