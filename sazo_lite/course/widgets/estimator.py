@@ -159,16 +159,19 @@ def epsilon_dashboard(theta=(1.0, -0.8, 0.5), *, num_directions: int = 8) -> Das
         fig.add_scatter(x=grid.tolist(), mode="lines", name=name)
     fig.add_scatter(mode="markers", marker=dict(size=14, color="crimson"), name="current ε")
     readout = widgets.HTML()
-    curves = {}
+    by_function: dict[tuple, dict] = {}   # (κ, c) → both U curves: moving ε or the precision reuses them
 
     def refresh() -> None:
         quartic, offset = controls["quartic"].value, controls["offset"].value
         fn = lambda x: two_point.bowl_loss(x, curvatures, quartic, offset)
         grad = two_point.bowl_grad(point, curvatures, quartic)
         precision, eps = controls["precision"].value, controls["eps"].value
-        for name, dtype in _DTYPES.items():
-            curves[name] = two_point.error_vs_eps(fn, grad, point, grid, dtype=dtype,
-                                                   num_directions=num_directions).clamp_min(1e-17)
+        if (quartic, offset) not in by_function:
+            by_function[(quartic, offset)] = {
+                name: two_point.error_vs_eps(fn, grad, point, grid, dtype=dtype,
+                                             num_directions=num_directions).clamp_min(1e-17)
+                for name, dtype in _DTYPES.items()}
+        curves = by_function[(quartic, offset)]
         z = two_point.random_directions(num_directions, len(point))
         current = max(two_point.directional_error(fn, grad, point.to(_DTYPES[precision]), z, eps), 1e-17)
         with fig.batch_update():
