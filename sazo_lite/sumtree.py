@@ -11,8 +11,11 @@ either held by the tree (``SumTree(weights)``) or read on demand from their owne
 not keep them twice. Every internal node is recomputed from its two children, never by
 adding a difference, so a tree rebuilt from the same leaves has the very same sums.
 
-Drawing: u ~ U[0, Σw); from the root, go left if u < value(2k), else subtract it and go right,
-until a leaf (leaves sit at two depths, ⌊log₂N⌋ and ⌈log₂N⌉). All B draws descend together.
+Drawing: u ~ U[0, 1); at node k go left if u < value(2k) / (value(2k) + value(2k + 1)), and rescale
+u to the fraction of the child chosen, until a leaf (leaves sit at two depths, ⌊log₂N⌋ and ⌈log₂N⌉).
+Each split uses the children's own sums, so with float32 sums every leaf's probability is its weight's
+share to the rounding of the sums on its path (a relative error, however small the weight). All B draws
+descend together.
 
 Example:
     >>> tree = SumTree(torch.tensor([1.0, 0.0, 3.0]))
@@ -171,27 +174,34 @@ class SumTree:
             raise ValueError("Invalid weights: cannot sample when all weights are zero")
         if not np.isfinite(total):   # an owner's leaves whose sum overflows: every draw would go left
             raise ValueError(f"Invalid weights: their sum overflows {self._sums.dtype}; rescale them")
-        u = torch.rand(batch_size, generator=generator, dtype=torch.float64).numpy() * total
+        u = torch.rand(batch_size, generator=generator, dtype=torch.float64).numpy()   # a fraction of the node's mass
         node = np.ones(batch_size, dtype=np.int64)
         for _ in range(max(0, self.num_leaves.bit_length() - 2)):  # levels whose children are all internal (< N)
-            left, right = self._sums[2 * node], self._sums[2 * node + 1]
-            go_right = ((u >= left) & (right > 0)) | (left <= 0)
-            u = np.where(go_right, u - left, u)
-            node = 2 * node + go_right
+            u, node = _descend(u, node, self._sums[2 * node].astype(np.float64), self._sums[2 * node + 1])
         while True:
             active = node < self.num_leaves
             if active.all():  # every draw still descending: no masking
-                left, right = self._value(2 * node), self._value(2 * node + 1)
-                go_right = ((u >= left) & (right > 0)) | (left <= 0)
-                u = np.where(go_right, u - left, u)
-                node = 2 * node + go_right
+                u, node = _descend(u, node, self._value(2 * node), self._value(2 * node + 1))
                 continue
             if not active.any():
                 break
             at = node[active]
-            left, right = self._value(2 * at), self._value(2 * at + 1)
-            # go right past the left mass; never into an empty subtree (rounding at the edges)
-            go_right = ((u[active] >= left) & (right > 0)) | (left <= 0)
-            u[active] = np.where(go_right, u[active] - left, u[active])
-            node[active] = 2 * at + go_right
+            u[active], node[active] = _descend(u[active], at, self._value(2 * at), self._value(2 * at + 1))
         return torch.from_numpy(node - self.num_leaves)
+
+
+_BELOW_ONE = np.nextafter(1.0, 0.0)
+
+
+def _descend(u: np.ndarray, node: np.ndarray, left: np.ndarray, right: np.ndarray):
+    """One level down: go right with probability right/(left + right) of the children's own sums, and
+    rescale the fraction u to the child chosen. Splitting by the children's sums rather than carrying
+    an absolute u from the root keeps each leaf's probability within the rounding of the sums on its
+    path, relative to its weight: with float32 sums a parent is not exactly the sum of its children,
+    and the absolute descent gave the difference to one leaf (a small weight beside a large one was
+    never drawn, or drawn several times too often). Never into an empty subtree, so the child's sum
+    is > 0."""
+    point = u * (left + right)
+    go_right = ((point >= left) & (right > 0)) | (left <= 0)
+    u = (point - np.where(go_right, left, 0.0)) / np.where(go_right, right, left)
+    return np.minimum(u, _BELOW_ONE), 2 * node + go_right

@@ -369,3 +369,41 @@ def test_column_blocks_of_one_matrix_are_accepted_and_step_like_separate_tensors
 def test_views_that_do_share_an_entry_are_still_refused(views):
     with pytest.raises(ValueError, match="share memory"):
         sz.MeZO(views(torch.zeros(6, 8)), lr=0.1)
+
+
+# --- defect 8: the float32 sum tree's draws ----------------------------------------------------------------
+def _leaf_shares(tree, monkeypatch) -> np.ndarray:
+    """The length of the u-interval (u ~ U[0, 1): torch.rand's draw) that lands on each leaf: the leaves'
+    exact draw probabilities, found by bisection (N a power of two: leaf order follows u)."""
+    n = tree.num_leaves
+    real_rand = torch.rand
+
+    def landing(us):
+        monkeypatch.setattr(torch, "rand", lambda k, generator=None, dtype=None: torch.tensor(us, dtype=torch.float64))
+        try:
+            return tree.sample(len(us)).numpy()
+        finally:
+            monkeypatch.setattr(torch, "rand", real_rand)
+
+    low, high, leaves = np.zeros(n - 1), np.ones(n - 1), np.arange(1, n)
+    for _ in range(80):
+        middle = (low + high) / 2
+        beyond = landing(middle) >= leaves
+        high, low = np.where(beyond, middle, high), np.where(beyond, low, middle)
+    return np.diff(np.concatenate([[0.0], high, [1.0]]))
+
+
+@pytest.mark.parametrize("leaves", [[2.0 ** 25, 1.0, 3.0, 1.0], [1.0, 2.0 ** 25 + 2, 0.5, 2.0 ** 24, 3.0, 1.0, 7.0, 1.0]],
+                         ids=["small-beside-large", "eight"])
+def test_a_float32_sum_tree_draws_each_leaf_in_proportion_to_its_weight(leaves, monkeypatch):
+    """With float32 internal sums (SAZO's tree mode) a parent is not exactly the sum of its children; the
+    descent carried an absolute u from the root, so the difference fell on one leaf: weight 1 beside
+    2²⁵ was never drawn (probability 0 instead of 3e-8), or drawn too often. Each split now uses the
+    children's own sums: every leaf gets its share to within the rounding of the sums on its path."""
+    from sazo_lite.sumtree import SumTree
+
+    weights = np.asarray(leaves, dtype=np.float32)
+    tree = SumTree.over(len(weights), lambda idx: weights[idx].astype(np.float64), dtype=np.float32)
+    shares = _leaf_shares(tree, monkeypatch)
+    exact = weights.astype(np.float64) / weights.astype(np.float64).sum()
+    assert np.allclose(shares, exact, rtol=1e-6, atol=0), shares / exact
