@@ -281,3 +281,24 @@ def test_epsilon_dashboard_keeps_its_u_curves_while_eps_and_precision_move(monke
     assert computed == [torch.float32, torch.float64]
     board.controls["quartic"].value = 1.0                     # back: kept
     assert len(computed) == 2 and [list(trace.y) for trace in board.figures["curve"].data[:2]] == curves
+
+
+def test_race_tune_counts_its_runs_in_the_status_line():
+    """The status said "tuning η per method…" for the whole tuning (tens of seconds at the notebook's class-mode
+    sizes, 60 runs) and the button's tooltip promised "a few seconds"."""
+    board = sw.race_dashboard(seeds=2, steps=20, live_after=None)
+    status = next(w for w in _descendants(board) if isinstance(w, __import__("ipywidgets").HTML)
+                  and w.value.startswith("η uniform MeZO"))
+    seen = []
+    status.observe(lambda change: seen.append(change["new"]), names="value")
+    board.tune()
+    progress = [line for line in seen if line.startswith("tuning")]
+    assert progress[0] == "tuning η per method… 0/24 runs (uniform MeZO)", progress[:2]
+    assert progress[-1] == "tuning η per method… 23/24 runs (oracle p*)" and len(progress) == 24
+    assert seen[-1].startswith("η uniform MeZO = ")            # the rates chosen, once done
+
+
+def _descendants(widget):
+    yield widget
+    for child in getattr(widget, "children", ()):
+        yield from _descendants(child)

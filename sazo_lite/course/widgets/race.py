@@ -510,18 +510,23 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
     def tune(_button=None) -> None:
         """Each method's best rate among ``_GRID`` × its current rate that its slider can hold (``pick_rate``:
         queries to target, then final gap). The grid's runs go through the run cache: the current rate's are
-        not run again, and the redraw at the chosen rates trains nothing."""
+        not run again, and the redraw at the chosen rates trains nothing. The status line counts the runs."""
         values = current_values()
-        status.value = "tuning η per method…"
+        grids = {}
+        for method in SAMPLERS:
+            control = controls[LR_CONTROLS[method]]
+            low, high = control.base ** control.min, control.base ** control.max
+            grids[method] = [rate for rate in (values[LR_CONTROLS[method]] * f for f in _GRID) if low <= rate <= high]
+        todo = [(m, {**values, LR_CONTROLS[m]: rate}, s) for m in SAMPLERS for rate in grids[m] for s in seeds]
+        todo = [job for job in todo if run_key(*job) not in runs]
+        for k, (method, job_values, seed) in enumerate(todo):   # a class-mode tuning trains for tens of seconds
+            status.value = f"tuning η per method… {k}/{len(todo)} runs ({_LABELS[method]})"
+            run_method(method, job_values, seed)
         best = {}
         for method in SAMPLERS:
             name = LR_CONTROLS[method]
-            control = controls[name]
-            low, high = control.base ** control.min, control.base ** control.max
-            grid = [rate for rate in (values[name] * factor for factor in _GRID) if low <= rate <= high]
-            results = {rate: join_seeds([run_method(method, {**values, name: rate}, s) for s in seeds])
-                       for rate in grid}
-            best[name] = pick_rate(results, method)
+            best[name] = pick_rate({rate: join_seeds([run_method(method, {**values, name: rate}, s) for s in seeds])
+                                    for rate in grids[method]}, method)
         set_controls(controls, best, refresh, hold)
 
     controls["problem"].observe(on_problem, names="value")
@@ -530,8 +535,8 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
             control.observe(on_change, names="value")
     controls["heterogeneity"].disabled = problem == _HOMOG
     tune_button = widgets.Button(description="tune η per method", layout=widgets.Layout(width="auto"),
-                                 tooltip="best of ¼×, ½×, 1×, 2×, 4× each method's current η within its slider "
-                                         "(a few seconds)")
+                                 tooltip="best of ¼×, ½×, 1×, 2×, 4× each method's current η within its slider: "
+                                         "4 new runs per method and seed (the status line counts them)")
     tune_button.on_click(tune)
     opening = {name: control.value for name, control in controls.items()}
     choices = {"defaults": opening, **{label: values for label, values in PRESETS.items() if label != "defaults"}}
