@@ -9,6 +9,10 @@
   tensor (``torch.tensor([...])``) failed as "expected a seq". Now a 0-d tensor or array matches a recorded
   Python number by value, a 1-d one a list of numbers (a test that asks for a type records it), the hidden case
   records how many indices went through ``lab2_weights``, and the prompt says to use it;
+- an honest hand-in whose editor dropped the cell tags (JupyterLab's collaboration mode, notebook cleaners) lost
+  a question per explore or check cell: untagged, those cells ran in grading, where their library use (a
+  widget import, ``sazo_lite.variance``) was a finding charged to the question below them (lab 2's solutions:
+  9 / 11). Now a cell whose source is one of the distributed notebook's ``otter_ignore`` cells is skipped too;
 - an instructor got a hand-in refused for its form: a notebook written by a script without the notebook's
   own ``metadata`` (or with one that is not an object) was "failed" with nbformat's error, all 0; a folder
   named like a hand-in got a reason naming a file descriptor. Now the metadata is read as none (grading
@@ -95,6 +99,12 @@ def _hand_ins(solution, folder) -> None:
     source = next(c.source for c in nb.cells if c.cell_type == "code" and c.source.startswith("def lab2_sampling_variance"))
     _edit(nb, "def lab2_sampling_variance", source[:source.index("def lab2_oracle_probs")], LAZY + "\n\n")
     nbformat.write(nb, folder / "lazy_library_value.ipynb")
+    nb = nbformat.read(solution, as_version=4)   # JupyterLab's collaboration mode and notebook cleaners drop tags
+    assert any("otter_ignore" in c.metadata.get("tags", []) for c in nb.cells)
+    for cell in nb.cells:
+        if "otter_ignore" in cell.metadata.pop("tags", []):
+            cell.source = cell.source.replace("\n", "\r\n") + "\n"   # and an editor's line ends
+    nbformat.write(nb, folder / "tags_dropped.ipynb")
     raw = json.loads(solution.read_text())
     del raw["metadata"]   # what a script that writes notebooks may leave out
     (folder / "no_metadata.ipynb").write_text(json.dumps(raw))
@@ -110,7 +120,7 @@ def _full(row) -> bool:
     return row["status"] == "ok" and row["possible"] > 0 and row["total"] == row["possible"]
 
 
-@pytest.mark.parametrize("name", [*HONEST, "no_metadata"])
+@pytest.mark.parametrize("name", [*HONEST, "no_metadata", "tags_dropped"])
 def test_honest_answers_in_other_forms_keep_full_marks(graded, name):
     rows, _ = graded
     assert _full(rows["solution.ipynb"]), rows["solution.ipynb"]

@@ -311,9 +311,11 @@ def cell_questions(notebook, graded: dict | None = None, questions=None) -> dict
     return owners
 
 
-def notebook_cells(notebook: Path, config: dict) -> list[tuple[int, str]]:
-    """The code cells to run: not tagged ``otter_ignore``, not otter's own (otter's statements taken out of
-    the others), IPython's magics made Python (``without_magics``); the seed set as otter does."""
+def notebook_cells(notebook: Path, config: dict, ignored=frozenset()) -> list[tuple[int, str]]:
+    """The code cells to run: not tagged ``otter_ignore`` nor one of the ``ignored`` sources (``ignored_sources``:
+    the distributed notebook's explore and check cells, whose tag an editor may have dropped), not otter's own
+    (otter's statements taken out of the others), IPython's magics made Python (``without_magics``); the seed
+    set as otter does."""
     nb = _notebook(notebook)
     cells, seed_name = [], config.get("seed_variable")
     for index, cell in enumerate(nb.cells):
@@ -322,6 +324,8 @@ def notebook_cells(notebook: Path, config: dict) -> list[tuple[int, str]]:
         source = cell.source
         if not isinstance(source, str):
             raise ValueError(f"cell {index} has no source text")
+        if _same_text(source) in ignored:
+            continue
         source = _without_otter(without_magics(source))
         if source is None:
             continue
@@ -329,6 +333,24 @@ def notebook_cells(notebook: Path, config: dict) -> list[tuple[int, str]]:
             source = with_seed(source, seed_name, config["seed"])
         cells.append((index, source))
     return cells
+
+
+def ignored_sources(autograder: Path, config: dict) -> frozenset:
+    """The sources (``_same_text``) of the cells the distributed notebook tags ``otter_ignore`` (explore and
+    check cells, which may use the library), read from the solutions notebook next to the zip. A hand-in's
+    cell with one of them is skipped even without its tag: JupyterLab's collaboration mode and notebook
+    cleaners drop cell tags, and the cell would then cost its question (a library call, a widget import)."""
+    try:
+        nb = _notebook(solutions_notebook(autograder, config))
+    except (OSError, ValueError):
+        return frozenset()
+    return frozenset(_same_text(c.source) for c in nb.cells if c.cell_type == "code" and isinstance(c.source, str)
+                     and "otter_ignore" in (c.metadata.get("tags") or []))
+
+
+def _same_text(source: str) -> str:
+    """A cell's source as compared with the distributed one's (line ends and the surrounding blank space aside)."""
+    return source.replace("\r\n", "\n").replace("\r", "\n").strip()
 
 
 def with_seed(source: str, name: str, seed) -> str:
@@ -750,9 +772,7 @@ def reference(autograder: Path, *, cell_timeout, test_timeout, notebook_timeout,
     """
     autograder = Path(autograder)
     config, questions = load_tests(autograder)
-    solutions = autograder.parent / f"{config.get('assignment_name') or autograder.stem.split('-autograder')[0]}.ipynb"
-    if not solutions.exists():
-        raise ValueError(f"Invalid autograder: no solutions notebook {solutions.name} next to {autograder.name}")
+    solutions = solutions_notebook(autograder, config)
     digest = hashlib.sha256(autograder.read_bytes() + solutions.read_bytes() + _library_bytes()
                             + os.environ.get("SAZO_FAST", "").encode()).hexdigest()[:16]
     cache = autograder.with_name(f"{autograder.name}.reference-{digest}.json")
@@ -777,6 +797,15 @@ def reference(autograder: Path, *, cell_timeout, test_timeout, notebook_timeout,
         stale.unlink(missing_ok=True)  # from older solutions or library versions
     write_json(cache, {json.dumps(list(k)): v for k, v in outcome["cases"].items()})
     return outcome["cases"]
+
+
+def solutions_notebook(autograder: Path, config: dict) -> Path:
+    """The solutions notebook ``otter assign`` wrote next to the autograder zip (ValueError if missing)."""
+    autograder = Path(autograder)
+    solutions = autograder.parent / f"{config.get('assignment_name') or autograder.stem.split('-autograder')[0]}.ipynb"
+    if not solutions.exists():
+        raise ValueError(f"Invalid autograder: no solutions notebook {solutions.name} next to {autograder.name}")
+    return solutions
 
 
 def lab_rule(config: dict) -> dict | None:
