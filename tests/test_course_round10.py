@@ -302,3 +302,30 @@ def _descendants(widget):
     yield widget
     for child in getattr(widget, "children", ()):
         yield from _descendants(child)
+
+
+def _plain_race(plain_row, plain_to_target):
+    from sazo_lite.course.sazo_runs import RaceResult
+
+    q = np.array([0.0, 20.0, 40.0])
+    return RaceResult(q, {"uniform": np.array([[1.0, 0.5, 0.05]]), "sazo-plain": np.array([plain_row])}, 1.0, 0.1,
+                      {"uniform": [40], "sazo-plain": plain_to_target}, lrs={"uniform": 0.01, "sazo-plain": 0.02})
+
+
+def test_race_verdict_says_either_only_when_uniform_also_missed():
+    """"uniform MeZO reached 10% of the initial gap in 40 queries (median); SAZO, plain rule did not reach it
+    either": 'either' where uniform did reach it."""
+    verdict = race_widgets.race_verdict(_plain_race([1.0, 0.8, 0.6], [None]))
+    assert "uniform MeZO reached" in verdict and "SAZO, plain rule did not reach it." in verdict, verdict
+    from dataclasses import replace
+
+    missed = replace(_plain_race([1.0, 0.8, 0.6], [None]), to_target={"uniform": [None], "sazo-plain": [None]})
+    assert "SAZO, plain rule did not reach it either." in race_widgets.race_verdict(missed)
+
+
+def test_race_divergence_names_the_plain_rules_rate():
+    """Notebook 05 races the plain rule ("sazo-plain") against uniform: a diverged plain run made
+    ``race_divergence`` raise KeyError('sazo-plain')."""
+    note = text(race_widgets.race_divergence(_plain_race([1.0, 50.0, np.nan], [None]), batch_size=1))
+    assert "SAZO, plain rule diverged in its one seed" in note and "At η plain rule = 0.02" in note, note
+    assert "lower η plain rule (try 0.0063)" in note

@@ -38,7 +38,8 @@ PROBLEM_DEFAULTS = {
                                                 lr_oracle=0.1),
 }
 LR_CONTROLS = {method: f"lr_{method}" for method in SAMPLERS}
-_RATE_NAMES = {"uniform": "η uniform", "sazo": "η SAZO", "oracle": "η oracle"}   # as their sliders say
+# as their sliders say; the plain rule (notebook 05's race against uniform) has no slider
+_RATE_NAMES = {"uniform": "η uniform", "sazo": "η SAZO", "oracle": "η oracle", "sazo-plain": "η plain rule"}
 
 _HETERO, _HOMOG = "heterogeneous quadratic", "homogeneous quadratic"
 _BASE = dict(eps=1e-3, ema_decay=0.9, uniform_mix=0.1)
@@ -184,7 +185,7 @@ def race_verdict(result: RaceResult) -> str:
     for method in others:
         speedup, needed = result.speedup(method), result.median_to_target(method)
         if np.isnan(speedup):
-            parts.append(f"{_LABELS[method]} did not reach it either")
+            parts.append(f"{_LABELS[method]} did not reach it" + ("" if np.isfinite(uniform) else " either"))
         elif np.isinf(speedup):
             parts.append(f"{_LABELS[method]} needed {needed:,.0f}: > {result.queries[-1] / needed:.1f}× fewer")
         elif speedup >= 1:
