@@ -8,7 +8,8 @@
     trainer.train()                      # later: trainer.train(resume_from_checkpoint=True)
 
 Logging, callbacks, ``evaluate`` with ``compute_metrics``, ``save_steps`` checkpoints, ``max_steps``,
-lr schedules, peft models and ``torchrun`` launches are the Trainer's own. What differs:
+lr schedules, peft models, ``hyperparameter_search`` (with ``model_init``) and ``torchrun`` launches
+are the Trainer's own. What differs:
 
 - Optimiser: ``sazo_lite.MeZO`` over the parameters that require grad (lr, weight decay and the lr
   schedule come from ``args``; as with the Trainer's AdamW, biases and norms are not decayed). A training step runs the model exactly twice, at θ+εz and θ−εz,
@@ -16,6 +17,8 @@ lr schedules, peft models and ``torchrun`` launches are the Trainer's own. What 
   nothing calls backward and no ``.grad`` is ever allocated. ``max_grad_norm`` other than its default
   (or 0) is refused: there is no gradient to clip. After
   each step the model is in train mode again, as the Trainer's own ``training_step`` leaves it.
+  The update is made inside ``training_step``: callbacks' ``on_pre_optimizer_step`` and
+  ``on_optimizer_step`` see the updated weights (the Trainer's ``optimizer.step()`` does nothing).
 - Batches: each step the ZO sampler draws B = per_device_train_batch_size × world_size *dataset
   indices* i.i.d. with weights w = 1/(N·p_i) (``method="mezo"``: uniform, w = 1; ``"sazo"``:
   ``SAZOSampler``), the step minimises mean_k(w_k·f_k), and the sampler then sees the B directional
@@ -38,6 +41,9 @@ lr schedules, peft models and ``torchrun`` launches are the Trainer's own. What 
   labels, so a tuple or tensor it returns holds no loss: ``compute_loss`` puts the loss in front
   (the Trainer's convention), so ``predict`` and ``compute_metrics`` get the model's whole outputs. Without
   a ``train_dataset`` a model with nothing trainable may be evaluated (training it is refused).
+- ``hyperparameter_search``: each trial's args pass the checks ``__init__`` makes (``ValueError``
+  otherwise), its model the check ``train()`` makes, and its ``seed`` seeds MeZO and the sampler
+  unless ``zo_seed`` was given (``data_seed``, when set, seeds the sampler).
 - Without an accelerator, ``dataloader_pin_memory`` is off in the trainer's copy of ``args``
   (torch ignores pinning there, with a warning); the caller's ``args`` are unchanged.
 - Logs add ``zo_queries`` (per-example forward evaluations so far, 2·B per step, counted since MeZO
@@ -199,7 +205,7 @@ class ZOTrainer(Trainer):
         perturbation: "gaussian" or "rademacher" z.
         ema_decay, uniform_mix: SAZO's β ∈ [0, 1) and λ ∈ (0, 1] (see ``SAZOSampler``); None: the
             sampler's defaults 0.9 and 0.1. Refused with "mezo"/"uniform", whose batches do not use them.
-        zo_seed: seed of MeZO's directions; default ``args.seed``. The sampler uses
+        zo_seed: seed of MeZO's directions; default ``args.seed`` (a search trial's). The sampler uses
             ``args.data_seed`` when set, else zo_seed + 1.
         per_example_loss: ``(outputs, inputs) -> losses [B]``; default ``causal_lm_losses`` on
             ``outputs.logits`` and ``inputs["labels"]``.
@@ -245,6 +251,8 @@ class ZOTrainer(Trainer):
             self.args.dataloader_pin_memory = False
         self.eps, self.perturbation, self.master_weights = eps, perturbation, master_weights
         self.zo_seed = self.args.seed if zo_seed is None else zo_seed
+        self._zo_seed_given = zo_seed   # None: zo_seed follows args.seed (a search trial may set it)
+        self._sampler_settings = (ema_decay, uniform_mix)
         self.per_example_loss = per_example_loss or _causal_lm_loss
         if self.args.label_names is None:
             # The losses read inputs["labels"]: without this a model whose forward takes no
@@ -253,9 +261,6 @@ class ZOTrainer(Trainer):
             self.label_names = ["labels"]
         self._check_settings(ema_decay, uniform_mix)
         self.zo_sampler = self._make_sampler(ema_decay, uniform_mix) if train_dataset is not None else None
-        # Loss scaling exists for backward passes; ZO has none (and GradScaler.step asserts on
-        # parameters without gradients), so the scaler is dropped before the optimiser is wrapped.
-        self.accelerator.scaler = None
         self._master = None             # Float32Master when tuning half-precision weights
         self._zo_data = None            # (dataset, collator) used by training_step
         self._zo_last_batch = None      # this rank's last collated batch (token and FLOP counts)
@@ -317,6 +322,29 @@ class ZOTrainer(Trainer):
                                  "dataset with a length (not an IterableDataset)")
             if len(dataset) == 0:
                 raise ValueError("Invalid train_dataset: it is empty")
+
+    def create_accelerator_and_postprocess(self) -> None:
+        # Loss scaling exists for backward passes; ZO has none (and GradScaler.step asserts on
+        # parameters without gradients), so the scaler is dropped before the optimiser is wrapped,
+        # here because a hyperparameter search trial builds a new accelerator (with a new scaler).
+        super().create_accelerator_and_postprocess()
+        self.accelerator.scaler = None
+
+    def _hp_search_setup(self, trial) -> None:
+        # private, kept: the one place a hyperparameter_search trial's values enter args (inside
+        # train(), after model_init built the trial's model). They are checked as __init__ checks
+        # args (a trial's gradient_accumulation_steps=2 ran two ZO steps per step), the seeds
+        # follow them (zo_seed and the sampler kept __init__'s seed in every trial), and the
+        # model is checked as train() checks it (the search had released the last trial's).
+        super()._hp_search_setup(trial)
+        if self.hp_search_backend is None or trial is None:
+            return
+        if self._zo_seed_given is None:
+            self.zo_seed = self.args.seed
+        self._check_settings(*self._sampler_settings)
+        if self.train_dataset is not None:
+            self.zo_sampler, self._zo_sampler_start = self._make_sampler(*self._sampler_settings), None
+            self._check_model_and_data()
 
     def _make_sampler(self, ema_decay, uniform_mix):
         n, seed = len(self.train_dataset), self._sampler_seed()   # the same seed on every rank
@@ -579,8 +607,8 @@ class ZOTrainer(Trainer):
         if checkpoint:
             self._check_resumed_settings(checkpoint, self._zo_resume)
         self._zo_pending = []   # steps of an earlier train() after its last log belong to no log of this one
-        if self.train_dataset is not None and self.zo_sampler is not None:
-            self._check_model_and_data()
+        if self.train_dataset is not None and self.zo_sampler is not None and self.model is not None:
+            self._check_model_and_data()   # no model: a search released it, model_init builds the next
         try:
             return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial,
                                  ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)

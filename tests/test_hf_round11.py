@@ -163,3 +163,98 @@ def test_an_explicit_pin_memory_false_is_kept(tmp_path):
     args = training_args(tmp_path, dataloader_pin_memory=False)
     trainer = hf.ZOTrainer(tiny_causal_lm("llama", vocab_size=VOCAB), args, train_dataset=memorisable_rows())
     assert trainer.args is args and not trainer.args.dataloader_pin_memory
+
+
+# -- hyperparameter_search -----------------------------------------------------------------------
+class Trial:
+    """What the Trainer reads of an optuna trial: its number and (through hp_space) its values."""
+
+    def __init__(self, number, params):
+        self.number, self.params = number, params
+
+
+def search(trainer, monkeypatch, trials):
+    """``hyperparameter_search``'s optuna loop (transformers' ``run_hp_search_optuna``: train the
+    trial, evaluate, release the model) over the given trial values, without optuna installed."""
+    from accelerate.utils.memory import release_memory
+    from transformers.trainer_utils import HPSearchBackend, default_compute_objective
+
+    monkeypatch.setattr(transformers.integrations, "hp_params", lambda trial: trial.params)
+    trainer.hp_search_backend, trainer.hp_space = HPSearchBackend.OPTUNA, (lambda trial: trial.params)
+    trainer.compute_objective = default_compute_objective
+    steps = []
+    for number, params in enumerate(trials):
+        trainer.train(trial=Trial(number, params))
+        steps.append(trainer.zo_optimizer.step_count)
+        trainer.evaluate()
+        trainer.model_wrapped, trainer.model = release_memory(trainer.model_wrapped, trainer.model)
+    return steps
+
+
+def search_trainer(tmp_path, method="mezo", **kwargs):
+    return hf.ZOTrainer(model_init=lambda *trial: tiny_causal_lm("llama", vocab_size=VOCAB),
+                        args=training_args(tmp_path, max_steps=2), train_dataset=memorisable_rows(),
+                        eval_dataset=memorisable_rows(n=4), method=method, **kwargs)
+
+
+def test_a_hyperparameter_search_runs_every_trial(tmp_path, monkeypatch):
+    # the search releases each trial's model; train() ran its check forward on self.model = None
+    # before model_init built the next one: AttributeError at the second trial
+    trainer = search_trainer(tmp_path)
+    assert search(trainer, monkeypatch, [{"learning_rate": 1e-3}, {"learning_rate": 2e-3}]) == [2, 2]
+
+
+def test_a_trials_seed_seeds_the_directions_and_the_sampler(tmp_path, monkeypatch):
+    # zo_seed defaults to args.seed, and the sampler's seed to zo_seed + 1; a trial's seed
+    # changed args.seed but every trial kept the seeds of __init__ (the same z and batches)
+    trainer = search_trainer(tmp_path / "search")
+    search(trainer, monkeypatch, [{"seed": 7}])
+    plain = hf.ZOTrainer(tiny_causal_lm("llama", vocab_size=VOCAB), training_args(tmp_path, max_steps=2, seed=7),
+                         train_dataset=memorisable_rows(), method="mezo")
+    plain.train()
+    assert trainer.zo_seed == 7
+    ours, theirs = trainer.zo_optimizer.state_dict()["state"][0], plain.zo_optimizer.state_dict()["state"][0]
+    assert (ours["seed"], ours["step"]) == (theirs["seed"], theirs["step"])
+    a, b = trainer.zo_sampler.state_dict(), plain.zo_sampler.state_dict()   # uniform: depends on its seed only
+    assert a.keys() == b.keys() and all(
+        torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+
+
+def test_a_given_zo_seed_is_kept_in_every_trial(tmp_path, monkeypatch):
+    trainer = search_trainer(tmp_path, zo_seed=3)
+    search(trainer, monkeypatch, [{"seed": 7}])
+    assert trainer.zo_seed == 3 and trainer.zo_sampler.seed == 4
+
+
+def test_a_trials_settings_are_checked_as_in_init(tmp_path, monkeypatch):
+    # a trial's gradient_accumulation_steps=2 (refused by __init__) ran two ZO steps per step
+    trainer = search_trainer(tmp_path)
+    with pytest.raises(ValueError, match="Invalid gradient_accumulation_steps"):
+        search(trainer, monkeypatch, [{"gradient_accumulation_steps": 2}])
+    assert trainer.optimizer is None and trainer.state.global_step == 0
+
+
+def test_a_trials_new_accelerator_has_no_loss_scaler(tmp_path, monkeypatch):
+    # accelerate gives fp16 runs on a GPU a GradScaler, whose step() asserts when no parameter
+    # has a gradient; __init__ dropped it, but each trial builds a new accelerator. Here an
+    # Accelerator that always builds one stands in for a GPU with fp16.
+    import transformers.trainer as trainer_module
+
+    class ScalingAccelerator(trainer_module.Accelerator):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.scaler = torch.amp.GradScaler("cpu")
+
+    monkeypatch.setattr(trainer_module, "Accelerator", ScalingAccelerator)
+    trainer = search_trainer(tmp_path)
+    assert search(trainer, monkeypatch, [{"learning_rate": 1e-3}]) == [2]
+    assert trainer.accelerator.scaler is None
+
+
+def test_a_real_optuna_search_runs(tmp_path):
+    optuna = pytest.importorskip("optuna")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    trainer = search_trainer(tmp_path)
+    best = trainer.hyperparameter_search(hp_space=lambda trial: {"seed": trial.suggest_int("seed", 1, 9)},
+                                         n_trials=2, backend="optuna")
+    assert best.hyperparameters["seed"] in range(1, 10)
