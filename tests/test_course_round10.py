@@ -127,6 +127,8 @@ def test_importance_dashboard_redraws_only_the_mixed_bar_when_lambda_moves(monke
 # -- helpers given bad data ----------------------------------------------------------------------------
 
 def _bad_data_calls():
+    from sazo_lite.course.widgets import llm
+
     ls = problems.LeastSquares(16, 3, seed=0)
     bowl = lambda t: two_point.bowl_loss(t, [1.0, 2.0])
     nan = float("nan")
@@ -154,6 +156,23 @@ def _bad_data_calls():
         (lambda: sw.measured_vs_predicted_figure([]), "rows"),                                        # an empty plot
         (lambda: sw.measured_vs_predicted_figure([{"predicted": 1e6, "measured": 1e6}]), "rows[0]"),  # KeyError 'mode'
         (lambda: sw.measured_vs_predicted_figure([dict(_ROW, measured=float("nan"))]), "measured"),  # silently drawn
+        # notebook 06's record figures (sazo_lite.course.widgets.llm)
+        (lambda: llm.loss_bands({}), "runs_by_sampler"),                                          # an empty plot
+        (lambda: llm.loss_bands({"uniform": []}), "runs_by_sampler"),                             # an empty band
+        (lambda: llm.scores_vs_norms([nan, 1.0], [1.0, 2.0]), "scores"),                         # silently drawn
+        (lambda: llm.scores_vs_norms([], []), "scores"),                                          # an empty plot
+        (lambda: llm.probs_vs_oracle([nan, 1.0], [0.5, 0.5]), "p_sazo"),                         # a NaN bar
+        (lambda: llm.diagnostics_figure([]), "diagnostics"),                                      # an empty plot
+        (lambda: llm.diagnostics_figure([{"queries": 0}]), "diagnostics[0]"),                     # KeyError 'tv'
+        (lambda: llm.detector_precision([1.0, 2.0], [5], 1), "flagged"),                          # silently 0.0
+        (lambda: llm.detector_precision([nan, 2.0], [0], 1), "ranking_scores"),                   # silently 1.0
+        (lambda: llm.detector_bars({"a": 0.5}, 2.0, 3), "chance"),                                # a 200% chance line
+        (lambda: llm.detector_bars({}, 0.5, 3), "precisions"),                                    # an empty plot
+        (lambda: llm.walk_figure({"uniform": [{"queries": [0, 1]}]}), "runs_by_sampler"),         # an empty plot
+        (lambda: llm.staleness_figure({"k=25": [{}]}), "runs_by_label"),                          # an empty plot
+        (lambda: llm.gain_vs_batch_figure({}), "predicted"),                                      # an empty plot
+        (lambda: llm.gain_vs_batch_figure({"a": {1: nan}}), "gains of 'a'"),                       # silently drawn
+        (lambda: llm.peak_memory_bars({"inference": {}}), "peak_rss"),                            # KeyError
     ]
 
 

@@ -6,6 +6,7 @@ queries-to-target table, the walk ‖θ − θ₀‖, staleness, the detectors.
 from __future__ import annotations
 
 import html
+import math
 import statistics
 
 import plotly.graph_objects as go
@@ -40,6 +41,8 @@ def peak_memory_bars(measurements: dict[str, dict]) -> go.Figure:
     from .mezo import memory_figure
 
     labels = {"inference": "inference", "zo": "ZO step (MeZO/SAZO)", "bp": "backprop SGD step"}
+    for name, measured in measurements.items():
+        require_keys(f"measurements[{name!r}]", measured, ("peak_rss",))
     fig = memory_figure({labels.get(k, k): v["peak_rss"] for k, v in measurements.items()})
     fig.update_layout(title="peak resident memory of the whole process (weights included)")
     return fig
@@ -48,6 +51,26 @@ def peak_memory_bars(measurements: dict[str, dict]) -> go.Figure:
 # -- figures of recorded language-model runs: plain functions of recorded data (``sazo_lite.llm.queries.QueryRun`` dicts) --------
 def _as_dict(run) -> dict:
     return run if isinstance(run, dict) else run.to_dict()
+
+
+def _values(name: str, values, *, low: float = 0.0, high: float = math.inf) -> list[float]:
+    """``values`` as a non-empty list of finite floats in [low, high], or a ValueError naming them."""
+    try:
+        out = [float(v) for v in values]
+    except (TypeError, ValueError):
+        raise ValueError(f"Invalid {name}: expected a sequence of numbers, got {type(values).__name__}") from None
+    bad = [v for v in out if not (math.isfinite(v) and low <= v <= high)]
+    if not out or bad:
+        raise ValueError(f"Invalid {name}: expected a non-empty sequence of finite numbers in [{low:g}, {high:g}], "
+                         f"got {len(out)} value(s)" + (f", e.g. {bad[0]}" if bad else ""))
+    return out
+
+
+def _nothing_drawn(name: str, fig: go.Figure, what: str) -> go.Figure:
+    """``fig``, or a ValueError when no trace of it has data (an empty plot reads as a result)."""
+    if not any(trace.y is not None and len(trace.y) for trace in fig.data):
+        raise ValueError(f"Invalid {name}: no run has {what} to draw")
+    return fig
 
 
 def loss_bands(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> go.Figure:
@@ -63,6 +86,9 @@ def loss_bands(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> go.Figure:
         >>> [round(v, 2) for v in loss_bands(runs).data[-1].y]
         [1.0, 0.75, 0.6]
     """
+    if not runs_by_sampler or not all(runs_by_sampler.values()):
+        raise ValueError(f"Invalid runs_by_sampler: expected sampler -> a non-empty list of runs, got "
+                         f"{ {k: len(v) for k, v in (runs_by_sampler or {}).items()} }")
     fig, shown = go.Figure(), []
     for sampler, runs in runs_by_sampler.items():
         runs = [_as_dict(r) for r in runs]
@@ -215,7 +241,7 @@ def scores_vs_norms(scores, norms, kinds=None) -> go.Figure:
         >>> len(scores_vs_norms([1.0, 2.0], [0.5, 3.0], ["a", "b"]).data)
         2
     """
-    scores, norms = [float(v) for v in scores], [float(v) for v in norms]
+    scores, norms = _values("scores", scores), _values("norms", norms)   # finite, >= 0: log axes
     kinds = list(kinds) if kinds is not None else ["example"] * len(scores)
     same_lengths(scores=scores, norms=norms, kinds=kinds)
     fig = go.Figure()
@@ -239,6 +265,10 @@ def diagnostics_figure(diagnostics: list[dict]) -> go.Figure:
     """
     from plotly.subplots import make_subplots
 
+    if not diagnostics:
+        raise ValueError("Invalid diagnostics: empty (expected QueryRun.diagnostics records)")
+    for k, record in enumerate(diagnostics):
+        require_keys(f"diagnostics[{k}]", record, ("queries", "tv", "v_ratio", "v_uniform_ratio"))
     q = [d["queries"] for d in diagnostics]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("how well SAZO ranks and samples", "sampling variance vs the oracle"))
     fig.add_scatter(x=q, y=[d.get("rho") for d in diagnostics], name="Spearman ρ(score, ‖∇f‖)", row=1, col=1)
@@ -261,6 +291,7 @@ def probs_vs_oracle(p_sazo, p_star, kinds=None) -> go.Figure:
         >>> [round(v, 1) for v in probs_vs_oracle([0.5, 0.5], [0.9, 0.1]).data[1].y]
         [1.8, 0.2]
     """
+    p_sazo, p_star = _values("p_sazo", p_sazo, high=1.0), _values("p_star", p_star, high=1.0)
     n = len(p_sazo)
     kinds = list(kinds) if kinds is not None else [""] * n
     same_lengths(p_sazo=p_sazo, p_star=p_star, kinds=kinds)
@@ -287,8 +318,12 @@ def detector_precision(ranking_scores, flagged, k: int) -> float:
     check_int("k", k, 1, max(1, len(scores)))   # precision@k of k ≤ N examples (k = 0 would divide by 0)
     if len(scores) == 0:
         raise ValueError("Invalid ranking_scores: empty (expected one score per example)")
-    order = torch.argsort(scores, descending=True, stable=True)[:k]
+    if not bool(torch.isfinite(scores).all()):
+        raise ValueError("Invalid ranking_scores: inf or NaN (expected finite scores: NaN would rank anywhere)")
     flagged = set(int(i) for i in flagged)
+    if any(not 0 <= i < len(scores) for i in flagged):
+        raise ValueError(f"Invalid flagged: {sorted(flagged)} (expected example indices in [0, {len(scores)}))")
+    order = torch.argsort(scores, descending=True, stable=True)[:k]
     return sum(int(i) in flagged for i in order) / k
 
 
@@ -299,6 +334,11 @@ def detector_bars(precisions: dict[str, float], chance: float, k: int) -> go.Fig
         >>> len(detector_bars({"SAZO score": 0.5, "loss": 0.75}, 0.15, 4).data[0].x)
         2
     """
+    if not isinstance(precisions, dict) or not precisions:
+        raise ValueError(f"Invalid precisions: expected a non-empty dict detector -> precision, got {precisions!r}")
+    _values("precisions", precisions.values(), high=1.0)
+    chance = _values("chance", [chance], high=1.0)[0]
+    check_int("k", k, 1)
     fig = go.Figure(go.Bar(x=list(precisions), y=list(precisions.values()), text=[f"{v:.0%}" for v in precisions.values()],
                            textposition="outside", marker_color="slategray"))
     fig.add_hline(y=chance, line=dict(dash="dot", color="crimson"), annotation_text=f"chance ({chance:.0%})")
@@ -335,7 +375,7 @@ def walk_figure(runs_by_sampler: dict, *, band=WALK_BAND) -> go.Figure:
                       annotation_text="where measured runs failed", annotation_position="top left")
     fig.update_layout(width=640, height=360, xaxis_title="queries", yaxis_title="‖θ − θ₀‖",
                       title="the random walk of θ: ‖θ−θ₀‖² ≈ η²·d·Σ ĝ²", margin=dict(l=55, r=10, t=40, b=45))
-    return fig
+    return _nothing_drawn("runs_by_sampler", fig, "a recorded walk")
 
 
 def displacement_figure(walk: dict, *, ends: dict | None = None, band=WALK_BAND) -> go.Figure:
@@ -395,7 +435,7 @@ def staleness_figure(runs_by_label: dict) -> go.Figure:
     fig.update_layout(width=640, height=360, xaxis_title="step", yaxis_title="variance ratio",
                       title="how much the oracle's old norms cost at each refresh",
                       margin=dict(l=55, r=10, t=40, b=45))
-    return fig
+    return _nothing_drawn("runs_by_label", fig, "staleness records")
 
 
 def gain_vs_batch_figure(predicted: dict, measured: dict | None = None, *, title: str = "") -> go.Figure:
@@ -409,6 +449,10 @@ def gain_vs_batch_figure(predicted: dict, measured: dict | None = None, *, title
         >>> [list(t.y) for t in fig.data]
         [[5.0, 3.0], [2.75]]
     """
+    if not predicted or not all(predicted.values()):
+        raise ValueError(f"Invalid predicted: expected set label -> a non-empty {{B: gain}}, got {predicted!r}")
+    for label, gains in [*predicted.items(), *(measured or {}).items()]:
+        _values(f"gains of {label!r}", gains.values(), low=0.0)
     fig = go.Figure()
     palette = ["steelblue", "darkorange", "seagreen", "purple"]
     for k, (label, gains) in enumerate(predicted.items()):
