@@ -908,6 +908,7 @@ def main(argv=None) -> None:
     if args.merge:
         report = merge(args.merge)
         print_report(report)
+        args.out.parent.mkdir(parents=True, exist_ok=True)     # check_output let a missing folder through
         write_json(args.out, report, indent=1)
         return
     if args.worker:

@@ -345,3 +345,14 @@ def test_dashboard_latency_names_itself_and_refuses_a_filter_that_leaves_nothing
         dashboard_latency.main(["--only", "no-such-dashboard"])
     err = capsys.readouterr().err
     assert caught.value.code == 2 and "--only" in err and "python -m benchmarks.dashboard_latency" in err
+
+
+def test_merge_writes_into_a_folder_that_does_not_exist_yet(tmp_path, capsys):
+    """--out's check lets a missing folder through ("created at the end"), but --merge printed the table and
+    then failed with FileNotFoundError: it never made the folder."""
+    part = tmp_path / "pilot.json"
+    part.write_text(json.dumps({**report(True, "d"), "runtime_s": 60.0,
+                                "args": {"targets": [0.3], "quick": True, "eps": 1e-3}}))
+    out = tmp_path / "new" / "merged.json"
+    llm_queries.main(["--merge", str(part), "--out", str(out)])
+    assert json.loads(out.read_text())["date"] == "d"
