@@ -111,7 +111,8 @@ class CausalLMCollator:
     ``labels`` are labelled with their own (unpadded) input ids (plain language modelling).
 
     Raises:
-        ValueError: labels or a mask of another length than the input ids, a mask other than
+        ValueError: one label per row (a classification dataset: pass a ``data_collator``),
+            labels or a mask of another length than the input ids, a mask other than
             0/1 or with padding inside the row, or a row with no tokens left.
 
     Example:
@@ -139,6 +140,10 @@ class CausalLMCollator:
     def _unpadded(k: int, row) -> tuple[list[int], list[int]]:
         """Row k's tokens and labels with its own padding (mask 0) removed."""
         ids = _as_list(row["input_ids"])
+        if row.get("labels") is not None and not _is_sequence(row["labels"]):
+            raise ValueError(f"Invalid labels: row {k} has one label ({row['labels']!r}), not one token id per "
+                             f"input id; CausalLMCollator collates causal LM rows: for other tasks (e.g. sequence "
+                             f"classification) pass a data_collator, such as transformers.DataCollatorWithPadding")
         labels = _as_list(row["labels"]) if row.get("labels") is not None else None
         if labels is not None and len(labels) != len(ids):
             raise ValueError(f"Invalid labels: example has {len(labels)} labels for {len(ids)} input ids")
@@ -155,6 +160,11 @@ class CausalLMCollator:
         if not ids:
             raise ValueError(f"Invalid input_ids: row {k} has no tokens (after removing its padding)")
         return ids, (ids if labels is None else labels)
+
+
+def _is_sequence(values) -> bool:
+    """A list, tuple or array of ids; not one number (a Python int, a 0-d tensor or numpy scalar)."""
+    return getattr(values, "ndim", None) != 0 and not isinstance(values, (int, float, str, bytes))
 
 
 def _as_list(values) -> list[int]:

@@ -258,3 +258,19 @@ def test_a_real_optuna_search_runs(tmp_path):
     best = trainer.hyperparameter_search(hp_space=lambda trial: {"seed": trial.suggest_int("seed", 1, 9)},
                                          n_trials=2, backend="optuna")
     assert best.hyperparameters["seed"] in range(1, 10)
+
+
+# -- the default collator on a classification dataset ---------------------------------------------
+@pytest.mark.parametrize("label", [1, torch.tensor(1)], ids=["int", "0-d tensor"])
+def test_the_default_collator_names_the_fix_for_rows_with_one_label(tmp_path, label):
+    # rows {"input_ids", "labels": 1} (sequence classification) with no data_collator failed as
+    # "Invalid data_collator: ... TypeError: 'int' object is not iterable", naming a collator the
+    # user never gave and not saying what to do
+    from test_hostile_trainer import seq_classifier
+
+    rows = [{"input_ids": [5, 6, 7], "labels": label}, {"input_ids": [8, 9], "labels": label}]
+    trainer = hf.ZOTrainer(seq_classifier(), training_args(tmp_path), train_dataset=rows,
+                           per_example_loss=lambda out, inputs: out.logits[:, 0])
+    with pytest.raises(ValueError, match="Invalid labels: row 0 has one label .* pass a data_collator"):
+        trainer.train()
+    assert trainer.state.global_step == 0
