@@ -317,7 +317,7 @@ def setting_header(setting: Setting, model, params, train, args, cset=None, *, a
     gains = ", ".join(f"B={b}: {g:.2f}" for b, g in design["gain"].items())
     if announce:
         print(f"\n== {setting.label}: N={len(train)}, d={out['tuned_parameters']}, F₀={design['F0']:.4f}, "
-          f"V(u)/V(p*)={design['v_uniform_ratio']:.2f}, ‖∇F‖²/V(p*)={design['grad_sq_ratio']:.2f}; "
+              f"V(u)/V(p*)={design['v_uniform_ratio']:.2f}, ‖∇F‖²/V(p*)={design['grad_sq_ratio']:.2f}; "
               f"predicted uniform÷oracle {gains}; δ_k error at ε={args.eps:g}: max {max(design['eps_relative_error']):.1%}",
               flush=True)
     return out
