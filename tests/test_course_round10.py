@@ -127,7 +127,7 @@ def test_importance_dashboard_redraws_only_the_mixed_bar_when_lambda_moves(monke
 # -- helpers given bad data ----------------------------------------------------------------------------
 
 def _bad_data_calls():
-    from sazo_lite.course.widgets import llm
+    from sazo_lite.course.widgets import llm, llm_lesson
 
     ls = problems.LeastSquares(16, 3, seed=0)
     bowl = lambda t: two_point.bowl_loss(t, [1.0, 2.0])
@@ -173,6 +173,11 @@ def _bad_data_calls():
         (lambda: llm.gain_vs_batch_figure({}), "predicted"),                                      # an empty plot
         (lambda: llm.gain_vs_batch_figure({"a": {1: nan}}), "gains of 'a'"),                       # silently drawn
         (lambda: llm.peak_memory_bars({"inference": {}}), "peak_rss"),                            # KeyError
+        # notebook 06's lesson figures (sazo_lite.course.widgets.llm_lesson)
+        (lambda: llm_lesson.scores_vs_norms_figure([nan, 1.0], [1.0, 2.0], ["new", "new"]), "scores"),  # drawn
+        (lambda: llm_lesson.scores_vs_norms_figure([], [], []), "scores"),                          # an empty plot
+        (lambda: llm_lesson.gain_figure({}), "sets"),                                               # an empty plot
+        (lambda: llm_lesson.scores_figure({"diagnostics": [], "seed": 0}), "diagnostics"),          # an empty plot
     ]
 
 

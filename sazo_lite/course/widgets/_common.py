@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from typing import Callable
 
 import ipywidgets as widgets
@@ -23,7 +24,7 @@ import plotly.io as pio
 
 __all__ = ["slider", "log_slider", "int_slider", "question", "captioned", "presets", "redraw_on_change",
            "assemble", "Dashboard", "LiveFigure", "static_dashboard_html", "set_controls", "SAMPLER_COLORS",
-           "SAMPLER_FILLS", "SAMPLER_LABELS", "divergence_note", "finite", "lower_rate", "TINY_EPS", "require_keys",
+           "SAMPLER_FILLS", "SAMPLER_LABELS", "divergence_note", "finite", "number_list", "lower_rate", "TINY_EPS", "require_keys",
            "same_lengths"]
 
 # One palette for every dashboard: a sampler has the same colour in every plot of the course.
@@ -82,6 +83,19 @@ def same_lengths(**columns) -> int:
         raise ValueError("Invalid " + "/".join(lengths) + f": lengths {list(lengths.values())} differ "
                          "(expected one value per example)")
     return next(iter(lengths.values()), 0)
+
+
+def number_list(name: str, values, *, low: float = 0.0, high: float = math.inf) -> list[float]:
+    """``values`` as a non-empty list of finite floats in [low, high], or a ValueError naming them."""
+    try:
+        out = [float(v) for v in values]
+    except (TypeError, ValueError):
+        raise ValueError(f"Invalid {name}: expected a sequence of numbers, got {type(values).__name__}") from None
+    bad = [v for v in out if not (math.isfinite(v) and low <= v <= high)]
+    if not out or bad:
+        raise ValueError(f"Invalid {name}: expected a non-empty sequence of finite numbers in [{low:g}, {high:g}], "
+                         f"got {len(out)} value(s)" + (f", e.g. {bad[0]}" if bad else ""))
+    return out
 
 
 def finite(values):

@@ -6,14 +6,13 @@ queries-to-target table, the walk ‖θ − θ₀‖, staleness, the detectors.
 from __future__ import annotations
 
 import html
-import math
 import statistics
 
 import plotly.graph_objects as go
 import torch
 
 from ...validation import check_int
-from ._common import SAMPLER_COLORS, require_keys, same_lengths
+from ._common import SAMPLER_COLORS, number_list, require_keys, same_lengths
 
 __all__ = ["peak_memory_bars", "run_summary", "best_cells", "fewest_queries", "loss_bands", "runs_by_rate",
            "queries_table_html", "scores_vs_norms", "diagnostics_figure", "probs_vs_oracle", "detector_precision",
@@ -51,19 +50,6 @@ def peak_memory_bars(measurements: dict[str, dict]) -> go.Figure:
 # -- figures of recorded language-model runs: plain functions of recorded data (``sazo_lite.llm.queries.QueryRun`` dicts) --------
 def _as_dict(run) -> dict:
     return run if isinstance(run, dict) else run.to_dict()
-
-
-def _values(name: str, values, *, low: float = 0.0, high: float = math.inf) -> list[float]:
-    """``values`` as a non-empty list of finite floats in [low, high], or a ValueError naming them."""
-    try:
-        out = [float(v) for v in values]
-    except (TypeError, ValueError):
-        raise ValueError(f"Invalid {name}: expected a sequence of numbers, got {type(values).__name__}") from None
-    bad = [v for v in out if not (math.isfinite(v) and low <= v <= high)]
-    if not out or bad:
-        raise ValueError(f"Invalid {name}: expected a non-empty sequence of finite numbers in [{low:g}, {high:g}], "
-                         f"got {len(out)} value(s)" + (f", e.g. {bad[0]}" if bad else ""))
-    return out
 
 
 def _nothing_drawn(name: str, fig: go.Figure, what: str) -> go.Figure:
@@ -241,7 +227,7 @@ def scores_vs_norms(scores, norms, kinds=None) -> go.Figure:
         >>> len(scores_vs_norms([1.0, 2.0], [0.5, 3.0], ["a", "b"]).data)
         2
     """
-    scores, norms = _values("scores", scores), _values("norms", norms)   # finite, >= 0: log axes
+    scores, norms = number_list("scores", scores), number_list("norms", norms)   # finite, >= 0: log axes
     kinds = list(kinds) if kinds is not None else ["example"] * len(scores)
     same_lengths(scores=scores, norms=norms, kinds=kinds)
     fig = go.Figure()
@@ -291,7 +277,7 @@ def probs_vs_oracle(p_sazo, p_star, kinds=None) -> go.Figure:
         >>> [round(v, 1) for v in probs_vs_oracle([0.5, 0.5], [0.9, 0.1]).data[1].y]
         [1.8, 0.2]
     """
-    p_sazo, p_star = _values("p_sazo", p_sazo, high=1.0), _values("p_star", p_star, high=1.0)
+    p_sazo, p_star = number_list("p_sazo", p_sazo, high=1.0), number_list("p_star", p_star, high=1.0)
     n = len(p_sazo)
     kinds = list(kinds) if kinds is not None else [""] * n
     same_lengths(p_sazo=p_sazo, p_star=p_star, kinds=kinds)
@@ -336,8 +322,8 @@ def detector_bars(precisions: dict[str, float], chance: float, k: int) -> go.Fig
     """
     if not isinstance(precisions, dict) or not precisions:
         raise ValueError(f"Invalid precisions: expected a non-empty dict detector -> precision, got {precisions!r}")
-    _values("precisions", precisions.values(), high=1.0)
-    chance = _values("chance", [chance], high=1.0)[0]
+    number_list("precisions", precisions.values(), high=1.0)
+    chance = number_list("chance", [chance], high=1.0)[0]
     check_int("k", k, 1)
     fig = go.Figure(go.Bar(x=list(precisions), y=list(precisions.values()), text=[f"{v:.0%}" for v in precisions.values()],
                            textposition="outside", marker_color="slategray"))
@@ -452,7 +438,7 @@ def gain_vs_batch_figure(predicted: dict, measured: dict | None = None, *, title
     if not predicted or not all(predicted.values()):
         raise ValueError(f"Invalid predicted: expected set label -> a non-empty {{B: gain}}, got {predicted!r}")
     for label, gains in [*predicted.items(), *(measured or {}).items()]:
-        _values(f"gains of {label!r}", gains.values(), low=0.0)
+        number_list(f"gains of {label!r}", gains.values(), low=0.0)
     fig = go.Figure()
     palette = ["steelblue", "darkorange", "seagreen", "purple"]
     for k, (label, gains) in enumerate(predicted.items()):

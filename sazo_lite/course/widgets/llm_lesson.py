@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 
 from ..llm_lesson import DIVERGE_FACTOR, Race, turn
 from ...validation import check_count, check_number
-from ._common import SAMPLER_COLORS, SAMPLER_FILLS, SAMPLER_LABELS, require_keys, same_lengths
+from ._common import SAMPLER_COLORS, SAMPLER_FILLS, SAMPLER_LABELS, number_list, require_keys, same_lengths
 
 __all__ = ["show", "gain_figure", "race_figure", "walk_figure", "loss_vs_walk_figure", "scores_figure",
            "scores_vs_norms_figure", "WIDTH"]
@@ -49,6 +49,8 @@ def gain_figure(sets: dict[str, tuple[float, float]], batch_sizes=(1, 2, 4, 8, 1
         [6.0, 2.89]
     """
     batch_sizes = [check_count("batch_sizes", b) for b in batch_sizes]
+    if not sets or not batch_sizes:
+        raise ValueError(f"Invalid sets/batch_sizes: {sets!r}, {batch_sizes!r} (expected at least one of each)")
     for label, (v_u, g2) in sets.items():   # ratios of variances: ‖∇F‖² < 0 could divide by 0
         check_number(f"V(u)/V(p*) of {label!r}", v_u, 0.0, closed_low=False)
         check_number(f"‖∇F‖²/V(p*) of {label!r}", g2, 0.0)
@@ -145,6 +147,8 @@ def loss_vs_walk_figure(race: Race) -> go.Figure:
 def scores_figure(run: dict) -> go.Figure:
     """A diagnosed SAZO run: V(p_SAZO)/V(p*) and V(u)/V(p*) at each diagnosed point (1 = the oracle)."""
     require_keys("run", run, ("diagnostics", "seed"))
+    if not run["diagnostics"]:
+        raise ValueError("Invalid run: no diagnostics recorded (expected a diagnosed SAZO run)")
     for point in run["diagnostics"]:
         require_keys("run's diagnostics", point, ("queries", "v_ratio", "v_uniform_ratio"))
     q = [d["queries"] for d in run["diagnostics"]]
@@ -162,6 +166,7 @@ def scores_figure(run: dict) -> go.Figure:
 
 def scores_vs_norms_figure(scores, norms, kinds) -> go.Figure:
     """SAZO's scores against the true ‖∇f_i‖ at the end of a run (log axes), new and assimilated examples apart."""
+    scores, norms = number_list("scores", scores), number_list("norms", norms)   # finite, >= 0: log axes
     same_lengths(scores=scores, norms=norms, kinds=kinds)
     unknown = set(kinds) - {"new", "assimilated"}
     if unknown:
