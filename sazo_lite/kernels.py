@@ -29,6 +29,10 @@ from .noise import Job, TorchNoise, _Threaded
 __all__ = ["TritonNoise", "triton_available", "triton_direction"]
 
 _KERNEL = None
+# The kernel's element ids are int32 (program id × BLOCK + lane, up to the tensor's size rounded up to a whole
+# BLOCK): past 2³¹ they wrap to negative ids, which the `offsets < numel` mask lets through, so a tensor whose
+# padded size exceeds this goes to the fallback.
+MAX_KERNEL_ENTRIES = 2 ** 31
 
 
 def triton_available() -> tuple[bool, str]:
@@ -87,8 +91,9 @@ class TritonNoise(_Threaded):
     Args:
         block: elements per Triton program (a power of two; ≥ 65536 under the interpreter,
             whose cost is per program).
-        fallback: the source used for tensors the kernel cannot take (non-contiguous, float64,
-            or when triton is unusable); default ``TorchNoise()``.
+        fallback: the source used for tensors the kernel cannot take (non-contiguous, float64, more
+            than ``MAX_KERNEL_ENTRIES`` entries once rounded up to a whole block, or when triton is
+            unusable); default ``TorchNoise()``.
     """
 
     def __init__(self, block: int = 1024, fallback=None):
@@ -101,7 +106,8 @@ class TritonNoise(_Threaded):
 
     def _apply_one(self, job: Job, slot: int) -> None:
         p = job.param
-        if not self.usable or not p.is_contiguous() or p.dtype == torch.float64:
+        padded = -(-p.numel() // self.block) * self.block
+        if not self.usable or not p.is_contiguous() or p.dtype == torch.float64 or padded > MAX_KERNEL_ENTRIES:
             self.fallback.apply([job])
             return
         shrink = job.shrink

@@ -407,3 +407,25 @@ def test_a_float32_sum_tree_draws_each_leaf_in_proportion_to_its_weight(leaves, 
     shares = _leaf_shares(tree, monkeypatch)
     exact = weights.astype(np.float64) / weights.astype(np.float64).sum()
     assert np.allclose(shares, exact, rtol=1e-6, atol=0), shares / exact
+
+
+# --- defect 9: TritonNoise on a tensor past int32 element ids ----------------------------------------------
+def test_triton_noise_sends_tensors_past_int32_element_ids_to_its_fallback(monkeypatch):
+    """The kernel's ids are int32 (program id × BLOCK + lane): a tensor of 2³¹ entries or more (an embedding
+    of a 256k vocabulary × 8192) was launched anyway, with ids that wrap to negative and pass the mask.
+    Checked on meta tensors (no memory) with the launch recorded, not run."""
+    from sazo_lite import kernels
+    from sazo_lite.noise import Job
+
+    launched, fell_back = [], []
+
+    class Recorder:
+        def apply(self, jobs, done=None):
+            fell_back.extend(job.param.numel() for job in jobs)
+
+    monkeypatch.setattr(kernels, "_launch", lambda theta, *args: launched.append(theta.numel()))
+    noise = kernels.TritonNoise(block=1024, fallback=Recorder())
+    noise.usable = True   # as on a GPU
+    for numel in (2 ** 31 - 2048, 2 ** 31 - 1023, 2 ** 31 + 1, 2 ** 33):   # ids up to 2³¹ − 1 fit
+        noise._apply_one(Job(torch.empty(numel, device="meta"), 1, 1.0, 1.0, "gaussian"), 0)
+    assert launched == [2 ** 31 - 2048, 2 ** 31 - 1023] and fell_back == [2 ** 31 + 1, 2 ** 33]
