@@ -156,6 +156,10 @@ def _bad_data_calls():
         (lambda: sw.measured_vs_predicted_figure([]), "rows"),                                        # an empty plot
         (lambda: sw.measured_vs_predicted_figure([{"predicted": 1e6, "measured": 1e6}]), "rows[0]"),  # KeyError 'mode'
         (lambda: sw.measured_vs_predicted_figure([dict(_ROW, measured=float("nan"))]), "measured"),  # silently drawn
+        (lambda: ls.losses(torch.tensor([1, 0, 0])), "theta"),             # data cast to int: garbage losses (4.5, 0, ...)
+        (lambda: ls.losses([0.0, 0.0, 0.0]), "theta"),                      # AttributeError 'shape'
+        (lambda: ls.norms(torch.zeros(2, 3)), "theta"),                     # RuntimeError from a matmul
+        (lambda: ls.per_example_grads(torch.zeros(4)), "theta"),            # RuntimeError size mismatch
         # notebook 06's record figures (sazo_lite.course.widgets.llm)
         (lambda: llm.loss_bands({}), "runs_by_sampler"),                                          # an empty plot
         (lambda: llm.loss_bands({"uniform": []}), "runs_by_sampler"),                             # an empty band

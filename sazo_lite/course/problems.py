@@ -71,10 +71,18 @@ class FiniteSumProblem:
         """The starting point θ₀ = 0."""
         return torch.zeros(self.dim, dtype=dtype)
 
+    def _theta(self, theta) -> torch.Tensor:
+        """θ itself, or a ValueError: a tensor of shape [d] (under ``torch.func.vmap`` too: it shows one θ)."""
+        if not isinstance(theta, torch.Tensor) or theta.shape != (self.dim,):
+            what = f"shape {tuple(theta.shape)}" if isinstance(theta, torch.Tensor) else type(theta).__name__
+            raise ValueError(f"Invalid theta: {what} (expected a tensor of shape [{self.dim}])")
+        return theta
+
     def _rows(self, theta: torch.Tensor, indices):
         """(features, responses, scales) of ``indices`` (all if None), cast to θ's dtype."""
-        if theta.shape[-1:] != (self.dim,):
-            raise ValueError(f"Invalid theta: shape {tuple(theta.shape)} (expected [..., {self.dim}])")
+        self._theta(theta)
+        if not theta.is_floating_point():   # the data cast to an int dtype would be truncated, the losses garbage
+            raise ValueError(f"Invalid theta: dtype {theta.dtype} (expected a floating-point tensor)")
         columns = (self.features, self.responses, self.scales)
         if indices is not None:   # (no range check here: torch.func.vmap batches indices, which cannot be read)
             columns = tuple(column[indices] for column in columns)
@@ -122,7 +130,7 @@ class LeastSquares(FiniteSumProblem):
         return 0.5 * s * (x @ theta - y) ** 2
 
     def per_example_grads(self, theta):
-        residual = self.features @ theta.detach().double() - self.targets
+        residual = self.features @ self._theta(theta).detach().double() - self.targets
         return (self.scales * residual)[:, None] * self.features
 
 
@@ -180,7 +188,7 @@ class LogisticRegression(FiniteSumProblem):
         return s * torch.nn.functional.softplus(-y * (x @ theta)) + 0.5 * self.l2 * (theta @ theta)
 
     def per_example_grads(self, theta):
-        theta = theta.detach().double()
+        theta = self._theta(theta).detach().double()
         margin = self.labels * (self.features @ theta)
         coef = -self.scales * self.labels * torch.sigmoid(-margin)  # d f_i / d (x_iᵀθ)
         return coef[:, None] * self.features + self.l2 * theta
