@@ -138,6 +138,19 @@ class FlatLossCheck:
                 FlatLossWarning, stacklevel=_caller_level())
 
 
+def _warn_if_frozen_mixed_in(param_groups: list[dict]) -> None:
+    """UserWarning when the tensors mix requires_grad=False with True: torch.optim leaves the frozen ones
+    alone (they get no gradient), but a ZO step perturbs and updates every tensor it is given, so
+    ``MeZO(model.parameters())`` on a model with frozen weights (LoRA, a frozen base) tunes them all."""
+    params = [p for group in param_groups for p in group["params"]]
+    frozen = sum(not p.requires_grad for p in params)
+    if 0 < frozen < len(params):
+        warnings.warn(f"MeZO was given {frozen} tensors with requires_grad=False beside {len(params) - frozen} with "
+                      f"requires_grad=True: it perturbs and updates all of them (a zeroth-order step ignores "
+                      f"requires_grad). To tune only the trainable ones, pass "
+                      f"[p for p in model.parameters() if p.requires_grad]", UserWarning, stacklevel=_caller_level())
+
+
 def _caller_level() -> int:
     """``warnings.warn``'s stacklevel for the first frame outside sazo_lite and torch (torch.no_grad
     wraps ``step``): the warning names the line of the caller's loop or its call of ``train``."""
@@ -338,6 +351,9 @@ class MeZO(torch.optim.Optimizer):
             instead of 3, same θ bit for bit); the parameters are current only after
             ``flush()``. See the module docstring.
 
+    Warns (``UserWarning``) when the tensors mix requires_grad=False with requires_grad=True: every
+    tensor given is perturbed and updated, frozen or not (torch.optim skips tensors without gradients).
+
     Attributes:
         flat_check: the ``FlatLossCheck`` every committed step feeds: ``step`` warns
             ``FlatLossWarning`` when the first ``FLAT_STEPS`` steps (``FLAT_EXAMPLES`` per-example
@@ -380,6 +396,7 @@ class MeZO(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.noise = _auto_noise(self.param_groups) if noise == "auto" else noise
         self.state[self._first_param()].update(step=0, seed=seed)
+        _warn_if_frozen_mixed_in(self.param_groups)
 
     def add_param_group(self, param_group: dict) -> None:
         """Validate a group fully (tensors, hyperparameters, the shared eps), then add it."""

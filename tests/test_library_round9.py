@@ -429,3 +429,23 @@ def test_triton_noise_sends_tensors_past_int32_element_ids_to_its_fallback(monke
     for numel in (2 ** 31 - 2048, 2 ** 31 - 1023, 2 ** 31 + 1, 2 ** 33):   # ids up to 2³¹ − 1 fit
         noise._apply_one(Job(torch.empty(numel, device="meta"), 1, 1.0, 1.0, "gaussian"), 0)
     assert launched == [2 ** 31 - 2048, 2 ** 31 - 1023] and fell_back == [2 ** 31 + 1, 2 ** 33]
+
+
+# --- defect 10: MeZO(model.parameters()) on a model with frozen weights -------------------------------------
+def test_a_model_with_frozen_weights_passed_whole_warns_that_mezo_tunes_them_too():
+    """torch.optim leaves requires_grad=False tensors alone (no gradient); MeZO perturbed and updated the
+    frozen base of a LoRA-style model without a word. All trainable or all frozen: no warning."""
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
+    net[0].requires_grad_(False)
+    frozen = net[0].weight.detach().clone()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt = sz.MeZO(net.parameters(), lr=0.1, noise=None)
+    mixed = [w for w in caught if "requires_grad=False" in str(w.message)]
+    assert len(mixed) == 1 and mixed[0].filename == __file__ and "2 tensors" in str(mixed[0].message)
+    opt.step(lambda: net(torch.ones(4, 3)).squeeze(1) ** 2)
+    assert not torch.equal(net[0].weight, frozen)   # what the warning says: the frozen tensors move too
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sz.MeZO([p for p in net.parameters() if p.requires_grad], lr=0.1)
+        sz.MeZO([torch.zeros(2), torch.zeros(3)], lr=0.1)
