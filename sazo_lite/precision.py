@@ -81,7 +81,9 @@ class Float32Master:
 
     def step(self, optimizer, closure, weights=None):
         """``optimizer.step(self.wrap(closure), weights)``, then the model synced from the master,
-        whether the step committed or failed (the model then holds where the master stands)."""
+        whether the step committed or failed (the model then holds where the master stands: with
+        ``fold_updates=True`` that is θ − εz until ``optimizer.flush()``; call ``sync()`` after it
+        before evaluating the model)."""
         try:
             return optimizer.step(self.wrap(closure), weights)
         finally:
