@@ -9,8 +9,6 @@ the oracle.
 """
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import plotly.graph_objects as go
 import ipywidgets as widgets
@@ -190,10 +188,11 @@ def _draw(figures: dict, trace: SAZOTrace, index: int, *, trajectories: bool = T
         figures["scatter"].data[1].update(x=[low, high], y=[low, high])
         figures["scatter"].layout.title.text = f"estimate vs true ‖∇f_i‖, step {int(trace.steps[index])}: " \
                                                f"{_rho(trace, index)}" + _off_the_log_axis(sqrt_g)
-    with figures["trajectory"].batch_update() if trajectories else contextlib.nullcontext():
-        for k, example in enumerate(trace.tracked if trajectories else ()):
-            figures["trajectory"].data[2 * k].update(x=trace.steps, y=finite(trace.sqrt_g[:, example]))
-            figures["trajectory"].data[2 * k + 1].update(x=trace.steps, y=finite(trace.norms[:, example]))
+    if trajectories:
+        with figures["trajectory"].batch_update():
+            for k, example in enumerate(trace.tracked):
+                figures["trajectory"].data[2 * k].update(x=trace.steps, y=finite(trace.sqrt_g[:, example]))
+                figures["trajectory"].data[2 * k + 1].update(x=trace.steps, y=finite(trace.norms[:, example]))
     order = np.argsort(-trace.p_star[index])
     ranks = np.arange(len(order))
     with figures["probs"].batch_update():
