@@ -31,6 +31,9 @@ are the Trainer's own. What differs:
   epoch is ceil(N/B) steps, floor(N/B) (at least 1) with ``dataloader_drop_last``.
 - Loss: f_i = mean token cross-entropy over example i's labels (causal shift, −100 ignored;
   ``sazo_lite.llm.losses.causal_lm_losses``), or ``per_example_loss(outputs, inputs) -> [B]``.
+  The label columns ("labels" and ``label_names``: the Trainer's own, such as a QA model's
+  start_positions and end_positions, or ["labels"] when it finds none) are held out of the
+  model's forwards and read by the loss.
   ``train()`` first runs the model once, without changing anything, on the first two training
   examples, and refuses (``ValueError``) a model, collator or ``per_example_loss`` it cannot
   use: no ``labels`` in the batches, outputs without ``logits`` [B, T, V] (an attribute, or a
@@ -264,10 +267,12 @@ class ZOTrainer(Trainer):
         self._zo_seed_given = zo_seed   # None: zo_seed follows args.seed (a search trial may set it)
         self._sampler_settings = (ema_decay, uniform_mix)
         self.per_example_loss = per_example_loss or _causal_lm_loss
-        if self.args.label_names is None:
+        if self.args.label_names is None and not self.label_names:
             # The losses read inputs["labels"]: without this a model whose forward takes no
             # ``labels`` (a plain module) would have that column dropped from its rows (the
             # collator then scored every token) and evaluate() would pass labels to forward.
+            # The Trainer's own names are kept when it finds some (a QA model's start_positions
+            # and end_positions: replacing them lost eval_loss).
             self.label_names = ["labels"]
         self._check_settings(ema_decay, uniform_mix)
         self.zo_sampler = self._make_sampler(ema_decay, uniform_mix) if train_dataset is not None else None
@@ -483,7 +488,7 @@ class ZOTrainer(Trainer):
         net.eval()
         try:
             with torch.no_grad(), self.compute_loss_context_manager():
-                outputs = net(**{k: v for k, v in batch.items() if k != "labels"})
+                outputs = net(**self._model_inputs(batch))
             if default:
                 logits = _logits(outputs)
                 if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != batch["labels"].shape:
@@ -539,7 +544,7 @@ class ZOTrainer(Trainer):
             if self._master is not None:
                 self._master.sync()
             with self.compute_loss_context_manager():
-                outputs = net(**{k: v for k, v in batch.items() if k != "labels"})
+                outputs = net(**self._model_inputs(batch))
             return gather_losses(self.per_example_loss(outputs, batch).float())
 
         try:
@@ -554,14 +559,18 @@ class ZOTrainer(Trainer):
                                  float(w.sum() ** 2 / (w ** 2).sum()) / len(w)))
         return torch.tensor(out.loss, dtype=torch.float32, device=self.args.device)
 
+    def _model_inputs(self, batch) -> dict:
+        """The batch without its labels ("labels" and ``label_names``), which per_example_loss reads
+        (label_names=["target"]: inputs["target"]). Passed to forward, a model computed its own loss
+        in each pass (a QA model's start_positions) or was given a name it does not take."""
+        held = {"labels", *self.label_names}
+        return {k: v for k, v in batch.items() if k not in held}
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """Mean per-example loss (evaluation uses this; training steps use ``training_step``)."""
-        # label_names too: a per_example_loss reading inputs["target"] (label_names=["target"]) is
-        # what training minimised; the Trainer's loss would pass "target" to the model's forward.
-        held = {"labels", *self.label_names}
-        if not held & set(inputs):
+        if not {"labels", *self.label_names} & set(inputs):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        outputs = model(**{k: v for k, v in inputs.items() if k not in held})
+        outputs = model(**self._model_inputs(inputs))
         loss = self.per_example_loss(outputs, inputs).float().mean()   # float32, as the training steps average
         if not return_outputs:
             return loss

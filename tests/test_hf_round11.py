@@ -274,3 +274,35 @@ def test_the_default_collator_names_the_fix_for_rows_with_one_label(tmp_path, la
     with pytest.raises(ValueError, match="Invalid labels: row 0 has one label .* pass a data_collator"):
         trainer.train()
     assert trainer.state.global_step == 0
+
+
+# -- a model whose labels are not named "labels" -----------------------------------------------------
+def test_a_question_answering_models_label_names_are_kept_and_never_fed_to_its_forwards(tmp_path):
+    # the Trainer names a QA model's labels start_positions and end_positions; ZOTrainer replaced
+    # them by ["labels"]: evaluate() then computed no eval_loss, and every ZO pass gave the
+    # positions to forward, which computed its own loss each time
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, pad_token_id=0)
+    model = transformers.LlamaForQuestionAnswering(config)
+    g = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": torch.randint(3, VOCAB, (6,), generator=g).tolist(), "start_positions": i % 6,
+             "end_positions": (i + 2) % 6} for i in range(8)]
+
+    def collate(batch_rows):
+        return {name: torch.tensor([row[name] for row in batch_rows]) for name in rows[0]}
+
+    def span_losses(outputs, inputs):
+        ce = torch.nn.functional.cross_entropy
+        return (ce(outputs.start_logits, inputs["start_positions"], reduction="none")
+                + ce(outputs.end_logits, inputs["end_positions"], reduction="none")) / 2
+
+    given = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: given.append(set(kwargs)), with_kwargs=True)
+    trainer = hf.ZOTrainer(model, training_args(tmp_path, max_steps=2, per_device_eval_batch_size=8),
+                           train_dataset=rows, eval_dataset=rows, data_collator=collate, per_example_loss=span_losses)
+    trainer.train()
+    metrics = trainer.evaluate()
+    assert given and all(names == {"input_ids"} for names in given)
+    with torch.no_grad():
+        expected = span_losses(model.eval()(input_ids=collate(rows)["input_ids"]), collate(rows)).mean()
+    assert metrics["eval_loss"] == pytest.approx(float(expected), rel=1e-5)
