@@ -61,6 +61,16 @@ def _as64(x) -> torch.Tensor:
     return torch.as_tensor(x).detach().to("cpu", torch.float64)
 
 
+def _paired(first: str, a, second: str, b) -> tuple[torch.Tensor, torch.Tensor]:
+    """``a`` and ``b`` as float64 vectors of one length, or ValueError naming ``second`` (torch broadcast a
+    length-1 vector against the other silently: V(p) of 3 norms with 1 probability was a number)."""
+    a, b = _as64(a), _as64(b)
+    if a.dim() != 1 or a.shape != b.shape:
+        raise ValueError(f"Invalid {second}: shape {tuple(b.shape)} does not match the shape of {first}, "
+                         f"{tuple(a.shape)} (expected two vectors of one length)")
+    return a, b
+
+
 def oracle_probs(norms) -> torch.Tensor:
     """p* ∝ ‖∇f_i‖ (uniform if every norm is 0): ``mixed_probabilities`` with λ = 0."""
     norms = relative_scores(_as64(norms))
@@ -75,7 +85,7 @@ def mix_with_uniform(probs, uniform_mix: float) -> torch.Tensor:
 
 def sampling_variance(norms, probs) -> float:
     """V(p) = (1/N²) Σ_i ‖∇f_i‖² / p_i: the only p-dependent part of E‖ĝ‖²."""
-    norms, probs = _as64(norms), _as64(probs)
+    norms, probs = _paired("norms", norms, "probs", probs)
     n = len(norms)
     terms = torch.where(norms > 0, norms ** 2 / probs, torch.zeros_like(norms))
     return float(terms.sum()) / n ** 2
@@ -83,7 +93,8 @@ def sampling_variance(norms, probs) -> float:
 
 def variance_ratio(norms, probs) -> float:
     """V(p)/V(p*) ≥ 1: how far p is from the minimum-variance oracle."""
-    norms = relative_scores(_as64(norms))
+    norms, probs = _paired("norms", norms, "probs", probs)
+    norms = relative_scores(norms)
     optimum = sampling_variance(norms, oracle_probs(norms))
     return sampling_variance(norms, probs) / optimum if optimum > 0 else 1.0
 
@@ -103,7 +114,8 @@ def zo_second_moment(norms, probs, full_grad_norm: float, dim: int, batch_size: 
 
 def tv_distance(p, q) -> float:
     """Total-variation distance ½ Σ |p_i − q_i| ∈ [0, 1]."""
-    return 0.5 * float((_as64(p) - _as64(q)).abs().sum())
+    p, q = _paired("p", p, "q", q)
+    return 0.5 * float((p - q).abs().sum())
 
 
 def _ranks(x: torch.Tensor) -> torch.Tensor:
@@ -118,7 +130,8 @@ def _ranks(x: torch.Tensor) -> torch.Tensor:
 
 def spearman(a, b) -> float:
     """Spearman rank correlation of two vectors (0 if either is constant)."""
-    ra, rb = _ranks(_as64(a)), _ranks(_as64(b))
+    a, b = _paired("a", a, "b", b)
+    ra, rb = _ranks(a), _ranks(b)
     ra, rb = ra - ra.mean(), rb - rb.mean()
     denom = float(ra.norm() * rb.norm())
     return float((ra * rb).sum()) / denom if denom > 0 else 0.0

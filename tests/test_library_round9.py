@@ -449,3 +449,18 @@ def test_a_model_with_frozen_weights_passed_whole_warns_that_mezo_tunes_them_too
         warnings.simplefilter("error")
         sz.MeZO([p for p in net.parameters() if p.requires_grad], lr=0.1)
         sz.MeZO([torch.zeros(2), torch.zeros(3)], lr=0.1)
+
+
+# --- defect 11: variance helpers on vectors of different lengths ---------------------------------------------
+@pytest.mark.parametrize("call, name", [
+    (lambda v: v.sampling_variance([1.0, 2.0, 3.0], [0.5]), "probs"),
+    (lambda v: v.variance_ratio([1.0, 2.0, 3.0], [0.5]), "probs"),
+    (lambda v: v.zo_second_moment([1.0, 2.0], [0.5], 1.0, 10, 2), "probs"),
+    (lambda v: v.tv_distance([0.5, 0.5], [1.0]), "q"),
+    (lambda v: v.spearman([1.0, 2.0, 3.0], [1.0]), "b"),
+], ids=["sampling_variance", "variance_ratio", "zo_second_moment", "tv_distance", "spearman"])
+def test_variance_helpers_refuse_vectors_of_different_lengths(call, name):
+    """torch broadcast a length-1 vector against the other: V(p) of 3 norms with 1 probability, a variance
+    ratio of 0.78 (it is ≥ 1 by definition), a TV distance of 0.5: numbers, silently wrong."""
+    with pytest.raises(ValueError, match=f"Invalid {name}: shape"):
+        call(sz.variance)
