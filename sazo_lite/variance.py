@@ -16,6 +16,8 @@ import math
 import numpy as np
 import torch
 
+from .validation import check_count, check_fraction, check_int
+
 __all__ = ["mixed_probabilities", "relative_scores", "importance_weights", "oracle_probs", "sampling_variance",
            "variance_ratio", "uniform_gain", "zo_second_moment", "tv_distance", "spearman", "mix_with_uniform"]
 
@@ -80,6 +82,7 @@ def oracle_probs(norms) -> torch.Tensor:
 def mix_with_uniform(probs, uniform_mix: float) -> torch.Tensor:
     """(1−λ)·p + λ/N for a distribution p: ``mixed_probabilities`` with S = 1."""
     probs = _as64(probs)
+    uniform_mix = check_fraction("uniform_mix", uniform_mix, 0.0, 1.0, closed_low=True, closed_high=True)
     return mixed_probabilities(probs, 1.0, uniform_mix, len(probs))
 
 
@@ -108,6 +111,7 @@ def uniform_gain(norms) -> float:
 
 def zo_second_moment(norms, probs, full_grad_norm: float, dim: int, batch_size: int) -> float:
     """E‖ĝ‖² for Gaussian z and B i.i.d. importance-sampled examples (exact for linear f_i)."""
+    dim, batch_size = check_int("dim", dim, 0), check_count("batch_size", batch_size)
     v = sampling_variance(norms, probs)
     return (dim + 2) * (v / batch_size + (1.0 - 1.0 / batch_size) * full_grad_norm ** 2)
 

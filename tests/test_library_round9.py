@@ -464,3 +464,16 @@ def test_variance_helpers_refuse_vectors_of_different_lengths(call, name):
     ratio of 0.78 (it is ≥ 1 by definition), a TV distance of 0.5: numbers, silently wrong."""
     with pytest.raises(ValueError, match=f"Invalid {name}: shape"):
         call(sz.variance)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda v: v.mix_with_uniform(torch.tensor([1.0, 0.0]), 2.0), "uniform_mix"),
+    (lambda v: v.mix_with_uniform(torch.tensor([1.0, 0.0]), -0.5), "uniform_mix"),
+    (lambda v: v.zo_second_moment([1.0, 2.0], [0.5, 0.5], 1.0, 10, 0), "batch_size"),
+    (lambda v: v.zo_second_moment([1.0, 2.0], [0.5, 0.5], 1.0, -3, 1), "dim"),
+], ids=["mix-above-1", "mix-below-0", "batch-0", "dim-negative"])
+def test_variance_helpers_refuse_arguments_outside_their_range(call, name):
+    """mix_with_uniform(p, 2) returned [0, 1] for p = [1, 0] (a negative weight on p), zo_second_moment
+    with B = 0 a ZeroDivisionError and with d < −2 a negative second moment."""
+    with pytest.raises(ValueError, match=f"Invalid {name}"):
+        call(sz.variance)
