@@ -7,7 +7,9 @@ runs are for budgets too long for it (docs/llm.md, "The opposed set at B = 4, lo
 the sampler settings are those of ``llm_queries``' opposed and balanced sets (``--sets opposed --big-n
 96``: the same cached first round). Each run stops at ``--stop`` · F(θ₀) or after ``--steps`` steps,
 logs F every ``--log-every`` steps, and SAZO's runs record its scores against the true norms every 4th
-log point. One JSON per run in OUT_DIR (``QueryRun.to_dict()`` plus its wall time).
+log point. One JSON per run in OUT_DIR (``QueryRun.to_dict()`` plus its wall time and the settings that
+made it). A run whose JSON OUT_DIR already holds with the same settings is kept, not rerun (the same
+command resumes an interrupted plan); a JSON there of other settings is refused before anything runs.
 """
 from __future__ import annotations
 
@@ -44,6 +46,20 @@ def parse_plan(specs: list[str]) -> list[tuple[str, float, int]]:
     return plan
 
 
+def run_path(out: Path, sampler: str, rate: float, seed: int) -> Path:
+    """Where a run's JSON goes in ``out``."""
+    return out / f"{sampler}_{rate:g}_s{seed}.json"
+
+
+def saved_run(path: Path) -> dict | None:
+    """The run a JSON of this module holds, or None when it is not one (unreadable, other shape)."""
+    try:
+        run = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return run if isinstance(run, dict) else None
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_long_runs", description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="the folder a JSON per run is written to")
@@ -63,24 +79,56 @@ def main(argv=None) -> None:
     except ValueError as error:
         parser.error(f"argument runs: {error}")
     check_folder(parser, "out", args.out)
+    common = {name: getattr(args, name) for name in ("set", "n", "new_fraction", "batch", "steps", "log_every", "stop",
+                                                      "accuracy_at")}
+    settings = {(sampler, rate, seed): {**common, "sampler": sampler, "lr": rate, "seed": seed}
+                for sampler, rate, seed in plan}
+    names = {}
+    for key in plan:        # two rates that print alike (3.5e-4, 3.50001e-4) would share one file
+        names.setdefault(run_path(args.out, *key).name, set()).add(key)
+    shared = sorted(name for name, keys in names.items() if len(keys) > 1)
+    if shared:
+        parser.error(f"argument runs: {shared} would each hold two different runs (rates equal to 6 digits)")
+    kept, clashes = {}, []
+    for key in plan:        # resume: a run saved with the same settings is kept; one of other settings is not overwritten
+        path = run_path(args.out, *key)
+        if path.exists():
+            saved = saved_run(path)
+            if saved is not None and saved.get("settings") == settings[key]:
+                kept[key] = saved
+            else:
+                clashes.append(path.name)
+    if clashes:
+        parser.error(f"argument out: {sorted(set(clashes))} in {str(args.out)!r} hold runs of other settings (or of an "
+                     "earlier version of this command): name another folder, or move them away")
     torch.set_num_threads(1)
+    summary = lambda run: (run_summary(f"{run['settings']['sampler']} lr={run['settings']['lr']:g} "
+                                       f"seed={run['settings']['seed']}:", run, targets=(0.7, args.stop))
+                           + f"; held-out acc={run.get('test_accuracy')}"
+                           + (f" (after {run['budget_queries']} queries: {run['budget_accuracy']})" if args.accuracy_at else "")
+                           + f", {run['seconds']:.0f} s")
+    if len(kept) == len(set(plan)):       # nothing left to run: no model to load
+        for key in dict.fromkeys(plan):
+            print(summary(kept[key]) + " (kept)", flush=True)
+        return
     setup = llm_queries.parse_args(["--sets", args.set, "--big-n", str(args.n)])
     model, params, train, test, _ = llm_queries.smollm2_start(args.set, setup, num_train=args.n,
                                                               new_fraction=args.new_fraction)
     theta0 = snapshot(params)
     args.out.mkdir(parents=True, exist_ok=True)
     for sampler, rate, seed in plan:
+        if (sampler, rate, seed) in kept:
+            print(summary(kept[(sampler, rate, seed)]) + " (kept)", flush=True)
+            continue
         start = time.perf_counter()
         run = llm_queries.run_from(theta0, model, params, train, test, sampler, lr=rate, seed=seed, eps=setup.eps,
                                    batch_size=args.batch, steps=args.steps, log_every=args.log_every, oracle_every=1,
                                    oracle_mix=setup.oracle_mix, stop_fraction=args.stop,
                                    diagnose=4 if sampler == "sazo" else 0, accuracy_at=args.accuracy_at)
-        run["seconds"] = time.perf_counter() - start
-        write_text(args.out / f"{sampler}_{rate:g}_s{seed}.json", json.dumps(run))
-        print(run_summary(f"{sampler} lr={rate:g} seed={seed}:", run, targets=(0.7, args.stop))
-              + f"; held-out acc={run.get('test_accuracy')}"
-              + (f" (after {run['budget_queries']} queries: {run['budget_accuracy']})" if args.accuracy_at else "")
-              + f", {run['seconds']:.0f} s", flush=True)
+        run["seconds"], run["settings"] = time.perf_counter() - start, settings[(sampler, rate, seed)]
+        write_text(run_path(args.out, sampler, rate, seed), json.dumps(run))
+        kept[(sampler, rate, seed)] = run       # a repeated spec: run once
+        print(summary(run), flush=True)
     restore_snapshot(params, theta0)
 
 

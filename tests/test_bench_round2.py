@@ -356,3 +356,38 @@ def test_merge_writes_into_a_folder_that_does_not_exist_yet(tmp_path, capsys):
     out = tmp_path / "new" / "merged.json"
     llm_queries.main(["--merge", str(part), "--out", str(out)])
     assert json.loads(out.read_text())["date"] == "d"
+
+
+# -- llm_long_runs: a rerun keeps what it has, and never writes over other settings' runs ---------------------------
+def fake_long_run(lr=1e-3):
+    return {"queries": [0, 100], "train_loss": [1.0, 0.4], "walk": [0.0, 2.0], "diverged": False,
+            "mean_sq_step_scale": 1.0, "max_step_scale": 2.0, "test_accuracy": 0.5}
+
+
+@pytest.fixture
+def long_runs(monkeypatch):
+    from benchmarks import llm_long_runs
+    computed = []
+    monkeypatch.setattr(llm_long_runs.llm_queries, "smollm2_start",
+                        lambda *a, **k: (None, [torch.zeros(2)], None, None, None))
+    monkeypatch.setattr(llm_long_runs.llm_queries, "run_from",
+                        lambda *a, lr, seed, **k: computed.append((a[5], lr, seed)) or fake_long_run())
+    monkeypatch.setattr(llm_long_runs.torch, "set_num_threads", lambda n: None)
+    return llm_long_runs, computed
+
+
+def test_long_runs_resume_a_plan_and_keep_runs_of_other_settings(long_runs, capsys, tmp_path):
+    """A rerun recomputed every run (hours), and a rerun with another --steps or --set into the same folder wrote
+    over the earlier runs' JSONs without a word (each is named by sampler, rate and seed only)."""
+    module, computed = long_runs
+    out = tmp_path / "runs"
+    module.main([str(out), "uniform:3.5e-4:0", "--steps", "10"])
+    assert computed == [("uniform", 3.5e-4, 0)]
+    module.main([str(out), "uniform:3.5e-4:0", "sazo:3.5e-4:0", "--steps", "10"])     # resumes: one new run
+    assert computed == [("uniform", 3.5e-4, 0), ("sazo", 3.5e-4, 0)]
+    assert "(kept)" in capsys.readouterr().out
+    before = (out / "uniform_0.00035_s0.json").read_text()
+    with pytest.raises(SystemExit) as caught:
+        module.main([str(out), "uniform:3.5e-4:0", "--steps", "20"])
+    assert caught.value.code == 2 and "uniform_0.00035_s0.json" in capsys.readouterr().err
+    assert (out / "uniform_0.00035_s0.json").read_text() == before and len(computed) == 2
