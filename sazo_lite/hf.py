@@ -574,11 +574,13 @@ class ZOTrainer(Trainer):
         loss = self.per_example_loss(outputs, inputs).float().mean()   # float32, as the training steps average
         if not return_outputs:
             return loss
-        if not isinstance(outputs, Mapping):
-            # The Trainer reads a tuple's first entry as the loss and the rest as predictions; the
-            # model got no labels, so its outputs hold no loss: without this, outputs[1:] dropped
-            # a tuple's logits (or a tensor's first row).
-            outputs = (loss, *((outputs,) if isinstance(outputs, torch.Tensor) else outputs))
+        # The Trainer reads a tuple's first entry as the loss and the rest as predictions; the
+        # model got no labels, so its outputs hold no loss: without this, outputs[1:] dropped a
+        # tuple's logits (or a tensor's first row). Dicts (ModelOutput) are read by key.
+        if isinstance(outputs, torch.Tensor):
+            outputs = (loss, outputs)
+        elif isinstance(outputs, (tuple, list)):
+            outputs = (loss, *outputs)
         return loss, outputs
 
     def floating_point_ops(self, inputs) -> int:
