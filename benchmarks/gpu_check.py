@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -76,7 +77,11 @@ def check_timing(device) -> dict:
     return out
 
 
-def main() -> dict:
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.splitlines()[0],
+                                     epilog="Writes benchmarks/results/gpu_check.json, or $OUT/gpu_check.json when "
+                                            "OUT is set.")
+    parser.parse_args(argv)      # no options: --help answers, a stray argument is refused, before any CUDA work
     usable, reason = triton_available()
     if not torch.cuda.is_available() or not usable:
         raise SystemExit(f"gpu_check needs a CUDA device and triton ({reason})")

@@ -391,3 +391,16 @@ def test_long_runs_resume_a_plan_and_keep_runs_of_other_settings(long_runs, caps
         module.main([str(out), "uniform:3.5e-4:0", "--steps", "20"])
     assert caught.value.code == 2 and "uniform_0.00035_s0.json" in capsys.readouterr().err
     assert (out / "uniform_0.00035_s0.json").read_text() == before and len(computed) == 2
+
+
+def test_gpu_check_answers_help_and_refuses_stray_arguments_before_any_cuda_work(monkeypatch, capsys):
+    """It had no parser: ``python -m benchmarks.gpu_check --help`` started the check (and, without CUDA, said
+    only that it needs a device); a misspelt option was ignored."""
+    from benchmarks import gpu_check
+    monkeypatch.setattr(gpu_check, "triton_available", lambda: pytest.fail("checked the device"))
+    with pytest.raises(SystemExit) as caught:
+        gpu_check.main(["--help"])
+    assert caught.value.code == 0 and "python -m benchmarks.gpu_check" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as caught:
+        gpu_check.main(["--out", "x"])
+    assert caught.value.code == 2
