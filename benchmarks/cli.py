@@ -10,8 +10,10 @@ traceback, a hang or a silent wrong table an hour later.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from pathlib import Path
+from typing import Callable
 
 from sazo_lite.validation import check_number
 
@@ -90,6 +92,22 @@ def check_output(parser: argparse.ArgumentParser, option: str, path) -> None:
     if path.is_dir():
         parser.error(f"argument {option}: {str(path)!r} is a folder (expected a file to write)")
     check_folder(parser, option, path.parent)
+
+
+def check_not_full(parser: argparse.ArgumentParser, option: str, path, is_quick: Callable[[dict], bool],
+                   default: str) -> None:
+    """Refuse, before a quick run (a pilot, a smoke run), an output file that holds a full run: ``is_quick(report)``
+    says which a report is; a file that is not such a report is left to ``check_output``. ``default``: the file a
+    quick run writes when ``option`` is not given."""
+    if path is None or not Path(path).is_file():
+        return
+    try:
+        full = not is_quick(json.loads(Path(path).read_text()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return
+    if full:
+        parser.error(f"argument {option}: {str(path)!r} holds a full run; a quick run would replace it "
+                     f"(drop {option}: a quick run writes {default})")
 
 
 def check_folder(parser: argparse.ArgumentParser, option: str, path) -> None:

@@ -61,7 +61,7 @@ import torch
 from sazo_lite.atomic import write_json
 from benchmarks.llm_report import QUICK_RESULTS, RESULTS, is_pilot, merge, print_report
 from benchmarks.llm_topblock import TARGETS, TopSetting, gd_steps, measured_on, top_start
-from benchmarks.cli import check_folder, check_output, count, fraction, mix as cli_mix, natural, non_negative, positive, unit_fraction
+from benchmarks.cli import check_folder, check_not_full, check_output, count, fraction, mix as cli_mix, natural, non_negative, positive, unit_fraction
 from benchmarks.run_cache import RunNotCached, cached_run
 from sazo_lite.llm.models import TINY_FAMILIES
 from sazo_lite.llm import add_lora, load_smollm2, restore_snapshot, snapshot, tiny_causal_lm, trainable_parameters
@@ -825,14 +825,8 @@ def parse_args(argv=None, *, run: bool = False):
     if args.out is None:
         args.out = QUICK_RESULTS if pilot else RESULTS
     check_output(parser, "--out", args.out)
-    if pilot and args.out.is_file():
-        try:
-            race = not is_pilot(json.loads(args.out.read_text()))
-        except (OSError, ValueError, AttributeError):
-            race = False       # not a report of this benchmark: check_output's business, not a race to keep
-        if race:
-            parser.error(f"argument --out: {str(args.out)!r} holds a full race; a --quick pilot's report would replace "
-                         f"it (drop --out: a pilot's report goes to {QUICK_RESULTS.name})")
+    if pilot:
+        check_not_full(parser, "--out", args.out, is_pilot, QUICK_RESULTS.name)
     return args
 
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from sazo_lite.atomic import write_text
-from benchmarks.cli import check_output, count, fraction, positive
+from benchmarks.cli import check_not_full, check_output, count, fraction, positive
 from sazo_lite.engine import MeZO
 from sazo_lite.samplers import make_sampler
 from sazo_lite.course.problems import FiniteSumProblem, LeastSquares, LogisticRegression
@@ -575,6 +575,8 @@ def main(argv: list[str] | None = None) -> dict:
     targets = sorted(set(args.targets), reverse=True) if args.targets else ([0.1] if args.quick else list(TARGETS))
     out = Path(args.out) if args.out else RESULTS / ("queries_quick.json" if args.quick else "queries.json")
     check_output(parser, "--out", out)      # before the run, not after it
+    if args.quick:
+        check_not_full(parser, "--out", out, lambda saved: saved["quick"], "queries_quick.json")
     problems = default_problems(args.quick)
     if args.problems:
         unknown = set(args.problems) - {p.name for p in problems}

@@ -31,7 +31,7 @@ import torch
 
 from sazo_lite.atomic import write_text
 from benchmarks import engine_speed, sampler_state
-from benchmarks.cli import check_output
+from benchmarks.cli import check_not_full, check_output
 
 RESULTS = Path(__file__).parent / "results"
 TARGETS = {"speed": 1.15, "memory": 1.05, "overhead": 1.02, "sazo_gain_heterogeneous": 3.5,
@@ -340,14 +340,6 @@ def machine() -> dict:
                 python=platform.python_version())
 
 
-def _holds_full_run(path: Path) -> bool:
-    """Whether ``path`` is a results file of a full (not ``--quick``) make bench run."""
-    try:
-        return not json.loads(path.read_text())["machine"]["quick"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-
-
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run (also when SAZO_FAST=1)")
@@ -368,9 +360,8 @@ def main(argv=None) -> dict:
         parser.error(f"argument --only: unknown section(s) {unknown}{' in a --quick run' if quick else ''} "
                      f"(sections: {', '.join(section_names(quick))})")
     previous = None
-    if quick and not args.only and out.is_file() and _holds_full_run(out):
-        parser.error(f"argument --out: {out.name} holds a full run; a --quick run would replace it "
-                     f"(drop --out: a --quick run writes {default_out.name})")
+    if quick and not args.only:
+        check_not_full(parser, "--out", out, lambda saved: saved["machine"]["quick"], default_out.name)
     if args.only and out.exists():     # the earlier run the sections are merged into: same kind of run only
         try:
             saved = json.loads(out.read_text())

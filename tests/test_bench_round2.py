@@ -404,3 +404,13 @@ def test_gpu_check_answers_help_and_refuses_stray_arguments_before_any_cuda_work
     with pytest.raises(SystemExit) as caught:
         gpu_check.main(["--out", "x"])
     assert caught.value.code == 2
+
+
+def test_a_quick_queries_run_refuses_to_replace_a_full_one(capsys, monkeypatch, tmp_path):
+    """The rule of make bench and bench-llm above, for ``python -m benchmarks.queries --quick --out FULL``."""
+    monkeypatch.setattr(queries, "run_queries_benchmark", lambda *a, **k: pytest.fail("ran over a full run's file"))
+    full = tmp_path / "queries.json"
+    full.write_text(json.dumps({"benchmark": "queries", "quick": False, "rows": []}))
+    with pytest.raises(SystemExit) as caught:
+        queries.main(["--quick", "--out", str(full)])
+    assert caught.value.code == 2 and "holds a full run" in capsys.readouterr().err
