@@ -56,7 +56,8 @@ are the Trainer's own. What differs:
 - Data parallel (``torchrun --nproc_per_node=W script.py``, gloo on CPU): every rank draws the same
   global batch, evaluates its contiguous block of B/W examples and all-gathers the losses
   (``sazo_lite.distributed``), so g, the update and the sampler stay identical on every rank.
-- Checkpoints add ``zo_state.pt`` (the sampler's state and any master weights: plain
+- Checkpoints add ``zo_state.pt`` (the sampler's state, any master weights, the query count and
+  ``learning_rate``, which a plateau schedule keeps nowhere else: plain
   tensors, numbers and strings, written to a temporary file and renamed) to the Trainer's
   files; MeZO's state (step count and seed) is the Trainer's ``optimizer.pt``. Resuming
   continues the uninterrupted run bit for bit, so a resume whose lr, weight decay, eps,
@@ -99,7 +100,8 @@ __all__ = ["ZOTrainer", "causal_lm_losses", "CausalLMCollator", "METHODS", "ZO_S
 
 METHODS = ("mezo", "uniform", "sazo", "sazo-plain")   # samplers by name; "mezo" = "uniform"
 ZO_STATE_NAME = "zo_state.pt"
-ZO_STATE_KEYS = {"method", "sampler", "master"}   # and "queries" (round 10 on)
+ZO_STATE_KEYS = {"method", "sampler", "master"}   # and "queries" (round 10 on), "learning_rate" (round 11 on)
+ZO_STATE_OPTIONAL = {"queries", "learning_rate"}
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 PROBE_EXAMPLES = 2   # examples the pre-training check runs the model on
 
@@ -615,6 +617,7 @@ class ZOTrainer(Trainer):
         super()._save_optimizer_and_scheduler(output_dir)  # optimizer.pt holds MeZO's step and seed
         if self.args.should_save:  # plain tensors, numbers and strings: what weights_only=True reads
             state = {"method": self.method, "sampler": self.zo_sampler.state_dict(), "queries": self._zo_queries,
+                     "learning_rate": float(self.args.learning_rate),   # a plateau schedule keeps no base lr
                      "master": None if self._master is None else [t.detach().cpu().clone() for t in self._master.tensors]}
             path = os.path.join(output_dir, ZO_STATE_NAME)
             atomic_write(path, lambda handle: torch.save(state, handle))  # never a half-written zo_state.pt
@@ -644,13 +647,17 @@ class ZOTrainer(Trainer):
                              f"save_only_model=True (the weights only) or not by ZOTrainer, so the sampler's and "
                              f"MeZO's state cannot continue; start a new run from its weights instead")
         state = _load_plain(path, "a ZOTrainer state")
-        if (not isinstance(state, dict) or not ZO_STATE_KEYS <= set(state) <= ZO_STATE_KEYS | {"queries"}
+        if (not isinstance(state, dict) or not ZO_STATE_KEYS <= set(state) <= ZO_STATE_KEYS | ZO_STATE_OPTIONAL
                 or not isinstance(state["sampler"], dict) or not isinstance(state["method"], str)):
             raise ValueError(f"Invalid checkpoint: {path} does not hold a ZOTrainer state "
-                             f"(expected the keys method, sampler, master and, since round 10, queries)")
+                             f"(expected the keys method, sampler, master and, since round 10, queries, "
+                             f"since round 11, learning_rate)")
         queries = state.get("queries", 0)   # absent from checkpoints written before round 10
         if isinstance(queries, bool) or not isinstance(queries, int) or queries < 0:
             raise ValueError(f"Invalid checkpoint: its query count {queries!r} is not an integer >= 0")
+        lr = state.get("learning_rate", 0.0)   # absent from checkpoints written before round 11
+        if not isinstance(lr, float) or not math.isfinite(lr) or lr < 0:
+            raise ValueError(f"Invalid checkpoint: its learning_rate {lr!r} is not a finite float >= 0")
         if state["method"] != self.method:
             raise ValueError(f"Invalid checkpoint: written with method={state['method']!r}, "
                              f"resumed with method={self.method!r}")
@@ -685,7 +692,8 @@ class ZOTrainer(Trainer):
         """
         groups, seed = self._saved_optimizer(checkpoint)
         group, sampler = groups[0], zo_state["sampler"]
-        pairs = [("learning_rate", group.get("initial_lr"), self.args.learning_rate),  # None: no base lr (plateau)
+        base_lr = group.get("initial_lr", zo_state.get("learning_rate"))   # a plateau schedule sets no initial_lr
+        pairs = [("learning_rate", base_lr, self.args.learning_rate),   # None: plateau, written before round 11
                  ("weight_decay", max(g["weight_decay"] for g in groups), self.args.weight_decay),
                  ("eps", group["eps"], self.eps), ("perturbation", group["perturbation"], self.perturbation),
                  ("zo_seed (args.seed unless given)", seed, self.zo_seed),

@@ -306,3 +306,41 @@ def test_a_question_answering_models_label_names_are_kept_and_never_fed_to_its_f
     with torch.no_grad():
         expected = span_losses(model.eval()(input_ids=collate(rows)["input_ids"]), collate(rows)).mean()
     assert metrics["eval_loss"] == pytest.approx(float(expected), rel=1e-5)
+
+
+# -- resuming a reduce_lr_on_plateau run with another learning rate --------------------------------
+PLATEAU = dict(lr_scheduler_type="reduce_lr_on_plateau", eval_strategy="steps", eval_steps=1)
+
+
+def plateau_checkpoint(tmp_path):
+    rows = memorisable_rows()
+    args = training_args(tmp_path, max_steps=2, save_strategy="steps", save_steps=2, **PLATEAU)
+    hf.ZOTrainer(tiny_causal_lm("llama", vocab_size=VOCAB), args, train_dataset=rows, eval_dataset=rows).train()
+    return tmp_path / "out" / "checkpoint-2"
+
+
+def plateau_trainer(tmp_path, **change):
+    rows = memorisable_rows()
+    return hf.ZOTrainer(tiny_causal_lm("llama", vocab_size=VOCAB),
+                        training_args(tmp_path / "again", max_steps=4, **PLATEAU, **change),
+                        train_dataset=rows, eval_dataset=rows)
+
+
+def test_resuming_a_plateau_schedule_with_another_learning_rate_is_refused(tmp_path):
+    # the check compared the lr with the param groups' initial_lr, which ReduceLROnPlateau never
+    # sets: the new lr was silently replaced by the checkpoint's (0.5 asked, 0.002 used)
+    checkpoint = plateau_checkpoint(tmp_path)
+    trainer = plateau_trainer(tmp_path, learning_rate=0.5)
+    with pytest.raises(ValueError, match="Invalid learning_rate: 0.5"):
+        trainer.train(resume_from_checkpoint=str(checkpoint))
+    assert trainer.optimizer is None and trainer.state.global_step == 0
+
+
+def test_a_plateau_checkpoint_from_before_round_11_still_resumes(tmp_path):
+    checkpoint = plateau_checkpoint(tmp_path)
+    state = torch.load(checkpoint / hf.ZO_STATE_NAME, weights_only=True)
+    assert state.pop("learning_rate") == 2e-3
+    torch.save(state, checkpoint / hf.ZO_STATE_NAME)
+    trainer = plateau_trainer(tmp_path)
+    trainer.train(resume_from_checkpoint=str(checkpoint))
+    assert trainer.zo_optimizer.step_count == 4
