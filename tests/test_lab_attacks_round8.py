@@ -17,9 +17,16 @@
   own ``metadata`` (or with one that is not an object) was "failed" with nbformat's error, all 0; a folder
   named like a hand-in got a reason naming a file descriptor. Now the metadata is read as none (grading
   never reads it) and a folder is "not a regular file";
-- a documented gap (``labs/README.md``, what does not hold): code the submission compiles under a file name
-  of Python's own (``sys.prefix + "/..."`` or ``<frozen ...>``) is taken as Python's, so a value whose
-  ``__float__`` and arithmetic call the library, run by the tests and by ``record``, is not charged.
+- a student could use the library uncharged by compiling code under a file name of Python's own
+  (``compile(source, sys.prefix + "/x.py", "exec")``, ``<frozen x>``, run in its own globals or in ``os``'s) or of
+  the library's (in the library module's globals): the guard's walk over the callers took such frames as
+  Python's (or the library calling itself), so a returned ``float`` subclass whose ``__float__`` and arithmetic
+  called ``sazo_lite.variance.sampling_variance``, run by the tests' arithmetic and by ``record``, scored lab 2's
+  q3 in full with no finding. Now a frame is taken as Python's, a package's or the library's only where its
+  code is what the file it names holds (compared with that file compiled again, once per file);
+- a documented gap (``labs/README.md``, what does not hold): Python's own code that calls what it is handed
+  (a ``weakref.finalize``'s ``__call__`` as a float's ``__float__``) still runs the library uncharged from a
+  frame the grader started.
 """
 from __future__ import annotations
 
@@ -53,6 +60,7 @@ HONEST = {
                      "    return torch.from_numpy(n / n.sum() if n.sum() > 0 else np.full(len(n), 1.0 / len(n)))"),
 }
 # q3's variance from the library, through a float whose methods were compiled under a file name of Python's
+# (FILENAME, GLOBALS: where they run)
 LAZY = '''
 _SOURCE = """
 def _real(self):
@@ -69,9 +77,11 @@ def __truediv__(self, other):
 def __rtruediv__(self, other):
     return float(other) / _real(self)
 """
-import sys as _sys
-_methods = {"__name__": "lazy", "__builtins__": __builtins__}
-exec(compile(_SOURCE, _sys.prefix + "/lib/lazy.py", "exec"), _methods)
+import sys as _sys, types as _types
+_methods = GLOBALS
+for _code in compile(_SOURCE, FILENAME, "exec").co_consts:   # functions made from the code: no exec to audit
+    if isinstance(_code, _types.CodeType):
+        _methods[_code.co_name] = _types.FunctionType(_code, _methods)
 class _Lazy(float):
     pass
 for _name in ("__float__", "__sub__", "__rsub__", "__truediv__", "__rtruediv__"):
@@ -79,6 +89,28 @@ for _name in ("__float__", "__sub__", "__rsub__", "__truediv__", "__rtruediv__")
 def lab2_sampling_variance(norms, probs):
     value = _Lazy(0.0)
     value.args = (norms, probs)
+    return value
+'''
+LAZY_WAYS = {   # file name, globals
+    "lazy_prefix": ('_sys.prefix + "/lib/lazy.py"', '{"__name__": "lazy", "__builtins__": __builtins__}'),
+    "lazy_frozen": ('"<frozen lazy>"', '{"__name__": "lazy", "__builtins__": __builtins__}'),
+    "lazy_in_os": ('_sys.prefix + "/lib/lazy.py"', 'vars(__import__("os"))'),
+    "lazy_library_file": ('__import__("sazo_lite.course.problems").course.problems.__file__',
+                          'vars(__import__("sazo_lite.course.problems").course.problems)'),
+}
+# the documented gap: Python's own code (weakref.finalize.__call__) as the float's __float__ calls the library
+GADGET = '''
+import itertools as _itertools, sys as _sys, types as _types, weakref as _weakref
+_serial = _itertools.count(1)
+class _Lazy(float, _weakref.finalize):
+    __slots__ = ()
+    __init__ = object.__init__
+    __float__ = _weakref.finalize.__call__
+def lab2_sampling_variance(norms, probs):
+    value = _Lazy(next(_serial) + 0.5)
+    _weakref.finalize._registry[value] = _types.SimpleNamespace(
+        func=getattr(_sys.modules[".".join(["sazo_lite", "variance"])], "_".join(["sampling", "variance"])),
+        args=(norms, probs), kwargs=None)
     return value
 '''
 
@@ -95,10 +127,12 @@ def _hand_ins(solution, folder) -> None:
         nb = nbformat.read(solution, as_version=4)
         _edit(nb, start, old, new)
         nbformat.write(nb, folder / f"{name}.ipynb")
-    nb = nbformat.read(solution, as_version=4)
-    source = next(c.source for c in nb.cells if c.cell_type == "code" and c.source.startswith("def lab2_sampling_variance"))
-    _edit(nb, "def lab2_sampling_variance", source[:source.index("def lab2_oracle_probs")], LAZY + "\n\n")
-    nbformat.write(nb, folder / "lazy_library_value.ipynb")
+    ways = {name: LAZY.replace("FILENAME", filename).replace("GLOBALS", where) for name, (filename, where) in LAZY_WAYS.items()}
+    for name, answer in {**ways, "gadget": GADGET}.items():
+        nb = nbformat.read(solution, as_version=4)
+        source = next(c.source for c in nb.cells if c.cell_type == "code" and c.source.startswith("def lab2_sampling_variance"))
+        _edit(nb, "def lab2_sampling_variance", source[:source.index("def lab2_oracle_probs")], answer + "\n\n")
+        nbformat.write(nb, folder / f"{name}.ipynb")
     nb = nbformat.read(solution, as_version=4)   # JupyterLab's collaboration mode and notebook cleaners drop tags
     assert any("otter_ignore" in c.metadata.get("tags", []) for c in nb.cells)
     for cell in nb.cells:
@@ -133,14 +167,24 @@ def test_a_folder_named_like_a_hand_in_is_not_a_regular_file(graded):
     assert "is not a regular file" in row["reason"], row["reason"]
 
 
-def test_documented_gap_code_compiled_under_a_file_name_of_pythons_calls_the_library_uncharged(graded):
-    """labs/README.md, what does not hold: code compiled under a file name of Python's own is taken as Python's,
-    so q3's library value, computed when the tests and ``record`` use the returned float, scores and is not
-    charged. If this fails, the gap was closed: update the README."""
+def _q3(graded, name) -> dict:
     rows, csv_path = graded
-    row = rows["lazy_library_value.ipynb"]
-    details = json.loads((csv_path.parent / csv_path.stem / "lazy_library_value" / "results.json").read_text())
-    assert row["questions"]["q3"]["score"] == row["questions"]["q3"]["possible"] and "rule" not in details["questions"]["q3"]
+    assert rows[f"{name}.ipynb"]["status"] == "ok", rows[f"{name}.ipynb"]
+    return json.loads((csv_path.parent / csv_path.stem / name / "results.json").read_text())["questions"]["q3"]
+
+
+@pytest.mark.parametrize("name", list(LAZY_WAYS))
+def test_code_compiled_under_a_file_name_that_is_not_its_own_is_the_students(graded, name):
+    q3 = _q3(graded, name)
+    assert q3["score"] == 0 and any("sazo_lite.variance.sampling_variance" in r for r in q3.get("rule", [])), q3
+
+
+def test_documented_gap_pythons_own_code_handed_the_library_calls_it_uncharged(graded):
+    """labs/README.md, what does not hold: ``weakref.finalize.__call__`` as the float's ``__float__`` runs the
+    library from ``record`` (a frame of the grader's): q3's first hidden case scores, nothing is charged. If
+    this fails, the gap was closed: update the README."""
+    q3 = _q3(graded, "gadget")
+    assert q3["cases"][1]["passed"] and "rule" not in q3, q3
 
 
 def test_a_tensor_or_array_matches_a_recorded_python_number_or_list_of_numbers_by_value():

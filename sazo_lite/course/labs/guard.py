@@ -14,7 +14,9 @@ which scores the question concerned 0 with the finding as the reason:
    closure, a bound method, a ``functools.partial``, ``gc`` or a function rebuilt from its
    ``__code__``). A call whose nearest caller outside the library is the student's code (a cell,
    a function or class defined in one, code ``exec``-ed from it, a thread the student's code
-   started, a process it forked) is reported. Functions without source (``dataclass``-made
+   started, a process it forked) is reported; a caller counts as Python's, a package's or the
+   library's only where its code is what the file it names holds (``_is_genuine``), so code compiled
+   under such a file name is the student's. Functions without source (``dataclass``-made
    ``__init__``) get a wrapper instead;
 3. **definitions** (``check``, before each test case): a question's graded functions and classes
    must be defined in the notebook, must not inherit from a forbidden class, and what their code
@@ -44,6 +46,7 @@ import importlib
 import importlib.machinery
 import importlib.util
 import inspect
+import io
 import os
 import sys
 import threading
@@ -57,6 +60,8 @@ _LIBRARY_DOT = LIBRARY + "."
 LIBRARY_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 GRADER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _NEUTRAL_PREFIXES = tuple(sorted({p.rstrip("/") + "/" for p in (sys.prefix, sys.base_prefix, sys.exec_prefix) if p}))
+_STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__)) + os.sep   # where a frozen module's source is
+_read_bytes, _compile = io.open, compile   # held: a submission that rebinds them cannot feed the check a file
 PLACEHOLDER = "@sazo-lab-guard-check@"
 TAMPERED = "the grader's checks"          # a finding under this name counts for every question   # the constant the check's call is compiled with, then replaced
 PROGRAM_EVENTS = ("os.exec", "os.posix_spawn", "os.spawn", "os.system", "subprocess.Popen", "pty.spawn", "os.startfile")
@@ -196,6 +201,9 @@ class Guard:
         self._roots: set[int] = set()      # code of the function a student-started thread runs first
         self._thread_units: dict = {}
         self._originals: dict = {}
+        self._made: set[int] = set()       # ids of the code objects the guard compiled (instrumented library code)
+        self._genuine: dict = {}           # id(code) -> (code, whether it is what its file holds)
+        self._files: dict = {}             # real file -> {(qualname, first line): {_signature}} (None: unreadable)
 
     # -- what is allowed -----------------------------------------------------------------
     def _resolve_allowed(self) -> None:
@@ -259,12 +267,12 @@ class Guard:
         original_import, original_import_module = builtins.__import__, importlib.import_module
 
         def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
-            if level == 0 and self._from_student(sys._getframe(1)):
+            if level == 0 and self._from_student(sys._getframe(1), verify=False):
                 self._check_import(name, fromlist)
             return original_import(name, globals, locals, fromlist, level)
 
         def guarded_import_module(name, package=None):
-            if self._from_student(sys._getframe(1)):
+            if self._from_student(sys._getframe(1), verify=False):
                 absolute = importlib.util.resolve_name(name, package) if name.startswith(".") else name
                 self._check_import(absolute, ())
             return original_import_module(name, package)
@@ -390,13 +398,15 @@ class Guard:
         new = code.replace(co_consts=consts)
         table[(new.co_qualname, new.co_firstlineno)] = new
         self._keep.append(new)
+        self._made.add(id(new))
         return new
 
     def _check(self) -> None:
         """The first statement of every guarded library function: report a call from the student's code."""
         frame = sys._getframe(1)
         caller = frame.f_back
-        if caller is None or (id(caller.f_globals) in self._library_globals and _is_library_file(caller.f_code.co_filename)):
+        if caller is None or (id(caller.f_globals) in self._library_globals and _is_library_file(caller.f_code.co_filename)
+                              and self._is_genuine(caller.f_code)):
             return  # the library calling itself (most calls): no walk
         name = self.code_names.get(id(frame.f_code))
         if name is None:   # only guarded code holds the check: this is a copy of it (code.replace, FunctionType)
@@ -449,7 +459,7 @@ class Guard:
                 guard._thread_units.pop(_thread.get_ident(), None)
 
         def start_new_thread(function, args, kwargs=None):
-            if guard._from_student(sys._getframe(1)):
+            if guard._from_student(sys._getframe(1), verify=False):
                 unit = guard._thread_units.get(_thread.get_ident(), guard.unit())
                 return start(student_thread, (function, tuple(args), dict(kwargs or {}), unit))
             return start(function, args, *([kwargs] if kwargs is not None else []))
@@ -460,19 +470,23 @@ class Guard:
         threading._start_new_thread = start_new_thread
 
     # -- who is calling --------------------------------------------------------------------
-    def _from_student(self, frame) -> bool:
+    def _from_student(self, frame, verify: bool = True) -> bool:
         """Whether the nearest caller that is not the library, Python or an installed package is the student's
         (or the bottom of a thread the student's code started).
 
-        Trusted code is looked up by identity: an equal copy made by the submission is not the test's own.
+        Trusted code is looked up by identity: an equal copy made by the submission is not the test's own. With
+        ``verify``, the frames taken as Python's, a package's or the library's must hold what their files hold
+        (``_is_genuine``); imports and thread starts skip that (an import chain walks through hundreds of files,
+        and what is imported or started is checked when it is called).
         """
         namespace, trusted, modules, roots = self.namespace, self.trusted, sys.modules, self._roots
+        passed = [] if verify else None   # the code of the frames taken as Python's: checked before a "no"
         for _ in range(300):
             if frame is None:
-                return False
+                return not self._all_genuine(passed)
             code = frame.f_code
             if id(code) in trusted:
-                return False
+                return not self._all_genuine(passed)
             if id(code) in roots:
                 return True
             globals_ = frame.f_globals
@@ -484,11 +498,49 @@ class Guard:
                 module = modules.get(name) if isinstance(name, str) else None
                 if module is not None and getattr(module, "__dict__", None) is globals_ and \
                         (_is_library_name(name) or filename.startswith(GRADER_DIR)):
-                    return False  # the library (or the grader) calling itself
+                    # the library (or the grader) calling itself, if that frame and those above are what they say
+                    return passed is not None and not self._all_genuine([*passed, code])
             if not (filename.startswith(_NEUTRAL_PREFIXES) or filename.startswith("<frozen ")):
                 return True   # code from a cell, an exec-ed string or a file the submission wrote
+            if passed is not None:
+                passed.append(code)
             frame = frame.f_back
-        return False
+        return not self._all_genuine(passed)
+
+    def _all_genuine(self, codes) -> bool:
+        return codes is None or all(self._is_genuine(code) for code in codes)
+
+    def _is_genuine(self, code: types.CodeType) -> bool:
+        """Whether ``code`` is what the file it names holds (or the guard's own instrumented version of it): a
+        file name is only a string, and code the submission compiled under one of Python's, a package's or the
+        library's (``compile(source, sys.prefix + "/x.py", "exec")``, ``code.replace``) must not pass for theirs.
+        Compared by instructions, names and constants with the file compiled again (once per file)."""
+        known = self._genuine.get(id(code))
+        if known is not None and known[0] is code:
+            return known[1]
+        if id(code) in self._made:
+            genuine = True
+        else:
+            table = self._file_table(_source_file(code.co_filename))
+            genuine = table is not None and _signature(code) in table.get((code.co_qualname, code.co_firstlineno), ())
+        self._genuine[id(code)] = (code, genuine)
+        return genuine
+
+    def _file_table(self, path: str | None) -> dict | None:
+        if path is None or not path.startswith((*_NEUTRAL_PREFIXES, LIBRARY_DIR)):
+            return None
+        if path not in self._files:
+            table = None
+            try:
+                with _read_bytes(path, "rb") as handle:
+                    module = _compile(handle.read(), path, "exec", dont_inherit=True)
+                table = {}
+                for code in _codes(module):
+                    table.setdefault((code.co_qualname, code.co_firstlineno), set()).add(_signature(code))
+            except (OSError, SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
+                table = None
+            self._files[path] = table
+        return self._files[path]
 
     def trust(self, code: types.CodeType | None) -> None:
         """Let ``code`` (a test case's compiled source, its nested code included) use anything; None: nothing."""
@@ -737,6 +789,27 @@ def _has_contents(cell) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _source_file(filename: str) -> str | None:
+    """The file a code object's file name stands for (a frozen module's: its source in the standard library)."""
+    if filename.startswith("<frozen ") and filename.endswith(">"):
+        return _STDLIB_DIR + filename[8:-1].replace(".", os.sep) + ".py"
+    return filename
+
+
+def _signature(code: types.CodeType) -> tuple:
+    """What a code object does, as compiled from its file: instructions, names and constants (nested code by
+    name: it runs in frames of its own; sets and tuples of constants in any order, as frozen modules keep them)."""
+    def constant(value):
+        if isinstance(value, types.CodeType):
+            return ("code", value.co_qualname)
+        if type(value) in (tuple, frozenset):
+            return ("collection", tuple(sorted(repr(v) for v in value)))
+        return (type(value).__name__, repr(value))
+
+    return (code.co_code, code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars,
+            tuple(constant(c) for c in code.co_consts))
 
 
 def _codes(code: types.CodeType):
