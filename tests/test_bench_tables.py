@@ -91,7 +91,7 @@ def test_the_report_stores_no_absolute_path():
     args = llm_queries.parse_args(["--quick"])
     stored = json.dumps(llm_queries.relative_args(args))
     assert "/work" not in stored and "/home" not in stored and "/tmp" not in stored
-    assert llm_queries.relative_args(args)["out"] == "benchmarks/results/llm_queries.json"
+    assert llm_queries.relative_args(args)["out"] == "benchmarks/results/llm_queries_quick.json"
 
 
 def test_merge_pools_the_samplers_of_one_setting(tmp_path):
