@@ -357,3 +357,15 @@ def test_race_divergence_names_the_plain_rules_rate():
     note = text(race_widgets.race_divergence(_plain_race([1.0, 50.0, np.nan], [None]), batch_size=1))
     assert "SAZO, plain rule diverged in its one seed" in note and "At η plain rule = 0.02" in note, note
     assert "lower η plain rule (try 0.0063)" in note
+
+
+def test_a_race_without_its_rates_gets_the_advice_without_nan():
+    """A ``RaceResult`` built without ``lrs`` (its default) made the red note read "At η SAZO = nan the steps are
+    too large: lower η SAZO (try nan)"."""
+    from sazo_lite.course.sazo_runs import RaceResult
+
+    result = RaceResult(np.array([0.0, 20.0]), {"sazo": np.array([[1.0, np.nan]])}, 1.0, 0.1, {"sazo": [None]})
+    for eps in (None, 1e-9):
+        note = text(race_widgets.race_divergence(result, batch_size=1, eps=eps))
+        assert "SAZO diverged in its one seed" in note and "= nan" not in note and "try nan" not in note, note
+        assert re.search(r"lower(ing)? η SAZO\.", note), note

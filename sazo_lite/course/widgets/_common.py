@@ -59,10 +59,13 @@ def divergence_note(what: str, how: str, rate_name: str, rate: float, after: str
         'infinite. At η = 0.1 the steps are too large: lower η (try 0.032).</b><br>'
     """
     tail = f"; {after}" if after else ""
+    known = math.isfinite(rate)   # a record without its rate (NaN): the advice without numbers, not "try nan"
     if eps is not None and eps < TINY_EPS:
         return (f"<b style='color:crimson'>{what}: {how}{tail}. At ε = {eps:.1g} float32 rounding of the loss, divided "
-                f"by 2ε, makes some δ huge and random: raise ε (1e-3 is safe here) before lowering {rate_name} "
-                f"(now {rate:.2g}).</b><br>")
+                f"by 2ε, makes some δ huge and random: raise ε (1e-3 is safe here) before lowering {rate_name}"
+                + (f" (now {rate:.2g})" if known else "") + ".</b><br>")
+    if not known:
+        return f"<b style='color:crimson'>{what}: {how}{tail}. Its steps are too large: lower {rate_name}.</b><br>"
     return (f"<b style='color:crimson'>{what}: {how}{tail}. At {rate_name} = {rate:.2g} the steps are too large: "
             f"lower {rate_name} (try {lower_rate(rate):.2g}).</b><br>")
 
