@@ -360,7 +360,8 @@ class MeZO(torch.optim.Optimizer):
             ``FlatLossWarning`` when the first ``FLAT_STEPS`` steps (``FLAT_EXAMPLES`` per-example
             differences in all) saw exactly the same loss at θ+εz and θ−εz (parameters that do not
             reach the loss). A new one is made at construction, when the param groups change and at
-            ``load_state_dict``; assign ``FlatLossCheck()`` to judge the next steps afresh.
+            ``load_state_dict``; assign ``FlatLossCheck()`` to judge the next steps afresh, or None to
+            turn the check off (``sazo_lite.train`` then leaves it off too).
 
     Example:
         >>> theta = torch.zeros(3)
@@ -838,7 +839,7 @@ class MeZO(torch.optim.Optimizer):
             raise
         finally:
             self._in_step = False
-        flat = getattr(self, "flat_check", None)   # None: unpickled from a version without it
+        flat = getattr(self, "flat_check", None)   # None: assigned None by the caller (no check)
         if flat is not None:
             flat.observe(result)
         return result

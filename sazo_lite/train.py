@@ -233,11 +233,13 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
 
 def _flat_check(optimizer) -> FlatLossCheck | None:
     """The flat-loss check ``train`` feeds: None for an optimiser that runs the rule in its own steps (a
-    MeZO, given a new check here so that this call's first steps are judged), else a new one."""
-    if isinstance(getattr(optimizer, "flat_check", None), FlatLossCheck):
+    MeZO, given a new check here so that this call's first steps are judged; one whose ``flat_check``
+    the caller set to None keeps it off), else a new one."""
+    if not hasattr(optimizer, "flat_check"):
+        return FlatLossCheck()
+    if optimizer.flat_check is not None:
         optimizer.flat_check = FlatLossCheck()
-        return None
-    return FlatLossCheck()
+    return None
 
 
 def _check_history(history) -> History:

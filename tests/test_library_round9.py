@@ -477,3 +477,15 @@ def test_variance_helpers_refuse_arguments_outside_their_range(call, name):
     with B = 0 a ZeroDivisionError and with d < −2 a negative second moment."""
     with pytest.raises(ValueError, match=f"Invalid {name}"):
         call(sz.variance)
+
+
+def test_a_flat_check_set_to_none_stays_off_in_a_loop_and_in_train():
+    data = torch.randn(8)
+    opt = sz.MeZO([torch.zeros(3)], lr=0.01, noise=None)
+    opt.step(lambda: data[:4] ** 2)     # the first step's group check has run: what is set now stays
+    opt.flat_check = None
+    assert _flat_loop(opt, lambda: data[:4] ** 2) == []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sz.train(opt, sz.UniformSampler(8), lambda idx: data[idx] ** 2, 10, batch_size=4, progress=False)
+    assert _flat_warnings(caught) == [] and opt.flat_check is None
