@@ -369,3 +369,19 @@ def test_a_race_without_its_rates_gets_the_advice_without_nan():
         note = text(race_widgets.race_divergence(result, batch_size=1, eps=eps))
         assert "SAZO diverged in its one seed" in note and "= nan" not in note and "try nan" not in note, note
         assert re.search(r"lower(ing)? η SAZO\.", note), note
+
+
+def test_race_readout_prints_the_one_plus_cv2_its_sigma_caption_asks_to_compare_with():
+    """The σ slider's caption asks "How does the oracle's lead over uniform grow with σ (compare with 1 + CV²)?"
+    and nothing on the page printed 1 + CV²."""
+    from sazo_lite import variance
+
+    board = sw.race_dashboard(seeds=1, steps=20, live_after=None)
+    assert "compare with 1 + CV²" in race_widgets._QUESTIONS["heterogeneity"]
+    for sigma in (1.5, 2.5):
+        board.controls["heterogeneity"].value = sigma
+        problem = sazo_runs.make_problem(heterogeneity=sigma, num_examples=64, dim=5)
+        start = variance.uniform_gain(problem.norms(problem.initial_theta()))
+        end = variance.uniform_gain(problem.norms(problem.optimum))
+        assert f"σ = {sigma}: 1 + CV² of the norms" in text(board.readout.value)
+        assert f"is {start:.2f} at θ₀ and {end:.2f} at θ*" in text(board.readout.value), text(board.readout.value)

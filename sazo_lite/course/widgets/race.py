@@ -16,6 +16,7 @@ import ipywidgets as widgets
 import torch
 
 from ..config import pick
+from ... import variance
 from ...train import diverged
 from ...validation import check_count, check_number
 from ..sazo_runs import DIVERGE_FACTOR, PROBLEMS, SAMPLERS, RaceResult, first_divergence, make_problem, pick_rate, race
@@ -417,6 +418,13 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
             problems[(name, sigma)] = make_problem(name, heterogeneity=sigma, num_examples=num_examples, dim=dim)
         return problems[(name, sigma)]
 
+    def gains(values: dict) -> str:
+        """1 + CV² of the norms at θ₀ and at θ*: what the σ caption asks to compare the oracle's lead with."""
+        problem = current_problem(values)
+        start, end = (variance.uniform_gain(problem.norms(theta)) for theta in (problem.initial_theta(), problem.optimum))
+        return (f"<div style='color:#555'>σ = {values['heterogeneity']:.1f}: 1 + CV² of the norms (the oracle's most "
+                f"possible gain at B = 1) is {start:.2f} at θ₀ and {end:.2f} at θ*</div>")
+
     def run_key(method: str, values: dict, seed: int) -> tuple:
         relevant = {k: v for k, v in values.items()
                     if (method == "sazo" or k not in _SAZO_ONLY) and (not k.startswith("lr_") or k == LR_CONTROLS[method])}
@@ -450,7 +458,7 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
             figures["race"].layout.title.text = title
         if final:
             readout.value = (race_divergence(result, values["batch_size"], values["eps"])
-                             + race_table_html(result, values["eps"]))
+                             + race_table_html(result, values["eps"]) + gains(values))
             shown[0] = result
         draws[0] += 1
 
