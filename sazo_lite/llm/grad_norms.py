@@ -81,12 +81,14 @@ def linear_modules_for(model, params) -> dict[int, list[torch.nn.Linear]] | None
     """For each tuned tensor (by id), the ``nn.Linear`` modules it is the weight or bias of.
 
     None when some tensor belongs to no Linear, or is also a parameter of another module (a head tied
-    to the embedding: the hooks would see the head's part of its gradient only); then only the loop applies.
+    to the embedding: the hooks would see the head's part of its gradient only), or of a Linear subclass with
+    a forward of its own (Llama 4's router returns a tuple; y = x Wᵀ + b, which the hooks assume, need not
+    hold); then only the loop applies.
     """
     wanted = {id(p) for p in params}
     owners: dict[int, list] = {i: [] for i in wanted}
     for module in model.modules():
-        linear = isinstance(module, torch.nn.Linear)
+        linear = isinstance(module, torch.nn.Linear) and type(module).forward is torch.nn.Linear.forward
         for name, tensor in module.named_parameters(recurse=False):
             if id(tensor) in wanted:
                 if not (linear and name in ("weight", "bias")):
@@ -118,8 +120,10 @@ def linear_grad_norms(model, losses: Callable, params, indices, *, chunk: int = 
     Each Linear's input x and output gradient g are split into the examples along their first dimension,
     which must be the batch. Where the layout does not say so (2-D rows, tokens flattened to [B·T, d], rows
     regrouped by an MoE router), a second backward of Σ_i c_i f_i with distinct weights c_i checks the split
-    (Σ_i c_i ∇f_i must match it); rows that cannot be split, a split that fails that check, or a Linear run
-    twice in one forward raise ValueError (``grad_norms``' "auto" then takes the exact loop).
+    (Σ_i c_i ∇f_i must match it). Every split must add up to the backward's own Σ_i ∇f_i (a weight also read
+    outside its Linear's forward has a part no hook sees). Rows that cannot be split, a split that fails
+    either check, or a Linear run twice in one forward raise ValueError (``grad_norms``' "auto" then takes
+    the exact loop).
 
     Args:
         model: the module that contains the Linear layers.
@@ -160,7 +164,7 @@ def linear_grad_norms(model, losses: Callable, params, indices, *, chunk: int = 
             handles.append(module.register_forward_hook(keep(key)))
         try:
             # Σ_i f_i: row i of every output gradient is ∂f_i/∂y_i; backward through the graph only
-            _grads(losses(part).sum(), params)
+            total = _grads(losses(part).sum(), params)
         finally:
             for handle in handles:
                 handle.remove()
@@ -182,31 +186,40 @@ def linear_grad_norms(model, losses: Callable, params, indices, *, chunk: int = 
                 per_example[id(module.weight)] = per_example.get(id(module.weight), 0) + gw
             if module.bias is not None and id(module.bias) in tuned:
                 per_example[id(module.bias)] = per_example.get(id(module.bias), 0) + g.sum(1)
+        # the split must add up to the backward's own Σ_i ∇f_i: a weight also read outside its Linear's forward
+        # (Jamba's dt_proj.weight @ x) has a part no hook sees, which was left out of every norm
+        _check_split(params, torch.ones(len(part), dtype=torch.float64), total, per_example,
+                     "some of their gradient comes from uses the hooks do not see (a weight read outside its "
+                     "Linear's forward, e.g. Jamba's dt_proj.weight)")
         if unsure:
-            _check_split(losses, params, part, per_example)
+            weights = torch.arange(1, len(part) + 1, dtype=torch.float64)       # distinct c_i = 1 … B
+            total = _grads((losses(part) * weights.to(torch.float32).to(_device_of(params))).sum(), params)
+            _check_split(params, weights, total, per_example,
+                         "its rows are regrouped across examples (e.g. an MoE router's tokens)")
         squared = sum(t.reshape(len(part), -1).pow(2).sum(1) for t in per_example.values())
         out.append(squared.sqrt() if isinstance(squared, torch.Tensor) else torch.zeros(len(part), dtype=torch.float64))
     return torch.cat([o.cpu() for o in out]) if out else torch.zeros(0, dtype=torch.float64)
 
 
-def _check_split(losses: Callable, params, part: list[int], per_example: dict) -> None:
-    """Σ_i c_i ∇f_i from the split per-example gradients against the backward of Σ_i c_i f_i (c_i = 1 … B,
-    distinct): a split that gave some example another's rows fails it (raises ``_HooksCannotSplit``)."""
-    weights = torch.arange(1, len(part) + 1, dtype=torch.float64)
-    total = _grads((losses(part) * weights.to(torch.float32).to(_device_of(params))).sum(), params)
+def _check_split(params, weights: torch.Tensor, total, per_example: dict, why: str) -> None:
+    """Σ_i c_i ∇f_i from the split per-example gradients against ``total``, the backward of Σ_i c_i f_i:
+    a split that gave some example another's rows (distinct c_i), or that misses part of a gradient, fails
+    it (raises ``_HooksCannotSplit`` saying ``why``)."""
     for p, exact in zip(params, total):
         mine = per_example.get(id(p))
-        if mine is None:
+        if mine is None:            # no hook saw it: the backward must not have seen it either
+            if exact is not None and bool(exact.detach().ne(0).any()):
+                raise _HooksCannotSplit(f"Invalid params: the batched split of a Linear's gradient fails, {why}: "
+                                        "use loop_grad_norms")
             continue
         mine = mine.to(weights.device)
         split = torch.einsum("b,b...->...", weights, mine)
         exact = torch.zeros_like(split) if exact is None else exact.detach().double().cpu().reshape(split.shape)
-        scale = float(torch.einsum("b,b->", weights, mine.reshape(len(part), -1).norm(dim=1)))
+        scale = float(torch.einsum("b,b->", weights, mine.reshape(len(weights), -1).norm(dim=1)))
         tolerance = max(1e-4, 16 * torch.finfo(p.dtype).eps) if p.is_floating_point() else 1e-4   # bf16's grads
         if float((split - exact).norm()) > tolerance * scale + 1e-12:
-            raise _HooksCannotSplit("Invalid params: a Linear that owns them sees its rows regrouped across examples "
-                                    "(the batched split does not add up to the weighted gradient; e.g. an MoE "
-                                    "router's tokens): use loop_grad_norms")
+            raise _HooksCannotSplit(f"Invalid params: the batched split of a Linear's gradient does not add up to "
+                                    f"the backward's, {why}: use loop_grad_norms")
 
 
 def _device_of(params) -> torch.device:
@@ -235,8 +248,7 @@ def vmap_grad_norms(model, batch: TokenBatch, params, indices=None, *, max_bytes
     if any(id(p) not in names for p in params):
         raise ValueError("Invalid params: every tensor must be a parameter of the model")
     tuned = {names[id(p)]: p.detach() for p in params}
-    if model.training:
-        check_deterministic(model)
+    check_deterministic(model)         # every module: one left in training mode under an eval model too
     label_ids = batch.label_ids.to(params[0].device)
 
     def example_loss(weights, ids, label):        # ids [T], label []: one example, no batch dimension

@@ -31,6 +31,7 @@ import contextlib
 import functools
 import inspect
 import numbers
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -76,6 +77,7 @@ class TokenBatch:
         pad_id: the padding token id.
         max_id: the largest token id of ids, pad_id and label_ids (the losses check it against the model's
             vocabulary).
+        longest: the number of tokens of the longest row (checked against a table of learned positions).
 
     Checked at construction (ValueError): every row a non-empty sequence of ints >= 0, one prompt length
     in [0, len(row)] a row, labels (ints, one a row) in [0, C), label_ids C >= 2 distinct ints >= 0.
@@ -87,6 +89,7 @@ class TokenBatch:
     labels: torch.Tensor | None = None
     label_ids: torch.Tensor | None = None
     max_id: int = field(init=False, repr=False, compare=False)   # the largest token id (ids, pad, label words)
+    longest: int = field(init=False, repr=False, compare=False)  # the longest row's length
 
     def __post_init__(self):
         # checked once here: each loss would otherwise read an empty row's answer slot at position −1,
@@ -100,6 +103,7 @@ class TokenBatch:
         self.labels, self.label_ids = _check_labels(self.labels, self.label_ids, len(self.ids))
         label_top = [int(self.label_ids.max())] if self.label_ids is not None and len(self.label_ids) else []
         self.max_id = max(tops + label_top + [self.pad_id])
+        self.longest = max((len(row) for row in self.ids), default=0)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -163,41 +167,79 @@ def _check_labels(labels, label_ids, count: int):
 
 
 def _check_vocabulary(model, batch: TokenBatch) -> None:
-    """Token ids past the model's embedding rows: a ValueError here, not torch's "index out of range in
-    self" (on a GPU a device-side assert that ends the process's CUDA use)."""
+    """Token ids past the model's embedding rows, and rows longer than its table of learned positions (GPT-2's
+    ``wpe``, OPT's ``embed_positions``): a ValueError here, not torch's "index out of range in self" (on a
+    GPU a device-side assert that ends the process's CUDA use)."""
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     rows = getattr(embeddings, "num_embeddings", None)
     if rows is not None and batch.max_id >= rows:
         raise ValueError(f"Invalid batch: token id {batch.max_id} (ids, pad_id or label_ids) is past the "
                          f"model's vocabulary of {rows}")
+    for name, positions in _position_tables(model, embeddings):
+        if batch.longest > positions:
+            raise ValueError(f"Invalid batch: an example of {batch.longest} tokens is longer than the model's "
+                             f"{positions} learned positions ({name}); encode with a smaller max_length")
+
+
+_POSITION_TABLES = weakref.WeakKeyDictionary()     # model → _position_tables(model)
+
+
+def _position_tables(model, embeddings) -> list[tuple[str, int]]:
+    """(name, positions it holds) of each table of learned positions: an ``nn.Embedding`` other than the
+    input embeddings named like one (``wpe``, ``*pos*``), less its offset (OPT's and BioGPT's 2). Looked for
+    once a model (a walk of its modules costs milliseconds; every loss call asks)."""
+    if not isinstance(model, torch.nn.Module):
+        return []
+    if model not in _POSITION_TABLES:
+        _POSITION_TABLES[model] = [
+            (name, module.num_embeddings - int(getattr(module, "offset", 0) or 0))
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Embedding) and module is not embeddings
+            and ("pos" in name.rsplit(".", 1)[-1] or name.rsplit(".", 1)[-1] == "wpe")]
+    return _POSITION_TABLES[model]
 
 
 def _random_in_training(module) -> str | None:
     """Why ``module`` (not its children) makes a forward random or batch-dependent in training mode: a dropout
     module with p > 0, a drop rate > 0 read as an attribute (Hugging Face's ``attention_dropout``, OPT's
-    ``dropout`` and ``layerdrop``, peft's ``lora_dropout`` modules), batch norm's batch statistics; else None."""
+    ``dropout`` and ``layerdrop``, peft's ``lora_dropout`` modules), a router's jitter > 0 (Mixtral's and
+    MiniMax's ``jitter_noise``, PhiMoE's, DBRX's ``moe_jitter_eps``: inputs scaled by uniform noise), batch
+    norm's batch statistics; else None."""
     if isinstance(module, torch.nn.modules.dropout._DropoutNd):
         return f"{type(module).__name__}(p={module.p})" if module.p > 0 else None
     if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
         return f"{type(module).__name__} (batch statistics)"
     for name, value in vars(module).items():
-        if "drop" in name and isinstance(value, float) and value > 0:
+        if ("drop" in name or "jitter" in name) and isinstance(value, float) and value > 0:
             return f"{type(module).__name__}.{name} = {value}"
     return None
 
 
+def _any_training(model) -> bool:
+    """Whether any module of ``model`` is in training mode (stops at the first)."""
+    # a walk of _modules, not model.modules(): measured 2026-12-07 on the busy 2-core machine, SmolLM2 with
+    # adapters (~1,000 modules) 0.6 ms against 3 ms, beside a forward of ~240 ms; cheap enough for every call
+    todo = [model]
+    while todo:
+        module = todo.pop()
+        if module.training:
+            return True
+        todo.extend(m for m in module._modules.values() if m is not None)
+    return False
+
+
 def check_deterministic(model) -> None:
-    """ValueError where a module in training mode would make the losses random (dropout, LayerDrop; LoRA
-    dropout of adapters added after ``eval()``, which peft leaves in training mode) or depend on the batch
-    (batch norm): ZO's two passes must see the same function, so the difference of their losses is δ.
-    A model in training mode without any of them (every rate 0) is accepted."""
-    if not any(module.training for module in model.modules()):       # eval mode: the usual case, quick
+    """ValueError where a module in training mode would make the losses random (dropout, LayerDrop, a
+    router's jitter; LoRA dropout of adapters added after ``eval()``, which peft leaves in training mode) or
+    depend on the batch (batch norm): ZO's two passes must see the same function, so the difference of
+    their losses is δ. A model in training mode without any of them (every rate 0) is accepted."""
+    if not _any_training(model):       # eval mode: the usual case, quick
         return
     for name, module in model.named_modules():
         why = _random_in_training(module) if module.training else None
         if why is not None:
             raise ValueError(f"Invalid model: {name or 'the model'} is in training mode with {why}, so each "
-                             "forward draws its own dropout and the losses are random; call model.eval()")
+                             "forward draws its own noise and the losses are random; call model.eval()")
 
 
 def checked_indices(indices, count: int) -> list[int]:
@@ -223,6 +265,14 @@ def _ids(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def _texts(name: str, value) -> list:
+    """``value`` as a list of texts; one string is refused (it was read as the list of its characters: the
+    label words "ny" as the words "n" and "y", the prompts "ab" as the prompts "a" and "b")."""
+    if isinstance(value, (str, bytes)):
+        raise ValueError(f"Invalid {name}: {value!r} (expected a list of strings, not one string)")
+    return list(value)
+
+
 def _pad_id(tokenizer) -> int:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad is None:
@@ -233,15 +283,24 @@ def _pad_id(tokenizer) -> int:
 def label_word_ids(tokenizer, label_words) -> torch.Tensor:
     """First token id of each verbaliser, e.g. [" positive", " negative"] → LongTensor [C].
 
-    A word of several tokens is scored by its first (MeZO's verbalisers). Raises ValueError when two label
-    words start with the same token, and when a word of several tokens starts with a token that is only
-    whitespace (SmolLM2 splits " 1" into " " and "1": the class would be scored by the space alone).
+    A word of several tokens is scored by its first (MeZO's verbalisers). Raises ValueError for one string
+    instead of a list, a word with no tokens, two label words that start with the same token, a word that
+    starts with the tokenizer's unknown token, and a word of several tokens that starts with a token that is
+    only whitespace (SmolLM2 splits " 1" into " " and "1": the class would be scored by the space alone).
     """
-    words = list(label_words)
+    words = _texts("label_words", label_words)
     tokens = [_ids(tokenizer, w) for w in words]
-    ids = [(t or [None])[0] for t in tokens]
-    if None in ids or len(set(ids)) != len(ids):
+    for word, t in zip(words, tokens):
+        if not t:
+            raise ValueError(f"Invalid label_words: {word!r} has no tokens (its class would have no logit)")
+    ids = [t[0] for t in tokens]
+    if len(set(ids)) != len(ids):
         raise ValueError(f"Invalid label_words: {words!r} must start with distinct tokens")
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    if unknown is not None and unknown in ids:     # every word the vocabulary lacks is scored by the same logit
+        word = words[ids.index(unknown)]
+        raise ValueError(f"Invalid label_words: {word!r} starts with the unknown token "
+                         f"{getattr(tokenizer, 'unk_token', None)!r}; choose a word the vocabulary holds")
     decode = getattr(tokenizer, "decode", None)
     for word, t in zip(words, tokens):
         if len(t) > 1 and callable(decode) and not str(decode([t[0]])).strip():
@@ -252,6 +311,7 @@ def label_word_ids(tokenizer, label_words) -> torch.Tensor:
 
 def encode_answers(tokenizer, prompts, answers, *, max_length: int = 128) -> TokenBatch:
     """Tokenise prompt + answer pairs for ``answer_losses`` (answers keep their leading space)."""
+    prompts, answers = _texts("prompts", prompts), _texts("answers", answers)
     if len(prompts) != len(answers):
         raise ValueError(f"Invalid answers: {len(answers)} answers for {len(prompts)} prompts")
     max_length = check_int("max_length", max_length, 2)       # a prompt token and an answer token at least
@@ -272,6 +332,7 @@ def encode_answers(tokenizer, prompts, answers, *, max_length: int = 128) -> Tok
 def encode_classification(tokenizer, prompts, labels, label_words, *, max_length: int = 128) -> TokenBatch:
     """Tokenise prompts for ``classification_losses``; the answer slot is the prompt's end."""
     label_ids = label_word_ids(tokenizer, label_words)
+    prompts = _texts("prompts", prompts)
     max_length = check_int("max_length", max_length, 1)       # [-0:] would keep the whole prompt
     labels = _integer_tensor("labels", labels)                  # not as_tensor(dtype=long): 0.7 became class 0
     if len(labels) != len(prompts) or (len(labels) and not 0 <= int(labels.min()) <= int(labels.max()) < len(label_ids)):
@@ -331,8 +392,7 @@ def answer_losses(model, batch: TokenBatch, indices=None, *, autocast_dtype=None
     """
     indices = range(len(batch)) if indices is None else indices
     _check_vocabulary(model, batch)
-    if model.training:          # every call: the quick test (batched_closure and TopBlocks look at every module)
-        check_deterministic(model)
+    check_deterministic(model)  # every module, every call: one left in training mode under an eval model too
     inputs = batch.select(indices, _device(model))
     unscored = [int(i) for i in indices if len(batch.ids[int(i)]) <= max(batch.prompt_lengths[int(i)], 1)]
     if unscored:                # its loss was 0 (no token to score), e.g. a classification batch: ZO learnt nothing
@@ -354,8 +414,7 @@ def classification_logits(model, batch: TokenBatch, indices=None, *, autocast_dt
     if batch.label_ids is None:
         raise ValueError("Invalid batch: no label_ids (classification needs encode_classification's batch)")
     _check_vocabulary(model, batch)
-    if model.training:          # every call: the quick test (batched_closure and TopBlocks look at every module)
-        check_deterministic(model)
+    check_deterministic(model)  # every module, every call: one left in training mode under an eval model too
     inputs = batch.select(indices, _device(model))
     last = _logits(model, inputs, autocast_dtype, grad, positions=inputs["lengths"] - 1)   # [B, V]
     return last[:, batch.label_ids.to(last.device)]

@@ -406,7 +406,7 @@ class TopBlocks:
         self._check_layout()
         if self.model.training:       # put in training mode since: dropout would make f_i random
             raise ValueError("Invalid model: it is in training mode (dropout would make f_i random); call model.eval()")
-        for module in self.layers + self.after:     # adapters peft added since, in training mode (its lora_dropout)
+        for module in self.layers + self.after + [self.head]:   # adapters peft added since, in training mode
             check_deterministic(module)
         mode = torch.enable_grad() if grad else torch.inference_mode()
         with mode:
