@@ -280,3 +280,27 @@ def test_an_example_longer_than_the_learned_positions_is_a_value_error_not_an_in
                                              "128 learned positions"):
             losses()
     assert classification_losses(tiny_causal_lm("llama", vocab_size=VOCAB), long).shape == (2,)   # rotary: any length
+
+
+# --- 6. rotary frequencies that depend on the batch's width ------------------------------------------------
+ROPE = {"dynamic": ("Llama", dict(max_position_embeddings=8,
+                                  rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})),
+        "longrope": ("Phi3", dict(max_position_embeddings=32, original_max_position_embeddings=8,
+                                  rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                                   "original_max_position_embeddings": 8,
+                                                   "short_factor": [1.0] * 4, "long_factor": [3.0] * 4}))}
+
+
+@pytest.mark.parametrize("kind", sorted(ROPE))
+def test_top_blocks_refuse_a_split_longer_than_where_rotary_frequencies_start_to_depend_on_the_batch(kind):
+    name, extra = ROPE[kind]
+    model = family(name, **extra)
+    top_block_parameters(model, 1)
+    short = TokenBatch([[5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15]], [3, 8], 0, torch.tensor([0, 1]), torch.tensor([5, 9]))
+    top = TopBlocks(model, short, blocks=1)             # 8 tokens: the original frequencies for every batch
+    assert torch.allclose(top([0]), classification_losses(model, short, [0]), atol=1e-5, rtol=0)
+    long = batch(6, long=20)
+    alone = torch.cat([classification_losses(model, long, [i]) for i in range(6)])
+    assert (alone - classification_losses(model, long)).abs().max() > 1e-6    # the model's own losses move
+    with pytest.raises(ValueError, match=f"Invalid batch: its longest example has 20 tokens, past the 8 .*{kind}"):
+        TopBlocks(model, long, blocks=1)                # was: the whole split's frequencies, not each batch's

@@ -215,7 +215,9 @@ class TopBlocks:
     graph. ``mean_loss()``, ``accuracy()`` and ``grad_norms(params)`` (true per-example norms by
     backprop) cover the split. Construct it again if weights below the top blocks change. Every call
     refuses (ValueError) a model in training mode, and top blocks or modules after them with dropout
-    left active (``check_deterministic``: adapters peft adds after the cache are in training mode).
+    left active (``check_deterministic``: adapters peft adds after the cache are in training mode). A split
+    padded past the length where a rotary embedding's frequencies depend on the batch's width (``rope_type``
+    "dynamic", "longrope") is refused: the model's own per-example losses then depend on the batch.
     """
 
     def __init__(self, model, batch: TokenBatch, blocks: int = 1, *, check: bool = True):
@@ -246,11 +248,33 @@ class TopBlocks:
         self.labels = batch.labels.to(self.device)
         self.after = self._modules_after(owner, layers)
         self._check_frozen_below(model, layers)
+        self._check_width_free_positions(int(batch.longest))
         self.hidden, self.arguments, self.batch_axes, self.lengths = self._cache()
         self.live_weights = [p for m in self.layers + self.after + [self.head] for p in m.parameters()]
         self.layout = self._layout()
         if check:
             self._check_equals_the_full_model()
+
+    def _check_width_free_positions(self, width: int) -> None:
+        """Refuse a split padded past the length where a rotary embedding's frequencies start to depend on
+        the batch's width (``rope_type`` "dynamic": past ``max_position_embeddings``; "longrope": past
+        ``original_max_position_embeddings``): the full model's loss of an example then changes with the
+        other examples of its batch, and the cache holds those of the whole split's width."""
+        for name, module in _base(self.model).named_modules():
+            kinds = getattr(module, "rope_type", None)
+            kinds = list(kinds.values()) if isinstance(kinds, dict) else [kinds]
+            if not any(isinstance(k, str) and ("dynamic" in k or k == "longrope") for k in kinds):
+                continue
+            parameters = getattr(getattr(module, "config", None), "rope_parameters", None) or {}
+            limits = [getattr(module, "original_max_seq_len", None)] + [
+                p.get("original_max_position_embeddings") for p in [parameters, *parameters.values()]
+                if isinstance(p, dict)]
+            limit = min((n for n in limits if isinstance(n, int)), default=None)
+            if limit is not None and width > limit:
+                raise ValueError(f"Invalid batch: its longest example has {width} tokens, past the {limit} after "
+                                 f"which {name}'s rotary frequencies ({'/'.join(map(str, kinds))}) depend on the "
+                                 "batch's padded width, so the model's loss of an example changes with its batch; "
+                                 f"encode with max_length <= {limit}")
 
     def _check_frozen_below(self, model, layers) -> None:
         """No trainable tensor may feed the cached hidden states. Every module that can run before the
