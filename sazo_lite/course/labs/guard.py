@@ -201,7 +201,7 @@ class Guard:
         self._roots: set[int] = set()      # code of the function a student-started thread runs first
         self._thread_units: dict = {}
         self._originals: dict = {}
-        self._made: set[int] = set()       # ids of the code objects the guard compiled (instrumented library code)
+        self._made: set[int] = set()       # ids of library code: loaded before the student's, or compiled by the guard
         self._genuine: dict = {}           # id(code) -> (code, whether it is what its file holds)
         self._files: dict = {}             # real file -> {(qualname, first line): {_signature}} (None: unreadable)
 
@@ -309,11 +309,15 @@ class Guard:
         """Guard the forbidden functions and the methods of forbidden classes defined in ``module``."""
         self._library_globals.add(id(module.__dict__))
         self._keep.append(module.__dict__)
+        file = getattr(module, "__file__", None)
+        if isinstance(file, str) and file.endswith(".py"):   # what ``_is_genuine`` compares its code with, read
+            self._file_table(file)                           # now: a later edit of the file is not what runs
         for attr, value in list(vars(module).items()):
             if getattr(value, "__module__", None) != module.__name__ or id(value) in self._seen:
                 continue
             self._seen.add(id(value))
             self._keep.append(value)
+            self._loaded(value)
             if isinstance(value, type):
                 if not self.is_allowed(value):
                     self._wrap_class(value)
@@ -323,6 +327,16 @@ class Guard:
                 for fn in _unwrapped(value):
                     if not self.is_allowed(fn):
                         self._guard_function(fn, name, module)
+
+    def _loaded(self, value) -> None:
+        """The code of a function or class the library defines, taken as genuine by identity (it was loaded before
+        the student's code ran, or by the guard's own import hook), whatever its file says later."""
+        members = [m for v in vars(value).values() for m in _members(v)] if isinstance(value, type) else [value]
+        for member in members:
+            for fn in (member, *_unwrapped(member)):
+                if isinstance(fn, types.FunctionType):
+                    self._made.update(id(code) for code in _codes(fn.__code__))
+                    self._keep.append(fn.__code__)
 
     def _guard_function(self, fn: types.FunctionType, name: str, module=None) -> None:
         """Put the check into ``fn``'s own code (or, without source, a wrapper in its place)."""
