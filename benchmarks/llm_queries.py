@@ -74,7 +74,7 @@ from sazo_lite.llm.finetune import mean_loss
 from sazo_lite.llm.queries import DIVERGE_FACTOR, query_run, queries_to
 from sazo_lite.llm.topblock import TopBlocks
 from sazo_lite.llm.tuning import full_parameters
-from sazo_lite.train import best_rate, diverged, median_queries
+from sazo_lite.train import best_rate, diverged, median_queries, past_edge
 
 VARIANTS = ("uniform", "sazo", "oracle", "uniform+rule", "sazo+rule", "oracle+rule", "uniform+bound", "sazo+bound",
             "oracle+bound", "uniform+pull", "sazo+pull", "oracle+pull", "uniform+cap", "sazo+cap", "oracle+cap")
@@ -329,8 +329,8 @@ def grid_rates(start: float, cells: int) -> list[float]:
 
 
 def lost(runs: list[dict]) -> bool:
-    """A cell is past the sampler's edge when at least half of its seeds diverged."""
-    return 2 * sum(r["diverged"] for r in runs) >= len(runs)
+    """A cell is past the sampler's edge when at least half of its seeds diverged (``train.past_edge``)."""
+    return past_edge([r["diverged"] for r in runs])
 
 
 RELAPSE = 1.5    # a run whose F climbed to 1.5× its best so far is held by its noise, not by its pace
@@ -450,16 +450,16 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
             except RunNotCached as error:    # --cached-only: the cell's other finished seeds are still shown
                 missing = missing or error
                 continue
-            if past_edge(cell):
+            if cell_past_edge(cell):
                 break      # the median is lost whatever the other seeds do
         if missing:
             raise missing
-        edge = past_edge(cell)
+        edge = cell_past_edge(cell)
         if not edge:      # a rate where most runs diverge is no rate to run, however soon they arrive
             best = min(best, median_queries([queries_to(r, select) for r in cell]))
         return edge
 
-    def past_edge(cell) -> bool:     # half of the cell's seeds (counted in full) diverged
+    def cell_past_edge(cell) -> bool:     # half of the cell's seeds (counted in full) diverged
         return lost(cell) and 2 * sum(r["diverged"] for r in cell) >= setting.grid_seeds
 
     cells = setting.variant_cells.get(variant, setting.cells)
@@ -468,7 +468,7 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
             break          # the edge: every higher rate diverges sooner
 
     def choose() -> float:      # the median rule over the cells so far (a miss counts as never), past the edge excluded
-        eligible = {lr: cell for lr, cell in grid.items() if not past_edge(cell)} or grid
+        eligible = {lr: cell for lr, cell in grid.items() if not cell_past_edge(cell)} or grid
         per_rate = {float(lr): [queries_to(r, select) for r in cell] + [None] * (setting.grid_seeds - len(cell))
                     for lr, cell in eligible.items()}
         finals = {float(lr): statistics.median(r["train_loss"][-1] / r["train_loss"][0] if not r["diverged"]

@@ -32,7 +32,7 @@ from sazo_lite.engine import MeZO
 from sazo_lite.samplers import make_sampler
 from sazo_lite.course.problems import FiniteSumProblem, LeastSquares, LogisticRegression
 from sazo_lite.samplers import SAZOSampler, Sampler, StaleCorrectedSAZOSampler, probabilities
-from sazo_lite.train import best_rate, median_queries, queries_to_target, train
+from sazo_lite.train import best_rate, median_queries, past_edge, queries_to_target, train
 from sazo_lite.variance import uniform_gain
 
 __all__ = ["BenchProblem", "TargetRun", "queries_to_reach", "best_learning_rate", "run_queries_benchmark",
@@ -412,7 +412,7 @@ def best_learning_rate(make_run: Callable[[float, int], TargetRun], grid: list[f
     Every rate's runs are extended together under a step budget that grows by ``growth``
     until some rate's median is reached at the smallest target: the rates still open then
     cannot beat it (nor at the larger targets, which every run crosses first), so a bad rate
-    costs at most about as much as the best one. A rate where more than half of the seeds
+    costs at most about as much as the best one. A rate where at least half of the seeds
     diverged is lost (its edge): it stops and is not chosen, even at a larger target its seeds
     crossed before diverging (unless every rate is lost). The winners' seeds are run to the end
     (up to ``max_steps``) for the min–max spread.
@@ -427,7 +427,7 @@ def best_learning_rate(make_run: Callable[[float, int], TargetRun], grid: list[f
     # a run's queries at a target (one target: its ``queries``, whatever it calls that target)
     reached = (lambda run, target: run.queries) if single else (lambda run, target: run.reached[target])
     targets = (None,) if single else targets
-    alive = lambda lr_runs: sum(run.failed for run in lr_runs) <= len(lr_runs) // 2   # else its median is lost
+    alive = lambda lr_runs: not past_edge([run.failed for run in lr_runs])   # else its median is lost
     budget = min(first_budget, max_steps)
     while True:
         for lr_runs in runs.values():

@@ -34,7 +34,7 @@ from .engine import FLAT_EXAMPLES, FLAT_STEPS, FlatLossCheck, FlatLossWarning
 from .validation import check_bool, check_callable, check_count, check_fraction, check_int, check_limit, check_number
 
 __all__ = ["History", "FlatLossWarning", "train", "queries_to_target", "diverged", "median_queries",
-           "median_ratio_interval", "mean_difference_interval", "best_rate", "NoiseScaledStep"]
+           "median_ratio_interval", "mean_difference_interval", "best_rate", "past_edge", "NoiseScaledStep"]
 
 
 @dataclass
@@ -412,6 +412,23 @@ def mean_difference_interval(first: Sequence[float], second: Sequence[float], *,
     z = statistics.NormalDist().inv_cdf(0.5 + level / 2.0)
     half = z * (statistics.variance(first) / len(first) + statistics.variance(second) / len(second)) ** 0.5
     return statistics.mean(first) - statistics.mean(second), half
+
+
+def past_edge(diverged: Sequence[bool]) -> bool:
+    """Whether a rate is past a method's edge: at least half of its seeds diverged (the grid rule).
+
+    Queries to a target are first hits (``queries_to_target``), kept if a seed diverges later, so a
+    rate whose seeds cross a shallow target fast and then mostly diverge could win a grid on counts
+    alone; a race does not choose such a rate (unless every rate is past it).
+
+    Example:
+        >>> past_edge([True, False, False]), past_edge([True, True, False, False])
+        (False, True)
+    """
+    flags = [bool(flag) for flag in diverged]
+    if not flags:
+        raise ValueError("Invalid diverged: expected one flag per seed, got none")
+    return 2 * sum(flags) >= len(flags)
 
 
 def best_rate(per_rate: Mapping[float, Sequence[int | None]], tiebreak: Mapping[float, float] | None = None):

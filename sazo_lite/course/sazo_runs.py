@@ -26,7 +26,7 @@ from ..engine import MeZO
 from .minibatches import _norms
 from .problems import FiniteSumProblem, LeastSquares, LogisticRegression
 from ..samplers import RACED, PlainSAZOSampler, SAZOSampler, make_sampler
-from ..train import FlatLossWarning, best_rate, diverged as train_diverged, queries_to_target, train
+from ..train import FlatLossWarning, best_rate, diverged as train_diverged, past_edge, queries_to_target, train
 from .. import variance
 from ..validation import check_count, check_int, check_number
 
@@ -462,7 +462,8 @@ class RaceResult:
             loss or the gap became non-finite: the run stopped there).
         initial_gap: F(θ₀) − F(θ*).
         target: the gap to reach (``target_fraction`` × ``initial_gap``).
-        to_target: method → list (per seed) of queries to reach ``target`` (None: never, or diverged).
+        to_target: method → list (per seed) of queries to first reach ``target`` (None: never; a seed that
+            reached it and diverged later keeps its count, as in ``make bench``).
         lrs: method → the learning rate it ran with.
     """
 
@@ -477,6 +478,10 @@ class RaceResult:
         """Median over seeds of queries to target (inf counts as "never", so may be inf)."""
         values = [np.inf if q is None else q for q in self.to_target[method]]
         return float(np.median(values))
+
+    def diverged(self, method: str) -> list[bool]:
+        """Per seed, whether the run stopped as diverged (its gap is not finite at the last log point)."""
+        return [not bool(np.isfinite(row[-1])) for row in self.gaps[method]]
 
     def speedup(self, method: str, baseline: str = "uniform") -> float:
         """How many times fewer queries than ``baseline`` ``method`` needs (medians over seeds).
@@ -544,7 +549,7 @@ def race(problem: FiniteSumProblem, *, samplers=SAMPLERS, seeds=(0, 1, 2), steps
         row[0] = initial_gap
         row[1:1 + len(history.metrics)] = history.metrics   # a run stopped as diverged: NaN after its last log point
         gaps.setdefault(method, []).append(row)
-        to_target.setdefault(method, []).append(None if history.diverged else queries_to_target(history, target))
+        to_target.setdefault(method, []).append(queries_to_target(history, target))   # a first hit, kept if it diverged later
     return RaceResult(queries=queries, gaps={m: np.stack(r) for m, r in gaps.items()},
                       initial_gap=initial_gap, target=target, to_target=to_target, lrs=lrs)
 
@@ -575,8 +580,9 @@ def tune_lr(problem: FiniteSumProblem, method: str, grid, **race_kwargs) -> tupl
 def pick_rate(results: dict[float, RaceResult], method: str) -> float:
     """``tune_lr``'s choice among races already run: rate → that rate's ``RaceResult`` of ``method``.
 
-    The fewest median queries to target wins; ties go to the smaller median final gap (a diverged
-    seed's counts as infinite), then to the earlier rate.
+    The fewest median queries to target wins among the rates not past the method's edge (``train.past_edge``:
+    at least half of the seeds diverged, however fast they first crossed the target); ties go to the smaller
+    median final gap (a diverged seed's counts as infinite), then to the earlier rate.
 
     Example:
         >>> q = np.array([0.0, 10.0])
@@ -592,6 +598,7 @@ def pick_rate(results: dict[float, RaceResult], method: str) -> float:
         final = results[lr].gaps[method][:, -1]
         return float(np.median(np.where(np.isfinite(final), final, np.inf)))
 
-    return best_rate({lr: results[lr].to_target[method] for lr in results},
-                     tiebreak={lr: final_gap(lr) for lr in results})
+    eligible = [lr for lr in results if not past_edge(results[lr].diverged(method))] or list(results)
+    return best_rate({lr: results[lr].to_target[method] for lr in eligible},
+                     tiebreak={lr: final_gap(lr) for lr in eligible})
 
