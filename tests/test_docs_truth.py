@@ -391,7 +391,8 @@ def test_every_relative_link_and_anchor_resolves(page):
 
 # Names a page quotes that belong to Python, torch, transformers, plotly, Jupyter or Linux, not to this project.
 FOREIGN_NAMES = {"TrainingArguments", "FloatingPointError", "VmHWM", "FigureWidget", "WidgetRenderer",
-                 "AutoModelForCausalLM", "ModelOutput", "PeftModel"}   # transformers' and peft's
+                 "AutoModelForCausalLM", "ModelOutput", "PeftModel",   # transformers' and peft's
+                 "NotImplementedError", "UserWarning"}
 
 
 @pytest.mark.parametrize("page", PAGES)
