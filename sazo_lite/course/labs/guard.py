@@ -317,7 +317,6 @@ class Guard:
                 continue
             self._seen.add(id(value))
             self._keep.append(value)
-            self._loaded(value)
             if isinstance(value, type):
                 if not self.is_allowed(value):
                     self._wrap_class(value)
@@ -327,6 +326,7 @@ class Guard:
                 for fn in _unwrapped(value):
                     if not self.is_allowed(fn):
                         self._guard_function(fn, name, module)
+            self._loaded(vars(module).get(attr))   # after guarding: the code that runs now, never an unguarded original
 
     def _loaded(self, value) -> None:
         """The code of a function or class the library defines, taken as genuine by identity (it was loaded before
@@ -336,7 +336,7 @@ class Guard:
             for fn in (member, *_unwrapped(member)):
                 if isinstance(fn, types.FunctionType):
                     self._made.update(id(code) for code in _codes(fn.__code__))
-                    self._keep.append(fn.__code__)
+                    self._keep.append(fn.__code__)   # kept: an id is the object's only while it lives
 
     def _guard_function(self, fn: types.FunctionType, name: str, module=None) -> None:
         """Put the check into ``fn``'s own code (or, without source, a wrapper in its place)."""
