@@ -31,6 +31,7 @@ COPY = '''import types, inspect, sys
 _code = sazo_lite.variance.sampling_variance.__code__
 _no_check = lambda c: c.replace(co_consts=tuple((lambda: None) if callable(x) else x for x in c.co_consts))
 _mine = lambda x: torch.as_tensor(x).detach().to("cpu", torch.float64)
+_pair = lambda _a, a, _b, b, _m=_mine: (_m(a), _m(b))
 '''
 ANSWER = "\ndef lab2_sampling_variance(norms, probs):\n    return {call}(norms, probs)\n"
 
@@ -40,8 +41,8 @@ ATTACKS = {
     "name_replaced": ("_copy = types.FunctionType(_no_check(_code).replace(co_names=tuple('_as64x' if x == '_as64' else x "
                       "for x in _code.co_names)), dict(vars(sazo_lite.variance), _as64x=_mine))\n", "_copy"),
     "file_replaced": ("_copy = types.FunctionType(_no_check(_code).replace(co_filename='<cell>'), "
-                      "{'torch': torch, '_as64': _mine, 'float': float, 'len': len})\n", "_copy"),
-    "exec_of_the_source": ("_g = {'torch': torch, '_as64': _mine}\n"
+                      "{'torch': torch, '_as64': _mine, '_paired': _pair, 'float': float, 'len': len})\n", "_copy"),
+    "exec_of_the_source": ("_g = {'torch': torch, '_as64': _mine, '_paired': _pair}\n"
                            "exec(inspect.getsource(sazo_lite.variance.sampling_variance), _g)\n", "_g['sampling_variance']"),
     "registered_module": ("_m = types.ModuleType('lab_helpers')\nsys.modules['lab_helpers'] = _m\n"
                           "_m.variance = types.FunctionType(_no_check(_code), vars(sazo_lite.variance))\n",
