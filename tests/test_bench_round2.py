@@ -233,6 +233,20 @@ def test_a_rate_where_most_seeds_diverged_is_not_chosen_at_a_target_they_crossed
     assert out[0.02]["grid"][repr(2e-3)] is None      # lost: shown as no median, as at the deepest target
 
 
+
+def test_the_toy_race_loses_a_rate_where_half_of_an_even_number_of_seeds_diverged():
+    """benchmarks.queries kept a rate alive while at most n // 2 seeds diverged: with 4 seeds, 2 diverged
+    after crossing 2% fast, and its median at 2% (two first hits, two later ones) won; the LLM race and the
+    course lose such a rate (at least half diverged: ``train.past_edge``, the one rule)."""
+    edge = [FakeRun({0.02: 100, 0.005: None}, True), FakeRun({0.02: 110, 0.005: None}, True),
+            FakeRun({0.02: 120, 0.005: 300}, False), FakeRun({0.02: 130, 0.005: 320}, False)]
+    steady = [FakeRun({0.02: 500, 0.005: 900}, False) for _ in range(4)]
+    runs = {2e-3: edge, 1e-3: steady}
+    out = queries.best_learning_rate(lambda lr, seed: runs[lr][seed], [1e-3, 2e-3], [0, 1, 2, 3], 100,
+                                     targets=(0.02, 0.005))
+    assert out[0.02]["lr"] == 1e-3 and out[0.02]["grid"][repr(2e-3)] is None
+
+
 # -- make bench --quick: its own results file -------------------------------------------------------------------
 def test_a_quick_make_bench_writes_its_own_results_and_never_over_a_full_run(monkeypatch, capsys, tmp_path):
     """``python -m benchmarks.run --quick`` (or any run under SAZO_FAST=1) wrote results/bench.json over the

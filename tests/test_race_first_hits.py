@@ -48,35 +48,6 @@ def test_pick_rate_never_chooses_a_rate_past_the_edge_unless_every_rate_is():
     assert sazo_runs.pick_rate({0.1: fast_then_lost, 0.2: _result([20, 20, 20], [math.nan] * 3)}, "uniform") == 0.1
 
 
-class _Run:
-    """A benchmarks.queries TargetRun stand-in with given counts ({target: queries or None}) and failure."""
-
-    def __init__(self, reached: dict, failed: bool):
-        self.reached, self.failed, self.targets = dict(reached), failed, tuple(reached)
-
-    @property
-    def queries(self):
-        return self.reached[self.targets[-1]]
-
-    def extend_to(self, steps):
-        return self
-
-
-def test_the_toy_race_loses_a_rate_where_half_of_an_even_number_of_seeds_diverged():
-    """benchmarks.queries kept a rate alive while at most n // 2 seeds diverged: with 4 seeds, 2 diverged
-    after crossing 2% fast, and its median at 2% (two first hits, two later ones) won; the LLM race and the
-    course lose such a rate (at least half diverged: ``train.past_edge``, the one rule)."""
-    from benchmarks import queries
-
-    edge = [_Run({0.02: 100, 0.005: None}, True), _Run({0.02: 110, 0.005: None}, True),
-            _Run({0.02: 120, 0.005: 300}, False), _Run({0.02: 130, 0.005: 320}, False)]
-    steady = [_Run({0.02: 500, 0.005: 900}, False) for _ in range(4)]
-    runs = {2e-3: edge, 1e-3: steady}
-    out = queries.best_learning_rate(lambda lr, seed: runs[lr][seed], [1e-3, 2e-3], [0, 1, 2, 3], 100,
-                                     targets=(0.02, 0.005))
-    assert out[0.02]["lr"] == 1e-3 and out[0.02]["grid"][repr(2e-3)] is None
-
-
 def test_the_race_table_says_which_median_it_counts():
     """The table's median queries (of first crossings) and the plot's median line's crossing differ (2,320
     against 3,520 in one race): the table says which statistic it shows."""
