@@ -687,6 +687,7 @@ class MeZO(torch.optim.Optimizer):
         """Repeat a logged step's passes without evaluating anything (bit-exact replay)."""
         self._refuse_in_step("replay_step")
         check_number("projected_grad", projected_grad)
+        self._check_groups_ready()   # groups edited since the last step: refused before anything moves
         self.flush()
         magnitudes = self._magnitudes()
         self._check_room(magnitudes)
@@ -702,6 +703,7 @@ class MeZO(torch.optim.Optimizer):
         """Repeat the shifts of a failed step: to θ+εz and back (1), or θ+εz, θ−εz and back (2)."""
         self._refuse_in_step("replay_failure")
         passes = _check_passes(passes)
+        self._check_groups_ready()
         self.flush()
         self._check_room(self._magnitudes())
         self._move(seed, +1.0, +1)
@@ -740,6 +742,16 @@ class MeZO(torch.optim.Optimizer):
 
     def _check_ready(self) -> None:
         """Everything a step needs, checked before anything changes."""
+        self._check_groups_ready()
+        for hook in list(self._step_hooks.values()):
+            check = getattr(hook, "check", None)
+            if check is not None:
+                check(self)
+
+    def _check_groups_ready(self) -> None:
+        """The param groups as a pass needs them (tensors, hyperparameters, one eps that fits), checked
+        before anything changes: by ``step``, and by ``replay_step`` and ``replay_failure``, which
+        record nothing and so skip the hooks' checks."""
         self._check_groups_unchanged()
         eps = None
         for group in self.param_groups:
@@ -755,10 +767,6 @@ class MeZO(torch.optim.Optimizer):
         if getattr(self, "_inference", False) and not torch.is_inference_mode_enabled():
             raise ValueError("Invalid params: inference tensors (made under torch.inference_mode) can be changed in "
                              "place only inside it: step inside torch.inference_mode(), or clone them")
-        for hook in list(self._step_hooks.values()):
-            check = getattr(hook, "check", None)
-            if check is not None:
-                check(self)
 
     def _check_groups_unchanged(self) -> None:
         """Param groups edited since the last check (a group appended to ``param_groups``, tensors

@@ -215,6 +215,7 @@ class SeedLog:
         if type(optimizer).__name__ != self.header["optimizer"]:
             raise ValueError(f"Invalid optimizer: {type(optimizer).__name__}, but the log was written "
                              f"by {self.header['optimizer']}")
+        optimizer._check_groups_ready()   # its groups as a step checks them (edited since its last step?)
         if optimizer.param_groups[0]["eps"] != self.header["eps"]:
             raise ValueError(f"Invalid optimizer: eps {optimizer.param_groups[0]['eps']} differs from the "
                              f"logged {self.header['eps']}")
