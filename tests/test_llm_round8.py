@@ -103,7 +103,7 @@ def test_encoders_refuse_a_max_length_that_keeps_the_wrong_tokens_and_fractional
     for labels in ([0.7, 1], [[0], [1]], torch.tensor([0.7, 1.0])):      # 0.7 became class 0
         with pytest.raises(ValueError, match="Invalid labels"):
             encode_classification(tok, ["ab", "cd"], labels, words)
-    with pytest.raises(ValueError, match="Invalid ids"):        # an empty prompt: nothing to score at
+    with pytest.raises(ValueError, match="Invalid prompts: example 0 .* has no tokens"):   # an empty prompt: nothing to score at
         encode_classification(tok, ["", "ab"], [0, 1], words)
     assert len(encode_classification(tok, [], [], words)) == 0
 

@@ -31,12 +31,14 @@ import contextlib
 import functools
 import inspect
 import numbers
+import warnings
 import weakref
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from ..engine import _caller_level
 from ..validation import check_int
 
 __all__ = ["causal_lm_losses", "checked_indices", "check_deterministic", "TokenBatch", "encode_answers",
@@ -199,6 +201,61 @@ def _position_tables(model, embeddings) -> list[tuple[str, int]]:
     return _POSITION_TABLES[model]
 
 
+_ROTARY = weakref.WeakKeyDictionary()      # model → _width_dependent_rotary(model)
+_WARNED_ROTARY = weakref.WeakSet()         # models whose full-model losses warned about their rotary frequencies
+
+
+def _width_dependent_rotary(model) -> list[tuple[str, str, int]]:
+    """(name, rope types, limit) of each rotary embedding whose frequencies depend on the batch's padded width
+    past ``limit`` tokens (``rope_type`` "dynamic": past ``max_position_embeddings``, stretched with the width
+    and kept until a shorter batch; "longrope": past ``original_max_position_embeddings``, its long factors).
+    Looked for once a model (every loss call asks)."""
+    if not isinstance(model, torch.nn.Module):
+        return []
+    if model not in _ROTARY:
+        found = []
+        for name, module in model.named_modules():
+            kinds = getattr(module, "rope_type", None)
+            kinds = list(kinds.values()) if isinstance(kinds, dict) else [kinds]
+            if not any(isinstance(k, str) and ("dynamic" in k or k == "longrope") for k in kinds):
+                continue
+            parameters = getattr(getattr(module, "config", None), "rope_parameters", None) or {}
+            limits = [getattr(module, "original_max_seq_len", None)] + [
+                p.get("original_max_position_embeddings") for p in [parameters, *parameters.values()]
+                if isinstance(p, dict)]
+            limit = min((n for n in limits if isinstance(n, int)), default=None)
+            if limit is not None:
+                found.append((name, "/".join(map(str, kinds)), limit))
+        _ROTARY[model] = found
+    return _ROTARY[model]
+
+
+def _rotary_width_dependence(model, width: int) -> tuple[str, int] | None:
+    """(why, limit) where a batch padded to ``width`` tokens gets rotary frequencies that depend on its width
+    (``_width_dependent_rotary``), so the model's loss of an example changes with the other examples of its
+    batch; else None. ``TopBlocks`` refuses such a split; the full-model losses warn once a model."""
+    for name, kinds, limit in _width_dependent_rotary(model):
+        if width > limit:
+            return (f"past the {limit} after which {name or 'the model'}'s rotary frequencies ({kinds}) depend on "
+                    "the batch's padded width"), limit
+    return None
+
+
+def _warn_width_dependent_rotary(model, width: int, losses: str) -> None:
+    """Warn once a model where this call's padded width makes its rotary frequencies batch-dependent: a ZO step's
+    two passes run the same batch and agree, but losses of one example from different batches do not."""
+    found = _rotary_width_dependence(model, width) if _width_dependent_rotary(model) else None
+    if found is None or model in _WARNED_ROTARY:
+        return
+    _WARNED_ROTARY.add(model)
+    why, limit = found
+    earlier = " and on earlier calls" if "dynamic" in why else ""    # kept until a batch shorter than the limit
+    warnings.warn(f"{losses}: this batch is padded to {width} tokens, {why}, so an example's loss depends on the "
+                  f"other examples of its batch{earlier}; a ZO step's two passes run "
+                  f"the same batch and agree. Encode with max_length <= {limit} for losses that do not (warned once "
+                  "a model)", UserWarning, stacklevel=_caller_level())
+
+
 def _random_in_training(module) -> str | None:
     """Why ``module`` (not its children) makes a forward random or batch-dependent in training mode: a dropout
     module with p > 0, a drop rate > 0 read as an attribute (Hugging Face's ``attention_dropout``, OPT's
@@ -338,6 +395,10 @@ def encode_classification(tokenizer, prompts, labels, label_words, *, max_length
     if len(labels) != len(prompts) or (len(labels) and not 0 <= int(labels.min()) <= int(labels.max()) < len(label_ids)):
         raise ValueError(f"Invalid labels: need one class index in [0, {len(label_ids)}) per prompt")
     ids = [_ids(tokenizer, p)[-max_length:] for p in prompts]
+    for k, (prompt, row) in enumerate(zip(prompts, ids)):
+        if not row:     # named here: TokenBatch would say "Invalid ids: example k is []", not which argument
+            raise ValueError(f"Invalid prompts: example {k} ({prompt!r}) has no tokens (there is no last prompt "
+                             "position to score the label words at)")
     return TokenBatch(ids=ids, prompt_lengths=[len(r) for r in ids], pad_id=_pad_id(tokenizer),
                       labels=labels, label_ids=label_ids)
 
@@ -394,6 +455,7 @@ def answer_losses(model, batch: TokenBatch, indices=None, *, autocast_dtype=None
     _check_vocabulary(model, batch)
     check_deterministic(model)  # every module, every call: one left in training mode under an eval model too
     inputs = batch.select(indices, _device(model))
+    _warn_width_dependent_rotary(model, inputs["input_ids"].shape[1], "answer_losses")
     unscored = [int(i) for i in indices if len(batch.ids[int(i)]) <= max(batch.prompt_lengths[int(i)], 1)]
     if unscored:                # its loss was 0 (no token to score), e.g. a classification batch: ZO learnt nothing
         raise ValueError(f"Invalid batch: example {unscored[0]} has no answer token after its prompt (prompt length "
@@ -416,6 +478,7 @@ def classification_logits(model, batch: TokenBatch, indices=None, *, autocast_dt
     _check_vocabulary(model, batch)
     check_deterministic(model)  # every module, every call: one left in training mode under an eval model too
     inputs = batch.select(indices, _device(model))
+    _warn_width_dependent_rotary(model, inputs["input_ids"].shape[1], "classification_losses")
     last = _logits(model, inputs, autocast_dtype, grad, positions=inputs["lengths"] - 1)   # [B, V]
     return last[:, batch.label_ids.to(last.device)]
 

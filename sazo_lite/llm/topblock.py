@@ -49,7 +49,8 @@ import torch
 import torch.nn.functional as F
 
 from ..validation import check_count
-from .losses import TokenBatch, _check_vocabulary, check_deterministic, checked_indices, classification_losses
+from .losses import (TokenBatch, _check_vocabulary, check_deterministic, checked_indices, classification_losses,
+                     _rotary_width_dependence)
 
 __all__ = ["TopBlocks", "decoder_layers", "top_layers", "top_block_parameters"]
 
@@ -257,24 +258,13 @@ class TopBlocks:
 
     def _check_width_free_positions(self, width: int) -> None:
         """Refuse a split padded past the length where a rotary embedding's frequencies start to depend on
-        the batch's width (``rope_type`` "dynamic": past ``max_position_embeddings``; "longrope": past
-        ``original_max_position_embeddings``): the full model's loss of an example then changes with the
-        other examples of its batch, and the cache holds those of the whole split's width."""
-        for name, module in _base(self.model).named_modules():
-            kinds = getattr(module, "rope_type", None)
-            kinds = list(kinds.values()) if isinstance(kinds, dict) else [kinds]
-            if not any(isinstance(k, str) and ("dynamic" in k or k == "longrope") for k in kinds):
-                continue
-            parameters = getattr(getattr(module, "config", None), "rope_parameters", None) or {}
-            limits = [getattr(module, "original_max_seq_len", None)] + [
-                p.get("original_max_position_embeddings") for p in [parameters, *parameters.values()]
-                if isinstance(p, dict)]
-            limit = min((n for n in limits if isinstance(n, int)), default=None)
-            if limit is not None and width > limit:
-                raise ValueError(f"Invalid batch: its longest example has {width} tokens, past the {limit} after "
-                                 f"which {name}'s rotary frequencies ({'/'.join(map(str, kinds))}) depend on the "
-                                 "batch's padded width, so the model's loss of an example changes with its batch; "
-                                 f"encode with max_length <= {limit}")
+        the batch's width (``_rotary_width_dependence``): the full model's loss of an example then changes
+        with the other examples of its batch, and the cache holds those of the whole split's width."""
+        found = _rotary_width_dependence(self.model, width)
+        if found is not None:
+            why, limit = found
+            raise ValueError(f"Invalid batch: its longest example has {width} tokens, {why}, so the model's loss "
+                             f"of an example changes with its batch; encode with max_length <= {limit}")
 
     def _check_frozen_below(self, model, layers) -> None:
         """No trainable tensor may feed the cached hidden states. Every module that can run before the
