@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -328,16 +329,38 @@ def _reference_limits(timeouts: dict) -> dict:
 
 def hand_ins(folder: Path) -> list[Path]:
     """The hand-ins of a folder: its entries named ``*.ipynb`` in any case (``Alice.IPYNB``, as some
-    systems save it, is a hand-in too), sorted; a missing folder has none."""
+    systems save it, is a hand-in too), sorted, less macOS's resource-fork files (``resource_fork``);
+    a missing folder has none."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    return sorted(path for path in folder.iterdir() if path.name.lower().endswith(".ipynb"))
+    return sorted(path for path in folder.iterdir() if path.name.lower().endswith(".ipynb") and not resource_fork(path))
+
+
+APPLE_DOUBLE = b"\x00\x05\x16\x07"   # the magic number that starts an AppleDouble file
+
+
+def resource_fork(path: Path) -> bool:
+    """Whether ``path`` is a macOS resource-fork file: named ``._<name>`` and starting with AppleDouble's magic
+    number (macOS writes one beside each file it copies to a disk, share or zip that cannot keep its metadata).
+    It is read without following a link; a ``._`` file that is a notebook is not one."""
+    path = Path(path)
+    if not path.name.startswith("._"):
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, len(APPLE_DOUBLE)) == APPLE_DOUBLE
+    finally:
+        os.close(fd)
 
 
 def grade_all(autograder: Path, submissions_dir: Path, csv_path: Path, *, workers: int = 1,
               **timeouts) -> list[dict]:
     """Grade every ``*.ipynb`` in a folder (``hand_ins``: ``.IPYNB`` too); one CSV row per submission.
+    macOS's ``._<name>.ipynb`` resource-fork files are skipped, each with a ``[grader]`` line on stderr.
 
     Columns: submission, status, one per question, total, possible, reason (why a submission was
     not graded normally). Every submission gets its row, whatever it did; one that is not a regular
@@ -352,6 +375,10 @@ def grade_all(autograder: Path, submissions_dir: Path, csv_path: Path, *, worker
     from tqdm.auto import tqdm
 
     submissions = hand_ins(submissions_dir)
+    for path in sorted(Path(submissions_dir).iterdir()) if Path(submissions_dir).is_dir() else []:
+        if resource_fork(path):  # said, so that a folder of ._ files alone is not a mystery
+            print(f"[grader] skipped {_printable(path.name)}: a macOS resource-fork file (AppleDouble), "
+                  f"not a notebook", file=sys.stderr)
     if not submissions:
         raise ValueError(f"Invalid submissions_dir: no .ipynb files in {submissions_dir}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:

@@ -182,8 +182,9 @@ def parse_notebook(data: bytes, findings: list | None = None):
         return nbformat.reads(data.decode("utf-8", "replace"), as_version=4)
     if not isinstance(raw.get("metadata"), dict):   # missing or not an object (a notebook a script wrote):
         raw["metadata"] = {}                         # nbformat refuses the file, grading never reads it
+    raw["nbformat"] = _format_version(raw)
     index = 0
-    worksheets = raw.get("worksheets") if raw.get("nbformat") == 3 else None
+    worksheets = raw.get("worksheets") if raw["nbformat"] == 3 else None
     for cells in ([w.get("cells") for w in worksheets if isinstance(w, dict)] if isinstance(worksheets, list)
                   else [raw.get("cells")]):
         if not isinstance(cells, list):
@@ -192,6 +193,42 @@ def parse_notebook(data: bytes, findings: list | None = None):
             cells[k] = _readable_cell(cell, index, found)
             index += 1
     return nbformat.from_dict(nbformat.reads(json.dumps(raw), as_version=4))
+
+
+def _format_version(raw: dict) -> int:
+    """The nbformat major version of a hand-in's JSON object, read as a person would.
+
+    Without an ``nbformat`` key (a notebook a script wrote), a ``cells`` list is read as version 4 and a
+    ``worksheets`` list as version 3 (nbformat itself would take version 1 and drop the code); the version as
+    text (``"4"``) or a whole float is that number. Raises ValueError for anything else (no cells, version 5).
+    """
+    version = raw.get("nbformat")
+    if version is None:
+        if isinstance(raw.get("cells"), list):
+            version = 4
+        elif isinstance(raw.get("worksheets"), list):
+            version = 3
+        else:
+            raise ValueError("not an nbformat-4 notebook: it has no nbformat version and no list of cells")
+    version = _whole_number(version)
+    if version is None or not 1 <= version <= 4:
+        raise ValueError(f"not an nbformat-4 notebook: its nbformat version is {str(raw['nbformat'])[:20]!r} "
+                         f"(expected 4)")
+    minor = _whole_number(raw.get("nbformat_minor"))
+    if version == 4 and minor is None:   # cell ids came with 4.5
+        minor = 5 if all(isinstance(c, dict) and "id" in c for c in raw.get("cells") or []) else 4
+    if minor is not None:
+        raw["nbformat_minor"] = minor
+    return version
+
+
+def _whole_number(value) -> int | None:
+    """``value`` as an int where it is one written as an int, a digit string or a whole float; else None."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value if type(value) is int else None
 
 
 _SOURCE_KEYS = ("source", "input")   # nbformat 4; a version 3 code cell keeps its code under "input"

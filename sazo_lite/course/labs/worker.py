@@ -14,6 +14,7 @@ children keep the guard) but cannot start another program, such as a fresh Pytho
 from __future__ import annotations
 
 import _thread
+import ast
 import builtins
 import importlib
 import json
@@ -22,6 +23,7 @@ import signal
 import sys
 import threading
 import traceback
+import types
 
 from sazo_lite.course.labs import LabTimeout, time_limit
 from sazo_lite.course.labs.guard import TAMPERED, Guard
@@ -39,7 +41,8 @@ def run_case(source: str, namespace: dict, name: str = "<case>", guard: Guard | 
 
     First undoes what the submission did to the builtins (``builtins.abs = ...``, or a
     top-level ``abs = ...`` that shadows it) and puts the grader's ``record`` and
-    ``time_limit`` in place, so the test's own names mean what its author meant.
+    ``time_limit`` in place, so the test's own names mean what its author meant. The case runs as a
+    function's body (``case_function``): its names that start with ``_`` never reach ``namespace``.
     """
     return _case_runner(dict(_BUILTINS))(source, namespace, name, guard)
 
@@ -48,7 +51,7 @@ def _case_runner(pristine: dict):
     """``run_case`` holding what it uses (the builtins to restore, ``compile``, ``exec``, ...): ``main`` makes one
     before student code runs, so rebinding this module's names (``sys.modules["__main__"]._BUILTINS``) changes
     nothing of how the cases run."""
-    space, compile_, exec_, encode_, limit, error_text = builtins.__dict__, compile, exec, encode, time_limit, _error
+    space, make, encode_, limit, error_text = builtins.__dict__, case_function, encode, time_limit, _error
     update, keys, base = dict.update, list, _BaseException
 
     def run(source: str, namespace: dict, name: str = "<case>", guard: Guard | None = None):
@@ -62,11 +65,11 @@ def _case_runner(pristine: dict):
             del namespace[shadow]
         namespace["record"], namespace["time_limit"] = record, limit
         try:
-            code = compile_(source, name, "exec")
+            case = make(source, namespace, name)
             if guard is not None:
-                guard.trust(code)
+                guard.trust(case.__code__)
             try:
-                exec_(code, namespace)
+                case()
             finally:
                 if guard is not None:
                     guard.trust(None)
@@ -75,6 +78,51 @@ def _case_runner(pristine: dict):
         return None, records
 
     return run
+
+
+def case_function(source: str, namespace: dict, name: str = "<case>"):
+    """A test case's source as a function of no arguments whose globals are ``namespace``.
+
+    The names the case binds at its top level that start with ``_`` (``_mine = lab2_weights``, ``_gen``, a
+    ``for _ in``) are the function's locals, so a global of the student's with the same name is neither
+    rebound nor seen; the other names it binds (a graded name swapped for another version, then restored)
+    are declared ``global`` and bind in ``namespace`` as they would at a notebook's top level.
+    """
+    tree = ast.parse(source, name)
+    shared = sorted(n for n in _top_level_names(tree.body) if not n.startswith("_"))
+    body = ([ast.Global(names=shared)] if shared else []) + (tree.body or [ast.Pass()])
+    function = ast.FunctionDef(name="case", args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[],
+                                                               defaults=[]), body=body, decorator_list=[], returns=None)
+    module = ast.fix_missing_locations(ast.Module(body=[function], type_ignores=[]))
+    code = next(c for c in compile(module, name, "exec").co_consts if isinstance(c, types.CodeType))
+    return types.FunctionType(code, namespace, "case")
+
+
+def _top_level_names(body: list) -> set[str]:
+    """The names statements bind in their own scope: assignments, imports, ``for``/``with``/``except``
+    targets, ``def`` and ``class`` names, walruses (not what nested functions, lambdas and classes bind)."""
+    names, scopes = set(), (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+    todo = list(body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            todo += [*node.decorator_list, *getattr(node, "bases", []), *getattr(node, "keywords", [])]
+            continue
+        if isinstance(node, scopes):
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names if a.name != "*")
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            names.add(node.rest)
+        todo += list(ast.iter_child_nodes(node))
+    return names
 
 
 def _emit(fd: int, event: dict) -> None:
