@@ -43,6 +43,14 @@ FAMILIES = {
     "Jamba": dict(attn_layer_offset=1, attn_layer_period=2, expert_layer_offset=1, expert_layer_period=2),
     "Zamba2": dict(num_hidden_layers=4, layers_block_type=["mamba", "hybrid", "mamba", "hybrid"]),
     "Mamba": {}, "FalconMamba": {},
+    "Olmoe": dict(num_experts=4, num_experts_per_tok=2), "GraniteMoe": dict(num_local_experts=4, num_experts_per_tok=2),
+    "Phimoe": dict(num_local_experts=4, num_experts_per_tok=2),
+    # Falcon-H1's default state-space sizes (1,024 channels, 128 heads, state 256) made one probe take minutes
+    "FalconH1": dict(head_dim=8, mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8, mamba_chunk_size=16),
+    # Gemma 3n's defaults share the KV cache of 15 layers and read per-layer inputs of 262,144 ids; refused
+    "Gemma3nText": dict(head_dim=8, vocab_size_per_layer_input=64, hidden_size_per_layer_input=8, laurel_rank=4,
+                        num_kv_shared_layers=1, activation_sparsity_pattern=[0.0] * 3,
+                        layer_types=["sliding_attention", "full_attention", "full_attention"]),
     "GPT2": {}, "GPTBigCode": {}, "GPTJ": dict(rotary_dim=4, n_embd=32, n_layer=3, n_head=4, n_positions=128),
     "GPTNeo": dict(num_layers=3, num_heads=4, window_size=4,
                    attention_types=[[["global", "local"], 1], [["global"], 1]]),

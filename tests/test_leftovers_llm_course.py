@@ -65,3 +65,24 @@ def test_an_empty_prompt_is_named_as_a_prompt_not_as_token_ids():
     with pytest.raises(ValueError, match=re.escape("Invalid prompts: example 1 ('') has no tokens")):
         encode_classification(tok, ["a", ""], [0, 1], ["yes", "no"])     # was "Invalid ids: example 1 is []"
     assert encode_classification(tok, ["a", "b a"], [0, 1], ["yes", "no"]).ids == [[1], [2, 1]]
+
+
+# --- 3. the families benchmark ----------------------------------------------------------------------------
+NEW_FAMILIES = {"Olmoe": "equal", "GraniteMoe": "equal", "Phimoe": "equal", "FalconH1": "equal",
+                "Gemma3nText": "refused"}
+
+
+def test_the_families_benchmark_lists_the_families_round_10_verified_and_builds_each_tiny(capsys, monkeypatch):
+    from benchmarks import llm_families
+
+    assert set(NEW_FAMILIES) <= set(llm_families.FAMILIES)          # were not probed
+    monkeypatch.setattr(llm_families, "probe", lambda family, blocks: {"outcome": NEW_FAMILIES[family], "gap": None,
+                                                                       "error": ""})
+    llm_families.main(["--families", *NEW_FAMILIES])                 # the command line takes their names
+    assert "families: 4 equal, 1 refused, 0 crashed, 0 no model" in capsys.readouterr().out
+    monkeypatch.undo()
+    for family in NEW_FAMILIES:                                       # tiny and runnable with this transformers
+        model = llm_families.tiny_model(family)
+        assert model is not None, family
+        assert sum(p.numel() for p in model.parameters()) < 200_000, family
+    assert llm_families.probe("Gemma3nText", 1)["outcome"] == "refused"     # not "no model": the mode refuses it
