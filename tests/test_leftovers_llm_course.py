@@ -86,3 +86,91 @@ def test_the_families_benchmark_lists_the_families_round_10_verified_and_builds_
         assert model is not None, family
         assert sum(p.numel() for p in model.parameters()) < 200_000, family
     assert llm_families.probe("Gemma3nText", 1)["outcome"] == "refused"     # not "no model": the mode refuses it
+
+
+# --- 4. course helpers at an edge ----------------------------------------------------------------------------
+def test_dimension_dashboard_marks_the_exact_zero_of_rademacher_at_d_1_instead_of_dropping_it_off_the_log_axis():
+    """At d = 1 a ±1 direction is exact (z zᵀa = a): the (d−1)/q line was 0, which a log axis drops without a
+    word, and the Monte-Carlo dot at q = 3 was 2e-32 (rounding of a mean of three a's), 30 decades down."""
+    pytest.importorskip("ipywidgets")
+    from sazo_lite.course import widgets as sw
+
+    board = sw.dimension_dashboard(dims=(1, 2, 4), directions_drawn=64)
+    board.controls["q"].value = 3
+    board.controls["perturbation"].value = "rademacher"
+    figure = board.figures["variance"]
+    drawn = [y for trace in figure.data[:2] for y in trace.y if y is not None]
+    assert drawn and min(drawn) > 1e-6, drawn                  # nothing plotted at 0 or at a rounding error
+    assert figure.data[0].y[0] is None and figure.data[1].y[0] is None
+    marks = [a for a in figure.layout.annotations if "0" in a.text]
+    assert len(marks) == 1 and marks[0].x == 0.0 and marks[0].yref == "paper", marks     # at d = 1 (log10 1 = 0)
+    assert "d = 1 a ±1 direction gives the gradient exactly" in board.readout.value, board.readout.value
+    board.controls["perturbation"].value = "gaussian"          # (d+1)/q > 0 everywhere: no mark
+    assert not figure.layout.annotations and None not in figure.data[1].y
+    assert "exactly" not in board.readout.value
+
+
+def _race_from_the_optimum():
+    from sazo_lite.course.sazo_runs import RaceResult
+
+    q, zero = np.array([0.0, 20.0, 40.0]), np.zeros((1, 3))
+    return RaceResult(q, {"uniform": zero, "sazo": zero}, 0.0, 0.0, {"uniform": [0], "sazo": [0]})
+
+
+def test_race_table_and_verdict_of_a_race_with_an_initial_gap_of_0_say_so_instead_of_dividing_by_it():
+    pytest.importorskip("ipywidgets")
+    from sazo_lite.course.widgets import race as race_widgets
+
+    result = _race_from_the_optimum()
+    table = re.sub(r"<[^>]+>", " ", race_widgets.race_table_html(result))          # was a ZeroDivisionError
+    assert "Queries to reach a gap of 0 (the initial gap is 0: θ₀ is already a minimiser)" in table, table
+    assert "1.00×" in table                                     # both at the target at θ₀: no speed-up either way
+    assert result.speedup("sazo") == 1.0                        # was 0/0
+    assert "the initial gap is 0" in race_widgets.race_verdict(result)
+    with pytest.raises(ValueError, match="Invalid result: initial_gap 0.0"):
+        race_widgets.race_figure(result)                        # gaps as fractions of 0: nothing to plot
+    from dataclasses import replace
+
+    usual = replace(result, initial_gap=1.0, target=0.1, gaps={m: np.array([[1.0, 0.5, 0.05]]) for m in result.gaps},
+                    to_target={"uniform": [40], "sazo": [20]})
+    assert "Queries to reach 10% of the initial gap" in re.sub(r"<[^>]+>", " ", race_widgets.race_table_html(usual))
+
+
+def test_a_race_of_a_problem_that_starts_at_its_optimum_is_refused_before_any_run():
+    from sazo_lite.course import problems, sazo_runs
+
+    problem = problems.LeastSquares(8, 2, seed=0)
+    at_optimum = type("AtOptimum", (), {"__getattr__": lambda self, name: getattr(problem, name),
+                                        "gap": lambda self, theta: 0.0})()
+    with pytest.raises(ValueError, match="Invalid problem: its initial gap"):
+        sazo_runs.race(at_optimum, seeds=(0,), steps=4, log_every=2)
+    assert sazo_runs.race(problem, seeds=(0,), steps=4, log_every=2).initial_gap > 0
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda llm: llm.runs_by_rate([]), "settings"),                                   # was {} without a word
+    (lambda llm: llm.runs_by_rate([{"grid": {"uniform": {}}}]), "settings"),          # {}
+    (lambda llm: llm.runs_by_rate([{"grid": {"uniform": {"0.1": []}}}]), "settings"),  # a cell of no runs
+    (lambda llm: llm.best_cells({}, 0.5), "runs_by_label"),                           # {}
+    (lambda llm: llm.best_cells({"uniform η=1": []}, 0.5), "runs_by_label"),          # StatisticsError
+    (lambda llm: llm.fewest_queries({}, 0.5), "runs_by_label"),                       # {}
+    (lambda llm: llm.run_summary("x", {"queries": [0, 4], "train_loss": [1.0, 0.5], "walk": [0, 1]}, targets=()),
+     "targets"),                                                                       # 'x  ; F/F₀ ...'
+])
+def test_the_llm_record_helpers_refuse_empty_input(call, name):
+    pytest.importorskip("plotly")
+    from sazo_lite.course.widgets import llm
+
+    with pytest.raises(ValueError, match=f"Invalid {name}"):
+        call(llm)
+
+
+def test_the_llm_record_helpers_still_take_one_run():
+    pytest.importorskip("plotly")
+    from sazo_lite.course.widgets import llm
+
+    run = {"queries": [0, 4], "train_loss": [1.0, 0.4], "walk": [0, 1]}
+    by_rate = llm.runs_by_rate([{"grid": {"uniform": {"0.1": run}}}])
+    assert by_rate == {"uniform η=0.1": [run]}
+    assert llm.best_cells(by_rate, 0.5) == {"uniform": "uniform η=0.1"}
+    assert llm.run_summary("x", run, targets=[0.5]).startswith("x  0.5·F₀ at 4;")

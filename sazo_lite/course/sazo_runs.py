@@ -487,11 +487,14 @@ class RaceResult:
         """How many times fewer queries than ``baseline`` ``method`` needs (medians over seeds).
 
         inf when only ``method`` reaches the target (the true factor is then above
-        ``queries[-1] / median_to_target(method)``); NaN when ``method`` does not reach it.
+        ``queries[-1] / median_to_target(method)``); NaN when ``method`` does not reach it; 1 when both
+        are there at θ₀ (0 queries: an initial gap already at the target).
         """
         ours, theirs = self.median_to_target(method), self.median_to_target(baseline)
         if not np.isfinite(ours):
             return float("nan")
+        if ours == 0:          # at the target before any query: no ratio of query counts
+            return 1.0 if theirs == 0 else float("inf")
         return theirs / ours
 
 
@@ -537,6 +540,9 @@ def race(problem: FiniteSumProblem, *, samplers=SAMPLERS, seeds=(0, 1, 2), steps
     logged = [s for s in range(1, steps + 1) if s % log_every == 0 or s == steps]
     queries = 2 * batch_size * np.asarray([0] + logged)
     initial_gap = problem.gap(problem.initial_theta(torch.float64))
+    if not initial_gap > 0:       # every run would be at its target at θ₀: nothing to race
+        raise ValueError(f"Invalid problem: its initial gap F(θ₀) − F(θ*) is {initial_gap!r} (expected > 0: θ₀ "
+                         "already minimises it, so no run has a gap to close)")
     target = target_fraction * initial_gap
     gaps, to_target = {}, {}
     jobs = [(m, s) for m in samplers for s in seeds]

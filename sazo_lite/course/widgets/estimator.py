@@ -229,14 +229,21 @@ def dimension_dashboard(dims=(2, 4, 8, 16, 32, 64, 128, 256, 512), *, directions
                 cache[key] = [two_point.relative_error_monte_carlo(d, q, trials=trials, perturbation=perturbation)
                               for d in dims]
         theory = [two_point.relative_error_theory(d, q, perturbation) for d in dims]
+        # d = 1 with ±1 directions: z zᵀa = a, an error of exactly 0, which a log axis cannot show: marked at its foot
+        exact = [d for d, t in zip(dims, theory) if t == 0]
         with fig.batch_update():
-            fig.data[0].y = cache[key]
-            fig.data[1].y = theory
+            fig.data[0].y = [y if t > 0 else None for y, t in zip(cache[key], theory)]   # there: rounding at most
+            fig.data[1].y = [t if t > 0 else None for t in theory]
             fig.data[1].name = "(d+1)/q" if perturbation == "gaussian" else "(d−1)/q"
+            fig.layout.annotations = [dict(x=math.log10(d), y=0, xref="x", yref="paper", yanchor="bottom",
+                                           showarrow=False, text="▼ 0: exact") for d in exact]
         threshold = q - 1 if perturbation == "gaussian" else q + 1   # where (d ± 1)/q = 1
         when = f"once d ≈ {threshold}" if threshold >= 2 else "at every d ≥ 2"
         readout.value = (f"with q = {q}: the estimate is as noisy as the gradient is large {when}; "
                          "a 1B-parameter model has d = 10⁹")
+        if exact:
+            readout.value += ("; at d = 1 a ±1 direction gives the gradient exactly (z² = 1): an error of 0, "
+                              "marked ▼ at the foot of the log axis")
 
     questions = {
         "q": "Double q: by how much does the whole line drop? What does that cost in forward passes?",

@@ -59,6 +59,13 @@ def _nothing_drawn(name: str, fig: go.Figure, what: str) -> go.Figure:
     return fig
 
 
+def _check_runs(name: str, runs_by_key: dict, key: str) -> None:
+    """Refuse an empty ``key`` → runs mapping, or a key with no runs (an empty plot, table or choice)."""
+    if not isinstance(runs_by_key, dict) or not runs_by_key or not all(runs_by_key.values()):
+        shown = {k: len(v) for k, v in runs_by_key.items()} if isinstance(runs_by_key, dict) else runs_by_key
+        raise ValueError(f"Invalid {name}: expected {key} -> a non-empty list of runs, got {shown!r}")
+
+
 def loss_bands(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> go.Figure:
     """Training loss F(θ)/F(θ₀) against queries: median line and min–max band over seeds, per sampler.
 
@@ -72,9 +79,7 @@ def loss_bands(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> go.Figure:
         >>> [round(v, 2) for v in loss_bands(runs).data[-1].y]
         [1.0, 0.75, 0.6]
     """
-    if not runs_by_sampler or not all(runs_by_sampler.values()):
-        raise ValueError(f"Invalid runs_by_sampler: expected sampler -> a non-empty list of runs, got "
-                         f"{ {k: len(v) for k, v in (runs_by_sampler or {}).items()} }")
+    _check_runs("runs_by_sampler", runs_by_sampler, "sampler")
     fig, shown = go.Figure(), []
     for sampler, runs in runs_by_sampler.items():
         runs = [_as_dict(r) for r in runs]
@@ -120,6 +125,7 @@ def runs_by_rate(settings: list[dict]) -> dict[str, list[dict]]:
         for variant, grid in setting.get("grid", {}).items():
             for rate, cell in grid.items():
                 out.setdefault(f"{variant} η={rate}", []).extend(cell if isinstance(cell, list) else [cell])
+    _check_runs("settings", out, "grid cell")      # no part, no grid or an empty cell: nothing to compare
     return out
 
 
@@ -133,6 +139,7 @@ def run_summary(label: str, run, *, targets=(0.7, 0.5)) -> str:
     """
     from ...llm.queries import queries_to
 
+    targets = number_list("targets", targets)       # none: a line without its queries to target
     run = _as_dict(run)
     require_keys("run", run, ("queries", "train_loss", "walk"))
     if not (run["queries"] and run["train_loss"] and run["walk"]) or not run["train_loss"][0] > 0:
@@ -158,6 +165,7 @@ def best_cells(runs_by_label: dict, target: float) -> dict[str, str]:
     from ...llm.queries import queries_to
     from ...train import best_rate
 
+    _check_runs("runs_by_label", runs_by_label, "label")
     by_sampler: dict[str, dict[str, list]] = {}
     for label, runs in runs_by_label.items():
         by_sampler.setdefault(label.split(" ")[0], {})[label] = [queries_to(_as_dict(r), target) for r in runs]

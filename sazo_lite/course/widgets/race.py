@@ -100,6 +100,9 @@ def _draw_race(fig, result: RaceResult, methods=SAMPLERS, logged: dict[str, int]
 
     ``logged``: method → how many of its row's entries exist yet (a run still training: the rest is NaN).
     """
+    if not result.initial_gap > 0:     # the plot's gaps are fractions of it
+        raise ValueError(f"Invalid result: initial_gap {result.initial_gap!r} (expected > 0; the race plots each gap "
+                         "as a fraction of it, and at 0 θ₀ is already a minimiser)")
     q = result.queries
     with fig.batch_update():
         for k, method in enumerate(methods):
@@ -172,16 +175,16 @@ def race_verdict(result: RaceResult) -> str:
     """
     if "uniform" not in result.to_target:
         raise ValueError(f"Invalid result: no uniform run to compare with (methods {list(result.to_target)})")
-    fraction = result.target / result.initial_gap
+    goal = _goal(result)
     uniform = result.median_to_target("uniform")
     others = [m for m in result.to_target if m != "uniform"]
     if not np.isfinite(uniform):
         reached = sum(q is not None for q in result.to_target["uniform"])
         bounds = ", so each speed-up is a lower bound" if _lower_bounds(result) else ""
-        head = (f"uniform MeZO did not reach {fraction:.0%} of the initial gap within {int(result.queries[-1]):,} "
+        head = (f"uniform MeZO did not reach {goal} within {int(result.queries[-1]):,} "
                 f"queries (median over seeds; {reached}/{len(result.to_target['uniform'])} seeds did){bounds}")
     else:
-        head = f"uniform MeZO reached {fraction:.0%} of the initial gap in {uniform:,.0f} queries (median)"
+        head = f"uniform MeZO reached {goal} in {uniform:,.0f} queries (median)"
     parts = []
     for method in others:
         speedup, needed = result.speedup(method), result.median_to_target(method)
@@ -240,6 +243,14 @@ def _what_to_raise(result: RaceResult, eps: float | None = None) -> str:
     return f"{names} diverged: lower {'its' if len(failed) == 1 else 'their'} η; raise the others' η or the steps"
 
 
+def _goal(result: RaceResult) -> str:
+    """The target in words: "10% of the initial gap", or the gap itself where the initial gap is not positive
+    (θ₀ already a minimiser: no fraction of it to print)."""
+    if result.initial_gap > 0:
+        return f"{result.target / result.initial_gap:.0%} of the initial gap"
+    return f"a gap of {result.target:.3g} (the initial gap is {result.initial_gap:.3g}: θ₀ is already a minimiser)"
+
+
 def race_table_html(result: RaceResult, eps: float | None = None) -> str:
     """An HTML table: median queries to target per method, the speed-up over uniform, seeds that got there.
 
@@ -253,7 +264,6 @@ def race_table_html(result: RaceResult, eps: float | None = None) -> str:
                     f"<td>{_format_queries(result.median_to_target(method))}</td>"
                     f"<td>{speedup}</td>"
                     f"<td>{reached}/{len(result.to_target[method])}</td></tr>")
-    fraction = result.target / result.initial_gap
     head = ("<tr><th>method</th><th>median queries to target</th><th>fewer than uniform</th>"
             "<th>seeds reaching it</th></tr>")
     note = ""
@@ -265,7 +275,7 @@ def race_table_html(result: RaceResult, eps: float | None = None) -> str:
     # at which the plot's median curve crosses (later when seeds cross at different times and bounce back)
     scope = ("<div style='color:#555'>the median over seeds of the query where each seed first reaches it; "
              "the plot's line, the median gap at each query, can cross later</div>")
-    return (f"<div><b>Queries to reach {fraction:.0%} of the initial gap</b>{scope}"
+    return (f"<div><b>Queries to reach {html.escape(_goal(result))}</b>{scope}"
             f"<table style='border-collapse:collapse' cellpadding='4'>{head}{''.join(rows)}</table>{note}</div>")
 
 
