@@ -686,30 +686,47 @@ class MeZO(torch.optim.Optimizer):
     def replay_step(self, seed: int, projected_grad: float) -> None:
         """Repeat a logged step's passes without evaluating anything (bit-exact replay)."""
         self._refuse_in_step("replay_step")
+        seed = _check_step_seed(seed)
         check_number("projected_grad", projected_grad)
         self._check_groups_ready()   # groups edited since the last step: refused before anything moves
         self.flush()
         magnitudes = self._magnitudes()
         self._check_room(magnitudes)
         update = self._update_jobs(seed, float(projected_grad), magnitudes)
-        self._move(seed, +1.0, +1)
-        self._move(seed, -2.0, -1)
-        with _InterruptsDeferred():
-            self._apply(update)
-            self._offset = 0
+        try:
+            self._move(seed, +1.0, +1)
+            self._move(seed, -2.0, -1)
+            with _InterruptsDeferred():
+                self._apply(update)
+                self._offset = 0
+        except BaseException:
+            self._undo_replay(seed)
+            raise
 
     @torch.no_grad()
     def replay_failure(self, seed: int, passes: int) -> None:
         """Repeat the shifts of a failed step: to θ+εz and back (1), or θ+εz, θ−εz and back (2)."""
         self._refuse_in_step("replay_failure")
+        seed = _check_step_seed(seed)
         passes = _check_passes(passes)
         self._check_groups_ready()
         self.flush()
         self._check_room(self._magnitudes())
-        self._move(seed, +1.0, +1)
-        if passes == 2:
-            self._move(seed, -2.0, -1)
-        self._move(seed, -1.0 if passes == 1 else +1.0, 0)
+        try:
+            self._move(seed, +1.0, +1)
+            if passes == 2:
+                self._move(seed, -2.0, -1)
+            self._move(seed, -1.0 if passes == 1 else +1.0, 0)
+        except BaseException:
+            self._undo_replay(seed)
+            raise
+
+    def _undo_replay(self, seed: int) -> None:
+        """Shift θ back to where a failed or interrupted replay started (as a failed step is; a replay
+        records nothing, so no hook is told)."""
+        if self._offset:
+            with _InterruptsDeferred():
+                self._move(seed, -float(self._offset), 0)
 
     # -- the step ------------------------------------------------------------------------
     @staticmethod
@@ -940,6 +957,12 @@ def _booleans_or_complex(value) -> bool:
 def _directions(source):
     """Sources with equal keys draw the same z for a seed (``NoiseSource.directions``)."""
     return getattr(source, "directions", id(source))
+
+
+def _check_step_seed(seed) -> int:
+    """A step's seed: ``derive_seed``'s range [0, 2⁶³), whose z a replay repeats (it read 1.5 as 1, and
+    masked 2⁷⁰ or −1 to another seed silently)."""
+    return check_int("seed", seed, 0, 2 ** 63 - 1)
 
 
 def _check_passes(passes) -> int:
