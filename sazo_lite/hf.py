@@ -17,8 +17,10 @@ are the Trainer's own. What differs:
   nothing calls backward and no ``.grad`` is ever allocated. ``max_grad_norm`` other than its default
   (or 0) is refused: there is no gradient to clip. After
   each step the model is in train mode again, as the Trainer's own ``training_step`` leaves it.
-  The update is made inside ``training_step``: callbacks' ``on_pre_optimizer_step`` and
-  ``on_optimizer_step`` see the updated weights (the Trainer's ``optimizer.step()`` does nothing).
+  The update is made inside ``training_step`` (the Trainer's ``optimizer.step()`` does nothing),
+  which calls the callbacks' ``on_pre_optimizer_step`` first, before the two passes (the weights
+  the update starts from; there is no ``.grad``), in place of the Trainer's call after it;
+  ``on_optimizer_step`` sees the updated weights.
 - Batches: each step the ZO sampler draws B = per_device_train_batch_size × world_size *dataset
   indices* i.i.d. with weights w = 1/(N·p_i) (``method="mezo"``: uniform, w = 1; ``"sazo"``:
   ``SAZOSampler``), the step minimises mean_k(w_k·f_k), and the sampler then sees the B directional
@@ -84,6 +86,7 @@ from collections.abc import Mapping
 import torch
 from torch.utils.data import DataLoader
 from transformers import Trainer, TrainingArguments
+from transformers.trainer_callback import CallbackHandler
 from transformers.trainer_utils import get_last_checkpoint
 from transformers.training_args import OptimizerNames
 from transformers.utils import is_datasets_available
@@ -206,6 +209,32 @@ def _ticket_batch(tickets: list[int]) -> dict[str, torch.Tensor]:
     return {"zo_step": torch.tensor(tickets)}
 
 
+class _StepStats:
+    """The per-step values logged at the next log, as running totals: the same size after any number
+    of steps (with ``logging_strategy="no"`` no log ever clears them; a list grew by a tuple a step)."""
+
+    def __init__(self):
+        self.steps, self.grad_sum, self.max_weight, self.ess_sum = 0, 0.0, -math.inf, 0.0
+
+    def add(self, grad: float, max_weight: float, ess: float) -> None:
+        self.steps += 1
+        self.grad_sum += grad
+        self.max_weight = max(self.max_weight, max_weight)
+        self.ess_sum += ess
+
+
+class _ZOCallbackHandler(CallbackHandler):
+    """The Trainer's callback handler, except that ``on_pre_optimizer_step`` comes from
+    ``ZOTrainer.training_step``, before the ZO update: the Trainer's loop calls it after
+    ``training_step``, where the ZO update has already been made."""
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        return control   # already called, before the update (ZOTrainer.training_step)
+
+    def before_zo_update(self, args, state, control, **kwargs):
+        return super().on_pre_optimizer_step(args, state, control, **kwargs)
+
+
 class ZOTrainer(Trainer):
     """A ``transformers.Trainer`` that fine-tunes by MeZO steps, with uniform or SAZO batches.
 
@@ -257,6 +286,7 @@ class ZOTrainer(Trainer):
             data_collator = CausalLMCollator(_pad_token_id(processing_class, model))
         super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
+        self.callback_handler.__class__ = _ZOCallbackHandler   # on_pre_optimizer_step before the update
         if own_collator and model is None and self.model is not None:   # model_init=: the model exists now
             self.data_collator = CausalLMCollator(_pad_token_id(processing_class, self.model))
         if self.args.dataloader_pin_memory and not _has_accelerator():
@@ -281,7 +311,7 @@ class ZOTrainer(Trainer):
         self._master = None             # Float32Master when tuning half-precision weights
         self._zo_data = None            # (dataset, collator) used by training_step
         self._zo_last_batch = None      # this rank's last collated batch (token and FLOP counts)
-        self._zo_pending = []           # (|g|, max w, ESS fraction) per step since the last log
+        self._zo_pending = _StepStats()   # |g|, max w and ESS fraction of the steps since the last log
         self._zo_resume = None          # a checked zo_state, applied by create_optimizer on resume
         self._zo_queries = 0            # per-example forwards since MeZO was built (zo_queries)
         self._zo_sampler_start = None   # the sampler's state before the first step (see _restart_sampler)
@@ -529,6 +559,8 @@ class ZOTrainer(Trainer):
         ``training_step`` leaves it (callbacks, evaluation and the code after ``train()`` see the
         mode they would see with ``Trainer``; a model left in eval mode stayed there silently).
         """
+        # the Trainer's callbacks see the weights the update starts from, as after its backward
+        self.control = self.callback_handler.before_zo_update(self.args, self.state, self.control)
         net = self.accelerator.unwrap_model(model)
         net.eval()  # the + and − passes must see the same function
         try:
@@ -557,8 +589,7 @@ class ZOTrainer(Trainer):
         self.zo_sampler.update(indices, out.directional_diffs)
         self._zo_queries += 2 * self.global_batch_size()
         w = weights.double()
-        self._zo_pending.append((abs(out.projected_grad), float(w.max()),
-                                 float(w.sum() ** 2 / (w ** 2).sum()) / len(w)))
+        self._zo_pending.add(abs(out.projected_grad), float(w.max()), float(w.sum() ** 2 / (w ** 2).sum()) / len(w))
         return torch.tensor(out.loss, dtype=torch.float32, device=self.args.device)
 
     def _model_inputs(self, batch) -> dict:
@@ -599,15 +630,15 @@ class ZOTrainer(Trainer):
 
     # -- logging -------------------------------------------------------------------------------
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        if "loss" in logs and self._zo_pending:
-            grads, max_weights, ess = zip(*self._zo_pending)
+        pending = self._zo_pending
+        if "loss" in logs and pending.steps:
             # counted, not 2·B·global_step: global_step restarts at 0 on a second train() while
             # MeZO and the model go on, and B may differ from the steps before a resume
             logs = {**logs, "zo_queries": self._zo_queries,
-                    "zo_projected_grad": sum(grads) / len(grads)}
+                    "zo_projected_grad": pending.grad_sum / pending.steps}
             if sampler_name(self.method) != "uniform":
-                logs.update(sazo_max_weight=max(max_weights), sazo_ess=sum(ess) / len(ess))
-            self._zo_pending = []
+                logs.update(sazo_max_weight=pending.max_weight, sazo_ess=pending.ess_sum / pending.steps)
+            self._zo_pending = _StepStats()
         super().log(logs, start_time)
 
     # -- checkpoints ---------------------------------------------------------------------------
@@ -630,7 +661,7 @@ class ZOTrainer(Trainer):
         self._zo_resume = self._read_zo_state(checkpoint) if checkpoint else None
         if checkpoint:
             self._check_resumed_settings(checkpoint, self._zo_resume)
-        self._zo_pending = []   # steps of an earlier train() after its last log belong to no log of this one
+        self._zo_pending = _StepStats()   # steps of an earlier train() after its last log belong to no log of this one
         if self.train_dataset is not None and self.zo_sampler is not None and self.model is not None:
             self._check_model_and_data()   # no model: a search released it, model_init builds the next
         try:
