@@ -116,6 +116,7 @@ class SeedLog:
         if not isinstance(optimizer, MeZO):
             raise ValueError(f"Invalid optimizer: {type(optimizer).__name__} (expected a MeZO)")
         optimizer._refuse_in_step("SeedLog.attach")   # θ is perturbed: the log would start from θ ± εz
+        optimizer._check_groups_ready()   # groups edited since the last step: checked, numbers as floats (JSON)
         optimizer.flush()
         state = optimizer._counter()
         header = {"format": FORMAT, "optimizer": type(optimizer).__name__,

@@ -4,6 +4,7 @@ One test per defect; each fails on the code before its fix.
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -79,6 +80,28 @@ def test_a_seed_log_replays_only_through_groups_a_step_accepts(edit):
     with pytest.raises(ValueError, match="Invalid"):
         log.replay_into(target)
     assert all(torch.equal(p, t) for p, t in zip((p for g in target.param_groups for p in g["params"]), before))
+
+
+def test_a_seed_log_attached_after_numpy_hyperparameters_were_set_saves_and_replays():
+    # attach read eps as the group held it (numpy float32): the log could not be saved (TypeError from
+    # json) and its header was refused on replay
+    theta = torch.zeros(3, dtype=torch.float64)
+    opt = sz.MeZO([theta], lr=0.1, eps=1e-3, noise=None)
+    opt.param_groups[0].update(eps=np.float32(1e-3), lr=np.float32(0.1))
+    log = SeedLog.attach(opt)
+    opt.step(lambda: (theta - 1) ** 2)
+    copy = torch.zeros(3, dtype=torch.float64)
+    SeedLog.from_bytes(log.to_bytes()).replay([copy])
+    assert torch.equal(copy, theta) and theta.any()
+
+
+@pytest.mark.parametrize("edit", ["eps = 0", "an integer tensor", "a view of theta"])
+def test_a_seed_log_is_not_attached_to_groups_a_step_refuses(edit):
+    opt, theta, other = _replayer()
+    EDITS[edit](opt, theta, other)
+    with pytest.raises(ValueError, match="Invalid"):
+        SeedLog.attach(opt)
+    assert not opt._step_hooks
 
 
 class _FailingNoise(PlainNoise):
