@@ -51,6 +51,26 @@ def test_full_model_losses_warn_once_a_model_when_the_batch_makes_its_rotary_fre
     assert len(seen) == 1 and seen[0].startswith("answer_losses: this batch is padded to 22 tokens"), seen
 
 
+def test_a_batch_of_exactly_the_limit_after_a_longer_one_keeps_dynamic_frequencies_and_is_caught():
+    """transformers resets "dynamic" frequencies only for a batch shorter than the limit: one of exactly 8 tokens
+    after a longer forward kept the stretched ones (its losses moved by 1e-5), and the rule let 8 pass."""
+    name, extra = ROPE["dynamic"]
+    model = family(name, **extra)
+    top_block_parameters(model, 1)
+    eight = TokenBatch([[5, 6, 7, 8, 9, 10, 11, 12], [5, 6, 7]], [8, 3], 0, torch.tensor([0, 1]), torch.tensor([5, 9]))
+    fresh = classification_losses(model, eight)
+    with torch.no_grad():
+        model(input_ids=torch.full((1, 20), 5))              # the model's own forward: stretched to 20 tokens
+    seen = _rotary_warnings(lambda: classification_losses(model, eight))
+    assert len(seen) == 1 and "padded to 8 tokens, the 8 at which" in seen[0] and "max_length <= 7" in seen[0], seen
+    assert (classification_losses(model, eight) - fresh).abs().max() > 1e-6      # what it is about
+    with pytest.raises(ValueError, match="Invalid batch: its longest example has 8 tokens, the 8 at which .*dynamic"):
+        TopBlocks(model, eight, blocks=1)                     # its first forward (example 0, 8 tokens) kept them too
+    classification_losses(model, eight, [1])                  # 3 tokens: transformers resets them
+    assert torch.allclose(classification_losses(model, eight), fresh, atol=1e-7, rtol=0)
+    assert torch.allclose(TopBlocks(model, eight, blocks=1)([0, 1]), fresh, atol=1e-5, rtol=0)
+
+
 def test_a_model_without_width_dependent_rotary_frequencies_gets_no_warning():
     model = family("Llama")
     long = batch(6, long=20)

@@ -205,11 +205,11 @@ _ROTARY = weakref.WeakKeyDictionary()      # model → _width_dependent_rotary(m
 _WARNED_ROTARY = weakref.WeakSet()         # models whose full-model losses warned about their rotary frequencies
 
 
-def _width_dependent_rotary(model) -> list[tuple[str, str, int]]:
-    """(name, rope types, limit) of each rotary embedding whose frequencies depend on the batch's padded width
-    past ``limit`` tokens (``rope_type`` "dynamic": past ``max_position_embeddings``, stretched with the width
-    and kept until a shorter batch; "longrope": past ``original_max_position_embeddings``, its long factors).
-    Looked for once a model (every loss call asks)."""
+def _width_dependent_rotary(model) -> list[tuple[str, str, int, torch.nn.Module]]:
+    """(name, rope types, limit, module) of each rotary embedding whose frequencies depend on the batch's padded
+    width past ``limit`` tokens (``rope_type`` "dynamic": past ``max_position_embeddings``, stretched with the
+    width and kept until a batch shorter than the limit; "longrope": past ``original_max_position_embeddings``,
+    its long factors). Looked for once a model (every loss call asks)."""
     if not isinstance(model, torch.nn.Module):
         return []
     if model not in _ROTARY:
@@ -225,19 +225,30 @@ def _width_dependent_rotary(model) -> list[tuple[str, str, int]]:
                 if isinstance(p, dict)]
             limit = min((n for n in limits if isinstance(n, int)), default=None)
             if limit is not None:
-                found.append((name, "/".join(map(str, kinds)), limit))
+                found.append((name, "/".join(map(str, kinds)), limit, module))
         _ROTARY[model] = found
     return _ROTARY[model]
 
 
+def _stretched(module, limit: int) -> bool:
+    """Whether a "dynamic" rotary embedding still holds frequencies stretched past ``limit`` by an earlier batch
+    (transformers keeps them until a batch shorter than the limit, so one of exactly ``limit`` tokens gets them)."""
+    return any(key.endswith("max_seq_len_cached") and isinstance(value, (int, torch.Tensor)) and int(value) > limit
+               for key, value in vars(module).items())
+
+
 def _rotary_width_dependence(model, width: int) -> tuple[str, int] | None:
-    """(why, limit) where a batch padded to ``width`` tokens gets rotary frequencies that depend on its width
-    (``_width_dependent_rotary``), so the model's loss of an example changes with the other examples of its
-    batch; else None. ``TopBlocks`` refuses such a split; the full-model losses warn once a model."""
-    for name, kinds, limit in _width_dependent_rotary(model):
+    """(why, the longest width free of it) where a batch padded to ``width`` tokens gets rotary frequencies that
+    depend on its width or on earlier batches (``_width_dependent_rotary``), so the model's loss of an example
+    changes with the other examples of its batch; else None. ``TopBlocks`` refuses such a split; the full-model
+    losses warn once a model."""
+    for name, kinds, limit, module in _width_dependent_rotary(model):
+        where = f"{name or 'the model'}'s rotary frequencies ({kinds})"
         if width > limit:
-            return (f"past the {limit} after which {name or 'the model'}'s rotary frequencies ({kinds}) depend on "
-                    "the batch's padded width"), limit
+            return f"past the {limit} after which {where} depend on the batch's padded width", limit
+        if width == limit and "dynamic" in kinds and _stretched(module, limit):
+            return (f"the {limit} at which {where} keep the stretch of an earlier, longer batch (until one shorter "
+                    f"than {limit})"), limit - 1
     return None
 
 
