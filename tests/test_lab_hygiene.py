@@ -27,7 +27,7 @@ import pytest
 from sazo_lite.course import labs
 from sazo_lite.course.labs import grading
 from sazo_lite.course.labs.rules import RULES
-from sazo_lite.course.labs.worker import _top_level_names, run_case
+from sazo_lite.course.labs.worker import _top_level_names, case_code, run_case
 
 APPLE_DOUBLE = b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X        " + bytes(64)
 
@@ -76,6 +76,34 @@ def test_a_case_binds_its_other_names_in_the_notebook_as_before():
     error, _ = run_case("import math\nlab_new = math.pi\nfor lab_k in range(2):\n    pass\n", namespace)
     assert error is None, error
     assert namespace["lab_new"] > 3 and namespace["lab_k"] == 1 and "math" in namespace
+
+
+def test_the_cases_are_compiled_before_the_students_code_runs(tmp_path):
+    """A cell that replaces ``ast.parse`` (which turns a case into a function) rewrites no case."""
+    import os
+    import subprocess
+    import sys
+
+    cells = [[0, "import ast\nast.parse = lambda *a, **k: ast.Module(body=[], type_ignores=[])\nlab_x = 3"]]
+    job = {"cells": cells, "cases": [["q1", 0, "record(lab_x)"]], "cell_timeout": 60, "block_programs": False}
+    read, write = os.pipe()
+    try:
+        done = subprocess.run([sys.executable, "-m", "sazo_lite.course.labs.worker", str(write)], pass_fds=(write,),
+                              input=json.dumps(job).encode(), capture_output=True, timeout=120, check=False)
+    finally:
+        os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        events = [json.loads(line) for line in pipe.read().splitlines() if line.strip()]
+    assert done.returncode == 0, done.stderr.decode()[-500:]
+    ends = [e for e in events if e.get("unit") == ["case", "q1", 0] and e.get("phase") == "end"]
+    assert ends and ends[0]["error"] is None and [r["value"]["v"] for r in ends[0]["records"]] == [3], events
+
+
+def test_a_case_that_does_not_compile_is_that_cases_error():
+    with pytest.raises(SyntaxError):
+        case_code("record(1\n")
+    error, records = run_case("record(1\n", _student_namespace())
+    assert error is not None and "SyntaxError" in error and records == []
 
 
 def test_every_masters_cases_read_only_their_own_underscore_names():

@@ -36,13 +36,14 @@ _BUILTINS = dict(builtins.__dict__)
 _LOCK = threading.Lock()   # one line at a time, whichever thread reports
 
 
-def run_case(source: str, namespace: dict, name: str = "<case>", guard: Guard | None = None) -> tuple[str | None, list]:
+def run_case(source: str | types.CodeType, namespace: dict, name: str = "<case>", guard: Guard | None = None) -> tuple[str | None, list]:
     """Run one test case in ``namespace``; returns (error or None, recorded values).
 
     First undoes what the submission did to the builtins (``builtins.abs = ...``, or a
     top-level ``abs = ...`` that shadows it) and puts the grader's ``record`` and
     ``time_limit`` in place, so the test's own names mean what its author meant. The case runs as a
-    function's body (``case_function``): its names that start with ``_`` never reach ``namespace``.
+    function's body (``case_code``; ``source`` may be that code already): its names that start with ``_``
+    never reach ``namespace``.
     """
     return _case_runner(dict(_BUILTINS))(source, namespace, name, guard)
 
@@ -51,10 +52,10 @@ def _case_runner(pristine: dict):
     """``run_case`` holding what it uses (the builtins to restore, ``compile``, ``exec``, ...): ``main`` makes one
     before student code runs, so rebinding this module's names (``sys.modules["__main__"]._BUILTINS``) changes
     nothing of how the cases run."""
-    space, make, encode_, limit, error_text = builtins.__dict__, case_function, encode, time_limit, _error
-    update, keys, base = dict.update, list, _BaseException
+    space, make, encode_, limit, error_text = builtins.__dict__, case_code, encode, time_limit, _error
+    update, keys, base, function, code_type = dict.update, list, _BaseException, types.FunctionType, types.CodeType
 
-    def run(source: str, namespace: dict, name: str = "<case>", guard: Guard | None = None):
+    def run(source: str | types.CodeType, namespace: dict, name: str = "<case>", guard: Guard | None = None):
         records = []
 
         def record(value, *, rtol=None, atol=None):
@@ -65,7 +66,7 @@ def _case_runner(pristine: dict):
             del namespace[shadow]
         namespace["record"], namespace["time_limit"] = record, limit
         try:
-            case = make(source, namespace, name)
+            case = function(source if type(source) is code_type else make(source, name), namespace, "case")
             if guard is not None:
                 guard.trust(case.__code__)
             try:
@@ -80,13 +81,14 @@ def _case_runner(pristine: dict):
     return run
 
 
-def case_function(source: str, namespace: dict, name: str = "<case>"):
-    """A test case's source as a function of no arguments whose globals are ``namespace``.
+def case_code(source: str, name: str = "<case>") -> types.CodeType:
+    """A test case's source compiled as the code of a function of no arguments (``run_case`` gives it the
+    student's namespace as its globals).
 
     The names the case binds at its top level that start with ``_`` (``_mine = lab2_weights``, ``_gen``, a
     ``for _ in``) are the function's locals, so a global of the student's with the same name is neither
     rebound nor seen; the other names it binds (a graded name swapped for another version, then restored)
-    are declared ``global`` and bind in ``namespace`` as they would at a notebook's top level.
+    are declared ``global`` and bind in the namespace as they would at a notebook's top level.
     """
     tree = ast.parse(source, name)
     shared = sorted(n for n in _top_level_names(tree.body) if not n.startswith("_"))
@@ -94,8 +96,16 @@ def case_function(source: str, namespace: dict, name: str = "<case>"):
     function = ast.FunctionDef(name="case", args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[],
                                                                defaults=[]), body=body, decorator_list=[], returns=None)
     module = ast.fix_missing_locations(ast.Module(body=[function], type_ignores=[]))
-    code = next(c for c in compile(module, name, "exec").co_consts if isinstance(c, types.CodeType))
-    return types.FunctionType(code, namespace, "case")
+    return next(c for c in compile(module, name, "exec").co_consts if isinstance(c, types.CodeType))
+
+
+def _prepared(source: str, name: str):
+    """``case_code(source)``, made before any student code runs (which could replace ``ast``'s functions and so
+    rewrite the cases); a source that does not compile stays text, for ``run_case`` to report its error."""
+    try:
+        return case_code(source, name)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return source
 
 
 def _top_level_names(body: list) -> set[str]:
@@ -309,6 +319,7 @@ def display(*objects, **options) -> None:
 
 def main(fd: int) -> None:
     job = json.loads(sys.stdin.read())
+    cases = [(question, case, _prepared(source, f"<{question} case {case}>")) for question, case, source in job["cases"]]
     namespace = {"__name__": "__main__", "__builtins__": builtins, "display": display}
     current = [None]
     guard = None
@@ -365,7 +376,7 @@ def main(fd: int) -> None:
             tampered()
         emit({"unit": ["cell", index], "phase": "end", "error": error})
         current[0] = None
-    for question, case, source in job["cases"]:
+    for question, case, source in cases:
         current[0] = ["case", question, case]
         emit({"unit": ["case", question, case], "phase": "start"})
         if guard is not None:
