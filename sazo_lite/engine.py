@@ -504,7 +504,8 @@ class MeZO(torch.optim.Optimizer):
         """Call ``hook(optimizer, StepEvent)`` after every committed or failed step.
 
         A hook may also have ``check(optimizer)``, called before each step starts (it may
-        raise ValueError to refuse the step before anything changes). ``SeedLog`` is one.
+        raise ValueError to refuse the step before anything changes), and ``check_replay(optimizer)``,
+        called before ``replay_step`` and ``replay_failure`` move anything. ``SeedLog`` has both.
         Returns a handle whose ``remove()`` unregisters the hook.
         """
         check_callable("hook", hook)
@@ -689,6 +690,7 @@ class MeZO(torch.optim.Optimizer):
         seed = _check_step_seed(seed)
         check_number("projected_grad", projected_grad)
         self._check_groups_ready()   # groups edited since the last step: refused before anything moves
+        self._check_replay_hooks()
         self.flush()
         magnitudes = self._magnitudes()
         self._check_room(magnitudes)
@@ -710,6 +712,7 @@ class MeZO(torch.optim.Optimizer):
         seed = _check_step_seed(seed)
         passes = _check_passes(passes)
         self._check_groups_ready()
+        self._check_replay_hooks()
         self.flush()
         self._check_room(self._magnitudes())
         try:
@@ -720,6 +723,14 @@ class MeZO(torch.optim.Optimizer):
         except BaseException:
             self._undo_replay(seed)
             raise
+
+    def _check_replay_hooks(self) -> None:
+        """A hook with ``check_replay(optimizer)`` may refuse a replay (ValueError) before anything moves:
+        a replay moves θ outside any step, and hooks are told of steps only (``SeedLog`` refuses)."""
+        for hook in list(self._step_hooks.values()):
+            check = getattr(hook, "check_replay", None)
+            if check is not None:
+                check(self)
 
     def _undo_replay(self, seed: int) -> None:
         """Shift θ back to where a failed or interrupted replay started (as a failed step is; a replay

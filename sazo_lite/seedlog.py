@@ -18,7 +18,9 @@ What a log refuses (ValueError, before anything changes):
       (a truncated file), or with an unknown record kind, a failure record other than 1 or 2
       passes, a non-finite g, or a negative or non-finite lr / weight decay;
     * replaying a log with a step whose update would overflow the parameters' dtype with the
-      lr in force: every record is checked before the first pass.
+      lr in force: every record is checked before the first pass;
+    * ``replay_step`` or ``replay_failure`` through the optimiser it records (a hook such as
+      ``StepCap`` that takes part of a step back): the log would miss that shift.
 
 Replay is all or nothing: ``replay_into`` keeps a copy of the parameters (``backup=True``) and
 puts them and the optimiser's lr, step and seed back if anything fails part-way (an
@@ -156,6 +158,14 @@ class SeedLog:
                              f"{state['seed']}) from the log's ({self._expected[0]}, {self._expected[1]}) "
                              f"(load_state_dict?); a seed log cannot record that: detach it and "
                              f"SeedLog.attach a new one for the resumed run")
+
+    def check_replay(self, optimizer: MeZO) -> None:
+        """Refuse ``replay_step``/``replay_failure`` through the optimiser it records: a replay moves θ
+        without telling the hooks, so the log would miss it and rebuild another θ (a ``StepCap``
+        taking a step's excess back: its replay of the log was silently off)."""
+        raise ValueError("Invalid call: replay_step/replay_failure on an optimiser a SeedLog records: the log "
+                         "cannot hold the replay's shift (a hook such as StepCap that replays part of a step?), "
+                         "so replaying the log would not rebuild θ; detach the log or that hook")
 
     def __call__(self, optimizer: MeZO, event: StepEvent) -> None:
         if event.kind == "failure":

@@ -104,6 +104,32 @@ def test_a_seed_log_is_not_attached_to_groups_a_step_refuses(edit):
     assert not opt._step_hooks
 
 
+def _halving_hook(optimizer, event):
+    """Takes half of each committed step back through replay_step (as llm.queries.StepCap does its excess)."""
+    if event.kind == "step":
+        optimizer.replay_step(event.seed, -event.value / 2)
+
+
+@pytest.mark.parametrize("log_first", [True, False])
+def test_a_seed_log_refuses_a_replay_through_the_optimiser_it_records(log_first):
+    # the replay moved θ without a record: the log's replay rebuilt another θ, silently (0.72 off with
+    # StepCap); now the replay is refused before it moves anything, and the log matches θ
+    theta = torch.zeros(4, dtype=torch.float64)
+    opt = sz.MeZO([theta], lr=0.05, noise=None)
+    log = SeedLog.attach(opt) if log_first else None
+    opt.register_step_hook(_halving_hook)
+    log = log or SeedLog.attach(opt)
+    with pytest.raises(ValueError, match="Invalid call: replay_step/replay_failure on an optimiser a SeedLog"):
+        opt.step(lambda: (theta - torch.arange(4.0)) ** 2)
+    assert opt.step_count == 1 and theta.any()   # the step committed, the replay moved nothing
+    copy = torch.zeros(4, dtype=torch.float64)
+    log.replay([copy])
+    assert torch.equal(copy, theta)
+    with pytest.raises(ValueError, match="Invalid call"):
+        opt.replay_failure(opt.next_seed(), 2)
+    assert torch.equal(copy, theta)
+
+
 class _FailingNoise(PlainNoise):
     """The plain loop, raising at its ``fail_at``-th pass (KeyboardInterrupt: a Ctrl-C between passes)."""
 
