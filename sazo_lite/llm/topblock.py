@@ -218,7 +218,8 @@ class TopBlocks:
     refuses (ValueError) a model in training mode, and top blocks or modules after them with dropout
     left active (``check_deterministic``: adapters peft adds after the cache are in training mode). A split
     padded past the length where a rotary embedding's frequencies depend on the batch's width (``rope_type``
-    "dynamic", "longrope") is refused: the model's own per-example losses then depend on the batch.
+    "dynamic", "longrope"), or to exactly that length while "dynamic" ones hold an earlier batch's stretch, is
+    refused: the model's own per-example losses then depend on the batch.
     """
 
     def __init__(self, model, batch: TokenBatch, blocks: int = 1, *, check: bool = True):
