@@ -673,6 +673,9 @@ class ZOTrainer(Trainer):
     def _read_zo_state(self, checkpoint: str) -> dict:
         """The checkpoint's ZO state, checked against this trainer (ValueError if it does not fit)."""
         path = os.path.join(checkpoint, ZO_STATE_NAME)
+        if not os.path.isdir(checkpoint):   # a mistyped path is not a weights-only checkpoint
+            raise ValueError(f"Invalid checkpoint: {checkpoint} is not a directory (expected a checkpoint folder "
+                             f"such as {os.path.join(self.args.output_dir, 'checkpoint-<step>')})")
         if not os.path.isfile(path):
             raise ValueError(f"Invalid checkpoint: {checkpoint} has no {ZO_STATE_NAME}: it was written with "
                              f"save_only_model=True (the weights only) or not by ZOTrainer, so the sampler's and "

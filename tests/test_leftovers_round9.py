@@ -4,6 +4,8 @@ One test per defect; each fails on the code before its fix.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -255,3 +257,13 @@ def test_pre_optimizer_step_callbacks_see_the_weights_before_the_update_and_once
 
 def _same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resuming_from_a_path_that_does_not_exist_says_so(tmp_path):
+    # a mistyped checkpoint path was reported as written with save_only_model=True or not by ZOTrainer
+    trainer = trainer_for(tmp_path)
+    start = weights(trainer.model)
+    missing = tmp_path / "out" / "checkpoint-7"
+    with pytest.raises(ValueError, match=re.escape(f"Invalid checkpoint: {missing} is not a directory")):
+        trainer.train(resume_from_checkpoint=str(missing))
+    assert _same(weights(trainer.model), start)
