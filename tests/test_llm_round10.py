@@ -221,7 +221,7 @@ def test_an_empty_label_word_is_named_as_such():
     tok = word_tokenizer(eos_token="c")
     with pytest.raises(ValueError, match="Invalid label_words: '' has no tokens"):
         label_word_ids(tok, ["", "no"])
-    with pytest.raises(ValueError, match="Invalid ids: example 1 is"):      # an empty prompt: nothing to score at
+    with pytest.raises(ValueError, match=r"Invalid prompts: example 1 .* has no tokens"):      # an empty prompt: nothing to score at
         encode_classification(tok, ["a", ""], [0, 1], ["yes", "no"])
     with pytest.raises(ValueError, match="Invalid tokenizer: it has neither a pad nor an EOS token"):
         encode_classification(word_tokenizer(), ["a"], [0], ["yes", "no"])
