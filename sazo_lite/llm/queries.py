@@ -281,7 +281,8 @@ class StepCap:
     one rule for every sampler, and it biases ĝ where |ĝ| is largest. The excess is undone by
     ``MeZO.replay_step`` with −(ĝ − clip(ĝ)) (three passes over θ, only on capped steps); it needs
     weight_decay = 0 (a replay would apply the decay again); it reads no θ, so it keeps no θ₀ (a replay
-    flushes a folded update itself). ``count``: the steps it capped.
+    flushes a folded update itself). ``count``: the steps it capped. A ``SeedLog`` cannot record that
+    replay and refuses it (the run raises at the first capped step): do not combine the two.
 
     Example:
         >>> theta = torch.tensor([0.0, 0.0])
