@@ -51,7 +51,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from .directions import PERTURBATIONS, Z_BOUND, derive_seed, draw_direction, rademacher_signs
 from .interrupts import InterruptsDeferred as _InterruptsDeferred
 from .noise import GaussianTable, Job, NoiseSource, PlainNoise
-from .validation import check_bool, check_callable, check_choice, check_int, check_number
+from .validation import check_bool, check_callable, check_choice, check_int, check_number, check_seed
 
 __all__ = ["MeZO", "ZOStep", "StepEvent", "FlatLossWarning", "FlatLossCheck", "derive_seed", "draw_direction",
            "rademacher_signs", "PERTURBATIONS"]
@@ -374,7 +374,7 @@ class MeZO(torch.optim.Optimizer):
     def __init__(self, params, lr: float, eps: float = 1e-3, *, weight_decay: float = 0.0,
                  perturbation: str = "gaussian", seed: int = 0, noise="auto", fold_updates: bool = False):
         defaults = _check_group({}, dict(lr=lr, eps=eps, weight_decay=weight_decay, perturbation=perturbation))
-        seed = check_int("seed", seed)
+        seed = check_seed("seed", seed)   # hashed by its low 64 bits: a larger seed would alias another
         if noise is not None and noise != "auto" and not callable(getattr(noise, "apply", None)):
             raise ValueError(f"Invalid noise: {noise!r} (expected 'auto', None or an object with apply(jobs))")
         if isinstance(noise, type):   # its apply is unbound: the first pass raised TypeError
@@ -491,7 +491,7 @@ class MeZO(torch.optim.Optimizer):
         if not isinstance(entry, dict):
             raise ValueError("Invalid state_dict: no step/seed entry for the first parameter")
         check_int("step", entry.get("step"), 0)
-        check_int("seed", entry.get("seed"))
+        check_seed("seed", entry.get("seed"))
 
     def __getstate__(self) -> dict:
         """deepcopy/pickle keep the noise source, folding and a pending update; not the hooks."""
