@@ -468,12 +468,12 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
             break          # the edge: every higher rate diverges sooner
 
     def choose() -> float:      # the median rule over the cells so far (a miss counts as never), past the edge excluded
-        eligible = {lr: cell for lr, cell in grid.items() if not cell_past_edge(cell)} or grid
         per_rate = {float(lr): [queries_to(r, select) for r in cell] + [None] * (setting.grid_seeds - len(cell))
-                    for lr, cell in eligible.items()}
+                    for lr, cell in grid.items()}
         finals = {float(lr): statistics.median(r["train_loss"][-1] / r["train_loss"][0] if not r["diverged"]
-                                               else math.inf for r in cell) for lr, cell in eligible.items()}
-        return best_rate(per_rate, tiebreak=finals)
+                                               else math.inf for r in cell) for lr, cell in grid.items()}
+        return best_rate(per_rate, tiebreak=finals,
+                         past_edges={float(lr) for lr, cell in grid.items() if cell_past_edge(cell)})
 
     # bracket from below: while the rule's choice is the lowest rate tried (or no rate reached the target),
     # one √2 step lower, so that the chosen rate is not just where the grid happened to start; but a rate

@@ -443,8 +443,8 @@ def best_learning_rate(make_run: Callable[[float, int], TargetRun], grid: list[f
     for target in targets:
         at = {lr: median_queries([reached(run, target) for run in lr_runs]) for lr, lr_runs in runs.items()}
         grid_medians = {repr(lr): (None if math.isinf(m) or not alive(runs[lr]) else m) for lr, m in at.items()}
-        eligible = [lr for lr in grid if alive(runs[lr])] or grid
-        best_lr = best_rate({lr: [reached(run, target) for run in runs[lr]] for lr in eligible})
+        best_lr = best_rate({lr: [reached(run, target) for run in runs[lr]] for lr in grid},
+                            past_edges={lr for lr in grid if not alive(runs[lr])})
         if math.isinf(at[best_lr]):
             out[target] = {"lr": None, "median": None, "min": None, "max": None,
                            "per_seed": [None] * len(seeds), "grid": grid_medians}

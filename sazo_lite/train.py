@@ -26,7 +26,7 @@ import numbers
 import random
 import statistics
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 import torch
 
@@ -431,20 +431,24 @@ def past_edge(diverged: Sequence[bool]) -> bool:
     return 2 * sum(flags) >= len(flags)
 
 
-def best_rate(per_rate: Mapping[float, Sequence[int | None]], tiebreak: Mapping[float, float] | None = None):
+def best_rate(per_rate: Mapping[float, Sequence[int | None]], tiebreak: Mapping[float, float] | None = None,
+              past_edges: Collection[float] = ()):
     """The rate with the fewest median queries over seeds (misses count as ∞; the one grid rule).
 
     Args:
         per_rate: rate → queries to the target per seed (None: diverged or over budget), in grid order.
         tiebreak: optional rate → a value to minimise among equal medians (e.g. the median final loss);
             remaining ties go to the earlier rate of ``per_rate``.
+        past_edges: rates past the method's edge (``past_edge``): not chosen, unless every rate is.
 
     Example:
         >>> best_rate({1e-3: [100, 120, None], 2e-3: [60, None, None], 4e-4: [200, 220, 240]})
         0.001
+        >>> best_rate({1e-3: [100, 120, 130], 2e-3: [60, 70, 80]}, past_edges={2e-3})
+        0.001
     """
     if not per_rate:
         raise ValueError("Invalid per_rate: expected at least one rate")
-    rates = list(per_rate)
+    rates = [rate for rate in per_rate if rate not in past_edges] or list(per_rate)
     key = lambda rate: (median_queries(per_rate[rate]), tiebreak[rate] if tiebreak is not None else 0.0)
     return min(rates, key=key)

@@ -604,7 +604,7 @@ def pick_rate(results: dict[float, RaceResult], method: str) -> float:
         final = results[lr].gaps[method][:, -1]
         return float(np.median(np.where(np.isfinite(final), final, np.inf)))
 
-    eligible = [lr for lr in results if not past_edge(results[lr].diverged(method))] or list(results)
-    return best_rate({lr: results[lr].to_target[method] for lr in eligible},
-                     tiebreak={lr: final_gap(lr) for lr in eligible})
+    return best_rate({lr: results[lr].to_target[method] for lr in results},
+                     tiebreak={lr: final_gap(lr) for lr in results},
+                     past_edges={lr for lr in results if past_edge(results[lr].diverged(method))})
 
