@@ -674,14 +674,16 @@ class MeZO(torch.optim.Optimizer):
             self.last_step = result
             self._notify(StepEvent("step", seed, projected_grad))
 
-    def _abandon(self, seed: int) -> None:
-        """Shift θ back to where the failed step started, tell the hooks (1 or 2 passes made)."""
+    def _abandon(self, seed: int, *, tell_hooks: bool = True) -> None:
+        """Shift θ back to where the failed step (or replay) started; tell the hooks of a step's failure
+        (1 or 2 passes made)."""
         offset, passes = self._offset, {1: 1, -1: 2}.get(self._offset)
         if passes is None:
             return
         with _InterruptsDeferred():
             self._move(seed, -float(offset), 0)
-            self._notify(StepEvent("failure", seed, passes))
+            if tell_hooks:
+                self._notify(StepEvent("failure", seed, passes))
 
     @torch.no_grad()
     def replay_step(self, seed: int, projected_grad: float) -> None:
@@ -689,9 +691,7 @@ class MeZO(torch.optim.Optimizer):
         self._refuse_in_step("replay_step")
         seed = _check_step_seed(seed)
         check_number("projected_grad", projected_grad)
-        self._check_groups_ready()   # groups edited since the last step: refused before anything moves
-        self._check_replay_hooks()
-        self.flush()
+        self._ready_to_replay()
         magnitudes = self._magnitudes()
         self._check_room(magnitudes)
         update = self._update_jobs(seed, float(projected_grad), magnitudes)
@@ -702,7 +702,7 @@ class MeZO(torch.optim.Optimizer):
                 self._apply(update)
                 self._offset = 0
         except BaseException:
-            self._undo_replay(seed)
+            self._abandon(seed, tell_hooks=False)   # a replay records nothing
             raise
 
     @torch.no_grad()
@@ -711,9 +711,7 @@ class MeZO(torch.optim.Optimizer):
         self._refuse_in_step("replay_failure")
         seed = _check_step_seed(seed)
         passes = _check_passes(passes)
-        self._check_groups_ready()
-        self._check_replay_hooks()
-        self.flush()
+        self._ready_to_replay()
         self._check_room(self._magnitudes())
         try:
             self._move(seed, +1.0, +1)
@@ -721,23 +719,23 @@ class MeZO(torch.optim.Optimizer):
                 self._move(seed, -2.0, -1)
             self._move(seed, -1.0 if passes == 1 else +1.0, 0)
         except BaseException:
-            self._undo_replay(seed)
+            self._abandon(seed, tell_hooks=False)   # a replay records nothing
             raise
 
-    def _check_replay_hooks(self) -> None:
-        """A hook with ``check_replay(optimizer)`` may refuse a replay (ValueError) before anything moves:
-        a replay moves θ outside any step, and hooks are told of steps only (``SeedLog`` refuses)."""
+    def _ready_to_replay(self) -> None:
+        """What a replay checks before anything moves, then a pending update applied: the groups as a pass
+        needs them (edited since the last step?) and the hooks' ``check_replay`` (a replay moves θ outside
+        any step, and hooks are told of steps only: ``SeedLog`` refuses)."""
+        self._check_groups_ready()
+        self._run_hook_checks("check_replay")
+        self.flush()
+
+    def _run_hook_checks(self, name: str) -> None:
+        """Call each step hook's ``name(optimizer)`` where it has one (it may refuse with ValueError)."""
         for hook in list(self._step_hooks.values()):
-            check = getattr(hook, "check_replay", None)
+            check = getattr(hook, name, None)
             if check is not None:
                 check(self)
-
-    def _undo_replay(self, seed: int) -> None:
-        """Shift θ back to where a failed or interrupted replay started (as a failed step is; a replay
-        records nothing, so no hook is told)."""
-        if self._offset:
-            with _InterruptsDeferred():
-                self._move(seed, -float(self._offset), 0)
 
     # -- the step ------------------------------------------------------------------------
     @staticmethod
@@ -771,10 +769,7 @@ class MeZO(torch.optim.Optimizer):
     def _check_ready(self) -> None:
         """Everything a step needs, checked before anything changes."""
         self._check_groups_ready()
-        for hook in list(self._step_hooks.values()):
-            check = getattr(hook, "check", None)
-            if check is not None:
-                check(self)
+        self._run_hook_checks("check")
 
     def _check_groups_ready(self) -> None:
         """The param groups as a pass needs them (tensors, hyperparameters, one eps that fits), checked
