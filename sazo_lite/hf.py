@@ -592,16 +592,20 @@ class ZOTrainer(Trainer):
         self._zo_pending.add(abs(out.projected_grad), float(w.max()), float(w.sum() ** 2 / (w ** 2).sum()) / len(w))
         return torch.tensor(out.loss, dtype=torch.float32, device=self.args.device)
 
+    def _label_columns(self) -> set:
+        """The columns per_example_loss reads and forwards never get: "labels" and ``label_names``."""
+        return {"labels", *self.label_names}
+
     def _model_inputs(self, batch) -> dict:
-        """The batch without its labels ("labels" and ``label_names``), which per_example_loss reads
+        """The batch without its labels (``_label_columns``), which per_example_loss reads
         (label_names=["target"]: inputs["target"]). Passed to forward, a model computed its own loss
         in each pass (a QA model's start_positions) or was given a name it does not take."""
-        held = {"labels", *self.label_names}
+        held = self._label_columns()
         return {k: v for k, v in batch.items() if k not in held}
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """Mean per-example loss (evaluation uses this; training steps use ``training_step``)."""
-        if not {"labels", *self.label_names} & set(inputs):
+        if not self._label_columns() & set(inputs):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         outputs = model(**self._model_inputs(inputs))
         loss = self.per_example_loss(outputs, inputs).float().mean()   # float32, as the training steps average
