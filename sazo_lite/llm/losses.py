@@ -255,7 +255,7 @@ def _rotary_width_dependence(model, width: int) -> tuple[str, int] | None:
 def _warn_width_dependent_rotary(model, width: int, losses: str) -> None:
     """Warn once a model where this call's padded width makes its rotary frequencies batch-dependent: a ZO step's
     two passes run the same batch and agree, but losses of one example from different batches do not."""
-    found = _rotary_width_dependence(model, width) if _width_dependent_rotary(model) else None
+    found = _rotary_width_dependence(model, width)   # None at once for a model without such a rotary embedding
     if found is None or model in _WARNED_ROTARY:
         return
     _WARNED_ROTARY.add(model)
