@@ -300,11 +300,21 @@ def sampler_seconds(sampler, batch: int, repeats: int = 50, seed: int = 0) -> fl
     return statistics.median(_timed(round_trip) for _ in range(repeats))
 
 
-def overhead(name: str = "gpt2-tiny", sizes=(10 ** 5, 10 ** 6), rounds: int = 5, batch: int = 8) -> dict:
+def round_order(k: int, names=("uniform", "sazo")) -> tuple:
+    """The order of the timed steps in round ``k``: A B B A, where A is the first of ``names`` in even rounds and
+    the second in odd ones. Each side runs first, second, third and fourth equally often over two rounds, so
+    warm-up, caches and a load that drifts over a round favour neither side of the ratio."""
+    a, b = names if k % 2 == 0 else names[::-1]
+    return a, b, b, a
+
+
+def overhead(name: str = "gpt2-tiny", sizes=(10 ** 5, 10 ** 6), rounds: int = 4, batch: int = 8) -> dict:
     """SAZO's cost over MeZO per step, two ways, and its extra state bytes per N.
 
-    direct ratio: SAZO training step ÷ uniform training step (best of interleaved rounds);
-        on a shared machine its noise (a few %) exceeds the effect.
+    direct ratio: SAZO training step ÷ uniform training step, the median over rounds of each round's
+        ratio; a round times both steps twice, in the order ``round_order`` gives (alternating which
+        runs first); ``best_ratio`` is the least disturbed round's (the smallest total). On a shared
+        machine its noise (a few %) exceeds the effect.
     component ratio: 1 + (SAZO sampler round trip − uniform's) ÷ uniform training step, with
         the round trips timed in isolation (median of 50): resolves effects below 1%.
     """
@@ -312,19 +322,23 @@ def overhead(name: str = "gpt2-tiny", sizes=(10 ** 5, 10 ** 6), rounds: int = 5,
     model = build_model(name)
     tokens = random_tokens(model, 64, 64)
     opt = MeZO(distinct_parameters(model), lr=0.0, eps=1e-3, noise=TorchNoise(workers=2))
-    out = dict(model=name, batch=batch)
+    out = dict(model=name, batch=batch, rounds=rounds)
     for n in sizes:
         samplers = {"uniform": UniformSampler(n, seed=0), "sazo": SAZOSampler(n, seed=0)}
-        times = {key: [] for key in samplers}
+        times = {key: [] for key in samplers}      # one entry per round: the round's two steps of that sampler
         for key, sampler in samplers.items():  # warm-up
             _train_step(opt, sampler, tokens, batch, model)
-        for _ in range(rounds):
-            for key, sampler in samplers.items():
-                times[key].append(_timed(lambda: _train_step(opt, sampler, tokens, batch, model)))
-        uniform, sazo = (min(times[k]) for k in ("uniform", "sazo"))
+        for k in range(rounds):
+            spent = dict.fromkeys(samplers, 0.0)
+            for key in round_order(k, tuple(samplers)):
+                spent[key] += _timed(lambda: _train_step(opt, samplers[key], tokens, batch, model))
+            for key in samplers:
+                times[key].append(spent[key] / 2)
+        pair = paired_ratio(times["sazo"], times["uniform"])
+        uniform = statistics.median(times["uniform"])
         extra = sampler_seconds(SAZOSampler(n, seed=1), batch) - sampler_seconds(UniformSampler(n, seed=1), batch)
-        out[f"N={n:.0e}"] = dict(uniform_step_s=uniform, sazo_step_s=sazo, ratio=sazo / uniform,
-                                 median_ratio=statistics.median(times["sazo"]) / statistics.median(times["uniform"]),
+        out[f"N={n:.0e}"] = dict(uniform_step_s=uniform, sazo_step_s=statistics.median(times["sazo"]),
+                                 ratio=pair["median_ratio"], best_ratio=pair["ratio"],
                                  sampler_extra_s=extra, component_ratio=1 + extra / uniform,
                                  extra_state_bytes=state_bytes(samplers["sazo"]) - state_bytes(samplers["uniform"]))
     return out

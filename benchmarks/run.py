@@ -128,7 +128,7 @@ def run_sections(quick: bool, save=None, only=None, previous=None) -> dict:
         "llm_queries": lambda: llm_queries_section(quick),
         **{f"speed/{m}": (lambda m=m: engine_speed.speed(m, rounds=rounds)) for m in models},
         **{f"memory/{m}": (lambda m=m: engine_speed.memory(m)) for m in models},
-        "overhead": lambda: engine_speed.overhead("gpt2-tiny", rounds=3 if quick else 5),
+        "overhead": lambda: engine_speed.overhead("gpt2-tiny", rounds=2 if quick else 4),
         "sampler": lambda: engine_speed.sampler_cost(),
         "sampler_state": lambda: sampler_state.run(quick),
     }
