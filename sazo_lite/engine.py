@@ -486,11 +486,12 @@ class MeZO(torch.optim.Optimizer):
             cleaned.append(_check_group(saved, {}))
         if len({c["eps"] for c in cleaned}) != 1:
             raise ValueError("Invalid state_dict: param groups must share one eps")
+        _check_saved_ids([key for saved in groups for key in saved["params"]])
         first = groups[0]["params"][0]
         entry = state_dict["state"].get(first) if isinstance(state_dict["state"], dict) else None
         if not isinstance(entry, dict):
             raise ValueError("Invalid state_dict: no step/seed entry for the first parameter")
-        check_int("step", entry.get("step"), 0)
+        _check_step_count(entry.get("step"))
         check_seed("seed", entry.get("seed"))
 
     def __getstate__(self) -> dict:
@@ -969,6 +970,23 @@ def _check_step_seed(seed) -> int:
     """A step's seed: ``derive_seed``'s range [0, 2⁶³), whose z a replay repeats (it read 1.5 as 1, and
     masked 2⁷⁰ or −1 to another seed silently)."""
     return check_int("seed", seed, 0, 2 ** 63 - 1)
+
+
+def _check_saved_ids(keys: list) -> None:
+    """A state dict's parameter ids: distinct and hashable (torch.optim maps each id to a tensor, so a
+    repeated id sent the first tensor's step and seed to another one, after the state was replaced)."""
+    try:
+        distinct = len(set(keys)) == len(keys)
+    except TypeError:
+        distinct = False
+    if not distinct:
+        raise ValueError(f"Invalid state_dict: parameter ids {keys!r} (expected one distinct id per tensor)")
+
+
+def _check_step_count(step) -> int:
+    """A step count whose seed the stream has not used: ``derive_seed`` reads a step by its low 64 bits,
+    so step 2⁶⁴ drew step 0's directions again."""
+    return check_int("step", step, 0, 2 ** 64 - 1)
 
 
 def _check_passes(passes) -> int:

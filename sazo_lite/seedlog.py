@@ -11,12 +11,14 @@ What a log refuses (ValueError, before anything changes):
       source such as ``NoiseTable``, or a source swapped since ``attach``), a change of eps,
       perturbation or param groups, or a jump of the step count or seed since the last
       recorded step (``load_state_dict`` on the optimiser: attach a new log for the resumed run);
-    * replaying into parameters of other shapes or dtypes, into another optimiser type
+    * replaying into parameters of other shapes, dtypes or device types (a log without device
+      types, written before they were recorded, replays on any), into another optimiser type
       (a ``SparseMeZO`` log replays only through ``replay_into(SparseMeZO(...))``), or through
       an optimiser whose noise source draws other directions than the logged ones;
     * loading a log whose header is malformed, whose record count disagrees with the header
       (a truncated file), or with an unknown record kind, a failure record other than 1 or 2
-      passes, a non-finite g, or a negative or non-finite lr / weight decay;
+      passes, a non-finite g, a negative or non-finite lr / weight decay, or a base seed or start
+      step outside the optimiser's ranges;
     * replaying a log with a step whose update would overflow the parameters' dtype with the
       lr in force: every record is checked before the first pass;
     * ``replay_step`` or ``replay_failure`` through the optimiser it records (a hook such as
@@ -49,9 +51,10 @@ import numpy as np
 import torch
 
 from .directions import PERTURBATIONS, derive_seed
-from .engine import MeZO, StepEvent
+from .engine import MeZO, StepEvent, _check_step_count
 from .interrupts import InterruptsDeferred
 from .noise import source_for
+from .validation import check_seed
 
 __all__ = ["SeedLog"]
 
@@ -67,7 +70,13 @@ def _invalid(message: str):
 
 def _structure(optimizer: MeZO) -> list[dict]:
     return [{"perturbation": g["perturbation"], "shapes": [list(p.shape) for p in g["params"]],
-             "dtypes": [str(p.dtype) for p in g["params"]]} for g in optimizer.param_groups]
+             "dtypes": [str(p.dtype) for p in g["params"]], "devices": _devices(g["params"])}
+            for g in optimizer.param_groups]
+
+
+def _devices(params) -> list[str]:
+    """Each tensor's device type: a generator draws other z on another one (CPU and CUDA randn differ)."""
+    return [p.device.type for p in params]
 
 
 def _logged_directions(optimizer: MeZO) -> str | None:
@@ -101,7 +110,7 @@ class SeedLog:
     Attributes:
         header: format, optimiser type, eps, base seed, start step, the directions of the
             noise source (``noise.source_for`` rebuilds it) and per group the perturbation,
-            tensor shapes and dtypes (``SparseMeZO``: mask sizes too).
+            tensor shapes, dtypes and device types (``SparseMeZO``: mask sizes too).
         records: (kind, seed-or-group, value) triples: a step (seed, g), a failed step
             (seed, shift passes made: 1 or 2), or a change of a group's lr / weight_decay.
     """
@@ -150,8 +159,8 @@ class SeedLog:
             raise ValueError(f"Invalid noise: the source now draws {directions!r}, but the log records "
                              f"{self.header['directions']!r} since SeedLog.attach; a seed log cannot record that")
         if optimizer.param_groups[0]["eps"] != self.header["eps"] or _structure(optimizer) != self.header["groups"]:
-            raise ValueError("Invalid optimizer: eps, perturbation or param groups changed since "
-                             "SeedLog.attach; a seed log cannot record that")
+            raise ValueError("Invalid optimizer: eps, perturbation or param groups (tensors, shapes, dtypes, "
+                             "devices) changed since SeedLog.attach; a seed log cannot record that")
         state = optimizer.state[optimizer._first_param()]
         if self._expected is not None and (state["step"], state["seed"]) != self._expected:
             raise ValueError(f"Invalid optimizer: its step count and seed jumped to ({state['step']}, "
@@ -209,6 +218,10 @@ class SeedLog:
             if [str(p.dtype) for p in group["params"]] != spec["dtypes"]:
                 raise ValueError(f"Invalid params: dtypes {[str(p.dtype) for p in group['params']]} differ "
                                  f"from the logged run's {spec['dtypes']}; replay would not be exact")
+            if "devices" in spec and _devices(group["params"]) != spec["devices"]:   # logs before round 10 lack it
+                raise ValueError(f"Invalid params: devices {_devices(group['params'])} differ from the logged "
+                                 f"run's {spec['devices']}; z drawn on another device differ, so replay would "
+                                 f"rebuild another θ (move the tensors to the logged devices first)")
 
     def replay_into(self, optimizer: MeZO, *, backup: bool = True) -> None:
         """Replay through ``optimizer`` (same type, eps, groups, shapes and dtypes as the run);
@@ -368,10 +381,12 @@ def _check_header(header) -> None:
     eps = header.get("eps")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (math.isfinite(eps) and eps > 0):
         raise _invalid(f"eps {eps!r}")
-    for key in ("base_seed", "start_step"):
+    for key, check in (("base_seed", check_seed), ("start_step", _check_step_count)):
         value = header.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or (key == "start_step" and value < 0):
-            raise _invalid(f"{key} {value!r}")
+        try:   # the optimiser's own ranges: replay hands both to it (2⁷⁰ read as seed 0's stream)
+            check(key, value) if check is check_seed else check(value)
+        except ValueError:
+            raise _invalid(f"{key} {value!r}") from None
     groups = header.get("groups")
     if not isinstance(groups, list) or not groups:
         raise _invalid("the header has no param groups")
@@ -380,7 +395,10 @@ def _check_header(header) -> None:
               and isinstance(spec.get("shapes"), list) and isinstance(spec.get("dtypes"), list)
               and len(spec["shapes"]) == len(spec["dtypes"]) > 0
               and all(isinstance(s, list) and all(isinstance(n, int) and n >= 0 for n in s) for s in spec["shapes"])
-              and all(isinstance(d, str) and d.startswith("torch.") for d in spec["dtypes"]))
+              and all(isinstance(d, str) and d.startswith("torch.") for d in spec["dtypes"])
+              and ("devices" not in spec or (isinstance(spec["devices"], list)
+                                             and len(spec["devices"]) == len(spec["shapes"])
+                                             and all(isinstance(d, str) for d in spec["devices"]))))
         if not ok:
             raise _invalid(f"param group {spec!r}")
 

@@ -1,0 +1,144 @@
+"""Round 10 of the library's red team: hostile state dicts and seed logs, odd tensors, references.
+
+Each defect's test fails on the code before its fix; the reference tests compare MeZO's estimate with
+torch.autograd and the fast paths with the plain loop.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+
+import pytest
+import torch
+
+import sazo_lite as sz
+from sazo_lite.seedlog import SeedLog
+
+
+def _quadratic_run(steps: int = 3, seed: int = 0):
+    """θ (float32 [4]) after ``steps`` MeZO steps on ‖θ − 1‖², the optimiser and the log of those steps."""
+    theta = torch.zeros(4)
+    opt = sz.MeZO([theta], lr=0.1, seed=seed)
+    log = SeedLog.attach(opt)
+    for _ in range(steps):
+        opt.step(lambda: (theta - 1.0).pow(2))
+    return theta, opt, log
+
+
+def _edited(log: SeedLog, edit) -> bytes:
+    """The log's bytes with its JSON header changed by ``edit(header)``."""
+    head, _, body = log.to_bytes().partition(b"\n")
+    header = json.loads(head)
+    edit(header)
+    return json.dumps(header).encode() + b"\n" + body
+
+
+# --- defect 1: a state dict naming one parameter id twice ------------------------------------------
+@pytest.mark.parametrize("ids", [[0, 0], [1, 1], [[0], 1]], ids=["first twice", "second twice", "unhashable"])
+def test_a_state_dict_with_repeated_or_unhashable_parameter_ids_is_refused_with_the_optimiser_unchanged(ids):
+    """torch.optim maps saved ids to tensors in order, so ids [0, 0] sent the step/seed entry to the second
+    tensor: load_state_dict raised KeyError after replacing the state, and every later step raised
+    'the first parameter was replaced'. An unhashable id raised TypeError."""
+    a, b = torch.randn(3), torch.randn(4)
+    opt = sz.MeZO([a, b], lr=0.1, seed=5)
+    opt.step(lambda: (a.sum() + b.sum()).reshape(1))
+    before = opt.state_dict()
+    bad = copy.deepcopy(before)
+    bad["param_groups"][0]["params"] = ids
+    with pytest.raises(ValueError, match="Invalid state_dict: parameter ids"):
+        opt.load_state_dict(bad)
+    assert opt.state_dict() == before
+    opt.step(lambda: (a.sum() + b.sum()).reshape(1))
+    assert opt.step_count == 2
+
+
+def test_a_state_dict_with_ids_repeated_across_groups_is_refused():
+    a, b = torch.randn(3), torch.randn(4)
+    opt = sz.MeZO([{"params": [a]}, {"params": [b]}], lr=0.1)
+    bad = opt.state_dict()
+    bad["param_groups"][1]["params"] = [0]
+    with pytest.raises(ValueError, match="parameter ids"):
+        opt.load_state_dict(bad)
+    assert opt.step_count == 0
+
+
+# --- defect 2: a step count past what derive_seed tells apart ---------------------------------------
+@pytest.mark.parametrize("step", [2 ** 64, 2 ** 64 + 7, 2 ** 70])
+def test_a_step_count_of_2_to_the_64_or_more_is_refused_not_drawing_an_earlier_steps_directions(step):
+    """derive_seed reads the step by its low 64 bits: a loaded step of 2⁶⁴ + k drew step k's z again."""
+    theta = torch.zeros(4)
+    opt = sz.MeZO([theta], lr=0.1, seed=3)
+    state = opt.state_dict()
+    state["state"][0]["step"] = step
+    with pytest.raises(ValueError, match="Invalid step"):
+        opt.load_state_dict(state)
+    assert opt.step_count == 0
+
+
+def test_the_largest_step_count_still_loads():
+    opt = sz.MeZO([torch.zeros(2)], lr=0.1)
+    state = opt.state_dict()
+    state["state"][0]["step"] = 2 ** 64 - 1
+    opt.load_state_dict(state)
+    assert opt.step_count == 2 ** 64 - 1
+
+
+# --- defect 3: a seed log whose header hands the optimiser a seed or step it would refuse -----------
+@pytest.mark.parametrize("field, value", [("base_seed", 2 ** 70), ("base_seed", 2 ** 64), ("base_seed", -2 ** 63 - 1),
+                                          ("start_step", 2 ** 64)])
+def test_a_seed_log_header_with_a_base_seed_or_start_step_out_of_range_is_refused(field, value):
+    """derive_seed masks to 64 bits, so base seed 2⁷⁰ (or start step 2⁶⁴) passed the record checks of a
+    run from seed 0 (step 0), replayed, and left the optimiser with a seed its own load_state_dict refuses
+    (or a step count that draws step 0's directions again)."""
+    _, _, log = _quadratic_run()
+    with pytest.raises(ValueError, match=f"Invalid seed log: {field}"):
+        SeedLog.from_bytes(_edited(log, lambda h: h.update({field: value})))
+
+
+def test_a_seed_log_with_a_negative_base_seed_in_range_still_replays():
+    theta = torch.zeros(4)
+    opt = sz.MeZO([theta], lr=0.1, seed=-5)
+    log = SeedLog.attach(opt)
+    opt.step(lambda: (theta - 1.0).pow(2))
+    copy_ = torch.zeros(4)
+    SeedLog.from_bytes(log.to_bytes()).replay([copy_])
+    assert torch.equal(copy_, theta)
+
+
+# --- defect 4: a seed log replayed on another device -------------------------------------------------
+def test_a_seed_log_records_each_tensors_device_type():
+    _, _, log = _quadratic_run()
+    assert log.header["groups"][0]["devices"] == ["cpu"]
+    assert SeedLog.from_bytes(log.to_bytes()).header["groups"][0]["devices"] == ["cpu"]
+
+
+def test_a_seed_log_from_another_device_is_refused_before_anything_moves():
+    """The header held shapes and dtypes only, so a log recorded on a GPU replayed on the CPU (or the
+    reverse) without a word: CUDA's generator draws other z than the CPU's for one seed (Philox against
+    the Mersenne twister), and the replay rebuilt another θ."""
+    theta, _, log = _quadratic_run()
+    moved = SeedLog.from_bytes(_edited(log, lambda h: h["groups"][0].update(devices=["cuda"])))
+    start = torch.zeros(4)
+    with pytest.raises(ValueError, match="devices"):
+        moved.replay([start])
+    assert torch.equal(start, torch.zeros(4))
+    opt = sz.MeZO([start], lr=0.1)
+    with pytest.raises(ValueError, match="devices"):
+        moved.replay_into(opt)
+    assert torch.equal(start, torch.zeros(4)) and opt.step_count == 0
+
+
+def test_a_seed_log_written_before_devices_were_recorded_still_replays():
+    theta, _, log = _quadratic_run()
+    old = SeedLog.from_bytes(_edited(log, lambda h: h["groups"][0].pop("devices")))
+    start = torch.zeros(4)
+    old.replay([start])
+    assert torch.equal(start, theta)
+
+
+@pytest.mark.parametrize("devices", [["cpu", "cpu"], "cpu", [0]])
+def test_a_seed_log_with_malformed_devices_is_refused(devices):
+    _, _, log = _quadratic_run()
+    with pytest.raises(ValueError, match="Invalid seed log: param group"):
+        SeedLog.from_bytes(_edited(log, lambda h: h["groups"][0].update(devices=devices)))
