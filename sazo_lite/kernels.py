@@ -92,8 +92,9 @@ class TritonNoise(_Threaded):
         block: elements per Triton program (a power of two; ≥ 65536 under the interpreter,
             whose cost is per program).
         fallback: the source used for tensors the kernel cannot take (non-contiguous, float64, more
-            than ``MAX_KERNEL_ENTRIES`` entries once rounded up to a whole block, or when triton is
-            unusable); default ``TorchNoise()``.
+            than ``MAX_KERNEL_ENTRIES`` entries once rounded up to a whole block, off the GPU when
+            the kernel is compiled for CUDA (a CPU-offloaded tensor), or when triton is unusable);
+            default ``TorchNoise()``.
     """
 
     def __init__(self, block: int = 1024, fallback=None):
@@ -107,7 +108,9 @@ class TritonNoise(_Threaded):
     def _apply_one(self, job: Job, slot: int) -> None:
         p = job.param
         padded = -(-p.numel() // self.block) * self.block
-        if not self.usable or not p.is_contiguous() or p.dtype == torch.float64 or padded > MAX_KERNEL_ENTRIES:
+        elsewhere = self.reason == "cuda" and p.device.type != "cuda"   # the compiled kernel reads GPU memory only
+        if (not self.usable or elsewhere or not p.is_contiguous() or p.dtype == torch.float64
+                or padded > MAX_KERNEL_ENTRIES):
             self.fallback.apply([job])
             return
         shrink = job.shrink

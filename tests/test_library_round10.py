@@ -142,3 +142,24 @@ def test_a_seed_log_with_malformed_devices_is_refused(devices):
     _, _, log = _quadratic_run()
     with pytest.raises(ValueError, match="Invalid seed log: param group"):
         SeedLog.from_bytes(_edited(log, lambda h: h["groups"][0].update(devices=devices)))
+
+
+# --- defect 5: TritonNoise on a CPU tensor beside GPU ones --------------------------------------------------
+def test_triton_noise_compiled_for_cuda_sends_cpu_tensors_to_its_fallback(monkeypatch):
+    """With a GPU present the kernel was launched on every contiguous float32 tensor, a CPU-offloaded one
+    too: triton refuses a CPU pointer, so every step of such a model raised (the docstring promised the
+    fallback wherever the kernel cannot run). The launch is recorded here, not run (no GPU needed)."""
+    from sazo_lite import kernels
+    from sazo_lite.noise import Job, TorchNoise
+
+    launched = []
+    monkeypatch.setattr(kernels, "_launch", lambda theta, *args: launched.append(theta.device.type))
+    noise = kernels.TritonNoise(block=1024)
+    noise.usable, noise.reason = True, "cuda"   # as on a GPU machine
+    theta, reference = torch.zeros(50), torch.zeros(50)
+    noise.apply([Job(theta, 7, 0.5, 1.0, "gaussian")])
+    TorchNoise(workers=1).apply([Job(reference, 7, 0.5, 1.0, "gaussian")])
+    assert launched == [] and torch.equal(theta, reference)
+    noise.usable, noise.reason = True, "interpreter"   # the interpreter runs the kernel on CPU tensors
+    noise.apply([Job(torch.zeros(50), 7, 0.5, 1.0, "gaussian")])
+    assert launched == ["cpu"]
