@@ -160,7 +160,9 @@ class LogisticRegression(FiniteSumProblem):
             raise ValueError("Invalid features: entries must be finite")
         if set(labels.unique().tolist()) - {-1.0, 1.0}:
             raise ValueError("Invalid labels: expected values in {-1, +1}")
-        features = (features - features.mean(0)) / features.std(0).clamp_min(1e-12)
+        # one example has no spread (std's N − 1 is 0, its std NaN): centred, its features are 0 whatever the divisor
+        spread = features.std(0) if len(features) > 1 else torch.ones(features.shape[1], dtype=torch.float64)
+        features = (features - features.mean(0)) / spread.clamp_min(1e-12)
         self.features = torch.cat([features, torch.ones(len(features), 1, dtype=torch.float64)], dim=1)
         self.labels, self.l2, self.heterogeneity = labels, float(l2), heterogeneity
         self.responses = self.labels

@@ -33,7 +33,7 @@ from ..validation import check_count, check_int, check_number
 
 __all__ = ["PROBLEMS", "make_problem", "SAZOTrace", "run_sazo_trace", "RULES", "RULE_NAMES", "RULE_FIXES",
            "rule_sampler", "feed_sampler", "rule_ladder",
-           "roughness", "RaceResult", "DIVERGE_FACTOR", "first_divergence", "race", "tune_lr", "pick_rate", "SAMPLERS", "chi2_draws", "ema_weights", "ema_of_chi2", "loss_grid", "sampler_paths"]
+           "roughness", "RaceResult", "DIVERGE_FACTOR", "first_divergence", "starting_gap", "race", "tune_lr", "pick_rate", "SAMPLERS", "chi2_draws", "ema_weights", "ema_of_chi2", "loss_grid", "sampler_paths"]
 
 SAMPLERS = RACED        # the samplers a race compares (one vocabulary: ``samplers.make_sampler``)
 
@@ -68,6 +68,8 @@ DIVERGE_FACTOR = 10.0
 def first_divergence(gaps, *, factor: float = DIVERGE_FACTOR) -> int | None:
     """Index of the first gap that is not finite or above ``factor`` × ``gaps[0]`` (None: the run did not diverge).
 
+    A run that starts at 0 (θ₀ already a minimiser) diverges only where its gap stops being finite.
+
     Example:
         >>> first_divergence([2.0, 3.0, 25.0, float("inf")]), first_divergence([2.0, 1.0])
         (2, None)
@@ -75,8 +77,31 @@ def first_divergence(gaps, *, factor: float = DIVERGE_FACTOR) -> int | None:
     values = np.asarray(gaps, dtype=np.float64)
     if values.ndim != 1 or len(values) == 0 or not np.isfinite(values[0]) or values[0] < 0:
         raise ValueError(f"Invalid gaps: expected a 1-D sequence starting with a finite gap >= 0, got {gaps!r}")
-    limit = factor * values[0]
+    # a start at 0 (θ₀ already a minimiser) gives no scale: 10 × 0 would call any step away from it a divergence
+    limit = factor * values[0] if values[0] > 0 else math.inf
     return next((k for k, gap in enumerate(values.tolist()) if train_diverged(gap, limit)), None)
+
+
+def starting_gap(problem: FiniteSumProblem) -> float:
+    """F(θ₀) − F(θ*) in float64, with float64 rounding read as 0; a ValueError when it is not finite (NaN or
+    inf in the problem's data or in its θ*) or below 0 beyond rounding (its θ* does not minimise it).
+
+    Rounding: a θ* computed at θ₀ (e.g. Newton's on symmetric data) puts F(θ*) a few ulps from F(θ₀), either side;
+    |gap| ≤ 1e-12 · max(1, |F(θ*)|) counts as 0.
+
+    Example:
+        >>> starting_gap(make_problem(num_examples=16, dim=3)) > 0
+        True
+    """
+    gap = problem.gap(problem.initial_theta(torch.float64))
+    if not math.isfinite(gap):
+        raise ValueError(f"Invalid problem: its initial gap F(θ₀) − F(θ*) is {gap!r} (expected a finite number; "
+                         "a NaN or inf in its data or in its optimum θ* gives this)")
+    rounding = 1e-12 * max(1.0, abs(problem.optimal_loss))
+    if gap < -rounding:
+        raise ValueError(f"Invalid problem: its initial gap F(θ₀) − F(θ*) is {gap!r} (expected >= 0: its optimum θ* "
+                         "has a higher loss than θ₀, so it is not a minimiser)")
+    return gap if gap > rounding else 0.0
 
 
 def make_problem(name: str = "heterogeneous quadratic", *, heterogeneity: float = 1.5,
@@ -295,7 +320,8 @@ def run_sazo_trace(problem: FiniteSumProblem, *, steps: int = 300, batch_size: i
 
     A run whose loss becomes non-finite stops there (MeZO refuses the step), with ``diverged_at`` set;
     with ``diverge_factor`` it also stops at the first log point whose gap is above that factor × the
-    starting gap (``first_divergence``), that point included. Its arrays end at the last log point.
+    starting gap (``first_divergence``; a start of 0 sets no such limit), that point included, and refuses a
+    problem whose starting gap is not finite (``starting_gap``). Its arrays end at the last log point.
 
     Example:
         >>> trace = run_sazo_trace(make_problem(num_examples=32, dim=4), steps=30, log_every=10)
@@ -308,13 +334,16 @@ def run_sazo_trace(problem: FiniteSumProblem, *, steps: int = 300, batch_size: i
         raise ValueError(f"Invalid rule: {rule!r} (expected one of {RULES})")
     if diverge_factor is not None:
         check_number("diverge_factor", diverge_factor, 1.0, closed_low=False)   # a limit above the start
+    # the limit's reference: a NaN start is refused (its limit would stop the run at once)
+    start = starting_gap(problem) if diverge_factor is not None else None
     theta = problem.initial_theta(dtype)
     optimizer = MeZO([theta], lr=lr, eps=eps, seed=seed)
     sampler = rule_sampler(rule, problem.num_examples, seed=seed, ema_decay=ema_decay, uniform_mix=uniform_mix)
     recorder = _TraceRecorder(problem, theta, sampler)
     with one_thread():
-        start = recorder()  # the starting point θ₀
-        limit = math.inf if diverge_factor is None else float(diverge_factor) * start
+        recorder()  # the starting point θ₀
+        # at a start of 0 (θ₀ a minimiser) only a non-finite loss stops the run, as in ``first_divergence``
+        limit = math.inf if start is None or start == 0 else float(diverge_factor) * start
         history = lesson_train(optimizer, sampler, lambda idx: problem.losses(theta, idx), steps,
                         batch_size=batch_size, evaluate=recorder, log_every=log_every,
                         progress=progress, description="SAZO trace", diverge_above=limit)
@@ -539,7 +568,7 @@ def race(problem: FiniteSumProblem, *, samplers=SAMPLERS, seeds=(0, 1, 2), steps
     steps, log_every = check_count("steps", steps), check_count("log_every", log_every)
     logged = [s for s in range(1, steps + 1) if s % log_every == 0 or s == steps]
     queries = 2 * batch_size * np.asarray([0] + logged)
-    initial_gap = problem.gap(problem.initial_theta(torch.float64))
+    initial_gap = starting_gap(problem)
     if not initial_gap > 0:       # every run would be at its target at θ₀: nothing to race
         raise ValueError(f"Invalid problem: its initial gap F(θ₀) − F(θ*) is {initial_gap!r} (expected > 0: θ₀ "
                          "already minimises it, so no run has a gap to close)")

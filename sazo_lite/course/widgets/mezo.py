@@ -8,10 +8,9 @@ import math
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
-import torch
 
 from .. import two_point, instruments, mezo_vs_sgd, minibatches, problems
-from ..sazo_runs import DIVERGE_FACTOR, first_divergence
+from ..sazo_runs import DIVERGE_FACTOR, first_divergence, starting_gap
 from ...validation import check_number
 from ._common import LiveFigure, SAMPLER_COLORS, Dashboard, assemble, divergence_note, int_slider, log_slider
 
@@ -65,6 +64,7 @@ def mezo_dashboard(problem=None, *, steps: int = 200, seed: int = 0) -> Dashboar
         seed: seed of the minibatches and of MeZO's directions.
     """
     problem = problem if problem is not None else problems.LogisticRegression.from_sklearn("breast_cancer")
+    start_gap = starting_gap(problem)   # F(θ₀) − F(θ*), the divergence rule's reference; a NaN one is refused here
     controls = {
         "eps": log_slider("ε", 1e-3, -9, -1),
         "batch_size": int_slider("batch size B", 16, 1, 128),
@@ -88,19 +88,16 @@ def mezo_dashboard(problem=None, *, steps: int = 200, seed: int = 0) -> Dashboar
                 log_every=max(1, steps // 20), methods=(method,))[method]
         return cache[key]
 
-    start_gap = [None]   # F(θ₀) − F(θ*), the divergence rule's reference (computed once)
     rate_names = {"MeZO": ("η MeZO", "lr_zo"), "SGD (backprop)": ("η SGD", "lr_sgd")}
 
     def divergence(name: str, curve: dict) -> tuple[int, str, str] | None:
         """(index of the first diverged log point, "by step s" or "at step s", how it shows) or None: the course's rule
         (``sazo_runs.first_divergence``: above 10× the starting gap, or not finite), or MeZO's refused loss."""
-        if start_gap[0] is None:
-            start_gap[0] = float(problem.full_loss(problem.initial_theta(torch.float32)) - problem.optimal_loss)
-        index = first_divergence([start_gap[0], *curve["gap"]])
+        index = first_divergence([start_gap, *curve["gap"]])
         per_step = controls["batch_size"].value * (2 if name == "MeZO" else 1)
         if index is not None:
             gap = curve["gap"][index - 1]
-            how = (f"its gap passed {DIVERGE_FACTOR:g}× its start ({start_gap[0]:.3g} → {gap:.3g})"
+            how = (f"its gap passed {DIVERGE_FACTOR:g}× its start ({start_gap:.3g} → {gap:.3g})"
                    if math.isfinite(gap) else "its gap became infinite or NaN")
             return index - 1, f"by step {curve['queries'][index - 1] // per_step}", how   # a log point
         if curve.get("stopped") is not None:
@@ -132,7 +129,10 @@ def mezo_dashboard(problem=None, *, steps: int = 200, seed: int = 0) -> Dashboar
                                  controls[rate_names[name][1]].value, "its curves stop there",
                                  eps=controls["eps"].value if name == "MeZO" else None)
                  for name, (_index, step, how) in diverged.items()]
-        readout.value = "".join(notes) + " &nbsp; ".join(lines)
+        at_optimum = ("<b>θ₀ already minimises this problem (F(θ₀) − F(θ*) = 0): every step can only move away from "
+                      "it, so there is nothing to race; a run is called diverged only where its gap stops being "
+                      "finite.</b><br>" if start_gap == 0 else "")
+        readout.value = at_optimum + "".join(notes) + " &nbsp; ".join(lines)
 
     questions = {
         "eps": "θ is float32 here: below which ε does MeZO stop learning, and why?",

@@ -1,0 +1,108 @@
+"""Red-team round 11 on the course layer: problems a student builds (one example, a θ₀ already optimal, NaN),
+the dashboards given them, and the presets' captions checked against what fast mode computes.
+
+Rounds 8–10 (tests/test_course_round8.py … round10.py) drove the dashboards' sliders to their ends; this round
+feeds the helpers and dashboards an instructor's or a student's own data.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("ipywidgets")
+pytest.importorskip("plotly")
+
+from sazo_lite.course import problems, sazo_runs  # noqa: E402
+from sazo_lite.course import widgets as sw  # noqa: E402
+
+
+def text(html: str) -> str:
+    return re.sub(r"<[^>]+>", "", html)
+
+
+def _data(n: int = 20, d: int = 3, seed: int = 0):
+    features = np.random.default_rng(seed).normal(size=(n, d))
+    return features, np.where(features[:, 0] > 0, 1, -1)
+
+
+def _at_optimum(seed: int = 1, *, noise: int = 0):
+    """A logistic regression whose θ* is θ₀ = 0: each feature row and its negative, with both labels."""
+    x = np.random.default_rng(seed).normal(size=(5, 3))
+    features = np.concatenate([x, -x, x, -x])
+    return problems.LogisticRegression(features, np.r_[np.ones(10), -np.ones(10)])
+
+
+class _Shifted:
+    """``problem`` with its gap moved by ``shift`` (a θ* a few ulps off, or one that does not minimise it)."""
+
+    def __init__(self, problem, shift: float) -> None:
+        self._problem, self._shift = problem, shift
+
+    def __getattr__(self, name):
+        return getattr(self._problem, name)
+
+    def gap(self, theta) -> float:
+        return self._problem.gap(theta) + self._shift
+
+
+# -- problems a student builds ------------------------------------------------------------------------
+
+def test_logistic_regression_of_one_example_has_a_finite_optimum():
+    features, labels = _data()
+    one = problems.LogisticRegression(features[:1], labels[:1])          # std over one row was NaN: θ* all NaN
+    assert bool(torch.isfinite(one.optimum).all()) and bool(torch.isfinite(one.features).all()), one.optimum
+    assert one.gap(one.initial_theta()) > 0
+    assert float(one.gradient(one.optimum).norm()) < 1e-9
+    result = sazo_runs.race(one, seeds=(0,), steps=6, log_every=3)      # was refused: its gap was NaN
+    assert np.isfinite(result.gaps["sazo"]).all()
+
+
+def test_first_divergence_of_a_run_that_starts_at_0_counts_only_a_non_finite_gap():
+    assert sazo_runs.first_divergence([0.0, 1e-5, 3e-5]) is None       # was 1: 10 × 0 called any move diverged
+    assert sazo_runs.first_divergence([0.0, 1e-5, float("nan")]) == 2
+    assert sazo_runs.first_divergence([1.0, 5.0, 11.0]) == 2            # the usual rule unchanged
+
+
+def test_starting_gap_reads_rounding_as_0_and_refuses_nan_or_a_theta_star_that_is_not_a_minimiser():
+    problem = sazo_runs.make_problem(num_examples=16, dim=3)
+    assert sazo_runs.starting_gap(problem) == problem.gap(problem.initial_theta())
+    assert sazo_runs.starting_gap(_Shifted(_at_optimum(), 1.1e-16)) == 0.0
+    assert sazo_runs.starting_gap(_Shifted(_at_optimum(), -1.1e-16)) == 0.0
+    with pytest.raises(ValueError, match="Invalid problem: its initial gap .* is nan"):
+        sazo_runs.starting_gap(_Shifted(problem, float("nan")))
+    with pytest.raises(ValueError, match="not a minimiser"):
+        sazo_runs.starting_gap(_Shifted(problem, -10.0))
+
+
+def test_race_of_a_problem_at_its_optimum_up_to_rounding_is_refused_not_raced():
+    # one ulp above 0: the float32 runs' gaps were 10⁹ × the start, every method "diverged: lower the rates"
+    with pytest.raises(ValueError, match="θ₀ already minimises it"):
+        sazo_runs.race(_Shifted(_at_optimum(), 1.1e-16), seeds=(0,), steps=4, log_every=2)
+    with pytest.raises(ValueError, match="expected a finite number"):       # was "θ₀ already minimises it"
+        sazo_runs.race(_Shifted(_at_optimum(), float("nan")), seeds=(0,), steps=4, log_every=2)
+
+
+def test_sazo_trace_from_the_optimum_is_not_stopped_as_diverged():
+    trace = sazo_runs.run_sazo_trace(_at_optimum(), steps=12, log_every=3, diverge_factor=10)
+    assert trace.diverged_at is None and len(trace.steps) == 5, trace.steps   # stopped at step 3 (gap > 10 × 0)
+    with pytest.raises(ValueError, match="Invalid problem: its initial gap"):
+        sazo_runs.run_sazo_trace(_Shifted(_at_optimum(), -1.0), steps=6, diverge_factor=10)   # limit < 0: stopped at once
+
+
+def test_mezo_dashboard_on_a_problem_at_its_optimum_says_so_and_calls_nothing_diverged():
+    board = sw.mezo_dashboard(_at_optimum(), steps=20)
+    said = text(board.readout.value)
+    assert " diverged by" not in said and "lower η" not in said, said   # was "MeZO diverged by step 1 … (0 → 3e-05)"
+    assert "θ₀ already minimises this problem" in said
+    assert all(y is not None for trace in board.figures["queries"].data for y in trace.y)   # both curves drawn
+    board = sw.mezo_dashboard(_Shifted(_at_optimum(), -1.1e-16), steps=10)   # was first_divergence's "Invalid gaps"
+    assert "θ₀ already minimises this problem" in text(board.readout.value)
+
+
+def test_mezo_dashboard_refuses_a_problem_with_a_nan_start_when_built():
+    problem = sazo_runs.make_problem("logistic regression (breast cancer)")
+    with pytest.raises(ValueError, match="Invalid problem: its initial gap"):   # was "Invalid gaps" at the first draw
+        sw.mezo_dashboard(_Shifted(problem, float("nan")), steps=10)
