@@ -106,3 +106,37 @@ def test_mezo_dashboard_refuses_a_problem_with_a_nan_start_when_built():
     problem = sazo_runs.make_problem("logistic regression (breast cancer)")
     with pytest.raises(ValueError, match="Invalid problem: its initial gap"):   # was "Invalid gaps" at the first draw
         sw.mezo_dashboard(_Shifted(problem, float("nan")), steps=10)
+
+
+# -- helpers given a list, a numpy array, zero norms -------------------------------------------------
+
+def test_zo_gradient_and_error_vs_eps_take_theta_as_a_list_or_numpy_array_like_the_other_two_point_helpers():
+    from sazo_lite.course import two_point
+
+    def bowl(x):
+        return two_point.bowl_loss(x, [1.0, 3.0])
+
+    point = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    expected = two_point.zo_gradient(bowl, point, 1e-4, 16, seed=1)
+    for theta in ([1.0, -2.0], np.array([1.0, -2.0])):                 # AttributeError: no 'numel'
+        torch.testing.assert_close(two_point.zo_gradient(bowl, theta, 1e-4, 16, seed=1), expected)
+        curve = two_point.error_vs_eps(bowl, two_point.bowl_grad(point, [1.0, 3.0]), theta, [1e-3, 1e-6])
+        assert curve.shape == (2,) and bool(torch.isfinite(curve).all())
+    with pytest.raises(ValueError, match="Invalid eps_grid"):           # was an empty curve
+        two_point.error_vs_eps(bowl, two_point.bowl_grad(point, [1.0, 3.0]), point, [])
+
+
+def test_norm_spread_with_zero_norms_at_its_5th_percentile_is_infinite_not_the_clamps_270_decades():
+    from sazo_lite.course import minibatches
+
+    assert minibatches.norm_spread([0.0, 0.0, 1.0]) == float("inf")     # was 270.0 (log10 of the 1e-300 clamp)
+    one_zero = torch.cat([torch.zeros(1), torch.logspace(0, 2, 100)])   # the 5th percentile lies past the zero
+    assert minibatches.norm_spread(one_zero) == pytest.approx(minibatches.norm_spread(torch.logspace(0, 2, 100)), abs=0.1)
+
+
+def test_race_takes_seeds_as_a_numpy_array_and_run_sazo_trace_names_steps_none():
+    problem = sazo_runs.make_problem(num_examples=8, dim=2)
+    result = sazo_runs.race(problem, seeds=np.arange(2), steps=4, log_every=2)   # was "truth value ... ambiguous"
+    assert result.gaps["sazo"].shape == (2, 3)
+    with pytest.raises(ValueError, match="Invalid steps: None"):                 # was TypeError from None < 1
+        sazo_runs.run_sazo_trace(problem, steps=None)

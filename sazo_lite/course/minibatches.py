@@ -5,6 +5,8 @@ weights it is unbiased for any p with full support.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import variance
@@ -173,11 +175,15 @@ def second_moment_estimate(draws: torch.Tensor) -> tuple[float, float]:
 
 
 def norm_spread(norms) -> float:
-    """How many decades the middle 90% of the norms span: log10 of their 95th / 5th percentile.
+    """How many decades the middle 90% of the norms span: log10 of their 95th / 5th percentile (inf when the
+    5th percentile is a norm of 0).
 
     Example:
         >>> round(norm_spread(torch.logspace(0, 2, 101)), 2)
         1.8
     """
-    logs = torch.log10(_norms(norms).clamp_min(1e-300))
+    norms = _norms(norms)
+    if int((norms == 0).sum()) > int(0.05 * (len(norms) - 1)):   # the 5th percentile falls on a norm of 0
+        return math.inf
+    logs = torch.log10(norms.clamp_min(1e-300))
     return float(torch.quantile(logs, 0.95) - torch.quantile(logs, 0.05))

@@ -328,8 +328,7 @@ def run_sazo_trace(problem: FiniteSumProblem, *, steps: int = 300, batch_size: i
         >>> trace.sqrt_g.shape, trace.ratio["oracle"].tolist()
         ((4, 32), [1.0, 1.0, 1.0, 1.0])
     """
-    if steps < 1:
-        raise ValueError(f"Invalid steps: {steps} (expected >= 1)")
+    check_count("steps", steps)
     if rule not in RULES:
         raise ValueError(f"Invalid rule: {rule!r} (expected one of {RULES})")
     if diverge_factor is not None:
@@ -557,6 +556,7 @@ def race(problem: FiniteSumProblem, *, samplers=SAMPLERS, seeds=(0, 1, 2), steps
     """
     from tqdm.auto import tqdm
 
+    samplers, seeds = tuple(samplers), tuple(seeds)   # e.g. np.arange(3): "not seeds" would be ambiguous
     if not samplers or not seeds:
         raise ValueError("Invalid samplers/seeds: need at least one of each")
     lrs = {m: float(lr[m] if isinstance(lr, dict) else lr) for m in samplers} if not isinstance(lr, dict) or \

@@ -108,6 +108,7 @@ def zo_gradient(fn, theta: torch.Tensor, eps: float, num_directions: int, *, see
         >>> bool((est - torch.tensor([1.0, -6.0], dtype=torch.float64)).abs().max() < 0.2)
         True
     """
+    theta = _theta(theta)   # a list or numpy array as two_point_estimates takes it
     z = random_directions(num_directions, theta.numel(), seed=seed, perturbation=perturbation)
     return two_point_estimates(fn, theta, z, eps)[1].mean(0)
 
@@ -133,10 +134,12 @@ def error_vs_eps(fn, grad: torch.Tensor, theta: torch.Tensor, eps_grid, *,
     Large ε: curvature error ∝ ε². Tiny ε: θ ± εz and f round to the same float, error ∝ u/ε.
     Returns a float64 tensor [len(eps_grid)].
     """
+    eps_grid = [float(e) for e in eps_grid]
+    if not eps_grid:   # an empty curve would plot nothing without a word
+        raise ValueError("Invalid eps_grid: expected at least one ε")
+    theta = torch.as_tensor(theta).to(dtype)   # a list, numpy array or int tensor: cast to the dtype studied
     z = random_directions(num_directions, theta.numel(), seed=seed)
-    theta = theta.to(dtype)
-    return torch.tensor([directional_error(fn, grad, theta, z, float(e)) for e in eps_grid],
-                        dtype=torch.float64)
+    return torch.tensor([directional_error(fn, grad, theta, z, e) for e in eps_grid], dtype=torch.float64)
 
 
 def relative_error_theory(dim: int, num_directions: int, perturbation: str = "gaussian") -> float:
