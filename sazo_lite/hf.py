@@ -58,13 +58,19 @@ are the Trainer's own. What differs:
 - Data parallel (``torchrun --nproc_per_node=W script.py``, gloo on CPU): every rank draws the same
   global batch, evaluates its contiguous block of B/W examples and all-gathers the losses
   (``sazo_lite.distributed``), so g, the update and the sampler stay identical on every rank.
-- Checkpoints add ``zo_state.pt`` (the sampler's state, any master weights, the query count and
+- Checkpoints add ``zo_state.pt`` (the sampler's state, any master weights, the query count, B and
   ``learning_rate``, which a plateau schedule keeps nowhere else: plain
   tensors, numbers and strings, written to a temporary file and renamed) to the Trainer's
   files; MeZO's state (step count and seed) is the Trainer's ``optimizer.pt``. Resuming
   continues the uninterrupted run bit for bit, so a resume whose lr, weight decay, eps,
   perturbation, seeds or sampler settings differ from the checkpoint's is refused
   (``ValueError``) before anything loads: loading would silently put the old values back. A
+  resume with another B (``per_device_train_batch_size`` or number of processes; the checkpoint
+  records its B) goes on with the new B and warns (``UserWarning``): MeZO's directions and the
+  sampler's per-example scores do not depend on B; epochs go on from the checkpoint's, an epoch
+  counted in steps of the new B. It is refused where the Trainer's epochs decide when training
+  stops or acts (``max_steps`` unset, or an ``"epoch"`` eval, save or logging strategy): the
+  Trainer counts the checkpoint's steps as steps of the new B. A
   ``save_only_model=True`` checkpoint holds the weights only and cannot be resumed. ``zo_state.pt`` is read with
   ``torch.load(weights_only=True)`` (a file holding anything else, such as a pickled object,
   is refused and nothing in it runs) and checked in full before anything loads.
@@ -78,15 +84,18 @@ are the Trainer's own. What differs:
 from __future__ import annotations
 
 import copy
+import json
 import math
 import os
 import pickle
+import warnings
 from collections.abc import Mapping
 
 import torch
 from torch.utils.data import DataLoader
 from transformers import Trainer, TrainingArguments
 from transformers.trainer_callback import CallbackHandler
+from transformers.trainer_callback import TrainerState
 from transformers.trainer_utils import get_last_checkpoint
 from transformers.training_args import OptimizerNames
 from transformers.utils import is_datasets_available
@@ -103,8 +112,8 @@ __all__ = ["ZOTrainer", "causal_lm_losses", "CausalLMCollator", "METHODS", "ZO_S
 
 METHODS = ("mezo", "uniform", "sazo", "sazo-plain")   # samplers by name; "mezo" = "uniform"
 ZO_STATE_NAME = "zo_state.pt"
-ZO_STATE_KEYS = {"method", "sampler", "master"}   # and "queries" (round 10 on), "learning_rate" (round 11 on)
-ZO_STATE_OPTIONAL = {"queries", "learning_rate"}
+ZO_STATE_KEYS = {"method", "sampler", "master"}   # and "queries" (round 10 on), "learning_rate" (round 11 on),
+ZO_STATE_OPTIONAL = {"queries", "learning_rate", "batch_size"}   # "batch_size" (round 12 on)
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 PROBE_EXAMPLES = 2   # examples the pre-training check runs the model on
 
@@ -228,8 +237,15 @@ class _ZOCallbackHandler(CallbackHandler):
     ``ZOTrainer.training_step``, before the ZO update: the Trainer's loop calls it after
     ``training_step``, where the ZO update has already been made."""
 
+    epoch_offset = 0.0   # set by a resume with another batch size (ZOTrainer._rebase_epochs)
+
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         return control   # already called, before the update (ZOTrainer.training_step)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        # the Trainer has just set state.epoch = global_step / (steps per epoch at this batch size)
+        state.epoch += self.epoch_offset
+        return super().on_step_end(args, state, control, **kwargs)
 
     def before_zo_update(self, args, state, control, **kwargs):
         return super().on_pre_optimizer_step(args, state, control, **kwargs)
@@ -313,6 +329,7 @@ class ZOTrainer(Trainer):
         self._zo_last_batch = None      # this rank's last collated batch (token and FLOP counts)
         self._zo_pending = _StepStats()   # |g|, max w and ESS fraction of the steps since the last log
         self._zo_resume = None          # a checked zo_state, applied by create_optimizer on resume
+        self._zo_rebase = None          # (epoch, global_step) of a checkpoint resumed with another B
         self._zo_queries = 0            # per-example forwards since MeZO was built (zo_queries)
         self._zo_sampler_start = None   # the sampler's state before the first step (see _restart_sampler)
 
@@ -429,7 +446,18 @@ class ZOTrainer(Trainer):
         if self._zo_resume is not None:  # resuming: the Trainer has loaded the model's weights by now
             self._apply_zo_state(self._zo_resume)
             self._zo_resume = None
+            if self._zo_rebase is not None:   # and its state (trainer_state.json), which B changed
+                self._rebase_epochs(*self._zo_rebase)
         return self.optimizer
+
+    def _rebase_epochs(self, epoch: float, step: int) -> None:
+        """After a resume with another B: epochs go on from the checkpoint's (the Trainer counted
+        the checkpoint's steps as steps of the new B, so the logged epoch fell back: 1.0, then 0.75),
+        and later checkpoints record the B their steps use (they kept the checkpoint's)."""
+        self.state.train_batch_size = self._train_batch_size
+        per_epoch = self._steps_per_epoch()
+        skipped = 0 if self.args.ignore_data_skip else step % per_epoch   # as Trainer._init_training_state
+        self.callback_handler.epoch_offset = epoch - (step // per_epoch + skipped / per_epoch)
 
     def _decay_groups(self, net, params) -> list[dict]:
         """``params`` (net's trainable tensors or their masters, in order) as param groups: weight
@@ -481,11 +509,13 @@ class ZOTrainer(Trainer):
         if self.zo_sampler is None or self.zo_sampler.num_examples != len(self.train_dataset):
             raise ValueError("Invalid train_dataset: set it when building ZOTrainer (the sampler is sized by it)")
         self._zo_data = self._training_data()
-        n, b = len(self._zo_data[0]), self.global_batch_size()
-        # an epoch is as many steps as the Trainer's loader has batches (dataloader_drop_last: the
-        # full ones only); at least one, since i.i.d. draws never run out of examples
-        steps = max(1, n // b) if self.args.dataloader_drop_last else math.ceil(n / b)
-        return DataLoader(_StepTickets(steps), batch_size=1, collate_fn=_ticket_batch)
+        return DataLoader(_StepTickets(self._steps_per_epoch()), batch_size=1, collate_fn=_ticket_batch)
+
+    def _steps_per_epoch(self) -> int:
+        """ceil(N / B), or floor(N / B) with ``dataloader_drop_last``: as many steps as the Trainer's
+        loader has batches (the full ones only); at least one, since i.i.d. draws never run out."""
+        n, b = len(self.train_dataset), self.global_batch_size()
+        return max(1, n // b) if self.args.dataloader_drop_last else math.ceil(n / b)
 
     def _training_data(self):
         """(dataset, collator) as training_step reads them: unused columns removed."""
@@ -652,6 +682,7 @@ class ZOTrainer(Trainer):
         super()._save_optimizer_and_scheduler(output_dir)  # optimizer.pt holds MeZO's step and seed
         if self.args.should_save:  # plain tensors, numbers and strings: what weights_only=True reads
             state = {"method": self.method, "sampler": self.zo_sampler.state_dict(), "queries": self._zo_queries,
+                     "batch_size": self.global_batch_size(),   # B of the steps so far (a resume may change it)
                      "learning_rate": float(self.args.learning_rate),   # a plateau schedule keeps no base lr
                      "master": None if self._master is None else [t.detach().cpu().clone() for t in self._master.tensors]}
             path = os.path.join(output_dir, ZO_STATE_NAME)
@@ -663,8 +694,10 @@ class ZOTrainer(Trainer):
         if checkpoint is True:
             checkpoint = get_last_checkpoint(self.args.output_dir)  # None: the Trainer raises its own error
         self._zo_resume = self._read_zo_state(checkpoint) if checkpoint else None
+        self.callback_handler.epoch_offset, self._zo_rebase = 0.0, None
         if checkpoint:
             self._check_resumed_settings(checkpoint, self._zo_resume)
+            self._zo_rebase = self._check_resumed_batch_size(checkpoint, self._zo_resume)
         self._zo_pending = _StepStats()   # steps of an earlier train() after its last log belong to no log of this one
         if self.train_dataset is not None and self.zo_sampler is not None and self.model is not None:
             self._check_model_and_data()   # no model: a search released it, model_init builds the next
@@ -689,10 +722,13 @@ class ZOTrainer(Trainer):
                 or not isinstance(state["sampler"], dict) or not isinstance(state["method"], str)):
             raise ValueError(f"Invalid checkpoint: {path} does not hold a ZOTrainer state "
                              f"(expected the keys method, sampler, master and, since round 10, queries, "
-                             f"since round 11, learning_rate)")
+                             f"since round 11, learning_rate, since round 12, batch_size)")
         queries = state.get("queries", 0)   # absent from checkpoints written before round 10
         if isinstance(queries, bool) or not isinstance(queries, int) or queries < 0:
             raise ValueError(f"Invalid checkpoint: its query count {queries!r} is not an integer >= 0")
+        batch = state.get("batch_size", 1)   # absent from checkpoints written before round 12
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"Invalid checkpoint: its batch_size {batch!r} is not an integer >= 1")
         lr = state.get("learning_rate", 0.0)   # absent from checkpoints written before round 11
         if not isinstance(lr, float) or not math.isfinite(lr) or lr < 0:
             raise ValueError(f"Invalid checkpoint: its learning_rate {lr!r} is not a finite float >= 0")
@@ -749,6 +785,39 @@ class ZOTrainer(Trainer):
             raise ValueError(f"Invalid checkpoint: its optimizer groups {[len(g['params']) for g in groups]} tensors, "
                              f"this run {planned} (weight decay skips biases and norms since round 10: a checkpoint "
                              f"written before with weight_decay > 0 decayed them all and cannot continue here)")
+
+    def _check_resumed_batch_size(self, checkpoint: str, zo_state: dict) -> tuple[float, int] | None:
+        """A resume with another B (per_device_train_batch_size × processes): refused where the
+        Trainer's epochs decide when training stops or acts, else allowed with a warning.
+
+        MeZO's directions (seeded by step) and the sampler's per-example scores do not depend on
+        B, so they carry over; the continuation is neither run's. The Trainer counts the
+        checkpoint's steps as steps of the new B: a run of ``num_train_epochs`` would stop at the
+        wrong point and "epoch" strategies act mid-epoch. Returns the checkpoint's (epoch,
+        global_step) when B changed (for ``_rebase_epochs``), else None.
+        """
+        path = os.path.join(checkpoint, "trainer_state.json")
+        saved = TrainerState.load_from_json(path) if os.path.isfile(path) else TrainerState()
+        old = zo_state.get("batch_size")
+        if old is None:   # written before round 12: the Trainer's per-process B, as many processes as now
+            old = (saved.train_batch_size or self._train_batch_size) * self.args.world_size
+        new = self.global_batch_size()
+        if old == new:
+            return None
+        given = (f"{self.args.per_device_train_batch_size} (B = {new} examples per step over "
+                 f"{self.args.world_size} process(es)), but {checkpoint} was written with B = {old}")
+        by_epoch = [name for name in ("eval_strategy", "save_strategy", "logging_strategy")
+                    if getattr(self.args, name) == "epoch"]
+        if self.args.max_steps <= 0 or by_epoch:
+            counted = "max_steps is unset (num_train_epochs)" if self.args.max_steps <= 0 else f"{by_epoch[0]}='epoch'"
+            raise ValueError(f"Invalid per_device_train_batch_size: {given}. The run counts epochs ({counted}), and "
+                             f"the Trainer would count the checkpoint's steps as steps of B = {new}: resume with "
+                             f"B = {old}, or set max_steps (and 'steps' strategies) to go on with B = {new}")
+        warnings.warn(f"per_device_train_batch_size: {given}. Training goes on with B = {new}: MeZO's directions "
+                      f"and the sampler's per-example scores carry over (they do not depend on B), but this is "
+                      f"neither run's continuation, and an epoch is {self._steps_per_epoch()} steps from here",
+                      UserWarning, stacklevel=3)
+        return float(saved.epoch or 0.0), int(saved.global_step)
 
     @staticmethod
     def _saved_optimizer(checkpoint: str) -> tuple[list[dict], int]:

@@ -1,0 +1,112 @@
+"""ZOTrainer red-team round 12: resumes with another batch size, and what a researcher's
+TrainingArguments do to a run.
+
+One test per defect (each fails on the code before the fix). Tiny random models, rows in memory.
+"""
+import json
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from sazo_lite.llm.models import tiny_causal_lm  # noqa: E402
+from test_hf import VOCAB, _OnFirstUse, memorisable_rows, training_args, trainer_for, weights  # noqa: E402
+
+hf = _OnFirstUse("sazo_lite.hf")
+transformers.logging.set_verbosity_error()
+
+
+def logged(trainer, key):
+    return [entry[key] for entry in trainer.state.log_history if "loss" in entry]
+
+
+# -- resuming with another batch size ------------------------------------------------------------
+@pytest.fixture
+def checkpoint(tmp_path):
+    """checkpoint-2 of a B = 4 run over 8 examples (an epoch is 2 steps), logged every step."""
+    args = training_args(tmp_path / "first", max_steps=2, save_strategy="steps", save_steps=2, logging_steps=1)
+    trainer_for(tmp_path / "first", args=args).train()
+    return tmp_path / "first" / "out" / "checkpoint-2"
+
+
+def test_a_resume_with_another_batch_size_warns_naming_both_and_epochs_go_on(tmp_path, checkpoint):
+    # the Trainer counted the checkpoint's 2 steps of B = 4 as steps of B = 2: the logged epoch
+    # fell from 1.0 to 0.75, later checkpoints recorded B = 4 for steps of B = 2, and nothing
+    # was said (the Trainer's own note is a logger line, silent at the usual verbosity)
+    args = training_args(tmp_path, max_steps=4, per_device_train_batch_size=2, logging_steps=1,
+                         save_strategy="steps", save_steps=4)
+    trainer = trainer_for(tmp_path, args=args)
+    with pytest.warns(UserWarning, match=r"per_device_train_batch_size: 2 \(B = 2 .* written with B = 4"):
+        trainer.train(resume_from_checkpoint=str(checkpoint))
+    assert logged(trainer, "epoch") == [0.5, 1.0, 1.25, 1.5]   # the checkpoint's log, then 4 steps of B = 2 an epoch
+    written = tmp_path / "out" / "checkpoint-4"
+    assert json.loads((written / "trainer_state.json").read_text())["train_batch_size"] == 2
+    assert torch.load(written / hf.ZO_STATE_NAME, weights_only=True)["batch_size"] == 2
+    assert logged(trainer, "zo_queries") == [8, 16, 16 + 4, 16 + 8]
+    again = trainer_for(tmp_path / "again", args=training_args(tmp_path / "again", max_steps=6,
+                                                               per_device_train_batch_size=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                      # the same B as that checkpoint's steps: no warning
+        again.train(resume_from_checkpoint=str(written))
+    assert again.zo_optimizer.step_count == 6
+
+
+def test_a_resume_with_the_same_batch_size_does_not_warn(tmp_path, checkpoint):
+    trainer = trainer_for(tmp_path, args=training_args(tmp_path, max_steps=4, logging_steps=1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trainer.train(resume_from_checkpoint=str(checkpoint))
+    assert logged(trainer, "epoch") == [0.5, 1.0, 1.5, 2.0]
+
+
+@pytest.mark.parametrize("change", [dict(max_steps=-1, num_train_epochs=3), dict(save_strategy="epoch"),
+                                    dict(eval_strategy="epoch")], ids=["num_train_epochs", "save", "eval"])
+def test_an_epoch_counted_resume_with_another_batch_size_is_refused_before_anything_loads(tmp_path, checkpoint,
+                                                                                        change):
+    # num_train_epochs=3 resumed with B = 2 after 1 epoch of B = 4 ran 10 more steps (3 epochs of
+    # 4 steps, less the checkpoint's 2 counted as steps of B = 2), not the 2 epochs left
+    args = training_args(tmp_path, per_device_train_batch_size=2, **{"max_steps": 4, **change})
+    trainer = trainer_for(tmp_path, args=args)
+    before = weights(trainer.model)
+    with pytest.raises(ValueError, match=r"Invalid per_device_train_batch_size: 2 .* written with B = 4"):
+        trainer.train(resume_from_checkpoint=str(checkpoint))
+    assert trainer.optimizer is None and trainer.state.global_step == 0
+    assert all(torch.equal(weights(trainer.model)[k], v) for k, v in before.items())
+
+
+def test_a_checkpoint_of_another_number_of_processes_counts_its_global_batch(tmp_path, checkpoint):
+    # B is per_device_train_batch_size × processes: a checkpoint written by 2 processes of 4
+    # (B = 8) resumed by one process of 4 drew half the examples per step, unnoticed (the
+    # Trainer's trainer_state.json holds the per-process size only)
+    state = torch.load(checkpoint / hf.ZO_STATE_NAME, weights_only=True)
+    assert state["batch_size"] == 4
+    state["batch_size"] = 8
+    torch.save(state, checkpoint / hf.ZO_STATE_NAME)
+    trainer = trainer_for(tmp_path, args=training_args(tmp_path, max_steps=-1, num_train_epochs=2))
+    with pytest.raises(ValueError, match=r"Invalid per_device_train_batch_size: 4 \(B = 4 .*1 process.* B = 8"):
+        trainer.train(resume_from_checkpoint=str(checkpoint))
+
+
+@pytest.mark.parametrize("value", [0, -4, 2.0, True, "4"])
+def test_a_checkpoint_with_a_bad_batch_size_is_refused(tmp_path, checkpoint, value):
+    state = torch.load(checkpoint / hf.ZO_STATE_NAME, weights_only=True)
+    state["batch_size"] = value
+    torch.save(state, checkpoint / hf.ZO_STATE_NAME)
+    trainer = trainer_for(tmp_path, args=training_args(tmp_path, max_steps=4))
+    with pytest.raises(ValueError, match="Invalid checkpoint: its batch_size"):
+        trainer.train(resume_from_checkpoint=str(checkpoint))
+
+
+def test_a_checkpoint_from_before_round_12_compares_the_trainers_batch_size(tmp_path, checkpoint):
+    state = torch.load(checkpoint / hf.ZO_STATE_NAME, weights_only=True)
+    del state["batch_size"]
+    torch.save(state, checkpoint / hf.ZO_STATE_NAME)
+    same = trainer_for(tmp_path / "same", args=training_args(tmp_path / "same", max_steps=4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        same.train(resume_from_checkpoint=str(checkpoint))
+    other = trainer_for(tmp_path, args=training_args(tmp_path, max_steps=4, per_device_train_batch_size=2))
+    with pytest.warns(UserWarning, match="written with B = 4"):
+        other.train(resume_from_checkpoint=str(checkpoint))
