@@ -10,8 +10,11 @@ traceback, a hang or a silent wrong table an hour later.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
+import os
+import platform
 from pathlib import Path
 from typing import Callable
 
@@ -120,3 +123,20 @@ def check_folder(parser: argparse.ArgumentParser, option: str, path) -> None:
             if not where.is_dir():
                 parser.error(f"argument {option}: {str(where)!r} is a file, not a folder")
             break
+
+
+def machine() -> dict:
+    """When and where a benchmark runs: the UTC date and minute, the platform, processor, CPUs, torch, its threads
+    and python (a printed table or a written report carries them: timings are this machine's, at this time)."""
+    import torch
+
+    return dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                platform=platform.platform(), processor=platform.processor() or platform.machine(),
+                cpus=os.cpu_count(), torch=torch.__version__, threads=torch.get_num_threads(),
+                python=platform.python_version())
+
+
+def measured_line(info: dict) -> str:
+    """``machine()``'s fields in one line, for the head of a printed table."""
+    return (f"{info['date']}, {info['processor']}, {info['cpus']} CPUs, torch {info['torch']} "
+            f"({info['threads']} thread(s)), python {info['python']}")

@@ -30,7 +30,7 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.cli import count, positive, refuse_unused
+from benchmarks.cli import count, machine, measured_line, positive, refuse_unused
 from sazo_lite import MeZO, SAZOSampler, UniformSampler
 from sazo_lite.course.memory_measure import peak_rss_bytes, run_child
 from sazo_lite.noise import NoiseTable, TorchNoise
@@ -380,7 +380,9 @@ def main(argv=None) -> None:
     run = {"speed": lambda: speed(args.model, rounds=args.rounds, clock=args.clock), "memory": lambda: memory(args.model),
            "overhead": lambda: overhead(args.model), "sampler": sampler_cost}[args.part]
     result = run()
+    result["machine"] = machine()
     print(json.dumps(result, indent=1))
+    print(f"measured {measured_line(result['machine'])}")
     if args.part == "speed":
         print(breakdown(result))
         warning = too_noisy(result)

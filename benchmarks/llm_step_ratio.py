@@ -2,7 +2,7 @@
 
 A MeZO step is two forwards plus three passes over the parameters (+εz, −2εz, restore+update),
 each regenerating z from a seed (two with ``fold_updates=True``: the update rides on the next +εz). The ratio says how much the passes cost on top of the two
-forwards (1.0 = free). Measured back to back in one process, median of ``--repeats``:
+forwards (1.0 = free). Measured back to back in one process (which runs first alternates), median of ``--repeats``:
 
     forward        answer-token CE (``answer_losses``) on B random 64-token rows, float32
     full step      ``MeZO`` over all 134.5M parameters: the plain loop, ``noise=TorchNoise()`` (the
@@ -42,15 +42,22 @@ def seconds(fn) -> float:
 
 
 def paired_ratio(forward, step, repeats: int) -> tuple[float, float, float]:
-    """Median over repeats of step / (2 × forward), each pair timed back to back (load drifts)."""
-    pairs = [(seconds(forward), seconds(step)) for _ in range(repeats)]
+    """Median over repeats of step / (2 × forward), each pair timed back to back (load drifts); which of the two
+    runs first alternates from pair to pair, so that warm caches or a drifting load favour neither side."""
+    pairs = []
+    for k in range(repeats):
+        if k % 2:
+            s = seconds(step)
+            pairs.append((seconds(forward), s))
+        else:
+            pairs.append((seconds(forward), seconds(step)))
     ratios = [s / (2 * f) for f, s in pairs]
     return (statistics.median(f for f, _ in pairs), statistics.median(s for _, s in pairs),
             statistics.median(ratios))
 
 
 def main(argv=None) -> None:
-    from benchmarks.cli import count
+    from benchmarks.cli import count, machine, measured_line
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_step_ratio", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=count, default=3, help="back-to-back (forward, step) pairs per row (default 3)")
@@ -79,8 +86,8 @@ def main(argv=None) -> None:
     lora_opt = MeZO(trainable_parameters(peft_model), lr=0.0, eps=1e-3)
     folded_opt.flush()
     results["LoRA r=8"] = paired_ratio(lora_closure, lambda: lora_opt.step(lora_closure), args.repeats)
-    print(f"SmolLM2-135M, B={args.batch}, seq={args.seq}, float32, {torch.get_num_threads()} threads, "
-          f"median of {args.repeats} back-to-back pairs")
+    print(f"SmolLM2-135M, B={args.batch}, seq={args.seq}, float32, median of {args.repeats} back-to-back pairs, "
+          f"{measured_line(machine())}")
     for name, (forward, step, ratio) in results.items():
         print(f"{name:28s} forward {forward:.3f} s  step {step:.3f} s  step / (2 × forward) = {ratio:.2f}")
 

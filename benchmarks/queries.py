@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ import numpy as np
 import torch
 
 from sazo_lite.atomic import write_text
-from benchmarks.cli import check_not_full, check_output, count, fraction, positive
+from benchmarks.cli import check_not_full, check_output, count, fraction, machine, measured_line, positive
 from sazo_lite.engine import MeZO
 from sazo_lite.samplers import make_sampler
 from sazo_lite.course.problems import FiniteSumProblem, LeastSquares, LogisticRegression
@@ -589,11 +588,12 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(1)  # tiny problems: threads only add overhead
     started = time.perf_counter()
     results = run_queries_benchmark(problems, seeds, targets, args.batch_size, methods=args.methods)
+    info = machine()
     results.update(quick=args.quick, seconds=round(time.perf_counter() - started, 1),
-                   torch=torch.__version__, python=platform.python_version())
+                   torch=info["torch"], python=info["python"], date=info["date"], machine=info)
     results["table"] = format_table(results)
     print(f"Queries (2·B per step, B={args.batch_size}) to reach each target × the initial training-loss gap; "
-          f"median [min–max] over {len(seeds)} seeds, best lr per method and target")
+          f"median [min–max] over {len(seeds)} seeds, best lr per method and target ({measured_line(info)})")
     print(results["table"])
     print(f"({results['seconds']} s)")
     out.parent.mkdir(parents=True, exist_ok=True)

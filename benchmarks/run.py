@@ -18,10 +18,8 @@ A section that fails is reported as such in the table; the others still run.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import sys
 import time
 import traceback
@@ -31,7 +29,7 @@ import torch
 
 from sazo_lite.atomic import write_text
 from benchmarks import engine_speed, sampler_state
-from benchmarks.cli import check_not_full, check_output
+from benchmarks.cli import check_not_full, check_output, machine
 
 RESULTS = Path(__file__).parent / "results"
 TARGETS = {"speed": 1.15, "memory": 1.05, "overhead": 1.02, "sazo_gain_heterogeneous": 3.5,
@@ -331,13 +329,6 @@ def table_rows(results: dict) -> list[tuple]:
 def format_table(rows: list[tuple]) -> str:
     lines = ["| section | quantity | value | target | met |", "|---|---|---|---|---|"]
     return "\n".join(lines + [f"| {' | '.join(map(str, row))} |" for row in rows])
-
-
-def machine() -> dict:
-    return dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                platform=platform.platform(), processor=platform.processor() or platform.machine(),
-                cpus=os.cpu_count(), torch=torch.__version__, threads=torch.get_num_threads(),
-                python=platform.python_version())
 
 
 def main(argv=None) -> dict:

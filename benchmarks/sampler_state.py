@@ -19,6 +19,7 @@ import time
 import numpy as np
 import torch
 
+from benchmarks.cli import machine, measured_line
 from sazo_lite.samplers import PlainSAZOSampler, SAZOSampler, UniformSampler
 
 
@@ -72,6 +73,8 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     result = run(args.quick)
+    result["machine"] = machine()
+    print(f"sampler state and speed, {measured_line(result['machine'])}")
     for row in result["sizes"]:
         for name in ("sazo", "sazo-plain", "uniform"):
             r = row[name]

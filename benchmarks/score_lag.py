@@ -124,7 +124,7 @@ RACE_PROBLEM, TRACE_PROBLEM = "quadratic σ=1.5", "heterogeneous quadratic"
 
 
 def main(argv=None):
-    from benchmarks.cli import count, fraction, natural, positive, refuse_unused
+    from benchmarks.cli import count, fraction, machine, measured_line, natural, positive, refuse_unused
     from benchmarks.queries import METHODS, default_problems
 
     bench_names = [p.name for p in default_problems()]
@@ -163,6 +163,7 @@ def main(argv=None):
     if not args.race and args.log_every > args.steps:
         ap.error(f"argument --log-every: {args.log_every} > --steps {args.steps}: no row would be printed")
     torch.set_num_threads(1)
+    print(f"score_lag{' --race' if args.race else ''} on {args.problem}, {measured_line(machine())}", flush=True)
     if args.race:
         race(args.problem, args.methods, args.grid, args.seeds, args.targets, args.max_steps)
         return

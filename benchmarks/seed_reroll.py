@@ -27,7 +27,7 @@ from sazo_lite.train import median_queries
 from sazo_lite.validation import check_count
 from sazo_lite.variance import importance_weights
 
-from .cli import count, fraction, positive
+from .cli import count, fraction, machine, measured_line, positive
 from .queries import queries_to_reach
 
 
@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--target", type=fraction, default=0.02, help="fraction of the initial gap (default 0.02)")
     parser.add_argument("--max-steps", type=count, default=30_000, help="step budget of a run (default 30000)")
     args = parser.parse_args(argv)
+    print(f"seed_reroll, {measured_line(machine())}", flush=True)
     problem = LeastSquares(256, 20, heterogeneity=1.5, seed=0)
     streams = {"inverse CDF (before 28b823e)": InverseCdfSAZO, "mixture (now)": SAZOSampler}
     queries = {}

@@ -75,3 +75,99 @@ def test_equal_steps_read_as_equal_under_a_falling_load(falling):
 def test_round_order_is_a_b_b_a_with_a_alternating():
     assert engine_speed.round_order(0) == ("uniform", "sazo", "sazo", "uniform")
     assert engine_speed.round_order(1) == ("sazo", "uniform", "uniform", "sazo")
+
+
+def test_llm_step_ratio_alternates_which_of_forward_and_step_is_timed_first(monkeypatch):
+    """llm_step_ratio timed the forward before the step in every pair (the same order bias as overhead's)."""
+    from benchmarks import llm_step_ratio
+
+    order = []
+    monkeypatch.setattr(llm_step_ratio, "seconds", lambda fn: fn() or 1.0)
+    llm_step_ratio.paired_ratio(lambda: order.append("forward"), lambda: order.append("step"), 4)
+    pairs = [tuple(order[k:k + 2]) for k in range(0, 8, 2)]
+    assert pairs.count(("forward", "step")) == pairs.count(("step", "forward")) == 2, pairs
+
+
+# -- every printed table says when and where it was measured ---------------------------------------------------
+class StubOptimizer:
+    def __init__(self, *args, **kwargs):
+        self.noise = None
+
+    def step(self, closure):
+        closure()
+
+    def flush(self):
+        pass
+
+
+def stub_step_ratio(monkeypatch):
+    from benchmarks import llm_step_ratio as m
+
+    tokenizer = type("Tokenizer", (), {"vocab_size": 200})()
+    for name, value in {"load_smollm2": lambda: (None, tokenizer), "answer_losses": lambda model, rows: None,
+                        "full_parameters": lambda model: [], "sparse_indices": lambda params, share: None,
+                        "MeZO": StubOptimizer, "SparseMeZO": StubOptimizer, "TorchNoise": lambda: None,
+                        "add_lora": lambda model, rank: None, "trainable_parameters": lambda model: [],
+                        "seconds": lambda fn: fn() or 1.0}.items():
+        monkeypatch.setattr(m, name, value)
+    return m, ["--repeats", "1"]
+
+
+def stub_queries(monkeypatch, tmp_path):
+    from benchmarks import queries as m
+
+    monkeypatch.setattr(m, "run_queries_benchmark", lambda problems, seeds, targets, batch, methods: {
+        "benchmark": "queries", "targets": list(targets), "seeds": seeds, "batch_size": batch,
+        "methods": list(methods), "rows": []})
+    return m, ["--quick", "--out", str(tmp_path / "q.json")]
+
+
+def stub_engine_speed(monkeypatch, tmp_path):
+    monkeypatch.setattr(engine_speed, "sampler_cost", lambda: {"uniform_s": 1e-3})
+    return engine_speed, ["sampler"]
+
+
+def stub_sampler_state(monkeypatch, tmp_path):
+    from benchmarks import sampler_state as m
+
+    monkeypatch.setattr(m, "run", lambda quick: {"sizes": []})
+    return m, ["--quick"]
+
+
+def stub_seed_reroll(monkeypatch, tmp_path):
+    from benchmarks import seed_reroll as m
+
+    monkeypatch.setattr(m, "queries_to_reach", lambda problem, factory, lr, seed, target, steps: 100 + seed)
+    return m, ["--seeds", "3"]
+
+
+def stub_score_lag(monkeypatch, tmp_path):
+    from benchmarks import score_lag as m
+
+    monkeypatch.setattr(m, "race", lambda *args, **kwargs: {})
+    return m, ["--race"]
+
+
+@pytest.mark.parametrize("stub", [stub_queries, stub_engine_speed, stub_sampler_state, stub_seed_reroll,
+                                  stub_score_lag, lambda monkeypatch, tmp_path: stub_step_ratio(monkeypatch)],
+                         ids=["queries", "engine_speed", "sampler_state", "seed_reroll", "score_lag", "llm_step_ratio"])
+def test_every_benchmark_prints_its_date_and_machine(monkeypatch, capsys, tmp_path, stub):
+    """queries, engine_speed (make bench-step), sampler_state, seed_reroll, score_lag and llm_step_ratio printed
+    their tables (timings of this machine, at this load) without a date or a machine; make bench alone said them."""
+    import datetime
+    import os
+
+    module, argv = stub(monkeypatch, tmp_path)
+    days = {datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
+    module.main(argv)
+    days.add(datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"))
+    out = capsys.readouterr().out
+    assert any(day in out for day in days), out
+    assert f"{os.cpu_count()} CPUs" in out and torch.__version__ in out, out
+
+
+def test_the_queries_report_stores_its_date_and_machine(monkeypatch, tmp_path):
+    module, argv = stub_queries(monkeypatch, tmp_path)
+    module.main(argv)
+    saved = json.loads((tmp_path / "q.json").read_text())
+    assert saved["date"].endswith("UTC") and saved["machine"]["cpus"] and saved["machine"]["date"] == saved["date"]
