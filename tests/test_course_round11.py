@@ -140,3 +140,20 @@ def test_race_takes_seeds_as_a_numpy_array_and_run_sazo_trace_names_steps_none()
     assert result.gaps["sazo"].shape == (2, 3)
     with pytest.raises(ValueError, match="Invalid steps: None"):                 # was TypeError from None < 1
         sazo_runs.run_sazo_trace(problem, steps=None)
+
+
+# -- an instructor's own language-model records --------------------------------------------------------
+
+@pytest.mark.parametrize("array", [np.array, torch.tensor])
+def test_llm_figures_take_a_runs_series_as_a_numpy_array_or_tensor(array):
+    from sazo_lite.course.widgets import llm
+
+    run = {"queries": array([0, 2, 4]), "train_loss": array([1.0, 0.8, 0.4]), "walk": array([0.0, 1.0, 2.0])}
+    listed = {key: value.tolist() for key, value in run.items()}
+    # each raised "truth value of an array ... is ambiguous" (numpy) or "Boolean value of Tensor" (torch)
+    assert [list(t.y) for t in llm.loss_bands({"uniform": [run]}).data] == \
+        [list(t.y) for t in llm.loss_bands({"uniform": [listed]}).data]
+    assert llm.run_summary("uniform", run) == llm.run_summary("uniform", listed)
+    assert list(llm.walk_figure({"uniform": [run]}).data[0].y) == [0.0, 1.0, 2.0]
+    assert llm.queries_table_html({"uniform": [run]}) == llm.queries_table_html({"uniform": [listed]})
+    assert llm.best_cells({"uniform η=1e-3": [run]}, 0.5) == {"uniform": "uniform η=1e-3"}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 import statistics
 
+import numpy as np
 import plotly.graph_objects as go
 import torch
 
@@ -49,7 +50,11 @@ def peak_memory_bars(measurements: dict[str, dict]) -> go.Figure:
 
 # -- figures of recorded language-model runs: plain functions of recorded data (``sazo_lite.llm.queries.QueryRun`` dicts) --------
 def _as_dict(run) -> dict:
-    return run if isinstance(run, dict) else run.to_dict()
+    """A run as a dict of plain values: a ``QueryRun``'s ``to_dict()``, and a record's numpy arrays or tensors as
+    lists (the checks test a series by its truth value, which an array of several numbers refuses to have)."""
+    run = run if isinstance(run, dict) else run.to_dict()
+    return {key: value.tolist() if isinstance(value, (np.ndarray, np.generic, torch.Tensor)) else value
+            for key, value in run.items()}
 
 
 def _nothing_drawn(name: str, fig: go.Figure, what: str) -> go.Figure:
