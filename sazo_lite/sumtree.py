@@ -53,7 +53,7 @@ class SumTree:
     """
 
     def __init__(self, weights: torch.Tensor):
-        weights = torch.as_tensor(weights).detach().to("cpu", torch.float64)
+        weights = _real(weights)
         if weights.dim() != 1 or weights.numel() == 0:
             raise ValueError(f"Invalid weights: expected a non-empty 1-D tensor, got shape {tuple(weights.shape)}")
         self._check_values(weights.numpy(), weights.numel())
@@ -112,8 +112,20 @@ class SumTree:
         return self._sums.nbytes + (0 if self._leaves is None else self._leaves.nbytes)
 
     def weights(self, indices: torch.Tensor) -> torch.Tensor:
-        """w_i for the given indices (float64)."""
-        return torch.from_numpy(self._leaf_values(torch.as_tensor(indices, dtype=torch.long).numpy()))
+        """w_i for the given indices (a 1-D integer tensor, each in [0, N)), float64."""
+        return torch.from_numpy(self._leaf_values(self._indices(indices).numpy()))
+
+    def _indices(self, indices) -> torch.Tensor:
+        """``indices`` as a 1-D int64 tensor of leaves, or ValueError: a float index was truncated (0.9 read
+        as leaf 0), −1 read the last leaf, and 2-D indices changed the leaves but not their sums."""
+        indices = torch.as_tensor(indices)
+        if indices.dim() != 1 or not (indices.numel() == 0 or _is_integer(indices.dtype)):
+            raise ValueError(f"Invalid indices: expected a 1-D integer tensor, got {indices.dtype} "
+                             f"of shape {tuple(indices.shape)}")
+        indices = indices.to("cpu", torch.long)
+        if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= self.num_leaves):
+            raise ValueError(f"Invalid indices: values must lie in [0, {self.num_leaves})")
+        return indices
 
     # -- changing --------------------------------------------------------------------------
     @staticmethod
@@ -129,10 +141,11 @@ class SumTree:
         """Set w[indices] = values (last write wins for repeats) in a tree that owns its leaves."""
         if self._leaves is None:
             raise ValueError("Invalid update: this tree reads its leaves from their owner; use refresh()")
-        indices = torch.as_tensor(indices, dtype=torch.long)
-        values = torch.as_tensor(values, dtype=torch.float64).expand(indices.shape).numpy()
-        if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= self.num_leaves):
-            raise ValueError(f"Invalid indices: values must lie in [0, {self.num_leaves})")
+        indices, values = self._indices(indices), _real(values)
+        if values.dim() > 1 or values.numel() not in (1, indices.numel()):
+            raise ValueError(f"Invalid values: shape {tuple(values.shape)} (expected one value, or one per index: "
+                             f"{tuple(indices.shape)})")
+        values = values.reshape(-1).expand(indices.shape).numpy()
         self._check_values(values, self.num_leaves)
         self._leaves[indices.numpy()] = values
         self.refresh(indices.numpy())
@@ -188,6 +201,18 @@ class SumTree:
             at = node[active]
             u[active], node[active] = _descend(u[active], at, self._value(2 * at), self._value(2 * at + 1))
         return torch.from_numpy(node - self.num_leaves)
+
+
+def _is_integer(dtype: torch.dtype) -> bool:
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
+def _real(values) -> torch.Tensor:
+    """Weights as a float64 CPU tensor; complex ones refused (the cast dropped the imaginary part)."""
+    values = torch.as_tensor(values)
+    if values.is_complex():
+        raise ValueError(f"Invalid weights: dtype {values.dtype} (expected real numbers)")
+    return values.detach().to("cpu", torch.float64)
 
 
 _BELOW_ONE = np.nextafter(1.0, 0.0)

@@ -217,3 +217,47 @@ def test_the_mean_of_g_times_z_over_many_steps_is_the_autograd_gradient():
     exact = torch.cat([g.reshape(-1) for g in grads])
     error = (samples.mean(0) - exact).abs()
     assert bool((error <= 5 * samples.std(0) / len(samples) ** 0.5 + 1e-9).all())
+
+
+# --- defect 6: SumTree fed indices or values of the wrong kind ----------------------------------------------
+def test_a_sum_tree_update_with_2d_indices_is_refused_before_the_leaves_change():
+    """The leaves were written, then refresh raised numpy's 'truth value of an array is ambiguous': the tree
+    held leaves summing to 18 under a root of 8, and drew from neither."""
+    from sazo_lite.sumtree import SumTree
+
+    tree = SumTree(torch.ones(8, dtype=torch.float64))
+    with pytest.raises(ValueError, match="Invalid indices"):
+        tree.update(torch.tensor([[0, 1]]), torch.tensor([[5.0, 7.0]]))
+    assert torch.equal(tree.weights(torch.arange(8)), torch.ones(8, dtype=torch.float64)) and tree.total == 8.0
+
+
+@pytest.mark.parametrize("indices", [torch.tensor([0.9]), torch.tensor([-1]), torch.tensor([8]), torch.tensor([True])],
+                         ids=["fractional", "negative", "past the end", "bool"])
+def test_a_sum_tree_refuses_indices_that_are_not_leaves(indices):
+    """A float index was truncated (0.9 updated leaf 0), −1 read or wrote the last leaf (numpy's negative
+    indexing), N raised IndexError from numpy."""
+    from sazo_lite.sumtree import SumTree
+
+    tree = SumTree(torch.ones(8, dtype=torch.float64))
+    with pytest.raises(ValueError, match="Invalid indices"):
+        tree.weights(indices)
+    with pytest.raises(ValueError, match="Invalid indices"):
+        tree.update(indices, torch.tensor([5.0]))
+    assert tree.total == 8.0
+
+
+@pytest.mark.parametrize("values, name", [(torch.tensor([1.0, 2.0, 3.0]), "Invalid values"),
+                                          (torch.tensor([1 + 2j, 3 + 0j]), "Invalid weights")],
+                         ids=["three values for two indices", "complex"])
+def test_a_sum_tree_refuses_values_of_the_wrong_shape_or_kind(values, name):
+    """Three values for two indices raised torch's RuntimeError from expand; complex values lost their
+    imaginary part silently (in the constructor too)."""
+    from sazo_lite.sumtree import SumTree
+
+    tree = SumTree(torch.ones(4, dtype=torch.float64))
+    with pytest.raises(ValueError, match=name):
+        tree.update(torch.tensor([0, 1]), values)
+    with pytest.raises(ValueError, match="Invalid weights"):
+        SumTree(torch.ones(4, dtype=torch.complex64))
+    tree.update(torch.tensor([0, 1]), 2.0)   # one value for every index still works
+    assert tree.total == 6.0
