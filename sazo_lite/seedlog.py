@@ -41,15 +41,14 @@ Example:
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from .atomic import write_bytes
 from .directions import PERTURBATIONS, derive_seed
 from .engine import MeZO, StepEvent, _check_step_count
 from .interrupts import InterruptsDeferred
@@ -321,22 +320,12 @@ class SeedLog:
     def save(self, path) -> int:
         """Write the log to ``path``; returns its size in bytes.
 
-        Atomic: the bytes go to a temporary file beside ``path``, which then replaces it, so a
-        failed write (full disk, file-size limit) or Ctrl-C leaves any previous file whole.
+        Atomic (``atomic.write_bytes``): the bytes go to a new temporary file beside ``path``, which
+        then replaces it, so a failed write (full disk, file-size limit) or Ctrl-C leaves any previous
+        file whole.
         """
         data = self.to_bytes()
-        path = os.fspath(path)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        try:
-            with open(tmp, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
-            raise
+        write_bytes(path, data)   # a fresh temporary name: a file or link left at a fixed one was written through
         return len(data)
 
     @classmethod

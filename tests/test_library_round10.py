@@ -261,3 +261,21 @@ def test_a_sum_tree_refuses_values_of_the_wrong_shape_or_kind(values, name):
         SumTree(torch.ones(4, dtype=torch.complex64))
     tree.update(torch.tensor([0, 1]), 2.0)   # one value for every index still works
     assert tree.total == 6.0
+
+
+# --- defect 7: SeedLog.save wrote through whatever sat at its fixed temporary name ---------------------------
+@pytest.mark.skipif(not hasattr(__import__("os"), "symlink"), reason="symbolic links")
+def test_a_seed_log_save_does_not_write_through_a_link_left_at_a_temporary_name(tmp_path):
+    """save wrote ``<path>.<pid>.tmp`` with open(..., "wb"), its own copy of atomic_write: a link left at
+    that name (pids repeat: a container's process is often pid 1) had its target overwritten with the log,
+    and the rename then made the log a link to it. It now goes through atomic.write_bytes (a new file)."""
+    import os
+
+    _, _, log = _quadratic_run()
+    path, victim = tmp_path / "run.seedlog", tmp_path / "notes.txt"
+    victim.write_text("mine")
+    os.symlink(victim, f"{path}.{os.getpid()}.tmp")
+    size = log.save(path)
+    assert victim.read_text() == "mine"
+    assert not path.is_symlink() and path.stat().st_size == size
+    assert SeedLog.load(path).records == log.records
