@@ -76,7 +76,9 @@ are the Trainer's own. What differs:
   is refused and nothing in it runs) and checked in full before anything loads.
 - Half precision: a model loaded in bfloat16/float16 is tuned through ``Float32Master``
   (``master_weights="auto"``): MeZO perturbs a float32 copy of the trainable tensors, copied into
-  the model before each forward, so updates smaller than half an ulp are not lost. With
+  the model before each forward, so updates smaller than half an ulp are not lost. Entries
+  written into the model between steps (a callback, code between ``train()`` calls) become the
+  master's at the next step or checkpoint, as a float32 model keeps them. With
   ``load_best_model_at_end`` the master follows the best weights loaded at the end (that
   checkpoint's float32 master), so a later ``train()`` continues from them. ``bf16=True``
   with a float32 model only autocasts the forwards; the weights stay float32.
@@ -599,6 +601,8 @@ class ZOTrainer(Trainer):
             net.train()
 
     def _zo_step(self, net) -> torch.Tensor:
+        if self._master is not None:
+            self._master_follows_writes()
         indices, weights = self.zo_sampler.sample(self.global_batch_size())
         rank, world = rank_and_world()
         batch = self._collate(shard(indices, rank, world))  # this rank's B/W examples
@@ -680,6 +684,8 @@ class ZOTrainer(Trainer):
         # private, kept: the one place the checkpoint folder is known (``on_save`` callbacks are
         # not told it). Loading uses public hooks: ``train`` reads and checks, ``create_optimizer`` applies.
         super()._save_optimizer_and_scheduler(output_dir)  # optimizer.pt holds MeZO's step and seed
+        if self._master is not None:   # the weights a callback wrote since the step: the next step's
+            self._master_follows_writes()   # too, so a resume goes on from them as the run does
         if self.args.should_save:  # plain tensors, numbers and strings: what weights_only=True reads
             state = {"method": self.method, "sampler": self.zo_sampler.state_dict(), "queries": self._zo_queries,
                      "batch_size": self.global_batch_size(),   # B of the steps so far (a resume may change it)
@@ -845,6 +851,17 @@ class ZOTrainer(Trainer):
         super()._load_best_model()
         if self._master is not None:
             self._master_follows_model(self.state.best_model_checkpoint)
+
+    def _master_follows_writes(self) -> None:
+        """Entries written into the model since the master was last synced into it (a callback,
+        code between ``train()`` calls) become the master's: the next pass syncs master → model,
+        which silently undid them (a float32 model keeps such a write). The other entries keep
+        the master's extra precision."""
+        with torch.no_grad():
+            for param, master in zip(self._master.params, self._master.tensors):
+                written = param.detach() != master.to(param.dtype)
+                if bool(written.any()):
+                    master.copy_(torch.where(written, param.detach().to(master.dtype), master))
 
     def _master_follows_model(self, checkpoint: str) -> None:
         """The master takes the weights the model holds now: the checkpoint's master where it

@@ -110,3 +110,42 @@ def test_a_checkpoint_from_before_round_12_compares_the_trainers_batch_size(tmp_
     other = trainer_for(tmp_path, args=training_args(tmp_path, max_steps=4, per_device_train_batch_size=2))
     with pytest.warns(UserWarning, match="written with B = 4"):
         other.train(resume_from_checkpoint=str(checkpoint))
+
+
+# -- a callback writing the weights of a half-precision model ---------------------------------------
+class HalveAt(transformers.TrainerCallback):
+    """Halves every weight of the model at the end of one step (weight shrinkage, say)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step == self.step:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.mul_(0.5)
+
+
+def half_trainer(root, max_steps, **args_change):
+    args = training_args(root, max_steps=max_steps, learning_rate=1e-6, **args_change)
+    return trainer_for(root, model=tiny_causal_lm("llama", vocab_size=VOCAB, dtype=torch.bfloat16), args=args,
+                       callbacks=[HalveAt(2)])
+
+
+def test_a_callbacks_write_into_a_half_precision_model_is_kept(tmp_path):
+    # MeZO tunes the float32 master and each pass syncs it into the model: a callback's write
+    # into the model's weights was silently undone at the next step (a float32 model keeps it)
+    trainer = half_trainer(tmp_path, max_steps=3, save_strategy="steps", save_steps=2)
+    start = weights(trainer.model)
+    trainer.train()
+    for name, value in weights(trainer.model).items():
+        if value.is_floating_point() and value.abs().max() > 0:
+            ratio = float(value.float().norm() / start[name].float().norm())
+            assert ratio == pytest.approx(0.5, abs=0.01), name
+    for p, master in zip(trainer._master.params, trainer._master.tensors):
+        assert torch.equal(p, master.to(p.dtype))          # the model holds the rounded master
+    # a resume from the step of the write goes on from the written weights, as the run did
+    resumed = half_trainer(tmp_path / "again", max_steps=3)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    for a, b in zip(trainer._master.tensors, resumed._master.tensors):
+        assert torch.equal(a, b)
