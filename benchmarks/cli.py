@@ -36,6 +36,18 @@ def count(text: str) -> int:
     return _int(text, 1, "count")
 
 
+def multiple_of(step: int) -> Callable[[str], int]:
+    """The type of a count that must be a multiple of ``step`` (a step budget of runs that extend by whole log
+    intervals of ``step`` steps: a budget between two would be overrun to the next one)."""
+    def parse(text: str) -> int:
+        value = count(text)
+        if value % step:
+            raise argparse.ArgumentTypeError(f"invalid value: {text!r} (expected a multiple of {step}: the runs "
+                                             f"log every {step} steps and would overrun it to {-(-value // step) * step})")
+        return value
+    return parse
+
+
 def natural(text: str) -> int:
     """An integer ≥ 0 (a seed; a size where 0 means "none")."""
     return _int(text, 0, "non-negative integer")

@@ -334,6 +334,7 @@ class BenchProblem:
 
 
 DIVERGE_FACTOR = 1e4     # the toy runs: a gap above this × the initial gap has diverged (``train.diverged``)
+LOG_EVERY = 10           # TargetRun's log interval: runs extend by whole intervals (a budget is a multiple of it)
 
 
 class TargetRun:
@@ -347,7 +348,7 @@ class TargetRun:
     """
 
     def __init__(self, problem: FiniteSumProblem, method: str | Callable, lr: float, seed: int,
-                 target: float | tuple = TARGETS, *, batch_size: int = 1, eps: float = 1e-3, log_every: int = 10):
+                 target: float | tuple = TARGETS, *, batch_size: int = 1, eps: float = 1e-3, log_every: int = LOG_EVERY):
         self.problem, self.batch_size, self.log_every = problem, batch_size, log_every
         self.theta = problem.initial_theta(torch.float64)
         self.optimal = problem.optimal_loss
@@ -520,7 +521,7 @@ def grid_edge(chosen: float, grid) -> str:
     ``" (grid edge)"``, ``" (one rate)"`` for a grid of a single rate (nothing was compared), or
     an empty string.
     """
-    rates = [float(lr) for lr in grid]
+    rates = sorted({float(lr) for lr in grid})      # a rate given twice is one rate
     if len(rates) == 1:
         return " (one rate)"
     return " (grid edge)" if rates and chosen in (min(rates), max(rates)) else ""
@@ -584,7 +585,7 @@ def main(argv: list[str] | None = None) -> dict:
         problems = [p for p in problems if p.name in args.problems]
     if args.lr_grid:
         for item in problems:
-            item.lr_grid = args.lr_grid
+            item.lr_grid = sorted(set(args.lr_grid))      # a rate given twice is raced once
     torch.set_num_threads(1)  # tiny problems: threads only add overhead
     started = time.perf_counter()
     results = run_queries_benchmark(problems, seeds, targets, args.batch_size, methods=args.methods)

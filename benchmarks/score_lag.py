@@ -124,8 +124,8 @@ RACE_PROBLEM, TRACE_PROBLEM = "quadratic σ=1.5", "heterogeneous quadratic"
 
 
 def main(argv=None):
-    from benchmarks.cli import count, fraction, machine, measured_line, natural, positive, refuse_unused
-    from benchmarks.queries import METHODS, default_problems
+    from benchmarks.cli import count, fraction, machine, measured_line, multiple_of, natural, positive, refuse_unused
+    from benchmarks.queries import LOG_EVERY, METHODS, default_problems
 
     bench_names = [p.name for p in default_problems()]
     ap = argparse.ArgumentParser(prog="python -m benchmarks.score_lag", description=__doc__.splitlines()[0])
@@ -136,7 +136,8 @@ def main(argv=None):
                     help="--race: the learning-rate grid")
     ap.add_argument("--targets", type=fraction, nargs="+", default=[0.02, 0.005],
                     help="--race: targets as fractions of the initial gap")
-    ap.add_argument("--max-steps", type=count, default=None, help="--race: step budget (default: the problem's)")
+    ap.add_argument("--max-steps", type=multiple_of(LOG_EVERY), default=None,
+                    help=f"--race: step budget, a multiple of {LOG_EVERY} (default: the problem's)")
     ap.add_argument("--problem", default=None,
                     help=f"one of make bench's problems {bench_names} or, without --race, a course problem {list(PROBLEMS)} "
                          f"(default: {TRACE_PROBLEM!r}; --race: {RACE_PROBLEM!r})")
@@ -154,6 +155,8 @@ def main(argv=None):
         refuse_unused(ap, args, ("methods", "grid", "targets", "max_steps"), "without --race")
         for name, value in decomposition.items():
             setattr(args, name, value if getattr(args, name) is None else getattr(args, name))
+    # a seed or rate given twice would count twice in a median: each is run once
+    args.seeds, args.grid = list(dict.fromkeys(args.seeds)), sorted(set(args.grid))
     if args.problem is None:
         args.problem = RACE_PROBLEM if args.race else TRACE_PROBLEM
     allowed = bench_names if args.race else [*bench_names, *PROBLEMS]

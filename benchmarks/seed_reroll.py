@@ -27,8 +27,8 @@ from sazo_lite.train import median_queries
 from sazo_lite.validation import check_count
 from sazo_lite.variance import importance_weights
 
-from .cli import count, fraction, machine, measured_line, positive
-from .queries import queries_to_reach
+from .cli import count, fraction, machine, measured_line, multiple_of, positive
+from .queries import LOG_EVERY, queries_to_reach
 
 
 def at_least_two(text: str) -> int:
@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", type=at_least_two, default=60, help="seeds per stream (default 60; ≥ 2)")
     parser.add_argument("--lr", type=positive, default=0.0025, help="SAZO's chosen rate at 2%% in make bench")
     parser.add_argument("--target", type=fraction, default=0.02, help="fraction of the initial gap (default 0.02)")
-    parser.add_argument("--max-steps", type=count, default=30_000, help="step budget of a run (default 30000)")
+    parser.add_argument("--max-steps", type=multiple_of(LOG_EVERY), default=30_000,
+                        help=f"step budget of a run, a multiple of {LOG_EVERY} (default 30000)")
     args = parser.parse_args(argv)
     print(f"seed_reroll, {measured_line(machine())}", flush=True)
     problem = LeastSquares(256, 20, heterogeneity=1.5, seed=0)

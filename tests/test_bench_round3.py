@@ -171,3 +171,54 @@ def test_the_queries_report_stores_its_date_and_machine(monkeypatch, tmp_path):
     module.main(argv)
     saved = json.loads((tmp_path / "q.json").read_text())
     assert saved["date"].endswith("UTC") and saved["machine"]["cpus"] and saved["machine"]["date"] == saved["date"]
+
+
+# -- bad arguments: a budget the runs would overrun, a seed or rate given twice -------------------------------
+@pytest.mark.parametrize("module, argv", [("seed_reroll", ["--max-steps", "15"]),
+                                          ("score_lag", ["--race", "--max-steps", "15"]),
+                                          ("score_lag", ["--race", "--max-steps", "1"])])
+def test_a_budget_between_two_log_points_is_refused(capsys, monkeypatch, module, argv):
+    """The toy runs extend by whole log intervals of 10 steps: --max-steps 15 ran 20 steps, and a seed could be
+    counted at 40 queries within a budget of 30 (--max-steps 1: 10 steps for 1)."""
+    import importlib
+
+    m = importlib.import_module(f"benchmarks.{module}")
+    monkeypatch.setattr(m, "queries_to_reach" if module == "seed_reroll" else "race", never_run, raising=True)
+    refused(capsys, lambda: m.main(argv), "--max-steps", "multiple of 10")
+
+
+def never_run(*args, **kwargs):
+    raise AssertionError("the run started")
+
+
+def test_a_budget_of_whole_log_intervals_runs_no_further():
+    from benchmarks.queries import TargetRun
+    from sazo_lite.course.problems import LeastSquares
+
+    run_ = TargetRun(LeastSquares(16, 2, seed=0), "uniform", 1e-3, 0, 1e-9).extend_to(20)
+    assert run_.steps == 20
+
+
+def test_a_rate_given_twice_is_one_rate_and_is_raced_once(monkeypatch, tmp_path):
+    """--lr-grid 0.001 0.001 raced one rate, yet the table marked it '(grid edge)' as if a grid had been compared."""
+    from benchmarks import queries
+
+    assert queries.grid_edge(1e-3, [1e-3, 1e-3]) == " (one rate)"
+    assert queries.grid_edge(1e-3, {"0.001": 5, "0.0010": 6}) == " (one rate)"
+    assert queries.grid_edge(1e-3, [1e-3, 2e-3]) == " (grid edge)" and queries.grid_edge(2e-3, [1e-3, 2e-3, 3e-3]) == ""
+    grids = []
+    monkeypatch.setattr(queries, "run_queries_benchmark", lambda problems, seeds, targets, batch, methods: (
+        grids.extend(p.lr_grid for p in problems) or {"targets": list(targets), "methods": list(methods), "rows": []}))
+    queries.main(["--quick", "--lr-grid", "0.002", "0.001", "0.002", "--out", str(tmp_path / "q.json")])
+    assert grids and all(grid == [0.001, 0.002] for grid in grids), grids
+
+
+def test_score_lag_counts_a_seed_given_twice_once(monkeypatch, capsys):
+    """--seeds 0 0 ran seed 0 twice and counted it twice in every median of the race."""
+    from benchmarks import score_lag
+
+    calls = []
+    monkeypatch.setattr(score_lag, "race", lambda problem, methods, grid, seeds, targets, max_steps: calls.append(
+        (list(grid), list(seeds))))
+    score_lag.main(["--race", "--seeds", "0", "1", "0", "--grid", "0.002", "0.002", "0.001"])
+    assert calls == [([0.001, 0.002], [0, 1])]
