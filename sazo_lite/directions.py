@@ -61,6 +61,8 @@ def draw_direction(like: torch.Tensor, seed: int, perturbation: str,
     generator.manual_seed(seed)
     if perturbation == "gaussian":
         return torch.randn(like.shape, generator=generator, device=like.device, dtype=dtype)
+    if perturbation != "rademacher":   # a typo ("gausian", "Gaussian") drew ±1 signs silently
+        raise ValueError(f"Invalid perturbation: {perturbation!r} (expected one of {PERTURBATIONS})")
     return rademacher_signs(like.numel(), dtype, like.device, generator).view(like.shape)
 
 

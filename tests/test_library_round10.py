@@ -279,3 +279,14 @@ def test_a_seed_log_save_does_not_write_through_a_link_left_at_a_temporary_name(
     assert victim.read_text() == "mine"
     assert not path.is_symlink() and path.stat().st_size == size
     assert SeedLog.load(path).records == log.records
+
+
+# --- defect 8: draw_direction with a misspelt perturbation ------------------------------------------------
+@pytest.mark.parametrize("perturbation", ["gausian", "Gaussian", "normal", None])
+def test_draw_direction_refuses_a_perturbation_it_does_not_know(perturbation):
+    """Anything but "gaussian" drew Rademacher signs: a reference written with a typo compared MeZO's
+    Gaussian steps against ±1 directions without a word."""
+    with pytest.raises(ValueError, match="Invalid perturbation"):
+        sz.draw_direction(torch.empty(5), 3, perturbation, torch.Generator())
+    signs = sz.draw_direction(torch.empty(5), 3, "rademacher", torch.Generator())
+    assert bool((signs.abs() == 1).all())
