@@ -401,12 +401,15 @@ class MeZO(torch.optim.Optimizer):
         _warn_if_frozen_mixed_in(self.param_groups)
 
     def add_param_group(self, param_group: dict) -> None:
-        """Validate a group fully (tensors, hyperparameters, the shared eps), then add it."""
+        """Validate a group fully (tensors, hyperparameters, the shared eps), then add it. A group without
+        an eps takes the one the groups share (other missing values come from the constructor's)."""
         self._refuse_in_step("add_param_group")
         if not isinstance(param_group, dict) or "params" not in param_group:
             raise ValueError(f"Invalid param_group: expected a dict with 'params', got {param_group!r}")
         params = _check_params(param_group["params"])
-        cleaned = _check_group(param_group, self.defaults)
+        # a group without an eps takes the one all groups share: the constructor's may have been changed since
+        shared = {"eps": self.param_groups[0]["eps"]} if self.param_groups and "eps" not in param_group else {}
+        cleaned = _check_group({**param_group, **shared}, self.defaults)
         if self.param_groups and cleaned["eps"] != self.param_groups[0]["eps"]:
             raise ValueError(f"Invalid eps: {cleaned['eps']} (all param groups must share one eps)")
         known = [p for group in self.param_groups for p in group["params"]]

@@ -290,3 +290,20 @@ def test_draw_direction_refuses_a_perturbation_it_does_not_know(perturbation):
         sz.draw_direction(torch.empty(5), 3, perturbation, torch.Generator())
     signs = sz.draw_direction(torch.empty(5), 3, "rademacher", torch.Generator())
     assert bool((signs.abs() == 1).all())
+
+
+# --- defect 9: add_param_group after the shared eps was changed -------------------------------------------
+def test_a_group_added_without_an_eps_takes_the_shared_one_after_it_was_changed():
+    """A group without eps took the constructor's: once the groups' eps had been changed between steps,
+    add_param_group({'params': [b]}) was refused as 'Invalid eps: 0.001 (all param groups must share one
+    eps)', an eps the caller never passed."""
+    a, b = torch.zeros(3), torch.zeros(2)
+    opt = sz.MeZO([a], lr=0.1, eps=1e-3)
+    opt.param_groups[0]["eps"] = 2e-3
+    opt.step(lambda: (a - 1.0).pow(2))
+    opt.add_param_group({"params": [b], "lr": 0.2})
+    assert opt.param_groups[1]["eps"] == 2e-3 and opt.param_groups[1]["lr"] == 0.2
+    opt.step(lambda: torch.cat([a - 1.0, b + 1.0]).pow(2))
+    assert opt.step_count == 2 and bool((b != 0).all())
+    with pytest.raises(ValueError, match="Invalid eps"):   # an eps of its own must still be the shared one
+        opt.add_param_group({"params": [torch.zeros(1)], "eps": 1e-3})
