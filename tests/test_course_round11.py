@@ -157,3 +157,20 @@ def test_llm_figures_take_a_runs_series_as_a_numpy_array_or_tensor(array):
     assert list(llm.walk_figure({"uniform": [run]}).data[0].y) == [0.0, 1.0, 2.0]
     assert llm.queries_table_html({"uniform": [run]}) == llm.queries_table_html({"uniform": [listed]})
     assert llm.best_cells({"uniform η=1e-3": [run]}, 0.5) == {"uniform": "uniform η=1e-3"}
+
+
+# -- a dashboard drawn again after a refused setting ------------------------------------------------------
+
+def test_memory_dashboard_draws_no_bars_for_a_shape_it_refuses_and_draws_them_again_once_valid():
+    board = sw.memory_dashboard()
+    bars = board.figures["bars"]
+    before = [list(trace.y) for trace in bars.data]
+    board.controls["kv_heads"].value = 3                  # 16 heads: 3 KV heads do not divide them
+    assert "expected heads to divide hidden" in text(board.readout.value)
+    # the last valid shape's bars stayed under the message that refused this one
+    assert all(y is None for trace in bars.data for y in trace.y), [list(t.y) for t in bars.data]
+    assert "not a valid model" in bars.layout.title.text
+    shown = bars.view.outputs[0]["data"]["application/vnd.plotly.v1+json"]
+    assert all(y is None for trace in shown["data"] for y in trace.get("y", [])), shown["data"]   # the page too
+    board.controls["kv_heads"].value = 2
+    assert [list(trace.y) for trace in bars.data] == before and bars.layout.title.text == "Peak memory of one training step"

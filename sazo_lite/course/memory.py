@@ -104,8 +104,8 @@ class ModelShape:
         for key in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab"):
             check_count(key, getattr(self, key))
         if self.hidden % self.heads or self.heads % self.kv_heads:
-            raise ValueError(f"Invalid heads/kv_heads: {self.heads}/{self.kv_heads} must divide "
-                             f"hidden {self.hidden} and heads respectively")
+            raise ValueError(f"Invalid heads/kv_heads: {self.heads}/{self.kv_heads} (expected heads to divide "
+                             f"hidden {self.hidden} and KV heads to divide heads {self.heads})")
 
     @property
     def kv_dim(self) -> int:

@@ -104,10 +104,13 @@ def _current(controls, base_name: str) -> tuple[memory.ModelShape, memory.TrainS
     return shape, setup, ladder
 
 
+_TITLE = "Peak memory of one training step"
+
+
 def _bar_figure() -> LiveFigure:
     fig = LiveFigure(layout=dict(barmode="stack", height=380, width=560, xaxis_title="method",
                                  yaxis_title="peak memory (GB)",
-                                 title="Peak memory of one training step", margin=dict(t=50, b=40)))
+                                 title=_TITLE, margin=dict(t=50, b=40)))
     for part in PARTS:
         fig.add_bar(x=["BP", "ZO"], y=[0.0, 0.0], name=part, marker_color=COLOURS[part])
     fig.add_hline(y=40.0, line_dash="dash", line_color="black")  # the budget, moved by refresh()
@@ -156,6 +159,10 @@ def memory_dashboard() -> Dashboard:
             shape, setup, ladder = _current(controls, last_preset[0])
         except ValueError as error:
             readout.value = f"<span style='color:#b00'>{error}</span>"
+            with fig.batch_update():   # the last valid shape's bars would read as this one's
+                for trace in fig.data:
+                    trace.y = [None, None]
+                fig.layout.title.text = "No bars: the shape is not a valid model (the message above says why)"
             return
         bars, budget = memory_bars(shape, setup), controls["budget"].value
         summary = fit_summary(shape, setup, budget, ladder)
@@ -163,6 +170,7 @@ def memory_dashboard() -> Dashboard:
             for trace, part in zip(fig.data, PARTS):
                 trace.y = bars[part]
             fig.layout.shapes[0].y0 = fig.layout.shapes[0].y1 = budget
+            fig.layout.title.text = _TITLE
         totals = [sum(bars[p][i] for p in PARTS) for i in (0, 1)]
         readout.value = _readout_html(summary, totals[0], totals[1], budget)
 
