@@ -118,16 +118,84 @@ def assign(master: Path, build_dir: Path = BUILD_DIR) -> Path:
         The output folder. Old output is removed first (the zip name carries a timestamp).
     """
     master = Path(master).resolve()   # otter runs in the master's folder: every path absolute
+    check_master(master)
     out = Path(build_dir).resolve() / master.stem
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "otter", "assign", "--no-pdfs", str(master), str(out)]
     done = subprocess.run(command, capture_output=True, text=True, cwd=master.parent)
-    if done.returncode != 0:
-        raise RuntimeError(f"otter assign failed for {master.name}:\n{done.stdout}\n{done.stderr}")
+    if done.returncode != 0:   # otter's reason is its traceback's last line: first, then its whole output
+        reason = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "no message")
+        raise RuntimeError(f"otter assign failed for {master.name}: {reason}\n\n{done.stdout}\n{done.stderr}")
     for notebook in sorted(out.glob("*/*.ipynb")):  # the student notebook and the solutions
         _stable_ids(notebook, master)
     return out
+
+
+def check_master(master: Path) -> None:
+    """Refuse a master that otter would fail on with a traceback, or build into a lab that grades nothing or
+    enforces no library rule: ValueError naming the master and what to fix.
+
+    Checked: it reads as a notebook; its metadata has a ``kernelspec`` (otter reads the language there); its first
+    cell is the raw ``# ASSIGNMENT CONFIG`` cell, whose ``name`` has an entry in ``rules.RULES``; it has a question,
+    and each question has tests (code cells between ``# BEGIN TESTS`` and ``# END TESTS``), as many as its
+    ``points`` list has entries.
+    """
+    import nbformat
+    import yaml
+
+    from sazo_lite.course.labs.rules import rule_for
+
+    name = Path(master).name
+    try:
+        nb = nbformat.read(master, as_version=4)
+    except Exception as exc:  # not JSON, not a notebook, not readable: nbformat's and the system's errors vary
+        raise ValueError(f"Invalid master: {name} cannot be read as a notebook ({type(exc).__name__}: "
+                         f"{str(exc)[:200]})") from None
+    if not isinstance(nb.metadata.get("kernelspec"), dict):
+        raise ValueError(f"Invalid master: {name} has no kernelspec in its metadata (otter reads the language "
+                         f"there): open it in Jupyter with a Python 3 kernel and save it")
+    cells = [c for c in nb.cells if isinstance(c.source, str) and c.source.strip()]
+    first = cells[0] if cells else None
+    if first is None or first.cell_type != "raw" or not first.source.lstrip().startswith("# ASSIGNMENT CONFIG"):
+        raise ValueError(f"Invalid master: {name} does not start with a raw '# ASSIGNMENT CONFIG' cell "
+                         f"(otter's assign format, labs/README.md)")
+    config = _yaml_block(first.source, "the ASSIGNMENT CONFIG cell", name, yaml)
+    assignment = config.get("name")
+    if not isinstance(assignment, str) or rule_for(assignment) is None:
+        raise ValueError(f"Invalid master: {name}: its assignment name {assignment!r} has no entry in "
+                         f"sazo_lite/course/labs/rules.py (RULES: what its graded cells may use from the library)")
+    questions, inside = [], False
+    for cell in cells:
+        text = cell.source.lstrip()
+        if cell.cell_type == "raw" and text.startswith("# BEGIN QUESTION"):
+            questions.append([_yaml_block(text, "a '# BEGIN QUESTION' cell", name, yaml), 0])
+        elif cell.cell_type == "raw" and text.startswith(("# BEGIN TESTS", "# END TESTS")):
+            inside = text.startswith("# BEGIN TESTS")
+        elif cell.cell_type == "code" and inside and questions:
+            questions[-1][1] += 1
+    if not questions:
+        raise ValueError(f"Invalid master: {name} has no questions (raw '# BEGIN QUESTION' cells): it would grade "
+                         f"nothing")
+    for spec, tests in questions:
+        question, points = spec.get("name", "?"), spec.get("points")
+        if tests == 0:
+            raise ValueError(f"Invalid master: {name}: question {question} has no tests (code cells between "
+                             f"'# BEGIN TESTS' and '# END TESTS')")
+        if isinstance(points, list) and len(points) != tests:
+            raise ValueError(f"Invalid master: {name}: question {question} lists {len(points)} points for "
+                             f"{tests} tests (expected one entry per test, public first)")
+
+
+def _yaml_block(source: str, what: str, name: str, yaml) -> dict:
+    """The YAML under a raw cell's first line (otter's config cells), as a dict; ValueError naming ``what``."""
+    try:
+        value = yaml.safe_load(source.lstrip().partition("\n")[2]) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"Invalid master: {name}: {what} is not YAML ({str(exc)[:200]})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"Invalid master: {name}: {what} is not a YAML mapping (key: value lines)")
+    return value
 
 
 def _stable_ids(notebook: Path, master: Path) -> None:
@@ -280,7 +348,8 @@ def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout:
     unreadable: list[str] = []  # cells in a form that cannot run (each costs its own cell only)
     try:
         notebook = grading.read_notebook(submission, unreadable)  # a regular file, never a link's target
-        cells = grading.notebook_cells(notebook, config, grading.ignored_sources(autograder, config))
+        cells = grading.notebook_cells(notebook, config, grading.ignored_sources(autograder, config),
+                                       grading.ignored_ids(autograder, config))
         owners = grading.cell_questions(notebook, (rule or {}).get("graded"), questions)
     except Exception as exc:  # not a notebook (or not a file)
         reason = f"cannot read {submission.name} as a notebook: {type(exc).__name__}: {str(exc)[:300]}"

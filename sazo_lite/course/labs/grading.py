@@ -58,6 +58,9 @@ def load_tests(autograder: Path) -> tuple[dict, dict]:
             if not isinstance(points, list):
                 points = [float(points) / max(len(cases), 1)] * len(cases)
             questions[test.get("name", Path(name).stem)] = {"points": [float(p) for p in points], "cases": cases}
+    if not any(spec["cases"] for spec in questions.values()):   # it would grade every hand-in 0 / 0, "ok"
+        raise ValueError(f"Invalid autograder: {Path(autograder).name} holds no test cases (tests/*.py): build it "
+                         f"from a master with questions and tests")
     return config, questions
 
 
@@ -348,11 +351,12 @@ def cell_questions(notebook, graded: dict | None = None, questions=None) -> dict
     return owners
 
 
-def notebook_cells(notebook: Path, config: dict, ignored=frozenset()) -> list[tuple[int, str]]:
-    """The code cells to run: not tagged ``otter_ignore`` nor one of the ``ignored`` sources (``ignored_sources``:
-    the distributed notebook's explore and check cells, whose tag an editor may have dropped), not otter's own
-    (otter's statements taken out of the others), IPython's magics made Python (``without_magics``); the seed
-    set as otter does."""
+def notebook_cells(notebook: Path, config: dict, ignored=frozenset(), ignored_ids=frozenset()) -> list[tuple[int, str]]:
+    """The code cells to run: not tagged ``otter_ignore``, nor one of the distributed notebook's ``otter_ignore``
+    cells whose tag an editor dropped: a cell with one of their ``ignored`` sources (``ignored_sources``) or
+    with one of their ids (``ignored_ids``: the student edited the explore cell, its source is another); not
+    otter's own (otter's statements taken out of the others), IPython's magics made Python (``without_magics``);
+    the seed set as otter does."""
     nb = _notebook(notebook)
     cells, seed_name = [], config.get("seed_variable")
     for index, cell in enumerate(nb.cells):
@@ -361,7 +365,7 @@ def notebook_cells(notebook: Path, config: dict, ignored=frozenset()) -> list[tu
         source = cell.source
         if not isinstance(source, str):
             raise ValueError(f"cell {index} has no source text")
-        if _same_text(source) in ignored:
+        if _same_text(source) in ignored or _cell_id(cell) in ignored_ids:
             continue
         source = _without_otter(without_magics(source))
         if source is None:
@@ -377,12 +381,30 @@ def ignored_sources(autograder: Path, config: dict) -> frozenset:
     check cells, which may use the library), read from the solutions notebook next to the zip. A hand-in's
     cell with one of them is skipped even without its tag: JupyterLab's collaboration mode and notebook
     cleaners drop cell tags, and the cell would then cost its question (a library call, a widget import)."""
+    return frozenset(_same_text(c.source) for c in _ignored_cells(autograder, config) if isinstance(c.source, str))
+
+
+def ignored_ids(autograder: Path, config: dict) -> frozenset:
+    """The cell ids of the cells the distributed notebook tags ``otter_ignore``. A hand-in's cell with one of them
+    is that explore or check cell, whatever the student changed in it (editors keep a cell's id as it is
+    edited); it is skipped like the tagged cell it was, also where an editor dropped the tag."""
+    return frozenset(filter(None, (_cell_id(c) for c in _ignored_cells(autograder, config))))
+
+
+def _ignored_cells(autograder: Path, config: dict) -> list:
+    """The code cells the distributed notebook tags ``otter_ignore`` (from the solutions notebook next to the
+    zip, whose cells keep the master's ids as the student notebook's do); none where it cannot be read."""
     try:
         nb = _notebook(solutions_notebook(autograder, config))
     except (OSError, ValueError):
-        return frozenset()
-    return frozenset(_same_text(c.source) for c in nb.cells if c.cell_type == "code" and isinstance(c.source, str)
-                     and "otter_ignore" in (c.metadata.get("tags") or []))
+        return []
+    return [c for c in nb.cells if c.cell_type == "code" and "otter_ignore" in (c.metadata.get("tags") or [])]
+
+
+def _cell_id(cell) -> str | None:
+    """A cell's id where it has one as text (nbformat 4.5), else None."""
+    value = cell.get("id")
+    return value if isinstance(value, str) and value else None
 
 
 def _same_text(source: str) -> str:

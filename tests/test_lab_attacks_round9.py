@@ -1,0 +1,198 @@
+"""Round 9 against the graded labs: the student's own ``grader.check``, edited explore cells, an instructor's
+broken masters, and what a hostile hand-in tried:
+
+- ``grader.check`` in the student's kernel: labs/README.md said that otter binds the public cases' ``_`` names in
+  the student's globals there. It does not (a doctest runs in a copy of the globals it is given); pinned here, the
+  README corrected, and every master's public cases bind only their own ``_`` names (a swap of a graded name in a
+  public case would not reach the student's functions under ``grader.check``, only under the grader);
+- an explore cell (tagged ``otter_ignore`` in the distributed notebook) that the student edited, in an editor that
+  dropped the tag, ran in grading: its library use (a widget, ``sazo_lite.variance``) was a finding charged to
+  the question below it (correct answers lost points). A cell with the id of one of the distributed
+  notebook's ``otter_ignore`` cells is now skipped whatever its source, as the tagged cell is;
+- a master that otter cannot build (no kernelspec, no ``# ASSIGNMENT CONFIG``, a question with no tests) failed
+  with a traceback (``KeyError: 'kernelspec'``, ``TypeError: unsupported operand``); one with no questions or no
+  rule in ``rules.RULES`` was built and graded every hand-in 0 / 0 "ok", or with no library rule at all. ``assign``
+  now refuses them with a ValueError naming the master and what to fix; an autograder with no test cases is
+  refused when grading; otter's own reason comes first in its error.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import zipfile
+
+import nbformat
+import pytest
+
+pytest.importorskip("otter")
+
+from sazo_lite.course import labs  # noqa: E402
+from sazo_lite.course.labs import grading  # noqa: E402
+from sazo_lite.course.labs.rules import RULES  # noqa: E402
+from sazo_lite.course.labs.worker import _top_level_names  # noqa: E402
+from test_lab_attacks_round6 import grade_hand_ins  # noqa: E402
+from test_labs import MASTERS  # noqa: E402
+
+LAB1 = next(m.stem for m in MASTERS if m.stem.startswith("lab1"))
+HONEST_Q1 = "def lab1_projected_grad(f, theta, z, eps):\n    return float((f(theta + eps * z) - f(theta - eps * z)) / (2 * eps))\n"
+
+
+# -- grader.check in the student's own kernel ---------------------------------------------
+def _student_check(assigned_labs, question: str, answer: str, mine: dict):
+    """otter's own check of ``question`` (the student notebook's metadata tests), in a kernel's globals holding the
+    setup cell's names, ``answer`` and the student's ``mine``: (the test file after its run, those globals)."""
+    import torch
+    from otter.test_files.metadata_test import NotebookMetadataOKTestFile
+
+    path = assigned_labs / LAB1 / "student" / f"{LAB1}.ipynb"
+    spec = json.loads(path.read_text())["metadata"]["otter"]["tests"][question]
+    space = {"__name__": "__main__", "torch": torch, "record": labs.record, "time_limit": labs.time_limit, **mine}
+    exec(answer, space)
+    test = NotebookMetadataOKTestFile.from_metadata(spec, str(path))
+    test.run(space)
+    return test, space
+
+
+def test_grader_check_in_the_students_kernel_leaves_their_underscore_globals_alone(assigned_labs):
+    """Pinned (labs/README.md said otherwise): otter runs each case as a doctest, which copies the globals it is
+    given (``doctest.DocTest``), so the cases' ``_`` names never reach the student's own globals."""
+    mine = {"_a": "my own _a", "_g": 7, "_theta": [1, 2]}
+    test, space = _student_check(assigned_labs, "q1", HONEST_Q1, mine)
+    assert test.passed_all, test.summary()
+    assert {k: space[k] for k in mine} == mine
+    assert {k for k in space if k.startswith("_") and not k.startswith("__")} == set(mine)
+
+
+def test_public_cases_bind_no_name_of_the_notebook(assigned_labs):
+    """otter runs a public case in a copy of the student's globals: a case that swapped a graded name (as hidden
+    cases do) would not reach the student's functions there, and would check another thing than the grader. So a
+    public case binds only its own ``_`` names (labs/README.md, house rules)."""
+    for master in MASTERS:
+        _, questions = grading.load_tests(labs.autograder_zip(master.stem, build_dir=assigned_labs))
+        for question, spec in questions.items():
+            for k, case in enumerate(spec["cases"]):
+                bound = {n for n in _top_level_names(ast.parse(case["code"]).body) if not n.startswith("_")}
+                assert case["hidden"] or not bound, f"{master.stem} {question} public case {k} binds {sorted(bound)}"
+
+
+# -- explore cells the student edited --------------------------------------------------------
+def _cell(source: str, cell_id: str, tags=()) -> dict:
+    return {"cell_type": "code", "id": cell_id, "metadata": {"tags": list(tags)} if tags else {},
+            "execution_count": None, "outputs": [], "source": source}
+
+
+def test_a_cell_with_an_explore_cells_id_is_skipped_whatever_its_source(tmp_path):
+    raw = {"cells": [_cell("lab_x = 1", "answer"), _cell("sazo_lite.variance  # edited", "explore1"),
+                     _cell("plot(2)", "explore2", ["otter_ignore"]), _cell("plot(3)", "other")],
+           "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    path = tmp_path / "hand_in.ipynb"
+    path.write_text(json.dumps(raw))
+    notebook = grading.read_notebook(path)
+    run = grading.notebook_cells(notebook, {}, frozenset({"plot(3)"}), frozenset({"explore1", "explore2"}))
+    assert run == [(0, "lab_x = 1")]
+    assert grading.notebook_cells(notebook, {}) == [(0, "lab_x = 1"), (1, "sazo_lite.variance  # edited"),
+                                                    (3, "plot(3)")]
+
+
+def _explore_edited(solution, folder) -> None:
+    (folder / "solution.ipynb").write_bytes(solution.read_bytes())
+    nb = nbformat.read(solution, as_version=4)
+    explore = [c for c in nb.cells if "otter_ignore" in c.metadata.get("tags", [])]
+    assert len(explore) >= 2 and all(c.get("id") for c in explore)
+    for cell in nb.cells:   # an editor that dropped the tags, and a student who tried other settings
+        cell.metadata.pop("tags", None)
+    for cell in explore:
+        cell.source = cell.source.replace("sigmas = [0.0, 0.5, 1.0, 1.5, 2.0]", "sigmas = [0.0, 1.0, 3.0]") \
+            + "\nprint('tried other settings')\n"
+    nbformat.write(nb, folder / "explore_edited.ipynb")
+
+
+@pytest.fixture(scope="module")
+def graded(assigned_labs, tmp_path_factory):
+    return grade_hand_ins(assigned_labs, tmp_path_factory.mktemp("round9"), _explore_edited)
+
+
+def test_explore_cells_edited_after_an_editor_dropped_their_tags_cost_nothing(graded):
+    rows, _ = graded
+    for name in ("solution.ipynb", "explore_edited.ipynb"):
+        row = rows[name]
+        assert row["status"] == "ok" and row["possible"] > 0 and row["total"] == row["possible"], row
+
+
+# -- an instructor's masters -----------------------------------------------------------------
+CONFIG = "# ASSIGNMENT CONFIG\nname: NAME\nrequirements: null\nrun_tests: false\ninit_cell: true\n" \
+         "generate:\n    pdf: false\ntests:\n    files: false\n    ok_format: true"
+QUESTION = ["# BEGIN QUESTION\nname: q1\npoints: [1]", "# BEGIN SOLUTION", "lab9_x = 1  # SOLUTION", "# END SOLUTION",
+            "# BEGIN TESTS", "record(lab9_x)", "# END TESTS", "# END QUESTION"]
+
+
+def _master(folder, name: str, cells: list[str], kernelspec: bool = True):
+    """A master of ``cells`` (a source starting with '#' and naming an otter block is a raw cell)."""
+    made = [nbformat.v4.new_raw_cell(s) if s.startswith(("# ASSIGNMENT", "# BEGIN", "# END")) else
+            nbformat.v4.new_code_cell(s) for s in cells]
+    nb = nbformat.v4.new_notebook(cells=made)
+    if kernelspec:
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = folder / f"{name}.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture
+def lab9_rule(monkeypatch):
+    monkeypatch.setitem(RULES, "lab9_x", {"modules": (), "names": (), "graded": {"q1": ["lab9_x"]}})
+
+
+SETUP = "from sazo_lite.course.labs import record, time_limit"
+BAD_MASTERS = {
+    "no_kernelspec": ([CONFIG, SETUP, *QUESTION], False, "has no kernelspec"),
+    "no_config": ([SETUP, *QUESTION], True, "does not start with a raw '# ASSIGNMENT CONFIG' cell"),
+    "no_questions": ([CONFIG, SETUP], True, "has no questions"),
+    "question_without_tests": ([CONFIG, SETUP, *QUESTION[:4], QUESTION[-1]], True, "question q1 has no tests"),
+    "points_for_other_tests": ([CONFIG, SETUP, *QUESTION[:6], "record(2 * lab9_x)", *QUESTION[6:]], True,
+                               "question q1 lists 1 points for 2 tests"),
+    "config_not_yaml": ([CONFIG + "\n  : [", SETUP, *QUESTION], True, "the ASSIGNMENT CONFIG cell is not YAML"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_MASTERS))
+def test_a_master_otter_cannot_build_or_that_grades_nothing_is_refused_with_the_reason(tmp_path, lab9_rule, case):
+    cells, kernelspec, reason = BAD_MASTERS[case]
+    path = _master(tmp_path, "lab9_x", [c.replace("NAME", "lab9_x") for c in cells], kernelspec)
+    with pytest.raises(ValueError, match="Invalid master: lab9_x.ipynb") as caught:
+        labs.assign(path, tmp_path / "build")
+    assert reason in str(caught.value)
+    assert not (tmp_path / "build" / "lab9_x").exists()
+
+
+def test_a_master_that_is_not_a_notebook_or_has_no_rule_is_refused(tmp_path):
+    broken = tmp_path / "lab9_x.ipynb"
+    broken.write_text('{"cells": [')
+    with pytest.raises(ValueError, match="lab9_x.ipynb cannot be read as a notebook"):
+        labs.check_master(broken)
+    path = _master(tmp_path, "lab9_y", [CONFIG.replace("NAME", "lab9_y"), SETUP, *QUESTION])
+    with pytest.raises(ValueError, match="'lab9_y' has no entry in sazo_lite/course/labs/rules.py"):
+        labs.check_master(path)
+    for master in MASTERS:
+        labs.check_master(master)
+
+
+def test_otters_own_reason_comes_first_when_it_cannot_build_a_master(tmp_path, lab9_rule):
+    cells = [CONFIG.replace("NAME", "lab9_x"), SETUP, *[c for c in QUESTION if c != "# END SOLUTION"]]
+    with pytest.raises(RuntimeError) as caught:
+        labs.assign(_master(tmp_path, "lab9_x", cells), tmp_path / "build")
+    first = str(caught.value).splitlines()[0]
+    assert first.startswith("otter assign failed for lab9_x.ipynb: ") and "solution block" in first, first
+
+
+def test_an_autograder_without_test_cases_is_refused(tmp_path):
+    path = tmp_path / "lab9_x-autograder_2026.zip"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("otter_config.json", json.dumps({"assignment_name": "lab9_x"}))
+        archive.writestr("tests/q1.py", "OK_FORMAT = True\ntest = {'name': 'q1', 'points': 1, 'suites': []}\n")
+    with pytest.raises(ValueError, match="Invalid autograder: lab9_x-autograder_2026.zip holds no test cases"):
+        grading.load_tests(path)
+    hand_in = tmp_path / "alice.ipynb"
+    hand_in.write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    with pytest.raises(ValueError, match="holds no test cases"):
+        labs.grade(hand_in, path, tmp_path / "out", expected={})
