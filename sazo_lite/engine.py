@@ -753,9 +753,9 @@ class MeZO(torch.optim.Optimizer):
         if not isinstance(value, torch.Tensor) and _booleans_or_complex(value):   # float64 would read True as 1.0
             raise ValueError(f"Invalid closure result: {value!r} (expected real losses, not booleans or "
                              f"complex numbers); parameters restored")
-        if losses.layout != torch.strided or losses.device.type == "meta":   # no dense data to read the losses from
-            raise ValueError(f"Invalid closure result: a {losses.layout} tensor on {losses.device} (expected a "
-                             f"dense tensor of losses); parameters restored")
+        if losses.layout != torch.strided or losses.is_nested or losses.device.type == "meta":   # no dense data
+            raise ValueError(f"Invalid closure result: a {'nested' if losses.is_nested else losses.layout} tensor on "
+                             f"{losses.device} (expected a dense tensor of losses); parameters restored")
         if losses.is_complex() or losses.dtype == torch.bool:
             raise ValueError(f"Invalid closure result: dtype {losses.dtype} (expected real losses)")
         if losses.dim() > 1:
@@ -898,6 +898,9 @@ class MeZO(torch.optim.Optimizer):
             raise ValueError(f"Invalid weights: {weights!r} (expected a 1-D tensor [B])") from None
         if weights.is_complex() or weights.dtype == torch.bool:
             raise ValueError(f"Invalid weights: dtype {weights.dtype} (expected real numbers)")
+        if weights.layout != torch.strided or weights.is_nested or weights.device.type == "meta":   # torch raised
+            raise ValueError(f"Invalid weights: a {'nested' if weights.is_nested else weights.layout} tensor on "
+                             f"{weights.device} (expected a dense 1-D tensor [B])")
         weights = weights.detach().to("cpu", torch.float64)
         if weights.dim() != 1:
             raise ValueError(f"Invalid weights: expected a 1-D tensor [B], got shape {tuple(weights.shape)}")
@@ -958,10 +961,12 @@ def _result(plus: torch.Tensor, minus: torch.Tensor, diffs: torch.Tensor, weight
 
 
 def _booleans_or_complex(value) -> bool:
-    """A closure's non-tensor result holds a bool or a complex number (a number, or a list of them)."""
+    """A closure's non-tensor result holds a bool or a complex number (a number, or a list of them; a list of
+    0-d bool tensors too, which float64 also read as 1.0 and 0.0)."""
     items = value if isinstance(value, (list, tuple)) else [value]
     return any(isinstance(v, (bool, complex)) or (isinstance(v, np.ndarray) and v.dtype.kind in "bc")
-               or (isinstance(v, np.generic) and v.dtype.kind in "bc") for v in items)
+               or (isinstance(v, np.generic) and v.dtype.kind in "bc")
+               or (isinstance(v, torch.Tensor) and (v.dtype == torch.bool or v.is_complex())) for v in items)
 
 
 def _directions(source):

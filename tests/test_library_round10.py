@@ -307,3 +307,32 @@ def test_a_group_added_without_an_eps_takes_the_shared_one_after_it_was_changed(
     assert opt.step_count == 2 and bool((b != 0).all())
     with pytest.raises(ValueError, match="Invalid eps"):   # an eps of its own must still be the shared one
         opt.add_param_group({"params": [torch.zeros(1)], "eps": 1e-3})
+
+
+# --- defect 10: weights and closure results torch cannot read as dense real numbers -------------------------
+@pytest.mark.parametrize("weights", [lambda: torch.ones(3, device="meta"), lambda: torch.ones(3).to_sparse(),
+                                     lambda: torch.nested.nested_tensor([torch.ones(3)]),
+                                     lambda: [torch.tensor(True)] * 3, lambda: [torch.tensor(1 + 0j)] * 3],
+                         ids=["meta", "sparse", "nested", "list of bool tensors", "list of complex tensors"])
+def test_weights_without_dense_real_data_are_a_value_error_before_anything_moves(weights):
+    """Meta, sparse and nested weights raised NotImplementedError or RuntimeError from torch; a list of 0-d
+    bool tensors was read as weights 1.0 (the bool rule covered Python and numpy bools only)."""
+    theta = torch.zeros(3)
+    opt = sz.MeZO([theta], lr=0.1)
+    with pytest.raises(ValueError, match="Invalid weights"):
+        opt.step(lambda: (theta - 1.0).pow(2), weights())
+    assert torch.equal(theta, torch.zeros(3)) and opt.step_count == 0
+
+
+@pytest.mark.parametrize("result", [lambda t: [torch.tensor(True), torch.tensor(False), torch.tensor(True)],
+                                    lambda t: torch.nested.nested_tensor([(t - 1.0).pow(2)])],
+                         ids=["list of bool tensors", "nested"])
+def test_closure_results_of_bool_tensors_or_nested_tensors_are_refused_with_theta_restored(result):
+    """A list of 0-d bool tensors was read as losses 1.0 and 0.0 (a step on them); a nested tensor raised
+    torch's 'Internal error: NestedTensorImpl doesn't support sizes'."""
+    theta = torch.randn(3, dtype=torch.float64)
+    start = theta.clone()
+    opt = sz.MeZO([theta], lr=0.1, eps=1e-3)
+    with pytest.raises(ValueError, match="Invalid closure result"):
+        opt.step(lambda: result(theta))
+    assert torch.allclose(theta, start, rtol=0, atol=1e-15) and opt.step_count == 0
