@@ -183,8 +183,10 @@ def main(argv=None) -> None:
         parser.error(f"argument sampler: invalid choice {args.sampler!r} (choose from {[*SAMPLERS, INFORMED_STALE]}, "
                      "or name any label with --factory)")
     torch.set_num_threads(1)
+    measured = measured_on()        # every mode prints and stores when and where it ran
+    print(f"{measured['date']} · {measured['machine']}", flush=True)
     if args.cost:
-        out = step_cost(batch_size=args.batch)
+        out = {**step_cost(batch_size=args.batch), **measured}
         print(f"MeZO step at B={out['B']}, one thread: top-block LoRA {1000 * out['top_block']:.0f} ms "
               f"(d={out['top_parameters']}), all-layer LoRA {1000 * out['all_layer']:.0f} ms (d={out['all_parameters']}): "
               f"{out['ratio']:.1f}× cheaper; cache of N={out['N']} {out['cache_s']:.1f} s; true norms of all N "
@@ -197,7 +199,7 @@ def main(argv=None) -> None:
         out = pull_floor(args.pull_floor, lr=args.lr, steps=args.steps, log_every=args.log_every, start=start,
                          radii=args.walk_radii)
         if args.json:
-            write_text(args.json, json.dumps({**measured_on(), "args": {"set": args.set, "n": args.n, "lr": args.lr,
+            write_text(args.json, json.dumps({**measured, "args": {"set": args.set, "n": args.n, "lr": args.lr,
                        "steps": args.steps, "strengths": args.pull_floor, "radii": args.walk_radii}, **out}, indent=1))
         return
     n = len(start[2])
@@ -209,6 +211,7 @@ def main(argv=None) -> None:
     out = long_run(sampler, lr=args.lr, steps=args.steps, seed=args.seed, batch_size=args.batch,
                    log_every=args.log_every, diagnose=args.diagnose, start=start, walk_bound=args.walk_bound,
                    oracle_every=args.oracle_every, stop_fraction=args.stop, walk_pull=args.walk_pull)
+    out.update(measured)
     print_long_run(out, args.sampler)
     if args.json:
         write_text(args.json, json.dumps(out))

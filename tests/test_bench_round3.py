@@ -222,3 +222,67 @@ def test_score_lag_counts_a_seed_given_twice_once(monkeypatch, capsys):
         (list(grid), list(seeds))))
     score_lag.main(["--race", "--seeds", "0", "1", "0", "--grid", "0.002", "0.002", "0.001"])
     assert calls == [([0.001, 0.002], [0, 1])]
+
+
+# -- llm_topblock: its step-cost ratio and its runs say when and where ----------------------------------------
+def test_llm_topblock_cost_and_run_print_and_store_their_date_and_machine(monkeypatch, capsys, tmp_path):
+    """The --cost ratio (top-block ÷ all-layer step, a timing of this machine) and a long run's JSON had no date
+    and no machine (only --pull-floor's had)."""
+    from benchmarks import llm_topblock
+
+    monkeypatch.setattr(llm_topblock, "step_cost", lambda batch_size: {
+        "B": batch_size, "top_block": 0.01, "all_layer": 0.1, "top_parameters": 1, "all_parameters": 2, "ratio": 10.0,
+        "N": 4, "cache_s": 0.1, "norms_s": 0.01})
+    monkeypatch.setattr(llm_topblock.torch, "set_num_threads", lambda n: None)
+    out = tmp_path / "cost.json"
+    llm_topblock.main(["cost", "--lr", "1", "--cost", "--json", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["ratio"] == 10.0 and saved["date"] in capsys.readouterr().out and "CPUs" in saved["machine"]
+    monkeypatch.setattr(llm_topblock, "top_start", lambda setting: (None, None, [0, 1], None, None))
+    monkeypatch.setattr(llm_topblock, "long_run", lambda sampler, **kwargs: {"run": {}, "points": []})
+    monkeypatch.setattr(llm_topblock, "print_long_run", lambda out, sampler: None)
+    run_json = tmp_path / "run.json"
+    llm_topblock.main(["uniform", "--lr", "1e-3", "--json", str(run_json)])
+    saved = json.loads(run_json.read_text())
+    assert saved["date"] in capsys.readouterr().out and "CPUs" in saved["machine"]
+
+
+# -- class_runs: a name given twice, and the process's own mode ------------------------------------------------
+def test_class_runs_runs_a_notebook_named_twice_once(monkeypatch, capsys):
+    """``class_runs 05_the_race 05_the_race`` ran the class-mode notebook (minutes to an hour) twice."""
+    from benchmarks import class_runs
+
+    ran = []
+    monkeypatch.setattr(class_runs, "run", lambda name: ran.append(name) or class_runs.STORE / f"{name}.txt")
+    class_runs.main(["05_the_race", "05_the_race.ipynb"])
+    assert ran == ["05_the_race"]
+
+
+@pytest.mark.parametrize("before", [None, "1"])
+def test_class_runs_leaves_the_callers_sazo_fast_as_it_was(monkeypatch, tmp_path, before):
+    """run() set SAZO_FAST=0 for the kernel and left it so in the calling process (every later course call there
+    ran in class mode), also when the notebook failed."""
+    import os
+    import nbclient
+
+    from benchmarks import class_runs
+
+    if before is None:
+        monkeypatch.delenv("SAZO_FAST", raising=False)
+    else:
+        monkeypatch.setenv("SAZO_FAST", before)
+    seen = []
+
+    class Client:
+        def __init__(self, notebook, **kwargs):
+            pass
+
+        def execute(self):
+            seen.append(os.environ.get("SAZO_FAST"))
+            raise RuntimeError("a cell failed")
+
+    monkeypatch.setattr(nbclient, "NotebookClient", Client)
+    monkeypatch.setattr(class_runs, "STORE", tmp_path)
+    with pytest.raises(RuntimeError):
+        class_runs.run("05_the_race")
+    assert seen == ["0"] and os.environ.get("SAZO_FAST") == before
