@@ -124,7 +124,7 @@ class Sampler:
             raise ValueError("Invalid state: generator must be a torch.Generator state (uint8 tensor)")
         try:  # on a throwaway generator: torch checks the bytes form a valid Mersenne Twister state
             torch.Generator().set_state(generator)
-        except RuntimeError:
+        except (RuntimeError, TypeError):   # TypeError: a sparse or otherwise non-dense byte tensor
             raise ValueError("Invalid state: generator is not a valid torch.Generator state") from None
         return seed, generator.clone()
 
@@ -156,6 +156,9 @@ def _tensor(name: str, value) -> torch.Tensor:
         raise ValueError(f"Invalid {name}: {type(value).__name__} (expected a 1-D tensor)") from None
     if tensor.device.type == "meta":
         raise ValueError(f"Invalid {name}: a tensor on the meta device (no data)")
+    if tensor.layout != torch.strided or tensor.is_nested:   # torch raised NotImplementedError / RuntimeError
+        raise ValueError(f"Invalid {name}: a {'nested' if tensor.is_nested else tensor.layout} tensor (expected a "
+                         f"dense 1-D tensor)")
     return tensor
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import sazo_lite as sz
+from sazo_lite.samplers import StaleCorrectedSAZOSampler
 from sazo_lite.seedlog import SeedLog
 
 
@@ -336,3 +337,49 @@ def test_closure_results_of_bool_tensors_or_nested_tensors_are_refused_with_thet
     with pytest.raises(ValueError, match="Invalid closure result"):
         opt.step(lambda: result(theta))
     assert torch.allclose(theta, start, rtol=0, atol=1e-15) and opt.step_count == 0
+
+
+# --- defect 11: samplers fed sparse or nested tensors --------------------------------------------------------
+_SAMPLERS = [lambda: sz.SAZOSampler(5, seed=1), lambda: sz.PlainSAZOSampler(5, seed=1), lambda: sz.UniformSampler(5, seed=1),
+             lambda: StaleCorrectedSAZOSampler(5, seed=1)]
+
+
+@pytest.mark.parametrize("make", _SAMPLERS, ids=["sazo", "plain", "uniform", "stale-corrected"])
+@pytest.mark.parametrize("feedback", [
+    lambda: (torch.tensor([0, 1]), torch.tensor([1.0, 2.0]).to_sparse()),
+    lambda: (torch.tensor([0, 1]).to_sparse(), torch.tensor([1.0, 2.0])),
+    lambda: (torch.tensor([0]), torch.nested.nested_tensor([torch.tensor([1.0])])),
+], ids=["sparse diffs", "sparse indices", "nested diffs"])
+def test_sampler_feedback_without_dense_data_is_a_value_error_with_the_state_unchanged(make, feedback):
+    """torch raised NotImplementedError (sparse) or 'Internal error: NestedTensorImpl' from inside the checks."""
+    sampler = make()
+    before = sampler.state_dict()
+    indices, diffs = feedback()
+    with pytest.raises(ValueError, match="Invalid (indices|directional_diffs)"):
+        sampler.update(indices, diffs)
+    assert _same(before, sampler.state_dict())
+
+
+def _same(a, b) -> bool:
+    """Two state dicts hold the same values (tensors compared entry by entry, dicts key by key)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    return a == b
+
+
+@pytest.mark.parametrize("make", _SAMPLERS, ids=["sazo", "plain", "uniform", "stale-corrected"])
+def test_a_sampler_state_with_a_sparse_generator_state_is_a_value_error(make):
+    """set_state raised TypeError ('RNG state must be a torch.ByteTensor'), which the check did not catch."""
+    sampler = make()
+    state = sampler.state_dict()
+    state["generator"] = state["generator"].to_sparse()
+    with pytest.raises(ValueError, match="Invalid state: generator"):
+        sampler.load_state_dict(state)
+
+
+def test_an_oracle_whose_norms_are_sparse_is_a_value_error():
+    oracle = sz.OracleSampler(3, lambda: torch.tensor([1.0, 2.0, 3.0]).to_sparse())
+    with pytest.raises(ValueError, match="Invalid norms_fn"):
+        oracle.sample(2)
