@@ -174,3 +174,30 @@ def test_memory_dashboard_draws_no_bars_for_a_shape_it_refuses_and_draws_them_ag
     assert all(y is None for trace in shown["data"] for y in trace.get("y", [])), shown["data"]   # the page too
     board.controls["kv_heads"].value = 2
     assert [list(trace.y) for trace in bars.data] == before and bars.layout.title.text == "Peak memory of one training step"
+
+
+# -- notebook 01's dashboards at an instructor's own θ ----------------------------------------------------
+
+def test_estimator_dashboard_frames_a_theta_beyond_2_so_its_arrows_are_on_the_plot():
+    board = sw.estimator_dashboard(theta=(5.0, -3.0))
+    fig = board.figures["arrows"]
+    low, high = fig.layout.xaxis.range
+    ends = [*fig.data[2].x, *fig.data[2].y, *fig.data[3].x, *fig.data[3].y]     # the true and the estimated arrows
+    assert low <= min(ends) and max(ends) <= high, (fig.layout.xaxis.range, ends)   # was [-2, 2]: nothing on screen
+    assert tuple(fig.layout.yaxis.range) == (low, high)
+    assert max(fig.data[0].x) >= 5.0                                             # the contours cover it too
+
+
+@pytest.mark.parametrize("build, theta", [(sw.estimator_dashboard, (1e20, 1.0)),
+                                          (sw.epsilon_dashboard, (1e20, 1.0, 1.0))])
+def test_notebook_01_dashboards_refuse_a_theta_whose_loss_overflows_float32(build, theta):
+    with pytest.raises(ValueError, match="Invalid theta: .*beyond float32's range"):   # was an error of nan
+        build(theta=theta)
+
+
+def test_epsilon_dashboard_names_no_best_eps_where_every_eps_rounds_to_g_0():
+    board = sw.epsilon_dashboard(theta=(1e9, 1.0, 1.0))      # θ's float32 step is 64: every θ ± εz rounds to θ
+    said = text(board.readout.value)
+    assert "best ε" not in said and "rounding wins at every ε" in said, said   # was "best ε ≈ 1e-10 (error 1)"
+    board.controls["precision"].value = "float64"
+    assert "best ε on the grid" in text(board.readout.value)

@@ -38,6 +38,14 @@ def _point(name: str, theta, size: int | None = None) -> torch.Tensor:
     return point
 
 
+def _in_float32(name: str, theta, point: torch.Tensor, largest: torch.Tensor) -> None:
+    """Refuse a θ whose loss at the sliders' largest settings (``largest``, f there in float64) overflows float32:
+    every difference there is inf − inf = NaN, whatever ε."""
+    if not float(largest) < torch.finfo(torch.float32).max:
+        raise ValueError(f"Invalid {name}: {tuple(point.tolist())!r} (f(θ) = {float(largest):.3g} there at the sliders' "
+                         "largest settings, beyond float32's range: expected a point nearer the minimum θ = 0)")
+
+
 def _precision_toggle(value: str = "float32") -> widgets.ToggleButtons:
     return widgets.ToggleButtons(options=list(_DTYPES), value=value, description="precision",
                                  style=dict(description_width="150px", button_width="80px"))
@@ -45,6 +53,7 @@ def _precision_toggle(value: str = "float32") -> widgets.ToggleButtons:
 
 # -- the 2-D picture -------------------------------------------------------------------------
 def _contour_trace(curvatures, span: float = 2.0, points: int = 41) -> go.Contour:
+    """f's contours on [−span, span]²."""
     grid = torch.linspace(-span, span, points, dtype=torch.float64)
     xx, yy = torch.meshgrid(grid, grid, indexing="xy")
     values = two_point.bowl_loss(torch.stack([xx, yy], -1), curvatures)
@@ -72,11 +81,14 @@ def estimator_dashboard(theta=(1.2, 0.8), *, seed: int = 0) -> Dashboard:
         "curvature": slider("curvature a₂", 4.0, 0.25, 20.0, 0.25),
         "precision": _precision_toggle(),
     }
+    _in_float32("theta", theta, point, two_point.bowl_loss(point, [1.0, controls["curvature"].max]))
+    # the view holds θ and the true arrow (length 1) around it: a θ beyond ±2 was drawn off the plot
+    span = max(2.0, float(point.abs().max()) + 1.0)
     state = {"seed": seed}
-    fig = LiveFigure(layout=dict(width=520, height=480, xaxis=dict(range=[-2, 2], title="θ₁"),
-                                 yaxis=dict(range=[-2, 2], title="θ₂", scaleanchor="x"),
+    fig = LiveFigure(layout=dict(width=520, height=480, xaxis=dict(range=[-span, span], title="θ₁"),
+                                 yaxis=dict(range=[-span, span], title="θ₂", scaleanchor="x"),
                                  margin=dict(l=40, r=10, t=30, b=40), legend=dict(x=0, y=1)))
-    fig.add_trace(_contour_trace([1.0, controls["curvature"].value]))
+    fig.add_trace(_contour_trace([1.0, controls["curvature"].value], span))
     fig.add_scatter(mode="markers", marker=dict(color="grey", size=5), name="single estimates g_j z_j")
     fig.add_scatter(mode="lines+markers", line=dict(color="black", width=3),
                     marker=dict(symbol="arrow", angleref="previous", size=14), name="true ∇f")
@@ -96,7 +108,7 @@ def estimator_dashboard(theta=(1.2, 0.8), *, seed: int = 0) -> Dashboard:
         cloud = point + scale * singles
         error = float((mean - true).norm() / true.norm())
         with fig.batch_update():
-            contour = _contour_trace(curvatures)
+            contour = _contour_trace(curvatures, span)
             fig.data[0].z = contour.z
             fig.data[1].x, fig.data[1].y = cloud[:, 0].tolist(), cloud[:, 1].tolist()
             fig.data[2].x, fig.data[2].y = _arrow(point, scale * true)
@@ -152,6 +164,8 @@ def epsilon_dashboard(theta=(1.0, -0.8, 0.5), *, num_directions: int = 8) -> Das
         "quartic": slider("quartic term κ", 1.0, 0.0, 5.0, 0.25),
         "offset": slider("loss level c", 0.0, 0.0, 1000.0, 10.0),
     }
+    _in_float32("theta", theta, point,
+                two_point.bowl_loss(point, curvatures, controls["quartic"].max, controls["offset"].max))
     fig = LiveFigure(layout=dict(width=620, height=420, margin=dict(l=50, r=10, t=30, b=50),
                                  xaxis=dict(type="log", title="ε", exponentformat="power"),
                                  yaxis=dict(type="log", title="relative error of g(z)", exponentformat="power")))
@@ -181,8 +195,11 @@ def epsilon_dashboard(theta=(1.0, -0.8, 0.5), *, num_directions: int = 8) -> Das
                 trace.opacity = 1.0 if name == precision else 0.35
             fig.data[2].x, fig.data[2].y = [eps], [current]
         best = int(curves[precision].argmin())
-        readout.value = (f"error at ε = {eps:.1e} in {precision}: <b>{current:.2g}</b>; "
-                         f"best ε on the grid ≈ {float(grid[best]):.0e} (error {float(curves[precision][best]):.1g})")
+        lowest = float(curves[precision][best])
+        # at a large θ every ε may round θ ± εz or f to the same float (g = 0, error 1): the "best" would be the first
+        bottom = (f"best ε on the grid ≈ {float(grid[best]):.0e} (error {lowest:.1g})" if lowest < 1.0 else
+                  f"no ε on the grid does better than g = 0 (error {lowest:.1g}): at this θ rounding wins at every ε")
+        readout.value = f"error at ε = {eps:.1e} in {precision}: <b>{current:.2g}</b>; {bottom}"
 
     questions = {
         "eps": "Where is the bottom of the U? Which side is the third-derivative bias, which side is rounding?",
