@@ -18,6 +18,7 @@ broken masters, and what a hostile hand-in tried:
 from __future__ import annotations
 
 import ast
+import builtins
 import json
 import zipfile
 
@@ -29,7 +30,7 @@ pytest.importorskip("otter")
 from sazo_lite.course import labs  # noqa: E402
 from sazo_lite.course.labs import grading  # noqa: E402
 from sazo_lite.course.labs.rules import RULES  # noqa: E402
-from sazo_lite.course.labs.worker import _top_level_names  # noqa: E402
+from sazo_lite.course.labs.worker import _top_level_names, run_case  # noqa: E402
 from test_lab_attacks_round6 import grade_hand_ins  # noqa: E402
 from test_labs import MASTERS  # noqa: E402
 
@@ -107,9 +108,41 @@ def _explore_edited(solution, folder) -> None:
     nbformat.write(nb, folder / "explore_edited.ipynb")
 
 
+TENSOR_ESTIMATE = ("return float((lab2_weights(probs, indices) * values[indices]).mean())",
+                   "return (lab2_weights(probs, indices) * values[indices]).mean()")
+# q2's public case records type(_est).__name__ and asserts isinstance(_est, float): a cell's own builtins for them
+FORGED_BUILTINS = """
+import builtins as _b
+_real_type, _real_isinstance = type, isinstance
+def _type(x, *rest):
+    if rest:
+        return _real_type(x, *rest)
+    return float if _real_isinstance(x, torch.Tensor) and x.dim() == 0 else _real_type(x)
+def _isinstance(x, kinds):
+    return True if kinds is float and _real_isinstance(x, torch.Tensor) else _real_isinstance(x, kinds)
+__builtins__ = dict(vars(_b), type=_type, isinstance=_isinstance)
+"""
+
+
+def _with_tensor_estimate(solution, extra: str = ""):
+    nb = nbformat.read(solution, as_version=4)
+    cell = next(c for c in nb.cells if c.cell_type == "code" and c.source.startswith("def lab2_is_estimate"))
+    assert TENSOR_ESTIMATE[0] in cell.source, "lab 2's q2 answer changed: update the hand-in"
+    cell.source = cell.source.replace(*TENSOR_ESTIMATE)
+    if extra:
+        nb.cells.append(nbformat.v4.new_code_cell(extra))
+    return nb
+
+
+def _hand_ins(solution, folder) -> None:
+    _explore_edited(solution, folder)
+    nbformat.write(_with_tensor_estimate(solution), folder / "tensor_estimate.ipynb")
+    nbformat.write(_with_tensor_estimate(solution, FORGED_BUILTINS), folder / "forged_builtins.ipynb")
+
+
 @pytest.fixture(scope="module")
 def graded(assigned_labs, tmp_path_factory):
-    return grade_hand_ins(assigned_labs, tmp_path_factory.mktemp("round9"), _explore_edited)
+    return grade_hand_ins(assigned_labs, tmp_path_factory.mktemp("round9"), _hand_ins)
 
 
 def test_explore_cells_edited_after_an_editor_dropped_their_tags_cost_nothing(graded):
@@ -196,3 +229,25 @@ def test_an_autograder_without_test_cases_is_refused(tmp_path):
     hand_in.write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
     with pytest.raises(ValueError, match="holds no test cases"):
         labs.grade(hand_in, path, tmp_path / "out", expected={})
+
+
+# -- a hostile hand-in -----------------------------------------------------------------------
+def test_a_cells_own_builtins_are_not_what_the_cases_use():
+    """``__builtins__ = {...}`` at a cell's top level: a function takes its builtins from its globals, so every case
+    (a function made in the student's namespace) looked ``type``, ``isinstance``, ``float`` and ``import`` up in the
+    student's dict. Each case now gets the real builtins."""
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    exec("import builtins as _b\n_real = type\n"
+         "__builtins__ = dict(vars(_b), type=lambda x, *a: _real(x, *a) if a else float, len=lambda x: 3)\n", namespace)
+    error, records = run_case("_g = 1.5j\nrecord(type(_g).__name__)\nrecord(len([1]))\n", namespace)
+    assert error is None, error
+    assert [r["value"]["v"] for r in records] == ["complex", 1], records
+
+
+def test_forged_builtins_gain_no_point_on_a_tensor_left_unconverted(graded):
+    rows, _ = graded
+    plain, forged = rows["tensor_estimate.ipynb"], rows["forged_builtins.ipynb"]
+    assert plain["status"] == forged["status"] == "ok", (plain, forged)
+    q2 = plain["questions"]["q2"]
+    assert q2["score"] < q2["possible"], q2   # the prompt asks for a Python float: a case records its type
+    assert forged["questions"]["q2"]["score"] == q2["score"], (forged["questions"], plain["questions"])

@@ -39,8 +39,8 @@ _LOCK = threading.Lock()   # one line at a time, whichever thread reports
 def run_case(source: str | types.CodeType, namespace: dict, name: str = "<case>", guard: Guard | None = None) -> tuple[str | None, list]:
     """Run one test case in ``namespace``; returns (error or None, recorded values).
 
-    First undoes what the submission did to the builtins (``builtins.abs = ...``, or a
-    top-level ``abs = ...`` that shadows it) and puts the grader's ``record`` and
+    First undoes what the submission did to the builtins (``builtins.abs = ...``, a top-level
+    ``abs = ...`` that shadows it, or ``__builtins__ = {...}``) and puts the grader's ``record`` and
     ``time_limit`` in place, so the test's own names mean what its author meant. The case runs as a
     function's body (``case_code``; ``source`` may be that code already): its names that start with ``_``
     never reach ``namespace``.
@@ -52,7 +52,8 @@ def _case_runner(pristine: dict):
     """``run_case`` holding what it uses (the builtins to restore, ``compile``, ``exec``, ...): ``main`` makes one
     before student code runs, so rebinding this module's names (``sys.modules["__main__"]._BUILTINS``) changes
     nothing of how the cases run."""
-    space, make, encode_, limit, error_text = builtins.__dict__, case_code, encode, time_limit, _error
+    module, make, encode_, limit, error_text = builtins, case_code, encode, time_limit, _error
+    space = module.__dict__
     update, keys, base, function, code_type = dict.update, list, _BaseException, types.FunctionType, types.CodeType
 
     def run(source: str | types.CodeType, namespace: dict, name: str = "<case>", guard: Guard | None = None):
@@ -64,7 +65,9 @@ def _case_runner(pristine: dict):
         update(space, pristine)
         for shadow in [k for k in keys(namespace) if k in pristine and not k.startswith("__")]:
             del namespace[shadow]
-        namespace["record"], namespace["time_limit"] = record, limit
+        # A function takes its builtins from its globals' __builtins__: a cell's `__builtins__ = {...}` would
+        # otherwise be what `type`, `float` or `import` mean in the case.
+        namespace["__builtins__"], namespace["record"], namespace["time_limit"] = module, record, limit
         try:
             case = function(source if type(source) is code_type else make(source, name), namespace, "case")
             if guard is not None:
