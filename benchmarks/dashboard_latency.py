@@ -39,7 +39,7 @@ def dashboard_functions(only: str | None = None, skip: list[str] | None = None) 
 
 def new_values(control) -> list:
     """A few values different from the control's current one."""
-    if isinstance(control, (widgets.Dropdown, widgets.ToggleButtons, widgets.RadioButtons)):
+    if isinstance(control, (widgets.Dropdown, widgets.ToggleButtons, widgets.RadioButtons, widgets.SelectionSlider)):
         return [v for v in _options(control) if v != control.value]
     if isinstance(control, widgets.Checkbox):
         return [not control.value]

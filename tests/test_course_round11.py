@@ -201,3 +201,19 @@ def test_epsilon_dashboard_names_no_best_eps_where_every_eps_rounds_to_g_0():
     assert "best ε" not in said and "rounding wins at every ε" in said, said   # was "best ε ≈ 1e-10 (error 1)"
     board.controls["precision"].value = "float64"
     assert "best ε on the grid" in text(board.readout.value)
+
+
+# -- benchmarks.dashboard_latency -------------------------------------------------------------------------
+
+def test_dashboard_latency_times_a_selection_slider_too():
+    import ipywidgets
+
+    from benchmarks.dashboard_latency import new_values
+
+    board = sw.memory_dashboard()
+    context = board.controls["context"]
+    assert isinstance(context, ipywidgets.SelectionSlider)
+    values = new_values(context)              # was []: the memory dashboard's n_ctx slider was never timed
+    assert values and context.value not in values and set(values) <= set(context.options)
+    for control in board.controls.values():   # every control of the dashboard gets a change to time
+        assert new_values(control), control.description
