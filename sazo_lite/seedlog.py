@@ -41,6 +41,7 @@ Example:
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -102,6 +103,16 @@ def _mask_sizes(optimizer) -> list[int] | None:
     return [int(masks[id(p)].numel()) for g in optimizer.param_groups for p in g["params"]]
 
 
+def _mask_digests(optimizer) -> list[str] | None:
+    """SHA-256 of each mask's flat indices in order (int64): masks of the same sizes but other entries
+    (``sparse_indices`` with another seed) replayed the steps onto other entries, silently."""
+    masks = getattr(optimizer, "masks", None)
+    if masks is None:
+        return None
+    return [hashlib.sha256(masks[id(p)].to("cpu", torch.int64).numpy().tobytes()).hexdigest()
+            for g in optimizer.param_groups for p in g["params"]]
+
+
 @dataclass
 class SeedLog:
     """The per-step record of a MeZO run (a step hook of the optimiser it is attached to).
@@ -109,7 +120,7 @@ class SeedLog:
     Attributes:
         header: format, optimiser type, eps, base seed, start step, the directions of the
             noise source (``noise.source_for`` rebuilds it) and per group the perturbation,
-            tensor shapes, dtypes and device types (``SparseMeZO``: mask sizes too).
+            tensor shapes, dtypes and device types (``SparseMeZO``: each mask's size and SHA-256 too).
         records: (kind, seed-or-group, value) triples: a step (seed, g), a failed step
             (seed, shift passes made: 1 or 2), or a change of a group's lr / weight_decay.
     """
@@ -135,7 +146,7 @@ class SeedLog:
                   "groups": _structure(optimizer)}
         sizes = _mask_sizes(optimizer)
         if sizes is not None:
-            header["mask_sizes"] = sizes
+            header.update(mask_sizes=sizes, mask_digests=_mask_digests(optimizer))
         log = cls(header)
         log._expected = (state["step"], state["seed"])
         log._handle = optimizer.register_step_hook(log)
@@ -247,8 +258,9 @@ class SeedLog:
         self._check_params(optimizer.param_groups)
         if [g["perturbation"] for g in optimizer.param_groups] != [s["perturbation"] for s in self.header["groups"]]:
             raise ValueError("Invalid optimizer: perturbations differ from the logged run's")
-        if _mask_sizes(optimizer) != self.header.get("mask_sizes"):
-            raise ValueError("Invalid optimizer: its masks differ from the logged run's")
+        if _mask_sizes(optimizer) != self.header.get("mask_sizes") or (
+                "mask_digests" in self.header and _mask_digests(optimizer) != self.header["mask_digests"]):
+            raise ValueError("Invalid optimizer: its masks differ from the logged run's (sizes or entries)")
         if _logged_directions(optimizer) != self.header["directions"]:
             raise ValueError(f"Invalid optimizer: its noise source ({type(optimizer.noise_source).__name__}) "
                              f"does not draw the logged directions {self.header['directions']!r}; build it "

@@ -383,3 +383,42 @@ def test_an_oracle_whose_norms_are_sparse_is_a_value_error():
     oracle = sz.OracleSampler(3, lambda: torch.tensor([1.0, 2.0, 3.0]).to_sparse())
     with pytest.raises(ValueError, match="Invalid norms_fn"):
         oracle.sample(2)
+
+
+# --- defect 12: a SparseMeZO log replayed through other masks of the same sizes -------------------------------
+def _sparse_run(mask_seed: int = 0):
+    from sazo_lite.sparse import SparseMeZO, sparse_indices
+
+    w = torch.zeros(100)
+    opt = SparseMeZO([w], sparse_indices([w], 0.1, seed=mask_seed), lr=0.1)
+    log = SeedLog.attach(opt)
+    for _ in range(3):
+        opt.step(lambda: (w - 1.0).pow(2))
+    return w, log
+
+
+@pytest.mark.parametrize("masks", [lambda p: __import__("sazo_lite.sparse", fromlist=["x"]).sparse_indices(p, 0.1, seed=1),
+                                   lambda p: [__import__("sazo_lite.sparse", fromlist=["x"]).sparse_indices(
+                                       p, 0.1, seed=0)[0].flip(0)]],
+                         ids=["other entries", "same entries in another order"])
+def test_a_sparse_log_replayed_through_masks_of_the_same_sizes_but_other_entries_is_refused(masks):
+    """The header held the masks' sizes only: masks from sparse_indices with another seed (or the same
+    indices in another order, which pairs z with other entries) replayed every step onto other entries."""
+    from sazo_lite.sparse import SparseMeZO
+
+    _, log = _sparse_run()
+    replica = torch.zeros(100)
+    opt = SparseMeZO([replica], masks([replica]), lr=0.1)
+    with pytest.raises(ValueError, match="masks differ"):
+        SeedLog.from_bytes(log.to_bytes()).replay_into(opt)
+    assert torch.equal(replica, torch.zeros(100)) and opt.step_count == 0
+
+
+def test_a_sparse_log_replays_through_the_same_masks_and_without_digests_as_before():
+    from sazo_lite.sparse import SparseMeZO, sparse_indices
+
+    w, log = _sparse_run()
+    for data in (log.to_bytes(), _edited(log, lambda h: h.pop("mask_digests"))):
+        replica = torch.zeros(100)
+        SeedLog.from_bytes(data).replay_into(SparseMeZO([replica], sparse_indices([replica], 0.1, seed=0), lr=0.1))
+        assert torch.equal(replica, w)
