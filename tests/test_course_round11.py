@@ -217,3 +217,14 @@ def test_dashboard_latency_times_a_selection_slider_too():
     assert values and context.value not in values and set(values) <= set(context.options)
     for control in board.controls.values():   # every control of the dashboard gets a change to time
         assert new_values(control), control.description
+
+
+def test_unbiased_dashboard_reads_the_largest_weight_among_examples_that_can_be_drawn():
+    board = sw.unbiased_dashboard(num_examples=5, dim=5, trials=200)   # N = d: at θ* some residuals are exactly 0
+    board.controls["progress"].value = 1.0                            # λ = 0: the oracle gives those p_i = 0
+    said = text(board.readout.value)
+    weight = float(re.search(r"largest weight 1/\(N p_i\) = ([^ ;(]+)", said).group(1))
+    assert np.isfinite(weight), said                                  # was inf: 1/(N·0) of an example never drawn
+    assert "p_i = 0, never drawn" in said
+    board.controls["uniform_mix"].value = 0.5                          # every p_i > 0 again
+    assert "never drawn" not in text(board.readout.value)

@@ -193,9 +193,12 @@ def unbiased_dashboard(*, num_examples: int = 256, dim: int = 20, trials: int = 
                 trace.x, trace.y, trace.width = centres, count.tolist(), width
             fig.data[2].x, fig.data[2].y = [full, full], [0, float(max(c.max() for c in counts))]
             fig.data[3].x, fig.data[3].y = [float(s.mean()) for s in samples], [0, 0]
+        drawn = probs[probs > 0]   # an example of p_i = 0 (a norm of 0 at λ = 0) is never drawn: it has no weight
+        never = len(probs) - len(drawn)
         readout.value = (f"F = {full:.4g}; mean of weighted estimates {float(samples[0].mean()):.4g}, "
                          f"unweighted {float(samples[1].mean()):.4g}; largest weight 1/(N p_i) = "
-                         f"{float(1 / (num_examples * probs.min())):.3g}")
+                         f"{float(1 / (num_examples * drawn.min())):.3g}"
+                         + (f" ({never} example{'s' if never > 1 else ''} with p_i = 0, never drawn)" if never else ""))
 
     questions = {
         "sigma": "Which estimate drifts away from F as the examples get more different?",
