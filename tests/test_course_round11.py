@@ -228,3 +228,11 @@ def test_unbiased_dashboard_reads_the_largest_weight_among_examples_that_can_be_
     assert "p_i = 0, never drawn" in said
     board.controls["uniform_mix"].value = 0.5                          # every p_i > 0 again
     assert "never drawn" not in text(board.readout.value)
+
+
+def test_table_formats_numpy_scalars_and_0d_tensors_as_numbers():
+    from sazo_lite.course.tables import Table
+
+    table = Table(["a", "b", "c", "d"], [[np.float32(0.123456), torch.tensor(10.123456), np.float64(2.5e-5), np.int64(7)]])
+    assert table.rows == [["0.123", "10.1", "2.50e-05", "7"]], table.rows   # was '0.123456', 'tensor(10.1235)'
+    assert Table(["x"], [[torch.tensor([1.0, 2.0])]]).rows == [[str(torch.tensor([1.0, 2.0]))]]   # not a number: as it prints

@@ -40,6 +40,8 @@ class Table:
 
 
 def _cell(value) -> str:
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):   # a numpy scalar or a 0-d tensor: its number
+        value = value.item()
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.2e}"
     return str(value)
