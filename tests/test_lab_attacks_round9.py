@@ -251,3 +251,17 @@ def test_forged_builtins_gain_no_point_on_a_tensor_left_unconverted(graded):
     q2 = plain["questions"]["q2"]
     assert q2["score"] < q2["possible"], q2   # the prompt asks for a Python float: a case records its type
     assert forged["questions"]["q2"]["score"] == q2["score"], (forged["questions"], plain["questions"])
+
+
+# -- plausible wrong answers -----------------------------------------------------------------
+def test_plain_probs_that_divide_by_a_zero_sum_lose_points():
+    """Lab 3's plain rule with every G_j at 0 (``initial_estimate=0``): the solution (and
+    ``sazo_lite.PlainSAZOSampler``) samples uniformly; ``roots / roots.sum()`` gives NaN probabilities, and kept full
+    marks, as the prompt did not say it and no case tried it. The prompt says it now and a hidden case records it."""
+    from test_lab_mutants import failed_cases, reference, run_question
+
+    master = nbformat.read(labs.resolve_master("lab3"), as_version=4)
+    assert any("uniform if every $G_j$ is 0" in c.source for c in master.cells if c.cell_type == "markdown")
+    mutant = [("adaptive = roots / roots.sum() if roots.sum() > 0 else uniform", "adaptive = roots / roots.sum()")]
+    want = reference("lab3", "q1")
+    assert failed_cases(want, run_question("lab3", "q1", mutant, until_failed=want))
