@@ -326,6 +326,19 @@ def table_rows(results: dict) -> list[tuple]:
     return rows
 
 
+def earlier_runs(results: dict) -> str:
+    """A line naming the sections an earlier run measured (``--only`` merges a run's sections into another's
+    results), each with that run's date, or '' when one run measured them all: the table's head gives this
+    run's date, and their rows are not of it."""
+    runs = {name: r["run"] for name, r in results.items() if isinstance(r, dict) and r.get("run")}
+    latest = max(runs.values(), default=None)       # "YYYY-MM-DD HH:MM UTC" sorts by time
+    earlier = {name: date for name, date in runs.items() if date != latest}
+    if not earlier:
+        return ""
+    return (f"measured by earlier runs (their rows are of that run; the others of {latest}): "
+            + ", ".join(f"{name} ({date})" for name, date in earlier.items()))
+
+
 def format_table(rows: list[tuple]) -> str:
     lines = ["| section | quantity | value | target | met |", "|---|---|---|---|---|"]
     return "\n".join(lines + [f"| {' | '.join(map(str, row))} |" for row in rows])
@@ -370,7 +383,8 @@ def main(argv=None) -> dict:
     def save(results: dict) -> str:
         finished.append(True)
         info = machine() | dict(quick=quick, seconds=round(time.perf_counter() - started, 1))
-        table = format_table(table_rows(results))
+        table, note = format_table(table_rows(results)), earlier_runs(results)
+        table += f"\n\n{note}" if note else ""
         write_text(out, json.dumps(dict(machine=info, table=table, results=results), indent=1,
                                   ensure_ascii=False, default=str))
         return table

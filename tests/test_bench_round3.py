@@ -286,3 +286,21 @@ def test_class_runs_leaves_the_callers_sazo_fast_as_it_was(monkeypatch, tmp_path
     with pytest.raises(RuntimeError):
         class_runs.run("05_the_race")
     assert seen == ["0"] and os.environ.get("SAZO_FAST") == before
+
+
+# -- make bench --only: the rows of an earlier run say so ------------------------------------------------------
+def test_make_bench_only_names_the_sections_an_earlier_run_measured(monkeypatch, capsys, tmp_path):
+    """``--only overhead`` printed the merged table under this run's date alone: the speed and memory rows of an
+    earlier run (another load, maybe another commit) read as measured now."""
+    from benchmarks import run
+
+    out = tmp_path / "bench.json"
+    earlier = {"overhead": {"model": "gpt2-tiny", "run": "2026-12-01 10:00 UTC"},
+               "sampler_state": {"sizes": [], "run": "2026-12-01 10:00 UTC"}}
+    out.write_text(json.dumps({"machine": {"quick": True}, "table": "", "results": earlier}))
+    monkeypatch.setattr(run.sampler_state, "run", lambda quick: {"sizes": []})
+    run.main(["--quick", "--only", "sampler_state", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "overhead (2026-12-01 10:00 UTC)" in printed and "sampler_state (" not in printed.split("earlier runs")[-1]
+    assert "overhead (2026-12-01 10:00 UTC)" in json.loads(out.read_text())["table"]
+    assert run.earlier_runs({"a": {"run": "2026-12-07 04:00 UTC"}, "b": {"run": "2026-12-07 04:00 UTC"}}) == ""
