@@ -265,3 +265,29 @@ def test_plain_probs_that_divide_by_a_zero_sum_lose_points():
     mutant = [("adaptive = roots / roots.sum() if roots.sum() > 0 else uniform", "adaptive = roots / roots.sum()")]
     want = reference("lab3", "q1")
     assert failed_cases(want, run_question("lab3", "q1", mutant, until_failed=want))
+
+
+BAD_ZIPS = {   # files of the zip (None: not a zip at all), what the error says
+    "not_a_zip": (None, "is not a zip file"),
+    "test_not_python": ({"otter_config.json": "{}", "tests/q1.py": "test = {"}, "tests/q1.py in bad.zip cannot be read"),
+    "config_not_json": ({"otter_config.json": "{x", "tests/q1.py": "test = {}"}, "otter_config.json in bad.zip cannot be read"),
+    "points_for_other_cases": ({"otter_config.json": "{}", "tests/q1.py": "test = {'name': 'q1', 'points': [1, 2], "
+                                "'suites': [{'cases': [{'code': '>>> record(1)'}]}]}"}, "2 points for 1 test cases"),
+    "case_without_code": ({"otter_config.json": "{}", "tests/q1.py": "test = {'name': 'q1', 'points': [1], "
+                           "'suites': [{'cases': [{'hidden': False}]}]}"}, "tests/q1.py in bad.zip cannot be read"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ZIPS))
+def test_an_autograder_zip_that_cannot_be_read_is_refused_with_the_file_named(tmp_path, case):
+    files, reason = BAD_ZIPS[case]
+    path = tmp_path / "bad.zip"
+    if files is None:
+        path.write_text("not a zip")
+    else:
+        with zipfile.ZipFile(path, "w") as archive:
+            for name, text in files.items():
+                archive.writestr(name, text)
+    with pytest.raises(ValueError, match="Invalid autograder: ") as caught:
+        grading.load_tests(path)
+    assert reason in str(caught.value)

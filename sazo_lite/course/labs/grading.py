@@ -45,11 +45,24 @@ _RUNS_OTTER = re.compile(r"otter\.Notebook\(|grader\.check(_all)?\(")  # otter's
 
 # -- the tests and the job ---------------------------------------------------------------
 def load_tests(autograder: Path) -> tuple[dict, dict]:
-    """(otter_config, {question: {"points": [...], "cases": [{"hidden", "code"}]}}) from the zip."""
-    with zipfile.ZipFile(autograder) as archive:
-        names = archive.namelist()
+    """(otter_config, {question: {"points": [...], "cases": [{"hidden", "code"}]}}) from the zip.
+
+    Raises ValueError naming the zip (and the file in it) where it is not a zip, a file in it cannot be read,
+    or it holds no test case.
+    """
+    try:
+        with zipfile.ZipFile(autograder) as archive:
+            return _tests_of(archive, Path(autograder).name)
+    except zipfile.BadZipFile as exc:
+        raise ValueError(f"Invalid autograder: {Path(autograder).name} is not a zip file ({exc}): "
+                         f"pass the autograder zip that `make labs` wrote") from None
+
+
+def _tests_of(archive: zipfile.ZipFile, zip_name: str) -> tuple[dict, dict]:
+    """``load_tests`` of an open zip; a file that cannot be read is named in the ValueError."""
+    names, questions, name = archive.namelist(), {}, "otter_config.json"
+    try:
         config = json.loads(archive.read("otter_config.json")) if "otter_config.json" in names else {}
-        questions = {}
         for name in sorted(n for n in names if n.startswith("tests/") and n.endswith(".py")):
             test = _test_dict(archive.read(name).decode())
             cases = [{"hidden": bool(c.get("hidden")), "code": _from_doctest(c["code"])}
@@ -57,9 +70,14 @@ def load_tests(autograder: Path) -> tuple[dict, dict]:
             points = test.get("points", 1)
             if not isinstance(points, list):
                 points = [float(points) / max(len(cases), 1)] * len(cases)
+            if len(points) != len(cases):   # scoring pairs them one to one
+                raise ValueError(f"{len(points)} points for {len(cases)} test cases")
             questions[test.get("name", Path(name).stem)] = {"points": [float(p) for p in points], "cases": cases}
+    except (ValueError, SyntaxError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"Invalid autograder: {name} in {zip_name} cannot be read ({type(exc).__name__}: "
+                         f"{str(exc)[:200]})") from None
     if not any(spec["cases"] for spec in questions.values()):   # it would grade every hand-in 0 / 0, "ok"
-        raise ValueError(f"Invalid autograder: {Path(autograder).name} holds no test cases (tests/*.py): build it "
+        raise ValueError(f"Invalid autograder: {zip_name} holds no test cases (tests/*.py): build it "
                          f"from a master with questions and tests")
     return config, questions
 
