@@ -2,9 +2,10 @@
 
 Every writer of a file a user keeps (benchmark reports, run caches, lab results, seed logs,
 checkpoints) goes through :func:`atomic_write`: the bytes go to a temporary file in the same
-folder, are flushed and fsync'ed, and then ``os.replace`` puts it in place. A write that fails
-part-way (full disk, file-size limit, Ctrl-C, a serialiser that raises) leaves any previous file
-untouched and no temporary file behind.
+folder, are flushed and fsync'ed, and then ``os.replace`` puts it in place, with the permission
+bits of the file it replaces (a new file: those ``open`` gives, 0o666 less the umask). A write
+that fails part-way (full disk, file-size limit, Ctrl-C, a serialiser that raises) leaves any
+previous file untouched and no temporary file behind.
 
 >>> import json, tempfile, pathlib
 >>> with tempfile.TemporaryDirectory() as d:
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import tempfile
 from typing import Any, Callable, IO
 
@@ -37,6 +39,7 @@ def atomic_write(path, write: Callable[[IO[bytes]], Any]) -> int:
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as handle:
+            os.chmod(tmp, _mode_for(path))   # mkstemp makes 0600: the file lost the reads open() gives
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
@@ -53,6 +56,27 @@ def atomic_write(path, write: Callable[[IO[bytes]], Any]) -> int:
         finally:
             os.close(dir_fd)
     return size
+
+
+def _mode_for(path: str) -> int:
+    """The permission bits the written file gets: those of the file it replaces, else what ``open`` would
+    give a new file (0o666 less the umask)."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where the system says it (Linux), else set and put back."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_bytes(path, data: bytes) -> int:

@@ -422,3 +422,31 @@ def test_a_sparse_log_replays_through_the_same_masks_and_without_digests_as_befo
         replica = torch.zeros(100)
         SeedLog.from_bytes(data).replay_into(SparseMeZO([replica], sparse_indices([replica], 0.1, seed=0), lr=0.1))
         assert torch.equal(replica, w)
+
+
+# --- defect 13: atomic writes made every file they wrote readable by its owner only --------------------------
+@pytest.mark.skipif(__import__("os").name != "posix", reason="POSIX permission bits")
+@pytest.mark.parametrize("existing", [None, 0o644, 0o640, 0o664], ids=["new file", "0644", "0640", "0664"])
+def test_an_atomic_write_keeps_the_permissions_open_would_give(tmp_path, existing):
+    """mkstemp makes its file 0600 and the rename kept that: a report or seed log the group could read
+    (0644) became 0600 at its next write, and new files were 0600 whatever the umask (open gives 0644 under
+    umask 022). Seed logs are written through it since this round, so they had it too."""
+    import os
+    import stat
+
+    from sazo_lite.atomic import write_json
+
+    path = tmp_path / "report.json"
+    previous = os.umask(0o022)
+    try:
+        if existing is not None:
+            path.write_text("{}")
+            os.chmod(path, existing)
+        write_json(path, {"ok": 1})
+        _, _, log = _quadratic_run()
+        log.save(tmp_path / "run.seedlog")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(os.stat(path).st_mode) == (existing if existing is not None else 0o644)
+    assert stat.S_IMODE(os.stat(tmp_path / "run.seedlog").st_mode) == 0o644
+    assert json.loads(path.read_text()) == {"ok": 1} and sorted(os.listdir(tmp_path)) == ["report.json", "run.seedlog"]
