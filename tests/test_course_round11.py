@@ -236,3 +236,44 @@ def test_table_formats_numpy_scalars_and_0d_tensors_as_numbers():
     table = Table(["a", "b", "c", "d"], [[np.float32(0.123456), torch.tensor(10.123456), np.float64(2.5e-5), np.int64(7)]])
     assert table.rows == [["0.123", "10.1", "2.50e-05", "7"]], table.rows   # was '0.123456', 'tensor(10.1235)'
     assert Table(["x"], [[torch.tensor([1.0, 2.0])]]).rows == [[str(torch.tensor([1.0, 2.0]))]]   # not a number: as it prints
+
+
+# -- the race's plot and table of an instructor's own RaceResult ------------------------------------------
+
+def _hand_built(gaps: dict, to_target: dict, queries=(0, 10, 20)):
+    return sazo_runs.RaceResult(list(queries), gaps, 1.0, 0.1, to_target)
+
+
+def test_race_verdict_of_a_race_of_uniform_alone_is_one_sentence():
+    from sazo_lite.course.widgets import race as race_widgets
+
+    result = sazo_runs.race(sazo_runs.make_problem(num_examples=8, dim=2), samplers=("uniform",), seeds=(0,),
+                            steps=40, log_every=2, lr=0.05)
+    verdict = race_widgets.race_verdict(result)
+    assert verdict.endswith("(median).") and "; ." not in verdict, verdict        # was "…(median); ."
+
+
+def test_race_figure_and_table_read_gaps_given_as_lists():
+    from sazo_lite.course.widgets import race as race_widgets
+
+    result = _hand_built({"uniform": [[1.0, 0.5, 0.05]], "sazo": [[1.0, 0.2, 0.01]]},
+                         {"uniform": [20], "sazo": [10]})
+    figure = race_widgets.race_figure(result)                 # was TypeError: list / float
+    assert [round(float(y), 3) for y in figure.data[3].y] == [1.0, 0.2, 0.01]
+    assert "2.00×" in race_widgets.race_table_html(result)
+    assert "2.00× fewer" in race_widgets.race_verdict(result)
+
+
+@pytest.mark.parametrize("gaps, to_target, match", [
+    ({"uniform": [[1.0, 0.5]]}, {"uniform": [None]}, r"gaps\['uniform'\] of shape \(1, 2\) for \(3,\) queries"),  # IndexError
+    ({"uniform": [[1.0, 0.5, 0.1]], "mine": [[1.0, 0.2, 0.05]]}, {"uniform": [20], "mine": [20]}, r"methods \['mine'\]"),
+])
+def test_race_figure_table_and_verdict_refuse_a_result_they_cannot_read(gaps, to_target, match):
+    from sazo_lite.course.widgets import race as race_widgets
+
+    result = _hand_built(gaps, to_target)
+    for draw in (race_widgets.race_figure, race_widgets.race_table_html, race_widgets.race_verdict,
+                 lambda r: race_widgets.race_divergence(r, 1)):
+        # 'mine' was dropped from the plot and the table without a word, and a KeyError in the verdict
+        with pytest.raises(ValueError, match="Invalid result: " + match):
+            draw(result)

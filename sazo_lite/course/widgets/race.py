@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import time
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import plotly.graph_objects as go
@@ -58,6 +59,21 @@ PRESETS = {
     "large batch": _preset(_HETERO, batch_size=32),
     "σ = 2.5, B = 1": _preset(_HETERO, heterogeneity=2.5, batch_size=1),
 }
+
+
+def _readable(result: RaceResult) -> RaceResult:
+    """``result`` with numpy arrays for its queries and gaps (a hand-built one may hold lists), or a ValueError
+    naming what a plot or table of it could not read: a method without a label, gaps not [seeds, log points]."""
+    unknown = sorted((set(result.gaps) | set(result.to_target)) - set(_LABELS))
+    if unknown:
+        raise ValueError(f"Invalid result: methods {unknown} (expected among {tuple(_LABELS)})")
+    queries = np.asarray(result.queries)
+    gaps = {method: np.asarray(rows, dtype=np.float64) for method, rows in result.gaps.items()}
+    for method, rows in gaps.items():
+        if queries.ndim != 1 or rows.ndim != 2 or rows.shape[1] != len(queries):
+            raise ValueError(f"Invalid result: gaps[{method!r}] of shape {rows.shape} for {queries.shape} queries "
+                             "(expected [seeds, log points]: one gap per logged query)")
+    return replace(result, queries=queries, gaps=gaps)
 
 
 _CEILING = 1e3  # relative gaps above this (a diverging run) are drawn at it, to keep the axis readable
@@ -140,6 +156,7 @@ def _frame_race(fig, result: RaceResult, methods, ratio: float, logged: dict[str
 
 def race_figure(result: RaceResult, title: str = "") -> go.Figure:
     """A static race plot of a ``RaceResult`` (median lines and min–max bands over seeds)."""
+    result = _readable(result)
     methods = tuple(m for m in _LABELS if m in result.gaps)
     fig = _empty_race_figure(methods, widget=False, title=title)
     _draw_race(fig, result, methods)
@@ -173,6 +190,7 @@ def race_verdict(result: RaceResult) -> str:
         >>> "uniform MeZO" in race_verdict(race(make_problem(num_examples=16, dim=3), seeds=(0,), steps=20))
         True
     """
+    result = _readable(result)
     if "uniform" not in result.to_target:
         raise ValueError(f"Invalid result: no uniform run to compare with (methods {list(result.to_target)})")
     goal = _goal(result)
@@ -196,7 +214,7 @@ def race_verdict(result: RaceResult) -> str:
             parts.append(f"{_LABELS[method]} needed {needed:,.0f}: {speedup:.2f}× fewer")
         else:
             parts.append(f"{_LABELS[method]} needed {needed:,.0f}: {1 / speedup:.2f}× uniform's queries (slower)")
-    return head + "; " + "; ".join(parts) + "."
+    return head + "".join(f"; {part}" for part in parts) + "."   # a race of uniform alone: its head only
 
 
 def race_divergence(result: RaceResult, batch_size: int, eps: float | None = None) -> str:
@@ -211,6 +229,7 @@ def race_divergence(result: RaceResult, batch_size: int, eps: float | None = Non
         True
     """
     check_count("batch_size", batch_size)
+    result = _readable(result)
     notes = []
     for method in (m for m in _LABELS if m in result.gaps):
         starts = [first_divergence(row) for row in result.gaps[method]]
@@ -256,6 +275,7 @@ def race_table_html(result: RaceResult, eps: float | None = None) -> str:
 
     ``eps``: the runs' ε, for the advice when no method reached the target (at a tiny ε: raise it).
     """
+    result = _readable(result)
     rows = []
     for method in (m for m in _LABELS if m in result.to_target):
         reached = sum(q is not None for q in result.to_target[method])
