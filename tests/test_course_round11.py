@@ -134,12 +134,14 @@ def test_norm_spread_with_zero_norms_at_its_5th_percentile_is_infinite_not_the_c
     assert minibatches.norm_spread(one_zero) == pytest.approx(minibatches.norm_spread(torch.logspace(0, 2, 100)), abs=0.1)
 
 
-def test_race_takes_seeds_as_a_numpy_array_and_run_sazo_trace_names_steps_none():
+def test_race_and_rule_ladder_take_seeds_as_a_numpy_array_and_run_sazo_trace_names_steps_none():
     problem = sazo_runs.make_problem(num_examples=8, dim=2)
     result = sazo_runs.race(problem, seeds=np.arange(2), steps=4, log_every=2)   # was "truth value ... ambiguous"
     assert result.gaps["sazo"].shape == (2, 3)
     with pytest.raises(ValueError, match="Invalid steps: None"):                 # was TypeError from None < 1
         sazo_runs.run_sazo_trace(problem, steps=None)
+    table = sazo_runs.rule_ladder(problem, steps=4, seeds=np.arange(1), rules=np.array(["plain"]), log_every=2)
+    assert sorted(table) == ["plain", "uniform"]                                # was "truth value ... ambiguous"
 
 
 # -- an instructor's own language-model records --------------------------------------------------------

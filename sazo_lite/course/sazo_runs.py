@@ -210,6 +210,7 @@ def rule_ladder(problem: FiniteSumProblem, *, steps: int, seeds=(0, 1, 2), rules
         >>> sorted(table)
         ['plain', 'uniform']
     """
+    seeds, rules = tuple(seeds), tuple(rules)   # e.g. np.arange(3): "not seeds" would be ambiguous
     if not seeds or not rules:
         raise ValueError(f"Invalid seeds/rules: {seeds!r}, {rules!r} (expected at least one of each)")
     table, uniform = {}, []
