@@ -74,6 +74,13 @@ are the Trainer's own. What differs:
   ``save_only_model=True`` checkpoint holds the weights only and cannot be resumed. ``zo_state.pt`` is read with
   ``torch.load(weights_only=True)`` (a file holding anything else, such as a pickled object,
   is refused and nothing in it runs) and checked in full before anything loads.
+- Seed logs: a ``SeedLog`` attached to ``trainer.zo_optimizer`` (a plain ``MeZO``; say in a
+  callback's ``on_train_begin``) records the steps, and ``SeedLog.replay`` rebuilds the weights.
+  A log records steps only: while one is attached, each step first compares a checksum of the
+  tuned tensors (their sum and norm in float64) with the one after the last step, and refuses
+  (``ValueError``, nothing moved) weights written in between (a callback, ``load_best_model_at_end``,
+  code between ``train()`` calls), which its replay would miss. Writes inside a step (a MeZO
+  step hook) and writes that keep every tensor's sum and norm are not seen.
 - Half precision: a model loaded in bfloat16/float16 is tuned through ``Float32Master``
   (``master_weights="auto"``): MeZO perturbs a float32 copy of the trainable tensors, copied into
   the model before each forward, so updates smaller than half an ulp are not lost. Entries
@@ -90,6 +97,7 @@ import json
 import math
 import os
 import pickle
+import types
 import warnings
 from collections.abc import Mapping
 
@@ -190,17 +198,24 @@ def _as_list(values) -> list[int]:
     return values.tolist() if hasattr(values, "tolist") else [int(v) for v in values]
 
 
-class _TrainerMeZO(MeZO):
-    """MeZO whose closure-less ``step()`` does nothing.
+def _trainer_mezo(groups, **settings) -> MeZO:
+    """A MeZO whose closure-less ``step()`` does nothing.
 
     The Trainer calls ``optimizer.step()`` after ``training_step``; the ZO step (both forwards and
     the update) already happened inside ``training_step``, where the batch and weights are known.
+    A plain MeZO with its own ``step``, not a subclass: a ``SeedLog`` of the run then names its
+    optimiser "MeZO", and ``SeedLog.replay`` rebuilds the weights (a subclass's log could be
+    replayed only through that private class).
     """
+    optimizer = MeZO(groups, **settings)
+    optimizer.step = types.MethodType(_step_with_closure, optimizer)   # a method: lr schedulers wrap it
+    return optimizer
 
-    def step(self, closure=None, weights=None):
-        if closure is None:
-            return None
-        return super().step(closure, weights)
+
+def _step_with_closure(self, closure=None, weights=None):
+    if closure is None:
+        return None
+    return MeZO.step(self, closure, weights)
 
 
 class _StepTickets(torch.utils.data.Dataset):
@@ -333,6 +348,7 @@ class ZOTrainer(Trainer):
         self._zo_resume = None          # a checked zo_state, applied by create_optimizer on resume
         self._zo_rebase = None          # (epoch, global_step) of a checkpoint resumed with another B
         self._zo_queries = 0            # per-example forwards since MeZO was built (zo_queries)
+        self._zo_logged_weights = None  # _weights_checksum() after the last step, where a SeedLog records
         self._zo_sampler_start = None   # the sampler's state before the first step (see _restart_sampler)
 
     # -- settings ----------------------------------------------------------------------------
@@ -440,10 +456,11 @@ class ZOTrainer(Trainer):
 
                 self._master = Float32Master(params)
                 params = self._master.tensors
-            self.optimizer = _TrainerMeZO(self._decay_groups(net, params), lr=self.args.learning_rate, eps=self.eps,
-                                          weight_decay=self.args.weight_decay, perturbation=self.perturbation,
-                                          seed=self.zo_seed)
+            self.optimizer = _trainer_mezo(self._decay_groups(net, params), lr=self.args.learning_rate, eps=self.eps,
+                                           weight_decay=self.args.weight_decay, perturbation=self.perturbation,
+                                           seed=self.zo_seed)
             self._zo_queries = 0   # a new optimiser (first train(), or model_init's new model) starts the count
+            self._zo_logged_weights = None
             self._restart_sampler()
         if self._zo_resume is not None:  # resuming: the Trainer has loaded the model's weights by now
             self._apply_zo_state(self._zo_resume)
@@ -603,6 +620,7 @@ class ZOTrainer(Trainer):
     def _zo_step(self, net) -> torch.Tensor:
         if self._master is not None:
             self._master_follows_writes()
+        self._check_logged_weights()
         indices, weights = self.zo_sampler.sample(self.global_batch_size())
         rank, world = rank_and_world()
         batch = self._collate(shard(indices, rank, world))  # this rank's B/W examples
@@ -613,18 +631,49 @@ class ZOTrainer(Trainer):
                 self._master.sync()
             with self.compute_loss_context_manager():
                 outputs = net(**self._model_inputs(batch))
-            return gather_losses(self.per_example_loss(outputs, batch).float())
+            values = gather_losses(self.per_example_loss(outputs, batch).float())
+            _check_finite_losses(values, indices, self.state.global_step + 1)
+            return values
 
         try:
             out = self.zo_optimizer.step(losses, weights)
         finally:   # the model holds where the master stands: updated, or back at θ after a refused step
             if self._master is not None:
                 self._master.sync()
+            self._zo_logged_weights = self._weights_checksum()   # where a seed log's replay stands now
         self.zo_sampler.update(indices, out.directional_diffs)
         self._zo_queries += 2 * self.global_batch_size()
         w = weights.double()
         self._zo_pending.add(abs(out.projected_grad), float(w.max()), float(w.sum() ** 2 / (w ** 2).sum()) / len(w))
         return torch.tensor(out.loss, dtype=torch.float32, device=self.args.device)
+
+    def _weights_checksum(self) -> tuple[set, torch.Tensor] | None:
+        """(ids of the SeedLogs recording MeZO, Σθ and ‖θ‖ of each tuned tensor in float64), or None
+        without a log: two reductions a tensor, no copy."""
+        from .seedlog import SeedLog
+
+        logs = {id(hook) for hook in self.zo_optimizer._step_hooks.values() if isinstance(hook, SeedLog)}
+        if not logs:
+            return None
+        with torch.no_grad():
+            tensors = [p for group in self.zo_optimizer.param_groups for p in group["params"]]
+            return logs, torch.stack([torch.stack((p.sum(dtype=torch.float64),
+                                                   torch.linalg.vector_norm(p, dtype=torch.float64)))
+                                      for p in tensors])
+
+    def _check_logged_weights(self) -> None:
+        """Refuse a step when θ changed since the last step (a callback wrote the weights, or code
+        between ``train()`` calls) and a SeedLog recording both steps is attached: a log records
+        steps only, so its replay silently rebuilt other weights. Nothing has moved yet."""
+        last, now = self._zo_logged_weights, self._weights_checksum()
+        if last is None or now is None or not last[0] & now[0]:
+            return   # no log, or every log was attached since the last step (it starts from θ as it is)
+        if not torch.equal(last[1], now[1]):
+            raise ValueError("Invalid weights: the tuned weights changed since the last MeZO step (a callback or "
+                             "code between steps wrote them, or load_best_model_at_end or a resume loaded "
+                             "others), and a SeedLog records this optimiser: it logs steps only, so replaying it "
+                             "would not rebuild them. Write the weights before SeedLog.attach, or attach a new "
+                             "log after")
 
     def _label_columns(self) -> set:
         """The columns per_example_loss reads and forwards never get: "labels" and ``label_names``."""
@@ -886,6 +935,20 @@ class ZOTrainer(Trainer):
                 for master, saved in zip(self._master.tensors, state["master"]):
                     master.copy_(saved)
             self._master.sync()
+
+
+def _check_finite_losses(losses: torch.Tensor, indices: torch.Tensor, step: int) -> None:
+    """A non-finite loss names its examples and step: MeZO's own refusal ("closure returned a
+    non-finite loss (call 1)") said neither, and the examples are what a researcher looks at."""
+    finite = torch.isfinite(losses)
+    if bool(finite.all()):
+        return
+    named = ""
+    if losses.shape == indices.shape:   # another shape: MeZO refuses it
+        named = f" for train_dataset examples {sorted({int(i) for i in indices[~finite.cpu()]})}"
+    raise FloatingPointError(f"Invalid loss: per_example_loss returned inf or NaN{named} at step {step}; the step "
+                             f"was refused and the weights put back where it started (within the rounding of the "
+                             f"shifts), the step count unchanged")
 
 
 def _check_loss_hooks(cls, kwargs) -> None:

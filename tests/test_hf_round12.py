@@ -4,6 +4,7 @@ TrainingArguments do to a run.
 One test per defect (each fails on the code before the fix). Tiny random models, rows in memory.
 """
 import json
+import re
 import warnings
 
 import pytest
@@ -149,3 +150,110 @@ def test_a_callbacks_write_into_a_half_precision_model_is_kept(tmp_path):
     resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
     for a, b in zip(trainer._master.tensors, resumed._master.tensors):
         assert torch.equal(a, b)
+
+
+# -- a SeedLog of a ZOTrainer run ----------------------------------------------------------------
+class AttachLog(transformers.TrainerCallback):
+    """Attaches a SeedLog to the trainer's MeZO when training begins, or at the end of step ``at_step``."""
+
+    def __init__(self, trainer, at_step=None):
+        self.trainer, self.at_step, self.log = trainer, at_step, None
+
+    def _attach(self):
+        from sazo_lite.seedlog import SeedLog
+
+        self.log = SeedLog.attach(self.trainer.zo_optimizer)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.at_step is None:
+            self._attach()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.at_step:
+            self._attach()
+
+
+def logged_trainer(tmp_path, halve_at=None, attach_at=None):
+    model = tiny_causal_lm("llama", vocab_size=VOCAB)
+    start = weights(model)
+    callbacks = [] if halve_at is None else [HalveAt(halve_at)]
+    trainer = trainer_for(tmp_path, model=model, args=training_args(tmp_path, max_steps=4), callbacks=callbacks)
+    attach = AttachLog(trainer, attach_at)
+    trainer.add_callback(attach)
+    return trainer, attach, start
+
+
+def test_a_seed_log_of_a_trainer_run_replays_its_weights(tmp_path):
+    # the trainer's optimiser was a private MeZO subclass, so its log named "_TrainerMeZO":
+    # SeedLog.replay refused it ("replay it with replay_into(_TrainerMeZO(params, ...))")
+    trainer, attach, start = logged_trainer(tmp_path)
+    trainer.train()
+    fresh = tiny_causal_lm("llama", vocab_size=VOCAB)
+    fresh.load_state_dict(start)
+    attach.log.replay(fresh.parameters())
+    assert attach.log.num_steps == 4
+    for name, value in weights(trainer.model).items():
+        assert torch.equal(weights(fresh)[name], value), name
+
+
+def test_a_callbacks_write_under_a_seed_log_is_refused_at_the_next_step(tmp_path):
+    # a callback halving the weights between steps 2 and 3: the log records steps only, so its
+    # replay silently rebuilt other weights (0.5 off); now the next step refuses, nothing moved
+    trainer, attach, _ = logged_trainer(tmp_path, halve_at=2)
+    written = {}
+
+    class Keep(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            written.update(weights(trainer.model))
+
+    trainer.add_callback(Keep())                           # runs after the write: the weights step 3 starts from
+    with pytest.raises(ValueError, match="Invalid weights: the tuned weights changed since the last MeZO step"):
+        trainer.train()
+    assert trainer.state.global_step == 2 and attach.log.num_steps == 2
+    assert all(torch.equal(written[k], v) for k, v in weights(trainer.model).items())
+
+
+def test_a_seed_log_attached_after_the_write_records_on(tmp_path):
+    trainer, attach, _ = logged_trainer(tmp_path, halve_at=2, attach_at=2)   # HalveAt runs first
+    written = {}
+
+    class Keep(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                written.update(weights(trainer.model))
+
+    trainer.add_callback(Keep())
+    trainer.train()
+    fresh = tiny_causal_lm("llama", vocab_size=VOCAB)
+    fresh.load_state_dict(written)
+    attach.log.replay(fresh.parameters())
+    assert attach.log.num_steps == 2
+    assert all(torch.equal(weights(fresh)[k], v) for k, v in weights(trainer.model).items())
+
+
+# -- a non-finite loss mid-run ------------------------------------------------------------------------
+def test_a_non_finite_loss_names_its_examples_and_step_and_nothing_moves(tmp_path):
+    # MeZO's refusal said "closure returned a non-finite loss (call 1)": neither the step nor the
+    # examples, which are what one looks at (an empty answer, a corrupt row)
+    rows = memorisable_rows(n=8)
+    rows[5]["input_ids"][0] = 2                            # marks row 5, whose loss is NaN
+
+    def losses(outputs, inputs):
+        marked = inputs["input_ids"][:, 0] == 2
+        return torch.where(marked, float("nan"), hf.causal_lm_losses(outputs.logits, inputs["labels"]))
+
+    before = {}
+
+    class Keep(transformers.TrainerCallback):
+        def on_step_begin(self, args, state, control, model=None, **kwargs):
+            before.update(weights(model))
+
+    trainer = trainer_for(tmp_path, rows=rows, args=training_args(tmp_path, max_steps=50), per_example_loss=losses,
+                          callbacks=[Keep()])
+    with pytest.raises(FloatingPointError, match=r"examples \[5\] at step (\d+);") as raised:
+        trainer.train()
+    step = int(re.search(r"at step (\d+)", str(raised.value)).group(1))
+    assert trainer.state.global_step == step - 1 == trainer.zo_optimizer.step_count
+    assert trainer.model.training
+    for name, value in weights(trainer.model).items():
+        assert torch.allclose(value, before[name], rtol=0, atol=1e-6), name
