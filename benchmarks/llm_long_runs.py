@@ -8,8 +8,9 @@ the sampler settings are those of ``llm_queries``' opposed and balanced sets (``
 96``: the same cached first round). Each run stops at ``--stop`` · F(θ₀) or after ``--steps`` steps,
 logs F every ``--log-every`` steps, and SAZO's runs record its scores against the true norms every 4th
 log point. One JSON per run in OUT_DIR (``QueryRun.to_dict()`` plus its wall time and the settings that
-made it). A run whose JSON OUT_DIR already holds with the same settings is kept, not rerun (the same
-command resumes an interrupted plan); a JSON there of other settings is refused before anything runs.
+made it, with ε, the oracle's mix, θ₀'s sizes and the run cache's protocol). A run whose JSON OUT_DIR already
+holds with the same settings is kept, not rerun (the same command resumes an interrupted plan); a JSON there of
+other settings is refused before anything runs.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import torch
 from sazo_lite.atomic import write_text
 from benchmarks.cli import check_folder, count, fraction, natural, unit_fraction
 from benchmarks import llm_queries
+from benchmarks.run_cache import RUN_PROTOCOL
 from sazo_lite.course.widgets.llm import run_summary
 from sazo_lite.llm import restore_snapshot, snapshot
 from sazo_lite.llm.queries import SAMPLERS
@@ -79,8 +81,13 @@ def main(argv=None) -> None:
     except ValueError as error:
         parser.error(f"argument runs: {error}")
     check_folder(parser, "out", args.out)
+    setup = llm_queries.parse_args(["--sets", args.set, "--big-n", str(args.n)])
     common = {name: getattr(args, name) for name in ("set", "n", "new_fraction", "batch", "steps", "log_every", "stop",
                                                       "accuracy_at")}
+    # what else makes a run: the race's ε, oracle mix and θ₀'s sizes, and the version of query_run's rules (the run
+    # cache's protocol): a run saved under others is not kept, as the run cache recomputes its own
+    common.update(protocol=RUN_PROTOCOL, eps=setup.eps, oracle_mix=setup.oracle_mix,
+                  theta0=llm_queries.theta0_key(setup))
     settings = {(sampler, rate, seed): {**common, "sampler": sampler, "lr": rate, "seed": seed}
                 for sampler, rate, seed in plan}
     names = {}
@@ -111,7 +118,6 @@ def main(argv=None) -> None:
         for key in dict.fromkeys(plan):
             print(summary(kept[key]) + " (kept)", flush=True)
         return
-    setup = llm_queries.parse_args(["--sets", args.set, "--big-n", str(args.n)])
     model, params, train, test, _ = llm_queries.smollm2_start(args.set, setup, num_train=args.n,
                                                               new_fraction=args.new_fraction)
     theta0 = snapshot(params)

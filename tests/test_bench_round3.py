@@ -304,3 +304,30 @@ def test_make_bench_only_names_the_sections_an_earlier_run_measured(monkeypatch,
     assert "overhead (2026-12-01 10:00 UTC)" in printed and "sampler_state (" not in printed.split("earlier runs")[-1]
     assert "overhead (2026-12-01 10:00 UTC)" in json.loads(out.read_text())["table"]
     assert run.earlier_runs({"a": {"run": "2026-12-07 04:00 UTC"}, "b": {"run": "2026-12-07 04:00 UTC"}}) == ""
+
+
+# -- llm_long_runs: a resumed plan keeps only runs made by today's rules -----------------------------------------
+def test_long_runs_do_not_keep_a_run_of_other_rules_or_another_epsilon(monkeypatch, capsys, tmp_path):
+    """A saved long run was kept when its command-line settings matched, whatever ε, oracle mix, θ₀ sizes or
+    version of query_run's rules made it: a resumed plan then mixed runs the run cache (RUN_PROTOCOL) would
+    have recomputed."""
+    from benchmarks import llm_long_runs
+
+    computed = []
+    monkeypatch.setattr(llm_long_runs.llm_queries, "smollm2_start", lambda *a, **k: (None, [torch.zeros(2)], None, None, None))
+    monkeypatch.setattr(llm_long_runs.llm_queries, "run_from", lambda *a, lr, seed, **k: computed.append(lr) or {
+        "queries": [0, 100], "train_loss": [1.0, 0.4], "walk": [0.0, 2.0], "diverged": False, "mean_sq_step_scale": 1.0,
+        "max_step_scale": 2.0, "test_accuracy": 0.5})
+    monkeypatch.setattr(llm_long_runs.torch, "set_num_threads", lambda n: None)
+    out = tmp_path / "runs"
+    llm_long_runs.main([str(out), "uniform:3.5e-4:0", "--steps", "10"])
+    llm_long_runs.main([str(out), "uniform:3.5e-4:0", "--steps", "10"])
+    assert computed == [3.5e-4] and "(kept)" in capsys.readouterr().out             # the same rules: kept
+    from benchmarks.run_cache import RUN_PROTOCOL
+    monkeypatch.setattr(llm_long_runs, "RUN_PROTOCOL", RUN_PROTOCOL + 1, raising=False)     # query_run's rules changed
+    refused(capsys, lambda: llm_long_runs.main([str(out), "uniform:3.5e-4:0", "--steps", "10"]), "uniform_0.00035_s0.json")
+    monkeypatch.undo()
+    real_parse = llm_long_runs.llm_queries.parse_args
+    monkeypatch.setattr(llm_long_runs.llm_queries, "parse_args", lambda argv: real_parse([*argv, "--eps", "1e-4"]))
+    refused(capsys, lambda: llm_long_runs.main([str(out), "uniform:3.5e-4:0", "--steps", "10"]), "uniform_0.00035_s0.json")
+    assert computed == [3.5e-4]
