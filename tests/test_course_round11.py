@@ -279,3 +279,29 @@ def test_race_figure_table_and_verdict_refuse_a_result_they_cannot_read(gaps, to
         # 'mine' was dropped from the plot and the table without a word, and a KeyError in the verdict
         with pytest.raises(ValueError, match="Invalid result: " + match):
             draw(result)
+
+
+# -- notebook 02's textbook step ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("failure", ["raises", "nan"])
+def test_mezo_step_reference_puts_theta_back_when_a_pass_fails(failure):
+    from sazo_lite.course import instruments
+
+    theta = torch.tensor([1.0, -2.0, 0.5])
+    start, calls = theta.clone(), [0]
+
+    def closure():
+        calls[0] += 1
+        if calls[0] == 2:          # the second pass, at θ − εz
+            if failure == "raises":
+                raise RuntimeError("out of memory")
+            return torch.tensor(float("nan"))
+        return (theta ** 2).sum()
+
+    error = RuntimeError if failure == "raises" else FloatingPointError
+    with pytest.raises(error):
+        instruments.mezo_step_reference([theta], closure, eps=1e-3, lr=0.1, seed=0)
+    # was left at θ − εz after the exception, or at θ − η·NaN·z (all NaN) after a NaN loss
+    torch.testing.assert_close(theta, start, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="Invalid eps"):                    # was ZeroDivisionError after two passes
+        instruments.mezo_step_reference([theta], lambda: (theta ** 2).sum(), eps=0.0, lr=0.1, seed=0)

@@ -10,6 +10,7 @@ the length of a ``with`` block, or for good as ``MeZO(..., noise=DirectionCounte
 """
 from __future__ import annotations
 
+import math
 import weakref
 
 import torch
@@ -19,6 +20,7 @@ from torch.utils._pytree import tree_leaves
 from ..directions import derive_seed, z_dtype
 from ..engine import MeZO
 from ..noise import Job, NoiseSource, PlainNoise
+from ..validation import check_number
 
 __all__ = ["peak_tensor_bytes", "DirectionCounter", "mezo_step_reference", "count_passes", "step_memory",
            "StepMemory"]
@@ -155,21 +157,30 @@ def mezo_step_reference(params: list[torch.Tensor], closure, eps: float, lr: flo
 
     z for tensor k is regenerated from ``derive_seed(seed, k)`` exactly as ``MeZO`` does, so the
     result matches ``MeZO.step`` with step seed ``seed`` (up to rounding). Returns g. Passes go
-    through ``noise`` (default the plain loop; a ``DirectionCounter`` to count them).
+    through ``noise`` (default the plain loop; a ``DirectionCounter`` to count them). As ``MeZO.step``,
+    it puts θ back when a closure raises, and raises FloatingPointError without the update when g is
+    not finite (θ − η·NaN·z would be NaN).
     """
+    eps, lr = check_number("eps", eps, 0.0, closed_low=False), check_number("lr", lr)
     source = noise if noise is not None else PlainNoise()
+    at = [0.0]   # θ = θ₀ + at·z
 
-    def shift(coefficient: float) -> None:
-        source.apply([Job(p, derive_seed(seed, index), coefficient, 1.0, "gaussian")
+    def move_to(point: float) -> None:
+        source.apply([Job(p, derive_seed(seed, index), point - at[0], 1.0, "gaussian")
                       for index, p in enumerate(params)])
+        at[0] = point
 
-    shift(+eps)
-    plus = float(torch.as_tensor(closure()).double().mean())
-    shift(-2 * eps)
-    minus = float(torch.as_tensor(closure()).double().mean())
+    try:
+        move_to(+eps)
+        plus = float(torch.as_tensor(closure()).double().mean())
+        move_to(-eps)
+        minus = float(torch.as_tensor(closure()).double().mean())
+    finally:
+        move_to(0.0)   # restore θ (also when a closure raised) ...
     g = (plus - minus) / (2 * eps)
-    shift(+eps)   # restore θ ...
-    shift(-lr * g)  # ... then update: a fourth pass that MeZO fuses into the third
+    if not math.isfinite(g):
+        raise FloatingPointError(f"losses {plus!r} and {minus!r} give g = {g!r}; parameters restored, not updated")
+    move_to(-lr * g)  # ... then update: a fourth pass that MeZO fuses into the third
     return g
 
 
