@@ -16,7 +16,7 @@ import math
 import numpy as np
 import torch
 
-from .validation import check_count, check_fraction, check_int
+from .validation import check_count, check_fraction, check_int, check_number
 
 __all__ = ["mixed_probabilities", "relative_scores", "importance_weights", "oracle_probs", "sampling_variance",
            "variance_ratio", "uniform_gain", "zo_second_moment", "tv_distance", "spearman", "mix_with_uniform"]
@@ -63,10 +63,31 @@ def _as64(x) -> torch.Tensor:
     return torch.as_tensor(x).detach().to("cpu", torch.float64)
 
 
+def _nonnegative(name: str, x) -> torch.Tensor:
+    """Norms or probabilities as a float64 vector of finite entries ≥ 0, or ValueError naming ``name``: a
+    negative norm gave negative probabilities, NaN or ∞ fell back to uniform (1 + CV² read 1), complex values
+    lost their imaginary part and a row [[…]] was read as one example."""
+    tensor = torch.as_tensor(x)
+    if tensor.is_complex() or tensor.dtype == torch.bool:
+        raise ValueError(f"Invalid {name}: dtype {tensor.dtype} (expected real numbers)")
+    tensor = tensor.detach().to("cpu", torch.float64)
+    if tensor.dim() != 1:
+        raise ValueError(f"Invalid {name}: shape {tuple(tensor.shape)} (expected a vector, one entry per example)")
+    if not bool(torch.isfinite(tensor).all()) or bool((tensor < 0).any()):
+        raise ValueError(f"Invalid {name}: entries must be finite and non-negative")
+    return tensor
+
+
+# Arguments that hold norms or probabilities: ``_paired`` checks them with ``_nonnegative``.
+_NONNEGATIVE = ("norms", "probs", "p", "q")
+
+
 def _paired(first: str, a, second: str, b) -> tuple[torch.Tensor, torch.Tensor]:
     """``a`` and ``b`` as float64 vectors of one length, or ValueError naming ``second`` (torch broadcast a
-    length-1 vector against the other silently: V(p) of 3 norms with 1 probability was a number)."""
-    a, b = _as64(a), _as64(b)
+    length-1 vector against the other silently: V(p) of 3 norms with 1 probability was a number). Norms
+    and probabilities (names in ``_NONNEGATIVE``) are checked by ``_nonnegative`` first."""
+    a = _nonnegative(first, a) if first in _NONNEGATIVE else _as64(a)
+    b = _nonnegative(second, b) if second in _NONNEGATIVE else _as64(b)
     if a.dim() != 1 or a.shape != b.shape:
         raise ValueError(f"Invalid {second}: shape {tuple(b.shape)} does not match the shape of {first}, "
                          f"{tuple(a.shape)} (expected two vectors of one length)")
@@ -75,13 +96,13 @@ def _paired(first: str, a, second: str, b) -> tuple[torch.Tensor, torch.Tensor]:
 
 def oracle_probs(norms) -> torch.Tensor:
     """p* ∝ ‖∇f_i‖ (uniform if every norm is 0): ``mixed_probabilities`` with λ = 0."""
-    norms = relative_scores(_as64(norms))
+    norms = relative_scores(_nonnegative("norms", norms))
     return mixed_probabilities(norms, float(norms.sum()), 0.0, len(norms))
 
 
 def mix_with_uniform(probs, uniform_mix: float) -> torch.Tensor:
     """(1−λ)·p + λ/N for a distribution p: ``mixed_probabilities`` with S = 1."""
-    probs = _as64(probs)
+    probs = _nonnegative("probs", probs)
     uniform_mix = check_fraction("uniform_mix", uniform_mix, 0.0, 1.0, closed_low=True, closed_high=True)
     return mixed_probabilities(probs, 1.0, uniform_mix, len(probs))
 
@@ -104,7 +125,7 @@ def variance_ratio(norms, probs) -> float:
 
 def uniform_gain(norms) -> float:
     """1 + CV² of the per-example norms, which equals V(u)/V(p*)."""
-    norms = relative_scores(_as64(norms))
+    norms = relative_scores(_nonnegative("norms", norms))
     mean = norms.mean()
     return float(1.0 + norms.var(unbiased=False) / mean ** 2) if mean > 0 else 1.0
 
@@ -112,6 +133,7 @@ def uniform_gain(norms) -> float:
 def zo_second_moment(norms, probs, full_grad_norm: float, dim: int, batch_size: int) -> float:
     """E‖ĝ‖² for Gaussian z and B i.i.d. importance-sampled examples (exact for linear f_i)."""
     dim, batch_size = check_int("dim", dim, 0), check_count("batch_size", batch_size)
+    full_grad_norm = check_number("full_grad_norm", full_grad_norm, 0.0)
     v = sampling_variance(norms, probs)
     return (dim + 2) * (v / batch_size + (1.0 - 1.0 / batch_size) * full_grad_norm ** 2)
 

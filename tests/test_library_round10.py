@@ -450,3 +450,37 @@ def test_an_atomic_write_keeps_the_permissions_open_would_give(tmp_path, existin
     assert stat.S_IMODE(os.stat(path).st_mode) == (existing if existing is not None else 0o644)
     assert stat.S_IMODE(os.stat(tmp_path / "run.seedlog").st_mode) == 0o644
     assert json.loads(path.read_text()) == {"ok": 1} and sorted(os.listdir(tmp_path)) == ["report.json", "run.seedlog"]
+
+
+# --- defect 14: the variance helpers on norms or probabilities that are not ------------------------------------
+from sazo_lite import variance as _variance  # noqa: E402
+
+_HELPERS = {
+    "oracle_probs": lambda v: _variance.oracle_probs(v),
+    "uniform_gain": lambda v: _variance.uniform_gain(v),
+    "sampling_variance norms": lambda v: _variance.sampling_variance(v, [0.5, 0.5]),
+    "sampling_variance probs": lambda v: _variance.sampling_variance([1.0, 2.0], v),
+    "variance_ratio norms": lambda v: _variance.variance_ratio(v, [0.5, 0.5]),
+    "variance_ratio probs": lambda v: _variance.variance_ratio([1.0, 2.0], v),
+    "mix_with_uniform": lambda v: _variance.mix_with_uniform(v, 0.1),
+    "tv_distance": lambda v: _variance.tv_distance(v, [0.5, 0.5]),
+}
+
+
+@pytest.mark.parametrize("helper", list(_HELPERS), ids=list(_HELPERS))
+@pytest.mark.parametrize("value", [[-1.0, 2.0], [float("nan"), 1.0], [float("inf"), 1.0], [[0.5, 0.5]],
+                                   torch.tensor([0.5 + 1j, 0.5]), [True, False]],
+                         ids=["negative", "nan", "inf", "a row", "complex", "bool"])
+def test_the_variance_helpers_refuse_norms_and_probabilities_that_are_not_finite_non_negative_vectors(helper, value):
+    """oracle_probs([-1, 2]) returned the 'probabilities' [-1, 2]; a NaN or ∞ norm fell back to uniform
+    (uniform_gain read 1.0, variance_ratio 1.0); V(p) of a negative p was negative; a row [[0.5, 0.5]] was one
+    example (mix_with_uniform added λ/1 to each entry); complex values lost their imaginary part."""
+    with pytest.raises(ValueError, match="Invalid (norms|probs|p|q)"):
+        _HELPERS[helper](value)
+
+
+def test_the_second_moment_refuses_a_gradient_norm_that_is_not_one():
+    for bad in (float("nan"), -1.0, float("inf")):
+        with pytest.raises(ValueError, match="Invalid full_grad_norm"):
+            _variance.zo_second_moment([1.0, 2.0], [0.5, 0.5], bad, 3, 2)
+    assert _variance.zo_second_moment([1.0, 1.0], [0.5, 0.5], 0.0, 3, 1) == pytest.approx(5.0)
