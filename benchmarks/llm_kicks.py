@@ -56,7 +56,7 @@ def main(argv=None) -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the report to this JSON file")
     args = parser.parse_args(argv)
     try:
-        plan = parse_plan(args.runs)
+        plan = list(dict.fromkeys(parse_plan(args.runs)))      # a run named twice is run once (6000 steps)
     except ValueError as error:
         parser.error(f"argument runs: {error}")
     check_output(parser, "--json", args.json)

@@ -331,3 +331,27 @@ def test_long_runs_do_not_keep_a_run_of_other_rules_or_another_epsilon(monkeypat
     monkeypatch.setattr(llm_long_runs.llm_queries, "parse_args", lambda argv: real_parse([*argv, "--eps", "1e-4"]))
     refused(capsys, lambda: llm_long_runs.main([str(out), "uniform:3.5e-4:0", "--steps", "10"]), "uniform_0.00035_s0.json")
     assert computed == [3.5e-4]
+
+
+def test_llm_kicks_runs_a_run_named_twice_once(monkeypatch, capsys):
+    """``llm_kicks sazo:0.0085:1 sazo:0.0085:1`` ran the same 6000-step run twice and reported it twice."""
+    from benchmarks import llm_kicks
+
+    calls = []
+
+    class Tracer:
+        def __init__(self, params):
+            self.walk = [1.0]
+
+    class Run:
+        def to_dict(self):
+            return {"diverged": False, "queries": [0, 8], "train_loss": [1.0, 0.5], "walk": [0.0, 1.0]}
+
+    monkeypatch.setattr(llm_kicks, "top_start", lambda setting: (None, [torch.zeros(2)], None, None, None))
+    monkeypatch.setattr(llm_kicks, "StepTracer", Tracer)
+    monkeypatch.setattr(llm_kicks, "query_run", lambda *a, lr, seed, **k: calls.append((a[3], lr, seed)) or Run())
+    monkeypatch.setattr(llm_kicks, "kicks", lambda tracer, lr: {"top1pct_share": 0.5, "largest": [
+        {"step": 1, "kick": 1.0, "g": 1.0, "walk_before": 0.0, "walk_after": 1.0}]})
+    monkeypatch.setattr(llm_kicks.torch, "set_num_threads", lambda n: None)
+    llm_kicks.main(["sazo:0.0085:1", "uniform:0.006:1", "sazo:0.0085:1", "--steps", "10"])
+    assert calls == [("sazo", 0.0085, 1), ("uniform", 0.006, 1)]
