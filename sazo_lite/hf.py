@@ -49,8 +49,10 @@ are the Trainer's own. What differs:
 - ``hyperparameter_search``: each trial's args pass the checks ``__init__`` makes (``ValueError``
   otherwise), its model the check ``train()`` makes, and its ``seed`` seeds MeZO and the sampler
   unless ``zo_seed`` was given (``data_seed``, when set, seeds the sampler).
-- Without an accelerator, ``dataloader_pin_memory`` is off in the trainer's copy of ``args``
-  (torch ignores pinning there, with a warning); the caller's ``args`` are unchanged.
+- In the trainer's copy of ``args`` (the caller's are unchanged), ``dataloader_pin_memory`` is off
+  without an accelerator (torch ignores pinning there, with a warning) and ``ignore_data_skip`` is
+  off (a resume skips the step tickets of the steps done at no cost, so its epochs go on as the
+  uninterrupted run's).
 - Logs add ``zo_queries`` (per-example forward evaluations so far, 2·B per step, counted since MeZO
   was built: over repeated ``train()`` calls and across resumes, whose checkpoints carry the count),
   ``zo_projected_grad`` (mean |g| since the last log) and, for SAZO, ``sazo_max_weight`` and
@@ -322,11 +324,20 @@ class ZOTrainer(Trainer):
         self.callback_handler.__class__ = _ZOCallbackHandler   # on_pre_optimizer_step before the update
         if own_collator and model is None and self.model is not None:   # model_init=: the model exists now
             self.data_collator = CausalLMCollator(_pad_token_id(processing_class, self.model))
+        changes = {}
         if self.args.dataloader_pin_memory and not _has_accelerator():
             # Pinning needs an accelerator: without one torch ignores pin_memory and warns at every
-            # evaluation loader. A copy, so the user's args object is left as it was.
+            # evaluation loader.
+            changes["dataloader_pin_memory"] = False
+        if self.args.ignore_data_skip:
+            # Skipping the step tickets of a resumed epoch costs nothing, and the sampler's state holds
+            # where the data stands. Not skipping restarted the epoch count (step 4 logged epoch 1.5
+            # after step 3's 1.5) and moved the "epoch" strategies' ends.
+            changes["ignore_data_skip"] = False
+        if changes:   # a copy, so the user's args object is left as it was
             self.args = copy.copy(self.args)
-            self.args.dataloader_pin_memory = False
+            for name, value in changes.items():
+                setattr(self.args, name, value)
         self.eps, self.perturbation, self.master_weights = eps, perturbation, master_weights
         self.zo_seed = self.args.seed if zo_seed is None else zo_seed
         self._zo_seed_given = zo_seed   # None: zo_seed follows args.seed (a search trial may set it)
@@ -474,9 +485,8 @@ class ZOTrainer(Trainer):
         the checkpoint's steps as steps of the new B, so the logged epoch fell back: 1.0, then 0.75),
         and later checkpoints record the B their steps use (they kept the checkpoint's)."""
         self.state.train_batch_size = self._train_batch_size
-        per_epoch = self._steps_per_epoch()
-        skipped = 0 if self.args.ignore_data_skip else step % per_epoch   # as Trainer._init_training_state
-        self.callback_handler.epoch_offset = epoch - (step // per_epoch + skipped / per_epoch)
+        per_epoch = self._steps_per_epoch()   # the Trainer's epoch at that step and the new B, as its loop writes it
+        self.callback_handler.epoch_offset = epoch - (step // per_epoch + (step % per_epoch) / per_epoch)
 
     def _decay_groups(self, net, params) -> list[dict]:
         """``params`` (net's trainable tensors or their masters, in order) as param groups: weight

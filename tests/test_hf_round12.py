@@ -257,3 +257,20 @@ def test_a_non_finite_loss_names_its_examples_and_step_and_nothing_moves(tmp_pat
     assert trainer.model.training
     for name, value in weights(trainer.model).items():
         assert torch.allclose(value, before[name], rtol=0, atol=1e-6), name
+
+
+# -- ignore_data_skip ----------------------------------------------------------------------------
+def test_a_resume_with_ignore_data_skip_goes_on_as_the_uninterrupted_run(tmp_path):
+    # skipping the resumed epoch's step tickets costs nothing (the sampler's state holds where the
+    # data stands), but ignore_data_skip restarted the epoch count: step 4 logged epoch 1.5, as step 3
+    def args(root, **change):
+        return training_args(root, max_steps=-1, num_train_epochs=2, logging_steps=1, **change)
+
+    whole = trainer_for(tmp_path / "whole", args=args(tmp_path / "whole", save_strategy="steps", save_steps=3))
+    whole.train()
+    given = args(tmp_path, ignore_data_skip=True)
+    resumed = trainer_for(tmp_path, args=given)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "out" / "checkpoint-3"))
+    assert given.ignore_data_skip                           # the user's object is left as it was
+    assert logged(resumed, "epoch") == logged(whole, "epoch") == [0.5, 1.0, 1.5, 2.0]
+    assert all(torch.equal(weights(resumed.model)[k], v) for k, v in weights(whole.model).items())
