@@ -779,6 +779,11 @@ def parse_args(argv=None, *, run: bool = False):
     if set(args.sets) & set(TOP_SETS) and args.top_select < min(args.targets):
         parser.error(f"argument --top-select: {args.top_select:g}·F₀ is deeper than the deepest --targets "
                      f"{min(args.targets):g}·F₀, where every run stops: no run would reach it to pick a rate")
+    for option, items in (("--variant-start", args.variant_start), ("--top-start", args.top_start)):
+        names = [item.partition("=")[0] for item in items]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:       # else the last rate of each was taken without a word
+            parser.error(f"argument {option}: {', '.join(twice)} given twice (one starting rate each)")
     try:
         args.variant_start = {name: float(rate) for name, rate in (item.split("=") for item in args.variant_start)}
     except ValueError:

@@ -355,3 +355,12 @@ def test_llm_kicks_runs_a_run_named_twice_once(monkeypatch, capsys):
     monkeypatch.setattr(llm_kicks.torch, "set_num_threads", lambda n: None)
     llm_kicks.main(["sazo:0.0085:1", "uniform:0.006:1", "sazo:0.0085:1", "--steps", "10"])
     assert calls == [("sazo", 0.0085, 1), ("uniform", 0.006, 1)]
+
+
+@pytest.mark.parametrize("argv, option", [(["--top-start", "uniform=1e-3", "uniform=2e-3"], "--top-start"),
+                                          (["--variant-start", "sazo=1e-3", "sazo=1e-3"], "--variant-start")])
+def test_llm_queries_refuses_a_sampler_started_twice(capsys, argv, option):
+    """``--top-start uniform=1e-3 uniform=2e-3`` raced uniform from 2e-3 without a word about the first rate."""
+    from benchmarks import llm_queries
+
+    refused(capsys, lambda: llm_queries.parse_args(argv), option, "given twice")
