@@ -305,3 +305,12 @@ def test_mezo_step_reference_puts_theta_back_when_a_pass_fails(failure):
     torch.testing.assert_close(theta, start, atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="Invalid eps"):                    # was ZeroDivisionError after two passes
         instruments.mezo_step_reference([theta], lambda: (theta ** 2).sum(), eps=0.0, lr=0.1, seed=0)
+
+
+@pytest.mark.parametrize("run", [lambda p: sw.mezo_dashboard(p, steps=5),
+                                 lambda p: sazo_runs.race(p, seeds=(0,), steps=4),
+                                 lambda p: sazo_runs.run_sazo_trace(p, steps=4)])
+def test_a_name_or_a_dataset_in_place_of_a_problem_is_refused_naming_it(run):
+    for wrong in ("breast_cancer", np.ones((4, 2))):
+        with pytest.raises(ValueError, match="Invalid problem: .* has no .*expected a FiniteSumProblem"):
+            run(wrong)                                    # was AttributeError: 'str' object has no attribute …

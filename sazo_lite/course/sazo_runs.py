@@ -82,6 +82,17 @@ def first_divergence(gaps, *, factor: float = DIVERGE_FACTOR) -> int | None:
     return next((k for k, gap in enumerate(values.tolist()) if train_diverged(gap, limit)), None)
 
 
+_PROBLEM_PARTS = ("num_examples", "losses", "gap", "norms", "initial_theta", "optimal_loss")
+
+
+def _check_problem(problem) -> None:
+    """Refuse what is not a problem (a name, a dataset) before a run reaches for one of its parts."""
+    missing = [part for part in _PROBLEM_PARTS if not hasattr(problem, part)]
+    if missing:
+        raise ValueError(f"Invalid problem: {type(problem).__name__} {str(problem)[:60]!r} has no {', '.join(missing)} "
+                         "(expected a FiniteSumProblem, e.g. make_problem(...) or problems.LogisticRegression(X, y))")
+
+
 def starting_gap(problem: FiniteSumProblem) -> float:
     """F(θ₀) − F(θ*) in float64, with float64 rounding read as 0; a ValueError when it is not finite (NaN or
     inf in the problem's data or in its θ*) or below 0 beyond rounding (its θ* does not minimise it).
@@ -93,6 +104,7 @@ def starting_gap(problem: FiniteSumProblem) -> float:
         >>> starting_gap(make_problem(num_examples=16, dim=3)) > 0
         True
     """
+    _check_problem(problem)
     gap = problem.gap(problem.initial_theta(torch.float64))
     if not math.isfinite(gap):
         raise ValueError(f"Invalid problem: its initial gap F(θ₀) − F(θ*) is {gap!r} (expected a finite number; "
@@ -330,6 +342,7 @@ def run_sazo_trace(problem: FiniteSumProblem, *, steps: int = 300, batch_size: i
         ((4, 32), [1.0, 1.0, 1.0, 1.0])
     """
     check_count("steps", steps)
+    _check_problem(problem)
     if rule not in RULES:
         raise ValueError(f"Invalid rule: {rule!r} (expected one of {RULES})")
     if diverge_factor is not None:
