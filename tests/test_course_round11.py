@@ -75,6 +75,23 @@ def test_starting_gap_reads_rounding_as_0_and_refuses_nan_or_a_theta_star_that_i
         sazo_runs.starting_gap(_Shifted(problem, float("nan")))
     with pytest.raises(ValueError, match="not a minimiser"):
         sazo_runs.starting_gap(_Shifted(problem, -10.0))
+    tiny = _Scaled(problem, 1e-20)                        # a problem of tiny losses: its gap is not rounding
+    assert sazo_runs.starting_gap(tiny) == pytest.approx(1e-20 * problem.gap(problem.initial_theta()))
+
+
+class _Scaled(_Shifted):
+    """``problem`` with its losses (as the gap and F(θ*) read them) times ``factor``."""
+
+    def __init__(self, problem, factor: float) -> None:
+        super().__init__(problem, 0.0)
+        self._factor = factor
+
+    def gap(self, theta) -> float:
+        return self._factor * self._problem.gap(theta)
+
+    @property
+    def optimal_loss(self) -> float:
+        return self._factor * self._problem.optimal_loss
 
 
 def test_race_of_a_problem_at_its_optimum_up_to_rounding_is_refused_not_raced():

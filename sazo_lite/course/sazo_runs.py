@@ -98,7 +98,7 @@ def starting_gap(problem: FiniteSumProblem) -> float:
     inf in the problem's data or in its θ*) or below 0 beyond rounding (its θ* does not minimise it).
 
     Rounding: a θ* computed at θ₀ (e.g. Newton's on symmetric data) puts F(θ*) a few ulps from F(θ₀), either side;
-    |gap| ≤ 1e-12 · max(1, |F(θ*)|) counts as 0.
+    |gap| ≤ 1e-12 · max(|F(θ₀)|, |F(θ*)|) counts as 0.
 
     Example:
         >>> starting_gap(make_problem(num_examples=16, dim=3)) > 0
@@ -109,7 +109,8 @@ def starting_gap(problem: FiniteSumProblem) -> float:
     if not math.isfinite(gap):
         raise ValueError(f"Invalid problem: its initial gap F(θ₀) − F(θ*) is {gap!r} (expected a finite number; "
                          "a NaN or inf in its data or in its optimum θ* gives this)")
-    rounding = 1e-12 * max(1.0, abs(problem.optimal_loss))
+    optimal = problem.optimal_loss
+    rounding = 1e-12 * max(abs(optimal), abs(optimal + gap))   # relative: a problem of tiny losses keeps its gap
     if gap < -rounding:
         raise ValueError(f"Invalid problem: its initial gap F(θ₀) − F(θ*) is {gap!r} (expected >= 0: its optimum θ* "
                          "has a higher loss than θ₀, so it is not a minimiser)")
