@@ -90,7 +90,8 @@ are the Trainer's own. What differs:
   master's at the next step or checkpoint, as a float32 model keeps them. With
   ``load_best_model_at_end`` the master follows the best weights loaded at the end (that
   checkpoint's float32 master), so a later ``train()`` continues from them. ``bf16=True``
-  with a float32 model only autocasts the forwards; the weights stay float32.
+  with a float32 model only autocasts the forwards; the weights stay float32. ``fp16=True``
+  without an accelerator is refused: accelerate autocasts float16 on accelerators only.
 """
 from __future__ import annotations
 
@@ -395,6 +396,11 @@ class ZOTrainer(Trainer):
             raise ValueError("Invalid label_smoothing_factor: ZOTrainer's per-example losses do not smooth")
         if args.auto_find_batch_size:
             raise ValueError("Invalid auto_find_batch_size: the sampler's batch size is fixed")
+        if self.accelerator.mixed_precision == "fp16" and not self.accelerator.native_amp:
+            # accelerate autocasts float16 on accelerators only and says nothing on a CPU
+            raise ValueError(f"Invalid fp16: True on {self.args.device.type!r}, where accelerate does not autocast to "
+                             f"float16, so the forwards would run in float32; use bf16=True (CPU autocast), a model "
+                             f"loaded in float16 (tuned through a float32 master), or leave fp16 off")
         if args.train_sampling_strategy != "random":
             raise ValueError(f"Invalid train_sampling_strategy: {args.train_sampling_strategy!r} (the ZO sampler "
                              f"draws every batch i.i.d.; leave it at 'random')")

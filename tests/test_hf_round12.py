@@ -274,3 +274,11 @@ def test_a_resume_with_ignore_data_skip_goes_on_as_the_uninterrupted_run(tmp_pat
     assert given.ignore_data_skip                           # the user's object is left as it was
     assert logged(resumed, "epoch") == logged(whole, "epoch") == [0.5, 1.0, 1.5, 2.0]
     assert all(torch.equal(weights(resumed.model)[k], v) for k, v in weights(whole.model).items())
+
+
+# -- fp16 on a CPU -------------------------------------------------------------------------------
+def test_fp16_on_a_cpu_is_refused_not_ignored(tmp_path):
+    # accelerate autocasts float16 on accelerators only: on a CPU the forwards ran in float32, silently
+    with pytest.raises(ValueError, match="Invalid fp16: True on 'cpu'.*bf16=True"):
+        trainer_for(tmp_path, args=training_args(tmp_path, fp16=True))
+    assert trainer_for(tmp_path, args=training_args(tmp_path, bf16=True)).accelerator.native_amp
