@@ -76,7 +76,7 @@ def test_starting_gap_reads_rounding_as_0_and_refuses_nan_or_a_theta_star_that_i
     with pytest.raises(ValueError, match="not a minimiser"):
         sazo_runs.starting_gap(_Shifted(problem, -10.0))
     tiny = _Scaled(problem, 1e-20)                        # a problem of tiny losses: its gap is not rounding
-    assert sazo_runs.starting_gap(tiny) == pytest.approx(1e-20 * problem.gap(problem.initial_theta()))
+    assert sazo_runs.starting_gap(tiny) == pytest.approx(1e-20 * problem.gap(problem.initial_theta()), rel=1e-9, abs=0)
 
 
 class _Scaled(_Shifted):
