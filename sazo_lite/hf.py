@@ -141,8 +141,8 @@ class CausalLMCollator:
     ``labels`` are labelled with their own (unpadded) input ids (plain language modelling).
 
     Raises:
-        ValueError: one label per row (a classification dataset: pass a ``data_collator``),
-            labels or a mask of another length than the input ids, a mask other than
+        ValueError: one label per row, or a ``label``/``label_ids`` column without ``labels``
+            (a classification dataset: pass a ``data_collator``), labels or a mask of another length than the input ids, a mask other than
             0/1 or with padding inside the row, or a row with no tokens left.
 
     Example:
@@ -174,6 +174,13 @@ class CausalLMCollator:
             raise ValueError(f"Invalid labels: row {k} has one label ({row['labels']!r}), not one token id per "
                              f"input id; CausalLMCollator collates causal LM rows: for other tasks (e.g. sequence "
                              f"classification) pass a data_collator, such as transformers.DataCollatorWithPadding")
+        for name in ("label", "label_ids"):   # the classification columns the Trainer renames to labels
+            if row.get("labels") is None and row.get(name) is not None:
+                raise ValueError(f"Invalid labels: row {k} has {name!r} ({row[name]!r}) but no 'labels', so "
+                                 f"CausalLMCollator would label it with its own input ids (language modelling) "
+                                 f"and ignore {name!r}; for classification pass a data_collator (e.g. "
+                                 f"transformers.DataCollatorWithPadding) and a per_example_loss, for language "
+                                 f"modelling remove the column")
         labels = _as_list(row["labels"]) if row.get("labels") is not None else None
         if labels is not None and len(labels) != len(ids):
             raise ValueError(f"Invalid labels: example has {len(labels)} labels for {len(ids)} input ids")

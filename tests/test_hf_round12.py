@@ -282,3 +282,21 @@ def test_fp16_on_a_cpu_is_refused_not_ignored(tmp_path):
     with pytest.raises(ValueError, match="Invalid fp16: True on 'cpu'.*bf16=True"):
         trainer_for(tmp_path, args=training_args(tmp_path, fp16=True))
     assert trainer_for(tmp_path, args=training_args(tmp_path, bf16=True)).accelerator.native_amp
+
+
+# -- a classification dataset's "label" column -----------------------------------------------------
+@pytest.mark.parametrize("name", ["label", "label_ids"])
+def test_rows_with_a_label_column_and_no_labels_are_refused_by_the_default_collator(tmp_path, name):
+    # a tokenised GLUE set (input_ids, attention_mask, label) with no data_collator: the collator
+    # labelled each row with its own input ids and the run tuned plain language modelling,
+    # silently ignoring the labels
+    rows = [{"input_ids": r["input_ids"], "attention_mask": [1] * len(r["input_ids"]), name: i % 2}
+            for i, r in enumerate(memorisable_rows())]
+    trainer = trainer_for(tmp_path, rows=rows)
+    before = weights(trainer.model)
+    with pytest.raises(ValueError, match=f"Invalid labels: row 0 has '{name}' \\(0\\) but no 'labels'"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+    assert all(torch.equal(weights(trainer.model)[k], v) for k, v in before.items())
+    with_labels = [dict(row, labels=row["input_ids"]) for row in rows]   # a column beside labels is left alone
+    assert torch.equal(hf.CausalLMCollator(0)(with_labels)["labels"][0], torch.tensor(rows[0]["input_ids"]))
