@@ -331,3 +331,11 @@ def test_a_name_or_a_dataset_in_place_of_a_problem_is_refused_naming_it(run):
     for wrong in ("breast_cancer", np.ones((4, 2))):
         with pytest.raises(ValueError, match="Invalid problem: .* has no .*expected a FiniteSumProblem"):
             run(wrong)                                    # was AttributeError: 'str' object has no attribute …
+
+
+def test_gain_vs_batch_figure_refuses_measured_ratios_of_a_set_it_has_no_prediction_for():
+    from sazo_lite.course.widgets import llm
+
+    with pytest.raises(ValueError, match=r"Invalid measured: \['b'\] have no predicted line"):   # was left off the plot
+        llm.gain_vs_batch_figure({"a": {1: 5.0, 4: 3.0}}, {"b": {1: 2.0}})
+    assert len(llm.gain_vs_batch_figure({"a": {1: 5.0, 4: 3.0}}, {"a": {1: 2.0}}).data) == 2

@@ -452,6 +452,9 @@ def gain_vs_batch_figure(predicted: dict, measured: dict | None = None, *, title
         raise ValueError(f"Invalid predicted: expected set label -> a non-empty {{B: gain}}, got {predicted!r}")
     for label, gains in [*predicted.items(), *(measured or {}).items()]:
         number_list(f"gains of {label!r}", gains.values(), low=0.0)
+    alone = sorted(set(measured or {}) - set(predicted), key=str)   # drawn beside its predicted line, or not at all
+    if alone:
+        raise ValueError(f"Invalid measured: {alone} have no predicted line (expected labels among {list(predicted)})")
     fig = go.Figure()
     palette = ["steelblue", "darkorange", "seagreen", "purple"]
     for k, (label, gains) in enumerate(predicted.items()):
