@@ -339,3 +339,14 @@ def test_gain_vs_batch_figure_refuses_measured_ratios_of_a_set_it_has_no_predict
     with pytest.raises(ValueError, match=r"Invalid measured: \['b'\] have no predicted line"):   # was left off the plot
         llm.gain_vs_batch_figure({"a": {1: 5.0, 4: 3.0}}, {"b": {1: 2.0}})
     assert len(llm.gain_vs_batch_figure({"a": {1: 5.0, 4: 3.0}}, {"a": {1: 2.0}}).data) == 2
+
+
+def test_probs_vs_oracle_refuses_scores_that_are_not_a_distribution():
+    from sazo_lite.course.widgets import llm
+
+    with pytest.raises(ValueError, match="Invalid p_sazo: sums to 1.4"):      # was drawn as N·p_i = 1.0 and 1.8
+        llm.probs_vs_oracle([0.5, 0.9], [0.9, 0.1])
+    with pytest.raises(ValueError, match="Invalid p_star: sums to 0.5"):
+        llm.probs_vs_oracle([0.5, 0.5], [0.25, 0.25])
+    stored = np.full(64, 1 / 64, dtype=np.float32)                           # float32 probabilities still draw
+    assert len(llm.probs_vs_oracle(stored, stored).data[0].y) == 64

@@ -291,6 +291,10 @@ def probs_vs_oracle(p_sazo, p_star, kinds=None) -> go.Figure:
         [1.8, 0.2]
     """
     p_sazo, p_star = number_list("p_sazo", p_sazo, high=1.0), number_list("p_star", p_star, high=1.0)
+    for name, probs in (("p_sazo", p_sazo), ("p_star", p_star)):
+        if abs(sum(probs) - 1.0) > 1e-4:   # N·p_i reads against uniform = 1 only for a distribution (float32 sums: 1e-4)
+            raise ValueError(f"Invalid {name}: sums to {sum(probs):.6g} (expected probabilities summing to 1; "
+                             "normalise scores first)")
     n = len(p_sazo)
     kinds = list(kinds) if kinds is not None else [""] * n
     same_lengths(p_sazo=p_sazo, p_star=p_star, kinds=kinds)
