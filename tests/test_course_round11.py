@@ -350,3 +350,14 @@ def test_probs_vs_oracle_refuses_scores_that_are_not_a_distribution():
         llm.probs_vs_oracle([0.5, 0.5], [0.25, 0.25])
     stored = np.full(64, 1 / 64, dtype=np.float32)                           # float32 probabilities still draw
     assert len(llm.probs_vs_oracle(stored, stored).data[0].y) == 64
+
+
+def test_score_scatters_say_how_many_points_a_0_leaves_off_their_log_axes():
+    from sazo_lite.course.widgets import llm, llm_lesson
+
+    # a score of 0 (an example the plain rule never drew) vanished from the log-log plot without a word
+    title = llm.scores_vs_norms([0.0, 2.0, 3.0], [1.0, 2.0, 0.5]).layout.title.text
+    assert title.endswith("1 of 3 points have a 0, off the log axes"), title
+    lesson = llm_lesson.scores_vs_norms_figure([1.0, 2.0], [0.0, 2.0], ["new", "assimilated"]).layout.title.text
+    assert "1 of 2 points have a 0" in lesson, lesson
+    assert "off the log axes" not in llm.scores_vs_norms([1.0, 2.0], [1.0, 2.0]).layout.title.text

@@ -25,7 +25,7 @@ import plotly.io as pio
 __all__ = ["slider", "log_slider", "int_slider", "question", "captioned", "presets", "redraw_on_change",
            "assemble", "Dashboard", "LiveFigure", "static_dashboard_html", "set_controls", "SAMPLER_COLORS",
            "SAMPLER_FILLS", "SAMPLER_LABELS", "divergence_note", "finite", "number_list", "lower_rate", "TINY_EPS", "require_keys",
-           "same_lengths"]
+           "same_lengths", "off_log_axes"]
 
 # One palette for every dashboard: a sampler has the same colour in every plot of the course.
 SAMPLER_COLORS = {"uniform": "#7f7f7f", "sazo": "#1f77b4", "sazo-plain": "#9467bd", "oracle": "#d62728"}
@@ -99,6 +99,17 @@ def number_list(name: str, values, *, low: float = 0.0, high: float = math.inf) 
         raise ValueError(f"Invalid {name}: expected a non-empty sequence of finite numbers in [{low:g}, {high:g}], "
                          f"got {len(out)} value(s)" + (f", e.g. {bad[0]}" if bad else ""))
     return out
+
+
+def off_log_axes(xs, ys) -> str:
+    """" · k of n points have a 0, off the log axes" ("" when none): what a log-log scatter leaves out unsaid.
+
+    Example:
+        >>> off_log_axes([1.0, 0.0, 2.0], [3.0, 1.0, 0.0])
+        ' · 2 of 3 points have a 0, off the log axes'
+    """
+    zeros = sum(1 for x, y in zip(xs, ys) if x <= 0 or y <= 0)
+    return f" · {zeros} of {len(xs)} points have a 0, off the log axes" if zeros else ""
 
 
 def finite(values):

@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 import torch
 
 from ...validation import check_int
-from ._common import SAMPLER_COLORS, number_list, require_keys, same_lengths
+from ._common import SAMPLER_COLORS, number_list, off_log_axes, require_keys, same_lengths
 
 __all__ = ["peak_memory_bars", "run_summary", "best_cells", "fewest_queries", "loss_bands", "runs_by_rate",
            "queries_table_html", "scores_vs_norms", "diagnostics_figure", "probs_vs_oracle", "detector_precision",
@@ -249,7 +249,8 @@ def scores_vs_norms(scores, norms, kinds=None) -> go.Figure:
         fig.add_scatter(x=[norms[i] for i in idx], y=[scores[i] for i in idx], mode="markers", name=kind,
                         text=[f"example {i}" for i in idx])
     fig.update_layout(width=520, height=380, xaxis=dict(title="true ‖∇f_i‖ (backprop)", type="log"),
-                      yaxis=dict(title="SAZO score Ĝ_i", type="log"), title="SAZO's scores against the true norms",
+                      yaxis=dict(title="SAZO score Ĝ_i", type="log"),
+                      title="SAZO's scores against the true norms" + off_log_axes(norms, scores),
                       margin=dict(l=55, r=10, t=40, b=45))
     return fig
 

@@ -14,7 +14,8 @@ import plotly.graph_objects as go
 
 from ..llm_lesson import DIVERGE_FACTOR, Race, turn
 from ...validation import check_count, check_number
-from ._common import SAMPLER_COLORS, SAMPLER_FILLS, SAMPLER_LABELS, number_list, require_keys, same_lengths
+from ._common import SAMPLER_COLORS, SAMPLER_FILLS, SAMPLER_LABELS, number_list, off_log_axes, require_keys, \
+    same_lengths
 
 __all__ = ["show", "gain_figure", "race_figure", "walk_figure", "loss_vs_walk_figure", "scores_figure",
            "scores_vs_norms_figure", "WIDTH"]
@@ -179,5 +180,5 @@ def scores_vs_norms_figure(scores, norms, kinds) -> go.Figure:
                         text=[f"example {i}" for i in idx])
     fig.update_xaxes(type="log", dtick=1)
     fig.update_yaxes(type="log", dtick=1)
-    return _layout(fig, "SAZO's scores against the true norms, at the run's end", "true ‖∇f_i‖ (backprop)",
-                   "SAZO's score", 400)
+    return _layout(fig, "SAZO's scores against the true norms, at the run's end" + off_log_axes(norms, scores),
+                   "true ‖∇f_i‖ (backprop)", "SAZO's score", 400)
