@@ -170,6 +170,13 @@ def ratio_text(setting: dict, top: str, bottom: str, target: float) -> str:
     return f"{f'{ratio:.2f}' if ratio else '–'} [{low:.2f}–{high:.2f}]"
 
 
+def differing_args(report: dict) -> list[str]:
+    """The arguments in which the parts of a merged report differ (``merge`` keeps each part's), sorted; [] for a
+    report of one run. Its ratios then compare samplers raced under those different arguments."""
+    parts = [part_args or {} for part_args in report.get("part_args", {}).values()]
+    return sorted({k for pa in parts for k in pa if len({json.dumps(x.get(k)) for x in parts}) > 1})
+
+
 def print_report(report: dict) -> None:
     """The table (median [min–max] over seeds), the θ₀ design and the ratios, from a report dict."""
     a = report["args"]
@@ -181,7 +188,7 @@ def print_report(report: dict) -> None:
     print(f"\n{report['date']} · {report['machine']} · ε={a['eps']}, runtime {report['runtime_s'] / 60:.1f} min"
           f"{' (sum of the merged parts)' if report.get('merged_from') else ''}")
     parts = {name: part_args or {} for name, part_args in report.get("part_args", {}).items()}
-    differ = sorted({k for pa in parts.values() for k in pa if len({json.dumps(x.get(k)) for x in parts.values()}) > 1})
+    differ = differing_args(report)
     for name, part_args in parts.items() if differ else ():     # what the merged processes ran with, where they differed
         print(f"  {name}: " + ", ".join(f"{k}={part_args.get(k)}" for k in differ))
     print("\n".join(header + rows))

@@ -87,9 +87,15 @@ def _llm_report_section(name: str, title: str) -> dict:
     return _section_of(*latest_report(name), title, name)
 
 
+# arguments in which the parts of a merged language-model report differ by design: where each part wrote, how it
+# ran, and which samplers it raced from which rate (one sampler a part)
+PART_ONLY_ARGS = ("out", "partial", "worker", "jobs", "threads", "run_cache", "cached_only", "only_run", "merge",
+                  "variants", "variant_start", "top_variants", "top_start")
+
+
 def _section_of(report: dict | None, source: str, title: str, name: str = "llm_queries.json") -> dict:
     """A report's section of the table: its settings' ratios at its targets, its date and source."""
-    from benchmarks.llm_report import raced_suffix, summarise
+    from benchmarks.llm_report import differing_args, raced_suffix, summarise
 
     if report is None:
         return {"missing": f"no report {name}"}
@@ -103,8 +109,12 @@ def _section_of(report: dict | None, source: str, title: str, name: str = "llm_q
                          "incomplete": setting.get("incomplete", {}),    # a race read from its cache before it ended
                          "suffix": raced_suffix(setting)})               # "+bound": the race of make bench-llm's default
     pilot = bool(report.get("args", {}).get("quick"))     # a --quick pilot (1 seed, 800 steps): shown, not graded
+    title = f"{title} --quick pilot" if pilot else title
+    differ = [k for k in differing_args(report) if k not in PART_ONLY_ARGS]
+    if differ:      # merged parts: its ratios compare samplers raced under different arguments
+        title += f", merged parts differing in {', '.join(differ)}"
     return {"date": report["date"], "machine": report["machine"], "source": source, "settings": settings,
-            "targets": targets, "title": f"{title} --quick pilot" if pilot else title, "pilot": pilot}
+            "targets": targets, "title": title, "pilot": pilot}
 
 
 def models_of(quick: bool) -> list[str]:

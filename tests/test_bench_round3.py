@@ -364,3 +364,20 @@ def test_llm_queries_refuses_a_sampler_started_twice(capsys, argv, option):
     from benchmarks import llm_queries
 
     refused(capsys, lambda: llm_queries.parse_args(argv), option, "given twice")
+
+
+# -- make bench: a merged language-model report says its parts raced under different arguments ----------------
+def test_make_bench_says_when_a_merged_reports_samplers_ran_under_different_arguments():
+    """The B = 4 race make bench grades is three merged partial reports, the oracle's with 200 steps and a log
+    every 5 against uniform's and SAZO's 750 and 25; make bench-llm's printout lists that, make bench's rows
+    graded uniform ÷ oracle and SAZO ÷ oracle without a word."""
+    from benchmarks import llm_report, run
+
+    report, source = llm_report.reference_report("llm_opposed_race.json")
+    section = run._section_of(report, source, "B = 4 race", "llm_opposed_race.json")
+    assert "big_steps" in section["title"] and "big_log_every" in section["title"] and "out" not in section["title"]
+    rows = [row for row in run._llm_rows(section) if row[1].startswith("LLM")]
+    assert rows and all("merged parts differing in" in row[1] for row in rows)
+    single, _ = llm_report.reference_report("llm_queries.json")      # two workers of one command: nothing differs
+    assert "differing" not in run._section_of(single, source, "bench-llm")["title"]
+    assert llm_report.differing_args({"part_args": {"a": {"x": 1, "y": 2}, "b": {"x": 1, "y": 3}}}) == ["y"]
