@@ -988,12 +988,13 @@ def _check_saved_ids(keys: list) -> None:
     except TypeError:
         distinct = False
     if not distinct:
-        raise ValueError(f"Invalid state_dict: parameter ids {keys!r} (expected one distinct id per tensor)")
+        raise ValueError(f"Invalid state_dict: parameter ids {str(keys)[:200]} (expected one distinct, hashable id "
+                         f"per tensor)")
 
 
 def _check_step_count(step) -> int:
-    """A step count whose seed the stream has not used: ``derive_seed`` reads a step by its low 64 bits,
-    so step 2⁶⁴ drew step 0's directions again."""
+    """A step count in [0, 2⁶⁴): ``derive_seed`` reads a step by its low 64 bits, so step 2⁶⁴ drew step 0's
+    directions again."""
     return check_int("step", step, 0, 2 ** 64 - 1)
 
 
