@@ -46,12 +46,13 @@ def test_a_resume_with_another_batch_size_warns_naming_both_and_epochs_go_on(tmp
     assert json.loads((written / "trainer_state.json").read_text())["train_batch_size"] == 2
     assert torch.load(written / hf.ZO_STATE_NAME, weights_only=True)["batch_size"] == 2
     assert logged(trainer, "zo_queries") == [8, 16, 16 + 4, 16 + 8]
-    again = trainer_for(tmp_path / "again", args=training_args(tmp_path / "again", max_steps=6,
+    again = trainer_for(tmp_path / "again", args=training_args(tmp_path / "again", max_steps=6, logging_steps=1,
                                                                per_device_train_batch_size=2))
     with warnings.catch_warnings():
         warnings.simplefilter("error")                      # the same B as that checkpoint's steps: no warning
         again.train(resume_from_checkpoint=str(written))
     assert again.zo_optimizer.step_count == 6
+    assert logged(again, "epoch")[-2:] == [1.75, 2.0]       # from checkpoint-4's 1.5 on (the Trainer: 1.25, 1.5)
 
 
 def test_a_resume_with_the_same_batch_size_does_not_warn(tmp_path, checkpoint):
