@@ -77,24 +77,43 @@ def _grads(value: torch.Tensor, params) -> tuple:
     return torch.autograd.grad(value, params, allow_unused=True)
 
 
-def linear_modules_for(model, params) -> dict[int, list[torch.nn.Linear]] | None:
+def linear_modules_for(model, params, *, subclasses: bool = False) -> dict[int, list[torch.nn.Linear]] | None:
     """For each tuned tensor (by id), the ``nn.Linear`` modules it is the weight or bias of.
 
     None when some tensor belongs to no Linear, or is also a parameter of another module (a head tied
     to the embedding: the hooks would see the head's part of its gradient only), or of a Linear subclass with
     a forward of its own (Llama 4's router returns a tuple; y = x Wᵀ + b, which the hooks assume, need not
-    hold); then only the loop applies.
+    hold); then only the loop applies. ``subclasses=True`` counts those subclasses as Linears too: for
+    ``linear_grad_norms``, which checks each call's output against x Wᵀ + b (Falcon's ``FalconLinear``
+    computes exactly that).
     """
     wanted = {id(p) for p in params}
     owners: dict[int, list] = {i: [] for i in wanted}
     for module in model.modules():
-        linear = isinstance(module, torch.nn.Linear) and type(module).forward is torch.nn.Linear.forward
+        linear = isinstance(module, torch.nn.Linear) and (subclasses or _plain_linear(module))
         for name, tensor in module.named_parameters(recurse=False):
             if id(tensor) in wanted:
                 if not (linear and name in ("weight", "bias")):
                     return None
                 owners[id(tensor)].append(module)
     return owners if all(owners.values()) else None
+
+
+def _plain_linear(module) -> bool:
+    return type(module).forward is torch.nn.Linear.forward
+
+
+def _computes_linear(module: torch.nn.Linear, x: torch.Tensor, output) -> bool:
+    """Whether a Linear subclass's output for input x is x Wᵀ + b (to a few ulps of its dtype), the map
+    whose gradient the hooks split."""
+    if not isinstance(output, torch.Tensor) or output.shape[:-1] != x.shape[:-1]:
+        return False
+    with torch.no_grad():
+        expected = torch.nn.functional.linear(x, module.weight, module.bias)
+        scale = torch.nn.functional.linear(x.abs(), module.weight.abs(), None if module.bias is None else
+                                           module.bias.abs())          # |x| |W|ᵀ + |b|: the rounding's scale
+    tolerance = 64 * torch.finfo(expected.dtype).eps if expected.is_floating_point() else 0.0
+    return output.shape == expected.shape and bool(((output - expected).abs() <= tolerance * scale).all())
 
 
 class _HooksCannotSplit(ValueError):
@@ -122,8 +141,8 @@ def linear_grad_norms(model, losses: Callable, params, indices, *, chunk: int = 
     regrouped by an MoE router), a second backward of Σ_i c_i f_i with distinct weights c_i checks the split
     (Σ_i c_i ∇f_i must match it). Every split must add up to the backward's own Σ_i ∇f_i (a weight also read
     outside its Linear's forward has a part no hook sees). Rows that cannot be split, a split that fails
-    either check, or a Linear run twice in one forward raise ValueError (``grad_norms``' "auto" then takes
-    the exact loop).
+    either check, a Linear run twice in one forward, or a Linear subclass whose output is not x Wᵀ + b
+    (checked at each call) raise ValueError (``grad_norms``' "auto" then takes the exact loop).
 
     Args:
         model: the module that contains the Linear layers.
@@ -137,7 +156,7 @@ def linear_grad_norms(model, losses: Callable, params, indices, *, chunk: int = 
     """
     params = list(params)
     chunk = check_count("chunk", chunk)
-    owners = linear_modules_for(model, params)
+    owners = linear_modules_for(model, params, subclasses=True)      # a subclass's output is checked at each call
     if owners is None:
         raise ValueError("Invalid params: every tensor must be the weight or bias of an nn.Linear "
                          "(use loop_grad_norms otherwise)")
@@ -155,6 +174,9 @@ def linear_grad_norms(model, losses: Callable, params, indices, *, chunk: int = 
                 if key in inputs:                     # a second call would replace the first call's x and g
                     raise _HooksCannotSplit("Invalid params: a Linear that owns them runs twice in one forward "
                                             "(use loop_grad_norms)")
+                if not _plain_linear(module) and not (args and _computes_linear(module, args[0], output)):
+                    raise _HooksCannotSplit(f"Invalid params: a Linear subclass that owns them ({type(module).__name__}) "
+                                            "computes something else than nn.Linear's y = x Wᵀ + b (use loop_grad_norms)")
                 inputs[key] = args[0].detach()
                 if output.requires_grad:
                     output.register_hook(lambda grad: grads.__setitem__(key, grad.detach()))
@@ -303,7 +325,7 @@ def grad_norms(model, batch: TokenBatch, params, *, loss: str = "classification"
     losses = example_losses(model, batch, loss)
     if method == "vmap":
         return vmap_grad_norms(model, batch, params, indices)
-    if method == "linear" or (method == "auto" and linear_modules_for(model, params) is not None):
+    if method == "linear" or (method == "auto" and linear_modules_for(model, params, subclasses=True) is not None):
         try:
             return linear_grad_norms(model, losses, params, indices, chunk=chunk)
         except _HooksCannotSplit:         # a Linear run twice or fed rows not batch-major: the exact ways

@@ -436,6 +436,22 @@ def _forward_keeps_logits(cls) -> bool:       # once per class: every forward of
     return "logits_to_keep" in inspect.signature(cls.forward).parameters
 
 
+def _model_forward(model, **inputs):
+    """``model(**inputs)``; transformers' "grouped_mm" experts (its default for mixture-of-experts layers:
+    Mixtral, Qwen2/3-MoE, OLMoE, ...), which take no float64 and failed with torch's "Expected mat_a to be
+    Float32, BFloat16 or Float16 matrix, got Double", are a ValueError that says how to run them."""
+    try:
+        return model(**inputs)
+    except RuntimeError as error:
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        grouped = getattr(getattr(base, "config", None), "_experts_implementation", None) == "grouped_mm"
+        if grouped and "got Double" in str(error):
+            raise ValueError(f"Invalid model: {type(base).__name__} runs its experts with transformers' 'grouped_mm', "
+                             "which takes no float64; call model.set_experts_implementation('eager') (the same "
+                             "maths, one matrix product an expert) or use float32") from error
+        raise
+
+
 def _logits(model, inputs, autocast_dtype, grad: bool = False, positions=None) -> torch.Tensor:
     """Float32 logits [B, T, V], or with ``positions`` [B] only row b's logits at positions[b]: [B, V].
 
@@ -449,7 +465,7 @@ def _logits(model, inputs, autocast_dtype, grad: bool = False, positions=None) -
     kept = torch.unique(positions) if positions is not None and _keeps_logits(model) else None   # sorted [K]
     extra = {} if kept is None else {"logits_to_keep": kept}
     with mode, _autocast(inputs["input_ids"].device, autocast_dtype):
-        out = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], **extra)
+        out = _model_forward(model, input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], **extra)
     logits = out.logits.float()  # CE in float32 whatever the model dtype
     if positions is None:
         return logits
@@ -457,12 +473,20 @@ def _logits(model, inputs, autocast_dtype, grad: bool = False, positions=None) -
     return logits[rows, positions if kept is None else torch.searchsorted(kept, positions)]
 
 
+def _every_example(batch: TokenBatch) -> range:
+    """Every example of ``batch`` (the losses' default selection); a batch without examples is a ValueError
+    that says so (it was "Invalid indices", or torch.cat's "expected a non-empty list" in ``predict``)."""
+    if len(batch) == 0:
+        raise ValueError("Invalid batch: no examples")
+    return range(len(batch))
+
+
 def answer_losses(model, batch: TokenBatch, indices=None, *, autocast_dtype=None, grad: bool = False) -> torch.Tensor:
     """Per-example mean token CE over answer tokens: float32 [B] (on the model's device).
 
     ``grad=True`` records the autograd graph (for true per-example gradients); default: inference mode.
     """
-    indices = range(len(batch)) if indices is None else indices
+    indices = _every_example(batch) if indices is None else indices
     _check_vocabulary(model, batch)
     check_deterministic(model)  # every module, every call: one left in training mode under an eval model too
     inputs = batch.select(indices, _device(model))
@@ -483,7 +507,7 @@ def answer_losses(model, batch: TokenBatch, indices=None, *, autocast_dtype=None
 def classification_logits(model, batch: TokenBatch, indices=None, *, autocast_dtype=None,
                           grad: bool = False) -> torch.Tensor:
     """Logits of the label words at each prompt's last position: float32 [B, C]."""
-    indices = range(len(batch)) if indices is None else indices
+    indices = _every_example(batch) if indices is None else indices
     if batch.label_ids is None:
         raise ValueError("Invalid batch: no label_ids (classification needs encode_classification's batch)")
     _check_vocabulary(model, batch)
@@ -497,7 +521,7 @@ def classification_logits(model, batch: TokenBatch, indices=None, *, autocast_dt
 def classification_losses(model, batch: TokenBatch, indices=None, *, autocast_dtype=None,
                           grad: bool = False) -> torch.Tensor:
     """Per-example verbaliser cross-entropy: float32 [B] (``grad=True``: keep the autograd graph)."""
-    indices = range(len(batch)) if indices is None else indices
+    indices = _every_example(batch) if indices is None else indices
     if batch.labels is None:
         raise ValueError("Invalid batch: no labels (classification needs encode_classification's batch)")
     logits = classification_logits(model, batch, indices, autocast_dtype=autocast_dtype, grad=grad)
@@ -508,7 +532,7 @@ def classification_losses(model, batch: TokenBatch, indices=None, *, autocast_dt
 def predict(model, batch: TokenBatch, *, batch_size: int = 32, autocast_dtype=None) -> torch.Tensor:
     """Predicted class per example (argmax over label words): LongTensor [N] on the CPU."""
     batch_size = check_int("batch_size", batch_size, 1)
-    chunks = [range(s, min(s + batch_size, len(batch))) for s in range(0, len(batch), batch_size)]
+    chunks = [range(s, min(s + batch_size, len(batch))) for s in range(0, len(_every_example(batch)), batch_size)]
     return torch.cat([classification_logits(model, batch, c, autocast_dtype=autocast_dtype).argmax(1).cpu()
                       for c in chunks])
 

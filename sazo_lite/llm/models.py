@@ -165,14 +165,16 @@ def load_causal_lm(name_or_path, *, dtype: torch.dtype = torch.float32, device=N
 
     The model is returned in eval mode (ZO needs the + and − passes to see the same
     function: no dropout). A missing pad token is set to the EOS token. ``use_safetensors=True``
-    reads the weights from safetensors only (never a pickled ``.bin``), as the cache does.
+    reads the weights from safetensors only (never a pickled ``.bin``), as the cache does. In float64
+    mixture-of-experts layers run transformers' "eager" experts (its default "grouped_mm" takes no float64).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if Path(str(name_or_path)).exists():
         _offline()
     tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, use_safetensors=use_safetensors)
+    extra = dict(experts_implementation="eager") if dtype == torch.float64 else {}    # every model takes "eager"
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, use_safetensors=use_safetensors, **extra)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device or default_device()).eval(), tokenizer

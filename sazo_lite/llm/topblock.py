@@ -28,8 +28,10 @@ tied to the input embeddings may not. Decoder blocks are found at ``model.layers
 SmolLM2, Qwen, Mistral, Gemma, Phi, OLMo, Cohere, Granite, ...), ``transformer.h`` (GPT-2, GPT-J,
 GPT-Neo, CodeGen, Falcon, Bloom), ``gpt_neox.layers`` and ``model.decoder.layers`` (OPT), else as the
 ModuleList of ``config.num_hidden_layers`` blocks (MPT, BioGPT, ...), plain or wrapped by peft; the
-modules between the last block and the head (a final norm of any name) are those the model's own
-forward calls there.
+modules between the last block and the head (a final norm of any name, BERT's or Electra's prediction
+transform beside the head) are those the model's own forward calls there. Hidden states that are not
+batch-first (Gemma 3n's AltUp streams, [4, N, T, H], merged after the last block by code, not modules)
+are refused.
 
 Example (a tiny random model; in practice SmolLM2 with ``blocks=1``):
     >>> from sazo_lite.llm import tiny_causal_lm
@@ -50,7 +52,7 @@ import torch.nn.functional as F
 
 from ..validation import check_count
 from .losses import (TokenBatch, _check_vocabulary, check_deterministic, checked_indices, classification_losses,
-                     _rotary_width_dependence)
+                     _model_forward, _rotary_width_dependence)
 
 __all__ = ["TopBlocks", "decoder_layers", "top_layers", "top_block_parameters"]
 
@@ -234,7 +236,7 @@ class TopBlocks:
         check_deterministic(model)      # a module in training mode under an eval model (adapters added later)
         _check_vocabulary(model, batch)  # before the first forward: an id past the embedding was an IndexError
         self.model, self.batch, self.blocks, self.check = model, batch, blocks, bool(check)
-        owner, layers = _stack(model)
+        layers = decoder_layers(model)
         self.layers = list(layers[count - blocks:])
         slots = [k for k, layer in enumerate(layers) if any(layer is top for top in self.layers)]
         # one block object in two slots: the hook that records a top block's inputs would fire at its other slot
@@ -248,7 +250,7 @@ class TopBlocks:
         self.device = next(model.parameters()).device
         self.label_ids = batch.label_ids.to(self.device)
         self.labels = batch.labels.to(self.device)
-        self.after = self._modules_after(owner, layers)
+        self.after = self._modules_after(layers)
         self._check_frozen_below(model, layers)
         self._check_width_free_positions(int(batch.longest))
         self.hidden, self.arguments, self.batch_axes, self.lengths = self._cache()
@@ -298,25 +300,32 @@ class TopBlocks:
         return {id(t) for m in below.values() for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]}
 
     @torch.no_grad()
-    def _modules_after(self, owner, layers) -> list[torch.nn.Module]:
+    def _modules_after(self, layers) -> list[torch.nn.Module]:
         """The modules the model applies between its last block and the LM head, in call order (the
-        final norm, whatever its name; OPT's ``project_out``): the children of the blocks' owner that
-        run after the last block returned, found by running the model on one example. The same run
-        checks ``logit_map`` on the head's output against the model's logits (every position and word):
-        a map after the head that this mode does not know is refused here, however small."""
+        final norm, whatever its name; OPT's ``project_out``; BERT's and Electra's prediction transform
+        beside the head): the outermost modules, neither holding nor inside the blocks or the head, that
+        return after the last block did and before the head is called, found by running the model on one
+        example. The same run checks ``logit_map`` on the head's output against the model's logits (every
+        position and word): a map after the head that this mode does not know is refused here, however small."""
         order, finished, head_out = [], [], []
-        children = [m for m in owner.children() if m is not layers and m is not self.head]
+        names = {id(m): name for name, m in _base(self.model).named_modules()}
+        held = {id(m) for m in [*layers.modules(), *self.head.modules()]}
+        for name in (names.get(id(layers)), names.get(id(self.head))):   # the modules that hold them: the model, ...
+            parts = [] if name is None else name.split(".")
+            held |= {id(_base(self.model).get_submodule(".".join(parts[:k]))) for k in range(len(parts))}
+        candidates = [m for m in _base(self.model).modules() if id(m) not in held]
         handles = [layers[-1].register_forward_hook(lambda *_: finished.append(True)),
+                   self.head.register_forward_pre_hook(lambda *_: finished.append(False)),
                    self.head.register_forward_hook(lambda module, args, output: head_out.append(output))]
 
         def called(module, args, output):
-            if finished and all(module is not seen for seen in order):
+            if finished and finished[-1] and all(module is not seen for seen in order):
                 order.append(module)
-        handles += [child.register_forward_hook(called) for child in children]
+        handles += [m.register_forward_hook(called) for m in candidates]
         inputs = self.batch.select([0], self.device)
         try:
-            logits = self.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                                use_cache=False).logits
+            logits = _model_forward(self.model, input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                                   use_cache=False).logits
         finally:
             for handle in handles:
                 handle.remove()
@@ -328,7 +337,8 @@ class TopBlocks:
             if not gap <= tolerance:
                 raise ValueError(f"Invalid model: {type(_base(self.model)).__name__} maps its LM head's output to "
                                  f"its logits in a way this mode does not know (relative gap {gap:.1e})")
-        return order
+        inside = lambda m: any(names[id(m)].startswith(names[id(o)] + ".") for o in order if o is not m)
+        return [m for m in order if not inside(m)]          # a submodule runs within its parent's call
 
     @torch.no_grad()
     def _record(self, input_ids, attention_mask) -> list[tuple]:
@@ -345,7 +355,7 @@ class TopBlocks:
         handles = [layer.register_forward_pre_hook(record(k), with_kwargs=True) for k, layer in enumerate(self.layers)]
         try:
             with contextlib.suppress(_Recorded):
-                self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+                _model_forward(self.model, input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         finally:
             for handle in handles:
                 handle.remove()
@@ -367,8 +377,22 @@ class TopBlocks:
         lengths = inputs["lengths"].cpu()
         rows = [int(lengths.argmax()), int(lengths.argmin())]
         rows = rows if n > 2 else list(range(n)) + rows[1:]
-        probe = [(args, kwargs) for _, args, kwargs in self._record(ids[rows], mask[rows])]
+        recorded = self._record(ids[rows], mask[rows])
+        self._check_batch_first(hidden, recorded[0][0], n, len(rows))
+        probe = [(args, kwargs) for _, args, kwargs in recorded]
         return hidden, arguments, _batch_axes(arguments, probe, n, len(rows)), inputs["lengths"]
+
+    def _check_batch_first(self, hidden, probe, n: int, p: int) -> None:
+        """Refuse hidden states whose first dimension is not the batch (n examples, then p ≠ n): Gemma 3n's
+        blocks take its AltUp streams stacked ahead of the batch, [4, N, T, H], and its forward merges them
+        after the last block by code of its own, not a module this mode could run on the cache."""
+        if not (isinstance(hidden, torch.Tensor) and isinstance(probe, torch.Tensor) and hidden.dim() >= 2
+                and hidden.shape[0] == n and probe.shape[0] == p):
+            shape = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else type(hidden).__name__
+            raise ValueError(f"Invalid model: {type(_base(self.model)).__name__}'s decoder blocks take hidden states "
+                             f"of shape {shape} for {n} examples, not batch-first [{n}, T, H] (streams stacked "
+                             "ahead of the batch, as Gemma 3n's); its top blocks cannot be run on cached "
+                             "activations: tune the whole model (classification_losses) instead")
 
     def _check_equals_the_full_model(self) -> None:
         """Refuse a model whose top-block losses differ from its own forward's (an unsupported family:
@@ -389,7 +413,8 @@ class TopBlocks:
         if not gap <= tolerance:
             raise ValueError(f"Invalid model: {type(_base(self.model)).__name__}'s top-block losses differ from its "
                              f"full forward's (relative gap {gap:.2e} > {tolerance:.0e}): a family this mode does "
-                             "not support (a step after the LM head or between its blocks that it does not know)")
+                             "not support (a step of its forward between its blocks, after the last one or after the "
+                             "LM head that it does not know)")
 
     def _layout(self) -> list[tuple]:
         """(dtype, device) of each weight that runs on the cache (top blocks, final norm, head): runs before
@@ -493,7 +518,7 @@ class TopBlocks:
         if head and method == "linear":
             raise ValueError("Invalid method: 'linear' (the LM head is tuned and runs on its label rows, not as a "
                              "module the batched hooks see; use 'loop' or 'auto')")
-        if method == "loop" or (method == "auto" and (head or linear_modules_for(self.model, params) is None)):
+        if method == "loop" or (method == "auto" and (head or linear_modules_for(self.model, params, subclasses=True) is None)):
             return loop_grad_norms(losses, params, indices)
         try:
             return linear_grad_norms(self.model, losses, params, indices)
