@@ -210,6 +210,12 @@ def test_a_master_that_is_not_a_notebook_or_has_no_rule_is_refused(tmp_path):
         labs.check_master(master)
 
 
+def test_a_manually_graded_question_needs_no_tests(tmp_path, lab9_rule):
+    manual = ["# BEGIN QUESTION\nname: q2\nmanual: true\npoints: 2", "Explain your choice of ε.", "# END QUESTION"]
+    cells = [CONFIG.replace("NAME", "lab9_x"), SETUP, *QUESTION, *manual]
+    labs.check_master(_master(tmp_path, "lab9_x", cells))
+
+
 def test_otters_own_reason_comes_first_when_it_cannot_build_a_master(tmp_path, lab9_rule):
     cells = [CONFIG.replace("NAME", "lab9_x"), SETUP, *[c for c in QUESTION if c != "# END SOLUTION"]]
     with pytest.raises(RuntimeError) as caught:
