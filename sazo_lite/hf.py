@@ -608,11 +608,7 @@ class ZOTrainer(Trainer):
                                  f"({type(error).__name__}: {error})") from error
         finally:
             net.train(training)
-        if (not isinstance(losses, torch.Tensor) or not losses.is_floating_point()
-                or tuple(losses.shape) != (len(rows),)):
-            got = f"shape {tuple(losses.shape)} {losses.dtype}" if isinstance(losses, torch.Tensor) else type(losses).__name__
-            raise ValueError(f"Invalid per_example_loss: it returned {got} for {len(rows)} examples (expected a "
-                             f"floating tensor of shape [{len(rows)}]: one loss per example, not their mean)")
+        _check_loss_shape(losses, len(rows), "on the first training examples")
 
     def num_examples(self, dataloader: DataLoader) -> int:
         if isinstance(dataloader.dataset, _StepTickets):
@@ -646,7 +642,8 @@ class ZOTrainer(Trainer):
         self._check_logged_weights()
         indices, weights = self.zo_sampler.sample(self.global_batch_size())
         rank, world = rank_and_world()
-        batch = self._collate(shard(indices, rank, world))  # this rank's B/W examples
+        batch_indices = shard(indices, rank, world)
+        batch = self._collate(batch_indices)  # this rank's B/W examples
         self._zo_last_batch = batch
 
         def losses() -> torch.Tensor:  # the global [B], identical on every rank
@@ -654,7 +651,9 @@ class ZOTrainer(Trainer):
                 self._master.sync()
             with self.compute_loss_context_manager():
                 outputs = net(**self._model_inputs(batch))
-            values = gather_losses(self.per_example_loss(outputs, batch).float())
+            mine = self.per_example_loss(outputs, batch)
+            _check_loss_shape(mine, len(batch_indices), f"at step {self.state.global_step + 1}")
+            values = gather_losses(mine.float())
             _check_finite_losses(values, indices, self.state.global_step + 1)
             return values
 
@@ -958,6 +957,15 @@ class ZOTrainer(Trainer):
                 for master, saved in zip(self._master.tensors, state["master"]):
                     master.copy_(saved)
             self._master.sync()
+
+
+def _check_loss_shape(losses, n: int, when: str) -> None:
+    """One floating loss per example: anything else (None, the batch's mean) is named, not met as an
+    AttributeError inside a step or a shape error from the gather."""
+    if not isinstance(losses, torch.Tensor) or not losses.is_floating_point() or tuple(losses.shape) != (n,):
+        got = f"shape {tuple(losses.shape)} {losses.dtype}" if isinstance(losses, torch.Tensor) else type(losses).__name__
+        raise ValueError(f"Invalid per_example_loss: it returned {got} for {n} examples {when} (expected a "
+                         f"floating tensor of shape [{n}]: one loss per example, not their mean)")
 
 
 def _check_finite_losses(losses: torch.Tensor, indices: torch.Tensor, step: int) -> None:

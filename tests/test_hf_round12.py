@@ -301,3 +301,23 @@ def test_rows_with_a_label_column_and_no_labels_are_refused_by_the_default_colla
     assert all(torch.equal(weights(trainer.model)[k], v) for k, v in before.items())
     with_labels = [dict(row, labels=row["input_ids"]) for row in rows]   # a column beside labels is left alone
     assert torch.equal(hf.CausalLMCollator(0)(with_labels)["labels"][0], torch.tensor(rows[0]["input_ids"]))
+
+
+@pytest.mark.parametrize("bad", [None, "mean"], ids=["None", "the mean"])
+def test_a_per_example_loss_that_goes_wrong_mid_run_is_named(tmp_path, bad):
+    # a loss that returns None (or the batch's mean) for some batch only, after the check before
+    # training: AttributeError "'NoneType' object has no attribute 'float'" from inside the step
+    calls = []
+
+    def losses(outputs, inputs):
+        calls.append(1)
+        values = hf.causal_lm_losses(outputs.logits, inputs["labels"])
+        if len(calls) < 4:                                 # the check, then step 1's two passes
+            return values
+        return None if bad is None else values.mean()
+
+    trainer = trainer_for(tmp_path, args=training_args(tmp_path, max_steps=3), per_example_loss=losses)
+    got = "NoneType" if bad is None else r"shape \(\) torch.float32"
+    with pytest.raises(ValueError, match=f"Invalid per_example_loss: it returned {got} for 4 examples at step 2"):
+        trainer.train()
+    assert trainer.zo_optimizer.step_count == 1 and trainer.model.training
