@@ -113,9 +113,17 @@ def stub_step_ratio(monkeypatch):
     return m, ["--repeats", "1"]
 
 
+def tiny_problems(quick=False):
+    from benchmarks.queries import BenchProblem
+    from sazo_lite.course.problems import LeastSquares
+
+    return [BenchProblem("quadratic σ=0", LeastSquares(8, 2, seed=0), [1e-3, 2e-3], 20, [1e-3, 2e-3])]
+
+
 def stub_queries(monkeypatch, tmp_path):
     from benchmarks import queries as m
 
+    monkeypatch.setattr(m, "default_problems", tiny_problems)
     monkeypatch.setattr(m, "run_queries_benchmark", lambda problems, seeds, targets, batch, methods: {
         "benchmark": "queries", "targets": list(targets), "seeds": seeds, "batch_size": batch,
         "methods": list(methods), "rows": []})
@@ -145,7 +153,8 @@ def stub_score_lag(monkeypatch, tmp_path):
     from benchmarks import score_lag as m
 
     monkeypatch.setattr(m, "race", lambda *args, **kwargs: {})
-    return m, ["--race"]
+    monkeypatch.setattr("benchmarks.queries.default_problems", tiny_problems)
+    return m, ["--race", "--problem", "quadratic σ=0"]
 
 
 @pytest.mark.parametrize("stub", [stub_queries, stub_engine_speed, stub_sampler_state, stub_seed_reroll,
@@ -175,8 +184,8 @@ def test_the_queries_report_stores_its_date_and_machine(monkeypatch, tmp_path):
 
 # -- bad arguments: a budget the runs would overrun, a seed or rate given twice -------------------------------
 @pytest.mark.parametrize("module, argv", [("seed_reroll", ["--max-steps", "15"]),
-                                          ("score_lag", ["--race", "--max-steps", "15"]),
-                                          ("score_lag", ["--race", "--max-steps", "1"])])
+                                          ("score_lag", ["--race", "--problem", "quadratic σ=0", "--max-steps", "15"]),
+                                          ("score_lag", ["--race", "--problem", "quadratic σ=0", "--max-steps", "1"])])
 def test_a_budget_between_two_log_points_is_refused(capsys, monkeypatch, module, argv):
     """The toy runs extend by whole log intervals of 10 steps: --max-steps 15 ran 20 steps, and a seed could be
     counted at 40 queries within a budget of 30 (--max-steps 1: 10 steps for 1)."""
@@ -184,6 +193,7 @@ def test_a_budget_between_two_log_points_is_refused(capsys, monkeypatch, module,
 
     m = importlib.import_module(f"benchmarks.{module}")
     monkeypatch.setattr(m, "queries_to_reach" if module == "seed_reroll" else "race", never_run, raising=True)
+    monkeypatch.setattr("benchmarks.queries.default_problems", tiny_problems)
     refused(capsys, lambda: m.main(argv), "--max-steps", "multiple of 10")
 
 
@@ -207,6 +217,7 @@ def test_a_rate_given_twice_is_one_rate_and_is_raced_once(monkeypatch, tmp_path)
     assert queries.grid_edge(1e-3, {"0.001": 5, "0.0010": 6}) == " (one rate)"
     assert queries.grid_edge(1e-3, [1e-3, 2e-3]) == " (grid edge)" and queries.grid_edge(2e-3, [1e-3, 2e-3, 3e-3]) == ""
     grids = []
+    monkeypatch.setattr(queries, "default_problems", tiny_problems)
     monkeypatch.setattr(queries, "run_queries_benchmark", lambda problems, seeds, targets, batch, methods: (
         grids.extend(p.lr_grid for p in problems) or {"targets": list(targets), "methods": list(methods), "rows": []}))
     queries.main(["--quick", "--lr-grid", "0.002", "0.001", "0.002", "--out", str(tmp_path / "q.json")])
@@ -220,7 +231,8 @@ def test_score_lag_counts_a_seed_given_twice_once(monkeypatch, capsys):
     calls = []
     monkeypatch.setattr(score_lag, "race", lambda problem, methods, grid, seeds, targets, max_steps: calls.append(
         (list(grid), list(seeds))))
-    score_lag.main(["--race", "--seeds", "0", "1", "0", "--grid", "0.002", "0.002", "0.001"])
+    monkeypatch.setattr("benchmarks.queries.default_problems", tiny_problems)
+    score_lag.main(["--race", "--problem", "quadratic σ=0", "--seeds", "0", "1", "0", "--grid", "0.002", "0.002", "0.001"])
     assert calls == [([0.001, 0.002], [0, 1])]
 
 
