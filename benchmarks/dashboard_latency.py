@@ -125,6 +125,10 @@ def _summary(timings: list[tuple[float, float, float, float]]) -> str:
 
 def report(name: str, results: dict, per_control: bool) -> None:
     misses = [t for times in results["misses"].values() for t in times]
+    if not misses:   # every control disabled or of a kind new_values cannot move: nothing timed, no median to take
+        print(f"{name:22s} build {results['build_ms']:6.0f} ms | no control change timed "
+              f"(controls: {sorted(results['misses']) or 'none enabled'})")
+        return
     verdict = "ok" if statistics.median(t[2] for t in misses) <= TARGET_MS else "over target"
     print(f"{name:22s} build {results['build_ms']:6.0f} ms | {len(misses):2d} changes: {_summary(misses)} "
           f"({verdict} by first draw; target ≤ {TARGET_MS:.0f} ms) | cached revisit wall median "

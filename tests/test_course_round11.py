@@ -361,3 +361,10 @@ def test_score_scatters_say_how_many_points_a_0_leaves_off_their_log_axes():
     lesson = llm_lesson.scores_vs_norms_figure([1.0, 2.0], [0.0, 2.0], ["new", "assimilated"]).layout.title.text
     assert "1 of 2 points have a 0" in lesson, lesson
     assert "off the log axes" not in llm.scores_vs_norms([1.0, 2.0], [1.0, 2.0]).layout.title.text
+
+
+def test_dashboard_latency_reports_a_dashboard_with_nothing_to_time_instead_of_failing(capsys):
+    from benchmarks.dashboard_latency import report
+
+    report("text_dashboard", {"build_ms": 12.0, "misses": {"name": []}, "hits": []}, per_control=True)   # StatisticsError
+    assert "no control change timed" in capsys.readouterr().out
