@@ -368,3 +368,13 @@ def test_dashboard_latency_reports_a_dashboard_with_nothing_to_time_instead_of_f
 
     report("text_dashboard", {"build_ms": 12.0, "misses": {"name": []}, "hits": []}, per_control=True)   # StatisticsError
     assert "no control change timed" in capsys.readouterr().out
+
+
+def test_logistic_regression_says_how_to_pass_0_1_labels_and_names_features_that_are_not_numbers():
+    features, labels = _data(6, 2)
+    with pytest.raises(ValueError, match=r"Invalid labels: values \[0.0, 1.0\] .*pass 2 \* y - 1"):
+        problems.LogisticRegression(features, (labels + 1) // 2)            # scikit-learn's 0/1 labels
+    with pytest.raises(ValueError, match="Invalid features: list that does not convert to numbers"):
+        problems.LogisticRegression([["a", "b"]] * 6, labels)               # was torch's TypeError, no argument named
+    as_objects = problems.LogisticRegression(features.astype(object), labels)   # was TypeError: numpy.object_
+    torch.testing.assert_close(as_objects.optimum, problems.LogisticRegression(features, labels).optimum)

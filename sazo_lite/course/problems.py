@@ -5,6 +5,7 @@ s_i = exp(σ·ξ_i − σ²/2), ξ_i ~ N(0, 1) (log-normal with mean 1; σ = 0 g
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..validation import check_count, check_int, check_number
@@ -21,6 +22,18 @@ def lognormal_scales(num_examples: int, heterogeneity: float, generator: torch.G
         raise ValueError(f"Invalid heterogeneity: {heterogeneity} (the scales exp(σξ − σ²/2) leave float64's range; "
                          "expected σ of a few units)")
     return scales
+
+
+def _numbers(name: str, values) -> torch.Tensor:
+    """``values`` as a float64 tensor (through numpy: an object array of numbers or a DataFrame converts), or a
+    ValueError naming them (text: torch's TypeError would name no argument)."""
+    if isinstance(values, torch.Tensor):
+        return values.detach().to(torch.float64)
+    try:
+        return torch.tensor(np.asarray(values, dtype=np.float64))
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"Invalid {name}: {type(values).__name__} that does not convert to numbers "
+                         "(expected an array or tensor of numbers)") from None
 
 
 class FiniteSumProblem:
@@ -151,15 +164,16 @@ class LogisticRegression(FiniteSumProblem):
         l2 = check_number("l2", l2, 0.0, closed_low=False)  # > 0: Newton needs a strongly convex F
         heterogeneity = check_number("heterogeneity", heterogeneity, 0.0)
         seed = check_int("seed", seed)
-        features = torch.as_tensor(features, dtype=torch.float64)
-        labels = torch.as_tensor(labels, dtype=torch.float64)
+        features, labels = _numbers("features", features), _numbers("labels", labels)
         if features.dim() != 2 or labels.shape != features.shape[:1] or len(labels) < 1:
             raise ValueError(f"Invalid features/labels: shapes {tuple(features.shape)} and "
                              f"{tuple(labels.shape)} (expected [N, d] and [N], N >= 1)")
         if not bool(torch.isfinite(features).all()):
             raise ValueError("Invalid features: entries must be finite")
         if set(labels.unique().tolist()) - {-1.0, 1.0}:
-            raise ValueError("Invalid labels: expected values in {-1, +1}")
+            found = sorted(set(labels.unique().tolist()))
+            hint = "; for 0/1 labels pass 2 * y - 1" if set(found) <= {0.0, 1.0} else ""
+            raise ValueError(f"Invalid labels: values {found[:5]} (expected values in {{-1, +1}}{hint})")
         # one example has no spread (std's N − 1 is 0, its std NaN): centred, its features are 0 whatever the divisor
         spread = features.std(0) if len(features) > 1 else torch.ones(features.shape[1], dtype=torch.float64)
         features = (features - features.mean(0)) / spread.clamp_min(1e-12)
