@@ -35,7 +35,8 @@ from test_lab_attacks_round6 import grade_hand_ins  # noqa: E402
 from test_labs import MASTERS  # noqa: E402
 
 LAB1 = next(m.stem for m in MASTERS if m.stem.startswith("lab1"))
-HONEST_Q1 = "def lab1_projected_grad(f, theta, z, eps):\n    return float((f(theta + eps * z) - f(theta - eps * z)) / (2 * eps))\n"
+HONEST_Q1 = ("def lab1_projected_grad(f, theta, z, eps):\n"
+             "    return float((f(theta + eps * z) - f(theta - eps * z)) / (2 * eps))\n")
 
 
 # -- grader.check in the student's own kernel ---------------------------------------------
