@@ -378,3 +378,11 @@ def test_logistic_regression_says_how_to_pass_0_1_labels_and_names_features_that
         problems.LogisticRegression([["a", "b"]] * 6, labels)               # was torch's TypeError, no argument named
     as_objects = problems.LogisticRegression(features.astype(object), labels)   # was TypeError: numpy.object_
     torch.testing.assert_close(as_objects.optimum, problems.LogisticRegression(features, labels).optimum)
+
+
+def test_loss_grid_refuses_an_empty_or_nan_axis():
+    problem = problems.LeastSquares(8, 2)
+    assert sazo_runs.loss_grid(problem, [0, 1], [0.0, 0.5, 1.0]).shape == (3, 2)      # integers are numbers
+    for xs, ys, name in (([], [0.0, 1.0], "xs"), ([0.0, 1.0], [0.0, float("nan")], "ys")):
+        with pytest.raises(ValueError, match=f"Invalid {name}"):                       # was [] or a NaN row
+            sazo_runs.loss_grid(problem, xs, ys)

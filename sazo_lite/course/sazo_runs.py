@@ -448,7 +448,11 @@ def loss_grid(problem: FiniteSumProblem, xs, ys) -> np.ndarray:
     """F(θ) on the grid θ = (x, y) of a 2-D problem, [len(ys), len(xs)] (rows: y), float64."""
     if problem.dim != 2:
         raise ValueError(f"Invalid problem: dim {problem.dim} (expected 2)")
-    xx, yy = np.meshgrid(np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64))
+    xs, ys = (np.asarray(axis, dtype=np.float64) for axis in (xs, ys))
+    for name, axis in (("xs", xs), ("ys", ys)):   # an empty or NaN axis gave an empty or NaN grid without a word
+        if axis.ndim != 1 or len(axis) == 0 or not np.isfinite(axis).all():
+            raise ValueError(f"Invalid {name}: shape {axis.shape} (expected a non-empty 1-D sequence of finite numbers)")
+    xx, yy = np.meshgrid(xs, ys)
     points = torch.from_numpy(np.stack([xx.ravel(), yy.ravel()], axis=1))            # [G, 2]
     if isinstance(problem, LeastSquares):  # one batched evaluation of f_i at every grid point, [G, N]
         residual = points @ problem.features.T - problem.responses
