@@ -386,3 +386,9 @@ def test_loss_grid_refuses_an_empty_or_nan_axis():
     for xs, ys, name in (([], [0.0, 1.0], "xs"), ([0.0, 1.0], [0.0, float("nan")], "ys")):
         with pytest.raises(ValueError, match=f"Invalid {name}"):                       # was [] or a NaN row
             sazo_runs.loss_grid(problem, xs, ys)
+
+
+@pytest.mark.parametrize("drawn", [-5, 0, 2.5])
+def test_dimension_dashboard_refuses_a_number_of_directions_that_is_not_a_count(drawn):
+    with pytest.raises(ValueError, match="Invalid directions_drawn"):     # was 16 trials a dot, silently
+        sw.dimension_dashboard(directions_drawn=drawn)
