@@ -156,8 +156,8 @@ def test_explore_cells_edited_after_an_editor_dropped_their_tags_cost_nothing(gr
 # -- an instructor's masters -----------------------------------------------------------------
 CONFIG = "# ASSIGNMENT CONFIG\nname: NAME\nrequirements: null\nrun_tests: false\ninit_cell: true\n" \
          "generate:\n    pdf: false\ntests:\n    files: false\n    ok_format: true"
-QUESTION = ["# BEGIN QUESTION\nname: q1\npoints: [1]", "# BEGIN SOLUTION", "lab9_x = 1  # SOLUTION", "# END SOLUTION",
-            "# BEGIN TESTS", "record(lab9_x)", "# END TESTS", "# END QUESTION"]
+QUESTION = ["# BEGIN QUESTION\nname: q1\npoints: [1, 1]", "# BEGIN SOLUTION", "lab9_x = 1  # SOLUTION", "# END SOLUTION",
+            "# BEGIN TESTS", "record(lab9_x)", "# HIDDEN\nrecord(lab9_x + 1)", "# END TESTS", "# END QUESTION"]
 
 
 def _master(folder, name: str, cells: list[str], kernelspec: bool = True):
@@ -184,7 +184,9 @@ BAD_MASTERS = {
     "no_questions": ([CONFIG, SETUP], True, "has no questions"),
     "question_without_tests": ([CONFIG, SETUP, *QUESTION[:4], QUESTION[-1]], True, "question q1 has no tests"),
     "points_for_other_tests": ([CONFIG, SETUP, *QUESTION[:6], "record(2 * lab9_x)", *QUESTION[6:]], True,
-                               "question q1 lists 1 points for 2 tests"),
+                               "question q1 lists 2 points for 3 tests"),
+    "no_hidden_test": ([CONFIG, SETUP, *[c.replace("# HIDDEN\n", "") for c in QUESTION]], True,
+                       "question q1 has no hidden test"),
     "config_not_yaml": ([CONFIG + "\n  : [", SETUP, *QUESTION], True, "the ASSIGNMENT CONFIG cell is not YAML"),
 }
 

@@ -139,7 +139,7 @@ def check_master(master: Path) -> None:
     Checked: it reads as a notebook; its metadata has a ``kernelspec`` (otter reads the language there); its first
     cell is the raw ``# ASSIGNMENT CONFIG`` cell, whose ``name`` has an entry in ``rules.RULES``; it has a question,
     and each question has tests (code cells between ``# BEGIN TESTS`` and ``# END TESTS``; none for one marked
-    ``manual: true``), as many as its ``points`` list has entries.
+    ``manual: true``), as many as its ``points`` list has entries, one of them hidden.
     """
     import nbformat
     import yaml
@@ -169,15 +169,16 @@ def check_master(master: Path) -> None:
     for cell in cells:
         text = cell.source.lstrip()
         if cell.cell_type == "raw" and text.startswith("# BEGIN QUESTION"):
-            questions.append([_yaml_block(text, "a '# BEGIN QUESTION' cell", name, yaml), 0])
+            questions.append([_yaml_block(text, "a '# BEGIN QUESTION' cell", name, yaml), 0, 0])
         elif cell.cell_type == "raw" and text.startswith(("# BEGIN TESTS", "# END TESTS")):
             inside = text.startswith("# BEGIN TESTS")
         elif cell.cell_type == "code" and inside and questions:
             questions[-1][1] += 1
+            questions[-1][2] += text.startswith("# HIDDEN")
     if not questions:
         raise ValueError(f"Invalid master: {name} has no questions (raw '# BEGIN QUESTION' cells): it would grade "
                          f"nothing")
-    for spec, tests in questions:
+    for spec, tests, hidden in questions:
         question, points = spec.get("name", "?"), spec.get("points")
         if spec.get("manual") is True and tests == 0:
             continue   # otter's manually graded question: read by hand, nothing to test
@@ -187,6 +188,9 @@ def check_master(master: Path) -> None:
         if isinstance(points, list) and len(points) != tests:
             raise ValueError(f"Invalid master: {name}: question {question} lists {len(points)} points for "
                              f"{tests} tests (expected one entry per test, public first)")
+        if hidden == 0:   # the public tests state their expected values: writing those down would score it all
+            raise ValueError(f"Invalid master: {name}: question {question} has no hidden test (a test cell whose "
+                             f"first line is '# HIDDEN'): its public values alone would score it")
 
 
 def _yaml_block(source: str, what: str, name: str, yaml) -> dict:
