@@ -193,3 +193,15 @@ def test_an_empty_batch_is_named_as_such_by_every_loss_and_by_predict():
             call()
     with pytest.raises(ValueError, match="Invalid indices"):       # an empty selection of a batch that has examples
         classification_losses(model, batch(2), [])
+
+
+# --- 6. half precision: states kept in float32 between blocks -----------------------------------------------
+@pytest.mark.parametrize("name, dtype", [("Mamba", torch.bfloat16), ("FalconMamba", torch.float16)])
+def test_a_model_whose_states_run_in_float32_under_half_weights_is_scored_not_refused(name, dtype):
+    model = family(name, dtype)               # residual_in_fp32: the last block returns float32 states
+    data = batch(6)
+    top_block_parameters(model, 1)
+    top = TopBlocks(model, data, blocks=1)    # was refused: the head's matmul met float32 states
+    assert top.hidden.dtype == torch.float32 and next(model.parameters()).dtype == dtype
+    indices = [5, 0, 3, 3]
+    assert torch.allclose(top(indices), classification_losses(model, data, indices), atol=1e-5, rtol=0)

@@ -112,7 +112,7 @@ def _computes_linear(module: torch.nn.Linear, x: torch.Tensor, output) -> bool:
         expected = torch.nn.functional.linear(x, module.weight, module.bias)
         scale = torch.nn.functional.linear(x.abs(), module.weight.abs(), None if module.bias is None else
                                            module.bias.abs())          # |x| |W|ᵀ + |b|: the rounding's scale
-    tolerance = 64 * torch.finfo(expected.dtype).eps if expected.is_floating_point() else 0.0
+    tolerance = 16 * torch.finfo(expected.dtype).eps if expected.is_floating_point() else 0.0
     return output.shape == expected.shape and bool(((output - expected).abs() <= tolerance * scale).all())
 
 

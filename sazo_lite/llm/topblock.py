@@ -460,6 +460,8 @@ class TopBlocks:
                 h = module(h)
             if type(self.head) is torch.nn.Linear:                               # the verbaliser rows only
                 bias = None if self.head.bias is None else self.head.bias[self.label_ids]
+                # in the head's dtype, as a model whose states run in another casts them (Mamba's float32 residual)
+                h = h.to(self.head.weight.dtype)
                 return self.logit_map(F.linear(h, self.head.weight[self.label_ids], bias)).float()   # [B, C]
             return self.logit_map(self.head(h)[:, self.label_ids]).float()
 
