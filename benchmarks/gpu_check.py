@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.cli import machine
 from sazo_lite.atomic import write_text
 from sazo_lite.engine import MeZO
 from sazo_lite.kernels import TritonNoise, triton_available, triton_direction
@@ -87,7 +88,7 @@ def main(argv=None) -> dict:
         raise SystemExit(f"gpu_check needs a CUDA device and triton ({reason})")
     device = torch.device("cuda")
     result = {"device": torch.cuda.get_device_name(), "correctness": check_correctness(device),
-              "timing": check_timing(device)}
+              "timing": check_timing(device), "machine": machine()}
     target = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
     target.mkdir(parents=True, exist_ok=True)
     write_text(target / "gpu_check.json", json.dumps(result, indent=1))

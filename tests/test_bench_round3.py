@@ -393,3 +393,18 @@ def test_make_bench_says_when_a_merged_reports_samplers_ran_under_different_argu
     single, _ = llm_report.reference_report("llm_queries.json")      # two workers of one command: nothing differs
     assert "differing" not in run._section_of(single, source, "bench-llm")["title"]
     assert llm_report.differing_args({"part_args": {"a": {"x": 1, "y": 2}, "b": {"x": 1, "y": 3}}}) == ["y"]
+
+
+def test_gpu_check_stores_its_date_and_machine(monkeypatch, tmp_path, capsys):
+    """gpu_check.json named the GPU but not when, nor the torch and python that timed its passes."""
+    from benchmarks import gpu_check
+
+    monkeypatch.setattr(gpu_check, "triton_available", lambda: (True, ""))
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check.torch.cuda, "get_device_name", lambda: "a GPU")
+    monkeypatch.setattr(gpu_check, "check_correctness", lambda device: {})
+    monkeypatch.setattr(gpu_check, "check_timing", lambda device: {})
+    monkeypatch.setenv("OUT", str(tmp_path))
+    gpu_check.main([])
+    saved = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert saved["machine"]["date"].endswith("UTC") and saved["machine"]["torch"] == torch.__version__
