@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -588,7 +589,12 @@ def main(argv: list[str] | None = None) -> dict:
             item.lr_grid = sorted(set(args.lr_grid))      # a rate given twice is raced once
     torch.set_num_threads(1)  # tiny problems: threads only add overhead
     started = time.perf_counter()
-    results = run_queries_benchmark(problems, seeds, targets, args.batch_size, methods=args.methods)
+    try:
+        results = run_queries_benchmark(problems, seeds, targets, args.batch_size, methods=args.methods)
+    except KeyboardInterrupt:       # the report is written at the end: say so, not a traceback
+        print(f"\ninterrupted after {time.perf_counter() - started:.0f} s: {out} was not written (the report is "
+              "written when every problem and method has run); rerun the same command", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
     info = machine()
     results.update(quick=args.quick, seconds=round(time.perf_counter() - started, 1),
                    torch=info["torch"], python=info["python"], date=info["date"], machine=info)

@@ -408,3 +408,21 @@ def test_gpu_check_stores_its_date_and_machine(monkeypatch, tmp_path, capsys):
     gpu_check.main([])
     saved = json.loads((tmp_path / "gpu_check.json").read_text())
     assert saved["machine"]["date"].endswith("UTC") and saved["machine"]["torch"] == torch.__version__
+
+
+def test_an_interrupted_queries_run_says_nothing_was_written(monkeypatch, capsys, tmp_path):
+    """Ctrl-C in ``python -m benchmarks.queries`` (45 minutes in full) ended in a KeyboardInterrupt traceback that
+    did not say whether --out held anything of the run."""
+    from benchmarks import queries
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(queries, "default_problems", tiny_problems)
+    monkeypatch.setattr(queries, "run_queries_benchmark", interrupted)
+    out = tmp_path / "q.json"
+    try:
+        with pytest.raises(SystemExit) as caught:
+            queries.main(["--quick", "--out", str(out)])
+    except KeyboardInterrupt:
+        pytest.fail("the interrupt escaped as a traceback")
+    assert caught.value.code == 130 and "was not written" in capsys.readouterr().err and not out.exists()
