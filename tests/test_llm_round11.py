@@ -205,3 +205,27 @@ def test_a_model_whose_states_run_in_float32_under_half_weights_is_scored_not_re
     assert top.hidden.dtype == torch.float32 and next(model.parameters()).dtype == dtype
     indices = [5, 0, 3, 3]
     assert torch.allclose(top(indices), classification_losses(model, data, indices), atol=1e-5, rtol=0)
+
+
+# --- 7. the loss landscape under random displacements -----------------------------------------------------
+def test_displaced_losses_refuse_a_tensor_given_twice_it_moved_a_shorter_radius():
+    from sazo_lite.llm.landscape import displaced_losses
+
+    theta = torch.nn.Parameter(torch.zeros(4))
+    distance = lambda: float(theta.detach().norm())
+    assert torch.allclose(displaced_losses(distance, [theta], radius=2.0, draws=3), torch.full((3, 2), 2.0,
+                                                                                           dtype=torch.float64))
+    with pytest.raises(ValueError, match="Invalid params: two tensors share memory"):
+        displaced_losses(distance, [theta, theta], radius=2.0, draws=3)      # was 1.18 and 1.73 for a radius of 2
+    with pytest.raises(ValueError, match="Invalid params: .*no tensors"):
+        displaced_losses(distance, [], radius=2.0)                           # was a ZeroDivisionError
+    assert torch.equal(theta.detach(), torch.zeros(4))
+
+
+def test_random_walk_descent_takes_a_generator_of_parameters_for_every_radius():
+    from sazo_lite.llm.landscape import random_walk_descent
+
+    net = torch.nn.Linear(3, 1, bias=False)
+    loss = lambda: float(0.5 * net.weight.detach().pow(2).sum())
+    walk = random_walk_descent(loss, net.parameters(), radii=[0.5, 1.0], draws=2)   # the second radius had none left
+    assert [round(c, 6) for c in walk["curvature"]] == [1.0, 1.0]

@@ -25,6 +25,7 @@ from typing import Callable
 
 import torch
 
+from ..engine import _check_disjoint, _check_params
 from ..validation import check_count, check_number
 
 __all__ = ["displaced_losses", "random_walk_descent", "expected_step_change"]
@@ -34,13 +35,16 @@ __all__ = ["displaced_losses", "random_walk_descent", "expected_step_change"]
 def displaced_losses(loss: Callable[[], float], params, *, radius: float, draws: int = 4,
                      seed: int = 0) -> torch.Tensor:
     """F(θ + radius·u) and F(θ − radius·u) for ``draws`` seeded random unit directions u (Gaussian,
-    normalised over all of ``params`` together): float64 [draws, 2]. θ is restored exactly."""
+    normalised over all of ``params`` together): float64 [draws, 2]. θ is restored exactly. ``params`` are
+    checked as MeZO checks a param group (ValueError: none, a tensor twice or two sharing memory, whose
+    displacement the norm counted twice, integer tensors)."""
     try:        # an infinite radius made every displaced loss nan; 2.5 draws were range's TypeError
         radius, draws = check_number("radius", radius, 0.0, closed_low=False), check_count("draws", draws)
     except ValueError:
         raise ValueError(f"Invalid radius or draws: {radius!r}, {draws!r} (expected a finite radius > 0, "
                          "an int draws ≥ 1)") from None
-    params = list(params)
+    params = _check_params(params)     # none was a ZeroDivisionError; a tensor given twice moved radius/√2
+    _check_disjoint(params)
     saved = [p.detach().clone() for p in params]
     generator = torch.Generator().manual_seed(seed)
     out = torch.zeros(draws, 2, dtype=torch.float64)
@@ -65,6 +69,7 @@ def random_walk_descent(loss: Callable[[], float], params, *, radii, draws: int 
     "mean_change": [mean of those, relative to F(θ)], "curvature": [2·mean change / r², the
     estimate of tr H / d at that radius]}``. Negative changes: the walk alone lowers F.
     """
+    params = _check_params(params)     # once: a generator (model.parameters()) was spent by the first radius
     start = float(loss())
     out = {"F": start, "radii": [float(r) for r in radii], "changes": [], "mean_change": [], "curvature": []}
     for r in out["radii"]:
