@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.cli import check_output
+from benchmarks.cli import check_output, machine, measured_line
 from sazo_lite.atomic import write_text
 from sazo_lite.llm.losses import TokenBatch, classification_losses
 from sazo_lite.llm.topblock import TopBlocks, decoder_layers, top_block_parameters
@@ -129,6 +129,10 @@ def main(argv=None) -> None:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)     # a missing folder: made now, not a crash after the probes
     warnings.filterwarnings("ignore")
+    import transformers
+
+    # what a family does depends on the transformers version: the outcomes carry it, with the date
+    print(f"llm_families, {measured_line(machine())}, transformers {transformers.__version__}", flush=True)
     out = {}
     for family in args.families:
         every = FAMILIES[family].get("num_hidden_layers", SIZES["num_hidden_layers"])   # k = L: all its blocks

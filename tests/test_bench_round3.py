@@ -426,3 +426,16 @@ def test_an_interrupted_queries_run_says_nothing_was_written(monkeypatch, capsys
     except KeyboardInterrupt:
         pytest.fail("the interrupt escaped as a traceback")
     assert caught.value.code == 130 and "was not written" in capsys.readouterr().err and not out.exists()
+
+
+def test_llm_families_prints_its_date_machine_and_transformers(monkeypatch, capsys):
+    """Which families TopBlocks reproduces depends on the transformers version; the printout named neither it nor
+    the date."""
+    import transformers
+
+    from benchmarks import llm_families
+
+    monkeypatch.setattr(llm_families, "probe", lambda family, blocks: {"outcome": "equal", "gap": 1e-7, "error": ""})
+    llm_families.main(["--families", "Llama"])
+    first = capsys.readouterr().out.splitlines()[0]
+    assert f"transformers {transformers.__version__}" in first and "UTC" in first and "CPUs" in first, first
