@@ -96,7 +96,6 @@ are the Trainer's own. What differs:
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 import pickle
@@ -107,8 +106,7 @@ from collections.abc import Mapping
 import torch
 from torch.utils.data import DataLoader
 from transformers import Trainer, TrainingArguments
-from transformers.trainer_callback import CallbackHandler
-from transformers.trainer_callback import TrainerState
+from transformers.trainer_callback import CallbackHandler, TrainerState
 from transformers.trainer_utils import get_last_checkpoint
 from transformers.training_args import OptimizerNames
 from transformers.utils import is_datasets_available
@@ -125,8 +123,8 @@ __all__ = ["ZOTrainer", "causal_lm_losses", "CausalLMCollator", "METHODS", "ZO_S
 
 METHODS = ("mezo", "uniform", "sazo", "sazo-plain")   # samplers by name; "mezo" = "uniform"
 ZO_STATE_NAME = "zo_state.pt"
-ZO_STATE_KEYS = {"method", "sampler", "master"}   # and "queries" (round 10 on), "learning_rate" (round 11 on),
-ZO_STATE_OPTIONAL = {"queries", "learning_rate", "batch_size"}   # "batch_size" (round 12 on)
+ZO_STATE_KEYS = {"method", "sampler", "master"}
+ZO_STATE_OPTIONAL = {"queries", "learning_rate", "batch_size"}   # written since rounds 10, 11 and 12
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 PROBE_EXAMPLES = 2   # examples the pre-training check runs the model on
 
@@ -142,8 +140,9 @@ class CausalLMCollator:
 
     Raises:
         ValueError: one label per row, or a ``label``/``label_ids`` column without ``labels``
-            (a classification dataset: pass a ``data_collator``), labels or a mask of another length than the input ids, a mask other than
-            0/1 or with padding inside the row, or a row with no tokens left.
+            (a classification dataset: pass a ``data_collator``), labels or a mask of another
+            length than the input ids, a mask other than 0/1 or with padding inside the row, or
+            a row with no tokens left.
 
     Example:
         >>> CausalLMCollator(0)([{"input_ids": [5, 6, 7]}, {"input_ids": [0, 8], "attention_mask": [0, 1]}])["labels"]
@@ -264,7 +263,7 @@ class _ZOCallbackHandler(CallbackHandler):
     ``ZOTrainer.training_step``, before the ZO update: the Trainer's loop calls it after
     ``training_step``, where the ZO update has already been made."""
 
-    epoch_offset = 0.0   # set by a resume with another batch size (ZOTrainer._rebase_epochs)
+    epoch_offset = 0.0   # set on resume: nonzero after a change of batch size (ZOTrainer._rebase_epochs)
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         return control   # already called, before the update (ZOTrainer.training_step)
