@@ -10,15 +10,7 @@ import torch
 from benchmarks import engine_speed
 
 
-def refused(capsys, call, *words) -> str:
-    """Run ``call()``; it must exit 2 (argparse's usage error) with ``words`` in its message."""
-    with pytest.raises(SystemExit) as caught:
-        call()
-    assert caught.value.code == 2
-    err = capsys.readouterr().err
-    for word in words:
-        assert word in err, err
-    return err
+from test_bench_cli import refused   # argparse refusals: exit 2 with the words asked for
 
 
 # -- engine_speed.overhead: which sampler is timed first alternates -------------------------------------------

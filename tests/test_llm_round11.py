@@ -19,35 +19,7 @@ from sazo_lite.llm.topblock import TopBlocks, decoder_layers, top_block_paramete
 
 grad_norms_module = importlib.import_module("sazo_lite.llm.grad_norms")     # the package exports a function of that name
 
-VOCAB = 64
-SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=128)
-
-
-def batch(n: int = 6, seed: int = 0) -> TokenBatch:
-    """n examples of 3 … 9 tokens, 3 classes on words 5, 9, 11."""
-    g = torch.Generator().manual_seed(seed)
-    ids = [torch.randint(3, VOCAB, (3 + (5 * k + seed) % 7,), generator=g).tolist() for k in range(n)]
-    return TokenBatch(ids, [len(r) for r in ids], 0, torch.randint(0, 3, (n,), generator=g), torch.tensor([5, 9, 11]))
-
-
-def family(name: str, dtype=torch.float32, **extra):
-    """A 3-layer, width-32 random causal LM of a transformers family (eval mode), built from its config."""
-    import transformers
-    from transformers import AutoModelForCausalLM
-
-    config = getattr(transformers, f"{name}Config")(vocab_size=VOCAB, pad_token_id=0, bos_token_id=1,
-                                                    eos_token_id=2, **{**SIZES, **extra})
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1)
-        return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
-
-
-@torch.no_grad()
-def jiggle(params, scale: float = 0.3, seed: int = 3) -> None:
-    g = torch.Generator().manual_seed(seed)
-    for p in params:
-        p.add_((scale * torch.randn(p.shape, generator=g, dtype=torch.float64)).to(p.dtype))
+from test_llm_round10 import VOCAB, batch, family, jiggle   # the same tiny families and batches
 
 
 def tune_only(model, params) -> list[torch.Tensor]:
