@@ -424,9 +424,10 @@ def main(argv=None) -> dict:
         warning = engine_speed.too_noisy(speed)
         if warning:
             print(warning, file=sys.stderr, flush=True)
-        failure = engine_speed.step_bound_failure(speed, TARGETS["speed"])
-        if failure:  # the step's cost is the one goal that fails the run: it is what every user pays
-            raise SystemExit(failure)
+        verdict, failed = engine_speed.step_verdict(speed, TARGETS["speed"])
+        if failed:  # the step's cost is the one goal that fails the run: it is what every user pays
+            raise SystemExit(verdict)
+        print(verdict)
     return results
 
 
