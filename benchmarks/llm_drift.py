@@ -57,11 +57,12 @@ def lost_update_fraction(params, lr: float = 1e-6) -> float:
 
 
 def main(argv=None) -> None:
-    from benchmarks.cli import positive
+    from benchmarks.cli import machine, measured_line, positive
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_drift", description=__doc__.splitlines()[0])
     parser.add_argument("--eps", type=positive, default=1e-3, help="ε of the perturbation (default 1e-3)")
     args = parser.parse_args(argv)
+    print(f"measured {measured_line(machine())}")     # rounding depends on torch's kernels: say which ran
     model, _ = load_smollm2()
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         model.to(dtype)

@@ -81,3 +81,23 @@ def test_make_bench_judges_the_step_as_bench_step_does(monkeypatch, capsys, tmp_
         with pytest.raises(SystemExit) as caught:
             call()
         assert "FAILED" in str(caught.value.code)
+
+
+# -- llm_drift: the date and torch version of its drift figures --------------------------------------------------
+def test_llm_drift_prints_its_date_machine_and_torch(monkeypatch, capsys):
+    """llm_drift's restore drift (rounding of torch's kernels in bf16/fp16) printed no date and no torch version."""
+    import datetime
+    import os
+
+    from benchmarks import llm_drift
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    monkeypatch.setattr(llm_drift, "load_smollm2", lambda: (model, None))
+    monkeypatch.setattr(llm_drift, "full_parameters", lambda m: list(m.parameters()))
+    llm_drift.main([])
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    assert today in first and f"torch {torch.__version__}" in first and f"{os.cpu_count()} CPUs" in first, first
+    assert "torch.bfloat16" in out     # the drift table itself still follows
