@@ -936,6 +936,7 @@ def main(argv=None) -> None:
         raise SystemExit(130) from None
     stamp(report, args, started)
     report.pop("merged_from", None)
+    report.pop("part_measured", None)      # the workers of this one command: stamped above with its date
     order = [s.label for s in settings(args)]
     report["settings"].sort(key=lambda s: order.index(s["label"]) if s["label"] in order else len(order))
     print_report(report)

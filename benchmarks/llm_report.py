@@ -177,6 +177,12 @@ def differing_args(report: dict) -> list[str]:
     return sorted({k for pa in parts for k in pa if len({json.dumps(x.get(k)) for x in parts}) > 1})
 
 
+def measured_dates(report: dict) -> str:
+    """When a report was measured: its date, or each merged part's distinct dates (``merge`` keeps them)."""
+    dates = list(dict.fromkeys(part.get("date") for part in report.get("part_measured", {}).values()))
+    return f"parts of {', '.join(map(str, dates))}" if len(dates) > 1 else report["date"]
+
+
 def print_report(report: dict) -> None:
     """The table (median [min–max] over seeds), the θ₀ design and the ratios, from a report dict."""
     a = report["args"]
@@ -185,8 +191,15 @@ def print_report(report: dict) -> None:
               "| max |ĝ| | max w | E[ĝ²] | held-out acc. (95% CI; after a fixed budget where one is given) | seeds |",
               "|---" * (9 + len(targets)) + "|"]
     rows = [row for s in report["settings"] for row in summarise(s, targets)]
-    print(f"\n{report['date']} · {report['machine']} · ε={a['eps']}, runtime {report['runtime_s'] / 60:.1f} min"
-          f"{' (sum of the merged parts)' if report.get('merged_from') else ''}")
+    measured = report.get("part_measured", {})
+    if measured:        # merged parts, each measured on its own day and machine: each says so
+        print(f"\nmerged from {len(measured)} parts · ε={a['eps']}, runtime {report['runtime_s'] / 60:.1f} min "
+              f"(sum of the merged parts)")
+        for name, part in measured.items():
+            print(f"  {name}: {part.get('date')} · {part.get('machine')}")
+    else:
+        print(f"\n{report['date']} · {report['machine']} · ε={a['eps']}, runtime {report['runtime_s'] / 60:.1f} min"
+              f"{' (sum of the merged parts)' if report.get('merged_from') else ''}")
     parts = {name: part_args or {} for name, part_args in report.get("part_args", {}).items()}
     differ = differing_args(report)
     for name, part_args in parts.items() if differ else ():     # what the merged processes ran with, where they differed
@@ -276,6 +289,11 @@ def merge(paths: list[Path]) -> dict:
     if len(paths) > 1:       # one path: just reprint that report
         report["merged_from"] = [Path(p).name for p in paths]
         report["part_args"] = {Path(p).name: part.get("args") for p, part in zip(paths, parts)}  # each its own sizes
+        # each its own date and machine (the first part's alone headed the report): parts of the race of one
+        # command (its workers, undated) are stamped together by llm_queries instead
+        if any(part.get("date") for part in parts):
+            report["part_measured"] = {Path(p).name: {"date": part.get("date"), "machine": part.get("machine")}
+                                       for p, part in zip(paths, parts)}
     by_label: dict[str, dict] = {}
     for part in parts:
         report["measured_only"].update(part.get("measured_only", {}))

@@ -95,7 +95,7 @@ PART_ONLY_ARGS = ("out", "partial", "worker", "jobs", "threads", "run_cache", "c
 
 def _section_of(report: dict | None, source: str, title: str, name: str = "llm_queries.json") -> dict:
     """A report's section of the table: its settings' ratios at its targets, its date and source."""
-    from benchmarks.llm_report import differing_args, raced_suffix, summarise
+    from benchmarks.llm_report import differing_args, measured_dates, raced_suffix, summarise
 
     if report is None:
         return {"missing": f"no report {name}"}
@@ -113,7 +113,8 @@ def _section_of(report: dict | None, source: str, title: str, name: str = "llm_q
     differ = [k for k in differing_args(report) if k not in PART_ONLY_ARGS]
     if differ:      # merged parts: its ratios compare samplers raced under different arguments
         title += f", merged parts differing in {', '.join(differ)}"
-    return {"date": report["date"], "machine": report["machine"], "source": source, "settings": settings,
+    return {"date": report["date"], "dates": measured_dates(report), "machine": report["machine"],
+            "source": source, "settings": settings,
             "targets": targets, "title": title, "pilot": pilot}
 
 
@@ -232,7 +233,7 @@ def _llm_rows(llm: dict) -> list[tuple]:
             return f"{bound[0]} {bound[1]:.2f}× (cut short)" if value is None and bound else _fmt(value, suffix="×")
 
         source = ", reference run" if "reference" in llm.get("source", "") else ""
-        name = f"LLM {s['label']} (V(u)/V(p*) = {s['heterogeneity']:.2f}; {llm.get('title', 'bench-llm')} {llm['date']}{source})"
+        name = f"LLM {s['label']} (V(u)/V(p*) = {s['heterogeneity']:.2f}; {llm.get('title', 'bench-llm')} {llm.get('dates', llm['date'])}{source})"
         x = s.get("suffix", "")        # "+bound": every sampler raced with the walk bound
         if x in SHARED_RULES:
             name += f", with {SHARED_RULES[x]}"

@@ -101,3 +101,26 @@ def test_llm_drift_prints_its_date_machine_and_torch(monkeypatch, capsys):
     today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     assert today in first and f"torch {torch.__version__}" in first and f"{os.cpu_count()} CPUs" in first, first
     assert "torch.bfloat16" in out     # the drift table itself still follows
+
+
+# -- merged language-model reports: each part's date and machine -------------------------------------------------
+def test_a_merged_llm_report_keeps_and_prints_every_parts_date_and_machine(tmp_path, capsys):
+    """``llm_queries --merge a.json b.json`` headed the report with a.json's date and machine alone: b's samplers,
+    raced another day (maybe on another machine), read as measured then; make bench's rows said the same."""
+    from benchmarks import llm_report, run
+
+    race, _ = llm_report.reference_report("llm_opposed_race.json")
+    paths = []
+    for k, (date, where) in enumerate([("2026-12-01 10:00 UTC", "machine A"), ("2026-12-03 18:30 UTC", "machine B")]):
+        paths.append(tmp_path / f"part{k}.json")
+        paths[-1].write_text(json.dumps({**race, "date": date, "machine": where}))
+    merged = llm_report.merge(paths)
+    assert merged["part_measured"] == {"part0.json": {"date": "2026-12-01 10:00 UTC", "machine": "machine A"},
+                                       "part1.json": {"date": "2026-12-03 18:30 UTC", "machine": "machine B"}}
+    llm_report.print_report(merged)
+    printed = capsys.readouterr().out
+    assert "part0.json: 2026-12-01 10:00 UTC · machine A" in printed
+    assert "part1.json: 2026-12-03 18:30 UTC · machine B" in printed
+    rows = [row[1] for row in run._llm_rows(run._section_of(merged, "merged", "B = 4 race")) if row[1].startswith("LLM")]
+    assert rows and all("2026-12-01 10:00 UTC" in r and "2026-12-03 18:30 UTC" in r for r in rows), rows
+    assert llm_report.measured_dates(json.loads(paths[0].read_text())) == "2026-12-01 10:00 UTC"   # one report: its date
