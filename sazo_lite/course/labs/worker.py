@@ -33,17 +33,22 @@ from sazo_lite.course.labs.values import encode
 _write, _dumps, _setitimer, _signal = os.write, json.dumps, signal.setitimer, signal.signal
 _BaseException, _ITIMER, _SIGALRM = BaseException, signal.ITIMER_REAL, signal.SIGALRM
 _BUILTINS = dict(builtins.__dict__)
+# The names a case reads that the grader gives it (``case_code``): the builtins (not the module's own dunders,
+# ``__name__`` is the notebook's) and the grader's two.
+_GIVEN = frozenset([*(k for k in _BUILTINS if not k.startswith("__")), "record", "time_limit"])
 _LOCK = threading.Lock()   # one line at a time, whichever thread reports
 
 
 def run_case(source: str | types.CodeType, namespace: dict, name: str = "<case>", guard: Guard | None = None) -> tuple[str | None, list]:
     """Run one test case in ``namespace``; returns (error or None, recorded values).
 
-    First undoes what the submission did to the builtins (``builtins.abs = ...``, a top-level
-    ``abs = ...`` that shadows it, or ``__builtins__ = {...}``) and puts the grader's ``record`` and
-    ``time_limit`` in place, so the test's own names mean what its author meant. The case runs as a
-    function's body (``case_code``; ``source`` may be that code already): its names that start with ``_``
-    never reach ``namespace``.
+    First undoes what the submission did to the builtins module (``builtins.abs = ...``) and to the
+    notebook's ``__builtins__`` (``__builtins__ = {...}``) and puts the grader's ``record`` and ``time_limit``
+    in ``namespace``. The case runs as a function's body (``case_code``; ``source`` may be that code already):
+    its names that start with ``_`` never reach ``namespace``, and the builtins, ``record`` and ``time_limit``
+    it names are its arguments, given the real ones, so a student's global of the same name (``abs = ...``,
+    a helper ``def max(...)``, one their function binds while the case runs) is not what the case's names
+    mean, and stays what the student's own functions see.
     """
     return _case_runner(dict(_BUILTINS))(source, namespace, name, guard)
 
@@ -54,7 +59,8 @@ def _case_runner(pristine: dict):
     nothing of how the cases run."""
     module, make, encode_, limit, error_text = builtins, case_code, encode, time_limit, _error
     space = module.__dict__
-    update, keys, base, function, code_type = dict.update, list, _BaseException, types.FunctionType, types.CodeType
+    update, base, function, code_type, kind, tuple_ = dict.update, _BaseException, types.FunctionType, \
+        types.CodeType, type, tuple
 
     def run(source: str | types.CodeType, namespace: dict, name: str = "<case>", guard: Guard | None = None):
         records = []
@@ -63,13 +69,13 @@ def _case_runner(pristine: dict):
             records.append({"value": encode_(value), "rtol": rtol, "atol": atol})
 
         update(space, pristine)
-        for shadow in [k for k in keys(namespace) if k in pristine and not k.startswith("__")]:
-            del namespace[shadow]
         # A function takes its builtins from its globals' __builtins__: a cell's `__builtins__ = {...}` would
-        # otherwise be what `type`, `float` or `import` mean in the case.
+        # otherwise be what `import` means in the case.
         namespace["__builtins__"], namespace["record"], namespace["time_limit"] = module, record, limit
+        given = {**pristine, "record": record, "time_limit": limit}
         try:
-            case = function(source if type(source) is code_type else make(source, name), namespace, "case")
+            code = source if kind(source) is code_type else make(source, name)
+            case = function(code, namespace, "case", tuple_([given[n] for n in code.co_varnames[:code.co_argcount]]))
             if guard is not None:
                 guard.trust(case.__code__)
             try:
@@ -91,13 +97,19 @@ def case_code(source: str, name: str = "<case>") -> types.CodeType:
     The names the case binds at its top level that start with ``_`` (``_mine = lab2_weights``, ``_gen``, a
     ``for _ in``) are the function's locals, so a global of the student's with the same name is neither
     rebound nor seen; the other names it binds (a graded name swapped for another version, then restored)
-    are declared ``global`` and bind in the namespace as they would at a notebook's top level.
+    are declared ``global`` and bind in the namespace as they would at a notebook's top level. The builtins,
+    ``record`` and ``time_limit`` it reads and does not bind are the function's arguments (``run_case`` gives
+    it the real ones): a global of the student's named like one is not what they mean in the case.
     """
     tree = ast.parse(source, name)
-    shared = sorted(n for n in _top_level_names(tree.body) if not n.startswith("_"))
+    bound = _top_level_names(tree.body)
+    shared = sorted(n for n in bound if not n.startswith("_"))
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    given = [ast.arg(arg=n) for n in sorted((read & _GIVEN) - bound)]
     body = ([ast.Global(names=shared)] if shared else []) + (tree.body or [ast.Pass()])
-    function = ast.FunctionDef(name="case", args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[],
-                                                               defaults=[]), body=body, decorator_list=[], returns=None)
+    function = ast.FunctionDef(name="case", args=ast.arguments(posonlyargs=[], args=given, kwonlyargs=[],
+                                                               kw_defaults=[], defaults=[]),
+                               body=body, decorator_list=[], returns=None)
     module = ast.fix_missing_locations(ast.Module(body=[function], type_ignores=[]))
     return next(c for c in compile(module, name, "exec").co_consts if isinstance(c, types.CodeType))
 
