@@ -50,7 +50,7 @@ import torch
 
 from ..atomic import atomic_write
 from ..variance import uniform_gain
-from ..validation import check_int, check_number
+from ..validation import check_count, check_fraction, check_int, check_number
 from .losses import classification_losses, encode_classification
 from .tasks import ClassificationTask, Example, _CATEGORIES, _NEGATIVE, _NOUNS, _POSITIVE
 
@@ -145,11 +145,13 @@ def make_continual_set(name: str = "continual", *, num_train: int = 32, new_frac
     """
     if name not in SET_NAMES:
         raise ValueError(f"Invalid name: {name!r} (expected one of {SET_NAMES})")
-    if not 0.0 < float(new_fraction) <= 1.0:
-        raise ValueError(f"Invalid new_fraction: {new_fraction} (expected a number in (0, 1])")
-    for arg, value in (("num_train", num_train), ("num_test", num_test)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"Invalid {arg}: {value!r} (expected an int >= 1)")
+    # "0.5" passed float() and then raised a TypeError from round(); seed 1.5 or "x" seeded a set, and a
+    # pool of 0 or less made an empty training set, without a word
+    new_fraction = check_fraction("new_fraction", new_fraction, 0.0, 1.0, closed_low=False, closed_high=True)
+    num_train, num_test = check_count("num_train", num_train), check_count("num_test", num_test)
+    seed = check_int("seed", seed)
+    if pool is not None:
+        pool = check_count("pool", pool)
     if name == "flipped":
         from .tasks import make_task
         task = make_task("sentiment", num_train=num_train, num_test=num_test, noise=0.15, seed=seed)
@@ -265,13 +267,17 @@ def first_round(model, params, cset: ContinualSet, tokenizer, *, steps: int = 10
     """The setup before ZO: ``steps`` full-batch Adam steps (backprop) on ``cset.setup``.
 
     This stands for an earlier round of fine-tuning; it is not part of any ZO comparison. Returns
-    the setup loss after each step. Does nothing (returns []) when there is no setup.
+    the setup loss after each step. Does nothing (returns []) when there is no setup. ``params`` must be
+    the model's and each must get a gradient (ValueError before any step otherwise).
     """
     from tqdm.auto import tqdm
 
+    from .finetune import check_params_in
+
+    steps = check_int("steps", steps, 0)
     if not cset.setup:
         return []
-    params = list(params)
+    params = check_params_in(model, params)     # another copy's tensors got no gradient: Adam skipped them
     # the set's own verbalisers (" no"/" yes", plus the groups of "balanced"): the setup is assimilated
     # under the same softmax the ZO runs score it with
     batch = encode_classification(tokenizer, [e.prompt for e in cset.setup], [e.label for e in cset.setup],
@@ -282,11 +288,22 @@ def first_round(model, params, cset: ContinualSet, tokenizer, *, steps: int = 10
         optimizer.zero_grad(set_to_none=True)
         loss = classification_losses(model, batch, grad=True).mean()
         loss.backward()
+        _check_grads(params)
         optimizer.step()
         history.append(float(loss.detach()))
     for p in params:
         p.grad = None
     return history
+
+
+def _check_grads(params) -> None:
+    """Every tuned tensor got a gradient (else Adam leaves it as it is: a first round that taught nothing)."""
+    missing = [k for k, p in enumerate(params) if p.grad is None]
+    if missing:
+        for p in params:
+            p.grad = None
+        raise ValueError(f"Invalid params: {len(missing)} of {len(params)} tensors (e.g. params[{missing[0]}]) got no "
+                         "gradient from the setup loss (requires_grad False, or not used by the model's forward)")
 
 
 def cached_first_round(model, params, cset: ContinualSet, tokenizer, *, key: str, steps: int = 10,

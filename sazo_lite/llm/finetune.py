@@ -20,7 +20,7 @@ import torch
 from ..engine import MeZO
 from ..samplers import make_sampler, sampler_name
 from ..train import History, train
-from ..validation import check_choice, check_count
+from ..validation import check_choice, check_count, check_number
 from .losses import TokenBatch, accuracy, batched_closure, classification_losses
 
 __all__ = ["FinetuneRun", "zo_finetune", "check_params_in", "mean_loss", "snapshot", "restore_snapshot", "METHODS"]
@@ -97,9 +97,10 @@ def zo_finetune(model, params, train_batch: TokenBatch, test_batch: TokenBatch |
         train_batch / test_batch: ``TokenBatch`` from ``ClassificationTask.encode``.
         method: a sampler by name (``METHODS``: "mezo" = "uniform", "sazo", "sazo-plain"); steps, batch_size, lr, eps: the MeZO settings.
         ema_decay, uniform_mix: SAZO's β and λ.
-        optimizer: a ready optimiser (e.g. ``SparseMeZO``); default ``MeZO(params, lr, eps, seed)``.
+        optimizer: a ready optimiser (e.g. ``SparseMeZO``), whose tensors must be the model's; default
+            ``MeZO(params, lr, eps, seed)``. Queries count this run's steps only.
         on_log: called with the run so far at every log point (live dashboards).
-        stop_below: stop once the full training loss drops below this value.
+        stop_below: stop once the full training loss drops below this value (below it at the start: no steps).
 
     Returns:
         A ``FinetuneRun``.
@@ -107,9 +108,15 @@ def zo_finetune(model, params, train_batch: TokenBatch, test_batch: TokenBatch |
     run = FinetuneRun(method)
     check_choice("method", method, METHODS)
     params = check_params_in(model, params)
+    if stop_below is not None:
+        stop_below = check_number("stop_below", stop_below)     # compared with F(θ₀) before train checks it
     sampler = make_sampler(sampler_name(method), len(train_batch), ema_decay=ema_decay, uniform_mix=uniform_mix,
                            seed=seed)
-    optimizer = optimizer or MeZO(params, lr=lr, eps=eps, seed=seed)
+    if optimizer is None:
+        optimizer = MeZO(params, lr=lr, eps=eps, seed=seed)
+    else:   # an optimiser built on another copy of the model moved tensors the losses never read: nothing learnt
+        check_params_in(model, [p for group in getattr(optimizer, "param_groups", []) for p in group["params"]])
+    first_step = optimizer.step_count     # a reused optimiser's earlier steps are not this run's queries
     counts = torch.zeros(len(train_batch), dtype=torch.float64)
     losses = batched_closure(model, train_batch, autocast_dtype=autocast_dtype)
 
@@ -127,8 +134,10 @@ def zo_finetune(model, params, train_batch: TokenBatch, test_batch: TokenBatch |
             on_log(run)
         return run.train_loss[-1]
 
-    log(0)
+    start = log(0)
+    if stop_below is not None and start < stop_below:
+        steps = 0       # already below at the start: the run took log_every steps before its first check
     run.history = train(optimizer, sampler, counted, steps, batch_size=batch_size, log_every=log_every,
-                        evaluate=lambda: log(optimizer.step_count * 2 * batch_size), progress=progress,
+                        evaluate=lambda: log((optimizer.step_count - first_step) * 2 * batch_size), progress=progress,
                         stop_below=stop_below, description=f"{method} fine-tuning")
     return run

@@ -86,14 +86,22 @@ def queries_to(run: QueryRun | dict, fraction: float) -> int | None:
     """
     fraction = check_number("fraction", fraction, 0.0, closed_low=False)   # None or "0.3" raised a TypeError
     queries, losses = (run["queries"], run["train_loss"]) if isinstance(run, dict) else (run.queries, run.train_loss)
+    if losses and not math.isfinite(losses[0]):     # F₀ = inf made every loss "reached" at 0 queries
+        raise ValueError(f"Invalid run: F(θ₀) = {losses[0]} (expected a finite first train_loss)")
     return queries_to_target((queries, losses), fraction * losses[0]) if losses else None
+
+
+def _records(runs) -> list[dict]:
+    """``QueryRun``s or their ``to_dict()``s, as dicts (the median rules read them by key)."""
+    return [r.to_dict() if isinstance(r, QueryRun) else r for r in runs]
 
 
 def median_floor(runs: list[dict], fraction: float) -> float:
     """A lower bound on the median queries to ``fraction``·F₀: a run that reached it counts its queries,
     one cut short of it (stopped at its budget, not diverged) the queries it had run (it needs more), a
     diverged one never (∞). Equal to the median when no run was cut short. A run that reached it
-    at 0 queries counts 0; no runs, or a run that logged nothing, raise ValueError.
+    at 0 queries counts 0; no runs, or a run that logged nothing, raise ValueError. ``runs``: ``QueryRun``s
+    or their ``to_dict()``s.
 
     >>> cut = {"queries": [0, 800, 1600], "train_loss": [1.0, 0.8, 0.6], "diverged": False}
     >>> fast = {"queries": [0, 400], "train_loss": [1.0, 0.45], "diverged": False}
@@ -101,6 +109,7 @@ def median_floor(runs: list[dict], fraction: float) -> float:
     >>> median_floor([cut, cut, fast], 0.5), median_floor([cut, fast, fast], 0.5), median_floor([fast, gone, gone], 0.5)
     (1600, 400, inf)
     """
+    runs = _records(runs)
     if not runs:
         raise ValueError("Invalid runs: expected at least one run")
     values = []
@@ -116,7 +125,8 @@ def ratio_bound(top: list[dict], bottom: list[dict], fraction: float) -> tuple[s
     """Where one median of ``top_median ÷ bottom_median`` is "never" only because runs were cut short
     of ``fraction``·F₀: ("<", top ÷ floor of bottom) or (">", floor of top ÷ bottom); None otherwise,
     and None where the divisor is 0 (a floor of 0 queries, or a median reached at 0, bounds nothing).
-    No runs on either side: ValueError."""
+    No runs on either side: ValueError. Runs: ``QueryRun``s or their ``to_dict()``s."""
+    top, bottom = _records(top), _records(bottom)
     if not top or not bottom:
         raise ValueError("Invalid runs: expected at least one run in top and in bottom")
     t, b = (median_queries([queries_to(r, fraction) for r in runs]) for runs in (top, bottom))
@@ -371,7 +381,8 @@ def _check_run_settings(lr, test_batch, accuracy_at, stop_fraction, diagnose, di
         check_number("stop_fraction", stop_fraction, 0.0, closed_low=False)
     if not isinstance(diagnose, bool):
         check_int("diagnose", diagnose, 0)
-    check_limit("diverge_factor", diverge_factor, 0.0, closed_low=False)     # inf: never diverges
+    # inf: never diverges; a factor ≤ 1 put θ₀'s own F at or past the limit (a run whose loss fell was "diverged")
+    check_limit("diverge_factor", diverge_factor, 1.0, closed_low=False)
     if walk_pull is not None and isinstance(lr, numbers.Real) and check_real("walk_pull", walk_pull) * lr >= 1:
         raise ValueError(f"Invalid walk_pull: lr·strength = {walk_pull * lr:g} ≥ 1 would carry θ past θ₀ "
                          "(expected lr·walk_pull < 1)")
@@ -402,10 +413,13 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
         uniform_mix: SAZO's λ. ema_decay: SAZO's β.
         oracle_mix: the oracle's λ (0: the exact p*, whose weights 1/(N p_i) are unbounded).
         test_batch: held-out accuracy is measured at the end of the run (not when it diverged).
-        stop_fraction: stop once F(θ) ≤ stop_fraction·F(θ₀) (None: run all ``steps``).
+        stop_fraction: stop once F(θ) ≤ stop_fraction·F(θ₀) (None: run all ``steps``; met at θ₀, as with
+            stop_fraction ≥ 1: no steps).
         diagnose: every ``diagnose``-th log point (0: never; True counts as 1), true norms by
-            backprop and ``sampling_diagnostics`` of the sampler's p (SAZO: with its scores).
-        diverge_factor: the run has diverged once F(θ) > diverge_factor·F(θ₀) (or a loss is not finite).
+            backprop and ``sampling_diagnostics`` of the sampler's p (SAZO: with its scores); not at a
+            log point whose F(θ) is not finite.
+        diverge_factor: the run has diverged once F(θ) > diverge_factor·F(θ₀) (or a loss is not finite);
+            a number > 1, or inf (never). A non-finite F(θ₀) is a ValueError.
         loss: "classification" or "answer".
         perturbation: MeZO's z, "gaussian" or "rademacher" (cheaper to draw on a CPU).
         step_rule: True (or a ``NoiseScaledStep``): the rate follows the sampler-agnostic noise rule.
@@ -466,7 +480,8 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
         run.train_loss.append(value)
         run.walk.append(walk(params, start_params))
         run.lr_scale.append(rule.scale() if rule is not None else 1.0)
-        if diagnose and (counted[0] - 1) % int(diagnose) == 0:
+        # not at a non-finite F: the run ends there as diverged, and the true norms of that θ raised instead
+        if diagnose and (counted[0] - 1) % int(diagnose) == 0 and math.isfinite(value):
             norms = true_norms()
             scores = chooser.scores() if callable(getattr(chooser, "scores", None)) else None
             probs = chooser.probs    # the oracle's: p* from its cached (up to k − 1 steps old) norms
@@ -477,7 +492,11 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
         return value
 
     start = evaluate()
+    if not math.isfinite(start):    # no limit or target can be drawn from it (a nan limit raised, inf never diverged)
+        raise ValueError(f"Invalid params: F(θ₀) = {start} (expected a finite training loss at the start)")
     stop_below = None if stop_fraction is None else stop_fraction * start
+    if stop_below is not None and accuracy_at is None and start <= stop_below:
+        steps = 0       # met at θ₀ (stop_fraction ≥ 1): the run took log_every steps before its first check
 
     def phase(phase_steps: int, stop: float | None):
         return train(optimizer, chooser, losses, phase_steps, batch_size=batch_size, evaluate=evaluate,

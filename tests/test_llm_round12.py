@@ -1,0 +1,157 @@
+"""Round 12 red team of the language-model part (sazo_lite.llm): query races, fine-tuning runs and the continual
+sets. Each test of a fix failed on the code before it: median rules that took dicts only, a run whose stop or
+divergence rule was met at θ₀, diagnostics that raised at a non-finite log point, a reused optimiser's queries,
+an optimiser over another model's tensors, unchecked continual-set settings and a first round that taught nothing."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from sazo_lite import MeZO
+from sazo_lite.llm import full_parameters, tiny_causal_lm
+from sazo_lite.llm.continual import first_round, make_continual_set
+from sazo_lite.llm.finetune import snapshot, zo_finetune
+from sazo_lite.llm.queries import QueryRun, median_floor, query_run, queries_to, ratio_bound, walk
+
+from test_llm_round9 import VOCAB, batch       # the same tiny batches
+from test_llm_round10 import word_tokenizer    # a tokenizer built in memory
+
+
+def setup(n: int = 6):
+    model = tiny_causal_lm("llama", vocab_size=VOCAB)
+    return model, full_parameters(model), batch(n)
+
+
+def unchanged(params, saved) -> bool:
+    return all(torch.equal(p, s) for p, s in zip(params, saved))
+
+
+class Poison:
+    """A step hook that writes NaN into θ after the ``at``-th step (an update that overflowed, as a half
+    precision model's can after finite losses at θ ± εz)."""
+
+    def __init__(self, param, at: int):
+        self.param, self.at, self.seen = param, at, 0
+
+    @torch.no_grad()
+    def __call__(self, optimizer, event):
+        if event.kind == "step":
+            self.seen += 1
+            if self.seen == self.at:
+                self.param.fill_(float("nan"))
+
+
+# --- 1. the median rules ------------------------------------------------------------------------------------
+def test_median_floor_and_ratio_bound_take_query_runs_as_queries_to_does():
+    cut = QueryRun("uniform", 1e-3, 0, queries=[0, 800, 1600], train_loss=[1.0, 0.8, 0.6])
+    fast = QueryRun("sazo", 1e-3, 0, queries=[0, 400], train_loss=[1.0, 0.45])
+    assert median_floor([cut, cut, fast], 0.5) == median_floor([r.to_dict() for r in (cut, cut, fast)], 0.5) == 1600
+    assert ratio_bound([fast], [cut], 0.5) == ratio_bound([fast.to_dict()], [cut.to_dict()], 0.5) == ("<", 0.25)
+
+
+@pytest.mark.parametrize("start", [math.inf, math.nan])
+def test_queries_to_refuses_a_run_whose_first_loss_is_not_finite(start):
+    run = {"queries": [0, 10], "train_loss": [start, 0.1], "diverged": False}
+    with pytest.raises(ValueError, match="train_loss"):        # inf read every loss as reached at 0 queries
+        queries_to(run, 0.5)
+    with pytest.raises(ValueError, match="train_loss"):
+        median_floor([run], 0.5)
+
+
+# --- 2. query_run: rules met at θ₀, a non-finite log point ---------------------------------------------------
+@pytest.mark.parametrize("fraction", [1.0, 2.0])
+def test_a_stop_fraction_met_at_the_start_takes_no_step(fraction):
+    model, params, data = setup()
+    saved = snapshot(params)
+    run = query_run(model, params, data, "uniform", lr=1e-3, steps=20, log_every=5, stop_fraction=fraction)
+    assert run.queries == [0] and run.steps_run == 0 and not run.diverged      # took 5 steps first
+    assert unchanged(params, saved) and queries_to(run, fraction) == 0
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.0])
+def test_a_divergence_factor_at_or_below_one_is_refused_before_theta_moves(factor):
+    model, params, data = setup()
+    saved = snapshot(params)
+    with pytest.raises(ValueError, match="diverge_factor"):    # a run whose loss fell was marked diverged
+        query_run(model, params, data, "uniform", lr=1e-3, steps=4, log_every=2, diverge_factor=factor)
+    assert unchanged(params, saved)
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "sazo", "oracle"])
+def test_a_non_finite_log_point_ends_the_run_as_diverged_with_diagnose_on(sampler):
+    model, params, data = setup()
+    run = query_run(model, params, data, sampler, lr=1e-3, steps=8, log_every=1, diagnose=1, test_batch=batch(3, 1),
+                    step_hooks=[Poison(params[0], at=3)])       # the true norms of that θ raised
+    assert run.diverged and run.steps_run == 3 and math.isnan(run.train_loss[-1])
+    assert [d["queries"] for d in run.diagnostics] == run.queries[:-1] and run.test_accuracy is None
+
+
+def test_a_non_finite_loss_at_theta0_is_refused_naming_it():
+    model, params, data = setup()
+    with torch.no_grad():
+        params[0].fill_(float("nan"))
+    with pytest.raises(ValueError, match="F\\(θ₀\\)"):       # was "Invalid diverge_above: nan"
+        query_run(model, params, data, "uniform", lr=1e-3, steps=2)
+
+
+def test_query_counts_and_the_walk_match_their_plain_definitions():
+    model, params, data = setup()
+    saved = snapshot(params)
+    run = query_run(model, params, data, "sazo", lr=1e-3, batch_size=3, steps=7, log_every=3)
+    assert run.queries == [0, 18, 36, 42] and run.steps_run == 7                  # 2·B per step, the end logged
+    plain = torch.linalg.norm(torch.cat([(p.detach() - s).double().flatten() for p, s in zip(params, saved)]))
+    assert run.walk[-1] == pytest.approx(float(plain), rel=1e-9) == walk(params, saved)
+
+
+# --- 3. zo_finetune -------------------------------------------------------------------------------------------
+def test_zo_finetune_with_a_reused_optimiser_counts_only_this_runs_queries():
+    model, params, data = setup()
+    optimizer = MeZO(params, lr=1e-3, eps=1e-3, seed=0)
+    first = zo_finetune(model, params, data, steps=4, batch_size=2, log_every=2, optimizer=optimizer, progress=False)
+    second = zo_finetune(model, params, data, steps=4, batch_size=2, log_every=2, optimizer=optimizer, progress=False)
+    assert first.queries == second.queries == [0, 8, 16]                          # was [0, 24, 32]
+    assert second.sample_counts.sum().item() == 8
+
+
+def test_zo_finetune_refuses_an_optimiser_over_another_models_tensors():
+    model, params, data = setup()
+    other = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    with pytest.raises(ValueError, match="params"):       # ran, every δ 0, F unchanged
+        zo_finetune(model, params, data, steps=2, optimizer=MeZO(full_parameters(other), lr=1e-3), progress=False)
+
+
+def test_zo_finetune_already_below_stop_below_takes_no_step():
+    model, params, data = setup()
+    saved = snapshot(params)
+    run = zo_finetune(model, params, data, steps=20, log_every=5, stop_below=100.0, progress=False)
+    assert run.queries == [0] and unchanged(params, saved)                       # took 5 steps first
+    with pytest.raises(ValueError, match="stop_below"):
+        zo_finetune(model, params, data, steps=2, stop_below="0.5", progress=False)
+
+
+# --- 4. continual sets and their first round -------------------------------------------------------------
+@pytest.mark.parametrize("bad", [dict(new_fraction="0.5"), dict(new_fraction=True), dict(seed=1.5), dict(seed="x"),
+                                 dict(pool=0), dict(pool=-3), dict(pool=2.5)])
+def test_make_continual_set_refuses_bad_settings_by_name(bad):
+    name = "homogeneous" if "pool" in bad else "continual"
+    with pytest.raises(ValueError, match=f"Invalid {next(iter(bad))}"):
+        make_continual_set(name, **bad)
+
+
+def test_first_round_refuses_tensors_that_get_no_gradient_before_any_step():
+    tokenizer = word_tokenizer(eos_token="c")
+    model = tiny_causal_lm("llama", vocab_size=VOCAB)
+    cset = make_continual_set("continual", num_train=4, num_test=2)
+    other = full_parameters(tiny_causal_lm("llama", vocab_size=VOCAB, seed=1))
+    with pytest.raises(ValueError, match="params"):              # Adam skipped them: a round that taught nothing
+        first_round(model, other, cset, tokenizer, steps=2)
+    params = full_parameters(model)
+    params[1].requires_grad_(False)
+    saved = snapshot(params)
+    with pytest.raises(ValueError, match="gradient"):
+        first_round(model, params, cset, tokenizer, steps=2)
+    assert unchanged(params, saved) and all(p.grad is None for p in params)
