@@ -256,6 +256,13 @@ def _check_disjoint(params: list[torch.Tensor]) -> None:
                              "must belong to one parameter, or a pass would move it twice")
 
 
+def _memory(groups: list) -> list[tuple]:
+    """Where each tensor's entries lie (first address, shape, strides, dtype, device): a few integers per
+    tensor, read at every step. ``p.data = q.data`` (tying two weights) keeps the tensor object but moves
+    its memory, possibly onto another tensor's, which a pass would then move twice."""
+    return [(p.data_ptr(), p.shape, p.stride(), p.dtype, p.device) for group in groups for p in group["params"]]
+
+
 def _share_entries(tensors: list[torch.Tensor]) -> bool:
     """True when two of ``tensors`` (views of one storage) address a common byte: each marks its own bytes
     in one byte per byte of their joint range (only for views whose ranges overlap)."""
@@ -802,7 +809,8 @@ class MeZO(torch.optim.Optimizer):
         known = getattr(self, "_checked_groups", None)
         if (known is not None and len(known) == len(groups)
                 and all(isinstance(g, dict) and isinstance(g.get("params"), list) and len(ps) == len(g["params"])
-                        and all(a is b for a, b in zip(ps, g["params"])) for ps, g in zip(known, groups))):
+                        and all(a is b for a, b in zip(ps, g["params"])) for ps, g in zip(known, groups))
+                and getattr(self, "_checked_memory", None) == _memory(groups)):
             return
         for group in groups:
             if not isinstance(group, dict) or not isinstance(group.get("params"), list):
@@ -818,6 +826,7 @@ class MeZO(torch.optim.Optimizer):
         self._counter()
         self.flush()   # a pending update's jobs were made for the groups as they were: applied before the next pass
         self._checked_groups = [list(group["params"]) for group in groups]   # the tensors themselves: no id reuse
+        self._checked_memory = _memory(groups)   # and where they point: .data re-pointed since is checked again
         self.flat_check = FlatLossCheck()   # other tensors: their first steps are judged afresh
         self._inference = any(p.is_inference() for p in params)   # fixed per tensor: checked each step, cheaply
 

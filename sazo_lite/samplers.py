@@ -173,6 +173,13 @@ class UniformSampler(Sampler):
 
     MAX_EXAMPLES = 2 ** 63 - 1  # torch.randint's largest bound
 
+    @property
+    def probs(self) -> torch.Tensor:
+        """Sampling distribution, float64 tensor [N] of 1/N: one stored entry read N times (an ``expand``ed,
+        read-only view), since N may be up to 2⁶³ − 1 and N floats did not fit in memory. ``clone()`` it
+        for a tensor of one's own."""
+        return torch.full((1,), 1.0 / self.num_examples, dtype=torch.float64).expand(self.num_examples)
+
     def sample(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         check_count("batch_size", batch_size)
         indices = torch.randint(self.num_examples, (batch_size,), generator=self._generator)

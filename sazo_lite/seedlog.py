@@ -13,7 +13,9 @@ What a log refuses (ValueError, before anything changes):
       recorded step (``load_state_dict`` on the optimiser: attach a new log for the resumed run);
     * replaying into parameters of other shapes, dtypes or device types (a log without device
       types, written before they were recorded, replays on any), into another optimiser type
-      (a ``SparseMeZO`` log replays only through ``replay_into(SparseMeZO(...))``), or through
+      (a ``SparseMeZO`` log replays only through ``replay_into(SparseMeZO(...))``; a subclass that
+      overrides no method of the step, ``STEP_METHODS``, counts as the library class it derives
+      from, so its log replays through that class and the reverse), or through
       an optimiser whose noise source draws other directions than the logged ones;
     * loading a log whose header is malformed, whose record count disagrees with the header
       (a truncated file), or with an unknown record kind, a failure record other than 1 or 2
@@ -62,6 +64,25 @@ FORMAT = 3            # 3 records the noise source's ``directions``; 2 (without)
 READABLE_FORMATS = (2, 3)
 _STEP, _FAIL, _LR, _WD = 0, 1, 2, 3  # record kinds
 _RECORD = np.dtype([("kind", "u1"), ("seed", "<u8"), ("value", "<f8")])  # 17 bytes
+
+
+# The methods a step's and a replay's passes run: a subclass that overrides none of them steps as the library
+# class it derives from (its log replays through that class); one that overrides any is a step kind of its own.
+STEP_METHODS = ("_jobs", "_apply", "_move", "_apply_pending", "_update_jobs", "_check_update", "_commit",
+                "_abandon", "replay_step", "replay_failure", "flush", "noise_source", "_set_masks")
+
+
+def step_kind(optimizer: MeZO) -> str:
+    """The name of the class whose step ``optimizer`` takes: the nearest class of its MRO that is a library
+    class (``MeZO``, ``SparseMeZO``) or overrides a method of ``STEP_METHODS``. A log records it, since a
+    replay depends on the step, not on the class's name (a user's subclass that adds nothing to the step
+    could be replayed only through that very subclass)."""
+    package = __name__.rpartition(".")[0]
+    for cls in type(optimizer).__mro__:
+        if cls.__module__ == package or cls.__module__.startswith(package + ".") or any(
+                name in vars(cls) for name in STEP_METHODS):
+            return cls.__name__
+    return type(optimizer).__name__
 
 
 def _invalid(message: str):
@@ -140,7 +161,7 @@ class SeedLog:
         optimizer._check_groups_ready()   # groups edited since the last step: checked, numbers as floats (JSON)
         optimizer.flush()
         state = optimizer._counter()
-        header = {"format": FORMAT, "optimizer": type(optimizer).__name__,
+        header = {"format": FORMAT, "optimizer": step_kind(optimizer),
                   "eps": optimizer.param_groups[0]["eps"], "base_seed": state["seed"],
                   "start_step": state["step"], "directions": _logged_directions(optimizer) or "torch",
                   "groups": _structure(optimizer)}
@@ -246,9 +267,10 @@ class SeedLog:
         _check_header(self.header)
         _check_records(self.records, len(self.header["groups"]))
         _check_seeds(self.records, self.header)
-        if type(optimizer).__name__ != self.header["optimizer"]:
-            raise ValueError(f"Invalid optimizer: {type(optimizer).__name__}, but the log was written "
-                             f"by {self.header['optimizer']}")
+        # logs written before step_kind recorded the class's own name: it still replays through that class
+        if self.header["optimizer"] not in (step_kind(optimizer), type(optimizer).__name__):
+            raise ValueError(f"Invalid optimizer: {type(optimizer).__name__} takes {step_kind(optimizer)}'s step, "
+                             f"but the log was written by {self.header['optimizer']}")
         optimizer._check_groups_ready()   # its groups as a step checks them (edited since its last step?)
         if optimizer.param_groups[0]["eps"] != self.header["eps"]:
             raise ValueError(f"Invalid optimizer: eps {optimizer.param_groups[0]['eps']} differs from the "

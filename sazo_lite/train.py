@@ -299,8 +299,16 @@ def _log(history: History, optimizer, sampler, evaluate, step: int, queries: int
     if value is not None:
         history.metrics.append(value)
     if record_probs:
-        history.probs.append(sampler.probs.clone())
+        history.probs.append(_snapshot(sampler.probs))
     return value
+
+
+def _snapshot(probs: torch.Tensor) -> torch.Tensor:
+    """A copy of ``probs`` that later steps cannot change. One value read N times (a uniform sampler's
+    expanded view, N up to 2⁶³ − 1) is copied as that value, expanded again: clone() wrote out N floats."""
+    if probs.dim() == 1 and probs.numel() > 1 and probs.stride(0) == 0:
+        return probs[:1].clone().expand(probs.shape)
+    return probs.clone()
 
 
 def _metric(value) -> float:

@@ -115,17 +115,35 @@ def sampling_variance(norms, probs) -> float:
     return float(terms.sum()) / n ** 2
 
 
-def variance_ratio(norms, probs) -> float:
-    """V(p)/V(p*) ≥ 1: how far p is from the minimum-variance oracle."""
+def _zero_below(norms: torch.Tensor, atol) -> torch.Tensor:
+    """``norms`` with the entries ≤ ``atol`` (a finite number ≥ 0) set to 0: norms that are rounding noise.
+
+    At an optimum every per-example gradient is 0 but for rounding (a least-squares fit with N ≤ d: each
+    residual is a few ulps of the data), and the ratios of rounding noise are numbers of their own (1 + CV²
+    about 2 for noise spread evenly), not a property of the data. Only the caller knows the rounding of its
+    norms: of the order of d · finfo(dtype).eps times their size away from the optimum (‖x_i‖·‖y‖ for least
+    squares from θ = 0), so ``atol`` is a multiple of that. 0 keeps every norm.
+    """
+    atol = check_number("atol", atol, 0.0)
+    return torch.where(norms > atol, norms, torch.zeros_like(norms)) if atol > 0 else norms
+
+
+def variance_ratio(norms, probs, *, atol: float = 0.0) -> float:
+    """V(p)/V(p*) ≥ 1: how far p is from the minimum-variance oracle (1.0 when every norm is 0).
+
+    Norms ≤ ``atol`` count as 0 (``_zero_below``: rounding noise at an optimum; default 0, none)."""
     norms, probs = _paired("norms", norms, "probs", probs)
-    norms = relative_scores(norms)
+    norms = relative_scores(_zero_below(norms, atol))
     optimum = sampling_variance(norms, oracle_probs(norms))
     return sampling_variance(norms, probs) / optimum if optimum > 0 else 1.0
 
 
-def uniform_gain(norms) -> float:
-    """1 + CV² of the per-example norms, which equals V(u)/V(p*)."""
-    norms = relative_scores(_nonnegative("norms", norms))
+def uniform_gain(norms, *, atol: float = 0.0) -> float:
+    """1 + CV² of the per-example norms, which equals V(u)/V(p*) (1.0 when every norm is 0).
+
+    Norms ≤ ``atol`` count as 0 (``_zero_below``: at an optimum the norms are rounding noise, whose
+    1 + CV² is about 2 whatever the data; default 0, none)."""
+    norms = relative_scores(_zero_below(_nonnegative("norms", norms), atol))
     mean = norms.mean()
     return float(1.0 + norms.var(unbiased=False) / mean ** 2) if mean > 0 else 1.0
 

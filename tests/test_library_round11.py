@@ -1,0 +1,231 @@
+"""Round 11 of the library's red team: leftovers of rounds 8-10 and the training loop.
+
+Each defect's test fails on the code before its fix.
+"""
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+import sazo_lite as sz
+from sazo_lite import variance
+from sazo_lite.samplers import UniformSampler
+from sazo_lite.seedlog import SeedLog
+from sazo_lite.sparse import SparseMeZO, sparse_indices
+
+
+def _loss(theta):
+    return lambda: (theta - 1.0).pow(2)
+
+
+def _logged_run(make, steps: int = 3):
+    """θ after ``steps`` steps of the optimiser ``make(theta)`` builds from θ = 0 (float32 [6]), and their log."""
+    theta = torch.zeros(6)
+    opt = make(theta)
+    log = SeedLog.attach(opt)
+    for _ in range(steps):
+        opt.step(_loss(theta))
+    return theta, SeedLog.from_bytes(log.to_bytes())
+
+
+# --- 1: a seed log names the step, not the class ----------------------------------------------------
+class Quiet(sz.MeZO):
+    """A user's subclass that adds nothing to the step (a method of its own, another constructor)."""
+
+    def __init__(self, params, **kwargs):
+        super().__init__(params, lr=0.1, **kwargs)
+
+    def describe(self) -> str:
+        return "quiet"
+
+
+class Clipped(sz.MeZO):
+    """A user's subclass that changes the step: the update's g is clipped to [-1, 1]."""
+
+    def _update_jobs(self, seed, projected_grad, magnitudes=None):
+        return super()._update_jobs(seed, max(-1.0, min(1.0, projected_grad)), magnitudes)
+
+
+class MySparse(SparseMeZO):
+    pass
+
+
+def test_a_log_made_through_a_subclass_that_adds_nothing_to_the_step_replays_through_mezo():
+    """The header held type(optimizer).__name__: a log of Quiet replayed only through Quiet, and replay(params)
+    refused it."""
+    theta, log = _logged_run(lambda t: Quiet([t], seed=4))
+    assert log.header["optimizer"] == "MeZO"
+    copy = torch.zeros(6)
+    log.replay([copy])
+    assert torch.equal(copy, theta)
+    other = torch.zeros(6)
+    log.replay_into(sz.MeZO([other], lr=0.0, seed=4))
+    assert torch.equal(other, theta)
+
+
+def test_a_mezo_log_replays_through_a_subclass_that_adds_nothing_to_the_step():
+    theta, log = _logged_run(lambda t: sz.MeZO([t], lr=0.1, seed=4))
+    copy = torch.zeros(6)
+    log.replay_into(Quiet([copy], seed=4))
+    assert torch.equal(copy, theta)
+
+
+def test_a_subclass_that_changes_the_step_is_its_own_kind_and_mezo_cannot_replay_it():
+    theta, log = _logged_run(lambda t: Clipped([t], lr=0.1, seed=2))
+    assert log.header["optimizer"] == "Clipped"
+    with pytest.raises(ValueError, match="Invalid optimizer"):
+        log.replay_into(sz.MeZO([torch.zeros(6)], lr=0.0, seed=2))
+    with pytest.raises(ValueError, match="written by Clipped"):
+        log.replay([torch.zeros(6)])
+    copy = torch.zeros(6)
+    log.replay_into(Clipped([copy], lr=0.0, seed=2))
+    assert torch.equal(copy, theta)
+    _, plain = _logged_run(lambda t: sz.MeZO([t], lr=0.1, seed=2))
+    with pytest.raises(ValueError, match="Invalid optimizer"):   # and the reverse
+        plain.replay_into(Clipped([torch.zeros(6)], lr=0.0, seed=2))
+
+
+def test_a_sparse_subclass_logs_sparse_mezo_and_a_plain_mezo_replay_is_still_refused():
+    masks = sparse_indices([torch.zeros(6)], 0.5, seed=1)
+    theta, log = _logged_run(lambda t: MySparse([t], masks, lr=0.1, seed=3))
+    assert log.header["optimizer"] == "SparseMeZO"
+    with pytest.raises(ValueError, match="Invalid optimizer"):
+        log.replay_into(sz.MeZO([torch.zeros(6)], lr=0.0, seed=3))
+    copy = torch.zeros(6)
+    log.replay_into(SparseMeZO([copy], masks, lr=0.0, seed=3))
+    assert torch.equal(copy, theta)
+
+
+def test_a_log_written_before_under_the_subclasses_own_name_still_replays_through_it():
+    theta, log = _logged_run(lambda t: Quiet([t], seed=4))
+    head, _, body = log.to_bytes().partition(b"\n")
+    header = json.loads(head)
+    header["optimizer"] = "Quiet"   # what attach wrote before the step kind
+    old = SeedLog.from_bytes(json.dumps(header).encode() + b"\n" + body)
+    copy = torch.zeros(6)
+    old.replay_into(Quiet([copy], seed=4))
+    assert torch.equal(copy, theta)
+    with pytest.raises(ValueError, match="Invalid optimizer"):
+        old.replay_into(sz.MeZO([torch.zeros(6)], lr=0.0, seed=4))
+
+
+# --- 2: .data re-pointed after construction ------------------------------------------------------------
+def test_a_weight_tied_through_data_after_construction_is_refused_before_anything_moves():
+    """_check_groups_unchanged compared the tensor objects only: a.data = b.data kept them, and each pass
+    then moved the shared storage twice (2εz instead of εz)."""
+    a, b = torch.nn.Parameter(torch.randn(5)), torch.nn.Parameter(torch.randn(5))
+    opt = sz.MeZO([a, b], lr=0.1, seed=0, noise=None)
+    opt.step(lambda: (a.sum() + b.sum()).reshape(1))
+    a.data = b.data
+    before = b.detach().clone()
+    calls = []
+    with pytest.raises(ValueError, match="share memory"):
+        opt.step(lambda: calls.append(1) or (a.sum() + b.sum()).reshape(1))
+    assert not calls and torch.equal(b, before) and opt.step_count == 1
+
+
+def test_a_view_re_pointed_onto_its_neighbour_is_refused_and_a_harmless_re_point_steps():
+    base = torch.zeros(2, 4)
+    left, right = base[:, :2], base[:, 2:]
+    opt = sz.MeZO([left, right], lr=0.1, noise=None)
+    opt.step(lambda: (left.sum() + right.sum()).reshape(1))
+    left.data = base[:, 1:3]   # now shares column 2 with right
+    with pytest.raises(ValueError, match="share memory"):
+        opt.step(lambda: (left.sum() + right.sum()).reshape(1))
+    left.data = torch.zeros(2, 2)   # memory of its own: steps again
+    opt.step(lambda: (left.sum() + right.sum()).reshape(1))
+    assert opt.step_count == 2
+
+
+def test_a_replay_through_an_optimiser_whose_tensors_were_tied_since_is_refused():
+    theta, log = _logged_run(lambda t: sz.MeZO([t[:3], t[3:]], lr=0.1, seed=1, noise=None))
+    copy = torch.zeros(6)
+    first, second = copy[:3], copy[3:]
+    opt = sz.MeZO([first, second], lr=0.0, seed=1, noise=None)
+    SeedLog.attach(opt).detach()   # the groups checked once since construction (as by a step or a replay)
+    first.data = second.data
+    with pytest.raises(ValueError, match="share memory"):
+        log.replay_into(opt)
+    assert torch.equal(copy, torch.zeros(6))
+
+
+# --- 3: uniform probabilities in O(1) memory --------------------------------------------------------
+def test_uniform_probs_of_a_huge_n_take_one_entry_and_train_records_them():
+    """probs allocated N floats: N = 2⁶² (which UniformSampler draws from) ran out of memory, and
+    train(record_probs=True) cloned them."""
+    n = 2 ** 62
+    sampler = UniformSampler(n, seed=0)
+    probs = sampler.probs
+    assert probs.shape == (n,) and probs.dtype == torch.float64
+    assert probs.untyped_storage().nbytes() == 8 and float(probs[n - 1]) == 1.0 / n
+    theta = torch.zeros(3)
+    history = sz.train(sz.MeZO([theta], lr=0.1), sampler, lambda idx: (theta - 1).pow(2).sum().expand(len(idx)),
+                       2, batch_size=2, log_every=1, record_probs=True, progress=False)
+    assert len(history.probs) == 2
+    assert all(p.shape == (n,) and p.untyped_storage().nbytes() == 8 for p in history.probs)
+
+
+def test_uniform_probs_of_a_small_n_are_what_they_were():
+    probs = UniformSampler(4).probs
+    assert torch.equal(probs, torch.full((4,), 0.25, dtype=torch.float64))
+    assert probs.numpy().tolist() == [0.25] * 4 and float(probs.sum()) == 1.0
+
+
+def test_a_recorded_probability_vector_does_not_change_with_the_sampler():
+    sampler = sz.SAZOSampler(5, seed=0)
+    theta = torch.zeros(5)
+    history = sz.train(sz.MeZO([theta], lr=0.05), sampler, lambda idx: (theta[idx] - idx.double()).pow(2),
+                       4, batch_size=2, log_every=1, record_probs=True, progress=False)
+    assert not torch.equal(history.probs[0], history.probs[-1])
+    assert torch.equal(history.probs[-1], sampler.probs)
+
+
+def test_train_reads_no_probs_unless_asked():
+    class NoProbs(UniformSampler):
+        @property
+        def probs(self):
+            raise AssertionError("probs read")
+
+    theta = torch.zeros(3)
+    history = sz.train(sz.MeZO([theta], lr=0.1), NoProbs(2 ** 62), lambda idx: (theta - 1).pow(2).sum().expand(len(idx)),
+                       3, batch_size=2, log_every=1, progress=False)
+    assert len(history.loss) == 3 and history.probs == []
+
+
+# --- 4: the variance ratios at an optimum ----------------------------------------------------------
+def _least_squares_optimum(n: int = 8, d: int = 32):
+    """Per-example gradient norms |r_i|·‖x_i‖ at the least-squares optimum of an N ≤ d problem (every residual
+    0 but for rounding), and the norms' size at θ = 0."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(n, d, dtype=torch.float64, generator=generator)
+    y = torch.randn(n, dtype=torch.float64, generator=generator)
+    theta = torch.linalg.pinv(x) @ y
+    return (x @ theta - y).abs() * x.norm(dim=1), float((y.abs() * x.norm(dim=1)).max())
+
+
+def test_rounding_noise_at_an_optimum_counts_as_zero_below_the_callers_tolerance():
+    norms, scale = _least_squares_optimum()
+    assert 0 < float(norms.max()) < 1e-12 * scale   # every residual is rounding
+    assert variance.uniform_gain(norms) > 1.0        # 1 + CV² of the noise: what the default still computes
+    atol = 1e-10 * scale
+    assert variance.uniform_gain(norms, atol=atol) == 1.0
+    assert variance.variance_ratio(norms, torch.full((8,), 1 / 8, dtype=torch.float64), atol=atol) == 1.0
+
+
+def test_a_tolerance_leaves_ordinary_norms_alone_and_zeroes_only_the_small_ones():
+    norms = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    assert variance.uniform_gain(norms, atol=0.5) == variance.uniform_gain(norms)
+    assert variance.uniform_gain(torch.tensor([1.0, 2.0, 1e-20]), atol=1e-12) == variance.uniform_gain([1.0, 2.0, 0.0])
+    probs = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    assert variance.variance_ratio(norms, probs, atol=0.5) == variance.variance_ratio(norms, probs)
+
+
+@pytest.mark.parametrize("atol", [-1.0, float("nan"), float("inf"), True, "1e-9"])
+def test_a_bad_tolerance_is_refused(atol):
+    with pytest.raises(ValueError, match="Invalid atol"):
+        variance.uniform_gain([1.0, 2.0], atol=atol)
+    with pytest.raises(ValueError, match="Invalid atol"):
+        variance.variance_ratio([1.0, 2.0], [0.5, 0.5], atol=atol)
