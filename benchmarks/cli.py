@@ -110,10 +110,11 @@ def check_output(parser: argparse.ArgumentParser, option: str, path) -> None:
 
 
 def check_not_full(parser: argparse.ArgumentParser, option: str, path, is_quick: Callable[[dict], bool],
-                   default: str) -> None:
+                   default: str, *, run: str = "a quick run", holds: str = "a full run") -> None:
     """Refuse, before a quick run (a pilot, a smoke run), an output file that holds a full run: ``is_quick(report)``
     says which a report is; a file that is not such a report is left to ``check_output``. ``default``: the file a
-    quick run writes when ``option`` is not given."""
+    quick run writes when ``option`` is not given. ``run`` and ``holds`` name the two kinds in the message (a
+    partial run, a fuller report)."""
     if path is None or not Path(path).is_file():
         return
     try:
@@ -121,8 +122,8 @@ def check_not_full(parser: argparse.ArgumentParser, option: str, path, is_quick:
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return
     if full:
-        parser.error(f"argument {option}: {str(path)!r} holds a full run; a quick run would replace it "
-                     f"(drop {option}: a quick run writes {default})")
+        parser.error(f"argument {option}: {str(path)!r} holds {holds}; {run} would replace it "
+                     f"(drop {option}: {run} writes {default})")
 
 
 def check_folder(parser: argparse.ArgumentParser, option: str, path) -> None:

@@ -10,11 +10,15 @@ stops at the tightest one and records when it crossed the others. Each method ge
 target, its own learning rate: the grid value with the best median over the seeds. All rates
 race under a growing step budget, so a bad rate costs no more than the best one; the winning
 rates' seeds are always run to the end. Results go to benchmarks/results/queries.json
-(``--quick``: queries_quick.json). ``METHODS`` also holds the ablation variants of SAZO.
+(``--quick``: queries_quick.json; a run of some problems or without some of the default methods:
+queries_partial.json, so that it never replaces the full report). ``METHODS`` also holds the ablation
+variants of SAZO. A full run saves each finished (problem, method) cell in benchmarks/results/queries_cells
+(``benchmarks.run_cache``): an interrupted run, rerun with the same arguments and code, resumes there.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
@@ -27,7 +31,8 @@ import numpy as np
 import torch
 
 from sazo_lite.atomic import write_text
-from benchmarks.cli import check_not_full, check_output, count, fraction, machine, measured_line, positive
+from benchmarks.cli import check_folder, check_not_full, check_output, count, fraction, machine, measured_line, positive
+from benchmarks.run_cache import cached_run
 from sazo_lite.engine import MeZO
 from sazo_lite.samplers import make_sampler
 from sazo_lite.course.problems import FiniteSumProblem, LeastSquares, LogisticRegression
@@ -39,7 +44,9 @@ __all__ = ["BenchProblem", "TargetRun", "queries_to_reach", "best_learning_rate"
            "default_problems", "format_table", "grid_edge", "METHODS", "main"]
 
 RESULTS = Path(__file__).parent / "results"
+CELLS = RESULTS / "queries_cells"     # a full run's finished cells: an interrupted run resumes from them
 DEFAULT_METHODS = ("uniform", "sazo", "oracle")
+RACE_PROTOCOL = 1     # bump when the race's rules (first hits, lost rates, budgets) change what a saved cell would be
 TARGETS = (0.02, 0.005)
 
 
@@ -479,32 +486,60 @@ def default_problems(quick: bool = False) -> list[BenchProblem]:
     return problems
 
 
+def code_version() -> str:
+    """A hash of the code a cell's counts come from (the library and this module): a cell saved by other code
+    is not resumed."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted([*(root / "sazo_lite").rglob("*.py"), Path(__file__).resolve()]):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def run_queries_benchmark(problems: list[BenchProblem], seeds: list[int], targets=TARGETS,
-                          batch_size: int = 1, progress: bool = True, methods=DEFAULT_METHODS) -> dict:
+                          batch_size: int = 1, progress: bool = True, methods=DEFAULT_METHODS,
+                          cache: Path | None = None, refresh: bool = False) -> dict:
     """Run every method on every problem; returns the JSON-ready results.
 
-    ``rows[k][method][repr(target)]`` holds the per-target result of ``best_learning_rate``.
+    ``rows[k][method][repr(target)]`` holds the per-target result of ``best_learning_rate``, with the cell's
+    ``seconds`` and the date it was ``measured``. ``cache``: a folder where each finished (problem, method) cell
+    is saved under everything that determines it (problem, grid, budget, seeds, targets, B, the race's protocol,
+    the code and torch): a rerun reads the cells it holds instead of racing them again, and ``resumed`` lists
+    them with their dates. ``refresh``: race every cell again, replacing the saved ones.
     """
     from tqdm.auto import tqdm
 
     targets = tuple(sorted((targets,) if isinstance(targets, (int, float)) else targets, reverse=True))
-    rows = []
+    version = code_version() if cache is not None else None
+    rows, resumed = [], []
     bar = tqdm(total=len(problems) * len(methods), desc="queries benchmark", disable=not progress)
     for item in problems:
         row = {"problem": item.name, "num_examples": item.problem.num_examples, "dim": item.problem.dim,
                "gain_at_optimum": uniform_gain(item.problem.norms(item.problem.optimum)),
                "max_steps": item.max_steps}
         for method in methods:
-            started = time.perf_counter()
-            make_run = lambda lr, seed: TargetRun(item.problem, method, lr, seed, targets, batch_size=batch_size)
-            result = best_learning_rate(make_run, item.lr_grid, seeds, item.max_steps, targets=targets)
-            row[method] = {repr(t): r for t, r in result.items()}
-            row[method]["seconds"] = round(time.perf_counter() - started, 2)
+            computed = []
+
+            def race() -> dict:
+                started = time.perf_counter()
+                make_run = lambda lr, seed: TargetRun(item.problem, method, lr, seed, targets, batch_size=batch_size)
+                result = best_learning_rate(make_run, item.lr_grid, seeds, item.max_steps, targets=targets)
+                computed.append(True)
+                return {**{repr(t): r for t, r in result.items()}, "seconds": round(time.perf_counter() - started, 2),
+                        "measured": machine()["date"]}
+            key = {"race": "queries", "race_protocol": RACE_PROTOCOL, "code": version, "torch": torch.__version__,
+                   "problem": item.name, "num_examples": row["num_examples"], "dim": row["dim"],
+                   "gain_at_optimum": row["gain_at_optimum"], "lr_grid": list(item.lr_grid),
+                   "max_steps": item.max_steps, "seeds": list(seeds), "targets": list(targets),
+                   "batch_size": batch_size, "method": method}
+            row[method] = cached_run(cache, key, race, refresh=refresh)
+            if not computed:
+                resumed.append(f"{item.name} / {method} ({row[method]['measured']})")
             bar.update(1)
         rows.append(row)
     bar.close()
     return {"benchmark": "queries", "targets": list(targets), "seeds": seeds, "batch_size": batch_size,
-            "methods": list(methods), "rows": rows}
+            "methods": list(methods), "rows": rows, "resumed": resumed}
 
 
 def ratio(row: dict, numerator: str, denominator: str, target: float):
@@ -556,6 +591,8 @@ def format_table(results: dict) -> str:
                 cells += [fmt(ratio(row, m, "oracle", target)) for m in extra]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+    if results.get("resumed"):      # cells of an interrupted run of the same code and settings: their dates
+        lines.append("cells resumed from an earlier run of the same code and settings: " + "; ".join(results["resumed"]))
     return "\n".join(lines).rstrip()
 
 
@@ -570,30 +607,55 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--problems", nargs="+", default=None, help="problem names (default: all)")
     parser.add_argument("--lr-grid", type=positive, nargs="+", default=None, help="override every problem's grid")
     parser.add_argument("--batch-size", type=count, default=1, help="B, examples per step (default 1)")
-    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/queries.json; --quick: queries_quick.json)")
+    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/queries.json; --quick: "
+                        "queries_quick.json; some problems or not every default method: queries_partial.json)")
+    parser.add_argument("--run-cache", type=Path, default=None,
+                        help=f"save each finished (problem, method) cell here; a rerun with the same arguments and code "
+                             f"resumes from it (default {CELLS.relative_to(RESULTS.parent.parent)}; --quick: none)")
+    parser.add_argument("--fresh", action="store_true", help="race every cell again, replacing the saved ones")
     args = parser.parse_args(argv)
     seeds = list(range((1 if args.quick else 5) if args.seeds is None else args.seeds))
     targets = sorted(set(args.targets), reverse=True) if args.targets else ([0.1] if args.quick else list(TARGETS))
-    out = Path(args.out) if args.out else RESULTS / ("queries_quick.json" if args.quick else "queries.json")
-    check_output(parser, "--out", out)      # before the run, not after it
-    if args.quick:
-        check_not_full(parser, "--out", out, lambda saved: saved["quick"], "queries_quick.json")
     problems = default_problems(args.quick)
     if args.problems:
         unknown = set(args.problems) - {p.name for p in problems}
         if unknown:
             parser.error(f"unknown --problems {sorted(unknown)}; known: {[p.name for p in problems]}")
+    names = [p.name for p in problems]
+    # a run of fewer cells than the full report's writes its own file: it must not replace the full one
+    partial = bool(set(names) - set(args.problems or names)) or bool(set(DEFAULT_METHODS) - set(args.methods))
+    default = "queries_quick.json" if args.quick else "queries_partial.json" if partial else "queries.json"
+    out = Path(args.out) if args.out else RESULTS / default
+    check_output(parser, "--out", out)      # before the run, not after it
+    if args.quick:
+        check_not_full(parser, "--out", out, lambda saved: saved["quick"], "queries_quick.json")
+    elif partial:
+        covered = lambda saved: ({row["problem"] for row in saved["rows"]} <= set(args.problems or names)
+                                 and set(saved["methods"]) <= set(args.methods))
+        check_not_full(parser, "--out", out, covered, default, run="a partial run",
+                       holds="cells this run does not race (a fuller report)")
+    cache = args.run_cache or (None if args.quick else CELLS)
+    check_folder(parser, "--run-cache", cache)
+    if args.fresh and cache is None:
+        parser.error("argument --fresh: a --quick run saves no cells to replace (give --run-cache DIR)")
+    if args.problems:
         problems = [p for p in problems if p.name in args.problems]
     if args.lr_grid:
         for item in problems:
             item.lr_grid = sorted(set(args.lr_grid))      # a rate given twice is raced once
     torch.set_num_threads(1)  # tiny problems: threads only add overhead
+    if partial and not args.out:
+        print(f"a partial run (not every problem or default method): it writes {out}, not queries.json (the full "
+              "report)", flush=True)
     started = time.perf_counter()
     try:
-        results = run_queries_benchmark(problems, seeds, targets, args.batch_size, methods=args.methods)
+        resume = {} if cache is None else {"cache": cache, "refresh": args.fresh}
+        results = run_queries_benchmark(problems, seeds, targets, args.batch_size, methods=args.methods, **resume)
     except KeyboardInterrupt:       # the report is written at the end: say so, not a traceback
         print(f"\ninterrupted after {time.perf_counter() - started:.0f} s: {out} was not written (the report is "
-              "written when every problem and method has run); rerun the same command", file=sys.stderr, flush=True)
+              "written when every problem and method has run); " + (
+                  f"the finished cells are saved in {cache}: the same command resumes there" if cache is not None
+                  else "rerun the same command"), file=sys.stderr, flush=True)
         raise SystemExit(130) from None
     info = machine()
     results.update(quick=args.quick, seconds=round(time.perf_counter() - started, 1),

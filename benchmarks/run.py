@@ -37,14 +37,16 @@ TARGETS = {"speed": 1.15, "memory": 1.05, "overhead": 1.02, "sazo_gain_heterogen
 
 
 def queries_section(quick: bool) -> dict:
-    """uniform/SAZO/oracle queries on the three small problems, via ``benchmarks.queries``."""
-    from benchmarks.queries import TARGETS as QUERY_TARGETS, default_problems, format_table, run_queries_benchmark
+    """uniform/SAZO/oracle queries on the three small problems, via ``benchmarks.queries`` (a full run resumes from
+    the cells an interrupted one saved in ``queries.CELLS``)."""
+    from benchmarks.queries import CELLS, TARGETS as QUERY_TARGETS, default_problems, format_table, run_queries_benchmark
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny problems: threads only add overhead
     try:
         seeds, targets = ([0], (0.1,)) if quick else (list(range(5)), QUERY_TARGETS)
-        result = run_queries_benchmark(default_problems(quick), seeds, targets)
+        # a full run saves its finished cells where benchmarks.queries does: an interrupted make bench resumes there
+        result = run_queries_benchmark(default_problems(quick), seeds, targets, cache=None if quick else CELLS)
     finally:
         torch.set_num_threads(threads)
     result["table"] = format_table(result)

@@ -21,11 +21,13 @@ class RunNotCached(LookupError):
     """``--cached-only``: the race reached a run its cache does not hold (the race stops there)."""
 
 
-def cached_run(cache: Path | None, key: dict, compute: Callable[[], dict], *, cached_only: bool = False) -> dict:
+def cached_run(cache: Path | None, key: dict, compute: Callable[[], dict], *, cached_only: bool = False,
+               refresh: bool = False) -> dict:
     """A run's report: read from ``cache`` if a run with exactly this ``key`` was saved there, else
     ``compute()``-d and saved (one JSON per run, named by a hash of the key). Makes a race resumable:
     an interrupted ``--run-cache`` race repeats none of its finished runs and takes the same decisions.
-    ``cached_only``: raise ``RunNotCached`` instead of computing (a report of the race so far).
+    ``cached_only``: raise ``RunNotCached`` instead of computing (a report of the race so far). ``refresh``:
+    compute the run even if it is saved, and save it in place of the saved one.
 
     >>> import tempfile; calls = []
     >>> with tempfile.TemporaryDirectory() as d:
@@ -39,7 +41,7 @@ def cached_run(cache: Path | None, key: dict, compute: Callable[[], dict], *, ca
     key = {"protocol": RUN_PROTOCOL, **key}
     text = json.dumps(key, sort_keys=True, default=str)
     path = Path(cache) / f"run-{hashlib.sha256(text.encode()).hexdigest()[:20]}.json"
-    if path.exists():
+    if path.exists() and not refresh:
         saved = _read_saved(path)
         if saved is not None and saved["key"] == json.loads(text):
             return saved["run"]

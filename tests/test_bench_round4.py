@@ -124,3 +124,127 @@ def test_a_merged_llm_report_keeps_and_prints_every_parts_date_and_machine(tmp_p
     rows = [row[1] for row in run._llm_rows(run._section_of(merged, "merged", "B = 4 race")) if row[1].startswith("LLM")]
     assert rows and all("2026-12-01 10:00 UTC" in r and "2026-12-03 18:30 UTC" in r for r in rows), rows
     assert llm_report.measured_dates(json.loads(paths[0].read_text())) == "2026-12-01 10:00 UTC"   # one report: its date
+
+
+# -- benchmarks.queries: a partial run never replaces the full report; an interrupted run resumes ------------------
+def two_problems(quick=False):
+    from benchmarks.queries import BenchProblem
+    from sazo_lite.course.problems import LeastSquares
+
+    return [BenchProblem(name, LeastSquares(8, 2, heterogeneity=h, seed=0), [1e-3, 2e-3], 20, [1e-3, 2e-3])
+            for name, h in (("quadratic σ=0", 0.0), ("quadratic σ=1.5", 1.5))]
+
+
+@pytest.fixture
+def toy(monkeypatch, tmp_path):
+    from benchmarks import queries
+
+    monkeypatch.setattr(queries, "default_problems", two_problems)
+    monkeypatch.setattr(queries, "RESULTS", tmp_path)
+    monkeypatch.setattr(queries, "CELLS", tmp_path / "cells", raising=False)   # the code before had none
+    return queries
+
+
+def stub_race(problems, seeds, targets, batch_size, progress=True, methods=("uniform",), **kwargs):
+    return {"benchmark": "queries", "targets": list(targets), "seeds": seeds, "batch_size": batch_size,
+            "methods": list(methods), "rows": [], "raced": [p.name for p in problems], "resumed": []}
+
+
+FULL = {"benchmark": "queries", "quick": False, "methods": ["uniform", "sazo", "oracle"],
+        "rows": [{"problem": "quadratic σ=0"}, {"problem": "quadratic σ=1.5"}]}
+
+
+@pytest.mark.parametrize("argv", [["--problems", "quadratic σ=0"], ["--methods", "sazo-plain", "sazo-no-level"]])
+def test_a_partial_queries_run_writes_its_own_file_not_the_full_report(toy, monkeypatch, capsys, tmp_path, argv):
+    """The documented ablation (``--methods sazo-plain …``) and the σ = 0 re-run (``--problems "quadratic σ=0"``)
+    replaced queries.json, the full report, with their few cells without a word."""
+    monkeypatch.setattr(toy, "run_queries_benchmark", stub_race)
+    full = tmp_path / "queries.json"
+    full.write_text(json.dumps(FULL))
+    toy.main(argv)
+    assert json.loads(full.read_text()) == FULL
+    partial = json.loads((tmp_path / "queries_partial.json").read_text())
+    assert partial["raced"] == ["quadratic σ=0"] or partial["methods"] == ["sazo-plain", "sazo-no-level"], partial
+    assert "queries_partial.json, not queries.json" in capsys.readouterr().out
+
+
+def test_a_full_queries_run_still_writes_the_full_report(toy, monkeypatch, tmp_path):
+    monkeypatch.setattr(toy, "run_queries_benchmark", stub_race)
+    toy.main(["--methods", "oracle", "sazo", "uniform", "informed-fresh"])     # every default method, and one more
+    assert (tmp_path / "queries.json").exists() and not (tmp_path / "queries_partial.json").exists()
+
+
+def test_a_partial_queries_run_refuses_to_replace_a_fuller_report_named_by_out(toy, monkeypatch, capsys, tmp_path):
+    from test_bench_cli import refused
+
+    monkeypatch.setattr(toy, "run_queries_benchmark", lambda *a, **k: pytest.fail("ran over a fuller report"))
+    full = tmp_path / "mine.json"
+    full.write_text(json.dumps(FULL))
+    refused(capsys, lambda: toy.main(["--problems", "quadratic σ=0", "--out", str(full)]), "--out", "fuller report")
+    assert json.loads(full.read_text()) == FULL
+    # a report of no more cells than the run's own may be replaced
+    full.write_text(json.dumps({**FULL, "rows": [{"problem": "quadratic σ=0"}]}))
+    monkeypatch.setattr(toy, "run_queries_benchmark", stub_race)
+    toy.main(["--problems", "quadratic σ=0", "--out", str(full)])
+
+
+TINY_RACE = ["--seeds", "1", "--targets", "0.5", "--methods", "uniform", "sazo", "oracle"]
+
+
+def counting_race(toy, monkeypatch, interrupt_at=None):
+    """best_learning_rate, counting its calls (one a cell); ``interrupt_at``: Ctrl-C at that call."""
+    calls, real = [], toy.best_learning_rate
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == interrupt_at:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+    monkeypatch.setattr(toy, "best_learning_rate", counted)
+    return calls
+
+
+def test_an_interrupted_queries_run_resumes_its_finished_cells(toy, monkeypatch, capsys, tmp_path):
+    """Ctrl-C in benchmarks.queries (45 minutes in full, alone or in make bench) kept none of its finished cells:
+    the rerun raced them all again. Now each finished (problem, method) cell is saved and the same command resumes."""
+    counting_race(toy, monkeypatch, interrupt_at=4)
+    with pytest.raises(SystemExit) as caught:
+        toy.main(TINY_RACE)
+    assert caught.value.code == 130 and "the same command resumes" in capsys.readouterr().err
+    calls = counting_race(toy, monkeypatch)
+    report = toy.main(TINY_RACE)
+    assert len(calls) == 6 - 3, calls                     # the three cells finished before the interrupt: read back
+    assert len(report["resumed"]) == 3 and "resumed from an earlier run" in capsys.readouterr().out
+    calls = counting_race(toy, monkeypatch)
+    again = toy.main([*TINY_RACE, "--fresh"])
+    assert len(calls) == 6 and not again["resumed"], calls
+    for row, before in zip(again["rows"], report["rows"]):      # the same cells, raced again
+        assert row["sazo"]["0.5"]["per_seed"] == before["sazo"]["0.5"]["per_seed"]
+
+
+@pytest.mark.parametrize("change", [["--seeds", "2"], ["--lr-grid", "0.001"], ["--batch-size", "2"], "code"])
+def test_a_queries_run_does_not_resume_cells_made_under_other_settings(toy, monkeypatch, change):
+    counting_race(toy, monkeypatch)
+    toy.main(TINY_RACE)
+    calls = counting_race(toy, monkeypatch)
+    if change == "code":        # the library or the race changed since the cells were saved
+        version = toy.code_version()
+        monkeypatch.setattr(toy, "code_version", lambda: version + "-changed")
+        change = []
+    report = toy.main([*TINY_RACE, *change])
+    assert len(calls) == 6 and not report["resumed"], calls
+
+
+def test_make_bench_resumes_the_queries_cells_an_interrupted_run_saved(monkeypatch, tmp_path):
+    from benchmarks import queries, run
+
+    monkeypatch.setattr(queries, "default_problems", two_problems)
+    monkeypatch.setattr(queries, "CELLS", tmp_path / "cells", raising=False)   # the code before had none
+    monkeypatch.setattr(queries, "TARGETS", (0.5,))
+    seen = []
+    real = queries.run_queries_benchmark
+    monkeypatch.setattr(queries, "run_queries_benchmark", lambda *a, **k: seen.append(k.get("cache")) or real(
+        a[0], [0], *a[2:], **k))
+    run.queries_section(quick=False)
+    assert seen == [tmp_path / "cells"] and list((tmp_path / "cells").glob("run-*.json"))
+    assert run.queries_section(quick=False)["resumed"]
