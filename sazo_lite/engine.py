@@ -933,29 +933,39 @@ _FROZEN_KEYS = ("eps", "perturbation", "lr", "weight_decay")
 
 
 def _freeze(groups: list) -> tuple:
-    """The groups, their tensors and hyperparameters as a step starts."""
-    return list(groups), [(g["params"], list(g["params"]), {k: g[k] for k in _FROZEN_KEYS}) for g in groups]
+    """The groups, their tensors and hyperparameters as a step starts, and an alias of each tensor's data
+    (with its first address) to point it back with if the closure re-points ``.data``."""
+    data = [(p, p.data) for g in groups for p in g["params"]]
+    return (list(groups), [(g["params"], list(g["params"]), {k: g[k] for k in _FROZEN_KEYS}) for g in groups],
+            data, [d.data_ptr() for _, d in data])
 
 
 def _check_frozen(groups: list, frozen: tuple) -> None:
-    """ValueError if the closure edited the param groups (checked after each call)."""
-    dicts, saved = frozen
+    """ValueError if the closure edited the param groups or re-pointed a tensor's ``.data`` (checked after
+    each call; the first addresses only, one integer per tensor: the full ``_memory`` is checked between
+    steps)."""
+    dicts, saved, _, addresses = frozen
     if len(groups) == len(dicts) and all(a is b for a, b in zip(groups, dicts)) and all(
             g.get("params") is held and len(held) == len(ps) and all(x is y for x, y in zip(held, ps))
             and all(g.get(k) is v or g.get(k) == v for k, v in values.items())
-            for g, (held, ps, values) in zip(groups, saved)):
+            for g, (held, ps, values) in zip(groups, saved)) and [
+            p.data_ptr() for g in groups for p in g["params"]] == addresses:
         return
-    raise ValueError("Invalid param_groups: edited inside the step's closure (tensors, eps, perturbation, lr or "
-                     "weight_decay); edit them between steps. Parameters restored")
+    raise ValueError("Invalid param_groups: edited inside the step's closure (tensors, their .data, eps, "
+                     "perturbation, lr or weight_decay); edit them between steps. Parameters restored")
 
 
 def _thaw(groups: list, frozen: tuple) -> None:
-    """Put back the groups a step started with (no-op when the closure left them alone)."""
-    dicts, saved = frozen
+    """Put back the groups a step started with, and each tensor's ``.data`` (no-op when the closure left them
+    alone): the undo pass must move the memory the step's passes moved."""
+    dicts, saved, data, addresses = frozen
     groups[:] = dicts
     for g, (held, ps, values) in zip(dicts, saved):
         held[:] = ps   # the same list object: torch.optim and the caller may hold it
         g.update(values, params=held)
+    for (p, alias), address in zip(data, addresses):
+        if p.data_ptr() != address:
+            p.data = alias
 
 
 def _result(plus: torch.Tensor, minus: torch.Tensor, diffs: torch.Tensor, weights, g: float, seed: int) -> ZOStep:

@@ -152,6 +152,32 @@ def test_a_replay_through_an_optimiser_whose_tensors_were_tied_since_is_refused(
     assert torch.equal(copy, torch.zeros(6))
 
 
+@pytest.mark.parametrize("call", [1, 2])
+def test_a_closure_that_re_points_data_is_refused_and_every_tensor_is_put_back(call):
+    """Inside the step the groups' tensors were compared as objects only: a closure tying a.data to b.data
+    committed the step, b moved by a's z too and a's own memory left at θ ± εz."""
+    a, b = torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(3))
+    own = a.data
+    opt = sz.MeZO([a, b], lr=0.1, noise=None)
+    opt.step(lambda: (a.sum() + b.sum()).reshape(1))
+    start_a, start_b = a.detach().clone(), b.detach().clone()
+    calls = []
+
+    def closure():
+        calls.append(1)
+        if len(calls) == call:
+            a.data = b.data
+        return (a.sum() + b.sum()).reshape(1)
+
+    with pytest.raises(ValueError, match="edited inside the step's closure"):
+        opt.step(closure)
+    assert a.data_ptr() == own.data_ptr() and opt.step_count == 1
+    torch.testing.assert_close(a.detach(), start_a, rtol=0, atol=1e-6)
+    torch.testing.assert_close(b.detach(), start_b, rtol=0, atol=1e-6)
+    opt.step(lambda: (a.sum() + b.sum()).reshape(1))
+    assert opt.step_count == 2
+
+
 # --- 3: uniform probabilities in O(1) memory --------------------------------------------------------
 def test_uniform_probs_of_a_huge_n_take_one_entry_and_train_records_them():
     """probs allocated N floats: N = 2⁶² (which UniformSampler draws from) ran out of memory, and
