@@ -407,7 +407,8 @@ def main(argv=None) -> dict:
         results = run_sections(quick, save, args.only, previous)
     except KeyboardInterrupt:
         left = planned[len(finished):]
-        print(f"\ninterrupted in {left[0]}: the sections before it are saved in {out}; to finish the table:\n"
+        cells = " (its finished cells are saved: the rerun resumes them)" if left[0] == "queries" and not quick else ""
+        print(f"\ninterrupted in {left[0]}{cells}: the sections before it are saved in {out}; to finish the table:\n"
               f"  python -m benchmarks.run{' --quick' if quick else ''}"
               f"{'' if out == default_out else f' --out {out}'} --only {' '.join(left)}",
               file=sys.stderr, flush=True)
