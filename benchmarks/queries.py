@@ -629,7 +629,7 @@ def main(argv: list[str] | None = None) -> dict:
     check_output(parser, "--out", out)      # before the run, not after it
     if args.quick:
         check_not_full(parser, "--out", out, lambda saved: saved["quick"], "queries_quick.json")
-    elif partial:
+    elif partial and args.out:      # the default partial file holds the latest partial run: it says so below
         covered = lambda saved: ({row["problem"] for row in saved["rows"]} <= set(args.problems or names)
                                  and set(saved["methods"]) <= set(args.methods))
         check_not_full(parser, "--out", out, covered, default, run="a partial run",

@@ -188,6 +188,10 @@ def test_a_partial_queries_run_refuses_to_replace_a_fuller_report_named_by_out(t
     full.write_text(json.dumps({**FULL, "rows": [{"problem": "quadratic σ=0"}]}))
     monkeypatch.setattr(toy, "run_queries_benchmark", stub_race)
     toy.main(["--problems", "quadratic σ=0", "--out", str(full)])
+    # the default partial file holds the latest partial run, whatever the one before raced
+    toy.main(["--methods", "sazo-plain"])
+    toy.main(["--methods", "sazo-plain", "--problems", "quadratic σ=0"])
+    assert json.loads((tmp_path / "queries_partial.json").read_text())["raced"] == ["quadratic σ=0"]
 
 
 TINY_RACE = ["--seeds", "1", "--targets", "0.5", "--methods", "uniform", "sazo", "oracle"]
