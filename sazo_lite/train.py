@@ -30,7 +30,7 @@ from typing import Callable, Collection, Mapping, Sequence
 
 import torch
 
-from .engine import FLAT_EXAMPLES, FLAT_STEPS, FlatLossCheck, FlatLossWarning
+from .engine import FLAT_EXAMPLES, FLAT_STEPS, FlatLossCheck, FlatLossWarning, _booleans_or_complex
 from .validation import check_bool, check_callable, check_count, check_fraction, check_int, check_limit, check_number
 
 __all__ = ["History", "FlatLossWarning", "train", "queries_to_target", "diverged", "median_queries",
@@ -137,9 +137,9 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
         evaluate: optional callback (e.g. full training loss), logged every ``log_every`` steps;
             a folded MeZO (``fold_updates=True``) is flushed first, so it sees the updated θ.
         log_every: logging interval in steps.
-        record_probs: keep a copy of ``sampler.probs`` at each log point.
+        record_probs: keep a copy of ``sampler.probs`` at each log point (the sampler must have ``probs``).
         progress: show a ``tqdm.auto`` progress bar.
-        stop_below: stop early once ``evaluate()`` drops below this value.
+        stop_below: stop early once ``evaluate()`` drops below this value (needs ``evaluate``).
         diverge_above: apply the divergence rule (``diverged``): stop, with ``history.diverged``
             set, once ``evaluate()`` is not finite or exceeds this value, or when the optimiser
             refuses a non-finite loss. Without it a non-finite loss raises ``FloatingPointError``.
@@ -167,11 +167,15 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
     log_every = check_count("log_every", log_every)
     if stop_below is not None:
         stop_below = check_number("stop_below", stop_below)
+        if evaluate is None:   # the metric it is compared with comes from evaluate: without it, never compared
+            raise ValueError("Invalid stop_below: it stops on evaluate()'s value, and no evaluate was given")
     if diverge_above is not None:
         diverge_above = check_limit("diverge_above", diverge_above)   # +inf: stop on a non-finite metric only
     if step_rule is not None and not isinstance(step_rule, NoiseScaledStep):
         raise ValueError(f"Invalid step_rule: {type(step_rule).__name__} (expected a NoiseScaledStep)")
     check_bool("record_probs", record_probs)
+    if record_probs and not _has_probs(sampler):   # found at the first log point, after the steps before it
+        raise ValueError(f"Invalid sampler: record_probs=True, but {type(sampler).__name__} has no probs")
     check_bool("progress", progress)
     check_callable("batch_losses", batch_losses)
     check_callable("evaluate", evaluate, optional=True)
@@ -253,13 +257,34 @@ def _check_history(history) -> History:
     return history
 
 
+def _has_probs(sampler) -> bool:
+    """Whether ``sampler`` has ``probs``, found without computing them (an oracle's calls its norms_fn)."""
+    return hasattr(type(sampler), "probs") or "probs" in getattr(sampler, "__dict__", {})
+
+
 def _drawn(sampler, batch_size: int):
     """``sampler.sample(B)``, which must give B indices and B weights: the query count is 2·B a step."""
-    indices, weights = sampler.sample(batch_size)
-    if len(indices) != batch_size or len(weights) != batch_size:
-        raise ValueError(f"Invalid sampler: sample({batch_size}) returned {len(indices)} indices and "
-                         f"{len(weights)} weights (expected {batch_size} of each)")
+    drawn = sampler.sample(batch_size)
+    if not isinstance(drawn, (tuple, list)) or len(drawn) != 2:   # unpacked a [2, B] tensor, or raised a bare error
+        raise ValueError(f"Invalid sampler: sample({batch_size}) returned {type(drawn).__name__} (expected a pair "
+                         f"(indices, weights))")
+    indices, weights = drawn
+    try:
+        sizes = len(indices), len(weights)
+    except TypeError:   # a number or a 0-d tensor
+        sizes = None
+    if sizes != (batch_size, batch_size):
+        raise ValueError(f"Invalid sampler: sample({batch_size}) returned {_size(indices)} indices and "
+                         f"{_size(weights)} weights (expected {batch_size} of each)")
     return indices, weights
+
+
+def _size(value) -> str:
+    """How many entries ``value`` has, for an error message (a 0-d tensor or a number has no length)."""
+    try:
+        return str(len(value))
+    except TypeError:
+        return f"a {type(value).__name__} without a length, not"
 
 
 def _step_count(optimizer) -> int | None:
@@ -313,8 +338,9 @@ def _snapshot(probs: torch.Tensor) -> torch.Tensor:
 
 def _metric(value) -> float:
     """``evaluate``'s result as a float: a number or a one-element tensor (not a bool, a string or None:
-    float() read True as 1.0, and the others raised errors that did not say which callback)."""
-    if value is None or isinstance(value, (bool, str, bytes)):
+    float() read True as 1.0, and the others raised errors that did not say which callback; nor a numpy or
+    torch bool, read as 1.0 too, or a numpy complex, whose imaginary part float() dropped)."""
+    if value is None or isinstance(value, (bool, str, bytes)) or _booleans_or_complex(value):
         raise ValueError(f"Invalid evaluate result: {value!r} (expected a number)")
     try:
         return float(value)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -255,3 +256,75 @@ def test_a_bad_tolerance_is_refused(atol):
         variance.uniform_gain([1.0, 2.0], atol=atol)
     with pytest.raises(ValueError, match="Invalid atol"):
         variance.variance_ratio([1.0, 2.0], [0.5, 0.5], atol=atol)
+
+
+# --- the training loop ----------------------------------------------------------------------------
+def _run(sampler=None, steps: int = 3, **kwargs):
+    theta = torch.zeros(3)
+    opt = sz.MeZO([theta], lr=0.1)
+    history = sz.History()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # a numpy complex cast warned (ComplexWarning) and went on
+        sz.train(opt, sampler if sampler is not None else UniformSampler(4, seed=0),
+                 lambda idx: (theta - 1).pow(2).sum().expand(len(idx)).clone(), steps, batch_size=2,
+                 log_every=1, progress=False, history=history, **kwargs)
+    return history, opt
+
+
+@pytest.mark.parametrize("value", [np.bool_(True), np.array(True), torch.tensor(True), torch.tensor([False]),
+                                   np.complex128(1 + 2j), np.array([1 + 0j])],
+                         ids=["numpy bool", "0-d bool array", "bool tensor", "one bool in a tensor", "numpy complex",
+                              "complex array"])
+def test_an_evaluate_result_that_is_a_numpy_or_torch_bool_or_complex_is_refused(value):
+    """float() read a numpy or torch True as 1.0 (a Python True was refused) and dropped a numpy complex's
+    imaginary part with a warning only."""
+    with pytest.raises(ValueError, match="Invalid evaluate result"):
+        _run(evaluate=lambda: value)
+
+
+@pytest.mark.parametrize("value", [np.float32(0.5), np.array(0.5), torch.tensor([0.5], dtype=torch.float16), 2])
+def test_real_evaluate_results_are_still_logged(value):
+    history, _ = _run(evaluate=lambda: value)
+    assert history.metrics == [float(value)] * 3
+
+
+def test_stop_below_without_evaluate_is_refused_before_any_step():
+    """stop_below is compared with evaluate()'s value: without evaluate it was ignored, the run never stopped."""
+    with pytest.raises(ValueError, match="Invalid stop_below"):
+        _run(stop_below=0.5)
+
+
+def test_record_probs_with_a_sampler_without_probs_is_refused_before_any_step():
+    """It raised AttributeError at the first log point, after log_every steps had moved θ."""
+    class Bare:
+        def sample(self, batch_size):
+            return torch.zeros(batch_size, dtype=torch.long), torch.ones(batch_size, dtype=torch.float64)
+
+        def update(self, indices, diffs):
+            pass
+
+    with pytest.raises(ValueError, match="Invalid sampler: record_probs"):
+        _run(Bare(), record_probs=True)
+    history, _ = _run(Bare())
+    assert len(history.loss) == 3
+
+
+def test_record_probs_does_not_compute_the_probs_to_check_for_them():
+    calls = []
+    sampler = sz.OracleSampler(4, lambda: calls.append(1) or torch.ones(4))
+    _run(sampler, steps=2, record_probs=True)
+    assert len(calls) == 2 * 2   # each step's sample and each log point, nothing more
+
+
+@pytest.mark.parametrize("drawn", [torch.zeros(2, 2, dtype=torch.long), (torch.tensor(0), torch.tensor(1.0)),
+                                   (torch.zeros(2, dtype=torch.long),), 7],
+                         ids=["a [2, B] tensor", "0-d tensors", "one element", "a number"])
+def test_a_sampler_that_returns_other_than_a_pair_of_b_entries_is_refused_naming_the_sampler(drawn):
+    """A [2, B] tensor was unpacked as (indices, weights); 0-d tensors raised TypeError from len()."""
+    class Odd(UniformSampler):
+        def sample(self, batch_size):
+            return drawn
+
+    history, opt = None, None
+    with pytest.raises(ValueError, match="Invalid sampler"):
+        history, opt = _run(Odd(4))
