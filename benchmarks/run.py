@@ -235,7 +235,8 @@ def _llm_rows(llm: dict) -> list[tuple]:
             return f"{bound[0]} {bound[1]:.2f}× (cut short)" if value is None and bound else _fmt(value, suffix="×")
 
         source = ", reference run" if "reference" in llm.get("source", "") else ""
-        name = f"LLM {s['label']} (V(u)/V(p*) = {s['heterogeneity']:.2f}; {llm.get('title', 'bench-llm')} {llm.get('dates', llm['date'])}{source})"
+        when = llm.get("dates", llm["date"])       # a merged report: each part's date
+        name = f"LLM {s['label']} (V(u)/V(p*) = {s['heterogeneity']:.2f}; {llm.get('title', 'bench-llm')} {when}{source})"
         x = s.get("suffix", "")        # "+bound": every sampler raced with the walk bound
         if x in SHARED_RULES:
             name += f", with {SHARED_RULES[x]}"
