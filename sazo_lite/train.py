@@ -21,6 +21,7 @@ call ``train``. The rules they share are written here once:
 """
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 import random
@@ -131,7 +132,8 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
     Args:
         optimizer: a ``MeZO`` (anything whose ``step(closure, weights)`` returns a ``ZOStep``).
         sampler: a ``Sampler``: ``sample(B)`` then ``update(indices, directional_diffs)``.
-        batch_losses: maps indices [B] to per-example losses [B] at the current parameters.
+        batch_losses: maps indices [B] to per-example losses [B] at the current parameters (each call
+            gets its own copy of the indices).
         steps: number of steps.
         batch_size: B.
         evaluate: optional callback (e.g. full training loss), logged every ``log_every`` steps;
@@ -195,7 +197,7 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
             rate = groups[0]["lr"] if groups else float("nan")   # as the step finds it (a step hook may set it)
             before = _step_count(optimizer)
             try:
-                result = optimizer.step(lambda: batch_losses(indices), weights)
+                result = optimizer.step(lambda: batch_losses(_copy(indices)), weights)
             except BaseException as error:
                 late = _committed(optimizer, before)
                 if late is not None:   # θ moved, then a step hook or a Ctrl-C raised: keep the record
@@ -285,6 +287,13 @@ def _size(value) -> str:
         return str(len(value))
     except TypeError:
         return f"a {type(value).__name__} without a length, not"
+
+
+def _copy(indices):
+    """The indices for one call of ``batch_losses``: a copy, since a closure that edits its argument in place
+    (``idx.clamp_``, ``idx -= 1``) changed the examples of the second call and the indices the sampler's
+    feedback went to."""
+    return indices.clone() if isinstance(indices, torch.Tensor) else copy.copy(indices)
 
 
 def _step_count(optimizer) -> int | None:

@@ -328,3 +328,31 @@ def test_a_sampler_that_returns_other_than_a_pair_of_b_entries_is_refused_naming
     history, opt = None, None
     with pytest.raises(ValueError, match="Invalid sampler"):
         history, opt = _run(Odd(4))
+
+
+def test_a_batch_losses_that_edits_its_indices_in_place_changes_neither_the_second_call_nor_the_feedback():
+    """The closure was given the sampler's own index tensor: idx.clamp_ in the first call changed the examples of
+    the second (θ−εz) and the indices the sampler's update credited."""
+    drawn, fed, calls = [], [], []
+
+    class Recording(UniformSampler):
+        def sample(self, batch_size):
+            indices, weights = super().sample(batch_size)
+            drawn.append(indices.clone())
+            return indices, weights
+
+        def update(self, indices, diffs):
+            fed.append(torch.as_tensor(indices).clone())
+            super().update(indices, diffs)
+
+    theta = torch.zeros(4, dtype=torch.float64)
+
+    def losses(idx):
+        calls.append(idx.clone())
+        idx.clamp_(max=0)
+        return (theta[idx] - 1).pow(2)
+
+    sz.train(sz.MeZO([theta], lr=0.1), Recording(4, seed=0), losses, 4, batch_size=3, progress=False)
+    assert any(bool((d > 0).any()) for d in drawn)
+    assert all(torch.equal(d, f) for d, f in zip(drawn, fed)) and len(fed) == 4
+    assert all(torch.equal(calls[2 * k], calls[2 * k + 1]) for k in range(4))
