@@ -32,6 +32,7 @@ from typing import Callable, Collection, Mapping, Sequence
 import torch
 
 from .engine import FLAT_EXAMPLES, FLAT_STEPS, FlatLossCheck, FlatLossWarning, _booleans_or_complex
+from .interrupts import InterruptsDeferred
 from .validation import check_bool, check_callable, check_count, check_fraction, check_int, check_limit, check_number
 
 __all__ = ["History", "FlatLossWarning", "train", "queries_to_target", "diverged", "median_queries",
@@ -316,11 +317,12 @@ def _committed(optimizer, before):
 def _record(history: History, result, queries: int, weights, lr: float) -> None:
     """One committed step's entries, appended together (computed first: nothing half-appended)."""
     max_weight, lr = float(torch.as_tensor(weights).max()), float(lr)   # the step took lr: a number
-    history.queries.append(queries)
-    history.loss.append(result.loss)
-    history.projected_grad.append(result.projected_grad)
-    history.max_weight.append(max_weight)
-    history.lr.append(lr)
+    with InterruptsDeferred():   # a Ctrl-C between two appends left lists of different lengths
+        history.queries.append(queries)
+        history.loss.append(result.loss)
+        history.projected_grad.append(result.projected_grad)
+        history.max_weight.append(max_weight)
+        history.lr.append(lr)
 
 
 def _log(history: History, optimizer, sampler, evaluate, step: int, queries: int, record_probs: bool):
@@ -328,12 +330,16 @@ def _log(history: History, optimizer, sampler, evaluate, step: int, queries: int
     if flush is not None:  # a folded MeZO: evaluate the updated parameters
         flush()
     value = _metric(evaluate()) if evaluate is not None else None
-    history.logged_steps.append(step)   # after evaluate: a callback that raises logs no point
-    history.logged_queries.append(queries)
-    if value is not None:
-        history.metrics.append(value)
-    if record_probs:
-        history.probs.append(_snapshot(sampler.probs))
+    # computed before any append: evaluate or probs (an oracle's norms_fn) that raises logs no point, and a
+    # Ctrl-C is held until the point is whole
+    probs = _snapshot(torch.as_tensor(sampler.probs)) if record_probs else None
+    with InterruptsDeferred():
+        history.logged_steps.append(step)
+        history.logged_queries.append(queries)
+        if value is not None:
+            history.metrics.append(value)
+        if probs is not None:
+            history.probs.append(probs)
     return value
 
 

@@ -5,6 +5,7 @@ Each defect's test fails on the code before its fix.
 from __future__ import annotations
 
 import json
+import signal
 import warnings
 
 import numpy as np
@@ -356,3 +357,56 @@ def test_a_batch_losses_that_edits_its_indices_in_place_changes_neither_the_seco
     assert any(bool((d > 0).any()) for d in drawn)
     assert all(torch.equal(d, f) for d, f in zip(drawn, fed)) and len(fed) == 4
     assert all(torch.equal(calls[2 * k], calls[2 * k + 1]) for k in range(4))
+
+
+class _Interrupting(list):
+    """A History list whose ``append`` delivers a real SIGINT to this process once (Ctrl-C mid-record)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fired = False
+
+    def append(self, item):
+        super().append(item)
+        if not self.fired:
+            self.fired = True
+            signal.raise_signal(signal.SIGINT)
+
+
+def _lengths(history) -> tuple:
+    steps = {len(history.queries), len(history.loss), len(history.projected_grad), len(history.max_weight),
+             len(history.lr)}
+    logged = {len(history.logged_steps), len(history.logged_queries), len(history.metrics), len(history.probs)}
+    return steps, logged
+
+
+@pytest.mark.parametrize("field", ["loss", "logged_queries"])
+def test_a_ctrl_c_while_a_step_or_a_log_point_is_recorded_leaves_the_history_whole(field):
+    """A SIGINT between two appends raised there: History.loss one longer than History.lr (or logged_queries than
+    metrics), so the record no longer said which step had which rate."""
+    history = sz.History(**{field: _Interrupting()})
+    theta = torch.zeros(3)
+    with pytest.raises(KeyboardInterrupt):
+        sz.train(sz.MeZO([theta], lr=0.1), UniformSampler(4, seed=0),
+                 lambda idx: (theta - 1).pow(2).sum().expand(len(idx)).clone(), 3, batch_size=2, log_every=1,
+                 evaluate=lambda: 1.0, record_probs=True, progress=False, history=history)
+    steps, logged = _lengths(history)
+    assert len(steps) == 1 and len(logged) == 1
+
+
+def test_a_probs_that_raises_at_a_log_point_logs_no_half_point():
+    calls = []
+
+    def norms():
+        calls.append(1)
+        if len(calls) == 2:   # the first log point's probs (the first call was the step's sample)
+            raise RuntimeError("norms unavailable")
+        return torch.ones(4)
+
+    history = sz.History()
+    with pytest.raises(RuntimeError, match="norms unavailable"):
+        theta = torch.zeros(3)
+        sz.train(sz.MeZO([theta], lr=0.1), sz.OracleSampler(4, norms),
+                 lambda idx: (theta - 1).pow(2).sum().expand(len(idx)).clone(), 3, batch_size=2, log_every=1,
+                 evaluate=lambda: 1.0, record_probs=True, progress=False, history=history)
+    assert _lengths(history) == ({1}, {0})
