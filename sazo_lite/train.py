@@ -196,22 +196,24 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
                     group["lr"] = rate * scale
             indices, weights = _drawn(sampler, batch_size)
             rate = groups[0]["lr"] if groups else float("nan")   # as the step finds it (a step hook may set it)
-            before = _step_count(optimizer)
+            before, recorded = _step_count(optimizer), len(history.loss)
             try:
                 result = optimizer.step(lambda: batch_losses(_copy(indices)), weights)
+                # θ has moved: record the step before anything else can raise (the sampler may refuse
+                # its feedback), so the History never lags behind θ; inside the try, since a Ctrl-C may
+                # also arrive between step's return and the record
+                _record(history, result, queries + 2 * batch_size, weights, rate)
             except BaseException as error:
-                late = _committed(optimizer, before)
+                late = _committed(optimizer, before) if len(history.loss) == recorded else None
                 if late is not None:   # θ moved, then a step hook or a Ctrl-C raised: keep the record
                     _record(history, late, queries + 2 * batch_size, weights, rate)
+                if late is not None or len(history.loss) > recorded:
                     raise
                 if not isinstance(error, FloatingPointError) or diverge_above is None:
                     raise
                 history.diverged = True   # MeZO refused a non-finite loss and restored θ
                 break
-            # θ has moved: record the step before anything else can raise (the sampler may refuse
-            # its feedback, Ctrl-C may arrive), so the History never lags behind θ.
             queries += 2 * batch_size
-            _record(history, result, queries, weights, rate)
             if step_rule is not None:
                 step_rule.observe(result.projected_grad)
             if flat is not None:

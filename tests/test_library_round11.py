@@ -4,6 +4,7 @@ Each defect's test fails on the code before its fix.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import signal
 import warnings
@@ -410,3 +411,27 @@ def test_a_probs_that_raises_at_a_log_point_logs_no_half_point():
                  lambda idx: (theta - 1).pow(2).sum().expand(len(idx)).clone(), 3, batch_size=2, log_every=1,
                  evaluate=lambda: 1.0, record_probs=True, progress=False, history=history)
     assert _lengths(history) == ({1}, {0})
+
+
+def test_a_ctrl_c_between_the_steps_return_and_its_record_keeps_the_step(monkeypatch):
+    """The record was made after the try around step: a KeyboardInterrupt arriving once step had returned (θ
+    moved) and before History held it left the History one step behind θ."""
+    train_module = importlib.import_module("sazo_lite.train")   # sazo_lite.train is also the function
+
+    real, calls = train_module._record, []
+
+    def interrupted_once(*args):
+        calls.append(1)
+        if len(calls) == 2:   # the second step's record: Ctrl-C just before it
+            raise KeyboardInterrupt
+        real(*args)
+
+    monkeypatch.setattr(train_module, "_record", interrupted_once)
+    theta = torch.zeros(3)
+    opt = sz.MeZO([theta], lr=0.1)
+    history = sz.History()
+    with pytest.raises(KeyboardInterrupt):
+        sz.train(opt, UniformSampler(4, seed=0), lambda idx: (theta - 1).pow(2).sum().expand(len(idx)).clone(), 5,
+                 batch_size=2, progress=False, history=history)
+    assert opt.step_count == 2 and len(history.loss) == 2 and history.queries == [4, 8]
+    assert history.projected_grad[-1] == opt.last_step.projected_grad
