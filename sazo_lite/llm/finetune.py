@@ -20,7 +20,7 @@ import torch
 from ..engine import MeZO
 from ..samplers import make_sampler, sampler_name
 from ..train import History, train
-from ..validation import check_choice, check_count, check_number
+from ..validation import check_choice, check_count
 from .losses import TokenBatch, accuracy, batched_closure, classification_losses
 
 __all__ = ["FinetuneRun", "zo_finetune", "check_params_in", "mean_loss", "snapshot", "restore_snapshot", "METHODS"]
@@ -100,7 +100,8 @@ def zo_finetune(model, params, train_batch: TokenBatch, test_batch: TokenBatch |
         optimizer: a ready optimiser (e.g. ``SparseMeZO``), whose tensors must be the model's; default
             ``MeZO(params, lr, eps, seed)``. Queries count this run's steps only.
         on_log: called with the run so far at every log point (live dashboards).
-        stop_below: stop once the full training loss drops below this value (below it at the start: no steps).
+        stop_below: stop once the full training loss drops below this value (checked at the log points
+            after the start).
 
     Returns:
         A ``FinetuneRun``.
@@ -108,8 +109,6 @@ def zo_finetune(model, params, train_batch: TokenBatch, test_batch: TokenBatch |
     run = FinetuneRun(method)
     check_choice("method", method, METHODS)
     params = check_params_in(model, params)
-    if stop_below is not None:
-        stop_below = check_number("stop_below", stop_below)     # compared with F(θ₀) before train checks it
     sampler = make_sampler(sampler_name(method), len(train_batch), ema_decay=ema_decay, uniform_mix=uniform_mix,
                            seed=seed)
     if optimizer is None:
@@ -134,9 +133,7 @@ def zo_finetune(model, params, train_batch: TokenBatch, test_batch: TokenBatch |
             on_log(run)
         return run.train_loss[-1]
 
-    start = log(0)
-    if stop_below is not None and start < stop_below:
-        steps = 0       # already below at the start: the run took log_every steps before its first check
+    log(0)
     run.history = train(optimizer, sampler, counted, steps, batch_size=batch_size, log_every=log_every,
                         evaluate=lambda: log((optimizer.step_count - first_step) * 2 * batch_size), progress=progress,
                         stop_below=stop_below, description=f"{method} fine-tuning")

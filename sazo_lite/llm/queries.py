@@ -413,8 +413,8 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
         uniform_mix: SAZO's λ. ema_decay: SAZO's β.
         oracle_mix: the oracle's λ (0: the exact p*, whose weights 1/(N p_i) are unbounded).
         test_batch: held-out accuracy is measured at the end of the run (not when it diverged).
-        stop_fraction: stop once F(θ) ≤ stop_fraction·F(θ₀) (None: run all ``steps``; met at θ₀, as with
-            stop_fraction ≥ 1: no steps).
+        stop_fraction: stop once F(θ) ≤ stop_fraction·F(θ₀) (None: run all ``steps``), checked at the log
+            points after θ₀ (a target met at θ₀, stop_fraction ≥ 1, stops at the first one).
         diagnose: every ``diagnose``-th log point (0: never; True counts as 1), true norms by
             backprop and ``sampling_diagnostics`` of the sampler's p (SAZO: with its scores); not at a
             log point whose F(θ) is not finite.
@@ -495,8 +495,6 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
     if not math.isfinite(start):    # no limit or target can be drawn from it (a nan limit raised, inf never diverged)
         raise ValueError(f"Invalid params: F(θ₀) = {start} (expected a finite training loss at the start)")
     stop_below = None if stop_fraction is None else stop_fraction * start
-    if stop_below is not None and accuracy_at is None and start <= stop_below:
-        steps = 0       # met at θ₀ (stop_fraction ≥ 1): the run took log_every steps before its first check
 
     def phase(phase_steps: int, stop: float | None):
         return train(optimizer, chooser, losses, phase_steps, batch_size=batch_size, evaluate=evaluate,
