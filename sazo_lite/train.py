@@ -361,6 +361,8 @@ def _metric(value) -> float:
         raise ValueError(f"Invalid evaluate result: {value!r} (expected a number)")
     try:
         return float(value)
+    except OverflowError:   # an int or Fraction beyond float64's range: float() raised OverflowError, unnamed
+        raise ValueError(f"Invalid evaluate result: {str(value)[:80]} (beyond float64's range)") from None
     except (TypeError, ValueError, RuntimeError):
         raise ValueError(f"Invalid evaluate result: {value!r} (expected a number or a one-element tensor)") from None
 

@@ -4,6 +4,7 @@ Each defect's test fails on the code before its fix.
 """
 from __future__ import annotations
 
+import fractions
 import importlib
 import json
 import signal
@@ -435,3 +436,10 @@ def test_a_ctrl_c_between_the_steps_return_and_its_record_keeps_the_step(monkeyp
                  batch_size=2, progress=False, history=history)
     assert opt.step_count == 2 and len(history.loss) == 2 and history.queries == [4, 8]
     assert history.projected_grad[-1] == opt.last_step.projected_grad
+
+
+@pytest.mark.parametrize("value", [10 ** 400, -(10 ** 400), fractions.Fraction(10 ** 400, 3)])
+def test_an_evaluate_result_beyond_float64_is_refused_naming_evaluate(value):
+    """float() raised a bare OverflowError ('int too large to convert to float') that did not say which callback."""
+    with pytest.raises(ValueError, match="Invalid evaluate result"):
+        _run(evaluate=lambda: value)
