@@ -12,7 +12,8 @@ import torch
 pytest.importorskip("transformers")
 
 from sazo_lite import MeZO
-from sazo_lite.llm import full_parameters, tiny_causal_lm
+from sazo_lite.train import NoiseScaledStep
+from sazo_lite.llm import add_lora, full_parameters, tiny_causal_lm
 from sazo_lite.llm.continual import first_round, make_continual_set
 from sazo_lite.llm.finetune import snapshot, zo_finetune
 from sazo_lite.llm.queries import QueryRun, median_floor, query_run, queries_to, ratio_bound, walk
@@ -62,7 +63,7 @@ def test_queries_to_refuses_a_run_whose_first_loss_is_not_finite(start):
         median_floor([run], 0.5)
 
 
-# --- 2. query_run: a divergence rule met at θ₀, a non-finite log point-----------------------------------------------
+# --- 2. query_run: a divergence rule met at θ₀, a non-finite log point, a pull past θ₀ -----------------------
 @pytest.mark.parametrize("factor", [0.5, 1.0])
 def test_a_divergence_factor_at_or_below_one_is_refused_before_theta_moves(factor):
     model, params, data = setup()
@@ -87,6 +88,15 @@ def test_a_non_finite_loss_at_theta0_is_refused_naming_it():
         params[0].fill_(float("nan"))
     with pytest.raises(ValueError, match="F\\(θ₀\\)"):       # was "Invalid diverge_above: nan"
         query_run(model, params, data, "uniform", lr=1e-3, steps=2)
+
+
+@pytest.mark.parametrize("rule", [True, NoiseScaledStep(max_scale=2.0)])
+def test_a_pull_past_theta0_at_the_step_rules_largest_rate_is_refused_before_theta_moves(rule):
+    model, params, data = setup()
+    saved = snapshot(params)
+    with pytest.raises(ValueError, match="walk_pull"):        # raised mid-run, once the rule had raised the rate
+        query_run(model, params, data, "uniform", lr=0.09, steps=40, log_every=4, walk_pull=10.0, step_rule=rule)
+    assert unchanged(params, saved)
 
 
 def test_query_counts_and_the_walk_match_their_plain_definitions():
@@ -137,3 +147,12 @@ def test_first_round_refuses_tensors_that_get_no_gradient_before_any_step():
     with pytest.raises(ValueError, match="gradient"):
         first_round(model, params, cset, tokenizer, steps=2)
     assert unchanged(params, saved) and all(p.grad is None for p in params)
+
+
+# --- 5. LoRA -------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [1.5, 2 ** 70, "0", True])
+def test_add_lora_refuses_an_init_seed_torch_cannot_take_by_name(bad):
+    pytest.importorskip("peft")
+    model = tiny_causal_lm("llama", vocab_size=VOCAB)
+    with pytest.raises(ValueError, match="Invalid init_seed"):     # a bare "Overflow", or 1.5 seeded as 1
+        add_lora(model, rank=2, init_seed=bad)

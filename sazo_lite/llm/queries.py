@@ -367,7 +367,8 @@ def _check_sampler(sampler, n: int) -> None:
         raise ValueError(f"Invalid sampler: it draws from {size} examples, the training batch has {n}")
 
 
-def _check_run_settings(lr, test_batch, accuracy_at, stop_fraction, diagnose, diverge_factor, walk_pull) -> None:
+def _check_run_settings(lr, test_batch, accuracy_at, stop_fraction, diagnose, diverge_factor, walk_pull,
+                        step_rule) -> None:
     """query_run's own settings, checked before θ moves: a bad one used to surface mid-run (a pull that
     overshoots after the first step, a test batch of the wrong type after the whole run, diagnose=0.5 as a
     ZeroDivisionError) or never (accuracy_at=1.7 read as 1, a negative stop_fraction or diverge_factor)."""
@@ -383,9 +384,12 @@ def _check_run_settings(lr, test_batch, accuracy_at, stop_fraction, diagnose, di
         check_int("diagnose", diagnose, 0)
     # inf: never diverges; a factor ≤ 1 put θ₀'s own F at or past the limit (a run whose loss fell was "diverged")
     check_limit("diverge_factor", diverge_factor, 1.0, closed_low=False)
-    if walk_pull is not None and isinstance(lr, numbers.Real) and check_real("walk_pull", walk_pull) * lr >= 1:
-        raise ValueError(f"Invalid walk_pull: lr·strength = {walk_pull * lr:g} ≥ 1 would carry θ past θ₀ "
-                         "(expected lr·walk_pull < 1)")
+    # the step rule may raise the rate up to max_scale × lr mid-run, where the pull raised after θ had moved
+    top = (step_rule.max_scale if isinstance(step_rule, NoiseScaledStep)
+           else NoiseScaledStep().max_scale if step_rule is True else 1.0)
+    if walk_pull is not None and isinstance(lr, numbers.Real) and check_real("walk_pull", walk_pull) * lr * top >= 1:
+        raise ValueError(f"Invalid walk_pull: lr·strength = {walk_pull * lr * top:g} ≥ 1 at the largest rate "
+                         f"(lr × {top:g}) would carry θ past θ₀ (expected lr·walk_pull < 1)")
 
 
 def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr: float, eps: float = 1e-3,
@@ -428,13 +432,14 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
             after it, so every run is compared at the same budget. A run that diverged before the
             budget is measured where it stopped (``budget_queries`` says where).
         walk_bound: R of ``WalkBound``: θ projected onto ‖θ − θ₀‖ ≤ R after every step (None: free).
-        walk_pull: λ of ``WalkPull``: θ − θ₀ shrunk by 1 − η·λ after every step (None: no pull).
+        walk_pull: λ of ``WalkPull``: θ − θ₀ shrunk by 1 − η·λ after every step (None: no pull); η·λ < 1
+            at the largest rate the step rule may set.
         step_cap: κ of ``StepCap``: |ĝ| capped at κ × the running RMS of the capped ĝ (None: no cap).
         step_hooks: more ``MeZO`` step hooks for the run's optimiser (e.g. a per-step tracer), called
             after the walk rules.
     """
     _check_sampler(sampler, len(train_batch))
-    _check_run_settings(lr, test_batch, accuracy_at, stop_fraction, diagnose, diverge_factor, walk_pull)
+    _check_run_settings(lr, test_batch, accuracy_at, stop_fraction, diagnose, diverge_factor, walk_pull, step_rule)
     diagnose = int(diagnose)
     n = len(train_batch)
     params = check_params_in(train_batch.model if model is None and isinstance(train_batch, TopBlocks) else model,

@@ -22,7 +22,7 @@ import warnings
 
 import torch
 
-from ..validation import check_int, check_number
+from ..validation import check_int, check_number, check_seed
 
 
 __all__ = ["trainable_parameters", "full_parameters", "add_lora", "parameter_count"]
@@ -112,6 +112,7 @@ def add_lora(model, *, rank: int = 8, alpha: int = 16, target_modules=None, init
         raise ValueError(f"Invalid rank: {rank!r} (expected an int >= 1)")
     # α = 0 makes every adapter a no-op: each ZO step would see δ = 0 and learn nothing, silently
     check_number("alpha", alpha, 0.0, closed_low=False)
+    init_seed = check_seed("init_seed", init_seed)   # 2**70 was torch's bare "Overflow", 1.5 seeded as 1
     extra = {}
     if layers is not None:
         from .topblock import decoder_layers
