@@ -99,8 +99,11 @@ class NoiseScaledStep:
         self.seen, self.reference, self.mean = 0, 0.0, 0.0
 
     def observe(self, projected_grad: float) -> None:
-        """Feed one step's ĝ. A non-finite ĝ is skipped; one whose square overflows float64
-        (|ĝ| > ~1.3e154) is refused with ValueError before anything changes."""
+        """Feed one step's ĝ (a number or a one-element tensor). A non-finite ĝ is skipped; one whose square
+        overflows float64 (|ĝ| > ~1.3e154), a bool or a string is refused with ValueError before anything
+        changes."""
+        if isinstance(projected_grad, (bool, str, bytes)):   # float() read True as 1.0 and "2" as 2.0
+            raise ValueError(f"Invalid projected_grad: {projected_grad!r} (expected a number)")
         value = float(projected_grad)
         if not math.isfinite(value):
             return

@@ -443,3 +443,14 @@ def test_an_evaluate_result_beyond_float64_is_refused_naming_evaluate(value):
     """float() raised a bare OverflowError ('int too large to convert to float') that did not say which callback."""
     with pytest.raises(ValueError, match="Invalid evaluate result"):
         _run(evaluate=lambda: value)
+
+
+@pytest.mark.parametrize("value", [True, "2.0", b"2"])
+def test_noise_scaled_step_refuses_a_bool_or_a_string_for_g(value):
+    """float() read True as 1.0 and "2.0" as 2.0: the reference mean took them as steps."""
+    rule = importlib.import_module("sazo_lite.train").NoiseScaledStep(warmup=1)
+    with pytest.raises(ValueError, match="Invalid projected_grad"):
+        rule.observe(value)
+    assert rule.seen == 0
+    rule.observe(torch.tensor(2.0))
+    assert rule.seen == 1 and rule.reference == 4.0
