@@ -94,7 +94,24 @@ class SparseMeZO(MeZO):
         if any(self._masked.get(id(p)) is not p for p in self._params()):
             raise ValueError("Invalid params: a tensor without a mask was put into SparseMeZO's param groups; "
                              "build a new SparseMeZO with every tensor and its mask")
+        checked = getattr(self, "_checked_memory", None)
         super()._check_groups_unchanged()
+        if self._checked_memory is not checked:   # checked in full: memory re-pointed (.data) since, or the first
+            try:
+                self._check_masks_fit()
+            except ValueError:
+                self._checked_groups = None   # not taken as checked: the next step checks again
+                raise
+
+    def _check_masks_fit(self) -> None:
+        """Each tensor still holds its mask's entries, contiguously, on the mask's device: a ``.data`` re-pointed
+        to a smaller tensor raised IndexError from inside the first pass."""
+        for p in self._params():
+            mask = self.masks[id(p)]
+            if not p.is_contiguous() or mask.device != p.device or (mask.numel() and int(mask.max()) >= p.numel()):
+                raise ValueError(f"Invalid params: a tensor of shape {tuple(p.shape)} on {p.device} (its .data "
+                                 f"re-pointed?) no longer holds its mask's entries contiguously on {mask.device}; "
+                                 f"build a new SparseMeZO with every tensor and its mask")
 
     def __getstate__(self) -> dict:
         """deepcopy/pickle: the masks in parameter order (they are keyed by the tensors' ids)."""

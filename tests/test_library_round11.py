@@ -454,3 +454,21 @@ def test_noise_scaled_step_refuses_a_bool_or_a_string_for_g(value):
     assert rule.seen == 0
     rule.observe(torch.tensor(2.0))
     assert rule.seen == 1 and rule.reference == 4.0
+
+
+@pytest.mark.parametrize("new", [lambda: torch.zeros(4), lambda: torch.zeros(2, 5).t()], ids=["smaller", "transposed"])
+def test_a_sparse_mezo_tensor_re_pointed_off_its_mask_is_refused_at_every_step_before_anything_moves(new):
+    """The masks index each tensor's flat entries: a .data re-pointed to a smaller tensor raised IndexError from
+    inside the first pass, a non-contiguous one RuntimeError from view(-1)."""
+    a, b = torch.zeros(10), torch.zeros(10)
+    opt = SparseMeZO([a, b], [torch.tensor([8, 9]), torch.tensor([1])], lr=0.1)
+    opt.step(lambda: (a.sum() + b.sum()).reshape(1))
+    a.data = new()
+    before = b.clone()
+    for _ in range(2):   # still refused at the next step: the failed check is not taken as done
+        with pytest.raises(ValueError, match="mask"):
+            opt.step(lambda: (a.sum() + b.sum()).reshape(1))
+    assert torch.equal(b, before) and opt.step_count == 1
+    a.data = torch.zeros(10)   # a tensor its mask fits: steps again
+    opt.step(lambda: (a.sum() + b.sum()).reshape(1))
+    assert opt.step_count == 2
