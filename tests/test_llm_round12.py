@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 from sazo_lite import MeZO
 from sazo_lite.train import NoiseScaledStep
 from sazo_lite.llm import add_lora, full_parameters, tiny_causal_lm
-from sazo_lite.llm.continual import first_round, make_continual_set
+from sazo_lite.llm.continual import cached_first_round, first_round, make_continual_set
 from sazo_lite.llm.finetune import snapshot, zo_finetune
 from sazo_lite.llm.queries import QueryRun, median_floor, query_run, queries_to, ratio_bound, walk
 
@@ -147,6 +147,22 @@ def test_first_round_refuses_tensors_that_get_no_gradient_before_any_step():
     with pytest.raises(ValueError, match="gradient"):
         first_round(model, params, cset, tokenizer, steps=2)
     assert unchanged(params, saved) and all(p.grad is None for p in params)
+
+
+def test_cached_first_round_refuses_another_models_tensors_when_the_cache_holds_the_round(tmp_path, monkeypatch):
+    monkeypatch.setenv("SAZO_CACHE", str(tmp_path))
+    tokenizer = word_tokenizer(eos_token="c")
+    model = tiny_causal_lm("llama", vocab_size=VOCAB)
+    cset = make_continual_set("continual", num_train=4, num_test=2)
+    assert cached_first_round(model, full_parameters(model), cset, tokenizer, key="k", steps=1, progress=False) is False
+    fresh = tiny_causal_lm("llama", vocab_size=VOCAB)
+    other = full_parameters(tiny_causal_lm("llama", vocab_size=VOCAB))
+    saved = snapshot(full_parameters(fresh))
+    with pytest.raises(ValueError, match="params"):      # was True: the round went into the other copy
+        cached_first_round(fresh, other, cset, tokenizer, key="k", steps=1, progress=False)
+    assert unchanged(full_parameters(fresh), saved)
+    assert cached_first_round(fresh, full_parameters(fresh), cset, tokenizer, key="k", steps=1, progress=False) is True
+    assert all(torch.equal(a, b) for a, b in zip(full_parameters(fresh), full_parameters(model)))
 
 
 # --- 5. LoRA -------------------------------------------------------------------------------------------------------

@@ -313,13 +313,14 @@ def cached_first_round(model, params, cset: ContinualSet, tokenizer, *, key: str
     The key must name everything that changes the result (model, adapter rank, set arguments, steps).
     Returns True when the cached copy was used.
     """
-    from .finetune import restore_snapshot, snapshot
+    from .finetune import check_params_in, restore_snapshot, snapshot
     from .models import cache_dir
 
     if not cset.setup:
         return False
+    # a cached copy went into another copy's tensors and was reported used, the model left as it was
+    params = check_params_in(model, params)
     path = cache_dir() / "first_round" / f"{key}-steps{steps}-lr{lr:g}.pt"
-    params = list(params)
     saved = _cached_tensors(path, params) if path.exists() else None
     if saved is not None:
         with torch.no_grad():
