@@ -220,8 +220,9 @@ def test_train_reads_no_probs_unless_asked():
             raise AssertionError("probs read")
 
     theta = torch.zeros(3)
-    history = sz.train(sz.MeZO([theta], lr=0.1), NoProbs(2 ** 62), lambda idx: (theta - 1).pow(2).sum().expand(len(idx)),
-                       3, batch_size=2, log_every=1, progress=False)
+    history = sz.train(sz.MeZO([theta], lr=0.1), NoProbs(2 ** 62),
+                       lambda idx: (theta - 1).pow(2).sum().expand(len(idx)), 3, batch_size=2, log_every=1,
+                       progress=False)
     assert len(history.loss) == 3 and history.probs == []
 
 
@@ -328,9 +329,8 @@ def test_a_sampler_that_returns_other_than_a_pair_of_b_entries_is_refused_naming
         def sample(self, batch_size):
             return drawn
 
-    history, opt = None, None
     with pytest.raises(ValueError, match="Invalid sampler"):
-        history, opt = _run(Odd(4))
+        _run(Odd(4))
 
 
 def test_a_batch_losses_that_edits_its_indices_in_place_changes_neither_the_second_call_nor_the_feedback():
