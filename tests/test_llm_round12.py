@@ -16,7 +16,8 @@ from sazo_lite.train import NoiseScaledStep
 from sazo_lite.llm import add_lora, full_parameters, tiny_causal_lm
 from sazo_lite.llm.continual import cached_first_round, first_round, make_continual_set
 from sazo_lite.llm.finetune import snapshot, zo_finetune
-from sazo_lite.llm.queries import QueryRun, median_floor, query_run, queries_to, ratio_bound, walk
+from sazo_lite.llm.queries import (QueryRun, median_floor, query_run, queries_to, ratio_bound,
+                                  sampling_diagnostics, walk)
 
 from test_llm_round9 import VOCAB, batch       # the same tiny batches
 from test_llm_round10 import word_tokenizer    # a tokenizer built in memory
@@ -61,6 +62,25 @@ def test_queries_to_refuses_a_run_whose_first_loss_is_not_finite(start):
         queries_to(run, 0.5)
     with pytest.raises(ValueError, match="train_loss"):
         median_floor([run], 0.5)
+
+
+@pytest.mark.parametrize("probs, scores, name", [
+    (torch.tensor([2.0, 3.0, 5.0], dtype=torch.float64), None, "probs"),      # was TV 4.5, V(p)/V(p*) 0.1 < 1
+    (torch.tensor([0.1, 0.1, 0.1], dtype=torch.float64), None, "probs"),
+    (torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64), torch.tensor([1.0, 2.0]), "scores")])   # was "b"
+def test_sampling_diagnostics_refuse_weights_that_are_not_a_distribution_and_scores_of_another_length(probs, scores,
+                                                                                                       name):
+    with pytest.raises(ValueError, match=f"Invalid {name}"):
+        sampling_diagnostics(torch.tensor([1.0, 2.0, 3.0]), probs, scores)
+
+
+def test_sampling_diagnostics_of_a_distribution_match_their_definitions():
+    norms, probs = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0.2, 0.3, 0.5])     # float32 sums: accepted
+    out = sampling_diagnostics(norms, probs, torch.tensor([3.0, 2.0, 1.0]))
+    star = norms.double() / norms.sum()
+    v = lambda p: float((norms.double() ** 2 / p).sum())
+    assert out["tv"] == pytest.approx(0.5 * float((probs.double() - star).abs().sum()), rel=1e-6)
+    assert out["v_ratio"] == pytest.approx(v(probs.double()) / v(star), rel=1e-6) and out["rho"] == pytest.approx(-1.0)
 
 
 # --- 2. query_run: a divergence rule met at θ₀, a non-finite log point, a pull past θ₀ -----------------------

@@ -27,7 +27,7 @@ import torch
 from ..engine import MeZO, StepEvent
 from ..samplers import RACED, make_sampler
 from ..train import NoiseScaledStep, median_queries, queries_to_target, train
-from ..variance import oracle_probs, spearman, tv_distance, variance_ratio
+from ..variance import _paired, oracle_probs, spearman, tv_distance, variance_ratio
 from ..validation import check_choice, check_int, check_limit, check_number, check_real
 from .finetune import check_params_in, mean_loss
 from .grad_norms import RefreshingNorms, grad_norms
@@ -153,7 +153,13 @@ def held_out_accuracies(runs) -> list[float]:
 
 
 def sampling_diagnostics(norms: torch.Tensor, probs: torch.Tensor, scores: torch.Tensor | None = None) -> dict:
-    """ρ(scores, norms), TV(p, p*), V(p)/V(p*), V(u)/V(p*) for one moment of training."""
+    """ρ(scores, norms), TV(p, p*), V(p)/V(p*), V(u)/V(p*) for one moment of training. ``probs``: a
+    distribution over the N examples (sum 1 to 1e-5), ``scores`` (optional) one per example; else ValueError."""
+    norms, probs = _paired("norms", norms, "probs", probs)
+    if abs(float(probs.sum()) - 1.0) > 1e-5:    # weights [2, 3, 5] read TV 4.5 and V(p)/V(p*) 0.1 < 1
+        raise ValueError(f"Invalid probs: they sum to {float(probs.sum()):g} (expected a distribution, sum 1)")
+    if scores is not None:
+        _paired("norms", norms, "scores", scores)     # spearman named them "a" and "b"
     n = len(norms)
     out = {"tv": tv_distance(probs, oracle_probs(norms)), "v_ratio": variance_ratio(norms, probs),
            "v_uniform_ratio": variance_ratio(norms, torch.full((n,), 1.0 / n, dtype=torch.float64))}
