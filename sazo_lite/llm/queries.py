@@ -114,8 +114,8 @@ def median_floor(runs: list[dict], fraction: float) -> float:
         raise ValueError("Invalid runs: expected at least one run")
     values = []
     for r in runs:
-        if not r["queries"] or not r["train_loss"]:
-            raise ValueError("Invalid runs: a run logged nothing (no queries / train_loss)")
+        if not r.get("queries") or not r.get("train_loss") or "diverged" not in r:   # KeyErrors that named no run
+            raise ValueError("Invalid runs: a run logged nothing or no 'diverged' (expected QueryRun records)")
         reached = queries_to(r, fraction)
         values.append(reached if reached is not None else math.inf if r["diverged"] else r["queries"][-1])
     return statistics.median(values)
