@@ -55,7 +55,8 @@ def test_median_floor_and_ratio_bound_take_query_runs_as_queries_to_does():
     assert ratio_bound([fast], [cut], 0.5) == ratio_bound([fast.to_dict()], [cut.to_dict()], 0.5) == ("<", 0.25)
 
 
-@pytest.mark.parametrize("record", [{"queries": [0, 10], "train_loss": [1.0, 0.9]}, {"train_loss": [1.0], "diverged": False}])
+@pytest.mark.parametrize("record", [{"queries": [0, 10], "train_loss": [1.0, 0.9]},
+                                    {"train_loss": [1.0], "diverged": False}])
 def test_median_floor_refuses_a_record_without_its_keys_saying_so(record):
     with pytest.raises(ValueError, match="Invalid runs"):       # was a KeyError
         median_floor([record], 0.5)
