@@ -35,7 +35,7 @@ from .engine import FLAT_EXAMPLES, FLAT_STEPS, FlatLossCheck, FlatLossWarning, _
 from .interrupts import InterruptsDeferred
 from .validation import check_bool, check_callable, check_count, check_fraction, check_int, check_limit, check_number
 
-__all__ = ["History", "FlatLossWarning", "train", "queries_to_target", "diverged", "median_queries",
+__all__ = ["History", "FlatLossWarning", "train", "queries_to_target", "diverged", "reached", "median_queries",
            "median_ratio_interval", "mean_difference_interval", "best_rate", "past_edge", "NoiseScaledStep"]
 
 
@@ -71,6 +71,17 @@ def diverged(value: float, limit: float) -> bool:
         (False, True, True)
     """
     return not (math.isfinite(value) and value <= limit)
+
+
+def reached(value: float, target: float) -> bool:
+    """The one target rule: a metric at or below ``target`` has reached it (``train``'s ``stop_below``
+    and ``queries_to_target`` both read it).
+
+    Example:
+        >>> reached(0.5, 0.5), reached(0.6, 0.5), reached(float("nan"), 0.5)
+        (True, False, False)
+    """
+    return value <= target
 
 
 class NoiseScaledStep:
@@ -145,7 +156,8 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
         log_every: logging interval in steps.
         record_probs: keep a copy of ``sampler.probs`` at each log point (the sampler must have ``probs``).
         progress: show a ``tqdm.auto`` progress bar.
-        stop_below: stop early once ``evaluate()`` drops below this value (needs ``evaluate``).
+        stop_below: stop early once ``evaluate()`` is at or below this value (``reached``, the rule
+            ``queries_to_target`` counts by; needs ``evaluate``).
         diverge_above: apply the divergence rule (``diverged``): stop, with ``history.diverged``
             set, once ``evaluate()`` is not finite or exceeds this value, or when the optimiser
             refuses a non-finite loss. Without it a non-finite loss raises ``FloatingPointError``.
@@ -230,7 +242,7 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
                     if diverge_above is not None and diverged(value, diverge_above):
                         history.diverged = True
                         break
-                    if stop_below is not None and value < stop_below:
+                    if stop_below is not None and reached(value, stop_below):
                         break
     finally:
         bar.close()
@@ -382,7 +394,7 @@ def queries_to_target(record, target: float) -> int | None:
     """
     queries, values = (record.logged_queries, record.metrics) if isinstance(record, History) else record
     for count, value in zip(queries, values):
-        if value <= target:
+        if reached(value, target):
             return count
     return None
 

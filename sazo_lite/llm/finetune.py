@@ -100,7 +100,7 @@ def zo_finetune(model, params, train_batch: TokenBatch, test_batch: TokenBatch |
         optimizer: a ready optimiser (e.g. ``SparseMeZO``), whose tensors must be the model's; default
             ``MeZO(params, lr, eps, seed)``. Queries count this run's steps only.
         on_log: called with the run so far at every log point (live dashboards).
-        stop_below: stop once the full training loss drops below this value (checked at the log points
+        stop_below: stop once the full training loss is at or below this value (checked at the log points
             after the start).
 
     Returns:

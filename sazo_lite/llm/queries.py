@@ -26,7 +26,7 @@ import torch
 
 from ..engine import MeZO, StepEvent
 from ..samplers import RACED, make_sampler
-from ..train import NoiseScaledStep, median_queries, queries_to_target, train
+from ..train import NoiseScaledStep, median_queries, queries_to_target, reached, train
 from ..variance import _paired, oracle_probs, spearman, tv_distance, variance_ratio
 from ..validation import check_choice, check_int, check_limit, check_number, check_real
 from .finetune import check_params_in, mean_loss
@@ -518,7 +518,7 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
         budget = min(steps, log_every * -(-int(accuracy_at) // (2 * batch_size * log_every)))
         history = phase(budget, None)
         run.budget_accuracy, run.budget_queries = _accuracy(model, test_batch), 2 * batch_size * optimizer.step_count
-        if not history.diverged and steps > budget and not (stop_below is not None and run.train_loss[-1] < stop_below):
+        if not history.diverged and steps > budget and not (stop_below is not None and reached(run.train_loss[-1], stop_below)):
             rest = phase(steps - budget, stop_below)
             history.projected_grad += rest.projected_grad
             history.max_weight += rest.max_weight
