@@ -686,8 +686,11 @@ class ZOTrainer(Trainer):
         """Refuse a step when θ changed since the last step (a callback wrote the weights, or code
         between ``train()`` calls) and a SeedLog recording both steps is attached: a log records
         steps only, so its replay silently rebuilt other weights. Nothing has moved yet."""
-        last, now = self._zo_logged_weights, self._weights_checksum()
-        if last is None or now is None or not last[0] & now[0]:
+        last = self._zo_logged_weights
+        if last is None:   # no log recorded the last step: nothing to compare, no checksum taken
+            return
+        now = self._weights_checksum()
+        if now is None or not last[0] & now[0]:
             return   # no log, or every log was attached since the last step (it starts from θ as it is)
         if not torch.equal(last[1], now[1]):
             raise ValueError("Invalid weights: the tuned weights changed since the last MeZO step (a callback or "
