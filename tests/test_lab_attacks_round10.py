@@ -122,7 +122,7 @@ def test_a_students_function_that_rebinds_builtins_or_record_during_a_case_chang
 pytest.importorskip("otter")
 
 from test_lab_attacks_round6 import _edit, grade_hand_ins  # noqa: E402
-from test_lab_attacks_round9 import TENSOR_ESTIMATE  # noqa: E402
+from test_lab_attacks_round9 import TENSOR_ESTIMATE, assert_q2_as_plain  # noqa: E402
 
 # lab 2's q3: a helper named `sum` and a threshold named `max`, both the student's own
 OWN_SUM = ("    return float((norms ** 2 / probs).sum()) / len(norms) ** 2",
@@ -179,8 +179,4 @@ def test_an_honest_student_with_helpers_named_like_builtins_keeps_full_marks(gra
 
 def test_rebinding_the_cases_builtins_while_they_run_gains_no_point(graded):
     rows, _ = graded
-    plain, rebinds = rows["tensor_estimate.ipynb"], rows["rebinds_while_running.ipynb"]
-    assert plain["status"] == rebinds["status"] == "ok", (plain, rebinds)
-    q2 = plain["questions"]["q2"]
-    assert q2["score"] < q2["possible"], q2   # the prompt asks for a Python float: a case records its type
-    assert rebinds["questions"]["q2"]["score"] == q2["score"], (rebinds["questions"], plain["questions"])
+    assert_q2_as_plain(rows, "rebinds_while_running.ipynb")

@@ -253,13 +253,19 @@ def test_a_cells_own_builtins_are_not_what_the_cases_use():
     assert [r["value"]["v"] for r in records] == ["complex", 1], records
 
 
-def test_forged_builtins_gain_no_point_on_a_tensor_left_unconverted(graded):
-    rows, _ = graded
-    plain, forged = rows["tensor_estimate.ipynb"], rows["forged_builtins.ipynb"]
-    assert plain["status"] == forged["status"] == "ok", (plain, forged)
+def assert_q2_as_plain(rows: dict, cheat: str) -> None:
+    """The hand-in ``cheat`` scores on q2 exactly what the plain ``tensor_estimate.ipynb`` does, which is not full
+    marks: both graded ``ok``."""
+    plain, other = rows["tensor_estimate.ipynb"], rows[cheat]
+    assert plain["status"] == other["status"] == "ok", (plain, other)
     q2 = plain["questions"]["q2"]
     assert q2["score"] < q2["possible"], q2   # the prompt asks for a Python float: a case records its type
-    assert forged["questions"]["q2"]["score"] == q2["score"], (forged["questions"], plain["questions"])
+    assert other["questions"]["q2"]["score"] == q2["score"], (other["questions"], plain["questions"])
+
+
+def test_forged_builtins_gain_no_point_on_a_tensor_left_unconverted(graded):
+    rows, _ = graded
+    assert_q2_as_plain(rows, "forged_builtins.ipynb")
 
 
 # -- plausible wrong answers -----------------------------------------------------------------
