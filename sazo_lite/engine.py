@@ -51,7 +51,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from .directions import PERTURBATIONS, Z_BOUND, derive_seed, draw_direction, rademacher_signs
 from .interrupts import InterruptsDeferred as _InterruptsDeferred
 from .noise import GaussianTable, Job, NoiseSource, PlainNoise
-from .validation import check_bool, check_callable, check_choice, check_int, check_number, check_seed
+from .validation import check_bool, check_callable, check_choice, check_int, check_number, check_seed, not_dense
 
 __all__ = ["MeZO", "ZOStep", "StepEvent", "FlatLossWarning", "FlatLossCheck", "derive_seed", "draw_direction",
            "rademacher_signs", "PERTURBATIONS"]
@@ -760,9 +760,10 @@ class MeZO(torch.optim.Optimizer):
         if not isinstance(value, torch.Tensor) and _booleans_or_complex(value):   # float64 would read True as 1.0
             raise ValueError(f"Invalid closure result: {value!r} (expected real losses, not booleans or "
                              f"complex numbers); parameters restored")
-        if losses.layout != torch.strided or losses.is_nested or losses.device.type == "meta":   # no dense data
-            raise ValueError(f"Invalid closure result: a {'nested' if losses.is_nested else losses.layout} tensor on "
-                             f"{losses.device} (expected a dense tensor of losses); parameters restored")
+        kind = not_dense(losses)
+        if kind is not None:
+            raise ValueError(f"Invalid closure result: a {kind} tensor on {losses.device} (expected a dense tensor "
+                             f"of losses); parameters restored")
         if losses.is_complex() or losses.dtype == torch.bool:
             raise ValueError(f"Invalid closure result: dtype {losses.dtype} (expected real losses)")
         if losses.dim() > 1:
@@ -907,9 +908,9 @@ class MeZO(torch.optim.Optimizer):
             raise ValueError(f"Invalid weights: {weights!r} (expected a 1-D tensor [B])") from None
         if weights.is_complex() or weights.dtype == torch.bool:
             raise ValueError(f"Invalid weights: dtype {weights.dtype} (expected real numbers)")
-        if weights.layout != torch.strided or weights.is_nested or weights.device.type == "meta":   # torch raised
-            raise ValueError(f"Invalid weights: a {'nested' if weights.is_nested else weights.layout} tensor on "
-                             f"{weights.device} (expected a dense 1-D tensor [B])")
+        kind = not_dense(weights)
+        if kind is not None:
+            raise ValueError(f"Invalid weights: a {kind} tensor on {weights.device} (expected a dense 1-D tensor [B])")
         weights = weights.detach().to("cpu", torch.float64)
         if weights.dim() != 1:
             raise ValueError(f"Invalid weights: expected a 1-D tensor [B], got shape {tuple(weights.shape)}")

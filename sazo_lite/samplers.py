@@ -21,7 +21,7 @@ import torch
 
 from .interrupts import InterruptsDeferred
 from .sumtree import SumTree
-from .validation import check_choice, check_count, check_fraction, check_int, check_number, check_seed
+from .validation import check_choice, check_count, check_fraction, check_int, check_number, check_seed, not_dense
 from .variance import importance_weights, mixed_probabilities, relative_scores
 
 __all__ = ["Sampler", "UniformSampler", "PlainSAZOSampler", "SAZOSampler", "StaleCorrectedSAZOSampler", "OracleSampler",
@@ -156,9 +156,9 @@ def _tensor(name: str, value) -> torch.Tensor:
         raise ValueError(f"Invalid {name}: {type(value).__name__} (expected a 1-D tensor)") from None
     if tensor.device.type == "meta":
         raise ValueError(f"Invalid {name}: a tensor on the meta device (no data)")
-    if tensor.layout != torch.strided or tensor.is_nested:   # torch raised NotImplementedError / RuntimeError
-        raise ValueError(f"Invalid {name}: a {'nested' if tensor.is_nested else tensor.layout} tensor (expected a "
-                         f"dense 1-D tensor)")
+    kind = not_dense(tensor)
+    if kind is not None:
+        raise ValueError(f"Invalid {name}: a {kind} tensor (expected a dense 1-D tensor)")
     return tensor
 
 

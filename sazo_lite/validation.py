@@ -9,7 +9,7 @@ import math
 import numbers
 
 __all__ = ["check_int", "check_seed", "check_count", "check_real", "check_number", "check_limit", "check_fraction", "check_choice",
-           "check_bool", "check_callable"]
+           "check_bool", "check_callable", "not_dense"]
 
 
 def check_int(name: str, value, low: int | None = None, high: int | None = None) -> int:
@@ -82,3 +82,14 @@ def check_callable(name: str, value, *, optional: bool = False):
     if (value is None and not optional) or (value is not None and not callable(value)):
         raise ValueError(f"Invalid {name}: {value!r} (expected a callable)")
     return value
+
+
+def not_dense(tensor) -> str | None:
+    """None when torch can read ``tensor``'s entries as one dense block; else the kind to name in the
+    caller's ValueError: ``'nested'``, a sparse layout, or the strided layout of a meta tensor (no data).
+    Torch's own errors on these were NotImplementedError or 'Internal error'."""
+    import torch   # only callers that hold a tensor get here
+
+    if tensor.is_nested:
+        return "nested"
+    return None if tensor.layout == torch.strided and tensor.device.type != "meta" else str(tensor.layout)
