@@ -29,7 +29,6 @@ import json
 import os
 import platform
 import time
-from datetime import datetime, timezone
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +36,7 @@ import torch
 import transformers
 
 from benchmarks.queries import InformedSampler
-from benchmarks.cli import check_output, count, fraction, natural, non_negative, positive
+from benchmarks.cli import check_output, count, fraction, machine, natural, non_negative, positive
 from sazo_lite.atomic import write_text
 from sazo_lite.llm import add_lora, load_smollm2, restore_snapshot, snapshot, trainable_parameters
 from sazo_lite.llm.landscape import random_walk_descent
@@ -274,7 +273,7 @@ def pull_floor(strengths, *, lr: float = 0.05, steps: int = 800, log_every: int 
 def measured_on(workers: str | None = None) -> dict:
     """When and where a measurement ran (a report's header). ``workers``: how the work ran, e.g.
     "2 process(es) × 1 thread(s)" (default: this process's torch threads)."""
-    return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    return {"date": machine()["date"],      # the date as every benchmark writes it (benchmarks.cli.machine)
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
                        f"transformers {transformers.__version__}, "
                        f"{workers or f'{torch.get_num_threads()} thread(s)'}"}
