@@ -255,8 +255,11 @@ def _rotary_width_dependence(model, width: int) -> tuple[str, int] | None:
 def _warn_width_dependent_rotary(model, width: int, losses: str) -> None:
     """Warn once a model where this call's padded width makes its rotary frequencies batch-dependent: a ZO step's
     two passes run the same batch and agree, but losses of one example from different batches do not."""
-    found = _rotary_width_dependence(model, width)   # None at once for a model without such a rotary embedding
-    if found is None or model in _WARNED_ROTARY:
+    # [] at once for a model without such a rotary embedding; once warned, no per-call look at its frequencies
+    if not _width_dependent_rotary(model) or model in _WARNED_ROTARY:
+        return
+    found = _rotary_width_dependence(model, width)
+    if found is None:
         return
     _WARNED_ROTARY.add(model)
     why, limit = found
