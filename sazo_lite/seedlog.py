@@ -404,10 +404,10 @@ def _check_header(header) -> None:
     eps = header.get("eps")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (math.isfinite(eps) and eps > 0):
         raise _invalid(f"eps {eps!r}")
-    for key, check in (("base_seed", check_seed), ("start_step", _check_step_count)):
+    for key, check in (("base_seed", lambda seed: check_seed("base_seed", seed)), ("start_step", _check_step_count)):
         value = header.get(key)
         try:   # the optimiser's own ranges: replay hands both to it (2⁷⁰ read as seed 0's stream)
-            check(key, value) if check is check_seed else check(value)
+            check(value)
         except ValueError:
             raise _invalid(f"{key} {value!r}") from None
     groups = header.get("groups")
