@@ -38,7 +38,7 @@ def _point(name: str, theta, size: int | None = None) -> torch.Tensor:
     return point
 
 
-def _in_float32(name: str, theta, point: torch.Tensor, largest: torch.Tensor) -> None:
+def _in_float32(name: str, point: torch.Tensor, largest: torch.Tensor) -> None:
     """Refuse a θ whose loss at the sliders' largest settings (``largest``, f there in float64) overflows float32:
     every difference there is inf − inf = NaN, whatever ε."""
     if not float(largest) < torch.finfo(torch.float32).max:
@@ -81,7 +81,7 @@ def estimator_dashboard(theta=(1.2, 0.8), *, seed: int = 0) -> Dashboard:
         "curvature": slider("curvature a₂", 4.0, 0.25, 20.0, 0.25),
         "precision": _precision_toggle(),
     }
-    _in_float32("theta", theta, point, two_point.bowl_loss(point, [1.0, controls["curvature"].max]))
+    _in_float32("theta", point, two_point.bowl_loss(point, [1.0, controls["curvature"].max]))
     # the view holds θ and the true arrow (length 1) around it: a θ beyond ±2 was drawn off the plot
     span = max(2.0, float(point.abs().max()) + 1.0)
     state = {"seed": seed}
@@ -164,7 +164,7 @@ def epsilon_dashboard(theta=(1.0, -0.8, 0.5), *, num_directions: int = 8) -> Das
         "quartic": slider("quartic term κ", 1.0, 0.0, 5.0, 0.25),
         "offset": slider("loss level c", 0.0, 0.0, 1000.0, 10.0),
     }
-    _in_float32("theta", theta, point,
+    _in_float32("theta", point,
                 two_point.bowl_loss(point, curvatures, controls["quartic"].max, controls["offset"].max))
     fig = LiveFigure(layout=dict(width=620, height=420, margin=dict(l=50, r=10, t=30, b=50),
                                  xaxis=dict(type="log", title="ε", exponentformat="power"),
