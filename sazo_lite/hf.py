@@ -364,7 +364,6 @@ class ZOTrainer(Trainer):
         self._zo_last_batch = None      # this rank's last collated batch (token and FLOP counts)
         self._zo_pending = _StepStats()   # |g|, max w and ESS fraction of the steps since the last log
         self._zo_resume = None          # a checked zo_state, applied by create_optimizer on resume
-        self._zo_rebase = None          # (epoch, global_step) of the checkpoint being resumed
         self._zo_queries = 0            # per-example forwards since MeZO was built (zo_queries)
         self._zo_logged_weights = None  # _weights_checksum() after the last step, where a SeedLog records
         self._zo_sampler_start = None   # the sampler's state before the first step (see _restart_sampler)
@@ -488,14 +487,15 @@ class ZOTrainer(Trainer):
         if self._zo_resume is not None:  # resuming: the Trainer has loaded the model's weights by now
             self._apply_zo_state(self._zo_resume)
             self._zo_resume = None
-            self._rebase_epochs(*self._zo_rebase)   # and its state (trainer_state.json) by now
+            self._rebase_epochs()   # and its state (trainer_state.json) by now
         return self.optimizer
 
-    def _rebase_epochs(self, epoch: float, step: int) -> None:
-        """On resume, epochs go on from the checkpoint's: after a change of B (now or in an earlier
-        resume) the Trainer counted the checkpoint's steps as steps of this B, so the logged epoch
-        fell back (1.0, then 0.75); with B unchanged since the start the offset is 0. Later
-        checkpoints record the B their steps use (they kept the checkpoint's)."""
+    def _rebase_epochs(self) -> None:
+        """On resume, epochs go on from the checkpoint's (``self.state``, loaded from it by now): after
+        a change of B (now or in an earlier resume) the Trainer counted the checkpoint's steps as
+        steps of this B, so the logged epoch fell back (1.0, then 0.75); with B unchanged since the
+        start the offset is 0. Later checkpoints record the B their steps use (they kept the checkpoint's)."""
+        epoch, step = float(self.state.epoch or 0.0), int(self.state.global_step)
         self.state.train_batch_size = self._train_batch_size
         per_epoch = self._steps_per_epoch()   # the Trainer's epoch at that step and the new B, as its loop writes it
         self.callback_handler.epoch_offset = epoch - (step // per_epoch + (step % per_epoch) / per_epoch)
@@ -773,10 +773,10 @@ class ZOTrainer(Trainer):
         if checkpoint is True:
             checkpoint = get_last_checkpoint(self.args.output_dir)  # None: the Trainer raises its own error
         self._zo_resume = self._read_zo_state(checkpoint) if checkpoint else None
-        self.callback_handler.epoch_offset, self._zo_rebase = 0.0, None
+        self.callback_handler.epoch_offset = 0.0
         if checkpoint:
             self._check_resumed_settings(checkpoint, self._zo_resume)
-            self._zo_rebase = self._check_resumed_batch_size(checkpoint, self._zo_resume)
+            self._check_resumed_batch_size(checkpoint, self._zo_resume)
         self._zo_pending = _StepStats()   # steps of an earlier train() after its last log belong to no log of this one
         if self.train_dataset is not None and self.zo_sampler is not None and self.model is not None:
             self._check_model_and_data()   # no model: a search released it, model_init builds the next
@@ -865,15 +865,14 @@ class ZOTrainer(Trainer):
                              f"this run {planned} (weight decay skips biases and norms since round 10: a checkpoint "
                              f"written before with weight_decay > 0 decayed them all and cannot continue here)")
 
-    def _check_resumed_batch_size(self, checkpoint: str, zo_state: dict) -> tuple[float, int]:
+    def _check_resumed_batch_size(self, checkpoint: str, zo_state: dict) -> None:
         """A resume with another B (per_device_train_batch_size × processes): refused where the
         Trainer's epochs decide when training stops or acts, else allowed with a warning.
 
         MeZO's directions (seeded by step) and the sampler's per-example scores do not depend on
         B, so they carry over; the continuation is neither run's. The Trainer counts the
         checkpoint's steps as steps of the new B: a run of ``num_train_epochs`` would stop at the
-        wrong point and "epoch" strategies act mid-epoch. Returns the checkpoint's (epoch,
-        global_step), for ``_rebase_epochs``.
+        wrong point and "epoch" strategies act mid-epoch (``_rebase_epochs`` keeps the logged epochs).
         """
         path = os.path.join(checkpoint, "trainer_state.json")
         saved = TrainerState.load_from_json(path) if os.path.isfile(path) else TrainerState()
@@ -882,7 +881,7 @@ class ZOTrainer(Trainer):
             old = (saved.train_batch_size or self._train_batch_size) * self.args.world_size
         new = self.global_batch_size()
         if old == new:
-            return float(saved.epoch or 0.0), int(saved.global_step)
+            return
         given = (f"{self.args.per_device_train_batch_size} (B = {new} examples per step over "
                  f"{self.args.world_size} process(es)), but {checkpoint} was written with B = {old}")
         by_epoch = [name for name in ("eval_strategy", "save_strategy", "logging_strategy")
@@ -896,7 +895,6 @@ class ZOTrainer(Trainer):
                       f"and the sampler's per-example scores carry over (they do not depend on B), but this is "
                       f"neither run's continuation, and an epoch is {self._steps_per_epoch()} steps from here",
                       UserWarning, stacklevel=3)
-        return float(saved.epoch or 0.0), int(saved.global_step)
 
     @staticmethod
     def _saved_optimizer(checkpoint: str) -> tuple[list[dict], int]:
