@@ -354,8 +354,7 @@ def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout:
     unreadable: list[str] = []  # cells in a form that cannot run (each costs its own cell only)
     try:
         notebook = grading.read_notebook(submission, unreadable)  # a regular file, never a link's target
-        cells = grading.notebook_cells(notebook, config, grading.ignored_sources(autograder, config),
-                                       grading.ignored_ids(autograder, config))
+        cells = grading.notebook_cells(notebook, config, *grading.ignored(autograder, config))
         owners = grading.cell_questions(notebook, (rule or {}).get("graded"), questions)
     except Exception as exc:  # not a notebook (or not a file)
         reason = f"cannot read {submission.name} as a notebook: {type(exc).__name__}: {str(exc)[:300]}"

@@ -371,8 +371,8 @@ def cell_questions(notebook, graded: dict | None = None, questions=None) -> dict
 
 def notebook_cells(notebook: Path, config: dict, ignored=frozenset(), ignored_ids=frozenset()) -> list[tuple[int, str]]:
     """The code cells to run: not tagged ``otter_ignore``, nor one of the distributed notebook's ``otter_ignore``
-    cells whose tag an editor dropped: a cell with one of their ``ignored`` sources (``ignored_sources``) or
-    with one of their ids (``ignored_ids``: the student edited the explore cell, its source is another); not
+    cells whose tag an editor dropped: a cell with one of their ``ignored`` sources or with one of their ids
+    (``ignored_ids``: the student edited the explore cell, its source is another; both from ``ignored``); not
     otter's own (otter's statements taken out of the others), IPython's magics made Python (``without_magics``);
     the seed set as otter does."""
     nb = _notebook(notebook)
@@ -394,19 +394,19 @@ def notebook_cells(notebook: Path, config: dict, ignored=frozenset(), ignored_id
     return cells
 
 
-def ignored_sources(autograder: Path, config: dict) -> frozenset:
-    """The sources (``_same_text``) of the cells the distributed notebook tags ``otter_ignore`` (explore and
-    check cells, which may use the library), read from the solutions notebook next to the zip. A hand-in's
-    cell with one of them is skipped even without its tag: JupyterLab's collaboration mode and notebook
-    cleaners drop cell tags, and the cell would then cost its question (a library call, a widget import)."""
-    return frozenset(_same_text(c.source) for c in _ignored_cells(autograder, config) if isinstance(c.source, str))
+def ignored(autograder: Path, config: dict) -> tuple[frozenset, frozenset]:
+    """(sources, ids) of the cells the distributed notebook tags ``otter_ignore`` (explore and check cells, which
+    may use the library), read once from the solutions notebook next to the zip; the sources as ``_same_text``.
 
-
-def ignored_ids(autograder: Path, config: dict) -> frozenset:
-    """The cell ids of the cells the distributed notebook tags ``otter_ignore``. A hand-in's cell with one of them
-    is that explore or check cell, whatever the student changed in it (editors keep a cell's id as it is
-    edited); it is skipped like the tagged cell it was, also where an editor dropped the tag."""
-    return frozenset(filter(None, (_cell_id(c) for c in _ignored_cells(autograder, config))))
+    A hand-in's cell with one of the sources is skipped even without its tag: JupyterLab's collaboration mode and
+    notebook cleaners drop cell tags, and the cell would then cost its question (a library call, a widget
+    import). A hand-in's cell with one of the ids is that explore or check cell, whatever the student changed in
+    it (editors keep a cell's id as it is edited); it is skipped like the tagged cell it was, also where an
+    editor dropped the tag.
+    """
+    cells = _ignored_cells(autograder, config)
+    return (frozenset(_same_text(c.source) for c in cells if isinstance(c.source, str)),
+            frozenset(filter(None, (_cell_id(c) for c in cells))))
 
 
 def _ignored_cells(autograder: Path, config: dict) -> list:
