@@ -360,13 +360,7 @@ def test_sampler_feedback_without_dense_data_is_a_value_error_with_the_state_unc
     assert _same(before, sampler.state_dict())
 
 
-def _same(a, b) -> bool:
-    """Two state dicts hold the same values (tensors compared entry by entry, dicts key by key)."""
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and torch.equal(a, b)
-    return a == b
+from test_hostile_core import _same_state as _same   # two state dicts hold the same values
 
 
 @pytest.mark.parametrize("make", _SAMPLERS, ids=["sazo", "plain", "uniform", "stale-corrected"])
