@@ -754,7 +754,7 @@ class MeZO(torch.optim.Optimizer):
         """The closure's result as float64 [B] or [] (numbers parsed in float64, never float32)."""
         try:
             losses = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(value, dtype=torch.float64)
-        except (TypeError, ValueError, RuntimeError):
+        except (TypeError, ValueError, RuntimeError, OverflowError):   # OverflowError: an int beyond float64
             raise ValueError(f"Invalid closure result: {value!r} (expected a tensor, number or list "
                              f"of numbers); parameters restored") from None
         if not isinstance(value, torch.Tensor) and _booleans_or_complex(value):   # float64 would read True as 1.0
@@ -810,9 +810,10 @@ class MeZO(torch.optim.Optimizer):
         known = getattr(self, "_checked_groups", None)
         if (known is not None and len(known) == len(groups)
                 and all(isinstance(g, dict) and isinstance(g.get("params"), list) and len(ps) == len(g["params"])
-                        and all(a is b for a, b in zip(ps, g["params"])) for ps, g in zip(known, groups))
-                and getattr(self, "_checked_memory", None) == _memory(groups)):
-            return
+                        and all(a is b for a, b in zip(ps, g["params"])) for ps, g in zip(known, groups))):
+            memory = _memory(groups)   # read once a step: step's _freeze takes its addresses from here
+            if getattr(self, "_checked_memory", None) == memory:
+                return
         for group in groups:
             if not isinstance(group, dict) or not isinstance(group.get("params"), list):
                 raise ValueError(f"Invalid param_group: expected a dict with a list of 'params', got {group!r}")
@@ -857,7 +858,7 @@ class MeZO(torch.optim.Optimizer):
         seed = self.next_seed()
         eps = self.param_groups[0]["eps"]
         self._offset = 0
-        frozen = _freeze(self.param_groups)
+        frozen = _freeze(self.param_groups, self._checked_memory)
         self._in_step = True
         try:
             self._move(seed, +1.0, +1)
@@ -904,7 +905,7 @@ class MeZO(torch.optim.Optimizer):
             raise ValueError(f"Invalid weights: {weights!r} (expected real numbers, not booleans or complex numbers)")
         try:
             weights = torch.as_tensor(weights, dtype=None if isinstance(weights, torch.Tensor) else torch.float64)
-        except (TypeError, ValueError, RuntimeError):
+        except (TypeError, ValueError, RuntimeError, OverflowError):   # OverflowError: an int beyond float64
             raise ValueError(f"Invalid weights: {weights!r} (expected a 1-D tensor [B])") from None
         if weights.is_complex() or weights.dtype == torch.bool:
             raise ValueError(f"Invalid weights: dtype {weights.dtype} (expected real numbers)")
@@ -933,12 +934,13 @@ class MeZO(torch.optim.Optimizer):
 _FROZEN_KEYS = ("eps", "perturbation", "lr", "weight_decay")
 
 
-def _freeze(groups: list) -> tuple:
+def _freeze(groups: list, memory: list[tuple]) -> tuple:
     """The groups, their tensors and hyperparameters as a step starts, and an alias of each tensor's data
-    (with its first address) to point it back with if the closure re-points ``.data``."""
+    (with its first address) to point it back with if the closure re-points ``.data``. ``memory``: the
+    groups' ``_memory`` as the step's checks just read and accepted it (the addresses are read once a step)."""
     data = [(p, p.data) for g in groups for p in g["params"]]
     return (list(groups), [(g["params"], list(g["params"]), {k: g[k] for k in _FROZEN_KEYS}) for g in groups],
-            data, [d.data_ptr() for _, d in data])
+            data, [entry[0] for entry in memory])
 
 
 def _check_frozen(groups: list, frozen: tuple) -> None:

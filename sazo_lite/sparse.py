@@ -11,7 +11,7 @@ import torch
 from .directions import derive_seed, draw_direction
 from .engine import MeZO
 from .noise import Job, NoiseSource, PlainNoise, z_dtype
-from .validation import check_fraction
+from .validation import check_fraction, not_dense
 
 __all__ = ["sparse_indices", "SparseMeZO", "MaskedNoise"]
 
@@ -58,21 +58,15 @@ class SparseMeZO(MeZO):
     def __init__(self, params, masks, **kwargs):
         if kwargs.get("noise", None) is not None:
             raise ValueError("Invalid noise: SparseMeZO draws its own masked directions")
+        if isinstance(params, torch.Tensor):   # list() split it into rows, each then asked for a mask
+            raise ValueError("Invalid params: expected a list of tensors, got a tensor")
         params, masks = list(params), list(masks)
         if len(masks) != len(params):
             raise ValueError(f"Invalid masks: {len(masks)} masks for {len(params)} parameters")
-        for p, m in zip(params, masks):
-            if not isinstance(m, torch.Tensor) or m.dim() != 1 or m.dtype not in (torch.int32, torch.int64):
-                raise ValueError("Invalid masks: each must be a 1-D integer tensor of flat indices")
-            if not isinstance(p, torch.Tensor) or not p.is_contiguous():
-                raise ValueError("Invalid params: SparseMeZO needs contiguous tensors")
-            if m.numel() and (int(m.min()) < 0 or int(m.max()) >= p.numel()):
-                raise ValueError("Invalid masks: each must be 1-D flat indices into its parameter")
-            if m.unique().numel() != m.numel():   # two writes to one entry in a pass: the last wins (any on CUDA)
-                raise ValueError("Invalid masks: an index appears twice in one mask")
+        masks = [_check_mask(p, m) for p, m in zip(params, masks)]
         kwargs["noise"] = None
         super().__init__(params, **kwargs)
-        self._set_masks(params, [m.to(p.device) for p, m in zip(params, masks)])
+        self._set_masks(params, masks)
 
     def _set_masks(self, params, masks) -> None:
         self.masks = {id(p): m for p, m in zip(params, masks)}
@@ -104,14 +98,17 @@ class SparseMeZO(MeZO):
                 raise
 
     def _check_masks_fit(self) -> None:
-        """Each tensor still holds its mask's entries, contiguously, on the mask's device: a ``.data`` re-pointed
-        to a smaller tensor raised IndexError from inside the first pass."""
+        """Each tensor still holds its mask's entries (``_check_mask``), on the mask's device: a ``.data``
+        re-pointed to a smaller tensor raised IndexError from inside the first pass."""
         for p in self._params():
             mask = self.masks[id(p)]
-            if not p.is_contiguous() or mask.device != p.device or (mask.numel() and int(mask.max()) >= p.numel()):
-                raise ValueError(f"Invalid params: a tensor of shape {tuple(p.shape)} on {p.device} (its .data "
-                                 f"re-pointed?) no longer holds its mask's entries contiguously on {mask.device}; "
-                                 f"build a new SparseMeZO with every tensor and its mask")
+            try:
+                if p.device != mask.device:
+                    raise ValueError(f"Invalid params: a tensor on {p.device}, its mask on {mask.device}")
+                _check_mask(p, mask)
+            except ValueError as error:
+                raise ValueError(f"{error}; its .data re-pointed since construction? Build a new SparseMeZO with "
+                                 f"every tensor and its mask") from None
 
     def __getstate__(self) -> dict:
         """deepcopy/pickle: the masks in parameter order (they are keyed by the tensors' ids)."""
@@ -122,9 +119,35 @@ class SparseMeZO(MeZO):
         return state
 
     def __setstate__(self, state: dict) -> None:
-        masks = state.pop("masks")
+        """deepcopy/pickle (the masks in parameter order), or ``load_state_dict``: torch.optim's sets the
+        state and param groups through here, with the same tensors, which keep their masks."""
+        masks = state.pop("masks", None)
         super().__setstate__(state)
-        self._set_masks(self._params(), masks)
+        if masks is not None:
+            self._set_masks(self._params(), masks)
+
+
+def _check_mask(p, mask) -> torch.Tensor:
+    """``mask`` on ``p``'s device, after checking that it indexes ``p``'s flat entries as a pass needs: a dense
+    1-D int32 or int64 tensor of distinct indices in [0, p.numel()), ``p`` a contiguous tensor (the passes
+    write through ``p.view(-1)``). Checked at construction, and again when ``p``'s memory has moved."""
+    if (not isinstance(mask, torch.Tensor) or not_dense(mask) is not None or mask.dim() != 1
+            or mask.dtype not in (torch.int32, torch.int64)):
+        described = f"{mask.dtype} {mask.layout} of shape {tuple(mask.shape)} on {mask.device}" if isinstance(
+            mask, torch.Tensor) else type(mask).__name__
+        raise ValueError(f"Invalid masks: each must be a dense 1-D int32 or int64 tensor of flat indices, got "
+                         f"{described}")
+    if not isinstance(p, torch.Tensor) or not p.is_contiguous():
+        described = f"shape {tuple(p.shape)}, strides {p.stride()}" if isinstance(p, torch.Tensor) else type(p).__name__
+        raise ValueError(f"Invalid params: SparseMeZO needs a plain list of contiguous tensors (a mask indexes "
+                         f"flat entries), got {described}")
+    mask = mask.to(p.device)   # no copy when it is there already
+    if mask.numel() and (int(mask.min()) < 0 or int(mask.max()) >= p.numel()):
+        raise ValueError(f"Invalid masks: indices must lie in [0, {p.numel()}) for a tensor of shape "
+                         f"{tuple(p.shape)}")
+    if mask.unique().numel() != mask.numel():   # two writes to one entry in a pass: the last wins (any on CUDA)
+        raise ValueError("Invalid masks: an index appears twice in one mask")
+    return mask
 
 
 class MaskedNoise(NoiseSource):

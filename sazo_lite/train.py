@@ -115,7 +115,10 @@ class NoiseScaledStep:
         changes."""
         if isinstance(projected_grad, (bool, str, bytes)):   # float() read True as 1.0 and "2" as 2.0
             raise ValueError(f"Invalid projected_grad: {projected_grad!r} (expected a number)")
-        value = float(projected_grad)
+        try:
+            value = float(projected_grad)
+        except OverflowError:   # an int beyond float64: its square overflows too
+            raise ValueError(f"Invalid projected_grad: {str(projected_grad)[:80]} (its square overflows float64)") from None
         if not math.isfinite(value):
             return
         if abs(value) > 1e154:
@@ -157,7 +160,9 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
         record_probs: keep a copy of ``sampler.probs`` at each log point (the sampler must have ``probs``).
         progress: show a ``tqdm.auto`` progress bar.
         stop_below: stop early once ``evaluate()`` is at or below this value (``reached``, the rule
-            ``queries_to_target`` counts by; needs ``evaluate``).
+            ``queries_to_target`` counts by; needs ``evaluate``). It is judged at the log points only: a
+            target already met at θ₀ stops the run at the first one, after ``log_every`` steps (``train``
+            does not evaluate θ₀; a caller that does, as ``llm.queries.query_run``, decides there).
         diverge_above: apply the divergence rule (``diverged``): stop, with ``history.diverged``
             set, once ``evaluate()`` is not finite or exceeds this value, or when the optimiser
             refuses a non-finite loss. Without it a non-finite loss raises ``FloatingPointError``.
@@ -374,6 +379,8 @@ def _metric(value) -> float:
     torch bool, read as 1.0 too, or a numpy complex, whose imaginary part float() dropped)."""
     if value is None or isinstance(value, (bool, str, bytes)) or _booleans_or_complex(value):
         raise ValueError(f"Invalid evaluate result: {value!r} (expected a number)")
+    if isinstance(value, torch.Tensor):   # float() of a tensor that requires grad warned from inside train
+        value = value.detach()
     try:
         return float(value)
     except OverflowError:   # an int or Fraction beyond float64's range: float() raised OverflowError, unnamed

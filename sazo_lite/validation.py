@@ -37,7 +37,10 @@ def check_real(name: str, value) -> float:
     True as 1.0 and "2" as 2.0)."""
     if isinstance(value, (bool, str, bytes)) or not isinstance(value, numbers.Real):
         raise ValueError(f"Invalid {name}: {value!r} (expected a number)")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:   # an int or Fraction beyond float64: float() raised OverflowError, naming nothing
+        raise ValueError(f"Invalid {name}: {str(value)[:80]} (beyond float64's range)") from None
 
 
 def check_number(name: str, value, low: float = -math.inf, high: float = math.inf, *,

@@ -1,0 +1,175 @@
+"""Round 12 of the library's red team: SparseMeZO checkpoints and masks, numbers beyond float64, the
+addresses a step reads, and the review's leftovers.
+
+Each defect's test fails on the code before its fix.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import sazo_lite as sz
+from sazo_lite.sparse import SparseMeZO, sparse_indices
+from sazo_lite.train import NoiseScaledStep
+
+
+def _sparse(theta, seed: int = 3):
+    return SparseMeZO([theta], sparse_indices([theta], 0.5, seed=1), lr=0.05, eps=1e-3, seed=seed)
+
+
+def _quadratic(theta):
+    return lambda: (theta - 1.0).pow(2)
+
+
+# --- 1. SparseMeZO.load_state_dict ----------------------------------------------------------------------------
+@pytest.mark.parametrize("fold", [False, True])
+def test_a_sparse_mezo_state_loads_into_a_sparse_mezo_and_resumes_bit_for_bit(fold):
+    """torch.optim's load_state_dict sets the state through __setstate__, which SparseMeZO read as a pickle's
+    and asked for its masks: every load_state_dict raised KeyError('masks')."""
+    theta, resumed = torch.randn(12, dtype=torch.float64), None
+    opt = _sparse(theta)
+    opt.fold_updates = fold
+    for step in range(5):
+        if step == 2:
+            state = opt.state_dict()   # flushes a folded update: θ is current from here
+            resumed = theta.clone()
+            copy = _sparse(resumed, seed=0)   # another seed: the loaded state must bring the run's back
+            copy.fold_updates = fold
+            copy.load_state_dict(state)
+        opt.step(_quadratic(theta))
+    for _ in range(3):
+        copy.step(_quadratic(resumed))
+    opt.flush(), copy.flush()
+    assert copy.step_count == opt.step_count == 5 and torch.equal(theta, resumed)
+    assert isinstance(copy.noise, sz.sparse.MaskedNoise) and copy.masks.keys() == {id(resumed)}
+
+
+def test_a_refused_sparse_state_leaves_the_optimiser_as_it_was():
+    theta = torch.randn(6)
+    opt = _sparse(theta)
+    opt.step(_quadratic(theta))
+    with pytest.raises(ValueError, match="Invalid state_dict"):
+        opt.load_state_dict({"state": {}, "param_groups": []})
+    assert opt.step_count == 1 and isinstance(opt.noise, sz.sparse.MaskedNoise)
+    opt.step(_quadratic(theta))
+    assert opt.step_count == 2
+
+
+# --- 2. SparseMeZO's masks: one rule, dense data --------------------------------------------------------------
+@pytest.mark.parametrize("mask", [lambda: torch.tensor([0, 2], device="meta"), lambda: torch.tensor([0, 2]).to_sparse()],
+                         ids=["meta", "sparse"])
+def test_a_mask_without_dense_data_is_a_value_error(mask):
+    """A meta mask raised RuntimeError from .item(), a sparse one NotImplementedError from aten::min."""
+    with pytest.raises(ValueError, match="Invalid masks"):
+        SparseMeZO([torch.zeros(4)], [mask()], lr=0.1)
+
+
+def test_a_tensor_given_as_params_is_refused_naming_it():
+    """list() split the tensor into rows, and the error then counted masks against rows."""
+    with pytest.raises(ValueError, match="Invalid params: expected a list of tensors, got a tensor"):
+        SparseMeZO(torch.zeros(3, 4), [torch.tensor([0])], lr=0.1)
+
+
+def test_construction_and_a_later_step_refuse_a_tensor_by_the_same_rule():
+    """The mask rule was written twice (constructor, and before a step once .data moved), in two wordings: a step
+    now reports what the constructor would, and says how the tensor got there."""
+    with pytest.raises(ValueError) as built:
+        SparseMeZO([torch.zeros(2, 5).t()], [torch.tensor([1])], lr=0.1)
+    theta = torch.zeros(10)
+    opt = SparseMeZO([theta], [torch.tensor([1])], lr=0.1)
+    theta.data = torch.zeros(2, 5).t()
+    with pytest.raises(ValueError) as stepped:
+        opt.step(lambda: theta.sum().reshape(1))
+    assert str(stepped.value).startswith(str(built.value).split(", got")[0]) and "re-pointed" in str(stepped.value)
+    assert opt.step_count == 0
+
+
+# --- 3. numbers beyond float64 ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("result", [10 ** 400, [1.0, -(10 ** 400)]], ids=["int", "list"])
+def test_a_closure_result_beyond_float64_is_a_value_error_with_theta_restored(result):
+    """torch.as_tensor raised OverflowError, which the result's check did not catch."""
+    theta = torch.randn(4, dtype=torch.float64)
+    start = theta.clone()
+    opt = sz.MeZO([theta], lr=0.1, eps=1e-3)
+    with pytest.raises(ValueError, match="Invalid closure result"):
+        opt.step(lambda: result)
+    assert torch.allclose(theta, start, rtol=0, atol=1e-15) and opt.step_count == 0
+
+
+def test_weights_beyond_float64_are_a_value_error_before_anything_moves():
+    theta = torch.randn(2, dtype=torch.float64)
+    start = theta.clone()
+    opt = sz.MeZO([theta], lr=0.1, eps=1e-3)
+    with pytest.raises(ValueError, match="Invalid weights"):
+        opt.step(lambda: theta ** 2, [1.0, 10 ** 400])
+    assert torch.equal(theta, start) and opt.step_count == 0
+
+
+@pytest.mark.parametrize("name", ["lr", "eps", "weight_decay"])
+def test_a_hyperparameter_beyond_float64_is_refused_naming_it(name):
+    """float() raised OverflowError, naming nothing."""
+    with pytest.raises(ValueError, match=f"Invalid {name}"):
+        sz.MeZO([torch.zeros(2)], **{"lr": 0.1, name: 10 ** 400})
+
+
+def test_noise_scaled_step_refuses_a_g_beyond_float64_before_it_changes():
+    rule = NoiseScaledStep(warmup=1)
+    with pytest.raises(ValueError, match="Invalid projected_grad"):
+        rule.observe(-(10 ** 400))
+    assert rule.seen == 0
+
+
+# --- 4. the addresses a step reads ------------------------------------------------------------------------------
+def test_a_step_reads_each_tensors_address_once_before_its_passes(monkeypatch):
+    """The group check read every tensor's address and the closure guard read them again, before the first pass;
+    the guard now takes the addresses the check accepted. After each closure call they are read again (the
+    closure may re-point .data)."""
+    params = [torch.randn(3) for _ in range(5)]
+    opt = sz.MeZO(params, lr=0.1, eps=1e-3)
+    loss = lambda: sum(p.sum() for p in params).reshape(1)
+    opt.step(loss)
+    reads, plain = [], torch.Tensor.data_ptr
+    monkeypatch.setattr(torch.Tensor, "data_ptr", lambda self: reads.append(1) or plain(self))
+    opt.step(loss)
+    assert len(reads) == 3 * len(params)   # before the passes, after call 1, after call 2
+
+
+def test_a_closure_that_re_points_data_is_still_refused_and_theta_put_back():
+    a, b = torch.zeros(4), torch.zeros(4)
+    opt = sz.MeZO([a, b], lr=0.1, eps=1e-3, seed=2)
+    other = torch.ones(4)
+
+    def tie():
+        a.data = other
+        return (a.sum() + b.sum()).reshape(1)
+
+    with pytest.raises(ValueError, match="edited inside the step's closure"):
+        opt.step(tie)
+    assert a.data_ptr() != other.data_ptr() and opt.step_count == 0 and torch.equal(other, torch.ones(4))
+    assert torch.allclose(a, torch.zeros(4), atol=1e-6) and torch.allclose(b, torch.zeros(4), atol=1e-6)
+
+
+# --- 5. train ---------------------------------------------------------------------------------------------------
+def _train(**kwargs):
+    theta = torch.zeros(3, dtype=torch.float64)
+    opt = sz.MeZO([theta], lr=0.01, eps=1e-3, seed=0)
+    history = sz.train(opt, sz.UniformSampler(4, seed=0), lambda idx: (theta - 1.0).pow(2).sum() + 0.0 * idx.double(),
+                       steps=20, batch_size=2, log_every=5, progress=False, **kwargs)
+    return history, opt
+
+
+def test_an_evaluate_result_that_requires_grad_is_logged_without_a_warning():
+    """float() of such a tensor warned from inside train ("Converting a tensor with requires_grad=True")."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        history, _ = _train(evaluate=lambda: torch.tensor(2.5, requires_grad=True))
+    assert history.metrics == [2.5] * 4
+
+
+def test_a_target_met_at_theta0_stops_at_the_first_log_point():
+    """Pinned, not changed: stop_below is judged at the log points, the first after log_every steps (query_run's
+    runs and tests/test_llm_norms.py count on that)."""
+    history, opt = _train(evaluate=lambda: 0.0, stop_below=1.0)
+    assert history.logged_steps == [5] and opt.step_count == 5
