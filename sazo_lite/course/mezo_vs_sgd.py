@@ -9,8 +9,8 @@ import torch
 from .config import one_thread
 from ..engine import MeZO
 from ..samplers import UniformSampler
-from .sazo_runs import lesson_train
-from ..validation import check_count
+from .sazo_runs import _check_problem, lesson_train
+from ..validation import check_count, check_number
 
 __all__ = ["RACE_METHODS", "race_mezo_sgd"]
 
@@ -84,6 +84,11 @@ def race_mezo_sgd(problem, *, steps: int = 300, batch_size: int = 16, lr_zo: flo
     """
     for name, value in (("steps", steps), ("batch_size", batch_size), ("log_every", log_every)):
         check_count(name, value)
+    _check_problem(problem)
+    # by the caller's names (MeZO would call lr_zo "lr"); SGD has no optimiser to check its rate: a negative one
+    # climbed the loss and a NaN one gave NaN gaps without a word
+    lr_zo, lr_sgd = check_number("lr_zo", lr_zo, 0.0), check_number("lr_sgd", lr_sgd, 0.0)
+    eps = check_number("eps", eps, 0.0, closed_low=False)
     if not set(methods) <= set(RACE_METHODS):
         raise ValueError(f"Invalid methods: {methods!r} (expected a subset of {RACE_METHODS})")
     runs = {}

@@ -11,7 +11,7 @@ import torch
 
 from .. import variance
 from ..directions import derive_seed
-from ..validation import check_count, check_number
+from ..validation import check_count, check_number, check_seed
 
 __all__ = ["gain_along_path", "path_point", "sample_minibatches", "minibatch_zo_estimates", "weighted_loss_estimates",
            "gain_vs_batch", "second_moment_estimate", "norm_spread"]
@@ -57,6 +57,14 @@ def _finite(name: str, values, dims: int, shape: str) -> torch.Tensor:
     return a
 
 
+def _sequence(name: str, values) -> list:
+    """``values`` as a list, or a ValueError naming them (a single number where a sequence is expected)."""
+    try:
+        return list(values)
+    except TypeError:
+        raise ValueError(f"Invalid {name}: {values!r} (expected a sequence, e.g. [{values!r}])") from None
+
+
 def _columns(name: str, values, probs: torch.Tensor) -> None:
     if len(values) != len(probs):
         raise ValueError(f"Invalid {name}: {len(values)} rows for {len(probs)} probabilities (expected one per example)")
@@ -71,7 +79,7 @@ def sample_minibatches(probs, batch_size: int, trials: int, *, seed: int = 0):
     probs = _probs(probs)
     check_count("batch_size", batch_size)
     check_count("trials", trials)
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(check_seed("seed", seed))
     indices = torch.multinomial(probs, trials * batch_size, replacement=True, generator=g)
     indices = indices.view(trials, batch_size)
     return indices, variance.importance_weights(probs[indices], len(probs))
@@ -118,8 +126,18 @@ def gain_vs_batch(norms, full_grad_norm: float, dim: int, batch_sizes) -> torch.
     if isinstance(full_grad_norm, torch.Tensor) and full_grad_norm.numel() == 1:
         full_grad_norm = float(full_grad_norm)                              # e.g. grads.mean(0).norm()
     full_grad_norm = check_number("full_grad_norm", full_grad_norm, 0.0)   # ‖∇F‖
+    # ‖∇F‖ = ‖mean ∇f_i‖ ≤ mean ‖∇f_i‖ (triangle inequality): above it, the two do not come from one set of gradients
+    if full_grad_norm > float(norms.mean()) * (1 + 1e-9):
+        raise ValueError(f"Invalid full_grad_norm: {full_grad_norm:.6g} (expected ‖∇F‖ <= the mean of the norms, "
+                         f"{float(norms.mean()):.6g}: ‖mean ∇f_i‖ <= mean ‖∇f_i‖)")
     dim = check_count("dim", dim)
-    batch_sizes = [check_count("batch_sizes", b) for b in batch_sizes]
+    batch_sizes = [check_count("batch_sizes", b) for b in _sequence("batch_sizes", batch_sizes)]
+    if not batch_sizes:   # an empty tensor would draw nothing without a word
+        raise ValueError("Invalid batch_sizes: expected at least one batch size")
+    # the ratio does not change when every norm and ‖∇F‖ scale together: in units of the largest norm, norms of
+    # 1e-200 or 1e200 neither underflow (a 0/0) nor overflow (inf/inf) in the squared moments
+    scale = float(norms.max())
+    norms, full_grad_norm = norms / scale, full_grad_norm / scale
     uniform = torch.full_like(norms, 1.0 / len(norms))
     oracle = variance.oracle_probs(norms)
     return torch.tensor([variance.zo_second_moment(norms, uniform, full_grad_norm, dim, int(b))
@@ -144,8 +162,8 @@ def gain_along_path(problem, batch_sizes, progress) -> dict[int, torch.Tensor]:
         >>> bool(abs(gains[1][-1] - gains[64][-1]) < 1e-9)   # ∇F(θ*) = 0: B no longer matters
         True
     """
-    progress = list(progress)
-    if not progress or not list(batch_sizes):
+    progress, batch_sizes = _sequence("progress", progress), _sequence("batch_sizes", batch_sizes)   # read once: a
+    if not progress or not batch_sizes:                                                   # generator is spent by a check
         raise ValueError(f"Invalid progress/batch_sizes: {progress!r}, {batch_sizes!r} (expected at least one of each)")
     rows = []
     for t in progress:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..validation import check_count, check_int, check_number
+from ..validation import check_count, check_number, check_seed
 
 __all__ = ["FiniteSumProblem", "LeastSquares", "LogisticRegression", "lognormal_scales"]
 
@@ -124,7 +124,7 @@ class LeastSquares(FiniteSumProblem):
         noise = check_number("noise", noise, 0.0)
         if num_examples < dim:  # fewer equations than unknowns: no unique optimum θ*
             raise ValueError(f"Invalid num_examples: {num_examples} (expected >= dim = {dim} for a unique optimum)")
-        g = torch.Generator().manual_seed(check_int("seed", seed))
+        g = torch.Generator().manual_seed(check_seed("seed", seed))
         self.num_examples, self.dim, self.heterogeneity = num_examples, dim, heterogeneity
         self.features = torch.randn(num_examples, dim, generator=g, dtype=torch.float64)
         theta_true = torch.randn(dim, generator=g, dtype=torch.float64)
@@ -163,7 +163,7 @@ class LogisticRegression(FiniteSumProblem):
                  heterogeneity: float = 0.0, seed: int = 0):
         l2 = check_number("l2", l2, 0.0, closed_low=False)  # > 0: Newton needs a strongly convex F
         heterogeneity = check_number("heterogeneity", heterogeneity, 0.0)
-        seed = check_int("seed", seed)
+        seed = check_seed("seed", seed)
         features, labels = _numbers("features", features), _numbers("labels", labels)
         if features.dim() != 2 or labels.shape != features.shape[:1] or len(labels) < 1:
             raise ValueError(f"Invalid features/labels: shapes {tuple(features.shape)} and "

@@ -28,7 +28,7 @@ from .problems import FiniteSumProblem, LeastSquares, LogisticRegression
 from ..samplers import RACED, PlainSAZOSampler, SAZOSampler, make_sampler
 from ..train import FlatLossWarning, best_rate, diverged as train_diverged, past_edge, queries_to_target, train
 from .. import variance
-from ..validation import check_count, check_int, check_number
+from ..validation import check_count, check_int, check_limit, check_number, check_seed
 
 
 __all__ = ["PROBLEMS", "make_problem", "SAZOTrace", "run_sazo_trace", "RULES", "RULE_NAMES", "RULE_FIXES",
@@ -74,6 +74,8 @@ def first_divergence(gaps, *, factor: float = DIVERGE_FACTOR) -> int | None:
         >>> first_divergence([2.0, 3.0, 25.0, float("inf")]), first_divergence([2.0, 1.0])
         (2, None)
     """
+    # factor ≤ 1 (or NaN) called the start itself diverged: its gap is above factor × itself; inf is no limit
+    factor = check_limit("factor", factor, 1.0, closed_low=False)
     values = np.asarray(gaps, dtype=np.float64)
     if values.ndim != 1 or len(values) == 0 or not np.isfinite(values[0]) or values[0] < 0:
         raise ValueError(f"Invalid gaps: expected a 1-D sequence starting with a finite gap >= 0, got {gaps!r}")
@@ -200,7 +202,7 @@ def feed_sampler(sampler, norms, *, steps: int, batch_size: int, shrink: float =
     if norms.shape != (sampler.num_examples,):
         raise ValueError(f"Invalid norms: shape {tuple(norms.shape)} (expected one norm per example, "
                          f"({sampler.num_examples},))")
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(check_seed("seed", seed))
     ratios = [variance.variance_ratio(norms, sampler.probs)]
     for t in range(steps):
         indices, _ = sampler.sample(batch_size)
@@ -478,6 +480,7 @@ def sampler_paths(problem: FiniteSumProblem, *, steps: int = 100, batch_size: in
     if rule not in RULES:
         raise ValueError(f"Invalid rule: {rule!r} (expected one of {RULES})")
     check_count("steps", steps)
+    _check_problem(problem)
     paths = {}
     for method in samplers:
         theta = problem.initial_theta(dtype)
@@ -521,9 +524,15 @@ class RaceResult:
     to_target: dict[str, list]
     lrs: dict[str, float] = field(default_factory=dict)
 
+    def _raced(self, name: str, method: str) -> str:
+        """``method`` when this race ran it; else a ValueError naming ``name`` and the methods it ran."""
+        if method not in self.to_target:
+            raise ValueError(f"Invalid {name}: {method!r} (this race ran {tuple(self.to_target)})")
+        return method
+
     def median_to_target(self, method: str) -> float:
         """Median over seeds of queries to target (inf counts as "never", so may be inf)."""
-        values = [np.inf if q is None else q for q in self.to_target[method]]
+        values = [np.inf if q is None else q for q in self.to_target[self._raced("method", method)]]
         return float(np.median(values))
 
     def diverged(self, method: str) -> list[bool]:
@@ -537,6 +546,7 @@ class RaceResult:
         ``queries[-1] / median_to_target(method)``); NaN when ``method`` does not reach it; 1 when both
         are there at θ₀ (0 queries: an initial gap already at the target).
         """
+        self._raced("baseline", baseline)
         ours, theirs = self.median_to_target(method), self.median_to_target(baseline)
         if not np.isfinite(ours):
             return float("nan")
@@ -578,12 +588,14 @@ def race(problem: FiniteSumProblem, *, samplers=SAMPLERS, seeds=(0, 1, 2), steps
     samplers, seeds = tuple(samplers), tuple(seeds)   # e.g. np.arange(3): "not seeds" would be ambiguous
     if not samplers or not seeds:
         raise ValueError("Invalid samplers/seeds: need at least one of each")
+    for name, values in (("samplers", samplers), ("seeds", seeds)):   # a repeat would count its runs twice in
+        if len(set(values)) < len(values):                             # every median
+            raise ValueError(f"Invalid {name}: {values!r} (expected each at most once)")
     lrs = {m: float(lr[m] if isinstance(lr, dict) else lr) for m in samplers} if not isinstance(lr, dict) or \
         set(samplers) <= set(lr) else None
     if lrs is None:
         raise ValueError(f"Invalid lr: {lr!r} (a dict needs a rate for each of {tuple(samplers)})")
-    if not 0.0 < target_fraction < 1.0:
-        raise ValueError(f"Invalid target_fraction: {target_fraction} (expected a number in (0, 1))")
+    target_fraction = check_number("target_fraction", target_fraction, 0.0, 1.0, closed_low=False, closed_high=False)
     steps, log_every = check_count("steps", steps), check_count("log_every", log_every)
     logged = [s for s in range(1, steps + 1) if s % log_every == 0 or s == steps]
     queries = 2 * batch_size * np.asarray([0] + logged)

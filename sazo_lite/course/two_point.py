@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..directions import PERTURBATIONS, derive_seed
-from ..validation import check_choice, check_count, check_int, check_number
+from ..validation import check_choice, check_count, check_int, check_number, check_seed
 
 __all__ = ["bowl_loss", "bowl_grad", "random_directions", "two_point_estimates", "zo_gradient",
            "directional_error", "error_vs_eps", "relative_error_theory", "relative_error_monte_carlo"]
@@ -109,6 +109,7 @@ def zo_gradient(fn, theta: torch.Tensor, eps: float, num_directions: int, *, see
         True
     """
     theta = _theta(theta)   # a list or numpy array as two_point_estimates takes it
+    check_count("num_directions", num_directions)   # by the caller's name (random_directions calls it num)
     z = random_directions(num_directions, theta.numel(), seed=seed, perturbation=perturbation)
     return two_point_estimates(fn, theta, z, eps)[1].mean(0)
 
@@ -134,10 +135,17 @@ def error_vs_eps(fn, grad: torch.Tensor, theta: torch.Tensor, eps_grid, *,
     Large ε: curvature error ∝ ε². Tiny ε: θ ± εz and f round to the same float, error ∝ u/ε.
     Returns a float64 tensor [len(eps_grid)].
     """
-    eps_grid = [float(e) for e in eps_grid]
+    try:
+        eps_grid = [float(e) for e in eps_grid]
+    except (TypeError, ValueError):
+        raise ValueError(f"Invalid eps_grid: {eps_grid!r} (expected a sequence of numbers ε > 0)") from None
     if not eps_grid:   # an empty curve would plot nothing without a word
         raise ValueError("Invalid eps_grid: expected at least one ε")
+    check_count("num_directions", num_directions)
     theta = torch.as_tensor(theta).to(dtype)   # a list, numpy array or int tensor: cast to the dtype studied
+    if torch.as_tensor(grad).shape != theta.shape:   # zᵀ∇f with another length raised torch's "size mismatch"
+        raise ValueError(f"Invalid grad: shape {tuple(torch.as_tensor(grad).shape)} (expected θ's shape "
+                         f"{tuple(theta.shape)})")
     z = random_directions(num_directions, theta.numel(), seed=seed)
     return torch.tensor([directional_error(fn, grad, theta, z, e) for e in eps_grid], dtype=torch.float64)
 
@@ -156,7 +164,9 @@ def relative_error_theory(dim: int, num_directions: int, perturbation: str = "ga
 def relative_error_monte_carlo(dim: int, num_directions: int, *, trials: int = 200, seed: int = 0,
                                perturbation: str = "gaussian") -> float:
     """Monte-Carlo E‖ĝ − a‖²/‖a‖² with ĝ = (1/q) Σ_j z_j z_jᵀa (exact ZO for linear f)."""
-    g = torch.Generator().manual_seed(seed)
+    for name, value in (("dim", dim), ("num_directions", num_directions), ("trials", trials)):
+        check_count(name, value)   # by the caller's names: random_directions would name trials·q "num"
+    g = torch.Generator().manual_seed(check_seed("seed", seed))
     a = torch.randn(dim, generator=g, dtype=torch.float64)
     z = random_directions(trials * num_directions, dim, seed=derive_seed(seed, dim, num_directions),
                           perturbation=perturbation).view(trials, num_directions, dim)

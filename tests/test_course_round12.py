@@ -1,0 +1,140 @@
+"""Round 12 on the course layer: the helpers given other problems, other scales and wrong arguments.
+
+Each test names what the helper did before (a silent wrong result, or an error naming no argument or another
+one) and checks what it does now.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from sazo_lite.course import minibatches, mezo_vs_sgd, problems, sazo_runs, two_point
+
+
+def _quadratic(num_examples: int = 16, dim: int = 3, **kwargs) -> problems.LeastSquares:
+    return problems.LeastSquares(num_examples, dim, heterogeneity=1.0, **kwargs)
+
+
+# -- notebook 02's race: MeZO against SGD ---------------------------------------------------------------
+
+@pytest.mark.parametrize("lr_sgd", [-1.0, math.nan])
+def test_mezo_vs_sgd_refuses_an_sgd_rate_that_climbs_or_is_nan(lr_sgd):
+    """lr_sgd = −1 climbed the loss (gap 2.5 → 6.9e4 in 5 steps) and NaN gave NaN gaps, without a word."""
+    with pytest.raises(ValueError, match="Invalid lr_sgd"):
+        mezo_vs_sgd.race_mezo_sgd(_quadratic(), steps=5, log_every=5, lr_sgd=lr_sgd)
+
+
+def test_mezo_vs_sgd_names_the_rate_and_the_problem_the_caller_gave():
+    with pytest.raises(ValueError, match="Invalid lr_zo"):                  # was "Invalid lr" (MeZO's name)
+        mezo_vs_sgd.race_mezo_sgd(_quadratic(), steps=5, log_every=5, lr_zo=math.nan)
+    with pytest.raises(ValueError, match="Invalid problem: .*expected a FiniteSumProblem"):   # was AttributeError
+        mezo_vs_sgd.race_mezo_sgd("breast_cancer", steps=5, log_every=5)
+
+
+# -- notebook 05: divergence rule, paths, race results -----------------------------------------------------
+
+@pytest.mark.parametrize("factor", [0.5, 1.0, 0.0, -1.0, math.nan])
+def test_first_divergence_refuses_a_factor_that_calls_the_start_diverged(factor):
+    """A factor ≤ 1 (or NaN) put the limit at or below the starting gap: a run that only fell was 'diverged at 0'."""
+    with pytest.raises(ValueError, match="Invalid factor"):
+        sazo_runs.first_divergence([1.0, 0.5, 0.25], factor=factor)
+    assert sazo_runs.first_divergence([1.0, 0.5, 0.25], factor=math.inf) is None   # inf: no limit, as before
+    assert sazo_runs.first_divergence([1.0, 0.5, 3.0], factor=2.0) == 2
+
+
+def test_sampler_paths_refuses_a_name_in_place_of_a_problem():
+    with pytest.raises(ValueError, match="Invalid problem: .*expected a FiniteSumProblem"):   # was AttributeError
+        sazo_runs.sampler_paths("breast_cancer", steps=3)
+
+
+def test_race_result_names_a_method_or_baseline_it_did_not_run():
+    result = sazo_runs.race(_quadratic(), samplers=("sazo",), seeds=(0,), steps=5)
+    with pytest.raises(ValueError, match=r"Invalid baseline: 'uniform' \(this race ran \('sazo',\)\)"):
+        result.speedup("sazo")                                             # was KeyError: 'uniform'
+    with pytest.raises(ValueError, match="Invalid method: 'oracle'"):
+        result.median_to_target("oracle")
+    itself = result.speedup("sazo", baseline="sazo")                      # a method it ran still compares
+    assert itself == 1.0 or math.isnan(itself)
+
+
+@pytest.mark.parametrize("kwargs", [dict(samplers=("uniform", "uniform")), dict(seeds=(0, 0))])
+def test_race_refuses_a_repeated_sampler_or_seed(kwargs):
+    """A repeat ran twice and counted twice in every median (uniform's to_target held 2 entries for 1 seed)."""
+    name = next(iter(kwargs))
+    with pytest.raises(ValueError, match=f"Invalid {name}: .*at most once"):
+        sazo_runs.race(_quadratic(), steps=5, **{"seeds": (0,), **kwargs})
+
+
+def test_race_names_a_target_fraction_that_is_not_a_number():
+    with pytest.raises(ValueError, match="Invalid target_fraction"):        # was TypeError: '<' not supported
+        sazo_runs.race(_quadratic(), seeds=(0,), steps=5, target_fraction="0.1")
+
+
+# -- seeds: a float or an out-of-range int is named, not torch's RuntimeError ------------------------------
+
+@pytest.mark.parametrize("call", [
+    lambda seed: minibatches.sample_minibatches(torch.full((4,), 0.25), 2, 3, seed=seed),
+    lambda seed: sazo_runs.feed_sampler(sazo_runs.rule_sampler("plain", 4), [1.0, 2.0, 3.0, 4.0], steps=2,
+                                        batch_size=2, seed=seed),
+    lambda seed: two_point.relative_error_monte_carlo(3, 2, seed=seed),
+    lambda seed: problems.LeastSquares(8, 2, seed=seed),
+    lambda seed: problems.LogisticRegression(torch.randn(6, 2), torch.tensor([1.0, -1.0] * 3), seed=seed),
+])
+@pytest.mark.parametrize("seed", [0.5, 2 ** 70])
+def test_a_seed_torch_cannot_take_is_a_value_error_naming_seed(call, seed):
+    with pytest.raises(ValueError, match="Invalid seed"):   # was RuntimeError ("expected a long", "Overflow")
+        call(seed)
+
+
+# -- notebook 01: the two-point helpers name their own arguments ---------------------------------------------
+
+def test_two_point_helpers_name_the_argument_the_caller_gave():
+    bowl = lambda x: two_point.bowl_loss(x, [1.0, 3.0])                  # noqa: E731
+    with pytest.raises(ValueError, match="Invalid num_directions"):       # was "Invalid num" (random_directions')
+        two_point.zo_gradient(bowl, [1.0, 2.0], 1e-3, 0)
+    with pytest.raises(ValueError, match="Invalid num_directions"):
+        two_point.error_vs_eps(bowl, [1.0, 6.0], [1.0, 2.0], [1e-3], num_directions=0)
+    with pytest.raises(ValueError, match="Invalid trials"):               # was "Invalid num": trials × q
+        two_point.relative_error_monte_carlo(3, 2, trials=0)
+    with pytest.raises(ValueError, match="Invalid eps_grid"):             # was TypeError: 'float' not iterable
+        two_point.error_vs_eps(bowl, [1.0, 6.0], [1.0, 2.0], 1e-3)
+    with pytest.raises(ValueError, match=r"Invalid grad: shape \(3,\)"):  # was RuntimeError: size mismatch
+        two_point.error_vs_eps(bowl, [1.0, 6.0, 0.0], [1.0, 2.0], [1e-3])
+    curve = two_point.error_vs_eps(bowl, [1.0, 6.0], [1.0, 2.0], [1e-3, 1e-1])   # what the notebook passes
+    assert curve.shape == (2,) and bool(torch.isfinite(curve).all())
+
+
+# -- notebook 03: the oracle's gain -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("scale", [1e-200, 1e-160, 1e160, 1e200])
+def test_gain_vs_batch_does_not_depend_on_the_units_of_the_norms(scale):
+    """The ratio is scale-free; norms of 1e-200 raised ZeroDivisionError and 1e200 gave NaN (inf/inf)."""
+    grads = _quadratic(64, 5).per_example_grads(torch.full((5,), 0.3, dtype=torch.float64))
+    norms, full = grads.norm(dim=1), float(grads.mean(0).norm())
+    plain = minibatches.gain_vs_batch(norms, full, 5, [1, 8, 64])
+    scaled = minibatches.gain_vs_batch(norms * scale, full * scale, 5, [1, 8, 64])
+    torch.testing.assert_close(scaled, plain, rtol=1e-12, atol=0)
+    assert plain[0] > plain[1] > plain[2] > 1.0
+
+
+def test_gain_vs_batch_refuses_a_full_gradient_norm_no_set_of_these_norms_can_have():
+    """‖∇F‖ ≤ mean ‖∇f_i‖: ‖∇F‖² passed for ‖∇F‖ (here 4 for norms averaging 3) gave a gain without a word."""
+    with pytest.raises(ValueError, match="Invalid full_grad_norm: 4 .*<= the mean of the norms"):
+        minibatches.gain_vs_batch([1.0, 5.0], 4.0, 2, [1, 8])
+    assert minibatches.gain_vs_batch([1.0, 5.0], 3.0, 2, [1]).tolist() == pytest.approx([1 + 4 / 9])
+
+
+def test_gain_helpers_read_a_generator_of_batch_sizes_once_and_name_a_single_number():
+    """gain_along_path checked a generator of batch sizes by reading it, then found it empty and returned {}."""
+    problem = _quadratic(32, 4)
+    gains = minibatches.gain_along_path(problem, (b for b in (1, 8)), [0.0, 1.0])
+    assert sorted(gains) == [1, 8]
+    with pytest.raises(ValueError, match="Invalid progress: 0.5 .*expected a sequence"):   # was TypeError
+        minibatches.gain_along_path(problem, [1], 0.5)
+    with pytest.raises(ValueError, match="Invalid batch_sizes: 8 .*expected a sequence"):  # was TypeError
+        minibatches.gain_vs_batch([1.0, 2.0], 0.5, 2, 8)
+    with pytest.raises(ValueError, match="Invalid batch_sizes: expected at least one"):     # was an empty tensor
+        minibatches.gain_vs_batch([1.0, 2.0], 0.5, 2, [])
