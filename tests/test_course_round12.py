@@ -138,3 +138,66 @@ def test_gain_helpers_read_a_generator_of_batch_sizes_once_and_name_a_single_num
         minibatches.gain_vs_batch([1.0, 2.0], 0.5, 2, 8)
     with pytest.raises(ValueError, match="Invalid batch_sizes: expected at least one"):     # was an empty tensor
         minibatches.gain_vs_batch([1.0, 2.0], 0.5, 2, [])
+
+
+def test_gain_helpers_refuse_a_name_in_place_of_a_problem_and_the_figure_draws_a_generators_batch_sizes():
+    from sazo_lite.course.widgets import gain_over_training_figure
+
+    with pytest.raises(ValueError, match="Invalid problem: .*expected a FiniteSumProblem"):   # was AttributeError
+        minibatches.gain_along_path("breast_cancer", [1], [0.0])
+    with pytest.raises(ValueError, match="Invalid problem: .*expected a FiniteSumProblem"):
+        gain_over_training_figure("breast_cancer")
+    fig = gain_over_training_figure(_quadratic(32, 4), batch_sizes=(b for b in (1, 64)), points=3)
+    assert [trace.name for trace in fig.data] == ["B = 1 (1 + CV²)", "B = 64"]   # was no line at all
+
+
+def test_memory_figure_refuses_bytes_without_names():
+    from sazo_lite.course.widgets import memory_figure
+
+    with pytest.raises(ValueError, match="Invalid measurements: .*dict .*got list"):   # was AttributeError: items
+        memory_figure([2 ** 20, 5 * 2 ** 20])
+
+
+# -- docstrings name what runs -------------------------------------------------------------------------------
+
+def _has(module, attribute: str) -> bool:
+    """An attribute of ``module``, or a submodule its package does not import (benchmarks.llm_queries)."""
+    import importlib.util
+
+    if hasattr(module, attribute):
+        return True
+    try:
+        return importlib.util.find_spec(f"{module.__name__}.{attribute}") is not None
+    except ModuleNotFoundError:   # ``module`` is not a package
+        return False
+
+
+def test_course_docstrings_name_modules_and_functions_that_exist():
+    """The paths dashboard's docstrings sent readers to ``experiments.sampler_paths``; the module is sazo_runs."""
+    import importlib
+    import importlib.util
+    import pkgutil
+    import re
+    from pathlib import Path
+
+    import sazo_lite
+    from sazo_lite.course import widgets
+
+    modules = {}
+    for package in (sazo_lite, sazo_lite.course, widgets):
+        for info in pkgutil.iter_modules(package.__path__):
+            if info.name != "labs":
+                modules.setdefault(info.name, []).append(f"{package.__name__}.{info.name}")
+    not_names = {"go", "result", "dash"}   # plotly's alias, doc examples' variables
+    wrong = []
+    for path in sorted([*Path(sazo_lite.course.__file__).parent.glob("*.py"),
+                        *Path(widgets.__file__).parent.glob("*.py")]):
+        for module, attribute in re.findall(r"``([a-z_]\w*)\.(\w+)(?:\(\))?``", path.read_text()):
+            if module in not_names:
+                continue
+            if module not in modules and importlib.util.find_spec(module) is not None:
+                modules[module] = [module]                              # a top-level package (sazo_lite, benchmarks)
+            found = [importlib.import_module(name) for name in modules.get(module, [])]
+            if not any(_has(candidate, attribute) for candidate in found):
+                wrong.append(f"{path.name}: {module}.{attribute}")
+    assert not wrong, wrong

@@ -12,6 +12,7 @@ import torch
 from .. import variance
 from ..directions import derive_seed
 from ..validation import check_count, check_number, check_seed
+from .problems import check_problem
 
 __all__ = ["gain_along_path", "path_point", "sample_minibatches", "minibatch_zo_estimates", "weighted_loss_estimates",
            "gain_vs_batch", "second_moment_estimate", "norm_spread"]
@@ -162,9 +163,11 @@ def gain_along_path(problem, batch_sizes, progress) -> dict[int, torch.Tensor]:
         >>> bool(abs(gains[1][-1] - gains[64][-1]) < 1e-9)   # ∇F(θ*) = 0: B no longer matters
         True
     """
+    check_problem(problem)
     progress, batch_sizes = _sequence("progress", progress), _sequence("batch_sizes", batch_sizes)   # read once: a
-    if not progress or not batch_sizes:                                                   # generator is spent by a check
-        raise ValueError(f"Invalid progress/batch_sizes: {progress!r}, {batch_sizes!r} (expected at least one of each)")
+    for name, values in (("progress", progress), ("batch_sizes", batch_sizes)):           # generator is spent by a check
+        if not values:
+            raise ValueError(f"Invalid {name}: expected at least one value")
     rows = []
     for t in progress:
         grads = problem.per_example_grads(path_point(problem, float(t)))        # [N, d]

@@ -10,7 +10,7 @@ import torch
 
 from ..validation import check_count, check_number, check_seed
 
-__all__ = ["FiniteSumProblem", "LeastSquares", "LogisticRegression", "lognormal_scales"]
+__all__ = ["FiniteSumProblem", "LeastSquares", "LogisticRegression", "lognormal_scales", "check_problem"]
 
 
 def lognormal_scales(num_examples: int, heterogeneity: float, generator: torch.Generator) -> torch.Tensor:
@@ -34,6 +34,17 @@ def _numbers(name: str, values) -> torch.Tensor:
     except (TypeError, ValueError, RuntimeError):
         raise ValueError(f"Invalid {name}: {type(values).__name__} that does not convert to numbers "
                          "(expected an array or tensor of numbers)") from None
+
+
+_PROBLEM_PARTS = ("num_examples", "losses", "gap", "norms", "initial_theta", "optimal_loss")
+
+
+def check_problem(problem) -> None:
+    """Refuse what is not a problem (a name, a dataset) before a helper reaches for one of its parts."""
+    missing = [part for part in _PROBLEM_PARTS if not hasattr(problem, part)]
+    if missing:
+        raise ValueError(f"Invalid problem: {type(problem).__name__} {str(problem)[:60]!r} has no {', '.join(missing)} "
+                         "(expected a FiniteSumProblem, e.g. make_problem(...) or problems.LogisticRegression(X, y))")
 
 
 class FiniteSumProblem:

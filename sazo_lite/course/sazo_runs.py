@@ -24,7 +24,7 @@ import torch
 from .config import one_thread
 from ..engine import MeZO
 from .minibatches import _norms
-from .problems import FiniteSumProblem, LeastSquares, LogisticRegression
+from .problems import FiniteSumProblem, LeastSquares, LogisticRegression, check_problem as _check_problem
 from ..samplers import RACED, PlainSAZOSampler, SAZOSampler, make_sampler
 from ..train import FlatLossWarning, best_rate, diverged as train_diverged, past_edge, queries_to_target, train
 from .. import variance
@@ -82,17 +82,6 @@ def first_divergence(gaps, *, factor: float = DIVERGE_FACTOR) -> int | None:
     # a start at 0 (θ₀ already a minimiser) gives no scale: 10 × 0 would call any step away from it a divergence
     limit = factor * values[0] if values[0] > 0 else math.inf
     return next((k for k, gap in enumerate(values.tolist()) if train_diverged(gap, limit)), None)
-
-
-_PROBLEM_PARTS = ("num_examples", "losses", "gap", "norms", "initial_theta", "optimal_loss")
-
-
-def _check_problem(problem) -> None:
-    """Refuse what is not a problem (a name, a dataset) before a run reaches for one of its parts."""
-    missing = [part for part in _PROBLEM_PARTS if not hasattr(problem, part)]
-    if missing:
-        raise ValueError(f"Invalid problem: {type(problem).__name__} {str(problem)[:60]!r} has no {', '.join(missing)} "
-                         "(expected a FiniteSumProblem, e.g. make_problem(...) or problems.LogisticRegression(X, y))")
 
 
 def starting_gap(problem: FiniteSumProblem) -> float:

@@ -285,6 +285,6 @@ def gain_over_training_figure(problem, batch_sizes=(1, 8, 64), points: int = 41)
                                 width=640, margin=dict(l=60, r=20, t=50, b=50),
                                 xaxis=dict(title="training progress t (0: θ₀, 1: θ*)"),
                                 yaxis=dict(type="log", title="E‖ĝ‖²: uniform / oracle")))
-    for b in batch_sizes:
-        fig.add_scatter(x=progress, y=gains[int(b)].tolist(), mode="lines", name=f"B = {b}" + (" (1 + CV²)" if b == 1 else ""))
+    for b, gain in gains.items():   # (batch_sizes may be a generator, read once by gain_along_path)
+        fig.add_scatter(x=progress, y=gain.tolist(), mode="lines", name=f"B = {b}" + (" (1 + CV²)" if b == 1 else ""))
     return fig

@@ -30,8 +30,9 @@ def memory_figure(measurements: dict[str, int]) -> go.Figure:
         >>> [round(v, 1) for v in fig.data[0].y]
         [1.0, 1.0, 5.0]
     """
-    if not measurements:
-        raise ValueError("Invalid measurements: expected a non-empty dict of name -> bytes")
+    if not isinstance(measurements, dict) or not measurements:   # a list of bytes has no names for the bars
+        raise ValueError("Invalid measurements: expected a non-empty dict of name -> bytes, got "
+                         f"{type(measurements).__name__}")
     for name, value in measurements.items():
         check_number(f"measurements[{name!r}]", value, 0.0)   # bytes: a finite count ≥ 0
     names = list(measurements)

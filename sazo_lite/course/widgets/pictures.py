@@ -5,7 +5,7 @@
 * ``chi2_dashboard``: why one d² is not enough: the χ²₁ spread of d²/‖∇f_i‖² and how an EMA
   over an example's observations narrows it as β moves.
 * ``paths_dashboard``: uniform, SAZO and oracle trajectories on the contours of a 2-D
-  heterogeneous least-squares problem (``experiments.sampler_paths``: real MeZO steps).
+  heterogeneous least-squares problem (``sazo_runs.sampler_paths``: real MeZO steps).
 
 The maths lives in ``sazo_lite.variance``, ``sazo_lite.course`` and ``sazo_lite.course.sazo_runs``.
 """
@@ -220,7 +220,7 @@ def paths_dashboard(*, num_examples: int = 32, heterogeneity: float = 2.0, steps
     """Uniform, SAZO and oracle MeZO paths on the loss contours of a 2-D least-squares problem.
 
     All three start at θ₀ = 0 with the same η and the same MeZO directions (same seed); only
-    the sampled examples differ. Each path is one real run (``experiments.sampler_paths``).
+    the sampled examples differ. Each path is one real run (``sazo_runs.sampler_paths``).
     SAZO runs the plain rule by default: with 32 examples, B = 1 and 100 steps each example is
     seen about three times, so the robust rule's count-capped decay never reaches β (β would do
     nothing) and its first draws of unseen heavy examples carry weights up to 1/λ.
