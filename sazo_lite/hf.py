@@ -127,6 +127,7 @@ ZO_STATE_KEYS = {"method", "sampler", "master"}
 ZO_STATE_OPTIONAL = {"queries", "learning_rate", "batch_size"}   # written since rounds 10, 11 and 12
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 PROBE_EXAMPLES = 2   # examples the pre-training check runs the model on
+FOLLOW_CHUNK = 1 << 20   # entries _follow_writes compares at a time: its buffers stay this small
 
 
 class CausalLMCollator:
@@ -593,15 +594,16 @@ class ZOTrainer(Trainer):
             with torch.no_grad(), self.compute_loss_context_manager():
                 outputs = net(**self._model_inputs(batch))
             if default:
-                logits = _logits(outputs)
-                if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != batch["labels"].shape:
+                logits, (b, t), skip = _logits(outputs), batch["labels"].shape, _virtual_tokens(net)
+                if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != (b, t + skip):
                     got = (f"outputs of type {type(outputs).__name__}" if logits is None
                            else f"logits of shape {tuple(getattr(logits, 'shape', ()))}")
+                    over = f" ({skip} virtual tokens + T)" if skip else ""
                     raise ValueError(f"Invalid model: the default per_example_loss needs a causal LM's outputs.logits "
-                                     f"[B, T, V] over labels [B, T] = {list(batch['labels'].shape)}, got {got}; pass "
+                                     f"[B, T, V] over labels [B, T] = {[b, t]}{over}, got {got}; pass "
                                      f"per_example_loss=(outputs, inputs) -> losses [B]")
             try:
-                losses = self.per_example_loss(outputs, batch)
+                losses = self._per_example_losses(outputs, batch)
             except Exception as error:
                 raise ValueError(f"Invalid per_example_loss: it raised on the first training examples "
                                  f"({type(error).__name__}: {error})") from error
@@ -650,7 +652,7 @@ class ZOTrainer(Trainer):
                 self._master.sync()
             with self.compute_loss_context_manager():
                 outputs = net(**self._model_inputs(batch))
-            mine = self.per_example_loss(outputs, batch)
+            mine = self._per_example_losses(outputs, batch)
             _check_loss_shape(mine, len(batch_indices), f"at step {self.state.global_step + 1}")
             values = gather_losses(mine.float())
             _check_finite_losses(values, indices, self.state.global_step + 1)
@@ -699,6 +701,15 @@ class ZOTrainer(Trainer):
                              "would not rebuild them. Write the weights before SeedLog.attach, or attach a new "
                              "log after")
 
+    def _per_example_losses(self, outputs, inputs) -> torch.Tensor:
+        """``per_example_loss(outputs, inputs)``. The default loss's labels get a peft prompt's virtual
+        tokens in front, as peft's forward does to labels (the logits cover them): without, a prompt-tuned
+        model's logits [B, P + T, V] were refused as not matching its labels [B, T]."""
+        skip = _virtual_tokens(self.accelerator.unwrap_model(self.model))
+        if self.per_example_loss is _causal_lm_loss and skip:
+            inputs = {**inputs, "labels": torch.nn.functional.pad(inputs["labels"], (skip, 0), value=IGNORE)}
+        return self.per_example_loss(outputs, inputs)
+
     def _label_columns(self) -> set:
         """The columns per_example_loss reads and forwards never get: "labels" and ``label_names``."""
         return {"labels", *self.label_names}
@@ -715,7 +726,7 @@ class ZOTrainer(Trainer):
         if not self._label_columns() & set(inputs):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         outputs = model(**self._model_inputs(inputs))
-        loss = self.per_example_loss(outputs, inputs).float().mean()   # float32, as the training steps average
+        loss = self._per_example_losses(outputs, inputs).float().mean()   # float32, as the training steps average
         if not return_outputs:
             return loss
         # The Trainer reads a tuple's first entry as the loss and the rest as predictions; the
@@ -913,6 +924,13 @@ class ZOTrainer(Trainer):
         except (KeyError, IndexError, TypeError) as error:
             raise ValueError(f"Invalid checkpoint: {checkpoint}/optimizer.pt is not a MeZO state "
                              f"(missing {error})") from None
+        try:   # MeZO's own checks (step, seed, lr, eps, ...) on stand-ins: the Trainer loads this file after
+            # the weights, the sampler and the master, and a refusal there left those loaded
+            stand_ins = [{"params": [torch.zeros(1) for _ in g["params"]]} for g in groups]
+            MeZO(stand_ins, lr=0.0, noise=None).load_state_dict(state)
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"Invalid checkpoint: {checkpoint}/optimizer.pt holds a state MeZO "
+                             f"refuses: {error}") from None
         return groups, entry["seed"]
 
     def _load_best_model(self) -> None:
@@ -930,9 +948,7 @@ class ZOTrainer(Trainer):
         the master's extra precision."""
         with torch.no_grad():
             for param, master in zip(self._master.params, self._master.tensors):
-                written = param.detach() != master.to(param.dtype)
-                if bool(written.any()):
-                    master.copy_(torch.where(written, param.detach().to(master.dtype), master))
+                _follow_writes(param.detach(), master)
 
     def _master_follows_model(self, checkpoint: str) -> None:
         """The master takes the weights the model holds now: the checkpoint's master where it
@@ -957,6 +973,34 @@ class ZOTrainer(Trainer):
                 for master, saved in zip(self._master.tensors, state["master"]):
                     master.copy_(saved)
             self._master.sync()
+
+
+def _follow_writes(param: torch.Tensor, master: torch.Tensor) -> None:
+    """``master`` takes ``param``'s entries where ``param`` differs from ``master`` rounded to
+    ``param``'s dtype (the entries written since the last sync), keeping the others.
+
+    Chunk by chunk, through two buffers of at most ``FOLLOW_CHUNK`` entries reused for every chunk:
+    rounding the whole master to compare (``param != master.to(param.dtype)``) allocated half a
+    master per tensor each step, plus a mask and a float32 ``torch.where`` on a write. An exact check
+    has to read both tensors anyway: writes through ``.data`` leave no trace (no version count), and
+    any checksum misses some. Tensors that are not both contiguous are compared whole.
+    """
+    if not (param.is_contiguous() and master.is_contiguous()):
+        written = param != master.to(param.dtype)
+        if bool(written.any()):
+            master[written] = param[written].to(master.dtype)
+        return
+    flat_param, flat_master = param.view(-1), master.view(-1)
+    size = min(FOLLOW_CHUNK, flat_param.numel())
+    rounded = torch.empty(size, dtype=param.dtype, device=param.device)
+    written = torch.empty(size, dtype=torch.bool, device=param.device)
+    for start in range(0, flat_param.numel(), FOLLOW_CHUNK):
+        chunk = flat_param[start:start + FOLLOW_CHUNK]
+        target, n = flat_master[start:start + FOLLOW_CHUNK], chunk.numel()
+        rounded[:n].copy_(target)   # the value the last sync wrote into the model
+        torch.ne(chunk, rounded[:n], out=written[:n])
+        if bool(written[:n].any()):
+            target[written[:n]] = chunk[written[:n]].to(target.dtype)
 
 
 def _check_loss_shape(losses, n: int, when: str) -> None:
@@ -1033,6 +1077,17 @@ def _logits(outputs):
     if isinstance(outputs, Mapping):
         return outputs.get("logits")
     return getattr(outputs, "logits", None)
+
+
+def _virtual_tokens(model) -> int:
+    """Positions a peft causal-LM prompt-learning model (prompt tuning, p-tuning) puts in front of its
+    input embeddings, so of its logits: its ``num_virtual_tokens``. 0 for other models, and for prefix
+    tuning, whose virtual tokens are keys and values only."""
+    config = getattr(model, "active_peft_config", None)
+    if (not getattr(config, "is_prompt_learning", False) or config.task_type != "CAUSAL_LM"
+            or config.peft_type in ("PREFIX_TUNING", "CARTRIDGE", "CPT")):
+        return 0
+    return int(config.num_virtual_tokens)
 
 
 def _has_accelerator() -> bool:

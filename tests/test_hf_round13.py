@@ -1,0 +1,186 @@
+"""ZOTrainer red-team round 13: the master's write check, resumes from a spoiled optimizer.pt, peft
+prompt tuning, and failures mid-run.
+
+One test per defect (each fails on the code before the fix). Tiny random models, rows in memory.
+"""
+import shutil
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+transformers = pytest.importorskip("transformers")
+
+from sazo_lite.llm.models import tiny_causal_lm  # noqa: E402
+from test_hf import VOCAB, memorisable_rows, training_args, trainer_for, weights  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+
+
+def hf_module():
+    import sazo_lite.hf
+
+    return sazo_lite.hf
+
+
+def unchanged(model, before):
+    return all(torch.equal(before[k], v) for k, v in weights(model).items())
+
+
+# -- the master follows writes: the same rule, without a rounded copy of each master -------------
+def old_rule(param, master):
+    """_master_follows_writes before round 13, tensor by tensor: the reference."""
+    written = param != master.to(param.dtype)
+    if bool(written.any()):
+        master.copy_(torch.where(written, param.to(master.dtype), master))
+
+
+def bits(t):
+    """A tensor's bit pattern (−0 compared too), every NaN as one: torch's float16 → float32 casts give
+    a NaN other payloads in its vectorised and scalar loops, and nothing reads a payload."""
+    return torch.where(t.isnan(), float("nan"), t).view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def random_pair(seed, dtype, master_dtype, shape):
+    """A model tensor synced from a master with extra precision, then written in places with values
+    that round-trip, NaN, ±inf, −0 and subnormals."""
+    g = torch.Generator().manual_seed(seed)
+    master = (torch.randn(shape, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(-6, 3, shape, generator=g))
+    master = master.to(master_dtype)
+    param = master.to(dtype)
+    flat = param.view(-1)
+    chosen = torch.randperm(flat.numel(), generator=g)[:int(torch.randint(0, flat.numel() + 1, (), generator=g))]
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0, 1e-42, 3.0], dtype=torch.float64)
+    values = torch.where(torch.rand(len(chosen), generator=g, dtype=torch.float64) < 0.3,
+                         specials[torch.randint(0, len(specials), (len(chosen),), generator=g)],
+                         torch.randn(len(chosen), generator=g, dtype=torch.float64))
+    flat[chosen] = values.to(dtype)
+    return param, master
+
+
+@pytest.mark.parametrize("dtype, master_dtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+                                                 (torch.float32, torch.float32), (torch.float64, torch.float64)])
+@pytest.mark.parametrize("chunk", [1, 7, 1 << 20])
+def test_the_chunked_write_check_gives_the_old_rules_master_bit_for_bit(monkeypatch, dtype, master_dtype, chunk):
+    hf = hf_module()
+    monkeypatch.setattr(hf, "FOLLOW_CHUNK", chunk)
+    for seed in range(12):
+        shape = [(0,), (1,), (13,), (5, 9), (3, 4, 7)][seed % 5]
+        param, master = random_pair(seed, dtype, master_dtype, shape)
+        if seed % 3 == 2 and param.dim() == 2:   # a transposed (non-contiguous) pair, as Float32Master keeps it
+            param, master = param.t(), master.t()
+        expected = master.clone()
+        old_rule(param.clone(), expected)
+        before = param.clone()
+        hf._follow_writes(param, master)
+        assert torch.equal(bits(master), bits(expected)), (seed, shape)
+        assert torch.equal(bits(param), bits(before))   # the model is only read
+
+
+class Allocations(TorchDispatchMode):
+    """The largest tensor (bytes) any op creates that does not share storage with its inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                self.largest = max(self.largest, t.untyped_storage().nbytes())
+        return out
+
+
+def test_the_masters_write_check_allocates_chunks_not_a_rounded_master(tmp_path, monkeypatch):
+    # before, each step rounded every master to the model's dtype to compare (half a master per tensor,
+    # plus a mask, plus a float32 torch.where where a callback had written); now it reuses two small
+    # buffers and copies only the written entries. Same masters (the test above).
+    hf = hf_module()
+    monkeypatch.setattr(hf, "FOLLOW_CHUNK", 64, raising=False)
+    model = tiny_causal_lm("llama", vocab_size=VOCAB, dtype=torch.bfloat16)
+    trainer = trainer_for(tmp_path, model=model, args=training_args(tmp_path, max_steps=1))
+    trainer.train()
+    largest_master = max(m.numel() for m in trainer._master.tensors)
+    assert largest_master >= 1024
+    with torch.no_grad():
+        next(iter(trainer.model.parameters())).view(-1)[:3] = 0.5   # a write the master must take
+    recorder = Allocations()
+    with recorder:
+        trainer._master_follows_writes()
+    assert recorder.largest <= 64 * 4, recorder.largest
+    assert bool((trainer._master.tensors[0].view(-1)[:3] == 0.5).all())
+
+
+# -- a spoiled optimizer.pt is refused before the weights, the sampler and the master load ----------
+@pytest.mark.parametrize("spoil", [
+    lambda state: state["state"][0].__setitem__("step", -1),
+    lambda state: state["state"][0].__setitem__("seed", 2 ** 70),
+    lambda state: [g.__setitem__("lr", float("nan")) for g in state["param_groups"]],
+    lambda state: state["param_groups"][0].__setitem__("params", []),
+], ids=["negative step", "seed out of range", "NaN lr", "an empty group"])
+def test_a_spoiled_optimizer_state_is_refused_before_anything_loads(tmp_path, spoil):
+    # MeZO refused it, but only when the Trainer loaded optimizer.pt, after the checkpoint's weights, the
+    # sampler's state and the float32 master: the failed resume left the model on the checkpoint's weights
+    rows = memorisable_rows(n=8)
+    half = dict(model=tiny_causal_lm("llama", vocab_size=VOCAB, dtype=torch.bfloat16))
+    args = training_args(tmp_path, max_steps=2, save_strategy="steps", save_steps=2)
+    trainer_for(tmp_path, rows=rows, args=args, **half).train()
+    checkpoint = tmp_path / "spoiled"
+    shutil.copytree(tmp_path / "out" / "checkpoint-2", checkpoint)
+    state = torch.load(checkpoint / "optimizer.pt", weights_only=True)
+    spoil(state)
+    torch.save(state, checkpoint / "optimizer.pt")
+
+    again = trainer_for(tmp_path / "again", rows=rows, args=training_args(tmp_path / "again", max_steps=4),
+                        model=tiny_causal_lm("llama", vocab_size=VOCAB, dtype=torch.bfloat16, seed=1))
+    before, sampler = weights(again.model), again.zo_sampler.state_dict()
+    with pytest.raises(ValueError, match=r"Invalid checkpoint: .*optimizer.pt"):
+        again.train(resume_from_checkpoint=str(checkpoint))
+    assert unchanged(again.model, before) and again.optimizer is None and again.state.global_step == 0
+    after = again.zo_sampler.state_dict()
+    assert all(torch.equal(v, after[k]) if isinstance(v, torch.Tensor) else v == after[k] for k, v in sampler.items())
+
+
+# -- peft prompt tuning: the logits cover the virtual tokens ------------------------------------
+def prompt_tuned(kind):
+    peft = pytest.importorskip("peft")
+    config = (peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4) if kind == "prompt tuning"
+              else peft.PromptEncoderConfig(task_type="CAUSAL_LM", num_virtual_tokens=3, encoder_hidden_size=16))
+    return peft.get_peft_model(tiny_causal_lm("llama", vocab_size=VOCAB), config)
+
+
+@pytest.mark.parametrize("kind", ["prompt tuning", "p-tuning"])
+def test_a_prompt_tuned_model_trains_on_peft_s_own_loss(tmp_path, kind):
+    # the logits are [B, P + T, V] for labels [B, T]: the check before training refused the model
+    # ("Invalid model: ... got logits of shape (2, 10, 64)"), so peft's prompt tuning could not train
+    model, rows = prompt_tuned(kind), memorisable_rows(n=6, ragged=True)
+    trainer = trainer_for(tmp_path, rows=rows, model=model, args=training_args(tmp_path, max_steps=2))
+    trainer.train()
+    tuned = [name for name, p in model.named_parameters() if p.requires_grad]
+    assert tuned and all("prompt_encoder" in name for name in tuned)
+    model.eval()
+    batch = hf_module().CausalLMCollator(0)(rows)      # right-padded: the virtual tokens, the row, its pads
+    with torch.no_grad():
+        outputs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        ours = trainer._per_example_losses(outputs, batch)
+        for k, row in enumerate(rows):                  # peft's loss: the virtual tokens' labels are −100
+            alone = model(input_ids=torch.tensor([row["input_ids"]]), labels=torch.tensor([row["labels"]])).loss
+            assert float(ours[k]) == pytest.approx(float(alone), rel=1e-5, abs=1e-6)
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(float(ours.mean()), rel=1e-5)
+
+
+def test_a_prompt_tuned_model_with_its_own_loss_gets_the_labels_as_they_are(tmp_path):
+    seen = []
+
+    def loss(outputs, inputs):
+        seen.append(inputs["labels"].shape[1])
+        return outputs.logits[:, -1].float().logsumexp(-1)
+
+    rows = memorisable_rows(n=4)
+    trainer = trainer_for(tmp_path, rows=rows, model=prompt_tuned("prompt tuning"), per_example_loss=loss,
+                          args=training_args(tmp_path, max_steps=1))
+    trainer.train()
+    assert seen and set(seen) == {6}
