@@ -16,7 +16,7 @@ import math
 import numpy as np
 import torch
 
-from .validation import check_count, check_fraction, check_int, check_number
+from .validation import check_count, check_fraction, check_int, check_number, not_dense
 
 __all__ = ["mixed_probabilities", "relative_scores", "importance_weights", "oracle_probs", "sampling_variance",
            "variance_ratio", "uniform_gain", "zo_second_moment", "tv_distance", "spearman", "mix_with_uniform"]
@@ -59,23 +59,32 @@ def importance_weights(probs, num_examples: int):
     return 1.0 / (num_examples * probs)
 
 
-def _as64(x) -> torch.Tensor:
-    return torch.as_tensor(x).detach().to("cpu", torch.float64)
-
-
-def _nonnegative(name: str, x) -> torch.Tensor:
-    """Norms or probabilities as a float64 vector of finite entries ≥ 0, or ValueError naming ``name``: a
-    negative norm gave negative probabilities, NaN or ∞ fell back to uniform (1 + CV² read 1), complex values
-    lost their imaginary part and a row [[…]] was read as one example."""
-    tensor = torch.as_tensor(x)
+def _vector(name: str, x, *, nonnegative: bool) -> torch.Tensor:
+    """``x`` as a float64 vector of at least one finite entry (each ≥ 0 when ``nonnegative``), or ValueError
+    naming ``name``: a negative norm gave negative probabilities, NaN or ∞ fell back to uniform (1 + CV² read
+    1) or ranked anywhere, complex values lost their imaginary part, booleans read as 0 and 1, a row [[…]] was
+    read as one example, an empty vector divided by N = 0 (ZeroDivisionError), and strings, sparse, meta or
+    nested tensors raised torch's own errors."""
+    try:
+        tensor = torch.as_tensor(x)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        raise ValueError(f"Invalid {name}: {type(x).__name__} (expected a vector of numbers)") from None
+    kind = not_dense(tensor)
+    if kind is not None:
+        raise ValueError(f"Invalid {name}: a {kind} tensor on {tensor.device} (expected a dense vector)")
     if tensor.is_complex() or tensor.dtype == torch.bool:
         raise ValueError(f"Invalid {name}: dtype {tensor.dtype} (expected real numbers)")
     tensor = tensor.detach().to("cpu", torch.float64)
-    if tensor.dim() != 1:
+    if tensor.dim() != 1 or not len(tensor):
         raise ValueError(f"Invalid {name}: shape {tuple(tensor.shape)} (expected a vector, one entry per example)")
-    if not bool(torch.isfinite(tensor).all()) or bool((tensor < 0).any()):
-        raise ValueError(f"Invalid {name}: entries must be finite and non-negative")
+    if not bool(torch.isfinite(tensor).all()) or (nonnegative and bool((tensor < 0).any())):
+        raise ValueError(f"Invalid {name}: entries must be finite{' and non-negative' if nonnegative else ''}")
     return tensor
+
+
+def _nonnegative(name: str, x) -> torch.Tensor:
+    """Norms or probabilities: ``_vector`` of entries ≥ 0."""
+    return _vector(name, x, nonnegative=True)
 
 
 # Arguments that hold norms or probabilities: ``_paired`` checks them with ``_nonnegative``.
@@ -83,12 +92,12 @@ _NONNEGATIVE = ("norms", "probs", "p", "q")
 
 
 def _paired(first: str, a, second: str, b) -> tuple[torch.Tensor, torch.Tensor]:
-    """``a`` and ``b`` as float64 vectors of one length, or ValueError naming ``second`` (torch broadcast a
-    length-1 vector against the other silently: V(p) of 3 norms with 1 probability was a number). Norms
-    and probabilities (names in ``_NONNEGATIVE``) are checked by ``_nonnegative`` first."""
-    a = _nonnegative(first, a) if first in _NONNEGATIVE else _as64(a)
-    b = _nonnegative(second, b) if second in _NONNEGATIVE else _as64(b)
-    if a.dim() != 1 or a.shape != b.shape:
+    """``a`` and ``b`` as float64 vectors of one length (``_vector``; entries ≥ 0 for the names in
+    ``_NONNEGATIVE``), or ValueError naming ``second`` (torch broadcast a length-1 vector against the other
+    silently: V(p) of 3 norms with 1 probability was a number)."""
+    a = _vector(first, a, nonnegative=first in _NONNEGATIVE)
+    b = _vector(second, b, nonnegative=second in _NONNEGATIVE)
+    if a.shape != b.shape:
         raise ValueError(f"Invalid {second}: shape {tuple(b.shape)} does not match the shape of {first}, "
                          f"{tuple(a.shape)} (expected two vectors of one length)")
     return a, b

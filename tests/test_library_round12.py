@@ -173,3 +173,41 @@ def test_a_target_met_at_theta0_stops_at_the_first_log_point():
     runs and tests/test_llm_norms.py count on that)."""
     history, opt = _train(evaluate=lambda: 0.0, stop_below=1.0)
     assert history.logged_steps == [5] and opt.step_count == 5
+
+
+# --- 6. the variance helpers' vectors ---------------------------------------------------------------------------
+from sazo_lite import variance  # noqa: E402
+
+ONE_VECTOR = {"oracle_probs": lambda x: variance.oracle_probs(x), "uniform_gain": lambda x: variance.uniform_gain(x),
+              "mix_with_uniform": lambda x: variance.mix_with_uniform(x, 0.5),
+              "sampling_variance": lambda x: variance.sampling_variance(x, x),
+              "variance_ratio": lambda x: variance.variance_ratio(x, x), "tv_distance": lambda x: variance.tv_distance(x, x),
+              "spearman": lambda x: variance.spearman(x, x),
+              "zo_second_moment": lambda x: variance.zo_second_moment(x, x, 1.0, 3, 2)}
+NOT_A_VECTOR = {"empty": lambda: [], "string": lambda: "abc", "beyond float64": lambda: [1.0, 10 ** 400],
+                "sparse": lambda: torch.tensor([1.0, 2.0]).to_sparse(), "meta": lambda: torch.ones(2, device="meta")}
+
+
+@pytest.mark.parametrize("value", NOT_A_VECTOR.values(), ids=NOT_A_VECTOR.keys())
+@pytest.mark.parametrize("helper", ONE_VECTOR.values(), ids=ONE_VECTOR.keys())
+def test_every_variance_helper_refuses_what_is_not_a_vector_of_numbers_naming_it(helper, value):
+    """An empty vector divided by N = 0 (ZeroDivisionError; uniform_gain, tv_distance and spearman answered 1 or 0
+    for no examples), a string or an int beyond float64 raised TypeError or an unnamed 'Overflow when unpacking',
+    sparse and meta tensors NotImplementedError."""
+    with pytest.raises(ValueError, match=r"Invalid (norms|probs|p|a)\b"):
+        helper(value())
+
+
+@pytest.mark.parametrize("value", [[float("nan"), 1.0, 2.0], [float("inf"), 1.0, 2.0], [1j, 1.0, 2.0]],
+                         ids=["nan", "inf", "complex"])
+def test_spearman_refuses_scores_that_are_not_finite_real_numbers(value):
+    """spearman ranked a NaN or ∞ anywhere (−0.5 for these) and dropped an imaginary part with a warning."""
+    with pytest.raises(ValueError, match="Invalid a"):
+        variance.spearman(value, [1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="Invalid b"):
+        variance.spearman([1.0, 2.0, 3.0], value)
+
+
+def test_spearman_still_ranks_negative_scores():
+    assert variance.spearman([-3.0, -1.0, 2.0], [0.1, 0.2, 0.3]) == pytest.approx(1.0)
+    assert variance.spearman([-3.0, -1.0, 2.0], [0.3, 0.2, 0.1]) == pytest.approx(-1.0)
