@@ -201,3 +201,19 @@ def test_course_docstrings_name_modules_and_functions_that_exist():
             if not any(_has(candidate, attribute) for candidate in found):
                 wrong.append(f"{path.name}: {module}.{attribute}")
     assert not wrong, wrong
+
+
+# -- notebook 07: the memory model's shapes --------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, name", [(dict(gated="no"), "gated"), (dict(tied_embeddings=1), "tied_embeddings"),
+                                         (dict(bias="False"), "bias"), (dict(norm_params=-5), "norm_params"),
+                                         (dict(norm_params=1.5), "norm_params")])
+def test_a_model_shape_refuses_switches_that_are_not_bools_and_negative_norms(flags, name):
+    """gated="no" was truthy (a gated FFN counted) and norm_params=-5 took 2·5·D parameters off each layer."""
+    from sazo_lite.course.memory import ModelShape
+
+    with pytest.raises(ValueError, match=f"Invalid {name}"):
+        ModelShape("toy", 2, 64, 4, 2, 128, 100, **flags)
+    plain = ModelShape("toy", 2, 64, 4, 2, 128, 100, gated=False, norm_params=0)
+    assert plain.param_count() == ModelShape("toy", 2, 64, 4, 2, 128, 100, gated=False, norm_params=1).param_count() \
+        - (2 * 2 + 1) * 64                                                      # 2 norms a layer + the final one

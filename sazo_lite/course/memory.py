@@ -56,7 +56,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from ..validation import check_bool, check_choice, check_count, check_fraction, check_number
+from ..validation import check_bool, check_choice, check_count, check_fraction, check_int, check_number
 
 __all__ = ["DTYPE_BYTES", "ModelShape", "TrainSetup", "Breakdown", "LADDERS",
            "activation_elements_per_token", "transient_elements_per_token", "bp_memory",
@@ -103,6 +103,9 @@ class ModelShape:
     def __post_init__(self):
         for key in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab"):
             check_count(key, getattr(self, key))
+        for key in ("gated", "tied_embeddings", "bias", "qkv_bias"):   # gated="no" was truthy: a gated FFN
+            check_bool(key, getattr(self, key))
+        check_int("norm_params", self.norm_params, 0)   # -5 counted negative norm parameters
         if self.hidden % self.heads or self.heads % self.kv_heads:
             raise ValueError(f"Invalid heads/kv_heads: {self.heads}/{self.kv_heads} (expected heads to divide "
                              f"hidden {self.hidden} and KV heads to divide heads {self.heads})")
