@@ -35,7 +35,10 @@ are the Trainer's own. What differs:
   ``sazo_lite.llm.losses.causal_lm_losses``), or ``per_example_loss(outputs, inputs) -> [B]``.
   The label columns ("labels" and ``label_names``: the Trainer's own, such as a QA model's
   start_positions and end_positions, or ["labels"] when it finds none) are held out of the
-  model's forwards and read by the loss.
+  model's forwards and read by the loss. An encoder-decoder model (T5, BART) is scored without
+  the shift (its logits at t score label t) and, when the batch has no decoder inputs, gets
+  ``decoder_input_ids`` built from the labels as its forward builds them; a peft prompt-tuning or
+  p-tuning model's logits cover its virtual tokens first, which score nothing, as in peft's loss.
   ``train()`` first runs the model once, without changing anything, on the first two training
   examples, and refuses (``ValueError``) a model, collator or ``per_example_loss`` it cannot
   use: no ``labels`` in the batches, outputs without ``logits`` [B, T, V] (an attribute, or a
@@ -704,9 +707,16 @@ class ZOTrainer(Trainer):
     def _per_example_losses(self, outputs, inputs) -> torch.Tensor:
         """``per_example_loss(outputs, inputs)``. The default loss's labels get a peft prompt's virtual
         tokens in front, as peft's forward does to labels (the logits cover them): without, a prompt-tuned
-        model's logits [B, P + T, V] were refused as not matching its labels [B, T]."""
-        skip = _virtual_tokens(self.accelerator.unwrap_model(self.model))
-        if self.per_example_loss is _causal_lm_loss and skip:
+        model's logits [B, P + T, V] were refused as not matching its labels [B, T]. An encoder-decoder
+        model's logits at t score label t (its decoder inputs are the labels shifted right): the causal
+        shift scored label t + 1, silently."""
+        net = self.accelerator.unwrap_model(self.model)
+        if self.per_example_loss is not _causal_lm_loss:
+            return self.per_example_loss(outputs, inputs)
+        if _is_encoder_decoder(net):
+            return _seq2seq_loss(outputs, inputs)
+        skip = _virtual_tokens(net)
+        if skip:
             inputs = {**inputs, "labels": torch.nn.functional.pad(inputs["labels"], (skip, 0), value=IGNORE)}
         return self.per_example_loss(outputs, inputs)
 
@@ -719,7 +729,14 @@ class ZOTrainer(Trainer):
         (label_names=["target"]: inputs["target"]). Passed to forward, a model computed its own loss
         in each pass (a QA model's start_positions) or was given a name it does not take."""
         held = self._label_columns()
-        return {k: v for k, v in batch.items() if k not in held}
+        inputs = {k: v for k, v in batch.items() if k not in held}
+        net = self.accelerator.unwrap_model(self.model)
+        if (_is_encoder_decoder(net) and isinstance(batch.get("labels"), torch.Tensor)
+                and not {"decoder_input_ids", "decoder_inputs_embeds"} & set(batch)
+                and hasattr(net, "prepare_decoder_input_ids_from_labels")):
+            # what its forward builds from labels, which it is not given (T5 raised, BART decoded input_ids)
+            inputs["decoder_input_ids"] = net.prepare_decoder_input_ids_from_labels(labels=batch["labels"])
+        return inputs
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """Mean per-example loss (evaluation uses this; training steps use ``training_step``)."""
@@ -1070,6 +1087,17 @@ def _datasets():
 def _causal_lm_loss(outputs, inputs) -> torch.Tensor:
     """The default per_example_loss: ``causal_lm_losses(outputs.logits, inputs["labels"])``."""
     return causal_lm_losses(_logits(outputs), inputs["labels"])
+
+
+def _seq2seq_loss(outputs, inputs) -> torch.Tensor:
+    """The default per_example_loss of an encoder-decoder model: logits at t score label t (no causal
+    shift), through ``causal_lm_losses`` on one more logit position and one more ignored label."""
+    logits, labels = _logits(outputs), inputs["labels"]
+    return causal_lm_losses(torch.cat((logits, logits[:, -1:]), 1), torch.nn.functional.pad(labels, (1, 0), value=IGNORE))
+
+
+def _is_encoder_decoder(model) -> bool:
+    return getattr(getattr(model, "config", None), "is_encoder_decoder", False) is True
 
 
 def _logits(outputs):

@@ -184,3 +184,57 @@ def test_a_prompt_tuned_model_with_its_own_loss_gets_the_labels_as_they_are(tmp_
                           args=training_args(tmp_path, max_steps=1))
     trainer.train()
     assert seen and set(seen) == {6}
+
+
+# -- encoder-decoder models: logits at t score label t -----------------------------------------
+def seq2seq_model(family):
+    torch.manual_seed(0)
+    if family == "t5":
+        config = transformers.T5Config(vocab_size=VOCAB, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2,
+                                       pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+        return transformers.T5ForConditionalGeneration(config)
+    config = transformers.BartConfig(vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=1,
+                                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                                     decoder_ffn_dim=32, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+                                     eos_token_id=2, decoder_start_token_id=2)
+    return transformers.BartForConditionalGeneration(config)
+
+
+def seq2seq_rows(n=6):
+    g = torch.Generator().manual_seed(0)
+    return [{"input_ids": torch.randint(3, VOCAB, (5 + i % 2,), generator=g).tolist(),
+             "labels": torch.randint(3, VOCAB, (3 + i % 3,), generator=g).tolist()} for i in range(n)]
+
+
+def seq2seq_collator(model, decoder_inputs):
+    """DataCollatorForSeq2Seq without a tokenizer: pads inputs (0) and labels (−100); with
+    ``decoder_inputs``, adds the decoder inputs as it does when given the model."""
+    def collate(rows):
+        width, answer = max(len(r["input_ids"]) for r in rows), max(len(r["labels"]) for r in rows)
+        batch = {"input_ids": torch.tensor([r["input_ids"] + [0] * (width - len(r["input_ids"])) for r in rows]),
+                 "attention_mask": torch.tensor([[1] * len(r["input_ids"]) + [0] * (width - len(r["input_ids"]))
+                                                 for r in rows]),
+                 "labels": torch.tensor([r["labels"] + [-100] * (answer - len(r["labels"])) for r in rows])}
+        if decoder_inputs:
+            batch["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(labels=batch["labels"])
+        return batch
+    return collate
+
+
+@pytest.mark.parametrize("decoder_inputs", [True, False], ids=["collated decoder inputs", "none"])
+@pytest.mark.parametrize("family", ["t5", "bart"])
+def test_an_encoder_decoder_model_is_scored_by_its_own_loss(tmp_path, family, decoder_inputs):
+    # with decoder inputs collated, the default loss's causal shift scored label t + 1 at logit t: a
+    # silently wrong loss (T5: 4.53 for its own 4.50 on one row); without them T5 raised and BART
+    # decoded its input_ids, and the check before training refused it
+    model, rows = seq2seq_model(family), seq2seq_rows()
+    trainer = trainer_for(tmp_path, rows=rows, model=model, data_collator=seq2seq_collator(model, decoder_inputs),
+                          args=training_args(tmp_path, max_steps=2, per_device_train_batch_size=2))
+    model.eval()
+    with torch.no_grad():
+        own = [float(model(input_ids=torch.tensor([r["input_ids"]]), labels=torch.tensor([r["labels"]])).loss)
+               for r in rows]
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(sum(own) / len(own), rel=1e-5)
+    before = weights(model)
+    trainer.train()
+    assert trainer.zo_optimizer.step_count == 2 and not unchanged(model, before)
