@@ -217,3 +217,27 @@ def test_a_model_shape_refuses_switches_that_are_not_bools_and_negative_norms(fl
     plain = ModelShape("toy", 2, 64, 4, 2, 128, 100, gated=False, norm_params=0)
     assert plain.param_count() == ModelShape("toy", 2, 64, 4, 2, 128, 100, gated=False, norm_params=1).param_count() \
         - (2 * 2 + 1) * 64                                                      # 2 norms a layer + the final one
+
+
+# -- notebook 02: the textbook step ----------------------------------------------------------------------------
+
+def test_mezo_step_reference_takes_params_as_mezo_does_and_matches_its_step():
+    """A bare tensor was enumerated row by row (each row its own z: g = 11.5 against MeZO's 3.3 at seed 0), a seed
+    of 0.5 ran as seed 0 and a negative rate climbed; now refused, and [theta] still matches MeZO.step."""
+    from sazo_lite import MeZO
+    from sazo_lite.course import instruments
+
+    start = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    theta = start.clone()
+    for params, seed, lr, name in ((theta, 0, 0.1, "params"), ([theta], 0.5, 0.1, "seed"), ([theta], 0, -0.1, "lr"),
+                                   ([torch.tensor([1, 2])], 0, 0.1, "params"), ([1.0, 2.0], 0, 0.1, "params")):
+        with pytest.raises(ValueError, match=f"Invalid {name}"):
+            instruments.mezo_step_reference(params, lambda: (theta ** 2).sum(), 1e-3, lr, seed)
+        assert torch.equal(theta, start)                                  # refused before any pass
+    mezo_theta = start.clone()
+    optimizer = MeZO([mezo_theta], lr=0.1, eps=1e-3, seed=7)
+    step_seed = optimizer.next_seed()
+    result = optimizer.step(lambda: (mezo_theta ** 2).sum())
+    g = instruments.mezo_step_reference((t for t in [theta]), lambda: (theta ** 2).sum(), 1e-3, 0.1, step_seed)
+    assert g == pytest.approx(float(result.projected_grad), rel=1e-6)
+    torch.testing.assert_close(theta, mezo_theta)

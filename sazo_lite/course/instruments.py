@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_leaves
 from ..directions import derive_seed, z_dtype
 from ..engine import MeZO
 from ..noise import Job, NoiseSource, PlainNoise
-from ..validation import check_number
+from ..validation import check_number, check_seed
 
 __all__ = ["peak_tensor_bytes", "DirectionCounter", "mezo_step_reference", "count_passes", "step_memory",
            "StepMemory"]
@@ -148,6 +148,20 @@ class DirectionCounter(NoiseSource):
         return False
 
 
+def _tensor_list(params) -> list[torch.Tensor]:
+    """``params`` as MeZO takes them: a list (or iterable) of floating-point tensors, or a ValueError. A bare
+    tensor is refused: enumerating it gives its rows, each with its own z, not MeZO([theta])'s step."""
+    if isinstance(params, torch.Tensor):
+        raise ValueError(f"Invalid params: a tensor of shape {tuple(params.shape)} (expected a list of tensors, "
+                         "e.g. [theta], as MeZO takes them)")
+    params = list(params)
+    bad = [type(p).__name__ if not isinstance(p, torch.Tensor) else str(p.dtype) for p in params
+           if not isinstance(p, torch.Tensor) or not p.is_floating_point()]
+    if bad:
+        raise ValueError(f"Invalid params: {bad[0]} (expected floating-point tensors)")
+    return params
+
+
 @torch.no_grad()
 def mezo_step_reference(params: list[torch.Tensor], closure, eps: float, lr: float, seed: int, *,
                         noise: NoiseSource | None = None) -> float:
@@ -161,7 +175,9 @@ def mezo_step_reference(params: list[torch.Tensor], closure, eps: float, lr: flo
     it puts θ back when a closure raises, and raises FloatingPointError without the update when g is
     not finite (θ − η·NaN·z would be NaN).
     """
-    eps, lr = check_number("eps", eps, 0.0, closed_low=False), check_number("lr", lr)
+    eps, lr = check_number("eps", eps, 0.0, closed_low=False), check_number("lr", lr, 0.0)   # MeZO's ranges
+    seed = check_seed("seed", seed)   # derive_seed reads int(seed): 0.5 ran as seed 0
+    params = _tensor_list(params)
     source = noise if noise is not None else PlainNoise()
     at = [0.0]   # θ = θ₀ + at·z
 
