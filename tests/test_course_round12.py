@@ -241,3 +241,26 @@ def test_mezo_step_reference_takes_params_as_mezo_does_and_matches_its_step():
     g = instruments.mezo_step_reference((t for t in [theta]), lambda: (theta ** 2).sum(), 1e-3, 0.1, step_seed)
     assert g == pytest.approx(float(result.projected_grad), rel=1e-6)
     torch.testing.assert_close(theta, mezo_theta)
+
+
+# -- notebook 06: recorded runs ----------------------------------------------------------------------------------
+
+def test_run_summary_says_a_target_reached_at_0_queries_was_reached():
+    """queries_to gives 0 when F₀ is already at the target (a target of 1·F₀); the line said "not reached"."""
+    from sazo_lite.course.widgets import llm
+
+    run = {"queries": [0, 4, 8], "train_loss": [1.0, 0.6, 0.4], "walk": [0.0, 1.0, 2.0]}
+    line = llm.run_summary("uniform", run, targets=(1.0, 0.5, 0.1))
+    assert "1·F₀ at 0, 0.5·F₀ at 8, 0.1·F₀ not reached" in line, line
+
+
+@pytest.mark.parametrize("runs, targets, match", [({}, (0.5,), "runs_by_sampler"), ({"sazo": []}, (0.5,), "runs_by_sampler"),
+                                                  ({"sazo": [{"queries": [0], "train_loss": [1.0]}]}, (), "targets"),
+                                                  ({"sazo": [{"queries": [0], "train_loss": [1.0]}]}, (math.nan,), "targets")])
+def test_queries_table_refuses_no_runs_and_no_targets(runs, targets, match):
+    """An empty dict drew a table with no rows, no targets a table with no query column, a NaN target a
+    ValueError from queries_to naming "fraction"."""
+    from sazo_lite.course.widgets import llm
+
+    with pytest.raises(ValueError, match=f"Invalid {match}"):
+        llm.queries_table_html(runs, targets=targets)

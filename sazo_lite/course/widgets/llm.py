@@ -150,7 +150,8 @@ def run_summary(label: str, run, *, targets=(0.7, 0.5)) -> str:
     if not (run["queries"] and run["train_loss"] and run["walk"]) or not run["train_loss"][0] > 0:
         raise ValueError(f"Invalid run: needs logged queries, walk and train_loss with F₀ > 0 (F/F₀ is reported), "
                          f"got train_loss {run['train_loss'][:1]}")
-    reached = ", ".join(f"{t:g}·F₀ {'at ' + str(q) if (q := queries_to(run, t)) else 'not reached'}" for t in targets)
+    # (q is 0 where F₀ itself is at the target: reached, at 0 queries)
+    reached = ", ".join(f"{t:g}·F₀ {'not reached' if (q := queries_to(run, t)) is None else f'at {q}'}" for t in targets)
     loss, g = run["train_loss"], lambda key: "–" if run.get(key) is None else f"{run[key]:.3g}"  # None: no step
     return (f"{label}  {reached}; F/F₀ {loss[-1] / loss[0]:.3f} after {run['queries'][-1]} queries"
             f"{' (DIVERGED)' if run.get('diverged') else ''}; walk {run['walk'][-1]:.1f}; "
@@ -207,6 +208,8 @@ def queries_table_html(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> str:
     from ...llm.queries import held_out_accuracies, queries_to
     from ...train import median_queries
 
+    _check_runs("runs_by_sampler", runs_by_sampler, "sampler")   # no sampler or no runs: a table of nothing
+    targets = number_list("targets", targets)
     head = "".join(f"<th>queries to {t:.0%} of F(θ₀)</th>" for t in targets)
     rows = []
     for sampler, runs in runs_by_sampler.items():
