@@ -21,7 +21,7 @@ import torch
 
 from .interrupts import InterruptsDeferred
 from .sumtree import SumTree
-from .validation import check_choice, check_count, check_fraction, check_int, check_number, check_seed, not_dense
+from .validation import check_choice, check_count, check_fraction, check_int, check_number, check_seed, dense_tensor
 from .variance import importance_weights, mixed_probabilities, relative_scores
 
 __all__ = ["Sampler", "UniformSampler", "PlainSAZOSampler", "SAZOSampler", "StaleCorrectedSAZOSampler", "OracleSampler",
@@ -81,7 +81,7 @@ class Sampler:
 
     def _check_feedback(self, indices, diffs):
         empty = isinstance(indices, (list, tuple)) and not indices   # torch reads [] as float32: no indices is fine
-        indices, diffs = _tensor("indices", indices), _tensor("directional_diffs", diffs)
+        indices, diffs = dense_tensor("indices", indices), dense_tensor("directional_diffs", diffs)
         indices = indices.long() if empty else indices
         if (indices.dim() != 1 or indices.dtype.is_floating_point or indices.dtype.is_complex
                 or indices.dtype == torch.bool):
@@ -142,24 +142,13 @@ def _check_fields(state: dict, known: set) -> None:
         raise ValueError(f"Invalid state: unknown fields {sorted(map(str, unknown))} (a state of another sampler?)")
 
 
-def _tensor(name: str, value) -> torch.Tensor:
-    """``value`` as a tensor with data on a real device, or ``ValueError("Invalid <name>")``.
-
-    Python floats (a list of them) are read in float64: torch's default float32 would round them
-    and turn |d| > 3.4e38 into inf.
-    """
+def _state_array(name: str, value) -> np.ndarray:
+    """A loaded state's field as a numpy array (``dense_tensor``), or ValueError naming the field: a meta tensor
+    raised NotImplementedError, a list of floats was rounded to float32 first."""
     try:
-        tensor = torch.as_tensor(value)
-        if tensor.is_floating_point() and not isinstance(value, (torch.Tensor, np.ndarray, np.generic)):
-            tensor = torch.as_tensor(value, dtype=torch.float64)
-    except (TypeError, ValueError, RuntimeError):
-        raise ValueError(f"Invalid {name}: {type(value).__name__} (expected a 1-D tensor)") from None
-    if tensor.device.type == "meta":
-        raise ValueError(f"Invalid {name}: a tensor on the meta device (no data)")
-    kind = not_dense(tensor)
-    if kind is not None:
-        raise ValueError(f"Invalid {name}: a {kind} tensor (expected a dense 1-D tensor)")
-    return tensor
+        return dense_tensor(name, value).detach().to("cpu").numpy()
+    except ValueError:
+        raise ValueError(f"Invalid state: {name} must be a dense tensor") from None
 
 
 class UniformSampler(Sampler):
@@ -207,7 +196,7 @@ class OracleSampler(Sampler):
 
     @property
     def probs(self) -> torch.Tensor:
-        norms = _tensor("norms_fn", self.norms_fn())
+        norms = dense_tensor("norms_fn", self.norms_fn())
         if norms.dtype.is_complex or norms.dtype == torch.bool:
             raise ValueError(f"Invalid norms_fn: it returned {norms.dtype} norms (expected real numbers)")
         norms = norms.detach().to("cpu", torch.float64)
@@ -366,10 +355,7 @@ class SAZOState:
 
 def _float_array(name: str, value, n: int, *, low: float = 0.0, high: float = math.inf) -> np.ndarray:
     """A finite float32 [n] copy with entries in [low, high], or ValueError."""
-    try:
-        array = torch.as_tensor(value).detach().to("cpu").numpy()
-    except (TypeError, ValueError, RuntimeError):
-        raise ValueError(f"Invalid state: {name} must be a tensor") from None
+    array = _state_array(name, value)
     if array.shape != (n,) or array.dtype.kind not in "fiu":
         raise ValueError(f"Invalid state: {name} must be a real tensor of shape ({n},)")
     with np.errstate(over="ignore"):  # a float64 beyond float32's range becomes inf: refused below
@@ -380,10 +366,7 @@ def _float_array(name: str, value, n: int, *, low: float = 0.0, high: float = ma
 
 
 def _count_array(value, n: int) -> np.ndarray:
-    try:
-        array = torch.as_tensor(value).detach().to("cpu").numpy()
-    except (TypeError, ValueError, RuntimeError):
-        raise ValueError("Invalid state: counts must be a tensor") from None
+    array = _state_array("counts", value)
     if array.shape != (n,) or array.dtype.kind not in "iu" or (array < 0).any() or (array > COUNT_MAX).any():
         raise ValueError(f"Invalid state: counts must be integers in [0, {COUNT_MAX}] of shape ({n},)")
     return array.astype(np.uint16)
@@ -1001,10 +984,7 @@ class StaleCorrectedSAZOSampler(SAZOSampler):
         if missing:
             raise ValueError(f"Invalid state: extra lacks {missing}")
         checked = super()._check_extra({k: v for k, v in extra.items() if k not in mine}, g, n, hyper)
-        try:
-            last = torch.as_tensor(extra["last_seen"]).detach().to("cpu").numpy()
-        except (TypeError, ValueError, RuntimeError):
-            raise ValueError("Invalid state: last_seen must be a tensor") from None
+        last = _state_array("last_seen", extra["last_seen"])
         if last.shape != (self.num_examples,) or last.dtype.kind not in "iu":
             raise ValueError(f"Invalid state: last_seen must be integers of shape ({self.num_examples},)")
         last = last.astype(np.int64)
@@ -1012,10 +992,7 @@ class StaleCorrectedSAZOSampler(SAZOSampler):
             raise ValueError(f"Invalid state: last_seen must be 0 exactly where counts are 0 and in "
                              f"[1, level_steps={checked['level_steps']}] elsewhere")
         for name in mine[1:]:
-            try:
-                values = torch.as_tensor(extra[name]).detach().to("cpu").numpy()
-            except (TypeError, ValueError, RuntimeError):
-                raise ValueError(f"Invalid state: {name} must be a tensor") from None
+            values = _state_array(name, extra[name])
             if values.shape != (self.AGE_BUCKETS,) or values.dtype.kind not in "fiu":
                 raise ValueError(f"Invalid state: {name} must be a real tensor of shape ({self.AGE_BUCKETS},)")
             checked[name] = values.astype(np.float64)

@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .validation import check_count
+from .validation import check_count, dense_tensor
 
 __all__ = ["SumTree"]
 
@@ -118,7 +118,7 @@ class SumTree:
     def _indices(self, indices) -> torch.Tensor:
         """``indices`` as a 1-D int64 tensor of leaves, or ValueError: a float index was truncated (0.9 read
         as leaf 0), −1 read the last leaf, and 2-D indices changed the leaves but not their sums."""
-        indices = torch.as_tensor(indices)
+        indices = dense_tensor("indices", indices)
         if indices.dim() != 1 or not (indices.numel() == 0 or _is_integer(indices.dtype)):
             raise ValueError(f"Invalid indices: expected a 1-D integer tensor, got {indices.dtype} "
                              f"of shape {tuple(indices.shape)}")
@@ -208,9 +208,10 @@ def _is_integer(dtype: torch.dtype) -> bool:
 
 
 def _real(values) -> torch.Tensor:
-    """Weights as a float64 CPU tensor; complex ones refused (the cast dropped the imaginary part)."""
-    values = torch.as_tensor(values)
-    if values.is_complex():
+    """Weights as a float64 CPU tensor (``dense_tensor``: Python floats read in float64); complex and bool ones
+    refused (the cast dropped the imaginary part, or read True as 1.0)."""
+    values = dense_tensor("weights", values)
+    if values.is_complex() or values.dtype == torch.bool:
         raise ValueError(f"Invalid weights: dtype {values.dtype} (expected real numbers)")
     return values.detach().to("cpu", torch.float64)
 

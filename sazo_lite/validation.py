@@ -9,7 +9,7 @@ import math
 import numbers
 
 __all__ = ["check_int", "check_seed", "check_count", "check_real", "check_number", "check_limit", "check_fraction", "check_choice",
-           "check_bool", "check_callable", "not_dense"]
+           "check_bool", "check_callable", "not_dense", "dense_tensor"]
 
 
 def check_int(name: str, value, low: int | None = None, high: int | None = None) -> int:
@@ -96,3 +96,27 @@ def not_dense(tensor) -> str | None:
     if tensor.is_nested:
         return "nested"
     return None if tensor.layout == torch.strided and tensor.device.type != "meta" else str(tensor.layout)
+
+
+def dense_tensor(name: str, value):
+    """``value`` as a tensor with dense data on a real device, or ``ValueError("Invalid <name>: ...")``.
+
+    Python floats (a number or a list of them) are read in float64: torch's default float32 rounded them
+    (0.1 read 0.10000000149) and turned |x| > 3.4e38 into inf. Strings, ints beyond float64, sparse, meta
+    and nested tensors raised torch's own TypeError, OverflowError, NotImplementedError or internal errors.
+    """
+    import numpy as np
+    import torch
+
+    try:
+        tensor = torch.as_tensor(value)
+        if tensor.is_floating_point() and not isinstance(value, (torch.Tensor, np.ndarray, np.generic)):
+            tensor = torch.as_tensor(value, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        raise ValueError(f"Invalid {name}: {type(value).__name__} (expected a tensor of numbers)") from None
+    if tensor.device.type == "meta":
+        raise ValueError(f"Invalid {name}: a tensor on the meta device (no data)")
+    kind = not_dense(tensor)
+    if kind is not None:
+        raise ValueError(f"Invalid {name}: a {kind} tensor (expected a dense tensor)")
+    return tensor

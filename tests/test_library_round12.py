@@ -58,8 +58,8 @@ def test_a_refused_sparse_state_leaves_the_optimiser_as_it_was():
 
 
 # --- 2. SparseMeZO's masks: one rule, dense data --------------------------------------------------------------
-@pytest.mark.parametrize("mask", [lambda: torch.tensor([0, 2], device="meta"), lambda: torch.tensor([0, 2]).to_sparse()],
-                         ids=["meta", "sparse"])
+@pytest.mark.parametrize("mask", [lambda: torch.tensor([0, 2], device="meta"),
+                                  lambda: torch.tensor([0, 2]).to_sparse()], ids=["meta", "sparse"])
 def test_a_mask_without_dense_data_is_a_value_error(mask):
     """A meta mask raised RuntimeError from .item(), a sparse one NotImplementedError from aten::min."""
     with pytest.raises(ValueError, match="Invalid masks"):
@@ -181,7 +181,8 @@ from sazo_lite import variance  # noqa: E402
 ONE_VECTOR = {"oracle_probs": lambda x: variance.oracle_probs(x), "uniform_gain": lambda x: variance.uniform_gain(x),
               "mix_with_uniform": lambda x: variance.mix_with_uniform(x, 0.5),
               "sampling_variance": lambda x: variance.sampling_variance(x, x),
-              "variance_ratio": lambda x: variance.variance_ratio(x, x), "tv_distance": lambda x: variance.tv_distance(x, x),
+              "variance_ratio": lambda x: variance.variance_ratio(x, x),
+              "tv_distance": lambda x: variance.tv_distance(x, x),
               "spearman": lambda x: variance.spearman(x, x),
               "zo_second_moment": lambda x: variance.zo_second_moment(x, x, 1.0, 3, 2)}
 NOT_A_VECTOR = {"empty": lambda: [], "string": lambda: "abc", "beyond float64": lambda: [1.0, 10 ** 400],
@@ -211,3 +212,107 @@ def test_spearman_refuses_scores_that_are_not_finite_real_numbers(value):
 def test_spearman_still_ranks_negative_scores():
     assert variance.spearman([-3.0, -1.0, 2.0], [0.1, 0.2, 0.3]) == pytest.approx(1.0)
     assert variance.spearman([-3.0, -1.0, 2.0], [0.3, 0.2, 0.1]) == pytest.approx(-1.0)
+
+
+# --- 7. one reading of tensors given as numbers (validation.dense_tensor) ----------------------------------------
+from sazo_lite.samplers import SAZOSampler, StaleCorrectedSAZOSampler  # noqa: E402
+from sazo_lite.sumtree import SumTree  # noqa: E402
+from test_hostile_core import _same_state  # noqa: E402   (two states hold the same values)
+
+
+def test_the_variance_helpers_read_python_floats_in_float64():
+    """torch.as_tensor read a list of floats in float32: a TV distance of 0.2 was 0.19999999925, a V(p) of 0.05
+    was 0.0500000037, and norms of 1e300 were inf, refused as not finite."""
+    assert variance.tv_distance([0.1, 0.9], [0.3, 0.7]) == pytest.approx(0.2, rel=1e-15, abs=0)
+    assert variance.sampling_variance([0.1, 0.3], [0.5, 0.5]) == pytest.approx(0.05, rel=1e-15, abs=0)
+    assert variance.oracle_probs([1e300, 3e300]).tolist() == [0.25, 0.75]
+
+
+def test_a_sum_tree_reads_python_floats_in_float64():
+    """The same float32 reading: SumTree([0.1, 0.2]) summed 0.30000000447, and a weight of 1e300 was refused."""
+    tree = SumTree([0.1, 0.2])
+    assert tree.total == 0.1 + 0.2 and tree.weights(torch.tensor([0])).item() == 0.1
+    assert SumTree([1e300]).total == 1e300
+    tree.update([1], [1e300])
+    assert tree.total == 1e300
+
+
+BAD_WEIGHTS = {"string": lambda: "abc", "beyond float64": lambda: [10 ** 400], "bool": lambda: torch.tensor([True]),
+               "sparse": lambda: torch.tensor([1.0]).to_sparse(), "meta": lambda: torch.ones(1, device="meta")}
+
+
+@pytest.mark.parametrize("value", BAD_WEIGHTS.values(), ids=BAD_WEIGHTS.keys())
+def test_a_sum_tree_refuses_weights_and_indices_without_dense_real_data_naming_them(value):
+    """TypeError, an unnamed overflow, NotImplementedError; booleans were read as 1.0."""
+    with pytest.raises(ValueError, match="Invalid weights"):
+        SumTree(value())
+    tree = SumTree([1.0, 2.0])
+    with pytest.raises(ValueError, match="Invalid weights"):
+        tree.update(torch.tensor([0]), value())
+    if not isinstance(value(), list):
+        with pytest.raises(ValueError, match="Invalid indices"):
+            tree.update(value(), [1.0])
+    assert tree.tree.tolist() == [0.0, 3.0, 1.0, 2.0]
+
+
+def _meta(value):
+    return value.to("meta")
+
+
+@pytest.mark.parametrize("field", ["estimates", "counts", "last_seen", "growth_fresh"])
+def test_a_sampler_state_holding_a_meta_tensor_is_a_value_error_with_the_sampler_unchanged(field):
+    """Pinned (refused before too) now that the sampler reads its state through validation.dense_tensor."""
+    sampler = StaleCorrectedSAZOSampler(4, seed=0)
+    sampler.update(torch.tensor([0, 1]), torch.tensor([0.5, 2.0]))
+    state = sampler.state_dict()
+    bad = {**state, "extra": dict(state["extra"])}
+    (bad if field in bad else bad["extra"])[field] = _meta((state if field in state else state["extra"])[field])
+    with pytest.raises(ValueError, match=f"Invalid state: {field}"):
+        sampler.load_state_dict(bad)
+    assert _same_state(sampler.state_dict(), state)
+
+
+def test_sampler_feedback_beyond_float64_is_a_value_error_naming_it():
+    """Pinned, as the test above."""
+    sampler = SAZOSampler(3, seed=0)
+    before = sampler.state_dict()
+    with pytest.raises(ValueError, match="Invalid directional_diffs"):
+        sampler.update([0], [10 ** 400])
+    with pytest.raises(ValueError, match="Invalid indices"):
+        sampler.update([10 ** 400], [1.0])
+    assert _same_state(sampler.state_dict(), before)
+
+
+# --- 8. a seed log records the rates each step used -------------------------------------------------------------
+from sazo_lite.seedlog import SeedLog  # noqa: E402
+
+
+class HalveRates:
+    """A step hook that schedules the lr (and weight decay): halves them after each committed step."""
+
+    def __call__(self, optimizer, event):
+        if event.kind == "step":
+            for group in optimizer.param_groups:
+                group["lr"] *= 0.5
+                group["weight_decay"] *= 0.5
+
+
+@pytest.mark.parametrize("fold", [False, True])
+def test_a_log_attached_after_a_schedule_hook_replays_the_rates_the_steps_used(fold):
+    """The log read the groups' rates when it was told of a step, after a schedule hook registered before it had
+    set the next step's: its replay moved θ by half the run's updates, silently."""
+    theta = torch.zeros(4, dtype=torch.float64)
+    opt = sz.MeZO([{"params": [theta], "weight_decay": 0.2}], lr=0.1, eps=1e-3, seed=1, fold_updates=fold)
+    opt.register_step_hook(HalveRates())
+    log = SeedLog.attach(opt)
+    calls = iter(range(100))
+    for _ in range(4):
+        try:
+            opt.step(lambda: (theta - 1.0).pow(2) if next(calls) != 3 else 1 / 0)   # the second step fails once
+        except ZeroDivisionError:
+            pass
+    opt.flush()
+    replayed = torch.zeros(4, dtype=torch.float64)
+    SeedLog.from_bytes(log.to_bytes()).replay_into(sz.MeZO([{"params": [replayed], "weight_decay": 0.2}], lr=0.1,
+                                                           eps=1e-3))
+    assert opt.step_count == 3 and torch.equal(theta, replayed) and bool((theta != 0).all())
