@@ -683,6 +683,9 @@ class MeZO(torch.optim.Optimizer):
             self._offset = 0
             self.state[self._first_param()]["step"] += 1
             self.last_step = result
+            # each group's (lr, weight_decay) as the update used them, read before any hook runs: a hook that
+            # schedules the lr changes the groups before the later hooks (a SeedLog) see the event
+            self._used_rates = [(group["lr"], group["weight_decay"]) for group in self.param_groups]
             self._notify(StepEvent("step", seed, projected_grad))
 
     def _abandon(self, seed: int, *, tell_hooks: bool = True) -> None:

@@ -213,8 +213,10 @@ class SeedLog:
             return
         if self._expected is not None:
             self._expected = (self._expected[0] + 1, self._expected[1])
-        for index, group in enumerate(optimizer.param_groups):
-            hyper = (group["lr"], group["weight_decay"])
+        # the rates the step's update used (a hook called before this one may have set the next step's already)
+        used = getattr(optimizer, "_used_rates", None) or [
+            (group["lr"], group["weight_decay"]) for group in optimizer.param_groups]
+        for index, hyper in enumerate(used):
             if index >= len(self._hyper) or self._hyper[index] != hyper:
                 self.records += [(_LR, index, hyper[0]), (_WD, index, hyper[1])]
                 self._hyper[index:index + 1] = [hyper]
