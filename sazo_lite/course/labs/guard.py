@@ -27,7 +27,10 @@ which scores the question concerned 0 with the finding as the reason:
    audit hook), as is starting a program (``subprocess``, ``os.exec*``, ``os.system``,
    ``posix_spawn``; the worker also blocks ``execve`` in the kernel) and ``gc``'s object walks
    from the student's code;
-5. the tests themselves (the test cases' own code) may use anything.
+5. the tests themselves (the test cases' own code) may use any library object their code names
+   (``sazo_lite.variance.oracle_probs(x)``; a method by its class and its name); a forbidden object a case
+   calls without naming it was put in its way by the student's code (a graded name rebound while the case
+   runs, an entry of ``builtins``, a method of the student's objects) and is reported as the student's call.
 
 The student's code runs in this process, so a submission set on it can still reach the guard
 itself (through frames, or the closures of its hooks) and switch it off; ``intact`` and the worker's
@@ -64,6 +67,7 @@ _STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__)) + os.sep   # where a
 _read_bytes, _compile = io.open, compile   # held: a submission that rebinds them cannot feed the check a file
 PLACEHOLDER = "@sazo-lab-guard-check@"
 TAMPERED = "the grader's checks"          # a finding under this name counts for every question   # the constant the check's call is compiled with, then replaced
+_LRU_CACHE = type(functools.lru_cache(None)(lambda: None))   # what @functools.lru_cache and @functools.cache make
 PROGRAM_EVENTS = ("os.exec", "os.posix_spawn", "os.spawn", "os.system", "subprocess.Popen", "pty.spawn", "os.startfile")
 WALK_EVENTS = ("gc.get_referrers", "gc.get_referents", "gc.get_objects")
 
@@ -182,6 +186,7 @@ class Guard:
         self.namespace, self.report = namespace, report
         self.unit = unit or (lambda: None)
         self.trusted: dict = {}            # id -> code object of the running test case (it may use anything)
+        self.trusted_names: frozenset = frozenset()   # the names that case's code holds (``_named_by_test``)
         self.allowed_ids: set[int] = set()
         self.allowed_modules: set[str] = set()
         self.forbidden: dict[int, str] = {}  # id(forbidden function or class) -> qualified name
@@ -425,7 +430,7 @@ class Guard:
         name = self.code_names.get(id(frame.f_code))
         if name is None:   # only guarded code holds the check: this is a copy of it (code.replace, FunctionType)
             name = self.copy_of(frame.f_code) or f"{LIBRARY} (a copy of {frame.f_code.co_qualname})"
-        if self._from_student(caller):
+        if self._from_student(caller, callee=name):
             self._found(name, "called")
 
     def _wrapper(self, fn, name: str):
@@ -433,7 +438,7 @@ class Guard:
         guard = self
 
         def guarded(*args, **kwargs):
-            if guard._from_student(sys._getframe(1)):
+            if guard._from_student(sys._getframe(1), callee=name):
                 guard._found(name, "called")
             return fn(*args, **kwargs)
 
@@ -484,9 +489,14 @@ class Guard:
         threading._start_new_thread = start_new_thread
 
     # -- who is calling --------------------------------------------------------------------
-    def _from_student(self, frame, verify: bool = True) -> bool:
+    def _from_student(self, frame, verify: bool = True, callee: str | None = None) -> bool:
         """Whether the nearest caller that is not the library, Python or an installed package is the student's
         (or the bottom of a thread the student's code started).
+
+        ``callee``: the qualified name of the forbidden library object being called. Where the nearest such caller
+        is the running test case, the call is the test's only if the case names that object (``_named_by_test``);
+        else the student's code put it where the case looks (a graded name rebound while the case runs, an entry
+        of ``builtins``, an attribute of the student's objects), and the call is the student's.
 
         Trusted code is looked up by identity: an equal copy made by the submission is not the test's own. With
         ``verify``, the frames taken as Python's, a package's or the library's must hold what their files hold
@@ -500,6 +510,8 @@ class Guard:
                 return not self._all_genuine(passed)
             code = frame.f_code
             if id(code) in trusted:
+                if callee is not None and not self._named_by_test(callee):
+                    return True
                 return not self._all_genuine(passed)
             if id(code) in roots:
                 return True
@@ -557,8 +569,46 @@ class Guard:
         return self._files[path]
 
     def trust(self, code: types.CodeType | None) -> None:
-        """Let ``code`` (a test case's compiled source, its nested code included) use anything; None: nothing."""
+        """Let ``code`` (a test case's compiled source, its nested code included) use anything it names; None:
+        nothing."""
         self.trusted = {} if code is None else {id(c): c for c in _codes(code)}
+        self.trusted_names = frozenset(part for c in self.trusted.values() for name in c.co_names
+                                       for part in name.split("."))
+
+    def _named_by_test(self, name: str) -> bool:
+        """Whether the running test case's code names the library object ``name`` (``sazo_lite.variance.oracle_probs``:
+        ``oracle_probs``; a method ``sazo_lite.samplers.SAZOSampler.update``: ``SAZOSampler`` and ``update``, a
+        dunder such as ``__init__`` by its class alone), as an attribute, a global or an imported name.
+
+        The case's names are its own code's: a forbidden object the case reaches through a name the student's code
+        can rebind (``lab2_oracle_probs``, ``_s.update`` of an instance whose class the student defined) is not one
+        of them.
+        """
+        parts, module = [p for p in name.split(".") if p != "<locals>"], None
+        for cut in range(len(parts) - 1, 0, -1):   # the qualified name within its module
+            module = sys.modules.get(".".join(parts[:cut]))
+            if module is not None:
+                parts = parts[cut:]
+                break
+        first, last = parts[0], parts[-1]
+        names = self.trusted_names
+        if not (last in names or (last.startswith("__") and last.endswith("__"))):
+            return False
+        if first in names:
+            return True
+        try:   # a method the class the case names inherits (``SAZOSampler(4).sample(2)``, defined on a base)
+            klass = inspect.getattr_static(module, first) if len(parts) > 1 and module is not None else None
+        except AttributeError:
+            return False
+        todo, seen = [klass] if isinstance(klass, type) else [], set()
+        while todo:
+            for sub in type.__subclasses__(todo.pop()):
+                if id(sub) not in seen and _is_library_name(sub.__module__):
+                    if sub.__name__ in names:
+                        return True
+                    seen.add(id(sub))
+                    todo.append(sub)
+        return False
 
     def _found(self, name: str, how: str) -> None:
         started = self._thread_units.get(_thread.get_ident())  # a student thread: the unit that started it too
@@ -606,20 +656,48 @@ class Guard:
 
     # -- definitions, before each test case -------------------------------------------------
     def check(self, graded) -> list[tuple[str, str]]:
-        """Findings ``(name, how)`` for a question's graded names (those missing are left to the tests)."""
+        """Findings ``(name, how)`` for a question's graded names. A name the notebook does not bind is looked up in
+        ``builtins``, where the test cases find it (``builtins.lab2_f = ...``); one missing there too is left to the
+        tests."""
         findings: list[tuple[str, str]] = []
         visited: set[int] = set()
         budget = [20_000]   # objects walked per check: a huge structure cannot stall it
         for name in graded:
-            if name not in self.namespace:
+            space = self.namespace if name in self.namespace else vars(builtins)
+            if name not in space:
                 continue
-            obj = self.namespace[name]
+            obj = self._undecorated(space[name], name, findings)
             if isinstance(obj, types.FunctionType) or isinstance(obj, type) or callable(obj):
                 if not self._defined_here(obj):
                     findings.append((self._describe(obj), f"{name} is not defined in your notebook"))
                     continue
             self._inspect(obj, name, findings, visited, 0, budget)
         return findings
+
+    def _undecorated(self, obj, name: str, findings: list):
+        """The function under the decorators Python or a package put on it (``@torch.no_grad()``,
+        ``@torch.inference_mode()``, ``@functools.lru_cache``): what a student defined in a cell and decorated is
+        checked as their own. A wrapper counts as a decorator's only where its code is what Python's or the
+        package's file holds (not the library's); a forbidden object it holds (``torch.no_grad()(library function)``
+        with ``__wrapped__`` pointed elsewhere) is a finding."""
+        for _ in range(10):
+            if type(obj) is types.FunctionType:
+                code = obj.__code__
+                if not (code.co_filename.startswith(_NEUTRAL_PREFIXES) and not _is_library_file(code.co_filename)
+                        and self._is_genuine(code)):
+                    return obj
+                held = [cell.cell_contents for cell in (obj.__closure__ or ()) if _has_contents(cell)]
+                held += list(obj.__defaults__ or ())
+            elif type(obj) is _LRU_CACHE:
+                held = []
+            else:
+                return obj
+            inner = vars(obj).get("__wrapped__")
+            if inner is None:
+                return obj
+            findings += [(self._describe(v), f"{name} uses it") for v in held if v is not inner and self._is_forbidden(v)]
+            obj = inner
+        return obj
 
     def _defined_here(self, obj) -> bool:
         if isinstance(obj, types.FunctionType):
