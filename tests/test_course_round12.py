@@ -264,3 +264,15 @@ def test_queries_table_refuses_no_runs_and_no_targets(runs, targets, match):
 
     with pytest.raises(ValueError, match=f"Invalid {match}"):
         llm.queries_table_html(runs, targets=targets)
+
+
+@pytest.mark.parametrize("seed", [0.5, -1])
+def test_chi2_draws_and_their_dashboard_name_a_seed_numpy_cannot_take(seed):
+    """numpy's SeedSequence raised TypeError (0.5) or "expected non-negative integer" (−1), naming no argument."""
+    from sazo_lite.course.widgets import chi2_dashboard
+
+    with pytest.raises(ValueError, match="Invalid seed"):
+        sazo_runs.chi2_draws(10, 3, seed=seed)
+    with pytest.raises(ValueError, match="Invalid seed"):
+        chi2_dashboard(examples=100, seed=seed)
+    assert sazo_runs.chi2_draws(10, 3, seed=2 ** 40).shape == (3, 10)

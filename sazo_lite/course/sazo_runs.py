@@ -396,6 +396,7 @@ def chi2_draws(examples: int, observations: int, *, seed: int = 0) -> np.ndarray
     """
     check_count("observations", observations)
     check_count("examples", examples)
+    seed = check_int("seed", seed, 0)   # numpy's SeedSequence: an int >= 0 (0.5 and -1 raised naming no argument)
     return np.random.default_rng(seed).standard_normal((observations, examples)) ** 2
 
 
