@@ -63,6 +63,13 @@ CLEAN = {   # cell, case: nothing to find
     "inference_mode": ("@torch.inference_mode()\ndef lab9_f(x):\n    return torch.as_tensor(x) * 2\n",
                        "record(lab9_f([1.0]).tolist())"),
     "lru_cache": ("import functools\n@functools.lru_cache\ndef lab9_f(x):\n    return x * 2\n", "record(lab9_f(2))"),
+    "a callable object of the student's class": ("class _Double:\n    def __call__(self, x):\n        return x * 2\n"
+                                                 "lab9_f = _Double()\n", "record(lab9_f(2))"),
+    "functools.partial of the student's function": ("import functools\ndef _scaled(x, scale):\n    return x * scale\n"
+                                                    "lab9_f = functools.partial(_scaled, scale=2)\n", "record(lab9_f(2))"),
+    "a method of the student's class under no_grad": (
+        "class Lab9K(sazo_lite.Sampler):\n    @torch.no_grad()\n    def twice(self, x):\n        return 2 * x\n",
+        "record(Lab9K(2).twice(3))"),
     "a decorator of the student's": ("import functools\ndef _log(f):\n    @functools.wraps(f)\n    def inner(*a):\n"
                                      "        return f(*a)\n    return inner\n@_log\ndef lab9_f(x):\n    return x * 2\n",
                                      "record(lab9_f(2))"),
@@ -83,6 +90,17 @@ ROADS = {   # cell, case, what must be found: (name, how) in the calls reported,
     "a dunder of the student's objects that Python calls for the case": (
         f"class _P(list):\n    __lt__ = {HIDDEN.format(name='tv_distance')}\nlab9_data = [_P([0.5, 0.5]), _P([1.0, 0.0])]\n",
         "record(len(sorted(lab9_data)))", ("sazo_lite.variance.tv_distance", "called"), None),
+    "functools.partial of a library function": (
+        "import functools\nlab9_f = functools.partial(sazo_lite.variance.mix_with_uniform, torch.ones(2) / 2)\n",
+        "record(lab9_f(uniform_mix=0.5).tolist())", ("sazo_lite.variance.mix_with_uniform", "called"),
+        "lab9_f is not defined in your notebook"),
+    "a callable object whose __call__ is a library function": (
+        f"class _Mix:\n    __call__ = staticmethod({HIDDEN.format(name='mix_with_uniform')})\nlab9_f = _Mix()\n",
+        "record(lab9_f(torch.ones(2) / 2, 0.5).tolist())", ("sazo_lite.variance.mix_with_uniform", "called"), None),
+    "a library function under no_grad as a method of the student's class": (
+        "class Lab9K(sazo_lite.Sampler):\n    mix = staticmethod(torch.no_grad()(sazo_lite.variance.mix_with_uniform))\n",
+        "record(Lab9K(2).mix(torch.ones(2) / 2, 0.5).tolist())", ("sazo_lite.variance.mix_with_uniform", "called"),
+        "Lab9K uses it"),
     "no_grad around a library function": (
         "lab9_f = torch.no_grad()(sazo_lite.variance.oracle_probs)\n", "record(lab9_f([1.0]).tolist())",
         ("sazo_lite.variance.oracle_probs", "called"), "lab9_f is not defined in your notebook"),

@@ -704,7 +704,10 @@ class Guard:
             return obj.__code__.co_filename.startswith("<cell ") and obj.__globals__ is self.namespace
         if isinstance(obj, type):
             return obj.__module__ == self.namespace.get("__name__")
-        return not callable(obj)
+        if type(obj) is functools.partial:   # functools.partial(a function of yours, ...): its parts are inspected
+            return self._defined_here(obj.func)
+        # a value, or an object of a class defined in the notebook (its class and attributes are inspected)
+        return not callable(obj) or type(obj).__module__ == self.namespace.get("__name__")
 
     def _describe(self, obj) -> str:
         if id(obj) in self.forbidden:
@@ -735,6 +738,10 @@ class Guard:
             if obj.__globals__ is not self.namespace or not obj.__code__.co_filename.startswith("<cell "):
                 if self._is_forbidden(obj):
                     findings.append((self._describe(obj), f"{where} uses it"))
+                    return
+                inner = self._undecorated(obj, where, findings)   # a method of the student's under @torch.no_grad()
+                if inner is not obj:
+                    self._inspect(inner, where, findings, visited, depth + 1, budget)
                 return
             held = list(obj.__defaults__ or ()) + list((obj.__kwdefaults__ or {}).values())
             held += [cell.cell_contents for cell in (obj.__closure__ or ()) if _has_contents(cell)]
