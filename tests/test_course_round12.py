@@ -276,3 +276,16 @@ def test_chi2_draws_and_their_dashboard_name_a_seed_numpy_cannot_take(seed):
     with pytest.raises(ValueError, match="Invalid seed"):
         chi2_dashboard(examples=100, seed=seed)
     assert sazo_runs.chi2_draws(10, 3, seed=2 ** 40).shape == (3, 10)
+
+
+def test_gain_figure_draws_every_set_and_refuses_a_uniform_variance_below_the_oracles():
+    """A fourth set was dropped without a word (its line zipped against three dash styles); V(u)/V(p*) = 0.5, which
+    no set can have (p* minimises V), drew a "gain" below 1."""
+    from sazo_lite.course.widgets.llm_lesson import gain_figure
+
+    sets = {f"set {k}": (2.0 + k, 0.1 * k) for k in range(5)}
+    fig = gain_figure(sets, (1, 4))
+    assert [trace.name.split(":")[0] for trace in fig.data] == list(sets)
+    assert [trace.y[0] for trace in fig.data] == pytest.approx([v for v, _ in sets.values()])   # B = 1: V(u)/V(p*)
+    with pytest.raises(ValueError, match=r"Invalid V\(u\)/V\(p\*\) of 'odd'"):
+        gain_figure({"odd": (0.5, 0.1)})

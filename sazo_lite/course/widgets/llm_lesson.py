@@ -53,10 +53,12 @@ def gain_figure(sets: dict[str, tuple[float, float]], batch_sizes=(1, 2, 4, 8, 1
     if not sets or not batch_sizes:
         raise ValueError(f"Invalid sets/batch_sizes: {sets!r}, {batch_sizes!r} (expected at least one of each)")
     for label, (v_u, g2) in sets.items():   # ratios of variances: ‖∇F‖² < 0 could divide by 0
-        check_number(f"V(u)/V(p*) of {label!r}", v_u, 0.0, closed_low=False)
+        check_number(f"V(u)/V(p*) of {label!r}", v_u, 1.0)   # p* minimises V: no p, uniform included, has less
         check_number(f"‖∇F‖²/V(p*) of {label!r}", g2, 0.0)
     fig = go.Figure()
-    for (label, (v_u, g2)), dash in zip(sets.items(), ("solid", "dash", "dot")):
+    dashes = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+    for k, (label, (v_u, g2)) in enumerate(sets.items()):   # (zip with three dashes dropped a fourth set's line)
+        dash = dashes[k % len(dashes)]
         gains = [(v_u + (b - 1) * g2) / (1 + (b - 1) * g2) for b in batch_sizes]
         fig.add_scatter(x=list(batch_sizes), y=gains, mode="lines+markers", line=dict(color="black", dash=dash),
                         name=f"{label}: V(u)/V(p*) = {v_u:.2f}, ‖∇F‖²/V(p*) = {g2:.2f}")
