@@ -396,6 +396,8 @@ class MeZO(torch.optim.Optimizer):
         self.flat_check = FlatLossCheck()   # fed every committed step: warns when the first ones are exactly flat
         if isinstance(params, torch.Tensor):
             raise ValueError("Invalid params: expected an iterable of tensors or dicts, got a tensor")
+        if isinstance(params, dict):   # list() took its keys: "expected tensors, got str"
+            raise ValueError("Invalid params: a param group dict on its own; pass a list of groups ([{'params': ...}])")
         _check_ordered(params)
         params = list(params)
         if not params:

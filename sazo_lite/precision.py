@@ -58,6 +58,8 @@ class Float32Master:
     """
 
     def __init__(self, params):
+        if isinstance(params, torch.Tensor):   # list() split it into rows, each with a master of its own (as MeZO)
+            raise ValueError("Invalid params: expected an iterable of tensors, got a tensor (pass [tensor])")
         self.params = list(params)
         for p in self.params:   # an integer tensor's master would be perturbed, then truncated into it
             if not isinstance(p, torch.Tensor) or not p.is_floating_point():

@@ -316,3 +316,19 @@ def test_a_log_attached_after_a_schedule_hook_replays_the_rates_the_steps_used(f
     SeedLog.from_bytes(log.to_bytes()).replay_into(sz.MeZO([{"params": [replayed], "weight_decay": 0.2}], lr=0.1,
                                                            eps=1e-3))
     assert opt.step_count == 3 and torch.equal(theta, replayed) and bool((theta != 0).all())
+
+
+# --- 9. a bare tensor or a lone group dict where a list of them is expected --------------------------------------
+def test_a_lone_param_group_dict_is_refused_saying_so():
+    """list() of the dict took its keys: 'expected tensors, got str'."""
+    with pytest.raises(ValueError, match="a param group dict on its own"):
+        sz.MeZO({"params": [torch.zeros(2)]}, lr=0.1)
+
+
+def test_a_float32_master_of_a_bare_tensor_is_refused_as_mezo_refuses_it():
+    """list() split the tensor into rows, each with its own master (and each its own z under MeZO)."""
+    from sazo_lite.precision import Float32Master
+    with pytest.raises(ValueError, match="Invalid params: expected an iterable of tensors, got a tensor"):
+        Float32Master(torch.zeros(3, 2, dtype=torch.float16))
+    with pytest.raises(ValueError, match="Invalid params: expected an iterable of tensors or dicts, got a tensor"):
+        sz.MeZO(torch.zeros(3, 2), lr=0.1)
