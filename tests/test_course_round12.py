@@ -289,3 +289,17 @@ def test_gain_figure_draws_every_set_and_refuses_a_uniform_variance_below_the_or
     assert [trace.y[0] for trace in fig.data] == pytest.approx([v for v, _ in sets.values()])   # B = 1: V(u)/V(p*)
     with pytest.raises(ValueError, match=r"Invalid V\(u\)/V\(p\*\) of 'odd'"):
         gain_figure({"odd": (0.5, 0.1)})
+
+
+@pytest.mark.parametrize("eps", [-1.0, 0.0, math.nan, math.inf])
+def test_the_divergence_advice_refuses_an_eps_no_run_can_have(eps):
+    """ε = −1 read as tiny ("at ε = -1 the loss differences are float32 rounding: raise ε") and NaN as fine."""
+    from sazo_lite.course.widgets import race_table_html
+    from sazo_lite.course.widgets._common import divergence_note
+
+    result = sazo_runs.race(_quadratic(), seeds=(0,), steps=4, lr=1e-4)   # no method reaches the target
+    with pytest.raises(ValueError, match="Invalid eps"):
+        race_table_html(result, eps=eps)
+    with pytest.raises(ValueError, match="Invalid eps"):
+        divergence_note("uniform MeZO diverged", "its gap passed 10×", "η", 0.1, eps=eps)
+    assert "raise ε" in race_table_html(result, eps=1e-9) and "raise ε" not in race_table_html(result, eps=1e-3)

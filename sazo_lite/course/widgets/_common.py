@@ -22,9 +22,12 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from ...validation import check_number
+
 __all__ = ["slider", "log_slider", "int_slider", "question", "captioned", "presets", "redraw_on_change",
            "assemble", "Dashboard", "LiveFigure", "static_dashboard_html", "set_controls", "SAMPLER_COLORS",
-           "SAMPLER_FILLS", "SAMPLER_LABELS", "divergence_note", "finite", "number_list", "lower_rate", "TINY_EPS", "require_keys",
+           "SAMPLER_FILLS", "SAMPLER_LABELS", "divergence_note", "finite", "number_list", "lower_rate", "TINY_EPS",
+           "below_tiny_eps", "require_keys",
            "same_lengths", "off_log_axes"]
 
 # One palette for every dashboard: a sampler has the same colour in every plot of the course.
@@ -49,6 +52,12 @@ def lower_rate(rate: float) -> float:
 TINY_EPS = 1e-6
 
 
+def below_tiny_eps(eps: float | None) -> bool:
+    """Whether the runs' ε (None: not given) is below ``TINY_EPS``, where the advice is "raise ε" first; a
+    ValueError for an ε no run can have (−1 read as tiny, NaN as not)."""
+    return eps is not None and check_number("eps", eps, 0.0, closed_low=False) < TINY_EPS
+
+
 def divergence_note(what: str, how: str, rate_name: str, rate: float, after: str = "", *,
                     eps: float | None = None) -> str:
     """The crimson sentence every training dashboard shows for a diverged run: what diverged (and when),
@@ -60,7 +69,7 @@ def divergence_note(what: str, how: str, rate_name: str, rate: float, after: str
     """
     tail = f"; {after}" if after else ""
     known = math.isfinite(rate)   # a record without its rate (NaN): the advice without numbers, not "try nan"
-    if eps is not None and eps < TINY_EPS:
+    if below_tiny_eps(eps):
         return (f"<b style='color:crimson'>{what}: {how}{tail}. At ε = {eps:.1g} float32 rounding of the loss, divided "
                 f"by 2ε, makes some δ huge and random: raise ε (1e-3 is safe here) before lowering {rate_name}"
                 + (f" (now {rate:.2g})" if known else "") + ".</b><br>")

@@ -22,7 +22,7 @@ from ...train import diverged
 from ...validation import check_count, check_number
 from ..sazo_runs import DIVERGE_FACTOR, PROBLEMS, SAMPLERS, RaceResult, first_divergence, make_problem, pick_rate, race
 from ._common import SAMPLER_COLORS as _COLORS, SAMPLER_FILLS as _FILLS, SAMPLER_LABELS as _LABELS, Dashboard, \
-    LiveFigure, TINY_EPS, captioned, divergence_note, int_slider, log_slider, presets, set_controls, slider
+    LiveFigure, below_tiny_eps, captioned, divergence_note, int_slider, log_slider, presets, set_controls, slider
 
 __all__ = ["race_dashboard", "race_figure", "race_table_html", "race_verdict", "race_divergence", "merge_results",
            "join_seeds", "PROBLEM_DEFAULTS"]
@@ -250,7 +250,7 @@ def race_divergence(result: RaceResult, batch_size: int, eps: float | None = Non
 def _what_to_raise(result: RaceResult, eps: float | None = None) -> str:
     """The advice when no method reached the target: at ε below ``TINY_EPS`` a larger ε first (what the red
     notes say: the differences are rounding, and no η helps); a diverged method needs a lower η, not a higher one."""
-    if eps is not None and eps < TINY_EPS:
+    if below_tiny_eps(eps):
         return f"at ε = {eps:.1g} the loss differences are float32 rounding: raise ε (1e-3 is safe here) first"
     failed = [m for m in (m for m in _LABELS if m in result.gaps)
               if any(first_divergence(row) is not None for row in result.gaps[m])]
