@@ -35,10 +35,11 @@ are the Trainer's own. What differs:
   ``sazo_lite.llm.losses.causal_lm_losses``), or ``per_example_loss(outputs, inputs) -> [B]``.
   The label columns ("labels" and ``label_names``: the Trainer's own, such as a QA model's
   start_positions and end_positions, or ["labels"] when it finds none) are held out of the
-  model's forwards and read by the loss. An encoder-decoder model (T5, BART) is scored without
-  the shift (its logits at t score label t) and, when the batch has no decoder inputs, gets
-  ``decoder_input_ids`` built from the labels as its forward builds them; a peft prompt-tuning or
-  p-tuning model's logits cover its virtual tokens first, which score nothing, as in peft's loss.
+  model's forwards and read by the loss. An encoder-decoder model (T5, BART), a masked LM or a token
+  classifier is scored without the shift (its logits at t score label t, as its own loss reads them);
+  an encoder-decoder model gets ``decoder_input_ids`` built from the labels as its forward builds
+  them when the batch has none. A peft prompt-tuning or p-tuning model's logits cover its virtual
+  tokens first, which score nothing, as in peft's loss.
   ``train()`` first runs the model once, without changing anything, on the first two training
   examples, and refuses (``ValueError``) a model, collator or ``per_example_loss`` it cannot
   use: no ``labels`` in the batches, outputs without ``logits`` [B, T, V] (an attribute, or a
@@ -99,6 +100,7 @@ are the Trainer's own. What differs:
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 import pickle
@@ -707,14 +709,14 @@ class ZOTrainer(Trainer):
     def _per_example_losses(self, outputs, inputs) -> torch.Tensor:
         """``per_example_loss(outputs, inputs)``. The default loss's labels get a peft prompt's virtual
         tokens in front, as peft's forward does to labels (the logits cover them): without, a prompt-tuned
-        model's logits [B, P + T, V] were refused as not matching its labels [B, T]. An encoder-decoder
-        model's logits at t score label t (its decoder inputs are the labels shifted right): the causal
-        shift scored label t + 1, silently."""
+        model's logits [B, P + T, V] were refused as not matching its labels [B, T]. The logits at t of an
+        encoder-decoder model (its decoder inputs are the labels shifted right), a masked LM or a token
+        classifier score label t (``_unshifted``): the causal shift scored label t + 1, silently."""
         net = self.accelerator.unwrap_model(self.model)
         if self.per_example_loss is not _causal_lm_loss:
             return self.per_example_loss(outputs, inputs)
-        if _is_encoder_decoder(net):
-            return _seq2seq_loss(outputs, inputs)
+        if _unshifted(net):
+            return _unshifted_loss(outputs, inputs)
         skip = _virtual_tokens(net)
         if skip:
             inputs = {**inputs, "labels": torch.nn.functional.pad(inputs["labels"], (skip, 0), value=IGNORE)}
@@ -1089,15 +1091,31 @@ def _causal_lm_loss(outputs, inputs) -> torch.Tensor:
     return causal_lm_losses(_logits(outputs), inputs["labels"])
 
 
-def _seq2seq_loss(outputs, inputs) -> torch.Tensor:
-    """The default per_example_loss of an encoder-decoder model: logits at t score label t (no causal
-    shift), through ``causal_lm_losses`` on one more logit position and one more ignored label."""
+def _unshifted_loss(outputs, inputs) -> torch.Tensor:
+    """The default per_example_loss where logits at t score label t (no causal shift; ``_unshifted``),
+    through ``causal_lm_losses`` on one more logit position and one more ignored label."""
     logits, labels = _logits(outputs), inputs["labels"]
     return causal_lm_losses(torch.cat((logits, logits[:, -1:]), 1), torch.nn.functional.pad(labels, (1, 0), value=IGNORE))
 
 
 def _is_encoder_decoder(model) -> bool:
     return getattr(getattr(model, "config", None), "is_encoder_decoder", False) is True
+
+
+def _unshifted(model) -> bool:
+    """Whether the model's logits at t score label t, as its own loss reads them: an encoder-decoder
+    model, a masked LM or a token classifier (transformers' classes for those tasks that are not also
+    causal LMs). A causal LM's logits at t score label t + 1, and so do other models' (the default)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model   # a peft model's own
+    return _is_encoder_decoder(base) or type(base).__name__ in _unshifted_classes()
+
+
+@functools.cache
+def _unshifted_classes() -> frozenset:
+    from transformers.models.auto import modeling_auto as auto
+
+    names = {*auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES.values(), *auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES.values()}
+    return frozenset(names - set(auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()))
 
 
 def _logits(outputs):

@@ -225,8 +225,8 @@ def seq2seq_collator(model, decoder_inputs):
 @pytest.mark.parametrize("family", ["t5", "bart"])
 def test_an_encoder_decoder_model_is_scored_by_its_own_loss(tmp_path, family, decoder_inputs):
     # with decoder inputs collated, the default loss's causal shift scored label t + 1 at logit t: a
-    # silently wrong loss (T5: 4.53 for its own 4.50 on one row); without them T5 raised and BART
-    # decoded its input_ids, and the check before training refused it
+    # silently wrong loss; without them T5 raised and BART decoded its input_ids, and the check before
+    # training refused it
     model, rows = seq2seq_model(family), seq2seq_rows()
     trainer = trainer_for(tmp_path, rows=rows, model=model, data_collator=seq2seq_collator(model, decoder_inputs),
                           args=training_args(tmp_path, max_steps=2, per_device_train_batch_size=2))
@@ -238,3 +238,34 @@ def test_an_encoder_decoder_model_is_scored_by_its_own_loss(tmp_path, family, de
     before = weights(model)
     trainer.train()
     assert trainer.zo_optimizer.step_count == 2 and not unchanged(model, before)
+
+
+def bert(kind):
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32, max_position_embeddings=64, pad_token_id=0, num_labels=5)
+    if kind == "token classifier":
+        return transformers.BertForTokenClassification(config), 5
+    return transformers.BertForMaskedLM(config), VOCAB
+
+
+@pytest.mark.parametrize("kind", ["token classifier", "masked LM"])
+def test_a_token_classifier_or_masked_lm_is_scored_by_its_own_loss(tmp_path, kind):
+    # logits [B, T, V] over labels [B, T] passed the check, and the causal shift scored label t + 1 at
+    # logit t (eval_loss was not the model's own loss, and training followed it)
+    model, classes = bert(kind)
+    g = torch.Generator().manual_seed(1)
+    rows = []
+    for _ in range(6):
+        labels = torch.randint(0, classes, (6,), generator=g)
+        labels[torch.rand(6, generator=g) < 0.4] = -100        # special or unmasked tokens
+        rows.append({"input_ids": torch.randint(3, VOCAB, (6,), generator=g).tolist(), "labels": labels.tolist()})
+    trainer = trainer_for(tmp_path, rows=rows, model=model, args=training_args(tmp_path, max_steps=2))
+    model.eval()
+    with torch.no_grad():
+        own = [float(model(input_ids=torch.tensor([r["input_ids"]]), labels=torch.tensor([r["labels"]])).loss)
+               for r in rows if any(label != -100 for label in r["labels"])]
+    assert len(own) == len(rows)
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(sum(own) / len(own), rel=1e-6)
+    trainer.train()
+    assert trainer.zo_optimizer.step_count == 2
