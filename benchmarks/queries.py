@@ -38,6 +38,7 @@ from sazo_lite.samplers import make_sampler
 from sazo_lite.course.problems import FiniteSumProblem, LeastSquares, LogisticRegression
 from sazo_lite.samplers import SAZOSampler, Sampler, StaleCorrectedSAZOSampler, probabilities
 from sazo_lite.train import best_rate, median_queries, past_edge, queries_to_target, train
+from sazo_lite.validation import check_count, check_number
 from sazo_lite.variance import uniform_gain
 
 __all__ = ["BenchProblem", "TargetRun", "queries_to_reach", "best_learning_rate", "run_queries_benchmark",
@@ -46,7 +47,7 @@ __all__ = ["BenchProblem", "TargetRun", "queries_to_reach", "best_learning_rate"
 RESULTS = Path(__file__).parent / "results"
 CELLS = RESULTS / "queries_cells"     # a full run's finished cells: an interrupted run resumes from them
 DEFAULT_METHODS = ("uniform", "sazo", "oracle")
-RACE_PROTOCOL = 1     # bump when the race's rules (first hits, lost rates, budgets) change what a saved cell would be
+RACE_PROTOCOL = 2     # bump when the race's rules (first hits, lost rates, budgets) change what a saved cell would be
 TARGETS = (0.02, 0.005)
 
 
@@ -418,18 +419,22 @@ def best_learning_rate(make_run: Callable[[float, int], TargetRun], grid: list[f
     """Pick, per target, the grid rate with the best median queries over ``seeds``, at bounded cost.
 
     Every rate's runs are extended together under a step budget that grows by ``growth``
-    until some rate's median is reached at the smallest target: the rates still open then
-    cannot beat it (nor at the larger targets, which every run crosses first), so a bad rate
-    costs at most about as much as the best one. A rate where at least half of the seeds
-    diverged is lost (its edge): it stops and is not chosen, even at a larger target its seeds
-    crossed before diverging (unless every rate is lost). The winners' seeds are run to the end
-    (up to ``max_steps``) for the min–max spread.
+    until some rate's median is reached at the smallest target and no rate still open can beat
+    it at any target (``_settled``), so a bad rate costs at most about as much as the best one.
+    A rate where at least half of the seeds diverged is lost (its edge): it stops and is not
+    chosen, even at a larger target its seeds crossed before diverging (unless every rate is
+    lost). The winners' seeds are run to the end (up to ``max_steps``) for the min–max spread;
+    a winner lost there gives way to the next rate (``_choose``).
 
     Returns:
         {target: dict with ``lr``, ``median``, ``min``, ``max`` (None if a seed never got there),
         ``per_seed`` and ``grid`` (median per rate; None where it cannot beat the winner or is lost)};
         without ``targets`` (runs with one target), that one target's dict.
     """
+    if not grid or not seeds:
+        raise ValueError(f"Invalid {'grid' if not grid else 'seeds'}: expected at least one (got none)")
+    first_budget = check_count("first_budget", first_budget)
+    growth = check_number("growth", growth, 1.0, closed_low=False)     # int(growth · budget) may not grow: +1 below
     runs = {lr: [make_run(lr, seed) for seed in seeds] for lr in grid}
     single = targets is None
     # a run's queries at a target (one target: its ``queries``, whatever it calls that target)
@@ -442,27 +447,59 @@ def best_learning_rate(make_run: Callable[[float, int], TargetRun], grid: list[f
             if alive(lr_runs):
                 for run in lr_runs:
                     run.extend_to(budget)
-        medians = {lr: median_queries([run.queries for run in lr_runs]) for lr, lr_runs in runs.items()}
-        # A rate whose median is still open has median > 2·B·budget ≥ any reached median.
-        if min(medians.values()) < math.inf or budget >= max_steps:
+        if _settled(runs, targets, reached, alive) or budget >= max_steps:
             break
-        budget = min(int(growth * budget), max_steps)  # small growth: little overshoot
+        budget = min(max(budget + 1, int(growth * budget)), max_steps)  # small growth: little overshoot
+    chosen = {target: _choose(runs, grid, target, reached, alive, max_steps) for target in targets}
     out = {}
-    for target in targets:
+    for target, best_lr in chosen.items():      # after every choice: a rate found lost shows no median
         at = {lr: median_queries([reached(run, target) for run in lr_runs]) for lr, lr_runs in runs.items()}
         grid_medians = {repr(lr): (None if math.isinf(m) or not alive(runs[lr]) else m) for lr, m in at.items()}
-        best_lr = best_rate({lr: [reached(run, target) for run in runs[lr]] for lr in grid},
-                            past_edges={lr for lr in grid if not alive(runs[lr])})
-        if math.isinf(at[best_lr]):
+        if best_lr is None:
             out[target] = {"lr": None, "median": None, "min": None, "max": None,
                            "per_seed": [None] * len(seeds), "grid": grid_medians}
             continue
-        per_seed = [reached(run.extend_to(max_steps), target) for run in runs[best_lr]]
+        per_seed = [reached(run, target) for run in runs[best_lr]]
         finite = [q for q in per_seed if q is not None]
         out[target] = {"lr": best_lr, "median": at[best_lr], "min": min(finite),
                        "max": max(finite) if len(finite) == len(per_seed) else None,
                        "per_seed": per_seed, "grid": grid_medians}
     return out[None] if single else out
+
+
+def _settled(runs: dict, targets, reached, alive) -> bool:
+    """Whether no rate still racing can beat, at any target, the rates whose median reached the smallest target
+    (over half of their seeds did: they are never lost). A run still racing counts the queries it has run (it
+    crosses later, if ever): with an even number of seeds a median is the mean of two runs, and one of them can
+    still be racing while the mean is below the winners' (that rate then races on)."""
+    floor = lambda run, target: (reached(run, target) if reached(run, target) is not None
+                                 else math.inf if run.failed else 2 * run.batch_size * run.steps)
+    safe = [lr_runs for lr_runs in runs.values() if median_queries([run.queries for run in lr_runs]) < math.inf]
+    if not safe:
+        return False
+    for target in targets:
+        bound = min(median_queries([reached(run, target) for run in lr_runs]) for lr_runs in safe)
+        for lr_runs in runs.values():
+            if (alive(lr_runs) and math.isinf(median_queries([reached(run, target) for run in lr_runs]))
+                    and median_queries([floor(run, target) for run in lr_runs]) < bound):
+                return False
+    return True
+
+
+def _choose(runs: dict, grid, target, reached, alive, max_steps: int) -> float | None:
+    """The rate ``best_learning_rate`` picks at ``target`` (None: no rate reached it), its runs extended to
+    ``max_steps``. A rate still racing at the budget's stop can have crossed a larger target and diverge later
+    on half of its seeds: once run to the end it is lost, and the next best rate is chosen (unless every
+    rate is lost)."""
+    while True:
+        lost = {lr for lr in grid if not alive(runs[lr])}
+        best_lr = best_rate({lr: [reached(run, target) for run in runs[lr]] for lr in grid}, past_edges=lost)
+        if math.isinf(median_queries([reached(run, target) for run in runs[best_lr]])):
+            return None
+        for run in runs[best_lr]:
+            run.extend_to(max_steps)
+        if best_lr in lost or alive(runs[best_lr]):
+            return best_lr
 
 
 def default_problems(quick: bool = False) -> list[BenchProblem]:

@@ -1,0 +1,143 @@
+"""The benchmark CLIs as a user runs them (fifth round): the toy race's choice against a plain reference (every
+run to its end, then the median rule), names given twice, merged reports that overlap. Every test runs on fakes
+or tiny settings: seconds in all, no timing assertions."""
+import math
+import statistics
+
+import pytest
+from hypothesis import example, given, settings, strategies as st
+
+from benchmarks import queries
+from sazo_lite.train import past_edge
+
+
+# -- benchmarks.queries.best_learning_rate against a plain reference ------------------------------------------------
+class PlannedRun:
+    """A TargetRun stand-in whose future is given: ``hits[target]`` the step it first crosses that target (None:
+    never; smaller targets later) and ``diverge`` the step it diverges at (None: never). It stops at the smallest
+    target or at its divergence, as TargetRun does; a count is 2·B·steps."""
+
+    batch_size = 1
+
+    def __init__(self, hits: dict, diverge):
+        self.hits, self.diverge, self.targets = hits, diverge, tuple(sorted(hits, reverse=True))
+        self.reached = {t: None for t in self.targets}
+        self.steps, self.failed = 0, False
+
+    @property
+    def queries(self):
+        return self.reached[self.targets[-1]]
+
+    def extend_to(self, steps: int) -> "PlannedRun":
+        if self.failed or self.queries is not None or steps <= self.steps:
+            return self
+        crossed = lambda t: self.hits[t] is not None and (self.diverge is None or self.hits[t] < self.diverge)
+        ends = [steps] + [self.hits[self.targets[-1]]] * crossed(self.targets[-1]) + [self.diverge] * (
+            self.diverge is not None)
+        self.steps = min(ends)
+        for t in self.targets:
+            if crossed(t) and self.hits[t] <= self.steps:
+                self.reached[t] = 2 * self.batch_size * self.hits[t]
+        self.failed = self.diverge is not None and self.diverge <= self.steps
+        return self
+
+
+def race(plan: dict, seeds: int, max_steps: int, targets, **kwargs) -> dict:
+    made = {}
+    make = lambda lr, seed: made.setdefault((lr, seed), PlannedRun(*plan[lr][seed]))
+    return queries.best_learning_rate(make, list(plan), list(range(seeds)), max_steps, targets=targets, **kwargs)
+
+
+def reference(plan: dict, max_steps: int, targets) -> dict:
+    """Every run to its end, then the rule as documented: a rate where at least half of the seeds diverged is
+    lost; per target the rate of the fewest median queries (a miss counts as never; the first on ties)."""
+    runs = {lr: [PlannedRun(*p).extend_to(max_steps) for p in plans] for lr, plans in plan.items()}
+    lost = {lr for lr, rs in runs.items() if past_edge([r.failed for r in rs])}
+    out, medians = {}, {}
+    for t in targets:
+        medians[t] = {lr: statistics.median([math.inf if r.reached[t] is None else r.reached[t] for r in rs])
+                      for lr, rs in runs.items()}
+        best = min([lr for lr in runs if lr not in lost] or list(runs), key=medians[t].get)
+        out[t] = None if math.isinf(medians[t][best]) else (best, medians[t][best], [r.reached[t] for r in runs[best]])
+    return out, lost, medians
+
+
+def test_a_rate_that_diverges_after_the_budget_stopped_is_not_chosen_at_a_target_it_crossed_first():
+    """The race stopped growing its budget once a rate reached the smallest target; a rate still racing then,
+    whose seeds had crossed 2% fast, won the 2% column, and 2 of its 3 seeds diverged when run on (for the
+    min–max): a lost rate chosen, against the documented rule. It now gives way to the next rate."""
+    targets = (0.02, 0.005)
+    plan = {1e-3: [({0.02: 400, 0.005: 900}, None)] * 3,
+            2e-3: [({0.02: 100, 0.005: None}, 1500)] * 2 + [({0.02: 100, 0.005: 2000}, None)]}
+    out = race(plan, 3, 5000, targets)
+    assert out[0.02]["lr"] == 1e-3 and out[0.02]["median"] == 800, out[0.02]
+    assert out[0.02]["grid"][repr(2e-3)] is None      # lost: no median shown
+    assert reference(plan, 5000, targets)[0][0.02][0] == 1e-3
+
+
+def test_with_an_even_number_of_seeds_a_rate_half_way_there_is_raced_on():
+    """With 2 seeds a median is the mean of both: a rate with one seed at 20 queries and one still racing could
+    reach a median of 1010 while another rate's 1800 had won and stopped the race: the race reported 1800 and the
+    faster rate as unable to beat it. Now a rate still racing is run on while it can still win."""
+    plan = {1e-3: [({0.5: 900}, None)] * 2, 2e-3: [({0.5: 10}, None), ({0.5: 1000}, None)]}
+    out = race(plan, 2, 5000, (0.5,))
+    assert (out[0.5]["lr"], out[0.5]["median"], out[0.5]["per_seed"]) == (2e-3, 1010, [20, 2000])
+    assert out[0.5]["grid"] == {repr(1e-3): 1800, repr(2e-3): 1010}
+
+
+def test_a_budget_that_does_not_grow_is_refused_not_looped_on():
+    """best_learning_rate(first_budget=3) grew its budget by int(1.25 · 3) = 3: the same budget for ever (a hang)."""
+    plan = {1e-3: [({0.5: 50}, None)]}
+    assert race(plan, 1, 100, (0.5,), first_budget=3)[0.5]["median"] == 100
+    for bad in ({"growth": 1.0}, {"growth": math.nan}, {"first_budget": 0}):
+        with pytest.raises(ValueError, match=f"Invalid {next(iter(bad))}"):
+            race(plan, 1, 100, (0.5,), **bad)
+    with pytest.raises(ValueError, match="Invalid grid"):
+        queries.best_learning_rate(lambda lr, seed: None, [], [0], 100, targets=(0.5,))
+    with pytest.raises(ValueError, match="Invalid seeds"):
+        queries.best_learning_rate(lambda lr, seed: None, [1e-3], [], 100, targets=(0.5,))
+
+
+@st.composite
+def plans(draw):
+    """A grid of 1–4 rates × 1–5 seeds, each run crossing 0.1 then 0.02 (or not) and diverging (or not)."""
+    seeds, rates = draw(st.integers(1, 5)), draw(st.integers(1, 4))
+    step = st.one_of(st.none(), st.integers(1, 400))
+
+    def one_run():
+        first, extra, diverge = draw(step), draw(step), draw(step)
+        second = None if first is None or extra is None else first + extra
+        if diverge is not None and diverge in (first, second):
+            diverge += 1
+        return {0.1: first, 0.02: second}, diverge
+    return {1e-3 * (k + 1): [one_run() for _ in range(seeds)] for k in range(rates)}, seeds
+
+
+@settings(max_examples=300, deadline=None)
+@given(plans(), st.integers(4, 60))     # smaller first budgets: the test above
+@example(({1e-3: [({0.1: 2, 0.02: 3}, None)], 2e-3: [({0.1: 1, 0.02: None}, 5)]}, 1), 4)     # lost after the stop
+@example(({1e-3: [({0.1: 9, 0.02: 9}, None)] * 2, 2e-3: [({0.1: 1, 0.02: 1}, None), ({0.1: 9, 0.02: 12}, None)]},
+          2), 4)    # two seeds: a median half way there
+def test_the_race_chooses_what_running_every_seed_to_the_end_would(case, first_budget):
+    """The budgeted race (stop early, run only the winners on) against the plain rule over complete runs: the
+    same rate, median, per-seed counts and min–max at every target, wherever some rate is not lost."""
+    plan, seeds = case
+    targets, max_steps = (0.1, 0.02), 800
+    out = race(plan, seeds, max_steps, targets, first_budget=first_budget)
+    expected, lost, medians = reference(plan, max_steps, targets)
+    for t in targets:
+        got = out[t]
+        if len(lost) == len(plan):      # every rate lost: the fallback reads runs stopped early; only consistency
+            assert got["lr"] is None or got["median"] == statistics.median(
+                [math.inf if q is None else q for q in got["per_seed"]])
+            continue
+        if expected[t] is None:
+            assert got["lr"] is None and got["median"] is None, (t, got)
+            continue
+        lr, median, per_seed = expected[t]
+        assert (got["lr"], got["median"], got["per_seed"]) == (lr, median, per_seed), (t, got, expected[t])
+        finite = [q for q in per_seed if q is not None]
+        assert got["min"] == min(finite) and got["max"] == (max(finite) if len(finite) == len(per_seed) else None)
+        # a rate's median shown in the grid is its median over complete runs (None: lost, or it could not win)
+        assert all(shown is None or shown == medians[t][float(rate)] for rate, shown in got["grid"].items())
+        assert got["grid"][repr(lr)] == median
