@@ -303,3 +303,23 @@ def test_the_divergence_advice_refuses_an_eps_no_run_can_have(eps):
     with pytest.raises(ValueError, match="Invalid eps"):
         divergence_note("uniform MeZO diverged", "its gap passed 10×", "η", 0.1, eps=eps)
     assert "raise ε" in race_table_html(result, eps=1e-9) and "raise ε" not in race_table_html(result, eps=1e-3)
+
+
+def test_race_parts_of_other_races_are_not_joined():
+    """merge_results kept the first part's target for a part of another problem (its queries to target counted
+    against another gap), let a second part of one method replace the first's runs, and join_seeds named the
+    first part's rate for seeds run at another."""
+    from sazo_lite.course.widgets.race import join_seeds, merge_results
+
+    one, other = _quadratic(), _quadratic(seed=1)
+    part = lambda problem, method, lr=0.01, seed=0: sazo_runs.race(problem, samplers=(method,), seeds=(seed,),  # noqa
+                                                                 steps=10, lr=lr)
+    with pytest.raises(ValueError, match="expected one problem and one target"):
+        merge_results([part(one, "uniform"), part(other, "sazo")])
+    with pytest.raises(ValueError, match=r"\['uniform'\] raced in two parts"):
+        merge_results([part(one, "uniform"), part(one, "uniform", lr=0.02)])
+    with pytest.raises(ValueError, match="expected the same rates"):
+        join_seeds([part(one, "uniform", seed=0), part(one, "uniform", lr=0.02, seed=1)])
+    joined = join_seeds([part(one, "uniform", seed=0), part(one, "uniform", seed=1)])
+    merged = merge_results([joined, part(one, "sazo")])
+    assert merged.gaps["uniform"].shape[0] == 2 and set(merged.gaps) == {"uniform", "sazo"}

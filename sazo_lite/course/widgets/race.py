@@ -7,6 +7,7 @@ queries to reach the target. Runs come from ``sazo_lite.course.sazo_runs.race``.
 from __future__ import annotations
 
 import html
+import math
 import time
 import warnings
 from dataclasses import replace
@@ -299,15 +300,31 @@ def race_table_html(result: RaceResult, eps: float | None = None) -> str:
             f"<table style='border-collapse:collapse' cellpadding='4'>{head}{''.join(rows)}</table>{note}</div>")
 
 
-def merge_results(parts: list[RaceResult]) -> RaceResult:
-    """Join races run one method at a time on the same problem and query grid."""
+def _same_race(parts: list[RaceResult]) -> RaceResult:
+    """The first of ``parts``, or a ValueError when they are not parts of one race: another query grid, or another
+    starting gap or target (another problem, or another target fraction: its queries to target mean another thing)."""
     if not parts:
         raise ValueError("Invalid parts: expected at least one RaceResult")
     first = parts[0]
-    gaps, to_target = {}, {}
     for part in parts:
         if not np.array_equal(part.queries, first.queries):
             raise ValueError("Invalid parts: races must share one query grid")
+        if not (math.isclose(part.initial_gap, first.initial_gap, rel_tol=1e-9)
+                and math.isclose(part.target, first.target, rel_tol=1e-9)):
+            raise ValueError(f"Invalid parts: initial gaps/targets {part.initial_gap:.6g}/{part.target:.6g} and "
+                             f"{first.initial_gap:.6g}/{first.target:.6g} (expected one problem and one target)")
+    return first
+
+
+def merge_results(parts: list[RaceResult]) -> RaceResult:
+    """Join races run one method at a time on the same problem and query grid."""
+    first = _same_race(parts)
+    gaps, to_target = {}, {}
+    for part in parts:
+        twice = sorted(set(part.gaps) & set(gaps))
+        if twice:   # the later part's runs replaced the earlier's without a word
+            raise ValueError(f"Invalid parts: {twice} raced in two parts (expected each method once; "
+                             "join_seeds joins one method's seeds)")
         gaps.update(part.gaps)
         to_target.update(part.to_target)
     lrs = {m: lr for part in parts for m, lr in part.lrs.items()}
@@ -317,11 +334,12 @@ def merge_results(parts: list[RaceResult]) -> RaceResult:
 
 def join_seeds(parts: list[RaceResult]) -> RaceResult:
     """Join races of the same methods run one seed (or seed group) at a time."""
-    if not parts:
-        raise ValueError("Invalid parts: expected at least one RaceResult")
-    first = parts[0]
-    if any(not np.array_equal(part.queries, first.queries) or set(part.gaps) != set(first.gaps) for part in parts):
+    first = _same_race(parts)
+    if any(set(part.gaps) != set(first.gaps) for part in parts):
         raise ValueError("Invalid parts: races must share one query grid and one set of methods")
+    if any(part.lrs != first.lrs for part in parts):   # the joined race named the first part's rates for all
+        raise ValueError(f"Invalid parts: rates {[part.lrs for part in parts]} (expected the same rates: join_seeds "
+                         "joins seeds of one setting)")
     gaps = {m: np.concatenate([part.gaps[m] for part in parts]) for m in first.gaps}
     to_target = {m: [q for part in parts for q in part.to_target[m]] for m in first.to_target}
     return RaceResult(queries=first.queries, gaps=gaps, initial_gap=first.initial_gap, target=first.target,
