@@ -121,7 +121,8 @@ def gain_vs_batch(norms, full_grad_norm: float, dim: int, batch_sizes) -> torch.
     """E‖ĝ‖² under uniform sampling divided by E‖ĝ‖² under the oracle p*, for each B.
 
     = (V(u)/B + (1−1/B)‖∇F‖²) / (V(p*)/B + (1−1/B)‖∇F‖²): 1 + CV² at B = 1 or ‖∇F‖ = 0,
-    shrinking towards 1 as B grows. Returns float64 [len(batch_sizes)].
+    shrinking towards 1 as B grows. Returns float64 [len(batch_sizes)]. The ratio does not depend on the units of
+    the norms; a ``full_grad_norm`` above their mean (‖mean ∇f_i‖ ≤ mean ‖∇f_i‖) is refused.
     """
     norms = _norms(norms)
     if isinstance(full_grad_norm, torch.Tensor) and full_grad_norm.numel() == 1:

@@ -68,7 +68,8 @@ DIVERGE_FACTOR = 10.0
 def first_divergence(gaps, *, factor: float = DIVERGE_FACTOR) -> int | None:
     """Index of the first gap that is not finite or above ``factor`` × ``gaps[0]`` (None: the run did not diverge).
 
-    A run that starts at 0 (θ₀ already a minimiser) diverges only where its gap stops being finite.
+    A run that starts at 0 (θ₀ already a minimiser) diverges only where its gap stops being finite. ``factor`` is
+    above 1 (inf: only a non-finite gap counts).
 
     Example:
         >>> first_divergence([2.0, 3.0, 25.0, float("inf")]), first_divergence([2.0, 1.0])
