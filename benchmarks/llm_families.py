@@ -125,6 +125,7 @@ def main(argv=None) -> None:
                         help=f"the families to probe (default: all): {', '.join(sorted(FAMILIES))}")
     parser.add_argument("--json", type=Path, default=None, help="also write the outcomes to this JSON file")
     args = parser.parse_args(argv)
+    args.families = list(dict.fromkeys(args.families))     # a family named twice is probed once
     check_output(parser, "--json", args.json)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)     # a missing folder: made now, not a crash after the probes

@@ -776,6 +776,9 @@ def parse_args(argv=None, *, run: bool = False):
     if not args.top_control_start > 0:
         parser.error(f"--top-control-start must be > 0 (got {args.top_control_start})")
     args.targets = sorted(set(args.targets), reverse=True)     # a repeated target: one column, not two
+    for name in ("sets", "variants", "top_variants", "tiny", "tiny_variants", "tiny_homogeneous", "measure_sets",
+                 "gd_lrs", "walk_radii"):     # a name given twice is raced once (not a second setting of hours)
+        setattr(args, name, list(dict.fromkeys(getattr(args, name))))
     if set(args.sets) & set(TOP_SETS) and args.top_select < min(args.targets):
         parser.error(f"argument --top-select: {args.top_select:g}·F₀ is deeper than the deepest --targets "
                      f"{min(args.targets):g}·F₀, where every run stops: no run would reach it to pick a rate")

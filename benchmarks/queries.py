@@ -651,6 +651,7 @@ def main(argv: list[str] | None = None) -> dict:
                              f"resumes from it (default {CELLS.relative_to(RESULTS.parent.parent)}; --quick: none)")
     parser.add_argument("--fresh", action="store_true", help="race every cell again, replacing the saved ones")
     args = parser.parse_args(argv)
+    args.methods = list(dict.fromkeys(args.methods))     # a method named twice is raced once, one column
     seeds = list(range((1 if args.quick else 5) if args.seeds is None else args.seeds))
     targets = sorted(set(args.targets), reverse=True) if args.targets else ([0.1] if args.quick else list(TARGETS))
     problems = default_problems(args.quick)

@@ -157,6 +157,7 @@ def main(argv=None):
             setattr(args, name, value if getattr(args, name) is None else getattr(args, name))
     # a seed or rate given twice would count twice in a median: each is run once
     args.seeds, args.grid = list(dict.fromkeys(args.seeds)), sorted(set(args.grid))
+    args.methods, args.targets = list(dict.fromkeys(args.methods)), list(dict.fromkeys(args.targets))   # raced once
     if args.problem is None:
         args.problem = RACE_PROBLEM if args.race else TRACE_PROBLEM
     allowed = bench_names if args.race else [*bench_names, *PROBLEMS]

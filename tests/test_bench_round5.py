@@ -141,3 +141,72 @@ def test_the_race_chooses_what_running_every_seed_to_the_end_would(case, first_b
         # a rate's median shown in the grid is its median over complete runs (None: lost, or it could not win)
         assert all(shown is None or shown == medians[t][float(rate)] for rate, shown in got["grid"].items())
         assert got["grid"][repr(lr)] == median
+
+
+# -- a name given twice is raced once ------------------------------------------------------------------------------
+def test_queries_races_a_method_named_twice_once(monkeypatch, tmp_path):
+    """--methods uniform sazo sazo raced SAZO twice (twice the time) and printed its column twice."""
+    from test_bench_round3 import stub_queries
+
+    module, argv = stub_queries(monkeypatch, tmp_path)
+    assert module.main([*argv, "--methods", "sazo", "uniform", "sazo"])["methods"] == ["sazo", "uniform"]
+
+
+def test_score_lag_races_a_method_named_twice_once(monkeypatch):
+    from benchmarks import score_lag
+    from test_bench_round3 import tiny_problems
+
+    calls = []
+    monkeypatch.setattr(score_lag, "race", lambda problem, methods, grid, seeds, targets, max_steps: calls.append(
+        (list(methods), list(targets))))
+    monkeypatch.setattr("benchmarks.queries.default_problems", tiny_problems)
+    score_lag.main(["--race", "--problem", "quadratic σ=0", "--methods", "sazo", "oracle", "sazo",
+                    "--targets", "0.1", "0.1"])
+    assert calls == [(["sazo", "oracle"], [0.1])]
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--sets", "top-opposed", "top-opposed"], 3),      # a second setting of the same label: hours more
+    (["--sets", "top-opposed", "--top-variants", "uniform+bound", "sazo+bound", "uniform+bound"], 2),
+    (["--sets", "opposed", "--variants", "uniform", "sazo", "uniform"], 2),
+    (["--sets", "--tiny", "llama", "llama", "--tiny-variants", "sazo", "uniform", "sazo"], 2),
+    (["--sets", "--tiny-homogeneous", "llama", "llama"], 2),
+])
+def test_llm_queries_races_a_set_or_sampler_named_twice_once(argv, expected):
+    from benchmarks import llm_queries
+
+    args = llm_queries.parse_args(argv, run=True)
+    units = llm_queries.units(args)
+    assert len(units) == len(set(units)) == expected, units
+    assert len({s.label for s in llm_queries.settings(args)}) == len(llm_queries.settings(args))
+
+
+def test_llm_queries_measures_a_set_and_a_gd_rate_given_twice_once():
+    from benchmarks import llm_queries
+
+    args = llm_queries.parse_args(["--sets", "--measure-sets", "opposed", "opposed", "--gd-lrs", "1e-3", "1e-3",
+                                   "--walk-radii", "10", "10"], run=True)
+    assert (args.measure_sets, args.gd_lrs, args.walk_radii) == (["opposed"], [1e-3], [10.0])
+
+
+def test_llm_families_probes_a_family_named_twice_once(monkeypatch, capsys):
+    from benchmarks import llm_families
+
+    probed = []
+    monkeypatch.setattr(llm_families, "probe", lambda family, blocks: probed.append(family) or {
+        "outcome": "equal", "gap": None, "error": None})
+    family = sorted(llm_families.FAMILIES)[0]
+    llm_families.main(["--families", family, family])
+    assert probed == [family] * 3, probed         # k = 1, 2 and every block, once
+    assert "families: 1 equal" in capsys.readouterr().out
+
+
+def test_llm_topblock_runs_a_pull_strength_given_twice_once(monkeypatch, capsys):
+    from benchmarks import llm_topblock
+
+    seen = []
+    monkeypatch.setattr(llm_topblock, "top_start", lambda setting: None)
+    monkeypatch.setattr(llm_topblock, "pull_floor", lambda strengths, **kwargs: seen.append(list(strengths)) or {})
+    monkeypatch.setattr(llm_topblock.torch, "set_num_threads", lambda n: None)
+    llm_topblock.main(["gd", "--lr", "0.05", "--pull-floor", "0", "0.01", "0"])
+    assert seen == [[0.0, 0.01]]
