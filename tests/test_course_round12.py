@@ -323,3 +323,12 @@ def test_race_parts_of_other_races_are_not_joined():
     joined = join_seeds([part(one, "uniform", seed=0), part(one, "uniform", seed=1)])
     merged = merge_results([joined, part(one, "sazo")])
     assert merged.gaps["uniform"].shape[0] == 2 and set(merged.gaps) == {"uniform", "sazo"}
+
+
+def test_notebook_04_and_05_helpers_name_what_they_were_given_in_place_of_a_sampler_problem_or_trajectory():
+    with pytest.raises(ValueError, match="Invalid sampler: str 'robust' has no"):          # was AttributeError
+        sazo_runs.feed_sampler("robust", [1.0, 2.0], steps=2, batch_size=1)
+    with pytest.raises(ValueError, match="Invalid problem: .*expected a FiniteSumProblem"):  # was AttributeError: dim
+        sazo_runs.loss_grid("breast_cancer", [0.0, 1.0], [0.0, 1.0])
+    with pytest.raises(ValueError, match="Invalid trajectory"):                              # was IndexError
+        sazo_runs.roughness(3.0)

@@ -186,6 +186,10 @@ def feed_sampler(sampler, norms, *, steps: int, batch_size: int, shrink: float =
         >>> float(feed_sampler(SAZOSampler(16), torch.ones(16), steps=3, batch_size=4)[0])
         1.0
     """
+    missing = [part for part in ("num_examples", "probs", "sample", "update") if not hasattr(sampler, part)]
+    if missing:   # (a rule's name in place of its sampler raised AttributeError)
+        raise ValueError(f"Invalid sampler: {type(sampler).__name__} {str(sampler)[:40]!r} has no {', '.join(missing)} "
+                         "(expected a sampler, e.g. rule_sampler(rule, num_examples))")
     norms = _norms(norms)                           # finite, >= 0, not all 0: p* ∝ ‖∇f_i‖ needs one > 0
     steps, batch_size = check_int("steps", steps, 0), check_count("batch_size", batch_size)
     shrink = check_number("shrink", shrink, 0.0, closed_low=False)
@@ -381,7 +385,7 @@ def roughness(trajectory) -> float:
         True
     """
     values = np.asarray(trajectory, dtype=np.float64)
-    if values.shape[0] < 2:
+    if values.ndim == 0 or values.shape[0] < 2:   # (a single number raised IndexError)
         raise ValueError("Invalid trajectory: needs at least two points")
     both = (values[1:] > 0) & (values[:-1] > 0)
     if not both.any():
@@ -439,6 +443,7 @@ def ema_of_chi2(examples: int, *, observations: int, ema_decay: float, seed: int
 
 def loss_grid(problem: FiniteSumProblem, xs, ys) -> np.ndarray:
     """F(θ) on the grid θ = (x, y) of a 2-D problem, [len(ys), len(xs)] (rows: y), float64."""
+    _check_problem(problem)
     if problem.dim != 2:
         raise ValueError(f"Invalid problem: dim {problem.dim} (expected 2)")
     xs, ys = (np.asarray(axis, dtype=np.float64) for axis in (xs, ys))
