@@ -119,6 +119,7 @@ from transformers.utils import is_datasets_available
 from .atomic import atomic_write
 from .distributed import gather_losses, rank_and_world, shard
 from .engine import MeZO
+from .interrupts import InterruptsDeferred
 from .llm.losses import IGNORE, causal_lm_losses
 from .precision import master_dtype
 from .samplers import make_sampler, sampler_name
@@ -666,9 +667,12 @@ class ZOTrainer(Trainer):
         try:
             out = self.zo_optimizer.step(losses, weights)
         finally:   # the model holds where the master stands: updated, or back at θ after a refused step
-            if self._master is not None:
-                self._master.sync()
-            self._zo_logged_weights = self._weights_checksum()   # where a seed log's replay stands now
+            # Ctrl-C held: mid-sync it left tensors a step behind the master, which the next step's
+            # write check then took as a callback's writes (the master lost the step on them)
+            with InterruptsDeferred():
+                if self._master is not None:
+                    self._master.sync()
+                self._zo_logged_weights = self._weights_checksum()   # where a seed log's replay stands now
         self.zo_sampler.update(indices, out.directional_diffs)
         self._zo_queries += 2 * self.global_batch_size()
         w = weights.double()
