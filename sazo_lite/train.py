@@ -33,7 +33,8 @@ import torch
 
 from .engine import FLAT_EXAMPLES, FLAT_STEPS, FlatLossCheck, FlatLossWarning, _booleans_or_complex
 from .interrupts import InterruptsDeferred
-from .validation import check_bool, check_callable, check_count, check_fraction, check_int, check_limit, check_number
+from .validation import (check_bool, check_callable, check_count, check_fraction, check_int, check_limit, check_number,
+                         dense_tensor)
 
 __all__ = ["History", "FlatLossWarning", "train", "queries_to_target", "diverged", "reached", "median_queries",
            "median_ratio_interval", "mean_difference_interval", "best_rate", "past_edge", "NoiseScaledStep"]
@@ -111,14 +112,9 @@ class NoiseScaledStep:
 
     def observe(self, projected_grad: float) -> None:
         """Feed one step's ĝ (a number or a one-element tensor). A non-finite ĝ is skipped; one whose square
-        overflows float64 (|ĝ| > ~1.3e154), a bool or a string is refused with ValueError before anything
-        changes."""
-        if isinstance(projected_grad, (bool, str, bytes)):   # float() read True as 1.0 and "2" as 2.0
-            raise ValueError(f"Invalid projected_grad: {projected_grad!r} (expected a number)")
-        try:
-            value = float(projected_grad)
-        except OverflowError:   # an int beyond float64: its square overflows too
-            raise ValueError(f"Invalid projected_grad: {str(projected_grad)[:80]} (its square overflows float64)") from None
+        overflows float64 (|ĝ| > ~1.3e154), and anything ``_number`` refuses (a bool, a string, a tensor of
+        several entries), is refused with ValueError before anything changes."""
+        value = _number("projected_grad", projected_grad)   # float() read True as 1.0 and "2" as 2.0
         if not math.isfinite(value):
             return
         if abs(value) > 1e154:
@@ -338,7 +334,8 @@ def _committed(optimizer, before):
 
 def _record(history: History, result, queries: int, weights, lr: float) -> None:
     """One committed step's entries, appended together (computed first: nothing half-appended)."""
-    max_weight, lr = float(torch.as_tensor(weights).max()), float(lr)   # the step took lr: a number
+    # Python floats read in float64 (dense_tensor), as the optimiser read them: float32 rounded 0.3 to 0.30000001
+    max_weight, lr = float(dense_tensor("weights", weights).max()), float(lr)   # the step took lr: a number
     with InterruptsDeferred():   # a Ctrl-C between two appends left lists of different lengths
         history.queries.append(queries)
         history.loss.append(result.loss)
@@ -351,7 +348,7 @@ def _log(history: History, optimizer, sampler, evaluate, step: int, queries: int
     flush = getattr(optimizer, "flush", None)
     if flush is not None:  # a folded MeZO: evaluate the updated parameters
         flush()
-    value = _metric(evaluate()) if evaluate is not None else None
+    value = _number("evaluate result", evaluate()) if evaluate is not None else None
     # computed before any append: evaluate or probs (an oracle's norms_fn) that raises logs no point, and a
     # Ctrl-C is held until the point is whole
     probs = _snapshot(torch.as_tensor(sampler.probs)) if record_probs else None
@@ -373,20 +370,21 @@ def _snapshot(probs: torch.Tensor) -> torch.Tensor:
     return probs.clone()
 
 
-def _metric(value) -> float:
-    """``evaluate``'s result as a float: a number or a one-element tensor (not a bool, a string or None:
-    float() read True as 1.0, and the others raised errors that did not say which callback; nor a numpy or
-    torch bool, read as 1.0 too, or a numpy complex, whose imaginary part float() dropped)."""
+def _number(name: str, value) -> float:
+    """A number or a one-element tensor as a float (``evaluate``'s result, ``NoiseScaledStep``'s ĝ), or
+    ``ValueError("Invalid <name>: ...")``: not a bool, a string or None (float() read True as 1.0, and the others
+    raised errors that did not say which value), nor a numpy or torch bool, read as 1.0 too, or a numpy complex,
+    whose imaginary part float() dropped."""
     if value is None or isinstance(value, (bool, str, bytes)) or _booleans_or_complex(value):
-        raise ValueError(f"Invalid evaluate result: {value!r} (expected a number)")
+        raise ValueError(f"Invalid {name}: {value!r} (expected a number)")
     if isinstance(value, torch.Tensor):   # float() of a tensor that requires grad warned from inside train
         value = value.detach()
     try:
         return float(value)
     except OverflowError:   # an int or Fraction beyond float64's range: float() raised OverflowError, unnamed
-        raise ValueError(f"Invalid evaluate result: {str(value)[:80]} (beyond float64's range)") from None
+        raise ValueError(f"Invalid {name}: {str(value)[:80]} (beyond float64's range)") from None
     except (TypeError, ValueError, RuntimeError):
-        raise ValueError(f"Invalid evaluate result: {value!r} (expected a number or a one-element tensor)") from None
+        raise ValueError(f"Invalid {name}: {value!r} (expected a number or a one-element tensor)") from None
 
 
 def queries_to_target(record, target: float) -> int | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -332,3 +333,36 @@ def test_a_float32_master_of_a_bare_tensor_is_refused_as_mezo_refuses_it():
         Float32Master(torch.zeros(3, 2, dtype=torch.float16))
     with pytest.raises(ValueError, match="Invalid params: expected an iterable of tensors or dicts, got a tensor"):
         sz.MeZO(torch.zeros(3, 2), lr=0.1)
+
+
+class ListSampler:
+    """A sampler that hands out Python lists (indices and weights), as a hand-written one may."""
+
+    def sample(self, batch_size):
+        return [0, 1, 2][:batch_size], [0.1, 0.3, 0.7][:batch_size]
+
+    def update(self, indices, diffs):
+        pass
+
+
+def test_train_records_a_list_samplers_largest_weight_as_the_step_read_it():
+    """History.max_weight read a list of Python floats in float32 (0.30000001192092896 for 0.3); the step reads
+    them in float64."""
+    theta = torch.zeros(3, dtype=torch.float64)
+    opt = sz.MeZO([theta], lr=0.01, eps=1e-3, seed=0)
+    history = sz.train(opt, ListSampler(), lambda idx: (theta[torch.as_tensor(idx)] - 1.0).pow(2), steps=2,
+                       batch_size=2, progress=False)
+    assert history.max_weight == [0.3, 0.3]
+
+
+@pytest.mark.parametrize("value", [torch.tensor([1.0, 2.0]), None, 1 + 2j, np.bool_(True), np.complex128(1.0)],
+                         ids=["two entries", "None", "complex", "numpy bool", "numpy complex"])
+def test_noise_scaled_step_refuses_what_evaluate_would_refuse_naming_projected_grad(value):
+    """ĝ was read with float(): a tensor of two entries raised RuntimeError, None and complex TypeError, a numpy
+    bool read 1.0 and a numpy complex dropped its imaginary part. One rule (train._number) now reads both."""
+    rule = NoiseScaledStep(warmup=1)
+    with pytest.raises(ValueError, match="Invalid projected_grad"):
+        rule.observe(value)
+    assert rule.seen == 0
+    rule.observe(torch.tensor([3.0], requires_grad=True))
+    assert rule.reference == 9.0
