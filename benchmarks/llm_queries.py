@@ -59,7 +59,7 @@ from pathlib import Path
 import torch
 
 from sazo_lite.atomic import write_json
-from benchmarks.llm_report import QUICK_RESULTS, RESULTS, is_pilot, merge, print_report
+from benchmarks.llm_report import QUICK_RESULTS, RESULTS, is_pilot, merge, overlap, print_report
 from benchmarks.llm_topblock import TARGETS, TopSetting, gd_steps, measured_on, top_start
 from benchmarks.cli import check_folder, check_not_full, check_output, count, fraction, mix as cli_mix, natural, non_negative, positive, unit_fraction
 from benchmarks.run_cache import RunNotCached, cached_run
@@ -824,6 +824,12 @@ def parse_args(argv=None, *, run: bool = False):
             assert isinstance(merged[-1], dict) and isinstance(merged[-1]["settings"], list)
         except (OSError, ValueError, KeyError, TypeError, AssertionError) as error:
             parser.error(f"argument --merge: {str(path)!r} is not a report of this benchmark ({type(error).__name__})")
+    try:        # parts that race the same sampler in the same setting: refused now, not one of two kept
+        clash = overlap(args.merge, merged) if merged else None
+    except (KeyError, TypeError, AttributeError) as error:     # a setting without its label or runs
+        parser.error(f"argument --merge: not reports of this benchmark ({type(error).__name__}: {error})")
+    if clash:
+        parser.error(f"argument --merge: {clash}")
     if args.cached_only and args.run_cache is not None and not args.run_cache.is_dir():
         parser.error(f"argument --run-cache: no such folder {str(args.run_cache)!r} (--cached-only reads a race "
                      "from it: a report of nothing would be written over --out)")

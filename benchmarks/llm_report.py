@@ -16,7 +16,7 @@ from sazo_lite.llm.queries import held_out_accuracies, queries_to, ratio_bound
 from sazo_lite.train import mean_difference_interval, median_queries, median_ratio_interval
 
 __all__ = ["RESULTS", "QUICK_RESULTS", "REFERENCE", "GOALS", "latest_report", "reference_report", "is_pilot", "accuracy_difference", "summarise", "ratio_text",
-           "print_report", "merge"]
+           "print_report", "overlap", "merge"]
 
 RESULTS = Path(__file__).parent / "results" / "llm_queries.json"        # this machine's latest run (not in git)
 REFERENCE = Path(__file__).parent / "reference" / "llm_queries.json"    # the run docs/llm.md reports (in git)
@@ -281,9 +281,24 @@ def print_report(report: dict) -> None:
                               for x in diag[::max(1, len(diag) // 6)]))
 
 
+def overlap(paths: list[Path], parts: list[dict]) -> str | None:
+    """Where two of the reports ``parts`` (read from ``paths``) hold runs of the same sampler in the same setting,
+    a sentence naming them (``merge`` would keep the later part's runs alone), else None."""
+    held: dict[tuple[str, str], int] = {}       # (setting, sampler) → the part that holds its runs
+    for k, part in enumerate(parts):
+        for setting in part["settings"]:
+            for variant in setting.get("runs", {}):
+                first = held.setdefault((setting["label"], variant), k)
+                if first != k:
+                    return (f"{Path(paths[first]).name} and {Path(paths[k]).name} both hold {variant}'s runs in "
+                            f"{setting['label']!r} (a merge would keep one of them)")
+    return None
+
+
 def merge(paths: list[Path]) -> dict:
     """One report from partial ones (e.g. one sampler per process on a busy machine): settings with
-    the same label pool their samplers; the runtime is the sum of the parts."""
+    the same label pool their samplers (a sampler in two parts: the later part's runs, see ``overlap``);
+    the runtime is the sum of the parts."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
     report = {**parts[0], "settings": [], "measured_only": {}, "runtime_s": sum(p.get("runtime_s", 0) for p in parts)}
     if len(paths) > 1:       # one path: just reprint that report

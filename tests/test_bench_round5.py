@@ -1,6 +1,7 @@
 """The benchmark CLIs as a user runs them (fifth round): the toy race's choice against a plain reference (every
 run to its end, then the median rule), names given twice, merged reports that overlap. Every test runs on fakes
 or tiny settings: seconds in all, no timing assertions."""
+import json
 import math
 import statistics
 
@@ -8,6 +9,7 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from benchmarks import queries
+from benchmarks.llm_report import merge
 from sazo_lite.train import past_edge
 
 
@@ -210,3 +212,41 @@ def test_llm_topblock_runs_a_pull_strength_given_twice_once(monkeypatch, capsys)
     monkeypatch.setattr(llm_topblock.torch, "set_num_threads", lambda n: None)
     llm_topblock.main(["gd", "--lr", "0.05", "--pull-floor", "0", "0.01", "0"])
     assert seen == [[0.0, 0.01]]
+
+
+# -- make bench-llm --merge: parts that overlap ---------------------------------------------------------------------
+def part(tmp_path, name: str, variant: str, queries: list) -> str:
+    run = {"queries": queries, "train_loss": [1.0] + [0.4] * (len(queries) - 1), "diverged": False}
+    setting = {"label": "tiny llama", "heterogeneity_at_theta0": 1.0, "runs": {variant: [run]},
+               "grid": {}, "chosen_lr": {variant: 1e-3}}
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"settings": [setting], "args": {"eps": 1e-3, "targets": [0.5]}, "runtime_s": 1.0,
+                                "date": "2026-12-07 07:00 UTC", "machine": "test"}))
+    return str(path)
+
+
+def test_merge_refuses_two_parts_holding_the_same_samplers_runs(tmp_path, capsys):
+    """--merge a.json b.json where both raced uniform in one setting printed and wrote one of the two without a
+    word (the later replaced the earlier, whatever its runs); the same file given twice doubled the runtime."""
+    from benchmarks import llm_queries
+    from test_bench_cli import refused
+
+    first, again = part(tmp_path, "a.json", "uniform", [0, 100]), part(tmp_path / "other", "a.json", "uniform", [0, 900])
+    sazo = part(tmp_path, "b.json", "sazo", [0, 200])
+    for paths in ([first, again], [first, first]):
+        refused(capsys, lambda: llm_queries.parse_args(["--merge", *paths, "--out", str(tmp_path / "m.json")]),
+                "--merge", "both hold uniform's runs in 'tiny llama'")
+    merged = merge([first, sazo])
+    assert set(merged["settings"][0]["runs"]) == {"uniform", "sazo"}
+    llm_queries.parse_args(["--merge", first, sazo, "--out", str(tmp_path / "m.json")])
+
+
+def test_merge_refuses_a_setting_without_its_label_as_a_usage_error(tmp_path, capsys):
+    from benchmarks import llm_queries
+    from test_bench_cli import refused
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"settings": [{"runs": {"uniform": []}}], "args": {}}))
+    refused(capsys, lambda: llm_queries.parse_args(["--merge", str(bad), "--out", str(tmp_path / "m.json")]),
+            "--merge", "not reports of this benchmark")
