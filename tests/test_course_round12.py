@@ -332,3 +332,33 @@ def test_notebook_04_and_05_helpers_name_what_they_were_given_in_place_of_a_samp
         sazo_runs.loss_grid("breast_cancer", [0.0, 1.0], [0.0, 1.0])
     with pytest.raises(ValueError, match="Invalid trajectory"):                              # was IndexError
         sazo_runs.roughness(3.0)
+
+
+# -- the helpers, given what they cannot read: a ValueError naming the argument ------------------------------------
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: sazo_runs.race(_quadratic(), seeds=3, steps=4), "seeds"),                       # TypeError: not iterable
+    (lambda: sazo_runs.race(_quadratic(), seeds=(0,), steps=4, batch_size=None), "batch_size"),   # TypeError: int * None
+    (lambda: sazo_runs.race(_quadratic(), seeds=(0,), steps=4, lr=[0.01]), "lr"),             # TypeError: float(list)
+    (lambda: sazo_runs.race(_quadratic(), seeds=(0,), steps=4, lr={"uniform": -1.0, "sazo": 0.01, "oracle": 0.01}),
+     "lr"),                                                                                   # ran (MeZO: "lr")
+    (lambda: sazo_runs.tune_lr(_quadratic(), "uniform", 0.01, seeds=(0,), steps=4), "grid"),  # TypeError
+    (lambda: sazo_runs.rule_ladder(_quadratic(), steps=3, seeds=2), "seeds"),                 # TypeError
+    (lambda: minibatches.path_point(_quadratic(), "0.5"), "progress"),                        # TypeError: '<=' str
+    (lambda: minibatches.path_point("breast_cancer", 0.5), "problem"),                        # AttributeError
+    (lambda: minibatches.sample_minibatches(None, 2, 3), "probs"),                            # TypeError
+    (lambda: minibatches.gain_vs_batch("abc", 0.5, 2, [1]), "norms"),                          # TypeError
+    (lambda: two_point.bowl_loss(0.5, [1.0]), "theta"),                                        # IndexError
+    (lambda: two_point.bowl_loss([1.0, 2.0], "ab"), "curvatures"),                             # TypeError
+    (lambda: two_point.bowl_loss([1.0, 2.0], [1.0, 3.0], quartic=None), "quartic"),            # TypeError
+    (lambda: two_point.bowl_loss([1.0, 2.0], [1.0, 3.0], offset="c"), "offset"),               # TypeError
+    (lambda: two_point.directional_error(lambda x: x.sum(-1), 3.0, [1.0, 2.0], torch.ones(2, 2), 1e-3), "grad"),
+    (lambda: two_point.two_point_estimates(lambda x: x.sum(-1), [1.0, 2.0], None, 1e-3), "directions"),
+    (lambda: __import__("sazo_lite.course.llm_lesson", fromlist=["x"]).gain_by_hand(3.0, 0.1, 2), "norms"),
+    (lambda: __import__("sazo_lite.course.widgets", fromlist=["x"]).race_table_html({"gaps": {}}), "result"),
+    (lambda: __import__("sazo_lite.course.widgets", fromlist=["x"]).trace_readout({"steps": [0]}), "trace"),
+    (lambda: __import__("sazo_lite.course.widgets", fromlist=["x"]).decay_note(None, 0.9), "trace"),
+])
+def test_helpers_name_an_argument_they_cannot_read(call, name):
+    with pytest.raises(ValueError, match=f"Invalid {name}"):
+        call()

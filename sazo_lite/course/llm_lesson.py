@@ -109,7 +109,10 @@ def gain_by_hand(norms, grad_sq: float, batch_size: int) -> float:
         >>> round(gain_by_hand([1.0, 1.0, 1.0, 5.0], 0.0, 4), 3)
         1.75
     """
-    norms = [float(a) for a in norms]
+    try:
+        norms = [float(a) for a in norms]
+    except (TypeError, ValueError):   # a single number or a string raised TypeError naming no argument
+        raise ValueError(f"Invalid norms: {norms!r} (expected a sequence of per-example norms)") from None
     check_count("batch_size", batch_size)
     check_number("grad_sq", grad_sq, 0.0)
     if not norms or not all(math.isfinite(a) and a >= 0 for a in norms) or not any(a > 0 for a in norms):

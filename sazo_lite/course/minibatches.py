@@ -20,15 +20,29 @@ __all__ = ["gain_along_path", "path_point", "sample_minibatches", "minibatch_zo_
 
 def path_point(problem, progress: float) -> torch.Tensor:
     """θ_t = θ₀ + t(θ* − θ₀): a stand-in for "how far training has got" (t = 0 start, 1 optimum)."""
+    check_problem(problem)
+    given = progress
+    try:   # a number, a numpy scalar or a 0-d tensor (a string or None raised a TypeError)
+        progress = float(progress) if not isinstance(progress, (str, bytes)) else math.nan
+    except (TypeError, ValueError):
+        progress = math.nan
     if not 0.0 <= progress <= 1.0:
-        raise ValueError(f"Invalid progress: {progress} (expected a number in [0, 1])")
+        raise ValueError(f"Invalid progress: {given!r} (expected a number in [0, 1])")
     theta0 = problem.initial_theta()
     return theta0 + progress * (problem.optimum - theta0)
 
 
+def _tensor(name: str, values) -> torch.Tensor:
+    """``values`` as a float64 tensor, or a ValueError naming them (torch's TypeError names no argument)."""
+    try:
+        return torch.as_tensor(values, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"Invalid {name}: {type(values).__name__} {str(values)[:40]!r} (expected numbers)") from None
+
+
 def _probs(probs) -> torch.Tensor:
     """p as float64 [N]: finite, ≥ 0, summing to 1 (the weights 1/(N p_i) assume it)."""
-    p = torch.as_tensor(probs, dtype=torch.float64)
+    p = _tensor("probs", probs)
     if p.dim() != 1 or len(p) == 0 or not bool(torch.isfinite(p).all()) or bool((p < 0).any()) \
             or abs(float(p.sum()) - 1.0) > 1e-6:
         raise ValueError(f"Invalid probs: expected a non-empty 1-D distribution (finite, >= 0, summing to 1), "
@@ -38,7 +52,7 @@ def _probs(probs) -> torch.Tensor:
 
 def _norms(norms) -> torch.Tensor:
     """Per-example gradient norms as float64 [N]: finite, ≥ 0, not all 0 (p* ∝ ‖∇f_i‖ needs one > 0)."""
-    a = torch.as_tensor(norms, dtype=torch.float64)
+    a = _tensor("norms", norms)
     if a.dim() != 1 or len(a) == 0 or not bool(torch.isfinite(a).all()) or bool((a < 0).any()) \
             or not bool((a > 0).any()):
         raise ValueError(f"Invalid norms: expected a non-empty 1-D tensor of finite norms >= 0, not all 0, "

@@ -23,7 +23,7 @@ import torch
 
 from .config import one_thread
 from ..engine import MeZO
-from .minibatches import _norms
+from .minibatches import _norms, _sequence
 from .problems import FiniteSumProblem, LeastSquares, LogisticRegression, check_problem as _check_problem
 from ..samplers import RACED, PlainSAZOSampler, SAZOSampler, make_sampler
 from ..train import FlatLossWarning, best_rate, diverged as train_diverged, past_edge, queries_to_target, train
@@ -219,7 +219,7 @@ def rule_ladder(problem: FiniteSumProblem, *, steps: int, seeds=(0, 1, 2), rules
         >>> sorted(table)
         ['plain', 'uniform']
     """
-    seeds, rules = tuple(seeds), tuple(rules)   # e.g. np.arange(3): "not seeds" would be ambiguous
+    seeds, rules = tuple(_sequence("seeds", seeds)), tuple(_sequence("rules", rules))   # e.g. np.arange(3)
     if not seeds or not rules:
         raise ValueError(f"Invalid seeds/rules: {seeds!r}, {rules!r} (expected at least one of each)")
     table, uniform = {}, []
@@ -581,18 +581,18 @@ def race(problem: FiniteSumProblem, *, samplers=SAMPLERS, seeds=(0, 1, 2), steps
     """
     from tqdm.auto import tqdm
 
-    samplers, seeds = tuple(samplers), tuple(seeds)   # e.g. np.arange(3): "not seeds" would be ambiguous
+    samplers, seeds = tuple(_sequence("samplers", samplers)), tuple(_sequence("seeds", seeds))   # e.g. np.arange(3)
     if not samplers or not seeds:
         raise ValueError("Invalid samplers/seeds: need at least one of each")
     for name, values in (("samplers", samplers), ("seeds", seeds)):   # a repeat would count its runs twice in
         if len(set(values)) < len(values):                             # every median
             raise ValueError(f"Invalid {name}: {values!r} (expected each at most once)")
-    lrs = {m: float(lr[m] if isinstance(lr, dict) else lr) for m in samplers} if not isinstance(lr, dict) or \
-        set(samplers) <= set(lr) else None
-    if lrs is None:
+    if isinstance(lr, dict) and not set(samplers) <= set(lr):
         raise ValueError(f"Invalid lr: {lr!r} (a dict needs a rate for each of {tuple(samplers)})")
+    lrs = {m: check_number("lr", lr[m] if isinstance(lr, dict) else lr, 0.0) for m in samplers}   # MeZO's range
     target_fraction = check_number("target_fraction", target_fraction, 0.0, 1.0, closed_low=False, closed_high=False)
     steps, log_every = check_count("steps", steps), check_count("log_every", log_every)
+    batch_size = check_count("batch_size", batch_size)   # before the query grid is computed with it
     logged = [s for s in range(1, steps + 1) if s % log_every == 0 or s == steps]
     queries = 2 * batch_size * np.asarray([0] + logged)
     initial_gap = starting_gap(problem)
@@ -631,7 +631,7 @@ def tune_lr(problem: FiniteSumProblem, method: str, grid, **race_kwargs) -> tupl
         >>> best in (0.005, 0.02), result.lrs["uniform"] == best
         (True, True)
     """
-    grid = [float(lr) for lr in grid]
+    grid = [check_number("grid", lr, 0.0) for lr in _sequence("grid", grid)]
     if not grid:
         raise ValueError("Invalid grid: expected at least one learning rate")
     results = {lr: race(problem, samplers=(method,), lr=lr, **race_kwargs) for lr in grid}

@@ -34,7 +34,12 @@ def _theta(theta, name: str = "theta") -> torch.Tensor:
 
 def _curvatures(theta: torch.Tensor, curvatures) -> torch.Tensor:
     """The curvatures a as a tensor of θ's dtype: one per coordinate of θ (or a single one for all)."""
-    a = torch.as_tensor(curvatures, dtype=theta.dtype)
+    if theta.dim() == 0:   # (theta.shape[-1] raised IndexError)
+        raise ValueError(f"Invalid theta: a single number {float(theta)!r} (expected a point [..., d])")
+    try:
+        a = torch.as_tensor(curvatures, dtype=theta.dtype)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"Invalid curvatures: {curvatures!r} (expected a number or one per coordinate of θ)") from None
     if a.dim() > 1 or (a.dim() == 1 and a.shape[0] not in (1, theta.shape[-1])):
         raise ValueError(f"Invalid curvatures: shape {tuple(a.shape)} (expected one per coordinate of θ, "
                          f"{theta.shape[-1]})")
@@ -54,6 +59,7 @@ def bowl_loss(theta: torch.Tensor, curvatures, quartic: float = 0.0, offset: flo
     """
     theta = _theta(theta)
     a = _curvatures(theta, curvatures)
+    quartic, offset = check_number("quartic", quartic), check_number("offset", offset)
     return (0.5 * a * theta ** 2 + 0.25 * quartic * theta ** 4).sum(-1) + offset
 
 
@@ -61,7 +67,7 @@ def bowl_grad(theta: torch.Tensor, curvatures, quartic: float = 0.0) -> torch.Te
     """∇f(θ) = a ⊙ θ + κ θ³ for ``bowl_loss`` (same shape as θ)."""
     theta = _theta(theta)
     a = _curvatures(theta, curvatures)
-    return a * theta + quartic * theta ** 3
+    return a * theta + check_number("quartic", quartic) * theta ** 3
 
 
 def random_directions(num: int, dim: int, *, seed: int = 0, perturbation: str = "gaussian",
@@ -90,7 +96,10 @@ def two_point_estimates(fn, theta: torch.Tensor, directions: torch.Tensor, eps: 
     """
     eps = check_number("eps", eps, 0.0, closed_low=False)
     theta = _theta(theta)
-    z = torch.as_tensor(directions).to(theta.dtype)     # ±1 ints are exact in any float dtype
+    try:
+        z = torch.as_tensor(directions).to(theta.dtype)     # ±1 ints are exact in any float dtype
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"Invalid directions: {directions!r} (expected a tensor [q, d])") from None
     if z.dim() != 2 or z.shape[1] != theta.numel():
         raise ValueError(f"Invalid directions: shape {tuple(z.shape)} (expected [q, d] with d = {theta.numel()}, "
                          "θ's size)")
@@ -121,7 +130,14 @@ def directional_error(fn, grad: torch.Tensor, theta: torch.Tensor, directions: t
     ``grad`` is the exact ∇f(θ) (computed in float64); g(z) is computed in θ's dtype.
     """
     g, _ = two_point_estimates(fn, theta, directions, eps)
-    exact = torch.as_tensor(directions, dtype=torch.float64) @ torch.as_tensor(grad, dtype=torch.float64)
+    try:
+        grad = torch.as_tensor(grad, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"Invalid grad: {grad!r} (expected ∇f(θ), a tensor or a sequence of numbers)") from None
+    size = torch.as_tensor(directions).shape[1]   # θ's size (two_point_estimates checked the directions)
+    if grad.shape != (size,):   # zᵀ∇f with another length raised torch's "size mismatch"
+        raise ValueError(f"Invalid grad: shape {tuple(grad.shape)} (expected θ's shape ({size},))")
+    exact = torch.as_tensor(directions, dtype=torch.float64) @ grad
     if bool((exact == 0).any()):
         raise ValueError("Invalid grad/directions: zᵀ∇f = 0 for some direction (at the minimum, or z ⟂ ∇f), "
                          "where its relative error is 0/0")
@@ -142,10 +158,10 @@ def error_vs_eps(fn, grad: torch.Tensor, theta: torch.Tensor, eps_grid, *,
     if not eps_grid:   # an empty curve would plot nothing without a word
         raise ValueError("Invalid eps_grid: expected at least one ε")
     check_count("num_directions", num_directions)
-    theta = torch.as_tensor(theta).to(dtype)   # a list, numpy array or int tensor: cast to the dtype studied
-    if torch.as_tensor(grad).shape != theta.shape:   # zᵀ∇f with another length raised torch's "size mismatch"
-        raise ValueError(f"Invalid grad: shape {tuple(torch.as_tensor(grad).shape)} (expected θ's shape "
-                         f"{tuple(theta.shape)})")
+    try:
+        theta = torch.as_tensor(theta).to(dtype)   # a list, numpy array or int tensor: cast to the dtype studied
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"Invalid theta: {theta!r} (expected a tensor or a sequence of numbers)") from None
     z = random_directions(num_directions, theta.numel(), seed=seed)
     return torch.tensor([directional_error(fn, grad, theta, z, e) for e in eps_grid], dtype=torch.float64)
 

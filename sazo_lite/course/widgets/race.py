@@ -65,6 +65,8 @@ PRESETS = {
 def _readable(result: RaceResult) -> RaceResult:
     """``result`` with numpy arrays for its queries and gaps (a hand-built one may hold lists), or a ValueError
     naming what a plot or table of it could not read: a method without a label, gaps not [seeds, log points]."""
+    if not isinstance(result, RaceResult):   # (AttributeError: no attribute 'gaps')
+        raise ValueError(f"Invalid result: {type(result).__name__} (expected a RaceResult, e.g. sazo_runs.race(...))")
     unknown = sorted((set(result.gaps) | set(result.to_target)) - set(_LABELS))
     if unknown:
         raise ValueError(f"Invalid result: methods {unknown} (expected among {tuple(_LABELS)})")

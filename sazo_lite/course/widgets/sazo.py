@@ -60,8 +60,16 @@ def _wiggle(trace: SAZOTrace, last: int) -> str:
     return f"plotted estimates' mean step |Δ log| = {value:.2f}"
 
 
+def _check_trace(trace) -> SAZOTrace:
+    """``trace``, or a ValueError naming what came instead of a ``SAZOTrace`` (AttributeError before)."""
+    if not isinstance(trace, SAZOTrace):
+        raise ValueError(f"Invalid trace: {type(trace).__name__} (expected a SAZOTrace, e.g. run_sazo_trace(...))")
+    return trace
+
+
 def _log_point(trace: SAZOTrace, index: int) -> int:
     """``index`` as a position among the trace's log points (a negative one counts from the end)."""
+    _check_trace(trace)
     if len(trace.steps) == 0:
         raise ValueError("Invalid trace: no log points")
     if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or \
@@ -95,7 +103,7 @@ def trace_divergence(trace: SAZOTrace, eps: float | None = None) -> str:
         ...                                                        log_every=5, diverge_factor=10))
         True
     """
-    if trace.diverged_at is None:
+    if _check_trace(trace).diverged_at is None:
         return ""
     last = float(trace.gap[-1])
     if trace.steps[-1] == trace.diverged_at:   # found at a log point: it diverged by then
@@ -115,7 +123,7 @@ def decay_note(trace: SAZOTrace, ema_decay: float, index: int = -1) -> str:
     rule's sampler (``SAZOSampler``: min(β, (n_i + c)/(n_i + c + 1)), c its ``prior_strength``),
     so β matters only for examples seen more than about β/(1−β) − c times.
     """
-    sampler = rule_sampler(trace.rule, 1, ema_decay=ema_decay)
+    sampler = rule_sampler(_check_trace(trace).rule, 1, ema_decay=ema_decay)
     counts = trace.counts[_log_point(trace, index)]
     decay = sampler.decay(counts)
     share = float(np.mean(decay >= ema_decay))
