@@ -15,6 +15,7 @@ import json
 import math
 import os
 import platform
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -127,7 +128,8 @@ def check_not_full(parser: argparse.ArgumentParser, option: str, path, is_quick:
 
 
 def check_folder(parser: argparse.ArgumentParser, option: str, path) -> None:
-    """Refuse, before the run, a folder argument that is an existing file (or lies under one)."""
+    """Refuse, before the run, a folder argument that is an existing file (or lies under one), or where no file
+    can be created (its nearest existing folder, when it is missing: a read-only place, /proc)."""
     if path is None:
         return
     path = Path(path)
@@ -135,6 +137,11 @@ def check_folder(parser: argparse.ArgumentParser, option: str, path) -> None:
         if where.exists():
             if not where.is_dir():
                 parser.error(f"argument {option}: {str(where)!r} is a file, not a folder")
+            try:        # the reports are written through a temporary file in their folder (sazo_lite.atomic)
+                with tempfile.TemporaryFile(dir=where):
+                    pass
+            except OSError as error:
+                parser.error(f"argument {option}: cannot write in {str(where)!r} ({error.strerror or error})")
             break
 
 

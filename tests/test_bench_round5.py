@@ -4,6 +4,7 @@ or tiny settings: seconds in all, no timing assertions."""
 import json
 import math
 import statistics
+from pathlib import Path
 
 import pytest
 from hypothesis import example, given, settings, strategies as st
@@ -250,3 +251,43 @@ def test_merge_refuses_a_setting_without_its_label_as_a_usage_error(tmp_path, ca
     bad.write_text(json.dumps({"settings": [{"runs": {"uniform": []}}], "args": {}}))
     refused(capsys, lambda: llm_queries.parse_args(["--merge", str(bad), "--out", str(tmp_path / "m.json")]),
             "--merge", "not reports of this benchmark")
+
+
+# -- an output folder where nothing can be written: refused before the run ------------------------------------------
+@pytest.fixture
+def read_only(monkeypatch, tmp_path):
+    """tmp_path/ro behaves as a read-only folder (as root, permissions do not stop a write: the file system does)."""
+    import errno
+    import tempfile
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    real = tempfile.TemporaryFile
+
+    def refuse(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir) == folder:
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real(*args, dir=dir, **kwargs)
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    return folder
+
+
+@pytest.mark.parametrize("module, argv", [
+    ("queries", ["--quick", "--out", "{ro}/q.json"]),
+    ("queries", ["--quick", "--run-cache", "{ro}/cells"]),
+    ("run", ["--quick", "--out", "{ro}/sub/bench.json"]),
+    ("llm_topblock", ["uniform", "--lr", "1e-3", "--json", "{ro}/run.json"]),
+])
+def test_an_output_where_nothing_can_be_written_is_refused_before_the_run(capsys, monkeypatch, read_only, module, argv):
+    """benchmarks.queries --quick --out /proc/q.json raced every cell, then ended in a FileNotFoundError traceback
+    from the atomic write: the run's numbers were lost (a full run: 45 minutes). Now a usage error, before the run."""
+    import importlib
+    from test_bench_cli import refused
+
+    m = importlib.import_module(f"benchmarks.{module}")
+    for name in ("run_queries_benchmark", "run_sections", "top_start"):
+        if hasattr(m, name):
+            monkeypatch.setattr(m, name, lambda *a, **k: pytest.fail("the run started"))
+    option = next(a for a in argv if a.startswith("--") and "{ro}" in argv[argv.index(a) + 1])
+    refused(capsys, lambda: m.main([a.format(ro=read_only) for a in argv]), option, "cannot write in",
+            "Read-only file system")
