@@ -43,8 +43,10 @@ are the Trainer's own. What differs:
   ``train()`` first runs the model once, without changing anything, on the first two training
   examples, and refuses (``ValueError``) a model, collator or ``per_example_loss`` it cannot
   use: no ``labels`` in the batches, outputs without ``logits`` [B, T, V] (an attribute, or a
-  dict's key), a loss that is not one float per example. The logged training loss is mean_k(w_k·(f_k(θ+εz) +
-  f_k(θ−εz))/2); ``eval_loss`` is mean_i f_i over the eval set, averaged in float32 (not the
+  dict's key), a loss that is not one float per example. Each step, before its first pass, an
+  example the collator refuses, a token id beyond the model's embeddings and (default loss) a label id
+  outside [0, V) other than −100 are refused (``ValueError``) naming the train_dataset indices and
+  the step. The logged training loss is mean_k(w_k·(f_k(θ+εz) + f_k(θ−εz))/2); ``eval_loss`` is mean_i f_i over the eval set, averaged in float32 (not the
   token-weighted mean; under data parallel the Trainer pads the last eval batch of each rank, so it
   is exact only when the eval set fills whole batches on every rank). The model is called without
   labels, so a tuple or tensor it returns holds no loss: ``compute_loss`` puts the loss in front
@@ -374,6 +376,7 @@ class ZOTrainer(Trainer):
         self._zo_queries = 0            # per-example forwards since MeZO was built (zo_queries)
         self._zo_logged_weights = None  # _weights_checksum() after the last step, where a SeedLog records
         self._zo_sampler_start = None   # the sampler's state before the first step (see _restart_sampler)
+        self._zo_classes = None         # the logits' last size in the check before training (label ids' range)
 
     # -- settings ----------------------------------------------------------------------------
     def _check_settings(self, ema_decay, uniform_mix) -> None:
@@ -594,6 +597,7 @@ class ZOTrainer(Trainer):
                              "per_example_loss scores (add labels, or pass per_example_loss=(outputs, inputs) -> [B])")
         batch = self._prepare_inputs(batch)
         net = self.accelerator.unwrap_model(self.model)
+        _check_input_ids(net, batch, list(range(len(rows))))
         training = net.training
         net.eval()
         try:
@@ -608,8 +612,10 @@ class ZOTrainer(Trainer):
                     raise ValueError(f"Invalid model: the default per_example_loss needs a causal LM's outputs.logits "
                                      f"[B, T, V] over labels [B, T] = {[b, t]}{over}, got {got}; pass "
                                      f"per_example_loss=(outputs, inputs) -> losses [B]")
+                self._zo_classes = logits.shape[-1]
+                _check_label_ids(self._zo_classes, batch["labels"], list(range(len(rows))))
             try:
-                losses = self._per_example_losses(outputs, batch)
+                losses = self._per_example_losses(outputs, batch, list(range(len(rows))))
             except Exception as error:
                 raise ValueError(f"Invalid per_example_loss: it raised on the first training examples "
                                  f"({type(error).__name__}: {error})") from error
@@ -623,8 +629,20 @@ class ZOTrainer(Trainer):
         return super().num_examples(dataloader)
 
     def _collate(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
+        """This rank's examples as a batch. A failure names them and the step: the collator's "row k" is
+        the batch's k-th, and torch's errors on a token id beyond the model's embeddings name neither."""
         dataset, collator = self._zo_data
-        return self._prepare_inputs(collator([dataset[int(i)] for i in indices]))
+        examples = [int(i) for i in indices]
+        try:
+            batch = self._prepare_inputs(collator([dataset[i] for i in examples]))
+        except Exception as error:
+            alone = [i for i in dict.fromkeys(examples) if not _collates(collator, dataset, i)]   # the culprits
+            raise ValueError(f"Invalid train_dataset: {_named(alone or examples, self.state.global_step + 1)} could "
+                             f"not be collated ({type(error).__name__}: {error})") from error
+        _check_input_ids(self.accelerator.unwrap_model(self.model), batch, examples, self.state.global_step + 1)
+        if self.per_example_loss is _causal_lm_loss:   # before any pass moves θ (the logits' size is the probe's)
+            _check_label_ids(self._zo_classes, batch.get("labels"), examples, self.state.global_step + 1)
+        return batch
 
     # -- the step ------------------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
@@ -658,7 +676,7 @@ class ZOTrainer(Trainer):
                 self._master.sync()
             with self.compute_loss_context_manager():
                 outputs = net(**self._model_inputs(batch))
-            mine = self._per_example_losses(outputs, batch)
+            mine = self._per_example_losses(outputs, batch, [int(i) for i in batch_indices], self.state.global_step + 1)
             _check_loss_shape(mine, len(batch_indices), f"at step {self.state.global_step + 1}")
             values = gather_losses(mine.float())
             _check_finite_losses(values, indices, self.state.global_step + 1)
@@ -710,7 +728,7 @@ class ZOTrainer(Trainer):
                              "would not rebuild them. Write the weights before SeedLog.attach, or attach a new "
                              "log after")
 
-    def _per_example_losses(self, outputs, inputs) -> torch.Tensor:
+    def _per_example_losses(self, outputs, inputs, examples=None, step=None) -> torch.Tensor:
         """``per_example_loss(outputs, inputs)``. The default loss's labels get a peft prompt's virtual
         tokens in front, as peft's forward does to labels (the logits cover them): without, a prompt-tuned
         model's logits [B, P + T, V] were refused as not matching its labels [B, T]. The logits at t of an
@@ -719,6 +737,8 @@ class ZOTrainer(Trainer):
         net = self.accelerator.unwrap_model(self.model)
         if self.per_example_loss is not _causal_lm_loss:
             return self.per_example_loss(outputs, inputs)
+        logits = _logits(outputs)
+        _check_label_ids(logits.shape[-1] if isinstance(logits, torch.Tensor) else None, inputs["labels"], examples, step)
         if _unshifted(net):
             return _unshifted_loss(outputs, inputs)
         skip = _virtual_tokens(net)
@@ -1033,6 +1053,54 @@ def _check_loss_shape(losses, n: int, when: str) -> None:
         got = f"shape {tuple(losses.shape)} {losses.dtype}" if isinstance(losses, torch.Tensor) else type(losses).__name__
         raise ValueError(f"Invalid per_example_loss: it returned {got} for {n} examples {when} (expected a "
                          f"floating tensor of shape [{n}]: one loss per example, not their mean)")
+
+
+def _named(examples, step) -> str:
+    """The examples of a batch, by train_dataset index, and the step (None: the first examples, before training)."""
+    if examples is None:
+        return "examples of an evaluation batch"
+    return f"train_dataset examples {sorted(set(examples))} " + ("(checked before training)" if step is None
+                                                                  else f"at step {step}")
+
+
+def _collates(collator, dataset, index: int) -> bool:
+    try:
+        collator([dataset[index]])
+    except Exception:
+        return False
+    return True
+
+
+def _check_input_ids(model, batch, examples, step=None) -> None:
+    """Token ids outside the model's embedding table: the forward's IndexError ("index out of range in
+    self") named neither the ids nor the examples. Models without ``get_input_embeddings`` are not checked."""
+    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
+    try:
+        size = model.get_input_embeddings().num_embeddings
+    except (AttributeError, NotImplementedError, TypeError):
+        return
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dim() != 2 or len(ids) != len(examples):
+        return
+    bad = (ids < 0) | (ids >= size)
+    if bool(bad.any()):
+        rows = bad.any(1).nonzero().flatten().tolist()
+        raise ValueError(f"Invalid input_ids: {_named([examples[k] for k in rows], step)} hold token ids "
+                         f"{sorted(set(ids[bad].tolist()))[:5]} outside the model's embedding table [0, {size}) "
+                         f"(tokenised for another model?)")
+
+
+def _check_label_ids(classes, labels, examples, step=None) -> None:
+    """Label ids outside [0, classes) other than −100, before the default loss reads them (classes: the
+    logits' last size): cross_entropy's IndexError ("Target 9999 is out of bounds") named neither the
+    examples nor the range."""
+    if classes is None or not isinstance(labels, torch.Tensor) or labels.is_floating_point() or labels.dim() == 0:
+        return
+    bad = (labels != IGNORE) & ((labels < 0) | (labels >= classes))
+    if bool(bad.any()):
+        rows = bad.reshape(len(labels), -1).any(1).nonzero().flatten().tolist()
+        named = _named(None if examples is None else [examples[k] for k in rows], step)
+        raise ValueError(f"Invalid labels: {named} hold label ids {sorted(set(labels[bad].tolist()))[:5]} outside "
+                         f"the model's [0, {classes}) (−100 marks a token that is not scored)")
 
 
 def _check_finite_losses(losses: torch.Tensor, indices: torch.Tensor, step: int) -> None:

@@ -297,3 +297,56 @@ def test_a_ctrl_c_while_the_model_is_synced_after_a_step_leaves_it_whole(tmp_pat
         trainer.train()
     assert len(calls) == 3 and trainer.zo_optimizer.step_count == 4   # the step had committed
     assert all(torch.equal(p.detach(), m.to(p.dtype)) for p, m in zip(master.params, master.tensors))
+
+
+# -- a bad example met mid-run is named, before anything moves ------------------------------------
+class Snapshots(transformers.TrainerCallback):
+    """The weights after each committed step."""
+
+    def __init__(self):
+        self.taken = []
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.taken.append(weights(model))
+
+
+BAD = {"no tokens": ({"input_ids": [], "labels": []}, r"Invalid train_dataset: .*could not be collated"),
+       "token id": ({"input_ids": [5, 6, 7, 900, 8, 9], "labels": [-100, -100, -100, 900, 8, 9]}, "Invalid input_ids"),
+       "label id": ({"input_ids": [5, 6, 7, 10, 8, 9], "labels": [-100, -100, -100, 900, 8, 9]}, "Invalid labels"),
+       "negative label": ({"input_ids": [5, 6, 7, 10, 8, 9], "labels": [-1] * 6}, "Invalid labels")}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD))
+def test_a_bad_example_drawn_mid_run_is_named_with_its_step_and_nothing_moves(tmp_path, bad):
+    # the collator named "row 1" of the batch, and torch raised IndexError("index out of range in self",
+    # "Target 900 is out of bounds") from inside the passes: neither said which example, nor which step
+    row, match = BAD[bad]
+    rows = memorisable_rows(n=8)
+    rows[5] = row                                   # the check before training reads examples 0 and 1
+    snapshots = Snapshots()
+    trainer = trainer_for(tmp_path, rows=rows, callbacks=[snapshots],
+                          args=training_args(tmp_path, max_steps=40, per_device_train_batch_size=2))
+    with pytest.raises(ValueError, match=match) as raised:
+        trainer.train()
+    step = len(snapshots.taken) + 1
+    assert f"train_dataset examples [5] at step {step}" in str(raised.value)
+    assert step > 1 and trainer.zo_optimizer.step_count == step - 1
+    assert unchanged(trainer.model, snapshots.taken[-1])      # refused before the first pass: bit for bit
+
+
+@pytest.mark.parametrize("bad", ["token id", "label id"])
+def test_a_bad_first_example_is_named_before_training(tmp_path, bad):
+    rows = memorisable_rows(n=4)
+    rows[1] = BAD[bad][0]
+    trainer = trainer_for(tmp_path, rows=rows)
+    before = weights(trainer.model)
+    with pytest.raises(ValueError, match=BAD[bad][1] + r": train_dataset examples \[1\] \(checked before training\)"):
+        trainer.train()
+    assert unchanged(trainer.model, before) and trainer.optimizer is None
+
+
+def test_an_evaluation_batch_with_a_bad_label_id_is_named(tmp_path):
+    rows = memorisable_rows(n=4)
+    trainer = trainer_for(tmp_path, rows=rows)
+    with pytest.raises(ValueError, match=r"Invalid labels: examples of an evaluation batch hold label ids \[900\]"):
+        trainer.evaluate([*rows[:3], BAD["label id"][0]])
