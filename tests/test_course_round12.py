@@ -362,3 +362,25 @@ def test_notebook_04_and_05_helpers_name_what_they_were_given_in_place_of_a_samp
 def test_helpers_name_an_argument_they_cannot_read(call, name):
     with pytest.raises(ValueError, match=f"Invalid {name}"):
         call()
+
+
+def test_no_advice_or_loss_from_a_value_no_run_can_have():
+    """A NaN curvature made the bowl's loss NaN; lower_rate(nan) advised "try nan", lower_rate(-1) "try -0.32";
+    trace_divergence and race_divergence took ε = −1 whenever nothing had diverged."""
+    from sazo_lite.course.widgets import race as race_widgets, sazo as sazo_widgets
+    from sazo_lite.course.widgets._common import lower_rate
+
+    with pytest.raises(ValueError, match="Invalid curvatures"):
+        two_point.bowl_loss([1.0, 2.0], [math.nan, 1.0])
+    with pytest.raises(ValueError, match="Invalid curvatures"):
+        two_point.bowl_grad([1.0, 2.0], math.inf)
+    for rate in (math.nan, -1.0, 0.0):
+        with pytest.raises(ValueError, match="Invalid rate"):
+            lower_rate(rate)
+    trace = sazo_runs.run_sazo_trace(_quadratic(), steps=4, log_every=2)
+    result = sazo_runs.race(_quadratic(), seeds=(0,), steps=4)
+    with pytest.raises(ValueError, match="Invalid eps"):
+        sazo_widgets.trace_divergence(trace, eps=-1.0)
+    with pytest.raises(ValueError, match="Invalid eps"):
+        race_widgets.race_divergence(result, batch_size=1, eps=math.nan)
+    assert sazo_widgets.trace_divergence(trace, eps=1e-3) == "" == race_widgets.race_divergence(result, 1, eps=1e-3)

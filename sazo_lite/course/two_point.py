@@ -43,6 +43,8 @@ def _curvatures(theta: torch.Tensor, curvatures) -> torch.Tensor:
     if a.dim() > 1 or (a.dim() == 1 and a.shape[0] not in (1, theta.shape[-1])):
         raise ValueError(f"Invalid curvatures: shape {tuple(a.shape)} (expected one per coordinate of θ, "
                          f"{theta.shape[-1]})")
+    if not bool(torch.isfinite(a).all()):   # a NaN curvature made every loss and slope NaN without a word
+        raise ValueError(f"Invalid curvatures: {a.tolist()} (expected finite numbers)")
     return a
 
 

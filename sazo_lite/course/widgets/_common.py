@@ -44,6 +44,7 @@ def lower_rate(rate: float) -> float:
         >>> lower_rate(0.1), lower_rate(0.02)
         (0.032, 0.0063)
     """
+    rate = check_number("rate", rate, 0.0, closed_low=False)   # "try nan" or "try -0.32" is no advice
     return float(f"{rate * 10 ** -0.5:.2g}")
 
 

@@ -232,6 +232,7 @@ def race_divergence(result: RaceResult, batch_size: int, eps: float | None = Non
         True
     """
     check_count("batch_size", batch_size)
+    below_tiny_eps(eps)   # refuses an ε no run can have, diverged or not
     result = _readable(result)
     notes = []
     for method in (m for m in _LABELS if m in result.gaps):

@@ -18,7 +18,7 @@ from ...validation import check_count
 from ..sazo_runs import DIVERGE_FACTOR, RULE_FIXES, RULE_NAMES, SAZOTrace, make_problem, roughness, rule_sampler, \
     run_sazo_trace
 from ._common import LiveFigure, SAMPLER_COLORS as _COLORS, Dashboard, captioned, divergence_note, finite, int_slider, \
-    log_slider, presets, slider
+    below_tiny_eps, log_slider, presets, slider
 
 __all__ = ["sazo_dashboard", "trace_readout", "decay_note", "trace_divergence"]
 
@@ -103,6 +103,7 @@ def trace_divergence(trace: SAZOTrace, eps: float | None = None) -> str:
         ...                                                        log_every=5, diverge_factor=10))
         True
     """
+    below_tiny_eps(eps)   # refuses an ε no run can have, diverged or not
     if _check_trace(trace).diverged_at is None:
         return ""
     last = float(trace.gap[-1])
