@@ -187,6 +187,8 @@ class Guard:
         self.unit = unit or (lambda: None)
         self.trusted: dict = {}            # id -> code object of the running test case (it may use anything)
         self.trusted_names: frozenset = frozenset()   # the names that case's code holds (``_named_by_test``)
+        self.owners: dict = {}             # id(guarded code or wrapper) -> the library class it is a method of
+        self.class_names: dict = {}        # id(library class) -> its name, as loaded (the student may rename it)
         self.allowed_ids: set[int] = set()
         self.allowed_modules: set[str] = set()
         self.forbidden: dict[int, str] = {}  # id(forbidden function or class) -> qualified name
@@ -243,6 +245,8 @@ class Guard:
     def _allow(self, obj) -> None:
         self._keep.append(obj)
         self.allowed_ids.add(id(obj))
+        if isinstance(obj, type):
+            self.class_names[id(obj)] = obj.__name__
         for inner in _unwrapped(obj):
             self.allowed_ids.add(id(inner))
             self._keep.append(inner)
@@ -323,6 +327,7 @@ class Guard:
             self._seen.add(id(value))
             self._keep.append(value)
             if isinstance(value, type):
+                self.class_names[id(value)] = value.__name__   # as loaded: what a test case names it by
                 if not self.is_allowed(value):
                     self._wrap_class(value)
             elif callable(value) and not self.is_allowed(value):
@@ -343,8 +348,9 @@ class Guard:
                     self._made.update(id(code) for code in _codes(fn.__code__))
                     self._keep.append(fn.__code__)   # kept: an id is the object's only while it lives
 
-    def _guard_function(self, fn: types.FunctionType, name: str, module=None) -> None:
-        """Put the check into ``fn``'s own code (or, without source, a wrapper in its place)."""
+    def _guard_function(self, fn: types.FunctionType, name: str, module=None, owner: type | None = None) -> None:
+        """Put the check into ``fn``'s own code (or, without source, a wrapper in its place); ``owner``: the class
+        ``fn`` is a method of."""
         if id(fn) in self.code_names or getattr(fn, "__sazo_guarded__", False):
             return
         self.forbidden[id(fn)] = name
@@ -356,12 +362,13 @@ class Guard:
             self._add_shape(code, name)   # a copy of the guarded code with the check swapped for a no-op
             fn.__code__ = code
             self.code_names[id(code)] = name
+            self.owners[id(code)] = owner
             self.instrumented.append((fn, code))
             return
         if module is not None:  # no source to recompile: a wrapper where the module keeps it
             for attr, value in list(vars(module).items()):
                 if value is fn:
-                    setattr(module, attr, self._wrapper(fn, name))
+                    setattr(module, attr, self._wrapper(fn, name, fn.__qualname__))
 
     def _add_shape(self, code: types.CodeType, name: str) -> None:
         ops, names = _shape(code)
@@ -427,18 +434,22 @@ class Guard:
         if caller is None or (id(caller.f_globals) in self._library_globals and _is_library_file(caller.f_code.co_filename)
                               and self._is_genuine(caller.f_code)):
             return  # the library calling itself (most calls): no walk
-        name = self.code_names.get(id(frame.f_code))
+        code = frame.f_code
+        name = self.code_names.get(id(code))
+        # what the running test case must name for the call to be its own: a copy is never the library's own
+        callee = ("", None) if name is None else (code.co_qualname, self.owners.get(id(code)))
         if name is None:   # only guarded code holds the check: this is a copy of it (code.replace, FunctionType)
-            name = self.copy_of(frame.f_code) or f"{LIBRARY} (a copy of {frame.f_code.co_qualname})"
-        if self._from_student(caller, callee=name):
+            name = self.copy_of(code) or f"{LIBRARY} (a copy of {code.co_qualname})"
+        if self._from_student(caller, callee=callee):
             self._found(name, "called")
 
-    def _wrapper(self, fn, name: str):
-        """For code without source: a stand-in that checks, then calls ``fn`` (no ``__wrapped__``)."""
-        guard = self
+    def _wrapper(self, fn, name: str, qualname: str, owner: type | None = None):
+        """For code without source: a stand-in that checks, then calls ``fn`` (no ``__wrapped__``); ``qualname``:
+        its name within its module, ``owner``: its class."""
+        guard, callee = self, (qualname, owner)
 
         def guarded(*args, **kwargs):
-            if guard._from_student(sys._getframe(1), callee=name):
+            if guard._from_student(sys._getframe(1), callee=callee):
                 guard._found(name, "called")
             return fn(*args, **kwargs)
 
@@ -453,17 +464,19 @@ class Guard:
 
     def _wrap_class(self, klass: type) -> None:
         self.forbidden[id(klass)] = _qualname(klass)
+        self.class_names[id(klass)] = klass.__name__
         for attr, value in list(vars(klass).items()):
             name = f"{_qualname(klass)}.{attr}"
             for member in _members(value) or ([value] if callable(value) and hasattr(value, "__wrapped__") else []):
                 for fn in _unwrapped(member):
-                    self._guard_function(fn, name)
+                    self._guard_function(fn, name, owner=klass)
                     if fn is value and id(fn) not in self.code_names:  # no source: a wrapper in the class
-                        setattr(klass, attr, self._wrapper(fn, name))
+                        setattr(klass, attr, self._wrapper(fn, name, f"{klass.__qualname__}.{attr}", klass))
         if "__init__" not in vars(klass):  # building one from the student's code is a use, inherited __init__ or not
             inherited = klass.__init__
             if isinstance(inherited, types.FunctionType):
-                klass.__init__ = self._wrapper(inherited, f"{_qualname(klass)}.__init__")
+                klass.__init__ = self._wrapper(inherited, f"{_qualname(klass)}.__init__", f"{klass.__qualname__}.__init__",
+                                               klass)
 
     # -- threads and forks -------------------------------------------------------------------
     def _guard_threads(self) -> None:
@@ -489,12 +502,13 @@ class Guard:
         threading._start_new_thread = start_new_thread
 
     # -- who is calling --------------------------------------------------------------------
-    def _from_student(self, frame, verify: bool = True, callee: str | None = None) -> bool:
+    def _from_student(self, frame, verify: bool = True, callee: tuple | None = None) -> bool:
         """Whether the nearest caller that is not the library, Python or an installed package is the student's
         (or the bottom of a thread the student's code started).
 
-        ``callee``: the qualified name of the forbidden library object being called. Where the nearest such caller
-        is the running test case, the call is the test's only if the case names that object (``_named_by_test``);
+        ``callee``: the forbidden library function being called, as (its name within its module, the class it is
+        a method of or None). Where the nearest such caller is the running test case, the call is the test's only if
+        the case names that function (``_named_by_test``);
         else the student's code put it where the case looks (a graded name rebound while the case runs, an entry
         of ``builtins``, an attribute of the student's objects), and the call is the student's.
 
@@ -575,39 +589,33 @@ class Guard:
         self.trusted_names = frozenset(part for c in self.trusted.values() for name in c.co_names
                                        for part in name.split("."))
 
-    def _named_by_test(self, name: str) -> bool:
-        """Whether the running test case's code names the library object ``name`` (``sazo_lite.variance.oracle_probs``:
-        ``oracle_probs``; a method ``sazo_lite.samplers.SAZOSampler.update``: ``SAZOSampler`` and ``update``, a
-        dunder such as ``__init__`` by its class alone), as an attribute, a global or an imported name.
+    def _named_by_test(self, callee: tuple) -> bool:
+        """Whether the running test case's code names the library function ``callee`` (its name within its module
+        and the class it is a method of): ``oracle_probs`` for ``sazo_lite.variance.oracle_probs``; for a method,
+        the method's name (a dunder such as ``__init__`` needs none) and its class or a library class that inherits
+        it (``SAZOSampler(4).sample(2)``, ``sample`` defined on a base); as an attribute, a global or an imported name.
 
-        The case's names are its own code's: a forbidden object the case reaches through a name the student's code
-        can rebind (``lab2_oracle_probs``, ``_s.update`` of an instance whose class the student defined) is not one
-        of them.
+        The case's names are its own code's, and a class's name is the one the guard saw before the student's code
+        ran: a forbidden function the case reaches through a name the student's code can rebind (``lab2_oracle_probs``,
+        ``_s.update`` of an instance of the student's class, a class the student made or renamed) is not one of them.
         """
-        parts, module = [p for p in name.split(".") if p != "<locals>"], None
-        for cut in range(len(parts) - 1, 0, -1):   # the qualified name within its module
-            module = sys.modules.get(".".join(parts[:cut]))
-            if module is not None:
-                parts = parts[cut:]
-                break
-        first, last = parts[0], parts[-1]
-        names = self.trusted_names
-        if not (last in names or (last.startswith("__") and last.endswith("__"))):
+        qualname, owner = callee
+        parts = [p for p in qualname.split(".") if p != "<locals>"] or [""]
+        first, last, names = parts[0], parts[-1], self.trusted_names
+        if not (last in names or (len(parts) > 1 and last.startswith("__") and last.endswith("__"))):
             return False
         if first in names:
             return True
-        try:   # a method the class the case names inherits (``SAZOSampler(4).sample(2)``, defined on a base)
-            klass = inspect.getattr_static(module, first) if len(parts) > 1 and module is not None else None
-        except AttributeError:
-            return False
-        todo, seen = [klass] if isinstance(klass, type) else [], set()
+        todo, seen = [owner] if isinstance(owner, type) else [], set()
         while todo:
             for sub in type.__subclasses__(todo.pop()):
-                if id(sub) not in seen and _is_library_name(sub.__module__):
-                    if sub.__name__ in names:
-                        return True
-                    seen.add(id(sub))
-                    todo.append(sub)
+                known = self.class_names.get(id(sub))
+                if known is None or id(sub) in seen:
+                    continue   # not a library class the guard saw loaded
+                if known in names:
+                    return True
+                seen.add(id(sub))
+                todo.append(sub)
         return False
 
     def _found(self, name: str, how: str) -> None:
