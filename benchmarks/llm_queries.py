@@ -437,7 +437,11 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
     def climb(lr) -> bool:
         """One grid cell (3 seeds, stopped early once its median is lost); True if the cell is lost."""
         nonlocal best
-        cap = setting.steps if math.isinf(best) else min(setting.steps, -(-int(best) // (2 * setting.batch)) + setting.log_every)
+        # a cell can beat the best median only with runs reaching the target within it; with an even number of
+        # seeds a median is the mean of two runs, and one of them may take up to twice the best median
+        reach = best if setting.grid_seeds % 2 else 2 * best
+        cap = setting.steps if math.isinf(best) else min(setting.steps,
+                                                         -(-int(reach) // (2 * setting.batch)) + setting.log_every)
         if accuracy_at:      # every run reaches the accuracy budget
             cap = max(cap, min(setting.steps, -(-accuracy_at // (2 * setting.batch))))
         cell = grid[f"{lr:g}"] = []

@@ -291,3 +291,29 @@ def test_an_output_where_nothing_can_be_written_is_refused_before_the_run(capsys
     option = next(a for a in argv if a.startswith("--") and "{ro}" in argv[argv.index(a) + 1])
     refused(capsys, lambda: m.main([a.format(ro=read_only) for a in argv]), option, "cannot write in",
             "Read-only file system")
+
+
+# -- make bench-llm: a grid cell cut at the best median so far, with an even number of seeds ---------------------------
+def test_llm_race_does_not_cut_a_cell_that_could_still_win_with_an_even_number_of_seeds(monkeypatch):
+    """A cell after the first is cut at the best median so far plus one log point. With --grid-seeds 2 a median is
+    the mean of two runs: a rate whose seeds reach 0.5·F₀ at 50 and 1000 queries (median 525) was cut at 950 when
+    the best was 900, read as never, and the slower rate chosen."""
+    from benchmarks import llm_queries
+
+    hit_step = {(1e-3, 0): 450, (1e-3, 1): 450, (1.41e-3, 0): 10, (1.41e-3, 1): 500}
+
+    def fake_run(theta0, model, params, train, test, sampler, *, lr, seed, steps, log_every, **settings):
+        hit = hit_step.get((lr, seed % 2))
+        logged = list(range(0, steps + 1, log_every))
+        end = next((s for s in logged if hit is not None and s >= hit), logged[-1])
+        logged = logged[:logged.index(end) + 1]
+        return {"queries": [2 * s for s in logged], "train_loss": [1.0 if s < (hit or math.inf) else 0.4 for s in logged],
+                "diverged": False, "walk": [0.0] * len(logged), "max_step_scale": 1.0, "max_weight": 1.0}
+    monkeypatch.setattr(llm_queries, "run_from", fake_run)
+    args = llm_queries.parse_args(["--sets", "--tiny", "llama", "--grid-seeds", "2", "--seeds", "2", "--tiny-cells", "2",
+                                   "--targets", "0.5", "--tiny-start", "1e-3", "--tiny-steps", "2000"])
+    setting = llm_queries.settings(args)[0]
+    out = {"grid": {}, "chosen_lr": {}, "runs": {}}
+    llm_queries.race_variant(setting, "uniform", None, [], None, None, args, out)
+    assert out["chosen_lr"]["uniform"] == 1.41e-3, out["grid"]
+    assert [run["queries"][-1] for run in out["runs"]["uniform"]] == [50, 1000]
