@@ -43,6 +43,8 @@ with no label noise:
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 from dataclasses import dataclass
 
@@ -52,7 +54,8 @@ from ..atomic import atomic_write
 from ..variance import uniform_gain
 from ..validation import check_count, check_fraction, check_int, check_number
 from .losses import classification_losses, encode_classification
-from .tasks import ClassificationTask, Example, _CATEGORIES, _NEGATIVE, _NOUNS, _POSITIVE
+from .tasks import (ClassificationTask, Example, _CATEGORIES, _NEGATIVE, _NOUNS, _POSITIVE, check_distinct,
+                    draw_distinct)
 
 __all__ = ["ContinualSet", "make_continual_set", "keep_alike", "alike_indices", "predicted_gains", "GROUPS", "first_round", "cached_first_round", "heterogeneity",
            "SET_NAMES"]
@@ -90,6 +93,13 @@ class ContinualSet:
         """Train indices of the examples the first round did not see."""
         seen = set(self.assimilated)
         return [i for i in range(len(self.task.train)) if i not in seen]
+
+
+# distinct prompts of each question generator below (enumerated in tests/test_llm_round13.py)
+SENTIMENT_QUESTIONS = len(_NOUNS) * (len(_POSITIVE) + len(_NEGATIVE))                   # 160
+DISLIKE_QUESTIONS = len(_NOUNS) * len(_POSITIVE)                                        # 80 of each label
+NUMBER_QUESTIONS = 99 * 98                                                              # ordered pairs a ≠ b
+CATEGORY_QUESTIONS = len(_CATEGORIES) * sum(len(xs) for xs in _CATEGORIES.values())     # 72
 
 
 def _sentiment_question(rng: random.Random) -> Example:
@@ -138,6 +148,11 @@ def make_continual_set(name: str = "continual", *, num_train: int = 32, new_frac
             continual set's for the same ``num_train``, ``new_fraction`` and seed (one cached first round
             serves both).
 
+    Every prompt is distinct and the test split shares none with train. Sizes needing more distinct
+    questions than a generator makes are refused (ValueError): 160 setup questions (N − new ones), 80
+    per label of "opposed", 72 category questions (every other new question of "continual" and
+    "homogeneous", train and test), 16 things per group of "balanced" (train's and test's).
+
     Example:
         >>> s = make_continual_set("continual", num_train=8, new_fraction=0.25, num_test=4, seed=0)
         >>> len(s.task.train), len(s.assimilated), len(s.new), {e.kind for e in s.setup}
@@ -167,15 +182,37 @@ def make_continual_set(name: str = "continual", *, num_train: int = 32, new_frac
         return new_kinds[k % len(new_kinds)](rng)
 
     num_new = min(num_train, max(1, round(new_fraction * num_train)))
-    setup = [_sentiment_question(rng) for _ in range(num_train - num_new)]
+    num_drawn = (num_train if pool is None else pool) if name == "homogeneous" else num_new
+    _check_new_questions(name, num_drawn, num_test)
+    # every prompt distinct, test disjoint from train (drawn with replacement, the opposed set at N = 64 held
+    # 54 distinct of 64 and a test question from train); the setup is drawn first, as the continual set's
+    seen: set[str] = set()
+    setup = _setup(rng, num_train - num_new, seen)
+    what = f"the {name} set's new questions"
+    new = draw_distinct(new_example, num_drawn, seen, what=what, argument="num_train" if pool is None else "pool")
+    test = draw_distinct(new_example, num_test, seen, what=what, argument="num_test")
     if name == "homogeneous":   # the same first round; then only new questions, ``pool`` of them
-        train = [new_example(k) for k in range(num_train if pool is None else pool)]
-        test = [new_example(k) for k in range(num_test)]
-        return ContinualSet(name, ClassificationTask(name, list(WORDS), train, test, list(NAMES)), setup, [])
-    new = [new_example(k) for k in range(num_new)]
-    test = [new_example(k) for k in range(num_test)]
+        return ContinualSet(name, ClassificationTask(name, list(WORDS), new, test, list(NAMES)), setup, [])
     task = ClassificationTask(name, list(WORDS), setup + new, test, list(NAMES))
     return ContinualSet(name, task, setup, list(range(len(setup))))
+
+
+def _setup(rng: random.Random, count: int, seen: set) -> list[Example]:
+    """``count`` distinct sentiment questions not in ``seen``: what the first round tunes on."""
+    what = "the setup's sentiment questions"
+    check_distinct("num_train", count, SENTIMENT_QUESTIONS, what)
+    return draw_distinct(lambda _: _sentiment_question(rng), count, seen, what=what, argument="num_train")
+
+
+def _check_new_questions(name: str, num_drawn: int, num_test: int) -> None:
+    """New questions alternate by k (opposed: labels; others: numbers, categories), train and test each from
+    k = 0: refuse sizes needing more distinct questions of one alternative than it has."""
+    kinds = ([("disliked-review", DISLIKE_QUESTIONS), ("liked-review", DISLIKE_QUESTIONS)] if name == "opposed"
+             else [("number", NUMBER_QUESTIONS), ("category", CATEGORY_QUESTIONS)])
+    for j, (kind, capacity) in enumerate(kinds):
+        needed = (num_drawn + 1 - j) // 2 + (num_test + 1 - j) // 2
+        check_distinct("num_test", needed, capacity, f"the {name} set's {kind} questions "
+                       f"({num_drawn} train and {num_test} test questions alternate between two kinds)")
 
 
 def _balanced_set(rng: random.Random, num_train: int, new_fraction: float, num_test: int) -> ContinualSet:
@@ -183,9 +220,13 @@ def _balanced_set(rng: random.Random, num_train: int, new_fraction: float, num_t
     groups = list(GROUPS)
     words, names = list(WORDS) + groups, list(NAMES) + [g.strip() for g in groups]
     num_new = min(num_train, max(len(groups), round(new_fraction * num_train)))
-    setup = [_sentiment_question(rng) for _ in range(num_train - num_new)]
+    per_group, size = -(-num_new // len(groups)), min(len(things) for things in GROUPS.values())
+    # group 0 holds the most of both splits: past ``size`` things its test questions wrapped round onto the
+    # train's things (at N = 192, 41 test questions or more)
+    check_distinct("num_test", per_group + -(-num_test // len(groups)), size,
+                   f"the balanced set's things of one group ({num_new} train and {num_test} test questions)")
+    setup = _setup(rng, num_train - num_new, set())
     members = {g: rng.sample(GROUPS[g], len(GROUPS[g])) for g in groups}   # train things first, test after
-    per_group = -(-num_new // len(groups))
 
     def group_question(k: int, offset: int) -> Example:
         g = k % len(groups)
@@ -310,8 +351,9 @@ def cached_first_round(model, params, cset: ContinualSet, tokenizer, *, key: str
                        lr: float = 3e-3, progress: bool = True) -> bool:
     """``first_round`` once, then reuse: the tuned tensors are saved under the user cache by ``key``.
 
-    The key must name everything that changes the result (model, adapter rank, set arguments, steps).
-    Returns True when the cached copy was used.
+    The key must name the model and the adapters (model, adapter rank); the file name adds the steps, the
+    rate and a digest of the setup (prompts, labels, label words), so another setup never reads this one's
+    round. Returns True when the cached copy was used.
     """
     from .finetune import check_params_in, restore_snapshot, snapshot
     from .models import cache_dir
@@ -320,7 +362,9 @@ def cached_first_round(model, params, cset: ContinualSet, tokenizer, *, key: str
         return False
     # a cached copy went into another copy's tensors and was reported used, the model left as it was
     params = check_params_in(model, params)
-    path = cache_dir() / "first_round" / f"{key}-steps{steps}-lr{lr:g}.pt"
+    # the setup's digest: a key names the set by its sizes, and the sets of one size changed when their repeated
+    # prompts were drawn again (a round tuned on the old setup was read as the new one's)
+    path = cache_dir() / "first_round" / f"{key}-steps{steps}-lr{lr:g}-{_setup_digest(cset)}.pt"
     saved = _cached_tensors(path, params) if path.exists() else None
     if saved is not None:
         with torch.no_grad():
@@ -330,6 +374,12 @@ def cached_first_round(model, params, cset: ContinualSet, tokenizer, *, key: str
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda handle: torch.save(snapshot(params), handle))   # parallel workers may race here
     return False
+
+
+def _setup_digest(cset: ContinualSet) -> str:
+    """12 hex digits of SHA-256 over what the first round reads of ``cset``: setup prompts, labels, label words."""
+    text = json.dumps([[[e.prompt, e.label] for e in cset.setup], list(cset.task.label_words)])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def _cached_tensors(path, params):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from .losses import TokenBatch, encode_classification
 from ..validation import check_choice, check_count, check_fraction, check_int
 
-__all__ = ["Example", "ClassificationTask", "make_task", "TASKS", "load_hf_task"]
+__all__ = ["Example", "ClassificationTask", "make_task", "TASKS", "DISTINCT_PROMPTS", "load_hf_task"]
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,34 @@ def _yesno(rng: random.Random) -> tuple[str, int, str]:
 TASKS = {"sentiment": (_sentiment, [" negative", " positive"], ["negative", "positive"]),
          "numbers": (_numbers, [" no", " yes"], ["no", "yes"]),
          "yesno": (_yesno, [" no", " yes"], ["no", "yes"])}
+# how many distinct prompts each generator can produce: sentiment 10 nouns × 2 polarities × (8 + 8 + 8 + 8·8)
+# adjectives; numbers 4,830 far pairs + 89·4 close + 899·98 three-digit; yesno 3 categories × 24 things × 2 forms
+# (counted by enumerating the templates in tests/test_llm_round13.py)
+DISTINCT_PROMPTS = {"sentiment": 1760, "numbers": 93288, "yesno": 144}
+
+
+def check_distinct(argument: str, needed: int, capacity: int, what: str) -> None:
+    """Refuse asking ``what`` for more distinct prompts than it can make (``draw_distinct`` would never finish)."""
+    if needed > capacity:
+        raise ValueError(f"Invalid {argument}: {needed} distinct prompts asked for, {what} can make {capacity}")
+
+
+def draw_distinct(draw, count: int, seen: set, *, what: str, argument: str) -> list[Example]:
+    """``[draw(0), …, draw(count − 1)]`` with every prompt new: a draw whose prompt is in ``seen`` is skipped
+    and ``draw(k)`` called again; ``seen`` gains the prompts kept. Without repeats this is the plain list, drawn
+    from the same random stream. ``ValueError`` after ``max(1000, 100·count)`` draws (check the capacity first)."""
+    examples, draws = [], 0
+    for k in range(count):
+        while True:
+            if draws >= max(1000, 100 * count):
+                raise ValueError(f"Invalid {argument}: {draws} draws from {what} gave {len(examples)} of {count} "
+                                 "distinct prompts (ask for fewer)")
+            example, draws = draw(k), draws + 1
+            if example.prompt not in seen:
+                break
+        seen.add(example.prompt)
+        examples.append(example)
+    return examples
 
 
 def _flip(examples: list[Example], noise: float, rng: random.Random) -> list[Example]:
@@ -133,6 +161,9 @@ def make_task(name: str = "sentiment", *, num_train: int = 64, num_test: int = 6
               seed: int = 0) -> ClassificationTask:
     """Generate a task; train labels have exactly round(noise·num_train) flips, test is clean.
 
+    Every prompt is distinct (test shares none with train); ``DISTINCT_PROMPTS[name]`` bounds
+    num_train + num_test (ValueError beyond it).
+
     Example:
         >>> task = make_task("numbers", num_train=20, num_test=5, noise=0.1, seed=1)
         >>> len(task.train), len(task.noisy_indices), task.label_words
@@ -143,8 +174,17 @@ def make_task(name: str = "sentiment", *, num_train: int = 64, num_test: int = 6
     num_train, num_test = check_count("num_train", num_train), check_count("num_test", num_test)
     seed = check_int("seed", seed)
     generate, words, names = TASKS[name]
+    what = f"the {name!r} generator"
+    check_distinct("num_train + num_test", num_train + num_test, DISTINCT_PROMPTS[name], what)
     rng = random.Random(seed)
-    examples = [Example(p, y, y, k) for p, y, k in (generate(rng) for _ in range(num_train + num_test))]
+
+    def draw(_) -> Example:
+        prompt, label, kind = generate(rng)
+        return Example(prompt, label, label, kind)
+
+    # distinct prompts, test disjoint from train: drawn with replacement, a split held repeats and test
+    # prompts also in train (the default yesno task: 53 distinct of 64, 26 test examples in train)
+    examples = draw_distinct(draw, num_train + num_test, set(), what=what, argument="num_train + num_test")
     train = _flip(examples[:num_train], noise, rng)
     return ClassificationTask(name, list(words), train, examples[num_train:], list(names))
 
