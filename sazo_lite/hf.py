@@ -1073,7 +1073,9 @@ def _collates(collator, dataset, index: int) -> bool:
 
 def _check_input_ids(model, batch, examples, step=None) -> None:
     """Token ids outside the model's embedding table: the forward's IndexError ("index out of range in
-    self") named neither the ids nor the examples. Models without ``get_input_embeddings`` are not checked."""
+    self") named neither the ids nor the examples. Models without ``get_input_embeddings`` are not checked,
+    and ids the config names (``image_token_index`` and the like, which a multimodal model replaces before
+    its embedding lookup, some beyond the table) pass."""
     ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
     try:
         size = model.get_input_embeddings().num_embeddings
@@ -1083,10 +1085,25 @@ def _check_input_ids(model, batch, examples, step=None) -> None:
         return
     bad = (ids < 0) | (ids >= size)
     if bool(bad.any()):
+        named = _config_token_ids(getattr(model, "config", None))
+        bad &= ~torch.isin(ids, torch.tensor(sorted(named), dtype=ids.dtype, device=ids.device))
+    if bool(bad.any()):
         rows = bad.any(1).nonzero().flatten().tolist()
         raise ValueError(f"Invalid input_ids: {_named([examples[k] for k in rows], step)} hold token ids "
                          f"{sorted(set(ids[bad].tolist()))[:5]} outside the model's embedding table [0, {size}) "
                          f"(tokenised for another model?)")
+
+
+def _config_token_ids(config) -> set:
+    """The ids a model config names (``*_token_id``, ``*_token_index``, ``*_token_ids``)."""
+    named = set()
+    items = config.to_dict().items() if hasattr(config, "to_dict") else ()
+    for name, value in items:
+        if name.endswith(("token_id", "token_index", "token_ids")):
+            for v in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(v, int) and not isinstance(v, bool):
+                    named.add(v)
+    return named
 
 
 def _check_label_ids(classes, labels, examples, step=None) -> None:

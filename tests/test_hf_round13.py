@@ -350,3 +350,29 @@ def test_an_evaluation_batch_with_a_bad_label_id_is_named(tmp_path):
     trainer = trainer_for(tmp_path, rows=rows)
     with pytest.raises(ValueError, match=r"Invalid labels: examples of an evaluation batch hold label ids \[900\]"):
         trainer.evaluate([*rows[:3], BAD["label id"][0]])
+
+
+class ImageTokenLM(torch.nn.Module):
+    """A causal LM whose config names an image token beyond its embeddings, replaced before the lookup
+    (as PaliGemma and Gemma 3 do with ids past their text vocabulary)."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = transformers.PretrainedConfig(image_token_index=VOCAB + 36)
+        self.embed, self.head = torch.nn.Embedding(VOCAB, 8), torch.nn.Linear(8, VOCAB)
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def forward(self, input_ids, attention_mask=None):
+        ids = input_ids.masked_fill(input_ids == self.config.image_token_index, 0)
+        return {"logits": self.head(self.embed(ids))}
+
+
+def test_a_token_id_the_config_names_passes_the_embedding_check(tmp_path):
+    rows = memorisable_rows(n=4)
+    for row in rows:
+        row["input_ids"][0] = VOCAB + 36
+    trainer = trainer_for(tmp_path, rows=rows, model=ImageTokenLM(), args=training_args(tmp_path, max_steps=2))
+    trainer.train()
+    assert trainer.zo_optimizer.step_count == 2
