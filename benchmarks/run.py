@@ -395,12 +395,12 @@ def main(argv=None) -> dict:
     finished = []      # one entry per section this run saved: the rest is what a Ctrl-C leaves to do
 
     def save(results: dict) -> str:
-        finished.append(True)
         info = machine() | dict(quick=quick, seconds=round(time.perf_counter() - started, 1))
         table, note = format_table(table_rows(results)), earlier_runs(results)
         table += f"\n\n{note}" if note else ""
         write_text(out, json.dumps(dict(machine=info, table=table, results=results), indent=1,
                                   ensure_ascii=False, default=str))
+        finished.append(True)       # once written: a Ctrl-C during the write leaves its section to do
         return table
 
     planned = [name for name in section_names(quick) if args.only is None or name in args.only]
@@ -408,6 +408,9 @@ def main(argv=None) -> dict:
         results = run_sections(quick, save, args.only, previous)
     except KeyboardInterrupt:
         left = planned[len(finished):]
+        if not left:        # after the last section was saved
+            print(f"\ninterrupted: every section is saved in {out}", file=sys.stderr, flush=True)
+            raise SystemExit(130) from None
         cells = " (its finished cells are saved: the rerun resumes them)" if left[0] == "queries" and not quick else ""
         print(f"\ninterrupted in {left[0]}{cells}: the sections before it are saved in {out}; to finish the table:\n"
               f"  python -m benchmarks.run{' --quick' if quick else ''}"

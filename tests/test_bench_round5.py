@@ -317,3 +317,45 @@ def test_llm_race_does_not_cut_a_cell_that_could_still_win_with_an_even_number_o
     llm_queries.race_variant(setting, "uniform", None, [], None, None, args, out)
     assert out["chosen_lr"]["uniform"] == 1.41e-3, out["grid"]
     assert [run["queries"][-1] for run in out["runs"]["uniform"]] == [50, 1000]
+
+
+# -- make bench: a Ctrl-C while a section is being saved ------------------------------------------------------------
+def sections_then(run, interrupt_at_write=None):
+    """run_sections as make bench runs it, with stub sections; ``interrupt_at_write``: Ctrl-C during that write of
+    the results file (else after the last section was saved)."""
+    def fake(quick, save, only, previous):
+        results = dict(previous or {})
+        for name in run.section_names(quick):
+            if only is None or name in only:
+                results[name] = {"error": "stub", "run": "2026-12-07 07:00 UTC"}
+                save(results)
+        raise KeyboardInterrupt
+    return fake
+
+
+def test_a_ctrl_c_while_a_section_is_saved_leaves_that_section_to_rerun(monkeypatch, capsys, tmp_path):
+    """make bench counted a section as saved before its write: a Ctrl-C during the write (the file then keeps the
+    sections before it) printed an --only command without that section, which was lost; a Ctrl-C after the last
+    section was saved ended in an IndexError traceback."""
+    from benchmarks import run
+
+    monkeypatch.delenv("SAZO_FAST", raising=False)
+    out = tmp_path / "bench.json"
+    monkeypatch.setattr(run, "run_sections", sections_then(run))
+    with pytest.raises(SystemExit) as caught:
+        run.main(["--quick", "--out", str(out), "--only", "overhead", "sampler"])
+    assert caught.value.code == 130 and "every section is saved" in capsys.readouterr().err
+    writes, real = [], run.write_text
+
+    def write_text(path, text):
+        writes.append(path)
+        if len(writes) == 2:        # the second section's write
+            raise KeyboardInterrupt
+        real(path, text)
+    monkeypatch.setattr(run, "write_text", write_text)
+    out.unlink()
+    with pytest.raises(SystemExit) as caught:
+        run.main(["--quick", "--out", str(out), "--only", "overhead", "sampler"])
+    err = capsys.readouterr().err
+    assert caught.value.code == 130 and "interrupted in sampler" in err and err.rstrip().endswith("--only sampler"), err
+    assert set(json.loads(out.read_text())["results"]) == {"overhead"}
