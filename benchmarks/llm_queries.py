@@ -221,7 +221,7 @@ def settings(args) -> list[Setting]:
                                grid_seeds=args.grid_seeds, seeds=args.seeds, stale_every=args.stale_every,
                                diagnose=args.diagnose_every, budget_runs=False,
                                select_target=None if args.quick else max(args.targets),   # the pilot: by 0.5·F₀
-                               accuracy_at=None if args.quick else args.accuracy_at, cost=4.0,
+                               accuracy_at=None if args.quick else args.accuracy_at or None, cost=4.0,
                                oracle_cost=5.0))    # measured: ≈ 5 s per refresh against 0.45 s per ZO step
         elif name in BIG_SETS:      # designed for B > 1; opt-in (--sets ...): hours on 2 CPU cores
             out.append(Setting(f"SmolLM2 LoRA r{args.rank} {name} (N={args.big_n}, B={args.big_batch})",
@@ -729,7 +729,7 @@ def parse_args(argv=None, *, run: bool = False):
     parser.add_argument("--oracle-cells", type=count, default=2,
                         help="continual set: the fresh oracle's grid (each run pays one backprop over N per step)")
     parser.add_argument("--accuracy-at", type=natural, default=100,
-                        help="continual set: held-out accuracy after this many queries, every run")
+                        help="continual set: held-out accuracy after this many queries, every run (0: none)")
     parser.add_argument("--tiny", nargs="*", default=[], choices=TINY_FAMILIES, metavar="FAMILY",
                         help="tiny families of the does-not-lose check (opt-in: llama gpt2 opt qwen2)")
     parser.add_argument("--tiny-n", type=count, default=32,

@@ -359,3 +359,13 @@ def test_a_ctrl_c_while_a_section_is_saved_leaves_that_section_to_rerun(monkeypa
     err = capsys.readouterr().err
     assert caught.value.code == 130 and "interrupted in sampler" in err and err.rstrip().endswith("--only sampler"), err
     assert set(json.loads(out.read_text())["results"]) == {"overhead"}
+
+
+def test_llm_queries_reads_accuracy_at_zero_as_none_on_every_set():
+    """--accuracy-at 0 was taken (its siblings --top-accuracy-at and --big-accuracy-at read 0 as none), then the
+    continual set's first run refused accuracy_at=0 after SmolLM2 had been loaded."""
+    from benchmarks import llm_queries
+
+    args = llm_queries.parse_args(["--sets", "continual", "--accuracy-at", "0", "--top-accuracy-at", "0"])
+    assert llm_queries.settings(args)[0].accuracy_at is None
+    assert llm_queries.settings(llm_queries.parse_args(["--sets", "continual"]))[0].accuracy_at == 100
