@@ -369,3 +369,42 @@ def test_llm_queries_reads_accuracy_at_zero_as_none_on_every_set():
     args = llm_queries.parse_args(["--sets", "continual", "--accuracy-at", "0", "--top-accuracy-at", "0"])
     assert llm_queries.settings(args)[0].accuracy_at is None
     assert llm_queries.settings(llm_queries.parse_args(["--sets", "continual"]))[0].accuracy_at == 100
+
+
+# -- make bench-llm's ratios and intervals against a plain reference -----------------------------------------------
+def llm_run(hit, diverged: bool = False, log: int = 10, end: int = 200) -> dict:
+    """A run dict logging F every ``log`` queries: 1.0 until ``hit`` queries (None: never), then 0.3."""
+    queries = list(range(0, (hit if hit is not None else end) + 1, log))
+    return {"queries": queries, "train_loss": [1.0 if hit is None or q < hit else 0.3 for q in queries],
+            "diverged": diverged and hit is None, "walk": [0.0] * len(queries)}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.integers(1, 20).map(lambda k: 10 * k)), min_size=1, max_size=6),
+       st.lists(st.one_of(st.none(), st.integers(1, 20).map(lambda k: 10 * k)), min_size=1, max_size=6),
+       st.booleans())
+def test_llm_ratios_and_intervals_are_the_plain_medians_and_bootstrap(uniform, sazo, diverged):
+    """summarise's ratio is median ÷ median of the per-seed first hits (a miss never); ratio_text prints it with
+    median_ratio_interval of those same counts, numerator first; a median that misses prints no ratio."""
+    from benchmarks.llm_report import ratio_text, summarise
+    from sazo_lite.train import median_ratio_interval
+
+    setting = {"label": "tiny", "heterogeneity_at_theta0": 1.0, "chosen_lr": {"uniform": 1e-3, "sazo": 1e-3},
+               "grid": {}, "runs": {"uniform": [llm_run(h, diverged) for h in uniform],
+                                    "sazo": [llm_run(h, diverged) for h in sazo]}}
+    summarise(setting, (0.5,))
+    plain = lambda hits: statistics.median([math.inf if h is None else h for h in hits])
+    u, s = plain(uniform), plain(sazo)
+    expected = u / s if math.isfinite(u) and math.isfinite(s) else None
+    got = setting["ratios"]["uniform/sazo@0.5"]
+    assert got == pytest.approx(expected) if expected is not None else got is None
+    text = ratio_text(setting, "uniform", "sazo", 0.5)
+    if setting["ratio_bounds"].get("uniform/sazo@0.5"):
+        assert "cut short" in text
+    elif min(len(uniform), len(sazo)) < 2:
+        assert text == (f"{expected:.2f} (one seed)" if expected else "– (one seed)")
+    elif math.isinf(u) and math.isinf(s):
+        assert text == "–"
+    else:
+        low, high = median_ratio_interval(uniform, sazo)
+        assert text == f"{f'{expected:.2f}' if expected else '–'} [{low:.2f}–{high:.2f}]"
