@@ -384,3 +384,37 @@ def test_no_advice_or_loss_from_a_value_no_run_can_have():
     with pytest.raises(ValueError, match="Invalid eps"):
         race_widgets.race_divergence(result, batch_size=1, eps=math.nan)
     assert sazo_widgets.trace_divergence(trace, eps=1e-3) == "" == race_widgets.race_divergence(result, 1, eps=1e-3)
+
+
+# -- a live notebook: a failing redraw is shown, not raised -------------------------------------------------------
+
+def _boom(*_args, **_kwargs):
+    raise RuntimeError("out of memory (simulated)")
+
+
+@pytest.mark.parametrize("build, control, value, module, name", [
+    (lambda sw: sw.estimator_dashboard(), "q", 7, "sazo_lite.course.widgets.estimator.two_point", "two_point_estimates"),
+    (lambda sw: sw.chi2_dashboard(examples=200), "ema_decay", 0.5, "sazo_lite.course.widgets.pictures", "ema_of_chi2"),
+    (lambda sw: sw.sazo_dashboard(num_examples=16, dim=3, steps=6), "lr", 0.02, "sazo_lite.course.widgets.sazo",
+     "run_sazo_trace"),
+    (lambda sw: sw.race_dashboard(seeds=1, steps=6), "lr_sazo", 0.02, "sazo_lite.course.widgets.race", "race"),
+    (lambda sw: sw.memory_dashboard(), "context", 1024, "sazo_lite.course.widgets.memory", "memory_bars"),
+])
+def test_a_redraw_that_fails_in_a_live_notebook_is_shown_in_the_readout_not_raised(build, control, value, module,
+                                                                                    name, monkeypatch):
+    """ipywidgets hands an observer's exception to the kernel log, which JupyterLab keeps out of sight: the slider
+    moved, the figures stayed, nothing was said. Now the readout says what failed, and the next redraw recovers."""
+    import importlib
+
+    from sazo_lite.course import widgets as sw
+
+    board = build(sw)
+    target = importlib.import_module(module) if not module.endswith("two_point") else two_point
+    original = getattr(target, name)
+    monkeypatch.setattr(target, name, _boom)
+    board.controls[control].value = value                                  # raised RuntimeError before
+    assert "Could not redraw at these settings: RuntimeError: out of memory (simulated)" in board.readout.value
+    monkeypatch.setattr(target, name, original)
+    buttons = next(row.buttons for row in board.children if hasattr(row, "buttons"))
+    buttons["defaults"].click()                                            # a preset redraws: the message goes
+    assert "Could not redraw" not in board.readout.value and board.readout.value

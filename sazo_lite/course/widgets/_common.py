@@ -2,7 +2,9 @@
 
 A dashboard is an ``ipywidgets.VBox`` with three extra attributes that tests and notebooks use:
 ``controls`` (name → widget), ``figures`` (name → ``LiveFigure``, a plotly ``go.Figure``) and
-``refresh()`` (recompute and redraw now). Setting a control's value from code redraws at once.
+``refresh()`` (recompute and redraw now). Setting a control's value from code redraws at once; a redraw
+that fails after a control, preset or button shows its error in the readout (``shown_on_error``) instead of
+raising (building a dashboard with bad arguments still raises).
 
 A dashboard's figure is a plain ``go.Figure`` shown in an ``ipywidgets.Output`` (``LiveFigure.view``)
 whose one output, the figure's plotly JSON, is replaced after each change (one message per
@@ -28,7 +30,7 @@ __all__ = ["slider", "log_slider", "int_slider", "question", "captioned", "prese
            "assemble", "Dashboard", "LiveFigure", "static_dashboard_html", "set_controls", "SAMPLER_COLORS",
            "SAMPLER_FILLS", "SAMPLER_LABELS", "divergence_note", "finite", "number_list", "lower_rate", "TINY_EPS",
            "below_tiny_eps", "require_keys",
-           "same_lengths", "off_log_axes"]
+           "same_lengths", "off_log_axes", "shown_on_error"]
 
 # One palette for every dashboard: a sampler has the same colour in every plot of the course.
 SAMPLER_COLORS = {"uniform": "#7f7f7f", "sazo": "#1f77b4", "sazo-plain": "#9467bd", "oracle": "#d62728"}
@@ -167,6 +169,21 @@ def question(text: str) -> widgets.HTML:
 def captioned(control: widgets.Widget, text: str) -> widgets.VBox:
     """A control with its question underneath."""
     return widgets.VBox([control, question(text)])
+
+
+def shown_on_error(callback: Callable, readout: widgets.HTML) -> Callable:
+    """``callback`` for a widget event (a slider moved, a button pressed) whose exception is shown in ``readout``
+    instead of escaping: ipywidgets hands an observer's exception to the kernel's log, which JupyterLab keeps out
+    of sight, so the figures stayed as they were without a word. The next redraw replaces the message."""
+    import html
+
+    def guarded(*args, **kwargs):
+        try:
+            return callback(*args, **kwargs)
+        except Exception as error:   # noqa: BLE001 (any failure: the student sees it, the kernel goes on)
+            readout.value = ("<b style='color:crimson'>Could not redraw at these settings: "
+                             f"{html.escape(type(error).__name__)}: {html.escape(str(error))}</b><br>")
+    return guarded
 
 
 def set_controls(controls: dict[str, widgets.Widget], values: dict[str, object], refresh: Callable[[], None],
@@ -360,8 +377,9 @@ def assemble(title: str, controls: dict[str, widgets.Widget], questions: dict[st
         extra_rows: widgets shown between the captioned controls and the presets (buttons).
     """
     hold = [False]
-    redraw_on_change(controls, refresh, hold)
+    live = shown_on_error(refresh, readout) if readout is not None else refresh   # a slider's or preset's redraw
+    redraw_on_change(controls, live, hold)
     rows = [captioned(controls[name], text) for name, text in questions.items()]
-    rows += [*extra_rows, presets(choices, controls, refresh, hold)]
-    refresh()
+    rows += [*extra_rows, presets(choices, controls, live, hold)]
+    refresh()   # built with bad arguments: raise to the caller
     return Dashboard(title, rows, controls, figures, refresh, readout)

@@ -13,7 +13,7 @@ import torch
 from .. import two_point, instruments, mezo_vs_sgd, minibatches
 from ..config import one_thread
 from ...validation import check_count
-from ._common import LiveFigure, Dashboard, assemble, int_slider, log_slider, slider
+from ._common import LiveFigure, Dashboard, assemble, int_slider, log_slider, shown_on_error, slider
 
 __all__ = ["estimator_dashboard", "epsilon_dashboard", "dimension_dashboard"]
 
@@ -127,7 +127,7 @@ def estimator_dashboard(theta=(1.2, 0.8), *, seed: int = 0) -> Dashboard:
         refresh()
 
     button = widgets.Button(description="new directions")
-    button.on_click(new_directions)
+    button.on_click(shown_on_error(new_directions, readout))
     questions = {
         "q": "How many directions until the orange arrow sits on the black one? Does the error fall like 1/√q?",
         "eps": "For a quadratic the central difference is exact: can any ε break it? (Try the smallest in float32.)",

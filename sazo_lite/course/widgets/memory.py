@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from .. import memory
 from ...validation import check_number
 from ._common import LiveFigure, Dashboard, captioned, int_slider, presets, require_keys, set_controls, \
-    slider
+    shown_on_error, slider
 
 __all__ = ["memory_dashboard", "memory_bars", "fit_summary", "measured_vs_predicted_figure"]
 
@@ -184,17 +184,18 @@ def memory_dashboard() -> Dashboard:
             hold[0] = False
         refresh()
 
-    controls["preset"].observe(load_preset, names="value")
+    controls["preset"].observe(shown_on_error(load_preset, readout), names="value")
     for key, widget in controls.items():
         if key != "preset":
-            widget.observe(on_shape_edit if key in SHAPE_KEYS else (lambda _c: hold[0] or refresh()),
-                           names="value")
+            widget.observe(shown_on_error(on_shape_edit if key in SHAPE_KEYS else (lambda _c: hold[0] or refresh()),
+                                          readout), names="value")
     load_preset({"new": controls["preset"].value})
     choices = {"short chat (n_ctx = 512)": dict(context=512, batch=8, checkpointing=False),
                "long document (n_ctx = 32k)": dict(context=32768, batch=2, checkpointing=False),
                "32k + checkpointing": dict(context=32768, batch=2, checkpointing=True),
                "17 GB device": dict(budget=17.0, context=256, batch=8, checkpointing=False)}  # notebook 07: BoolQ-like
-    rows = [presets(choices, controls, refresh, hold, keep=("preset", *SHAPE_KEYS))]  # a preset keeps the model
+    rows = [presets(choices, controls, shown_on_error(refresh, readout), hold,
+                    keep=("preset", *SHAPE_KEYS))]  # a preset keeps the model
     rows += [captioned(w, CAPTIONS[k]) if k in CAPTIONS else w for k, w in controls.items()]
     return Dashboard("Memory: backprop vs zeroth-order", rows, controls, {"bars": fig}, refresh, readout)
 

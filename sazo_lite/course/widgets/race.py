@@ -23,7 +23,8 @@ from ...train import diverged
 from ...validation import check_count, check_number
 from ..sazo_runs import DIVERGE_FACTOR, PROBLEMS, SAMPLERS, RaceResult, first_divergence, make_problem, pick_rate, race
 from ._common import SAMPLER_COLORS as _COLORS, SAMPLER_FILLS as _FILLS, SAMPLER_LABELS as _LABELS, Dashboard, \
-    LiveFigure, below_tiny_eps, captioned, divergence_note, int_slider, log_slider, presets, set_controls, slider
+    LiveFigure, below_tiny_eps, captioned, divergence_note, int_slider, log_slider, presets, set_controls, \
+    shown_on_error, slider
 
 __all__ = ["race_dashboard", "race_figure", "race_table_html", "race_verdict", "race_divergence", "merge_results",
            "join_seeds", "PROBLEM_DEFAULTS"]
@@ -593,18 +594,18 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
                                     for rate in grids[method]}, method)
         set_controls(controls, best, refresh, hold)
 
-    controls["problem"].observe(on_problem, names="value")
+    controls["problem"].observe(shown_on_error(on_problem, readout), names="value")
     for name, control in controls.items():
         if name != "problem":
-            control.observe(on_change, names="value")
+            control.observe(shown_on_error(on_change, readout), names="value")
     controls["heterogeneity"].disabled = problem == _HOMOG
     tune_button = widgets.Button(description="tune η per method", layout=widgets.Layout(width="auto"),
                                  tooltip="best of ¼×, ½×, 1×, 2×, 4× each method's current η within its slider: "
                                          "4 new runs per method and seed (the status line counts them)")
-    tune_button.on_click(tune)
+    tune_button.on_click(shown_on_error(tune, readout))
     opening = {name: control.value for name, control in controls.items()}
     choices = {"defaults": opening, **{label: values for label, values in PRESETS.items() if label != "defaults"}}
-    rows = [presets(choices, controls, refresh, hold, complete=False)]  # PRESETS are complete regimes
+    rows = [presets(choices, controls, shown_on_error(refresh, readout), hold, complete=False)]  # complete regimes
     rows += [captioned(control, _QUESTIONS[name]) for name, control in controls.items()]
     rows += [widgets.HBox([tune_button, status])]
     dash = Dashboard("The race: queries to reach a target loss", rows, controls, figures, refresh, readout)

@@ -18,7 +18,7 @@ from ...validation import check_count
 from ..sazo_runs import DIVERGE_FACTOR, RULE_FIXES, RULE_NAMES, SAZOTrace, make_problem, roughness, rule_sampler, \
     run_sazo_trace
 from ._common import LiveFigure, SAMPLER_COLORS as _COLORS, Dashboard, captioned, divergence_note, finite, int_slider, \
-    below_tiny_eps, log_slider, presets, slider
+    below_tiny_eps, log_slider, presets, shown_on_error, slider
 
 __all__ = ["sazo_dashboard", "trace_readout", "decay_note", "trace_divergence"]
 
@@ -310,8 +310,8 @@ def sazo_dashboard(*, num_examples: int = 128, dim: int = 10, steps: int | None 
             refresh()
 
     for control in controls.values():
-        control.observe(on_change, names="value")
-    rows = [presets(PRESETS, controls, refresh, hold, keep=("step",))]
+        control.observe(shown_on_error(on_change, readout), names="value")
+    rows = [presets(PRESETS, controls, shown_on_error(refresh, readout), hold, keep=("step",))]
     rows += [captioned(control, _QUESTIONS[name]) for name, control in controls.items()]
     dash = Dashboard("SAZO's estimates against the truth", rows, controls, figures, refresh, readout)
     dash.children = (*dash.children[:len(rows) + 2], widgets.HBox([figures["scatter"].view, figures["trajectory"].view]),
