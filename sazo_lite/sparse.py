@@ -141,13 +141,12 @@ def _check_mask(p, mask) -> torch.Tensor:
         described = f"shape {tuple(p.shape)}, strides {p.stride()}" if isinstance(p, torch.Tensor) else type(p).__name__
         raise ValueError(f"Invalid params: SparseMeZO needs a plain list of contiguous tensors (a mask indexes "
                          f"flat entries), got {described}")
-    mask = mask.to(p.device)   # no copy when it is there already
     if mask.numel() and (int(mask.min()) < 0 or int(mask.max()) >= p.numel()):
         raise ValueError(f"Invalid masks: indices must lie in [0, {p.numel()}) for a tensor of shape "
                          f"{tuple(p.shape)}")
     if mask.unique().numel() != mask.numel():   # two writes to one entry in a pass: the last wins (any on CUDA)
         raise ValueError("Invalid masks: an index appears twice in one mask")
-    return mask
+    return mask.to(p.device)   # read on its own device (a meta p is MeZO's to refuse); no copy when it is there
 
 
 class MaskedNoise(NoiseSource):

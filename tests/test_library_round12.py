@@ -366,3 +366,10 @@ def test_noise_scaled_step_refuses_what_evaluate_would_refuse_naming_projected_g
     assert rule.seen == 0
     rule.observe(torch.tensor([3.0], requires_grad=True))
     assert rule.reference == 9.0
+
+
+def test_a_sparse_mezo_of_a_meta_tensor_is_refused_by_mezos_rule():
+    """The mask is read where it lies: moved to the meta device first (as this round first wrote the mask rule),
+    its range check raised RuntimeError before MeZO could refuse the tensor."""
+    with pytest.raises(ValueError, match="meta device"):
+        SparseMeZO([torch.zeros(4, device="meta")], [torch.tensor([0, 2])], lr=0.1)
