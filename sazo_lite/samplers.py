@@ -143,8 +143,8 @@ def _check_fields(state: dict, known: set) -> None:
 
 
 def _state_array(name: str, value) -> np.ndarray:
-    """A loaded state's field as a numpy array (``dense_tensor``), or ValueError naming the field: a meta tensor
-    raised NotImplementedError, a list of floats was rounded to float32 first."""
+    """A loaded state's field as a numpy array, read as the feedback is (``dense_tensor``), or ValueError naming
+    the field (the four fields each had the same try/except)."""
     try:
         return dense_tensor(name, value).detach().to("cpu").numpy()
     except ValueError:
