@@ -170,8 +170,8 @@ def main(argv=None) -> None:
                         help="measure a step's cost instead: top-block against all-layer LoRA (ratio in one run)")
     args = parser.parse_args(argv)
     check_output(parser, "--json", args.json)
-    if args.pull_floor is not None:     # one run per λ (a λ given twice: once)
-        args.pull_floor = list(dict.fromkeys(args.pull_floor))
+    if args.pull_floor is not None:     # one run per λ (a λ given twice: once), one row per radius
+        args.pull_floor, args.walk_radii = list(dict.fromkeys(args.pull_floor)), list(dict.fromkeys(args.walk_radii))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)     # a missing folder: made now, not a crash after the run
     factory = None

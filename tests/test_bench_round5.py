@@ -209,10 +209,11 @@ def test_llm_topblock_runs_a_pull_strength_given_twice_once(monkeypatch, capsys)
 
     seen = []
     monkeypatch.setattr(llm_topblock, "top_start", lambda setting: None)
-    monkeypatch.setattr(llm_topblock, "pull_floor", lambda strengths, **kwargs: seen.append(list(strengths)) or {})
+    monkeypatch.setattr(llm_topblock, "pull_floor", lambda strengths, radii, **kwargs: seen.append(
+        (list(strengths), list(radii))) or {})
     monkeypatch.setattr(llm_topblock.torch, "set_num_threads", lambda n: None)
-    llm_topblock.main(["gd", "--lr", "0.05", "--pull-floor", "0", "0.01", "0"])
-    assert seen == [[0.0, 0.01]]
+    llm_topblock.main(["gd", "--lr", "0.05", "--pull-floor", "0", "0.01", "0", "--walk-radii", "10", "20", "10"])
+    assert seen == [([0.0, 0.01], [10.0, 20.0])]
 
 
 # -- make bench-llm --merge: parts that overlap ---------------------------------------------------------------------
@@ -233,7 +234,8 @@ def test_merge_refuses_two_parts_holding_the_same_samplers_runs(tmp_path, capsys
     from benchmarks import llm_queries
     from test_bench_cli import refused
 
-    first, again = part(tmp_path, "a.json", "uniform", [0, 100]), part(tmp_path / "other", "a.json", "uniform", [0, 900])
+    first = part(tmp_path, "a.json", "uniform", [0, 100])
+    again = part(tmp_path / "other", "a.json", "uniform", [0, 900])      # another folder, the same file name
     sazo = part(tmp_path, "b.json", "sazo", [0, 200])
     for paths in ([first, again], [first, first]):
         refused(capsys, lambda: llm_queries.parse_args(["--merge", *paths, "--out", str(tmp_path / "m.json")]),
@@ -307,10 +309,12 @@ def test_llm_race_does_not_cut_a_cell_that_could_still_win_with_an_even_number_o
         logged = list(range(0, steps + 1, log_every))
         end = next((s for s in logged if hit is not None and s >= hit), logged[-1])
         logged = logged[:logged.index(end) + 1]
-        return {"queries": [2 * s for s in logged], "train_loss": [1.0 if s < (hit or math.inf) else 0.4 for s in logged],
+        losses = [1.0 if s < (hit or math.inf) else 0.4 for s in logged]
+        return {"queries": [2 * s for s in logged], "train_loss": losses,
                 "diverged": False, "walk": [0.0] * len(logged), "max_step_scale": 1.0, "max_weight": 1.0}
     monkeypatch.setattr(llm_queries, "run_from", fake_run)
-    args = llm_queries.parse_args(["--sets", "--tiny", "llama", "--grid-seeds", "2", "--seeds", "2", "--tiny-cells", "2",
+    args = llm_queries.parse_args(["--sets", "--tiny", "llama", "--grid-seeds", "2", "--seeds", "2",
+                                   "--tiny-cells", "2",
                                    "--targets", "0.5", "--tiny-start", "1e-3", "--tiny-steps", "2000"])
     setting = llm_queries.settings(args)[0]
     out = {"grid": {}, "chosen_lr": {}, "runs": {}}
