@@ -418,3 +418,13 @@ def test_a_redraw_that_fails_in_a_live_notebook_is_shown_in_the_readout_not_rais
     buttons = next(row.buttons for row in board.children if hasattr(row, "buttons"))
     buttons["defaults"].click()                                            # a preset redraws: the message goes
     assert "Could not redraw" not in board.readout.value and board.readout.value
+
+
+@pytest.mark.parametrize("flagged", ["13", [1.5], [torch.tensor(1.5)]])
+def test_detector_precision_refuses_flagged_that_are_not_example_indices(flagged):
+    """"13" was read as the examples {1, 3} and 1.5 as example 1: a precision of another set."""
+    from sazo_lite.course.widgets import llm
+
+    with pytest.raises(ValueError, match="Invalid flagged"):
+        llm.detector_precision([0.1, 5.0, 3.0, 0.2], flagged=flagged, k=2)
+    assert llm.detector_precision([0.1, 5.0, 3.0, 0.2], flagged=torch.tensor([1, 3]), k=2) == 0.5

@@ -327,7 +327,9 @@ def detector_precision(ranking_scores, flagged, k: int) -> float:
         raise ValueError("Invalid ranking_scores: empty (expected one score per example)")
     if not bool(torch.isfinite(scores).all()):
         raise ValueError("Invalid ranking_scores: inf or NaN (expected finite scores: NaN would rank anywhere)")
-    flagged = set(int(i) for i in flagged)
+    if isinstance(flagged, (str, bytes)):   # "13" read as the examples {1, 3}
+        raise ValueError(f"Invalid flagged: {flagged!r} (expected a sequence of example indices)")
+    flagged = set(check_int("flagged", i.item() if isinstance(i, torch.Tensor) else i) for i in flagged)   # 1.5 read as 1
     if any(not 0 <= i < len(scores) for i in flagged):
         raise ValueError(f"Invalid flagged: {sorted(flagged)} (expected example indices in [0, {len(scores)}))")
     order = torch.argsort(scores, descending=True, stable=True)[:k]
