@@ -428,3 +428,10 @@ def test_detector_precision_refuses_flagged_that_are_not_example_indices(flagged
     with pytest.raises(ValueError, match="Invalid flagged"):
         llm.detector_precision([0.1, 5.0, 3.0, 0.2], flagged=flagged, k=2)
     assert llm.detector_precision([0.1, 5.0, 3.0, 0.2], flagged=torch.tensor([1, 3]), k=2) == 0.5
+
+
+def test_a_least_squares_noise_whose_losses_overflow_is_refused():
+    """noise = 1e300 built a problem whose gradient was inf and whose every gap was NaN."""
+    with pytest.raises(ValueError, match="Invalid noise: 1e\\+300"):
+        problems.LeastSquares(16, 3, noise=1e300)
+    assert math.isfinite(sazo_runs.starting_gap(problems.LeastSquares(16, 3, noise=1e3)))

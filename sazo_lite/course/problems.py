@@ -142,6 +142,9 @@ class LeastSquares(FiniteSumProblem):
         self.targets = self.features @ theta_true + noise * torch.randn(num_examples, generator=g, dtype=torch.float64)
         self.scales = lognormal_scales(num_examples, heterogeneity, g)
         self.responses = self.targets
+        if not bool(torch.isfinite(self.targets ** 2).all()):   # its losses ½s(xᵀθ − y)² overflow float64: NaN gaps
+            raise ValueError(f"Invalid noise: {noise} (the targets' squares leave float64's range; expected a noise "
+                             "level of a few units)")
         weighted = self.features * self.scales[:, None]
         try:
             self.optimum = torch.linalg.solve(weighted.T @ self.features, weighted.T @ self.targets)
