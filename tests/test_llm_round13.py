@@ -1,7 +1,8 @@
 """Round 13 review of the language-model part (sazo_lite.llm): generated tasks and continual sets hold distinct
 prompts and a test split disjoint from train (drawn with replacement, the default yesno task held 53 distinct of
-64 train prompts and 26 test examples also in train), and the first-round cache is keyed by its setup. Each test
-of a fix failed on the code before it."""
+64 train prompts and 26 test examples also in train), the first-round cache is keyed by its setup, and hostile
+inputs to top-block tuning, query races, the losses and the per-example norms. Each test of a fix failed on the
+code before it."""
 from __future__ import annotations
 
 import itertools
@@ -12,13 +13,19 @@ import torch
 
 pytest.importorskip("transformers")
 
-from sazo_lite.llm import full_parameters, tiny_causal_lm
+from sazo_lite.llm import TINY_FAMILIES, add_lora, full_parameters, tiny_causal_lm, trainable_parameters
 from sazo_lite.llm import continual, tasks
 from sazo_lite.llm.continual import GROUPS, SET_NAMES, cached_first_round, make_continual_set
+from sazo_lite.llm.finetune import mean_loss, snapshot
+from sazo_lite.llm.grad_norms import directional_error, full_gradient_norm, grad_norms
+from sazo_lite.llm.losses import TokenBatch, answer_losses, classification_losses
+from sazo_lite.llm.queries import query_run
 from sazo_lite.llm.tasks import DISTINCT_PROMPTS, TASKS, make_task
+from sazo_lite.llm.topblock import TopBlocks, decoder_layers, top_block_parameters, top_layers
 
-from test_llm_round9 import VOCAB                   # the same tiny vocabulary
+from test_llm_round9 import VOCAB, batch, jiggle    # the same tiny batches
 from test_llm_round10 import word_tokenizer         # a tokenizer built in memory
+from test_llm_topblock import lora_top              # LoRA on a tiny model's top block
 
 
 def prompts(examples) -> list[str]:
@@ -194,3 +201,143 @@ def test_a_first_round_cached_for_one_setup_is_not_read_for_another(tmp_path, mo
     assert cached_first_round(again, full_parameters(again), one, tokenizer, key="k", steps=1, progress=False) is True
     assert all(torch.equal(a, b) for a, b in zip(full_parameters(again), full_parameters(model)))
 
+
+# --- 3. per-example norms: the loss asked for, tensors autograd can differentiate, non-empty batches -------------
+def equal_length_batch(n: int = 4, seed: int = 0) -> TokenBatch:
+    """n examples of 5 tokens (no padding: vmap applies), prompts of 3, 2 classes."""
+    g = torch.Generator().manual_seed(seed)
+    ids = [torch.randint(3, VOCAB, (5,), generator=g).tolist() for _ in range(n)]
+    return TokenBatch(ids, [3] * n, 0, torch.randint(0, 2, (n,), generator=g), torch.tensor([5, 9]))
+
+
+def test_vmap_norms_refuse_the_answer_loss_they_returned_the_classification_losss():
+    model = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    params, data = full_parameters(model), equal_length_batch()
+    answer = grad_norms(model, data, params, loss="answer", method="loop")
+    assert not torch.allclose(answer, grad_norms(model, data, params, method="loop"))   # two different losses
+    with pytest.raises(ValueError, match="Invalid method: 'vmap' .*classification"):
+        grad_norms(model, data, params, loss="answer", method="vmap")
+    assert torch.allclose(grad_norms(model, data, params, loss="answer"), answer, rtol=1e-5)   # "auto"
+
+
+def frozen_one(params):
+    params[3].requires_grad_(False)
+    return params
+
+
+@pytest.mark.parametrize("method", ["auto", "linear", "vmap", "loop"])
+@pytest.mark.parametrize("tensors, why", [(lambda ps: [], "no tensors"), (frozen_one, r"params\[3\]")],
+                         ids=["none", "frozen"])
+def test_norms_refuse_no_tensors_or_a_frozen_one_with_a_value_error(method, tensors, why):
+    model = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    params, data = tensors(full_parameters(model)), equal_length_batch()
+    with pytest.raises(ValueError, match=f"Invalid params: .*{why}"):      # torch's RuntimeError from inside
+        grad_norms(model, data, params, method=method)
+    if method == "auto":
+        with pytest.raises(ValueError, match=f"Invalid params: .*{why}"):
+            full_gradient_norm(model, data, params)
+        with pytest.raises(ValueError, match=f"Invalid params: .*{why}"):
+            directional_error(model, data, params, eps=1e-3, draws=1)
+
+
+def test_top_block_norms_refuse_no_tensors_and_a_frozen_adapter():
+    model, params = lora_top("llama")
+    top = TopBlocks(model, equal_length_batch())
+    with pytest.raises(ValueError, match="Invalid params: no tensors"):
+        top.grad_norms([])
+    params[0].requires_grad_(False)
+    with pytest.raises(ValueError, match=r"Invalid params: .*params\[0\]"):
+        top.grad_norms(params, method="loop")
+
+
+def test_norms_check_chunk_whichever_way_runs():
+    model = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    with pytest.raises(ValueError, match="Invalid chunk: 0"):           # the loop ignored it
+        grad_norms(model, equal_length_batch(), full_parameters(model), method="loop", chunk=0)
+
+
+def test_a_mean_over_no_examples_is_refused():
+    model = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    empty = TokenBatch([], [], 0, torch.zeros(0, dtype=torch.long), torch.tensor([5, 9]))
+    with pytest.raises(ValueError, match="Invalid batch: no examples"):     # was 0.0
+        full_gradient_norm(model, empty, full_parameters(model))
+    with pytest.raises(ValueError, match="Invalid batch: no examples"):     # was a ZeroDivisionError
+        mean_loss(model, empty)
+    assert grad_norms(model, empty, full_parameters(model)).shape == (0,)   # the norms of no examples: none
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_norms_equal_autograd_per_example_on_random_inputs_with_repeated_unsorted_indices(family):
+    model = add_lora(tiny_causal_lm(family, vocab_size=VOCAB, seed=2), rank=2)
+    params = trainable_parameters(model)
+    jiggle(params, 0.2)
+    plain = batch(6, seed=5)              # 3 … 7 tokens, padded; the answer: the last two tokens
+    data = TokenBatch(plain.ids, [len(r) - 2 for r in plain.ids], 0, plain.labels, plain.label_ids)
+    order = [5, 0, 0, 3, 1]
+    for loss, fn in [("classification", classification_losses), ("answer", answer_losses)]:
+        exact = torch.tensor([sum(float(g.double().pow(2).sum()) for g in torch.autograd.grad(
+            fn(model, data, [i], grad=True).sum(), params, allow_unused=True) if g is not None) ** 0.5
+            for i in order], dtype=torch.float64)
+        for method in ("auto", "linear", "loop"):
+            assert torch.allclose(grad_norms(model, data, params, loss=loss, indices=order, method=method), exact,
+                                  rtol=1e-5, atol=1e-7), (loss, method)
+
+
+# --- 4. query races: settings named as query_run names them, a test split that can be scored ----------------------
+@pytest.fixture
+def tiny_race():
+    model, params = lora_top("llama")
+    return model, params, TopBlocks(model, batch(6))
+
+
+@pytest.mark.parametrize("settings, name", [(dict(sampler="oracle", oracle_every=0), "oracle_every"),
+                                            (dict(sampler="oracle", oracle_mix=1.5), "oracle_mix"),
+                                            (dict(walk_bound=0.0), "walk_bound"), (dict(step_cap=-1.0), "step_cap")])
+def test_query_run_names_its_own_arguments_before_moving_anything(tiny_race, settings, name):
+    model, params, top = tiny_race
+    saved = snapshot(params)
+    settings = {"sampler": "uniform", **settings}
+    with pytest.raises(ValueError, match=f"Invalid {name}:"):    # was "every", "mix", "radius", "kappa"
+        query_run(model, params, top, settings.pop("sampler"), lr=1e-2, steps=2, log_every=1, **settings)
+    assert all(torch.equal(p, s) for p, s in zip(params, saved))
+
+
+def test_query_run_refuses_an_empty_test_split_before_the_run_not_after_it(tiny_race):
+    model, params, top = tiny_race
+    empty = TokenBatch([], [], 0, torch.zeros(0, dtype=torch.long), torch.tensor([5, 9]))
+    saved = snapshot(params)
+    with pytest.raises(ValueError, match="Invalid test_batch: no examples"):
+        query_run(model, params, top, "uniform", lr=1e-2, steps=3, log_every=1, test_batch=empty)
+    assert all(torch.equal(p, s) for p, s in zip(params, saved))        # the whole run had been made
+
+
+# --- 5. top-block tuning: every block, one-token prompts, three label words ---------------------------------------
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+@pytest.mark.parametrize("mode", ["lora", "all"])
+def test_every_block_tuned_on_one_token_prompts_equals_the_full_model(family, mode):
+    base = tiny_causal_lm(family, vocab_size=VOCAB, seed=1)
+    every = len(decoder_layers(base))
+    model = add_lora(base, rank=2, layers=top_layers(base, every)) if mode == "lora" else base
+    params = trainable_parameters(model) if mode == "lora" else top_block_parameters(model, every)
+    jiggle(params, 0.3)
+    g = torch.Generator().manual_seed(4)
+    ids = [torch.randint(3, VOCAB, (length,), generator=g).tolist() for length in (1, 1, 4, 1, 6)]
+    data = TokenBatch(ids, [len(r) for r in ids], 0, torch.tensor([0, 2, 1, 1, 2]), torch.tensor([5, 9, 11]))
+    top = TopBlocks(model, data, blocks=every)
+    order = [3, 0, 0, 4, 1]
+    assert torch.allclose(top(order), classification_losses(model, data, order), atol=1e-5, rtol=0)
+    assert torch.allclose(top.grad_norms(params), grad_norms(model, data, params), rtol=1e-4)
+    for bad in (0, every + 1):
+        with pytest.raises(ValueError, match=f"Invalid blocks: {bad} .*\\[1, {every}\\]"):
+            TopBlocks(model, data, blocks=bad)
+
+
+@pytest.mark.parametrize("settings, name", [(dict(vocab_size=0), "vocab_size"), (dict(vocab_size=2), "vocab_size"),
+                                            (dict(vocab_size=1.5), "vocab_size"), (dict(seed=2 ** 70), "seed"),
+                                            (dict(seed=1.5), "seed")])
+def test_tiny_models_refuse_a_vocabulary_without_their_special_ids_and_a_seed_torch_cannot_take(settings, name):
+    # 0 was an IndexError from inside the model's init, 2 a model whose EOS id 2 was past its vocabulary,
+    # 2**70 torch's bare "Overflow when unpacking long long"
+    with pytest.raises(ValueError, match=f"Invalid {name}:"):
+        tiny_causal_lm("llama", **settings)
+    assert tiny_causal_lm("llama", vocab_size=3).get_input_embeddings().num_embeddings == 3

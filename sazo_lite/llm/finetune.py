@@ -44,6 +44,8 @@ class FinetuneRun:
 def mean_loss(model, batch: TokenBatch, *, chunk: int = 32, autocast_dtype=None) -> float:
     """F(θ) = mean per-example classification loss over a whole split."""
     chunk = check_count("chunk", chunk)         # -1: no chunk ran and F was 0.0
+    if len(batch) == 0:                         # the mean over no examples: a ZeroDivisionError
+        raise ValueError("Invalid batch: no examples")
     total = 0.0
     for start in range(0, len(batch), chunk):
         indices = list(range(start, min(start + chunk, len(batch))))

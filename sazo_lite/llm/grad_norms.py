@@ -58,9 +58,23 @@ def example_losses(model, batch: TokenBatch, loss: str = "classification") -> Ca
     return lambda indices: fn(model, batch, [int(i) for i in indices], grad=True)
 
 
+def _differentiable(params) -> list[torch.Tensor]:
+    """``params`` as a list, refused (ValueError) when empty or holding a tensor autograd cannot differentiate
+    by: torch's RuntimeError ("`inputs` argument to `grad()` cannot be empty", "One of the differentiated
+    Tensors does not require grad") came from inside the first backward."""
+    params = list(params)
+    if not params:
+        raise ValueError("Invalid params: no tensors (expected the tuned tensors, e.g. trainable_parameters(model))")
+    frozen = [k for k, p in enumerate(params) if not (isinstance(p, torch.Tensor) and p.requires_grad)]
+    if frozen:
+        raise ValueError(f"Invalid params: {len(frozen)} of {len(params)} (e.g. params[{frozen[0]}]) are not tensors "
+                         "that require grad; backprop gives them no gradient (call requires_grad_(True) on them)")
+    return params
+
+
 def loop_grad_norms(losses: Callable, params, indices) -> torch.Tensor:
     """‖∇f_i‖ for each index, one backward per example: float64 [len(indices)] (reference)."""
-    params = list(params)
+    params = _differentiable(params)
     out = []
     for i in indices:
         grads = _grads(losses([int(i)]).sum(), params)
@@ -154,7 +168,7 @@ def linear_grad_norms(model, losses: Callable, params, indices, *, chunk: int = 
     Returns:
         float64 [len(indices)].
     """
-    params = list(params)
+    params = _differentiable(params)
     chunk = check_count("chunk", chunk)
     owners = linear_modules_for(model, params, subclasses=True)      # a subclass's output is checked at each call
     if owners is None:
@@ -266,7 +280,7 @@ def vmap_grad_norms(model, batch: TokenBatch, params, indices=None, *, max_bytes
     if len({len(batch.ids[i]) for i in indices}) > 1:
         raise ValueError("Invalid batch: vmap_grad_norms needs examples of one length (no padding)")
     names = {id(p): name for name, p in model.named_parameters()}
-    params = list(params)
+    params = _differentiable(params)
     if any(id(p) not in names for p in params):
         raise ValueError("Invalid params: every tensor must be a parameter of the model")
     tuned = {names[id(p)]: p.detach() for p in params}
@@ -320,7 +334,11 @@ def grad_norms(model, batch: TokenBatch, params, *, loss: str = "classification"
     """
     if method not in ("auto", "linear", "vmap", "loop"):
         raise ValueError(f"Invalid method: {method!r} (expected 'auto', 'linear', 'vmap' or 'loop')")
-    params = list(params)
+    if method == "vmap" and loss != "classification":     # it returned the classification loss's norms
+        raise ValueError(f"Invalid method: 'vmap' differentiates the classification loss only (loss={loss!r}); "
+                         "use 'auto', 'linear' or 'loop'")
+    params = _differentiable(params)
+    chunk = check_count("chunk", chunk)       # checked whichever way runs (the loop ignored chunk=0)
     indices = range(len(batch)) if indices is None else _checked(indices, len(batch))
     losses = example_losses(model, batch, loss)
     if method == "vmap":
@@ -341,9 +359,11 @@ def grad_norms(model, batch: TokenBatch, params, *, loss: str = "classification"
 
 def full_gradient_norm(model, batch: TokenBatch, params, *, loss: str = "classification", chunk: int = 16) -> float:
     """‖∇F(θ)‖ for F = mean_i f_i over the tuned tensors, by backprop (chunked; float64 accumulation)."""
-    params = list(params)
+    params = _differentiable(params)
     chunk = check_count("chunk", chunk)
     losses = example_losses(model, batch, loss)
+    if len(batch) == 0:         # the mean over no examples: it read 0.0
+        raise ValueError("Invalid batch: no examples")
     total = [torch.zeros_like(p, dtype=torch.float64) for p in params]
     n = len(batch)
     for start in range(0, n, chunk):
@@ -372,7 +392,7 @@ def directional_error(model, batch: TokenBatch, params, *, eps: float, draws: in
         raise ValueError(f"Invalid loss: {loss!r} (expected one of {sorted(LOSSES)})")
     eps = check_number("eps", eps, 0.0, closed_low=False)      # 0: every δ was 0/0 = nan
     draws = check_count("draws", draws)                         # 0: the mean over no draws was nan
-    params = list(params)
+    params = _differentiable(params)
     indices = list(range(len(batch))) if indices is None else _checked(indices, len(batch))   # not int(1.5)
     fn = LOSSES[loss]
     grad_losses = example_losses(model, batch, loss)

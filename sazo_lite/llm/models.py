@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from ..validation import check_int, check_seed
+
 __all__ = ["cache_dir", "package_dir", "smollm2_gguf_path", "minilm_dir", "load_smollm2",
            "load_minilm", "load_causal_lm", "default_device", "tiny_causal_lm", "TINY_FAMILIES"]
 
@@ -232,6 +234,9 @@ def tiny_causal_lm(family: str = "llama", *, vocab_size: int = 128, seed: int = 
 
     if family not in _TINY:
         raise ValueError(f"Invalid family: {family!r} (expected one of {TINY_FAMILIES})")
+    # the pad, BOS and EOS ids 0, 1, 2 must be words (0 was an IndexError inside the model's init, 2 a model
+    # whose EOS id was past its vocabulary); a seed past torch's range was its bare "Overflow"
+    vocab_size, seed = check_int("vocab_size", vocab_size, 3), check_seed("seed", seed)
     class_name, sizes = _TINY[family]
     config = getattr(transformers, class_name)(vocab_size=vocab_size, pad_token_id=0, bos_token_id=1,
                                                eos_token_id=2, **sizes)

@@ -380,6 +380,8 @@ def _check_run_settings(lr, test_batch, accuracy_at, stop_fraction, diagnose, di
     ZeroDivisionError) or never (accuracy_at=1.7 read as 1, a negative stop_fraction or diverge_factor)."""
     if test_batch is not None and not isinstance(test_batch, (TokenBatch, TopBlocks)):
         raise ValueError(f"Invalid test_batch: {type(test_batch).__name__} (expected a TokenBatch or a TopBlocks)")
+    if test_batch is not None and len(test_batch) == 0:     # its accuracy raised once the whole run had been made
+        raise ValueError("Invalid test_batch: no examples")
     if accuracy_at is not None and (test_batch is None or isinstance(accuracy_at, bool)):
         raise ValueError(f"Invalid accuracy_at: {accuracy_at} (a query count ≥ 1, with a test_batch)")
     if accuracy_at is not None:
@@ -396,6 +398,17 @@ def _check_run_settings(lr, test_batch, accuracy_at, stop_fraction, diagnose, di
     if walk_pull is not None and isinstance(lr, numbers.Real) and check_real("walk_pull", walk_pull) * lr * top >= 1:
         raise ValueError(f"Invalid walk_pull: lr·strength = {walk_pull * lr * top:g} ≥ 1 at the largest rate "
                          f"(lr × {top:g}) would carry θ past θ₀ (expected lr·walk_pull < 1)")
+
+
+def _check_handed_on(sampler, oracle_every, oracle_mix, walk_bound, step_cap) -> None:
+    """The settings query_run hands to the oracle's norms and the walk rules, checked under query_run's names
+    (they were refused as RefreshingNorms' "every" and "mix", WalkBound's "radius", StepCap's "kappa")."""
+    if sampler == "oracle":
+        check_int("oracle_every", oracle_every, 1)
+        check_number("oracle_mix", oracle_mix, 0.0, 1.0)
+    for name, value in (("walk_bound", walk_bound), ("step_cap", step_cap)):
+        if value is not None:
+            check_number(name, value, 0.0, closed_low=False)
 
 
 def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr: float, eps: float = 1e-3,
@@ -446,6 +459,7 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
     """
     _check_sampler(sampler, len(train_batch))
     _check_run_settings(lr, test_batch, accuracy_at, stop_fraction, diagnose, diverge_factor, walk_pull, step_rule)
+    _check_handed_on(sampler, oracle_every, oracle_mix, walk_bound, step_cap)
     diagnose = int(diagnose)
     n = len(train_batch)
     params = check_params_in(train_batch.model if model is None and isinstance(train_batch, TopBlocks) else model,
