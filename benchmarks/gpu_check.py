@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.cli import machine
+from benchmarks.cli import check_folder, machine
 from sazo_lite.atomic import write_text
 from sazo_lite.engine import MeZO
 from sazo_lite.kernels import TritonNoise, triton_available, triton_direction
@@ -83,13 +83,14 @@ def main(argv=None) -> dict:
                                      epilog="Writes benchmarks/results/gpu_check.json, or $OUT/gpu_check.json when "
                                             "OUT is set.")
     parser.parse_args(argv)      # no options: --help answers, a stray argument is refused, before any CUDA work
+    target = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
+    check_folder(parser, "$OUT", target)     # a file, or a place where nothing can be written: before the GPU work
     usable, reason = triton_available()
     if not torch.cuda.is_available() or not usable:
         raise SystemExit(f"gpu_check needs a CUDA device and triton ({reason})")
     device = torch.device("cuda")
     result = {"device": torch.cuda.get_device_name(), "correctness": check_correctness(device),
               "timing": check_timing(device), "machine": machine()}
-    target = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
     target.mkdir(parents=True, exist_ok=True)
     write_text(target / "gpu_check.json", json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))

@@ -412,3 +412,16 @@ def test_llm_ratios_and_intervals_are_the_plain_medians_and_bootstrap(uniform, s
     else:
         low, high = median_ratio_interval(uniform, sazo)
         assert text == f"{f'{expected:.2f}' if expected else '–'} [{low:.2f}–{high:.2f}]"
+
+
+def test_gpu_check_refuses_an_out_that_is_a_file_before_any_cuda_work(monkeypatch, capsys, tmp_path):
+    """OUT naming a file was found only after the GPU checks had run (a FileExistsError at the end: the device
+    time spent, nothing kept). Now a usage error first."""
+    from benchmarks import gpu_check
+    from test_bench_cli import refused
+
+    taken = tmp_path / "out"
+    taken.write_text("")
+    monkeypatch.setenv("OUT", str(taken))
+    monkeypatch.setattr(gpu_check, "triton_available", lambda: pytest.fail("the GPU work started"))
+    refused(capsys, lambda: gpu_check.main([]), "$OUT", "is a file")
