@@ -46,9 +46,10 @@ are the Trainer's own. What differs:
   dict's key), a loss that is not one float per example. Each step, before its first pass, an
   example the collator refuses, a token id beyond the model's embeddings and (default loss) a label id
   outside [0, V) other than −100 are refused (``ValueError``) naming the train_dataset indices and
-  the step. The logged training loss is mean_k(w_k·(f_k(θ+εz) + f_k(θ−εz))/2); ``eval_loss`` is mean_i f_i over the eval set, averaged in float32 (not the
-  token-weighted mean; under data parallel the Trainer pads the last eval batch of each rank, so it
-  is exact only when the eval set fills whole batches on every rank). The model is called without
+  the step. The logged training loss is mean_k(w_k·(f_k(θ+εz) + f_k(θ−εz))/2); ``eval_loss`` is
+  mean_i f_i over the eval set, averaged in float32 (not the token-weighted mean; under data
+  parallel the Trainer pads the last eval batch of each rank, so it is exact only when the eval set
+  fills whole batches on every rank). The model is called without
   labels, so a tuple or tensor it returns holds no loss: ``compute_loss`` puts the loss in front
   (the Trainer's convention), so ``predict`` and ``compute_metrics`` get the model's whole outputs. Without
   a ``train_dataset`` a model with nothing trainable may be evaluated (training it is refused).
@@ -738,7 +739,8 @@ class ZOTrainer(Trainer):
         if self.per_example_loss is not _causal_lm_loss:
             return self.per_example_loss(outputs, inputs)
         logits = _logits(outputs)
-        _check_label_ids(logits.shape[-1] if isinstance(logits, torch.Tensor) else None, inputs["labels"], examples, step)
+        classes = logits.shape[-1] if isinstance(logits, torch.Tensor) else None
+        _check_label_ids(classes, inputs["labels"], examples, step)
         if _unshifted(net):
             return _unshifted_loss(outputs, inputs)
         skip = _virtual_tokens(net)
@@ -1184,7 +1186,8 @@ def _unshifted_loss(outputs, inputs) -> torch.Tensor:
     """The default per_example_loss where logits at t score label t (no causal shift; ``_unshifted``),
     through ``causal_lm_losses`` on one more logit position and one more ignored label."""
     logits, labels = _logits(outputs), inputs["labels"]
-    return causal_lm_losses(torch.cat((logits, logits[:, -1:]), 1), torch.nn.functional.pad(labels, (1, 0), value=IGNORE))
+    labels = torch.nn.functional.pad(labels, (1, 0), value=IGNORE)
+    return causal_lm_losses(torch.cat((logits, logits[:, -1:]), 1), labels)
 
 
 def _is_encoder_decoder(model) -> bool:
@@ -1203,7 +1206,8 @@ def _unshifted(model) -> bool:
 def _unshifted_classes() -> frozenset:
     from transformers.models.auto import modeling_auto as auto
 
-    names = {*auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES.values(), *auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES.values()}
+    names = {*auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES.values(),
+             *auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES.values()}
     return frozenset(names - set(auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()))
 
 

@@ -39,7 +39,8 @@ def old_rule(param, master):
 def bits(t):
     """A tensor's bit pattern (−0 compared too), every NaN as one: torch's float16 → float32 casts give
     a NaN other payloads in its vectorised and scalar loops, and nothing reads a payload."""
-    return torch.where(t.isnan(), float("nan"), t).view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+    as_int = {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return torch.where(t.isnan(), float("nan"), t).view(as_int)
 
 
 def random_pair(seed, dtype, master_dtype, shape):

@@ -34,7 +34,8 @@ import torch, sazo_lite
 from sazo_lite.course.labs.guard import Guard
 from sazo_lite.course.labs.worker import run_case
 from sazo_lite.course import problems
-namespace = {"__name__": "__main__", "__builtins__": builtins, "torch": torch, "sazo_lite": sazo_lite, "problems": problems}
+namespace = {"__name__": "__main__", "__builtins__": builtins, "torch": torch, "sazo_lite": sazo_lite,
+             "problems": problems}
 found = []
 modules, names = json.loads(sys.argv[2])
 guard = Guard(modules, names, namespace, lambda name, how, unit=None: found.append([name, how]))
@@ -59,20 +60,24 @@ CLEAN = {   # cell, case: nothing to find
         "", "_s = sazo_lite.SAZOSampler(4, seed=0)\n_i, _w = _s.sample(2)\n_s.update(_i, torch.ones(2))\n"
             "record(_s.probs.tolist())"),
     "a helper of the student's in builtins": (
-        "import builtins as _b\ndef _mine(x):\n    return [2 * v for v in x]\n_b.lab9_f = _mine\n", "record(lab9_f([1.0]))"),
-    "no_grad": ("@torch.no_grad()\ndef lab9_f(x):\n    return torch.as_tensor(x) * 2\n", "record(lab9_f([1.0]).tolist())"),
+        "import builtins as _b\ndef _mine(x):\n    return [2 * v for v in x]\n_b.lab9_f = _mine\n",
+        "record(lab9_f([1.0]))"),
+    "no_grad": ("@torch.no_grad()\ndef lab9_f(x):\n    return torch.as_tensor(x) * 2\n",
+                "record(lab9_f([1.0]).tolist())"),
     "inference_mode": ("@torch.inference_mode()\ndef lab9_f(x):\n    return torch.as_tensor(x) * 2\n",
                        "record(lab9_f([1.0]).tolist())"),
     "lru_cache": ("import functools\n@functools.lru_cache\ndef lab9_f(x):\n    return x * 2\n", "record(lab9_f(2))"),
     "a callable object of the student's class": ("class _Double:\n    def __call__(self, x):\n        return x * 2\n"
                                                  "lab9_f = _Double()\n", "record(lab9_f(2))"),
     "functools.partial of the student's function": ("import functools\ndef _scaled(x, scale):\n    return x * scale\n"
-                                                    "lab9_f = functools.partial(_scaled, scale=2)\n", "record(lab9_f(2))"),
+                                                    "lab9_f = functools.partial(_scaled, scale=2)\n",
+                                                    "record(lab9_f(2))"),
     "a method of the student's class under no_grad": (
         "class Lab9K(sazo_lite.Sampler):\n    @torch.no_grad()\n    def twice(self, x):\n        return 2 * x\n",
         "record(Lab9K(2).twice(3))"),
     "a decorator of the student's": ("import functools\ndef _log(f):\n    @functools.wraps(f)\n    def inner(*a):\n"
-                                     "        return f(*a)\n    return inner\n@_log\ndef lab9_f(x):\n    return x * 2\n",
+                                     "        return f(*a)\n    return inner\n"
+                                     "@_log\ndef lab9_f(x):\n    return x * 2\n",
                                      "record(lab9_f(2))"),
 }
 ROADS = {   # cell, case, what must be found: (name, how) in the calls reported, the definition check's hows
@@ -86,10 +91,12 @@ ROADS = {   # cell, case, what must be found: (name, how) in the calls reported,
     "a method set on the student's class while the case runs": (
         "class Lab9K(sazo_lite.Sampler):\n    def __init__(self, n):\n        super().__init__(n)\n"
         f"        type(self).mix = staticmethod({HIDDEN.format(name='mix_with_uniform')})\n",
-        "_k = Lab9K(4)\nrecord(_k.mix(torch.ones(4) / 4, 0.5).tolist())", ("sazo_lite.variance.mix_with_uniform", "called"),
+        "_k = Lab9K(4)\nrecord(_k.mix(torch.ones(4) / 4, 0.5).tolist())",
+        ("sazo_lite.variance.mix_with_uniform", "called"),
         None),
     "a dunder of the student's objects that Python calls for the case": (
-        f"class _P(list):\n    __lt__ = {HIDDEN.format(name='tv_distance')}\nlab9_data = [_P([0.5, 0.5]), _P([1.0, 0.0])]\n",
+        f"class _P(list):\n    __lt__ = {HIDDEN.format(name='tv_distance')}\n"
+        "lab9_data = [_P([0.5, 0.5]), _P([1.0, 0.0])]\n",
         "record(len(sorted(lab9_data)))", ("sazo_lite.variance.tv_distance", "called"), None),
     "functools.partial of a library function": (
         "import functools\nlab9_f = functools.partial(sazo_lite.variance.mix_with_uniform, torch.ones(2) / 2)\n",
@@ -99,14 +106,16 @@ ROADS = {   # cell, case, what must be found: (name, how) in the calls reported,
         f"class _Mix:\n    __call__ = staticmethod({HIDDEN.format(name='mix_with_uniform')})\nlab9_f = _Mix()\n",
         "record(lab9_f(torch.ones(2) / 2, 0.5).tolist())", ("sazo_lite.variance.mix_with_uniform", "called"), None),
     "a library function under no_grad as a method of the student's class": (
-        "class Lab9K(sazo_lite.Sampler):\n    mix = staticmethod(torch.no_grad()(sazo_lite.variance.mix_with_uniform))\n",
+        "class Lab9K(sazo_lite.Sampler):\n"
+        "    mix = staticmethod(torch.no_grad()(sazo_lite.variance.mix_with_uniform))\n",
         "record(Lab9K(2).mix(torch.ones(2) / 2, 0.5).tolist())", ("sazo_lite.variance.mix_with_uniform", "called"),
         "Lab9K uses it"),
     "no_grad around a library function": (
         "lab9_f = torch.no_grad()(sazo_lite.variance.oracle_probs)\n", "record(lab9_f([1.0]).tolist())",
         ("sazo_lite.variance.oracle_probs", "called"), "lab9_f is not defined in your notebook"),
     "no_grad around a library function, __wrapped__ pointed at the student's": (
-        "def _mine(x):\n    return x\nlab9_f = torch.no_grad()(sazo_lite.variance.oracle_probs)\nlab9_f.__wrapped__ = _mine\n",
+        "def _mine(x):\n    return x\n"
+        "lab9_f = torch.no_grad()(sazo_lite.variance.oracle_probs)\nlab9_f.__wrapped__ = _mine\n",
         "record(lab9_f([1.0]).tolist())", ("sazo_lite.variance.oracle_probs", "called"), "lab9_f uses it"),
     # the names that stand for the method's class are the guard's, taken before the student's code ran: a class the
     # student makes (named like the case's, in a library module's name) or a module registered under a library
@@ -158,8 +167,9 @@ def test_a_library_object_the_student_put_in_the_cases_way_is_reported(guarded, 
 
 CLOSURE_GADGET = ("class _P(problems.FiniteSumProblem):\n    pass\n\n"
                   "def lab9_f(norms, probs):\n"
-                  "    _P.losses = staticmethod(getattr(getattr(sazo_lite, 'vari' + 'ance'), 'sampling_' + 'variance'))\n"
-                  "    return _P().closure(norms, probs)()   # problems' own lambda calls self.losses(theta, indices)\n")
+                  "    _P.losses = staticmethod(getattr(getattr(sazo_lite, 'vari' + 'ance'),\n"
+                  "                                     'sampling_' + 'variance'))\n"
+                  "    return _P().closure(norms, probs)()   # problems' lambda: self.losses(theta, indices)\n")
 
 
 def test_documented_gap_an_allowed_library_function_handed_a_forbidden_one_calls_it_uncharged():
@@ -217,7 +227,8 @@ _placeholder_v, _placeholder_o = lab2_sampling_variance, lab2_oracle_probs
 '''
 DECORATED = {"def lab2_weights": ("def lab2_weights", "import functools\n\n\n@torch.no_grad()\ndef lab2_weights"),
              "def lab2_is_estimate": ("def lab2_is_estimate", "@torch.inference_mode()\ndef lab2_is_estimate"),
-             Q3_CELL: ("def lab2_oracle_probs", "@functools.lru_cache(maxsize=None)   # pure: memoised\ndef lab2_oracle_probs")}
+             Q3_CELL: ("def lab2_oracle_probs",
+                       "@functools.lru_cache(maxsize=None)   # pure: memoised\ndef lab2_oracle_probs")}
 
 
 def _hand_ins(solution, folder) -> None:
@@ -263,8 +274,9 @@ def test_answers_decorated_the_pytorch_way_keep_full_marks(graded):
 from test_lab_mutants import failed_cases, reference, run_question  # noqa: E402
 
 MUTANTS = {   # (lab, question): [(name, [(old, new)])]: each must fail a case of its question
-    ("lab1", "q1"): [("eps·z rounded to float32", [("plus = f(theta + eps * z)", "plus = f(theta + eps * z.float())"),
-                                                     ("minus = f(theta - eps * z)", "minus = f(theta - eps * z.float())")])],
+    ("lab1", "q1"): [("eps·z rounded to float32", [
+        ("plus = f(theta + eps * z)", "plus = f(theta + eps * z.float())"),
+        ("minus = f(theta - eps * z)", "minus = f(theta - eps * z.float())")])],
     ("lab2", "q2"): [("one fresh generator per repeat", [("lab2_is_estimate(lab2_values, lab2_skewed, 2, lab2_gen)",
                                                           "lab2_is_estimate(lab2_values, lab2_skewed, 2, "
                                                           "torch.Generator().manual_seed(lab_seed))")]),
@@ -339,6 +351,6 @@ def test_no_test_case_names_a_library_object_its_lab_forbids(assigned_labs):
             named |= {part for name in code.co_names for part in name.split(".")}
             codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
         forbidden = sorted(f"{module.__name__}.{attr}" for module in modules for attr, value in vars(module).items()
-                           if attr in named and callable(value) and getattr(value, "__module__", None) == module.__name__
-                           and not guard.is_allowed(value))
+                           if attr in named and callable(value)
+                           and getattr(value, "__module__", None) == module.__name__ and not guard.is_allowed(value))
         assert not forbidden, f"{master.stem}: test cases name library objects the lab forbids: {forbidden}"
