@@ -185,7 +185,8 @@ def parse_notebook(data: bytes, findings: list | None = None):
     """A notebook (nbformat 4, upgraded from older versions) from a hand-in's bytes, read as leniently as
     its cells allow: what only an editor got wrong costs nothing, a cell that cannot run costs that cell.
 
-    A byte-order mark (Windows editors write one) is skipped; a cell's ``source`` as a list of lines (valid
+    The bytes are read in the encoding JSON readers detect (``_json_text``: UTF-8, a byte-order mark skipped, or
+    UTF-16/32); a cell's ``source`` as a list of lines (valid
     nbformat on disk) is joined; a cell that is not an object, has no type, or whose source is neither text
     nor a list of text becomes an empty cell, and ``findings`` (a list, if given) gets one line naming it;
     metadata (the notebook's or a cell's) that is missing or not an object, or tags that are not a list, are
@@ -195,12 +196,13 @@ def parse_notebook(data: bytes, findings: list | None = None):
     import nbformat
 
     found = [] if findings is None else findings
+    text = _json_text(data)
     try:
-        raw = json.loads(data.decode("utf-8-sig"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        raw = json.loads(text)
+    except (ValueError, RecursionError):
         raw = None
     if not isinstance(raw, dict):  # not JSON (or not an object): nbformat's own error says so
-        return nbformat.reads(data.decode("utf-8", "replace"), as_version=4)
+        return nbformat.reads(text, as_version=4)
     if not isinstance(raw.get("metadata"), dict):   # missing or not an object (a notebook a script wrote):
         raw["metadata"] = {}                         # nbformat refuses the file, grading never reads it
     raw["nbformat"] = _format_version(raw)
@@ -214,6 +216,18 @@ def parse_notebook(data: bytes, findings: list | None = None):
             cells[k] = _readable_cell(cell, index, found)
             index += 1
     return nbformat.from_dict(nbformat.reads(json.dumps(raw), as_version=4))
+
+
+def _json_text(data: bytes) -> str:
+    """A hand-in's bytes as text, in the encoding JSON readers detect (Python's ``json``): UTF-8 with or without a
+    byte-order mark, or UTF-16/32 (Windows PowerShell's ``>`` and ``Out-File`` write UTF-16); a byte that does not
+    decode (a comment saved in cp1252) is U+FFFD, as before, and the rest is read as leniently as a UTF-8 file.
+
+    Example:
+        >>> _json_text(b'\\xef\\xbb\\xbf{"a": "caf\\xe9"}'), _json_text('{"a": 1}'.encode("utf-16"))
+        ('{"a": "caf\ufffd"}', '{"a": 1}')
+    """
+    return data.decode(json.detect_encoding(data), "replace").removeprefix("\ufeff")
 
 
 def _format_version(raw: dict) -> int:

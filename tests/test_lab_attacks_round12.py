@@ -1,0 +1,54 @@
+"""Round 12 against the graded labs: hand-ins in other encodings, new mutants.
+
+- A hand-in is JSON, and JSON readers (Python's ``json``, RFC 8259's detection) take UTF-8 with or without a
+  byte-order mark and UTF-16/32. The grader decoded UTF-8 only: a notebook written by Windows PowerShell's ``>``
+  or ``Out-File`` (UTF-16 with a byte-order mark) was "failed" (not JSON), every point lost; so was a notebook
+  with a byte-order mark *and* one byte that is not UTF-8 (a comment saved in cp1252), and a notebook with such
+  a byte lost the lenient reading (no ``nbformat_minor``, a cell without an id: nbformat's AssertionError). Now
+  the bytes are decoded as JSON readers detect them (``grading._json_text``), undecodable bytes as U+FFFD.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sazo_lite.course.labs import grading
+
+SOURCE = "# café: the weights 1/(N p_i)\nlab2_x = 1\n"
+NOTEBOOK = {"cells": [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+                       "source": SOURCE.splitlines(keepends=True)}],
+            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+            "nbformat": 4, "nbformat_minor": 5}
+NO_VERSION = {key: value for key, value in NOTEBOOK.items() if not key.startswith("nbformat")}   # a script wrote it
+ENCODED = {   # name: the hand-in's bytes, the source the grader must read (U+FFFD for a byte that is not UTF-8)
+    "UTF-16 with a byte-order mark (PowerShell's >)": (json.dumps(NOTEBOOK, indent=1).encode("utf-16"), SOURCE),
+    "UTF-16 LE without a mark": (json.dumps(NOTEBOOK).encode("utf-16-le"), SOURCE),
+    "UTF-32": (json.dumps(NOTEBOOK).encode("utf-32"), SOURCE),
+    "a byte-order mark and a cp1252 byte": (b"\xef\xbb\xbf" + json.dumps(NOTEBOOK, ensure_ascii=False).encode("cp1252"),
+                                           SOURCE.replace("é", "\ufffd")),
+    "a cp1252 byte, no nbformat key": (json.dumps(NO_VERSION, ensure_ascii=False).encode("cp1252"),
+                                       SOURCE.replace("é", "\ufffd")),
+    "a cp1252 byte, no metadata": (json.dumps({k: v for k, v in NOTEBOOK.items() if k != "metadata"},
+                                              ensure_ascii=False).encode("cp1252"), SOURCE.replace("é", "\ufffd")),
+}
+
+
+@pytest.mark.parametrize("name", ENCODED)
+def test_a_hand_in_in_another_json_encoding_is_read(tmp_path, name):
+    """Before: each raised (NotJSONError, nbformat's ValidationError) and the hand-in scored 0, "failed"; without an
+    nbformat key, nbformat read it as version 1 and dropped its code (every cell empty: 0, status "ok")."""
+    data, source = ENCODED[name]
+    path = tmp_path / "alice.ipynb"
+    path.write_bytes(data)
+    findings = []
+    notebook = grading.read_notebook(path, findings)
+    assert [cell.source for cell in notebook.cells] == [source] and findings == []
+
+
+def test_what_is_not_a_notebook_in_any_encoding_still_fails_with_nbformats_reason(tmp_path):
+    for data in ("not json".encode("utf-16"), b"\xff\xfe\x00"):
+        path = tmp_path / "x.ipynb"
+        path.write_bytes(data)
+        with pytest.raises(ValueError, match="not appear to be JSON"):   # nbformat's NotJSONError
+            grading.read_notebook(path)
