@@ -474,7 +474,16 @@ class GaussianTable(_Threaded):
 
     def _apply_one(self, job: Job, slot: int) -> None:
         p = job.param
-        if any(perturbation != "gaussian" for _, _, perturbation in job.terms()):
+        terms = job.terms()
+        if len({perturbation for _, _, perturbation in terms}) > 1:
+            # a folded job whose group's perturbation was changed between steps: each term from its own z (all
+            # of it through the signs' source drew the Gaussian term from randn, not the table the step used)
+            shrink = job.shrink
+            for seed, coefficient, perturbation in terms:
+                self._apply_one(Job(p, seed, coefficient, shrink, perturbation), slot)
+                shrink = 1.0
+            return
+        if terms[0][2] != "gaussian":
             self._signs._apply_one(job, slot)
             return
         if not p.is_contiguous():
