@@ -6,6 +6,9 @@
   with a byte-order mark *and* one byte that is not UTF-8 (a comment saved in cp1252), and a notebook with such
   a byte lost the lenient reading (no ``nbformat_minor``, a cell without an id: nbformat's AssertionError). Now
   the bytes are decoded as JSON readers detect them (``grading._json_text``), undecodable bytes as U+FFFD.
+- An answer cell that assigns a magic's value (``_t = %timeit -o lab2_f(x)``, ``y = %time f()``, ``files = !ls``:
+  IPython assigns what the magic returns) was left as it was, did not parse, and none of it ran: the functions it
+  defined were missing and the question scored 0. Now ``%time``'s value is its expression's, the others' None.
 """
 from __future__ import annotations
 
@@ -52,3 +55,25 @@ def test_what_is_not_a_notebook_in_any_encoding_still_fails_with_nbformats_reaso
         path.write_bytes(data)
         with pytest.raises(ValueError, match="not appear to be JSON"):   # nbformat's NotJSONError
             grading.read_notebook(path)
+
+
+ASSIGNED_MAGICS = """def lab2_weights(probs, indices):
+    return 1.0 / (len(probs) * probs[indices])
+_t = %timeit -o lab2_weights(torch.ones(4) / 4, torch.tensor([0, 1]))
+lab2_w = %time lab2_weights(torch.ones(4) / 4, torch.tensor([0, 1]))
+files = !ls
+lab2_a, lab2_b = %time 1, 2
+"""
+
+
+def test_a_magic_whose_value_is_assigned_keeps_the_cell():
+    """Before: the cell did not parse and nothing in it ran (lab2_weights missing: the question scored 0)."""
+    import torch
+
+    plain = grading.without_magics(ASSIGNED_MAGICS)
+    namespace = {"torch": torch}
+    exec(compile(plain, "<cell 1>", "exec"), namespace)
+    assert namespace["lab2_w"].tolist() == [1.0, 1.0] and namespace["_t"] is None and namespace["files"] is None
+    assert (namespace["lab2_a"], namespace["lab2_b"]) == (1, 2)
+    assert len(plain.splitlines()) == len(ASSIGNED_MAGICS.splitlines())   # tracebacks keep the cell's line numbers
+    assert {"lab2_weights", "lab2_w"} <= grading.bound_names(plain)        # where a rule finding in it counts

@@ -528,6 +528,8 @@ def _imports_otter(node) -> bool:
 _CELL_MAGIC = re.compile(r"\A(\s*)%%(?:time|capture)\b[^\n]*")       # run their body as Python, once
 _OTHER_CELL_MAGIC = re.compile(r"\A\s*%%\w+")   # %%timeit (its body's names do not persist), %%bash, %%html, ...
 _LINE_MAGIC = re.compile(r"^([ \t]*)(?:%(\w+)[ \t]?|!)(.*)$", re.M)   # %time stmt, %matplotlib inline, !pip ...
+# x = %time f(), t = %timeit -o f(), files = !ls: IPython assigns what the magic returns
+_ASSIGNED_MAGIC = re.compile(r"^([ \t]*[\w.]+(?:[ \t]*,[ \t]*[\w.]+)*[ \t]*=[ \t]*)(?:%(\w+)[ \t]?|!)(.*)$", re.M)
 _HELP = re.compile(r"^([ \t]*)(?:\?{1,2}[\w.]+|[\w.]+\?{1,2})[ \t]*(?=\r?$)", re.M)   # torch.randn? ??lab2_f: help
 
 
@@ -538,18 +540,22 @@ def without_magics(source: str) -> str:
     ``%%time`` or ``%%capture`` goes (the body runs); any other cell magic (``%%timeit``, whose body's
     names do not outlive it; ``%%bash``, ``%%html``: not Python) makes the whole cell do nothing; a line
     ``%time stmt`` runs ``stmt``; any other ``%magic`` line or ``!command`` line does nothing (``pass``:
-    programs do not run in the sandbox), and so does a help line (``torch.randn?``, ``??f``). Line numbers
-    stay. Where it still does not parse, the cell fails as it did.
+    programs do not run in the sandbox), and so does a help line (``torch.randn?``, ``??f``). A magic whose
+    value is assigned (``y = %time expr``, ``t = %timeit -o f()``, ``files = !ls``) assigns ``expr`` for
+    ``%time`` and None for the others. Line numbers stay. Where it still does not parse, the cell fails as it did.
 
     Example:
         >>> without_magics("%%time\\nx = 1\\n%time y = 2\\n%matplotlib inline\\n!pip install torch")
         '\\nx = 1\\ny = 2\\npass\\npass'
+        >>> without_magics("y = %time 1 + 1\\nt = %timeit -o y + 1\\nfiles = !ls")
+        'y = 1 + 1\\nt = None\\nfiles = None'
     """
     if parsed_or_none(source) is not None:
         return source
     if _OTHER_CELL_MAGIC.match(source) and not _CELL_MAGIC.match(source):
         return "\n".join("pass" for _ in source.splitlines())
     plain = _CELL_MAGIC.sub(r"\1", source, count=1)
+    plain = _ASSIGNED_MAGIC.sub(lambda m: m.group(1) + (m.group(3) if m.group(2) == "time" else "None"), plain)
     plain = _LINE_MAGIC.sub(lambda m: m.group(1) + (m.group(3) if m.group(2) == "time" else "pass"), plain)
     plain = _HELP.sub(r"\1pass", plain)
     return plain if parsed_or_none(plain) is not None else source
