@@ -1,0 +1,103 @@
+"""Round 13 on the course layer: what students and instructors see, in fast mode and in class mode.
+
+A sentence of a notebook or a dashboard's caption that is true in one mode only, or of another setting than
+the control it sits under, is a wrong answer that looks right. Each test fails on the code before its fix.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10}
+
+
+def _notebook(name: str) -> dict:
+    return json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text())
+
+
+def _markdown(notebook: dict) -> str:
+    return "\n".join("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "markdown")
+
+
+def _code(notebook: dict) -> str:
+    return "\n".join("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code")
+
+
+def _picked(code: str, name: str) -> dict[str, int]:
+    """{"class": full, "fast": fast} of ``name = ...pick(full, fast)...`` in a notebook's code."""
+    match = re.search(rf"{name}\b[^\n]*?pick\((\d+), (\d+)\)", code)
+    assert match, f"{name} = ...pick(full, fast)... not found in the notebook's code"
+    return {"class": int(match.group(1)), "fast": int(match.group(2))}
+
+
+# -- notebook 05: how many seeds the rates are tuned on ------------------------------------------------------
+
+def test_05_says_how_many_seeds_the_rates_are_tuned_on_in_each_mode():
+    """Race 1's text said "tuned on the first three of the five seeds" without a mode: fast mode tunes on the
+    first two of three (TUNING_SEEDS = pick(3, 2), race1_seeds = range(pick(5, 3)))."""
+    notebook = _notebook("05_the_race")
+    code, text = _code(notebook), _markdown(notebook)
+    tuning, raced = _picked(code, "TUNING_SEEDS"), _picked(code, "race1_seeds")
+    sentences = [s for s in re.split(r"(?<=[.!?])\s+", text) if "tuned on the first" in s]
+    assert sentences, "race 1's text no longer says which seeds tune the rates"
+    for sentence in sentences:
+        stated = {mode: (_WORDS[a], _WORDS[b]) for a, b, mode in
+                  re.findall(r"\b(\w+) of (\w+) in (class|fast) mode", sentence) if a in _WORDS and b in _WORDS}
+        assert set(stated) == {"class", "fast"}, f"each mode's count is not stated: {sentence!r}"
+        for mode, counts in stated.items():
+            assert counts == (tuning[mode], raced[mode]), f"{mode} mode tunes on {tuning[mode]} of {raced[mode]}"
+        assert not re.search(r"first \w+ of the \w+ seeds", sentence), f"a count without its mode: {sentence!r}"
+
+
+# -- notebook 07: the memory calculator's captions ------------------------------------------------------------
+
+def _totals(board) -> tuple[float, float]:
+    bars = [trace.y for trace in board.figures["bars"].data]
+    return sum(b[0] for b in bars), sum(b[1] for b in bars)
+
+
+def test_memory_heads_caption_says_what_the_heads_slider_moves_with_fused_attention():
+    """The caption said heads "only matter for the materialised n_ctx×n_ctx scores"; with fused attention
+    (the default) H still sets the k/v width KV heads·D/H, and the bars move when it changes."""
+    pytest.importorskip("ipywidgets")
+    from sazo_lite.course.widgets import memory as memory_widgets
+
+    board = memory_widgets.memory_dashboard()
+    assert board.controls["attention"].value == "fused"
+    before = _totals(board)
+    board.controls["heads"].value = 8           # Qwen2.5-3B: 16 heads, 2 KV heads → D_kv doubles
+    after = _totals(board)
+    assert "Could not" not in board.readout.value
+    assert after[0] != before[0]                # fused: the heads slider does move the BP bar
+    caption = memory_widgets.CAPTIONS["heads"]
+    assert "only matter for the materialised" not in caption
+    assert "KV heads·D/H" in caption            # what it moves under fused attention, named
+
+
+# -- notebook 04: the χ²₁ dashboard --------------------------------------------------------------------------
+
+def _readout_number(readout: str, label: str) -> float:
+    match = re.search(rf"{label}[^0-9]*([0-9.]+)", re.sub(r"<[^>]+>", "", readout))
+    assert match, f"{label!r} not in the readout {readout!r}"
+    return float(match.group(1))
+
+
+@pytest.mark.parametrize("examples, seed", [(500, 1), (20_000, 0)])
+def test_chi2_readout_gives_one_observations_relative_variance_as_it_gives_the_emas(examples, seed):
+    """"one δ²: relative variance" printed the draws' variance, not var/mean² as for the EMA beside it (and as
+    notebook 04's table): 1.97 for the notebook's 20,000 examples (var/mean² 2.00), 1.64 for 500 at seed 1
+    (2.36)."""
+    pytest.importorskip("ipywidgets")
+    from sazo_lite.course.sazo_runs import ema_of_chi2
+    from sazo_lite.course.widgets import chi2_dashboard
+
+    board = chi2_dashboard(examples=examples, seed=seed)
+    single = ema_of_chi2(examples, observations=1, ema_decay=0.0, seed=seed)
+    shown = _readout_number(board.readout.value, "one δ²: relative variance")
+    assert shown == round(float(single.var() / single.mean() ** 2), 2)
+    board.controls["observations"].value = 1    # an EMA of one observation is that observation: the same figure
+    assert _readout_number(board.readout.value, r"EMA of 1 with β = [0-9.]+:") == shown
