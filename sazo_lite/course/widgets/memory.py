@@ -121,7 +121,8 @@ CAPTIONS = {
     "preset": "Which real model shape? Pick one, then edit its numbers below (→ custom).",
     "layers": "Double the depth L: do the bars double? Does the ratio move?",
     "hidden": "Weights grow like D², activations like D: which bar wins as D grows?",
-    "heads": "Heads only matter for the materialised n_ctx×n_ctx scores: switch attention to see it.",
+    "heads": "H sets the head size D/H. Fused, it changes little: the k/v width KV heads·D/H and one log-sum-exp "
+             "per head; materialised, it adds H·n_ctx scores per token. Switch attention to see the difference.",
     "ffn": "The FFN holds most weights and 4·D_ff of the stored activations per token.",
     "kv_heads": "Grouped-query attention: fewer KV heads → smaller k/v matrices. How much does it save?",
     "context": "Double n_ctx: which bar grows, and by how much? When does the ratio pass 10×?",
