@@ -383,3 +383,73 @@ def test_readme_timings_carry_a_date():
     pilot = stated("README.md", r"(`BENCH_LLM_ARGS=--quick` for a [^)]*)\)")
     assert re.search(r"\d+ s the same day", pilot) and re.search(r"2026-\d\d-\d\d, see \[docs/llm\.md\]",
                                                                   flat(read("README.md")))
+
+
+def _queries_plan(monkeypatch, capsys, argv) -> tuple[str, object]:
+    """(the report file, the cell cache) `python -m benchmarks.queries ARGV` would use, without racing."""
+    from benchmarks import queries
+
+    seen = {}
+
+    def interrupted(*args, **kwargs):
+        seen.update(kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(queries, "run_queries_benchmark", interrupted)
+    with pytest.raises(SystemExit):
+        queries.main(argv)
+    out = re.search(r"(\S+\.json) was not written", capsys.readouterr().err).group(1)
+    return Path(out).name, seen.get("cache")
+
+
+def test_queries_report_files_and_cell_cache(monkeypatch, capsys):
+    """docs/benchmarks.md: a full run writes queries.json, a run of some problems or methods
+    queries_partial.json, --quick its own file; every run but --quick saves its cells in queries_cells/ (the page
+    said a full run did)."""
+    from benchmarks import queries
+
+    text = flat(read("docs/benchmarks.md"))
+    assert "A full run writes `benchmarks/results/queries.json`" in text
+    assert "writes `benchmarks/results/queries_partial.json`" in text
+    assert "every run but a `--quick` one (a full run, alone or inside `make bench`, or a partial one) saves" in text
+    assert "`benchmarks/results/queries_cells/`" in text and queries.CELLS.name == "queries_cells"
+    assert _queries_plan(monkeypatch, capsys, []) == ("queries.json", queries.CELLS)
+    assert _queries_plan(monkeypatch, capsys, ["--problems", "quadratic σ=0"]) == ("queries_partial.json", queries.CELLS)
+    assert _queries_plan(monkeypatch, capsys, ["--methods", "sazo", "uniform"]) == ("queries_partial.json", queries.CELLS)
+    assert _queries_plan(monkeypatch, capsys, ["--quick"]) == ("queries_quick.json", None)
+
+
+def test_vp_ablation_names_no_command_that_lacks_its_variants():
+    """The V(p)/V(p*) ablation said `benchmarks.queries --methods …` has its variants: that command races
+    queries, not V(p), and has neither the 1.5× optimism nor the loss covariate."""
+    from benchmarks.queries import METHODS
+
+    section = flat(read("docs/benchmarks.md").split("#### Ablation in V(p)/V(p*)", 1)[1].split("\n#### ", 1)[0])
+    assert "has the variants" not in section
+    assert "the 1.5× optimism and the loss covariate came from the evening's session scripts" in section
+    assert not any("covariate" in name or "1.5" in name for name in METHODS)
+
+
+def test_past_edge_with_five_seeds():
+    """`with 5 seeds the old rule (a rate alive while at most 2 seeds diverged) and train.past_edge (at least
+    half) lose the same rates`."""
+    train = importlib.import_module("sazo_lite.train")
+
+    assert "`train.past_edge` (at least half)" in flat(read("docs/benchmarks.md"))
+    for diverged in range(6):
+        assert train.past_edge([True] * diverged + [False] * (5 - diverged)) == (diverged > 2)
+    assert train.past_edge([True, False]) and not train.past_edge([True, False, False])
+
+
+def test_which_benchmarks_print_their_date():
+    """`Every benchmark prints the date and the machine with its table …, except` the ones the page names:
+    a benchmark module with a main() that never calls machine()/measured_on() must be among the exceptions, and
+    each exception must really lack them (the page said every benchmark did; dashboard_latency prints no date)."""
+    sentence = stated("docs/benchmarks.md", r"Every benchmark prints the date and the machine (.*?)\. ")
+    excepted = set(re.findall(r"`benchmarks\.(\w+)`", sentence.split("except", 1)[1]))
+    dated = re.compile(r"\bmachine\(\)|measured_on\(|measured_line\(|from \.?\w*\s*import .*\bmachine\b")
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        source = path.read_text()
+        if "def main(" not in source:
+            continue
+        assert bool(dated.search(source)) != (path.stem in excepted), path.stem
