@@ -9,6 +9,11 @@
 - An answer cell that assigns a magic's value (``_t = %timeit -o lab2_f(x)``, ``y = %time f()``, ``files = !ls``:
   IPython assigns what the magic returns) was left as it was, did not parse, and none of it ran: the functions it
   defined were missing and the question scored 0. Now ``%time``'s value is its expression's, the others' None.
+- A timeout the interval timer cannot take (``float("inf")`` or ``1e11`` seconds, meant as "no limit"; the timer
+  takes at most about 9e9) passed ``grade``'s check (> 0): every cell and case then failed with the timer's
+  OverflowError, and where the solutions' reference came from the cache (computed before with the defaults) every
+  hand-in scored 0 with status "ok"; ``True`` was taken as one second. ``grade``, ``grade_all`` and the command line
+  now refuse a timeout that is not a number in (0, 1e8] seconds, naming it.
 """
 from __future__ import annotations
 
@@ -77,3 +82,35 @@ def test_a_magic_whose_value_is_assigned_keeps_the_cell():
     assert (namespace["lab2_a"], namespace["lab2_b"]) == (1, 2)
     assert len(plain.splitlines()) == len(ASSIGNED_MAGICS.splitlines())   # tracebacks keep the cell's line numbers
     assert {"lab2_weights", "lab2_w"} <= grading.bound_names(plain)        # where a rule finding in it counts
+
+
+@pytest.mark.parametrize("name,value", [("cell_timeout", float("inf")), ("test_timeout", 1e11),
+                                        ("notebook_timeout", float("inf")), ("cell_timeout", True)])
+def test_a_timeout_the_timer_cannot_take_is_refused_before_grading(tmp_path, name, value):
+    """Before: accepted (inf > 0); the worker's setitimer raised OverflowError in every cell and case."""
+    from sazo_lite.course import labs
+
+    submission, autograder = tmp_path / "alice.ipynb", tmp_path / "lab2-autograder_1.zip"
+    submission.write_text("{}")
+    autograder.write_bytes(b"not read: the timeouts are checked first")
+    with pytest.raises(ValueError, match=f"Invalid {name}"):
+        labs.grade(submission, autograder, tmp_path / "out", **{name: value})
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match=f"Invalid {name}"):   # before the solutions' reference run
+        labs.grade_all(autograder, tmp_path, tmp_path / "grades.csv", **{name: value})
+
+
+def test_the_command_line_refuses_a_timeout_the_timer_cannot_take(tmp_path, capsys):
+    import signal
+
+    from sazo_lite.course import labs
+
+    with pytest.raises(OverflowError):   # the reason: what the worker's timers did with it
+        signal.setitimer(signal.ITIMER_REAL, 1e11)
+    submission, autograder = tmp_path / "alice.ipynb", tmp_path / "lab2-autograder_1.zip"
+    submission.write_text("{}")
+    autograder.write_bytes(b"")
+    with pytest.raises(SystemExit) as info:
+        labs.main(["grade", str(autograder), str(submission), "--out", str(tmp_path / "out"),
+                   "--cell-timeout", "100000000000"])
+    assert info.value.code == 2 and "Invalid cell_timeout" in capsys.readouterr().err

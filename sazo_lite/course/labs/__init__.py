@@ -335,11 +335,8 @@ def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout:
         raise ValueError(f"Invalid submission: {submission} does not exist")
     if not autograder.exists():
         raise ValueError(f"Invalid autograder: {autograder} does not exist (run `make labs`)")
-    for name, value in (("cell_timeout", cell_timeout), ("notebook_timeout", notebook_timeout),
-                        ("test_timeout", test_timeout)):
-        if not value > 0:
-            raise ValueError(f"Invalid {name}: {value!r} (expected seconds > 0)")
-    timeouts = dict(cell_timeout=cell_timeout, test_timeout=test_timeout, notebook_timeout=notebook_timeout)
+    timeouts = _checked_timeouts(dict(cell_timeout=cell_timeout, test_timeout=test_timeout,
+                                      notebook_timeout=notebook_timeout))
     output_dir.mkdir(parents=True, exist_ok=True)
     for name in ("results.json", "score.json"):
         (output_dir / name).unlink(missing_ok=True)
@@ -393,6 +390,22 @@ def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout:
                "questions": {q: {"score": v["score"], "possible": v["possible"]} for q, v in scored.items()}}
     write_json(output_dir / "score.json", summary, indent=2)
     return summary
+
+
+MAX_TIMEOUT = 10 ** 8   # seconds (three years): the interval timer the worker arms takes at most about 9e9
+
+
+def _checked_timeouts(timeouts: dict) -> dict:
+    """``timeouts`` ({name: seconds}), each checked to be a number in (0, ``MAX_TIMEOUT``]: ValueError naming it.
+
+    A larger one (``float("inf")`` or ``1e11`` meant as "no limit") made every cell and case fail with the timer's
+    OverflowError, so every hand-in scored 0 with status "ok" where the solutions' reference came from the cache.
+    """
+    from sazo_lite.validation import check_number
+
+    for name, value in timeouts.items():
+        check_number(name, value, 0, MAX_TIMEOUT, closed_low=False)
+    return timeouts
 
 
 def _reference_limits(timeouts: dict) -> dict:
@@ -461,8 +474,8 @@ def grade_all(autograder: Path, submissions_dir: Path, csv_path: Path, *, worker
     details = csv_path.parent / csv_path.stem
     from sazo_lite.course.labs import grading
 
-    limits = {k: timeouts.get(k, default) for k, default in
-              (("cell_timeout", CELL_TIMEOUT), ("test_timeout", TEST_TIMEOUT), ("notebook_timeout", NOTEBOOK_TIMEOUT))}
+    limits = _checked_timeouts({k: timeouts.get(k, default) for k, default in (
+        ("cell_timeout", CELL_TIMEOUT), ("test_timeout", TEST_TIMEOUT), ("notebook_timeout", NOTEBOOK_TIMEOUT))})
     expected = grading.reference(Path(autograder), require=timeouts.get("sandbox", "auto"), **_reference_limits(limits))
     _, spec = grading.load_tests(Path(autograder))
     possible = sum(sum(q["points"]) for q in spec.values())
