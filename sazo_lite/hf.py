@@ -115,6 +115,7 @@ import torch
 from torch.utils.data import DataLoader
 from transformers import Trainer, TrainingArguments
 from transformers.trainer_callback import CallbackHandler, TrainerState
+from transformers.trainer_pt_utils import find_batch_size
 from transformers.trainer_utils import get_last_checkpoint
 from transformers.training_args import OptimizerNames
 from transformers.utils import is_datasets_available
@@ -126,7 +127,7 @@ from .interrupts import InterruptsDeferred
 from .llm.losses import IGNORE, causal_lm_losses
 from .precision import master_dtype
 from .samplers import make_sampler, sampler_name
-from .validation import check_choice
+from .validation import check_choice, check_int
 
 __all__ = ["ZOTrainer", "causal_lm_losses", "CausalLMCollator", "METHODS", "ZO_STATE_NAME"]
 
@@ -178,7 +179,7 @@ class CausalLMCollator:
     @staticmethod
     def _unpadded(k: int, row) -> tuple[list[int], list[int]]:
         """Row k's tokens and labels with its own padding (mask 0) removed."""
-        ids = _as_list(row["input_ids"])
+        ids = _token_ids(k, "input_ids", row["input_ids"])
         if row.get("labels") is not None and not _is_sequence(row["labels"]):
             raise ValueError(f"Invalid labels: row {k} has one label ({row['labels']!r}), not one token id per "
                              f"input id; CausalLMCollator collates causal LM rows: for other tasks (e.g. sequence "
@@ -190,7 +191,7 @@ class CausalLMCollator:
                                  f"and ignore {name!r}; for classification pass a data_collator (e.g. "
                                  f"transformers.DataCollatorWithPadding) and a per_example_loss, for language "
                                  f"modelling remove the column")
-        labels = _as_list(row["labels"]) if row.get("labels") is not None else None
+        labels = _token_ids(k, "labels", row["labels"]) if row.get("labels") is not None else None
         if labels is not None and len(labels) != len(ids):
             raise ValueError(f"Invalid labels: example has {len(labels)} labels for {len(ids)} input ids")
         if row.get("attention_mask") is not None:
@@ -213,8 +214,25 @@ def _is_sequence(values) -> bool:
     return getattr(values, "ndim", None) != 0 and not isinstance(values, (int, float, str, bytes))
 
 
-def _as_list(values) -> list[int]:
-    return values.tolist() if hasattr(values, "tolist") else [int(v) for v in values]
+def _as_list(values) -> list:
+    """A row's column as a list of Python numbers (a 0-d tensor or numpy scalar entry as its number)."""
+    if hasattr(values, "tolist"):
+        return values.tolist()
+    return [v.item() if getattr(v, "ndim", None) == 0 and hasattr(v, "item") else v for v in values]
+
+
+def _token_ids(k: int, name: str, values) -> list[int]:
+    """Row k's ``input_ids`` or ``labels`` as ints. A float or bool id was cast silently (5.7 became
+    token 5, True token 1), and a nested row ([1, T], a tokenizer's ``return_tensors`` output) was
+    named as a bad attention_mask or failed inside torch."""
+    ids = _as_list(values)
+    for v in ids:
+        try:
+            check_int(name, v)
+        except ValueError:
+            raise ValueError(f"Invalid {name}: row {k} holds {v!r} (expected one integer token id per position, "
+                             f"as ints, not floats, bools or nested lists)") from None
+    return [int(v) for v in ids]
 
 
 def _trainer_mezo(groups, **settings) -> MeZO:
@@ -771,7 +789,13 @@ class ZOTrainer(Trainer):
         if not self._label_columns() & set(inputs):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         outputs = model(**self._model_inputs(inputs))
-        loss = self._per_example_losses(outputs, inputs).float().mean()   # float32, as the training steps average
+        losses = self._per_example_losses(outputs, inputs)
+        # checked as in training: evaluate() before train(), or without a train_dataset, never ran the probe,
+        # and the mean of token losses [B, T] (zeros on the padding) was taken as the batch's eval_loss
+        size = find_batch_size(inputs)   # the count the Trainer weighs this batch's mean by
+        if size is not None:
+            _check_loss_shape(losses, size, "on an evaluation batch")
+        loss = losses.float().mean()   # float32, as the training steps average
         if not return_outputs:
             return loss
         # The Trainer reads a tuple's first entry as the loss and the rest as predictions; the
