@@ -453,3 +453,96 @@ def test_which_benchmarks_print_their_date():
         if "def main(" not in source:
             continue
         assert bool(dated.search(source)) != (path.stem in excepted), path.stem
+
+
+def test_course_md_divergence_advice():
+    """`suggests a lower η (about a third: two notches of the log slider)`."""
+    from sazo_lite.course.widgets._common import lower_rate
+
+    assert "suggests a lower η (about a third: two notches of the log slider)" in flat(read("docs/course.md"))
+    for rate in (0.1, 0.02, 3e-4):
+        assert lower_rate(rate) == pytest.approx(rate / 10 ** 0.5, rel=0.02)
+
+
+def test_course_md_book_build_paths(monkeypatch):
+    """`make book … builds build/book/html/`; `make book FULL=1` (--full); `BOOK_JOBS=2` is book/build.py's --jobs."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("book_build", ROOT / "book" / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    assert "builds build/book/html/" in flat(read("docs/course.md"))
+    args = parses(monkeypatch, build.main, [])
+    assert args.out == ROOT / "build" / "book" and not args.full and args.jobs == 2
+    assert 'src, html = out / "src", out / "html"' in inspect.getsource(build.main)
+    assert parses(monkeypatch, build.main, ["--full", "--jobs", "2"]).full
+    assert "def test_book_sources_build_without_sphinx_warnings(" in read("tests/test_book.py")
+
+
+# -- docs/trainer.md -----------------------------------------------------------------------------------------
+def test_trainer_md_logs_and_resume_checks():
+    """The log keys docs/trainer.md names are the ones ZOTrainer.log adds, and every setting it says a resume
+    refuses to change is compared by _check_resumed_settings."""
+    pytest.importorskip("transformers")
+    from sazo_lite.hf import ZOTrainer
+
+    text = flat(read("docs/trainer.md"))
+    logged = set(re.findall(r"`(zo_\w+|sazo_\w+)`", text.split("Logs add", 1)[1].split("`eval_loss`", 1)[0]))
+    assert logged == {"zo_queries", "zo_projected_grad", "sazo_max_weight", "sazo_ess"}
+    source = inspect.getsource(ZOTrainer.log)
+    assert all(f'"{key}"' in source or f"{key}=" in source for key in logged), logged
+    refused = stated("docs/trainer.md", r"so it refuses \(`ValueError`\) new values of (.*?): loading the checkpoint")
+    names = set(re.findall(r"`(\w+)`", refused))
+    assert names == {"learning_rate", "weight_decay", "eps", "perturbation", "zo_seed", "seed", "data_seed",
+                     "ema_decay", "uniform_mix"}
+    check = inspect.getsource(ZOTrainer._check_resumed_settings)
+    for name in names - {"seed", "ema_decay", "uniform_mix"}:       # seed: zo_seed's default; sampler's: below
+        assert f'("{name}' in check, name
+    assert 'sampler.get("hyperparameters"' in check
+    from sazo_lite.samplers import SAZOSampler
+
+    assert {"ema_decay", "uniform_mix"} <= set(SAZOSampler(4).state_dict()["hyperparameters"])
+
+
+def test_trainer_md_refusals(tmp_path):
+    """`adam_*` settings are refused, so is a `max_grad_norm` other than its default or 0, and
+    `ema_decay`/`uniform_mix` with `method="mezo"`."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import TrainingArguments
+
+    from sazo_lite.hf import ZOTrainer
+
+    text = flat(read("docs/trainer.md"))
+    assert "(`adam_*` settings are refused" in text and "a `max_grad_norm` other than its default or 0" in text
+    model = torch.nn.Linear(2, 2)
+
+    def build(method="sazo", **settings):
+        args = TrainingArguments(str(tmp_path), report_to=[], use_cpu=True,
+                                 **{k: v for k, v in settings.items() if k not in ("ema_decay",)})
+        return ZOTrainer(model, args, method=method, ema_decay=settings.get("ema_decay"))
+
+    for name, value in (("adam_beta1", 0.8), ("adam_beta2", 0.99), ("adam_epsilon", 1e-6), ("max_grad_norm", 0.5)):
+        with pytest.raises(ValueError, match=name):
+            build(**{name: value})
+    build(max_grad_norm=0.0)
+    with pytest.raises(ValueError, match="ema_decay"):
+        build("mezo", ema_decay=0.8)
+
+
+def test_sampler_state_bytes_in_samplers_md():
+    """`10.13 and 10.12 bytes per example in tree mode at N = 10⁵ and 10⁶ …, 14 in CDF mode`: what
+    `state_bytes` counts (the page said 10.13 at both; `make bench`'s table read 10.13 / 10.12)."""
+    import torch
+
+    from sazo_lite.samplers import SAZOSampler
+
+    at_1e5, at_1e6 = re.search(r"([\d.]+) and ([\d.]+) bytes per example in tree mode at N = 10⁵ and 10⁶",
+                               flat(read("docs/samplers.md"))).groups()
+    cdf = stated("docs/samplers.md", r"trees padded to a power of two\), (\d+) in CDF mode")
+    for n, figure, tree in ((10 ** 5, at_1e5, True), (10 ** 6, at_1e6, True), (10 ** 4, cdf, False)):
+        sampler = SAZOSampler(n, seed=0)
+        idx, _ = sampler.sample(32)
+        sampler.update(idx, torch.ones(32, dtype=torch.float64))
+        assert sampler.sum_tree == tree
+        assert f"{sampler.state_bytes / n:.{len(figure.partition('.')[2])}f}" == figure, (n, figure)
