@@ -14,6 +14,10 @@
   OverflowError, and where the solutions' reference came from the cache (computed before with the defaults) every
   hand-in scored 0 with status "ok"; ``True`` was taken as one second. ``grade``, ``grade_all`` and the command line
   now refuse a timeout that is not a number in (0, 1e8] seconds, naming it.
+- The solutions' reference values were cached under a hash of the zip, the solutions, the library and SAZO_FAST
+  only: after an upgrade of PyTorch (or NumPy, or Python) the hand-ins were compared with values the old versions
+  computed (hidden cases compare float64 state to 1e-12, and a sampler's draws may change). The hash now covers
+  their versions.
 """
 from __future__ import annotations
 
@@ -114,3 +118,33 @@ def test_the_command_line_refuses_a_timeout_the_timer_cannot_take(tmp_path, caps
         labs.main(["grade", str(autograder), str(submission), "--out", str(tmp_path / "out"),
                    "--cell-timeout", "100000000000"])
     assert info.value.code == 2 and "Invalid cell_timeout" in capsys.readouterr().err
+
+
+def test_the_reference_is_computed_again_after_a_pytorch_upgrade(tmp_path, monkeypatch):
+    """Before: the cache written under the old version was read back (the stale values, run not called)."""
+    import zipfile
+
+    import nbformat
+    import torch
+
+    autograder = tmp_path / "labx-autograder_1.zip"
+    test = {"name": "q1", "points": 1, "suites": [{"cases": [{"code": ">>> record(1)", "hidden": False}]}]}
+    with zipfile.ZipFile(autograder, "w") as archive:
+        archive.writestr("otter_config.json", json.dumps({"assignment_name": "labx"}))
+        archive.writestr("tests/q1.py", f"test = {test!r}\n")
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]), tmp_path / "labx.ipynb")
+    runs = []
+
+    def run(cells, questions, **options):
+        runs.append(torch.__version__)
+        return {"cases": {("q1", 0): {"error": None, "records": [{"value": {"t": "int", "v": len(runs)}}]}},
+                "rules": {}}
+
+    monkeypatch.setattr(grading, "run", run)
+    limits = dict(cell_timeout=1, test_timeout=1, notebook_timeout=1)
+    first = grading.reference(autograder, **limits)
+    assert grading.reference(autograder, **limits) == first and len(runs) == 1   # the cache is read back
+    monkeypatch.setattr(torch, "__version__", torch.__version__ + ".upgraded")
+    again = grading.reference(autograder, **limits)
+    assert len(runs) == 2 and again != first
+    assert len(list(tmp_path.glob("*.reference-*.json"))) == 1   # the stale one is removed

@@ -864,13 +864,13 @@ def _check_records(records) -> str | None:
 def reference(autograder: Path, *, cell_timeout, test_timeout, notebook_timeout, require="auto") -> dict:
     """What every case records on the solutions (``autograder/<lab>.ipynb`` next to the zip).
 
-    Cached in ``<zip>.reference-<hash>.json`` (the hash covers the zip, the solutions and
-    SAZO_FAST). Raises RuntimeError if a case fails on the solutions or records nothing.
+    Cached in ``<zip>.reference-<hash>.json`` (the hash covers the zip, the solutions, the library, the versions
+    of Python, PyTorch and NumPy, and SAZO_FAST). Raises RuntimeError if a case fails on the solutions or records nothing.
     """
     autograder = Path(autograder)
     config, questions = load_tests(autograder)
     solutions = solutions_notebook(autograder, config)
-    digest = hashlib.sha256(autograder.read_bytes() + solutions.read_bytes() + _library_bytes()
+    digest = hashlib.sha256(autograder.read_bytes() + solutions.read_bytes() + _library_bytes() + _runtime_bytes()
                             + os.environ.get("SAZO_FAST", "").encode()).hexdigest()[:16]
     cache = autograder.with_name(f"{autograder.name}.reference-{digest}.json")
     if cache.exists():
@@ -911,6 +911,15 @@ def lab_rule(config: dict) -> dict | None:
 
     name = config.get("assignment_name")
     return rule_for(name) if isinstance(name, str) else None
+
+
+def _runtime_bytes() -> bytes:
+    """The versions of Python, PyTorch and NumPy the solutions run on: the reference is stale when one changes (an
+    upgrade can change a sampler's draws or a kernel's last bits, and hidden cases compare to 1e-12)."""
+    import numpy
+    import torch
+
+    return f"{sys.version}\0{torch.__version__}\0{numpy.__version__}".encode()
 
 
 def _library_bytes() -> bytes:
