@@ -19,7 +19,8 @@ import torch
 from .validation import check_count, check_fraction, check_int, check_number, dense_tensor
 
 __all__ = ["mixed_probabilities", "relative_scores", "importance_weights", "oracle_probs", "sampling_variance",
-           "variance_ratio", "uniform_gain", "zo_second_moment", "tv_distance", "spearman", "mix_with_uniform"]
+           "variance_ratio", "uniform_gain", "zo_second_moment", "tv_distance", "spearman", "mix_with_uniform",
+           "paired_vectors"]
 
 
 def mixed_probabilities(scores, total: float, uniform_mix: float, num_examples: int):
@@ -80,20 +81,31 @@ def _nonnegative(name: str, x) -> torch.Tensor:
     return _vector(name, x, nonnegative=True)
 
 
-# Arguments that hold norms or probabilities: ``_paired`` checks them with ``_nonnegative``.
+# Arguments that hold norms or probabilities: ``paired_vectors`` checks them with ``_nonnegative``.
 _NONNEGATIVE = ("norms", "probs", "p", "q")
 
 
-def _paired(first: str, a, second: str, b) -> tuple[torch.Tensor, torch.Tensor]:
-    """``a`` and ``b`` as float64 vectors of one length (``_vector``; entries ≥ 0 for the names in
-    ``_NONNEGATIVE``), or ValueError naming ``second`` (torch broadcast a length-1 vector against the other
-    silently: V(p) of 3 norms with 1 probability was a number)."""
+def paired_vectors(first: str, a, second: str, b) -> tuple[torch.Tensor, torch.Tensor]:
+    """``a`` and ``b`` as float64 CPU vectors of one length, each checked as the helpers here check their
+    arguments: at least one finite real entry, ≥ 0 when its name is "norms", "probs", "p" or "q"; else
+    ``ValueError("Invalid <name>: ...")`` naming the argument at fault (``second`` for a length that differs:
+    torch broadcast a length-1 vector against the other silently, and V(p) of 3 norms with 1 probability
+    was a number). ``first`` and ``second`` are the arguments' names, as the caller's signature spells them.
+
+    Example:
+        >>> norms, probs = paired_vectors("norms", [3.0, 4.0], "probs", [0.5, 0.5])
+        >>> norms.dtype, probs.tolist()
+        (torch.float64, [0.5, 0.5])
+    """
     a = _vector(first, a, nonnegative=first in _NONNEGATIVE)
     b = _vector(second, b, nonnegative=second in _NONNEGATIVE)
     if a.shape != b.shape:
         raise ValueError(f"Invalid {second}: shape {tuple(b.shape)} does not match the shape of {first}, "
                          f"{tuple(a.shape)} (expected two vectors of one length)")
     return a, b
+
+
+_paired = paired_vectors   # the name the helpers below call (and copies of their source, in the lab tests)
 
 
 def oracle_probs(norms) -> torch.Tensor:

@@ -32,3 +32,26 @@ def test_a_folded_step_through_the_gaussian_table_keeps_each_terms_z_when_the_pe
         return theta
 
     assert torch.equal(run(True), run(False))
+
+
+# --- 2. the vector-pair check has a public name -----------------------------------------------------------------
+def test_the_vector_pair_check_is_public_and_the_llm_diagnostics_import_no_private_name():
+    """llm.queries imported variance's private ``_paired``; the check is ``variance.paired_vectors`` (documented,
+    in ``__all__``), and the helpers' own name for it still works."""
+    import ast
+    import inspect
+
+    from sazo_lite import variance
+    from sazo_lite.llm import queries
+
+    assert "paired_vectors" in variance.__all__ and variance._paired is variance.paired_vectors
+    imported = [alias.name for node in ast.walk(ast.parse(inspect.getsource(queries)))
+                if isinstance(node, ast.ImportFrom) and node.module == "variance" for alias in node.names]
+    assert imported and not [name for name in imported if name.startswith("_")]
+    norms, probs = variance.paired_vectors("norms", [3, 4], "probs", torch.tensor([0.25, 0.75]))
+    assert norms.dtype == probs.dtype == torch.float64 and norms.tolist() == [3.0, 4.0]
+    with pytest.raises(ValueError, match="Invalid probs: shape"):
+        variance.paired_vectors("norms", [1.0, 2.0, 3.0], "probs", [1.0])
+    with pytest.raises(ValueError, match="Invalid norms: entries must be finite and non-negative"):
+        variance.paired_vectors("norms", [-1.0], "probs", [1.0])
+    assert variance.paired_vectors("a", [-1.0], "b", [2.0])[0].tolist() == [-1.0]   # not norms: any sign

@@ -27,7 +27,7 @@ import torch
 from ..engine import MeZO, StepEvent
 from ..samplers import RACED, make_sampler
 from ..train import NoiseScaledStep, median_queries, queries_to_target, reached, train
-from ..variance import _paired, oracle_probs, spearman, tv_distance, variance_ratio
+from ..variance import oracle_probs, paired_vectors as _paired, spearman, tv_distance, variance_ratio
 from ..validation import check_choice, check_int, check_limit, check_number, check_real
 from .finetune import check_params_in, mean_loss
 from .grad_norms import RefreshingNorms, grad_norms
