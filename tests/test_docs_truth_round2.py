@@ -546,3 +546,76 @@ def test_sampler_state_bytes_in_samplers_md():
         sampler.update(idx, torch.ones(32, dtype=torch.float64))
         assert sampler.sum_tree == tree
         assert f"{sampler.state_bytes / n:.{len(figure.partition('.')[2])}f}" == figure, (n, figure)
+
+
+def test_readme_tree_names_what_its_modules_define():
+    """`engine.py MeZO`, `sparse.py SparseMeZO`, `precision.py: Float32Master, restore bound`, `samplers.py …
+    (+ sumtree.py)`, `variance.py: V(p), p*`, `hf.py ZOTrainer`, `llm/ … (landscape.py)`."""
+    tree = read("README.md").split("## Where things are", 1)[1].split("```", 2)[1]
+    expected = {"engine.py": ("engine", "MeZO"), "sparse.py": ("sparse", "SparseMeZO"),
+                "precision.py: Float32Master, restore bound": ("precision", "Float32Master", "restore_bound"),
+                "variance.py: V(p), p*": ("variance", "sampling_variance", "oracle_probs"),
+                "hf.py ZOTrainer": ("hf", "ZOTrainer"), "seedlog.py": ("seedlog", "SeedLog")}
+    for words, (module, *names) in expected.items():
+        assert words in flat(tree), words
+        if module == "hf":
+            pytest.importorskip("transformers")
+        loaded = importlib.import_module(f"sazo_lite.{module}")
+        assert all(hasattr(loaded, name) for name in names), (module, names)
+
+
+def test_auto_noise_and_fold_defaults():
+    """README: on a CPU model of ≥ AUTO_NOISE_MIN_ENTRIES entries `noise="auto"` (the default) reads z from
+    `GaussianTable`, below it the plain loop; docs/benchmarks.md: `fold_updates=False` is the default."""
+    import torch
+
+    import sazo_lite as sz
+    from sazo_lite.engine import AUTO_NOISE_MIN_ENTRIES
+    from sazo_lite.noise import GaussianTable
+
+    d = defaults(sz.MeZO)
+    assert d["noise"] == "auto" and d["fold_updates"] is False
+    assert "(`fold_updates=False` is the default)" in flat(read("docs/benchmarks.md"))
+    big = sz.MeZO([torch.zeros(AUTO_NOISE_MIN_ENTRIES)], lr=0.1)
+    small = sz.MeZO([torch.zeros(AUTO_NOISE_MIN_ENTRIES - 1)], lr=0.1)
+    assert isinstance(big.noise, GaussianTable) and small.noise is None
+
+
+def test_seed_reroll_section_settings(monkeypatch):
+    """`python -m benchmarks.seed_reroll` races `InverseCdfSAZO` against today's stream `on the same 60 seeds`,
+    SAZO `at lr 0.0025, queries to 2%`; the rule's `defaults (β 0.9, λ 0.1, c 1, level decay 0.99, |d|)`."""
+    from benchmarks import seed_reroll
+    from sazo_lite.samplers import SAZOSampler
+
+    text = flat(read("docs/benchmarks.md"))
+    seeds = int(stated("docs/benchmarks.md", r"against today's on the same (\d+) seeds"))
+    lr, target = re.search(r"SAZO at lr ([\d.]+), queries to (\d+)% of the gap", text).groups()
+    args = parses(monkeypatch, seed_reroll.main, [])
+    assert (args.seeds, args.lr, args.target) == (seeds, float(lr), int(target) / 100)
+    assert issubclass(seed_reroll.InverseCdfSAZO, SAZOSampler)
+    beta, lam, c, level = map(float, re.search(r"Its defaults \(β ([\d.]+), λ ([\d.]+), c ([\d.]+), level decay "
+                                               r"([\d.]+), \|d\|\)", text).groups())
+    d = defaults(SAZOSampler)
+    assert (d["ema_decay"], d["uniform_mix"], d["prior_strength"], d["level_decay"], d["statistic"]) == \
+        (beta, lam, c, level, "abs")
+
+
+def test_bench_step_settings_in_benchmarks_md(monkeypatch):
+    """`make bench-step` (`… speed smollm2 --rounds 3 --bound 1.15`: SmolLM2-135M, B = 8, seq 64 …): the
+    Makefile's command and engine_speed.speed's defaults; `27 pairs of forwards at 3 rounds` and `49 timed pieces
+    (warm-up, then 3 rounds of 9 steps with their forwards and 3 pass sources)` follow from its variants."""
+    from benchmarks import engine_speed
+
+    text = flat(read("docs/benchmarks.md"))
+    assert "--rounds 3 --bound 1.15`: SmolLM2-135M, B = 8, seq 64, float32, 2 threads" in text
+    d = defaults(engine_speed.speed)
+    assert (d["batch"], d["seq"], d["rounds"]) == (8, 64, 3)
+    args = parses(monkeypatch, engine_speed.main, ["speed", "smollm2"])
+    assert args.rounds == 3
+    assert "$(PY) -m benchmarks.engine_speed speed smollm2 --bound $(STEP_BOUND)" in read("Makefile")
+    variants, sources = len(engine_speed.VARIANTS), len(engine_speed.PASS_SOURCES)
+    assert int(stated("docs/benchmarks.md", r"\((\d+) pairs of forwards at 3 rounds")) == 3 * variants
+    pieces, rounds, steps, passes = map(int, re.search(r"(\d+) timed pieces \(warm-up, then (\d+) rounds of (\d+) "
+                                                       r"steps with their forwards and (\d+) pass sources\)", text).groups())
+    assert (steps, passes) == (variants, sources)
+    assert pieces == 1 + steps + passes + rounds * (steps + passes)
