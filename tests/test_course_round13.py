@@ -5,6 +5,7 @@ the control it sits under, is a wrong answer that looks right. Each test fails o
 """
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -101,3 +102,35 @@ def test_chi2_readout_gives_one_observations_relative_variance_as_it_gives_the_e
     assert shown == round(float(single.var() / single.mean() ** 2), 2)
     board.controls["observations"].value = 1    # an EMA of one observation is that observation: the same figure
     assert _readout_number(board.readout.value, r"EMA of 1 with β = [0-9.]+:") == shown
+
+
+# -- notebook 07: what the measurement cell measures in fast mode ----------------------------------------------
+
+def _points(code: str, fast: bool, monkeypatch) -> list:
+    """The (setup, mode) points notebook 07's measurement cell builds in one mode (its ``points = pick(...)``)."""
+    from sazo_lite.course import config, memory_measure
+
+    monkeypatch.setenv("SAZO_FAST", "1" if fast else "0")
+    statement = next((node for node in ast.parse(code).body if isinstance(node, ast.Assign)
+                      and [getattr(t, "id", None) for t in node.targets] == ["points"]), None)
+    assert statement is not None, "notebook 07's `points = pick(...)` not found"
+    scope = {"pick": config.pick, "default_points": memory_measure.default_points}
+    exec(compile(ast.Module([statement], type_ignores=[]), "notebook 07", "exec"), scope)
+    return scope["points"]
+
+
+def test_07_says_what_fast_mode_measures(monkeypatch):
+    """The text said the cell measures "three things at several context lengths: an inference forward, a MeZO step
+    and a backprop SGD step"; fast mode measures a MeZO and a backprop step at one context (512, fused)."""
+    notebook = _notebook("07_memory_on_device")
+    fast = _points(_code(notebook), True, monkeypatch)
+    full = _points(_code(notebook), False, monkeypatch)
+    modes = {mode for _setup, mode in fast}
+    contexts = {setup.context for setup, _mode in fast}
+    assert {mode for _setup, mode in full} == {"inference", "zo", "bp"} and modes < {"inference", "zo", "bp"}
+    cell = next("".join(c["source"]) for c in notebook["cells"]
+                if c["cell_type"] == "markdown" and "measure three things" in "".join(c["source"]))
+    said = re.search(r"Fast mode measures only ([^.]*)\.", cell)
+    assert said, "the cell introducing the measurement does not say what fast mode measures"
+    assert "inference" not in said.group(1) and "last two" in said.group(1)
+    assert all(str(n) in said.group(1) for n in contexts) and ("one context" in said.group(1)) == (len(contexts) == 1)
