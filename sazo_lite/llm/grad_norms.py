@@ -41,6 +41,7 @@ from typing import Callable
 
 import torch
 
+from ..engine import _check_disjoint
 from ..validation import check_count, check_number
 from .losses import TokenBatch, answer_losses, check_deterministic, checked_indices, classification_losses
 
@@ -59,9 +60,11 @@ def example_losses(model, batch: TokenBatch, loss: str = "classification") -> Ca
 
 
 def _differentiable(params) -> list[torch.Tensor]:
-    """``params`` as a list, refused (ValueError) when empty or holding a tensor autograd cannot differentiate
-    by: torch's RuntimeError ("`inputs` argument to `grad()` cannot be empty", "One of the differentiated
-    Tensors does not require grad") came from inside the first backward."""
+    """``params`` as a list, refused (ValueError) when empty, holding a tensor autograd cannot differentiate
+    by (torch's RuntimeError "`inputs` argument to `grad()` cannot be empty", "One of the differentiated
+    Tensors does not require grad" came from inside the first backward), or holding one tensor twice or two
+    that share memory (``engine._check_disjoint``: the loop and ``full_gradient_norm`` counted its gradient
+    twice, the batched hooks and ``vmap`` once, and ``directional_error`` moved it by 2εz)."""
     params = list(params)
     if not params:
         raise ValueError("Invalid params: no tensors (expected the tuned tensors, e.g. trainable_parameters(model))")
@@ -69,6 +72,7 @@ def _differentiable(params) -> list[torch.Tensor]:
     if frozen:
         raise ValueError(f"Invalid params: {len(frozen)} of {len(params)} (e.g. params[{frozen[0]}]) are not tensors "
                          "that require grad; backprop gives them no gradient (call requires_grad_(True) on them)")
+    _check_disjoint(params)
     return params
 
 

