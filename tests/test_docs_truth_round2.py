@@ -619,3 +619,58 @@ def test_bench_step_settings_in_benchmarks_md(monkeypatch):
                                                        r"steps with their forwards and (\d+) pass sources\)", text).groups())
     assert (steps, passes) == (variants, sources)
     assert pieces == 1 + steps + passes + rounds * (steps + passes)
+
+
+def test_readme_step_fields_and_sample_weights():
+    """`directional_diffs` ([B], unweighted (f_k(θ+εz) − f_k(θ−εz))/(2ε)) and the snippet's `i ~ p,
+    w = 1/(N p_i)`: the weights scale g, not the diffs; the sampler's weights are 1/(N p_i) of its probs."""
+    import torch
+
+    import sazo_lite as sz
+
+    text = flat(read("README.md"))
+    assert "(`[B]`, unweighted `(f_k(θ+εz) − f_k(θ−εz))/(2ε)`)" in text and "# i ~ p, w = 1/(N p_i)" in text
+    a = torch.tensor([[1.0, 2.0, 3.0], [-1.0, 0.5, 2.0]], dtype=torch.float64)
+    runs = []
+    for weights in (None, torch.tensor([2.0, 0.5], dtype=torch.float64)):
+        theta = torch.zeros(3, dtype=torch.float64)
+        opt = sz.MeZO([theta], lr=0.0, eps=1e-3, seed=5)
+        runs.append(opt.step(lambda: a @ theta, weights) if weights is not None else opt.step(lambda: a @ theta))
+    plain, weighted = runs
+    assert torch.allclose(plain.directional_diffs, weighted.directional_diffs)
+    assert weighted.projected_grad == pytest.approx(float((torch.tensor([2.0, 0.5]) * weighted.directional_diffs).mean()))
+    sampler = sz.SAZOSampler(50, seed=0)
+    for _ in range(30):
+        idx, w = sampler.sample(4)
+        assert torch.allclose(torch.as_tensor(w, dtype=torch.float64),
+                              1.0 / (50 * sampler.probs.to(torch.float64)[idx]), rtol=1e-5)
+        sampler.update(idx, torch.rand(4, dtype=torch.float64) * 10)
+
+
+def test_gain_at_optimum_in_the_queries_tables():
+    """The three tables' headings state V(u)/V(p*) at θ* (4.61, 11.7, 1.58): `uniform_gain` of each default
+    problem's norms at its optimum, as the report's `gain_at_optimum`."""
+    from benchmarks.queries import default_problems
+    from sazo_lite.variance import uniform_gain
+
+    text = flat(read("docs/benchmarks.md"))
+    stated_gains = {"quadratic σ=1.5": re.search(r"\| σ = 1\.5 quadratic \(V\(u\)/V\(p\*\) = ([\d.]+) at θ\*\)", text),
+                    "logistic": re.search(r"\| logistic regression, breast cancer \(V\(u\)/V\(p\*\) = ([\d.]+) at θ\*\)",
+                                          text),
+                    "quadratic σ=0": re.search(r"\| homogeneous quadratic \(σ = 0; V\(u\)/V\(p\*\) = ([\d.]+) at θ\*", text)}
+    for item in default_problems():
+        key = next(k for k in stated_gains if item.name.startswith(k))
+        figure = stated_gains[key].group(1)
+        gain = uniform_gain(item.problem.norms(item.problem.optimum))
+        assert f"{gain:.{len(figure.partition('.')[2])}f}" == figure, (item.name, gain, figure)
+
+
+def test_readme_fast_mode_notebook_times_are_the_makefiles():
+    """README: fast mode runs each notebook in `7–36 s each on the idle machine, 2026-12-02`: the range of the
+    Makefile's measured order (it said "about a minute", undated)."""
+    low, high, date = re.search(r"under a minute \((\d+)–(\d+) s each on the idle machine, (20\d\d-\d\d-\d\d)",
+                                flat(read("README.md"))).groups()
+    comment = re.search(r"fast mode, (20\d\d-\d\d-\d\d), idle CI run: (.*?)\)", flat(read("Makefile")))
+    assert comment.group(1) == date
+    seconds = [int(s) for s in re.findall(r"(\d+)(?: s)?(?:,|$)", comment.group(2))]
+    assert (min(seconds), max(seconds)) == (int(low), int(high)), seconds
