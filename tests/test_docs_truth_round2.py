@@ -674,3 +674,41 @@ def test_readme_fast_mode_notebook_times_are_the_makefiles():
     assert comment.group(1) == date
     seconds = [int(s) for s in re.findall(r"(\d+)(?: s)?(?:,|$)", comment.group(2))]
     assert (min(seconds), max(seconds)) == (int(low), int(high)), seconds
+
+
+def test_distributed_closure_refuses_what_the_page_says():
+    """`batch_losses must return a tensor of one loss per index of the rank's shard: a scalar or a short tensor
+    is a ValueError` (checked without a process group: one rank, the whole batch)."""
+    import torch
+
+    from sazo_lite.distributed import distributed_closure
+
+    assert "a scalar or a short tensor is a `ValueError`" in flat(read("docs/distributed.md"))
+    indices = torch.arange(4)
+    for bad in (lambda idx: torch.tensor(1.0), lambda idx: torch.ones(len(idx) - 1)):
+        with pytest.raises(ValueError, match="batch_losses"):
+            distributed_closure(bad, indices)()
+    assert distributed_closure(lambda idx: idx.double(), indices)().tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_sparse_seed_log_replays_as_the_page_says():
+    """`a SparseMeZO log into dense MeZO` is refused; `log.replay_into(SparseMeZO(params, masks, lr=0.0,
+    eps=...))` rebuilds the tuned weights, and leaves the optimiser at the logged step."""
+    import torch
+
+    import sazo_lite as sz
+    from sazo_lite.sparse import SparseMeZO
+
+    assert "`log.replay_into(SparseMeZO(params, masks, lr=0.0, eps=...))`" in read("docs/distributed.md")
+    masks = [torch.tensor([1, 4, 6])]
+    tuned, base = torch.zeros(8), torch.zeros(8)
+    opt = SparseMeZO([tuned], masks, lr=0.05, eps=1e-3, seed=2)
+    log = sz.SeedLog.attach(opt)
+    for _ in range(5):
+        opt.step(lambda: (tuned - 1).pow(2))
+    with pytest.raises(ValueError):
+        log.replay([torch.zeros(8)])
+    replayer = SparseMeZO([base], masks, lr=0.0, eps=1e-3)
+    log.replay_into(replayer)
+    assert torch.equal(base, tuned)
+    assert replayer.state_dict()["state"] == opt.state_dict()["state"]     # the step count and the seed
