@@ -134,3 +134,26 @@ def test_07_says_what_fast_mode_measures(monkeypatch):
     assert said, "the cell introducing the measurement does not say what fast mode measures"
     assert "inference" not in said.group(1) and "last two" in said.group(1)
     assert all(str(n) in said.group(1) for n in contexts) and ("one context" in said.group(1)) == (len(contexts) == 1)
+
+
+# -- notebook 01: what makes the right arm of the U ---------------------------------------------------------------
+
+def test_two_point_docstrings_name_the_third_derivative_not_the_curvature_for_the_eps_squared_error():
+    """two_point's docstrings called the ε² error "curvature" ("(curvature)", "Large ε: curvature error ∝ ε²"),
+    which notebook 01 teaches is wrong: the curvature cancels in a central difference. The code agrees with the
+    notebook: a steep quadratic has no ε² error at all, a quartic term has."""
+    import torch
+
+    from sazo_lite.course import two_point
+
+    theta, grid = torch.tensor([1.0, -0.8], dtype=torch.float64), [1e-1, 1.0]
+    steep = lambda x: two_point.bowl_loss(x, [50.0, 200.0])
+    quartic = lambda x: two_point.bowl_loss(x, [1.0, 1.0], quartic=1.0)
+    exact = two_point.error_vs_eps(steep, two_point.bowl_grad(theta, [50.0, 200.0]), theta, grid,
+                                   dtype=torch.float64)
+    biased = two_point.error_vs_eps(quartic, two_point.bowl_grad(theta, [1.0, 1.0], 1.0), theta, grid,
+                                    dtype=torch.float64)
+    assert float(exact.max()) < 1e-12 and float(biased[1]) > 50 * float(biased[0]) > 0   # ∝ ε², from κ alone
+    for doc in (two_point.__doc__, two_point.error_vs_eps.__doc__, two_point.bowl_loss.__doc__):
+        assert not re.search(r"\(curvature\)|curvature error", doc), doc
+    assert "third derivative" in two_point.__doc__ and "third-derivative" in two_point.error_vs_eps.__doc__

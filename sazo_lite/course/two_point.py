@@ -4,7 +4,8 @@ With a direction z and radius ε:
 
     g(z) = (f(θ+εz) − f(θ−εz)) / (2ε),      ĝ = (1/q) Σ_j g(z_j) z_j,      E_z[ĝ] ≈ ∇f(θ)
 
-    error of g against zᵀ∇f:  ≈ (ε²/6)|∇³f[z,z,z]|  (curvature)  +  ≈ u·|f|/ε  (rounding, u = unit round-off)
+    error of g against zᵀ∇f:  ≈ (ε²/6)|∇³f[z,z,z]|  (third derivative: the curvature cancels)
+                            +  ≈ u·|f|/ε  (rounding, u = unit round-off)
     E‖ĝ − ∇f‖² / ‖∇f‖² = (d+1)/q for Gaussian z,  (d−1)/q for Rademacher z   (linear f)
 """
 from __future__ import annotations
@@ -51,7 +52,7 @@ def _curvatures(theta: torch.Tensor, curvatures) -> torch.Tensor:
 def bowl_loss(theta: torch.Tensor, curvatures, quartic: float = 0.0, offset: float = 0.0) -> torch.Tensor:
     """f(θ) = Σ_j (a_j/2) θ_j² + (κ/4) Σ_j θ_j⁴ + c, for θ of shape [..., d] → [...].
 
-    κ = 0 gives a quadratic, for which the central difference has no curvature error at all;
+    κ = 0 gives a quadratic, for which the central difference is exact (its curvature cancels);
     κ > 0 adds a third derivative (6κθ_j) and so an O(ε²) bias. The offset c only adds
     rounding error (a large |f| loses low bits), as a large loss does in a real model.
 
@@ -150,7 +151,8 @@ def error_vs_eps(fn, grad: torch.Tensor, theta: torch.Tensor, eps_grid, *,
                  dtype: torch.dtype = torch.float32, num_directions: int = 8, seed: int = 0) -> torch.Tensor:
     """The U-shaped curve: ``directional_error`` at each ε of ``eps_grid``, θ cast to ``dtype``.
 
-    Large ε: curvature error ∝ ε². Tiny ε: θ ± εz and f round to the same float, error ∝ u/ε.
+    Large ε: third-derivative error ∝ ε² (the curvature cancels: a quadratic has none). Tiny ε: θ ± εz and f
+    round to the same float, error ∝ u/ε.
     Returns a float64 tensor [len(eps_grid)].
     """
     try:
