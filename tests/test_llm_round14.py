@@ -10,6 +10,7 @@ import torch
 pytest.importorskip("transformers")
 
 from sazo_lite.llm import add_lora, tiny_causal_lm, trainable_parameters
+from sazo_lite.llm.continual import alike_indices, keep_alike, make_continual_set
 from sazo_lite.llm.grad_norms import directional_error, full_gradient_norm, grad_norms
 
 from test_llm_round9 import VOCAB, batch, jiggle       # the same tiny batches
@@ -48,3 +49,30 @@ def test_full_gradient_norm_and_directional_error_refuse_a_tensor_given_twice():
     views = [params[0][:1], params[0][:2]]       # two views of one adapter share its first row
     with pytest.raises(ValueError, match="Invalid params: .*share memory"):
         grad_norms(model, data, views, method="loop")
+
+
+# --- 2. the homogeneous control's selection: norms that cannot be ranked ----------------------------------------
+@pytest.mark.parametrize("norms, why", [([1.0, float("nan"), 2.0, 3.0, 2.1], "finite"),
+                                        ([1.0, -5.0, 2.0, 3.0], "non-negative"),
+                                        ([1.0, float("inf"), 2.0], "finite"),
+                                        ([[1.0, 2.0], [3.0, 4.0]], "shape")])
+def test_alike_indices_refuse_norms_that_cannot_be_ranked(norms, why):
+    # NaN: the median and every distance were NaN and the first indices were kept, the NaN one among them;
+    # -5 was read as 1e-30; a [2, 2] tensor answered [[0, 1], [1, 0]]
+    with pytest.raises(ValueError, match=f"Invalid norms: .*{why}"):
+        alike_indices(torch.tensor(norms), 2)
+    cset = make_continual_set("homogeneous", num_train=len(norms), num_test=2)
+    with pytest.raises(ValueError, match="Invalid norms"):
+        keep_alike(cset, torch.tensor(norms), 2)
+
+
+def test_alike_indices_match_a_plain_reference_on_random_norms():
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 2, 5, 8, 13):
+        norms = torch.rand(n, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(-3, 3, (n,), generator=g)
+        logs = [float(x) for x in norms.log()]
+        middle = sorted(logs)[(n - 1) // 2]        # torch.median: the lower of the two middle values
+        for keep in range(1, n + 1):
+            order = sorted(range(n), key=lambda i: (abs(logs[i] - middle), i))
+            assert alike_indices(norms, keep) == sorted(order[:keep])
+            assert alike_indices(norms.tolist(), keep) == sorted(order[:keep])     # a list reads the same

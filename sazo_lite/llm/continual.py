@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import torch
 
 from ..atomic import atomic_write
-from ..variance import uniform_gain
+from ..variance import _nonnegative, uniform_gain
 from ..validation import check_count, check_fraction, check_int, check_number
 from .losses import classification_losses, encode_classification
 from .tasks import (ClassificationTask, Example, _CATEGORIES, _NEGATIVE, _NOUNS, _POSITIVE, check_distinct,
@@ -273,7 +273,9 @@ def alike_indices(norms, keep: int) -> list[int]:
         >>> alike_indices(torch.tensor([1.0, 1.1, 9.0, 0.9, 0.01, 1.2]), 4)
         [0, 1, 3, 5]
     """
-    norms = torch.as_tensor(norms, dtype=torch.float64)
+    # a NaN norm made the median NaN and every distance NaN (the first ``keep`` indices were kept, the NaN
+    # among them), a negative one was read as 1e-30, and a [2, 2] tensor gave nested lists
+    norms = _nonnegative("norms", norms)
     if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= len(norms):
         raise ValueError(f"Invalid keep: {keep!r} (expected an int in [1, {len(norms)}])")
     logs = norms.clamp_min(1e-30).log()
