@@ -712,3 +712,28 @@ def test_sparse_seed_log_replays_as_the_page_says():
     log.replay_into(replayer)
     assert torch.equal(base, tuned)
     assert replayer.state_dict()["state"] == opt.state_dict()["state"]     # the step count and the seed
+
+
+def test_queries_targets_and_budgets_in_benchmarks_md():
+    """`until the training-loss gap first drops below 2% and 0.5%`; `not reached (30 000 steps)` on the σ = 1.5
+    quadratic and `not reached (40 000 steps)` on the logistic regression are the problems' step budgets."""
+    from benchmarks import queries
+
+    text = flat(read("docs/benchmarks.md"))
+    assert "first drops below 2% and 0.5% of its initial value" in text and queries.TARGETS == (0.02, 0.005)
+    budgets = {p.name: p.max_steps for p in queries.default_problems()}
+    sigma = text.split("| σ = 1.5 quadratic (V(u)", 1)[1].split("\n", 1)[0]
+    assert int(re.search(r"not reached \(([\d ]+) steps\)", text.split("| σ = 1.5 quadratic (V(u)", 1)[1])
+               .group(1).replace(" ", "")) == budgets["quadratic σ=1.5"], sigma
+    logistic = text.split("| logistic regression, breast cancer (V(u)", 1)[1]
+    [name] = [n for n in budgets if n.startswith("logistic")]
+    assert int(re.search(r"not reached \(([\d ]+) steps\)", logistic).group(1).replace(" ", "")) == budgets[name]
+
+
+def test_overhead_round_order_in_benchmarks_md():
+    """`times both steps twice a round, in the order A B B A with A alternating between rounds`."""
+    from benchmarks.engine_speed import round_order
+
+    assert "in the order A B B A with A alternating between rounds" in flat(read("docs/benchmarks.md"))
+    assert round_order(0) == ("uniform", "sazo", "sazo", "uniform")
+    assert round_order(1) == ("sazo", "uniform", "uniform", "sazo")
