@@ -1,4 +1,5 @@
-"""Round 12 against the graded labs: hand-ins in other encodings, new mutants.
+"""Round 12 against the graded labs: hand-ins in other encodings, assigned magics, timeouts, the reference
+cache after an upgrade, new mutants.
 
 - A hand-in is JSON, and JSON readers (Python's ``json``, RFC 8259's detection) take UTF-8 with or without a
   byte-order mark and UTF-16/32. The grader decoded UTF-8 only: a notebook written by Windows PowerShell's ``>``
@@ -18,6 +19,8 @@
   only: after an upgrade of PyTorch (or NumPy, or Python) the hand-ins were compared with values the old versions
   computed (hidden cases compare float64 state to 1e-12, and a sampler's draws may change). The hash now covers
   their versions.
+- New mutants (off by one, a wrong order or sign, biased weights) in labs 1-3: each loses points on its question
+  (no defect: the existing cases already catch every one).
 """
 from __future__ import annotations
 
@@ -148,3 +151,108 @@ def test_the_reference_is_computed_again_after_a_pytorch_upgrade(tmp_path, monke
     again = grading.reference(autograder, **limits)
     assert len(runs) == 2 and again != first
     assert len(list(tmp_path.glob("*.reference-*.json"))) == 1   # the stale one is removed
+
+
+# -- mutants: off by one, a wrong sign or order, biased weights; each must fail a case of its question ---------------
+pytest.importorskip("otter")
+
+from test_lab_mutants import failed_cases, reference, run_question  # noqa: E402
+
+LEVEL_LINE = ("        self.level, self.level_steps = lab3_level(self.level, self.level_steps, sizes, weights, "
+              "self.level_decay)\n")
+MUTANTS = {   # (lab, question): [(name, [(old, new)])]: plausible wrong answers not in earlier rounds
+    ("lab1", "q1"): [("(plus - minus) / 2 * eps", [("/ (2 * eps))", "/ 2 * eps)")]),
+                     ("minus step without z", [("minus = f(theta - eps * z)", "minus = f(theta - eps)")])],
+    ("lab1", "q2"): [("divides by K - 1", [("return total / num_directions", "return total / (num_directions - 1)")]),
+                     ("the global generator", [("z = torch.randn(theta.shape, generator=generator, dtype=theta.dtype)",
+                                                "z = torch.randn_like(theta)")]),
+                     ("one z for every direction", [
+                         ("    total = torch.zeros_like(theta)\n",
+                          "    total = torch.zeros_like(theta)\n"
+                          "    z0 = torch.randn(theta.shape, generator=generator, dtype=theta.dtype)\n"),
+                         ("z = torch.randn(theta.shape, generator=generator, dtype=theta.dtype)", "z = z0")])],
+    ("lab1", "q3"): [("squared error", [("errors = [abs(lab1_projected_grad(f, theta, z.to(theta.dtype), eps) - "
+                                         "float(z @ grad))",
+                                         "errors = [(lab1_projected_grad(f, theta, z.to(theta.dtype), eps) - "
+                                         "float(z @ grad)) ** 2")]),
+                     ("variance over K - 1", [("return sum(spread) / len(spread)",
+                                               "return sum(spread) / (len(spread) - 1)")]),
+                     ("error over K - 1", [("return sum(errors) / len(errors)",
+                                            "return sum(errors) / (len(errors) - 1)")])],
+    ("lab1", "q4"): [("the eps of the smallest variance", [("errors = [lab1_fd_error(",
+                                                            "errors = [lab1_estimator_variance(")])],
+    ("lab2", "q1"): [("self-normalised weights", [("return 1.0 / (len(probs) * probs[indices])",
+                                                   "w = 1.0 / (len(probs) * probs[indices])\n"
+                                                   "    return w / w.mean()")]),
+                     ("B for N", [("return 1.0 / (len(probs) * probs[indices])",
+                                   "return 1.0 / (len(indices) * probs[indices])")])],
+    ("lab2", "q2"): [("uniform draws, p's weights", [
+                         ("indices = torch.multinomial(probs, batch_size, replacement=True, generator=generator)",
+                          "indices = torch.randint(len(probs), (batch_size,), generator=generator)")]),
+                     ("divides by B - 1", [("* values[indices]).mean())",
+                                           "* values[indices]).sum() / (batch_size - 1))")])],
+    ("lab2", "q3"): [("(norms / p)²", [("(norms ** 2 / probs).sum()", "((norms / probs) ** 2).sum()")]),
+                     ("oracle from sqrt(norms)", [("return norms / total if total > 0",
+                                                   "return norms.sqrt() / norms.sqrt().sum() if total > 0")]),
+                     ("all-zero norms give NaN", [("if total > 0 else torch.full_like(norms, 1.0 / len(norms))",
+                                                   "if total > 0 else norms / total")])],
+    ("lab2", "q4"): [("CV² without the 1", [("float(1 + lab2_norms.var(", "float(lab2_norms.var(")]),
+                     ("CV, not CV²", [("lab2_norms.var(unbiased=False) / lab2_norms.mean() ** 2)",
+                                      "lab2_norms.std(unbiased=False) / lab2_norms.mean())")]),
+                     ("uniform p of ones", [("uniform = torch.full_like(norms, 1.0 / len(norms))",
+                                             "uniform = torch.ones_like(norms)")])],
+    ("lab3", "q1"): [("no uniform fallback", [("adaptive = roots / roots.sum() if roots.sum() > 0 else uniform",
+                                               "adaptive = roots / roots.sum()")]),
+                     ("duplicates: the last one wins", [
+                         ("estimates[unique] = ema_decay * estimates[unique] + (1.0 - ema_decay) * squares",
+                          "estimates[indices] = ema_decay * estimates[indices] + (1.0 - ema_decay) * "
+                          "diffs.double() ** 2")])],
+    ("lab3", "q2"): [("RMS prior for \"square\"", [
+                         ('    if statistic == "square":\n        return float(',
+                          "    if False:\n        return float(")]),
+                     ("NaN prior before any example is seen", [
+                         ("    if not bool(seen.any()):\n        return 0.0\n", "")]),
+                     ("sqrt for \"abs\", not \"square\"", [
+                         ('    if statistic == "square":\n        scores = scores.sqrt()',
+                          '    if statistic == "abs":\n        scores = scores.sqrt()')]),
+                     ("no uniform fallback", [("adaptive = scores / scores.sum() if scores.sum() > 0 else uniform",
+                                               "adaptive = scores / scores.sum()")])],
+    ("lab3", "q3"): [("min for max", [("rate = max(1.0 / steps", "rate = min(1.0 / steps")]),
+                     ("rate 1 / (t + 1)", [("rate = max(1.0 / steps", "rate = max(1.0 / (steps + 1)")]),
+                     ("mean(w)·mean(s)", [("float((weights * stats).mean())",
+                                           "float(weights.mean() * stats.mean())")]),
+                     ("steps returned before the increment", [("stats).mean()), steps\n",
+                                                               "stats).mean()), steps - 1\n")])],
+    ("lab3", "q4"): [("decay from n + 1", [("n = counts[unique].double()", "n = counts[unique].double() + 1")]),
+                     ("prior strength before any example is seen", [
+                         ("strength = prior_strength if bool(seen.any()) else 0.0", "strength = prior_strength")]),
+                     ("divides by a zero level", [("relative = stats.double() / level if level > 0 else "
+                                                   "torch.zeros(len(stats), dtype=torch.float64)",
+                                                   "relative = stats.double() / level")]),
+                     ("decay without the prior strength", [("decay = ((n + strength) / (n + strength + 1.0))",
+                                                            "decay = (n / (n + 1.0))")])],
+    ("lab3", "q5"): [("blend with the old level", [
+                         (LEVEL_LINE, ""),
+                         ("self.ema_decay, self.prior_strength, self.statistic)\n",
+                          "self.ema_decay, self.prior_strength, self.statistic)\n" + LEVEL_LINE)]),
+                     ("signed diffs into the blend", [("lab3_blend(self.estimates, self.counts, indices, sizes,",
+                                                       "lab3_blend(self.estimates, self.counts, indices, diffs,")]),
+                     ("weights with B for N", [("weights = 1.0 / (self.num_examples * self.probs[indices])",
+                                                "weights = 1.0 / (len(indices) * self.probs[indices])")]),
+                     ("prior strength fixed at 1", [("self.ema_decay, self.prior_strength, self.statistic)",
+                                                     "self.ema_decay, 1.0, self.statistic)")])],
+}
+
+
+@pytest.fixture(scope="module")
+def fast_mode():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SAZO_FAST", "1")
+        yield
+
+
+@pytest.mark.parametrize("lab,question,name", [(*k, n) for k, items in MUTANTS.items() for n, _ in items])
+def test_each_new_mutant_loses_points_on_its_question(fast_mode, lab, question, name):
+    replacements = dict(MUTANTS[(lab, question)])[name]
+    want = reference(lab, question)
+    assert failed_cases(want, run_question(lab, question, replacements, until_failed=want)), f"{lab} {question}: {name}"
