@@ -737,3 +737,21 @@ def test_overhead_round_order_in_benchmarks_md():
     assert "in the order A B B A with A alternating between rounds" in flat(read("docs/benchmarks.md"))
     assert round_order(0) == ("uniform", "sazo", "sazo", "uniform")
     assert round_order(1) == ("sazo", "uniform", "uniform", "sazo")
+
+
+def test_trainer_md_epoch_length(tmp_path):
+    """`An epoch is ceil(N/B) steps, floor(N/B) (at least 1) with dataloader_drop_last` (the page said floor(N/B):
+    0 steps for N < B, where the trainer takes 1)."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import TrainingArguments
+
+    from sazo_lite.hf import ZOTrainer
+
+    assert "An epoch is ceil(N/B) steps, floor(N/B) (at least 1) with `dataloader_drop_last`" in flat(read("docs/trainer.md"))
+    rows = lambda n: [{"input_ids": [1, 2, 3], "labels": [-100, 2, 3]} for _ in range(n)]
+    for n, drop, steps in ((20, False, 3), (20, True, 2), (3, True, 1), (3, False, 1)):
+        args = TrainingArguments(str(tmp_path), per_device_train_batch_size=8, dataloader_drop_last=drop,
+                                 report_to=[], use_cpu=True)
+        trainer = ZOTrainer(torch.nn.Linear(2, 2), args, train_dataset=rows(n))
+        assert trainer._steps_per_epoch() == steps, (n, drop)
