@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import math
-import numbers
 import random
 import statistics
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ import torch
 from .engine import FLAT_EXAMPLES, FLAT_STEPS, FlatLossCheck, FlatLossWarning, _booleans_or_complex
 from .interrupts import InterruptsDeferred
 from .validation import (check_bool, check_callable, check_count, check_fraction, check_int, check_limit, check_number,
-                         dense_tensor)
+                         check_real, dense_tensor)
 
 __all__ = ["History", "FlatLossWarning", "train", "queries_to_target", "diverged", "reached", "median_queries",
            "median_ratio_interval", "mean_difference_interval", "best_rate", "past_edge", "NoiseScaledStep"]
@@ -407,23 +406,28 @@ def queries_to_target(record, target: float) -> int | None:
 def median_queries(values: Sequence[int | float | None]) -> float:
     """Median over seeds of queries to a target; a miss (None) counts as never (∞).
 
+    Each value is a number of queries ≥ 0 or a miss (None / ∞); NaN, negative values, bools, non-numbers and
+    no values at all raise ValueError (a NaN sorted anywhere: [nan, 100, 120] had median 100, [100, nan, 120] nan).
+
     Example:
         >>> median_queries([100, None, 120]), median_queries([None, None, 120])
         (120, inf)
     """
-    values = [math.inf if v is None else v for v in values]
-    return statistics.median(values)
+    return statistics.median(_check_queries("values", values, zero=True))
 
 
-def _check_queries(name: str, values) -> list[float]:
-    """Queries per seed as median_ratio_interval takes them: each a positive number or a miss
-    (None / ∞); 0, NaN, negative, bool and non-numbers refused, naming the argument."""
+def _check_queries(name: str, values, *, zero: bool = False) -> list[float]:
+    """Queries per seed as median_ratio_interval (each > 0) and median_queries (each ≥ 0: ``zero``) take them:
+    a number of queries or a miss (None / ∞, returned as ∞); NaN, negative, bool, non-numbers and numbers beyond
+    float64 (``check_real``) refused, naming the argument."""
     checked = []
     for v in values:
         if v is None:
             v = math.inf
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or math.isnan(v) or v <= 0:
-            raise ValueError(f"Invalid queries in {name}: {v!r} (expected queries > 0, or None / inf for a miss)")
+        number = check_real(f"queries in {name}", v)   # math.isnan raised OverflowError on 10**400
+        if math.isnan(number) or number < 0 or (number == 0 and not zero):
+            raise ValueError(f"Invalid queries in {name}: {v!r} (expected queries {'>= 0' if zero else '> 0'}, "
+                             f"or None / inf for a miss)")
         checked.append(v)
     if not checked:
         raise ValueError(f"Invalid queries: expected at least one seed in {name}")
@@ -477,8 +481,11 @@ def mean_difference_interval(first: Sequence[float], second: Sequence[float], *,
     """
     if len(first) < 2 or len(second) < 2:
         raise ValueError(f"Invalid samples: expected at least two values on each side, got {len(first)} and {len(second)}")
+    # read as floats (``check_real``): numpy scalars (a float32 accuracy, an int64 count) were refused as "not finite
+    # numbers", and an int beyond float64 raised OverflowError
+    first, second = ([check_real(side, v) for v in values] for side, values in (("first", first), ("second", second)))
     for side, values in (("first", first), ("second", second)):
-        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)]
+        bad = [v for v in values if not math.isfinite(v)]
         if bad:
             raise ValueError(f"Invalid {side}: expected finite numbers, got {bad[0]!r}")
     level = check_fraction("level", level, 0.0, 1.0, closed_low=False, closed_high=False)

@@ -55,3 +55,59 @@ def test_the_vector_pair_check_is_public_and_the_llm_diagnostics_import_no_priva
     with pytest.raises(ValueError, match="Invalid norms: entries must be finite and non-negative"):
         variance.paired_vectors("norms", [-1.0], "probs", [1.0])
     assert variance.paired_vectors("a", [-1.0], "b", [2.0])[0].tolist() == [-1.0]   # not norms: any sign
+
+
+# --- 3. the race's statistics read every number the same way ------------------------------------------------------
+@pytest.mark.parametrize("values", [[float("nan"), 100, 120], [100, float("nan"), 120], [100, 120, float("nan")]])
+def test_median_queries_refuses_nan_instead_of_answering_by_where_it_stands(values):
+    """A NaN among the queries per seed was sorted wherever it stood: [nan, 100, 120] had median 100,
+    [100, nan, 120] nan, [100, 120, nan] 120. A miss is None or ∞; NaN is refused, naming it."""
+    from sazo_lite.train import median_queries
+
+    with pytest.raises(ValueError, match="Invalid queries in values: nan"):
+        median_queries(values)
+
+
+@pytest.mark.parametrize("bad, message", [([-5, 100], "expected queries >= 0"), ([True, 100], "expected a number"),
+                                          (["100"], "expected a number"), ([], "at least one seed"),
+                                          ([10 ** 400], "beyond float64")])
+def test_median_queries_refuses_what_is_not_a_number_of_queries(bad, message):
+    """Negative counts, bools and strings were ordered as numbers (or raised TypeError), no values raised
+    statistics' own error; a count beyond float64 raised OverflowError in median_ratio_interval's check."""
+    from sazo_lite.train import median_queries, median_ratio_interval
+
+    with pytest.raises(ValueError, match=message):
+        median_queries(bad)
+    if bad and not isinstance(bad[0], bool) and bad[0] == 10 ** 400:
+        with pytest.raises(ValueError, match="beyond float64"):
+            median_ratio_interval(bad, [100])
+
+
+def test_median_queries_still_counts_a_miss_as_never_and_zero_as_zero():
+    from sazo_lite.train import median_queries
+
+    assert median_queries([100, None, 120]) == 120 and median_queries([None, None, 120]) == float("inf")
+    assert median_queries([0, 0, None]) == 0 and median_queries([3, 5]) == 4.0
+
+
+def test_mean_difference_interval_takes_numpy_numbers():
+    """Per-seed accuracies as numpy float32 (np.mean of a float32 array) or counts as numpy int64 were refused
+    as 'expected finite numbers, got np.float32(0.7)'; they are numbers, read as floats. The answer is the
+    plain formula's."""
+    import math
+    import statistics
+
+    import numpy as np
+
+    from sazo_lite.train import mean_difference_interval
+
+    first, second = np.array([0.7, 0.8, 0.75], dtype=np.float32), [np.int64(1), np.int64(0), np.int64(1)]
+    difference, half = mean_difference_interval(list(first), second)
+    a, b = [float(v) for v in first], [float(v) for v in second]
+    z = statistics.NormalDist().inv_cdf(0.975)
+    assert difference == statistics.mean(a) - statistics.mean(b)
+    assert math.isclose(half, z * math.sqrt(statistics.variance(a) / 3 + statistics.variance(b) / 3), rel_tol=1e-12)
+    with pytest.raises(ValueError, match="Invalid first"):
+        mean_difference_interval([float("nan"), 1.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="Invalid second"):
+        mean_difference_interval([1.0, 2.0], [10 ** 400, 1])
