@@ -755,3 +755,22 @@ def test_trainer_md_epoch_length(tmp_path):
                                  report_to=[], use_cpu=True)
         trainer = ZOTrainer(torch.nn.Linear(2, 2), args, train_dataset=rows(n))
         assert trainer._steps_per_epoch() == steps, (n, drop)
+
+
+def test_course_md_divergence_rule_cases():
+    """`a run has diverged once its gap … is above DIVERGE_FACTOR × its starting gap or not finite (a run that
+    starts at θ*, with a gap of 0, only once it is not finite)`."""
+    from sazo_lite.course.sazo_runs import DIVERGE_FACTOR, first_divergence
+
+    assert "(a run that starts at θ*, with a gap of 0, only once it is not finite;" in flat(read("docs/course.md"))
+    assert first_divergence([1.0, 0.5, DIVERGE_FACTOR * 1.01]) == 2
+    assert first_divergence([1.0, DIVERGE_FACTOR * 0.99]) is None
+    assert first_divergence([1.0, float("nan")]) == 1
+    assert first_divergence([0.0, 1e6, 1e30]) is None and first_divergence([0.0, 1e6, float("inf")]) == 2
+
+
+def test_plain_make_installs():
+    """README: GPU users may `install torch first into .venv and then run make`: make's default goal is install."""
+    assert "install torch first into `.venv` and then run `make`" in flat(read("README.md"))
+    first = re.search(r"^([\w.-]+)\s*:(?!=)", re.sub(r"^\.PHONY:.*$", "", read("Makefile"), flags=re.M), re.M).group(1)
+    assert first == "install"
