@@ -19,7 +19,7 @@ cache after an upgrade, new mutants.
   only: after an upgrade of PyTorch (or NumPy, or Python) the hand-ins were compared with values the old versions
   computed (hidden cases compare float64 state to 1e-12, and a sampler's draws may change). The hash now covers
   their versions.
-- New mutants (off by one, a wrong order or sign, biased weights) in labs 1-3: each loses points on its question
+- New mutants (off by one, a wrong order or sign, biased weights) in labs 1-4: each loses points on its question
   (no defect: the existing cases already catch every one).
 """
 from __future__ import annotations
@@ -241,6 +241,12 @@ MUTANTS = {   # (lab, question): [(name, [(old, new)])]: plausible wrong answers
                                                 "weights = 1.0 / (len(indices) * self.probs[indices])")]),
                      ("prior strength fixed at 1", [("self.ema_decay, self.prior_strength, self.statistic)",
                                                      "self.ema_decay, 1.0, self.statistic)")])],
+    ("lab4", "q3"): [("shifted the wrong way", [(".logits[:, :-1]", ".logits[:, 1:]"),
+                                                 ("targets = tokens[:, 1:]", "targets = tokens[:, :-1]")]),
+                     ("the log-likelihood, not its negative", [("return ce.view(len(tokens), -1).mean(dim=1)",
+                                                                "return -ce.view(len(tokens), -1).mean(dim=1)")]),
+                     ("mean over the wrong axis", [("return ce.view(len(tokens), -1).mean(dim=1)",
+                                                    "return ce.view(-1, len(tokens)).mean(dim=0)")])],
 }
 
 
