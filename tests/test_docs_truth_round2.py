@@ -774,3 +774,36 @@ def test_plain_make_installs():
     assert "install torch first into `.venv` and then run `make`" in flat(read("README.md"))
     first = re.search(r"^([\w.-]+)\s*:(?!=)", re.sub(r"^\.PHONY:.*$", "", read("Makefile"), flags=re.M), re.M).group(1)
     assert first == "install"
+
+
+def test_plain_rule_and_oracle_as_samplers_md_states():
+    """Plain rule: `G_i starts at G₀ = 1 …, G_i ← β·G_i + (1−β)·d_i² (duplicates in a batch: their mean d²),
+    p ∝ √G mixed with uniform`; oracle: `‖∇f_i‖/Σ‖∇f_j‖ … computed on norms / max, so norms near float64's max
+    keep p`, weights 1/(N p_i)."""
+    import torch
+
+    from sazo_lite.samplers import OracleSampler, PlainSAZOSampler
+
+    text = flat(read("docs/samplers.md"))
+    assert "(duplicates in a batch: their mean d²), p ∝ √G mixed with uniform" in text
+    assert "computed on norms / max, so norms near float64's max keep p" in text
+    plain = PlainSAZOSampler(4, seed=0)
+    plain.update(torch.tensor([0, 0]), torch.tensor([1.0, 3.0], dtype=torch.float64))
+    beta, lam = plain.ema_decay, plain.uniform_mix
+    g = torch.tensor([beta * 1.0 + (1 - beta) * (1.0 + 9.0) / 2, 1.0, 1.0, 1.0], dtype=torch.float64)
+    expected = (1 - lam) * g.sqrt() / g.sqrt().sum() + lam / 4
+    assert torch.allclose(plain.probs.to(torch.float64), expected, rtol=1e-6)
+    oracle = OracleSampler(3, lambda: torch.tensor([1e308, 5e307, 0.0], dtype=torch.float64), seed=0)
+    assert torch.allclose(oracle.probs.to(torch.float64), torch.tensor([2 / 3, 1 / 3, 0.0], dtype=torch.float64))
+    idx, w = oracle.sample(16)
+    assert torch.allclose(torch.as_tensor(w, dtype=torch.float64), 1 / (3 * oracle.probs.to(torch.float64)[idx]))
+
+
+def test_readme_example_builds_train_and_test_rows():
+    """`examples/finetune_smollm2_trainer.py builds the model and the rows (its train and test) and runs the right
+    column end to end`: its rows are `train`/`test` and its trainer is the column's ZOTrainer call on them."""
+    assert "builds the model and the rows (its `train` and `test`)" in flat(read("README.md"))
+    source = flat(read("examples/finetune_smollm2_trainer.py"))
+    assert re.search(r"\btrain = \[row\(", source) and re.search(r"\btest = \[row\(", source)
+    assert "ZOTrainer(model, args, train_dataset=train, eval_dataset=test," in source
+    assert "trainer.train(resume_from_checkpoint=" in source
