@@ -463,6 +463,13 @@ class MeZO(torch.optim.Optimizer):
         self.flush()
         out = _undecorated(torch.optim.Optimizer.state_dict)(self)
         out["state"] = {key: dict(value) for key, value in out["state"].items()}   # ints: a shallow copy is whole
+        # the hyperparameters as Python numbers, checked as a step checks them: a numpy float set between steps (an lr
+        # schedule computed with np.cos) made a state that torch.load refuses with weights_only=True, its default
+        for group in out["param_groups"]:   # torch packs new dicts: the live groups are left as they are
+            missing = {"lr", "weight_decay", "eps", "perturbation"} - set(group)
+            if missing:
+                raise ValueError(f"Invalid param_group: a group lacks {sorted(missing)} (use add_param_group)")
+            group.update(_check_group(group, {}))
         return out
 
     def load_state_dict(self, state_dict: dict) -> None:

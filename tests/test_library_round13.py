@@ -111,3 +111,61 @@ def test_mean_difference_interval_takes_numpy_numbers():
         mean_difference_interval([float("nan"), 1.0], [1.0, 2.0])
     with pytest.raises(ValueError, match="Invalid second"):
         mean_difference_interval([1.0, 2.0], [10 ** 400, 1])
+
+
+# --- 4. MeZO.state_dict: hyperparameters set between steps as numpy numbers -----------------------------------------
+@pytest.mark.parametrize("fold", [False, True])
+def test_a_state_saved_after_a_numpy_lr_schedule_loads_with_weights_only_and_resumes_bit_for_bit(tmp_path, fold):
+    """A schedule computed with numpy (lr = η₀·½(1 + np.cos(πt/T))) sets np.float64 rates between steps; the step
+    reads them as floats, but a state_dict taken before the next step held the numpy scalars, and torch.load
+    (weights_only=True, its default) refused the checkpoint. The state holds Python floats now, and the resumed
+    run is the uninterrupted one bit for bit. The live groups are left as the caller set them."""
+    import io
+
+    import numpy as np
+
+    def schedule(opt, t):
+        opt.param_groups[0]["lr"] = 0.05 * 0.5 * (1 + np.cos(np.pi * t / 8))
+        opt.param_groups[1]["weight_decay"] = np.float32(0.01 * t)
+
+    def build(theta, other):
+        return sz.MeZO([{"params": [theta]}, {"params": [other], "perturbation": "rademacher"}], lr=0.05, eps=1e-3,
+                       seed=7, fold_updates=fold)
+
+    theta, other = torch.linspace(-1, 1, 6, dtype=torch.float64), torch.ones(3)
+    opt = build(theta, other)
+    loss = lambda: torch.cat([(theta - 0.5) ** 2, (other.double() - 2.0) ** 2])
+    for t in range(3):
+        opt.step(loss)
+        schedule(opt, t + 1)
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    assert type(opt.param_groups[0]["lr"]) is np.float64   # the caller's value, untouched
+    saved = theta.clone(), other.clone()
+    for t in range(3, 6):
+        opt.step(loss)
+        schedule(opt, t + 1)
+    opt.flush()
+
+    copy_theta, copy_other = saved
+    resumed = build(copy_theta, copy_other)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)
+    assert [type(g["lr"]) for g in state["param_groups"]] == [float, float]
+    resumed.load_state_dict(state)
+    copy_loss = lambda: torch.cat([(copy_theta - 0.5) ** 2, (copy_other.double() - 2.0) ** 2])
+    for t in range(3, 6):
+        resumed.step(copy_loss)
+        schedule(resumed, t + 1)
+    resumed.flush()
+    assert torch.equal(copy_theta, theta) and torch.equal(copy_other, other)
+
+
+def test_state_dict_refuses_a_group_it_could_not_load_again():
+    """A group whose lr was set to an invalid value between steps was saved as it stood (load_state_dict refuses
+    it later, far from where it was set); the state_dict is refused now, naming it."""
+    theta = torch.zeros(3)
+    opt = sz.MeZO([theta], lr=0.1)
+    opt.param_groups[0]["lr"] = -1.0
+    with pytest.raises(ValueError, match="Invalid lr"):
+        opt.state_dict()
