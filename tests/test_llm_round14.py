@@ -9,12 +9,18 @@ import torch
 
 pytest.importorskip("transformers")
 
+from sazo_lite import MeZO
+from sazo_lite.engine import StepEvent
 from sazo_lite.llm import add_lora, tiny_causal_lm, trainable_parameters
 from sazo_lite.llm.continual import alike_indices, keep_alike, make_continual_set
+from sazo_lite.llm.finetune import restore_snapshot, snapshot
 from sazo_lite.llm.grad_norms import directional_error, full_gradient_norm, grad_norms
+from sazo_lite.llm.queries import AfterStep, WalkBound, WalkPull, query_run, walk
+from sazo_lite.llm.topblock import TopBlocks
 
 from test_llm_round9 import VOCAB, batch, jiggle       # the same tiny batches
 from test_llm_round13 import equal_length_batch       # no padding: vmap applies
+from test_llm_topblock import lora_top                 # LoRA on a tiny model's top block
 
 
 # --- 1. per-example norms: one tensor given twice ----------------------------------------------------------------
@@ -76,3 +82,34 @@ def test_alike_indices_match_a_plain_reference_on_random_norms():
             order = sorted(range(n), key=lambda i: (abs(logs[i] - middle), i))
             assert alike_indices(norms, keep) == sorted(order[:keep])
             assert alike_indices(norms.tolist(), keep) == sorted(order[:keep])     # a list reads the same
+
+
+# --- 3. the walk rules: one tensor given twice ---------------------------------------------------------------------
+def test_the_walk_and_its_rules_refuse_a_tensor_given_twice():
+    # the walk counted it twice (7.07 for a walk of 5), and WalkBound shrank it twice: a walk of 5 bound at R = 1
+    # ended at 0.1
+    theta, zero = torch.tensor([3.0, 4.0]), torch.zeros(2)
+    with pytest.raises(ValueError, match="Invalid params: .*share memory"):
+        walk([theta, theta], [zero, zero])
+    for rule in (lambda: WalkBound([theta, theta], radius=1.0, start=[zero, zero]),
+                 lambda: WalkPull([theta, theta], strength=1.0), lambda: AfterStep([theta, theta[1:]])):
+        with pytest.raises(ValueError, match="Invalid params: .*share memory"):
+            rule()
+    optimizer = MeZO([theta], lr=0.0, eps=1e-3, seed=0)
+    bound = WalkBound([theta], radius=1.0, start=[zero])
+    bound(optimizer, StepEvent("step", 0, 0.0))
+    assert walk([theta], [zero]) == pytest.approx(1.0) and theta.tolist() == pytest.approx([0.6, 0.8])
+
+
+# --- 4. query races: a top-block run without a model ----------------------------------------------------------------
+def test_a_top_block_run_without_a_model_measures_a_token_batch_test_split():
+    # model=None took the TopBlocks' own model for the tuned tensors, but the held-out accuracy of a TokenBatch ran
+    # accuracy(None, ...): an AttributeError once the whole run had been made (mid-run with accuracy_at)
+    model, params = lora_top("llama")
+    train, test = TopBlocks(model, batch(6)), batch(4, seed=1)
+    start = snapshot(params)
+    settings = dict(lr=1e-2, steps=4, log_every=2, seed=3, test_batch=test, accuracy_at=4)
+    without = query_run(None, params, train, "sazo", **settings)
+    restore_snapshot(params, start)
+    assert without.test_accuracy is not None and without.budget_accuracy is not None
+    assert without.to_dict() == query_run(model, params, train, "sazo", **settings).to_dict()

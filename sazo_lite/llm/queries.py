@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..engine import MeZO, StepEvent
+from ..engine import MeZO, StepEvent, _check_disjoint
 from ..samplers import RACED, make_sampler
 from ..train import NoiseScaledStep, median_queries, queries_to_target, reached, train
 from ..variance import oracle_probs, paired_vectors as _paired, spearman, tv_distance, variance_ratio
@@ -168,16 +168,28 @@ def sampling_diagnostics(norms: torch.Tensor, probs: torch.Tensor, scores: torch
     return out
 
 
-@torch.no_grad()
-def walk(params, start) -> float:
-    """‖θ − θ₀‖ over the tuned tensors (``start``: their copies at θ₀, e.g. ``snapshot(params)``)."""
+def _checked_start(params, start) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(params, start) as lists: one copy at θ₀ of each tuned tensor's shape, and no tensor given twice or
+    sharing memory with another (``engine._check_disjoint``); else ValueError."""
     params, start = list(params), list(start)
     if len(start) != len(params) or any(not isinstance(s, torch.Tensor) or s.shape != p.shape
                                         for p, s in zip(params, start)):
         # zip stopped at the shorter list and a [1] copy broadcast: a walk over part of θ, without a word
         raise ValueError(f"Invalid start: expected one tensor of each tuned tensor's shape ({len(params)} tensors), "
                          f"got {len(start)}")
+    # a tensor given twice counted twice in ‖θ − θ₀‖, and WalkBound shrank it twice (a walk of 5, R = 1: to 0.1)
+    _check_disjoint(params)
+    return params, start
+
+
+def _distance(params, start) -> float:
     return float(sum(float((p.detach().double() - s.double()).pow(2).sum()) for p, s in zip(params, start)) ** 0.5)
+
+
+@torch.no_grad()
+def walk(params, start) -> float:
+    """‖θ − θ₀‖ over the tuned tensors (``start``: their copies at θ₀, e.g. ``snapshot(params)``)."""
+    return _distance(*_checked_start(params, start))
 
 
 class AfterStep:
@@ -188,12 +200,9 @@ class AfterStep:
     None copies ``params`` here."""
 
     def __init__(self, params, start=None):
-        self.params = list(params)
-        self.start = [p.detach().clone() for p in self.params] if start is None else list(start)
-        if len(self.start) != len(self.params) or any(
-                not isinstance(s, torch.Tensor) or s.shape != p.shape for p, s in zip(self.params, self.start)):
-            raise ValueError(f"Invalid start: expected one tensor of each tuned tensor's shape "
-                             f"({len(self.params)} tensors), got {len(self.start)}")
+        params = list(params)
+        self.params, self.start = _checked_start(params, [p.detach().clone() for p in params] if start is None
+                                                 else start)
 
     @torch.no_grad()
     def __call__(self, optimizer, event) -> None:
@@ -235,7 +244,7 @@ class WalkBound(AfterStep):
         self.radius, self.count = radius, 0
 
     def after_step(self, optimizer, event) -> None:
-        distance = walk(self.params, self.start)
+        distance = _distance(self.params, self.start)       # checked when the hook was made
         if distance > self.radius:
             shrink = self.radius / distance
             for p, s in zip(self.params, self.start):
@@ -462,8 +471,9 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
     _check_handed_on(sampler, oracle_every, oracle_mix, walk_bound, step_cap)
     diagnose = int(diagnose)
     n = len(train_batch)
-    params = check_params_in(train_batch.model if model is None and isinstance(train_batch, TopBlocks) else model,
-                             params)       # a TopBlocks run needed no model: None still takes its own
+    if model is None and isinstance(train_batch, TopBlocks):   # a TopBlocks run needs no model: None takes its own
+        model = train_batch.model      # (a TokenBatch test split's accuracy raised AttributeError after the run)
+    params = check_params_in(model, params)
     for cached in (train_batch, test_batch):      # a tuned tensor below the top blocks: the cache would go stale
         if isinstance(cached, TopBlocks):
             cached.check_params(params)
