@@ -19,6 +19,9 @@ cache after an upgrade, new mutants.
   only: after an upgrade of PyTorch (or NumPy, or Python) the hand-ins were compared with values the old versions
   computed (hidden cases compare float64 state to 1e-12, and a sampler's draws may change). The hash now covers
   their versions.
+- Found, not closed (pinned as a documented gap): a forbidden function that C code calls while allowed library code
+  is the running Python frame (a ``__del__`` that is a ``partial`` of ``list.extend`` over a ``map`` of it, on an
+  object that dies as the student's ``_observe`` returns into ``Sampler.update``) counts as the library's own call.
 - New mutants (off by one, a wrong order or sign, biased weights) in labs 1-4: each loses points on its question
   (no defect: the existing cases already catch every one).
 """
@@ -152,6 +155,35 @@ def test_the_reference_is_computed_again_after_a_pytorch_upgrade(tmp_path, monke
     assert len(runs) == 2 and again != first
     assert len(list(tmp_path.glob("*.reference-*.json"))) == 1   # the stale one is removed
 
+
+# -- a documented gap: a forbidden call C code makes while allowed library code is the running frame ----------------
+DYING_IN_THE_LIBRARY = """import functools as _ft
+class Lab9K(sazo_lite.Sampler):
+    def _observe(self, indices, diffs):
+        self.found = []
+        _answer = getattr(getattr(sazo_lite, 'vari' + 'ance'), 'oracle_' + 'probs')
+        # dies as this method returns into Sampler.update: its __del__ (C code) calls the library there
+        _dying = type('_Dying', (), {'__del__': _ft.partial(self.found.extend, map(_answer, [diffs.abs()]))})()
+"""
+
+
+def test_documented_gap_a_forbidden_call_made_by_c_code_in_a_library_frame_is_uncharged():
+    """Found in round 12, not closed (see the report): the guard takes a forbidden function's caller to be the library
+    calling itself when the running Python frame is allowed library code, whoever set the call up. The student's
+    ``_observe`` (called by the allowed ``Sampler.update``) leaves an object whose ``__del__`` is a ``partial`` of
+    ``list.extend`` over a ``map`` of the forbidden function: it dies as the method returns, in ``Sampler.update``'s
+    frame, and C code calls the library there. Lab 3's rule: ``oracle_probs`` answers, nothing is charged. If this
+    fails, the gap was closed: say so in labs/README.md."""
+    from sazo_lite.course.labs.rules import RULES
+    from test_lab_attacks_round11 import _guarded
+
+    rule = RULES["lab3_sazo_sampler"]
+    case = ("_k = Lab9K(3)\n_k.update(torch.tensor([0, 1, 2]), torch.tensor([1.0, -3.0, 4.0]))\n"
+            "record(_k.found[0].tolist())")
+    result = _guarded([["dying", DYING_IN_THE_LIBRARY, case]], [list(rule["modules"]), list(rule["names"])])["dying"]
+    assert result["error"] is None and result["records"] == [{"t": "seq", "v": [
+        {"t": "float", "v": v} for v in (0.125, 0.375, 0.5)]}], result   # |d| / sum |d|: the library's answer
+    assert result["found"] == [] and result["check"] == [], result
 
 # -- mutants: off by one, a wrong sign or order, biased weights; each must fail a case of its question ---------------
 pytest.importorskip("otter")
