@@ -807,3 +807,26 @@ def test_readme_example_builds_train_and_test_rows():
     assert re.search(r"\btrain = \[row\(", source) and re.search(r"\btest = \[row\(", source)
     assert "ZOTrainer(model, args, train_dataset=train, eval_dataset=test," in source
     assert "trainer.train(resume_from_checkpoint=" in source
+
+
+def test_torch_noise_is_not_called_the_default():
+    """Since 2026-12-04 `noise="auto"` picks GaussianTable: a sentence calling TorchNoise "the default for large
+    CPU models" without its end date is stale (benchmarks.md's z paragraph said so)."""
+    from sazo_lite.engine import AUTO_NOISE_MIN_ENTRIES, _auto_noise
+    from sazo_lite.noise import GaussianTable
+
+    import torch
+
+    assert isinstance(_auto_noise([{"params": [torch.zeros(AUTO_NOISE_MIN_ENTRIES)]}]), GaussianTable)
+    for page in PAGES:
+        for found in re.finditer(r"`TorchNoise`[^.;]{0,40}?\(([^)]*default[^)]*)\)", flat(read(page))):
+            assert re.search(r"until 2026-12-0[34]|then the default|previous default", found.group(1)), (page, found.group(0))
+
+
+def test_make_bench_run_time_is_where_the_queries_section_points():
+    """`the make bench run of 2026-11-30 (22:44 UTC, below)`: the run's time is stated in "The whole table",
+    which comes after the queries section (the page said "above")."""
+    text = read("docs/benchmarks.md")
+    pointer = text.index("run of 2026-11-30 (22:44 UTC, [below](#the-whole-table-make-bench))")
+    assert text.index("### The whole table (`make bench`)") > pointer
+    assert "finished 2026-11-30 22:44 UTC" in flat(text.split("### The whole table (`make bench`)", 1)[1])
