@@ -157,3 +157,33 @@ def test_two_point_docstrings_name_the_third_derivative_not_the_curvature_for_th
     for doc in (two_point.__doc__, two_point.error_vs_eps.__doc__, two_point.bowl_loss.__doc__):
         assert not re.search(r"\(curvature\)|curvature error", doc), doc
     assert "third derivative" in two_point.__doc__ and "third-derivative" in two_point.error_vs_eps.__doc__
+
+
+# -- notebook 06: which run its text quotes -------------------------------------------------------------------------
+
+def test_06_says_when_it_reads_another_run_than_the_one_its_text_quotes(tmp_path):
+    """The lesson reads this machine's latest run (benchmarks/results/) before the reference run in git, and the
+    text quotes the reference run's numbers (8.71, 0.11, 6.79, 0.88 [0–∞] ...): after `make bench-llm ... --out
+    benchmarks/results/llm_opposed_race.json` the cells printed another race under a text that contradicted them,
+    without a word. The first cell now says so; on the reference run it prints nothing more."""
+    import shutil
+
+    from sazo_lite.course import llm_lesson as lesson
+
+    reference = ROOT / "benchmarks" / "reference" / lesson.REPORT
+    (tmp_path / "benchmarks" / "reference").mkdir(parents=True)
+    shutil.copy(reference, tmp_path / "benchmarks" / "reference" / lesson.REPORT)
+    quoted = lesson.load_race(start=tmp_path)
+    assert quoted.reference and lesson.text_note(quoted) == ""
+    (tmp_path / "benchmarks" / "results").mkdir()
+    report = json.loads(reference.read_text())
+    report["settings"][0]["design"]["v_uniform_ratio"] *= 2          # this machine's rerun measured other numbers
+    (tmp_path / "benchmarks" / "results" / lesson.REPORT).write_text(json.dumps(report))
+    rerun = lesson.load_race(start=tmp_path)
+    assert not rerun.reference and rerun.design["v_uniform_ratio"] != quoted.design["v_uniform_ratio"]
+    note = lesson.text_note(rerun)
+    assert "this machine's latest run" in note and "reference run" in note
+    notebook = _notebook("06_llm_finetuning")
+    first = next("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code")
+    assert "lesson.text_note(race)" in first and "race.reference" in first
+    assert "the text quotes the reference run in git" in _markdown(notebook)

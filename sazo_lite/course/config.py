@@ -7,7 +7,10 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["fast_mode", "pick", "one_thread", "benchmark_report"]
+__all__ = ["fast_mode", "pick", "one_thread", "benchmark_report", "LATEST_RUN", "REFERENCE_RUN"]
+
+LATEST_RUN = "this machine's latest run"      # benchmarks/results/: what a benchmark wrote here (not in git)
+REFERENCE_RUN = "the reference run in git"    # benchmarks/reference/: what the course's text quotes
 
 
 def fast_mode() -> bool:
@@ -55,8 +58,8 @@ def benchmark_report(name: str, start: Path | str | None = None) -> tuple[Path, 
     root = next((folder for folder in (here, *here.parents) if (folder / "benchmarks" / "reference").is_dir()), None)
     if root is None:
         return None
-    for path, kind in ((root / "benchmarks" / "results" / name, "this machine's latest run"),
-                       (root / "benchmarks" / "reference" / name, "the reference run in git")):
+    for path, kind in ((root / "benchmarks" / "results" / name, LATEST_RUN),
+                       (root / "benchmarks" / "reference" / name, REFERENCE_RUN)):
         if path.is_file():
             return path, kind
     return None

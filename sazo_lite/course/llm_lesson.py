@@ -21,11 +21,11 @@ from pathlib import Path
 from ..llm.queries import DIVERGE_FACTOR, held_out_accuracies, queries_to, ratio_bound
 from ..train import median_queries, median_ratio_interval
 from ..validation import check_count, check_number
-from .config import benchmark_report
+from .config import REFERENCE_RUN, benchmark_report
 from .tables import Table
 
-__all__ = ["REPORT", "SAMPLERS", "Race", "load_race", "protocol_line", "gain_by_hand", "measure_theta0", "set_table",
-           "queries_table", "ratio_table", "ratios", "walk_table", "turn", "score_table", "DIVERGE_FACTOR"]
+__all__ = ["REPORT", "SAMPLERS", "Race", "load_race", "text_note", "protocol_line", "gain_by_hand", "measure_theta0",
+           "set_table", "queries_table", "ratio_table", "ratios", "walk_table", "turn", "score_table", "DIVERGE_FACTOR"]
 
 REPORT = "llm_opposed_race.json"          # the race notebook 06 draws (benchmarks/reference/ or this machine's)
 SAMPLERS = ("uniform", "sazo", "oracle")
@@ -55,6 +55,7 @@ class Race:
     design: dict
     grid: dict[str, dict[str, list[dict]]] = field(default_factory=dict)   # sampler → rate → the grid's runs
     args: dict = field(default_factory=dict)        # the benchmark's arguments (seeds, sizes, the set's name)
+    reference: bool = True          # the reference run in git (the one notebook 06's text quotes)
 
     @property
     def kinds(self) -> list[str]:
@@ -90,7 +91,17 @@ def load_race(name: str = REPORT, *, start: Path | str | None = None, setting: i
                 num_examples=s["N"], batch_size=s["B"], dim=s["tuned_parameters"],
                 targets=tuple(report["args"]["targets"]), select_target=s.get("select_target", report["args"]["targets"][0]),
                 chosen_lr={k: s["chosen_lr"][k] for k in runs}, runs=runs, design=s["design"], grid=grid,
-                args=report["args"])
+                args=report["args"], reference=found[1] == REFERENCE_RUN)
+
+
+def text_note(race: Race) -> str:
+    """"" for the reference run in git, whose numbers notebook 06's text quotes; for this machine's own latest run
+    (``benchmarks/results/``, read first), the sentence that says the text's numbers are not this run's."""
+    if race.reference:
+        return ""
+    return (f"Note: this is this machine's latest run ({race.source.split(' (')[0]} in benchmarks/results/); the text's "
+            "numbers are the reference run's in git (benchmarks/reference/), so they can differ from what the cells "
+            "print here.")
 
 
 def protocol_line(race: Race) -> str:
