@@ -169,3 +169,92 @@ def test_state_dict_refuses_a_group_it_could_not_load_again():
     opt.param_groups[0]["lr"] = -1.0
     with pytest.raises(ValueError, match="Invalid lr"):
         opt.state_dict()
+
+
+# --- 5. references (no defect found): the sum tree against plain sums, every sampler's weights against its p --------
+from hypothesis import HealthCheck, given, settings, strategies as st   # noqa: E402
+
+REFERENCE = settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+WEIGHT = st.one_of(st.just(0.0), st.floats(1e-6, 1e3))
+
+
+def _leaf_probability(nodes, leaf: int, n: int) -> float:
+    """P(leaf) of a descent that splits each node by its children's own sums: the product along the path."""
+    node, p = n + leaf, 1.0
+    while node > 1:
+        parent = node // 2
+        total = nodes[2 * parent] + nodes[2 * parent + 1]
+        p *= nodes[node] / total if total > 0 else 0.0
+        node = parent
+    return p
+
+
+@REFERENCE
+@given(weights=st.lists(WEIGHT, min_size=1, max_size=40),
+       updates=st.lists(st.tuples(st.lists(st.integers(0, 10 ** 6), max_size=6), st.lists(WEIGHT, min_size=6,
+                                                                                             max_size=6)), max_size=12))
+def test_the_sum_tree_after_many_updates_is_the_plain_sums_and_draws_each_leaf_by_its_share(weights, updates):
+    import math
+
+    from sazo_lite.sumtree import SumTree
+
+    reference = [float(w) for w in weights]
+    if not sum(reference):
+        reference[0] = 1.0
+    tree, n = SumTree(torch.tensor(reference, dtype=torch.float64)), len(reference)
+    for raw, values in updates:
+        leaves = [i % n for i in raw]
+        tree.update(torch.tensor(leaves, dtype=torch.long), torch.tensor(values[:len(leaves)], dtype=torch.float64))
+        for leaf, value in zip(leaves, values):   # last write wins
+            reference[leaf] = value
+    if not sum(reference):
+        tree.update(torch.tensor([0]), torch.tensor([1.0]))
+        reference[0] = 1.0
+    nodes = tree.tree.tolist()
+    assert nodes[n:] == reference
+    assert torch.equal(tree.tree, SumTree(torch.tensor(reference, dtype=torch.float64)).tree)   # rebuilt: same sums
+    assert math.isclose(tree.total, math.fsum(reference), rel_tol=1e-13)
+    total = math.fsum(reference)
+    for leaf, value in enumerate(reference):
+        assert math.isclose(_leaf_probability(nodes, leaf, n), value / total, rel_tol=1e-12, abs_tol=0.0)
+    drawn = tree.sample(2000, torch.Generator().manual_seed(0))
+    assert all(reference[i] > 0 for i in drawn.tolist())   # a zero weight is never drawn
+
+
+def _samplers(n: int, norms: torch.Tensor):
+    from sazo_lite.samplers import (OracleSampler, PlainSAZOSampler, SAZOSampler, Sampler,
+                                    StaleCorrectedSAZOSampler, UniformSampler)
+
+    return {"uniform": UniformSampler(n, seed=1), "base": Sampler(n, seed=1), "plain": PlainSAZOSampler(n, seed=1),
+            "plain-tree": PlainSAZOSampler(n, seed=1, sum_tree=True), "sazo": SAZOSampler(n, seed=1),
+            "sazo-tree": SAZOSampler(n, seed=1, sum_tree=True), "sazo-square": SAZOSampler(n, seed=1, statistic="square"),
+            "stale": StaleCorrectedSAZOSampler(n, seed=1), "oracle": OracleSampler(n, lambda: norms, seed=1),
+            "oracle-mix": OracleSampler(n, lambda: norms, uniform_mix=0.3, seed=1)}
+
+
+@pytest.mark.parametrize("kind", ["uniform", "base", "plain", "plain-tree", "sazo", "sazo-tree", "sazo-square", "stale",
+                                  "oracle", "oracle-mix"])
+def test_every_samplers_weights_make_the_weighted_mean_unbiased_for_the_p_it_draws_from(kind):
+    """E[w_k f_k] = (1/N) Σ f_i needs w = 1/(N p_i) for the p the draws actually follow: the weights are checked
+    against ``probs`` entry by entry, ``probs`` against the draws' frequencies (seeded, so not flaky), and the
+    weighted mean of f over many draws against the plain mean. Random norms, with some zero."""
+    n = 19
+    g = torch.Generator().manual_seed(11)
+    norms = torch.rand(n, generator=g, dtype=torch.float64) * 3 * (torch.rand(n, generator=g) < 0.8) + 1e-3
+    f = torch.rand(n, generator=g, dtype=torch.float64) + 0.5
+    sampler = _samplers(n, norms)[kind]
+    for _ in range(40):   # a learnt state: feedback ∝ the norms along random directions
+        idx, _ = sampler.sample(4)
+        sampler.update(idx, norms[idx] * torch.randn(4, generator=g, dtype=torch.float64))
+    probs = torch.as_tensor(sampler.probs).clone()
+    assert abs(float(probs.sum()) - 1.0) < (1e-6 if "tree" in kind else 1e-12)
+    idx, weights = sampler.sample(100_000)
+    torch.testing.assert_close(weights, 1.0 / (n * probs[idx]), rtol=1e-12, atol=0.0)
+    frequency = torch.bincount(idx, minlength=n).double() / len(idx)
+    spread = torch.sqrt(probs * (1 - probs) / len(idx))
+    assert bool(((frequency - probs).abs() <= 5 * spread + 1e-12).all())
+    exact = float((probs * (1.0 / (n * probs)) * f).sum())   # Σ p_i w_i f_i
+    assert abs(exact - float(f.mean())) < 1e-6
+    estimate = float((weights * f[idx]).mean())
+    standard_error = float((weights * f[idx]).std()) / len(idx) ** 0.5
+    assert abs(estimate - float(f.mean())) < 5 * standard_error
