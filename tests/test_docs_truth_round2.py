@@ -830,3 +830,18 @@ def test_make_bench_run_time_is_where_the_queries_section_points():
     pointer = text.index("run of 2026-11-30 (22:44 UTC, [below](#the-whole-table-make-bench))")
     assert text.index("### The whole table (`make bench`)") > pointer
     assert "finished 2026-11-30 22:44 UTC" in flat(text.split("### The whole table (`make bench`)", 1)[1])
+
+
+def test_quoted_section_titles_of_other_pages_exist():
+    """A link followed by a quoted section title (`[llm.md](llm.md), "Why SAZO's scores lag"`) names a heading
+    of the linked page (benchmarks.md sent readers to "On a language model: what limits ZO, and where sampling
+    pays", which llm.md does not have)."""
+    quoted = 0
+    for page in PAGES:
+        text = flat(read(page))
+        for target, title in re.findall(r"\]\(([\w./-]+\.md)(?:#[^)]*)?\)[,;]? \(?\"([^\"]{4,120})\"", text):
+            path = (ROOT / page).parent / target
+            headings = [re.sub(r"`", "", h) for h in re.findall(r"^#+ (.+)$", path.read_text(), re.M)]
+            assert any(h.startswith(title.replace("`", "")) for h in headings), (page, target, title)
+            quoted += 1
+    assert quoted >= 2
