@@ -845,3 +845,19 @@ def test_quoted_section_titles_of_other_pages_exist():
             assert any(h.startswith(title.replace("`", "")) for h in headings), (page, target, title)
             quoted += 1
     assert quoted >= 2
+
+
+def test_memory_md_reference_and_tiny_decoder():
+    """`Reference: Qwen2.5-3B width, B = 2, bf16, SGD, fused attention, 40 GB budget` (the table's head) and the
+    measured decoder `(4 layers, D = 128, 2 KV heads, float32, V = 512)` (memory_measure.TINY)."""
+    from sazo_lite.course.memory import format_table
+    from sazo_lite.course.memory_measure import TINY
+
+    text = flat(read("docs/memory.md"))
+    assert "Reference: Qwen2.5-3B width, B = 2, bf16, SGD, fused attention, 40 GB budget" in text
+    head = format_table().splitlines()[0]
+    for words in ("Qwen2.5-3B width", "B=2", "bfloat16", "SGD", "fused attention", "budget 40 GB"):
+        assert words in head, (words, head)
+    layers, hidden, kv, vocab = map(int, re.search(r"\((\d+) layers, D = (\d+), (\d+) KV heads, float32, V = (\d+)\)",
+                                                   text).groups())
+    assert (TINY.layers, TINY.hidden, TINY.kv_heads, TINY.vocab) == (layers, hidden, kv, vocab)
