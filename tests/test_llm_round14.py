@@ -11,6 +11,7 @@ pytest.importorskip("transformers")
 
 from sazo_lite import MeZO
 from sazo_lite.engine import StepEvent
+from sazo_lite.train import NoiseScaledStep
 from sazo_lite.llm import add_lora, tiny_causal_lm, trainable_parameters
 from sazo_lite.llm.continual import alike_indices, keep_alike, make_continual_set
 from sazo_lite.llm.finetune import restore_snapshot, snapshot
@@ -113,3 +114,18 @@ def test_a_top_block_run_without_a_model_measures_a_token_batch_test_split():
     restore_snapshot(params, start)
     assert without.test_accuracy is not None and without.budget_accuracy is not None
     assert without.to_dict() == query_run(model, params, train, "sazo", **settings).to_dict()
+
+
+# --- 5. query races: a step rule given to several runs -------------------------------------------------------------
+def test_a_step_rule_given_to_several_runs_starts_each_afresh():
+    # the rule kept its reference and running mean: the second run started at the first's last scale (0.59), without
+    # its warmup, and its losses differed from the first's
+    model, params = lora_top("llama")
+    train = TopBlocks(model, batch(6))
+    start, rule = snapshot(params), NoiseScaledStep(warmup=3)
+    runs = []
+    for _ in range(2):
+        restore_snapshot(params, start)
+        runs.append(query_run(model, params, train, "uniform", lr=0.05, steps=12, log_every=3, step_rule=rule).to_dict())
+    assert runs[0] == runs[1] and runs[0]["lr_scale"][:2] == [1.0, 1.0] and runs[0]["lr_scale"][-1] != 1.0
+    assert rule.seen == 0                       # the object given is left as it was

@@ -17,6 +17,7 @@ step). Every run also records what limits its rate (the measured mechanism, docs
 """
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 import statistics
@@ -454,7 +455,8 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
             a number > 1, or inf (never). A non-finite F(θ₀) is a ValueError.
         loss: "classification" or "answer".
         perturbation: MeZO's z, "gaussian" or "rademacher" (cheaper to draw on a CPU).
-        step_rule: True (or a ``NoiseScaledStep``): the rate follows the sampler-agnostic noise rule.
+        step_rule: True (or a ``NoiseScaledStep``): the rate follows the sampler-agnostic noise rule (a copy of
+            the one given runs, so the object given is left as it was).
         accuracy_at: a fixed query budget: held-out accuracy on ``test_batch`` once the run has made
             this many queries (rounded up to a log point), and ``stop_fraction`` only stops the run
             after it, so every run is compared at the same budget. A run that diverged before the
@@ -501,7 +503,10 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
         optimizer.register_step_hook(bound)
     for hook in step_hooks:
         optimizer.register_step_hook(hook)
-    rule = step_rule if isinstance(step_rule, NoiseScaledStep) else (NoiseScaledStep() if step_rule else None)
+    # a copy: the rule keeps its reference ĝ² and running mean, so a NoiseScaledStep given to several runs started
+    # each after the first at the last one's scale, without its warmup (repeated runs differed)
+    given = isinstance(step_rule, NoiseScaledStep)
+    rule = copy.deepcopy(step_rule) if given else (NoiseScaledStep() if step_rule else None)
     run = QueryRun(sampler, float(lr), int(seed), oracle_every=oracle_every if sampler == "oracle" else None,
                    step_rule=rule is not None, walk_bound=None if walk_bound is None else float(walk_bound),
                    walk_pull=None if walk_pull is None else float(walk_pull),
