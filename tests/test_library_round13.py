@@ -258,3 +258,39 @@ def test_every_samplers_weights_make_the_weighted_mean_unbiased_for_the_p_it_dra
     estimate = float((weights * f[idx]).mean())
     standard_error = float((weights * f[idx]).std()) / len(idx) ** 0.5
     assert abs(estimate - float(f.mean())) < 5 * standard_error
+
+
+# --- 6. names given as str subclasses ---------------------------------------------------------------------------------
+class _Perturbation(str, __import__("enum").Enum):
+    GAUSSIAN = "gaussian"
+    RADEMACHER = "rademacher"
+
+
+@pytest.mark.parametrize("name", ["numpy", "enum"])
+def test_a_name_given_as_a_str_subclass_is_stored_as_a_plain_str_and_its_checkpoints_load(name):
+    """check_choice kept a str subclass equal to a valid name as given: numpy's str_ (a setting read from an array)
+    or a str enum became MeZO's perturbation or SAZO's statistic, and torch.load (weights_only=True, torch's
+    default) refused their state dicts with UnpicklingError."""
+    import io
+
+    import numpy as np
+
+    from sazo_lite.samplers import SAZOSampler
+    from sazo_lite.validation import check_choice
+
+    rademacher = np.str_("rademacher") if name == "numpy" else _Perturbation.RADEMACHER
+    theta = torch.zeros(3)
+    opt = sz.MeZO([theta], lr=0.1, perturbation=rademacher)
+    opt.step(lambda: (theta - 1.0) ** 2)
+    states = [opt.state_dict()]
+    if name == "numpy":
+        states.append(SAZOSampler(5, statistic=np.str_("square")).state_dict())
+    for state in states:
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        buffer.seek(0)
+        torch.load(buffer, weights_only=True)   # raised UnpicklingError
+    assert type(opt.param_groups[0]["perturbation"]) is str
+    assert type(check_choice("perturbation", rademacher, ("gaussian", "rademacher"))) is str
+    with pytest.raises(ValueError, match="Invalid perturbation"):
+        check_choice("perturbation", np.str_("uniform"), ("gaussian", "rademacher"))
