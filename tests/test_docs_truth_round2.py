@@ -861,3 +861,27 @@ def test_memory_md_reference_and_tiny_decoder():
     layers, hidden, kv, vocab = map(int, re.search(r"\((\d+) layers, D = (\d+), (\d+) KV heads, float32, V = (\d+)\)",
                                                    text).groups())
     assert (TINY.layers, TINY.hidden, TINY.kv_heads, TINY.vocab) == (layers, hidden, kv, vocab)
+
+
+def test_sampler_feedback_refusals_in_samplers_md():
+    """`Bad feedback to update(indices, directional_diffs) (indices out of range, NaN or inf diffs, mismatched
+    shapes) raises ValueError with the state unchanged`; samplers take no losses (the page said "diffs or
+    losses", an argument removed in 6a9db87)."""
+    import torch
+
+    from sazo_lite.samplers import PlainSAZOSampler, SAZOSampler, StaleCorrectedSAZOSampler
+
+    text = flat(read("docs/samplers.md"))
+    assert "diffs or losses" not in text
+    assert "Bad feedback to `update(indices, directional_diffs)` (indices out of range, NaN or inf diffs," in text
+    bad = [(torch.tensor([7]), torch.tensor([1.0])), (torch.tensor([0]), torch.tensor([float("nan")])),
+           (torch.tensor([0]), torch.tensor([float("inf")])), (torch.tensor([0, 1]), torch.tensor([1.0]))]
+    for cls in (SAZOSampler, PlainSAZOSampler, StaleCorrectedSAZOSampler):
+        assert list(inspect.signature(cls.update).parameters) == ["self", "indices", "directional_diffs"]
+        sampler = cls(4, seed=0)
+        sampler.update(torch.tensor([0, 2]), torch.tensor([1.0, 2.0]))
+        before = repr(sampler.state_dict())
+        for indices, diffs in bad:
+            with pytest.raises(ValueError):
+                sampler.update(indices, diffs)
+            assert repr(sampler.state_dict()) == before, cls
