@@ -16,6 +16,7 @@ from sazo_lite.llm import add_lora, tiny_causal_lm, trainable_parameters
 from sazo_lite.llm.continual import alike_indices, keep_alike, make_continual_set
 from sazo_lite.llm.finetune import restore_snapshot, snapshot
 from sazo_lite.llm.grad_norms import directional_error, full_gradient_norm, grad_norms
+from sazo_lite.llm.losses import TokenBatch, accuracy
 from sazo_lite.llm.queries import AfterStep, WalkBound, WalkPull, query_run, walk
 from sazo_lite.llm.topblock import TopBlocks
 
@@ -126,6 +127,29 @@ def test_a_step_rule_given_to_several_runs_starts_each_afresh():
     runs = []
     for _ in range(2):
         restore_snapshot(params, start)
-        runs.append(query_run(model, params, train, "uniform", lr=0.05, steps=12, log_every=3, step_rule=rule).to_dict())
+        run = query_run(model, params, train, "uniform", lr=0.05, steps=12, log_every=3, step_rule=rule)
+        runs.append(run.to_dict())
     assert runs[0] == runs[1] and runs[0]["lr_scale"][:2] == [1.0, 1.0] and runs[0]["lr_scale"][-1] != 1.0
     assert rule.seen == 0                       # the object given is left as it was
+
+
+# --- 6. held-out accuracy of a batch without labels --------------------------------------------------------------
+def unlabelled(n: int = 4) -> TokenBatch:
+    plain = batch(n, seed=1)
+    return TokenBatch(plain.ids, plain.prompt_lengths, 0, None, plain.label_ids)
+
+
+def test_accuracy_of_a_batch_without_labels_is_a_value_error():
+    # predictions == None was False, and False.double() an AttributeError
+    model = tiny_causal_lm("llama", vocab_size=VOCAB)
+    with pytest.raises(ValueError, match="Invalid batch: no labels"):
+        accuracy(model, unlabelled())
+
+
+def test_query_run_refuses_a_test_split_without_labels_before_the_run():
+    # the whole run was made, then its held-out accuracy raised AttributeError
+    model, params = lora_top("llama")
+    train, start = TopBlocks(model, batch(6)), snapshot(params)
+    with pytest.raises(ValueError, match="Invalid test_batch: no labels"):
+        query_run(model, params, train, "uniform", lr=1e-2, steps=3, log_every=1, test_batch=unlabelled())
+    assert all(torch.equal(p, s) for p, s in zip(params, start))

@@ -41,8 +41,8 @@ import torch.nn.functional as F
 from ..engine import _caller_level
 from ..validation import check_int
 
-__all__ = ["causal_lm_losses", "checked_indices", "check_deterministic", "TokenBatch", "encode_answers",
-           "encode_classification", "label_word_ids",
+__all__ = ["causal_lm_losses", "checked_indices", "check_deterministic", "check_labelled", "TokenBatch",
+           "encode_answers", "encode_classification", "label_word_ids",
            "answer_losses", "classification_losses", "classification_logits", "predict", "accuracy",
            "batched_closure"]
 
@@ -525,8 +525,7 @@ def classification_losses(model, batch: TokenBatch, indices=None, *, autocast_dt
                           grad: bool = False) -> torch.Tensor:
     """Per-example verbaliser cross-entropy: float32 [B] (``grad=True``: keep the autograd graph)."""
     indices = _every_example(batch) if indices is None else indices
-    if batch.labels is None:
-        raise ValueError("Invalid batch: no labels (classification needs encode_classification's batch)")
+    check_labelled(batch)
     logits = classification_logits(model, batch, indices, autocast_dtype=autocast_dtype, grad=grad)
     labels = batch.labels[torch.as_tensor(list(indices), dtype=torch.long)].to(logits.device)
     return F.cross_entropy(logits, labels, reduction="none")
@@ -540,8 +539,17 @@ def predict(model, batch: TokenBatch, *, batch_size: int = 32, autocast_dtype=No
                       for c in chunks])
 
 
+def check_labelled(batch: TokenBatch, name: str = "batch") -> None:
+    """A batch classification can score: labels and label word ids (``encode_classification``'s); else ValueError
+    naming the argument ``name``."""
+    if batch.labels is None or batch.label_ids is None:
+        raise ValueError(f"Invalid {name}: no {'labels' if batch.labels is None else 'label_ids'} (classification "
+                         "needs encode_classification's batch)")
+
+
 def accuracy(model, batch: TokenBatch, **kwargs) -> float:
     """Fraction of examples whose label word has the largest logit."""
+    check_labelled(batch)       # without labels: predictions == None was False, and .double() an AttributeError
     return float((predict(model, batch, **kwargs) == batch.labels).double().mean())
 
 

@@ -32,7 +32,7 @@ from ..variance import oracle_probs, paired_vectors as _paired, spearman, tv_dis
 from ..validation import check_choice, check_int, check_limit, check_number, check_real
 from .finetune import check_params_in, mean_loss
 from .grad_norms import RefreshingNorms, grad_norms
-from .losses import TokenBatch, accuracy, batched_closure
+from .losses import TokenBatch, accuracy, batched_closure, check_labelled
 from .topblock import TopBlocks
 
 __all__ = ["QueryRun", "query_run", "queries_to", "median_floor", "ratio_bound", "held_out_accuracies", "SAMPLERS",
@@ -392,6 +392,8 @@ def _check_run_settings(lr, test_batch, accuracy_at, stop_fraction, diagnose, di
         raise ValueError(f"Invalid test_batch: {type(test_batch).__name__} (expected a TokenBatch or a TopBlocks)")
     if test_batch is not None and len(test_batch) == 0:     # its accuracy raised once the whole run had been made
         raise ValueError("Invalid test_batch: no examples")
+    if isinstance(test_batch, TokenBatch):      # its accuracy raised AttributeError once the whole run had been made
+        check_labelled(test_batch, "test_batch")
     if accuracy_at is not None and (test_batch is None or isinstance(accuracy_at, bool)):
         raise ValueError(f"Invalid accuracy_at: {accuracy_at} (a query count ≥ 1, with a test_batch)")
     if accuracy_at is not None:
