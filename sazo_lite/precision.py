@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from .engine import _check_disjoint, store_as
+from .validation import not_dense
 
 __all__ = ["Float32Master", "unit_roundoff", "restore_bound"]
 
@@ -65,6 +66,10 @@ class Float32Master:
             if not isinstance(p, torch.Tensor) or not p.is_floating_point():
                 raise ValueError(f"Invalid params: a master copy is kept for floating-point tensors, got "
                                  f"{p.dtype if isinstance(p, torch.Tensor) else type(p).__name__}")
+            kind = not_dense(p)   # sparse, nested: RuntimeError from the overlap check; meta: a master of no data
+            if kind is not None:
+                where = "a tensor on the meta device (no data)" if p.device.type == "meta" else f"a {kind} tensor"
+                raise ValueError(f"Invalid params: {where}; a master copy is kept for dense tensors holding values")
         if len({id(p) for p in self.params}) < len(self.params):   # two masters, one tensor: the last sync wins
             raise ValueError("Invalid params: a tensor appears twice (each needs one master copy)")
         _check_disjoint(self.params)   # views that share entries: the same, entry by entry
