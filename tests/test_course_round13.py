@@ -187,3 +187,32 @@ def test_06_says_when_it_reads_another_run_than_the_one_its_text_quotes(tmp_path
     first = next("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code")
     assert "lesson.text_note(race)" in first and "race.reference" in first
     assert "the text quotes the reference run in git" in _markdown(notebook)
+
+
+# -- a bool or a string read as a number ----------------------------------------------------------------------------
+
+def test_path_point_and_error_vs_eps_refuse_a_bool_or_a_string_float_read_as_a_number():
+    """path_point read progress=True as t = 1 (θ*, silently) and error_vs_eps read True as ε = 1 and "1e-3" as
+    1e-3: float() takes them. Both now apply the one number rule (check_number: not a bool or a string), and still
+    take numpy scalars and 0-d tensors."""
+    import numpy as np
+    import torch
+
+    from sazo_lite.course import minibatches, problems, two_point
+
+    problem = problems.LeastSquares(16, 3, heterogeneity=1.0)
+    for bad in (True, np.True_, "0.5", torch.tensor(True)):
+        with pytest.raises(ValueError, match="Invalid progress"):
+            minibatches.path_point(problem, bad)
+    with pytest.raises(ValueError, match="Invalid progress"):
+        minibatches.gain_along_path(problem, [1], [0.0, True])
+    half = minibatches.path_point(problem, 0.5)
+    for same in (np.float32(0.5), torch.tensor(0.5)):
+        torch.testing.assert_close(minibatches.path_point(problem, same), half)
+    bowl = lambda x: two_point.bowl_loss(x, [1.0, 3.0])   # noqa: E731
+    for bad in ([1e-3, True], ["1e-3"], "1e-3"):
+        with pytest.raises(ValueError, match="Invalid eps_grid"):
+            two_point.error_vs_eps(bowl, [1.0, 6.0], [1.0, 2.0], bad)
+    grid = torch.logspace(-3, -1, 3, dtype=torch.float64)
+    torch.testing.assert_close(two_point.error_vs_eps(bowl, [1.0, 6.0], [1.0, 2.0], grid),
+                               two_point.error_vs_eps(bowl, [1.0, 6.0], [1.0, 2.0], grid.tolist()))

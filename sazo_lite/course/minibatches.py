@@ -21,13 +21,10 @@ __all__ = ["gain_along_path", "path_point", "sample_minibatches", "minibatch_zo_
 def path_point(problem, progress: float) -> torch.Tensor:
     """θ_t = θ₀ + t(θ* − θ₀): a stand-in for "how far training has got" (t = 0 start, 1 optimum)."""
     check_problem(problem)
-    given = progress
-    try:   # a number, a numpy scalar or a 0-d tensor (a string or None raised a TypeError)
-        progress = float(progress) if not isinstance(progress, (str, bytes)) else math.nan
-    except (TypeError, ValueError):
-        progress = math.nan
-    if not 0.0 <= progress <= 1.0:
-        raise ValueError(f"Invalid progress: {given!r} (expected a number in [0, 1])")
+    if isinstance(progress, torch.Tensor) and progress.numel() == 1 and progress.dtype != torch.bool:
+        progress = progress.item()   # a 0-d tensor, e.g. from torch.linspace
+    # a number or a numpy scalar; True (read as t = 1: θ*), "0.5" and None are refused by the one rule
+    progress = check_number("progress", progress, 0.0, 1.0)
     theta0 = problem.initial_theta()
     return theta0 + progress * (problem.optimum - theta0)
 
@@ -185,7 +182,7 @@ def gain_along_path(problem, batch_sizes, progress) -> dict[int, torch.Tensor]:
             raise ValueError(f"Invalid {name}: expected at least one value")
     rows = []
     for t in progress:
-        grads = problem.per_example_grads(path_point(problem, float(t)))        # [N, d]
+        grads = problem.per_example_grads(path_point(problem, t))               # [N, d]
         rows.append(gain_vs_batch(grads.norm(dim=1), float(grads.mean(0).norm()), grads.shape[1], batch_sizes))
     table = torch.stack(rows)                                                    # [T, len(B)]
     return {int(b): table[:, k] for k, b in enumerate(batch_sizes)}

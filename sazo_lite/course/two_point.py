@@ -156,9 +156,14 @@ def error_vs_eps(fn, grad: torch.Tensor, theta: torch.Tensor, eps_grid, *,
     Returns a float64 tensor [len(eps_grid)].
     """
     try:
-        eps_grid = [float(e) for e in eps_grid]
-    except (TypeError, ValueError):
+        if isinstance(eps_grid, (str, bytes)):   # its characters are no grid
+            raise TypeError
+        eps_grid = list(eps_grid)
+    except TypeError:
         raise ValueError(f"Invalid eps_grid: {eps_grid!r} (expected a sequence of numbers ε > 0)") from None
+    # each ε a number (a 0-d tensor of torch.logspace read as one): float() read "1e-3" and True (ε = 1) as numbers
+    eps_grid = [check_number("eps_grid", e.item() if isinstance(e, torch.Tensor) and e.dim() == 0 else e, 0.0,
+                             closed_low=False) for e in eps_grid]
     if not eps_grid:   # an empty curve would plot nothing without a word
         raise ValueError("Invalid eps_grid: expected at least one ε")
     check_count("num_directions", num_directions)
