@@ -885,3 +885,22 @@ def test_sampler_feedback_refusals_in_samplers_md():
             with pytest.raises(ValueError):
                 sampler.update(indices, diffs)
             assert repr(sampler.state_dict()) == before, cls
+
+
+# Flags the pages quote that belong to pip, torchrun or pytest, not to this project's command lines.
+FOREIGN_FLAGS = {"--no-deps", "--index-url", "--extra-index-url", "--nproc_per_node", "--nbmake", "--overwrite"}
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_quoted_flag_is_some_parsers(page):
+    """A `--flag` in backticks anywhere on the page (also outside a full command line: `--fresh`, `--only SECTION …`)
+    is an option of a command line of benchmarks/, book/, examples/ or the library."""
+    options = set()
+    for folder in ("benchmarks", "book", "examples", "sazo_lite"):
+        for path in (ROOT / folder).rglob("*.py"):
+            options |= set(re.findall(r'add_argument\(\s*"(--[\w-]+)"', path.read_text()))
+    named = set()
+    for code in re.findall(r"`([^`]+)`", read(page)):
+        named |= set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", code))
+    missing = sorted(named - options - FOREIGN_FLAGS)
+    assert not missing, f"{page} quotes flags no command line has: {missing}"
