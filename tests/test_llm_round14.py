@@ -153,3 +153,16 @@ def test_query_run_refuses_a_test_split_without_labels_before_the_run():
     with pytest.raises(ValueError, match="Invalid test_batch: no labels"):
         query_run(model, params, train, "uniform", lr=1e-2, steps=3, log_every=1, test_batch=unlabelled())
     assert all(torch.equal(p, s) for p, s in zip(params, start))
+
+
+@pytest.mark.parametrize("family, ids, why", [("llama", [[5, 6, 70], [8, 9]], "token id 70"),
+                                              ("gpt2", [[5] * 130, [8, 9]], "130 tokens")])
+def test_query_run_refuses_a_test_split_the_model_cannot_read_before_the_run(family, ids, why):
+    # an id past the vocabulary, or a row past GPT-2's 128 learned positions: the whole run was made, θ moved, then
+    # the held-out accuracy refused the split and the run's record was lost
+    model, params = lora_top(family)
+    train, start = TopBlocks(model, batch(6)), snapshot(params)
+    test = TokenBatch(ids, [len(r) for r in ids], 0, torch.tensor([0, 1]), torch.tensor([5, 9]))
+    with pytest.raises(ValueError, match=f"Invalid test_batch: .*{why}"):
+        query_run(model, params, train, "uniform", lr=1e-2, steps=3, log_every=1, test_batch=test)
+    assert all(torch.equal(p, s) for p, s in zip(params, start))

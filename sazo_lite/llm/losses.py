@@ -168,18 +168,18 @@ def _check_labels(labels, label_ids, count: int):
     return labels, label_ids
 
 
-def _check_vocabulary(model, batch: TokenBatch) -> None:
+def _check_vocabulary(model, batch: TokenBatch, argument: str = "batch") -> None:
     """Token ids past the model's embedding rows, and rows longer than its table of learned positions (GPT-2's
-    ``wpe``, OPT's ``embed_positions``): a ValueError here, not torch's "index out of range in self" (on a
-    GPU a device-side assert that ends the process's CUDA use)."""
+    ``wpe``, OPT's ``embed_positions``): a ValueError naming ``argument`` here, not torch's "index out of range
+    in self" (on a GPU a device-side assert that ends the process's CUDA use)."""
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     rows = getattr(embeddings, "num_embeddings", None)
     if rows is not None and batch.max_id >= rows:
-        raise ValueError(f"Invalid batch: token id {batch.max_id} (ids, pad_id or label_ids) is past the "
+        raise ValueError(f"Invalid {argument}: token id {batch.max_id} (ids, pad_id or label_ids) is past the "
                          f"model's vocabulary of {rows}")
     for name, positions in _position_tables(model, embeddings):
         if batch.longest > positions:
-            raise ValueError(f"Invalid batch: an example of {batch.longest} tokens is longer than the model's "
+            raise ValueError(f"Invalid {argument}: an example of {batch.longest} tokens is longer than the model's "
                              f"{positions} learned positions ({name}); encode with a smaller max_length")
 
 

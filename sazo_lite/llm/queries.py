@@ -32,7 +32,7 @@ from ..variance import oracle_probs, paired_vectors as _paired, spearman, tv_dis
 from ..validation import check_choice, check_int, check_limit, check_number, check_real
 from .finetune import check_params_in, mean_loss
 from .grad_norms import RefreshingNorms, grad_norms
-from .losses import TokenBatch, accuracy, batched_closure, check_labelled
+from .losses import TokenBatch, _check_vocabulary, accuracy, batched_closure, check_labelled
 from .topblock import TopBlocks
 
 __all__ = ["QueryRun", "query_run", "queries_to", "median_floor", "ratio_bound", "held_out_accuracies", "SAMPLERS",
@@ -478,6 +478,8 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
     if model is None and isinstance(train_batch, TopBlocks):   # a TopBlocks run needs no model: None takes its own
         model = train_batch.model      # (a TokenBatch test split's accuracy raised AttributeError after the run)
     params = check_params_in(model, params)
+    if isinstance(test_batch, TokenBatch):      # its accuracy raised this once the whole run had been made
+        _check_vocabulary(model, test_batch, "test_batch")
     for cached in (train_batch, test_batch):      # a tuned tensor below the top blocks: the cache would go stale
         if isinstance(cached, TopBlocks):
             cached.check_params(params)
