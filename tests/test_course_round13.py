@@ -216,3 +216,19 @@ def test_path_point_and_error_vs_eps_refuse_a_bool_or_a_string_float_read_as_a_n
     grid = torch.logspace(-3, -1, 3, dtype=torch.float64)
     torch.testing.assert_close(two_point.error_vs_eps(bowl, [1.0, 6.0], [1.0, 2.0], grid),
                                two_point.error_vs_eps(bowl, [1.0, 6.0], [1.0, 2.0], grid.tolist()))
+
+
+def test_memory_dtype_caption_excepts_the_z_buffer_that_float32_does_not_double():
+    """The caption said "float32 doubles every byte. Does it change the ratio?": BP's bar doubles, ZO's does not (its
+    z buffer is float32 for 16-bit weights too, 1.24 GB for Qwen2.5-3B), so the ratio moves (2.3× → 2.5×)."""
+    pytest.importorskip("ipywidgets")
+    from sazo_lite.course.widgets import memory as memory_widgets
+
+    board = memory_widgets.memory_dashboard()
+    assert board.controls["dtype"].value == "bfloat16"
+    half, ratio_half = _totals(board), re.search(r"ratio <b class='ratio'>([0-9.]+)×", board.readout.value).group(1)
+    board.controls["dtype"].value = "float32"
+    full, ratio_full = _totals(board), re.search(r"ratio <b class='ratio'>([0-9.]+)×", board.readout.value).group(1)
+    assert full[0] == pytest.approx(2 * half[0]) and full[1] < 1.99 * half[1] and ratio_full != ratio_half
+    caption = memory_widgets.CAPTIONS["dtype"]
+    assert "doubles every byte." not in caption and "z buffer" in caption

@@ -127,7 +127,8 @@ CAPTIONS = {
     "kv_heads": "Grouped-query attention: fewer KV heads → smaller k/v matrices. How much does it save?",
     "context": "Double n_ctx: which bar grows, and by how much? When does the ratio pass 10×?",
     "batch": "Does batch size change the BP/ZO ratio, or only the totals?",
-    "dtype": "float32 doubles every byte. Does it change the ratio?",
+    "dtype": "float32 doubles every byte but ZO's z buffer (float32 already: MeZO draws z in float32 for 16-bit "
+             "weights). So does the ratio move?",
     "budget": "Shrink the budget: when does BP stop fitting the 1.5B model that ZO still trains?",
     "checkpointing": "Checkpointing keeps only each layer's input. How much of the gap closes?",
     "attention": "Materialised softmax keeps an n_ctx×n_ctx matrix per head: try it at n_ctx = 8192.",
