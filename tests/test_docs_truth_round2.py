@@ -66,13 +66,18 @@ def parses(monkeypatch, main, argv: list[str]) -> argparse.Namespace:
     pytest.fail(f"{main.__module__}.main({argv}) returned without parsing its arguments")
 
 
+def code_spans(page: str) -> list[str]:
+    """The page's inline code spans (fenced blocks taken out first: their ``` would pair the wrong backticks) and
+    the lines of its fenced blocks."""
+    text = read(page)
+    lines = [line for block in re.findall(r"```\w*\n(.*?)```", text, re.S) for line in block.splitlines()]
+    return re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", text, flags=re.S).replace("\n", " ")) + lines
+
+
 def quoted_commands(page: str) -> list[tuple[str, list[str]]]:
     """(module, argv) of each `python -m benchmarks.X …` / `sazo_lite.…` command in backticks or a code block."""
-    spans = re.findall(r"```\w*\n(.*?)```", read(page), re.S)
-    spans = [line for block in spans for line in block.splitlines()]
-    spans += re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", read(page), flags=re.S).replace("\n", " "))
     commands = []
-    for span in spans:
+    for span in code_spans(page):
         found = re.search(r"(?:python|torchrun [^`]*?)\s-m ((?:benchmarks|sazo_lite)[\w.]*)(.*)", span)
         if not found:
             continue
@@ -900,7 +905,21 @@ def test_every_quoted_flag_is_some_parsers(page):
         for path in (ROOT / folder).rglob("*.py"):
             options |= set(re.findall(r'add_argument\(\s*"(--[\w-]+)"', path.read_text()))
     named = set()
-    for code in re.findall(r"`([^`]+)`", read(page)):
-        named |= set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", code))
+    for code in code_spans(page):
+        named |= set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", code.split("#", 1)[0] if code.startswith(("make", "python"))
+                                else code))
     missing = sorted(named - options - FOREIGN_FLAGS)
     assert not missing, f"{page} quotes flags no command line has: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_quoted_setting_variable_is_read(page):
+    """A `SAZO_…`, `BOOK_…`, `BENCH_…` or `TORCH_…` variable a page quotes is read by the code, a test, the Makefile or
+    the Pages workflow (a renamed variable would be set for nothing)."""
+    source = "\n".join(path.read_text() for folder in ("sazo_lite", "benchmarks", "book", "tests", "examples")
+                       for path in (ROOT / folder).rglob("*.py") if path.name != Path(__file__).name)
+    source += read("Makefile") + read(".github/workflows/pages.yml")
+    named = {name for code in code_spans(page)
+             for name in re.findall(r"\b((?:SAZO|BOOK|BENCH|TORCH)_[A-Z0-9_]+)\b", code)}
+    missing = sorted(name for name in named if name not in source)
+    assert not missing, f"{page} quotes variables nothing reads: {missing}"
