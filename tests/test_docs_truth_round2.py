@@ -956,3 +956,16 @@ def test_every_short_dotted_name_resolves(page, monkeypatch):
                     missing.append(code)
                     break
     assert not missing, f"{page} names what its module does not have: {missing}"
+
+
+def test_course_claims_rule_covers_every_chapter():
+    """`tests/test_course_claims.py applies it to every chapter (notebook 06 … in tests/test_course_claims_06.py)`:
+    the chapters its DERIVED table checks, with 06, are every notebook (the page named one file for all seven)."""
+    assert "(notebook 06, the stored LLM race, in `tests/test_course_claims_06.py`)" in flat(read("docs/course.md"))
+    source = read("tests/test_course_claims.py")
+    table = source.split("DERIVED = {", 1)[1].split("\nCHECKED = sorted(DERIVED)", 1)[0]
+    checked = set(re.findall(r'^    "(\d\d_\w+)": \{', table, re.M))
+    assert "claims.unprinted(notebook" in source and "claims.unprinted(" in read("tests/test_course_claims_06.py")
+    notebooks = {path.stem for path in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    assert checked | {name for name in notebooks if name.startswith("06_")} == notebooks, checked
+    assert not any(name.startswith("06_") for name in checked)
