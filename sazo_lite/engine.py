@@ -239,19 +239,28 @@ def _overlaps_itself(p: torch.Tensor) -> bool:
 
 
 def _extent(p: torch.Tensor) -> tuple:
-    """(device, storage, first byte, past the last byte) of the memory ``p`` addresses."""
+    """(device, first byte, past the last byte) of the memory ``p`` addresses."""
     span = 1 + sum((size - 1) * abs(st) for st, size in zip(p.stride(), p.shape)) if p.numel() else 0
     start = p.data_ptr()
-    return str(p.device), p.untyped_storage().data_ptr(), start, start + span * p.element_size()
+    return str(p.device), start, start + span * p.element_size()
 
 
 def _check_disjoint(params: list[torch.Tensor]) -> None:
-    """Two tensors that share memory would be perturbed twice in one pass: refused. Views whose memory
-    ranges interleave without a common entry (the column blocks of one matrix) are accepted."""
+    """Two tensors that share memory would be perturbed twice in one pass: refused. Their byte ranges are compared
+    on each device whatever storage holds them: two tensors made from one numpy array (``torch.from_numpy(a)`` and
+    ``torch.from_numpy(a[2:])``) have storages of their own over one memory, and passed when only views of one
+    storage were compared. Views whose memory ranges interleave without a common entry (the column blocks of one
+    matrix) are accepted."""
     spans = sorted((_extent(p), k) for k, p in enumerate(params) if p.numel())
-    crowded = {a[:2] for (a, _), (b, _) in zip(spans, spans[1:]) if a[:2] == b[:2] and b[2] < a[3]}
-    for storage in crowded:   # ranges overlap: look entry by entry
-        if _share_entries([params[k] for extent, k in spans if extent[:2] == storage]):
+    clusters, reach = [], None   # runs of ranges that overlap one another, on one device
+    for (device, start, end), k in spans:
+        if reach is None or device != reach[0] or start >= reach[1]:
+            clusters.append([])
+            reach = (device, end)
+        clusters[-1].append(params[k])
+        reach = (device, max(reach[1], end))
+    for cluster in clusters:   # ranges overlap: look entry by entry
+        if len(cluster) > 1 and _share_entries(cluster):
             raise ValueError("Invalid params: two tensors share memory (views of one tensor?); each entry "
                              "must belong to one parameter, or a pass would move it twice")
 
@@ -264,12 +273,12 @@ def _memory(groups: list) -> list[tuple]:
 
 
 def _share_entries(tensors: list[torch.Tensor]) -> bool:
-    """True when two of ``tensors`` (views of one storage) address a common byte: each marks its own bytes
+    """True when two of ``tensors`` (on one device) address a common byte: each marks its own bytes
     in one byte per byte of their joint range (only for views whose ranges overlap)."""
     if any(_overlaps_itself(t) for t in tensors):
         return True
     base = min(t.data_ptr() for t in tensors)
-    marks = torch.zeros(max(_extent(t)[3] for t in tensors) - base, dtype=torch.uint8)
+    marks = torch.zeros(max(_extent(t)[2] for t in tensors) - base, dtype=torch.uint8)
     for t in tensors:
         size = t.element_size()
         marks.as_strided(tuple(t.shape) + (size,), tuple(st * size for st in t.stride()) + (1,),

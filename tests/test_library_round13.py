@@ -313,3 +313,43 @@ def test_float32_master_refuses_meta_sparse_and_nested_tensors_by_name(kind):
                   "nested": lambda: torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])}[kind]()
     with pytest.raises(ValueError, match="Invalid params: .*(meta device|sparse|nested)"):
         Float32Master([torch.ones(2, dtype=torch.float16), tensor])
+
+
+# --- 8. tensors over one memory through storages of their own -----------------------------------------------------------
+def test_two_tensors_made_from_one_numpy_array_are_refused_as_sharing_memory():
+    """torch.from_numpy(a) and torch.from_numpy(a[2:]) each get a storage of their own over one memory; the overlap
+    check compared views of one storage only, so both were accepted and every pass moved a[2:] twice (θ + 2εz
+    there: the step's differences and its restore were off, silently). Their byte ranges are compared now,
+    whatever storage holds them; column blocks of one array (ranges that interleave without a common entry)
+    are still accepted."""
+    import numpy as np
+
+    from sazo_lite.precision import Float32Master
+
+    a = np.zeros(6)
+    overlapping = [torch.from_numpy(a), torch.from_numpy(a[2:])]
+    with pytest.raises(ValueError, match="share memory"):
+        sz.MeZO(overlapping, lr=0.1)
+    with pytest.raises(ValueError, match="share memory"):
+        Float32Master(overlapping)
+    theta = torch.zeros(2)
+    opt = sz.MeZO([theta], lr=0.1)
+    with pytest.raises(ValueError, match="share memory"):
+        opt.add_param_group({"params": overlapping})
+    b = np.zeros((4, 6))
+    sz.MeZO([torch.from_numpy(b[:, :3]), torch.from_numpy(b[:, 3:])], lr=0.1)   # disjoint column blocks
+    sz.MeZO([torch.from_numpy(a[:3]), torch.from_numpy(a[3:])], lr=0.1)         # adjacent, not overlapping
+
+
+def test_a_tensor_re_pointed_onto_memory_of_another_storage_is_refused_before_the_next_step():
+    """The check between steps (``.data`` re-pointed since the last step) reads the same ranges: a tensor
+    re-pointed onto a numpy-backed neighbour's memory is refused with θ untouched."""
+    import numpy as np
+
+    a = np.arange(6, dtype=np.float64)
+    x, y = torch.from_numpy(a[:3]), torch.zeros(3, dtype=torch.float64)
+    opt = sz.MeZO([x, y], lr=0.1)
+    y.data = torch.from_numpy(a[1:4])
+    with pytest.raises(ValueError, match="share memory"):
+        opt.step(lambda: torch.cat([x, y]))
+    assert a.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
