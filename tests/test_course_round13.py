@@ -232,3 +232,21 @@ def test_memory_dtype_caption_excepts_the_z_buffer_that_float32_does_not_double(
     assert full[0] == pytest.approx(2 * half[0]) and full[1] < 1.99 * half[1] and ratio_full != ratio_half
     caption = memory_widgets.CAPTIONS["dtype"]
     assert "doubles every byte." not in caption and "z buffer" in caption
+
+
+# -- language-model figures: the median over seeds -----------------------------------------------------------------
+
+def test_loss_bands_count_a_diverged_seed_as_above_the_others_not_as_gone():
+    """loss_bands took the median over the seeds still logging at each query count: where two of three seeds had
+    diverged (stopped, F > 1.5·F₀), its median line read the survivor's 0.3 as "median, 3 seeds". A diverged seed now
+    counts as above every other after its stop, as in notebook 06's race figure; a seed out of budget is left out."""
+    pytest.importorskip("plotly")
+    from sazo_lite.course.widgets.llm import loss_bands
+
+    alive = {"queries": [0, 2, 4, 6], "train_loss": [1.0, 0.7, 0.5, 0.3], "diverged": False}
+    gone = [{"queries": [0, 2, 4], "train_loss": [1.0, 0.9, 1.6], "diverged": True},
+            {"queries": [0, 2, 4], "train_loss": [1.0, 1.2, 1.7], "diverged": True}]
+    median = list(loss_bands({"uniform": [alive, *gone]}).data[-1].y)
+    assert median[:3] == pytest.approx([1.0, 0.9, 1.6]) and median[3] is None   # 2 of 3 above everything
+    ended = [{"queries": [0, 2, 4], "train_loss": [1.0, 0.9, 0.8], "diverged": False}] * 2   # out of budget only
+    assert list(loss_bands({"uniform": [alive, *ended]}).data[-1].y)[3] == pytest.approx(0.3)

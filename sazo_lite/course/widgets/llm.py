@@ -6,6 +6,7 @@ queries-to-target table, the walk ‖θ − θ₀‖, staleness, the detectors.
 from __future__ import annotations
 
 import html
+import math
 import statistics
 
 import numpy as np
@@ -74,6 +75,10 @@ def _check_runs(name: str, runs_by_key: dict, key: str) -> None:
 def loss_bands(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> go.Figure:
     """Training loss F(θ)/F(θ₀) against queries: median line and min–max band over seeds, per sampler.
 
+    A seed stopped as diverged (its ``diverged`` flag) counts as above every other after its stop, as in notebook
+    06's race figure: where most seeds diverged the median is off the plot (a gap), not the survivors' median. A
+    seed that ran out of budget is left out after its end.
+
     Args:
         runs_by_sampler: sampler name → list of runs (``QueryRun`` or its dict), one per seed.
         targets: fractions of F(θ₀) drawn as dotted lines.
@@ -84,6 +89,8 @@ def loss_bands(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> go.Figure:
         >>> [round(v, 2) for v in loss_bands(runs).data[-1].y]
         [1.0, 0.75, 0.6]
     """
+    from .llm_lesson import _bands   # (here: llm_lesson reads notebook 06's lesson, which this module need not)
+
     _check_runs("runs_by_sampler", runs_by_sampler, "sampler")
     fig, shown = go.Figure(), []
     for sampler, runs in runs_by_sampler.items():
@@ -97,15 +104,16 @@ def loss_bands(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> go.Figure:
         color = _color(sampler)
         dash = _DASHES[shown.count(color) % len(_DASHES)]   # several rates of one sampler: one colour, dashes
         shown.append(color)
-        grid = sorted({q for r in runs for q in r["queries"]})
-        curves = [dict(zip(r["queries"], [v / r["train_loss"][0] for v in r["train_loss"]])) for r in runs]
-        rows = [[c[q] for c in curves if q in c] for q in grid]   # seeds that logged this query count
-        low, high = [min(v) for v in rows], [max(v) for v in rows]
-        median = [statistics.median(v) for v in rows]
-        fig.add_scatter(x=grid + grid[::-1], y=high + low[::-1], fill="toself", line=dict(width=0), opacity=0.2,
-                        fillcolor=color, showlegend=False, hoverinfo="skip", name=f"{sampler} band")
+        # a seed stopped as diverged counts as above everything after its stop (not left out: the median of the
+        # seeds still running read 0.3 where two of three had diverged); one that ran out of budget is left out
+        grid, median, low, high = _bands(runs)
+        top = max([v for v in high if math.isfinite(v)] + [1.0])   # the band of a diverged seed: to the plot's top
+        fig.add_scatter(x=grid + grid[::-1], y=[min(v, top) for v in high] + [min(v, top) for v in low][::-1],
+                        fill="toself", line=dict(width=0), opacity=0.2, fillcolor=color, showlegend=False,
+                        hoverinfo="skip", name=f"{sampler} band")
         seeds = f"median, {len(runs)} seeds" if len(runs) > 1 else "1 seed"
-        fig.add_scatter(x=grid, y=median, mode="lines", line=dict(color=color, dash=dash), name=f"{sampler} ({seeds})")
+        fig.add_scatter(x=grid, y=[v if math.isfinite(v) else None for v in median], mode="lines",
+                        line=dict(color=color, dash=dash), name=f"{sampler} ({seeds})")
     for t in targets:
         fig.add_hline(y=t, line=dict(dash="dot", color="gray"), annotation_text=f"{t:.0%} of F(θ₀)")
     fig.update_layout(width=640, height=380, xaxis_title="queries (2·B per step)", yaxis_title="F(θ) / F(θ₀)",

@@ -81,7 +81,7 @@ def _bands(runs: list[dict]) -> tuple[list[int], list[float], list[float], list[
             at = dict(zip(r["queries"], r["train_loss"]))
             if q in at:
                 row.append(at[q] / r["train_loss"][0])
-            elif r["diverged"] and q > r["queries"][-1]:
+            elif r.get("diverged") and q > r["queries"][-1]:   # (a record without the flag: not known diverged)
                 row.append(math.inf)
         rows.append(row)
     return grid, [statistics.median(v) for v in rows], [min(v) for v in rows], [max(v) for v in rows]
