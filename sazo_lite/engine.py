@@ -933,7 +933,9 @@ class MeZO(torch.optim.Optimizer):
         kind = not_dense(weights)
         if kind is not None:
             raise ValueError(f"Invalid weights: a {kind} tensor on {weights.device} (expected a dense 1-D tensor [B])")
-        weights = weights.detach().to("cpu", torch.float64)
+        # a copy, as of the losses: weights that are tuned tensors themselves (example weights learnt by the same
+        # optimiser), or a buffer the closure writes, were read after the passes, at θ − εz or as edited
+        weights = weights.detach().to("cpu", torch.float64, copy=True)
         if weights.dim() != 1:
             raise ValueError(f"Invalid weights: expected a 1-D tensor [B], got shape {tuple(weights.shape)}")
         if not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()):

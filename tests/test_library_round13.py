@@ -353,3 +353,25 @@ def test_a_tensor_re_pointed_onto_memory_of_another_storage_is_refused_before_th
     with pytest.raises(ValueError, match="share memory"):
         opt.step(lambda: torch.cat([x, y]))
     assert a.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+# --- 9. the weights a step is given are the weights it uses ------------------------------------------------------------
+def test_weights_that_are_tuned_tensors_or_edited_by_the_closure_are_read_as_given():
+    """step(closure, weights) checked the weights, then read them after both passes: weights that are tuned tensors
+    themselves (example weights learnt by the same optimiser) were read at θ − εz (they could be negative there, after
+    the check), and a closure that wrote into its weights buffer changed g (ones, tripled by the closure: g = 9.69
+    instead of 1.08). g is mean(w·d) with w as the call gave them."""
+    theta = torch.zeros(4, dtype=torch.float64)
+    weights = torch.ones(4, dtype=torch.float64)
+    out = sz.MeZO([theta, weights], lr=0.0, eps=0.5, seed=0).step(lambda: (theta - 1.0) ** 2, weights)
+    assert out.projected_grad == float(out.directional_diffs.mean())
+    assert out.loss == float(out.losses.mean())
+
+    buffer = torch.ones(4, dtype=torch.float64)
+
+    def closure():
+        buffer.mul_(3.0)
+        return (theta - 1.0) ** 2
+
+    out = sz.MeZO([theta], lr=0.0, eps=0.5, seed=0).step(closure, buffer)
+    assert out.projected_grad == float(out.directional_diffs.mean())
