@@ -969,3 +969,37 @@ def test_course_claims_rule_covers_every_chapter():
     notebooks = {path.stem for path in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
     assert checked | {name for name in notebooks if name.startswith("06_")} == notebooks, checked
     assert not any(name.startswith("06_") for name in checked)
+
+
+def test_trainer_md_args_copy_collator_and_fp16(tmp_path):
+    """`Without an accelerator the trainer turns dataloader_pin_memory off in its copy of args`, `ignore_data_skip
+    is turned off in the trainer's copy of args`, `fp16=True on a CPU is refused`, and `CausalLMCollator refuses
+    rows with label or label_ids but no labels`."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import TrainingArguments
+
+    from sazo_lite.hf import CausalLMCollator, ZOTrainer
+
+    text = flat(read("docs/trainer.md"))
+    assert "trainer turns `dataloader_pin_memory` off in its copy of `args`" in text
+    assert "`ignore_data_skip` is turned off in the trainer's copy of `args`" in text
+    assert "`fp16=True` on a CPU is refused" in text
+    if torch.cuda.is_available():
+        pytest.skip("the pin-memory and fp16 sentences are about machines without an accelerator")
+    args = TrainingArguments(str(tmp_path), report_to=[], dataloader_pin_memory=True, ignore_data_skip=True)
+    assert args.dataloader_pin_memory     # (use_cpu=True would turn it off in transformers itself)
+    trainer = ZOTrainer(torch.nn.Linear(2, 2), args)
+    assert not trainer.args.dataloader_pin_memory and not trainer.args.ignore_data_skip
+    assert args.dataloader_pin_memory and args.ignore_data_skip          # the caller's args are left as they were
+    try:
+        half = TrainingArguments(str(tmp_path), report_to=[], use_cpu=True, fp16=True)
+    except ValueError:
+        half = None                                                      # transformers refuses it itself
+    if half is not None:
+        with pytest.raises(ValueError, match="fp16"):
+            ZOTrainer(torch.nn.Linear(2, 2), half)
+    assert "`CausalLMCollator` refuses rows with `label` or `label_ids` but no `labels`" in text
+    for name in ("label", "label_ids"):
+        with pytest.raises(ValueError, match=name):
+            CausalLMCollator(0)([{"input_ids": [1, 2, 3], name: 1}])
