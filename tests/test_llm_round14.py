@@ -4,21 +4,25 @@ top-block tuning, repeated runs and the generated sets checked against plain ref
 failed on the code before it."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 pytest.importorskip("transformers")
 
 from sazo_lite import MeZO
 from sazo_lite.engine import StepEvent
 from sazo_lite.train import NoiseScaledStep
-from sazo_lite.llm import add_lora, tiny_causal_lm, trainable_parameters
+from sazo_lite.llm import TINY_FAMILIES, add_lora, tiny_causal_lm, trainable_parameters
 from sazo_lite.llm.continual import alike_indices, keep_alike, make_continual_set
 from sazo_lite.llm.finetune import restore_snapshot, snapshot
 from sazo_lite.llm.grad_norms import directional_error, full_gradient_norm, grad_norms
-from sazo_lite.llm.losses import TokenBatch, accuracy
-from sazo_lite.llm.queries import AfterStep, WalkBound, WalkPull, query_run, walk
-from sazo_lite.llm.topblock import TopBlocks
+from sazo_lite.llm.losses import TokenBatch, accuracy, classification_losses
+from sazo_lite.llm.queries import (AfterStep, WalkBound, WalkPull, held_out_accuracies, median_floor, queries_to,
+                                  query_run, ratio_bound, walk)
+from sazo_lite.llm.topblock import TopBlocks, decoder_layers, top_layers
 
 from test_llm_round9 import VOCAB, batch, jiggle       # the same tiny batches
 from test_llm_round13 import equal_length_batch       # no padding: vmap applies
@@ -166,3 +170,83 @@ def test_query_run_refuses_a_test_split_the_model_cannot_read_before_the_run(fam
     with pytest.raises(ValueError, match=f"Invalid test_batch: .*{why}"):
         query_run(model, params, train, "uniform", lr=1e-2, steps=3, log_every=1, test_batch=test)
     assert all(torch.equal(p, s) for p, s in zip(params, start))
+
+
+# --- 7. checks against plain references (no defect found) ---------------------------------------------------------
+def plain_queries_to(run: dict, fraction: float):
+    target = fraction * run["train_loss"][0]
+    return next((q for q, f in zip(run["queries"], run["train_loss"]) if f <= target), None)
+
+
+def plain_median(values):
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+runs = st.builds(
+    lambda losses, diverged, step: {"queries": [step * k for k in range(len(losses))], "train_loss": losses,
+                                    "diverged": diverged},
+    st.lists(st.floats(0.01, 3.0), min_size=1, max_size=6), st.booleans(), st.integers(1, 50))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(runs, min_size=1, max_size=5), st.lists(runs, min_size=1, max_size=5),
+       st.sampled_from([0.3, 0.5, 0.8, 1.0]))
+def test_queries_to_median_floor_and_ratio_bound_match_plain_references(top, bottom, fraction):
+    for r in top + bottom:
+        assert queries_to(r, fraction) == plain_queries_to(r, fraction)
+    floor = lambda rs: plain_median([q if (q := plain_queries_to(r, fraction)) is not None
+                                     else math.inf if r["diverged"] else r["queries"][-1] for r in rs])
+    assert median_floor(top, fraction) == floor(top)
+    median = lambda rs: plain_median([math.inf if (q := plain_queries_to(r, fraction)) is None else q for r in rs])
+    t, b = median(top), median(bottom)
+    expected = None
+    if math.isfinite(t) and math.isinf(b) and math.isfinite(floor(bottom)) and floor(bottom) > 0:
+        expected = ("<", t / floor(bottom))
+    if math.isinf(t) and math.isfinite(b) and b > 0 and math.isfinite(floor(top)):
+        expected = (">", floor(top) / b)
+    assert ratio_bound(top, bottom, fraction) == expected
+
+
+def test_held_out_accuracies_take_the_budget_where_measured_ties_and_repeats_kept():
+    records = [{"budget_accuracy": 0.5, "test_accuracy": 0.9}, {"budget_accuracy": 0.5, "test_accuracy": None},
+               {"budget_accuracy": 0.75, "test_accuracy": 0.75}]
+    assert held_out_accuracies(records) == [0.5, 0.5, 0.75]
+    assert held_out_accuracies([{"test_accuracy": 0.5}, {"test_accuracy": 0.5}, {"test_accuracy": None}]) == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_top_blocks_equal_the_full_model_on_random_splits_with_nonzero_adapters_in_float64(family):
+    g = torch.Generator().manual_seed(7)
+    base = tiny_causal_lm(family, vocab_size=VOCAB, seed=2, dtype=torch.float64)
+    every = len(decoder_layers(base))
+    for blocks in range(1, every + 1):
+        model = add_lora(tiny_causal_lm(family, vocab_size=VOCAB, seed=2, dtype=torch.float64), rank=2,
+                         layers=top_layers(base, blocks))
+        params = trainable_parameters(model)
+        jiggle(params, 0.3)
+        lengths = torch.randint(1, 9, (5,), generator=g).tolist()
+        ids = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in lengths]
+        pad = int(torch.randint(0, VOCAB, (), generator=g))          # any id: the mask, not the id, pads
+        data = TokenBatch(ids, lengths, pad, torch.randint(0, 3, (5,), generator=g), torch.tensor([5, 9, 11]))
+        top = TopBlocks(model, data, blocks=blocks)
+        order = torch.randint(0, 5, (6,), generator=g).tolist()
+        assert torch.allclose(top(order), classification_losses(model, data, order), atol=1e-10, rtol=0)
+        exact = grad_norms(model, data, params, indices=order, method="loop")
+        for method in ("auto", "linear", "loop"):
+            assert torch.allclose(top.grad_norms(params, order, method=method), exact, rtol=1e-8), method
+
+
+def test_query_runs_repeat_bit_for_bit_for_every_sampler_under_the_walk_rules():
+    model, params = lora_top("llama")
+    train, test = TopBlocks(model, batch(6)), TopBlocks(model, batch(4, seed=1))
+    start = snapshot(params)
+    settings = dict(lr=0.3, steps=8, log_every=2, batch_size=2, test_batch=test, walk_bound=0.02, step_cap=1.0,
+                    step_rule=NoiseScaledStep(warmup=2), accuracy_at=8)
+    for sampler in ("uniform", "sazo", "oracle"):
+        first = query_run(model, params, train, sampler, **settings).to_dict()
+        restore_snapshot(params, start)
+        assert query_run(model, params, train, sampler, **settings).to_dict() == first, sampler
+        restore_snapshot(params, start)
+        assert max(first["walk"]) <= 0.02 * (1 + 1e-6) and first["bound_steps"] > 0, sampler
