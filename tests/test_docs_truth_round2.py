@@ -1003,3 +1003,25 @@ def test_trainer_md_args_copy_collator_and_fp16(tmp_path):
     for name in ("label", "label_ids"):
         with pytest.raises(ValueError, match=name):
             CausalLMCollator(0)([{"input_ids": [1, 2, 3], name: 1}])
+
+
+def test_folded_run_replays_bit_for_bit():
+    """distributed.md: `a folded run replays through the unfolded passes, which give the same θ` (bit for bit) once
+    the optimiser's pending update is flushed (the page did not say that a folded run's weights wait for it)."""
+    import torch
+
+    import sazo_lite as sz
+
+    assert ("a folded run replays through the unfolded passes, which give the same θ: compare after `opt.flush()`"
+            in flat(read("docs/distributed.md")))
+    torch.manual_seed(0)
+    x, y = torch.randn(6, 3), torch.randn(6)
+    theta, base = torch.zeros(3), torch.zeros(3)
+    opt = sz.MeZO([theta], lr=0.05, eps=1e-3, seed=1, fold_updates=True)
+    log = sz.SeedLog.attach(opt)
+    for _ in range(20):
+        opt.step(lambda: (x @ theta - y) ** 2)
+    log.replay([base])
+    assert opt.pending and not torch.equal(base, theta)      # θ − εz of the last step until the flush
+    opt.flush()
+    assert torch.equal(base, theta)
