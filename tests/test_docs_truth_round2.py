@@ -1025,3 +1025,26 @@ def test_folded_run_replays_bit_for_bit():
     assert opt.pending and not torch.equal(base, theta)      # θ − εz of the last step until the flush
     opt.flush()
     assert torch.equal(base, theta)
+
+
+def test_readme_and_course_make_lines_run_what_they_say():
+    """`make -n -B` of the pages' make lines: the README's GPU install passes TORCH_PIP_ARGS to torch's pip line,
+    `BENCH_LLM_ARGS=--quick` reaches benchmarks.llm_queries, `make book FULL=1` builds with --full and
+    `make bench-step` runs the step bound (nothing runs: -n prints the commands)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+
+    def commands(*args) -> str:
+        return subprocess.run(["make", "-n", "-B", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+    install = stated("README.md", r"`make (install TORCH_SPEC=\"torch==[\d.]+\" TORCH_PIP_ARGS=\"--index-url <your CUDA "
+                                  r"wheel index>\")`")
+    argv = shlex.split(install.replace("<your CUDA wheel index>", "https://example.invalid/cu"))
+    torch_line = next(line for line in commands(*argv).splitlines() if '"torch==' in line)
+    assert "--index-url https://example.invalid/cu" in torch_line
+    assert "benchmarks.llm_queries --quick" in commands("bench-llm", "BENCH_LLM_ARGS=--quick")
+    assert "book/build.py --jobs 2 --full" in commands("book", "FULL=1")
+    assert "benchmarks.engine_speed speed smollm2 --bound 1.15" in commands("bench-step")
