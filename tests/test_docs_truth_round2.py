@@ -1048,3 +1048,13 @@ def test_readme_and_course_make_lines_run_what_they_say():
     assert "benchmarks.llm_queries --quick" in commands("bench-llm", "BENCH_LLM_ARGS=--quick")
     assert "book/build.py --jobs 2 --full" in commands("book", "FULL=1")
     assert "benchmarks.engine_speed speed smollm2 --bound 1.15" in commands("bench-step")
+
+
+def test_trainer_md_snippet_is_the_readmes():
+    """docs/trainer.md repeats the README's two-column snippet, which tests/test_docs_truth.py runs from the README:
+    the copy must stay the same code."""
+    def snippet(page: str, heading: str) -> str:
+        return re.search(r"```python\n(.*?)```", read(page).split(heading, 1)[1], re.S).group(1)
+
+    heading = "## Fine-tuning with the Hugging Face Trainer"
+    assert snippet("docs/trainer.md", heading) == snippet("README.md", heading)
