@@ -19,6 +19,9 @@ cache after an upgrade, new mutants.
   only: after an upgrade of PyTorch (or NumPy, or Python) the hand-ins were compared with values the old versions
   computed (hidden cases compare float64 state to 1e-12, and a sampler's draws may change). The hash now covers
   their versions.
+- A cell converted from a script (``nbconvert --to script`` writes ``get_ipython().run_line_magic(...)``) stopped at
+  its first line: ``get_ipython`` is a name Jupyter gives every notebook, and the worker had none (NameError). The
+  worker now gives one whose magics do what ``without_magics`` makes of the ``%`` forms.
 - Found, not closed (pinned as a documented gap): a forbidden function that C code calls while allowed library code
   is the running Python frame (a ``__del__`` that is a ``partial`` of ``list.extend`` over a ``map`` of it, on an
   object that dies as the student's ``_observe`` returns into ``Sampler.update``) counts as the library's own call.
@@ -28,6 +31,7 @@ cache after an upgrade, new mutants.
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -155,6 +159,27 @@ def test_the_reference_is_computed_again_after_a_pytorch_upgrade(tmp_path, monke
     assert len(runs) == 2 and again != first
     assert len(list(tmp_path.glob("*.reference-*.json"))) == 1   # the stale one is removed
 
+
+FROM_A_SCRIPT = ["get_ipython().run_line_magic('matplotlib', 'inline')\nget_ipython().system('pip install torch')\n"
+                 "import math\nlab2_pi = math.pi",
+                 "get_ipython().run_cell_magic('time', '', 'def lab2_weights(x):\\n    return 2 * x\\n')\n"
+                 "lab2_y = get_ipython().run_line_magic('time', 'lab2_weights(3)')"]
+
+
+def test_a_cell_converted_from_a_script_runs_with_get_ipython():
+    """Before: NameError ('get_ipython' is not defined: Jupyter has it without an import) stopped each cell at its
+    first line, and the names it defines were missing (here lab2_pi, lab2_weights: their questions scored 0)."""
+    from sazo_lite.course.labs.rules import RULES
+
+    case = "record([lab2_pi, lab2_weights(2), lab2_y])"   # q1's graded lab2_weights passes the definition check
+    questions = {"q1": {"points": [1.0], "cases": [{"hidden": False, "code": case}]}}
+    outcome = grading.run(list(enumerate(FROM_A_SCRIPT)), questions, cell_timeout=60, test_timeout=60,
+                          notebook_timeout=120, require="none", rule=RULES["lab2_importance_weights"],
+                          owners={0: ["q1"], 1: ["q1"]})   # unconfined: the sandbox is not what this is about
+    case = outcome["cases"][("q1", 0)]
+    assert case["error"] is None and outcome["rules"] == {}, outcome
+    assert case["records"][0]["value"] == {"t": "seq", "v": [{"t": "float", "v": math.pi}, {"t": "int", "v": 4},
+                                                             {"t": "int", "v": 6}]}
 
 # -- a documented gap: a forbidden call C code makes while allowed library code is the running frame ----------------
 DYING_IN_THE_LIBRARY = """import functools as _ft
