@@ -1058,3 +1058,13 @@ def test_trainer_md_snippet_is_the_readmes():
 
     heading = "## Fine-tuning with the Hugging Face Trainer"
     assert snippet("docs/trainer.md", heading) == snippet("README.md", heading)
+
+
+def test_binder_and_conda_use_the_cpu_wheel_index():
+    """README: `Binder (binder/) and conda (environment.yml) use the CPU wheel index`, with the Makefile's torch."""
+    assert "Binder (`binder/`) and conda (`environment.yml`) use the CPU wheel index" in flat(read("README.md"))
+    version = re.search(r"^TORCH_SPEC \?= torch==(\S+)", read("Makefile"), re.M).group(1)
+    for path in ("binder/requirements.txt", "environment.yml"):
+        text = read(path)
+        assert re.search(r"--(extra-)?index-url https://download\.pytorch\.org/whl/cpu\b", text), path
+        assert re.search(rf"torch=={re.escape(version)}(\+cpu)?\s", text), path
