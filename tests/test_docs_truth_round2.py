@@ -1068,3 +1068,18 @@ def test_binder_and_conda_use_the_cpu_wheel_index():
         text = read(path)
         assert re.search(r"--(extra-)?index-url https://download\.pytorch\.org/whl/cpu\b", text), path
         assert re.search(rf"torch=={re.escape(version)}(\+cpu)?\s", text), path
+
+
+def test_paired_ratio_and_noise_warning_as_benchmarks_md_states():
+    """`its ratio is the least disturbed pair's (the smallest step + forwards), the median of the pairs' ratios is
+    in the JSON, and a run where a step's median paired ratio is below 1 … warns` (one cheap pair does not)."""
+    from benchmarks import engine_speed
+
+    text = flat(read("docs/benchmarks.md"))
+    assert "its ratio is the least disturbed pair's (the smallest step + forwards)" in text
+    assert "a run where a step's median paired ratio is below 1 (it reads cheaper than its two forwards) warns" in text
+    pair = engine_speed.paired_ratio([3.0, 2.5, 9.0], [2.0, 2.4, 4.0])
+    assert (pair["step_s"], pair["forwards_s"]) == (2.5, 2.4) and pair["median_ratio"] == pytest.approx(1.5)
+    clean = {f"{v}_median_ratio": 1.1 for v in engine_speed.VARIANTS}
+    assert engine_speed.too_noisy(clean) is None
+    assert engine_speed.too_noisy({**clean, "plain_median_ratio": 0.9})
