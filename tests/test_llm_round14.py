@@ -18,7 +18,8 @@ from sazo_lite.train import NoiseScaledStep
 from sazo_lite.llm import TINY_FAMILIES, add_lora, tiny_causal_lm, trainable_parameters
 from sazo_lite.llm.continual import alike_indices, keep_alike, make_continual_set
 from sazo_lite.llm.finetune import restore_snapshot, snapshot
-from sazo_lite.llm.grad_norms import directional_error, full_gradient_norm, grad_norms
+from sazo_lite.llm.grad_norms import (directional_error, full_gradient_norm, grad_norms, linear_grad_norms,
+                                     loop_grad_norms)
 from sazo_lite.llm.losses import TokenBatch, accuracy, classification_losses
 from sazo_lite.llm.queries import (AfterStep, WalkBound, WalkPull, held_out_accuracies, median_floor, queries_to,
                                   query_run, ratio_bound, walk)
@@ -62,6 +63,34 @@ def test_full_gradient_norm_and_directional_error_refuse_a_tensor_given_twice():
     with pytest.raises(ValueError, match="Invalid params: .*share memory"):
         grad_norms(model, data, views, method="loop")
 
+
+
+class SequenceFirst(torch.nn.Module):
+    """A Linear fed rows [T, B, d] (sequence-first, as ChatGLM's layers take them), or [B, T, d]."""
+
+    def __init__(self, sequence_first: bool):
+        super().__init__()
+        self.proj, self.sequence_first = torch.nn.Linear(3, 2), sequence_first
+
+    def forward(self, x):                                                   # x [B, T, 3] → losses [B]
+        if not self.sequence_first:
+            return self.proj(x).pow(2).sum((1, 2))
+        return self.proj(x.transpose(0, 1)).transpose(0, 1).pow(2).sum((1, 2))
+
+
+@pytest.mark.parametrize("sequence_first", [True, False])
+def test_linear_norms_do_not_split_sequence_first_rows_by_position_when_t_equals_b(sequence_first):
+    # with T = B = 4 the rows [T, B, d] were split by position and passed the sum check: norms 7.68, 4.10, 10.37,
+    # 12.17 for the exact 7.92, 3.27, 8.02, 12.98
+    torch.manual_seed(0)
+    net, x = SequenceFirst(sequence_first), torch.randn(8, 4, 3)
+    losses, params, part = (lambda idx: net(x[list(idx)])), list(net.parameters()), [0, 1, 2, 3]
+    exact = loop_grad_norms(losses, params, part)
+    if sequence_first:
+        with pytest.raises(ValueError, match="Invalid params: .*split"):
+            linear_grad_norms(net, losses, params, part)
+    else:            # batch-first rows with T = B: checked by the weighted backward, and exact
+        assert torch.allclose(linear_grad_norms(net, losses, params, part), exact, rtol=1e-6)
 
 # --- 2. the homogeneous control's selection: norms that cannot be ranked ----------------------------------------
 @pytest.mark.parametrize("norms, why", [([1.0, float("nan"), 2.0, 3.0, 2.1], "finite"),

@@ -141,14 +141,16 @@ class _HooksCannotSplit(ValueError):
 
 def _batch_major(x: torch.Tensor, g: torch.Tensor, count: int) -> bool | None:
     """Whether a Linear's input x [..., d_in] and output gradient g [..., d_out] are laid out batch-major
-    for ``count`` examples: True when x is [B, T, ..., d_in] with B = count (the decoder's layout), False when
-    its rows cannot be split into ``count`` equal groups, None when they can but the grouping is not known to
-    be the examples' (x [B, d_in], tokens flattened [B·T, d_in], or rows regrouped, e.g. by an MoE router)."""
+    for ``count`` examples: True when x is [B, T, ..., d_in] with B = count ≠ T (the decoder's layout), False
+    when its rows cannot be split into ``count`` equal groups, None when they can but the grouping is not known
+    to be the examples' (x [B, d_in], tokens flattened [B·T, d_in], rows regrouped, e.g. by an MoE router, or
+    [count, count, ...]: batch-first [B, T] and sequence-first [T, B] rows look alike when T = B)."""
     if count == 1:
         return True                                       # one example: every row is its own
     if x.shape[:-1] != g.shape[:-1] or x.dim() < 2 or x.shape[0] % count:
         return False
-    return True if x.dim() >= 3 and x.shape[0] == count else None
+    # a Linear fed sequence-first rows [T, B, d] (ChatGLM's layout) with T = B was split by position, not by example
+    return True if x.dim() >= 3 and x.shape[0] == count != x.shape[1] else None
 
 
 def linear_grad_norms(model, losses: Callable, params, indices, *, chunk: int = 16) -> torch.Tensor:
