@@ -102,6 +102,7 @@ are the Trainer's own. What differs:
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import math
@@ -681,6 +682,7 @@ class ZOTrainer(Trainer):
             net.train()
 
     def _zo_step(self, net) -> torch.Tensor:
+        self._check_tuned_tensors(net)
         if self._master is not None:
             self._master_follows_writes()
         self._check_logged_weights()
@@ -697,7 +699,9 @@ class ZOTrainer(Trainer):
                 outputs = net(**self._model_inputs(batch))
             mine = self._per_example_losses(outputs, batch, [int(i) for i in batch_indices], self.state.global_step + 1)
             _check_loss_shape(mine, len(batch_indices), f"at step {self.state.global_step + 1}")
-            values = gather_losses(mine.float())
+            # float64, as MeZO reads losses: float32 rounded a float64 loss's f(θ+εz) − f(θ−εz) (eps=1e-7 on
+            # a float64 model: g off by a few %); float32 and half losses convert exactly, as before
+            values = gather_losses(mine.double())
             _check_finite_losses(values, indices, self.state.global_step + 1)
             return values
 
@@ -715,6 +719,25 @@ class ZOTrainer(Trainer):
         w = weights.double()
         self._zo_pending.add(abs(out.projected_grad), float(w.max()), float(w.sum() ** 2 / (w ** 2).sum()) / len(w))
         return torch.tensor(out.loss, dtype=torch.float32, device=self.args.device)
+
+    def _check_tuned_tensors(self, net) -> None:
+        """Refuse a step when the model's trainable tensors are no longer those MeZO was built over (a
+        tensor's requires_grad cleared or set by a callback or between ``train()`` calls, a tensor or the
+        model replaced): MeZO perturbed and updated the tensors it was built with, so a frozen tensor kept
+        moving (the Trainer's AdamW skips it: no gradient), and those of a replaced model moved out of its
+        sight. Nothing has moved yet."""
+        tuned = (self._master.params if self._master is not None
+                 else [p for group in self.zo_optimizer.param_groups for p in group["params"]])
+        now = [p for p in net.parameters() if p.requires_grad]
+        if len(now) == len(tuned) and all(a is b for a, b in zip(now, tuned)):
+            return
+        names = {id(p): name for name, p in net.named_parameters()}
+        frozen = [names[id(p)] for p in tuned if id(p) in names and not p.requires_grad]
+        added = [names[id(p)] for p in now if all(p is not q for q in tuned)]
+        raise ValueError(f"Invalid model: its trainable tensors changed since ZOTrainer built its MeZO optimiser "
+                         f"(now frozen: {frozen[:3]}, now trainable or new: {added[:3]}); MeZO would go on "
+                         f"perturbing and updating the tensors it was built with. Set requires_grad before the "
+                         f"first train(), or build a new ZOTrainer for the new set")
 
     def _weights_checksum(self) -> tuple[set, torch.Tensor] | None:
         """(ids of the SeedLogs recording MeZO, Σθ and ‖θ‖ of each tuned tensor in float64), or None
@@ -1006,9 +1029,39 @@ class ZOTrainer(Trainer):
         # private, kept: where load_best_model_at_end puts the best weights into the model. The
         # master must follow them, or the next step (a later train()) would sync the last
         # weights back over the best ones.
-        super()._load_best_model()
+        with self._tuned_tensors_kept():
+            super()._load_best_model()
         if self._master is not None:
             self._master_follows_model(self.state.best_model_checkpoint)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None) -> None:
+        # private, kept: where a resume loads the checkpoint's weights into the model (see _tuned_tensors_kept)
+        with self._tuned_tensors_kept():
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
+
+    @contextlib.contextmanager
+    def _tuned_tensors_kept(self):
+        """The Trainer's loads leave the model's trainable tensors in place, holding the loaded values.
+
+        peft's ``load_adapter`` (how the Trainer loads a peft checkpoint) replaces each bfloat16/float16
+        adapter tensor by a new float32 one. A resume then tuned float32 adapters without the
+        checkpoint's master weights (another run than the one it continued), and after
+        ``load_best_model_at_end`` MeZO and the master held tensors no longer in the model, so a later
+        ``train()`` moved nothing. The replaced tensors are put back, with the loaded values (exact: they
+        were upcast from the checkpoint's own dtype)."""
+        net = self.accelerator.unwrap_model(self.model)
+        before = {name: p for name, p in net.named_parameters() if p.requires_grad}
+        try:
+            yield
+        finally:
+            for name, p in list(net.named_parameters()):
+                old = before.get(name)
+                if old is None or p is old or p.shape != old.shape:
+                    continue
+                with torch.no_grad():
+                    old.copy_(p)
+                owner, _, attr = name.rpartition(".")
+                setattr(net.get_submodule(owner), attr, old)
 
     def _master_follows_writes(self) -> None:
         """Entries written into the model since the master was last synced into it (a callback,
