@@ -20,11 +20,12 @@ from sazo_lite.llm.continual import alike_indices, keep_alike, make_continual_se
 from sazo_lite.llm.finetune import restore_snapshot, snapshot
 from sazo_lite.llm.grad_norms import (directional_error, full_gradient_norm, grad_norms, linear_grad_norms,
                                      loop_grad_norms)
-from sazo_lite.llm.losses import TokenBatch, accuracy, classification_losses
+from sazo_lite.llm.losses import TokenBatch, accuracy, classification_losses, encode_answers
 from sazo_lite.llm.queries import (AfterStep, WalkBound, WalkPull, held_out_accuracies, median_floor, queries_to,
                                   query_run, ratio_bound, walk)
 from sazo_lite.llm.topblock import TopBlocks, decoder_layers, top_layers
 
+from test_llm_round8 import CharTokenizer              # one token a character
 from test_llm_round9 import VOCAB, batch, jiggle       # the same tiny batches
 from test_llm_round13 import equal_length_batch       # no padding: vmap applies
 from test_llm_topblock import lora_top                 # LoRA on a tiny model's top block
@@ -279,3 +280,16 @@ def test_query_runs_repeat_bit_for_bit_for_every_sampler_under_the_walk_rules():
         assert query_run(model, params, train, sampler, **settings).to_dict() == first, sampler
         restore_snapshot(params, start)
         assert max(first["walk"]) <= 0.02 * (1 + 1e-6) and first["bound_steps"] > 0, sampler
+
+
+# --- 8. answers longer than max_length ------------------------------------------------------------------------------
+def test_encode_answers_refuses_an_answer_that_leaves_no_room_for_a_prompt_token():
+    # max_length=4 with a 6-token answer kept one prompt token and the whole answer: a row of 7 tokens, past the
+    # max_length asked for (and past a model's learned positions where max_length was chosen to fit them)
+    tok = CharTokenizer()
+    data = encode_answers(tok, ["abcdef", "ab"], ["xyz", "x"], max_length=4)
+    assert data.ids == [tok("f")["input_ids"] + tok("xyz")["input_ids"], tok("ab")["input_ids"] + tok("x")["input_ids"]]
+    assert max(len(r) for r in data.ids) <= 4
+    for answer in ("wxyz", "uvwxyz"):
+        with pytest.raises(ValueError, match=f"Invalid max_length: 4 .*answer 1 alone has {len(answer)} tokens"):
+            encode_answers(tok, ["abcdef", "ab"], ["xyz", answer], max_length=4)

@@ -387,10 +387,13 @@ def encode_answers(tokenizer, prompts, answers, *, max_length: int = 128) -> Tok
         raise ValueError(f"Invalid answers: {len(answers)} answers for {len(prompts)} prompts")
     max_length = check_int("max_length", max_length, 2)       # a prompt token and an answer token at least
     ids, prompt_lengths = [], []
-    for prompt, answer in zip(prompts, answers):
+    for k, (prompt, answer) in enumerate(zip(prompts, answers)):
         p, a = _ids(tokenizer, prompt), _ids(tokenizer, answer)
         if not a:
             raise ValueError(f"Invalid answers: {answer!r} has no tokens")
+        if len(a) >= max_length:    # the row kept a prompt token and the whole answer: longer than max_length
+            raise ValueError(f"Invalid max_length: {max_length} (answer {k} alone has {len(a)} tokens; a row holds "
+                             "one prompt token or more and the whole answer)")
         if not p:           # nothing before the answer: its first token would be predicted from nothing, unscored
             raise ValueError(f"Invalid prompts: {prompt!r} has no tokens (the answer's first token would not be "
                              "scored)")
