@@ -16,7 +16,7 @@ from sazo_lite import MeZO
 from sazo_lite.engine import StepEvent
 from sazo_lite.train import NoiseScaledStep
 from sazo_lite.llm import TINY_FAMILIES, add_lora, tiny_causal_lm, trainable_parameters
-from sazo_lite.llm.continual import alike_indices, keep_alike, make_continual_set
+from sazo_lite.llm.continual import alike_indices, cached_first_round, first_round, keep_alike, make_continual_set
 from sazo_lite.llm.finetune import restore_snapshot, snapshot
 from sazo_lite.llm.grad_norms import (directional_error, full_gradient_norm, grad_norms, linear_grad_norms,
                                      loop_grad_norms)
@@ -27,6 +27,7 @@ from sazo_lite.llm.topblock import TopBlocks, decoder_layers, top_layers
 
 from test_llm_round8 import CharTokenizer              # one token a character
 from test_llm_round9 import VOCAB, batch, jiggle       # the same tiny batches
+from test_llm_round10 import word_tokenizer            # a tokenizer built in memory
 from test_llm_round13 import equal_length_batch       # no padding: vmap applies
 from test_llm_topblock import lora_top                 # LoRA on a tiny model's top block
 
@@ -293,3 +294,18 @@ def test_encode_answers_refuses_an_answer_that_leaves_no_room_for_a_prompt_token
     for answer in ("wxyz", "uvwxyz"):
         with pytest.raises(ValueError, match=f"Invalid max_length: 4 .*answer 1 alone has {len(answer)} tokens"):
             encode_answers(tok, ["abcdef", "ab"], ["xyz", answer], max_length=4)
+
+
+# --- 9. the first round: one tensor given twice -------------------------------------------------------------------
+def test_the_first_round_refuses_a_tensor_given_twice_adam_stepped_it_twice(tmp_path, monkeypatch):
+    # torch's Adam only warns about a repeated tensor, then moves it by two steps a step
+    monkeypatch.setenv("SAZO_CACHE", str(tmp_path))
+    model, params = adapted()
+    cset, tokenizer = make_continual_set("continual", num_train=4, num_test=2), word_tokenizer(eos_token="c")
+    start = snapshot(params)
+    for run in (first_round, lambda *a, **k: cached_first_round(*a, key="k", **k)):
+        with pytest.raises(ValueError, match="Invalid params: .*share memory"):
+            run(model, params + [params[0]], cset, tokenizer, steps=1, progress=False)
+        assert all(torch.equal(p, s) for p, s in zip(params, start))
+    with pytest.raises(ValueError, match="Invalid params: .*share memory"):
+        query_run(model, params + [params[0]], batch(4), "uniform", lr=1e-3, steps=1)
