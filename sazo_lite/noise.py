@@ -207,10 +207,18 @@ class _Threaded(NoiseSource):
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="sazo-noise")
-        futures = [self._pool.submit(self._run, share, slot, done) for slot, share in enumerate(shares)]
+        inference = torch.is_inference_mode_enabled()   # thread-local, like grad mode: the workers take the caller's
+        futures = [self._pool.submit(self._run_as, inference, share, slot, done) for slot, share in enumerate(shares)]
         wait(futures)  # every worker has stopped touching θ before an error is raised here
         for future in futures:
             future.result()  # re-raises a worker's exception
+
+    def _run_as(self, inference: bool, share: list[Job], slot: int, done: list | None) -> None:
+        """``_run`` in a worker, in the caller's inference mode: inference tensors (a model loaded under
+        ``torch.inference_mode()``) can be changed in place only inside it, and a worker outside it raised
+        RuntimeError at the first pass of every step taken there."""
+        with torch.inference_mode(inference):
+            self._run(share, slot, done)
 
     def __getstate__(self):  # deepcopy/pickle: thread pools do not travel
         return {**self.__dict__, "_pool": None}

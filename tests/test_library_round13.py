@@ -375,3 +375,30 @@ def test_weights_that_are_tuned_tensors_or_edited_by_the_closure_are_read_as_giv
 
     out = sz.MeZO([theta], lr=0.0, eps=0.5, seed=0).step(closure, buffer)
     assert out.projected_grad == float(out.directional_diffs.mean())
+
+
+# --- 10. threaded noise sources inside torch.inference_mode() -------------------------------------------------------
+@pytest.mark.parametrize("source", ["torch", "table"])
+def test_inference_tensors_step_inside_inference_mode_through_a_threaded_source(source):
+    """Inference tensors step inside torch.inference_mode() (docs/guarantees.md), but inference mode is per thread:
+    a source with workers (TorchNoise(workers=2), GaussianTable(workers=2), which noise="auto" picks for CPU models
+    of 2²⁰ entries or more) ran its share in threads outside it, and every step raised RuntimeError ('Inplace update
+    to inference tensor outside InferenceMode'). The workers take the caller's mode now; θ is the same, bit for bit,
+    as the same run on ordinary tensors."""
+    from sazo_lite.noise import TorchNoise
+
+    def make():
+        return (TorchNoise(workers=2, chunk=16) if source == "torch"
+                else GaussianTable(size=2 ** 8, chunk=16, workers=2))
+
+    def run(params, noise):
+        opt = sz.MeZO(params, lr=0.1, eps=1e-2, seed=3, noise=noise)
+        for _ in range(3):
+            opt.step(lambda: torch.stack([(p - 0.5).pow(2).sum() for p in params]))
+        return params
+
+    with torch.inference_mode():
+        tuned = run([torch.ones(100), torch.linspace(-1, 1, 90)], make())
+    assert all(p.is_inference() for p in tuned)
+    plain = run([torch.ones(100), torch.linspace(-1, 1, 90)], make())
+    assert all(torch.equal(a, b) for a, b in zip(tuned, plain))
