@@ -1083,3 +1083,19 @@ def test_paired_ratio_and_noise_warning_as_benchmarks_md_states():
     clean = {f"{v}_median_ratio": 1.1 for v in engine_speed.VARIANTS}
     assert engine_speed.too_noisy(clean) is None
     assert engine_speed.too_noisy({**clean, "plain_median_ratio": 0.9})
+
+
+def test_dashboard_latency_table_names_every_dashboard(monkeypatch):
+    """The latency table's rows (sazo, race, mezo, paths and the list in its last row) are the dashboards
+    `python -m benchmarks.dashboard_latency` measures, each once."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks.dashboard_latency import dashboard_functions
+
+    section = read("docs/benchmarks.md").split("### Dashboard latency", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    named = []
+    for row in rows:
+        named += [re.sub(r" \(.*\)$", "", name.strip()) for name in row.split(",")]
+    spelled = {"chi²": "chi2", "ε": "epsilon"}
+    named = [spelled.get(name, name).replace(" ", "_") + "_dashboard" for name in named]
+    assert sorted(named) == sorted(dashboard_functions()), named
