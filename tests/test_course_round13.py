@@ -250,3 +250,27 @@ def test_loss_bands_count_a_diverged_seed_as_above_the_others_not_as_gone():
     assert median[:3] == pytest.approx([1.0, 0.9, 1.6]) and median[3] is None   # 2 of 3 above everything
     ended = [{"queries": [0, 2, 4], "train_loss": [1.0, 0.9, 0.8], "diverged": False}] * 2   # out of budget only
     assert list(loss_bands({"uniform": [alive, *ended]}).data[-1].y)[3] == pytest.approx(0.3)
+
+
+# -- notebook 04: the ladder's table --------------------------------------------------------------------------------
+
+def test_rule_ladder_counts_a_diverged_run_as_infinite_not_as_its_ratios():
+    """rule_ladder averaged V(p)/V(p*) along runs that had diverged: at η = 1 the table read "+ level 13.0" below
+    uniform's 18.4 on runs whose gaps had reached 10¹³. A diverged run (first_divergence of its gaps) now counts as
+    +∞ for its rule and for uniform; runs that stay on the problem give the same means as before."""
+    import numpy as np
+
+    from sazo_lite.course import sazo_runs
+
+    problem = sazo_runs.make_problem(heterogeneity=1.5, num_examples=32, dim=4)
+    wild = sazo_runs.rule_ladder(problem, steps=60, seeds=(0,), rules=("plain", "robust"), lr=1.0, log_every=10)
+    traces = {rule: sazo_runs.run_sazo_trace(problem, steps=60, seed=0, rule=rule, lr=1.0, log_every=10)
+              for rule in ("plain", "robust")}
+    for rule, trace in traces.items():
+        assert sazo_runs.first_divergence(trace.gap) is not None        # the run left the problem
+        assert wild[rule] == float("inf")
+    assert wild["uniform"] == float("inf")
+    calm = sazo_runs.rule_ladder(problem, steps=60, seeds=(0, 1), rules=("robust",), lr=0.01, log_every=10)
+    means = [float(np.mean(sazo_runs.run_sazo_trace(problem, steps=60, seed=s, rule="robust", lr=0.01,
+                                                     log_every=10).ratio["sazo"][1:])) for s in (0, 1)]
+    assert calm["robust"] == pytest.approx(float(np.median(means)))
