@@ -22,6 +22,9 @@ cache after an upgrade, new mutants.
 - A cell converted from a script (``nbconvert --to script`` writes ``get_ipython().run_line_magic(...)``) stopped at
   its first line: ``get_ipython`` is a name Jupyter gives every notebook, and the worker had none (NameError). The
   worker now gives one whose magics do what ``without_magics`` makes of the ``%`` forms.
+- What a failed cell raised reached neither results.json nor grade.log (a cell's error was read and dropped): the
+  reason for a 0 (a SyntaxError of Python 3.12's syntax on the grader's 3.11, a NameError) was unknown. Now
+  results.json lists ``cell_errors`` and grade.log has a line per failed cell.
 - Found, not closed (pinned as a documented gap): a forbidden function that C code calls while allowed library code
   is the running Python frame (a ``__del__`` that is a ``partial`` of ``list.extend`` over a ``map`` of it, on an
   object that dies as the student's ``_observe`` returns into ``Sampler.update``) counts as the library's own call.
@@ -180,6 +183,41 @@ def test_a_cell_converted_from_a_script_runs_with_get_ipython():
     assert case["error"] is None and outcome["rules"] == {}, outcome
     assert case["records"][0]["value"] == {"t": "seq", "v": [{"t": "float", "v": math.pi}, {"t": "int", "v": 4},
                                                              {"t": "int", "v": 6}]}
+
+def _fake_lab(folder):
+    """An autograder zip of one case (``record(lab9_x)``) with its solutions notebook, and the solutions' record."""
+    import zipfile
+
+    import nbformat
+
+    autograder = folder / "labx-autograder_1.zip"
+    test = {"name": "q1", "points": 1, "suites": [{"cases": [{"code": ">>> record(lab9_x)", "hidden": False}]}]}
+    with zipfile.ZipFile(autograder, "w") as archive:
+        archive.writestr("otter_config.json", json.dumps({"assignment_name": "labx"}))
+        archive.writestr("tests/q1.py", f"test = {test!r}\n")
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("lab9_x = 1")]), folder / "labx.ipynb")
+    return autograder, {("q1", 0): {"error": None, "records": [{"value": {"t": "int", "v": 1}}]}}
+
+
+def test_what_a_failed_cell_raised_is_in_results_json_and_grade_log(tmp_path):
+    """Before: a cell's error reached neither file (only the cases' messages: "name 'lab9_y' is not defined"), so
+    the reason for a 0 (here Python 3.12's f-string syntax, which the grader's Python 3.11 cannot read) was unknown."""
+    import nbformat
+
+    from sazo_lite.course import labs
+
+    autograder, expected = _fake_lab(tmp_path)
+    cells = ["lab9_x = 1", "lab9_y = f\"{dict(a=1)[\"a\"]}\"", "raise ValueError('two\\n[grader] lines')"]
+    submission = tmp_path / "alice.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells]), submission)
+    row = labs.grade(submission, autograder, tmp_path / "out", expected=expected, sandbox="none")
+    assert row["status"] == "ok" and row["total"] == 1.0, row
+    errors = json.loads((tmp_path / "out" / "results.json").read_text())["cell_errors"]
+    assert [e["cell"] for e in errors] == [1, 2] and "SyntaxError: f-string" in errors[0]["error"], errors
+    lines = (tmp_path / "out" / "grade.log").read_text().splitlines()
+    assert any(line.startswith("[grader] cell 1 raised: ") and "SyntaxError: f-string" in line for line in lines)
+    assert "[grader] cell 2 raised: ValueError: two | [output] [grader] lines" in lines, lines
+    assert not any(line.startswith("[grader] lines") for line in lines), lines   # one line per cell
 
 # -- a documented gap: a forbidden call C code makes while allowed library code is the running frame ----------------
 DYING_IN_THE_LIBRARY = """import functools as _ft

@@ -384,7 +384,10 @@ def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout:
     write_json(output_dir / "results.json",
                {"submission": name, "status": outcome["status"], "reason": reason,
                 "sandbox": outcome["sandbox"], "caps": outcome.get("caps", {}), "killed": outcome["skipped"],
-                "unreadable_cells": unreadable[:MAX_FINDINGS], "questions": scored}, indent=2)
+                "unreadable_cells": unreadable[:MAX_FINDINGS],
+                "cell_errors": [{"cell": index, "error": _printable(error)}
+                                for index, error in sorted((outcome.get("cell_errors") or {}).items())],
+                "questions": scored}, indent=2)
     summary = {"submission": name, "status": outcome["status"], "reason": reason,
                "sandbox": outcome["sandbox"], "total": total, "possible": possible,
                "questions": {q: {"score": v["score"], "possible": v["possible"]} for q, v in scored.items()}}

@@ -574,11 +574,12 @@ def run(cells, questions, *, cell_timeout, test_timeout, notebook_timeout, requi
 
     Returns:
         ``{"cases": {(q, k): {"error", "records"}}, "skipped": [...units...], "status", "sandbox",
-        "rules": {question: [reasons]}, "notes": [...], "caps": {...}}``; a case missing from
-        "cases" never finished (it scores 0).
+        "rules": {question: [reasons]}, "notes": [...], "caps": {...}, "cell_errors": {cell index: error}}``; a case
+        missing from "cases" never finished (it scores 0); "cell_errors" holds what each cell that failed raised (in
+        the last sandbox: a SyntaxError of another Python's syntax, a NameError), which the scores do not show.
     """
     cases = [(q, k, c["code"]) for q, spec in questions.items() for k, c in enumerate(spec["cases"])]
-    skipped, results, status, kind, rules, notes, caps = [], {}, "ok", None, {}, [], {}
+    skipped, results, status, kind, rules, notes, caps, cell_errors = [], {}, "ok", None, {}, [], {}, {}
     limits = limits or Limits(cpu_seconds=int(notebook_timeout) + 60)
     deadline = time.monotonic() + notebook_timeout
     for attempt in range(MAX_RESTARTS + 1):
@@ -588,7 +589,7 @@ def run(cells, questions, *, cell_timeout, test_timeout, notebook_timeout, requi
         unit_limits = {"cell": cell_timeout + GRACE, "case": test_timeout * 2 + GRACE}
         outcome = _attempt(job, unit_limits, deadline, require, log, test_timeout, limits)
         kind, caps = outcome["sandbox"], outcome["caps"]
-        results = outcome["cases"]  # a fresh attempt recomputes every case it runs
+        results, cell_errors = outcome["cases"], outcome["cell_errors"]  # a fresh attempt runs every unit again
         notes += outcome["notes"]
         for unit, name, how in outcome["rules"]:
             charged = [unit[1]] if unit[0] == "case" else (owners or {}).get(unit[1], [])
@@ -613,7 +614,7 @@ def run(cells, questions, *, cell_timeout, test_timeout, notebook_timeout, requi
     else:
         status = "timeout"
     return {"cases": results, "skipped": skipped, "status": status, "sandbox": kind, "rules": rules,
-            "notes": notes, "caps": caps}
+            "notes": notes, "caps": caps, "cell_errors": cell_errors}
 
 
 def _job_rule(rule: dict | None) -> dict | None:
@@ -686,10 +687,12 @@ def _attempt(job: dict, limits: dict, deadline: float, require: str, log, test_t
         box.close()
     if log:
         log.write(_as_output(bytes(output)))
+        for index, error in protocol.cell_errors.items():   # one line each: the text is the submission's
+            log.write(f"\n[grader] cell {index} raised: {' | '.join(_as_output(error.encode()).splitlines())}\n")
         for note in protocol.notes:
             log.write(f"\n[grader] {note}\n")
     return {"cases": protocol.cases, "finished": protocol.finished, "stuck": protocol.stuck, "sandbox": box.kind,
-            "rules": protocol.rules, "notes": protocol.notes, "caps": box.caps}
+            "rules": protocol.rules, "notes": protocol.notes, "caps": box.caps, "cell_errors": protocol.cell_errors}
 
 
 def _as_output(data: bytes) -> str:
@@ -731,6 +734,7 @@ class _Protocol:
         self.position = 0                      # index of the next unit to start
         self.current, self.started, self.last = None, 0.0, None
         self.cases: dict = {}
+        self.cell_errors: dict = {}            # cell index -> what it raised (at most MAX_NOTES cells)
         self.rules: list = []
         self.notes: list[str] = []
         self.finished, self.stuck = False, None
@@ -804,6 +808,8 @@ class _Protocol:
         error = event.get("error")
         if error is not None and not isinstance(error, str):
             return self.malformed("an error that is not text")
+        if unit[0] == "cell" and error and len(self.cell_errors) < MAX_NOTES:
+            self.cell_errors[unit[1]] = error[:500]
         if unit[0] == "case":
             records = event.get("records")
             why = _check_records(records)
@@ -865,7 +871,8 @@ def reference(autograder: Path, *, cell_timeout, test_timeout, notebook_timeout,
     """What every case records on the solutions (``autograder/<lab>.ipynb`` next to the zip).
 
     Cached in ``<zip>.reference-<hash>.json`` (the hash covers the zip, the solutions, the library, the versions
-    of Python, PyTorch and NumPy, and SAZO_FAST). Raises RuntimeError if a case fails on the solutions or records nothing.
+    of Python, PyTorch and NumPy, and SAZO_FAST). Raises RuntimeError if a case fails on the solutions or records
+    nothing.
     """
     autograder = Path(autograder)
     config, questions = load_tests(autograder)
