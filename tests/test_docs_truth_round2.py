@@ -1099,3 +1099,10 @@ def test_dashboard_latency_table_names_every_dashboard(monkeypatch):
     spelled = {"chi²": "chi2", "ε": "epsilon"}
     named = [spelled.get(name, name).replace(" ", "_") + "_dashboard" for name in named]
     assert sorted(named) == sorted(dashboard_functions()), named
+
+
+def test_readme_python_floor_is_the_packages():
+    """`On a fresh clone, with Python ≥ 3.10 and make`: pyproject's requires-python and environment.yml's python."""
+    floor = stated("README.md", r"On a fresh clone, with Python ≥ ([\d.]+) and `make`")
+    assert re.search(rf'^requires-python = ">={re.escape(floor)}"$', read("pyproject.toml"), re.M)
+    assert f"python>={floor}" in read("environment.yml")
