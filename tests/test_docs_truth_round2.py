@@ -1106,3 +1106,31 @@ def test_readme_python_floor_is_the_packages():
     floor = stated("README.md", r"On a fresh clone, with Python ≥ ([\d.]+) and `make`")
     assert re.search(rf'^requires-python = ">={re.escape(floor)}"$', read("pyproject.toml"), re.M)
     assert f"python>={floor}" in read("environment.yml")
+
+
+def test_queries_tables_ratios_are_their_medians():
+    """The ratio rows of the three toy tables (SAZO ÷ oracle, uniform ÷ SAZO, SAZO ÷ uniform) and the issue-13
+    paragraph's `uniform ÷ oracle is 4.8× at 2%` are the quotients of the medians the tables print."""
+    text = read("docs/benchmarks.md")
+    checked = 0
+    for heading in ("| σ = 1.5 quadratic (V(u)", "| logistic regression, breast cancer (V(u)", "| homogeneous quadratic (σ = 0"):
+        table = text.split(heading, 1)[1].split("\n\n", 1)[0]
+        medians = {}
+        for line in table.splitlines()[2:]:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            numbers = [re.match(r"(\d+) \[", c) for c in cells[1:3]]
+            if any(numbers):
+                medians.setdefault(cells[0].split()[0], [int(n.group(1)) if n else None for n in numbers])
+        for line in table.splitlines():
+            found = re.match(r"\| (\w+) ÷ (\w+)[^|]*\| (.*)$", line)
+            if not found:
+                continue
+            top, bottom, values = found.groups()
+            for k, value in enumerate(re.findall(r"([\d.]+)×|–", values)[:2]):
+                if value:
+                    assert round(medians[top][k] / medians[bottom][k], 2) == float(value), (heading, line)
+                    checked += 1
+    assert checked >= 9
+    sigma = text.split("| σ = 1.5 quadratic (V(u)", 1)[1]
+    uniform, oracle = (int(re.search(rf"\| {name} \| (\d+) \[", sigma).group(1)) for name in ("uniform", "oracle p ∝ ‖∇f_i‖"))
+    assert round(uniform / oracle, 1) == float(stated("docs/benchmarks.md", r"uniform ÷ oracle is ([\d.]+)× at 2%"))
