@@ -284,11 +284,17 @@ class TreeStore(CdfStore):
         super().__init__(num_examples, seen_scores, unseen)
         self._scores = SumTree.over(num_examples, seen_scores, dtype=np.float32)
         blocks = -(-num_examples // self.UNSEEN_BLOCK)
-        self._unseen_blocks = SumTree.over(blocks, lambda b: self._block_flags(b).sum(axis=1).astype(np.float64))
+        self._unseen_blocks = SumTree.over(blocks, self._block_counts)
 
     @property
     def nbytes(self) -> int:
         return self._scores.nbytes + self._unseen_blocks.nbytes
+
+    def _block_counts(self, blocks: np.ndarray) -> np.ndarray:
+        """Unseen examples in each of ``blocks``, float64: the unseen tree's leaves. A method, not a lambda: a
+        deepcopy kept a lambda bound to the original store, so a copied sampler counted the original's unseen
+        examples (and a lambda does not pickle)."""
+        return self._block_flags(blocks).sum(axis=1).astype(np.float64)
 
     def _block_flags(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Unseen flags of the examples in ``blocks`` [k, UNSEEN_BLOCK] (False past N)."""

@@ -58,7 +58,12 @@ class SumTree:
             raise ValueError(f"Invalid weights: expected a non-empty 1-D tensor, got shape {tuple(weights.shape)}")
         self._check_values(weights.numpy(), weights.numel())
         self._leaves = weights.numpy().copy()
-        self._setup(len(self._leaves), lambda idx: self._leaves[idx], np.float64)
+        self._setup(len(self._leaves), self._own_leaves, np.float64)
+
+    def _own_leaves(self, indices: np.ndarray) -> np.ndarray:
+        """The leaves a tree holds itself. A method, not a lambda: a deepcopy kept a lambda as it was, so the copy
+        summed the original's leaves (and a lambda does not pickle)."""
+        return self._leaves[indices]
 
     @classmethod
     def over(cls, num_leaves: int, leaf_values: Callable[[np.ndarray], np.ndarray],

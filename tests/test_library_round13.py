@@ -402,3 +402,49 @@ def test_inference_tensors_step_inside_inference_mode_through_a_threaded_source(
     assert all(p.is_inference() for p in tuned)
     plain = run([torch.ones(100), torch.linspace(-1, 1, 90)], make())
     assert all(torch.equal(a, b) for a, b in zip(tuned, plain))
+
+
+# --- 11. deepcopy and pickle of the sum trees ------------------------------------------------------------------------
+def test_a_deepcopied_sum_tree_sums_its_own_leaves_and_pickles():
+    """SumTree read its own leaves through a lambda; deepcopy keeps functions as they are, so a copy's sums were
+    recomputed from the original's leaves after either changed (and the tree did not pickle)."""
+    import copy
+    import pickle
+
+    from sazo_lite.sumtree import SumTree
+
+    tree = SumTree(torch.tensor([1.0, 2.0, 3.0]))
+    twin = copy.deepcopy(tree)
+    tree.update(torch.tensor([0]), torch.tensor([10.0]))
+    twin.update(torch.tensor([1]), torch.tensor([5.0]))
+    assert torch.equal(twin.tree, SumTree(torch.tensor([1.0, 5.0, 3.0])).tree)
+    assert torch.equal(pickle.loads(pickle.dumps(tree)).tree, SumTree(torch.tensor([10.0, 2.0, 3.0])).tree)
+
+
+def test_a_deepcopied_tree_mode_sazo_sampler_draws_as_its_own_state_says():
+    """A SAZO sampler in sum-tree mode (the default from N = 2¹⁶ on) counted unseen examples through a lambda bound
+    to its store: a deepcopy's unseen tree read the original's counts (110 unseen where it had 196, once the
+    original had moved on), so its draws followed neither its p nor its weights; pickle raised AttributeError.
+    The copy now draws bit for bit as a sampler loaded from its own state."""
+    import copy
+    import pickle
+
+    from sazo_lite.samplers import SAZOSampler
+
+    original = SAZOSampler(200, sum_tree=True, seed=0)
+    twin = copy.deepcopy(original)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(30):   # the original moves on: most of its examples are seen
+        idx, _ = original.sample(8)
+        original.update(idx, torch.randn(8, generator=g))
+    idx, _ = twin.sample(4)
+    twin.update(idx, torch.ones(4))
+    reference = SAZOSampler(200, sum_tree=True, seed=5)
+    reference.load_state_dict(twin.state_dict())
+    for _ in range(10):
+        (a, wa), (b, wb) = twin.sample(16), reference.sample(16)
+        assert torch.equal(a, b) and torch.equal(wa, wb)
+        twin.update(a, torch.ones(16))
+        reference.update(b, torch.ones(16))
+    restored = pickle.loads(pickle.dumps(original))
+    assert torch.equal(restored.probs, original.probs) and torch.equal(restored.sample(8)[0], original.sample(8)[0])
