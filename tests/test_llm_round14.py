@@ -309,3 +309,20 @@ def test_the_first_round_refuses_a_tensor_given_twice_adam_stepped_it_twice(tmp_
         assert all(torch.equal(p, s) for p, s in zip(params, start))
     with pytest.raises(ValueError, match="Invalid params: .*share memory"):
         query_run(model, params + [params[0]], batch(4), "uniform", lr=1e-3, steps=1)
+
+
+# --- 10. query_run's loop settings, named as query_run names them ------------------------------------------------
+@pytest.mark.parametrize("settings, message", [
+    (dict(log_every=0), "Invalid log_every: 0"), (dict(batch_size=0), "Invalid batch_size: 0"),   # ZeroDivisionError
+    (dict(batch_size=1.5), "Invalid batch_size: 1.5"),       # was "Invalid steps: 2.0" (the budget's steps)
+    (dict(log_every=2.5), "Invalid log_every: 2.5"),         # was "Invalid steps: 2.5"
+    (dict(steps=2.5), "Invalid steps: 2.5"),                 # was "Invalid steps: 0.5" (the steps after the budget)
+    (dict(steps=True), "Invalid steps: True")])
+def test_query_run_names_its_loop_settings_before_anything_runs(settings, message):
+    model, params = lora_top("llama")
+    train, test = TopBlocks(model, batch(6)), TopBlocks(model, batch(4, seed=1))
+    start = snapshot(params)
+    with pytest.raises(ValueError, match=message):
+        query_run(model, params, train, "uniform", lr=1e-2, test_batch=test, accuracy_at=4,
+                  **{"steps": 4, "log_every": 2, **settings})
+    assert all(torch.equal(p, s) for p, s in zip(params, start))

@@ -29,7 +29,7 @@ from ..engine import MeZO, StepEvent, _check_disjoint
 from ..samplers import RACED, make_sampler
 from ..train import NoiseScaledStep, median_queries, queries_to_target, reached, train
 from ..variance import oracle_probs, paired_vectors as _paired, spearman, tv_distance, variance_ratio
-from ..validation import check_choice, check_int, check_limit, check_number, check_real
+from ..validation import check_choice, check_count, check_int, check_limit, check_number, check_real
 from .finetune import check_params_in, mean_loss
 from .grad_norms import RefreshingNorms, grad_norms
 from .losses import TokenBatch, _check_vocabulary, accuracy, batched_closure, check_labelled
@@ -471,6 +471,11 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
             after the walk rules.
     """
     _check_sampler(sampler, len(train_batch))
+    # train's own checks, made here: the budget of accuracy_at divided by them first (0: ZeroDivisionError), and
+    # train named its phases' steps (batch_size=1.5 was "Invalid steps: 2.0", steps=2.5 "Invalid steps: 0.5")
+    check_int("steps", steps, 0)
+    check_count("batch_size", batch_size)
+    check_count("log_every", log_every)
     _check_run_settings(lr, test_batch, accuracy_at, stop_fraction, diagnose, diverge_factor, walk_pull, step_rule)
     _check_handed_on(sampler, oracle_every, oracle_mix, walk_bound, step_cap)
     diagnose = int(diagnose)
