@@ -227,7 +227,8 @@ def _samplers(n: int, norms: torch.Tensor):
 
     return {"uniform": UniformSampler(n, seed=1), "base": Sampler(n, seed=1), "plain": PlainSAZOSampler(n, seed=1),
             "plain-tree": PlainSAZOSampler(n, seed=1, sum_tree=True), "sazo": SAZOSampler(n, seed=1),
-            "sazo-tree": SAZOSampler(n, seed=1, sum_tree=True), "sazo-square": SAZOSampler(n, seed=1, statistic="square"),
+            "sazo-tree": SAZOSampler(n, seed=1, sum_tree=True),
+            "sazo-square": SAZOSampler(n, seed=1, statistic="square"),
             "stale": StaleCorrectedSAZOSampler(n, seed=1), "oracle": OracleSampler(n, lambda: norms, seed=1),
             "oracle-mix": OracleSampler(n, lambda: norms, uniform_mix=0.3, seed=1)}
 
@@ -315,7 +316,7 @@ def test_float32_master_refuses_meta_sparse_and_nested_tensors_by_name(kind):
         Float32Master([torch.ones(2, dtype=torch.float16), tensor])
 
 
-# --- 8. tensors over one memory through storages of their own -----------------------------------------------------------
+# --- 8. tensors over one memory through storages of their own --------------------------------------------------------
 def test_two_tensors_made_from_one_numpy_array_are_refused_as_sharing_memory():
     """torch.from_numpy(a) and torch.from_numpy(a[2:]) each get a storage of their own over one memory; the overlap
     check compared views of one storage only, so both were accepted and every pass moved a[2:] twice (θ + 2εz
@@ -355,11 +356,11 @@ def test_a_tensor_re_pointed_onto_memory_of_another_storage_is_refused_before_th
     assert a.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
 
 
-# --- 9. the weights a step is given are the weights it uses ------------------------------------------------------------
+# --- 9. the weights a step is given are the weights it uses ---------------------------------------------------------
 def test_weights_that_are_tuned_tensors_or_edited_by_the_closure_are_read_as_given():
     """step(closure, weights) checked the weights, then read them after both passes: weights that are tuned tensors
-    themselves (example weights learnt by the same optimiser) were read at θ − εz (they could be negative there, after
-    the check), and a closure that wrote into its weights buffer changed g (ones, tripled by the closure: g = 9.69
+    themselves (example weights learnt by the same optimiser) were read at θ − εz (they could be negative there,
+    after the check), and a closure that wrote into its weights buffer changed g (ones, tripled by the closure: g = 9.69
     instead of 1.08). g is mean(w·d) with w as the call gave them."""
     theta = torch.zeros(4, dtype=torch.float64)
     weights = torch.ones(4, dtype=torch.float64)
