@@ -1134,3 +1134,29 @@ def test_queries_tables_ratios_are_their_medians():
     sigma = text.split("| σ = 1.5 quadratic (V(u)", 1)[1]
     uniform, oracle = (int(re.search(rf"\| {name} \| (\d+) \[", sigma).group(1)) for name in ("uniform", "oracle p ∝ ‖∇f_i‖"))
     assert round(uniform / oracle, 1) == float(stated("docs/benchmarks.md", r"uniform ÷ oracle is ([\d.]+)× at 2%"))
+
+
+def test_ablation_reading_percentages_are_the_tables():
+    """`Switching any one off costs 3–26% more queries at 2% and 30–56% at 0.5%` (the single-feature rows of the
+    σ = 1.5 columns against SAZO's), `The plain rule needs twice SAZO's queries`, `β = 0.7 costs 21% (2%) and
+    44% (0.5%)`."""
+    text = read("docs/benchmarks.md")
+    section = text.split("#### Ablation in queries", 1)[1]
+    table = "| variant" + section.split("\n| variant", 1)[1].split("\n\n", 1)[0]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip("|"))]     # `\|d\|` is inside a cell
+        rows[cells[0]] = [int(m.group(1)) if (m := re.match(r"(\d+) \(lr", c)) else None for c in cells[1:]]
+    sazo = rows["SAZO, the rule as it runs"]
+    single = [v for name, v in rows.items() if name.startswith(("no ", "statistic", "λ = ", "β = "))]
+    assert len(single) == 6
+    costs = [[round(100 * (v[k] / sazo[k] - 1)) for v in single] for k in (0, 1)]
+    sentence = flat(text)
+    low2, high2, low05, high05 = map(int, re.search(r"Switching any one off costs (\d+)–(\d+)% more queries at 2% and "
+                                                    r"(\d+)–(\d+)% at 0\.5%", sentence).groups())
+    assert (min(costs[0]), max(costs[0]), min(costs[1]), max(costs[1])) == (low2, high2, low05, high05), costs
+    plain = next(v for name, v in rows.items() if name.startswith("plain rule"))
+    assert all(round(plain[k] / sazo[k]) == 2 for k in (0, 1))
+    beta = next(v for name, v in rows.items() if name.startswith("β = 0.7"))
+    two, half = map(int, re.search(r"β = 0\.7 costs (\d+)% \(2%\) and (\d+)% \(0\.5%\)", sentence).groups())
+    assert [round(100 * (beta[k] / sazo[k] - 1)) for k in (0, 1)] == [two, half]
