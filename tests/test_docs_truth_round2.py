@@ -1183,3 +1183,25 @@ def test_ablation_logistic_reading_counts_every_faster_variant():
     assert len(by_a_fifth) == 4
     for name in by_a_fifth:
         assert str(variants[name]) in sentence.split("four by about a fifth or more", 1)[1].split("within the noise")[0]
+
+
+def test_diagnosis_reading_is_its_table():
+    """`The uniform mix costs ~1–3% of V (SAZO against its λ = 0 row)` and `SAZO's weights stay ≤ 4.2 against the
+    oracle's 2 000–17 000`: the σ = 1.5 diagnosis table's rows (the page said ~3–5% and 800–16 000)."""
+    text = read("docs/benchmarks.md")
+    table = text.split("| σ = 1.5 quadratic, step |", 1)[1].split("\n\n", 1)[0]
+
+    def row(name):
+        line = next(line for line in table.splitlines() if line.startswith(f"| {name} |"))
+        return [c.strip() for c in line.strip("|").split("|")[1:]]
+
+    sazo, no_mix = [float(v) for v in row("SAZO")], [float(v) for v in row("SAZO with λ = 0")]
+    costs = [100 * (a / b - 1) for a, b in zip(sazo, no_mix)]
+    low, high = map(int, re.search(r"The uniform mix costs ~(\d+)–(\d+)%\*\* of V", flat(text)).groups())
+    assert low <= min(costs) + 0.5 and max(costs) <= high + 0.5 and round(min(costs)) == low and round(max(costs)) == high
+    weights = [[float(x) for x in cell.split(" / ")] for cell in row("largest weight 1/(N·p_i): SAZO / oracle")]
+    assert max(w[0] for w in weights) == float(stated("docs/benchmarks.md", r"SAZO's weights stay ≤ ([\d.]+) against"))
+    low, high = (int(x.replace(" ", "")) for x in
+                 re.search(r"against the oracle's ([\d ]+)–([\d ]+) \(the table's last row\)", flat(text)).groups())
+    oracle = [w[1] for w in weights]
+    assert round(min(oracle), -3) == low and round(max(oracle), -3) == high
