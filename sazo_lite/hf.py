@@ -1313,11 +1313,14 @@ def _has_accelerator() -> bool:
 
 
 def _pad_token_id(processing_class, model) -> int:
+    """The id CausalLMCollator pads with (masked and never scored, so any id in the table does): the
+    tokenizer's pad or eos id, else the config's, else 0. A negative id (-1: "none" in some configs) is
+    skipped: padded into a batch, it failed inside the embedding lookup (IndexError)."""
     for source in (processing_class, getattr(model, "config", None)):
         for name in ("pad_token_id", "eos_token_id"):
             value = getattr(source, name, None)
             if isinstance(value, list):
                 value = value[0] if value else None
-            if value is not None:
+            if value is not None and int(value) >= 0:
                 return int(value)
     return 0

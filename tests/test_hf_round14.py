@@ -254,3 +254,15 @@ def test_trainable_tensors_changed_between_train_calls_are_refused(tmp_path, cha
     (embeddings if change == "freeze" else model.lm_head.weight).requires_grad_(change == "freeze")
     trainer.train()                                      # put back: trains on
     assert trainer.zo_optimizer.step_count == 4
+
+
+# -- the default collator's pad id -----------------------------------------------------------------
+def test_a_config_whose_pad_id_is_minus_one_pads_with_its_eos_id(tmp_path):
+    # pad_token_id = -1 ("none", as in some LLaMA configs) was the pad of every ragged batch: torch's
+    # IndexError from the embedding lookup (the config names -1, so the id check let it through)
+    model = tiny_causal_lm("llama", vocab_size=VOCAB)
+    model.config.pad_token_id = -1
+    trainer = trainer_for(tmp_path, rows=memorisable_rows(n=8, ragged=True), model=model)
+    assert trainer.data_collator.pad_token_id == model.config.eos_token_id
+    trainer.train()
+    assert trainer.zo_optimizer.step_count == 4
