@@ -1205,3 +1205,21 @@ def test_diagnosis_reading_is_its_table():
                  re.search(r"against the oracle's ([\d ]+)–([\d ]+) \(the table's last row\)", flat(text)).groups())
     oracle = [w[1] for w in weights]
     assert round(min(oracle), -3) == low and round(max(oracle), -3) == high
+
+
+def test_seed_lists_match_the_table_and_the_reroll_section():
+    """`[5540, 4160, 5120, 6120, 7140] on seeds 0–4 against [5700, 5960, 6500, 11440, 10680] now`: their medians are
+    the re-roll table's first-5-seed column (5,540 / 6,500, +17%), and today's seeds are the σ = 1.5 SAZO cell
+    at 2% (median [min–max])."""
+    import statistics
+
+    text = flat(read("docs/benchmarks.md"))
+    old, new = ([int(x) for x in group.split(", ")] for group in
+                re.search(r"gave \[([\d, ]+)\] on seeds 0–4 against \[([\d, ]+)\] now", text).groups())
+    first_old, first_new = (int(x.replace(",", "")) for x in re.search(
+        r"\| old stream \(inverse CDF\) \| [\d,]+ \| ([\d,]+) \| \| today's stream \(mixture\) \| [\d,]+ \| ([\d,]+) \|",
+        text).groups())
+    assert (statistics.median(old), statistics.median(new)) == (first_old, first_new)
+    assert round(100 * (first_new / first_old - 1)) == int(stated("docs/benchmarks.md", r"moved 5,540 → 6,500 \(\+(\d+)%\)"))
+    cell = re.search(r"\| SAZO \(the rule above\) \| (\d+) \[(\d+)–(\d+)\] lr 0\.0025 \|", text).groups()
+    assert (statistics.median(new), min(new), max(new)) == tuple(int(x) for x in cell)
