@@ -1223,3 +1223,25 @@ def test_seed_lists_match_the_table_and_the_reroll_section():
     assert round(100 * (first_new / first_old - 1)) == int(stated("docs/benchmarks.md", r"moved 5,540 → 6,500 \(\+(\d+)%\)"))
     cell = re.search(r"\| SAZO \(the rule above\) \| (\d+) \[(\d+)–(\d+)\] lr 0\.0025 \|", text).groups()
     assert (statistics.median(new), min(new), max(new)) == tuple(int(x) for x in cell)
+
+
+def test_staleness_ratios_in_samplers_md_are_llm_md_table():
+    """samplers.md's staleness figures (0.82× on the logistic regression at 2%, 1.06× and 1.21× on σ = 1.5, 1.00×
+    and 0.80× uniform on the control) are the quotients of llm.md's "Candidate rules" table and benchmarks.md's
+    uniform medians on σ = 0."""
+    text = flat(read("docs/samplers.md"))
+    logistic, two, half, control2, control05 = map(float, re.search(
+        r"\): ([\d.]+)× the default rule's queries on the logistic regression at 2%, ([\d.]+)× and ([\d.]+)× on the "
+        r"σ = 1\.5 quadratic at 2% and 0\.5%, ([\d.]+)× and ([\d.]+)× uniform on the homogeneous control", text).groups())
+    table = read("docs/llm.md").split("### Candidate rules", 1)[1].split("\n| rule |", 1)[1].split("\n\n", 1)[0]
+
+    def cells(prefix):
+        line = next(line for line in table.splitlines() if line.startswith(prefix))
+        return [int(m.group(1)) if (m := re.match(r"(\d+)", c.strip())) else None for c in line.strip("|").split("|")[1:]]
+
+    sazo, stale = cells("| SAZO (default)"), cells("| staleness correction")
+    homogeneous = read("docs/benchmarks.md").split("| homogeneous quadratic (σ = 0", 1)[1]
+    uniform = [int(x) for x in re.search(r"\| uniform \| (\d+) \[[^|]*\| (\d+) \[", homogeneous).groups()]
+    assert round(stale[2] / sazo[2], 2) == logistic
+    assert (round(stale[0] / sazo[0], 2), round(stale[1] / sazo[1], 2)) == (two, half)
+    assert (round(stale[3] / uniform[0], 2), round(stale[4] / uniform[1], 2)) == (control2, control05)
