@@ -70,9 +70,10 @@ def check_choice(name: str, value, choices) -> str:
     """One of a fixed set of names, returned as the set's own plain str: a str subclass equal to one (numpy's
     ``str_`` read from an array, a ``str`` enum) was kept as given, and a state dict holding it (MeZO's
     perturbation, SAZO's statistic) was refused by ``torch.load(weights_only=True)``, torch's default."""
-    if not isinstance(value, str) or value not in choices:
+    match = next((choice for choice in choices if choice == value), None) if isinstance(value, str) else None
+    if match is None:
         raise ValueError(f"Invalid {name}: {value!r} (expected one of {tuple(choices)})")
-    return next(choice for choice in choices if choice == value)
+    return match
 
 
 def check_bool(name: str, value) -> bool:
