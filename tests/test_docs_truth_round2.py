@@ -1245,3 +1245,20 @@ def test_staleness_ratios_in_samplers_md_are_llm_md_table():
     assert round(stale[2] / sazo[2], 2) == logistic
     assert (round(stale[0] / sazo[0], 2), round(stale[1] / sazo[1], 2)) == (two, half)
     assert (round(stale[3] / uniform[0], 2), round(stale[4] / uniform[1], 2)) == (control2, control05)
+
+
+def test_course_md_widget_pins_are_pyprojects():
+    """`pyproject.toml excludes 3.0.17 (and ipywidgets 8.1.9, which needs it)`; the installed Voilà is the one the
+    page describes."""
+    import importlib.metadata
+
+    text = flat(read("docs/course.md"))
+    assert "so `pyproject.toml` excludes 3.0.17 (and ipywidgets 8.1.9, which needs it)" in text
+    project = read("pyproject.toml")
+    assert '"jupyterlab_widgets>=3.0,!=3.0.17"' in project and '"ipywidgets>=8.1,!=8.1.9"' in project
+    voila = stated("docs/course.md", r"Voilà (\d+\.\d+\.\d+) \(the newest on PyPI")
+    assert f'"voila>={voila}"' in project
+    try:
+        assert importlib.metadata.version("voila") == voila
+    except importlib.metadata.PackageNotFoundError:
+        pass
