@@ -326,3 +326,14 @@ def test_query_run_names_its_loop_settings_before_anything_runs(settings, messag
         query_run(model, params, train, "uniform", lr=1e-2, test_batch=test, accuracy_at=4,
                   **{"steps": 4, "log_every": 2, **settings})
     assert all(torch.equal(p, s) for p, s in zip(params, start))
+
+
+def test_the_walk_and_its_rules_refuse_the_tuned_tensors_themselves_as_theta0():
+    # start=params (not copies): θ − θ₀ was 0 at every step, the walk read 0 and the bound never acted
+    theta = torch.tensor([3.0, 4.0])
+    for make in (lambda: walk([theta], [theta]), lambda: WalkBound([theta], radius=1.0, start=[theta]),
+                 lambda: WalkPull([theta], strength=1.0, start=[theta[:]])):
+        with pytest.raises(ValueError, match="Invalid start: it shares memory with the tuned tensors"):
+            make()
+    zero = torch.zeros(2)        # one copy read for two tensors of its shape: accepted
+    assert walk([theta, theta.clone()], [zero, zero]) == pytest.approx(50 ** 0.5)

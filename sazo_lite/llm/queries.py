@@ -170,8 +170,9 @@ def sampling_diagnostics(norms: torch.Tensor, probs: torch.Tensor, scores: torch
 
 
 def _checked_start(params, start) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """(params, start) as lists: one copy at θ₀ of each tuned tensor's shape, and no tensor given twice or
-    sharing memory with another (``engine._check_disjoint``); else ValueError."""
+    """(params, start) as lists: one copy at θ₀ of each tuned tensor's shape, no tensor given twice or sharing
+    memory with another, and no copy sharing memory with a tuned tensor (``engine._check_disjoint``); else
+    ValueError."""
     params, start = list(params), list(start)
     if len(start) != len(params) or any(not isinstance(s, torch.Tensor) or s.shape != p.shape
                                         for p, s in zip(params, start)):
@@ -180,6 +181,11 @@ def _checked_start(params, start) -> tuple[list[torch.Tensor], list[torch.Tensor
                          f"got {len(start)}")
     # a tensor given twice counted twice in ‖θ − θ₀‖, and WalkBound shrank it twice (a walk of 5, R = 1: to 0.1)
     _check_disjoint(params)
+    try:        # the tuned tensors themselves as θ₀ (not copies): the walk read 0 and the bound never acted
+        _check_disjoint(params + list({id(s): s for s in start}.values()))
+    except ValueError:
+        raise ValueError("Invalid start: it shares memory with the tuned tensors (expected copies of them at θ₀, "
+                         "e.g. snapshot(params))") from None
     return params, start
 
 
