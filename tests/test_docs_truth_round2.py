@@ -1262,3 +1262,22 @@ def test_course_md_widget_pins_are_pyprojects():
         assert importlib.metadata.version("voila") == voila
     except importlib.metadata.PackageNotFoundError:
         pass
+
+
+def test_memory_md_errors_are_the_stored_class_run():
+    """`inference and ZO within −0.2…+13.1%`, `BP within −4.6…−14.6%`, `Backprop is measured below the model (−5 to
+    −15%)`: the errors in benchmarks/reference/class_runs/07_memory_on_device.txt, which the page names."""
+    text = flat(read("docs/memory.md"))
+    assert "`benchmarks/reference/class_runs/07_memory_on_device.txt`" in text
+    run = read("benchmarks/reference/class_runs/07_memory_on_device.txt")
+    errors = {mode: [float(e) for e in re.findall(rf"^\w+\s+n_ctx=\s*\d+ {mode}\s+measured .*? error\s+([+-][\d.]+)%",
+                                                   run, re.M)] for mode in ("inference", "zo", "bp")}
+    assert all(len(v) == 6 for v in errors.values()), errors
+    low, high = (float(x.replace("−", "-")) for x in re.search(r"inference and ZO within ([−+\d.]+)…\+([\d.]+)%",
+                                                                  text).groups())
+    together = errors["inference"] + errors["zo"]
+    assert (min(together), max(together)) == (low, high)
+    near, far = (float(x) for x in re.search(r"BP within −([\d.]+)…−([\d.]+)%", text).groups())
+    assert (max(errors["bp"]), min(errors["bp"])) == (-near, -far)
+    assert max(errors["bp"]) < 0 and round(-max(errors["bp"])) == 5 and round(-min(errors["bp"])) == 15
+    assert "Backprop is measured **below** the model (−5 to −15%)" in text
