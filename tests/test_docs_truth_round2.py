@@ -1281,3 +1281,26 @@ def test_memory_md_errors_are_the_stored_class_run():
     assert (max(errors["bp"]), min(errors["bp"])) == (-near, -far)
     assert max(errors["bp"]) < 0 and round(-max(errors["bp"])) == 5 and round(-min(errors["bp"])) == 15
     assert "Backprop is measured **below** the model (−5 to −15%)" in text
+
+
+def test_course_md_latency_figures_are_benchmarks_md_table():
+    """course.md's slider latency sentence (first draws, slowest control, full redraws) is benchmarks.md's
+    dashboard latency table, measured the same day."""
+    course = flat(read("docs/course.md"))
+    section = read("docs/benchmarks.md").split("### Dashboard latency", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split("|")[1].strip().split(" (")[0]: [c.strip() for c in line.strip("|").split("|")[1:]]
+            for line in section.splitlines() if line.startswith("| ") and "---" not in line}
+
+    def ms(cell):
+        return [int(x) for x in re.findall(r"(\d+) ms", cell)]
+
+    assert stated("docs/course.md", r"\*\*Slider latency\*\* \(`python -m benchmarks\.dashboard_latency --per-control`, "
+                                    r"(20\d\d-\d\d-\d\d)") in section.split("\n\n", 2)[1]
+    firsts = {name: ms(cells[0])[-1] for name, cells in rows.items() if ms(cells[0])}
+    assert int(stated("docs/course.md", r"shows its first draw within (\d+) ms")) == max(firsts.values())
+    for word, name in (("SAZO", "sazo"), ("race", "race"), ("MeZO", "mezo"), ("2-D paths", "paths")):
+        assert int(stated("docs/course.md", rf"{re.escape(word)} (\d+) ms")) == firsts[name], word
+    slowest = max(ms(cells[1])[-1] for cells in rows.values() if ms(cells[1]))
+    assert int(stated("docs/course.md", r"slowest: the SAZO dashboard's σ, (\d+) ms")) == slowest
+    redraw = re.search(r"their full redraw takes (\d+) ms and (\d+) ms", course).groups()
+    assert (int(redraw[0]), int(redraw[1])) == (ms(rows["race"][2])[0], ms(rows["paths"][2])[0])
