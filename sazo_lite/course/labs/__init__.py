@@ -313,7 +313,8 @@ def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout:
             ``otter assign`` wrote next to it provides the reference values.
         output_dir: where the three files go (written by this process, after the sandbox ended).
         cell_timeout, test_timeout, notebook_timeout: seconds per cell, per call into student
-            code inside a test, and for the whole submission (restarts included).
+            code inside a test, and for the whole submission (restarts included); each in
+            (0, ``MAX_TIMEOUT``], else ValueError naming it.
         sandbox: "auto" (bubblewrap if it works here, else unconfined with a loud warning),
             "bwrap" (refuse to grade without it) or "none".
         expected: reference values from ``grading.reference`` (``grade_all`` computes them once).
