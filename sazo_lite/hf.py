@@ -116,7 +116,6 @@ import torch
 from torch.utils.data import DataLoader
 from transformers import Trainer, TrainingArguments
 from transformers.trainer_callback import CallbackHandler, TrainerState
-from transformers.trainer_pt_utils import find_batch_size
 from transformers.trainer_utils import get_last_checkpoint
 from transformers.training_args import OptimizerNames
 from transformers.utils import is_datasets_available
@@ -815,7 +814,8 @@ class ZOTrainer(Trainer):
         losses = self._per_example_losses(outputs, inputs)
         # checked as in training: evaluate() before train(), or without a train_dataset, never ran the probe,
         # and the mean of token losses [B, T] (zeros on the padding) was taken as the batch's eval_loss
-        size = find_batch_size(inputs)   # the count the Trainer weighs this batch's mean by
+        size = next((len(inputs[k]) for k in ("labels", *self.label_names)   # a label row per example
+                     if isinstance(inputs.get(k), torch.Tensor) and inputs[k].dim() > 0), None)
         if size is not None:
             _check_loss_shape(losses, size, "on an evaluation batch")
         loss = losses.float().mean()   # float32, as the training steps average

@@ -47,6 +47,18 @@ def test_evaluate_still_takes_one_loss_per_example_and_averages_them(tmp_path):
     assert trainer.evaluate()["eval_loss"] == pytest.approx(float(expected.mean()), rel=1e-5)
 
 
+def test_the_evaluation_check_counts_examples_by_their_labels(tmp_path):
+    # a batch whose first tensor is not one row per example (the verbaliser's ids) still evaluates
+    rows, collate = memorisable_rows(n=8), hf.CausalLMCollator(0)
+
+    def with_label_words(examples):
+        return {"label_word_ids": torch.tensor([5, 6, 7]), **collate(examples)}
+
+    trainer = hf.ZOTrainer(tiny_causal_lm("llama", vocab_size=VOCAB), training_args(tmp_path), eval_dataset=rows,
+                           data_collator=with_label_words)
+    assert trainer.evaluate()["eval_loss"] > 0
+
+
 # -- the default collator's token ids -------------------------------------------------------------
 @pytest.mark.parametrize("column, values", [
     ("input_ids", [5.7, 6.2, 7.9]),                     # read as tokens 5, 6, 7
