@@ -1304,3 +1304,13 @@ def test_course_md_latency_figures_are_benchmarks_md_table():
     assert int(stated("docs/course.md", r"slowest: the SAZO dashboard's σ, (\d+) ms")) == slowest
     redraw = re.search(r"their full redraw takes (\d+) ms and (\d+) ms", course).groups()
     assert (int(redraw[0]), int(redraw[1])) == (ms(rows["race"][2])[0], ms(rows["paths"][2])[0])
+
+
+def test_staleness_tests_are_what_samplers_md_says():
+    """`tests/test_sazo_staleness.py: exact enumeration, 200,000 draws, frequencies, and two wrong versions that
+    fail`."""
+    draws = int(stated("docs/samplers.md", r"`tests/test_sazo_staleness\.py`: exact enumeration, ([\d,]+) draws")
+                .replace(",", ""))
+    source = read("tests/test_sazo_staleness.py")
+    assert f"draws={draws:_}" in source
+    assert len(re.findall(r"^def test_wrong_\w+\(", source, re.M)) == 2
