@@ -352,11 +352,21 @@ class SAZOState:
     extra: dict
 
     def as_dict(self) -> dict:
-        """A dict of copies (what ``state_dict`` returns; ``torch.save`` stores it)."""
+        """A dict of copies (what ``state_dict`` returns; ``torch.save`` stores it), numbers as Python numbers."""
         copy = lambda v: v.clone() if isinstance(v, torch.Tensor) else (dict(v) if isinstance(v, dict) else v)
         out = {f.name: copy(getattr(self, f.name)) for f in fields(self)}
-        out["extra"] = {k: copy(v) for k, v in self.extra.items()}
+        out["hyperparameters"] = {k: _python_number(v) for k, v in self.hyperparameters.items()}
+        out["extra"] = {k: _python_number(copy(v)) for k, v in self.extra.items()}
         return out
+
+
+def _python_number(value):
+    """A numpy number as the Python number it holds (anything else unchanged): a λ set between steps by a schedule
+    computed with numpy (``sampler.uniform_mix = 0.1 * np.exp(-t / T)``) made a state that ``torch.load`` refused
+    with ``weights_only=True``, its default."""
+    if isinstance(value, np.bool_):
+        return bool(value)
+    return value.item() if isinstance(value, np.number) else value
 
 
 def _float_array(name: str, value, n: int, *, low: float = 0.0, high: float = math.inf) -> np.ndarray:

@@ -449,3 +449,35 @@ def test_a_deepcopied_tree_mode_sazo_sampler_draws_as_its_own_state_says():
         reference.update(b, torch.ones(16))
     restored = pickle.loads(pickle.dumps(original))
     assert torch.equal(restored.probs, original.probs) and torch.equal(restored.sample(8)[0], original.sample(8)[0])
+
+
+# --- 12. sampler states with hyperparameters set as numpy numbers -----------------------------------------------------
+@pytest.mark.parametrize("kind", ["sazo", "sazo-tree", "plain", "stale"])
+def test_a_sampler_state_after_a_numpy_mix_schedule_loads_with_weights_only_and_resumes(kind):
+    """A λ schedule computed with numpy (sampler.uniform_mix = 0.1·exp(−t/T), an np.float64) left the numpy scalar
+    in the state's hyperparameters, and torch.load (weights_only=True, its default) refused it. The state holds Python
+    numbers now; a sampler loaded from it draws bit for bit as the original."""
+    import io
+
+    import numpy as np
+
+    from sazo_lite.samplers import PlainSAZOSampler, SAZOSampler, StaleCorrectedSAZOSampler
+
+    make = {"sazo": lambda: SAZOSampler(30, seed=2), "sazo-tree": lambda: SAZOSampler(30, seed=2, sum_tree=True),
+            "plain": lambda: PlainSAZOSampler(30, seed=2), "stale": lambda: StaleCorrectedSAZOSampler(30, seed=2)}[kind]
+    original, g = make(), torch.Generator().manual_seed(0)
+    for t in range(6):
+        original.uniform_mix = 0.2 * np.exp(-t / 4.0)
+        idx, _ = original.sample(4)
+        original.update(idx, torch.randn(4, generator=g, dtype=torch.float64))
+    buffer = io.BytesIO()
+    torch.save(original.state_dict(), buffer)
+    buffer.seek(0)
+    resumed = make()
+    resumed.load_state_dict(torch.load(buffer, weights_only=True))   # raised UnpicklingError
+    for _ in range(5):
+        (a, wa), (b, wb) = original.sample(4), resumed.sample(4)
+        assert torch.equal(a, b) and torch.equal(wa, wb)
+        diffs = torch.randn(4, generator=g, dtype=torch.float64)
+        original.update(a, diffs)
+        resumed.update(b, diffs)
