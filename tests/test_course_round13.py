@@ -274,3 +274,30 @@ def test_rule_ladder_counts_a_diverged_run_as_infinite_not_as_its_ratios():
     means = [float(np.mean(sazo_runs.run_sazo_trace(problem, steps=60, seed=s, rule="robust", lr=0.01,
                                                      log_every=10).ratio["sazo"][1:])) for s in (0, 1)]
     assert calm["robust"] == pytest.approx(float(np.median(means)))
+
+
+def test_race_median_counts_a_stopped_seed_as_above_the_others_not_as_gone():
+    """The race plot took np.nanmedian over seeds: a run stopped on a non-finite loss (NaN after its stop, as
+    RaceResult says) dropped out, so with two of three seeds stopped the median line read the survivor's gap and no
+    "diverged" mark was drawn. A stopped seed now counts as above every other there; a run still training (the
+    progressive draw's ``logged``) is drawn only as far as it got."""
+    import numpy as np
+
+    from sazo_lite.course.sazo_runs import RaceResult
+    from sazo_lite.course.widgets.race import _draw_race, _empty_race_figure, race_figure
+
+    nan = float("nan")
+    gaps = np.array([[1.0, 0.5, 0.05, 0.01], [1.0, 0.6, nan, nan], [1.0, 0.7, nan, nan]])
+    result = RaceResult(np.array([0, 10, 20, 30]), {"uniform": gaps}, 1.0, 0.1, {"uniform": [20, None, None]})
+    fig = race_figure(result)
+    median = [trace for trace in fig.data if trace.name == "uniform MeZO"][0].y
+    assert list(median[:2]) == pytest.approx([1.0, 0.6]) and min(median[2:]) > 10   # not the survivor's 0.05, 0.01
+    assert any("diverged" in a.text for a in fig.layout.annotations)
+    running = RaceResult(np.array([0, 10, 20, 30]), {"uniform": np.array([[1.0, 0.5, nan, nan]])}, 1.0, 0.1,
+                         {"uniform": [None]})
+    live = _empty_race_figure(("uniform",), widget=False)
+    _draw_race(live, running, ("uniform",), logged={"uniform": 2})
+    drawn = np.asarray(live.data[1].y, dtype=float)
+    assert list(live.data[1].x) == [0, 10, 20, 30] and list(drawn[:2]) == pytest.approx([1.0, 0.5])
+    assert np.isnan(drawn[2:]).all()                  # not reached yet: a gap, not the ceiling
+    assert not live.layout.annotations

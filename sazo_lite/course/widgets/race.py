@@ -9,7 +9,6 @@ from __future__ import annotations
 import html
 import math
 import time
-import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -83,12 +82,16 @@ def _readable(result: RaceResult) -> RaceResult:
 _CEILING = 1e3  # relative gaps above this (a diverging run) are drawn at it, to keep the axis readable
 
 
-def _band(result: RaceResult, method: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Median, min and max over seeds of the relative gap, capped at ``_CEILING``."""
-    relative = np.minimum(result.gaps[method] / result.initial_gap, _CEILING)   # [S, T]; NaN stays NaN
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # columns where every seed diverged
-        return np.nanmedian(relative, 0), np.nanmin(relative, 0), np.nanmax(relative, 0)
+def _band(result: RaceResult, method: str, upto: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Median, min and max over seeds of the relative gap, capped at ``_CEILING``, over the first ``upto`` log
+    points (None: all; a run still training has logged only those).
+
+    A run stopped on a non-finite loss has NaN after its stop (``RaceResult``): it counts as above every other seed
+    there (at the ceiling), as in notebook 06, not as absent (the median of the seeds still running read as the
+    median of all)."""
+    relative = result.gaps[method][:, :upto] / result.initial_gap                  # [S, T]
+    relative = np.minimum(np.where(np.isnan(relative), np.inf, relative), _CEILING)
+    return np.median(relative, 0), relative.min(0), relative.max(0)
 
 
 def _band_xy(queries: np.ndarray, low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -130,7 +133,9 @@ def _draw_race(fig, result: RaceResult, methods=SAMPLERS, logged: dict[str, int]
                 fig.data[2 * k].update(x=[], y=[])
                 fig.data[2 * k + 1].update(x=[], y=[])
                 continue
-            median, low, high = _band(result, method)
+            # a run still training: NaN (a gap in the line) after the log points it reached
+            median, low, high = (np.pad(part, (0, len(q) - len(part)), constant_values=np.nan)
+                                 for part in _band(result, method, (logged or {}).get(method)))
             fig.data[2 * k].update(dict(zip("xy", _band_xy(q, low, high))))
             fig.data[2 * k + 1].update(x=q, y=median)
         ratio = result.target / result.initial_gap
@@ -144,7 +149,7 @@ _TOP = 3.0  # the y axis ends at 3× the initial gap: a race is decided below 1,
 def _frame_race(fig, result: RaceResult, methods, ratio: float, logged: dict[str, int]) -> None:
     """Fit the y axis to where the race is decided (from below the target to _TOP) and mark each method
     whose median run diverged (``sazo_runs.first_divergence``) at the first query it did (of those logged yet)."""
-    medians = {m: _band(result, m)[0][:logged.get(m)] for m in methods if m in result.gaps}
+    medians = {m: _band(result, m, logged.get(m))[0] for m in methods if m in result.gaps}
     finite = [v for median in medians.values() for v in median[np.isfinite(median)] if v > 0]
     low = min([ratio, *finite]) / 2 if finite else ratio / 2
     fig.update_yaxes(range=[float(np.log10(low)), float(np.log10(_TOP))])
