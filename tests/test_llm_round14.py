@@ -18,11 +18,11 @@ from sazo_lite.train import NoiseScaledStep
 from sazo_lite.llm import TINY_FAMILIES, add_lora, tiny_causal_lm, trainable_parameters
 from sazo_lite.llm.continual import alike_indices, cached_first_round, first_round, keep_alike, make_continual_set
 from sazo_lite.llm.finetune import restore_snapshot, snapshot
-from sazo_lite.llm.grad_norms import (directional_error, full_gradient_norm, grad_norms, linear_grad_norms,
-                                     loop_grad_norms)
+from sazo_lite.llm.grad_norms import (RefreshingNorms, directional_error, full_gradient_norm, grad_norms,
+                                     linear_grad_norms, loop_grad_norms)
 from sazo_lite.llm.losses import TokenBatch, accuracy, classification_losses, encode_answers
-from sazo_lite.llm.queries import (AfterStep, WalkBound, WalkPull, held_out_accuracies, median_floor, queries_to,
-                                  query_run, ratio_bound, walk)
+from sazo_lite.llm.queries import (AfterStep, StepCap, WalkBound, WalkPull, held_out_accuracies, median_floor,
+                                  queries_to, query_run, ratio_bound, walk)
 from sazo_lite.llm.topblock import TopBlocks, decoder_layers, top_layers
 
 from test_llm_round8 import CharTokenizer              # one token a character
@@ -337,3 +337,22 @@ def test_the_walk_and_its_rules_refuse_the_tuned_tensors_themselves_as_theta0():
             make()
     zero = torch.zeros(2)        # one copy read for two tensors of its shape: accepted
     assert walk([theta, theta.clone()], [zero, zero]) == pytest.approx(50 ** 0.5)
+
+
+# --- 11. numpy ints, as a grid from np.arange gives them ----------------------------------------------------------
+def test_numpy_ints_are_taken_as_ints_they_were_refused():
+    np = pytest.importorskip("numpy")
+    base = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    assert top_layers(base, np.int64(1)) == top_layers(base, 1) == [1]
+    model = add_lora(base, rank=np.int64(2), layers=top_layers(base, np.int64(1)))
+    params = trainable_parameters(model)
+    assert params[0].shape[0] == 2                                       # lora_A [r, d_in]
+    data = batch(4)
+    top = TopBlocks(model, data, blocks=np.int64(1))
+    assert top.blocks == 1 and torch.equal(top([0, 1]), TopBlocks(model, data, blocks=1)([0, 1]))
+    assert alike_indices(torch.tensor([1.0, 2.0, 3.0]), np.int64(2)) == alike_indices(torch.tensor([1.0, 2.0, 3.0]), 2)
+    assert StepCap(warmup=np.int64(3)).warmup == 3
+    assert RefreshingNorms(lambda: torch.ones(2), every=np.int64(2), clock=lambda: 0).every == 2
+    for bad in (np.int64(0), np.float64(1.0), True):
+        with pytest.raises(ValueError, match="Invalid blocks"):
+            TopBlocks(model, data, blocks=bad)

@@ -276,8 +276,7 @@ def alike_indices(norms, keep: int) -> list[int]:
     # a NaN norm made the median NaN and every distance NaN (the first ``keep`` indices were kept, the NaN
     # among them), a negative one was read as 1e-30, and a [2, 2] tensor gave nested lists
     norms = _nonnegative("norms", norms)
-    if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= len(norms):
-        raise ValueError(f"Invalid keep: {keep!r} (expected an int in [1, {len(norms)}])")
+    keep = check_int("keep", keep, 1, len(norms))      # a numpy int is an int too (it was refused)
     logs = norms.clamp_min(1e-30).log()
     return sorted(torch.argsort((logs - logs.median()).abs(), stable=True)[:keep].tolist())
 

@@ -452,8 +452,7 @@ class RefreshingNorms:
 
     def __init__(self, compute: Callable[[], torch.Tensor], *, every: int, clock: Callable[[], int],
                  mix: float = 0.0):
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"Invalid every: {every!r} (expected an int >= 1)")
+        every = check_count("every", every)      # a numpy int is an int too (it was refused)
         if isinstance(mix, bool) or not isinstance(mix, (int, float)) or not 0.0 <= mix <= 1.0:
             raise ValueError(f"Invalid mix: {mix!r} (expected a number in [0, 1])")
         self.compute, self.every, self.clock, self.mix = compute, every, clock, float(mix)

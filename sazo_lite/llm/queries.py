@@ -333,8 +333,7 @@ class StepCap:
             raise ValueError(f"Invalid kappa: {kappa} (expected a finite number > 0)")
         if not 0.0 <= ema_decay < 1.0:
             raise ValueError(f"Invalid ema_decay: {ema_decay} (expected 0 ≤ ema_decay < 1)")
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
-            raise ValueError(f"Invalid warmup: {warmup!r} (expected an int ≥ 1)")
+        warmup = check_count("warmup", warmup)      # a numpy int is an int too (it was refused)
         self.kappa, self.ema_decay, self.warmup = kappa, ema_decay, warmup
         self.seen, self.mean_sq, self.count = 0, 0.0, 0
 

@@ -46,6 +46,7 @@ Example (a tiny random model; in practice SmolLM2 with ``blocks=1``):
 from __future__ import annotations
 
 import contextlib
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -123,7 +124,8 @@ def decoder_layers(model) -> torch.nn.ModuleList:
 
 def _check_blocks(model, blocks) -> int:
     count = len(decoder_layers(model))
-    if isinstance(blocks, bool) or not isinstance(blocks, int) or not 1 <= blocks <= count:
+    # a numpy int (a grid from np.arange) is an int too: it was refused as "Invalid blocks: np.int64(1)"
+    if isinstance(blocks, bool) or not isinstance(blocks, numbers.Integral) or not 1 <= blocks <= count:
         raise ValueError(f"Invalid blocks: {blocks!r} (expected an int in [1, {count}])")
     return count
 
@@ -137,7 +139,7 @@ def top_layers(model, blocks: int) -> list[int]:
         [1]
     """
     count = _check_blocks(model, blocks)
-    return list(range(count - blocks, count))
+    return list(range(count - int(blocks), count))
 
 
 def top_block_parameters(model, blocks: int) -> list[torch.Tensor]:
@@ -235,7 +237,7 @@ class TopBlocks:
             raise ValueError("Invalid model: it is in training mode (dropout would make f_i random); call model.eval()")
         check_deterministic(model)      # a module in training mode under an eval model (adapters added later)
         _check_vocabulary(model, batch)  # before the first forward: an id past the embedding was an IndexError
-        self.model, self.batch, self.blocks, self.check = model, batch, blocks, bool(check)
+        self.model, self.batch, self.blocks, self.check = model, batch, int(blocks), bool(check)
         layers = decoder_layers(model)
         self.layers = list(layers[count - blocks:])
         slots = [k for k, layer in enumerate(layers) if any(layer is top for top in self.layers)]

@@ -108,8 +108,7 @@ def add_lora(model, *, rank: int = 8, alpha: int = 16, target_modules=None, init
     if any(isinstance(module, BaseTunerLayer) for module in model.modules()):
         raise ValueError("Invalid model: it already holds peft adapters (a second add_lora replaced them); "
                          "merge them first (model = model.merge_and_unload()) or start from a fresh model")
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise ValueError(f"Invalid rank: {rank!r} (expected an int >= 1)")
+    rank = check_int("rank", rank, 1)       # a numpy int is an int too (it was refused)
     # α = 0 makes every adapter a no-op: each ZO step would see δ = 0 and learn nothing, silently
     check_number("alpha", alpha, 0.0, closed_low=False)
     init_seed = check_seed("init_seed", init_seed)   # 2**70 was torch's bare "Overflow", 1.5 seeded as 1
