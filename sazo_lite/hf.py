@@ -20,7 +20,9 @@ are the Trainer's own. What differs:
   The update is made inside ``training_step`` (the Trainer's ``optimizer.step()`` does nothing),
   which calls the callbacks' ``on_pre_optimizer_step`` first, before the two passes (the weights
   the update starts from; there is no ``.grad``), in place of the Trainer's call after it;
-  ``on_optimizer_step`` sees the updated weights.
+  ``on_optimizer_step`` sees the updated weights. The tuned tensors are the model's trainable ones when
+  MeZO is built (the first ``train()``): a step refuses (``ValueError``, nothing moved) a model whose
+  trainable tensors changed since (``requires_grad`` set or cleared by a callback or between calls).
 - Batches: each step the ZO sampler draws B = per_device_train_batch_size × world_size *dataset
   indices* i.i.d. with weights w = 1/(N·p_i) (``method="mezo"``: uniform, w = 1; ``"sazo"``:
   ``SAZOSampler``), the step minimises mean_k(w_k·f_k), and the sampler then sees the B directional
@@ -46,7 +48,9 @@ are the Trainer's own. What differs:
   dict's key), a loss that is not one float per example. Each step, before its first pass, an
   example the collator refuses, a token id beyond the model's embeddings and (default loss) a label id
   outside [0, V) other than −100 are refused (``ValueError``) naming the train_dataset indices and
-  the step. The logged training loss is mean_k(w_k·(f_k(θ+εz) + f_k(θ−εz))/2); ``eval_loss`` is
+  the step. The per-example losses reach MeZO in float64 (a float64 loss keeps its precision).
+  ``evaluate`` refuses a ``per_example_loss`` that is not one float per example, as training does.
+  The logged training loss is mean_k(w_k·(f_k(θ+εz) + f_k(θ−εz))/2); ``eval_loss`` is
   mean_i f_i over the eval set, averaged in float32 (not the token-weighted mean; under data
   parallel the Trainer pads the last eval batch of each rank, so it is exact only when the eval set
   fills whole batches on every rank). The model is called without
@@ -80,9 +84,11 @@ are the Trainer's own. What differs:
   counted in steps of the new B. It is refused where the Trainer's epochs decide when training
   stops or acts (``max_steps`` unset, or an ``"epoch"`` eval, save or logging strategy): the
   Trainer counts the checkpoint's steps as steps of the new B. A
-  ``save_only_model=True`` checkpoint holds the weights only and cannot be resumed. ``zo_state.pt`` is read with
-  ``torch.load(weights_only=True)`` (a file holding anything else, such as a pickled object,
-  is refused and nothing in it runs) and checked in full before anything loads.
+  ``save_only_model=True`` checkpoint holds the weights only and cannot be resumed. Loads (a resume,
+  ``load_best_model_at_end``) keep the model's trainable tensors, objects and dtypes: peft's
+  ``load_adapter`` replaces bfloat16/float16 adapters by new float32 tensors, which are put back.
+  ``zo_state.pt`` is read with ``torch.load(weights_only=True)`` (a file holding anything else, such as a
+  pickled object, is refused and nothing in it runs) and checked in full before anything loads.
 - Seed logs: a ``SeedLog`` attached to ``trainer.zo_optimizer`` (a plain ``MeZO``; say in a
   callback's ``on_train_begin``) records the steps, and ``SeedLog.replay`` rebuilds the weights.
   A log records steps only: while one is attached, each step first compares a checksum of the
@@ -150,7 +156,8 @@ class CausalLMCollator:
     ``labels`` are labelled with their own (unpadded) input ids (plain language modelling).
 
     Raises:
-        ValueError: one label per row, or a ``label``/``label_ids`` column without ``labels``
+        ValueError: token ids or labels that are not integers (floats, bools, nested rows), one label per row,
+            or a ``label``/``label_ids`` column without ``labels``
             (a classification dataset: pass a ``data_collator``), labels or a mask of another
             length than the input ids, a mask other than 0/1 or with padding inside the row, or
             a row with no tokens left.

@@ -165,7 +165,8 @@ def test_a_float64_per_example_loss_reaches_mezo_in_float64(tmp_path):
         torch.manual_seed(0)
         return tiny_causal_lm("llama", vocab_size=VOCAB).double()
 
-    trainer = trainer_for(tmp_path, rows=rows, model=model(), args=training_args(tmp_path, max_steps=2, logging_steps=1),
+    args = training_args(tmp_path, max_steps=2, logging_steps=1)
+    trainer = trainer_for(tmp_path, rows=rows, model=model(), args=args,
                           per_example_loss=float64_losses, method="mezo", eps=1e-7)
     trainer.train()
     reference = model()
