@@ -301,3 +301,22 @@ def test_race_median_counts_a_stopped_seed_as_above_the_others_not_as_gone():
     assert list(live.data[1].x) == [0, 10, 20, 30] and list(drawn[:2]) == pytest.approx([1.0, 0.5])
     assert np.isnan(drawn[2:]).all()                  # not reached yet: a gap, not the ceiling
     assert not live.layout.annotations
+
+
+def test_number_list_and_gain_by_hand_refuse_a_bool_or_a_string_float_read_as_a_number():
+    """number_list (the language-model figures' targets, scores, norms, probabilities) and gain_by_hand read True as
+    1.0 and "0.5" as 0.5 through float(); each element is a number now (check_real), numpy and 0-d tensors read."""
+    import numpy as np
+    import torch
+
+    from sazo_lite.course import llm_lesson
+    from sazo_lite.course.widgets._common import number_list
+
+    for bad in ([0.5, True], ["0.5"], "0.5", [np.True_]):
+        with pytest.raises(ValueError, match="Invalid p"):
+            number_list("p", bad, high=1.0)
+        with pytest.raises(ValueError, match="Invalid norms"):
+            llm_lesson.gain_by_hand(bad, 0.1, 2)
+    assert number_list("p", np.array([0.25, 0.5])) == number_list("p", torch.tensor([0.25, 0.5])) == [0.25, 0.5]
+    assert llm_lesson.gain_by_hand(torch.tensor([1.0, 1.0, 1.0, 5.0]), 0.0, 4) == \
+        pytest.approx(llm_lesson.gain_by_hand([1.0, 1.0, 1.0, 5.0], 0.0, 4))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..llm.queries import DIVERGE_FACTOR, held_out_accuracies, queries_to, ratio_bound
 from ..train import median_queries, median_ratio_interval
-from ..validation import check_count, check_number
+from ..validation import check_count, check_number, check_real
 from .config import REFERENCE_RUN, benchmark_report
 from .tables import Table
 
@@ -121,8 +121,11 @@ def gain_by_hand(norms, grad_sq: float, batch_size: int) -> float:
         1.75
     """
     try:
-        norms = [float(a) for a in norms]
-    except (TypeError, ValueError):   # a single number or a string raised TypeError naming no argument
+        if isinstance(norms, (str, bytes)):
+            raise TypeError
+        norms = [check_real("norms", a.item() if getattr(a, "ndim", None) == 0 and hasattr(a, "item") else a)
+                 for a in norms]   # each a number: float() read True as 1.0 and "2" as 2.0
+    except TypeError:   # a single number or a string raised TypeError naming no argument
         raise ValueError(f"Invalid norms: {norms!r} (expected a sequence of per-example norms)") from None
     check_count("batch_size", batch_size)
     check_number("grad_sq", grad_sq, 0.0)

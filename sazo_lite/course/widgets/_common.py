@@ -24,7 +24,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from ...validation import check_number
+from ...validation import check_number, check_real
 
 __all__ = ["slider", "log_slider", "int_slider", "question", "captioned", "presets", "redraw_on_change",
            "assemble", "Dashboard", "LiveFigure", "static_dashboard_html", "set_controls", "SAMPLER_COLORS",
@@ -101,11 +101,15 @@ def same_lengths(**columns) -> int:
 
 
 def number_list(name: str, values, *, low: float = 0.0, high: float = math.inf) -> list[float]:
-    """``values`` as a non-empty list of finite floats in [low, high], or a ValueError naming them."""
+    """``values`` as a non-empty list of finite floats in [low, high], or a ValueError naming them (each a number:
+    float() read True as 1.0 and "0.5" as 0.5; a numpy scalar or a 0-d tensor reads as its number)."""
     try:
-        out = [float(v) for v in values]
-    except (TypeError, ValueError):
+        if isinstance(values, (str, bytes)):   # its characters are no sequence of numbers
+            raise TypeError
+        items = list(values)
+    except TypeError:
         raise ValueError(f"Invalid {name}: expected a sequence of numbers, got {type(values).__name__}") from None
+    out = [check_real(name, v.item() if getattr(v, "ndim", None) == 0 and hasattr(v, "item") else v) for v in items]
     bad = [v for v in out if not (math.isfinite(v) and low <= v <= high)]
     if not out or bad:
         raise ValueError(f"Invalid {name}: expected a non-empty sequence of finite numbers in [{low:g}, {high:g}], "
