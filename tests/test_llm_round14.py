@@ -356,3 +356,10 @@ def test_numpy_ints_are_taken_as_ints_they_were_refused():
     for bad in (np.int64(0), np.float64(1.0), True):
         with pytest.raises(ValueError, match="Invalid blocks"):
             TopBlocks(model, data, blocks=bad)
+
+
+def test_query_run_without_a_model_on_a_token_batch_says_so():
+    # None with a TokenBatch train split: AttributeError 'NoneType' object has no attribute 'parameters'
+    model, params = lora_top("llama")
+    with pytest.raises(ValueError, match="Invalid model: NoneType .*TopBlocks"):
+        query_run(None, params, batch(4), "uniform", lr=1e-2, steps=1)

@@ -487,6 +487,9 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
     n = len(train_batch)
     if model is None and isinstance(train_batch, TopBlocks):   # a TopBlocks run needs no model: None takes its own
         model = train_batch.model      # (a TokenBatch test split's accuracy raised AttributeError after the run)
+    if not isinstance(model, torch.nn.Module):       # None with a TokenBatch: AttributeError from the params check
+        raise ValueError(f"Invalid model: {type(model).__name__} (expected the causal LM; None only with a TopBlocks "
+                         "train_batch, whose model it takes)")
     params = check_params_in(model, params)
     if isinstance(test_batch, TokenBatch):      # its accuracy raised this once the whole run had been made
         _check_vocabulary(model, test_batch, "test_batch")
