@@ -1,12 +1,13 @@
-"""Round 12 against the graded labs: hand-ins in other encodings, assigned magics, timeouts, the reference
-cache after an upgrade, new mutants.
+"""Round 12 against the graded labs: hand-ins in other encodings, assigned magics, ``get_ipython``, timeouts, the
+reference cache after an upgrade, failed cells' errors, a gap pinned, new mutants.
 
 - A hand-in is JSON, and JSON readers (Python's ``json``, RFC 8259's detection) take UTF-8 with or without a
   byte-order mark and UTF-16/32. The grader decoded UTF-8 only: a notebook written by Windows PowerShell's ``>``
   or ``Out-File`` (UTF-16 with a byte-order mark) was "failed" (not JSON), every point lost; so was a notebook
   with a byte-order mark *and* one byte that is not UTF-8 (a comment saved in cp1252), and a notebook with such
-  a byte lost the lenient reading (no ``nbformat_minor``, a cell without an id: nbformat's AssertionError). Now
-  the bytes are decoded as JSON readers detect them (``grading._json_text``), undecodable bytes as U+FFFD.
+  a byte lost the lenient reading (no notebook metadata: nbformat's ValidationError; no ``nbformat`` key: read as
+  version 1, every cell's code dropped). Now the bytes are decoded as JSON readers detect them
+  (``grading._json_text``), undecodable bytes as U+FFFD.
 - An answer cell that assigns a magic's value (``_t = %timeit -o lab2_f(x)``, ``y = %time f()``, ``files = !ls``:
   IPython assigns what the magic returns) was left as it was, did not parse, and none of it ran: the functions it
   defined were missing and the question scored 0. Now ``%time``'s value is its expression's, the others' None.
