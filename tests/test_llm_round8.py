@@ -190,7 +190,7 @@ def test_query_run_refuses_bad_settings_before_theta_moves(settings):
     before = snapshot(params)
     kwargs = dict(lr=1e-3, steps=4, log_every=2, test_batch=b)
     kwargs.update(settings)
-    name = {"walk_bound": "radius"}.get(next(iter(settings)), next(iter(settings)))
+    name = next(iter(settings))     # each under query_run's own name (walk_bound was WalkBound's "radius")
     with pytest.raises(ValueError, match=f"Invalid {name}"):        # diverge_factor=nan was "diverge_above"
         query_run(model, params, b, "uniform", **kwargs)
     assert all(torch.equal(p, s) for p, s in zip(params, before))
