@@ -232,6 +232,8 @@ def _token_ids(k: int, name: str, values) -> list[int]:
     """Row k's ``input_ids`` or ``labels`` as ints. A float or bool id was cast silently (5.7 became
     token 5, True token 1), and a nested row ([1, T], a tokenizer's ``return_tensors`` output) was
     named as a bad attention_mask or failed inside torch."""
+    if _integer_array(values):   # a 1-D tensor or array of an integer dtype: every entry is an int
+        return values.tolist()
     ids = _as_list(values)
     for v in ids:
         try:
@@ -240,6 +242,16 @@ def _token_ids(k: int, name: str, values) -> list[int]:
             raise ValueError(f"Invalid {name}: row {k} holds {v!r} (expected one integer token id per position, "
                              f"as ints, not floats, bools or nested lists)") from None
     return [int(v) for v in ids]
+
+
+def _integer_array(values) -> bool:
+    """A 1-D torch tensor or numpy array of an integer dtype (not bool), checked by its dtype, not entry by entry."""
+    dtype, ndim = getattr(values, "dtype", None), getattr(values, "ndim", None)
+    if ndim != 1 or dtype is None:
+        return False
+    if isinstance(dtype, torch.dtype):
+        return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+    return getattr(dtype, "kind", None) in ("i", "u")   # numpy's signed and unsigned integer kinds
 
 
 def _trainer_mezo(groups, **settings) -> MeZO:
