@@ -136,17 +136,9 @@ def test_the_command_line_refuses_a_timeout_the_timer_cannot_take(tmp_path, caps
 
 def test_the_reference_is_computed_again_after_a_pytorch_upgrade(tmp_path, monkeypatch):
     """Before: the cache written under the old version was read back (the stale values, run not called)."""
-    import zipfile
-
-    import nbformat
     import torch
 
-    autograder = tmp_path / "labx-autograder_1.zip"
-    test = {"name": "q1", "points": 1, "suites": [{"cases": [{"code": ">>> record(1)", "hidden": False}]}]}
-    with zipfile.ZipFile(autograder, "w") as archive:
-        archive.writestr("otter_config.json", json.dumps({"assignment_name": "labx"}))
-        archive.writestr("tests/q1.py", f"test = {test!r}\n")
-    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]), tmp_path / "labx.ipynb")
+    autograder, _ = _fake_lab(tmp_path)
     runs = []
 
     def run(cells, questions, **options):
@@ -184,6 +176,7 @@ def test_a_cell_converted_from_a_script_runs_with_get_ipython():
     assert case["error"] is None and outcome["rules"] == {}, outcome
     assert case["records"][0]["value"] == {"t": "seq", "v": [{"t": "float", "v": math.pi}, {"t": "int", "v": 4},
                                                              {"t": "int", "v": 6}]}
+
 
 def _fake_lab(folder):
     """An autograder zip of one case (``record(lab9_x)``) with its solutions notebook, and the solutions' record."""
