@@ -1,4 +1,4 @@
-"""``make bench``: the whole benchmark table in one command (≈ 40 minutes on 2 idle CPU cores).
+"""``make bench``: the whole benchmark table in one command (its measured run time: docs/benchmarks.md).
 
     python -m benchmarks.run            # full run; prints one table, writes benchmarks/results/bench.json
     python -m benchmarks.run --quick    # smoke run (tiny GPT-2 only, 1 seed, short budgets): bench_quick.json

@@ -2,8 +2,8 @@
 
 Every sampler draws B indices i.i.d. from a distribution p over {0..N-1} and returns the
 importance weights w = 1/(N·p_i), so that E[w·f_i] = F for any p with full support.
-Samplers know nothing of models or optimisers: they see indices, directional diffs and,
-optionally, the per-example losses of the same step.
+Samplers know nothing of models or optimisers: they see indices and the step's directional
+diffs.
 
 The two SAZO samplers share three pieces: ``probabilities`` (the one score → probability
 transform, ``variance.mixed_probabilities``; the weights are ``variance.importance_weights``), a score store (``CdfStore`` below ``SUM_TREE_MIN_EXAMPLES`` examples, ``TreeStore``

@@ -139,7 +139,7 @@ def peak_rss_bytes() -> int:
     Linux: ``VmHWM`` of /proc/self/status. ``getrusage(RUSAGE_SELF).ru_maxrss`` is not used
     there because it also remembers the peak of the image replaced by ``exec``: a child forked
     from a big parent (pytest with transformers loaded) starts with the parent's RSS as its
-    "peak", hiding everything below it (we saw −60 % errors that way).
+    "peak", hiding everything below it.
     """
     try:
         with open("/proc/self/status") as status:

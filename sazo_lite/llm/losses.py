@@ -137,7 +137,7 @@ def _integer_tensor(name: str, value) -> torch.Tensor:
 
 
 def _all_ints(values) -> bool:
-    """Every value an int, not a bool (a plain-int check first: the ABC check is 10x slower per token)."""
+    """Every value an int, not a bool (a plain-int check first: the ABC check is much slower per token)."""
     return all(type(t) is int for t in values) or all(
         isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in values)
 

@@ -5,7 +5,7 @@ and ``accelerate``) and dequantises it to float32, but it parses the file's meta
 the tokenizer, once for the config and once for the weights, and rebuilds gguf's tensor-name map
 for every submodule: ``convert_gguf`` has each parsed once (``_gguf_parsed_once``). Loading a
 GGUF stays slow all the same, so ``load_smollm2`` converts the model once to a float32 safetensors
-folder in a user cache (~540 MB) and loads that afterwards (~2.5 s):
+folder in a user cache and loads that afterwards (load times: docs/llm.md):
 
     <cache>/smollm2-135m-instruct-f32/{config.json, model.safetensors, tokenizer.json, ...}
 

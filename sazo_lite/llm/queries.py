@@ -445,8 +445,8 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
             (only the top blocks run, on cached activations; ``test_batch`` then a ``TopBlocks`` too).
         sampler: "uniform", "sazo" or "oracle", or a ``sazo_lite`` sampler object for the N examples
             (its ``scores()``, if it has one, is diagnosed like SAZO's; the run is labelled by its class).
-        lr, eps, batch_size, steps, seed: the MeZO settings (seed also seeds the sampler). ε = 1e-3
-            makes δ_k the directional derivative to < 1% on LoRA r = 4 (``directional_error``).
+        lr, eps, batch_size, steps, seed: the MeZO settings (seed also seeds the sampler). How close δ_k
+            at ε is to the directional derivative: ``directional_error``.
         log_every: steps between evaluations of the full training loss F(θ) and the walk.
         oracle_every: k, the steps between the oracle's backprop refreshes (1: fresh every step; its
             norms are then never older than the step; with k > 1 they are at most k − 1 steps old).
