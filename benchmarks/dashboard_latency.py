@@ -12,7 +12,8 @@ show a change before the assignment returns: in Jupyter every finished draw reac
 at once. "first draw" is the time to the first figure update (a LiveFigure's new output, the end of a
 FigureWidget ``batch_update``, or a readout change) after the assignment starts; the verdict uses it.
 
-Run: ``python -m benchmarks.dashboard_latency [--only NAME] [--skip NAME] [--per-control]``.
+Run: ``python -m benchmarks.dashboard_latency [--only NAME] [--skip NAME] [--per-control]``; it prints the date
+and the machine first (``benchmarks.cli.machine``), and writes no file.
 Target for toy dashboards: median ≤ 200 ms on the 2-core teaching machine.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ import time
 import ipywidgets as widgets
 
 import sazo_lite.course.widgets as dashboards
+from benchmarks.cli import machine, measured_line
 
 TARGET_MS = 200.0
 
@@ -149,6 +151,7 @@ def main(argv=None) -> None:
     chosen = dashboard_functions(args.only, args.skip)
     if not chosen:      # else it measured nothing and printed nothing
         parser.error(f"--only {args.only!r} / --skip {args.skip} leave no dashboard of {sorted(dashboard_functions())}")
+    print(f"dashboard_latency, {measured_line(machine())}", flush=True)   # timings are this machine's, at this time
     if hasattr(os, "getloadavg"):  # other work on the machine inflates wall times
         print(f"load average (1 min) at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     for name, build in chosen.items():
