@@ -207,6 +207,26 @@ class OracleSampler(Sampler):
         norms = relative_scores(norms.numpy())   # a sum of norms near float64's max would be inf
         return torch.from_numpy(probabilities(norms, float(norms.sum()), self.uniform_mix, self.num_examples))
 
+    def state_dict(self) -> dict:
+        """The base state and ``hyperparameters`` {"uniform_mix": λ}, as the SAZO samplers record theirs (the
+        norms come from ``norms_fn``, which is not state)."""
+        return {**super().state_dict(), "hyperparameters": {"uniform_mix": _python_number(self.uniform_mix)}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a ``state_dict``, its λ included (checked as the constructor checks it, then taken, as the SAZO
+        samplers take theirs): a state loaded into an oracle built with another λ drew from that λ's mixture, not
+        the saved run's. A state without ``hyperparameters`` (written before round 14) keeps this sampler's λ."""
+        checked = self._check_base(state)
+        _check_fields(state, {"num_examples", "seed", "generator", "hyperparameters"})
+        hyper = state.get("hyperparameters", {"uniform_mix": self.uniform_mix})
+        if not isinstance(hyper, dict) or set(hyper) != {"uniform_mix"}:
+            given = sorted(map(str, hyper)) if isinstance(hyper, dict) else type(hyper).__name__
+            raise ValueError(f"Invalid state: hyperparameters {given} (expected ['uniform_mix'])")
+        mix = check_fraction("uniform_mix", hyper["uniform_mix"], 0.0, 1.0, closed_low=True, closed_high=True)
+        with InterruptsDeferred():
+            self._apply_base(checked)
+            self.uniform_mix = mix
+
 
 # -- what the SAZO samplers share -----------------------------------------------------------
 def probabilities(scores: np.ndarray, total: float, uniform_mix: float, num_examples: int) -> np.ndarray:
