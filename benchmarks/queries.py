@@ -37,7 +37,7 @@ from sazo_lite.engine import MeZO
 from sazo_lite.samplers import make_sampler
 from sazo_lite.course.problems import FiniteSumProblem, LeastSquares, LogisticRegression
 from sazo_lite.samplers import SAZOSampler, Sampler, StaleCorrectedSAZOSampler, probabilities
-from sazo_lite.train import best_rate, median_queries, past_edge, queries_to_target, train
+from sazo_lite.train import best_rate, divergence_limit, median_queries, past_edge, queries_to_target, train
 from sazo_lite.validation import check_count, check_number
 from sazo_lite.variance import uniform_gain
 
@@ -342,7 +342,10 @@ class BenchProblem:
     quick_grid: list[float]
 
 
-DIVERGE_FACTOR = 1e4     # the toy runs: a gap above this × the initial gap has diverged (``train.diverged``)
+# The toy runs' divergence rule (``train.divergence_limit``, ``train.diverged``): a run has diverged once its gap is
+# not finite or above DIVERGE_FACTOR × its initial gap (a start of 0 gives a limit of 0). The stored tables were
+# measured with it.
+DIVERGE_FACTOR = 1e4
 LOG_EVERY = 10           # TargetRun's log interval: runs extend by whole intervals (a budget is a multiple of it)
 
 
@@ -388,7 +391,7 @@ class TargetRun:
         history = train(self.optimizer, self.sampler, lambda idx: self.problem.losses(self.theta, idx),
                         more, batch_size=self.batch_size, evaluate=self._gap, log_every=self.log_every,
                         progress=False, stop_below=self.targets[-1] * self.initial_gap,
-                        diverge_above=DIVERGE_FACTOR * self.initial_gap)
+                        diverge_above=divergence_limit(self.initial_gap, DIVERGE_FACTOR))
         # first hitting time (``train.queries_to_target``, the one rule): a target crossed before the run
         # diverged keeps its count, whether the divergence came in the same extension or a later one
         for target in self.targets:

@@ -9,8 +9,9 @@ loop of the project: the toy benchmark, the course's races and the language-mode
 call ``train``. The rules they share are written here once:
 
 * ``diverged(value, limit)``: a run has diverged when its logged metric is not finite or climbs
-  above ``limit`` (each caller sets the limit: ``factor × initial`` value), or when the optimiser
-  refused a non-finite loss (MeZO raises ``FloatingPointError`` and restores θ).
+  above ``limit`` (``divergence_limit(start, factor)``: ``factor`` × its starting value, each caller
+  with its own factor), or when the optimiser refused a non-finite loss (MeZO raises
+  ``FloatingPointError`` and restores θ).
 * ``queries_to_target(record, target)``: the first logged query count with metric ≤ target.
 * ``median_queries`` / ``best_rate``: the best rate of a grid is the one with the fewest median
   queries over seeds, a miss (diverged or over budget) counting as never (∞); ties go to the
@@ -35,7 +36,7 @@ from .interrupts import InterruptsDeferred
 from .validation import (check_bool, check_callable, check_count, check_fraction, check_int, check_limit, check_number,
                          check_real, dense_tensor)
 
-__all__ = ["History", "FlatLossWarning", "train", "queries_to_target", "diverged", "reached", "median_queries",
+__all__ = ["History", "FlatLossWarning", "train", "queries_to_target", "diverged", "divergence_limit", "reached", "median_queries",
            "median_ratio_interval", "mean_difference_interval", "best_rate", "past_edge", "NoiseScaledStep"]
 
 
@@ -71,6 +72,22 @@ def diverged(value: float, limit: float) -> bool:
         (False, True, True)
     """
     return not (math.isfinite(value) and value <= limit)
+
+
+def divergence_limit(start: float, factor: float) -> float:
+    """The ``limit`` of ``diverged`` (``train``'s ``diverge_above``) for a run that has diverged once its metric is
+    above ``factor`` × its starting value ``start``: that product, or +inf when ``factor`` is +inf (then only a
+    non-finite metric counts, whatever ``start``: inf × 0 would be NaN). ``factor``: above 1, or +inf.
+    ``start`` is any real number, used as given (a start of 0 gives a limit of 0; a NaN start a NaN limit, which
+    ``train`` refuses and ``diverged`` reads as diverged).
+
+    Example:
+        >>> divergence_limit(2.0, 10.0), diverged(25.0, divergence_limit(2.0, 10.0)), divergence_limit(0.0, math.inf)
+        (20.0, True, inf)
+    """
+    factor = check_limit("factor", factor, 1.0, closed_low=False)   # at or below 1 the start itself is past it
+    start = check_real("start", start)
+    return math.inf if factor == math.inf else factor * start
 
 
 def reached(value: float, target: float) -> bool:

@@ -9,10 +9,16 @@ import torch
 from .config import one_thread
 from ..engine import MeZO
 from ..samplers import UniformSampler
-from .sazo_runs import _check_problem, lesson_train
+from .sazo_runs import _check_problem, gap_limit, lesson_train
+from ..train import diverged
 from ..validation import check_count, check_number
 
-__all__ = ["RACE_METHODS", "race_mezo_sgd"]
+__all__ = ["RACE_METHODS", "MEZO_DIVERGE_FACTOR", "race_mezo_sgd"]
+
+# MeZO's run stops as diverged (``stopped``) only where its loss or gap stops being finite (``sazo_runs.gap_limit``
+# at this factor); one past ``sazo_runs.DIVERGE_FACTOR`` × its start trains on, and the dashboard cuts its curve
+# there (``first_divergence``). SGD's run has no such guard.
+MEZO_DIVERGE_FACTOR = math.inf
 
 
 def _timed_gap(problem, theta: torch.Tensor, clock: dict) -> float:
@@ -33,14 +39,15 @@ def _run_mezo(problem, steps, batch_size, lr, eps, seed, log_every, dtype) -> di
     theta = problem.initial_theta(dtype)
     optimizer = MeZO([theta], lr=lr, eps=eps, seed=seed)
     sampler = UniformSampler(problem.num_examples, seed=seed)
+    limit = gap_limit(float(problem.gap(theta)), MEZO_DIVERGE_FACTOR)   # the start's gap, before the clock starts
     clock = _new_clock(problem)
     history = lesson_train(optimizer, sampler, lambda idx: problem.losses(theta, idx), steps, batch_size=batch_size,
                     evaluate=lambda: _timed_gap(problem, theta, clock), log_every=log_every, progress=False,
-                    diverge_above=math.inf)   # a non-finite loss or gap stops the run (``stopped``), not raises
+                    diverge_above=limit)   # a diverged run stops (``stopped``), not raises
     stopped = None
-    if history.diverged:   # at a log point (a non-finite gap) or at the step whose loss MeZO refused
+    if history.diverged:   # at a log point (its gap) or at the step whose loss MeZO refused
         at_log = history.logged_steps and history.logged_steps[-1] == len(history.queries) \
-            and not math.isfinite(history.metrics[-1])
+            and diverged(history.metrics[-1], limit)
         stopped = history.logged_steps[-1] if at_log else len(history.queries) + 1
     return dict(queries=history.logged_queries, seconds=clock["seconds"], gap=history.metrics, stopped=stopped)
 

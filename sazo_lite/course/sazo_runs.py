@@ -26,14 +26,15 @@ from ..engine import MeZO
 from .minibatches import _norms, _sequence
 from .problems import FiniteSumProblem, LeastSquares, LogisticRegression, check_problem as _check_problem
 from ..samplers import RACED, PlainSAZOSampler, SAZOSampler, make_sampler
-from ..train import FlatLossWarning, best_rate, diverged as train_diverged, past_edge, queries_to_target, train
+from ..train import FlatLossWarning, best_rate, divergence_limit, diverged as train_diverged, past_edge, queries_to_target, \
+    train
 from .. import variance
-from ..validation import check_count, check_int, check_limit, check_number, check_seed
+from ..validation import check_count, check_int, check_limit, check_number, check_real, check_seed
 
 
 __all__ = ["PROBLEMS", "make_problem", "SAZOTrace", "run_sazo_trace", "RULES", "RULE_NAMES", "RULE_FIXES",
            "rule_sampler", "feed_sampler", "rule_ladder",
-           "roughness", "RaceResult", "DIVERGE_FACTOR", "first_divergence", "starting_gap", "race", "tune_lr", "pick_rate", "SAMPLERS", "chi2_draws", "ema_weights", "ema_of_chi2", "loss_grid", "sampler_paths"]
+           "roughness", "RaceResult", "DIVERGE_FACTOR", "RACE_DIVERGE_FACTOR", "gap_limit", "first_divergence", "starting_gap", "race", "tune_lr", "pick_rate", "SAMPLERS", "chi2_draws", "ema_weights", "ema_of_chi2", "loss_grid", "sampler_paths"]
 
 SAMPLERS = RACED        # the samplers a race compares (one vocabulary: ``samplers.make_sampler``)
 
@@ -59,10 +60,27 @@ RULE_FIXES = {
     "robust": "+ |δ| instead of δ²: SAZOSampler, the rule the library runs",
 }
 PROBLEMS = ("heterogeneous quadratic", "homogeneous quadratic", "logistic regression (breast cancer)")
-# The course's divergence rule for a run it draws (``train.diverged``): its gap is not finite or above
-# DIVERGE_FACTOR × its starting gap. A noisy run that recovers stays below it (B = 1 on σ = 2.5 at a safe η
+# The course's divergence rule for a run it draws (``gap_limit``, ``train.diverged``): its gap is not finite or
+# above DIVERGE_FACTOR × its starting gap. A noisy run that recovers stays below it (B = 1 on σ = 2.5 at a safe η
 # peaks near 3×); a too-large η passes it within a few log points and goes on to 10⁶× and beyond.
 DIVERGE_FACTOR = 10.0
+# The race's rule (``race``, ``RaceResult.diverged``, and through it ``pick_rate``'s edge): a run stops as diverged
+# only where its loss or gap stops being finite; one past DIVERGE_FACTOR × its start trains on, and the race's
+# plot and readout mark it there (``first_divergence``). Stored class runs and notebook 05's rates were tuned so.
+RACE_DIVERGE_FACTOR = math.inf
+
+
+def gap_limit(start: float, factor: float = DIVERGE_FACTOR) -> float:
+    """The gap above which a course run that started at gap ``start`` has diverged (``train.diverged``):
+    ``train.divergence_limit(start, factor)``, except that a start not above 0 (θ₀ already a minimiser) gives no
+    scale, so only a non-finite gap counts there (10 × 0 would call any step away from it a divergence).
+
+    Example:
+        >>> gap_limit(2.0), gap_limit(0.0), gap_limit(2.0, RACE_DIVERGE_FACTOR)
+        (20.0, inf, inf)
+    """
+    start, factor = check_real("start", start), check_limit("factor", factor, 1.0, closed_low=False)
+    return divergence_limit(start, factor if start > 0 else math.inf)
 
 
 def first_divergence(gaps, *, factor: float = DIVERGE_FACTOR) -> int | None:
@@ -80,8 +98,7 @@ def first_divergence(gaps, *, factor: float = DIVERGE_FACTOR) -> int | None:
     values = np.asarray(gaps, dtype=np.float64)
     if values.ndim != 1 or len(values) == 0 or not np.isfinite(values[0]) or values[0] < 0:
         raise ValueError(f"Invalid gaps: expected a 1-D sequence starting with a finite gap >= 0, got {gaps!r}")
-    # a start at 0 (θ₀ already a minimiser) gives no scale: 10 × 0 would call any step away from it a divergence
-    limit = factor * values[0] if values[0] > 0 else math.inf
+    limit = gap_limit(float(values[0]), factor)   # a start at 0: only a non-finite gap
     return next((k for k, gap in enumerate(values.tolist()) if train_diverged(gap, limit)), None)
 
 
@@ -360,7 +377,7 @@ def run_sazo_trace(problem: FiniteSumProblem, *, steps: int = 300, batch_size: i
     with one_thread():
         recorder()  # the starting point θ₀
         # at a start of 0 (θ₀ a minimiser) only a non-finite loss stops the run, as in ``first_divergence``
-        limit = math.inf if start is None or start == 0 else float(diverge_factor) * start
+        limit = math.inf if start is None else gap_limit(start, diverge_factor)
         history = lesson_train(optimizer, sampler, lambda idx: problem.losses(theta, idx), steps,
                         batch_size=batch_size, evaluate=recorder, log_every=log_every,
                         progress=progress, description="SAZO trace", diverge_above=limit)
@@ -539,8 +556,10 @@ class RaceResult:
         return float(np.median(values))
 
     def diverged(self, method: str) -> list[bool]:
-        """Per seed, whether the run stopped as diverged (its gap is not finite at the last log point)."""
-        return [not bool(np.isfinite(row[-1])) for row in self.gaps[method]]
+        """Per seed, whether the run stopped as diverged (``RACE_DIVERGE_FACTOR``: its gap is not finite at the last
+        log point)."""
+        return [train_diverged(float(row[-1]), gap_limit(float(row[0]), RACE_DIVERGE_FACTOR))
+                for row in self.gaps[method]]
 
     def speedup(self, method: str, baseline: str = "uniform") -> float:
         """How many times fewer queries than ``baseline`` ``method`` needs (medians over seeds).
@@ -559,15 +578,15 @@ class RaceResult:
 
 
 def _run_one(problem, method: str, seed: int, *, steps, batch_size, lr, eps, ema_decay,
-             uniform_mix, log_every, dtype):
-    """One training run; returns its ``History``, stopped (``diverged``) where the loss or the gap became
-    non-finite (a too-large lr)."""
+             uniform_mix, log_every, dtype, diverge_above):
+    """One training run; returns its ``History``, stopped (``diverged``) where the loss became non-finite (a
+    too-large lr) or the gap passed ``diverge_above``."""
     theta = problem.initial_theta(dtype)
     optimizer = MeZO([theta], lr=lr, eps=eps, seed=seed)
     sampler = make_sampler(method, problem.num_examples, norms_fn=lambda: problem.norms(theta), seed=seed, ema_decay=ema_decay, uniform_mix=uniform_mix)
     return lesson_train(optimizer, sampler, lambda idx: problem.losses(theta, idx), steps,
                  batch_size=batch_size, evaluate=lambda: problem.gap(theta),
-                 log_every=log_every, progress=False, diverge_above=math.inf)
+                 log_every=log_every, progress=False, diverge_above=diverge_above)
 
 
 def race(problem: FiniteSumProblem, *, samplers=SAMPLERS, seeds=(0, 1, 2), steps: int = 400,
@@ -607,13 +626,14 @@ def race(problem: FiniteSumProblem, *, samplers=SAMPLERS, seeds=(0, 1, 2), steps
         raise ValueError(f"Invalid problem: its initial gap F(θ₀) − F(θ*) is {initial_gap!r} (expected > 0: θ₀ "
                          "already minimises it, so no run has a gap to close)")
     target = target_fraction * initial_gap
+    limit = gap_limit(initial_gap, RACE_DIVERGE_FACTOR)
     gaps, to_target = {}, {}
     jobs = [(m, s) for m in samplers for s in seeds]
     for method, seed in tqdm(jobs, desc="race", disable=not progress):
         with one_thread():
             history = _run_one(problem, method, seed, steps=steps, batch_size=batch_size, lr=lrs[method], eps=eps,
                                ema_decay=ema_decay, uniform_mix=uniform_mix, log_every=log_every,
-                               dtype=dtype)
+                               dtype=dtype, diverge_above=limit)
         row = np.full(len(queries), np.nan)
         row[0] = initial_gap
         row[1:1 + len(history.metrics)] = history.metrics   # a run stopped as diverged: NaN after its last log point

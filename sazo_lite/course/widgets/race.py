@@ -20,7 +20,8 @@ from ..config import pick
 from ... import variance
 from ...train import diverged
 from ...validation import check_count, check_number
-from ..sazo_runs import DIVERGE_FACTOR, PROBLEMS, SAMPLERS, RaceResult, first_divergence, make_problem, pick_rate, race
+from ..sazo_runs import DIVERGE_FACTOR, PROBLEMS, SAMPLERS, RaceResult, first_divergence, gap_limit, make_problem, \
+    pick_rate, race
 from ._common import SAMPLER_COLORS as _COLORS, SAMPLER_FILLS as _FILLS, SAMPLER_LABELS as _LABELS, Dashboard, \
     LiveFigure, below_tiny_eps, captioned, divergence_note, int_slider, log_slider, presets, set_controls, \
     shown_on_error, slider
@@ -153,9 +154,9 @@ def _frame_race(fig, result: RaceResult, methods, ratio: float, logged: dict[str
     finite = [v for median in medians.values() for v in median[np.isfinite(median)] if v > 0]
     low = min([ratio, *finite]) / 2 if finite else ratio / 2
     fig.update_yaxes(range=[float(np.log10(low)), float(np.log10(_TOP))])
-    marks = []
-    for method, median in medians.items():   # the one divergence rule, at DIVERGE_FACTOR × the start (1 here)
-        above = next((k for k, gap in enumerate(median.tolist()) if diverged(gap, DIVERGE_FACTOR)), None)
+    marks, limit = [], gap_limit(1.0)   # the course's divergence rule at DIVERGE_FACTOR × the start (1 here)
+    for method, median in medians.items():
+        above = next((k for k, gap in enumerate(median.tolist()) if diverged(gap, limit)), None)
         if above is not None:                # NaN (every seed diverged) counts as diverged
             marks.append(dict(x=float(result.queries[above]), y=float(np.log10(_TOP)), yref="y", xref="x",
                               text=f"{_LABELS[method]} diverged", showarrow=True, arrowhead=2, ay=-25,
