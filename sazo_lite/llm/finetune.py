@@ -22,6 +22,7 @@ from ..samplers import make_sampler, sampler_name
 from ..train import History, train
 from ..validation import check_choice, check_count
 from .losses import TokenBatch, accuracy, batched_closure, classification_losses
+from .tuning import check_adapters_read
 
 __all__ = ["FinetuneRun", "zo_finetune", "check_params_in", "mean_loss", "snapshot", "restore_snapshot", "METHODS"]
 
@@ -73,16 +74,18 @@ def restore_snapshot(params, saved) -> None:
 
 
 def check_params_in(model, params) -> list[torch.Tensor]:
-    """``params`` as a list, every one a parameter of ``model``, none given twice; else ValueError. A tensor of
-    another model (params taken before the model was reloaded or copied) is moved by MeZO while the losses never
-    read it: every δ is 0 and nothing is learnt, without a word. A tensor given twice was stepped twice by
-    ``first_round``'s Adam (torch only warns)."""
+    """``params`` as a list, every one a parameter of ``model`` that its forward reads, none given twice; else
+    ValueError. A tensor of another model (params taken before the model was reloaded or copied) or a peft adapter
+    the forward does not read now (merged, disabled, inactive: ``check_adapters_read``) is moved by MeZO while the
+    losses never read it: every δ is 0 and nothing is learnt, without a word. A tensor given twice was stepped
+    twice by ``first_round``'s Adam (torch only warns)."""
     params = list(params)
     own = {id(p) for p in model.parameters()}
     foreign = [k for k, p in enumerate(params) if id(p) not in own]
     if foreign:
         raise ValueError(f"Invalid params: {len(foreign)} of {len(params)} tensors (e.g. params[{foreign[0]}]) are "
                          "not parameters of the model (taken from another copy of it?); the losses would not see them")
+    check_adapters_read(model, params)      # merge_adapter() left them in the model: a run "trained" with δ = 0
     _check_disjoint(params)
     return params
 

@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from ..validation import check_count
+from .tuning import check_adapters_read
 from .losses import (TokenBatch, _check_vocabulary, check_deterministic, checked_indices, classification_losses,
                      _model_forward, _rotary_width_dependence)
 
@@ -490,7 +491,8 @@ class TopBlocks:
 
     def check_params(self, params) -> list[torch.Tensor]:
         """``params`` as a list, each a tensor that runs on the cache only (the top blocks, the modules after
-        them, the LM head); else ValueError: a tensor that feeds the cached states or runs nowhere here
+        them, the LM head) and is read there (no merged, disabled or inactive peft adapter:
+        ``check_adapters_read``); else ValueError: a tensor that feeds the cached states or runs nowhere here
         would be moved (MeZO) or differentiated (``grad_norms``) without these losses seeing it."""
         params = list(params)
         live = {id(p) for m in self.layers + self.after + [self.head] for p in m.parameters()}   # as they are now
@@ -501,6 +503,7 @@ class TopBlocks:
                              f"cache only (they feed the cached states or are not in the top {self.blocks} "
                              "block(s), the modules after them or the LM head): tune the top blocks' tensors only, "
                              "or score the whole model (a TokenBatch; grad_norms(model, batch, params))")
+        check_adapters_read(self.model, params)      # merged or disabled adapters run nowhere either
         return params
 
     def grad_norms(self, params, indices=None, *, method: str = "auto") -> torch.Tensor:

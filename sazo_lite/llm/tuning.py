@@ -25,7 +25,7 @@ import torch
 from ..validation import check_int, check_number, check_seed
 
 
-__all__ = ["trainable_parameters", "full_parameters", "add_lora", "parameter_count"]
+__all__ = ["trainable_parameters", "full_parameters", "add_lora", "parameter_count", "check_adapters_read"]
 
 
 def trainable_parameters(model) -> list[torch.Tensor]:
@@ -41,6 +41,35 @@ def full_parameters(model) -> list[torch.Tensor]:
             seen.add(id(p))
             params.append(p)
     return params
+
+
+def check_adapters_read(model, params) -> None:
+    """ValueError where a tensor of ``params`` is a peft adapter tensor (LoRA's A or B, ...) that ``model``'s forward
+    does not read now: its layer holds a merged adapter (``merge_adapter``: the layer then runs its base weight
+    alone), its adapters are disabled (``disable_adapter``) or another adapter is active (``set_adapter``): MeZO
+    would move such a tensor while the losses, hence every δ, do not change."""
+    try:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:         # no peft: no adapters
+        return
+    wanted = {id(p): k for k, p in enumerate(params)}
+    unread = set()
+    for module in model.modules():
+        if not isinstance(module, BaseTunerLayer):
+            continue
+        for layer_name in module.adapter_layer_names:
+            holder = getattr(module, layer_name, None)
+            if not isinstance(holder, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
+                continue
+            for adapter, held in holder.items():
+                if module.disable_adapters or module.merged or adapter not in module.active_adapters:
+                    tensors = held.parameters() if isinstance(held, torch.nn.Module) else [held]
+                    unread.update(wanted[id(t)] for t in tensors if id(t) in wanted)
+    if unread:
+        raise ValueError(f"Invalid params: {len(unread)} of {len(params)} tensors (e.g. params[{min(unread)}]) are "
+                         "peft adapter weights the model's forward does not read now (adapters merged into the base "
+                         "weights: call model.unmerge_adapter(); disabled; or another adapter active); the losses "
+                         "would not see them")
 
 
 def parameter_count(params) -> int:
