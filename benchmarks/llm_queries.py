@@ -74,7 +74,7 @@ from sazo_lite.llm.finetune import mean_loss
 from sazo_lite.llm.queries import DIVERGE_FACTOR, query_run, queries_to
 from sazo_lite.llm.topblock import TopBlocks
 from sazo_lite.llm.tuning import full_parameters
-from sazo_lite.train import best_rate, diverged, median_queries, past_edge
+from sazo_lite.train import best_rate, divergence_limit, diverged, median_queries, past_edge
 
 VARIANTS = ("uniform", "sazo", "oracle", "uniform+rule", "sazo+rule", "oracle+rule", "uniform+bound", "sazo+bound",
             "oracle+bound", "uniform+pull", "sazo+pull", "oracle+pull", "uniform+cap", "sazo+cap", "oracle+cap")
@@ -526,7 +526,7 @@ def gd_reference(model, params, train, lrs: list[float], steps: int, log_every: 
             if step % log_every == 0:
                 record["steps"].append(step)
                 record["train_loss"].append(mean_loss(model, train))
-                if diverged(record["train_loss"][-1], DIVERGE_FACTOR * record["train_loss"][0]):
+                if diverged(record["train_loss"][-1], divergence_limit(record["train_loss"][0], DIVERGE_FACTOR)):
                     record["diverged"] = True
                     break
                 if record["train_loss"][-1] <= 0.5 * record["train_loss"][0]:

@@ -27,7 +27,7 @@ import torch
 
 from ..engine import MeZO, StepEvent, _check_disjoint
 from ..samplers import RACED, make_sampler
-from ..train import NoiseScaledStep, median_queries, queries_to_target, reached, train
+from ..train import NoiseScaledStep, divergence_limit, median_queries, queries_to_target, reached, train
 from ..variance import oracle_probs, paired_vectors as _paired, spearman, tv_distance, variance_ratio
 from ..validation import check_choice, check_count, check_int, check_limit, check_number, check_real
 from .finetune import check_params_in, mean_loss
@@ -556,7 +556,7 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
     def phase(phase_steps: int, stop: float | None):
         return train(optimizer, chooser, losses, phase_steps, batch_size=batch_size, evaluate=evaluate,
                      log_every=log_every, progress=progress, description=f"{sampler} lr={lr:g}",
-                     stop_below=stop, diverge_above=diverge_factor * start, step_rule=rule)
+                     stop_below=stop, diverge_above=divergence_limit(start, diverge_factor), step_rule=rule)
 
     if accuracy_at is None:
         history = phase(steps, stop_below)
