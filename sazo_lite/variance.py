@@ -60,48 +60,84 @@ def importance_weights(probs, num_examples: int):
     return 1.0 / (num_examples * probs)
 
 
-def _vector(name: str, x, *, nonnegative: bool) -> torch.Tensor:
-    """``x`` as a float64 vector of at least one finite entry (each ≥ 0 when ``nonnegative``), or ValueError
-    naming ``name``: a negative norm gave negative probabilities, NaN or ∞ fell back to uniform (1 + CV² read
-    1) or ranked anywhere, complex values lost their imaginary part, booleans read as 0 and 1, a row [[…]] was
-    read as one example, and an empty vector divided by N = 0 (ZeroDivisionError)."""
+def _read(name: str, x, *, nonnegative: bool) -> tuple[torch.Tensor, torch.dtype]:
+    """``x`` as a float64 vector of at least one finite entry (each ≥ 0 when ``nonnegative``), and the dtype it
+    was given in; or ValueError naming ``name``: a negative norm gave negative probabilities, NaN or ∞ fell
+    back to uniform (1 + CV² read 1) or ranked anywhere, complex values lost their imaginary part, booleans read
+    as 0 and 1, a row [[…]] was read as one example, and an empty vector divided by N = 0 (ZeroDivisionError)."""
     tensor = dense_tensor(name, x)   # Python floats in float64: in float32 a TV of 0.2 read 0.19999999925
     if tensor.is_complex() or tensor.dtype == torch.bool:
         raise ValueError(f"Invalid {name}: dtype {tensor.dtype} (expected real numbers)")
-    tensor = tensor.detach().to("cpu", torch.float64)
+    given, tensor = tensor.dtype, tensor.detach().to("cpu", torch.float64)
     if tensor.dim() != 1 or not len(tensor):
         raise ValueError(f"Invalid {name}: shape {tuple(tensor.shape)} (expected a vector, one entry per example)")
     if not bool(torch.isfinite(tensor).all()) or (nonnegative and bool((tensor < 0).any())):
         raise ValueError(f"Invalid {name}: entries must be finite{' and non-negative' if nonnegative else ''}")
-    return tensor
+    return tensor, given
+
+
+def _check_total(name: str, probs: torch.Tensor, given: torch.dtype) -> None:
+    """ValueError naming ``name`` unless the entries ``probs`` (≥ 0, read from ``given``) sum to 1 within
+    ``_sum_tolerance``: scores or unnormalised weights given as p made a TV distance above 1, a V(p) off by
+    the factor Σp, a variance ratio below 1 and a 'mixture' that was no distribution."""
+    total, tolerance = float(probs.sum()), _sum_tolerance(len(probs), given)
+    if not abs(total - 1.0) <= tolerance:
+        raise ValueError(f"Invalid {name}: entries sum to {total!r} (expected a distribution: entries >= 0 "
+                         f"summing to 1 within {tolerance:.3g})")
+
+
+def _sum_tolerance(n: int, dtype: torch.dtype) -> float:
+    """How far from 1 a distribution of ``n`` entries given in ``dtype`` may sum: 1e-6 (the course's rule for p,
+    ``course.minibatches``; the samplers' p carry the float32 rounding of their sum trees' totals), or, where
+    larger, 8·sqrt(n)·eps(dtype): a float32 or half vector computed as p (a softmax) rounds its sum by about
+    sqrt(n)·eps."""
+    eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+    return max(1e-6, 8.0 * math.sqrt(n) * eps)
+
+
+def _vector(name: str, x, *, nonnegative: bool) -> torch.Tensor:
+    """``_read``'s vector."""
+    return _read(name, x, nonnegative=nonnegative)[0]
 
 
 def _nonnegative(name: str, x) -> torch.Tensor:
-    """Norms or probabilities: ``_vector`` of entries ≥ 0."""
+    """Norms: ``_vector`` of entries ≥ 0."""
     return _vector(name, x, nonnegative=True)
 
 
-# Arguments that hold norms or probabilities: ``paired_vectors`` checks them with ``_nonnegative``.
+def _distribution(name: str, x) -> torch.Tensor:
+    """Probabilities: entries ≥ 0 summing to 1 (``_check_total``)."""
+    probs, given = _read(name, x, nonnegative=True)
+    _check_total(name, probs, given)
+    return probs
+
+
+# Arguments that hold norms (≥ 0) or probabilities (≥ 0, summing to 1): ``paired_vectors`` checks them so.
 _NONNEGATIVE = ("norms", "probs", "p", "q")
+_DISTRIBUTIONS = ("probs", "p", "q")
 
 
 def paired_vectors(first: str, a, second: str, b) -> tuple[torch.Tensor, torch.Tensor]:
     """``a`` and ``b`` as float64 CPU vectors of one length, each checked as the helpers here check their
-    arguments: at least one finite real entry, ≥ 0 when its name is "norms", "probs", "p" or "q"; else
-    ``ValueError("Invalid <name>: ...")`` naming the argument at fault (``second`` for a length that differs:
-    torch broadcast a length-1 vector against the other silently, and V(p) of 3 norms with 1 probability
-    was a number). ``first`` and ``second`` are the arguments' names, as the caller's signature spells them.
+    arguments: at least one finite real entry, ≥ 0 when its name is "norms", "probs", "p" or "q", and summing
+    to 1 (``_check_total``) when it is "probs", "p" or "q"; else ``ValueError("Invalid <name>: ...")`` naming
+    the argument at fault (``second`` for a length that differs: torch broadcast a length-1 vector against the
+    other silently, and V(p) of 3 norms with 1 probability was a number). ``first`` and ``second`` are the
+    arguments' names, as the caller's signature spells them.
 
     Example:
         >>> norms, probs = paired_vectors("norms", [3.0, 4.0], "probs", [0.5, 0.5])
         >>> norms.dtype, probs.tolist()
         (torch.float64, [0.5, 0.5])
     """
-    a = _vector(first, a, nonnegative=first in _NONNEGATIVE)
-    b = _vector(second, b, nonnegative=second in _NONNEGATIVE)
+    (a, a_given), (b, b_given) = _read(first, a, nonnegative=first in _NONNEGATIVE), \
+        _read(second, b, nonnegative=second in _NONNEGATIVE)
     if a.shape != b.shape:
         raise ValueError(f"Invalid {second}: shape {tuple(b.shape)} does not match the shape of {first}, "
                          f"{tuple(a.shape)} (expected two vectors of one length)")
+    for name, vector, given in ((first, a, a_given), (second, b, b_given)):
+        if name in _DISTRIBUTIONS:   # after the lengths: a shorter p is named by its shape, not its sum
+            _check_total(name, vector, given)
     return a, b
 
 
@@ -115,8 +151,8 @@ def oracle_probs(norms) -> torch.Tensor:
 
 
 def mix_with_uniform(probs, uniform_mix: float) -> torch.Tensor:
-    """(1−λ)·p + λ/N for a distribution p: ``mixed_probabilities`` with S = 1."""
-    probs = _nonnegative("probs", probs)
+    """(1−λ)·p + λ/N for a distribution p (entries ≥ 0 summing to 1): ``mixed_probabilities`` with S = 1."""
+    probs = _distribution("probs", probs)
     uniform_mix = check_fraction("uniform_mix", uniform_mix, 0.0, 1.0, closed_low=True, closed_high=True)
     return mixed_probabilities(probs, 1.0, uniform_mix, len(probs))
 

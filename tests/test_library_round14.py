@@ -70,3 +70,50 @@ def test_an_oracle_state_written_before_round_14_still_loads_and_keeps_the_sampl
     target = _oracle(0.2, seed=3)
     target.load_state_dict(old)
     assert target.uniform_mix == 0.2 and target.seed == 1
+
+
+# --- 2. tv_distance, mix_with_uniform (and the helpers taking p) check that p is a distribution --------------------
+@pytest.mark.parametrize("call, name", [
+    (lambda v: v.tv_distance([3.0, 0.0], [0.5, 0.5]), "p"),          # TV 1.5: above its bound of 1
+    (lambda v: v.tv_distance([0.5, 0.5], [0.25, 0.25]), "q"),        # TV 0.5 for two 'uniform' vectors
+    (lambda v: v.tv_distance([0.5, 0.5], [0.0, 0.0]), "q"),
+    (lambda v: v.mix_with_uniform([1.0, 3.0], 0.5), "probs"),        # [0.75, 1.75]: no distribution
+    (lambda v: v.mix_with_uniform(torch.tensor([0.2, 0.2]), 0.1), "probs"),
+    (lambda v: v.sampling_variance([1.0, 2.0], [1.0, 2.0]), "probs"),  # V(p) off by the factor Σp = 3
+    (lambda v: v.variance_ratio([1.0, 2.0], [1.0, 2.0]), "probs"),    # 0.33: a ratio that is >= 1 by definition
+    (lambda v: v.zo_second_moment([1.0, 2.0], [1.0, 2.0], 1.0, 10, 2), "probs"),
+], ids=["tv-p-scores", "tv-q-half", "tv-q-zero", "mix-scores", "mix-tensor", "V", "ratio", "moment"])
+def test_probabilities_that_do_not_sum_to_one_are_refused_naming_them(call, name):
+    """tv_distance and mix_with_uniform took any non-negative vector as p: scores given as probabilities gave a TV
+    of 1.5 (it is at most 1) or 0.5 between two uniform-looking vectors, and a 'mixture' summing to 2.5; V(p), the
+    variance ratio and E‖ĝ‖² of unnormalised p were off by Σp (a variance ratio of 0.33). Now ValueError."""
+    from sazo_lite import variance
+    with pytest.raises(ValueError, match=f"Invalid {name}: entries sum to"):
+        call(variance)
+
+
+def test_a_distribution_rounded_as_its_dtype_rounds_is_still_a_distribution():
+    from sazo_lite import variance
+    n = 10 ** 6
+    p32 = torch.softmax(torch.randn(n, generator=torch.Generator().manual_seed(0)) * 5, 0)   # float32 sums
+    uniform = torch.full((n,), 1.0 / n, dtype=torch.float64)
+    assert 0.0 < variance.tv_distance(p32, uniform) < 1.0
+    assert variance.tv_distance(p32.numpy(), uniform.numpy()) == variance.tv_distance(p32, uniform)
+    nearly = [0.1] * 10   # sums to 0.9999999999999999 in float64
+    assert variance.tv_distance(nearly, [0.1] * 10) == 0.0
+    mixed = variance.mix_with_uniform(nearly, 0.5)
+    assert torch.allclose(mixed, torch.full((10,), 0.1, dtype=torch.float64))
+    sampler = SAZOSampler(2 ** 16, seed=0)   # tree mode: p from float32 sums
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        indices, _ = sampler.sample(512)
+        sampler.update(indices, torch.randn(512, generator=generator, dtype=torch.float64) * 100)
+    assert sampler.sum_tree and variance.tv_distance(sampler.probs, variance.oracle_probs(torch.ones(2 ** 16))) > 0
+    assert variance.variance_ratio(torch.ones(2 ** 16), sampler.probs) >= 1.0
+
+
+def test_a_shorter_p_is_still_named_by_its_length():
+    from sazo_lite import variance
+    with pytest.raises(ValueError, match="Invalid q: shape"):
+        variance.tv_distance([0.5, 0.5], [1.0, 0.0, 0.0])
+
