@@ -128,7 +128,7 @@ class SparseMeZO(MeZO):
 
 
 def _check_mask(p, mask) -> torch.Tensor:
-    """``mask`` on ``p``'s device, after checking that it indexes ``p``'s flat entries as a pass needs: a dense
+    """A copy of ``mask`` on ``p``'s device, after checking that it indexes ``p``'s flat entries as a pass needs: a dense
     1-D int32 or int64 tensor of distinct indices in [0, p.numel()), ``p`` a contiguous tensor (the passes
     write through ``p.view(-1)``). Checked at construction, and again when ``p``'s memory has moved."""
     if (not isinstance(mask, torch.Tensor) or not_dense(mask) is not None or mask.dim() != 1
@@ -146,7 +146,9 @@ def _check_mask(p, mask) -> torch.Tensor:
                          f"{tuple(p.shape)}")
     if mask.unique().numel() != mask.numel():   # two writes to one entry in a pass: the last wins (any on CUDA)
         raise ValueError("Invalid masks: an index appears twice in one mask")
-    return mask.to(p.device)   # read on its own device (a meta p is MeZO's to refuse); no copy when it is there
+    # read on its own device (a meta p is MeZO's to refuse); a copy of its own: a caller's mask edited in place after
+    # construction changed which entries the steps moved (and a run resumed from regenerated masks moved others)
+    return mask.to(p.device, copy=True)
 
 
 class MaskedNoise(NoiseSource):

@@ -117,3 +117,41 @@ def test_a_shorter_p_is_still_named_by_its_length():
     with pytest.raises(ValueError, match="Invalid q: shape"):
         variance.tv_distance([0.5, 0.5], [1.0, 0.0, 0.0])
 
+
+# --- 3. SparseMeZO keeps masks of its own ----------------------------------------------------------------------------
+def _sparse_run(theta, masks, steps: int, edit=None):
+    from sazo_lite.sparse import SparseMeZO
+    opt = SparseMeZO([theta], masks, lr=0.05, eps=1e-3, seed=4)
+    if edit is not None:
+        edit()
+    for _ in range(steps):
+        opt.step(lambda: (theta - 1.0).pow(2))
+    return opt
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_a_mask_edited_by_its_caller_after_construction_does_not_change_which_entries_move(dtype):
+    """SparseMeZO kept the caller's mask tensors: one edited in place afterwards (a buffer reused for the next
+    layer's mask, a shuffle) moved the steps onto other entries, and a run resumed from the regenerated masks
+    moved yet others. The masks are copied at construction; the steps move the entries given then."""
+    mask = torch.tensor([1, 4, 6], dtype=dtype)
+    theta, reference = torch.zeros(10, dtype=torch.float64), torch.zeros(10, dtype=torch.float64)
+    _sparse_run(theta, [mask], 3, edit=lambda: mask.copy_(torch.tensor([0, 2, 9], dtype=dtype)))
+    _sparse_run(reference, [torch.tensor([1, 4, 6], dtype=dtype)], 3)
+    assert torch.equal(theta, reference)
+    assert set(torch.nonzero(theta).flatten().tolist()) <= {1, 4, 6}
+
+
+def test_sparse_mezo_with_copied_masks_still_resumes_from_its_state_bit_for_bit():
+    from sazo_lite.sparse import sparse_indices
+    theta = torch.randn(20, dtype=torch.float64)
+    masks = sparse_indices([theta], 0.3, seed=2)
+    opt = _sparse_run(theta, masks, 2)
+    state, resumed = opt.state_dict(), theta.clone()
+    copy = _sparse_run(resumed, sparse_indices([resumed], 0.3, seed=2), 0)
+    copy.load_state_dict(state)
+    for _ in range(3):
+        opt.step(lambda: (theta - 1.0).pow(2))
+        copy.step(lambda: (resumed - 1.0).pow(2))
+    assert torch.equal(theta, resumed) and opt.step_count == copy.step_count == 5
+    assert all(m is not given for m, given in zip(opt.masks.values(), masks))
