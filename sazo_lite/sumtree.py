@@ -156,8 +156,10 @@ class SumTree:
         self.refresh(indices.numpy())
 
     def refresh(self, indices: np.ndarray) -> None:
-        """Recompute the ancestors of changed leaves, O(B log N); each node from its children."""
-        nodes = _distinct_sorted((self.num_leaves + np.asarray(indices, dtype=np.int64)) // 2)
+        """Recompute the ancestors of changed leaves (a 1-D integer array or tensor, each in [0, N), as ``update``
+        reads them), O(B log N); each node from its children. −1 refreshed the path of internal node N − 1, not of
+        the last leaf, so the total missed its change; 0.9 was read as leaf 0."""
+        nodes = _distinct_sorted((self.num_leaves + self._indices(indices).numpy()) // 2)
         while nodes.size and nodes[-1] >= 1:
             nodes = nodes[nodes >= 1]
             # Leaves sit at two depths: a node may be recomputed twice; the last time its

@@ -155,3 +155,43 @@ def test_sparse_mezo_with_copied_masks_still_resumes_from_its_state_bit_for_bit(
         copy.step(lambda: (resumed - 1.0).pow(2))
     assert torch.equal(theta, resumed) and opt.step_count == copy.step_count == 5
     assert all(m is not given for m, given in zip(opt.masks.values(), masks))
+
+
+# --- 4. SumTree.refresh reads leaf indices as update reads them ----------------------------------------------------
+class _Leaves:
+    def __init__(self, values):
+        self.values = np.asarray(values, dtype=np.float64)
+
+    def __call__(self, indices):
+        return self.values[indices]
+
+
+@pytest.mark.parametrize("index", [np.array([-1]), np.array([4.0]), np.array([[4]]), np.array([True]),
+                                   np.array([5]), [4.9]])
+def test_refresh_refuses_what_is_not_a_leaf_index_and_changes_nothing(index):
+    """refresh is how an owner of the leaves (SumTree.over) reports a change. −1 refreshed the path of internal
+    node N − 1, not the last leaf's: the root stayed 15 while the leaves summed to 110 and every draw followed
+    the old weights; 4.9 was read as leaf 4 and [True] as leaf 1. Now ValueError naming the indices, sums kept."""
+    from sazo_lite.sumtree import SumTree
+    leaves = _Leaves([1.0, 2.0, 3.0, 4.0, 5.0])
+    tree = SumTree.over(5, leaves)
+    before = tree.tree.clone()
+    leaves.values[4] = 100.0
+    with pytest.raises(ValueError, match="Invalid indices"):
+        tree.refresh(index)
+    internal = before[1:5]
+    assert torch.equal(tree.tree[1:5], internal)
+    tree.refresh(np.array([4]))
+    assert tree.total == float(leaves.values.sum())
+
+
+def test_refresh_still_takes_integer_arrays_tensors_and_nothing():
+    from sazo_lite.sumtree import SumTree
+    leaves = _Leaves(np.arange(1.0, 8.0))
+    tree = SumTree.over(7, leaves)
+    leaves.values[[0, 6]] = 50.0
+    tree.refresh(torch.tensor([6, 0, 6]))
+    tree.refresh(np.array([], dtype=np.int64))
+    tree.refresh([])
+    assert tree.total == float(leaves.values.sum())
+    assert torch.equal(tree.tree, SumTree(torch.from_numpy(leaves.values)).tree)
