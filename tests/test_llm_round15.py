@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 
 import pytest
 import torch
@@ -94,3 +95,60 @@ def test_a_model_without_adapters_is_unaffected():
     params = [model.lm_head.weight]
     run = query_run(model, params, batch(4), "uniform", lr=1e-2, steps=1, log_every=1)
     assert len(run.train_loss) == 2
+
+
+# --- 2. indices read once: a generator was spent by the first pass over it ----------------------------------------
+def test_every_loss_and_norm_reads_a_generator_of_indices_once():
+    from sazo_lite.llm.grad_norms import directional_error, grad_norms
+    from sazo_lite.llm.losses import TokenBatch, answer_losses, classification_losses
+
+    model, params = adapted()
+    data = batch(5)
+    answers = TokenBatch(data.ids, [1] * len(data), 0)
+    chosen = [3, 1, 3]
+    gen = lambda: (i for i in chosen)
+    # classification: torch's "Expected input batch_size (3) to match target batch_size (0)"; answers: a
+    # RuntimeError on sizes; the norms and directional_error: "Invalid indices: expected a non-empty list"
+    assert torch.equal(classification_losses(model, data, gen()), classification_losses(model, data, chosen))
+    assert torch.equal(answer_losses(model, answers, gen()), answer_losses(model, answers, chosen))
+    for method in ("loop", "linear"):
+        assert torch.equal(grad_norms(model, data, params, indices=gen(), method=method),
+                           grad_norms(model, data, params, indices=chosen, method=method))
+    assert torch.equal(directional_error(model, data, params, eps=1e-3, draws=1, indices=gen()),
+                       directional_error(model, data, params, eps=1e-3, draws=1, indices=chosen))
+    top_model, top_params = lora_top("llama")
+    top = TopBlocks(top_model, data)
+    assert torch.equal(top(gen()), top(chosen))
+    assert torch.equal(top.grad_norms(top_params, gen()), top.grad_norms(top_params, chosen))
+
+
+@pytest.mark.parametrize("indices, said", [(torch.tensor([[3, 1]]), "int64 tensor of shape (1, 2)"),
+                                           (torch.tensor([3.0, 1.0]), "float32 tensor of shape (2,)"),
+                                           (torch.tensor(1), "int64 tensor of shape ()")])
+def test_a_tensor_of_indices_that_is_not_1d_ints_is_named(indices, said):
+    from sazo_lite.llm.losses import classification_losses
+
+    model, _ = adapted()
+    with pytest.raises(ValueError, match=re.escape(f"Invalid indices: a {said}")):     # was "Invalid indices: None"
+        classification_losses(model, batch(5), indices)
+
+
+# --- 3. restore_snapshot checks every saved tensor before the first copy -----------------------------------------
+@pytest.mark.parametrize("kind", ["meta", "complex64"])
+def test_restore_refuses_a_saved_tensor_it_cannot_copy_before_overwriting_any(kind):
+    from sazo_lite.llm.finetune import restore_snapshot
+
+    model, params = adapted()
+    saved = snapshot(params)
+    with torch.no_grad():
+        for p in params:
+            p.add_(1.0)
+    now = snapshot(params)
+    bad = list(saved)
+    bad[2] = torch.empty(saved[2].shape, device="meta") if kind == "meta" else saved[2].to(torch.complex64)
+    # meta: NotImplementedError once params[0] and params[1] were overwritten; complex: its imaginary part dropped
+    with pytest.raises(ValueError, match=rf"Invalid saved: saved\[2\] is a {kind} tensor"):
+        restore_snapshot(params, bad)
+    assert all(torch.equal(p, s) for p, s in zip(params, now))
+    restore_snapshot(params, saved)
+    assert all(torch.equal(p, s) for p, s in zip(params, saved))

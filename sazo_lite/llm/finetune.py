@@ -20,7 +20,7 @@ import torch
 from ..engine import MeZO, _check_disjoint
 from ..samplers import make_sampler, sampler_name
 from ..train import History, train
-from ..validation import check_choice, check_count
+from ..validation import check_choice, check_count, not_dense
 from .losses import TokenBatch, accuracy, batched_closure, classification_losses
 from .tuning import check_adapters_read
 
@@ -63,12 +63,19 @@ def snapshot(params) -> list[torch.Tensor]:
 @torch.no_grad()
 def restore_snapshot(params, saved) -> None:
     """Copy ``saved`` (a ``snapshot``) back into ``params``; checked before any copy (zip stopped at the
-    shorter list, and copy_ broadcast a tensor of another shape, both without a word)."""
+    shorter list, and copy_ broadcast a tensor of another shape, both without a word; a tensor without data or a
+    complex one raised, or dropped its imaginary part, once the tensors before it were overwritten)."""
     params, saved = list(params), list(saved)
     if len(saved) != len(params) or any(
             not isinstance(s, torch.Tensor) or s.shape != p.shape for p, s in zip(params, saved)):
         raise ValueError(f"Invalid saved: expected one tensor of each tuned tensor's shape ({len(params)} "
                          f"tensors), got {len(saved)}")
+    for k, (p, s) in enumerate(zip(params, saved)):
+        kind = "meta" if s.is_meta else not_dense(s) or (str(s.dtype).removeprefix("torch.")
+                                                          if s.is_complex() and not p.is_complex() else None)
+        if kind is not None:
+            raise ValueError(f"Invalid saved: saved[{k}] is a {kind} tensor (expected a dense real tensor with data, "
+                             "as snapshot makes)")
     for p, s in zip(params, saved):
         p.copy_(s)
 

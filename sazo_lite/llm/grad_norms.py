@@ -312,8 +312,11 @@ def vmap_grad_norms(model, batch: TokenBatch, params, indices=None, *, max_bytes
 
 
 def _checked(indices, count: int) -> list[int]:
-    """The examples to measure, checked as a loss checks them (1.5 was read as example 1); none: []."""
-    empty = indices.numel() == 0 if isinstance(indices, torch.Tensor) else len(list(indices)) == 0
+    """The examples to measure, checked as a loss checks them (1.5 was read as example 1); none: []. Read once: a
+    generator was spent by the emptiness test ("Invalid indices: expected a non-empty list")."""
+    if not isinstance(indices, torch.Tensor):
+        indices = list(indices)
+    empty = indices.numel() == 0 if isinstance(indices, torch.Tensor) else not indices
     return [] if empty else checked_indices(indices, count)
 
 

@@ -324,7 +324,10 @@ def checked_indices(indices, count: int) -> list[int]:
     if isinstance(indices, torch.Tensor):
         ok = indices.dim() == 1 and not indices.dtype.is_floating_point and not indices.dtype.is_complex \
             and indices.dtype != torch.bool
-        values = indices.tolist() if ok else [None]
+        if not ok:      # named: it was "Invalid indices: None"
+            raise ValueError(f"Invalid indices: a {str(indices.dtype).removeprefix('torch.')} tensor of shape "
+                             f"{tuple(indices.shape)} (expected a 1-D tensor of ints in [0, {count}))")
+        values = indices.tolist()
     else:
         values = list(indices)
     if not values:
@@ -487,12 +490,19 @@ def _every_example(batch: TokenBatch) -> range:
     return range(len(batch))
 
 
+def _selection(batch: TokenBatch, indices) -> list[int] | range:
+    """The examples a loss scores: every one for None, else ``indices`` read once (``checked_indices``): the losses
+    go over them several times, and a generator was spent by the first (torch's "Expected input batch_size (2) to
+    match target batch_size (0)")."""
+    return _every_example(batch) if indices is None else checked_indices(indices, len(batch))
+
+
 def answer_losses(model, batch: TokenBatch, indices=None, *, autocast_dtype=None, grad: bool = False) -> torch.Tensor:
     """Per-example mean token CE over answer tokens: float32 [B] (on the model's device).
 
     ``grad=True`` records the autograd graph (for true per-example gradients); default: inference mode.
     """
-    indices = _every_example(batch) if indices is None else indices
+    indices = _selection(batch, indices)
     _check_vocabulary(model, batch)
     check_deterministic(model)  # every module, every call: one left in training mode under an eval model too
     inputs = batch.select(indices, _device(model))
@@ -513,7 +523,7 @@ def answer_losses(model, batch: TokenBatch, indices=None, *, autocast_dtype=None
 def classification_logits(model, batch: TokenBatch, indices=None, *, autocast_dtype=None,
                           grad: bool = False) -> torch.Tensor:
     """Logits of the label words at each prompt's last position: float32 [B, C]."""
-    indices = _every_example(batch) if indices is None else indices
+    indices = _selection(batch, indices)
     if batch.label_ids is None:
         raise ValueError("Invalid batch: no label_ids (classification needs encode_classification's batch)")
     _check_vocabulary(model, batch)
@@ -527,7 +537,7 @@ def classification_logits(model, batch: TokenBatch, indices=None, *, autocast_dt
 def classification_losses(model, batch: TokenBatch, indices=None, *, autocast_dtype=None,
                           grad: bool = False) -> torch.Tensor:
     """Per-example verbaliser cross-entropy: float32 [B] (``grad=True``: keep the autograd graph)."""
-    indices = _every_example(batch) if indices is None else indices
+    indices = _selection(batch, indices)
     check_labelled(batch)
     logits = classification_logits(model, batch, indices, autocast_dtype=autocast_dtype, grad=grad)
     labels = batch.labels[torch.as_tensor(list(indices), dtype=torch.long)].to(logits.device)

@@ -470,8 +470,9 @@ class TopBlocks:
 
     def losses(self, indices, *, grad: bool = False) -> torch.Tensor:
         """Per-example verbaliser cross-entropy: float32 [B] (``grad=True``: keep the autograd graph)."""
-        logits = self.logits(indices, grad=grad)
-        return F.cross_entropy(logits, self.labels.index_select(0, self._index(indices)), reduction="none")
+        index = self._index(indices)        # once: a generator was spent by the logits ("Invalid indices")
+        logits = self.logits(index, grad=grad)
+        return F.cross_entropy(logits, self.labels.index_select(0, index), reduction="none")
 
     def mean_loss(self, *, chunk: int = 64) -> float:
         """F(θ) = mean loss over the whole split."""
