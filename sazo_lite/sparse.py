@@ -6,12 +6,15 @@ k instead of numel normals. Extra memory: k int64 indices (8 bytes each) + k flo
 """
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 import torch
 
 from .directions import derive_seed, draw_direction
 from .engine import MeZO
 from .noise import Job, NoiseSource, PlainNoise, z_dtype
-from .validation import check_fraction, not_dense
+from .validation import check_fraction, check_seed, not_dense
 
 __all__ = ["sparse_indices", "SparseMeZO", "MaskedNoise"]
 
@@ -24,11 +27,13 @@ def sparse_indices(params, fraction: float, *, seed: int = 0) -> list[torch.Tens
     regenerated instead of stored.
     """
     fraction = check_fraction("fraction", fraction, 0.0, 1.0, closed_low=False, closed_high=True)
+    seed = check_seed("seed", seed)   # int() read 0.7 as 0, True and "1" as 1, and 2**64 as 0 (the same masks)
     masks = []
-    for index, p in enumerate(params):
+    for index, p in enumerate(_param_list(params)):
+        if not isinstance(p, torch.Tensor):   # p.numel() raised AttributeError
+            raise ValueError(f"Invalid params: expected a list of tensors, got a {type(p).__name__} in it")
         generator = torch.Generator().manual_seed(derive_seed(seed, index))
-        k = max(1, -(-int(fraction * p.numel() * 1e9) // int(1e9)))  # ceil without float surprises
-        chosen = torch.randperm(p.numel(), generator=generator)[:k]
+        chosen = torch.randperm(p.numel(), generator=generator)[:_kept(fraction, p.numel())]
         masks.append(chosen.sort().values.to(p.device))
     return masks
 
@@ -58,9 +63,7 @@ class SparseMeZO(MeZO):
     def __init__(self, params, masks, **kwargs):
         if kwargs.get("noise", None) is not None:
             raise ValueError("Invalid noise: SparseMeZO draws its own masked directions")
-        if isinstance(params, torch.Tensor):   # list() split it into rows, each then asked for a mask
-            raise ValueError("Invalid params: expected a list of tensors, got a tensor")
-        params, masks = list(params), list(masks)
+        params, masks = _param_list(params), list(masks)
         if len(masks) != len(params):
             raise ValueError(f"Invalid masks: {len(masks)} masks for {len(params)} parameters")
         masks = [_check_mask(p, m) for p, m in zip(params, masks)]
@@ -125,6 +128,23 @@ class SparseMeZO(MeZO):
         super().__setstate__(state)
         if masks is not None:
             self._set_masks(self._params(), masks)
+
+
+def _kept(fraction: float, numel: int) -> int:
+    """k = ceil(fraction · numel), at least 1, for the number the float ``fraction`` stands for: its product with
+    numel is taken exactly, less its rounding (2⁻⁵² relative), so 0.1 · 30 keeps 3, not 4. The old rule (a
+    1e-9 absolute slack on a float product) kept one entry too many from about 10⁷ entries on: 0.68 of
+    78,073,600 entries kept 53,090,049 (the float 0.68 is 3.8e-9 above 0.68 there)."""
+    exact = Fraction(fraction) * numel
+    return max(1, math.ceil(exact - exact * Fraction(1, 2 ** 52)))
+
+
+def _param_list(params) -> list:
+    """``params`` as a list, or ValueError for a tensor given as params: list() split it into rows, each then
+    given a mask of its own (``sparse_indices`` returned one per row, SparseMeZO asked for one per row)."""
+    if isinstance(params, torch.Tensor):
+        raise ValueError("Invalid params: expected a list of tensors, got a tensor")
+    return list(params)
 
 
 def _check_mask(p, mask) -> torch.Tensor:

@@ -195,3 +195,40 @@ def test_refresh_still_takes_integer_arrays_tensors_and_nothing():
     tree.refresh([])
     assert tree.total == float(leaves.values.sum())
     assert torch.equal(tree.tree, SumTree(torch.from_numpy(leaves.values)).tree)
+
+
+# --- 5. sparse_indices: its seed, its params and its count ---------------------------------------------------------
+@pytest.mark.parametrize("seed", [0.7, True, "1", 2 ** 64, None])
+def test_sparse_indices_refuses_a_seed_that_is_not_an_int_torch_takes(seed):
+    """The seed went through int() and a 64-bit mask: 0.7 gave seed 0's masks, True and "1" seed 1's, 2**64 seed
+    0's; two runs believed to differ had the same masks. Now the samplers' and MeZO's rule (check_seed)."""
+    from sazo_lite.sparse import sparse_indices
+    with pytest.raises(ValueError, match="Invalid seed"):
+        sparse_indices([torch.zeros(100)], 0.05, seed=seed)
+
+
+def test_sparse_indices_takes_numpy_seeds_and_gives_the_same_masks():
+    from sazo_lite.sparse import sparse_indices
+    params = [torch.zeros(100), torch.zeros(7, 3)]
+    ints, numpys = sparse_indices(params, 0.2, seed=5), sparse_indices(params, 0.2, seed=np.int64(5))
+    assert all(torch.equal(a, b) for a, b in zip(ints, numpys)) and [len(m) for m in ints] == [20, 5]
+
+
+@pytest.mark.parametrize("params", [torch.zeros(4, 5), [1.0, 2.0], [torch.zeros(3), "w"]])
+def test_sparse_indices_refuses_what_is_not_a_list_of_tensors(params):
+    """A tensor was split into its rows (4 masks for one tensor, which SparseMeZO then refused as '4 masks for 1
+    parameters'); a number raised AttributeError. Now ValueError naming params, as SparseMeZO's."""
+    from sazo_lite.sparse import sparse_indices
+    with pytest.raises(ValueError, match="Invalid params"):
+        sparse_indices(params, 0.5)
+
+
+@pytest.mark.parametrize("fraction, numel, k", [(0.68, 78_073_600, 53_090_048), (0.5, 9_494_219_366, 4_747_109_683),
+                                                (1.0, 5_838_549_767, 5_838_549_767), (0.56, 1_828_349_400, 1_023_875_664),
+                                                (0.1, 30, 3), (1 / 61, 549, 9), (0.3, 7, 3), (1e-12, 10, 1)])
+def test_the_kept_count_is_the_ceiling_of_the_fraction_of_the_entries(fraction, numel, k):
+    """k = ceil(fraction · numel) was computed as a float product with a 1e-9 absolute slack: from about 10⁷
+    entries on the float's own rounding is above that slack and one entry too many was kept (0.68 of 78,073,600
+    entries kept 53,090,049; 1.0 of 5,838,549,767 kept one more than there are)."""
+    from sazo_lite.sparse import _kept
+    assert _kept(fraction, numel) == k
