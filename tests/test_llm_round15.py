@@ -152,3 +152,73 @@ def test_restore_refuses_a_saved_tensor_it_cannot_copy_before_overwriting_any(ki
     assert all(torch.equal(p, s) for p, s in zip(params, now))
     restore_snapshot(params, saved)
     assert all(torch.equal(p, s) for p, s in zip(params, saved))
+
+
+# --- 4. landscape: a displacement the tensors' dtype rounds away; radii, seeds and the step split checked ----------
+def test_a_displacement_bfloat16_rounds_is_refused_not_read_as_curvature():
+    from sazo_lite.llm.landscape import displaced_losses, random_walk_descent
+
+    for dtype, refused in ((torch.bfloat16, True), (torch.float32, False)):
+        theta = torch.nn.Parameter(torch.ones(1000, dtype=dtype))
+        start = theta.detach().clone()
+        loss = lambda: float(theta.detach().double().pow(2).sum())     # tr H / d = 2 everywhere
+        if refused:
+            # each entry moved by ±0.003, under half an ulp of 1 in bfloat16 (2⁻⁸ below 1, 2⁻⁷ above): the ± pairs
+            # rounded unevenly, and the walk read a curvature of −143 for 2
+            with pytest.raises(ValueError, match="Invalid radius: 0.1 .*bfloat16, rounds a displacement"):
+                random_walk_descent(loss, [theta], radii=[0.1], draws=2)
+            with pytest.raises(ValueError, match="Invalid radius"):
+                displaced_losses(loss, [theta], radius=0.1, draws=1)
+            assert torch.equal(theta, start)
+        else:
+            walk = random_walk_descent(loss, [theta], radii=[0.1], draws=2)
+            assert walk["curvature"][0] == pytest.approx(2.0, rel=1e-2)
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(radii=[True]), "Invalid radii: True"),          # read as radius 1
+    (dict(radii=["0.5"]), "Invalid radii: '0.5'"),        # read as 0.5
+    (dict(radii=0.5), "Invalid radii: 0.5"),              # 'float' object is not iterable
+    (dict(radii=[1.0], seed=1.5), "Invalid seed: 1.5"),   # torch's RuntimeError
+    (dict(radii=[1.0], seed=2 ** 70), "Invalid seed"),    # torch's "Overflow when unpacking long long"
+    (dict(radii=[], draws=0), "Invalid draws: 0")])       # no radius: never checked
+def test_random_walk_descent_checks_its_settings_before_computing_f(settings, message):
+    from sazo_lite.llm.landscape import random_walk_descent
+
+    calls = []
+    theta = torch.nn.Parameter(torch.zeros(4))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        random_walk_descent(lambda: calls.append(1) or 0.0, [theta], **{"draws": 1, **settings})
+    assert calls == []
+    walk = random_walk_descent(lambda: float(theta.detach().pow(2).sum()), [theta], radii=torch.tensor([1.0, 2.0]),
+                               draws=1)
+    assert walk["radii"] == [1.0, 2.0] and walk["curvature"] == pytest.approx([2.0, 2.0])
+
+
+def test_seeds_are_checked_before_the_gradients_are_computed():
+    from sazo_lite.llm.grad_norms import directional_error
+    from sazo_lite.llm.landscape import displaced_losses
+
+    theta = torch.nn.Parameter(torch.zeros(4))
+    for seed in (1.5, True, 2 ** 70, "0"):
+        with pytest.raises(ValueError, match="Invalid seed"):
+            displaced_losses(lambda: 0.0, [theta], radius=1.0, seed=seed)
+    model, params = adapted()
+    with pytest.raises(ValueError, match="Invalid seed: 1.5"):    # was torch's RuntimeError after every gradient
+        directional_error(model, batch(4), params, eps=1e-3, seed=1.5)
+
+
+@pytest.mark.parametrize("args, message", [((-1.0, 1.0, 1.0, 1.0), "Invalid lr: -1.0"),
+                                           ((float("nan"), 1.0, 1.0, 1.0), "Invalid lr: nan"),
+                                           ((True, 1.0, 1.0, 1.0), "Invalid lr: True"),
+                                           ((1e-3, -1.0, 1.0, 1.0), "Invalid grad_sq: -1.0"),
+                                           ((1e-3, 1.0, -5.0, 1.0), "Invalid mean_sq_step: -5.0"),
+                                           ((1e-3, 1.0, 1.0, float("inf")), "Invalid trace_h: inf")])
+def test_expected_step_change_refuses_settings_that_turn_an_ascent_into_a_descent(args, message):
+    from sazo_lite.llm.landscape import expected_step_change
+
+    # lr = −1 gave a gradient part of +1: the "descent" of a step against the gradient; True was read as 1
+    with pytest.raises(ValueError, match=re.escape(message)):
+        expected_step_change(*args)
+    parts = expected_step_change(2.5e-4, 1.4, 60.0, -78.0)
+    assert parts["gradient"] == pytest.approx(-2.5e-4 * 1.4) and parts["noise"] == pytest.approx(0.5 * 2.5e-4 ** 2 * 60 * -78)

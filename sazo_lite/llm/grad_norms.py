@@ -42,7 +42,7 @@ from typing import Callable
 import torch
 
 from ..engine import _check_disjoint
-from ..validation import check_count, check_number
+from ..validation import check_count, check_number, check_seed
 from .losses import TokenBatch, answer_losses, check_deterministic, checked_indices, classification_losses
 
 __all__ = ["loop_grad_norms", "linear_grad_norms", "vmap_grad_norms", "grad_norms", "example_losses", "RefreshingNorms",
@@ -401,6 +401,7 @@ def directional_error(model, batch: TokenBatch, params, *, eps: float, draws: in
         raise ValueError(f"Invalid loss: {loss!r} (expected one of {sorted(LOSSES)})")
     eps = check_number("eps", eps, 0.0, closed_low=False)      # 0: every δ was 0/0 = nan
     draws = check_count("draws", draws)                         # 0: the mean over no draws was nan
+    seed = check_seed("seed", seed)     # 1.5 was torch's RuntimeError once every gradient had been computed
     params = _differentiable(params)
     indices = list(range(len(batch))) if indices is None else _checked(indices, len(batch))   # not int(1.5)
     fn = LOSSES[loss]

@@ -21,12 +21,13 @@ Example (a quadratic F = ½·θᵀAθ: the ± mean is ½·r²·uᵀAu exactly, a
 """
 from __future__ import annotations
 
+import numbers
 from typing import Callable
 
 import torch
 
 from ..engine import _check_disjoint, _check_params
-from ..validation import check_count, check_number
+from ..validation import check_count, check_number, check_seed
 
 __all__ = ["displaced_losses", "random_walk_descent", "expected_step_change"]
 
@@ -43,6 +44,7 @@ def displaced_losses(loss: Callable[[], float], params, *, radius: float, draws:
     except ValueError:
         raise ValueError(f"Invalid radius or draws: {radius!r}, {draws!r} (expected a finite radius > 0, "
                          "an int draws ≥ 1)") from None
+    seed = check_seed("seed", seed)    # 1.5, True or 2**70 were torch's RuntimeError at the first draw
     params = _check_params(params)     # none was a ZeroDivisionError; a tensor given twice moved radius/√2
     _check_disjoint(params)
     saved = [p.detach().clone() for p in params]
@@ -55,11 +57,23 @@ def displaced_losses(loss: Callable[[], float], params, *, radius: float, draws:
             for j, sign in enumerate((1.0, -1.0)):
                 for p, s, x in zip(params, saved, u):     # from θ each time: no ± round-off drift
                     p.copy_(s + (sign * scale * x).to(p.dtype).to(p.device))
+                _check_moved(params, saved, radius)
                 out[k, j] = float(loss())
     finally:
         for p, s in zip(params, saved):
             p.copy_(s)
     return out
+
+
+def _check_moved(params, saved, radius: float) -> None:
+    """θ moved by ``radius`` (to 1%) in the tensors' own dtype, else ValueError: bfloat16 rounds a small
+    displacement of large weights away (each entry moves by less than half its ulp), and the losses, hence the
+    curvature, were those of a shorter displacement or of θ itself, without a word."""
+    moved = sum(float((p.detach().double() - s.double()).pow(2).sum()) for p, s in zip(params, saved)) ** 0.5
+    if not abs(moved - radius) <= 0.01 * radius:
+        dtypes = ", ".join(sorted({str(p.dtype).removeprefix("torch.") for p in params}))
+        raise ValueError(f"Invalid radius: {radius:g} (the tuned tensors' dtype, {dtypes}, rounds a displacement of "
+                         f"this radius from θ to one of {moved:.3g}; use float32 tensors or a larger radius)")
 
 
 def random_walk_descent(loss: Callable[[], float], params, *, radii, draws: int = 4, seed: int = 0) -> dict:
@@ -70,8 +84,14 @@ def random_walk_descent(loss: Callable[[], float], params, *, radii, draws: int 
     estimate of tr H / d at that radius]}``. Negative changes: the walk alone lowers F.
     """
     params = _check_params(params)     # once: a generator (model.parameters()) was spent by the first radius
+    # each radius as displaced_losses checks it, before F(θ) is computed: float() took True as 1 and "0.5" as 0.5
+    radii = radii.tolist() if isinstance(radii, torch.Tensor) and radii.dim() == 1 else radii
+    if isinstance(radii, (numbers.Number, str, bytes, torch.Tensor)):
+        raise ValueError(f"Invalid radii: {radii!r} (expected a list of radii > 0)")
+    radii = [check_number("radii", r, 0.0, closed_low=False) for r in radii]
+    draws, seed = check_count("draws", draws), check_seed("seed", seed)
     start = float(loss())
-    out = {"F": start, "radii": [float(r) for r in radii], "changes": [], "mean_change": [], "curvature": []}
+    out = {"F": start, "radii": radii, "changes": [], "mean_change": [], "curvature": []}
     for r in out["radii"]:
         pairs = displaced_losses(loss, params, radius=r, draws=draws, seed=seed)
         changes = (pairs.mean(dim=1) - start).tolist()
@@ -96,6 +116,10 @@ def expected_step_change(lr: float, grad_sq: float, mean_sq_step: float, trace_h
         >>> round(parts["gradient"] * 1e4, 2), round(parts["noise"] * 1e4, 2), round(parts["noise_share"], 2)
         (-3.5, -1.46, 0.29)
     """
+    # a rate ≤ 0 or a negative square made a "descent" out of an ascent (lr = −1: gradient part +1), without a word
+    lr = check_number("lr", lr, 0.0, closed_low=False)
+    grad_sq, mean_sq_step = check_number("grad_sq", grad_sq, 0.0), check_number("mean_sq_step", mean_sq_step, 0.0)
+    trace_h = check_number("trace_h", trace_h)
     gradient, noise = -lr * grad_sq, 0.5 * lr ** 2 * mean_sq_step * trace_h
     total = gradient + noise
     return {"gradient": gradient, "noise": noise, "total": total, "noise_share": noise / total if total else float("nan")}
