@@ -487,11 +487,11 @@ class _ScoredSampler(Sampler):
         """
         check_count("batch_size", batch_size)
         total, seen_total, unseen_count, prior = self._total()
+        mix = float(self.uniform_mix)   # a float32 λ set between steps: its split in float64, as the state reloads it
         u = torch.rand(batch_size, generator=self._generator, dtype=torch.float64).numpy()
         part = np.zeros(batch_size, dtype=np.int64)  # 0 uniform, 1 seen, 2 unseen
         if total > 0 and math.isfinite(total):
-            part = np.where(u < self.uniform_mix, 0, np.where(
-                u < self.uniform_mix + (1.0 - self.uniform_mix) * seen_total / total, 1, 2))
+            part = np.where(u < mix, 0, np.where(u < mix + (1.0 - mix) * seen_total / total, 1, 2))
             part[(part == 2) & (unseen_count <= 0)] = 1   # rounding at the edge: no unseen left
             part[(part == 1) & (seen_total <= 0)] = 2     # ... or no seen score mass
         indices = np.empty(batch_size, dtype=np.int64)

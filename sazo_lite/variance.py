@@ -37,6 +37,7 @@ def mixed_probabilities(scores, total: float, uniform_mix: float, num_examples: 
         if isinstance(scores, torch.Tensor):
             return torch.full_like(scores, 1.0 / num_examples)
         return np.full(np.shape(scores), 1.0 / num_examples)
+    uniform_mix = float(uniform_mix)   # a numpy float32 λ computed 1 − λ in float32: not the λ a state reloads
     return (1.0 - uniform_mix) * (scores / total) + uniform_mix / num_examples
 
 

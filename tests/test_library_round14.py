@@ -232,3 +232,35 @@ def test_the_kept_count_is_the_ceiling_of_the_fraction_of_the_entries(fraction, 
     entries kept 53,090,049; 1.0 of 5,838,549,767 kept one more than there are)."""
     from sazo_lite.sparse import _kept
     assert _kept(fraction, numel) == k
+
+
+# --- 6. a float32 λ set between steps resumes bit for bit -----------------------------------------------------------
+def _kinds():
+    from sazo_lite.samplers import PlainSAZOSampler, StaleCorrectedSAZOSampler
+    norms = torch.linspace(0.0, 2.0, 50, dtype=torch.float64)
+    return {"sazo": lambda: SAZOSampler(50, seed=2), "sazo-tree": lambda: SAZOSampler(50, sum_tree=True, seed=2),
+            "plain": lambda: PlainSAZOSampler(50, seed=2), "stale": lambda: StaleCorrectedSAZOSampler(50, seed=2),
+            "oracle": lambda: OracleSampler(50, lambda: norms, uniform_mix=0.1, seed=2)}
+
+
+@pytest.mark.parametrize("kind", ["sazo", "sazo-tree", "plain", "stale", "oracle"])
+def test_a_float32_mix_set_between_steps_resumes_bit_for_bit(kind):
+    """A λ schedule computed in float32 (np.float32(0.3), a float32 tensor's .item() is a float already) left
+    a numpy float32 in the sampler: 1 − λ and the split of the draws were computed in float32, while its state
+    holds λ as a Python float (round 13) and a resumed sampler computes in float64: weights 4e-8 apart and
+    probs that differ. Now λ is read as a Python float where it is used: the two go on bit for bit."""
+    make = _kinds()[kind]
+    original, generator = make(), torch.Generator().manual_seed(0)
+    for step in range(6):
+        if step == 3:
+            original.uniform_mix = np.float32(0.3)
+        indices, _ = original.sample(8)
+        original.update(indices, torch.randn(8, generator=generator, dtype=torch.float64))
+    resumed = make()
+    resumed.load_state_dict(original.state_dict())
+    for _ in range(4):
+        (i, w), (j, v) = original.sample(8), resumed.sample(8)
+        assert torch.equal(i, j) and torch.equal(w, v)
+        diffs = torch.randn(8, generator=generator, dtype=torch.float64)
+        original.update(i, diffs), resumed.update(j, diffs)
+    assert torch.equal(original.probs, resumed.probs)
