@@ -807,7 +807,7 @@ class SAZOSampler(_ScoredSampler):
         """L ← EMA of mean_k(w_k·|d_k|): an importance-weighted estimate of (1/N)·Σ_i E|d_i|."""
         with np.errstate(over="ignore", invalid="ignore"):
             weights = importance_weights(self._probs_at(indices), self.num_examples)  # the sampling weights
-            rate = max(1.0 / steps, 1.0 - self.level_decay)
+            rate = max(1.0 / steps, 1.0 - float(self.level_decay))   # a float32 decay made L a float32
             return (1.0 - rate) * self.level + rate * float(np.mean(weights * size))
 
     def _resync(self) -> None:

@@ -264,3 +264,26 @@ def test_a_float32_mix_set_between_steps_resumes_bit_for_bit(kind):
         diffs = torch.randn(8, generator=generator, dtype=torch.float64)
         original.update(i, diffs), resumed.update(j, diffs)
     assert torch.equal(original.probs, resumed.probs)
+
+
+@pytest.mark.parametrize("kind", ["sazo", "sazo-tree", "stale"])
+def test_a_float32_level_decay_set_between_steps_keeps_the_level_in_float64_and_resumes(kind):
+    """level_decay set to np.float32(0.95) between steps: the level's rate 1 − decay was a float32 and so was
+    L from then on (numpy keeps float32 ⊕ Python float in float32): its running mean rounded to float32 at every
+    step, and a resumed sampler (the state holds L as a Python float) went on in float64, drawing other weights."""
+    make = _kinds()[kind]
+    original, generator = make(), torch.Generator().manual_seed(0)
+    for step in range(40):
+        if step == 3:
+            original.level_decay = np.float32(0.95)
+        indices, _ = original.sample(8)
+        original.update(indices, torch.randn(8, generator=generator, dtype=torch.float64) * (1 + step))
+    assert type(original.level) is float
+    resumed = make()
+    resumed.load_state_dict(original.state_dict())
+    for _ in range(20):
+        (i, w), (j, v) = original.sample(8), resumed.sample(8)
+        assert torch.equal(i, j) and torch.equal(w, v)
+        diffs = torch.randn(8, generator=generator, dtype=torch.float64)
+        original.update(i, diffs), resumed.update(j, diffs)
+    assert original.level == resumed.level and torch.equal(original.probs, resumed.probs)
