@@ -14,6 +14,7 @@ import torch
 from .directions import derive_seed, draw_direction
 from .engine import MeZO
 from .noise import Job, NoiseSource, PlainNoise, z_dtype
+from .seedlog import _mask_digests
 from .validation import check_fraction, check_seed, not_dense
 
 __all__ = ["sparse_indices", "SparseMeZO", "MaskedNoise"]
@@ -112,6 +113,21 @@ class SparseMeZO(MeZO):
             except ValueError as error:
                 raise ValueError(f"{error}; its .data re-pointed since construction? Build a new SparseMeZO with "
                                  f"every tensor and its mask") from None
+
+    def state_dict(self) -> dict:
+        """MeZO's state, and ``mask_digests``: the SHA-256 of each mask in parameter order, as a ``SeedLog``
+        records them (the masks themselves are the caller's to rebuild, e.g. ``sparse_indices`` with its seed)."""
+        return {**super().state_dict(), "mask_digests": _mask_digests(self)}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """MeZO's ``load_state_dict``, after checking that the state's masks are this optimiser's: a state loaded
+        into a SparseMeZO of other masks (``sparse_indices`` with another seed or fraction) went on moving other
+        entries than the saved run's, silently. A state without ``mask_digests`` (before round 14) loads as before."""
+        if isinstance(state_dict, dict) and "mask_digests" in state_dict \
+                and state_dict["mask_digests"] != _mask_digests(self):
+            raise ValueError("Invalid state_dict: its masks differ from this SparseMeZO's (sizes or entries); build "
+                             "it with the saved run's masks (sparse_indices with the same fraction and seed)")
+        super().load_state_dict(state_dict)
 
     def __getstate__(self) -> dict:
         """deepcopy/pickle: the masks in parameter order (they are keyed by the tensors' ids)."""

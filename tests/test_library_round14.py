@@ -287,3 +287,35 @@ def test_a_float32_level_decay_set_between_steps_keeps_the_level_in_float64_and_
         diffs = torch.randn(8, generator=generator, dtype=torch.float64)
         original.update(i, diffs), resumed.update(j, diffs)
     assert original.level == resumed.level and torch.equal(original.probs, resumed.probs)
+
+
+# --- 7. a SparseMeZO state names its masks ---------------------------------------------------------------------------
+def test_a_sparse_state_loaded_into_a_sparse_mezo_of_other_masks_is_refused():
+    """The state held MeZO's steps and seeds only: loaded into a SparseMeZO built with sparse_indices of another
+    seed (or fraction), the resumed run moved other entries than the saved one, silently. The state records
+    each mask's SHA-256 (as a SeedLog does) and a load into other masks is refused, the optimiser unchanged."""
+    from sazo_lite.sparse import sparse_indices
+    theta = torch.randn(30, dtype=torch.float64)
+    opt = _sparse_run(theta, sparse_indices([theta], 0.3, seed=1), 2)
+    state = opt.state_dict()
+    for masks in (sparse_indices([theta], 0.3, seed=2), sparse_indices([theta], 0.4, seed=1)):
+        other = _sparse_run(theta.clone(), masks, 1)
+        with pytest.raises(ValueError, match="Invalid state_dict: its masks differ"):
+            other.load_state_dict(state)
+        assert other.step_count == 1
+    same = _sparse_run(theta.clone(), sparse_indices([theta], 0.3, seed=1), 0)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    same.load_state_dict(torch.load(buffer, weights_only=True))
+    assert same.step_count == 2
+
+
+def test_a_sparse_state_written_before_round_14_still_loads():
+    from sazo_lite.sparse import sparse_indices
+    theta = torch.randn(30, dtype=torch.float64)
+    state = _sparse_run(theta, sparse_indices([theta], 0.3, seed=1), 2).state_dict()
+    state.pop("mask_digests", None)
+    other = _sparse_run(theta.clone(), sparse_indices([theta], 0.3, seed=2), 0)
+    other.load_state_dict(state)
+    assert other.step_count == 2
