@@ -909,6 +909,7 @@ class StaleCorrectedSAZOSampler(SAZOSampler):
     score s_i they had stored. Then
 
         sample:  ŝ_i = s_i · r_{b(a_i)}  for seen examples,  r_b = clip(A_b / S_b, ``min_factor``, ``max_factor``)
+                 (r_b = 1 where A_b = S_b = 0: every observation at that age was 0, no evidence of growth)
         update:  the robust rule's; then for each seen drawn example, A_b ← (1−ρ)A_b + ρ·fresh score,
                  S_b ← (1−ρ)S_b + ρ·stored score (ρ = ``growth_rate``; A_b = S_b = 1 at the start), t_i ← t
 
@@ -960,8 +961,13 @@ class StaleCorrectedSAZOSampler(SAZOSampler):
         return np.minimum(np.floor(np.log2(np.maximum(ages, 1))).astype(np.int64), self.AGE_BUCKETS - 1)
 
     def growth_factors(self) -> np.ndarray:
-        """r_b [K] float64: how much the score of a seen example of each age bucket is scaled by."""
-        return np.clip(self._fresh / self._stored, self.min_factor, self.max_factor)
+        """r_b [K] float64: how much the score of a seen example of each age bucket is scaled by (1 where
+        A_b = S_b = 0). With ρ = 1 (or after long runs of zero diffs) both means reach 0: 0/0 was NaN, every
+        sampling score of that age NaN, and their sum made p fall back to uniform for every example."""
+        fresh, stored = self._fresh, self._stored
+        with np.errstate(divide="ignore", invalid="ignore"):   # S_b = 0 < A_b: inf, clipped to max_factor
+            ratio = np.where((fresh == 0) & (stored == 0), 1.0, fresh / stored)
+        return np.clip(ratio, self.min_factor, self.max_factor)
 
     def _factors_at(self, indices: np.ndarray) -> np.ndarray:
         return self.growth_factors()[self._buckets(self.level_steps + 1 - self._last[indices])]
@@ -1014,7 +1020,8 @@ class StaleCorrectedSAZOSampler(SAZOSampler):
 
     def _check_extra(self, extra: dict, g: np.ndarray, n: np.ndarray, hyper: dict) -> dict:
         """The robust rule's scalars, then: last_seen int64 [N], 0 exactly where counts are 0 and in
-        [1, level_steps] elsewhere; growth_fresh and growth_stored finite and > 0, shape [K]."""
+        [1, level_steps] elsewhere; growth_fresh and growth_stored finite and ≥ 0 (the running means of
+        scores ≥ 0 reach 0: a state the sampler wrote was refused), shape [K]."""
         mine = ("last_seen", "growth_fresh", "growth_stored")
         missing = [k for k in mine if k not in extra]
         if missing:
@@ -1032,8 +1039,8 @@ class StaleCorrectedSAZOSampler(SAZOSampler):
             if values.shape != (self.AGE_BUCKETS,) or values.dtype.kind not in "fiu":
                 raise ValueError(f"Invalid state: {name} must be a real tensor of shape ({self.AGE_BUCKETS},)")
             checked[name] = values.astype(np.float64)
-            if not (np.isfinite(checked[name]) & (checked[name] > 0)).all():
-                raise ValueError(f"Invalid state: {name} must be finite and > 0")
+            if not (np.isfinite(checked[name]) & (checked[name] >= 0)).all():
+                raise ValueError(f"Invalid state: {name} must be finite and >= 0")
         checked["last_seen"] = last
         return checked
 

@@ -319,3 +319,38 @@ def test_a_sparse_state_written_before_round_14_still_loads():
     other = _sparse_run(theta.clone(), sparse_indices([theta], 0.3, seed=2), 0)
     other.load_state_dict(state)
     assert other.step_count == 2
+
+
+# --- 8. the staleness correction when an age's running means reach 0 ---------------------------------------------------
+def test_an_age_whose_observations_were_all_zero_keeps_its_scores_and_its_state_loads():
+    """With growth_rate 1 (or after a long run of zero diffs, which float32 losses give for fitted examples) an
+    age bucket's two running means both reach 0: its factor 0/0 was NaN, the sampling scores of every example of
+    that age NaN, and their sum made p fall back to uniform for every example (with a RuntimeWarning only); the
+    state it wrote was refused by load_state_dict ('growth_fresh must be finite and > 0'). Now the factor is 1
+    (no evidence of growth), p follows the scores, and the state loads and resumes bit for bit."""
+    import warnings
+    from sazo_lite.samplers import StaleCorrectedSAZOSampler
+    sampler = StaleCorrectedSAZOSampler(4, growth_rate=1.0, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sampler.update(torch.tensor([0, 1]), torch.tensor([0.0, 1.0]))
+        sampler.update(torch.tensor([0]), torch.tensor([0.0]))   # example 0 redrawn at age 1: A_0 = S_0 = 0
+        factors = sampler.growth_factors()
+        probs = sampler.probs
+    assert factors[0] == 1.0 and bool(torch.isfinite(probs).all())
+    reference = SAZOSampler(4, seed=0)   # the same robust rule, without the correction
+    reference.update(torch.tensor([0, 1]), torch.tensor([0.0, 1.0]))
+    reference.update(torch.tensor([0]), torch.tensor([0.0]))
+    assert torch.equal(probs, reference.probs) and not torch.equal(probs, torch.full((4,), 0.25, dtype=torch.float64))
+    resumed = StaleCorrectedSAZOSampler(4, growth_rate=1.0, seed=5)
+    resumed.load_state_dict(sampler.state_dict())
+    for _ in range(3):
+        (i, w), (j, v) = sampler.sample(4), resumed.sample(4)
+        assert torch.equal(i, j) and torch.equal(w, v)
+
+
+def test_a_stored_mean_of_zero_under_a_growing_fresh_mean_still_takes_the_largest_factor():
+    from sazo_lite.samplers import StaleCorrectedSAZOSampler
+    sampler = StaleCorrectedSAZOSampler(4, growth_rate=1.0, max_factor=20.0, seed=0)
+    sampler._fresh[2], sampler._stored[2] = 0.5, 0.0
+    assert sampler.growth_factors()[2] == 20.0
