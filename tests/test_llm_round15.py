@@ -222,3 +222,23 @@ def test_expected_step_change_refuses_settings_that_turn_an_ascent_into_a_descen
         expected_step_change(*args)
     parts = expected_step_change(2.5e-4, 1.4, 60.0, -78.0)
     assert parts["gradient"] == pytest.approx(-2.5e-4 * 1.4) and parts["noise"] == pytest.approx(0.5 * 2.5e-4 ** 2 * 60 * -78)
+
+
+# --- 5. the public loop and batched norms read indices as ints >= 0 --------------------------------------------
+@pytest.mark.parametrize("indices, said", [([1.5], "Invalid indices: 1.5"), ([True], "Invalid indices: True"),
+                                           ([-1], "Invalid indices: -1"),
+                                           (torch.tensor([1.7]), "Invalid indices: a float32 tensor")])
+def test_loop_and_linear_norms_refuse_indices_that_are_not_ints_from_zero(indices, said):
+    from sazo_lite.llm.grad_norms import linear_grad_norms, loop_grad_norms
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    x, y = torch.randn(5, 3), torch.randn(5)
+    losses = lambda idx: (net(x[idx]).squeeze(-1) - y[idx]) ** 2
+    params = list(net.parameters())
+    # 1.5, 1.7 and True measured example 1, -1 the last one, without a word
+    for norms in (lambda i: loop_grad_norms(losses, params, i), lambda i: linear_grad_norms(net, losses, params, i)):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            norms(indices)
+        assert torch.allclose(norms([1, 4]), loop_grad_norms(losses, params, range(5))[[1, 4]])
+        assert norms([]).shape == (0,)

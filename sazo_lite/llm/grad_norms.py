@@ -80,8 +80,8 @@ def loop_grad_norms(losses: Callable, params, indices) -> torch.Tensor:
     """‖∇f_i‖ for each index, one backward per example: float64 [len(indices)] (reference)."""
     params = _differentiable(params)
     out = []
-    for i in indices:
-        grads = _grads(losses([int(i)]).sum(), params)
+    for i in _checked(indices, None):     # 1.5 and True were read as example 1, -1 as the last
+        grads = _grads(losses([i]).sum(), params)
         out.append(sum(float(g.double().pow(2).sum()) for g in grads if g is not None) ** 0.5)
     return torch.tensor(out, dtype=torch.float64)
 
@@ -182,7 +182,7 @@ def linear_grad_norms(model, losses: Callable, params, indices, *, chunk: int = 
                          "(use loop_grad_norms otherwise)")
     modules = {id(m): m for ms in owners.values() for m in ms}
     tuned = {id(p) for p in params}
-    indices = [int(i) for i in indices]
+    indices = _checked(indices, None)      # 1.5 and True were read as example 1, -1 as the last
     out = []
     for start in range(0, len(indices), chunk):
         part = indices[start:start + chunk]
@@ -311,9 +311,10 @@ def vmap_grad_norms(model, batch: TokenBatch, params, indices=None, *, max_bytes
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
 
 
-def _checked(indices, count: int) -> list[int]:
-    """The examples to measure, checked as a loss checks them (1.5 was read as example 1); none: []. Read once: a
-    generator was spent by the emptiness test ("Invalid indices: expected a non-empty list")."""
+def _checked(indices, count: int | None) -> list[int]:
+    """The examples to measure, checked as a loss checks them (1.5 was read as example 1; ``count`` None: any
+    int >= 0); none: []. Read once: a generator was spent by the emptiness test ("Invalid indices: expected a
+    non-empty list")."""
     if not isinstance(indices, torch.Tensor):
         indices = list(indices)
     empty = indices.numel() == 0 if isinstance(indices, torch.Tensor) else not indices

@@ -313,26 +313,27 @@ def check_deterministic(model) -> None:
                              "forward draws its own noise and the losses are random; call model.eval()")
 
 
-def checked_indices(indices, count: int) -> list[int]:
+def checked_indices(indices, count: int | None) -> list[int]:
     """Example indices (a 1-D integer tensor or array, or a sequence of ints) as a list of ints in
-    [0, count); duplicates kept. Floats, bools, negative (wrapping) or too large indices and an empty
-    selection raise ValueError.
+    [0, count) (``count`` None: ints >= 0, for losses of an unknown number of examples); duplicates kept.
+    Floats, bools, negative (wrapping) or too large indices and an empty selection raise ValueError.
 
     >>> checked_indices(torch.tensor([2, 0, 2]), 3)
     [2, 0, 2]
     """
+    where = "ints >= 0" if count is None else f"ints in [0, {count})"
     if isinstance(indices, torch.Tensor):
         ok = indices.dim() == 1 and not indices.dtype.is_floating_point and not indices.dtype.is_complex \
             and indices.dtype != torch.bool
         if not ok:      # named: it was "Invalid indices: None"
             raise ValueError(f"Invalid indices: a {str(indices.dtype).removeprefix('torch.')} tensor of shape "
-                             f"{tuple(indices.shape)} (expected a 1-D tensor of ints in [0, {count}))")
+                             f"{tuple(indices.shape)} (expected a 1-D tensor of {where})")
         values = indices.tolist()
     else:
         values = list(indices)
     if not values:
-        raise ValueError(f"Invalid indices: expected a non-empty list of ints in [0, {count})")
-    return [check_int("indices", i, 0, count - 1) for i in values]
+        raise ValueError(f"Invalid indices: expected a non-empty list of {where}")
+    return [check_int("indices", i, 0, None if count is None else count - 1) for i in values]
 
 
 def _ids(tokenizer, text: str) -> list[int]:
