@@ -75,7 +75,7 @@ class SumTree:
         """
         tree = cls.__new__(cls)
         tree._leaves = None
-        tree._setup(check_count("num_leaves", num_leaves), leaf_values, dtype)
+        tree._setup(check_count("num_leaves", num_leaves), leaf_values, _sum_dtype(dtype))
         return tree
 
     def _setup(self, num_leaves: int, leaf_values, dtype) -> None:
@@ -208,6 +208,18 @@ class SumTree:
             at = node[active]
             u[active], node[active] = _descend(u[active], at, self._value(2 * at), self._value(2 * at + 1))
         return torch.from_numpy(node - self.num_leaves)
+
+
+def _sum_dtype(dtype) -> np.dtype:
+    """``dtype`` as a numpy floating dtype, or ValueError: integer or bool sums truncated every node (leaves
+    [0.4, 0.4, 0.4, 0.9, 0.3] summed to 1 and leaves 1 and 2 were never drawn); a torch dtype raised TypeError."""
+    try:
+        checked = np.dtype(dtype)
+    except TypeError:
+        checked = None
+    if checked is None or checked.kind != "f":
+        raise ValueError(f"Invalid dtype: {dtype!r} (expected a numpy floating dtype, e.g. np.float32 or np.float64)")
+    return checked
 
 
 def _is_integer(dtype: torch.dtype) -> bool:

@@ -354,3 +354,25 @@ def test_a_stored_mean_of_zero_under_a_growing_fresh_mean_still_takes_the_larges
     sampler = StaleCorrectedSAZOSampler(4, growth_rate=1.0, max_factor=20.0, seed=0)
     sampler._fresh[2], sampler._stored[2] = 0.5, 0.0
     assert sampler.growth_factors()[2] == 20.0
+
+
+# --- 9. SumTree.over's dtype is a floating dtype ---------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, bool, torch.float32, "not a dtype"])
+def test_a_sum_tree_refuses_sums_that_are_not_floating_point(dtype):
+    """dtype is the type of the stored internal sums: an integer or bool dtype truncated every sum (leaves
+    [0.4, 0.4, 0.4, 0.9, 0.3] had a total of 1, leaves 1 and 2 were never drawn and leaf 0 drawn 29% of the
+    time, not 17%); a torch dtype raised numpy's TypeError. Now ValueError naming dtype."""
+    from sazo_lite.sumtree import SumTree
+    leaves = _Leaves([0.4, 0.4, 0.4, 0.9, 0.3])
+    with pytest.raises(ValueError, match="Invalid dtype"):
+        SumTree.over(5, leaves, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, "float32", np.dtype(np.float16)])
+def test_a_sum_tree_over_floating_sums_draws_each_leaf_by_its_share(dtype):
+    from sazo_lite.sumtree import SumTree
+    leaves = _Leaves([0.4, 0.4, 0.4, 0.9, 0.3])
+    tree = SumTree.over(5, leaves, dtype=dtype)
+    draws = tree.sample(20_000, torch.Generator().manual_seed(0)).numpy()
+    shares = np.bincount(draws, minlength=5) / 20_000
+    assert np.allclose(shares, leaves.values / leaves.values.sum(), atol=0.02)
