@@ -1,0 +1,148 @@
+"""Held-out accuracy along a long top-block run: why a fixed budget can rank samplers against their progress.
+
+``make bench-llm`` measures held-out accuracy once, after a fixed number of queries. This probe measures it
+along the run instead, every ``--every`` steps, beside the training loss of the assimilated and of the new
+examples, the held-out mean loss and the share of held-out questions answered with the second label word. It
+runs each sampler at the rate given (the default: the rates ``make bench-llm``'s default chose on
+2026-12-07), the same seeds and rules as the race (B = 4, walk bound 30, the oracle refreshed every 5 steps), so
+its training losses are the race's where the environment is the same. Then, per sampler, the accuracy as a
+function of F/F₀ shows whether the samplers answer the held-out questions alike at equal progress.
+
+    python -m benchmarks.llm_heldout_path --seeds 0 1 2 --json benchmarks/results/llm_heldout_path.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.cli import check_output, count, machine, measured_line, natural, positive
+from benchmarks.llm_topblock import TopSetting, top_start
+from sazo_lite.atomic import write_text
+from sazo_lite.llm import restore_snapshot, snapshot
+from sazo_lite.llm.queries import query_run
+
+RATES = {"uniform": 4.24e-3, "sazo": 8.49e-3, "oracle": 8.49e-3}     # the 2026-12-07 reference's chosen rates
+
+
+class HeldOutTracer:
+    """A MeZO step hook: every ``every`` committed steps, the held-out and per-group training measures."""
+
+    def __init__(self, train, test, assimilated, new, every: int, batch_size: int):
+        self.train, self.test, self.every, self.batch_size = train, test, every, batch_size
+        self.groups = {"assimilated": list(assimilated), "new": list(new)}
+        self.points = []
+
+    def measure(self, step: int, queries: int) -> None:
+        with torch.no_grad():
+            train_losses = self.train.losses(range(len(self.train)))
+            predicted = self.test.predict()
+        point = {"step": step, "queries": queries, "F": float(train_losses.mean()),
+                 "test_accuracy": self.test.accuracy(), "test_loss": self.test.mean_loss(),
+                 "second_label_share": float(predicted.double().mean())}
+        for name, indices in self.groups.items():
+            point[f"F_{name}"] = float(train_losses[indices].mean())
+        self.points.append(point)
+
+    def __call__(self, optimizer, event) -> None:
+        if optimizer.step_count % self.every == 0:
+            self.measure(optimizer.step_count, 2 * self.batch_size * optimizer.step_count)
+
+
+def trace(start, sampler: str, *, lr: float, seed: int, steps: int, every: int, batch_size: int = 4) -> dict:
+    """One run of the race's protocol from ``top_start``'s tuple (θ restored after), measured every ``every`` steps."""
+    model, params, train, test, cset = start
+    tracer = HeldOutTracer(train, test, cset.assimilated, cset.new, every, batch_size)
+    theta0 = snapshot(params)
+    tracer.measure(0, 0)
+    began = time.perf_counter()
+    try:
+        run = query_run(model, params, train, sampler, lr=lr, seed=seed, batch_size=batch_size, steps=steps,
+                        log_every=25, oracle_every=5, walk_bound=30.0, test_batch=test, step_hooks=(tracer,))
+    finally:
+        restore_snapshot(params, theta0)
+    return {"sampler": sampler, "lr": lr, "seed": seed, "diverged": run.diverged, "steps_run": run.steps_run,
+            "points": tracer.points, "seconds": time.perf_counter() - began,
+            "test_labels_second_share": float(test.batch.labels.double().mean())}
+
+
+BUDGETS = (0, 8000, 16000, 24000, 32000, 48000)
+BINS = (1.01, 0.9, 0.7, 0.5, 0.3, 0.1, 0.0)      # F/F₀ bands, top down
+
+
+def mean_interval(values) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "–"
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return f"{mean:.3f}"
+    sd = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+    return f"{mean:.3f} ± {1.96 * sd / len(values) ** 0.5:.3f}"
+
+
+def at_budget(run: dict, queries: int) -> dict | None:
+    """The run's measure at ``queries`` (None once the run has stopped before it)."""
+    return next((p for p in run["points"] if p["queries"] == queries), None)
+
+
+def summarise(out: dict) -> None:
+    samplers = list(dict.fromkeys(r["sampler"] for r in out["runs"]))
+    print("held-out accuracy | held-out loss | F/F₀ | share answered with the second label word (mean ± 1.96·s/√n)")
+    for queries in BUDGETS:
+        for sampler in samplers:
+            points = [at_budget(r, queries) for r in out["runs"] if r["sampler"] == sampler]
+            f0 = {id(r): r["points"][0]["F"] for r in out["runs"]}
+            rel = [at_budget(r, queries)["F"] / f0[id(r)] for r in out["runs"]
+                   if r["sampler"] == sampler and at_budget(r, queries) is not None]
+            points = [p for p in points if p is not None]
+            print(f"  {queries:6d} {sampler:8s} n={len(points)}: acc {mean_interval([p['test_accuracy'] for p in points])}"
+                  f" | loss {mean_interval([p['test_loss'] for p in points])} | F/F₀ {mean_interval(rel)}"
+                  f" | second {mean_interval([p['second_label_share'] for p in points])}")
+    print("by progress (every measure of every run, pooled by F/F₀ band):")
+    for high, low in zip(BINS, BINS[1:]):
+        cells = []
+        for sampler in samplers:
+            points = [p for r in out["runs"] if r["sampler"] == sampler for p in r["points"]
+                      if low <= p["F"] / r["points"][0]["F"] < high]
+            cells.append(f"{sampler} n={len(points)} acc {mean_interval([p['test_accuracy'] for p in points])} "
+                         f"loss {mean_interval([p['test_loss'] for p in points])}")
+        print(f"  F/F₀ in [{low}, {min(high, 1.0)}): " + "; ".join(cells))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_heldout_path", description=__doc__.splitlines()[0])
+    parser.add_argument("--samplers", nargs="+", default=list(RATES), choices=list(RATES))
+    parser.add_argument("--seeds", type=natural, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=count, default=6000)
+    parser.add_argument("--every", type=count, default=125, help="steps between measures (default 125 = 1,000 queries)")
+    parser.add_argument("--lr-scale", type=positive, default=1.0, help="every sampler's rate × this")
+    parser.add_argument("--json", type=Path, required=True, help="the result (with --summary: read, not run)")
+    parser.add_argument("--summary", action="store_true", help="print the tables of an earlier run's --json")
+    args = parser.parse_args(argv)
+    if args.summary:
+        summarise(json.loads(args.json.read_text()))
+        return
+    check_output(parser, "--json", args.json)
+    print(measured_line(machine()), flush=True)
+    torch.set_num_threads(1)
+    start = top_start(TopSetting())
+    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(), "runs": []}
+    for sampler in args.samplers:
+        for seed in args.seeds:
+            result = trace(start, sampler, lr=RATES[sampler] * args.lr_scale, seed=seed, steps=args.steps,
+                           every=args.every)
+            out["runs"].append(result)
+            last = result["points"][-1]
+            print(f"{sampler} seed {seed}: {result['steps_run']} steps, diverged={result['diverged']}, "
+                  f"F/F0 end {last['F'] / result['points'][0]['F']:.3f}, acc end {last['test_accuracy']:.3f} "
+                  f"({result['seconds']:.0f} s)", flush=True)
+            write_text(args.json, json.dumps(out))
+    summarise(out)
+
+
+if __name__ == "__main__":
+    main()
