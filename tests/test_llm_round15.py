@@ -242,3 +242,34 @@ def test_loop_and_linear_norms_refuse_indices_that_are_not_ints_from_zero(indice
             norms(indices)
         assert torch.allclose(norms([1, 4]), loop_grad_norms(losses, params, range(5))[[1, 4]])
         assert norms([]).shape == (0,)
+
+
+# --- 6. the first round's rate: checked, and named in full in the cache ---------------------------------------
+@pytest.mark.parametrize("lr", [0.0, float("inf"), float("nan"), -1e-3, True])
+def test_the_first_round_refuses_a_rate_that_tunes_nothing_or_everything_to_nan(lr, tmp_path, monkeypatch):
+    monkeypatch.setenv("SAZO_CACHE", str(tmp_path))
+    model, params = adapted()
+    cset, tokenizer = make_continual_set("continual", num_train=4, num_test=2), word_tokenizer(eos_token="c")
+    start = snapshot(params)
+    # 0: Adam took it and the round tuned nothing (and was cached); inf: every tuned tensor became nan
+    for run in (first_round, lambda *a, **k: cached_first_round(*a, key="k", **k)):
+        with pytest.raises(ValueError, match="Invalid lr"):
+            run(model, params, cset, tokenizer, steps=1, lr=lr, progress=False)
+        assert all(torch.equal(p, s) for p, s in zip(params, start))
+    assert not (tmp_path / "first_round").exists()
+
+
+def test_a_cached_first_round_of_a_nearby_rate_is_not_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("SAZO_CACHE", str(tmp_path))
+    model, params = adapted()
+    cset, tokenizer = make_continual_set("continual", num_train=4, num_test=2), word_tokenizer(eos_token="c")
+    start = snapshot(params)
+    assert cached_first_round(model, params, cset, tokenizer, key="k", steps=1, lr=3e-3, progress=False) is False
+    with torch.no_grad():
+        for p, s in zip(params, start):
+            p.copy_(s)
+    # the name kept 6 digits (lr0.003 for both): the round of 3e-3 was read for 3.0000001e-3
+    assert cached_first_round(model, params, cset, tokenizer, key="k", steps=1, lr=3.0000001e-3,
+                              progress=False) is False
+    assert cached_first_round(model, params, cset, tokenizer, key="k", steps=1, lr=3e-3, progress=False) is True
+    assert len(list((tmp_path / "first_round").iterdir())) == 2

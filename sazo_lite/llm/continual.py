@@ -317,6 +317,7 @@ def first_round(model, params, cset: ContinualSet, tokenizer, *, steps: int = 10
     from .finetune import check_params_in
 
     steps = check_int("steps", steps, 0)
+    lr = check_number("lr", lr, 0.0, closed_low=False)    # 0 tuned nothing, inf made every tensor nan, silently
     if not cset.setup:
         return []
     params = check_params_in(model, params)     # another copy's tensors got no gradient: Adam skipped them
@@ -353,8 +354,8 @@ def cached_first_round(model, params, cset: ContinualSet, tokenizer, *, key: str
     """``first_round`` once, then reuse: the tuned tensors are saved under the user cache by ``key``.
 
     The key must name the model and the adapters (model, adapter rank); the file name adds the steps, the
-    rate and a digest of the setup (prompts, labels, label words), so another setup never reads this one's
-    round. Returns True when the cached copy was used.
+    rate (every digit) and a digest of the setup (prompts, labels, label words), so another setup never reads
+    this one's round. Returns True when the cached copy was used.
     """
     from .finetune import check_params_in, restore_snapshot, snapshot
     from .models import cache_dir
@@ -363,9 +364,11 @@ def cached_first_round(model, params, cset: ContinualSet, tokenizer, *, key: str
         return False
     # a cached copy went into another copy's tensors and was reported used, the model left as it was
     params = check_params_in(model, params)
+    steps, lr = check_int("steps", steps, 0), check_number("lr", lr, 0.0, closed_low=False)   # before the name
     # the setup's digest: a key names the set by its sizes, and the sets of one size changed when their repeated
     # prompts were drawn again (a round tuned on the old setup was read as the new one's)
-    path = cache_dir() / "first_round" / f"{key}-steps{steps}-lr{lr:g}-{_setup_digest(cset)}.pt"
+    # the rate in full (repr: 0.003 is "0.003"): ":g" kept 6 digits, so 3.0000001e-3 read the round of 3e-3
+    path = cache_dir() / "first_round" / f"{key}-steps{steps}-lr{lr!r}-{_setup_digest(cset)}.pt"
     saved = _cached_tensors(path, params) if path.exists() else None
     if saved is not None:
         with torch.no_grad():
