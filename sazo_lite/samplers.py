@@ -205,7 +205,10 @@ class OracleSampler(Sampler):
         if not bool(torch.isfinite(norms).all()) or bool((norms < 0).any()):
             raise ValueError("Invalid norms_fn: norms must be finite and non-negative")
         norms = relative_scores(norms.numpy())   # a sum of norms near float64's max would be inf
-        return torch.from_numpy(probabilities(norms, float(norms.sum()), self.uniform_mix, self.num_examples))
+        # λ as the constructor checks it: a schedule may set it between steps, and 1.5 drew from a 'mixture' with
+        # negative entries or another p than the weights assumed
+        mix = check_fraction("uniform_mix", self.uniform_mix, 0.0, 1.0, closed_low=True, closed_high=True)
+        return torch.from_numpy(probabilities(norms, float(norms.sum()), mix, self.num_examples))
 
     def state_dict(self) -> dict:
         """The base state and ``hyperparameters`` {"uniform_mix": λ}, as the SAZO samplers record theirs (the
@@ -468,7 +471,13 @@ class _ScoredSampler(Sampler):
 
     def _probs_at(self, indices: np.ndarray) -> np.ndarray:
         total, _, _, prior = self._total()
-        return probabilities(self._scores_at(indices, prior), total, self.uniform_mix, self.num_examples)
+        return probabilities(self._scores_at(indices, prior), total, self._mix(), self.num_examples)
+
+    def _mix(self) -> float:
+        """λ as a Python float, checked as the constructor checks it (λ ∈ (0, 1]) where it is used: a schedule may
+        set it between steps, and λ = 1.5, −0.2 or NaN drew from one mixture and weighted by another (a biased
+        estimate, or NaN weights) without a word."""
+        return check_fraction("uniform_mix", self.uniform_mix, 0.0, 1.0, closed_low=False, closed_high=True)
 
     @property
     def probs(self) -> torch.Tensor:
@@ -487,7 +496,7 @@ class _ScoredSampler(Sampler):
         """
         check_count("batch_size", batch_size)
         total, seen_total, unseen_count, prior = self._total()
-        mix = float(self.uniform_mix)   # a float32 λ set between steps: its split in float64, as the state reloads it
+        mix = self._mix()   # a float32 λ set between steps: its split in float64, as the state reloads it
         u = torch.rand(batch_size, generator=self._generator, dtype=torch.float64).numpy()
         part = np.zeros(batch_size, dtype=np.int64)  # 0 uniform, 1 seen, 2 unseen
         if total > 0 and math.isfinite(total):
@@ -502,7 +511,7 @@ class _ScoredSampler(Sampler):
             chosen = part == which
             if chosen.any():
                 indices[chosen] = draw(int(chosen.sum()))
-        probs = probabilities(self._scores_at(indices, prior), total, self.uniform_mix, self.num_examples)
+        probs = probabilities(self._scores_at(indices, prior), total, mix, self.num_examples)
         return torch.from_numpy(indices), torch.from_numpy(importance_weights(probs, self.num_examples))
 
     # -- checkpoints -------------------------------------------------------------------------

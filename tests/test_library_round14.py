@@ -376,3 +376,31 @@ def test_a_sum_tree_over_floating_sums_draws_each_leaf_by_its_share(dtype):
     draws = tree.sample(20_000, torch.Generator().manual_seed(0)).numpy()
     shares = np.bincount(draws, minlength=5) / 20_000
     assert np.allclose(shares, leaves.values / leaves.values.sum(), atol=0.02)
+
+
+# --- 10. λ set between steps is checked where it is used ----------------------------------------------------------
+@pytest.mark.parametrize("kind", ["sazo", "sazo-tree", "plain", "stale", "oracle"])
+@pytest.mark.parametrize("mix", [1.5, -0.2, float("nan"), float("inf"), "0.1", True])
+def test_a_mix_set_between_steps_outside_its_interval_is_refused_before_anything_moves(kind, mix):
+    """A schedule may set λ between steps (round 13). λ = 1.5 sent every draw to the uniform part while the
+    weights were 1/(N·p) of the formula's p (a biased estimate); −0.2 never drew uniformly; NaN gave NaN weights;
+    the oracle drew from a 'mixture' −0.5·p* + 1.5/N. Now sample, update and probs refuse it as the constructor
+    does (ValueError naming uniform_mix) before the generator or the scores move."""
+    make = _kinds()[kind]
+    sampler, twin = make(), make()
+    for s in (sampler, twin):
+        for _ in range(3):
+            indices, _ = s.sample(8)
+            s.update(indices, torch.randn(8, generator=torch.Generator().manual_seed(1), dtype=torch.float64))
+    valid = sampler.uniform_mix
+    sampler.uniform_mix = mix
+    with pytest.raises(ValueError, match="Invalid uniform_mix"):
+        sampler.sample(8)
+    with pytest.raises(ValueError, match="Invalid uniform_mix"):
+        sampler.probs
+    if kind not in ("plain", "oracle"):   # the robust rule's level reads p at the update
+        with pytest.raises(ValueError, match="Invalid uniform_mix"):
+            sampler.update(torch.tensor([0, 1]), torch.tensor([1.0, 2.0], dtype=torch.float64))
+    sampler.uniform_mix = valid
+    (i, w), (j, v) = sampler.sample(8), twin.sample(8)
+    assert torch.equal(i, j) and torch.equal(w, v) and torch.equal(sampler.probs, twin.probs)
