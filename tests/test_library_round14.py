@@ -404,3 +404,15 @@ def test_a_mix_set_between_steps_outside_its_interval_is_refused_before_anything
     sampler.uniform_mix = valid
     (i, w), (j, v) = sampler.sample(8), twin.sample(8)
     assert torch.equal(i, j) and torch.equal(w, v) and torch.equal(sampler.probs, twin.probs)
+
+
+def test_the_sum_tolerance_is_the_language_model_diagnostics_one():
+    """llm.queries.sampling_diagnostics accepts p summing to 1 within 1e-5; the variance helpers it calls must not
+    refuse what it accepts (a sampler's p carries the float32 rounding of its sum tree's root)."""
+    from sazo_lite import variance
+    from sazo_lite.llm.queries import sampling_diagnostics
+    norms = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    off = torch.tensor([0.25, 0.25, 0.25, 0.25 + 8e-6], dtype=torch.float64)
+    assert sampling_diagnostics(norms, off)["v_ratio"] >= 1.0 and variance.tv_distance(off, off) == 0.0
+    with pytest.raises(ValueError, match="Invalid p: entries sum to"):
+        variance.tv_distance(torch.tensor([0.25, 0.25, 0.25, 0.25 + 2e-5], dtype=torch.float64), off)
