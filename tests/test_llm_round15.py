@@ -273,3 +273,23 @@ def test_a_cached_first_round_of_a_nearby_rate_is_not_read(tmp_path, monkeypatch
                               progress=False) is False
     assert cached_first_round(model, params, cset, tokenizer, key="k", steps=1, lr=3e-3, progress=False) is True
     assert len(list((tmp_path / "first_round").iterdir())) == 2
+
+
+# --- 7. vmap's norms check the batch as the losses do, before the first forward --------------------------------
+def test_vmap_norms_check_the_vocabulary_and_the_labels_before_the_first_forward():
+    from sazo_lite.llm.grad_norms import grad_norms, vmap_grad_norms
+    from sazo_lite.llm.losses import TokenBatch
+    from sazo_lite.llm.topblock import top_block_parameters
+
+    model = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    params = top_block_parameters(model, 1)         # norms and scales too: not Linears only, so "auto" takes vmap
+    past = TokenBatch([[5, 6, VOCAB + 6], [7, 8, 9]], [3, 3], 0, torch.tensor([0, 1]), torch.tensor([5, 9]))
+    for method in ("auto", "vmap"):     # an IndexError from the embedding (a device-side assert on a GPU)
+        with pytest.raises(ValueError, match=f"Invalid batch: token id {VOCAB + 6} .* past the model's vocabulary"):
+            grad_norms(model, past, params, method=method)
+    unlabelled = TokenBatch([[5, 6, 7], [7, 8, 9]], [3, 3], 0, None, torch.tensor([5, 9]))
+    with pytest.raises(ValueError, match="Invalid batch: no labels"):        # 'NoneType' object is not subscriptable
+        vmap_grad_norms(model, unlabelled, params)
+    fine = TokenBatch([[5, 6, 7], [7, 8, 9]], [3, 3], 0, torch.tensor([0, 1]), torch.tensor([5, 9]))
+    assert torch.allclose(vmap_grad_norms(model, fine, params), grad_norms(model, fine, params, method="loop"),
+                          rtol=1e-4)

@@ -43,7 +43,8 @@ import torch
 
 from ..engine import _check_disjoint
 from ..validation import check_count, check_number, check_seed
-from .losses import TokenBatch, answer_losses, check_deterministic, checked_indices, classification_losses
+from .losses import (TokenBatch, _check_vocabulary, answer_losses, check_deterministic, check_labelled,
+                     checked_indices, classification_losses)
 
 __all__ = ["loop_grad_norms", "linear_grad_norms", "vmap_grad_norms", "grad_norms", "example_losses", "RefreshingNorms",
            "linear_modules_for", "full_gradient_norm", "directional_error"]
@@ -283,6 +284,10 @@ def vmap_grad_norms(model, batch: TokenBatch, params, indices=None, *, max_bytes
     from torch.func import functional_call, grad, vmap
 
     indices = list(range(len(batch))) if indices is None else _checked(indices, len(batch))
+    check_labelled(batch)               # no labels: a TypeError from inside the chunk loop
+    # before the first forward, as the losses check: an id past the embedding was an IndexError (on a GPU a
+    # device-side assert, which "auto" took for a forward vmap cannot trace)
+    _check_vocabulary(model, batch)
     if len({len(batch.ids[i]) for i in indices}) > 1:
         raise ValueError("Invalid batch: vmap_grad_norms needs examples of one length (no padding)")
     names = {id(p): name for name, p in model.named_parameters()}
