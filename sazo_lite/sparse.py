@@ -87,11 +87,15 @@ class SparseMeZO(MeZO):
                              "SparseMeZO with every tensor and its mask")
         super().add_param_group(param_group)
 
-    def _check_groups_unchanged(self) -> None:
-        """A tensor appended to or swapped into a group has no mask: refused before any pass."""
+    def _check_masked(self) -> None:
+        """A tensor appended to or swapped into a group has no mask: refused before a pass or a state reads one."""
         if any(self._masked.get(id(p)) is not p for p in self._params()):
             raise ValueError("Invalid params: a tensor without a mask was put into SparseMeZO's param groups; "
                              "build a new SparseMeZO with every tensor and its mask")
+
+    def _check_groups_unchanged(self) -> None:
+        """A tensor without a mask (``_check_masked``), then MeZO's checks and the masks' fit."""
+        self._check_masked()
         checked = getattr(self, "_checked_memory", None)
         super()._check_groups_unchanged()
         if self._checked_memory is not checked:   # checked in full: memory re-pointed (.data) since, or the first
@@ -117,12 +121,14 @@ class SparseMeZO(MeZO):
     def state_dict(self) -> dict:
         """MeZO's state, and ``mask_digests``: the SHA-256 of each mask in parameter order, as a ``SeedLog``
         records them (the masks themselves are the caller's to rebuild, e.g. ``sparse_indices`` with its seed)."""
+        self._check_masked()   # KeyError from the digests otherwise
         return {**super().state_dict(), "mask_digests": _mask_digests(self)}
 
     def load_state_dict(self, state_dict: dict) -> None:
         """MeZO's ``load_state_dict``, after checking that the state's masks are this optimiser's: a state loaded
         into a SparseMeZO of other masks (``sparse_indices`` with another seed or fraction) went on moving other
         entries than the saved run's, silently. A state without ``mask_digests`` (before round 14) loads as before."""
+        self._check_masked()
         if isinstance(state_dict, dict) and "mask_digests" in state_dict \
                 and state_dict["mask_digests"] != _mask_digests(self):
             raise ValueError("Invalid state_dict: its masks differ from this SparseMeZO's (sizes or entries); build "

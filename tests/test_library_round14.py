@@ -416,3 +416,16 @@ def test_the_sum_tolerance_is_the_language_model_diagnostics_one():
     assert sampling_diagnostics(norms, off)["v_ratio"] >= 1.0 and variance.tv_distance(off, off) == 0.0
     with pytest.raises(ValueError, match="Invalid p: entries sum to"):
         variance.tv_distance(torch.tensor([0.25, 0.25, 0.25, 0.25 + 2e-5], dtype=torch.float64), off)
+
+
+def test_a_sparse_state_of_an_optimiser_holding_a_tensor_without_a_mask_is_refused_by_name():
+    """With the digests in its state, state_dict of a SparseMeZO whose group got a tensor appended raised a bare
+    KeyError (an id); now the ValueError its step gives."""
+    from sazo_lite.sparse import SparseMeZO
+    theta = torch.zeros(10)
+    opt = SparseMeZO([theta], [torch.tensor([1, 2])], lr=0.1)
+    state = opt.state_dict()
+    opt.param_groups[0]["params"].append(torch.zeros(10))
+    for call in (opt.state_dict, lambda: opt.load_state_dict(state)):
+        with pytest.raises(ValueError, match="Invalid params: a tensor without a mask"):
+            call()
