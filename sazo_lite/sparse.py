@@ -170,8 +170,8 @@ def _param_list(params) -> list:
 
 
 def _check_mask(p, mask) -> torch.Tensor:
-    """A copy of ``mask`` on ``p``'s device, after checking that it indexes ``p``'s flat entries as a pass needs: a dense
-    1-D int32 or int64 tensor of distinct indices in [0, p.numel()), ``p`` a contiguous tensor (the passes
+    """A copy of ``mask`` on ``p``'s device, after checking that it indexes ``p``'s flat entries as a pass needs: a
+    dense 1-D int32 or int64 tensor of distinct indices in [0, p.numel()), ``p`` a contiguous tensor (the passes
     write through ``p.view(-1)``). Checked at construction, and again when ``p``'s memory has moved."""
     if (not isinstance(mask, torch.Tensor) or not_dense(mask) is not None or mask.dim() != 1
             or mask.dtype not in (torch.int32, torch.int64)):

@@ -223,9 +223,9 @@ def test_sparse_indices_refuses_what_is_not_a_list_of_tensors(params):
         sparse_indices(params, 0.5)
 
 
-@pytest.mark.parametrize("fraction, numel, k", [(0.68, 78_073_600, 53_090_048), (0.5, 9_494_219_366, 4_747_109_683),
-                                                (1.0, 5_838_549_767, 5_838_549_767), (0.56, 1_828_349_400, 1_023_875_664),
-                                                (0.1, 30, 3), (1 / 61, 549, 9), (0.3, 7, 3), (1e-12, 10, 1)])
+@pytest.mark.parametrize("fraction, numel, k", [
+    (0.68, 78_073_600, 53_090_048), (0.5, 9_494_219_366, 4_747_109_683), (1.0, 5_838_549_767, 5_838_549_767),
+    (0.56, 1_828_349_400, 1_023_875_664), (0.1, 30, 3), (1 / 61, 549, 9), (0.3, 7, 3), (1e-12, 10, 1)])
 def test_the_kept_count_is_the_ceiling_of_the_fraction_of_the_entries(fraction, numel, k):
     """k = ceil(fraction · numel) was computed as a float product with a 1e-9 absolute slack: from about 10⁷
     entries on the float's own rounding is above that slack and one entry too many was kept (0.68 of 78,073,600
@@ -321,7 +321,7 @@ def test_a_sparse_state_written_before_round_14_still_loads():
     assert other.step_count == 2
 
 
-# --- 8. the staleness correction when an age's running means reach 0 ---------------------------------------------------
+# --- 8. the staleness correction when an age's running means reach 0 -------------------------------------------
 def test_an_age_whose_observations_were_all_zero_keeps_its_scores_and_its_state_loads():
     """With growth_rate 1 (or after a long run of zero diffs, which float32 losses give for fitted examples) an
     age bucket's two running means both reach 0: its factor 0/0 was NaN, the sampling scores of every example of
