@@ -293,3 +293,24 @@ def test_vmap_norms_check_the_vocabulary_and_the_labels_before_the_first_forward
     fine = TokenBatch([[5, 6, 7], [7, 8, 9]], [3, 3], 0, torch.tensor([0, 1]), torch.tensor([5, 9]))
     assert torch.allclose(vmap_grad_norms(model, fine, params), grad_norms(model, fine, params, method="loop"),
                           rtol=1e-4)
+
+
+# --- 8. add_lora that peft refuses midway leaves the model as it was ----------------------------------------------
+def test_add_lora_refused_midway_leaves_no_adapter_behind():
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    from sazo_lite.llm import add_lora
+
+    model = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    modules = dict(model.named_modules())
+    state = {name: t.clone() for name, t in model.state_dict().items()}
+    # peft wrapped layer 0's q_proj, then refused the norm: the wrapper stayed, and every later add_lora said
+    # "it already holds peft adapters"
+    with pytest.raises(ValueError, match="is not supported"):
+        add_lora(model, rank=2, target_modules=["q_proj", "input_layernorm"])
+    assert not any(isinstance(m, BaseTunerLayer) for m in model.modules())
+    assert dict(model.named_modules()).keys() == modules.keys()
+    assert all(m is modules[name] for name, m in model.named_modules())
+    assert all(torch.equal(t, state[name]) for name, t in model.state_dict().items())
+    adapted_model = add_lora(model, rank=2, target_modules=["q_proj"])
+    assert sum(isinstance(m, BaseTunerLayer) for m in adapted_model.modules()) == 2

@@ -161,5 +161,19 @@ def add_lora(model, *, rank: int = 8, alpha: int = 16, target_modules=None, init
         # every user of add_lora saw and could do nothing about (peft's call, not theirs)
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         torch.manual_seed(init_seed)
-        peft_model = get_peft_model(model, config)
+        try:
+            peft_model = get_peft_model(model, config)
+        except Exception:
+            # peft injects module by module: a target it cannot adapt (a norm) left the adapters before it in the
+            # model, which every later add_lora then refused as "already holds peft adapters"
+            _remove_adapters(model, BaseTunerLayer)
+            raise
     return peft_model.eval()
+
+
+def _remove_adapters(model, layer_type) -> None:
+    """Put back each module peft wrapped in ``model`` (a ``layer_type``) by the module it wraps."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, layer_type):
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, module.get_base_layer())
