@@ -34,6 +34,20 @@ COUNT_MAX = np.iinfo(np.uint16).max  # counts saturate here (they only steer the
 SCORE_MAX = 1e30                     # relative scores are clipped here: float32 storage and sums stay finite
 _STORED_SCORE_MAX = float(np.float32(SCORE_MAX))  # the largest G the robust rule can store (1e30 rounded up)
 
+# Each hyperparameter's rule, written once: the constructors check their arguments with it, and the SAZO samplers
+# check their settings with it again before a draw or an update reads them (``_check_settings``).
+_RULES = {
+    "uniform_mix": lambda v: check_fraction("uniform_mix", v, 0.0, 1.0, closed_low=False, closed_high=True),
+    "oracle_mix": lambda v: check_fraction("uniform_mix", v, 0.0, 1.0, closed_low=True, closed_high=True),
+    "ema_decay": lambda v: check_fraction("ema_decay", v, 0.0, 1.0, closed_low=True, closed_high=False),
+    "prior_strength": lambda v: check_number("prior_strength", v, 0.0),
+    "level_decay": lambda v: check_fraction("level_decay", v, 0.0, 1.0, closed_low=True, closed_high=False),
+    "statistic": lambda v: check_choice("statistic", v, STATISTICS),
+    "growth_rate": lambda v: check_fraction("growth_rate", v, 0.0, 1.0, closed_low=False, closed_high=True),
+    "min_factor": lambda v: check_fraction("min_factor", v, 0.0, 1.0, closed_low=False, closed_high=True),
+    "max_factor": lambda v: check_number("max_factor", v, 1.0, closed_low=False),
+}
+
 
 class Sampler:
     """Base class: i.i.d. draws from ``probs`` with weights 1/(N·p_i).
@@ -192,7 +206,7 @@ class OracleSampler(Sampler):
         if not callable(norms_fn):
             raise ValueError("Invalid norms_fn: expected a callable returning norms [N]")
         self.norms_fn = norms_fn
-        self.uniform_mix = check_fraction("uniform_mix", uniform_mix, 0.0, 1.0, closed_low=True, closed_high=True)
+        self.uniform_mix = _RULES["oracle_mix"](uniform_mix)
 
     @property
     def probs(self) -> torch.Tensor:
@@ -207,7 +221,7 @@ class OracleSampler(Sampler):
         norms = relative_scores(norms.numpy())   # a sum of norms near float64's max would be inf
         # λ as the constructor checks it: a schedule may set it between steps, and 1.5 drew from a 'mixture' with
         # negative entries or another p than the weights assumed
-        mix = check_fraction("uniform_mix", self.uniform_mix, 0.0, 1.0, closed_low=True, closed_high=True)
+        mix = _RULES["oracle_mix"](self.uniform_mix)
         return torch.from_numpy(probabilities(norms, float(norms.sum()), mix, self.num_examples))
 
     def state_dict(self) -> dict:
@@ -225,7 +239,7 @@ class OracleSampler(Sampler):
         if not isinstance(hyper, dict) or set(hyper) != {"uniform_mix"}:
             given = sorted(map(str, hyper)) if isinstance(hyper, dict) else type(hyper).__name__
             raise ValueError(f"Invalid state: hyperparameters {given} (expected ['uniform_mix'])")
-        mix = check_fraction("uniform_mix", hyper["uniform_mix"], 0.0, 1.0, closed_low=True, closed_high=True)
+        mix = _RULES["oracle_mix"](hyper["uniform_mix"])
         with InterruptsDeferred():
             self._apply_base(checked)
             self.uniform_mix = mix
@@ -417,7 +431,8 @@ class _ScoredSampler(Sampler):
     A subclass keeps ``_g`` (float32 [N]) and ``_n`` (uint16 [N]), and defines
     ``_seen_scores(idx)`` (sampling score of seen examples, 0 if unseen), ``_unseen(idx)`` and
     ``_prior_score()``. Then p_i = probabilities(ŝ_i, S), ŝ_i = score or prior, S = Σ ŝ.
-    ``ESTIMATE_MAX`` is the largest estimate the rule can store (``load_state_dict`` refuses more).
+    ``ESTIMATE_MAX`` is the largest estimate the rule can store (``load_state_dict`` refuses more); ``SETTINGS``
+    names the hyperparameters that ``sample``, ``probs`` and ``update`` check again before reading them.
     """
 
     MAX_EXAMPLES = 2 ** 28    # N·1e30 (the largest scores) stays finite in the float32 sum tree
@@ -477,11 +492,27 @@ class _ScoredSampler(Sampler):
         """λ as a Python float, checked as the constructor checks it (λ ∈ (0, 1]) where it is used: a schedule may
         set it between steps, and λ = 1.5, −0.2 or NaN drew from one mixture and weighted by another (a biased
         estimate, or NaN weights) without a word."""
-        return check_fraction("uniform_mix", self.uniform_mix, 0.0, 1.0, closed_low=False, closed_high=True)
+        return _RULES["uniform_mix"](self.uniform_mix)
+
+    # the settings a draw or an update reads (``_check_settings``); each subclass names its own
+    SETTINGS: tuple = ("uniform_mix",)
+
+    def _check_settings(self) -> None:
+        """Each of ``SETTINGS`` as the constructor checks it, before a draw or an update reads it: they may be set
+        between steps, and ema_decay = −0.5 made estimates and probabilities negative, a statistic "sqaure" was
+        read as "abs", a level_decay of 2 turned the level negative, without a word."""
+        for name in self.SETTINGS:
+            _RULES[name](getattr(self, name))
+
+    def update(self, indices: torch.Tensor, directional_diffs: torch.Tensor) -> None:
+        """``Sampler.update``, after ``_check_settings`` (ValueError, state unchanged)."""
+        self._check_settings()
+        super().update(indices, directional_diffs)
 
     @property
     def probs(self) -> torch.Tensor:
         """p_i = (1−λ)·ŝ_i/Σ_j ŝ_j + λ/N (ŝ: sampling scores), float64 [N], a copy."""
+        self._check_settings()
         return torch.from_numpy(self._probs_at(np.arange(self.num_examples)))
 
     def scores(self) -> torch.Tensor:
@@ -495,6 +526,7 @@ class _ScoredSampler(Sampler):
         between the seen (∝ score) and the unseen (uniformly) by their masses.
         """
         check_count("batch_size", batch_size)
+        self._check_settings()
         total, seen_total, unseen_count, prior = self._total()
         mix = self._mix()   # a float32 λ set between steps: its split in float64, as the state reloads it
         u = torch.rand(batch_size, generator=self._generator, dtype=torch.float64).numpy()
@@ -608,11 +640,12 @@ class PlainSAZOSampler(_ScoredSampler):
         (1.8, True)
     """
 
+    SETTINGS = ("uniform_mix", "ema_decay")
+
     def __init__(self, num_examples: int, *, ema_decay: float = 0.9, uniform_mix: float = 0.1,
                  initial_estimate: float = 1.0, sum_tree: bool | None = None, seed: int = 0):
         super().__init__(num_examples, seed=seed)
-        self.ema_decay = check_fraction("ema_decay", ema_decay, 0.0, 1.0, closed_low=True, closed_high=False)
-        self.uniform_mix = check_fraction("uniform_mix", uniform_mix, 0.0, 1.0, closed_low=False, closed_high=True)
+        self.ema_decay, self.uniform_mix = _RULES["ema_decay"](ema_decay), _RULES["uniform_mix"](uniform_mix)
         self.initial_estimate = check_number("initial_estimate", initial_estimate, 0.0, SCORE_MAX, closed_low=False)
         self._g = np.full(num_examples, self.initial_estimate, dtype=np.float32)  # G_i, units of d²
         self._n = np.zeros(num_examples, dtype=np.uint16)                          # diagnostics only
@@ -716,16 +749,16 @@ class SAZOSampler(_ScoredSampler):
     """
 
     ESTIMATE_MAX = _STORED_SCORE_MAX  # G is a running mean of observations clipped at SCORE_MAX
+    SETTINGS = ("uniform_mix", "ema_decay", "prior_strength", "level_decay", "statistic")
 
     def __init__(self, num_examples: int, *, ema_decay: float = 0.9, uniform_mix: float = 0.1,
                  prior_strength: float = 1.0, statistic: str = "abs", level_decay: float = 0.99,
                  sum_tree: bool | None = None, seed: int = 0):
         super().__init__(num_examples, seed=seed)
-        self.ema_decay = check_fraction("ema_decay", ema_decay, 0.0, 1.0, closed_low=True, closed_high=False)
-        self.uniform_mix = check_fraction("uniform_mix", uniform_mix, 0.0, 1.0, closed_low=False, closed_high=True)
-        self.prior_strength = check_number("prior_strength", prior_strength, 0.0)
-        self.level_decay = check_fraction("level_decay", level_decay, 0.0, 1.0, closed_low=True, closed_high=False)
-        self.statistic = check_choice("statistic", statistic, STATISTICS)
+        self.ema_decay, self.uniform_mix = _RULES["ema_decay"](ema_decay), _RULES["uniform_mix"](uniform_mix)
+        self.prior_strength = _RULES["prior_strength"](prior_strength)
+        self.level_decay = _RULES["level_decay"](level_decay)
+        self.statistic = _RULES["statistic"](statistic)
         self._g = np.zeros(num_examples, dtype=np.float32)    # G_i relative to L; 0 where unseen
         self._n = np.zeros(num_examples, dtype=np.uint16)     # n_i, saturating
         self.level, self.level_steps = 0.0, 0                 # L and how often it was updated
@@ -948,6 +981,7 @@ class StaleCorrectedSAZOSampler(SAZOSampler):
     """
 
     AGE_BUCKETS = 40
+    SETTINGS = (*SAZOSampler.SETTINGS, "growth_rate", "min_factor", "max_factor")
 
     def __init__(self, num_examples: int, *, ema_decay: float = 0.9, uniform_mix: float = 0.1,
                  prior_strength: float = 1.0, statistic: str = "abs", level_decay: float = 0.99,
@@ -957,9 +991,8 @@ class StaleCorrectedSAZOSampler(SAZOSampler):
             raise ValueError("Invalid sum_tree: True (the staleness correction rebuilds p in an O(N) pass per step)")
         super().__init__(num_examples, ema_decay=ema_decay, uniform_mix=uniform_mix, prior_strength=prior_strength,
                          statistic=statistic, level_decay=level_decay, sum_tree=False, seed=seed)
-        self.growth_rate = check_fraction("growth_rate", growth_rate, 0.0, 1.0, closed_low=False, closed_high=True)
-        self.min_factor = check_fraction("min_factor", min_factor, 0.0, 1.0, closed_low=False, closed_high=True)
-        self.max_factor = check_number("max_factor", max_factor, 1.0, closed_low=False)
+        self.growth_rate, self.min_factor = _RULES["growth_rate"](growth_rate), _RULES["min_factor"](min_factor)
+        self.max_factor = _RULES["max_factor"](max_factor)
         self._last = np.zeros(self.num_examples, dtype=np.int64)  # t_i, the update step of the last draw; 0 unseen
         self._fresh = np.ones(self.AGE_BUCKETS)    # A_b
         self._stored = np.ones(self.AGE_BUCKETS)   # S_b

@@ -429,3 +429,30 @@ def test_a_sparse_state_of_an_optimiser_holding_a_tensor_without_a_mask_is_refus
     for call in (opt.state_dict, lambda: opt.load_state_dict(state)):
         with pytest.raises(ValueError, match="Invalid params: a tensor without a mask"):
             call()
+
+
+# --- 11. the other settings set between steps are checked too -------------------------------------------------------
+@pytest.mark.parametrize("kind, name, bad", [
+    ("sazo", "ema_decay", -0.5), ("sazo-tree", "ema_decay", 1.0), ("plain", "ema_decay", -0.5),
+    ("sazo", "level_decay", 2.0), ("sazo", "prior_strength", -1.0), ("sazo", "statistic", "sqaure"),
+    ("stale", "growth_rate", 1.5), ("stale", "min_factor", 0.0), ("stale", "max_factor", 0.5),
+    ("stale", "ema_decay", float("nan"))])
+def test_a_setting_set_between_steps_outside_its_rule_is_refused_before_anything_moves(kind, name, bad):
+    """Only the constructor checked them: ema_decay = −0.5 set between steps made estimates and probabilities
+    negative (p_min −0.9 on a 10-example run), a statistic 'sqaure' was read as 'abs', a level_decay of 2 turned
+    the level negative. sample, update and probs now check each as the constructor does, before anything moves."""
+    make = _kinds()[kind]
+    sampler, twin = make(), make()
+    for s in (sampler, twin):
+        for _ in range(3):
+            indices, _ = s.sample(8)
+            s.update(indices, torch.randn(8, generator=torch.Generator().manual_seed(1), dtype=torch.float64))
+    valid = getattr(sampler, name)
+    setattr(sampler, name, bad)
+    for call in (lambda: sampler.sample(8), lambda: sampler.probs,
+                 lambda: sampler.update(torch.tensor([0, 1]), torch.tensor([1.0, 2.0], dtype=torch.float64))):
+        with pytest.raises(ValueError, match=f"Invalid {name}"):
+            call()
+    setattr(sampler, name, valid)
+    (i, w), (j, v) = sampler.sample(8), twin.sample(8)
+    assert torch.equal(i, j) and torch.equal(w, v) and torch.equal(sampler.estimates, twin.estimates)
