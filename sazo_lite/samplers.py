@@ -398,11 +398,14 @@ class SAZOState:
 
 
 def _python_number(value):
-    """A numpy number as the Python number it holds (anything else unchanged): a λ set between steps by a schedule
-    computed with numpy (``sampler.uniform_mix = 0.1 * np.exp(-t / T)``) made a state that ``torch.load`` refused
-    with ``weights_only=True``, its default."""
+    """A numpy number as the Python number it holds, a str subclass (numpy's ``str_``) as a plain str (anything else
+    unchanged): a λ set between steps by a schedule computed with numpy (``sampler.uniform_mix = 0.1 *
+    np.exp(-t / T)``), or a statistic read from an array, made a state that ``torch.load`` refused with
+    ``weights_only=True``, its default."""
     if isinstance(value, np.bool_):
         return bool(value)
+    if isinstance(value, str):
+        return str.__str__(value)
     return value.item() if isinstance(value, np.number) else value
 
 

@@ -456,3 +456,24 @@ def test_a_setting_set_between_steps_outside_its_rule_is_refused_before_anything
     setattr(sampler, name, valid)
     (i, w), (j, v) = sampler.sample(8), twin.sample(8)
     assert torch.equal(i, j) and torch.equal(w, v) and torch.equal(sampler.estimates, twin.estimates)
+
+
+# --- 12. a statistic set between steps as numpy's str_ ----------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["sazo", "stale"])
+def test_a_statistic_read_from_a_numpy_array_between_steps_makes_a_state_torch_load_takes(kind):
+    """Round 13 made numpy numbers Python numbers in the state; a statistic set between steps from an array of
+    names (np.array(['abs', 'square'])[1], a numpy str_) was stored as it was, and torch.load(weights_only=True),
+    torch's default, refused the checkpoint. It is stored as a plain str; the loaded sampler resumes bit for bit."""
+    sampler = _kinds()[kind]()
+    sampler.statistic = np.array(["abs", "square"])[1]
+    indices, _ = sampler.sample(8)
+    sampler.update(indices, torch.randn(8, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
+    buffer = io.BytesIO()
+    torch.save(sampler.state_dict(), buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)
+    assert type(state["hyperparameters"]["statistic"]) is str
+    resumed = _kinds()[kind]()
+    resumed.load_state_dict(state)
+    (i, w), (j, v) = sampler.sample(8), resumed.sample(8)
+    assert resumed.statistic == "square" and torch.equal(i, j) and torch.equal(w, v)
