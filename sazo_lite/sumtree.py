@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .validation import check_count, dense_tensor
+from .validation import check_callable, check_count, dense_tensor
 
 __all__ = ["SumTree"]
 
@@ -75,6 +75,7 @@ class SumTree:
         """
         tree = cls.__new__(cls)
         tree._leaves = None
+        leaf_values = check_callable("leaf_values", leaf_values)   # the owner's array itself raised TypeError
         tree._setup(check_count("num_leaves", num_leaves), leaf_values, _sum_dtype(dtype))
         return tree
 

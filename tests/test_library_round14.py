@@ -477,3 +477,12 @@ def test_a_statistic_read_from_a_numpy_array_between_steps_makes_a_state_torch_l
     resumed.load_state_dict(state)
     (i, w), (j, v) = sampler.sample(8), resumed.sample(8)
     assert resumed.statistic == "square" and torch.equal(i, j) and torch.equal(w, v)
+
+
+@pytest.mark.parametrize("leaf_values", [[1.0, 2.0, 3.0], np.array([1.0, 2.0, 3.0]), None])
+def test_a_sum_tree_over_leaves_that_are_not_a_function_is_refused_naming_them(leaf_values):
+    """SumTree.over takes a function of indices; the owner's array itself (or None) raised TypeError from the
+    first rebuild ("'numpy.ndarray' object is not callable"). Now ValueError naming leaf_values."""
+    from sazo_lite.sumtree import SumTree
+    with pytest.raises(ValueError, match="Invalid leaf_values"):
+        SumTree.over(3, leaf_values)
