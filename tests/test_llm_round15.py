@@ -314,3 +314,36 @@ def test_add_lora_refused_midway_leaves_no_adapter_behind():
     assert all(torch.equal(t, state[name]) for name, t in model.state_dict().items())
     adapted_model = add_lora(model, rank=2, target_modules=["q_proj"])
     assert sum(isinstance(m, BaseTunerLayer) for m in adapted_model.modules()) == 2
+
+
+# --- 9. a weight below the top blocks changed after the cache: said, once --------------------------------------
+def test_a_changed_lower_weight_is_warned_once_a_rewrite_of_the_same_values_is_not():
+    import warnings
+
+    from sazo_lite.llm import full_parameters, restore_snapshot
+    from sazo_lite.llm.losses import classification_losses
+    from sazo_lite.llm.topblock import decoder_layers, top_block_parameters
+
+    model = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    top_block_parameters(model, 1)
+    data = batch(5)
+    top = TopBlocks(model, data)
+    before = top([0, 1])
+    weights = full_parameters(model)
+    saved = snapshot(weights)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        restore_snapshot(weights, saved)            # written again, the same values: the cache is still the model's
+        assert torch.equal(top([0, 1]), before)
+    with torch.no_grad():
+        decoder_layers(model)[0].mlp.down_proj.weight.mul_(3.0)
+    # the cache is what runs (test_llm_topblock pins it), and it no longer matches the model's own losses: that
+    # went without a word
+    with pytest.warns(UserWarning, match=r"TopBlocks: 1 weights below the top 1 block\(s\) changed .*"
+                                         r"model\.layers\.0\.mlp\.down_proj\.weight"):
+        assert torch.equal(top([0, 1]), before)
+    assert not torch.allclose(classification_losses(model, data, [0, 1]), before, atol=1e-4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")              # once
+        top([0, 1])
+        top.mean_loss()

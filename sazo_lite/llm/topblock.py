@@ -47,10 +47,12 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import warnings
 
 import torch
 import torch.nn.functional as F
 
+from ..engine import _caller_level
 from ..validation import check_count
 from .tuning import check_adapters_read
 from .losses import (TokenBatch, _check_vocabulary, check_deterministic, checked_indices, classification_losses,
@@ -219,7 +221,8 @@ class TopBlocks:
     Call it with indices ([B]) for the losses [B] (float32, inference mode), as ``MeZO.step``'s closure
     and ``sazo_lite.train``'s ``batch_losses`` want; ``losses(indices, grad=True)`` keeps the autograd
     graph. ``mean_loss()``, ``accuracy()`` and ``grad_norms(params)`` (true per-example norms by
-    backprop) cover the split. Construct it again if weights below the top blocks change. Every call
+    backprop) cover the split. Construct it again if weights below the top blocks change (the first call
+    after a change of their values warns, once: the losses still run on the cache). Every call
     refuses (ValueError) a model in training mode, and top blocks or modules after them with dropout
     left active (``check_deterministic``: adapters peft adds after the cache are in training mode). A split
     padded past the length where a rotary embedding's frequencies depend on the batch's width (``rope_type``
@@ -259,6 +262,9 @@ class TopBlocks:
         self.hidden, self.arguments, self.batch_axes, self.lengths = self._cache()
         self.live_weights = [p for m in self.layers + self.after + [self.head] for p in m.parameters()]
         self.layout = self._layout()
+        below = self._below()
+        self.lower = [(name, p) for name, p in model.named_parameters() if id(p) in below]
+        self.lower_state, self.lower_sums, self.warned_stale = self._lower_state(), self._lower_sums(), False
         if check:
             self._check_equals_the_full_model()
 
@@ -424,6 +430,34 @@ class TopBlocks:
         every loss, so the weights are listed once (``Module.to`` keeps the Parameter objects)."""
         return [(p.dtype, p.device) for p in self.live_weights]
 
+    def _lower_state(self) -> list[tuple[int, int]]:
+        """(version counter, data address) of each weight that fed the cache: an in-place change (``mul_``,
+        ``copy_``, ``load_state_dict``) bumps the first, ``p.data = ...`` moves the second. Read at every call."""
+        return [(p._version, p.data_ptr()) for _, p in self.lower]
+
+    @torch.no_grad()
+    def _lower_sums(self) -> list[tuple[float, float]]:
+        """(Σ w, ‖w‖) in float64 of each weight that fed the cache: tells a change of values from a write of the
+        same values (``restore_snapshot`` of every tensor)."""
+        return [(float(torch.sum(p, dtype=torch.float64)), float(torch.linalg.vector_norm(p, dtype=torch.float64)))
+                for _, p in self.lower]
+
+    def _check_lower(self) -> None:
+        """Warn (once) where a weight below the top blocks changed since the cache was made: the losses still run
+        on the cached states, computed with the old weights, while the model's own forward uses the new ones."""
+        state = self._lower_state()
+        if state == self.lower_state:
+            return
+        sums = self._lower_sums()
+        changed = [name for (name, _), old, new in zip(self.lower, self.lower_sums, sums) if old != new]
+        self.lower_state, self.lower_sums = state, sums
+        if changed and not self.warned_stale:
+            self.warned_stale = True
+            warnings.warn(f"TopBlocks: {len(changed)} weights below the top {self.blocks} block(s) changed since the "
+                          f"cache was made (e.g. {changed[0]}); the losses run on the cached hidden states of the "
+                          "old weights: construct TopBlocks again (warned once)", UserWarning,
+                          stacklevel=_caller_level())
+
     def _check_layout(self) -> None:
         """A model moved to another dtype or device since the cache was made: a ValueError that says so
         (the cached float32 states met bfloat16 weights in a matmul's dtype error; the lower blocks' weights,
@@ -447,6 +481,7 @@ class TopBlocks:
         """Label-word logits at each example's last prompt position: float32 [B, C]."""
         index = self._index(indices)
         self._check_layout()
+        self._check_lower()
         if self.model.training:       # put in training mode since: dropout would make f_i random
             raise ValueError("Invalid model: it is in training mode (dropout would make f_i random); call model.eval()")
         for module in self.layers + self.after + [self.head]:   # adapters peft added since, in training mode
