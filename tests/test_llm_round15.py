@@ -347,3 +347,45 @@ def test_a_changed_lower_weight_is_warned_once_a_rewrite_of_the_same_values_is_n
         warnings.simplefilter("error")              # once
         top([0, 1])
         top.mean_loss()
+
+
+# --- 10. a model whose own losses are not finite is reproduced, not called an unsupported family -----------------
+@pytest.mark.parametrize("where", ["top block", "lower block", "one embedding row"])
+def test_top_blocks_reproduce_a_model_with_non_finite_weights(where):
+    from sazo_lite.llm.losses import classification_losses
+    from sazo_lite.llm.topblock import decoder_layers, top_block_parameters
+
+    model = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    top_block_parameters(model, 1)
+    data = batch(5)
+    with torch.no_grad():
+        if where == "top block":
+            decoder_layers(model)[1].mlp.down_proj.weight[0, 0] = float("nan")
+        elif where == "lower block":
+            decoder_layers(model)[0].mlp.down_proj.weight[0, 0] = float("inf")
+        else:
+            model.model.embed_tokens.weight[data.ids[1][0]] = float("nan")     # example 1's first token
+    full = classification_losses(model, data)
+    assert bool(full.isnan().any())
+    # "maps its LM head's output to its logits in a way this mode does not know (relative gap nan)", or "a family
+    # this mode does not support": the model's own nan compared unequal to itself
+    top = TopBlocks(model, data)
+    losses = top(range(len(data)))
+    assert torch.equal(losses.isnan(), full.isnan())
+    assert torch.allclose(losses[~full.isnan()], full[~full.isnan()], atol=1e-5)
+
+
+# --- 11. add_lora's layers: a tensor of indices is taken, one int is named -------------------------------------
+def test_add_lora_takes_a_tensor_of_layer_indices_and_names_a_bare_int():
+    from sazo_lite.llm import add_lora
+
+    def adapted_layers(layers):
+        model = add_lora(tiny_causal_lm("llama", vocab_size=VOCAB, seed=1), rank=2, layers=layers)
+        return sorted({name.split("layers.")[1].split(".")[0] for name, p in model.named_parameters()
+                       if "lora_" in name and p.requires_grad})
+
+    assert adapted_layers(torch.tensor([1])) == ["1"] == adapted_layers([1])    # was "Invalid layers: tensor(1)"
+    assert adapted_layers(torch.arange(2)) == ["0", "1"]
+    for layers in (1, torch.tensor(1), []):      # 1: list()'s TypeError "'int' object is not iterable"
+        with pytest.raises(ValueError, match="Invalid layers: .*expected a list of indices in \\[0, 2\\)"):
+            add_lora(tiny_causal_lm("llama", vocab_size=VOCAB, seed=1), rank=2, layers=layers)

@@ -201,6 +201,14 @@ def _split_hidden(args, kwargs):
     return kwargs.pop("hidden_states"), (), kwargs
 
 
+def _relative_gap(mine: torch.Tensor, model: torch.Tensor) -> float:
+    """max |mine − model| / (1 + |model|) over the entries where the two differ: equal entries count 0, a nan
+    where the model has one too included (a model with non-finite weights was refused as a family this mode does not
+    support, "relative gap nan"); a nan or inf where the model has a number, or another inf, is a gap of nan or inf."""
+    same = (mine == model) | (mine.isnan() & model.isnan())
+    return float(((mine - model).abs() / (1 + model.abs()))[~same].max()) if not bool(same.all()) else 0.0
+
+
 class _Recorded(Exception):
     """Stops the caching forward once the top blocks' arguments are recorded."""
 
@@ -342,7 +350,7 @@ class TopBlocks:
                 and head_out[0].shape == logits.shape:
             mapped, logits = self.logit_map(head_out[0]).float(), logits.float()      # [1, T, V]
             tolerance = 8 * torch.finfo(head_out[0].dtype).eps if head_out[0].is_floating_point() else 0.0
-            gap = float(((mapped - logits).abs() / (1 + logits.abs())).max())
+            gap = _relative_gap(mapped, logits)
             if not gap <= tolerance:
                 raise ValueError(f"Invalid model: {type(_base(self.model)).__name__} maps its LM head's output to "
                                  f"its logits in a way this mode does not know (relative gap {gap:.1e})")
@@ -418,7 +426,7 @@ class TopBlocks:
                              f"cached activations ({type(error).__name__}: {error})") from error
         dtype = self.hidden.dtype if self.hidden.is_floating_point() else torch.float32
         tolerance = max(1e-4, 4 * torch.finfo(dtype).eps)
-        gap = float(((top - full).abs() / (1 + full.abs())).max())
+        gap = _relative_gap(top, full)
         if not gap <= tolerance:
             raise ValueError(f"Invalid model: {type(_base(self.model)).__name__}'s top-block losses differ from its "
                              f"full forward's (relative gap {gap:.2e} > {tolerance:.0e}): a family this mode does "
