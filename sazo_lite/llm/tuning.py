@@ -18,6 +18,7 @@ Sparse subsets are ``sazo_lite.sparse``; half precision and its restore bound ``
 """
 from __future__ import annotations
 
+import numbers
 import warnings
 
 import torch
@@ -145,9 +146,14 @@ def add_lora(model, *, rank: int = 8, alpha: int = 16, target_modules=None, init
     if layers is not None:
         from .topblock import decoder_layers
 
-        stack, layers = decoder_layers(model), list(layers)
-        if not layers:
-            raise ValueError(f"Invalid layers: {layers!r} (expected indices in [0, {len(stack)}))")
+        stack = decoder_layers(model)
+        # one int was list()'s TypeError; a tensor of indices gave 0-d tensors, refused as "tensor(1)"
+        layers = layers.tolist() if isinstance(layers, torch.Tensor) and layers.dim() == 1 else layers
+        if not isinstance(layers, (numbers.Number, str, bytes, torch.Tensor)) and hasattr(layers, "__iter__"):
+            layers = list(layers)
+        if not isinstance(layers, list) or not layers:
+            raise ValueError(f"Invalid layers: {layers!r} (expected a list of indices in [0, {len(stack)}), e.g. "
+                             "top_layers(model, k))")
         layers = [check_int("layers", i, 0, len(stack) - 1) for i in layers]     # int(1.7) adapted layer 1
         extra = dict(layers_to_transform=layers)
     if target_modules is None:
