@@ -389,3 +389,17 @@ def test_add_lora_takes_a_tensor_of_layer_indices_and_names_a_bare_int():
     for layers in (1, torch.tensor(1), []):      # 1: list()'s TypeError "'int' object is not iterable"
         with pytest.raises(ValueError, match="Invalid layers: .*expected a list of indices in \\[0, 2\\)"):
             add_lora(tiny_causal_lm("llama", vocab_size=VOCAB, seed=1), rank=2, layers=layers)
+
+
+# --- 12. the first round's cache key is one file name under the cache -----------------------------------------
+@pytest.mark.parametrize("key", ["../../escaped", "a/b", "a\\b", "", 5])
+def test_a_cached_first_round_key_cannot_leave_the_cache(key, tmp_path, monkeypatch):
+    monkeypatch.setenv("SAZO_CACHE", str(tmp_path / "cache"))
+    model, params = adapted()
+    cset, tokenizer = make_continual_set("continual", num_train=4, num_test=2), word_tokenizer(eos_token="c")
+    start = snapshot(params)
+    # "../../escaped" wrote the round beside the cache's parent folder, "a/b" into a folder "a" of its own
+    with pytest.raises(ValueError, match="Invalid key"):
+        cached_first_round(model, params, cset, tokenizer, key=key, steps=1, progress=False)
+    assert list(tmp_path.rglob("*.pt")) == []
+    assert all(torch.equal(p, s) for p, s in zip(params, start))

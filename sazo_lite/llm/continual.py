@@ -365,6 +365,10 @@ def cached_first_round(model, params, cset: ContinualSet, tokenizer, *, key: str
     # a cached copy went into another copy's tensors and was reported used, the model left as it was
     params = check_params_in(model, params)
     steps, lr = check_int("steps", steps, 0), check_number("lr", lr, 0.0, closed_low=False)   # before the name
+    # one file name under the cache: "../../x" wrote the round outside it, "a/b" into a folder of its own
+    if not isinstance(key, str) or not key or any(c in key for c in "/\\\0"):
+        raise ValueError(f"Invalid key: {key!r} (expected a non-empty string without '/', '\\' or NUL: one file "
+                         "name under the cache)")
     # the setup's digest: a key names the set by its sizes, and the sets of one size changed when their repeated
     # prompts were drawn again (a round tuned on the old setup was read as the new one's)
     # the rate in full (repr: 0.003 is "0.003"): ":g" kept 6 digits, so 3.0000001e-3 read the round of 3e-3
