@@ -403,3 +403,21 @@ def test_a_cached_first_round_key_cannot_leave_the_cache(key, tmp_path, monkeypa
         cached_first_round(model, params, cset, tokenizer, key=key, steps=1, progress=False)
     assert list(tmp_path.rglob("*.pt")) == []
     assert all(torch.equal(p, s) for p, s in zip(params, start))
+
+
+# --- 13. TopBlocks scores the split as it was at construction, on every device ---------------------------------
+def test_top_blocks_keep_the_labels_they_were_built_with():
+    from sazo_lite.llm.losses import TokenBatch, accuracy, classification_losses
+
+    model, _ = lora_top("llama")
+    data = batch(6, seed=2)
+    kept = TokenBatch([list(r) for r in data.ids], list(data.prompt_lengths), data.pad_id, data.labels.clone(),
+                      data.label_ids.clone())
+    top = TopBlocks(model, data)
+    data.labels[:3] = 1 - data.labels[:3]       # in place: on a CPU the losses saw it (.to returned the tensor
+    data.label_ids[:] = data.label_ids.flip(0)  # itself), on a GPU they did not; accuracy() saw it on both
+    assert torch.allclose(top(range(6)), classification_losses(model, kept), atol=1e-5)
+    assert top.accuracy() == accuracy(model, kept)
+    data.labels = 1 - data.labels               # a new tensor: the losses kept the old one, accuracy() took this
+    data.ids.append([5, 6])
+    assert top.accuracy() == accuracy(model, kept) and len(top) == 6

@@ -229,7 +229,8 @@ class TopBlocks:
     Call it with indices ([B]) for the losses [B] (float32, inference mode), as ``MeZO.step``'s closure
     and ``sazo_lite.train``'s ``batch_losses`` want; ``losses(indices, grad=True)`` keeps the autograd
     graph. ``mean_loss()``, ``accuracy()`` and ``grad_norms(params)`` (true per-example norms by
-    backprop) cover the split. Construct it again if weights below the top blocks change (the first call
+    backprop) cover the split: its examples, labels and label words as ``batch`` held them at construction.
+    Construct it again if weights below the top blocks change (the first call
     after a change of their values warns, once: the losses still run on the cache). Every call
     refuses (ValueError) a model in training mode, and top blocks or modules after them with dropout
     left active (``check_deterministic``: adapters peft adds after the cache are in training mode). A split
@@ -262,8 +263,10 @@ class TopBlocks:
             raise ValueError(f"Invalid model: {type(_base(model)).__name__} has no LM head (get_output_embeddings)")
         self.logit_map = _logit_map(model)
         self.device = next(model.parameters()).device
-        self.label_ids = batch.label_ids.to(self.device)
-        self.labels = batch.labels.to(self.device)
+        # copies, as the cached states are of the split as it is now: a change of batch.labels made later reached
+        # the losses on a CPU (.to returned the tensor itself) but not on a GPU, and accuracy() on both
+        self.label_ids = batch.label_ids.clone().to(self.device)
+        self.labels = batch.labels.clone().to(self.device)
         self.after = self._modules_after(layers)
         self._check_frozen_below(model, layers)
         self._check_width_free_positions(int(batch.longest))
@@ -477,7 +480,7 @@ class TopBlocks:
                              f"{said(now)} since the cache was made; construct TopBlocks again")
 
     def __len__(self) -> int:
-        return len(self.batch)
+        return len(self.labels)         # the cached examples (an example appended to batch since has no state)
 
     def __call__(self, indices) -> torch.Tensor:
         return self.losses(indices)
@@ -531,7 +534,7 @@ class TopBlocks:
 
     def accuracy(self) -> float:
         """Fraction of examples whose label word has the largest logit."""
-        return float((self.predict() == self.batch.labels).double().mean())
+        return float((self.predict() == self.labels.cpu()).double().mean())
 
     def check_params(self, params) -> list[torch.Tensor]:
         """``params`` as a list, each a tensor that runs on the cache only (the top blocks, the modules after
