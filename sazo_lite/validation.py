@@ -107,19 +107,44 @@ def dense_tensor(name: str, value):
     Python floats (a number or a list of them) are read in float64: torch's default float32 rounded them
     (0.1 read 0.10000000149) and turned |x| > 3.4e38 into inf. Strings, ints beyond float64, sparse, meta
     and nested tensors raised torch's own TypeError, OverflowError, NotImplementedError or internal errors.
+    A list or tuple mixing bools (Python, numpy or 0-d tensors) with numbers is refused; numpy arrays with
+    negative strides or a non-native byte order are read as their native copies.
     """
     import numpy as np
     import torch
 
+    if isinstance(value, np.ndarray) and (not value.dtype.isnative or any(s < 0 for s in value.strides)):
+        # torch.as_tensor refused a reversed view (``a[::-1]``) or a byte-swapped array (read from a file written
+        # big-endian) with ValueError, reported as "not numbers"; a native C-ordered copy holds the same values
+        value = np.array(value, dtype=value.dtype.newbyteorder("="), order="C")
     try:
         tensor = torch.as_tensor(value)
         if tensor.is_floating_point() and not isinstance(value, (torch.Tensor, np.ndarray, np.generic)):
             tensor = torch.as_tensor(value, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError, OverflowError):
         raise ValueError(f"Invalid {name}: {type(value).__name__} (expected a tensor of numbers)") from None
+    if isinstance(value, (list, tuple)) and tensor.dtype != torch.bool and _holds_bool(value):
+        # torch read a bool among numbers as 0/1: indices [1, True] counted example 1 twice, diffs [0.5, True]
+        # read 1.0 (a list of bools alone keeps its bool dtype, which the callers name)
+        raise ValueError(f"Invalid {name}: {str(value)[:80]} (expected numbers; it holds a bool)")
     if tensor.device.type == "meta":
         raise ValueError(f"Invalid {name}: a tensor on the meta device (no data)")
     kind = not_dense(tensor)
     if kind is not None:
         raise ValueError(f"Invalid {name}: a {kind} tensor (expected a dense tensor)")
     return tensor
+
+
+def _holds_bool(items) -> bool:
+    """A list or tuple (nested ones searched) holding a bool: Python's, numpy's, or a bool array or tensor."""
+    import numpy as np
+    import torch
+
+    kinds = set(map(type, items))
+    if any(issubclass(kind, (bool, np.bool_)) for kind in kinds):
+        return True
+    if not any(issubclass(kind, (list, tuple, np.ndarray, torch.Tensor)) for kind in kinds):
+        return False   # plain numbers only: the common case, one pass over the types
+    return any(_holds_bool(item) if isinstance(item, (list, tuple))
+               else isinstance(item, (np.ndarray, torch.Tensor)) and item.dtype in (np.bool_, torch.bool)
+               for item in items)

@@ -1,0 +1,91 @@
+"""Round 15 of the library's red team: numpy arrays torch cannot view, bools among numbers, a sparse state loaded
+into a dense MeZO, make_sampler's settings per sampler, the language-model diagnostics' sum rule, and what the
+hunt in validation.py and engine.py found.
+
+Each defect's test fails on the code before its fix.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sazo_lite.samplers import SAZOSampler, StaleCorrectedSAZOSampler
+from sazo_lite.sumtree import SumTree
+from sazo_lite.validation import dense_tensor
+from test_hostile_core import _same_state  # two states hold the same values
+
+
+# --- 1. numpy arrays torch.as_tensor cannot view ---------------------------------------------------------------
+ODD_ARRAYS = {"reversed": lambda a: a[::-1], "reversed columns": lambda a: a.reshape(2, -1)[:, ::-1],
+              "big-endian": lambda a: a.astype(a.dtype.newbyteorder(">")),
+              "big-endian, reversed": lambda a: a.astype(a.dtype.newbyteorder(">"))[::-1]}
+
+
+@pytest.mark.parametrize("make", ODD_ARRAYS.values(), ids=ODD_ARRAYS.keys())
+@pytest.mark.parametrize("dtype", [np.int64, np.float32, np.float64])
+def test_a_numpy_array_torch_cannot_view_is_read_as_its_contiguous_copy(make, dtype):
+    """torch.as_tensor raised ValueError on negative strides and on a non-native byte order, which dense_tensor
+    reported as 'expected a tensor of numbers': a reversed index array or a big-endian file was refused."""
+    odd = make(np.arange(6, dtype=dtype))
+    tensor = dense_tensor("x", odd)
+    assert tensor.dtype == torch.from_numpy(np.arange(1, dtype=dtype)).dtype
+    assert tensor.tolist() == np.ascontiguousarray(odd).tolist()
+
+
+def test_a_big_endian_number_keeps_its_shape():
+    assert dense_tensor("x", np.array(2.5, dtype=">f8")).shape == ()
+
+
+def test_a_sampler_and_a_sum_tree_take_reversed_numpy_indices_as_their_copies():
+    reversed_indices, diffs = np.arange(4)[::-1], np.linspace(0.5, 2.0, 4)[::-1]
+    sampler, twin = SAZOSampler(6, seed=0), SAZOSampler(6, seed=0)
+    sampler.update(reversed_indices, diffs)
+    twin.update(reversed_indices.copy(), diffs.copy())
+    assert torch.equal(sampler.estimates, twin.estimates) and torch.equal(sampler.probs, twin.probs)
+    tree, copy = SumTree(torch.ones(6, dtype=torch.float64)), SumTree(torch.ones(6, dtype=torch.float64))
+    tree.update(reversed_indices, diffs)
+    copy.update(reversed_indices.copy(), diffs.copy())
+    assert torch.equal(tree.tree, copy.tree)
+    assert torch.equal(tree.weights(np.arange(6)[::-1]), copy.weights(np.arange(6)[::-1].copy()))
+
+
+# --- 2. bools among numbers -----------------------------------------------------------------------------------
+MIXED = {"int and True": [1, True], "True and int": (True, 2), "numpy int and True": [np.int64(1), True],
+         "0-d bool tensor": [torch.tensor(1), torch.tensor(True)], "nested": [[1], [True]],
+         "float and True": [0.5, True]}
+
+
+@pytest.mark.parametrize("value", MIXED.values(), ids=MIXED.keys())
+def test_a_list_mixing_bools_with_numbers_is_refused(value):
+    with pytest.raises(ValueError, match="Invalid x: .*it holds a bool"):
+        dense_tensor("x", value)
+
+
+def test_a_bool_among_a_samplers_indices_is_refused_with_the_sampler_unchanged():
+    """update([1, True], d) counted example 1 twice (True read as 1), and [0.5, True] diffs read 1.0."""
+    sampler = StaleCorrectedSAZOSampler(4, seed=0)
+    sampler.update([0, 2], [0.5, 1.5])
+    before = sampler.state_dict()
+    with pytest.raises(ValueError, match="Invalid indices"):
+        sampler.update([1, True], [0.5, 1.0])
+    with pytest.raises(ValueError, match="Invalid directional_diffs"):
+        sampler.update([1, 3], [0.5, True])
+    assert _same_state(sampler.state_dict(), before)
+
+
+def test_a_bool_among_a_sum_trees_indices_or_weights_is_refused_with_its_sums_unchanged():
+    tree = SumTree(torch.ones(4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="Invalid indices"):
+        tree.update([1, True], [5.0, 7.0])
+    with pytest.raises(ValueError, match="Invalid weights"):
+        tree.update([1, 2], [5.0, True])
+    assert tree.tree.tolist() == SumTree(torch.ones(4, dtype=torch.float64)).tree.tolist()
+
+
+def test_lists_of_plain_numbers_and_of_bools_alone_read_as_before():
+    """Only a mix is refused: numbers as before, and a list of bools alone keeps its dtype for the callers' own
+    message (tests/test_library_round7.py pins 'Invalid directional_diffs' for [True, False])."""
+    assert dense_tensor("x", [1, 2]).dtype == torch.int64 and dense_tensor("x", [0.1, 2]).tolist() == [0.1, 2.0]
+    assert dense_tensor("x", [True, False]).dtype == torch.bool
+    assert dense_tensor("x", [torch.tensor(1.5), torch.tensor(2.5)]).tolist() == [1.5, 2.5]
