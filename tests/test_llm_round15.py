@@ -421,3 +421,16 @@ def test_top_blocks_keep_the_labels_they_were_built_with():
     data.labels = 1 - data.labels               # a new tensor: the losses kept the old one, accuracy() took this
     data.ids.append([5, 6])
     assert top.accuracy() == accuracy(model, kept) and len(top) == 6
+
+
+def test_restore_refuses_a_tensor_given_twice_the_last_copy_won():
+    from sazo_lite.llm.finetune import restore_snapshot
+
+    theta, whole = torch.zeros(3), torch.zeros(4)
+    for params in ([theta, theta], [whole[:3], whole[1:]]):
+        # [theta, theta] ← [1, 2] left theta at 2; views of one tensor took a mix of the two copies
+        with pytest.raises(ValueError, match="Invalid params: two of them share memory"):
+            restore_snapshot(params, [torch.ones(3), torch.full((3,), 2.0)])
+    assert not theta.any() and not whole.any()
+    restore_snapshot([whole[:2], whole[2:]], [torch.ones(2), torch.full((2,), 2.0)])    # disjoint views: taken
+    assert whole.tolist() == [1.0, 1.0, 2.0, 2.0]

@@ -64,7 +64,8 @@ def snapshot(params) -> list[torch.Tensor]:
 def restore_snapshot(params, saved) -> None:
     """Copy ``saved`` (a ``snapshot``) back into ``params``; checked before any copy (zip stopped at the
     shorter list, and copy_ broadcast a tensor of another shape, both without a word; a tensor without data or a
-    complex one raised, or dropped its imaginary part, once the tensors before it were overwritten)."""
+    complex one raised, or dropped its imaginary part, once the tensors before it were overwritten; a tensor given
+    twice, or two sharing memory, kept the last copy written)."""
     params, saved = list(params), list(saved)
     if len(saved) != len(params) or any(
             not isinstance(s, torch.Tensor) or s.shape != p.shape for p, s in zip(params, saved)):
@@ -76,6 +77,11 @@ def restore_snapshot(params, saved) -> None:
         if kind is not None:
             raise ValueError(f"Invalid saved: saved[{k}] is a {kind} tensor (expected a dense real tensor with data, "
                              "as snapshot makes)")
+    try:                        # a tensor given twice took the last of its two saved copies, without a word
+        _check_disjoint(params)
+    except ValueError:
+        raise ValueError("Invalid params: two of them share memory (one tensor given twice, or views of one); each "
+                         "would take its own saved copy and the last one written would win") from None
     for p, s in zip(params, saved):
         p.copy_(s)
 
