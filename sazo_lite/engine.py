@@ -499,6 +499,11 @@ class MeZO(torch.optim.Optimizer):
     def _check_state_dict(self, state_dict) -> None:
         if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
             raise ValueError("Invalid state_dict: expected a dict with 'state' and 'param_groups'")
+        if "mask_digests" in state_dict and getattr(self, "masks", None) is None:   # seedlog's test for a sparse one
+            # a SparseMeZO's state loaded into a dense MeZO: the resumed run perturbed and updated every entry
+            raise ValueError("Invalid state_dict: a SparseMeZO's state (it holds mask_digests) loaded into a dense "
+                             f"{type(self).__name__}, which would move every entry; load it into a SparseMeZO built "
+                             "with the saved run's masks")
         groups = state_dict["param_groups"]
         if not isinstance(groups, list) or len(groups) != len(self.param_groups):
             raise ValueError(f"Invalid state_dict: {len(groups) if isinstance(groups, list) else groups!r} "

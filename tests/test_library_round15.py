@@ -89,3 +89,57 @@ def test_lists_of_plain_numbers_and_of_bools_alone_read_as_before():
     assert dense_tensor("x", [1, 2]).dtype == torch.int64 and dense_tensor("x", [0.1, 2]).tolist() == [0.1, 2.0]
     assert dense_tensor("x", [True, False]).dtype == torch.bool
     assert dense_tensor("x", [torch.tensor(1.5), torch.tensor(2.5)]).tolist() == [1.5, 2.5]
+
+
+# --- 3. a SparseMeZO's state loaded into a dense MeZO ---------------------------------------------------------
+from sazo_lite import MeZO  # noqa: E402
+from sazo_lite.sparse import SparseMeZO, sparse_indices  # noqa: E402
+
+
+def _quadratic(theta: torch.Tensor):
+    return lambda: ((theta - 1.0) ** 2).unsqueeze(0).sum(dim=1)
+
+
+def _sparse_run(steps: int = 3) -> tuple[SparseMeZO, torch.Tensor]:
+    theta = torch.zeros(40, dtype=torch.float64)
+    opt = SparseMeZO([theta], sparse_indices([theta], 0.25, seed=3), lr=0.05, eps=1e-3, seed=2, noise=None)
+    for _ in range(steps):
+        opt.step(_quadratic(theta))
+    return opt, theta
+
+
+def test_a_sparse_mezo_state_is_refused_by_a_dense_mezo_with_the_optimiser_unchanged():
+    """The dense MeZO ignored mask_digests and took the step and seed: the resumed run perturbed and updated every
+    entry of θ, where the saved run moved a quarter of them, without a word."""
+    sparse, _ = _sparse_run()
+    theta = torch.zeros(40, dtype=torch.float64)
+    dense = MeZO([theta], lr=0.05, eps=1e-3, seed=9, noise=None)
+    before = dense.state_dict()
+    with pytest.raises(ValueError, match="Invalid state_dict: a SparseMeZO's state"):
+        dense.load_state_dict(sparse.state_dict())
+    assert dense.state_dict() == before and dense.step_count == 0 and dense.next_seed() == MeZO(
+        [torch.zeros(1)], lr=0.1, seed=9).next_seed()
+
+
+def test_a_sparse_mezo_state_still_resumes_a_sparse_mezo_bit_for_bit():
+    saved, theta = _sparse_run()
+    state, copy = saved.state_dict(), theta.clone()
+    resumed = SparseMeZO([copy], sparse_indices([copy], 0.25, seed=3), lr=0.05, eps=1e-3, seed=0, noise=None)
+    resumed.load_state_dict(state)
+    for _ in range(2):
+        saved.step(_quadratic(theta))
+        resumed.step(_quadratic(copy))
+    assert torch.equal(theta, copy) and int((theta != 0).sum()) <= 10
+
+
+def test_a_dense_mezo_state_still_loads_into_a_dense_mezo_and_a_sparse_one():
+    """A plain MeZO's state carries no digests: it loads into either, as before (states written before round 14)."""
+    theta = torch.zeros(40, dtype=torch.float64)
+    dense = MeZO([theta], lr=0.05, eps=1e-3, seed=5, noise=None)
+    dense.step(_quadratic(theta))
+    state = dense.state_dict()
+    other = MeZO([torch.zeros(40, dtype=torch.float64)], lr=0.05, eps=1e-3, noise=None)
+    other.load_state_dict(state)
+    sparse, _ = _sparse_run(0)
+    sparse.load_state_dict(state)
+    assert other.next_seed() == sparse.next_seed() == dense.next_seed()
