@@ -274,7 +274,7 @@ class TopBlocks:
         self.live_weights = [p for m in self.layers + self.after + [self.head] for p in m.parameters()]
         self.layout = self._layout()
         below = self._below()
-        self.lower = [(name, p) for name, p in model.named_parameters() if id(p) in below]
+        self.lower = [(name, p) for name, p in model.named_parameters() if id(p) in below and not p.is_meta]
         self.lower_state, self.lower_sums, self.warned_stale = self._lower_state(), self._lower_sums(), False
         if check:
             self._check_equals_the_full_model()
