@@ -1115,6 +1115,10 @@ def make_sampler(name: str, num_examples: int, *, seed: int = 0, ema_decay: floa
     "sazo-plain" (the plain rule: EMA of d², p ∝ sqrt(G); same β, λ) or "oracle"
     (p* ∝ ``norms_fn()``, mixed with uniform by ``oracle_mix``; needs ``norms_fn``).
 
+    Each sampler reads only its own settings, so one set of keywords serves every name (``race`` and
+    ``llm.query_run`` pass theirs to each sampler they compare): ``uniform_mix`` and ``ema_decay`` are the SAZO
+    rules' and are ignored by "uniform" and "oracle"; the oracle's λ is ``oracle_mix`` (default 0: the exact p*).
+
     Example:
         >>> make_sampler("sazo", 10, uniform_mix=0.2).uniform_mix
         0.2

@@ -143,3 +143,19 @@ def test_a_dense_mezo_state_still_loads_into_a_dense_mezo_and_a_sparse_one():
     sparse, _ = _sparse_run(0)
     sparse.load_state_dict(state)
     assert other.next_seed() == sparse.next_seed() == dense.next_seed()
+
+
+# --- 4. make_sampler: each sampler reads its own settings -----------------------------------------------------
+from sazo_lite.samplers import make_sampler  # noqa: E402
+
+
+def test_make_sampler_gives_the_oracle_oracle_mix_and_the_sazo_rules_uniform_mix():
+    """Pinned, not changed: race and query_run pass uniform_mix (SAZO's λ) to every sampler they compare, the
+    oracle among them, so a refusal would break them and a pass-through would change their exact oracle. The
+    oracle's λ is oracle_mix (documented in make_sampler's docstring)."""
+    norms = torch.linspace(0.0, 2.0, 8, dtype=torch.float64)
+    oracle = make_sampler("oracle", 8, norms_fn=lambda: norms, uniform_mix=0.3)
+    assert oracle.uniform_mix == 0.0 and float(oracle.probs[0]) == 0.0
+    mixed = make_sampler("oracle", 8, norms_fn=lambda: norms, uniform_mix=0.3, oracle_mix=0.5)
+    assert mixed.uniform_mix == 0.5 and float(mixed.probs[0]) == pytest.approx(0.5 / 8)
+    assert make_sampler("sazo", 8, uniform_mix=0.3, oracle_mix=0.5).uniform_mix == 0.3
