@@ -434,3 +434,14 @@ def test_restore_refuses_a_tensor_given_twice_the_last_copy_won():
     assert not theta.any() and not whole.any()
     restore_snapshot([whole[:2], whole[2:]], [torch.ones(2), torch.full((2,), 2.0)])    # disjoint views: taken
     assert whole.tolist() == [1.0, 1.0, 2.0, 2.0]
+
+
+def test_example_losses_refuse_indices_that_are_not_ints():
+    from sazo_lite.llm.grad_norms import example_losses
+
+    model, _ = adapted()
+    losses = example_losses(model, batch(4))
+    for indices in ([1.5], [True], torch.tensor([1.7])):     # int(i): example 1's loss, without a word
+        with pytest.raises(ValueError, match="Invalid indices"):
+            losses(indices)
+    assert torch.equal(losses(torch.tensor([1, 3])), losses([1, 3]))
