@@ -159,3 +159,15 @@ def test_make_sampler_gives_the_oracle_oracle_mix_and_the_sazo_rules_uniform_mix
     mixed = make_sampler("oracle", 8, norms_fn=lambda: norms, uniform_mix=0.3, oracle_mix=0.5)
     assert mixed.uniform_mix == 0.5 and float(mixed.probs[0]) == pytest.approx(0.5 / 8)
     assert make_sampler("sazo", 8, uniform_mix=0.3, oracle_mix=0.5).uniform_mix == 0.3
+
+
+# --- 5. sampling_diagnostics: one sum rule, the variance helpers' --------------------------------------------
+from sazo_lite.llm.queries import sampling_diagnostics  # noqa: E402
+
+
+@pytest.mark.parametrize("probs", [[2.0, 3.0, 5.0], [0.1, 0.1, 0.1], torch.tensor([0.5, 0.5, 0.1])])
+def test_sampling_diagnostics_refuse_a_non_distribution_with_the_variance_helpers_message(probs):
+    """Its own check (message 'they sum to') duplicated variance.paired_vectors' (round 14); one rule now."""
+    with pytest.raises(ValueError, match=r"Invalid probs: entries sum to .* \(expected a distribution"):
+        sampling_diagnostics(torch.tensor([1.0, 2.0, 3.0]), probs)
+

@@ -155,13 +155,13 @@ def held_out_accuracies(runs) -> list[float]:
 
 def sampling_diagnostics(norms: torch.Tensor, probs: torch.Tensor, scores: torch.Tensor | None = None) -> dict:
     """ρ(scores, norms), TV(p, p*), V(p)/V(p*), V(u)/V(p*) for one moment of training. ``probs``: a
-    distribution over the N examples (sum 1 to 1e-5), ``scores`` (optional) one per example; else ValueError."""
-    norms, probs = _paired("norms", norms, "probs", probs)
-    if abs(float(probs.sum()) - 1.0) > 1e-5:    # weights [2, 3, 5] read TV 4.5 and V(p)/V(p*) 0.1 < 1
-        raise ValueError(f"Invalid probs: they sum to {float(probs.sum()):g} (expected a distribution, sum 1)")
+    distribution over the N examples (the variance helpers' rule, ``variance.paired_vectors``), ``scores``
+    (optional) one per example; else ValueError naming the argument."""
+    # weights [2, 3, 5] read TV 4.5 and V(p)/V(p*) 0.1 < 1: "Invalid probs: entries sum to ..." (paired_vectors'
+    # rule, read in probs' own dtype: the helpers below are given probs as it came, and read it so too)
+    n = len(_paired("norms", norms, "probs", probs)[0])
     if scores is not None:
         _paired("norms", norms, "scores", scores)     # spearman named them "a" and "b"
-    n = len(norms)
     out = {"tv": tv_distance(probs, oracle_probs(norms)), "v_ratio": variance_ratio(norms, probs),
            "v_uniform_ratio": variance_ratio(norms, torch.full((n,), 1.0 / n, dtype=torch.float64))}
     if scores is not None:
