@@ -445,3 +445,11 @@ def test_example_losses_refuse_indices_that_are_not_ints():
         with pytest.raises(ValueError, match="Invalid indices"):
             losses(indices)
     assert torch.equal(losses(torch.tensor([1, 3])), losses([1, 3]))
+
+
+@pytest.mark.parametrize("name", ["continual", "balanced", "opposed", "flipped"])
+def test_a_pool_is_refused_where_it_was_ignored(name):
+    # make_continual_set(name, pool=64): a set of num_train examples, the pool asked for dropped without a word
+    with pytest.raises(ValueError, match=f"Invalid pool: 64 .*'{name}' takes None"):
+        make_continual_set(name, num_train=8, num_test=4, pool=64)
+    assert len(make_continual_set("homogeneous", num_train=8, num_test=4, pool=16).task.train) == 16

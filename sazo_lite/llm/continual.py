@@ -143,7 +143,7 @@ def make_continual_set(name: str = "continual", *, num_train: int = 32, new_frac
             assimilated norms are ≈ 0 and the new ones alike).
         num_test: held-out new questions (clean).
         seed: the generator's seed.
-        pool: "homogeneous" only: how many new questions to generate (default ``num_train``); with
+        pool: "homogeneous" only (ValueError for the others): how many new questions to generate (default ``num_train``); with
             ``keep_alike`` a pool of 2N becomes a set of N whose norms are alike. The setup is the
             continual set's for the same ``num_train``, ``new_fraction`` and seed (one cached first round
             serves both).
@@ -167,6 +167,8 @@ def make_continual_set(name: str = "continual", *, num_train: int = 32, new_frac
     seed = check_int("seed", seed)
     if pool is not None:
         pool = check_count("pool", pool)
+        if name != "homogeneous":       # it was ignored: a "continual" set of num_train, not of the pool asked for
+            raise ValueError(f"Invalid pool: {pool} (only the homogeneous set draws a pool; {name!r} takes None)")
     if name == "flipped":
         from .tasks import make_task
         task = make_task("sentiment", num_train=num_train, num_test=num_test, noise=0.15, seed=seed)
