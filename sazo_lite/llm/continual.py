@@ -143,9 +143,9 @@ def make_continual_set(name: str = "continual", *, num_train: int = 32, new_frac
             assimilated norms are ≈ 0 and the new ones alike).
         num_test: held-out new questions (clean).
         seed: the generator's seed.
-        pool: "homogeneous" only (ValueError for the others): how many new questions to generate (default ``num_train``); with
-            ``keep_alike`` a pool of 2N becomes a set of N whose norms are alike. The setup is the
-            continual set's for the same ``num_train``, ``new_fraction`` and seed (one cached first round
+        pool: "homogeneous" only (ValueError for the others): how many new questions to generate (default
+            ``num_train``); with ``keep_alike`` a pool of 2N becomes a set of N whose norms are alike. The setup
+            is the continual set's for the same ``num_train``, ``new_fraction`` and seed (one cached first round
             serves both).
 
     Every prompt is distinct and the test split shares none with train. Sizes needing more distinct
