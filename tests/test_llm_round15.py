@@ -221,7 +221,8 @@ def test_expected_step_change_refuses_settings_that_turn_an_ascent_into_a_descen
     with pytest.raises(ValueError, match=re.escape(message)):
         expected_step_change(*args)
     parts = expected_step_change(2.5e-4, 1.4, 60.0, -78.0)
-    assert parts["gradient"] == pytest.approx(-2.5e-4 * 1.4) and parts["noise"] == pytest.approx(0.5 * 2.5e-4 ** 2 * 60 * -78)
+    assert parts["gradient"] == pytest.approx(-2.5e-4 * 1.4)
+    assert parts["noise"] == pytest.approx(0.5 * 2.5e-4 ** 2 * 60 * -78)
 
 
 # --- 5. the public loop and batched norms read indices as ints >= 0 --------------------------------------------
