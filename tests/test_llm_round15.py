@@ -454,3 +454,14 @@ def test_a_pool_is_refused_where_it_was_ignored(name):
     with pytest.raises(ValueError, match=f"Invalid pool: 64 .*'{name}' takes None"):
         make_continual_set(name, num_train=8, num_test=4, pool=64)
     assert len(make_continual_set("homogeneous", num_train=8, num_test=4, pool=16).task.train) == 16
+
+
+def test_zo_finetune_names_a_batch_it_cannot_run():
+    model, params = lora_top("llama")
+    top = TopBlocks(model, batch(5))
+    start = snapshot(params)
+    for train, test, name in ((top, None, "train_batch"), (batch(5), top, "test_batch"), ([1, 2], None, "train_batch")):
+        # AttributeError: 'TopBlocks' object has no attribute 'max_id' ('list' ... 'labels')
+        with pytest.raises(ValueError, match=f"Invalid {name}: .*expected a TokenBatch"):
+            zo_finetune(model, params, train, test, steps=2, progress=False)
+    assert all(torch.equal(p, s) for p, s in zip(params, start))

@@ -128,6 +128,10 @@ def zo_finetune(model, params, train_batch: TokenBatch, test_batch: TokenBatch |
     """
     run = FinetuneRun(method)
     check_choice("method", method, METHODS)
+    for name, batch in (("train_batch", train_batch), ("test_batch", test_batch)):
+        if not (isinstance(batch, TokenBatch) or (batch is None and name == "test_batch")):   # AttributeErrors
+            raise ValueError(f"Invalid {name}: {type(batch).__name__} (expected a TokenBatch; query_run takes a "
+                             "TopBlocks)")
     params = check_params_in(model, params)
     sampler = make_sampler(sampler_name(method), len(train_batch), ema_decay=ema_decay, uniform_mix=uniform_mix,
                            seed=seed)
