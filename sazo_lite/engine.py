@@ -51,7 +51,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 from .directions import PERTURBATIONS, Z_BOUND, derive_seed, draw_direction, rademacher_signs
 from .interrupts import InterruptsDeferred as _InterruptsDeferred
 from .noise import GaussianTable, Job, NoiseSource, PlainNoise
-from .validation import check_bool, check_callable, check_choice, check_int, check_number, check_seed, not_dense
+from .validation import (check_bool, check_callable, check_choice, check_int, check_number, check_seed, not_dense,
+                         numpy_readable)
 
 __all__ = ["MeZO", "ZOStep", "StepEvent", "FlatLossWarning", "FlatLossCheck", "derive_seed", "draw_direction",
            "rademacher_signs", "PERTURBATIONS"]
@@ -778,6 +779,10 @@ class MeZO(torch.optim.Optimizer):
     @staticmethod
     def _losses(value, call: int) -> torch.Tensor:
         """The closure's result as float64 [B] or [] (numbers parsed in float64, never float32)."""
+        try:   # a numpy array torch cannot view (reversed, byte-swapped) read as its values, a masked one refused
+            value = numpy_readable("closure result", value)
+        except ValueError as error:
+            raise ValueError(f"{error}; parameters restored") from None
         try:
             losses = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(value, dtype=torch.float64)
         except (TypeError, ValueError, RuntimeError, OverflowError):   # OverflowError: an int beyond float64
@@ -927,6 +932,7 @@ class MeZO(torch.optim.Optimizer):
     def _check_weights(weights) -> torch.Tensor | None:
         if weights is None:
             return None
+        weights = numpy_readable("weights", weights)   # as the closure's result
         if not isinstance(weights, torch.Tensor) and _booleans_or_complex(weights):   # float64 would read True as 1.0
             raise ValueError(f"Invalid weights: {weights!r} (expected real numbers, not booleans or complex numbers)")
         try:

@@ -9,7 +9,7 @@ import math
 import numbers
 
 __all__ = ["check_int", "check_seed", "check_count", "check_real", "check_number", "check_limit", "check_fraction", "check_choice",
-           "check_bool", "check_callable", "not_dense", "dense_tensor"]
+           "check_bool", "check_callable", "not_dense", "numpy_readable", "dense_tensor"]
 
 
 def check_int(name: str, value, low: int | None = None, high: int | None = None) -> int:
@@ -101,22 +101,38 @@ def not_dense(tensor) -> str | None:
     return None if tensor.layout == torch.strided and tensor.device.type != "meta" else str(tensor.layout)
 
 
+def numpy_readable(name: str, value):
+    """``value``, or for a numpy array one torch reads as its values: a native C-ordered copy of an array with
+    negative strides (``a[::-1]``) or a non-native byte order (read from a file written big-endian), which
+    ``torch.as_tensor`` refused with ValueError; a masked array's data when nothing is masked. A masked array
+    with masked entries is ``ValueError("Invalid <name>: ...")``: torch read the hidden values under the mask."""
+    import numpy as np
+
+    if not isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, np.ma.MaskedArray):
+        if np.ma.is_masked(value):
+            raise ValueError(f"Invalid {name}: a masked array ({int(np.ma.count_masked(value))} of {value.size} "
+                             f"entries masked; expected plain numbers: fill them first, e.g. .filled(0.0))")
+        value = np.ma.getdata(value)
+    if not value.dtype.isnative or any(stride < 0 for stride in value.strides):
+        value = np.array(value, dtype=value.dtype.newbyteorder("="), order="C")
+    return value
+
+
 def dense_tensor(name: str, value):
     """``value`` as a tensor with dense data on a real device, or ``ValueError("Invalid <name>: ...")``.
 
     Python floats (a number or a list of them) are read in float64: torch's default float32 rounded them
     (0.1 read 0.10000000149) and turned |x| > 3.4e38 into inf. Strings, ints beyond float64, sparse, meta
     and nested tensors raised torch's own TypeError, OverflowError, NotImplementedError or internal errors.
-    A list or tuple mixing bools (Python, numpy or 0-d tensors) with numbers is refused; numpy arrays with
-    negative strides or a non-native byte order are read as their native copies.
+    A list or tuple mixing bools (Python, numpy or 0-d tensors) with numbers is refused; numpy arrays are read
+    as ``numpy_readable`` gives them.
     """
     import numpy as np
     import torch
 
-    if isinstance(value, np.ndarray) and (not value.dtype.isnative or any(s < 0 for s in value.strides)):
-        # torch.as_tensor refused a reversed view (``a[::-1]``) or a byte-swapped array (read from a file written
-        # big-endian) with ValueError, reported as "not numbers"; a native C-ordered copy holds the same values
-        value = np.array(value, dtype=value.dtype.newbyteorder("="), order="C")
+    value = numpy_readable(name, value)
     try:
         tensor = torch.as_tensor(value)
         if tensor.is_floating_point() and not isinstance(value, (torch.Tensor, np.ndarray, np.generic)):

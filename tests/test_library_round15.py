@@ -171,3 +171,68 @@ def test_sampling_diagnostics_refuse_a_non_distribution_with_the_variance_helper
     with pytest.raises(ValueError, match=r"Invalid probs: entries sum to .* \(expected a distribution"):
         sampling_diagnostics(torch.tensor([1.0, 2.0, 3.0]), probs)
 
+
+
+# --- 6. hunt: numpy masked arrays, and the engine's own reading of numpy arrays ---------------------------------
+def test_a_masked_array_with_masked_entries_is_refused_not_read_through_its_mask():
+    """torch.as_tensor read the data under the mask: norms np.ma.masked_where(norms > 5, norms) gave the oracle the
+    hidden norm 9 it was meant not to see; diffs masked as outliers were learnt from."""
+    from sazo_lite.samplers import OracleSampler
+
+    norms = np.array([1.0, 9.0, 2.0, 3.0])
+    hidden = np.ma.masked_where(norms > 5, norms)
+    with pytest.raises(ValueError, match=r"Invalid norms_fn: a masked array \(1 of 4 entries masked"):
+        OracleSampler(4, lambda: hidden).probs
+    sampler = SAZOSampler(4, seed=0)
+    before = sampler.state_dict()
+    with pytest.raises(ValueError, match="Invalid directional_diffs: a masked array"):
+        sampler.update([0, 1], np.ma.array([0.5, 1e6], mask=[False, True]))
+    assert _same_state(sampler.state_dict(), before)
+
+
+def test_a_masked_array_with_nothing_masked_reads_as_its_data():
+    data = np.array([0.5, 1.5, 2.5])
+    for masked in (np.ma.array(data), np.ma.array(data, mask=[False] * 3), np.ma.array(data)[::-1]):
+        assert dense_tensor("x", masked).tolist() == np.ma.getdata(masked).tolist()
+
+
+def _run(losses_of, weights=None):
+    """θ and the directional differences of 3 steps whose closure returns losses_of(per-example losses)."""
+    theta, target = torch.zeros(4, dtype=torch.float64), torch.arange(4, dtype=torch.float64)
+    opt = MeZO([theta], lr=0.05, eps=1e-3, seed=1, noise=None)
+    diffs = [opt.step(lambda: losses_of(((theta - target) ** 2).numpy()), weights).directional_diffs
+             for _ in range(3)]
+    return theta, torch.stack(diffs)
+
+
+ENGINE_ARRAYS = {"reversed": lambda x: x[::-1], "big-endian": lambda x: x.astype(">f8"),
+                 "big-endian float32": lambda x: x.astype(">f4")}
+
+
+@pytest.mark.parametrize("make", ENGINE_ARRAYS.values(), ids=ENGINE_ARRAYS.keys())
+def test_a_mezo_step_reads_a_numpy_result_torch_cannot_view_as_its_values(make):
+    """The step's own torch.as_tensor refused a reversed or byte-swapped numpy result as 'Invalid closure result:
+    ... expected a tensor, number or list of numbers'."""
+    theta, diffs = _run(make)
+    reference, reference_diffs = _run(lambda x: np.ascontiguousarray(make(x), dtype=make(x).dtype.newbyteorder("=")))
+    assert torch.equal(theta, reference) and torch.equal(diffs, reference_diffs)
+
+
+@pytest.mark.parametrize("make", ENGINE_ARRAYS.values(), ids=ENGINE_ARRAYS.keys())
+def test_a_mezo_step_reads_numpy_weights_torch_cannot_view_as_their_values(make):
+    weights = make(np.array([0.5, 1.0, 2.0, 4.0]))
+    theta, diffs = _run(lambda x: x, weights)
+    reference, reference_diffs = _run(lambda x: x, np.ascontiguousarray(weights, dtype=weights.dtype.newbyteorder("=")))
+    assert torch.equal(theta, reference) and torch.equal(diffs, reference_diffs)
+
+
+@pytest.mark.parametrize("where", ["losses", "weights"])
+def test_a_mezo_step_refuses_masked_losses_or_weights_with_theta_restored(where):
+    theta = torch.linspace(0.0, 1.0, 4, dtype=torch.float64)
+    opt, start = MeZO([theta], lr=0.05, eps=1e-3, seed=1, noise=None), theta.clone()
+    mask = [False, True, False, False]
+    losses = lambda: np.ma.array((theta ** 2).numpy(), mask=mask if where == "losses" else False)
+    weights = np.ma.array(np.ones(4), mask=mask) if where == "weights" else None
+    with pytest.raises(ValueError, match=f"Invalid {'closure result' if where == 'losses' else 'weights'}: a masked"):
+        opt.step(losses, weights)
+    assert opt.step_count == 0 and torch.allclose(theta, start, rtol=0, atol=1e-12)
