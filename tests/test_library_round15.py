@@ -236,3 +236,23 @@ def test_a_mezo_step_refuses_masked_losses_or_weights_with_theta_restored(where)
     with pytest.raises(ValueError, match=f"Invalid {'closure result' if where == 'losses' else 'weights'}: a masked"):
         opt.step(losses, weights)
     assert opt.step_count == 0 and torch.allclose(theta, start, rtol=0, atol=1e-12)
+
+
+# --- 7. any numpy layout reads as its values (hypothesis) -------------------------------------------------------
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@given(dtype=st.sampled_from(["i2", "i4", "i8", "u1", "f2", "f4", "f8"]), order=st.sampled_from("<>="),
+       shape=st.lists(st.integers(1, 4), min_size=1, max_size=3), steps=st.lists(st.sampled_from([1, -1, 2, -2]),
+                                                                              min_size=3, max_size=3),
+       transpose=st.booleans(), data=st.integers(0, 2 ** 31 - 1))
+@settings(max_examples=150, deadline=None)
+def test_dense_tensor_reads_any_numpy_layout_as_numpy_reads_it(dtype, order, shape, steps, transpose, data):
+    """A plain reference: np.asarray's values and native dtype, whatever strides, byte order or transposition."""
+    rng = np.random.default_rng(data)
+    array = (rng.standard_normal(shape) * 50).astype(np.dtype(dtype).newbyteorder(order))
+    view = array[tuple(slice(None, None, step) for step in steps[:array.ndim])]
+    view = view.T if transpose else view
+    tensor = dense_tensor("x", view)
+    expected = np.asarray(view, dtype=view.dtype.newbyteorder("="))
+    assert tensor.numpy().dtype == expected.dtype and np.array_equal(tensor.numpy(), expected)
