@@ -162,5 +162,5 @@ def _holds_bool(items) -> bool:
     if not any(issubclass(kind, (list, tuple, np.ndarray, torch.Tensor)) for kind in kinds):
         return False   # plain numbers only: the common case, one pass over the types
     return any(_holds_bool(item) if isinstance(item, (list, tuple))
-               else isinstance(item, (np.ndarray, torch.Tensor)) and item.dtype in (np.bool_, torch.bool)
-               for item in items)
+               else (isinstance(item, np.ndarray) and item.dtype == np.bool_)
+               or (isinstance(item, torch.Tensor) and item.dtype == torch.bool) for item in items)
