@@ -183,7 +183,8 @@ def variance_ratio(norms, probs, *, atol: float = 0.0) -> float:
     """V(p)/V(p*) ≥ 1: how far p is from the minimum-variance oracle (1.0 when every norm is 0).
 
     Norms ≤ ``atol`` count as 0 (``_zero_below``: rounding noise at an optimum; default 0, none)."""
-    norms, probs = _paired("norms", norms, "probs", probs)
+    probs = dense_tensor("probs", probs)    # kept in its dtype: V(p) checks it again, with that dtype's tolerance
+    norms, _ = _paired("norms", norms, "probs", probs)
     norms = relative_scores(_zero_below(norms, atol))
     optimum = sampling_variance(norms, oracle_probs(norms))
     return sampling_variance(norms, probs) / optimum if optimum > 0 else 1.0
