@@ -256,14 +256,21 @@ def test_a_float32_mix_set_between_steps_resumes_bit_for_bit(kind):
             original.uniform_mix = np.float32(0.3)
         indices, _ = original.sample(8)
         original.update(indices, torch.randn(8, generator=generator, dtype=torch.float64))
+    resumed = resumed_alongside(original, make, generator, steps=4)
+    assert torch.equal(original.probs, resumed.probs)
+
+
+def resumed_alongside(original, make, generator, *, steps: int):
+    """A sampler resumed from ``original``'s state, both stepped ``steps`` times on the same diffs: every draw
+    (indices and weights) equal. Returns the resumed one."""
     resumed = make()
     resumed.load_state_dict(original.state_dict())
-    for _ in range(4):
+    for _ in range(steps):
         (i, w), (j, v) = original.sample(8), resumed.sample(8)
         assert torch.equal(i, j) and torch.equal(w, v)
         diffs = torch.randn(8, generator=generator, dtype=torch.float64)
         original.update(i, diffs), resumed.update(j, diffs)
-    assert torch.equal(original.probs, resumed.probs)
+    return resumed
 
 
 @pytest.mark.parametrize("kind", ["sazo", "sazo-tree", "stale"])
@@ -279,13 +286,7 @@ def test_a_float32_level_decay_set_between_steps_keeps_the_level_in_float64_and_
         indices, _ = original.sample(8)
         original.update(indices, torch.randn(8, generator=generator, dtype=torch.float64) * (1 + step))
     assert type(original.level) is float
-    resumed = make()
-    resumed.load_state_dict(original.state_dict())
-    for _ in range(20):
-        (i, w), (j, v) = original.sample(8), resumed.sample(8)
-        assert torch.equal(i, j) and torch.equal(w, v)
-        diffs = torch.randn(8, generator=generator, dtype=torch.float64)
-        original.update(i, diffs), resumed.update(j, diffs)
+    resumed = resumed_alongside(original, make, generator, steps=20)
     assert original.level == resumed.level and torch.equal(original.probs, resumed.probs)
 
 
