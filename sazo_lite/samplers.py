@@ -492,10 +492,10 @@ class _ScoredSampler(Sampler):
         return probabilities(self._scores_at(indices, prior), total, self._mix(), self.num_examples)
 
     def _mix(self) -> float:
-        """λ as a Python float, checked as the constructor checks it (λ ∈ (0, 1]) where it is used: a schedule may
-        set it between steps, and λ = 1.5, −0.2 or NaN drew from one mixture and weighted by another (a biased
-        estimate, or NaN weights) without a word."""
-        return _RULES["uniform_mix"](self.uniform_mix)
+        """λ as a Python float (a numpy float32 λ split the draws in float32, not as a reloaded state does). It is
+        checked by ``_check_settings``, which ``sample``, ``probs`` and ``update`` run before anything reads it: a
+        schedule may set it between steps, and λ = 1.5, −0.2 or NaN drew from one mixture and weighted by another."""
+        return float(self.uniform_mix)
 
     # the settings a draw or an update reads (``_check_settings``); each subclass names its own
     SETTINGS: tuple = ("uniform_mix",)
