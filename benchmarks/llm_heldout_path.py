@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.cli import check_output, count, machine, measured_line, natural, positive
+from benchmarks.llm_report import difference_interval, mean_interval
 from benchmarks.llm_topblock import TopSetting, top_start
 from sazo_lite.atomic import write_text
 from sazo_lite.llm import restore_snapshot, snapshot
@@ -66,22 +67,11 @@ def trace(start, sampler: str, *, lr: float, seed: int, steps: int, every: int, 
         restore_snapshot(params, theta0)
     return {"sampler": sampler, "lr": lr, "seed": seed, "diverged": run.diverged, "steps_run": run.steps_run,
             "points": tracer.points, "seconds": time.perf_counter() - began,
-            "test_labels_second_share": float(test.batch.labels.double().mean())}
+            "test_labels_second_share": float(test.labels.double().mean())}
 
 
-BUDGETS = (0, 8000, 16000, 24000, 32000, 48000)
+BUDGETS = (0, 8000, 16000, 24000, 32000, 40000, 48000)
 BINS = (1.01, 0.9, 0.7, 0.5, 0.3, 0.1, 0.0)      # F/F₀ bands, top down
-
-
-def mean_interval(values) -> str:
-    values = [v for v in values if v is not None]
-    if not values:
-        return "–"
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return f"{mean:.3f}"
-    sd = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
-    return f"{mean:.3f} ± {1.96 * sd / len(values) ** 0.5:.3f}"
 
 
 def at_budget(run: dict, queries: int) -> dict | None:
@@ -90,18 +80,27 @@ def at_budget(run: dict, queries: int) -> dict | None:
 
 
 def summarise(out: dict) -> None:
+    """Per budget, each sampler's measures (and its difference from uniform's); then accuracy by F/F₀ band."""
     samplers = list(dict.fromkeys(r["sampler"] for r in out["runs"]))
     print("held-out accuracy | held-out loss | F/F₀ | share answered with the second label word (mean ± 1.96·s/√n)")
     for queries in BUDGETS:
+        measured = {}   # sampler → [(measure, F₀)] of its runs still going at this budget
+        for run in out["runs"]:
+            point = at_budget(run, queries)
+            if point is not None:
+                measured.setdefault(run["sampler"], []).append((point, run["points"][0]["F"]))
         for sampler in samplers:
-            points = [at_budget(r, queries) for r in out["runs"] if r["sampler"] == sampler]
-            f0 = {id(r): r["points"][0]["F"] for r in out["runs"]}
-            rel = [at_budget(r, queries)["F"] / f0[id(r)] for r in out["runs"]
-                   if r["sampler"] == sampler and at_budget(r, queries) is not None]
-            points = [p for p in points if p is not None]
-            print(f"  {queries:6d} {sampler:8s} n={len(points)}: acc {mean_interval([p['test_accuracy'] for p in points])}"
-                  f" | loss {mean_interval([p['test_loss'] for p in points])} | F/F₀ {mean_interval(rel)}"
-                  f" | second {mean_interval([p['second_label_share'] for p in points])}")
+            pairs = measured.get(sampler, [])
+            values = lambda key, pairs=pairs: [point[key] for point, _ in pairs]
+            line = (f"  {queries:6d} {sampler:8s} n={len(pairs)}: acc {mean_interval(values('test_accuracy'))}"
+                    f" | loss {mean_interval(values('test_loss'))}"
+                    f" | F/F₀ {mean_interval([point['F'] / f0 for point, f0 in pairs])}"
+                    f" | second {mean_interval(values('second_label_share'))}")
+            if sampler != "uniform" and "uniform" in measured:
+                base = lambda key: [point[key] for point, _ in measured["uniform"]]
+                line += (f" | − uniform: acc {difference_interval(values('test_accuracy'), base('test_accuracy'))}"
+                         f", loss {difference_interval(values('test_loss'), base('test_loss'))}")
+            print(line)
     print("by progress (every measure of every run, pooled by F/F₀ band):")
     for high, low in zip(BINS, BINS[1:]):
         cells = []

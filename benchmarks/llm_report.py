@@ -48,14 +48,26 @@ def _spread(values: list) -> str:
     return f"{statistics.median(finite):.3g} [{min(finite):.3g}–{max(finite):.3g}]" if finite else "–"
 
 
-def accuracy_difference(runs: dict, top: str, bottom: str) -> str:
-    """"d ± h": mean held-out accuracy of ``top`` minus ``bottom`` and the half-width of its 95% interval
-    (``train.mean_difference_interval``); "–" without two runs of each."""
-    a, b = held_out_accuracies(runs.get(top, [])), held_out_accuracies(runs.get(bottom, []))
-    if min(len(a), len(b)) < 2:
+def mean_interval(values: list) -> str:
+    """"m ± h": the mean of ``values`` and the half-width of its 95% normal interval, 1.96·s/√n; the value
+    alone for one, "–" for none."""
+    if len(values) < 2:
+        return f"{values[0]:.3f}" if values else "–"
+    return f"{statistics.mean(values):.3f} ± {1.96 * statistics.stdev(values) / len(values) ** 0.5:.3f}"
+
+
+def difference_interval(first: list, second: list) -> str:
+    """"d ± h": mean(first) − mean(second) and the half-width of its 95% interval
+    (``train.mean_difference_interval``); "–" without two values on each side."""
+    if min(len(first), len(second)) < 2:
         return "–"
-    difference, half = mean_difference_interval(a, b)
+    difference, half = mean_difference_interval(first, second)
     return f"{difference:+.3f} ± {half:.3f}"
+
+
+def accuracy_difference(runs: dict, top: str, bottom: str) -> str:
+    """``difference_interval`` of the held-out accuracies of ``top``'s runs and ``bottom``'s."""
+    return difference_interval(held_out_accuracies(runs.get(top, [])), held_out_accuracies(runs.get(bottom, [])))
 
 
 SUFFIXES = ("+rule", "+bound", "+pull", "+cap")   # a sampler's variants: the step rule, the walk bound, the pull, the cap
@@ -85,8 +97,7 @@ def summarise(setting: dict, targets=(0.5, 0.3)) -> list[str]:
                          if med[(variant, t)] is not None else
                          f"not reached{f' ({len(hit)} of {len(values)} seeds did)' if hit else ''}")
         accs = held_out_accuracies(runs)
-        acc = (f"{statistics.mean(accs):.3f} ± {1.96 * statistics.stdev(accs) / len(accs) ** 0.5:.3f}" if len(accs) > 1
-               else f"{accs[0]:.3f}" if accs else "–")
+        acc = mean_interval(accs)
         clean = [r for r in runs if not r["diverged"]]     # diverged runs' steps explode: shown by their count
         walks = _spread([r["walk"][-1] for r in clean if r.get("walk")])
         top_g = _spread([r.get("max_step_scale") for r in clean])

@@ -51,3 +51,17 @@ def test_the_summary_takes_each_budget_where_measured_and_skips_stopped_runs(cap
     printed = capsys.readouterr().out
     assert "8000 uniform  n=1: acc 0.250" in printed and "8000 sazo     n=0: acc –" in printed
     assert "F/F₀ in [0.9, 1.0): uniform n=2 acc 0.225" in printed and "sazo n=1 acc 0.200" in printed
+
+
+def test_the_summary_prints_each_samplers_difference_from_uniform_with_its_interval(capsys):
+    from sazo_lite.train import mean_difference_interval
+
+    point = lambda q, acc, loss: {"queries": q, "F": 1.0, "test_accuracy": acc, "test_loss": loss, "second_label_share": 0.5}
+    accs = {"uniform": [0.2, 0.3, 0.25], "sazo": [0.5, 0.4]}
+    runs = [{"sampler": name, "points": [point(8000, acc, 2.0 - acc)]} for name, values in accs.items() for acc in values]
+    summarise({"runs": runs})
+    printed = capsys.readouterr().out
+    difference, half = mean_difference_interval(accs["sazo"], accs["uniform"])
+    assert f"8000 sazo     n=2: acc 0.450 ± 0.098 | loss 1.550 ± 0.098" in printed
+    assert f"− uniform: acc {difference:+.3f} ± {half:.3f}, loss {-difference:+.3f} ± {half:.3f}" in printed
+    assert "8000 uniform  n=3: acc 0.250 ± 0.057" in printed and "uniform  n=3: acc 0.250 ± 0.057 | − uniform" not in printed
