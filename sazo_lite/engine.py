@@ -43,7 +43,6 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
-import numpy as np
 import torch
 from torch.utils.hooks import RemovableHandle
 from torch.utils.weak import WeakIdKeyDictionary
@@ -51,8 +50,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 from .directions import PERTURBATIONS, Z_BOUND, derive_seed, draw_direction, rademacher_signs
 from .interrupts import InterruptsDeferred as _InterruptsDeferred
 from .noise import GaussianTable, Job, NoiseSource, PlainNoise
-from .validation import (check_bool, check_callable, check_choice, check_int, check_number, check_seed, not_dense,
-                         numpy_readable)
+from .validation import (check_bool, check_callable, check_choice, check_int, check_number, check_seed, non_real_kinds,
+                         not_dense, numpy_readable)
 
 __all__ = ["MeZO", "ZOStep", "StepEvent", "FlatLossWarning", "FlatLossCheck", "derive_seed", "draw_direction",
            "rademacher_signs", "PERTURBATIONS"]
@@ -783,14 +782,15 @@ class MeZO(torch.optim.Optimizer):
             value = numpy_readable("closure result", value)
         except ValueError as error:
             raise ValueError(f"{error}; parameters restored") from None
+        # checked before float64 reads it: it read True as 1.0, and cast numpy complex numbers with a warning
+        if not isinstance(value, torch.Tensor) and _booleans_or_complex(value):
+            raise ValueError(f"Invalid closure result: {value!r} (expected real losses, not booleans or "
+                             f"complex numbers); parameters restored")
         try:
             losses = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(value, dtype=torch.float64)
         except (TypeError, ValueError, RuntimeError, OverflowError):   # OverflowError: an int beyond float64
             raise ValueError(f"Invalid closure result: {value!r} (expected a tensor, number or list "
                              f"of numbers); parameters restored") from None
-        if not isinstance(value, torch.Tensor) and _booleans_or_complex(value):   # float64 would read True as 1.0
-            raise ValueError(f"Invalid closure result: {value!r} (expected real losses, not booleans or "
-                             f"complex numbers); parameters restored")
         kind = not_dense(losses)
         if kind is not None:
             raise ValueError(f"Invalid closure result: a {kind} tensor on {losses.device} (expected a dense tensor "
@@ -1017,12 +1017,10 @@ def _result(plus: torch.Tensor, minus: torch.Tensor, diffs: torch.Tensor, weight
 
 
 def _booleans_or_complex(value) -> bool:
-    """A closure's non-tensor result holds a bool or a complex number (a number, or a list of them; a list of
-    0-d bool tensors too, which float64 also read as 1.0 and 0.0)."""
-    items = value if isinstance(value, (list, tuple)) else [value]
-    return any(isinstance(v, (bool, complex)) or (isinstance(v, np.ndarray) and v.dtype.kind in "bc")
-               or (isinstance(v, np.generic) and v.dtype.kind in "bc")
-               or (isinstance(v, torch.Tensor) and (v.dtype == torch.bool or v.is_complex())) for v in items)
+    """A closure's non-tensor result (or weights, or a number ``sazo_lite.train`` reads) is or holds a bool or a
+    complex number: ``validation.non_real_kinds``, the one rule (float64 read True as 1.0, and dropped a complex
+    number's imaginary part)."""
+    return bool(non_real_kinds(value))
 
 
 def _directions(source):

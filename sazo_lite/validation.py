@@ -9,7 +9,7 @@ import math
 import numbers
 
 __all__ = ["check_int", "check_seed", "check_count", "check_real", "check_number", "check_limit", "check_fraction", "check_choice",
-           "check_bool", "check_callable", "not_dense", "numpy_readable", "dense_tensor"]
+           "check_bool", "check_callable", "not_dense", "numpy_readable", "dense_tensor", "non_real_kinds"]
 
 
 def check_int(name: str, value, low: int | None = None, high: int | None = None) -> int:
@@ -139,7 +139,7 @@ def dense_tensor(name: str, value):
             tensor = torch.as_tensor(value, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError, OverflowError):
         raise ValueError(f"Invalid {name}: {type(value).__name__} (expected a tensor of numbers)") from None
-    if isinstance(value, (list, tuple)) and tensor.dtype != torch.bool and _holds_bool(value):
+    if isinstance(value, (list, tuple)) and tensor.dtype != torch.bool and "bool" in non_real_kinds(value):
         # torch read a bool among numbers as 0/1: indices [1, True] counted example 1 twice, diffs [0.5, True]
         # read 1.0 (a list of bools alone keeps its bool dtype, which the callers name)
         raise ValueError(f"Invalid {name}: {str(value)[:80]} (expected numbers; it holds a bool)")
@@ -151,16 +151,33 @@ def dense_tensor(name: str, value):
     return tensor
 
 
-def _holds_bool(items) -> bool:
-    """A list or tuple (nested ones searched) holding a bool: Python's, numpy's, or a bool array or tensor."""
+def non_real_kinds(value) -> set[str]:
+    """The kinds of non-real number ``value`` is or holds: a subset of ``{"bool", "complex"}``.
+
+    ``value`` is a number, a numpy scalar or array, a tensor, or a list or tuple of them (nested ones searched).
+    A bool is Python's or numpy's, or a bool array or tensor; a complex number is Python's or numpy's, or a
+    complex array or tensor. torch and float() read a bool as 0/1 and dropped a complex number's imaginary part.
+    """
     import numpy as np
     import torch
 
-    kinds = set(map(type, items))
-    if any(issubclass(kind, (bool, np.bool_)) for kind in kinds):
-        return True
-    if not any(issubclass(kind, (list, tuple, np.ndarray, torch.Tensor)) for kind in kinds):
-        return False   # plain numbers only: the common case, one pass over the types
-    return any(_holds_bool(item) if isinstance(item, (list, tuple))
-               else (isinstance(item, np.ndarray) and item.dtype == np.bool_)
-               or (isinstance(item, torch.Tensor) and item.dtype == torch.bool) for item in items)
+    found, pending, seen = set(), [value if isinstance(value, (list, tuple)) else (value,)], set()
+    while pending:   # a loop, not recursion: a list that holds itself is searched once
+        items = pending.pop()
+        deep = False
+        for kind in set(map(type, items)):   # one pass over the types: a list of plain numbers is the common case
+            if issubclass(kind, (bool, np.bool_)):
+                found.add("bool")
+            elif issubclass(kind, (complex, np.complexfloating)):
+                found.add("complex")
+            elif issubclass(kind, (list, tuple, np.ndarray, torch.Tensor)):
+                deep = True
+        for item in items if deep else ():
+            if isinstance(item, (list, tuple)) and id(item) not in seen:
+                seen.add(id(item))
+                pending.append(item)
+            elif isinstance(item, np.ndarray):   # numpy's dtype kinds: b bool, c complex
+                found |= {"b": {"bool"}, "c": {"complex"}}.get(item.dtype.kind, set())
+            elif isinstance(item, torch.Tensor):
+                found |= {"bool"} if item.dtype == torch.bool else {"complex"} if item.is_complex() else set()
+    return found

@@ -1,0 +1,131 @@
+"""Round 16 of the library's red team on the optimiser core: one rule for bools and complex numbers among
+numbers, the noise source a MeZO state records, and what the hunt in the engine and the noise sources found.
+
+Each defect's test fails on the code before its fix.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from sazo_lite.engine import MeZO, _booleans_or_complex
+from sazo_lite.validation import dense_tensor, non_real_kinds
+
+
+# --- 1. one rule for bools and complex numbers among numbers ------------------------------------------------------
+def _old_holds_bool(items) -> bool:
+    """validation._holds_bool before round 16 (dense_tensor's rule), verbatim: the reference."""
+    kinds = set(map(type, items))
+    if any(issubclass(kind, (bool, np.bool_)) for kind in kinds):
+        return True
+    if not any(issubclass(kind, (list, tuple, np.ndarray, torch.Tensor)) for kind in kinds):
+        return False
+    return any(_old_holds_bool(item) if isinstance(item, (list, tuple))
+               else (isinstance(item, np.ndarray) and item.dtype == np.bool_)
+               or (isinstance(item, torch.Tensor) and item.dtype == torch.bool) for item in items)
+
+
+def _old_booleans_or_complex(value) -> bool:
+    """engine._booleans_or_complex before round 16 (MeZO's closure results and weights, train's numbers)."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return any(isinstance(v, (bool, complex)) or (isinstance(v, np.ndarray) and v.dtype.kind in "bc")
+               or (isinstance(v, np.generic) and v.dtype.kind in "bc")
+               or (isinstance(v, torch.Tensor) and (v.dtype == torch.bool or v.is_complex())) for v in items)
+
+
+REFUSED = {"True": True, "numpy bool": np.bool_(False), "complex": 1 + 2j, "numpy complex64": np.complex64(1j),
+           "numpy complex128": np.complex128(2.0), "bool array": np.array([True]), "0-d bool array": np.array(True),
+           "complex array": np.array([1 + 0j]), "bool tensor": torch.tensor([True]),
+           "complex tensor": torch.tensor([1 + 1j]), "int and True": [1, True], "float and numpy bool": (0.5, np.bool_(1)),
+           "float and complex": [0.5, 2j], "float and numpy complex": [0.5, np.complex64(1)],
+           "0-d bool tensors": [torch.tensor(True)] * 2, "0-d complex tensor": [torch.tensor(1 + 0j), 1.0],
+           "bool array in a list": [np.array([True]), 1.0], "nested True": [[1.0], [True]],
+           "nested numpy bool": ([0.5, (np.bool_(True),)],), "nested complex": [[1.0], [1j]],
+           "nested complex tensor": [[torch.tensor(2j)]], "deeply nested bool": [[[[[False]]]]]}
+VALID = {"int": 3, "float": 0.5, "numpy float32": np.float32(0.25), "numpy float64": np.float64(-1.0),
+         "numpy int": np.int64(7), "float array": np.arange(3.0), "int array": np.arange(3),
+         "float tensor": torch.ones(3), "half tensor": torch.ones(2, dtype=torch.float16), "floats": [0.5, 1.5],
+         "ints": (1, 2, 3), "numpy floats": [np.float64(1.0), np.float32(2.0)], "nested floats": [[1.0, 2.0], [3.0, 4.0]],
+         "0-d float tensors": [torch.tensor(1.0), torch.tensor(2.0)], "float arrays": [np.ones(2), np.zeros(2)],
+         "empty": [], "nested empty": [[], ()], "inf and nan": [float("inf"), float("nan")]}
+
+
+@pytest.mark.parametrize("value", REFUSED.values(), ids=REFUSED.keys())
+def test_the_one_rule_refuses_every_input_either_old_rule_refused(value):
+    """Two near-twin rules (dense_tensor's nested bool search, the engine's one-level bool-or-complex test) are now
+    validation.non_real_kinds: each caller refuses at least what it refused before (nested cases too)."""
+    kinds = non_real_kinds(value)
+    assert kinds and kinds <= {"bool", "complex"}
+    assert _booleans_or_complex(value) >= _old_booleans_or_complex(value)
+    assert _booleans_or_complex(value)   # the engine's name, kept for sazo_lite.train: it refuses every row
+    if isinstance(value, (list, tuple)):
+        assert ("bool" in kinds) >= _old_holds_bool(value)
+
+
+@pytest.mark.parametrize("value", VALID.values(), ids=VALID.keys())
+def test_the_one_rule_refuses_nothing_valid(value):
+    assert non_real_kinds(value) == set() and not _booleans_or_complex(value)
+    assert not _old_booleans_or_complex(value)   # the table's own check: the old rules took these too
+    assert not (isinstance(value, (list, tuple)) and _old_holds_bool(value))
+
+
+@pytest.mark.parametrize("value, kinds", [([1.0, True, 2j], {"bool", "complex"}), ([[True], [np.complex64(1)]],
+                                                                                     {"bool", "complex"}),
+                                          (np.array([[1 + 1j]]), {"complex"}), ([np.bool_(0), 1], {"bool"})])
+def test_the_rule_names_every_kind_it_finds(value, kinds):
+    assert non_real_kinds(value) == kinds
+
+
+def test_dense_tensor_still_reads_complex_lists_as_complex_for_its_callers_to_name():
+    """dense_tensor refuses bools among numbers (torch read them as 0/1); a complex list stays a complex tensor,
+    which its callers refuse naming the dtype (their messages are unchanged)."""
+    assert dense_tensor("x", [1.0, 2j]).is_complex()
+    with pytest.raises(ValueError, match="Invalid x: .*holds a bool"):
+        dense_tensor("x", [1j, True])
+    with pytest.raises(ValueError, match="Invalid x: .*holds a bool"):
+        dense_tensor("x", [[1.0], [np.bool_(True)]])
+
+
+@pytest.mark.parametrize("bad", [[0.5, True], [np.bool_(1), 1.0], [1.0, 2j], np.array([1.0 + 0j, 2.0]),
+                                 [torch.tensor(True), torch.tensor(1.0)]])
+def test_mezo_refuses_bool_or_complex_losses_and_weights_with_theta_unchanged(bad):
+    theta = torch.linspace(-1, 1, 2, dtype=torch.float64)
+    start = theta.clone()
+    opt = MeZO([theta], lr=0.1, eps=1e-3, seed=0)
+    with pytest.raises(ValueError, match="closure result"):
+        opt.step(lambda: bad)
+    with pytest.raises(ValueError, match="Invalid weights"):
+        opt.step(lambda: theta * 1.0, weights=bad)
+    assert torch.allclose(theta, start, rtol=0, atol=1e-15) and opt.step_count == 0
+
+
+@pytest.mark.parametrize("bad", [np.array([1.0 + 0j, 2.0]), [np.complex64(1), 1.0], np.complex128(1.0)],
+                         ids=["complex array", "numpy complex in a list", "numpy complex"])
+def test_a_complex_closure_result_is_refused_before_any_cast_warns(bad):
+    """The closure's result was read in float64 before the rule looked at it: numpy complex numbers were cast with
+    a warning (ComplexWarning or UserWarning: raised as an error under -W error) before the step refused them."""
+    theta = torch.zeros(2, dtype=torch.float64)
+    opt = MeZO([theta], lr=0.1, eps=1e-3, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="Invalid closure result: .*complex"):
+            opt.step(lambda: bad)
+    assert float(theta.abs().max()) <= 1e-15 and opt.step_count == 0   # restored (within rounding)
+
+
+def test_a_list_that_holds_itself_is_refused_by_name():
+    """The rule searched nested lists by recursion: a list holding itself raised RecursionError from the weights'
+    check instead of 'Invalid weights'."""
+    theta = torch.zeros(2, dtype=torch.float64)
+    opt = MeZO([theta], lr=0.1, eps=1e-3, seed=0)
+    looped = [1.0]
+    looped.append(looped)
+    assert non_real_kinds(looped) == set() and non_real_kinds([looped, [True]]) == {"bool"}
+    with pytest.raises(ValueError, match="Invalid weights"):
+        opt.step(lambda: theta + 1.0, weights=looped)
+    with pytest.raises(ValueError, match="Invalid closure result"):
+        opt.step(lambda: looped)
+    assert float(theta.abs().max()) <= 1e-15 and opt.step_count == 0   # restored (within rounding)
