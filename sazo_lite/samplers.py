@@ -449,6 +449,7 @@ class _ScoredSampler(Sampler):
         self.sum_tree = sum_tree
         store = TreeStore if sum_tree else CdfStore
         self._store = store(self.num_examples, self._sampling_scores, self._unseen)
+        self._scored_with = self._scored_by()
 
     def _unseen(self, indices: np.ndarray) -> np.ndarray:
         return self._n[indices] == 0
@@ -499,13 +500,31 @@ class _ScoredSampler(Sampler):
 
     # the settings a draw or an update reads (``_check_settings``); each subclass names its own
     SETTINGS: tuple = ("uniform_mix",)
+    # those of them the sampling scores are computed from, which the store's sums hold (``_scored_by``)
+    SCORED_BY: tuple = ()
 
     def _check_settings(self) -> None:
         """Each of ``SETTINGS`` as the constructor checks it, before a draw or an update reads it: they may be set
         between steps, and ema_decay = −0.5 made estimates and probabilities negative, a statistic "sqaure" was
-        read as "abs", a level_decay of 2 turned the level negative, without a word."""
+        read as "abs", a level_decay of 2 turned the level negative, without a word. Then, if one of
+        ``SCORED_BY`` changed since the store last summed the scores, the store is rebuilt (``_rescore``)."""
         for name in self.SETTINGS:
             _RULES[name](getattr(self, name))
+        if self._scored_by() != self._scored_with:
+            self._rescore()
+
+    def _scored_by(self) -> tuple:
+        """The values of ``SCORED_BY`` now."""
+        return tuple(getattr(self, name) for name in self.SCORED_BY)
+
+    def _rescore(self) -> None:
+        """Sum the scores again under the settings now in force: the store held sums of the scores under the old
+        ones, so draws followed the old scores while the weights 1/(N·p) and ``probs`` read the new ones (a
+        ``statistic`` switched in tree mode, a stale correction's ``max_factor`` set after a draw: biased weights,
+        and ``probs`` summing to 0.92 or 1.3)."""
+        with InterruptsDeferred():
+            self._store.refresh(None)
+            self._scored_with = self._scored_by()
 
     def update(self, indices: torch.Tensor, directional_diffs: torch.Tensor) -> None:
         """``Sampler.update``, after ``_check_settings`` (ValueError, state unchanged)."""
@@ -520,6 +539,7 @@ class _ScoredSampler(Sampler):
 
     def scores(self) -> torch.Tensor:
         """ŝ [N] float64: the sampling score of each example (the prior where unseen)."""
+        self._check_settings()
         return torch.from_numpy(self._scores_at(np.arange(self.num_examples), self._prior_score()))
 
     def sample(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -588,6 +608,7 @@ class _ScoredSampler(Sampler):
             self._g[:], self._n[:] = g, n
             self._apply_extra(extra)
             self._store.refresh(None)  # every node from its children, as the updates did: bit-exact
+            self._scored_with = self._scored_by()
 
     def _check_hyperparameters(self, hyper: dict) -> dict:
         expected = set(self._hyperparameters())
@@ -753,6 +774,7 @@ class SAZOSampler(_ScoredSampler):
 
     ESTIMATE_MAX = _STORED_SCORE_MAX  # G is a running mean of observations clipped at SCORE_MAX
     SETTINGS = ("uniform_mix", "ema_decay", "prior_strength", "level_decay", "statistic")
+    SCORED_BY = ("statistic",)   # s = G or sqrt(G)
 
     def __init__(self, num_examples: int, *, ema_decay: float = 0.9, uniform_mix: float = 0.1,
                  prior_strength: float = 1.0, statistic: str = "abs", level_decay: float = 0.99,
@@ -854,6 +876,12 @@ class SAZOSampler(_ScoredSampler):
             weights = importance_weights(self._probs_at(indices), self.num_examples)  # the sampling weights
             rate = max(1.0 / steps, 1.0 - float(self.level_decay))   # a float32 decay made L a float32
             return (1.0 - rate) * self.level + rate * float(np.mean(weights * size))
+
+    def _rescore(self) -> None:
+        """The store's sums and the running Σ s² (the prior s̄) again, in the statistic now in force."""
+        with InterruptsDeferred():
+            self._resync()
+            super()._rescore()
 
     def _resync(self) -> None:
         seen = np.flatnonzero(self._n > 0)
@@ -985,6 +1013,7 @@ class StaleCorrectedSAZOSampler(SAZOSampler):
 
     AGE_BUCKETS = 40
     SETTINGS = (*SAZOSampler.SETTINGS, "growth_rate", "min_factor", "max_factor")
+    SCORED_BY = (*SAZOSampler.SCORED_BY, "min_factor", "max_factor")   # the clip of every r_b
 
     def __init__(self, num_examples: int, *, ema_decay: float = 0.9, uniform_mix: float = 0.1,
                  prior_strength: float = 1.0, statistic: str = "abs", level_decay: float = 0.99,
@@ -992,10 +1021,11 @@ class StaleCorrectedSAZOSampler(SAZOSampler):
                  sum_tree: bool | None = None, seed: int = 0):
         if sum_tree:
             raise ValueError("Invalid sum_tree: True (the staleness correction rebuilds p in an O(N) pass per step)")
-        super().__init__(num_examples, ema_decay=ema_decay, uniform_mix=uniform_mix, prior_strength=prior_strength,
-                         statistic=statistic, level_decay=level_decay, sum_tree=False, seed=seed)
+        # set before the robust rule's constructor, which records the settings its store sums under (SCORED_BY)
         self.growth_rate, self.min_factor = _RULES["growth_rate"](growth_rate), _RULES["min_factor"](min_factor)
         self.max_factor = _RULES["max_factor"](max_factor)
+        super().__init__(num_examples, ema_decay=ema_decay, uniform_mix=uniform_mix, prior_strength=prior_strength,
+                         statistic=statistic, level_decay=level_decay, sum_tree=False, seed=seed)
         self._last = np.zeros(self.num_examples, dtype=np.int64)  # t_i, the update step of the last draw; 0 unseen
         self._fresh = np.ones(self.AGE_BUCKETS)    # A_b
         self._stored = np.ones(self.AGE_BUCKETS)   # S_b
