@@ -49,12 +49,12 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .directions import PERTURBATIONS, Z_BOUND, derive_seed, draw_direction, rademacher_signs
 from .interrupts import InterruptsDeferred as _InterruptsDeferred
-from .noise import GaussianTable, Job, NoiseSource, PlainNoise
+from .noise import GaussianTable, Job, NoiseSource, PlainNoise, describe
 from .validation import (check_bool, check_callable, check_choice, check_int, check_number, check_seed, non_real_kinds,
                          not_dense, numpy_readable)
 
-__all__ = ["MeZO", "ZOStep", "StepEvent", "FlatLossWarning", "FlatLossCheck", "derive_seed", "draw_direction",
-           "rademacher_signs", "PERTURBATIONS"]
+__all__ = ["MeZO", "ZOStep", "StepEvent", "FlatLossWarning", "FlatLossCheck", "NoiseSourceWarning", "derive_seed",
+           "draw_direction", "rademacher_signs", "PERTURBATIONS"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,11 @@ class StepEvent(NamedTuple):
 class FlatLossWarning(RuntimeWarning):
     """A run's first steps saw the loss take exactly the same value at θ+εz and θ−εz, for every
     example: those steps moved nothing (see ``FLAT_STEPS``)."""
+
+
+class NoiseSourceWarning(UserWarning):
+    """A MeZO state loaded into an optimiser whose noise source draws other z than the saved run's (its kind or
+    parameters differ, ``noise.describe``): the resumed run goes on along other directions."""
 
 
 # The flat-loss rule: warn when the first FLAT_STEPS steps, holding at least FLAT_EXAMPLES
@@ -479,6 +484,7 @@ class MeZO(torch.optim.Optimizer):
             if missing:
                 raise ValueError(f"Invalid param_group: a group lacks {sorted(missing)} (use add_param_group)")
             group.update(_check_group(group, {}))
+        out["noise"] = describe(self.noise_source)   # which z the run drew: a resume with another source is told
         return out
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -487,9 +493,19 @@ class MeZO(torch.optim.Optimizer):
         A pending folded update is applied first (``flush``), as an unfolded run would have applied
         it: the parameters hold the last committed step, never θ − εz (the state describes flushed
         parameters; as with torch.optim, loading leaves the parameters' values to the caller).
+
+        Warns ``NoiseSourceWarning`` when the state records a noise source (``noise``, written since round 16)
+        that draws other z than this optimiser's (``noise.describe``: kind and parameters, not the device), before
+        anything loads; a state without the record loads without a word.
         """
         self._refuse_in_step("load_state_dict")
         self._check_state_dict(state_dict)
+        saved, current = state_dict.get("noise"), describe(self.noise_source)
+        if "noise" in state_dict and saved != current:
+            warnings.warn(f"the state was saved by a run drawing z from {saved!r}; this {type(self).__name__} draws "
+                          f"from {current!r}, so the resumed run goes on along other directions than the saved run "
+                          f"would have (build it with the saved run's noise source to resume bit for bit)",
+                          NoiseSourceWarning, stacklevel=_caller_level())
         self.flush()   # dropping it left θ at θ − εz of the last step: neither that step's start nor its end
         _undecorated(torch.optim.Optimizer.load_state_dict)(self, state_dict)
         state = self.state[self._first_param()]   # numpy ints as Python ints: state_dict() loads with weights_only
@@ -526,6 +542,9 @@ class MeZO(torch.optim.Optimizer):
             raise ValueError("Invalid state_dict: no step/seed entry for the first parameter")
         _check_step_count(entry.get("step"))
         check_seed("seed", entry.get("seed"))
+        if "noise" in state_dict and not isinstance(state_dict["noise"], str):   # state_dict() writes a str
+            raise ValueError(f"Invalid state_dict: noise {str(state_dict['noise'])[:80]} (expected the name of a "
+                             f"noise source, as state_dict() records it)")
 
     def __getstate__(self) -> dict:
         """deepcopy/pickle keep the noise source, folding and a pending update; not the hooks."""

@@ -24,7 +24,7 @@ import os
 
 import torch
 
-from .noise import Job, TorchNoise, _Threaded
+from .noise import Job, TorchNoise, _Threaded, describe
 
 __all__ = ["TritonNoise", "triton_available", "triton_direction"]
 
@@ -104,6 +104,11 @@ class TritonNoise(_Threaded):
         self.block = block
         self.fallback = fallback if fallback is not None else TorchNoise()
         self.usable, self.reason = triton_available()
+
+    @property
+    def description(self) -> str:
+        """What decides its z (``noise.describe``): the kernel's, and its fallback's where the kernel cannot run."""
+        return f"triton:fallback={describe(self.fallback)}"
 
     def _apply_one(self, job: Job, slot: int) -> None:
         p = job.param

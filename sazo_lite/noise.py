@@ -61,7 +61,7 @@ from .directions import Z_BOUND, derive_seed, draw_direction, rademacher_signs, 
 from .validation import check_int, check_seed
 
 __all__ = ["Job", "NoiseSource", "PlainNoise", "TorchNoise", "NoiseTable", "GaussianTable",
-           "white_table", "source_for", "split_jobs", "chunk_bounds", "z_dtype"]
+           "white_table", "source_for", "describe", "split_jobs", "chunk_bounds", "z_dtype"]
 
 
 class Job(NamedTuple):
@@ -323,6 +323,11 @@ class NoiseTable(_Threaded):
         self._tables: dict[tuple[torch.device, torch.dtype, str], torch.Tensor] = {}
 
     @property
+    def description(self) -> str:
+        """What decides its z (``describe``): the table's size and seed and the window length."""
+        return f"noise-table:size={self.size},chunk={self.chunk},seed={self.seed}"
+
+    @property
     def nbytes(self) -> int:
         """Bytes held by the tables built so far."""
         return sum(t.numel() * t.element_size() for t in self._tables.values())
@@ -535,3 +540,21 @@ def source_for(directions: str):
         pass
     raise ValueError(f"Invalid directions: {directions!r} (expected 'torch' or "
                      f"'gaussian-table:size=…,chunk=…,seed=…')")
+
+
+def describe(source) -> str:
+    """What decides the z ``source`` draws, its kind and parameters but not its device, as a ``MeZO`` state
+    records it: its ``description`` where it has one (``NoiseTable``, ``TritonNoise``), else its ``directions``
+    when they are a name ("torch" for the plain loop and ``TorchNoise``, "gaussian-table:size=…,chunk=…,seed=…"),
+    else its class's qualified name.
+
+    Example:
+        >>> describe(PlainNoise()), describe(TorchNoise(workers=1)), describe(NoiseTable(size=64, chunk=16))
+        ('torch', 'torch', 'noise-table:size=64,chunk=16,seed=0')
+    """
+    for attribute in ("description", "directions"):
+        name = getattr(source, attribute, None)
+        if isinstance(name, str):
+            return str(name)   # a plain str: a state holding it loads with torch.load(weights_only=True)
+    kind = type(source)
+    return f"{kind.__module__}.{kind.__qualname__}"

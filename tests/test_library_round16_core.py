@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from sazo_lite.engine import MeZO, _booleans_or_complex
+from sazo_lite.engine import MeZO, NoiseSourceWarning, _booleans_or_complex
+from sazo_lite.kernels import TritonNoise
+from sazo_lite.noise import GaussianTable, NoiseTable, PlainNoise, TorchNoise, describe
 from sazo_lite.validation import dense_tensor, non_real_kinds
 
 
@@ -129,3 +131,89 @@ def test_a_list_that_holds_itself_is_refused_by_name():
     with pytest.raises(ValueError, match="Invalid closure result"):
         opt.step(lambda: looped)
     assert float(theta.abs().max()) <= 1e-15 and opt.step_count == 0   # restored (within rounding)
+
+
+# --- 2. the noise source a MeZO state records -------------------------------------------------------------------
+def _quadratic_run(noise, steps=3, state=None, theta=None):
+    """A MeZO on a 40-entry quadratic (float64), optionally loaded from ``state`` first; returns (θ, optimiser)."""
+    theta = torch.linspace(-1, 1, 40, dtype=torch.float64) if theta is None else theta
+    opt = MeZO([theta], lr=0.05, eps=1e-3, seed=3, noise=noise)
+    if state is not None:
+        opt.load_state_dict(state)
+    for _ in range(steps):
+        opt.step(lambda: ((theta - 0.5) ** 2).reshape(4, 10).sum(1))
+    return theta, opt
+
+
+SOURCES = {"plain": lambda: None, "torch": lambda: TorchNoise(workers=1, chunk=16),
+           "table": lambda: GaussianTable(size=64, chunk=16), "other table": lambda: GaussianTable(size=64, chunk=16,
+                                                                                                   seed=1),
+           "noise table": lambda: NoiseTable(size=64, chunk=16)}
+
+
+@pytest.mark.parametrize("saved", SOURCES, ids=SOURCES.keys())
+@pytest.mark.parametrize("loaded", SOURCES, ids=SOURCES.keys())
+def test_a_state_loaded_into_another_noise_source_warns_naming_both(saved, loaded):
+    """MeZO's state did not record its noise source: a state saved with a GaussianTable, loaded into a MeZO with
+    the plain loop (or another table), went on along other z without a word. It records describe(source) now, and
+    loading warns (NoiseSourceWarning, a UserWarning) naming both when they differ; the same source, or another one
+    drawing the same z (the plain loop and TorchNoise), loads silently and resumes bit for bit."""
+    _, opt = _quadratic_run(SOURCES[saved]())
+    state = opt.state_dict()
+    assert state["noise"] == describe(opt.noise_source) and type(state["noise"]) is str
+    same = describe(SOURCES[saved]() or PlainNoise()) == describe(SOURCES[loaded]() or PlainNoise())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed, _ = _quadratic_run(SOURCES[loaded](), state=state, theta=opt.param_groups[0]["params"][0].clone())
+    told = [w for w in caught if issubclass(w.category, NoiseSourceWarning)]
+    assert issubclass(NoiseSourceWarning, UserWarning)
+    if same:
+        assert not told
+        reference, _ = _quadratic_run(SOURCES[saved](), steps=6)
+        assert torch.equal(resumed, reference)   # bit for bit as the uninterrupted run
+    else:
+        assert len(told) == 1 and state["noise"] in str(told[0].message)
+        assert describe(SOURCES[loaded]() or PlainNoise()) in str(told[0].message)
+
+
+def test_a_state_without_the_record_loads_without_a_word():
+    """A state written before round 16 (no 'noise') still loads, into any source, silently."""
+    _, opt = _quadratic_run(GaussianTable(size=64, chunk=16))
+    state = opt.state_dict()
+    del state["noise"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resumed, twin = _quadratic_run(None, steps=0, state=state)
+    assert twin.step_count == 3
+
+
+def test_the_description_ignores_the_device_and_the_threads():
+    """A run resumed on another device (or with more worker threads) with the same family of source is not warned:
+    the description holds what decides z, its kind and parameters."""
+    assert describe(GaussianTable(size=64, chunk=16, workers=1)) == describe(GaussianTable(size=64, chunk=16,
+                                                                                          workers=2))
+    assert describe(TorchNoise(workers=2)) == describe(PlainNoise()) == "torch"
+    table = GaussianTable(size=64, chunk=16)
+    table.table("cpu", torch.float32)   # a table built on one device: the description does not name it
+    assert describe(table) == describe(GaussianTable(size=64, chunk=16)) == table.directions
+    assert describe(NoiseTable(size=64, chunk=16, seed=1)) != describe(NoiseTable(size=64, chunk=16))
+    assert describe(TritonNoise()) == "triton:fallback=torch"
+    assert describe(TritonNoise(fallback=GaussianTable(size=64, chunk=16))) == f"triton:fallback={table.directions}"
+
+
+@pytest.mark.parametrize("bad", [5, None, ["torch"], b"torch"])
+def test_a_state_whose_noise_record_is_not_a_name_is_refused_unchanged(bad):
+    _, opt = _quadratic_run(None)
+    state = opt.state_dict()
+    state["noise"] = bad
+    theta = torch.zeros(40, dtype=torch.float64)
+    other = MeZO([theta], lr=0.1, eps=1e-3, seed=9, noise=None)
+    with pytest.raises(ValueError, match="Invalid state_dict: noise"):
+        other.load_state_dict(state)
+    assert other.step_count == 0 and other.state_dict()["state"][0]["seed"] == 9
+
+
+def test_a_state_with_a_noise_record_loads_with_weights_only(tmp_path):
+    _, opt = _quadratic_run(GaussianTable(size=64, chunk=16))
+    torch.save(opt.state_dict(), tmp_path / "opt.pt")
+    assert torch.load(tmp_path / "opt.pt", weights_only=True)["noise"] == opt.state_dict()["noise"]
