@@ -130,7 +130,7 @@ from .atomic import atomic_write
 from .distributed import gather_losses, rank_and_world, shard
 from .engine import MeZO
 from .interrupts import InterruptsDeferred
-from .llm.losses import IGNORE, causal_lm_losses
+from .llm.losses import IGNORE, _virtual_tokens, causal_lm_losses
 from .precision import master_dtype
 from .samplers import make_sampler, sampler_name
 from .validation import check_choice, check_int
@@ -1312,17 +1312,6 @@ def _logits(outputs):
     if isinstance(outputs, Mapping):
         return outputs.get("logits")
     return getattr(outputs, "logits", None)
-
-
-def _virtual_tokens(model) -> int:
-    """Positions a peft causal-LM prompt-learning model (prompt tuning, p-tuning) puts in front of its
-    input embeddings, so of its logits: its ``num_virtual_tokens``. 0 for other models, and for prefix
-    tuning, whose virtual tokens are keys and values only."""
-    config = getattr(model, "active_peft_config", None)
-    if (not getattr(config, "is_prompt_learning", False) or config.task_type != "CAUSAL_LM"
-            or config.peft_type in ("PREFIX_TUNING", "CARTRIDGE", "CPT")):
-        return 0
-    return int(config.num_virtual_tokens)
 
 
 def _has_accelerator() -> bool:

@@ -177,10 +177,12 @@ def _check_vocabulary(model, batch: TokenBatch, argument: str = "batch") -> None
     if rows is not None and batch.max_id >= rows:
         raise ValueError(f"Invalid {argument}: token id {batch.max_id} (ids, pad_id or label_ids) is past the "
                          f"model's vocabulary of {rows}")
+    skip = _virtual_tokens(model)      # a prompt-tuned model's virtual tokens take positions in front of each row
     for name, positions in _position_tables(model, embeddings):
-        if batch.longest > positions:
-            raise ValueError(f"Invalid {argument}: an example of {batch.longest} tokens is longer than the model's "
-                             f"{positions} learned positions ({name}); encode with a smaller max_length")
+        if batch.longest + skip > positions:
+            after = f" after {skip} virtual tokens" if skip else ""
+            raise ValueError(f"Invalid {argument}: an example of {batch.longest} tokens{after} is longer than the "
+                             f"model's {positions} learned positions ({name}); encode with a smaller max_length")
 
 
 _POSITION_TABLES = weakref.WeakKeyDictionary()     # model → _position_tables(model)
@@ -462,8 +464,23 @@ def _model_forward(model, **inputs):
         raise
 
 
+def _virtual_tokens(model) -> int:
+    """Positions a peft causal-LM prompt-learning model (prompt tuning, p-tuning) puts in front of its
+    input embeddings, so of its logits: its ``num_virtual_tokens``. 0 for other models, and for prefix
+    tuning, whose virtual tokens are keys and values only."""
+    config = getattr(model, "active_peft_config", None)
+    if (not getattr(config, "is_prompt_learning", False) or config.task_type != "CAUSAL_LM"
+            or config.peft_type in ("PREFIX_TUNING", "CARTRIDGE", "CPT")):
+        return 0
+    return int(config.num_virtual_tokens)
+
+
 def _logits(model, inputs, autocast_dtype, grad: bool = False, positions=None) -> torch.Tensor:
     """Float32 logits [B, T, V], or with ``positions`` [B] only row b's logits at positions[b]: [B, V].
+
+    A prompt-tuned model's logits cover its virtual tokens first (``_virtual_tokens``): they are dropped, so
+    position t is the input's token t (the last prompt position scored the virtual tokens' logits instead,
+    silently, and the answer loss raised on the logits' width).
 
     With ``positions``, a model that takes ``logits_to_keep`` applies its LM head at those positions
     only: the same numbers up to float rounding (the head's matrix product over fewer rows may round
@@ -472,13 +489,15 @@ def _logits(model, inputs, autocast_dtype, grad: bool = False, positions=None) -
     """
     # grad=True keeps the autograd graph (true per-example gradients, ``grad_norms``); ZO never needs it
     mode = torch.enable_grad() if grad else torch.inference_mode()
+    skip = _virtual_tokens(model)
+    positions = None if positions is None else positions + skip
     kept = torch.unique(positions) if positions is not None and _keeps_logits(model) else None   # sorted [K]
     extra = {} if kept is None else {"logits_to_keep": kept}
     with mode, _autocast(inputs["input_ids"].device, autocast_dtype):
         out = _model_forward(model, input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], **extra)
     logits = out.logits.float()  # CE in float32 whatever the model dtype
     if positions is None:
-        return logits
+        return logits[:, skip:]
     rows = torch.arange(len(logits), device=logits.device)
     return logits[rows, positions if kept is None else torch.searchsorted(kept, positions)]
 

@@ -56,7 +56,7 @@ from ..engine import _caller_level
 from ..validation import check_count
 from .tuning import check_adapters_read
 from .losses import (TokenBatch, _check_vocabulary, check_deterministic, checked_indices, classification_losses,
-                     _model_forward, _rotary_width_dependence)
+                     _model_forward, _rotary_width_dependence, _virtual_tokens)
 
 __all__ = ["TopBlocks", "decoder_layers", "top_layers", "top_block_parameters"]
 
@@ -262,6 +262,7 @@ class TopBlocks:
         if not isinstance(self.head, torch.nn.Module):
             raise ValueError(f"Invalid model: {type(_base(model)).__name__} has no LM head (get_output_embeddings)")
         self.logit_map = _logit_map(model)
+        self.offset = _virtual_tokens(model)    # a prompt-tuned model's hidden states hold its virtual tokens first
         self.device = next(model.parameters()).device
         # copies, as the cached states are of the split as it is now: a change of batch.labels made later reached
         # the losses on a CPU (.to returned the tensor itself) but not on a GPU, and accuracy() on both
@@ -504,7 +505,7 @@ class TopBlocks:
                 out = layer(h, *_rows(args, args_axes, index), **_rows(kwargs, kwargs_axes, index))
                 h = out[0] if isinstance(out, tuple) else out
             rows = torch.arange(len(index), device=h.device)
-            h = h[rows, self.lengths.index_select(0, index) - 1]                 # [B, H]: scored positions only
+            h = h[rows, self.lengths.index_select(0, index) - 1 + self.offset]   # [B, H]: scored positions only
             for module in self.after:
                 h = module(h)
             if type(self.head) is torch.nn.Linear:                               # the verbaliser rows only

@@ -1,0 +1,75 @@
+"""Round 16 of the language-model package's and ZOTrainer's defects (sazo_lite.llm, sazo_lite.hf): each test
+fails on the code before its fix."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from sazo_lite.llm import tiny_causal_lm
+from sazo_lite.llm.losses import TokenBatch, answer_losses, classification_losses
+from sazo_lite.llm.topblock import TopBlocks, top_block_parameters
+
+VOCAB = 64
+
+
+# --- 1. peft prompt tuning: the logits cover the virtual tokens first -----------------------------------------------
+def prompt_tuned(family, kind, virtual=3):
+    config = (peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=virtual) if kind == "prompt tuning"
+              else peft.PromptEncoderConfig(task_type="CAUSAL_LM", num_virtual_tokens=virtual, encoder_hidden_size=8))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        return peft.get_peft_model(tiny_causal_lm(family, vocab_size=VOCAB), config).eval()
+
+
+def classified(n=3):
+    ids = [[5, 6, 7, 8], [9, 10], [3, 4, 5], [20, 21, 22, 23, 24]][:n]
+    return TokenBatch(ids, [len(r) for r in ids], 0, torch.tensor([0, 1, 1, 0][:n]), torch.tensor([11, 12]))
+
+
+def alone_classification(model, batch):
+    """Each example alone, unpadded: the label words' logits at the model's last position."""
+    out = []
+    with torch.no_grad():
+        for row, label in zip(batch.ids, batch.labels):
+            logits = model(input_ids=torch.tensor([row])).logits[0, -1, batch.label_ids]
+            out.append(F.cross_entropy(logits[None].float(), label[None]))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("kind", ["prompt tuning", "p-tuning"])
+def test_classification_losses_of_a_prompt_tuned_model_score_the_last_prompt_token(family, kind):
+    # the logits are [B, P + T, V]: position len - 1 was a virtual token's or an earlier token's, silently
+    model, batch = prompt_tuned(family, kind), classified()
+    assert torch.allclose(classification_losses(model, batch), alone_classification(model, batch), atol=1e-5)
+
+
+def test_answer_losses_of_a_prompt_tuned_model_are_peft_s_own_loss():
+    # the answer loss raised inside cross_entropy ("Expected target size [2, 6], got [2, 3]")
+    model = prompt_tuned("llama", "prompt tuning")
+    batch = TokenBatch([[5, 6, 7, 8], [9, 10, 11]], [2, 1], 0)
+    ours = answer_losses(model, batch)
+    with torch.no_grad():
+        for k, (row, start) in enumerate(zip(batch.ids, batch.prompt_lengths)):
+            labels = [-100] * start + row[start:]
+            own = model(input_ids=torch.tensor([row]), labels=torch.tensor([labels])).loss
+            assert float(ours[k]) == pytest.approx(float(own), rel=1e-5)
+
+
+def test_top_blocks_of_a_prompt_tuned_model_score_the_last_prompt_token():
+    model, batch = prompt_tuned("llama", "prompt tuning"), classified(4)
+    top_block_parameters(model, 1)      # the prompt frozen, the top block tuned
+    top = TopBlocks(model, batch)
+    assert torch.allclose(top(range(4)), alone_classification(model, batch), atol=1e-5)
+
+
+def test_learned_positions_count_the_virtual_tokens():
+    # GPT-2's 128 positions hold 126 tokens after 3 virtual ones, not 128 (torch's IndexError in the forward)
+    model = prompt_tuned("gpt2", "prompt tuning")
+    long = TokenBatch([list(range(3, 63)) * 2 + [3, 4, 5, 6, 7, 8]], [126], 0, torch.tensor([0]), torch.tensor([11, 12]))
+    with pytest.raises(ValueError, match="Invalid batch: an example of 126 tokens after 3 virtual tokens"):
+        classification_losses(model, long)
