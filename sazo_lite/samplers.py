@@ -226,8 +226,10 @@ class OracleSampler(Sampler):
 
     def state_dict(self) -> dict:
         """The base state and ``hyperparameters`` {"uniform_mix": λ}, as the SAZO samplers record theirs (the
-        norms come from ``norms_fn``, which is not state)."""
-        return {**super().state_dict(), "hyperparameters": {"uniform_mix": _python_number(self.uniform_mix)}}
+        norms come from ``norms_fn``, which is not state). λ is checked as ``load_state_dict`` checks it (a λ set out of
+        its interval was written into a state that no oracle loaded)."""
+        mix = _RULES["oracle_mix"](self.uniform_mix)
+        return {**super().state_dict(), "hyperparameters": {"uniform_mix": _python_number(mix)}}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a ``state_dict``, its λ included (checked as the constructor checks it, then taken, as the SAZO
@@ -577,7 +579,11 @@ class _ScoredSampler(Sampler):
         return {}
 
     def state(self) -> SAZOState:
-        """The state record (views of the live arrays; ``state_dict`` copies it)."""
+        """The state record (views of the live arrays; ``state_dict`` copies it), after ``_check_settings``: a
+        setting set since the last draw or update is checked (ValueError: a state that would not load) and, if the
+        scores depend on it, summed in (a statistic switched just before saving recorded the running Σ s² of the
+        old one, and the state did not load)."""
+        self._check_settings()
         return SAZOState(self.num_examples, self.seed, self._generator.get_state(),
                          torch.from_numpy(self._g), torch.from_numpy(self._n.astype(np.int64)),
                          self._hyperparameters(), self._extra_state())

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from sazo_lite.samplers import SAZOSampler, StaleCorrectedSAZOSampler
+from sazo_lite.samplers import OracleSampler, SAZOSampler, StaleCorrectedSAZOSampler
 
 
 def _trained(sampler, steps: int = 30, batch_size: int = 4, seed: int = 0):
@@ -118,3 +118,39 @@ def test_a_deepcopy_after_a_change_is_rescored_on_its_own():
     twin = copy.deepcopy(sampler)
     twin.max_factor = 1.1
     assert abs(float(twin.probs.sum()) - 1.0) < 1e-9 and abs(float(sampler.probs.sum()) - 1.0) < 1e-9
+
+
+# --- 2. a state saved right after a setting changed -------------------------------------------------------------
+@pytest.mark.parametrize("sum_tree", [True, False])
+def test_a_statistic_switched_just_before_saving_makes_a_state_that_loads(sum_tree):
+    """The state recorded the new statistic with the running Σ s² of the old one (nothing had read the setting
+    since it was set): 'Invalid state: seen_sq 4.07, but the estimates give Σ s² = 2.2', for the sampler's own
+    state. ``state()`` checks the settings first, as a draw does."""
+    sampler = _trained(SAZOSampler(50, sum_tree=sum_tree, statistic="square", seed=4), steps=9)
+    sampler.statistic = "abs"
+    state = sampler.state_dict()
+    resumed = SAZOSampler(50, sum_tree=sum_tree, seed=9)
+    resumed.load_state_dict(state)
+    for _ in range(3):
+        (i, w), (j, v) = sampler.sample(8), resumed.sample(8)
+        assert torch.equal(i, j) and torch.equal(w, v)
+
+
+@pytest.mark.parametrize("name, bad", [("uniform_mix", 1.5), ("statistic", "sqaure"), ("ema_decay", -0.5)])
+def test_a_state_is_not_written_with_a_setting_it_could_not_load(name, bad):
+    """A setting set out of its rule after the last draw was written into the state, which every sampler then
+    refused to load; it is refused where the state is taken, naming it, with the sampler unchanged."""
+    sampler = _trained(SAZOSampler(16, seed=2), steps=5)
+    setattr(sampler, name, bad)
+    with pytest.raises(ValueError, match=f"Invalid {name}"):
+        sampler.state_dict()
+
+
+def test_an_oracle_state_is_not_written_with_a_mix_it_could_not_load():
+    norms = torch.linspace(0.0, 1.0, 8, dtype=torch.float64)
+    oracle = OracleSampler(8, lambda: norms, uniform_mix=0.2)
+    oracle.uniform_mix = 1.5
+    with pytest.raises(ValueError, match="Invalid uniform_mix"):
+        oracle.state_dict()
+    oracle.uniform_mix = np.float32(0.5)   # a numpy λ is still recorded as the Python float it holds
+    assert oracle.state_dict()["hyperparameters"] == {"uniform_mix": 0.5}
