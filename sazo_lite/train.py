@@ -534,8 +534,9 @@ def best_rate(per_rate: Mapping[float, Sequence[int | None]], tiebreak: Mapping[
 
     Args:
         per_rate: rate → queries to the target per seed (None: diverged or over budget), in grid order.
-        tiebreak: optional rate → a value to minimise among equal medians (e.g. the median final loss);
-            remaining ties go to the earlier rate of ``per_rate``.
+        tiebreak: optional rate → a value to minimise among equal medians (e.g. the median final loss), a number
+            for every rate of ``per_rate`` (±inf allowed, NaN refused); remaining ties go to the earlier rate of
+            ``per_rate``.
         past_edges: rates past the method's edge (``past_edge``): not chosen, unless every rate is.
 
     Example:
@@ -546,6 +547,25 @@ def best_rate(per_rate: Mapping[float, Sequence[int | None]], tiebreak: Mapping[
     """
     if not per_rate:
         raise ValueError("Invalid per_rate: expected at least one rate")
+    if tiebreak is not None:
+        tiebreak = _tiebreaks(per_rate, tiebreak)
     rates = [rate for rate in per_rate if rate not in past_edges] or list(per_rate)
     key = lambda rate: (median_queries(per_rate[rate]), tiebreak[rate] if tiebreak is not None else 0.0)
     return min(rates, key=key)
+
+
+def _tiebreaks(per_rate: Mapping, tiebreak: Mapping) -> dict:
+    """``tiebreak``'s value for each rate of ``per_rate`` as a float (``_number``), or ValueError naming the rate: a
+    NaN compares false with everything, so between equal medians the rate listed first won whatever its rival's
+    value (a NaN final loss beat 0.5, or lost to it, by grid order), and a rate without a value raised KeyError."""
+    if not isinstance(tiebreak, Mapping):
+        raise ValueError(f"Invalid tiebreak: {type(tiebreak).__name__} (expected a mapping rate -> value)")
+    values = {}
+    for rate in per_rate:
+        if rate not in tiebreak:
+            raise ValueError(f"Invalid tiebreak: no value for rate {rate!r} (expected one for every rate of per_rate)")
+        values[rate] = _number(f"tiebreak of rate {rate!r}", tiebreak[rate])
+        if math.isnan(values[rate]):
+            raise ValueError(f"Invalid tiebreak of rate {rate!r}: nan (expected a number; NaN orders nowhere: "
+                             f"give a diverged run +inf)")
+    return values

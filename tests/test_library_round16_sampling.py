@@ -6,12 +6,14 @@ Each defect's test fails on the code before its fix.
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 import pytest
 import torch
 
 from sazo_lite.samplers import OracleSampler, SAZOSampler, StaleCorrectedSAZOSampler
+from sazo_lite.train import best_rate
 
 
 def _trained(sampler, steps: int = 30, batch_size: int = 4, seed: int = 0):
@@ -154,3 +156,28 @@ def test_an_oracle_state_is_not_written_with_a_mix_it_could_not_load():
         oracle.state_dict()
     oracle.uniform_mix = np.float32(0.5)   # a numpy λ is still recorded as the Python float it holds
     assert oracle.state_dict()["hyperparameters"] == {"uniform_mix": 0.5}
+
+
+# --- 3. best_rate's tie-break ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("order", [(1e-3, 2e-3), (2e-3, 1e-3)])
+def test_a_nan_tie_break_is_refused_rather_than_won_by_grid_order(order):
+    """Between equal medians a NaN tie-break compared false with 0.5 both ways, so the rate listed first won:
+    1e-3 (NaN) in one order, 2e-3 (0.5) in the other."""
+    per_rate = {rate: [10, 20, 30] for rate in order}
+    with pytest.raises(ValueError, match="Invalid tiebreak of rate 0.001"):
+        best_rate(per_rate, tiebreak={1e-3: float("nan"), 2e-3: 0.5})
+    assert best_rate(per_rate, tiebreak={1e-3: math.inf, 2e-3: 0.5}) == 2e-3
+
+
+@pytest.mark.parametrize("tiebreak, message", [({1e-3: 0.4}, "no value for rate 0.002"),
+                                               ({1e-3: 0.4, 2e-3: True}, "Invalid tiebreak of rate 0.002"),
+                                               ({1e-3: 0.4, 2e-3: "0.1"}, "Invalid tiebreak of rate 0.002"),
+                                               ([0.4, 0.5], "Invalid tiebreak")])
+def test_a_tie_break_without_a_number_for_each_rate_is_refused_naming_it(tiebreak, message):
+    with pytest.raises(ValueError, match=message):
+        best_rate({1e-3: [10], 2e-3: [10]}, tiebreak=tiebreak)
+
+
+def test_tie_breaks_given_as_numpy_numbers_or_tensors_still_pick_the_smallest():
+    per_rate = {1e-3: [10, 20], 2e-3: [10, 20], 4e-3: [5, None]}
+    assert best_rate(per_rate, tiebreak={1e-3: np.float32(0.9), 2e-3: torch.tensor(0.5), 4e-3: 0.1}) == 2e-3
