@@ -49,7 +49,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .directions import PERTURBATIONS, Z_BOUND, derive_seed, draw_direction, rademacher_signs
 from .interrupts import InterruptsDeferred as _InterruptsDeferred
-from .noise import GaussianTable, Job, NoiseSource, PlainNoise, describe
+from .noise import GaussianTable, Job, NoiseSource, PlainNoise, check_source, describe
 from .validation import (check_bool, check_callable, check_choice, check_int, check_number, check_seed, non_real_kinds,
                          not_dense, numpy_readable)
 
@@ -396,10 +396,9 @@ class MeZO(torch.optim.Optimizer):
                  perturbation: str = "gaussian", seed: int = 0, noise="auto", fold_updates: bool = False):
         defaults = _check_group({}, dict(lr=lr, eps=eps, weight_decay=weight_decay, perturbation=perturbation))
         seed = check_seed("seed", seed)   # hashed by its low 64 bits: a larger seed would alias another
-        if noise is not None and noise != "auto" and not callable(getattr(noise, "apply", None)):
-            raise ValueError(f"Invalid noise: {noise!r} (expected 'auto', None or an object with apply(jobs))")
-        if isinstance(noise, type):   # its apply is unbound: the first pass raised TypeError
-            raise ValueError(f"Invalid noise: the class {noise.__name__} (pass an instance: noise={noise.__name__}())")
+        auto = isinstance(noise, str) and noise == "auto"   # compared as a str: noise != "auto" of an array is one
+        if noise is not None and not auto:
+            check_source("noise", noise, also="'auto', None or ")
         self.fold_updates = check_bool("fold_updates", fold_updates)
         self._pending = None  # (source, update jobs) of a folded step, applied by the next pass
         self._offset = 0      # where θ stands in the step in flight: 0, +1 (θ+εz) or −1 (θ−εz)
@@ -419,7 +418,7 @@ class MeZO(torch.optim.Optimizer):
         if not isinstance(params[0], dict):
             params = [{"params": params}]
         super().__init__(params, defaults)
-        self.noise = _auto_noise(self.param_groups) if noise == "auto" else noise
+        self.noise = _auto_noise(self.param_groups) if auto else noise
         self.state[self._first_param()].update(step=0, seed=seed)
         _warn_if_frozen_mixed_in(self.param_groups)
 

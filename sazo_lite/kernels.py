@@ -20,11 +20,12 @@ Example (on a GPU)::
 """
 from __future__ import annotations
 
+import numbers
 import os
 
 import torch
 
-from .noise import Job, TorchNoise, _Threaded, describe
+from .noise import Job, TorchNoise, _Threaded, check_source, describe
 
 __all__ = ["TritonNoise", "triton_available", "triton_direction"]
 
@@ -99,10 +100,11 @@ class TritonNoise(_Threaded):
 
     def __init__(self, block: int = 1024, fallback=None):
         super().__init__(workers=1)
-        if isinstance(block, bool) or not isinstance(block, int) or block < 16 or block & (block - 1):
+        if isinstance(block, bool) or not isinstance(block, numbers.Integral) or block < 16 or block & (block - 1):
             raise ValueError(f"Invalid block: {block!r} (expected a power of two >= 16)")
-        self.block = block
-        self.fallback = fallback if fallback is not None else TorchNoise()
+        self.block = int(block)   # a numpy int as the int the kernel's constexpr takes
+        # checked here: a fallback without apply (a name, a class) raised from inside the first pass it took
+        self.fallback = check_source("fallback", fallback, also="None or ") if fallback is not None else TorchNoise()
         self.usable, self.reason = triton_available()
 
     @property

@@ -61,7 +61,7 @@ from .directions import Z_BOUND, derive_seed, draw_direction, rademacher_signs, 
 from .validation import check_int, check_seed
 
 __all__ = ["Job", "NoiseSource", "PlainNoise", "TorchNoise", "NoiseTable", "GaussianTable",
-           "white_table", "source_for", "describe", "split_jobs", "chunk_bounds", "z_dtype"]
+           "white_table", "source_for", "describe", "check_source", "split_jobs", "chunk_bounds", "z_dtype"]
 
 
 class Job(NamedTuple):
@@ -558,3 +558,14 @@ def describe(source) -> str:
             return str(name)   # a plain str: a state holding it loads with torch.load(weights_only=True)
     kind = type(source)
     return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def check_source(name: str, value, *, also: str = ""):
+    """``value`` when it is a noise source (an instance with a callable ``apply(jobs)``), or
+    ``ValueError("Invalid <name>: ...")``; ``also`` names what else the caller takes, for the message. A class
+    passed for an instance had an unbound ``apply``: its first pass raised TypeError."""
+    if isinstance(value, type) and callable(getattr(value, "apply", None)):
+        raise ValueError(f"Invalid {name}: the class {value.__name__} (pass an instance: {name}={value.__name__}())")
+    if not callable(getattr(value, "apply", None)):
+        raise ValueError(f"Invalid {name}: {value!r} (expected {also}an object with apply(jobs))")
+    return value

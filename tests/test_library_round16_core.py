@@ -217,3 +217,31 @@ def test_a_state_with_a_noise_record_loads_with_weights_only(tmp_path):
     _, opt = _quadratic_run(GaussianTable(size=64, chunk=16))
     torch.save(opt.state_dict(), tmp_path / "opt.pt")
     assert torch.load(tmp_path / "opt.pt", weights_only=True)["noise"] == opt.state_dict()["noise"]
+
+
+# --- 3. noise sources named where they are given ----------------------------------------------------------------
+@pytest.mark.parametrize("noise", [np.array([1, 2]), torch.ones(2), ["auto"], 5, int],
+                         ids=["numpy array", "tensor", "list", "number", "a class without apply"])
+def test_mezo_names_a_noise_that_is_not_a_source(noise):
+    """noise != "auto" of a numpy array was an array: MeZO raised numpy's 'truth value of an array ... is
+    ambiguous', naming nothing."""
+    with pytest.raises(ValueError, match=r"Invalid noise: .*expected 'auto', None or an object with apply"):
+        MeZO([torch.zeros(3)], lr=0.1, noise=noise)
+
+
+@pytest.mark.parametrize("fallback, match", [("torch", "Invalid fallback: 'torch'"),
+                                             (TorchNoise, r"Invalid fallback: the class TorchNoise .*TorchNoise\(\)"),
+                                             (5, "Invalid fallback: 5")])
+def test_triton_noise_refuses_a_fallback_that_is_not_a_source_when_built(fallback, match):
+    """A fallback without apply(jobs) (a name, a class) was taken, and the first pass the kernel could not run
+    raised AttributeError or TypeError from inside the step."""
+    with pytest.raises(ValueError, match=match):
+        TritonNoise(fallback=fallback)
+
+
+def test_triton_noise_takes_a_numpy_int_block_as_an_int():
+    """A numpy int block was refused ('expected a power of two'), unlike every other size the library takes."""
+    source = TritonNoise(block=np.int64(1024))
+    assert source.block == 1024 and type(source.block) is int
+    with pytest.raises(ValueError, match="Invalid block"):
+        TritonNoise(block=np.int64(1000))
