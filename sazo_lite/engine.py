@@ -647,6 +647,9 @@ class MeZO(torch.optim.Optimizer):
             self._pending = pending
             raise
 
+    # no_grad: called outside a step too (state_dict, load_state_dict, train), where a source with a bare
+    # apply(jobs) met tensors that require grad in grad mode and raised RuntimeError at every call
+    @torch.no_grad()
     def flush(self) -> None:
         """Apply a pending folded update now (no-op when none waits or folding is off)."""
         if self._pending is not None:

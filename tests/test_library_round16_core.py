@@ -245,3 +245,29 @@ def test_triton_noise_takes_a_numpy_int_block_as_an_int():
     assert source.block == 1024 and type(source.block) is int
     with pytest.raises(ValueError, match="Invalid block"):
         TritonNoise(block=np.int64(1000))
+
+
+# --- 4. a folded update flushed outside a step, through a source with a bare apply(jobs) -------------------------
+class _BareSource:
+    """A noise source as MeZO documents the minimum: any object with apply(jobs) (no NoiseSource base)."""
+
+    def __init__(self):
+        self.inner = PlainNoise()
+
+    def apply(self, jobs):
+        for job in jobs:
+            self.inner._apply_one(job, 0)
+
+
+def test_a_pending_update_is_flushed_through_a_bare_source_on_tensors_that_require_grad():
+    """flush() ran outside no_grad: with fold_updates=True, state_dict(), load_state_dict() and flush() of an
+    optimiser over nn.Parameters raised RuntimeError ('a leaf Variable that requires grad is being used in an
+    in-place operation') through a source without NoiseSource's own no_grad, and the update stayed pending."""
+    folded, plain = torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(4))
+    opt = MeZO([folded], lr=0.1, eps=1e-3, seed=1, noise=_BareSource(), fold_updates=True)
+    reference = MeZO([plain], lr=0.1, eps=1e-3, seed=1, noise=_BareSource())
+    for _ in range(2):
+        opt.step(lambda: (folded - 1).pow(2))
+        reference.step(lambda: (plain - 1).pow(2))
+    state = opt.state_dict()
+    assert not opt.pending and torch.equal(folded, plain) and state["state"][0]["step"] == 2
