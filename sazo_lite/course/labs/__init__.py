@@ -352,8 +352,9 @@ def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout:
     unreadable: list[str] = []  # cells in a form that cannot run (each costs its own cell only)
     try:
         notebook = grading.read_notebook(submission, unreadable)  # a regular file, never a link's target
-        cells = grading.notebook_cells(notebook, config, *grading.ignored(autograder, config))
-        owners = grading.cell_questions(notebook, (rule or {}).get("graded"), questions)
+        explore = grading.ignored(autograder, config)   # the explore and check cells, and the other cells' ids
+        cells = grading.notebook_cells(notebook, config, *explore)
+        owners = grading.cell_questions(notebook, (rule or {}).get("graded"), questions, explore=explore)
     except Exception as exc:  # not a notebook (or not a file)
         reason = f"cannot read {submission.name} as a notebook: {type(exc).__name__}: {str(exc)[:300]}"
         log.write(f"[grader] {reason}\n")

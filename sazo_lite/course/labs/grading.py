@@ -345,19 +345,21 @@ def bound_names(source: str) -> set[str]:
     return names
 
 
-def cell_questions(notebook, graded: dict | None = None, questions=None) -> dict[int, list[str]]:
+def cell_questions(notebook, graded: dict | None = None, questions=None, *, explore=()) -> dict[int, list[str]]:
     """Which questions each code cell answers for (where a rule finding in it counts).
 
     A cell that binds a question's graded names (``graded``: {question: [names]}, the lab's rule)
-    belongs to those questions. Any other cell belongs to the question of the distributed
-    notebook's check cell below it: the ``grader.check("qN")`` cells taken in the lab's order
-    (``questions``), the first of each, each after the one before; a check cell a submission adds
-    or moves out of that order counts for nothing. Cells below the last check belong to the last
-    question.
+    belongs to those questions; names bound only in the copies of explore cells it holds do not count
+    (``explore``: what ``ignored`` returns; those copies do not run, ``without_explore``).
+    Any other cell belongs to the question of the distributed notebook's check cell below it: the
+    ``grader.check("qN")`` cells taken in the lab's order (``questions``), the first of each, each after
+    the one before; a check cell a submission adds or moves out of that order counts for nothing. Cells
+    below the last check belong to the last question.
     """
     nb = _notebook(notebook)
-    code = [(i, without_magics(c.source) if isinstance(c.source, str) else "") for i, c in enumerate(nb.cells)
-            if c.cell_type == "code"]
+    sources, _, marks, kept_ids = explore or (frozenset(),) * 4
+    code = [(i, without_magics(without_explore(c.source, sources, marks, _cell_id(c) not in kept_ids) or "")
+             if isinstance(c.source, str) else "") for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     order = question_order(questions) if questions else []
     owners, pending, last = {}, [], -1
     for index, source in code:
@@ -383,10 +385,13 @@ def cell_questions(notebook, graded: dict | None = None, questions=None) -> dict
     return owners
 
 
-def notebook_cells(notebook: Path, config: dict, ignored=frozenset(), ignored_ids=frozenset()) -> list[tuple[int, str]]:
+def notebook_cells(notebook: Path, config: dict, ignored=frozenset(), ignored_ids=frozenset(),
+                   marks=frozenset(), kept_ids=frozenset()) -> list[tuple[int, str]]:
     """The code cells to run: not tagged ``otter_ignore``, nor one of the distributed notebook's ``otter_ignore``
     cells whose tag an editor dropped: a cell with one of their ``ignored`` sources or with one of their ids
-    (``ignored_ids``: the student edited the explore cell, its source is another; both from ``ignored``); not
+    (``ignored_ids``: the student edited the explore cell, its source is another; both from ``ignored``); the
+    copies of those cells that a cell holds taken out (``without_explore``, by their first lines, ``marks``; a
+    cell with one of ``kept_ids``, the distributed notebook's other code cells, is not a copy); not
     otter's own (otter's statements taken out of the others), IPython's magics made Python (``without_magics``);
     the seed set as otter does."""
     nb = _notebook(notebook)
@@ -399,6 +404,9 @@ def notebook_cells(notebook: Path, config: dict, ignored=frozenset(), ignored_id
             raise ValueError(f"cell {index} has no source text")
         if _same_text(source) in ignored or _cell_id(cell) in ignored_ids:
             continue
+        source = without_explore(source, ignored, marks, new=_cell_id(cell) not in kept_ids)
+        if source is None:
+            continue
         source = _without_otter(without_magics(source))
         if source is None:
             continue
@@ -408,29 +416,96 @@ def notebook_cells(notebook: Path, config: dict, ignored=frozenset(), ignored_id
     return cells
 
 
-def ignored(autograder: Path, config: dict) -> tuple[frozenset, frozenset]:
-    """(sources, ids) of the cells the distributed notebook tags ``otter_ignore`` (explore and check cells, which
-    may use the library), read once from the solutions notebook next to the zip; the sources as ``_same_text``.
+def ignored(autograder: Path, config: dict) -> tuple[frozenset, frozenset, frozenset, frozenset]:
+    """(sources, ids, marks) of the cells the distributed notebook tags ``otter_ignore`` (explore and check cells,
+    which may use the library), and the ids of its other code cells, read once from the solutions notebook next
+    to the zip; the sources as ``_same_text``, the marks as ``explore_marks``.
 
     A hand-in's cell with one of the sources is skipped even without its tag: JupyterLab's collaboration mode and
     notebook cleaners drop cell tags, and the cell would then cost its question (a library call, a widget
     import). A hand-in's cell with one of the ids is that explore or check cell, whatever the student changed in
     it (editors keep a cell's id as it is edited); it is skipped like the tagged cell it was, also where an
-    editor dropped the tag.
+    editor dropped the tag. A copy of one (a new id) is found by its first line (``without_explore``).
     """
-    cells = _ignored_cells(autograder, config)
-    return (frozenset(_same_text(c.source) for c in cells if isinstance(c.source, str)),
-            frozenset(filter(None, (_cell_id(c) for c in cells))))
-
-
-def _ignored_cells(autograder: Path, config: dict) -> list:
-    """The code cells the distributed notebook tags ``otter_ignore`` (from the solutions notebook next to the
-    zip, whose cells keep the master's ids as the student notebook's do); none where it cannot be read."""
     try:
         nb = _notebook(solutions_notebook(autograder, config))
     except (OSError, ValueError):
-        return []
+        return (frozenset(),) * 4
+    cells = _ignored_cells(nb)
+    others = [c for c in nb.cells if c.cell_type == "code" and c not in cells]
+    return (frozenset(_same_text(c.source) for c in cells if isinstance(c.source, str)),
+            frozenset(filter(None, map(_cell_id, cells))), explore_marks(nb),
+            frozenset(filter(None, map(_cell_id, others))))
+
+
+def _ignored_cells(nb) -> list:
+    """The code cells a notebook tags ``otter_ignore`` (the solutions notebook next to the zip, whose cells keep
+    the master's ids as the student notebook's do)."""
     return [c for c in nb.cells if c.cell_type == "code" and "otter_ignore" in (c.metadata.get("tags") or [])]
+
+
+def explore_marks(nb) -> frozenset:
+    """The first lines of a notebook's ``otter_ignore`` code cells that are comments (``# explore (not graded):
+    ...``), stripped, where no other code cell starts with the same line (an answer cell must never read as an
+    explore cell's copy)."""
+    ignored = _ignored_cells(nb)
+    others = {_first_line(c.source) for c in nb.cells if c.cell_type == "code" and c not in ignored
+              and isinstance(c.source, str)}
+    firsts = {_first_line(c.source) for c in ignored if isinstance(c.source, str)}
+    return frozenset(line for line in firsts - others if line.startswith("#") and line.lstrip("#").strip())
+
+
+def _first_line(source: str) -> str:
+    return next((line.strip() for line in source_lines(source) if line.strip()), "")
+
+
+def without_explore(source: str, ignored=frozenset(), marks=frozenset(), new: bool = True) -> str | None:
+    """``source`` without the copies of the distributed notebook's explore and check cells it holds, which the
+    grader skips as it skips those cells: a copy starts at a line, at the cell's top level, that is one of their
+    first lines (``marks``: ``# explore (not graded, skipped by the autograder): ...``, which the copy carries).
+    A ``new`` cell (not one of the distributed notebook's) that starts with one is that cell's copy, skipped
+    whole (None) as the cell is, edited or not. Elsewhere (pasted into an answer cell, merged below one) the copy
+    runs for that cell's lines where it holds them unchanged (``ignored``), else to the end of the cell (edited).
+    The lines taken out are left blank (line numbers stay); None where nothing is left. A line inside a statement
+    (a string, a function's body) starts nothing.
+
+    Example:
+        >>> mark = "# explore (not graded)"
+        >>> without_explore("def f():\\n    return 1\\n" + mark + "\\nplot(f)\\nx = 2", {mark + "\\nplot(f)"}, {mark})
+        'def f():\\n    return 1\\n\\n\\nx = 2'
+        >>> without_explore(mark + "\\nplot(f)\\nx = 2", {mark + "\\nplot(f)"}, {mark}, new=False)
+        '\\n\\nx = 2'
+        >>> without_explore(mark + "\\nplot(f)\\nx = 2", {mark + "\\nplot(f)"}, {mark}) is None
+        True
+    """
+    lines = source_lines(source)
+    starts = [i for i, line in enumerate(lines) if line.strip() in marks and not line[:1].isspace()]
+    if not starts:
+        return source
+    if new and not any(line.strip() for line in lines[:starts[0]]):
+        return None
+    tree = parsed_or_none(without_magics(source))
+    inside = {row for node in (tree.body if tree else []) for row in range(_first_row(node), node.end_lineno)}
+    cut = set()
+    for i in starts:
+        if i in cut or i in inside:
+            continue
+        held = [len(b) for b in map(_stripped_lines, ignored) if b[0] == lines[i].strip()
+                and [line.rstrip() for line in lines[i:i + len(b)]] == b]
+        cut.update(range(i, i + held[0] if held else len(lines)))
+    kept = ["\n" if i in cut and line.endswith(("\n", "\r")) else "" if i in cut else line
+            for i, line in enumerate(lines)]
+    return "".join(kept) if any(line.strip() for line in kept) else None
+
+
+def _stripped_lines(source: str) -> list[str]:
+    return [line.rstrip() for line in source_lines(source)] or [""]
+
+
+def _first_row(node) -> int:
+    """The line number (from 1) where a top-level statement starts, its first decorator's: the 0-based rows from
+    it to its ``end_lineno`` are the statement's own, after its first."""
+    return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
 
 
 def _cell_id(cell) -> str | None:
