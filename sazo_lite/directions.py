@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["PERTURBATIONS", "Z_BOUND", "derive_seed", "draw_direction", "rademacher_signs", "z_dtype"]
+__all__ = ["PERTURBATIONS", "Z_BOUND", "derive_seed", "draw_direction", "rademacher_signs", "z_dtype",
+           "check_perturbation"]
 
 PERTURBATIONS = ("gaussian", "rademacher")
 # |z| never exceeds this: torch's randn is Box-Muller on 24-bit (float32) or 53-bit (float64)
@@ -61,9 +62,17 @@ def draw_direction(like: torch.Tensor, seed: int, perturbation: str,
     generator.manual_seed(seed)
     if perturbation == "gaussian":
         return torch.randn(like.shape, generator=generator, device=like.device, dtype=dtype)
-    if perturbation != "rademacher":   # a typo ("gausian", "Gaussian") drew ±1 signs silently
-        raise ValueError(f"Invalid perturbation: {perturbation!r} (expected one of {PERTURBATIONS})")
+    check_perturbation(perturbation)
     return rademacher_signs(like.numel(), dtype, like.device, generator).view(like.shape)
+
+
+def check_perturbation(perturbation) -> str:
+    """``perturbation`` when it names a kind of z (``PERTURBATIONS``), else ``ValueError("Invalid perturbation:
+    ...")``: where z is chosen by ``perturbation == "gaussian"``, a typo ("gausian", "Gaussian") drew ±1 signs
+    silently."""
+    if not (isinstance(perturbation, str) and perturbation in PERTURBATIONS):
+        raise ValueError(f"Invalid perturbation: {perturbation!r} (expected one of {PERTURBATIONS})")
+    return perturbation
 
 
 def rademacher_signs(numel: int, dtype: torch.dtype, device, generator: torch.Generator) -> torch.Tensor:

@@ -25,6 +25,7 @@ import os
 
 import torch
 
+from .directions import check_perturbation
 from .noise import Job, TorchNoise, _Threaded, check_source, describe
 
 __all__ = ["TritonNoise", "triton_available", "triton_direction"]
@@ -73,6 +74,7 @@ def _kernel():
 
 def _launch(theta: torch.Tensor, seed: int, coefficient: float, shrink: float, perturbation: str,
             block: int) -> None:
+    check_perturbation(perturbation)   # the kernel draws Gaussian z for anything but "rademacher"
     numel = theta.numel()
     grid = (-(-numel // block),)
     _kernel()[grid](theta, numel, int(seed) % (2 ** 31), float(coefficient), float(shrink),
@@ -120,6 +122,8 @@ class TritonNoise(_Threaded):
                 or padded > MAX_KERNEL_ENTRIES):
             self.fallback.apply([job])
             return
+        for _, _, perturbation in job.terms():   # every term checked before the first launch moves θ
+            check_perturbation(perturbation)
         shrink = job.shrink
         for seed, coefficient, perturbation in job.terms():  # a folded job: two launches
             _launch(p, seed, coefficient, shrink, perturbation, self.block)

@@ -57,7 +57,7 @@ import torch
 
 import math
 
-from .directions import Z_BOUND, derive_seed, draw_direction, rademacher_signs, z_dtype
+from .directions import Z_BOUND, check_perturbation, derive_seed, draw_direction, rademacher_signs, z_dtype
 from .validation import check_int, check_seed
 
 __all__ = ["Job", "NoiseSource", "PlainNoise", "TorchNoise", "NoiseTable", "GaussianTable",
@@ -272,6 +272,7 @@ class TorchNoise(_Threaded):
             return
         streams = []
         for term, (seed, coefficient, perturbation) in enumerate(terms):
+            check_perturbation(perturbation)   # below, anything but "gaussian" draws signs
             generator = self._generator(slot, term, p.device)
             generator.manual_seed(seed)
             streams.append((generator, self._buffer(slot, term, z_dtype(p)), coefficient, perturbation))
@@ -334,7 +335,7 @@ class NoiseTable(_Threaded):
 
     def table(self, device, dtype: torch.dtype, perturbation: str) -> torch.Tensor:
         """The table [size] for this device/dtype: standardised normals, or exact ±1 signs."""
-        key = (torch.device(device), dtype, perturbation)
+        key = (torch.device(device), dtype, check_perturbation(perturbation))   # a typo made a table of signs
         if key not in self._tables:
             generator = torch.Generator().manual_seed(self.seed)
             values = torch.randn(self.size, generator=generator, dtype=torch.float64)

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from sazo_lite.engine import MeZO, NoiseSourceWarning, _booleans_or_complex
-from sazo_lite.kernels import TritonNoise
-from sazo_lite.noise import GaussianTable, NoiseTable, PlainNoise, TorchNoise, describe
+from sazo_lite.kernels import TritonNoise, triton_direction
+from sazo_lite.noise import GaussianTable, Job, NoiseTable, PlainNoise, TorchNoise, describe
 from sazo_lite.validation import dense_tensor, non_real_kinds
 
 
@@ -271,3 +271,37 @@ def test_a_pending_update_is_flushed_through_a_bare_source_on_tensors_that_requi
         reference.step(lambda: (plain - 1).pow(2))
     state = opt.state_dict()
     assert not opt.pending and torch.equal(folded, plain) and state["state"][0]["step"] == 2
+
+
+# --- 5. a perturbation typo given to a noise source directly ------------------------------------------------------
+TYPO_SOURCES = {"TorchNoise, chunked": lambda: TorchNoise(workers=1, chunk=16),
+                "GaussianTable": lambda: GaussianTable(size=64, chunk=16),
+                "NoiseTable": lambda: NoiseTable(size=256, chunk=16), "plain": PlainNoise,
+                "TritonNoise": TritonNoise}
+
+
+@pytest.mark.parametrize("make", TYPO_SOURCES.values(), ids=TYPO_SOURCES.keys())
+@pytest.mark.parametrize("typo", ["gausian", "Gaussian", "RADEMACHER", None])
+def test_a_source_refuses_a_perturbation_it_does_not_know_before_moving_anything(make, typo):
+    """z was chosen by perturbation == "gaussian" in TorchNoise's chunks and NoiseTable's tables: a job (or a
+    NoiseTable.direction) with "Gaussian" or "gausian" drew ±1 signs without a word (draw_direction, the plain
+    loop's, refused it). MeZO checks its groups' perturbation; a source used directly now checks each job's."""
+    theta = torch.zeros(64)
+    with pytest.raises(ValueError, match="Invalid perturbation"):
+        make().apply([Job(theta, 1, 1.0, 1.0, typo)])
+    assert torch.equal(theta, torch.zeros(64))
+
+
+def test_a_folded_job_with_a_typo_in_its_second_term_moves_nothing():
+    theta = torch.zeros(64)
+    for source in (TorchNoise(workers=1, chunk=16), NoiseTable(size=256, chunk=16)):
+        with pytest.raises(ValueError, match="Invalid perturbation"):
+            source.apply([Job(theta, 1, 1.0, 1.0, "gaussian", then=(2, 1.0, "gausian"))])
+        assert torch.equal(theta, torch.zeros(64))
+
+
+def test_noise_table_direction_refuses_a_typo():
+    with pytest.raises(ValueError, match="Invalid perturbation: 'Gaussian'"):
+        NoiseTable(size=64, chunk=16).direction(torch.empty(10), 7, "Gaussian")
+    with pytest.raises(ValueError, match="Invalid perturbation: 'gausian'"):
+        triton_direction(torch.empty(10), 7, "gausian")
