@@ -23,6 +23,9 @@ What a log refuses (ValueError, before anything changes):
       step outside the optimiser's ranges;
     * replaying a log with a step whose update would overflow the parameters' dtype with the
       lr in force: every record is checked before the first pass;
+    * replaying a log read from a file whose records do not match the SHA-256 its header holds
+      (``records_sha256``: a g, lr or weight decay changed since the file was written; checked after
+      everything above, so a crafted record is named by its own check; logs written before it carry none);
     * ``replay_step`` or ``replay_failure`` through the optimiser it records (a hook such as
       ``StepCap`` that takes part of a step back): the log would miss that shift.
 
@@ -64,6 +67,9 @@ FORMAT = 3            # 3 records the noise source's ``directions``; 2 (without)
 READABLE_FORMATS = (2, 3)
 _STEP, _FAIL, _LR, _WD = 0, 1, 2, 3  # record kinds
 _RECORD = np.dtype([("kind", "u1"), ("seed", "<u8"), ("value", "<f8")])  # 17 bytes
+# the header field holding the SHA-256 of the record bytes: a record changed on disk (a g, lr or weight decay)
+# parses and replays another θ; replay refuses a log read from a file whose records miss it
+_DIGEST = "records_sha256"
 
 
 # The methods a step's and a replay's passes run: a subclass that overrides none of them steps as the library
@@ -151,6 +157,7 @@ class SeedLog:
     _hyper: list[tuple[float, float]] = field(default_factory=list, repr=False)
     _handle: object = field(default=None, repr=False)
     _expected: tuple | None = field(default=None, repr=False)  # (step, seed) the next step must start at
+    _altered: bool = field(default=False, repr=False)  # read from a file whose records miss their SHA-256
 
     @classmethod
     def attach(cls, optimizer: MeZO) -> "SeedLog":
@@ -290,6 +297,9 @@ class SeedLog:
                              f"does not draw the logged directions {self.header['directions']!r}; build it "
                              f"with noise=sazo_lite.noise.source_for({self.header['directions']!r})")
         self._check_updates(optimizer)
+        if self._altered:   # last: a crafted record is named by the checks above
+            raise _invalid("its records do not match the SHA-256 the file was written with (a record changed since "
+                           "it was saved: a g, lr or weight decay replays another θ); nothing replayed")
         optimizer.flush()
         saved = _Saved(optimizer, backup)
         try:
@@ -321,9 +331,11 @@ class SeedLog:
 
     # -- bytes -------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
-        """Serialise: a JSON header line (with the record count), then 17 bytes per record."""
-        table = np.array(self.records, dtype=_RECORD)
-        return json.dumps({**self.header, "records": len(self.records)}).encode() + b"\n" + table.tobytes()
+        """Serialise: a JSON header line (with the record count and the records' SHA-256), then 17 bytes per
+        record."""
+        table = np.array(self.records, dtype=_RECORD).tobytes()
+        header = {**self.header, "records": len(self.records), _DIGEST: hashlib.sha256(table).hexdigest()}
+        return json.dumps(header).encode() + b"\n" + table
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "SeedLog":
@@ -343,6 +355,10 @@ class SeedLog:
             huge = [k for k, v in header.items() if isinstance(v, int) and abs(v) > 1e308]
             raise _invalid(f"header field {', '.join(map(str, huge)) or '?'} is out of float range") from None
         count = header.pop("records", None)
+        digest = header.pop(_DIGEST, None)   # logs written before round 16 have none
+        if digest is not None and not (isinstance(digest, str) and len(digest) == 64
+                                       and all(c in "0123456789abcdef" for c in digest)):
+            raise _invalid(f"{_DIGEST} {str(digest)[:80]!r} (expected 64 hex digits)")
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise _invalid("the header has no record count")
         if not newline or len(body) != count * _RECORD.itemsize:
@@ -351,7 +367,7 @@ class SeedLog:
         table = np.frombuffer(body, dtype=_RECORD)
         records = [(int(k), int(s), float(v)) for k, s, v in table]
         _check_records(records, len(header["groups"]))
-        return cls(header, records)
+        return cls(header, records, _altered=digest is not None and hashlib.sha256(body).hexdigest() != digest)
 
     def save(self, path) -> int:
         """Write the log to ``path``; returns its size in bytes.

@@ -6,13 +6,16 @@ Each defect's test fails on the code before its fix.
 from __future__ import annotations
 
 import copy
+import json
 import math
 
 import numpy as np
 import pytest
 import torch
 
+from sazo_lite.engine import MeZO
 from sazo_lite.samplers import OracleSampler, SAZOSampler, StaleCorrectedSAZOSampler
+from sazo_lite.seedlog import _LR, _RECORD, _STEP, SeedLog
 from sazo_lite.train import best_rate
 
 
@@ -181,3 +184,72 @@ def test_a_tie_break_without_a_number_for_each_rate_is_refused_naming_it(tiebrea
 def test_tie_breaks_given_as_numpy_numbers_or_tensors_still_pick_the_smallest():
     per_rate = {1e-3: [10, 20], 2e-3: [10, 20], 4e-3: [5, None]}
     assert best_rate(per_rate, tiebreak={1e-3: np.float32(0.9), 2e-3: torch.tensor(0.5), 4e-3: 0.1}) == 2e-3
+
+
+# --- 4. a seed log's records changed on disk ----------------------------------------------------------------------
+def _logged_run(steps: int = 6):
+    """(θ₀, tuned θ, log) of a small MeZO run whose lr changes once."""
+    theta = torch.randn(6, generator=torch.Generator().manual_seed(0))
+    start = theta.clone()
+    opt = MeZO([theta], lr=0.05, eps=1e-3, seed=11)
+    log = SeedLog.attach(opt)
+    for step in range(steps):
+        if step == 3:
+            opt.param_groups[0]["lr"] = 0.02
+        opt.step(lambda: (theta - 1.0).pow(2))
+    return start, theta, log
+
+
+def _with_value(data: bytes, index: int, value: float) -> bytes:
+    """The log's bytes with record ``index``'s value replaced in place (as a bad sector or a stray write would)."""
+    head, _, body = data.partition(b"\n")
+    table = np.frombuffer(body, dtype=_RECORD).copy()
+    table["value"][index] = value
+    return head + b"\n" + table.tobytes()
+
+
+@pytest.mark.parametrize("kind", [_STEP, _LR])
+def test_a_record_changed_on_disk_is_refused_before_replay_moves_anything(kind):
+    """A g or an lr changed in the file parsed (a finite number) and replayed another θ without a word: the log
+    records its records' SHA-256, and replay refuses records that do not match it."""
+    start, tuned, log = _logged_run()
+    index = max(i for i, record in enumerate(log.records) if record[0] == kind)
+    altered = SeedLog.from_bytes(_with_value(log.to_bytes(), index, log.records[index][2] * 1.5))
+    replica = start.clone()
+    with pytest.raises(ValueError, match="Invalid seed log: its records do not match"):
+        altered.replay([replica])
+    assert torch.equal(replica, start)
+
+
+def test_a_log_read_back_replays_bit_for_bit_and_writes_the_same_bytes():
+    start, tuned, log = _logged_run()
+    data = log.to_bytes()
+    loaded = SeedLog.from_bytes(data)
+    assert loaded.to_bytes() == data and "records_sha256" not in loaded.header
+    replica = start.clone()
+    loaded.replay([replica])
+    assert torch.equal(replica, tuned)
+
+
+def test_a_log_written_without_the_digest_still_replays():
+    start, tuned, log = _logged_run()
+    head, _, body = log.to_bytes().partition(b"\n")
+    header = json.loads(head)
+    del header["records_sha256"]
+    replica = start.clone()
+    SeedLog.from_bytes(json.dumps(header).encode() + b"\n" + body).replay([replica])
+    assert torch.equal(replica, tuned)
+
+
+@pytest.mark.parametrize("digest", ["abc", 5, None, "G" * 64, "A" * 64])
+def test_a_malformed_digest_is_refused_when_the_log_is_read(digest):
+    _, _, log = _logged_run(steps=2)
+    head, _, body = log.to_bytes().partition(b"\n")
+    header = json.loads(head)
+    header["records_sha256"] = digest
+    data = json.dumps(header).encode() + b"\n" + body
+    if digest is None:   # JSON null: no digest, as a log written before it
+        SeedLog.from_bytes(data)
+        return
+    with pytest.raises(ValueError, match="Invalid seed log: records_sha256"):
+        SeedLog.from_bytes(data)
