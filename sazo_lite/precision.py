@@ -91,10 +91,20 @@ class Float32Master:
         whether the step committed or failed (the model then holds where the master stands: with
         ``fold_updates=True`` that is θ − εz until ``optimizer.flush()``; call ``sync()`` after it
         before evaluating the model)."""
+        self._check_tunes_masters(optimizer)
         try:
             return optimizer.step(self.wrap(closure), weights)
         finally:
             self.sync()
+
+    def _check_tunes_masters(self, optimizer) -> None:
+        """ValueError unless ``optimizer`` tunes every master copy and none of the model's tensors: given the
+        model's tensors, each pass was overwritten by the sync before the forward, so both losses were the
+        master's, g = 0, and every step was lost (a FlatLossWarning, after 4 to 16 steps, was the only sign)."""
+        tuned = {id(p) for group in getattr(optimizer, "param_groups", ()) for p in group.get("params", ())}
+        if any(id(p) in tuned for p in self.params) or not all(id(m) in tuned for m in self.tensors):
+            raise ValueError("Invalid optimizer: it must tune the master copies (MeZO(master.tensors, ...)), not the "
+                             "model's tensors, which each sync overwrites with the masters")
 
     @torch.no_grad()
     def sync(self) -> None:

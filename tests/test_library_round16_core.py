@@ -14,6 +14,7 @@ import torch
 from sazo_lite.engine import MeZO, NoiseSourceWarning, _booleans_or_complex
 from sazo_lite.kernels import TritonNoise, triton_direction
 from sazo_lite.noise import GaussianTable, Job, NoiseTable, PlainNoise, TorchNoise, describe
+from sazo_lite.precision import Float32Master
 from sazo_lite.validation import dense_tensor, non_real_kinds
 
 
@@ -305,3 +306,27 @@ def test_noise_table_direction_refuses_a_typo():
         NoiseTable(size=64, chunk=16).direction(torch.empty(10), 7, "Gaussian")
     with pytest.raises(ValueError, match="Invalid perturbation: 'gausian'"):
         triton_direction(torch.empty(10), 7, "gausian")
+
+
+# --- 6. Float32Master.step with an optimiser over the wrong tensors -------------------------------------------------
+@pytest.mark.parametrize("tuned", ["model", "model and masters", "one master of two"])
+def test_a_master_step_refuses_an_optimiser_that_does_not_tune_its_masters(tuned):
+    """MeZO built on the model's half-precision tensors instead of master.tensors: each pass was overwritten by the
+    sync before the forward, both losses were the master's, g = 0, and every step was lost without an error (a
+    FlatLossWarning came after 4 to 16 steps). Refused now, with nothing moved."""
+    model = [torch.ones(8, dtype=torch.float16), torch.full((3,), 2.0, dtype=torch.bfloat16)]
+    master = Float32Master(model)
+    params = {"model": model, "model and masters": model[:1] + master.tensors, "one master of two": master.tensors[:1]}
+    opt = MeZO(params[tuned], lr=0.1, eps=1e-2, seed=0)
+    before = [t.clone() for t in model + master.tensors]
+    with pytest.raises(ValueError, match="Invalid optimizer: it must tune the master copies"):
+        master.step(opt, lambda: torch.cat([(t.float() - 3).pow(2) for t in model]))
+    assert all(torch.equal(a, b) for a, b in zip(before, model + master.tensors)) and opt.step_count == 0
+
+
+def test_a_master_step_with_its_masters_moves_the_model():
+    model = [torch.ones(8, dtype=torch.float16)]
+    master = Float32Master(model)
+    opt = MeZO(master.tensors, lr=0.1, eps=1e-2, seed=0)
+    out = master.step(opt, lambda: (model[0].float() - 3).pow(2))
+    assert out.projected_grad != 0.0 and not torch.equal(model[0], torch.ones(8, dtype=torch.float16))
