@@ -22,7 +22,9 @@ are the Trainer's own. What differs:
   the update starts from; there is no ``.grad``), in place of the Trainer's call after it;
   ``on_optimizer_step`` sees the updated weights. The tuned tensors are the model's trainable ones when
   MeZO is built (the first ``train()``): a step refuses (``ValueError``, nothing moved) a model whose
-  trainable tensors changed since (``requires_grad`` set or cleared by a callback or between calls).
+  trainable tensors changed since (``requires_grad`` set or cleared by a callback or between calls), and
+  ``train()`` and every step refuse trainable peft adapters the forward does not read (merged, disabled
+  or not the active adapter: ``sazo_lite.llm.tuning.check_adapters_read``).
 - Batches: each step the ZO sampler draws B = per_device_train_batch_size × world_size *dataset
   indices* i.i.d. with weights w = 1/(N·p_i) (``method="mezo"``: uniform, w = 1; ``"sazo"``:
   ``SAZOSampler``), the step minimises mean_k(w_k·f_k), and the sampler then sees the B directional
@@ -131,6 +133,7 @@ from .distributed import gather_losses, rank_and_world, shard
 from .engine import MeZO
 from .interrupts import InterruptsDeferred
 from .llm.losses import IGNORE, _virtual_tokens, causal_lm_losses
+from .llm.tuning import check_adapters_read
 from .precision import master_dtype
 from .samplers import make_sampler, sampler_name
 from .validation import check_choice, check_int
@@ -635,6 +638,7 @@ class ZOTrainer(Trainer):
                              "per_example_loss scores (add labels, or pass per_example_loss=(outputs, inputs) -> [B])")
         batch = self._prepare_inputs(batch)
         net = self.accelerator.unwrap_model(self.model)
+        check_adapters_read(net, [p for p in net.parameters() if p.requires_grad])   # merged adapters: nothing to tune
         _check_input_ids(net, batch, list(range(len(rows))))
         training = net.training
         net.eval()
@@ -748,6 +752,9 @@ class ZOTrainer(Trainer):
                  else [p for group in self.zo_optimizer.param_groups for p in group["params"]])
         now = [p for p in net.parameters() if p.requires_grad]
         if len(now) == len(tuned) and all(a is b for a, b in zip(now, tuned)):
+            # merged, disabled or inactive peft adapters (merge_adapter() by a callback or between train() calls):
+            # every step moved them with δ = 0, the engine's flat-loss warning judging only an optimiser's first steps
+            check_adapters_read(net, tuned)
             return
         names = {id(p): name for name, p in net.named_parameters()}
         frozen = [names[id(p)] for p in tuned if id(p) in names and not p.requires_grad]

@@ -73,3 +73,54 @@ def test_learned_positions_count_the_virtual_tokens():
     long = TokenBatch([list(range(3, 63)) * 2 + [3, 4, 5, 6, 7, 8]], [126], 0, torch.tensor([0]), torch.tensor([11, 12]))
     with pytest.raises(ValueError, match="Invalid batch: an example of 126 tokens after 3 virtual tokens"):
         classification_losses(model, long)
+
+
+# --- 2. ZOTrainer on peft adapters the forward does not read (merged, disabled) -------------------------------------
+def lora_trainer(tmp_path, **overrides):
+    import transformers
+
+    from sazo_lite.hf import ZOTrainer
+    from sazo_lite.llm.tuning import add_lora, trainable_parameters
+
+    model = add_lora(tiny_causal_lm("llama", vocab_size=VOCAB), rank=2)
+    with torch.no_grad():
+        for p in trainable_parameters(model):
+            p.normal_(0, 0.1)
+    rows = [{"input_ids": [5 + k, 9, 11 + k, 4], "labels": [-100, 9, 11 + k, 4]} for k in range(6)]
+    settings = dict(max_steps=2, per_device_train_batch_size=2, learning_rate=1e-2, lr_scheduler_type="constant",
+                    save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=0)
+    args = transformers.TrainingArguments(str(tmp_path / "out"), **{**settings, **overrides})
+    return model, trainable_parameters(model), ZOTrainer(model, args, train_dataset=rows, method="mezo", eps=1e-2)
+
+
+def test_zo_trainer_refuses_merged_adapters_before_training(tmp_path):
+    # the forward ran the merged base weights: every step's δ was 0, and the adapters drifted by the passes' rounding
+    model, params, trainer = lora_trainer(tmp_path)
+    model.merge_adapter()
+    start = [p.detach().clone() for p in params]
+    with pytest.raises(ValueError, match="Invalid params: 8 of 8 .*does not read now"):
+        trainer.train()
+    assert all(torch.equal(p, s) for p, s in zip(params, start))
+    model.unmerge_adapter()
+    trainer.train()
+    assert not all(torch.equal(p, s) for p, s in zip(params, start))
+
+
+def test_zo_trainer_refuses_a_step_on_adapters_merged_mid_run(tmp_path):
+    # merged by a callback after step 1: the engine's flat-loss warning judges only an optimiser's first steps
+    from transformers import TrainerCallback
+
+    class MergeAfterFirstStep(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 1:
+                model.merge_adapter()
+                after_one.extend(p.detach().clone() for p in params)
+
+    model, params, trainer = lora_trainer(tmp_path)
+    after_one = []
+    trainer.add_callback(MergeAfterFirstStep())
+    with pytest.raises(ValueError, match="Invalid params: .*merged into the base weights"):
+        trainer.train()
+    assert trainer.zo_optimizer.step_count == 1
+    model.unmerge_adapter()          # unmerging rounds the base weights, not the adapters
+    assert all(torch.equal(p, s) for p, s in zip(params, after_one))
