@@ -165,3 +165,55 @@ def test_copies_of_explore_cells_help_no_wrong_answer(graded, name):
     row = graded[name]
     scores = {q: v["score"] for q, v in row["questions"].items()}
     assert row["status"] == "ok" and scores["q1"] < row["questions"]["q1"]["possible"], row
+
+
+# -- mutants: plausible wrong answers not in earlier rounds; each must fail a case of its question -------------------
+from test_lab_mutants import failed_cases, reference, run_question  # noqa: E402
+
+LAB1_SPREAD = ("    spread = [float((lab1_projected_grad(f, theta, z.to(theta.dtype), eps) * z - grad).norm() ** 2) "
+               "for z in directions]\n")
+MUTANTS = {   # (lab, question): [(name, [(old, new)])]
+    ("lab1", "q1"): [("a unit direction", [("plus = f(theta + eps * z)", "z = z / z.norm()\n    plus = f(theta + eps * z)")])],
+    ("lab1", "q3"): [("variance around the mean estimate, not the gradient", [
+                         (LAB1_SPREAD, "    gz = [lab1_projected_grad(f, theta, z.to(theta.dtype), eps) * z for z in directions]\n"
+                                       "    centre = sum(gz) / len(gz)\n"
+                                       "    spread = [float((v - centre).norm() ** 2) for v in gz]\n")]),
+                     ("a relative error", [("- float(z @ grad)) for z in directions]",
+                                            "- float(z @ grad)) / abs(float(z @ grad)) for z in directions]")])],
+    ("lab2", "q2"): [("self-normalised (biased) estimate", [
+                         ("return float((lab2_weights(probs, indices) * values[indices]).mean())",
+                          "w = lab2_weights(probs, indices)\n    return float((w * values[indices]).sum() / w.sum())")])],
+    ("lab3", "q1"): [("the EMA decays every entry", [
+                         ("estimates[unique] = ema_decay * estimates[unique] + (1.0 - ema_decay) * squares",
+                          "estimates *= ema_decay\n    estimates[unique] += (1.0 - ema_decay) * squares")])],
+    ("lab3", "q2"): [("the prior over every example, seen or not", [
+                         ("return float((estimates[seen] ** 2).mean().sqrt())", "return float((estimates ** 2).mean().sqrt())"),
+                         ("return float(estimates[seen].mean())", "return float(estimates.mean())")])],
+    ("lab3", "q3"): [("γ for 1 − γ", [("rate = max(1.0 / steps, 1.0 - level_decay)", "rate = max(1.0 / steps, level_decay)")]),
+                     ("sum of w·s, not mean", [("float((weights * stats).mean())", "float((weights * stats).sum())")])],
+    ("lab3", "q4"): [("counts grow by multiplicity", [
+                         ("counts[unique] += 1", "counts.index_add_(0, indices, torch.ones_like(indices, dtype=counts.dtype))")]),
+                     ("decay floored at β, not capped", [(".clamp_max(ema_decay)", ".clamp_min(ema_decay)")])],
+    ("lab3", "q5"): [("signed diffs into the level", [("lab3_level(self.level, self.level_steps, sizes, weights,",
+                                                       "lab3_level(self.level, self.level_steps, diffs, weights,")]),
+                     ("weights 1/p without N", [("weights = 1.0 / (self.num_examples * self.probs[indices])",
+                                                 "weights = 1.0 / self.probs[indices]")])],
+    ("lab3", "q6"): [("indices drawn from the z generator", [
+                         ("indices, _ = tracker.sample(8)",
+                          "indices = torch.randint(problem.num_examples, (8,), generator=generator)")])],
+    ("lab4", "q1"): [("batch size left at train's default", [("batch_size=batch_size, evaluate", "evaluate")])],
+}
+
+
+@pytest.fixture(scope="module")
+def fast_mode():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SAZO_FAST", "1")
+        yield
+
+
+@pytest.mark.parametrize("lab,question,name", [(*k, n) for k, items in MUTANTS.items() for n, _ in items])
+def test_each_new_mutant_loses_points_on_its_question(fast_mode, lab, question, name):
+    replacements = dict(MUTANTS[(lab, question)])[name]
+    want = reference(lab, question)
+    assert failed_cases(want, run_question(lab, question, replacements, until_failed=want)), f"{lab} {question}: {name}"
