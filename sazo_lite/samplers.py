@@ -22,7 +22,7 @@ import torch
 from .interrupts import InterruptsDeferred
 from .sumtree import SumTree
 from .validation import check_choice, check_count, check_fraction, check_int, check_number, check_seed, dense_tensor
-from .variance import importance_weights, mixed_probabilities, relative_scores
+from .variance import distribution, importance_weights, mixed_probabilities, relative_scores
 
 __all__ = ["Sampler", "UniformSampler", "PlainSAZOSampler", "SAZOSampler", "StaleCorrectedSAZOSampler", "OracleSampler",
            "SAZOState", "probabilities", "CdfStore", "TreeStore", "SAMPLERS", "RACED", "ALIASES", "sampler_name", "make_sampler"]
@@ -76,9 +76,16 @@ class Sampler:
             (indices LongTensor [B], weights float64 Tensor [B] with w = 1/(N·p_i)).
         """
         check_count("batch_size", batch_size)
-        probs = self.probs
+        probs = self._distribution()
         indices = torch.multinomial(probs, batch_size, replacement=True, generator=self._generator)
         return indices, importance_weights(probs[indices], self.num_examples)
+
+    def _distribution(self) -> torch.Tensor:
+        """``probs`` as the distribution the weights 1/(N·p_i) assume: float64 [N], finite entries ≥ 0 summing to 1
+        (the variance helpers' rule), or ValueError. ``torch.multinomial`` normalises what it is given, so a
+        subclass whose probs summed to 4 drew ∝ them with weights 4 times too small (E[w·f] = F/4, silently),
+        and one with N + 1 entries drew an index past N."""
+        return distribution("probs", self.probs, self.num_examples)
 
     def update(self, indices: torch.Tensor, directional_diffs: torch.Tensor) -> None:
         """Feed back the step's per-example directional diffs d_k for the sampled indices.

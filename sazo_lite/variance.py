@@ -18,9 +18,9 @@ import torch
 
 from .validation import check_count, check_fraction, check_int, check_number, dense_tensor
 
-__all__ = ["mixed_probabilities", "relative_scores", "importance_weights", "oracle_probs", "sampling_variance",
-           "variance_ratio", "uniform_gain", "zo_second_moment", "tv_distance", "spearman", "mix_with_uniform",
-           "paired_vectors"]
+__all__ = ["mixed_probabilities", "relative_scores", "importance_weights", "distribution", "oracle_probs",
+           "sampling_variance", "variance_ratio", "uniform_gain", "zo_second_moment", "tv_distance", "spearman",
+           "mix_with_uniform", "paired_vectors"]
 
 
 def mixed_probabilities(scores, total: float, uniform_mix: float, num_examples: int):
@@ -109,6 +109,23 @@ def _nonnegative(name: str, x) -> torch.Tensor:
 def _distribution(name: str, x) -> torch.Tensor:
     """Probabilities: entries ≥ 0 summing to 1 (``_check_total``)."""
     probs, given = _read(name, x, nonnegative=True)
+    _check_total(name, probs, given)
+    return probs
+
+
+def distribution(name: str, probs, num_examples: int) -> torch.Tensor:
+    """``probs`` as a float64 CPU vector of ``num_examples`` finite entries ≥ 0 summing to 1 (``_check_total``'s
+    tolerance), or ``ValueError("Invalid <name>: ...")``: the distribution a sampler draws from and weights by.
+
+    Example:
+        >>> distribution("probs", [0.25, 0.75], 2).tolist()
+        [0.25, 0.75]
+    """
+    num_examples = check_count("num_examples", num_examples)
+    probs, given = _read(name, probs, nonnegative=True)
+    if probs.shape != (num_examples,):   # before the sum: a vector of another length is named by its shape
+        raise ValueError(f"Invalid {name}: shape {tuple(probs.shape)} (expected ({num_examples},), one probability "
+                         f"per example)")
     _check_total(name, probs, given)
     return probs
 

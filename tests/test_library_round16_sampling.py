@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from sazo_lite.engine import MeZO
-from sazo_lite.samplers import OracleSampler, SAZOSampler, StaleCorrectedSAZOSampler
+from sazo_lite.samplers import OracleSampler, Sampler, SAZOSampler, StaleCorrectedSAZOSampler
 from sazo_lite.seedlog import _LR, _RECORD, _STEP, SeedLog
 from sazo_lite.train import best_rate
+from sazo_lite.variance import distribution
 
 
 def _trained(sampler, steps: int = 30, batch_size: int = 4, seed: int = 0):
@@ -253,3 +254,63 @@ def test_a_malformed_digest_is_refused_when_the_log_is_read(digest):
         return
     with pytest.raises(ValueError, match="Invalid seed log: records_sha256"):
         SeedLog.from_bytes(data)
+
+
+# --- 5. a sampler's probs that are no distribution --------------------------------------------------------------
+class _Scored(Sampler):
+    """A user's sampler that gives its scores as ``probs`` (or any vector it is handed)."""
+
+    def __init__(self, probs, num_examples: int = 2):
+        super().__init__(num_examples, seed=0)
+        self._given = probs
+
+    @property
+    def probs(self):
+        return self._given
+
+
+def test_probs_that_do_not_sum_to_one_are_refused_not_drawn_with_wrong_weights():
+    """torch.multinomial normalises what it is given: probs [1, 3] drew example 1 three times in four, with weights
+    1/(N·p) = 1/6, so E[w·f] was F/4 without a word."""
+    sampler = _Scored(torch.tensor([1.0, 3.0], dtype=torch.float64))
+    with pytest.raises(ValueError, match="Invalid probs: entries sum to 4"):
+        sampler.sample(8)
+
+
+@pytest.mark.parametrize("probs, message", [
+    (torch.tensor([0.25, 0.25, 0.5], dtype=torch.float64), "shape \\(3,\\)"),   # drew index 2 of N = 2
+    (torch.tensor([1.5, -0.5], dtype=torch.float64), "finite and non-negative"),
+    (torch.tensor([float("nan"), 1.0], dtype=torch.float64), "finite and non-negative"),
+    (torch.tensor([[0.5, 0.5]], dtype=torch.float64), "shape"),
+])
+def test_probs_of_another_shape_or_negative_are_refused_naming_probs(probs, message):
+    with pytest.raises(ValueError, match=f"Invalid probs: .*{message}"):
+        _Scored(probs).sample(4)
+
+
+def test_a_distribution_given_in_float32_or_as_a_list_still_draws_and_weights_by_it():
+    """The check takes what the variance helpers take (float32 rounding of the sum): the draws and the weights
+    1/(N·p) are those of the distribution given."""
+    for probs in (torch.tensor([0.2, 0.8]), [0.2, 0.8], np.array([0.2, 0.8], dtype=np.float32)):
+        sampler = _Scored(probs)
+        indices, weights = sampler.sample(400)
+        expected = 1.0 / (2 * torch.as_tensor(probs, dtype=torch.float64)[indices])
+        assert torch.allclose(weights, expected) and 0.7 < float((indices == 1).double().mean()) < 0.9
+
+
+def test_the_oracle_draws_bit_for_bit_as_before_the_check():
+    """The oracle's p is already a float64 distribution: it reaches torch.multinomial unchanged."""
+    norms = torch.linspace(0.0, 2.0, 10, dtype=torch.float64)
+    oracle, generator = OracleSampler(10, lambda: norms, uniform_mix=0.1, seed=5), torch.Generator().manual_seed(5)
+    probs = oracle.probs
+    indices, weights = oracle.sample(64)
+    expected = torch.multinomial(probs, 64, replacement=True, generator=generator)
+    assert torch.equal(indices, expected) and torch.equal(weights, 1.0 / (10 * probs[expected]))
+
+
+def test_distribution_names_the_argument_and_its_length():
+    assert distribution("p", torch.tensor([0.5, 0.5]), 2).dtype == torch.float64
+    with pytest.raises(ValueError, match="Invalid p: shape \\(2,\\) \\(expected \\(3,\\)"):
+        distribution("p", [0.5, 0.5], 3)
+    with pytest.raises(ValueError, match="Invalid num_examples"):
+        distribution("p", [1.0], 0)
