@@ -506,10 +506,11 @@ class MeZO(torch.optim.Optimizer):
                           f"would have (build it with the saved run's noise source to resume bit for bit)",
                           NoiseSourceWarning, stacklevel=_caller_level())
         self.flush()   # dropping it left θ at θ − εz of the last step: neither that step's start nor its end
-        _undecorated(torch.optim.Optimizer.load_state_dict)(self, state_dict)
-        state = self.state[self._first_param()]   # numpy ints as Python ints: state_dict() loads with weights_only
-        state.update(step=int(state["step"]), seed=int(state["seed"]))
-        self.flat_check = FlatLossCheck()   # a resumed run (adapters merged at save?): its first steps are judged
+        with _InterruptsDeferred():   # Ctrl-C held until the state is whole: its step and seed as Python ints
+            _undecorated(torch.optim.Optimizer.load_state_dict)(self, state_dict)
+            state = self.state[self._first_param()]   # numpy ints as Python ints: state_dict() loads with weights_only
+            state.update(step=int(state["step"]), seed=int(state["seed"]))
+            self.flat_check = FlatLossCheck()   # a resumed run (adapters merged at save?): its first steps are judged
 
     def _check_state_dict(self, state_dict) -> None:
         if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):

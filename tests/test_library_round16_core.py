@@ -330,3 +330,29 @@ def test_a_master_step_with_its_masters_moves_the_model():
     opt = MeZO(master.tensors, lr=0.1, eps=1e-2, seed=0)
     out = master.step(opt, lambda: (model[0].float() - 3).pow(2))
     assert out.projected_grad != 0.0 and not torch.equal(model[0], torch.ones(8, dtype=torch.float16))
+
+
+# --- 7. Ctrl-C while a state loads -----------------------------------------------------------------------------------
+def test_ctrl_c_while_a_state_loads_is_held_until_the_state_is_whole(monkeypatch):
+    """load_state_dict wrote torch.optim's state, then its step and seed as Python ints, outside any held block: a
+    Ctrl-C between them left numpy ints in the state, which torch.load(weights_only=True) then refused in every
+    checkpoint saved from it. Ctrl-C is now delivered once the load is done."""
+    import signal
+
+    theta = torch.zeros(3)
+    source = MeZO([theta], lr=0.1, eps=1e-3, seed=4)
+    state = source.state_dict()
+    state["state"][0].update(step=np.int64(5), seed=np.int64(9))
+    original = torch.optim.Optimizer.load_state_dict
+    original = getattr(original, "__wrapped__", original)
+
+    def interrupted(self, state_dict):
+        original(self, state_dict)
+        signal.raise_signal(signal.SIGINT)   # arrives between torch's load and MeZO's own writes
+
+    monkeypatch.setattr(torch.optim.Optimizer, "load_state_dict", interrupted)
+    target = MeZO([torch.zeros(3)], lr=0.1, eps=1e-3, seed=0)
+    with pytest.raises(KeyboardInterrupt):
+        target.load_state_dict(state)
+    entry = target.state_dict()["state"][0]
+    assert type(entry["step"]) is int and type(entry["seed"]) is int and (entry["step"], entry["seed"]) == (5, 9)
