@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from sazo_lite.engine import MeZO
-from sazo_lite.samplers import OracleSampler, Sampler, SAZOSampler, StaleCorrectedSAZOSampler
+from sazo_lite.samplers import OracleSampler, PlainSAZOSampler, Sampler, SAZOSampler, StaleCorrectedSAZOSampler
 from sazo_lite.seedlog import _LR, _RECORD, _STEP, SeedLog
 from sazo_lite.train import best_rate
 from sazo_lite.variance import distribution
@@ -314,3 +314,44 @@ def test_distribution_names_the_argument_and_its_length():
         distribution("p", [0.5, 0.5], 3)
     with pytest.raises(ValueError, match="Invalid num_examples"):
         distribution("p", [1.0], 0)
+
+
+# --- 6. property: every sampler, after any run and any change of its settings, draws by its probs ---------------
+from hypothesis import HealthCheck, given, settings, strategies as st   # noqa: E402
+
+PROPERTY = settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+_MAKERS = {
+    "plain": lambda n, tree: PlainSAZOSampler(n, sum_tree=tree, seed=3),
+    "abs": lambda n, tree: SAZOSampler(n, sum_tree=tree, seed=3),
+    "square": lambda n, tree: SAZOSampler(n, sum_tree=tree, statistic="square", seed=3),
+    "stale": lambda n, tree: StaleCorrectedSAZOSampler(n, growth_rate=0.5, seed=3),
+}
+_CHANGES = [("uniform_mix", 0.5), ("uniform_mix", 1.0), ("ema_decay", 0.0), ("statistic", "square"),
+            ("statistic", "abs"), ("prior_strength", 4.0), ("level_decay", 0.0), ("min_factor", 1.0),
+            ("max_factor", 1.5), ("growth_rate", 1.0)]
+
+
+@PROPERTY
+@given(kind=st.sampled_from(sorted(_MAKERS)), n=st.integers(1, 40), tree=st.booleans(),
+       plan=st.lists(st.tuples(st.integers(1, 6), st.floats(-6, 6), st.integers(0, len(_CHANGES))), max_size=12))
+def test_after_any_run_and_any_settings_the_weights_are_one_over_n_p_of_a_distribution(kind, n, tree, plan):
+    """After updates (zero, tiny, huge diffs; repeated indices) and settings set between steps, ``probs`` is a
+    distribution, each draw's weight is 1/(N·p) of that distribution, and the state loads and draws on alike."""
+    sampler = _MAKERS[kind](n, tree)
+    generator = torch.Generator().manual_seed(n)
+    for batch, scale, change in plan:
+        indices, _ = sampler.sample(batch)
+        if batch > 2:
+            indices[-1] = indices[0]   # a repeated index
+        diffs = 10.0 ** scale * torch.randn(batch, generator=generator, dtype=torch.float64)
+        sampler.update(indices, diffs * (scale > -5))
+        if change < len(_CHANGES) and _CHANGES[change][0] in sampler.SETTINGS:
+            setattr(sampler, *_CHANGES[change])
+        probs = sampler.probs
+        assert abs(float(probs.sum()) - 1.0) < 1e-6 and bool((probs >= 0).all())
+        indices, weights = sampler.sample(16)
+        assert torch.allclose(weights, 1.0 / (n * probs[indices]), rtol=1e-12, atol=0)
+    twin = _MAKERS[kind](n, tree)
+    twin.load_state_dict(sampler.state_dict())
+    (i, w), (j, v) = sampler.sample(8), twin.sample(8)
+    assert torch.equal(i, j) and torch.equal(w, v)
