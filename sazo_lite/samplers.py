@@ -58,6 +58,9 @@ class Sampler:
     """
 
     MAX_EXAMPLES = 2 ** 24
+    # whether a draw reads the model's parameters (the oracle's norms_fn): ``train`` then flushes a folded MeZO,
+    # whose θ holds θ − εz between steps, before each draw
+    reads_parameters = False
 
     def __init__(self, num_examples: int, *, seed: int = 0):
         self.num_examples = check_int("num_examples", num_examples, 1, type(self).MAX_EXAMPLES)
@@ -205,7 +208,12 @@ class OracleSampler(Sampler):
             at every ``sample``. They must be finite and ≥ 0 (else ``ValueError``); all-zero
             norms fall back to uniform.
         uniform_mix: optional λ ∈ [0, 1]: p = (1−λ)p* + λ/N (0 gives the exact oracle).
+
+    ``norms_fn`` reads θ (``reads_parameters``): with a folded MeZO (``fold_updates=True``), whose θ holds θ − εz
+    between steps, call ``optimizer.flush()`` before ``sample`` (``train`` does).
     """
+
+    reads_parameters = True
 
     def __init__(self, num_examples: int, norms_fn: Callable[[], torch.Tensor], *,
                  uniform_mix: float = 0.0, seed: int = 0):

@@ -167,7 +167,8 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
         steps: number of steps.
         batch_size: B.
         evaluate: optional callback (e.g. full training loss), logged every ``log_every`` steps;
-            a folded MeZO (``fold_updates=True``) is flushed first, so it sees the updated θ.
+            a folded MeZO (``fold_updates=True``) is flushed first, so it sees the updated θ (so is it before
+            each draw of a sampler that reads θ, ``reads_parameters``: the oracle).
         log_every: logging interval in steps.
         record_probs: keep a copy of ``sampler.probs`` at each log point (the sampler must have ``probs``).
         progress: show a ``tqdm.auto`` progress bar.
@@ -226,6 +227,7 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
             if step_rule is not None:
                 for group, rate in zip(groups, base_rates):
                     group["lr"] = rate * scale
+            _flush_for(sampler, optimizer)
             indices, weights = _drawn(sampler, batch_size)
             rate = groups[0]["lr"] if groups else float("nan")   # as the step finds it (a step hook may set it)
             before, recorded = _step_count(optimizer), len(history.loss)
@@ -270,6 +272,17 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
         if flush is not None:  # the parameters are current when train returns or raises (Ctrl-C between steps)
             flush()
     return history
+
+
+def _flush_for(sampler, optimizer) -> None:
+    """Before a draw: a folded MeZO holds θ − εz between steps (its update pending), so a sampler whose draws read θ
+    (``reads_parameters``: the oracle's ``norms_fn``) gets the updated θ first, as ``evaluate`` does. The oracle drew
+    by the norms at the last step's θ − εz: not the folded run's θ, nor the unfolded run's draws, and a run resumed
+    from a checkpoint (flushed when saved) drew other examples."""
+    if getattr(sampler, "reads_parameters", False):
+        flush = getattr(optimizer, "flush", None)
+        if flush is not None:
+            flush()
 
 
 def _flat_check(optimizer) -> FlatLossCheck | None:

@@ -16,7 +16,7 @@ import torch
 from sazo_lite.engine import MeZO
 from sazo_lite.samplers import OracleSampler, PlainSAZOSampler, Sampler, SAZOSampler, StaleCorrectedSAZOSampler
 from sazo_lite.seedlog import _LR, _RECORD, _STEP, SeedLog
-from sazo_lite.train import best_rate
+from sazo_lite.train import best_rate, train
 from sazo_lite.variance import distribution
 
 
@@ -355,3 +355,37 @@ def test_after_any_run_and_any_settings_the_weights_are_one_over_n_p_of_a_distri
     twin.load_state_dict(sampler.state_dict())
     (i, w), (j, v) = sampler.sample(8), twin.sample(8)
     assert torch.equal(i, j) and torch.equal(w, v)
+
+
+# --- 7. the oracle under a folded MeZO ------------------------------------------------------------------------------
+def _oracle_run(fold: bool, steps: int, theta=None, states=None):
+    """θ after ``steps`` steps of ``train`` with an oracle whose norms read θ (least squares, 30 examples)."""
+    data = torch.Generator().manual_seed(0)
+    x, y = torch.randn(30, 4, generator=data, dtype=torch.float64), torch.randn(30, generator=data, dtype=torch.float64)
+    theta = torch.zeros(4, dtype=torch.float64) if theta is None else theta
+    opt = MeZO([theta], lr=0.02, eps=1e-3, seed=4, fold_updates=fold)
+    sampler = OracleSampler(30, lambda: (x @ theta - y).abs() * x.norm(dim=1), uniform_mix=0.2, seed=1)
+    if states is not None:
+        opt.load_state_dict(states[0])
+        sampler.load_state_dict(states[1])
+    train(opt, sampler, lambda idx: (x[idx] @ theta - y[idx]) ** 2, steps, batch_size=4, progress=False)
+    return theta, opt, sampler
+
+
+def test_an_oracle_under_a_folded_mezo_draws_by_the_norms_at_the_updated_theta():
+    """Between steps a folded MeZO holds θ − εz; train drew from the oracle there, so its norms were those of the
+    last step's θ − εz: the folded run drew other examples than the unfolded one (whose θ it otherwise equals bit
+    for bit) and than itself resumed from a checkpoint. train now flushes before a draw that reads θ."""
+    folded, _, _ = _oracle_run(True, 20)
+    plain, _, _ = _oracle_run(False, 20)
+    assert torch.equal(folded, plain)
+    theta, opt, sampler = _oracle_run(True, 8)
+    resumed, _, _ = _oracle_run(True, 12, theta.clone(), (opt.state_dict(), sampler.state_dict()))
+    assert torch.equal(resumed, folded)
+
+
+def test_samplers_that_do_not_read_theta_keep_the_fold():
+    """Only a sampler whose draws read θ costs the fold its saved pass."""
+    from sazo_lite.samplers import UniformSampler
+    assert OracleSampler.reads_parameters and not SAZOSampler.reads_parameters
+    assert not UniformSampler.reads_parameters
