@@ -58,8 +58,8 @@ class Sampler:
     """
 
     MAX_EXAMPLES = 2 ** 24
-    # whether a draw reads the model's parameters (the oracle's norms_fn): ``train`` then flushes a folded MeZO,
-    # whose θ holds θ − εz between steps, before each draw
+    # whether a draw or an update reads the model's parameters (the oracle's norms_fn): ``train`` then flushes a
+    # folded MeZO, whose θ holds θ − εz between steps, before each
     reads_parameters = False
 
     def __init__(self, num_examples: int, *, seed: int = 0):

@@ -168,7 +168,7 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
         batch_size: B.
         evaluate: optional callback (e.g. full training loss), logged every ``log_every`` steps;
             a folded MeZO (``fold_updates=True``) is flushed first, so it sees the updated θ (so is it before
-            each draw of a sampler that reads θ, ``reads_parameters``: the oracle).
+            each draw and update of a sampler that reads θ, ``reads_parameters``: the oracle).
         log_every: logging interval in steps.
         record_probs: keep a copy of ``sampler.probs`` at each log point (the sampler must have ``probs``).
         progress: show a ``tqdm.auto`` progress bar.
@@ -253,6 +253,7 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
             if flat is not None:
                 flat.observe(result)
             if result.directional_diffs.numel():
+                _flush_for(sampler, optimizer)
                 sampler.update(indices, result.directional_diffs)
             if (step + 1) % log_every == 0 or step + 1 == steps:
                 value = _log(history, optimizer, sampler, evaluate, step + 1, queries, record_probs)
@@ -275,8 +276,8 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
 
 
 def _flush_for(sampler, optimizer) -> None:
-    """Before a draw: a folded MeZO holds θ − εz between steps (its update pending), so a sampler whose draws read θ
-    (``reads_parameters``: the oracle's ``norms_fn``) gets the updated θ first, as ``evaluate`` does. The oracle drew
+    """Before a draw or an update: a folded MeZO holds θ − εz between steps (its update pending), so a sampler that
+    reads θ (``reads_parameters``: the oracle's ``norms_fn``) gets the updated θ first, as ``evaluate`` does. The oracle drew
     by the norms at the last step's θ − εz: not the folded run's θ, nor the unfolded run's draws, and a run resumed
     from a checkpoint (flushed when saved) drew other examples."""
     if getattr(sampler, "reads_parameters", False):

@@ -389,3 +389,25 @@ def test_samplers_that_do_not_read_theta_keep_the_fold():
     from sazo_lite.samplers import UniformSampler
     assert OracleSampler.reads_parameters and not SAZOSampler.reads_parameters
     assert not UniformSampler.reads_parameters
+
+
+def test_a_sampler_that_reads_theta_in_its_update_sees_the_updated_theta_under_a_fold():
+    """A sampler fed the true norms at its updates (as the benchmarks' noiseless diagnostics are) read θ − εz."""
+    seen = []
+
+    class Recording(SAZOSampler):
+        reads_parameters = True
+
+        def _observe(self, indices, diffs):
+            seen.append(theta.clone())
+            super()._observe(indices, diffs)
+
+    runs = {}
+    for fold in (False, True):
+        theta = torch.zeros(3, dtype=torch.float64)
+        seen.clear()
+        opt = MeZO([theta], lr=0.1, eps=1e-3, seed=2, fold_updates=fold)
+        train(opt, Recording(5, seed=0), lambda idx: (theta.sum() - idx.double()) ** 2, 4, batch_size=2,
+              progress=False)
+        runs[fold] = list(seen)
+    assert all(torch.equal(a, b) for a, b in zip(runs[False], runs[True])) and len(runs[True]) == 4
