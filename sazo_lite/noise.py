@@ -383,6 +383,15 @@ class NoiseTable(_Threaded):
 MAX_TABLE_SIZE = 2 ** 30  # 4 GiB of float32: a larger table is a typo (or a hostile seed log)
 
 
+def _table_size(size) -> int:
+    """A white table's size: a power of two in [4, ``MAX_TABLE_SIZE``] (``white_table`` read a float size as a
+    TypeError from ``&`` and tried to allocate any size it was given)."""
+    size = check_int("size", size)
+    if size < 4 or size & (size - 1) or size > MAX_TABLE_SIZE:
+        raise ValueError(f"Invalid size: {size} (expected a power of two in [4, 2**30])")
+    return size
+
+
 def white_table(size: int, seed: int) -> torch.Tensor:
     """[size] float64 whose circular autocorrelation is exactly (1, 0, 0, …): a white sequence.
 
@@ -395,8 +404,7 @@ def white_table(size: int, seed: int) -> torch.Tensor:
         >>> abs(float((x * x.roll(3)).mean())) < 1e-12, abs(float((x * x).mean()) - 1) < 1e-12
         (True, True)
     """
-    if size < 4 or size & (size - 1):
-        raise ValueError(f"Invalid size: {size} (expected a power of two >= 4)")
+    size, seed = _table_size(size), check_seed("seed", seed)
     generator = torch.Generator().manual_seed(seed)
     half = size // 2
     phases = torch.rand(half + 1, generator=generator, dtype=torch.float64) * (2 * math.pi)
@@ -447,9 +455,7 @@ class GaussianTable(_Threaded):
 
     def __init__(self, size: int = 2 ** 22, chunk: int = 2 ** 18, seed: int = 0, workers: int = 1):
         super().__init__(workers)
-        self.size, self.chunk = check_int("size", size, 4), check_int("chunk", chunk, 1)
-        if size & (size - 1) or size > MAX_TABLE_SIZE:
-            raise ValueError(f"Invalid size: {size} (expected a power of two ≤ 2**30)")
+        self.size, self.chunk = _table_size(size), check_int("chunk", chunk, 1)
         if chunk > size:
             raise ValueError(f"Invalid chunk: {chunk} (must be at most size = {size})")
         self.seed = check_seed("seed", seed, 0)

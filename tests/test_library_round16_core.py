@@ -13,7 +13,7 @@ import torch
 
 from sazo_lite.engine import MeZO, NoiseSourceWarning, _booleans_or_complex
 from sazo_lite.kernels import TritonNoise, triton_direction
-from sazo_lite.noise import GaussianTable, Job, NoiseTable, PlainNoise, TorchNoise, describe
+from sazo_lite.noise import GaussianTable, Job, NoiseTable, PlainNoise, TorchNoise, describe, white_table
 from sazo_lite.precision import Float32Master
 from sazo_lite.validation import dense_tensor, non_real_kinds
 
@@ -356,3 +356,17 @@ def test_ctrl_c_while_a_state_loads_is_held_until_the_state_is_whole(monkeypatch
         target.load_state_dict(state)
     entry = target.state_dict()["state"][0]
     assert type(entry["step"]) is int and type(entry["seed"]) is int and (entry["step"], entry["seed"]) == (5, 9)
+
+
+# --- 8. white_table's arguments ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("size, seed, name", [(8.0, 0, "size"), (2 ** 31, 0, "size"), (True, 0, "size"),
+                                              (8, 1.5, "seed"), (8, 2 ** 70, "seed"), (8, True, "seed")])
+def test_white_table_names_a_size_or_seed_it_cannot_take(size, seed, name):
+    """white_table (public) read a float size as a TypeError from '&', tried to build a table of any size (2**31 and
+    up: the limit GaussianTable keeps, MAX_TABLE_SIZE), read True as seed 1, and raised torch's TypeError or
+    RuntimeError for a fractional or too large seed. One size rule now serves white_table and GaussianTable."""
+    with pytest.raises(ValueError, match=f"Invalid {name}"):
+        white_table(size, seed)
+    if name == "size":
+        with pytest.raises(ValueError, match="Invalid size"):
+            GaussianTable(size=size, chunk=4)
