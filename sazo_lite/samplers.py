@@ -33,6 +33,9 @@ SUM_TREE_MIN_EXAMPLES = 2 ** 16
 COUNT_MAX = np.iinfo(np.uint16).max  # counts saturate here (they only steer the early decay)
 SCORE_MAX = 1e30                     # relative scores are clipped here: float32 storage and sums stay finite
 _STORED_SCORE_MAX = float(np.float32(SCORE_MAX))  # the largest G the robust rule can store (1e30 rounded up)
+# the most updates a loaded state may count: no run reaches it, and the stale correction's ages (level_steps + 1 −
+# last_seen, int64) stay in range (a crafted 10²⁹ loaded, then every draw raised OverflowError)
+_STEPS_MAX = 2 ** 62
 
 # Each hyperparameter's rule, written once: the constructors check their arguments with it, and the SAZO samplers
 # check their settings with it again before a draw or an update reads them (``_check_settings``).
@@ -938,7 +941,7 @@ class SAZOSampler(_ScoredSampler):
             raise ValueError(f"Invalid state: extra {sorted(extra)} (expected {sorted(expected)})")
         seen = int((n > 0).sum())
         checked = dict(level=check_number("level", extra["level"], 0.0),
-                       level_steps=check_int("level_steps", extra["level_steps"], 0),
+                       level_steps=check_int("level_steps", extra["level_steps"], 0, _STEPS_MAX),
                        seen_sq=check_number("seen_sq", extra["seen_sq"]),
                        seen_count=check_int("seen_count", extra["seen_count"], 0),
                        since_resync=check_int("since_resync", extra["since_resync"], 0))
@@ -1040,6 +1043,8 @@ class StaleCorrectedSAZOSampler(SAZOSampler):
                  prior_strength: float = 1.0, statistic: str = "abs", level_decay: float = 0.99,
                  growth_rate: float = 0.02, min_factor: float = 0.5, max_factor: float = 20.0,
                  sum_tree: bool | None = None, seed: int = 0):
+        if sum_tree is not None and not isinstance(sum_tree, bool):   # `if sum_tree` raised RuntimeError on a tensor
+            raise ValueError(f"Invalid sum_tree: {sum_tree!r} (expected False or None)")
         if sum_tree:
             raise ValueError("Invalid sum_tree: True (the staleness correction rebuilds p in an O(N) pass per step)")
         # set before the robust rule's constructor, which records the settings its store sums under (SCORED_BY)

@@ -463,3 +463,28 @@ def test_the_vectorised_robust_update_is_the_rule_one_example_at_a_time(n, tree,
     tolerance = 1e-5 if tree else 1e-9   # (a float32 rounding may flip at a tie: not exact even in CDF mode)
     assert sampler.level == pytest.approx(state["L"], rel=tolerance, abs=0)
     assert np.allclose(sampler.estimates.numpy(), state["G"], rtol=tolerance * 10, atol=0)
+
+
+# --- 9. crafted states and arguments refused with ValueError ------------------------------------------------------
+def test_a_step_count_no_run_reaches_is_refused_in_a_stale_state():
+    """A level_steps of 10²⁹ loaded (only ≥ 0 was checked), and every draw of the stale correction then raised
+    OverflowError computing the ages in int64."""
+    sampler = _trained(StaleCorrectedSAZOSampler(8, seed=1), steps=4)
+    state = sampler.state_dict()
+    state["extra"]["level_steps"] = 10 ** 29
+    target = StaleCorrectedSAZOSampler(8, seed=1)
+    with pytest.raises(ValueError, match="Invalid level_steps"):
+        target.load_state_dict(state)
+    target.sample(4)
+
+
+@pytest.mark.parametrize("sum_tree", [torch.zeros(3), np.array([True, False]), "yes", 1])
+def test_the_stale_correction_names_a_sum_tree_that_is_not_a_bool(sum_tree):
+    """``if sum_tree:`` raised torch's 'ambiguous' RuntimeError on a tensor (numpy's ValueError on an array, not
+    naming sum_tree); 1 and "yes" are named as what they are, not as True."""
+    with pytest.raises(ValueError, match="Invalid sum_tree"):
+        StaleCorrectedSAZOSampler(8, sum_tree=sum_tree)
+    state = StaleCorrectedSAZOSampler(8).state_dict()
+    state["hyperparameters"]["sum_tree"] = sum_tree
+    with pytest.raises(ValueError, match="Invalid sum_tree"):
+        StaleCorrectedSAZOSampler(8).load_state_dict(state)
