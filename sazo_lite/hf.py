@@ -352,7 +352,8 @@ class ZOTrainer(Trainer):
             ``compute_loss`` (steps need per-example losses: use ``per_example_loss``).
 
     Raises:
-        ValueError: on bad settings, before any training (see ``_check_settings``).
+        ValueError: on bad settings, before any training (see ``_check_settings``): in ``__init__``, and in
+            ``train()`` for args edited since (``trainer.args.gradient_accumulation_steps = 2``).
 
     Example:
         >>> args = TrainingArguments("out", max_steps=20, per_device_train_batch_size=4,
@@ -421,7 +422,8 @@ class ZOTrainer(Trainer):
 
     # -- settings ----------------------------------------------------------------------------
     def _check_settings(self, ema_decay, uniform_mix) -> None:
-        """Every bad setting fails here, in ``__init__``, before a single step."""
+        """Every bad setting fails here, in ``__init__`` and again in ``train()`` (args edited since), before a
+        single step."""
         args = self.args
         # Build throwaway copies: the engine and sampler validate their own arguments.
         trainable = [p for p in self.model.parameters() if p.requires_grad] if self.model is not None else []
@@ -898,6 +900,9 @@ class ZOTrainer(Trainer):
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
         """``Trainer.train``; a checkpoint without a usable ``zo_state.pt`` is refused before anything loads."""
+        # args edited since __init__ (trainer.args.gradient_accumulation_steps = 2): checked again, as there; the
+        # Trainer reads them here, and ran two ZO steps per global step, logging their summed loss, silently
+        self._check_settings(*self._sampler_settings)
         checkpoint = resume_from_checkpoint
         if checkpoint is True:
             checkpoint = get_last_checkpoint(self.args.output_dir)  # None: the Trainer raises its own error

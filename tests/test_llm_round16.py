@@ -124,3 +124,17 @@ def test_zo_trainer_refuses_a_step_on_adapters_merged_mid_run(tmp_path):
     assert trainer.zo_optimizer.step_count == 1
     model.unmerge_adapter()          # unmerging rounds the base weights, not the adapters
     assert all(torch.equal(p, s) for p, s in zip(params, after_one))
+
+
+# --- 3. ZOTrainer's args edited after construction ------------------------------------------------------------------
+@pytest.mark.parametrize("name, value", [("gradient_accumulation_steps", 2), ("label_smoothing_factor", 0.1),
+                                         ("max_grad_norm", 0.5), ("adam_beta1", 0.5)])
+def test_zo_trainer_checks_args_edited_after_construction_before_training(tmp_path, name, value):
+    # gradient_accumulation_steps = 2 set on trainer.args: two ZO steps per global step (8 for max_steps=4), the
+    # logged loss their sum; the others were dropped, as __init__ refuses them for
+    model, params, trainer = lora_trainer(tmp_path)
+    start = [p.detach().clone() for p in params]
+    setattr(trainer.args, name, value)
+    with pytest.raises(ValueError, match=f"Invalid {name}: "):
+        trainer.train()
+    assert all(torch.equal(p, s) for p, s in zip(params, start))
