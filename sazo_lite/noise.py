@@ -379,6 +379,9 @@ class NoiseTable(_Threaded):
     def direction_bytes(self, param: torch.Tensor) -> int:
         return 0  # windows are views of the table
 
+    def __getstate__(self):   # deepcopy/pickle: the tables are rebuilt from the seed (each was 4·size bytes copied)
+        return {**super().__getstate__(), "_tables": {}}
+
 
 MAX_TABLE_SIZE = 2 ** 30  # 4 GiB of float32: a larger table is a typo (or a hostile seed log)
 

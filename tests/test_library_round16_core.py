@@ -370,3 +370,18 @@ def test_white_table_names_a_size_or_seed_it_cannot_take(size, seed, name):
     if name == "size":
         with pytest.raises(ValueError, match="Invalid size"):
             GaussianTable(size=size, chunk=4)
+
+
+# --- 9. a NoiseTable copied or pickled ------------------------------------------------------------------------------
+def test_a_noise_table_is_copied_without_its_tables_and_draws_the_same_z():
+    """A deepcopy or pickle of a NoiseTable (or of a MeZO holding one) carried every table it had built, 4·size bytes
+    each (64 MiB at the default size), while GaussianTable's rebuilds them from the seed. Now both rebuild."""
+    import copy
+    import pickle
+
+    source = NoiseTable(size=2 ** 16, chunk=2 ** 8)
+    like = torch.empty(1000)
+    z = source.direction(like, 7, "gaussian")
+    assert len(pickle.dumps(source)) < 10_000 and source.nbytes > 0
+    for twin in (copy.deepcopy(source), pickle.loads(pickle.dumps(source))):
+        assert twin.nbytes == 0 and torch.equal(twin.direction(like, 7, "gaussian"), z)
