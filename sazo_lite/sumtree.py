@@ -135,13 +135,23 @@ class SumTree:
 
     # -- changing --------------------------------------------------------------------------
     @staticmethod
-    def _check_values(values: np.ndarray, num_leaves: int) -> None:
+    def _check_values(values: np.ndarray, num_leaves: int, name: str = "weights") -> None:
         if not np.isfinite(values).all() or (values < 0).any():
-            raise ValueError("Invalid weights: entries must be finite and non-negative")
+            raise ValueError(f"Invalid {name}: entries must be finite and non-negative")
         limit = np.finfo(np.float64).max / num_leaves   # so that every sum of N leaves stays finite
         if values.size and values.max() > limit:
-            raise ValueError(f"Invalid weights: entries up to {values.max():.3g}; the tree's sums would overflow "
+            raise ValueError(f"Invalid {name}: entries up to {values.max():.3g}; the tree's sums would overflow "
                              f"float64 (at most {limit:.3g} each for {num_leaves} leaves; rescale them)")
+
+    def _read_leaves(self, indices: np.ndarray) -> np.ndarray:
+        """The leaves at ``indices`` as float64, checked as ``update`` checks weights: an owner's negative leaf
+        was never drawn and moved its share to its neighbours (leaves [−1, 2, 3, 1] drew leaf 2 three times in
+        five), a NaN one read as 'all weights are zero'."""
+        leaves = np.asarray(self._leaf_values(indices), dtype=np.float64)
+        if leaves.shape != indices.shape:
+            raise ValueError(f"Invalid leaf_values: {leaves.shape} values for {len(indices)} leaves")
+        self._check_values(leaves, self.num_leaves, "leaf_values" if self._leaves is None else "weights")
+        return leaves
 
     def update(self, indices: torch.Tensor, values: torch.Tensor) -> None:
         """Set w[indices] = values (last write wins for repeats) in a tree that owns its leaves."""
@@ -159,8 +169,11 @@ class SumTree:
     def refresh(self, indices: np.ndarray) -> None:
         """Recompute the ancestors of changed leaves (a 1-D integer array or tensor, each in [0, N), as ``update``
         reads them), O(B log N); each node from its children. −1 refreshed the path of internal node N − 1, not of
-        the last leaf, so the total missed its change; 0.9 was read as leaf 0."""
-        nodes = _distinct_sorted((self.num_leaves + self._indices(indices).numpy()) // 2)
+        the last leaf, so the total missed its change; 0.9 was read as leaf 0. The changed leaves must be finite
+        and ≥ 0 (``_read_leaves``: ValueError before any sum changes)."""
+        leaves = self._indices(indices).numpy()
+        self._read_leaves(leaves)   # before any sum changes
+        nodes = _distinct_sorted((self.num_leaves + leaves) // 2)
         while nodes.size and nodes[-1] >= 1:
             nodes = nodes[nodes >= 1]
             # Leaves sit at two depths: a node may be recomputed twice; the last time its
@@ -172,11 +185,12 @@ class SumTree:
             nodes = _distinct_sorted(nodes // 2, presorted=True)
 
     def rebuild(self) -> None:
-        """Recompute every internal sum from the leaves, O(N), children before parents."""
+        """Recompute every internal sum from the leaves (finite and ≥ 0, ``_read_leaves``), O(N), children before
+        parents."""
         n = self.num_leaves
+        leaves = self._read_leaves(np.arange(n))
         if n < 2:
             return
-        leaves = np.asarray(self._leaf_values(np.arange(n)), dtype=np.float64)
         values = np.concatenate([np.zeros(n), leaves])  # node values, float64 [2N]
         high = n  # nodes [low, high) form one heap level; the last level is partial
         low = 1 << ((n - 1).bit_length() - 1)

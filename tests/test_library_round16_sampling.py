@@ -16,6 +16,7 @@ import torch
 from sazo_lite.engine import MeZO
 from sazo_lite.samplers import OracleSampler, PlainSAZOSampler, Sampler, SAZOSampler, StaleCorrectedSAZOSampler
 from sazo_lite.seedlog import _LR, _RECORD, _STEP, SeedLog
+from sazo_lite.sumtree import SumTree
 from sazo_lite.train import best_rate, train
 from sazo_lite.variance import distribution
 
@@ -488,3 +489,37 @@ def test_the_stale_correction_names_a_sum_tree_that_is_not_a_bool(sum_tree):
     state["hyperparameters"]["sum_tree"] = sum_tree
     with pytest.raises(ValueError, match="Invalid sum_tree"):
         StaleCorrectedSAZOSampler(8).load_state_dict(state)
+
+
+# --- 10. a sum tree over an owner's leaves that are not weights --------------------------------------------------
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_a_tree_over_leaves_that_are_not_weights_is_refused_at_build_and_refresh(bad):
+    """An owner's negative leaf was summed as given: leaves [−1, 2, 3, 1] drew leaf 2 three times in five, and a
+    leaf set to −5 after a refresh left only leaf 3 drawn, without a word; NaN read as 'all weights are zero'."""
+    leaves = np.array([bad, 2.0, 3.0, 1.0])
+    with pytest.raises(ValueError, match="Invalid leaf_values: entries must be finite and non-negative"):
+        SumTree.over(4, lambda i: leaves[i])
+    leaves[0] = 1.0
+    tree = SumTree.over(4, lambda i: leaves[i])
+    before = tree.tree.clone()
+    leaves[0] = bad
+    with pytest.raises(ValueError, match="Invalid leaf_values"):
+        tree.refresh(np.array([0]))
+    leaves[0] = 1.0
+    assert torch.equal(tree.tree, before)   # no sum changed
+
+
+def test_a_tree_over_leaves_of_another_length_is_refused():
+    with pytest.raises(ValueError, match="Invalid leaf_values"):
+        SumTree.over(4, lambda i: np.ones(3))
+
+
+def test_trees_over_valid_leaves_sum_and_draw_as_before():
+    leaves = np.array([0.0, 2.0, 3.0, 1.0, 0.5])
+    tree = SumTree.over(5, lambda i: leaves[i], dtype=np.float32)
+    leaves[1] = 4.0
+    tree.refresh(np.array([1, 1]))
+    assert tree.total == pytest.approx(8.5) and torch.equal(tree.tree, SumTree.over(5, lambda i: leaves[i],
+                                                                                    dtype=np.float32).tree)
+    draws = tree.sample(20_000, torch.Generator().manual_seed(0)).numpy()
+    assert not (draws == 0).any() and abs(float((draws == 1).mean()) - 4.0 / 8.5) < 0.02
