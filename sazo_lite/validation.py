@@ -103,9 +103,10 @@ def not_dense(tensor) -> str | None:
 
 def numpy_readable(name: str, value):
     """``value``, or for a numpy array one torch reads as its values: a native C-ordered copy of an array with
-    negative strides (``a[::-1]``) or a non-native byte order (read from a file written big-endian), which
-    ``torch.as_tensor`` refused with ValueError; a masked array's data when nothing is masked. A masked array
-    with masked entries is ``ValueError("Invalid <name>: ...")``: torch read the hidden values under the mask."""
+    negative strides (``a[::-1]``), strides that are not whole items (a field of packed records, ``rec['a']``) or a
+    non-native byte order (read from a file written big-endian), which ``torch.as_tensor`` refused with ValueError;
+    a masked array's data when nothing is masked. A masked array with masked entries is
+    ``ValueError("Invalid <name>: ...")``: torch read the hidden values under the mask."""
     import numpy as np
 
     if not isinstance(value, np.ndarray):
@@ -115,7 +116,8 @@ def numpy_readable(name: str, value):
             raise ValueError(f"Invalid {name}: a masked array ({int(np.ma.count_masked(value))} of {value.size} "
                              f"entries masked; expected plain numbers: fill them first, e.g. .filled(0.0))")
         value = np.ma.getdata(value)
-    if not value.dtype.isnative or any(stride < 0 for stride in value.strides):
+    size = value.itemsize or 1   # strides between whole items only: a packed record's field ('f8' every 12 bytes)
+    if not value.dtype.isnative or any(stride < 0 or stride % size for stride in value.strides):
         value = np.array(value, dtype=value.dtype.newbyteorder("="), order="C")
     return value
 

@@ -385,3 +385,26 @@ def test_a_noise_table_is_copied_without_its_tables_and_draws_the_same_z():
     assert len(pickle.dumps(source)) < 10_000 and source.nbytes > 0
     for twin in (copy.deepcopy(source), pickle.loads(pickle.dumps(source))):
         assert twin.nbytes == 0 and torch.equal(twin.direction(like, 7, "gaussian"), z)
+
+
+# --- 10. a field of packed numpy records ----------------------------------------------------------------------------
+def _packed_column() -> np.ndarray:
+    records = np.zeros(4, dtype=[("loss", "<f8"), ("label", "<i4")])   # 12-byte records: 'loss' every 12 bytes
+    records["loss"] = [0.5, 1.5, 2.5, 3.5]
+    return records["loss"]
+
+
+def test_a_field_of_packed_records_is_read_as_its_values():
+    """torch.as_tensor refuses strides that are not whole items ('strides not a multiple of the element byte size'):
+    a column of a numpy structured array (records read from a binary file) was refused as 'expected a tensor of
+    numbers' by dense_tensor and as 'expected a 1-D tensor [B]' by MeZO's weights. numpy_readable copies it, as it
+    copies reversed and byte-swapped arrays."""
+    column = _packed_column()
+    assert column.strides == (12,)
+    assert dense_tensor("x", column).tolist() == column.tolist()
+    theta, twin = torch.zeros(4, dtype=torch.float64), torch.zeros(4, dtype=torch.float64)
+    out = MeZO([theta], lr=0.1, eps=1e-3, seed=0).step(lambda: (theta - 1) ** 2, weights=column)
+    ref = MeZO([twin], lr=0.1, eps=1e-3, seed=0).step(lambda: (twin - 1) ** 2, weights=column.copy())
+    assert out.projected_grad == ref.projected_grad and torch.equal(theta, twin)
+    with pytest.raises(ValueError, match="masked"):   # the masked-array rule still holds on such a column
+        dense_tensor("x", np.ma.masked_array(column, mask=[0, 1, 0, 0]))
