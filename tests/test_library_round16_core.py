@@ -42,7 +42,8 @@ def _old_booleans_or_complex(value) -> bool:
 REFUSED = {"True": True, "numpy bool": np.bool_(False), "complex": 1 + 2j, "numpy complex64": np.complex64(1j),
            "numpy complex128": np.complex128(2.0), "bool array": np.array([True]), "0-d bool array": np.array(True),
            "complex array": np.array([1 + 0j]), "bool tensor": torch.tensor([True]),
-           "complex tensor": torch.tensor([1 + 1j]), "int and True": [1, True], "float and numpy bool": (0.5, np.bool_(1)),
+           "complex tensor": torch.tensor([1 + 1j]), "int and True": [1, True],
+           "float and numpy bool": (0.5, np.bool_(1)),
            "float and complex": [0.5, 2j], "float and numpy complex": [0.5, np.complex64(1)],
            "0-d bool tensors": [torch.tensor(True)] * 2, "0-d complex tensor": [torch.tensor(1 + 0j), 1.0],
            "bool array in a list": [np.array([True]), 1.0], "nested True": [[1.0], [True]],
@@ -51,7 +52,8 @@ REFUSED = {"True": True, "numpy bool": np.bool_(False), "complex": 1 + 2j, "nump
 VALID = {"int": 3, "float": 0.5, "numpy float32": np.float32(0.25), "numpy float64": np.float64(-1.0),
          "numpy int": np.int64(7), "float array": np.arange(3.0), "int array": np.arange(3),
          "float tensor": torch.ones(3), "half tensor": torch.ones(2, dtype=torch.float16), "floats": [0.5, 1.5],
-         "ints": (1, 2, 3), "numpy floats": [np.float64(1.0), np.float32(2.0)], "nested floats": [[1.0, 2.0], [3.0, 4.0]],
+         "ints": (1, 2, 3), "numpy floats": [np.float64(1.0), np.float32(2.0)],
+         "nested floats": [[1.0, 2.0], [3.0, 4.0]],
          "0-d float tensors": [torch.tensor(1.0), torch.tensor(2.0)], "float arrays": [np.ones(2), np.zeros(2)],
          "empty": [], "nested empty": [[], ()], "inf and nan": [float("inf"), float("nan")]}
 
