@@ -10,6 +10,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from sazo_lite.engine import MeZO, NoiseSourceWarning, _booleans_or_complex
 from sazo_lite.kernels import TritonNoise, triton_direction
@@ -410,3 +411,36 @@ def test_a_field_of_packed_records_is_read_as_its_values():
     assert out.projected_grad == ref.projected_grad and torch.equal(theta, twin)
     with pytest.raises(ValueError, match="masked"):   # the masked-array rule still holds on such a column
         dense_tensor("x", np.ma.masked_array(column, mask=[0, 1, 0, 0]))
+
+
+# --- 11. the one rule against a plain recursive reference (hypothesis) --------------------------------------------------
+_LEAVES = {float: st.floats(allow_nan=True), int: st.integers(-10, 10), bool: st.booleans(),
+           complex: st.complex_numbers(max_magnitude=10), np.float32: st.floats(-1, 1).map(np.float32),
+           np.bool_: st.booleans().map(np.bool_), np.complex64: st.floats(-1, 1).map(np.complex64),
+           "bool tensor": st.booleans().map(torch.tensor), "float tensor": st.floats(-1, 1).map(torch.tensor),
+           "complex array": st.floats(-1, 1).map(lambda x: np.array([x + 1j])),
+           "float array": st.floats(-1, 1).map(lambda x: np.array([x]))}
+_NESTED = st.recursive(st.one_of(*_LEAVES.values()), lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner),
+                       max_leaves=12)
+
+
+def _reference_kinds(value) -> set:
+    """Plain recursion, one value at a time."""
+    if isinstance(value, (list, tuple)):
+        return set().union(*map(_reference_kinds, value)) if value else set()
+    if isinstance(value, (bool, np.bool_)):
+        return {"bool"}
+    if isinstance(value, (complex, np.complexfloating)):
+        return {"complex"}
+    dtype = getattr(value, "dtype", None)
+    if isinstance(value, torch.Tensor):
+        return {"bool"} if dtype == torch.bool else {"complex"} if value.is_complex() else set()
+    if isinstance(value, np.ndarray):
+        return {"bool"} if dtype.kind == "b" else {"complex"} if dtype.kind == "c" else set()
+    return set()
+
+
+@settings(max_examples=300, deadline=None)
+@given(_NESTED)
+def test_the_rule_finds_what_a_plain_recursion_finds(value):
+    assert non_real_kinds(value) == _reference_kinds(value)
