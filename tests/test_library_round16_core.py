@@ -413,15 +413,15 @@ def test_a_field_of_packed_records_is_read_as_its_values():
         dense_tensor("x", np.ma.masked_array(column, mask=[0, 1, 0, 0]))
 
 
-# --- 11. the one rule against a plain recursive reference (hypothesis) --------------------------------------------------
+# --- 11. the one rule against a plain recursive reference (hypothesis) ---------------------------------------------
 _LEAVES = {float: st.floats(allow_nan=True), int: st.integers(-10, 10), bool: st.booleans(),
            complex: st.complex_numbers(max_magnitude=10), np.float32: st.floats(-1, 1).map(np.float32),
            np.bool_: st.booleans().map(np.bool_), np.complex64: st.floats(-1, 1).map(np.complex64),
            "bool tensor": st.booleans().map(torch.tensor), "float tensor": st.floats(-1, 1).map(torch.tensor),
            "complex array": st.floats(-1, 1).map(lambda x: np.array([x + 1j])),
            "float array": st.floats(-1, 1).map(lambda x: np.array([x]))}
-_NESTED = st.recursive(st.one_of(*_LEAVES.values()), lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner),
-                       max_leaves=12)
+_NESTED = st.recursive(st.one_of(*_LEAVES.values()),
+                       lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner), max_leaves=12)
 
 
 def _reference_kinds(value) -> set:
