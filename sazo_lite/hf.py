@@ -341,8 +341,8 @@ class ZOTrainer(Trainer):
         perturbation: "gaussian" or "rademacher" z.
         ema_decay, uniform_mix: SAZO's β ∈ [0, 1) and λ ∈ (0, 1] (see ``SAZOSampler``); None: the
             sampler's defaults 0.9 and 0.1. Refused with "mezo"/"uniform", whose batches do not use them.
-        zo_seed: seed of MeZO's directions; default ``args.seed`` (a search trial's). The sampler uses
-            ``args.data_seed`` when set, else zo_seed + 1.
+        zo_seed: seed of MeZO's directions; default ``args.seed`` (a search trial's; read again by each
+            ``train()`` that builds a new MeZO). The sampler uses ``args.data_seed`` when set, else zo_seed + 1.
         per_example_loss: ``(outputs, inputs) -> losses [B]``; default ``causal_lm_losses`` on
             ``outputs.logits`` and ``inputs["labels"]``.
         master_weights: "auto" (a float32 master copy when a trainable tensor is bf16/fp16),
@@ -902,6 +902,7 @@ class ZOTrainer(Trainer):
         """``Trainer.train``; a checkpoint without a usable ``zo_state.pt`` is refused before anything loads."""
         # args edited since __init__ (trainer.args.gradient_accumulation_steps = 2): checked again, as there; the
         # Trainer reads them here, and ran two ZO steps per global step, logging their summed loss, silently
+        self._follow_seeds()
         self._check_settings(*self._sampler_settings)
         checkpoint = resume_from_checkpoint
         if checkpoint is True:
@@ -919,6 +920,25 @@ class ZOTrainer(Trainer):
                                  ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
         finally:
             self._zo_resume = None
+
+    def _follow_seeds(self) -> None:
+        """A ``train()`` that builds a new MeZO (the first one, or every one with ``model_init``) takes the seeds
+        ``args`` holds now, as the Trainer's ``set_seed(args.seed)`` does: ``zo_seed`` (unless given) and the
+        sampler's (``data_seed``, else zo_seed + 1). They were read in ``__init__`` only, so a loop setting
+        ``trainer.args.seed`` before each ``train()`` ran the same directions and batches every time. A MeZO that
+        goes on (a later ``train()`` without ``model_init``) keeps the seeds it runs with."""
+        if self.optimizer is not None and self.model_init is None:
+            return
+        before = self.zo_seed
+        if self._zo_seed_given is None:
+            self.zo_seed = self.args.seed
+        if self.zo_sampler is not None and self.zo_sampler.seed != self._sampler_seed():
+            try:
+                sampler = self._make_sampler(*self._sampler_settings)
+            except ValueError:
+                self.zo_seed = before     # a seed the sampler refuses: nothing changed
+                raise
+            self.zo_sampler, self._zo_sampler_start = sampler, None
 
     def _read_zo_state(self, checkpoint: str) -> dict:
         """The checkpoint's ZO state, checked against this trainer (ValueError if it does not fit)."""

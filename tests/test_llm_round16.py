@@ -138,3 +138,55 @@ def test_zo_trainer_checks_args_edited_after_construction_before_training(tmp_pa
     with pytest.raises(ValueError, match=f"Invalid {name}: "):
         trainer.train()
     assert all(torch.equal(p, s) for p, s in zip(params, start))
+
+
+# --- 4. ZOTrainer's seeds: args.seed set before a train() that builds a new MeZO ------------------------------------
+def seeded_trainer(tmp_path, seed, **kwargs):
+    import transformers
+
+    from sazo_lite.hf import ZOTrainer
+
+    rows = [{"input_ids": [5 + k, 9, 11 + k, 4], "labels": [-100, 9, 11 + k, 4]} for k in range(6)]
+    args = transformers.TrainingArguments(str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=2,
+                                          learning_rate=1e-2, save_strategy="no", report_to=[], use_cpu=True,
+                                          disable_tqdm=True, seed=seed)
+    return ZOTrainer(args=args, train_dataset=rows, eps=1e-2, **kwargs)
+
+
+def flat(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_a_seed_loop_over_model_init_runs_each_seed(tmp_path):
+    # zo_seed and the sampler's seed were read in __init__ only: seeds 0, 1, 2 ran the same run three times
+    make = lambda: tiny_causal_lm("llama", vocab_size=VOCAB)
+    trainer = seeded_trainer(tmp_path, 0, model_init=make)
+    finals = []
+    for seed in (0, 1, 0):
+        trainer.args.seed = seed
+        trainer.train()
+        finals.append(flat(trainer.model))
+    assert not torch.equal(finals[0], finals[1]) and torch.equal(finals[0], finals[2])
+    alone = seeded_trainer(tmp_path / "alone", 1, model_init=make)
+    alone.train()
+    assert torch.equal(flat(alone.model), finals[1]) and alone.zo_sampler.seed == 2 and trainer.zo_sampler.seed == 1
+
+
+def test_a_seed_set_on_args_before_the_first_train_is_the_runs(tmp_path):
+    trainer = seeded_trainer(tmp_path, 0, model=tiny_causal_lm("llama", vocab_size=VOCAB))
+    trainer.args.seed = 3
+    trainer.train()
+    same = seeded_trainer(tmp_path / "same", 3, model=tiny_causal_lm("llama", vocab_size=VOCAB))
+    same.train()
+    assert torch.equal(flat(trainer.model), flat(same.model))
+    assert trainer.zo_optimizer.state_dict()["state"] == same.zo_optimizer.state_dict()["state"]
+
+
+def test_a_given_zo_seed_is_kept_and_a_continuing_run_keeps_its_seeds(tmp_path):
+    trainer = seeded_trainer(tmp_path, 0, model=tiny_causal_lm("llama", vocab_size=VOCAB), zo_seed=7)
+    trainer.args.seed = 3
+    trainer.train()
+    assert (trainer.zo_seed, trainer.zo_sampler.seed) == (7, 8)
+    trainer.args.data_seed = 11
+    trainer.train()                 # the same MeZO goes on: its seeds are the run's
+    assert trainer.zo_sampler.seed == 8
