@@ -23,9 +23,9 @@ What a log refuses (ValueError, before anything changes):
       step outside the optimiser's ranges;
     * replaying a log with a step whose update would overflow the parameters' dtype with the
       lr in force: every record is checked before the first pass;
-    * replaying a log read from a file whose records do not match the SHA-256 its header holds
-      (``records_sha256``: a g, lr or weight decay changed since the file was written; checked after
-      everything above, so a crafted record is named by its own check; logs written before it carry none);
+    * replaying a log read from a file whose records, eps, directions or perturbations do not match the
+      SHA-256 its header holds (``sha256``: changed since the file was written; checked after everything
+      above, so a crafted record is named by its own check; logs written before it carry none);
     * ``replay_step`` or ``replay_failure`` through the optimiser it records (a hook such as
       ``StepCap`` that takes part of a step back): the log would miss that shift.
 
@@ -67,9 +67,9 @@ FORMAT = 3            # 3 records the noise source's ``directions``; 2 (without)
 READABLE_FORMATS = (2, 3)
 _STEP, _FAIL, _LR, _WD = 0, 1, 2, 3  # record kinds
 _RECORD = np.dtype([("kind", "u1"), ("seed", "<u8"), ("value", "<f8")])  # 17 bytes
-# the header field holding the SHA-256 of the record bytes: a record changed on disk (a g, lr or weight decay)
-# parses and replays another θ; replay refuses a log read from a file whose records miss it
-_DIGEST = "records_sha256"
+# the header field holding the SHA-256 of what replay reads from a log and checks against nothing else (``_digest``):
+# a g, lr, weight decay or eps changed on disk parses and replays another θ; replay refuses a log that misses it
+_DIGEST = "sha256"
 
 
 # The methods a step's and a replay's passes run: a subclass that overrides none of them steps as the library
@@ -298,8 +298,8 @@ class SeedLog:
                              f"with noise=sazo_lite.noise.source_for({self.header['directions']!r})")
         self._check_updates(optimizer)
         if self._altered:   # last: a crafted record is named by the checks above
-            raise _invalid("its records do not match the SHA-256 the file was written with (a record changed since "
-                           "it was saved: a g, lr or weight decay replays another θ); nothing replayed")
+            raise _invalid("its records or eps do not match the SHA-256 the file was written with (changed since it "
+                           "was saved: a g, lr, weight decay or eps replays another θ); nothing replayed")
         optimizer.flush()
         saved = _Saved(optimizer, backup)
         try:
@@ -331,10 +331,10 @@ class SeedLog:
 
     # -- bytes -------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
-        """Serialise: a JSON header line (with the record count and the records' SHA-256), then 17 bytes per
+        """Serialise: a JSON header line (with the record count and a SHA-256, ``_digest``), then 17 bytes per
         record."""
         table = np.array(self.records, dtype=_RECORD).tobytes()
-        header = {**self.header, "records": len(self.records), _DIGEST: hashlib.sha256(table).hexdigest()}
+        header = {**self.header, "records": len(self.records), _DIGEST: _digest(self.header, table)}
         return json.dumps(header).encode() + b"\n" + table
 
     @classmethod
@@ -367,7 +367,7 @@ class SeedLog:
         table = np.frombuffer(body, dtype=_RECORD)
         records = [(int(k), int(s), float(v)) for k, s, v in table]
         _check_records(records, len(header["groups"]))
-        return cls(header, records, _altered=digest is not None and hashlib.sha256(body).hexdigest() != digest)
+        return cls(header, records, _altered=digest is not None and _digest(header, body) != digest)
 
     def save(self, path) -> int:
         """Write the log to ``path``; returns its size in bytes.
@@ -405,6 +405,14 @@ class _Saved:
                         p.copy_(copy)
                 group.update(lr=lr, weight_decay=wd)
             optimizer.state[optimizer._first_param()].update(self.state)
+
+
+def _digest(header: dict, records: bytes) -> str:
+    """SHA-256 of what a replay reads from a log that no other check holds: eps, the directions, each group's
+    perturbation and the record bytes (the shapes, dtypes and devices are compared with the parameters, the base
+    seed and start step with the records' seeds, the optimiser's name with the optimiser)."""
+    replayed = json.dumps([header["eps"], header["directions"], [group["perturbation"] for group in header["groups"]]])
+    return hashlib.sha256(replayed.encode() + b"\n" + records).hexdigest()
 
 
 def _check_header(header) -> None:

@@ -218,7 +218,7 @@ def test_a_record_changed_on_disk_is_refused_before_replay_moves_anything(kind):
     index = max(i for i, record in enumerate(log.records) if record[0] == kind)
     altered = SeedLog.from_bytes(_with_value(log.to_bytes(), index, log.records[index][2] * 1.5))
     replica = start.clone()
-    with pytest.raises(ValueError, match="Invalid seed log: its records do not match"):
+    with pytest.raises(ValueError, match="Invalid seed log: its records or eps do not match"):
         altered.replay([replica])
     assert torch.equal(replica, start)
 
@@ -227,7 +227,7 @@ def test_a_log_read_back_replays_bit_for_bit_and_writes_the_same_bytes():
     start, tuned, log = _logged_run()
     data = log.to_bytes()
     loaded = SeedLog.from_bytes(data)
-    assert loaded.to_bytes() == data and "records_sha256" not in loaded.header
+    assert loaded.to_bytes() == data and "sha256" not in loaded.header
     replica = start.clone()
     loaded.replay([replica])
     assert torch.equal(replica, tuned)
@@ -237,7 +237,7 @@ def test_a_log_written_without_the_digest_still_replays():
     start, tuned, log = _logged_run()
     head, _, body = log.to_bytes().partition(b"\n")
     header = json.loads(head)
-    del header["records_sha256"]
+    del header["sha256"]
     replica = start.clone()
     SeedLog.from_bytes(json.dumps(header).encode() + b"\n" + body).replay([replica])
     assert torch.equal(replica, tuned)
@@ -248,12 +248,12 @@ def test_a_malformed_digest_is_refused_when_the_log_is_read(digest):
     _, _, log = _logged_run(steps=2)
     head, _, body = log.to_bytes().partition(b"\n")
     header = json.loads(head)
-    header["records_sha256"] = digest
+    header["sha256"] = digest
     data = json.dumps(header).encode() + b"\n" + body
     if digest is None:   # JSON null: no digest, as a log written before it
         SeedLog.from_bytes(data)
         return
-    with pytest.raises(ValueError, match="Invalid seed log: records_sha256"):
+    with pytest.raises(ValueError, match="Invalid seed log: sha256"):
         SeedLog.from_bytes(data)
 
 
@@ -523,3 +523,16 @@ def test_trees_over_valid_leaves_sum_and_draw_as_before():
                                                                                     dtype=np.float32).tree)
     draws = tree.sample(20_000, torch.Generator().manual_seed(0)).numpy()
     assert not (draws == 0).any() and abs(float((draws == 1).mean()) - 4.0 / 8.5) < 0.02
+
+
+def test_an_eps_changed_on_disk_is_refused_before_replay_moves_anything():
+    """``replay(params)`` builds its optimiser from the header's eps: an eps edited in the file (0.001 → 0.002, one
+    digit) replayed another θ without a word."""
+    start, tuned, log = _logged_run()
+    data = log.to_bytes()
+    assert data.count(b'"eps": 0.001') == 1
+    altered = SeedLog.from_bytes(data.replace(b'"eps": 0.001', b'"eps": 0.002'))
+    replica = start.clone()
+    with pytest.raises(ValueError, match="Invalid seed log: its records or eps do not match"):
+        altered.replay([replica])
+    assert torch.equal(replica, start)
