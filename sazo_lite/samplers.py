@@ -244,8 +244,8 @@ class OracleSampler(Sampler):
 
     def state_dict(self) -> dict:
         """The base state and ``hyperparameters`` {"uniform_mix": λ}, as the SAZO samplers record theirs (the
-        norms come from ``norms_fn``, which is not state). λ is checked as ``load_state_dict`` checks it (a λ set out of
-        its interval was written into a state that no oracle loaded)."""
+        norms come from ``norms_fn``, which is not state). λ is checked as ``load_state_dict`` checks it (a λ set
+        out of its interval was written into a state that no oracle loaded)."""
         mix = _RULES["oracle_mix"](self.uniform_mix)
         return {**super().state_dict(), "hyperparameters": {"uniform_mix": _python_number(mix)}}
 

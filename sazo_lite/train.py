@@ -277,9 +277,9 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
 
 def _flush_for(sampler, optimizer) -> None:
     """Before a draw or an update: a folded MeZO holds θ − εz between steps (its update pending), so a sampler that
-    reads θ (``reads_parameters``: the oracle's ``norms_fn``) gets the updated θ first, as ``evaluate`` does. The oracle drew
-    by the norms at the last step's θ − εz: not the folded run's θ, nor the unfolded run's draws, and a run resumed
-    from a checkpoint (flushed when saved) drew other examples."""
+    reads θ (``reads_parameters``: the oracle's ``norms_fn``) gets the updated θ first, as ``evaluate`` does. The
+    oracle drew by the norms at the last step's θ − εz: not the folded run's θ, nor the unfolded run's draws, and a
+    run resumed from a checkpoint (flushed when saved) drew other examples."""
     if getattr(sampler, "reads_parameters", False):
         flush = getattr(optimizer, "flush", None)
         if flush is not None:
