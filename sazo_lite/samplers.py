@@ -530,7 +530,8 @@ class _ScoredSampler(Sampler):
         ``SCORED_BY`` changed since the store last summed the scores, the store is rebuilt (``_rescore``)."""
         for name in self.SETTINGS:
             _RULES[name](getattr(self, name))
-        if self._scored_by() != self._scored_with:
+        scored = self._scored_by()
+        if scored != self.__dict__.setdefault("_scored_with", scored):   # one pickled before round 16 records none
             self._rescore()
 
     def _scored_by(self) -> tuple:

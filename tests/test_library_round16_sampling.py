@@ -536,3 +536,15 @@ def test_an_eps_changed_on_disk_is_refused_before_replay_moves_anything():
     with pytest.raises(ValueError, match="Invalid seed log: its records or eps do not match"):
         altered.replay([replica])
     assert torch.equal(replica, start)
+
+
+def test_a_sampler_pickled_before_the_store_recorded_its_settings_still_draws_as_it_did():
+    import pickle
+
+    sampler = _trained(SAZOSampler(24, sum_tree=True, seed=6))
+    twin = pickle.loads(pickle.dumps(sampler))
+    del twin.__dict__["_scored_with"]   # as a sampler pickled before round 16
+    for _ in range(3):
+        (i, w), (j, v) = sampler.sample(8), twin.sample(8)
+        assert torch.equal(i, j) and torch.equal(w, v)
+    assert sampler.state_dict()["extra"] == twin.state_dict()["extra"]
