@@ -42,8 +42,9 @@ are the Trainer's own. What differs:
   model's forwards and read by the loss. An encoder-decoder model (T5, BART), a masked LM or a token
   classifier is scored without the shift (its logits at t score label t, as its own loss reads them);
   an encoder-decoder model gets ``decoder_input_ids`` built from the labels as its forward builds
-  them when the batch has none. A peft prompt-tuning or p-tuning model's logits cover its virtual
-  tokens first, which score nothing, as in peft's loss.
+  them when the batch has none. A peft prompt-tuning, p-tuning or CPT model's logits cover its virtual
+  tokens first, which score nothing, as in peft's loss for the first two (CPT's forward rewrites its own
+  weights, which MeZO refuses at the first step: such a model can be evaluated, not trained).
   ``train()`` first runs the model once, without changing anything, on the first two training
   examples, and refuses (``ValueError``) a model, collator or ``per_example_loss`` it cannot
   use: no ``labels`` in the batches, outputs without ``logits`` [B, T, V] (an attribute, or a

@@ -190,3 +190,33 @@ def test_a_given_zo_seed_is_kept_and_a_continuing_run_keeps_its_seeds(tmp_path):
     trainer.args.data_seed = 11
     trainer.train()                 # the same MeZO goes on: its seeds are the run's
     assert trainer.zo_sampler.seed == 8
+
+
+# --- 5. peft CPT puts its prompt in front of the logits too ---------------------------------------------------------
+def cpt_model():
+    config = peft.CPTConfig(task_type="CAUSAL_LM", cpt_token_ids=[5, 6, 7], cpt_mask=[1, 1, 1],
+                            cpt_tokens_type_mask=[1, 2, 2])
+    return peft.get_peft_model(tiny_causal_lm("llama", vocab_size=VOCAB), config).eval()
+
+
+def test_classification_losses_of_a_cpt_model_score_the_last_prompt_token():
+    # CPT was counted as holding no virtual tokens: its logits [B, 3 + T, V] were read at position len - 1
+    model, batch = cpt_model(), classified()
+    assert torch.allclose(classification_losses(model, batch), alone_classification(model, batch), atol=1e-5)
+
+
+def test_zo_trainer_evaluates_a_cpt_model_on_its_own_positions(tmp_path):
+    import transformers
+
+    from sazo_lite.hf import ZOTrainer
+
+    rows = [{"input_ids": [5 + k, 9, 11 + k, 4], "labels": [-100, 9, 11 + k, 4]} for k in range(3)]
+    args = transformers.TrainingArguments(str(tmp_path / "out"), per_device_eval_batch_size=3, report_to=[],
+                                          use_cpu=True, disable_tqdm=True)
+    model = cpt_model()
+    # the logits [B, 3 + T, V] met labels [B, T] in cross_entropy's shape error
+    loss = ZOTrainer(model, args, eval_dataset=rows).evaluate()["eval_loss"]
+    with torch.no_grad():
+        own = [float(F.cross_entropy(model(input_ids=torch.tensor([r["input_ids"]])).logits[0, 3:-1],
+                                     torch.tensor(r["labels"][1:]), ignore_index=-100)) for r in rows]
+    assert loss == pytest.approx(sum(own) / 3, rel=1e-5)

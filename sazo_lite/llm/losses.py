@@ -465,12 +465,12 @@ def _model_forward(model, **inputs):
 
 
 def _virtual_tokens(model) -> int:
-    """Positions a peft causal-LM prompt-learning model (prompt tuning, p-tuning) puts in front of its
+    """Positions a peft causal-LM prompt-learning model (prompt tuning, p-tuning, CPT) puts in front of its
     input embeddings, so of its logits: its ``num_virtual_tokens``. 0 for other models, and for prefix
     tuning, whose virtual tokens are keys and values only."""
     config = getattr(model, "active_peft_config", None)
     if (not getattr(config, "is_prompt_learning", False) or config.task_type != "CAUSAL_LM"
-            or config.peft_type in ("PREFIX_TUNING", "CARTRIDGE", "CPT")):
+            or config.peft_type in ("PREFIX_TUNING", "CARTRIDGE")):
         return 0
     return int(config.num_virtual_tokens)
 
