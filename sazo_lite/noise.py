@@ -50,6 +50,7 @@ Example:
 """
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import NamedTuple
 
@@ -129,6 +130,18 @@ class NoiseSource:
     def directions(self):
         return id(self)
 
+    def _scratch(self) -> dict:
+        """The calling thread's own generators and z buffers, kept as long as the thread lives. Shared ones (by
+        worker slot or device) were re-seeded and overwritten by a second optimiser stepping through the same
+        source in another thread: both drew wrong z, and their restores missed, without a word."""
+        local = self.__dict__.get("_local")
+        if local is None:
+            local = self.__dict__.setdefault("_local", threading.local())
+        return local.__dict__
+
+    def __getstate__(self):   # deepcopy/pickle: each thread's scratch is rebuilt on demand
+        return {k: v for k, v in self.__dict__.items() if k != "_local"}
+
     def apply(self, jobs: list[Job], done: list | None = None) -> None:
         """Apply every job (one pass of MeZO over all its tensors); record finished ones in ``done``."""
         self._run(jobs, 0, done)
@@ -175,22 +188,17 @@ class PlainNoise(NoiseSource):
     replayable = True
     directions = "torch"  # draw_direction's z: TorchNoise draws the same
 
-    def __init__(self):
-        self._generators: dict[torch.device, torch.Generator] = {}
-
     def _generator(self, device: torch.device) -> torch.Generator:
-        if device not in self._generators:
-            self._generators[device] = torch.Generator(device=device)
-        return self._generators[device]
+        generators = self._scratch().setdefault("generators", {})
+        if device not in generators:
+            generators[device] = torch.Generator(device=device)
+        return generators[device]
 
     def _apply_one(self, job: Job, slot: int) -> None:
         p, shrink = job.param, job.shrink
         for seed, coefficient, perturbation in job.terms():
             _add(p, draw_direction(p, seed, perturbation, self._generator(p.device)), coefficient, shrink)
             shrink = 1.0
-
-    def __getstate__(self):  # deepcopy/pickle: generators are rebuilt on demand
-        return {**self.__dict__, "_generators": {}}
 
 
 class _Threaded(NoiseSource):
@@ -221,7 +229,7 @@ class _Threaded(NoiseSource):
             self._run(share, slot, done)
 
     def __getstate__(self):  # deepcopy/pickle: thread pools do not travel
-        return {**self.__dict__, "_pool": None}
+        return {**super().__getstate__(), "_pool": None}
 
 
 class TorchNoise(_Threaded):
@@ -245,20 +253,19 @@ class TorchNoise(_Threaded):
         self.chunk = check_int("chunk", chunk, 16)
         if chunk % 16:
             raise ValueError(f"Invalid chunk: {chunk} (expected a multiple of 16)")
-        self._generators: dict[tuple[int, int, torch.device], torch.Generator] = {}
-        self._buffers: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}
 
     def _generator(self, slot: int, term: int, device: torch.device) -> torch.Generator:
-        key = (slot, term, device)
-        if key not in self._generators:
-            self._generators[key] = torch.Generator(device=device)
-        return self._generators[key]
+        """The calling thread's generator for a job's ``term`` (each thread runs one job at a time)."""
+        generators = self._scratch().setdefault("generators", {})
+        if (term, device) not in generators:
+            generators[term, device] = torch.Generator(device=device)
+        return generators[term, device]
 
     def _buffer(self, slot: int, term: int, dtype: torch.dtype) -> torch.Tensor:
-        key = (slot, term, dtype)
-        if key not in self._buffers:  # chunk + 15: room for a merged tail
-            self._buffers[key] = torch.empty(self.chunk + 15, dtype=dtype)
-        return self._buffers[key]
+        buffers = self._scratch().setdefault("buffers", {})
+        if (term, dtype) not in buffers:  # chunk + 15: room for a merged tail
+            buffers[term, dtype] = torch.empty(self.chunk + 15, dtype=dtype)
+        return buffers[term, dtype]
 
     def _apply_one(self, job: Job, slot: int) -> None:
         p, terms = job.param, job.terms()
@@ -291,9 +298,6 @@ class TorchNoise(_Threaded):
         if param.device.type == "cpu" and param.is_contiguous() and param.numel() >= 2 * self.chunk:
             return (self.chunk + 15) * torch.empty(0, dtype=z_dtype(param)).element_size()
         return super().direction_bytes(param)
-
-    def __getstate__(self):
-        return {**super().__getstate__(), "_generators": {}, "_buffers": {}}
 
 
 class NoiseTable(_Threaded):

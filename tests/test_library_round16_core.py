@@ -444,3 +444,61 @@ def _reference_kinds(value) -> set:
 @given(_NESTED)
 def test_the_rule_finds_what_a_plain_recursion_finds(value):
     assert non_real_kinds(value) == _reference_kinds(value)
+
+
+# --- 12. one noise source shared by optimisers stepping in two threads ----------------------------------------------
+def _threaded_runs(make_source, shared: bool) -> list[torch.Tensor]:
+    """Two MeZOs on 4096-entry quadratics, 30 steps each, in two threads; one source for both when ``shared``."""
+    import threading
+
+    one = make_source()
+    results = [None, None]
+
+    def run(k):
+        theta = torch.zeros(4096)
+        opt = MeZO([theta], lr=1e-3, eps=1e-3, seed=k + 1, noise=one if shared else make_source())
+        for _ in range(30):
+            opt.step(lambda: ((theta - 1) ** 2).reshape(8, -1).mean(1))
+        results[k] = theta
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+@pytest.mark.parametrize("make", [lambda: TorchNoise(workers=1, chunk=16), lambda: TorchNoise(workers=2, chunk=16),
+                                  PlainNoise], ids=["TorchNoise", "TorchNoise, 2 workers", "PlainNoise"])
+def test_a_source_shared_by_two_threads_draws_each_step_its_own_z(make):
+    """A TorchNoise (or PlainNoise) given to two optimisers stepping in two threads kept one generator and one z
+    buffer per worker slot (per device): each thread re-seeded and overwrote the other's, so both drew wrong z and
+    their restores missed (θ 0.05 off after 40 steps of lr 1e-3, without a word). Each thread has its own now."""
+    import threading
+
+    alone = _threaded_runs(make, shared=False)
+    together = _threaded_runs(make, shared=True)
+    assert all(torch.equal(a, b) for a, b in zip(alone, together))
+    source, seen = make(), []
+    workers = [threading.Thread(target=lambda: seen.append(
+        source._generator(torch.device("cpu")) if isinstance(source, PlainNoise)
+        else (source._generator(0, 0, torch.device("cpu")), source._buffer(0, 0, torch.float32)))) for _ in range(2)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    assert seen[0] is not seen[1] and (isinstance(source, PlainNoise) or seen[0][1] is not seen[1][1])
+
+
+def test_a_source_copied_or_pickled_draws_the_same_z():
+    import copy
+    import pickle
+
+    for source in (TorchNoise(workers=2, chunk=16), PlainNoise(), GaussianTable(size=64, chunk=16)):
+        theta = torch.zeros(100)
+        source.apply([Job(theta, 5, 1.0, 1.0, "gaussian")])
+        for twin in (copy.deepcopy(source), pickle.loads(pickle.dumps(source))):
+            other = torch.zeros(100)
+            twin.apply([Job(other, 5, 1.0, 1.0, "gaussian")])
+            assert torch.equal(other, theta)
