@@ -150,6 +150,8 @@ class SparseMeZO(MeZO):
         super().__setstate__(state)
         if masks is not None:
             self._set_masks(self._params(), masks)
+            if self._pending is not None:   # the copied source keys its masks by the original tensors (KeyError)
+                self._pending = (self.noise, self._pending[1])
 
 
 def _kept(fraction: float, numel: int) -> int:

@@ -502,3 +502,30 @@ def test_a_source_copied_or_pickled_draws_the_same_z():
             other = torch.zeros(100)
             twin.apply([Job(other, 5, 1.0, 1.0, "gaussian")])
             assert torch.equal(other, theta)
+
+
+# --- 13. a folded SparseMeZO copied or pickled with its update pending ----------------------------------------------
+@pytest.mark.parametrize("copier", ["deepcopy", "pickle"])
+def test_a_folded_sparse_mezo_copied_with_a_pending_update_applies_it(copier):
+    """The pending update's source (a MaskedNoise) was copied with its masks keyed by the original tensors' ids: the
+    copy's flush(), state_dict() and every later step raised KeyError, for good. The copy now applies it with its own
+    masks, and goes on bit for bit as the original."""
+    import copy
+    import pickle
+
+    from sazo_lite.sparse import SparseMeZO, sparse_indices
+
+    params = [torch.zeros(50), torch.zeros(4, 6)]
+    opt = SparseMeZO(params, sparse_indices(params, 0.3, seed=2), lr=0.1, eps=1e-3, seed=4, fold_updates=True)
+
+    def closure(tensors):
+        return lambda: torch.stack([(tensors[0] - 1).pow(2).sum(), (tensors[1] + 1).pow(2).sum()])
+
+    opt.step(closure(params))
+    twin = copy.deepcopy(opt) if copier == "deepcopy" else pickle.loads(pickle.dumps(opt))
+    twins = twin._params()
+    assert twin.pending and twin.state_dict()["state"][0]["step"] == 1 and not twin.pending
+    for optimiser, tensors in ((opt, params), (twin, twins)):
+        optimiser.step(closure(tensors))
+        optimiser.flush()
+    assert all(torch.equal(a, b) for a, b in zip(params, twins))
