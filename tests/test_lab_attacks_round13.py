@@ -125,7 +125,16 @@ def _hand_ins(solution, folder) -> None:
             cell.source = change_source(cell.source)
         return change
 
+    def in_place(start, extra):   # the explore cell itself (its id), edited, in an editor that dropped its tag
+        def change(nb):
+            cell = _cell(nb, start)
+            cell.metadata.pop("tags", None)
+            cell.source += "\n" + extra
+        return change
+
     hand_in("solution", lambda nb: None)
+    hand_in("explore_redefines", in_place("# explore (not graded, skipped", q1.replace(*WRONG_Q1)))
+    hand_in("explore_raises", in_place("# explore (not graded): the U", "raise RuntimeError('an explore cell that raises')"))
     hand_in("copy_edited", copy(dashboard + "\nprint('tried')"))
     hand_in("copy_edited_curve", copy(curve.replace("height=350", "height=500")))
     hand_in("copy_raises", copy(curve + "\nraise RuntimeError('an explore cell that raises')"))
@@ -152,9 +161,10 @@ def graded(assigned_labs, tmp_path_factory):
     return {r["submission"].removesuffix(".ipynb"): r for r in rows}
 
 
-@pytest.mark.parametrize("name", ["copy_edited", "copy_edited_curve", "copy_raises", "copy_redefines",
-                                  "merged_below_answer", "merged_edited", "pasted_on_top"])
-def test_copies_of_explore_cells_cost_nothing(graded, name):
+@pytest.mark.parametrize("name", ["explore_redefines", "explore_raises", "copy_edited", "copy_edited_curve",
+                                  "copy_raises", "copy_redefines", "merged_below_answer", "merged_edited",
+                                  "pasted_on_top"])
+def test_explore_cells_and_their_copies_cost_nothing(graded, name):
     assert graded["solution"]["status"] == "ok" and graded["solution"]["total"] == graded["solution"]["possible"] > 0
     row = graded[name]
     assert row["status"] == "ok" and row["total"] == row["possible"], row
