@@ -8,7 +8,9 @@ shard of it, and all-gather the per-example losses after each of the two forward
     all_gather → the global losses [B] on every rank    (2 × B floats per step)
     identical g, identical update, identical sampler update on every rank
 
-So the optimiser and the sampler stay unaware of distribution: only the closure changes.
+So the optimiser and the sampler stay unaware of distribution: only the closure changes. It checks first that
+every rank holds the same global batch (``same_batch``: one all-gather of a digest), since a rank whose sampler
+drew another batch would have its losses gathered as if they were of the common one.
 Per step each rank receives 2·B·(W−1)/W loss values, against DDP's all-reduce of every
 gradient (≈ 2·(W−1)/W · d values).
 
@@ -17,6 +19,7 @@ Launch the demo with ``torchrun --nproc_per_node=2 -m sazo_lite.distributed --ou
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 from datetime import timedelta
@@ -30,7 +33,8 @@ from .engine import MeZO
 from .samplers import SAZOSampler
 from .validation import check_count, check_int
 
-__all__ = ["rank_and_world", "shard", "gather_losses", "distributed_closure", "communication_bytes", "run_demo"]
+__all__ = ["rank_and_world", "shard", "gather_losses", "distributed_closure", "same_batch", "communication_bytes",
+           "run_demo"]
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -70,12 +74,42 @@ def gather_losses(local_losses: torch.Tensor) -> torch.Tensor:
 def distributed_closure(batch_losses, indices: torch.Tensor):
     """Wrap ``batch_losses(local_indices) -> [B/W]`` into a closure returning the global [B].
 
-    Raises (when the closure runs):
-        ValueError: ``batch_losses`` returned anything but a tensor of one loss per local index.
+    Raises:
+        ValueError: the ranks drew different global batches (``same_batch``, checked here, before the step),
+            or, when the closure runs, ``batch_losses`` returned anything but a tensor of one loss per local index.
     """
+    same_batch(indices)   # first: every rank reaches the collective, even one whose batch has another size
     rank, world = rank_and_world()
     mine = shard(indices, rank, world)
     return lambda: gather_losses(_local_losses(batch_losses(mine), len(mine)))
+
+
+def same_batch(indices) -> None:
+    """ValueError on every rank unless every rank holds the same global batch ``indices``: the all-gathered losses
+    are those of each rank's own shard, so a rank whose sampler had another seed or state evaluated other examples,
+    and every rank took the losses of two batches as one (g, the update and the samplers' feedback wrong, without a
+    word). One all-gather of a 32-byte digest per call; nothing without a process group."""
+    _, world = rank_and_world()
+    if world == 1:
+        return
+    digests = _gathered(_batch_digest(indices), world)
+    if len(set(digests)) > 1:
+        ranks = [rank for rank, digest in enumerate(digests) if digest != digests[0]]
+        raise ValueError(f"Invalid indices: rank(s) {ranks} drew another global batch than rank 0 (every rank must "
+                         f"draw the same batch: give the samplers the same seed and state)")
+
+
+def _batch_digest(indices) -> str:
+    """SHA-256 of the indices as int64 (their order included: the shards are contiguous blocks of it)."""
+    values = torch.as_tensor(indices).detach().to("cpu", torch.int64).reshape(-1).contiguous()
+    return hashlib.sha256(values.numpy().tobytes()).hexdigest()
+
+
+def _gathered(digest: str, world: int) -> list:
+    """Every rank's digest, in rank order."""
+    digests = [None] * world
+    dist.all_gather_object(digests, digest)
+    return digests
 
 
 def _local_losses(losses, count: int) -> torch.Tensor:
@@ -89,7 +123,8 @@ def _local_losses(losses, count: int) -> torch.Tensor:
 
 
 def communication_bytes(batch_size: int, num_params: int, world_size: int, bytes_per_value: int = 4) -> dict:
-    """Bytes each rank receives per step: ZO's two loss all-gathers vs DDP's gradient all-reduce."""
+    """Bytes each rank receives per step: ZO's two loss all-gathers vs DDP's gradient all-reduce (not counted:
+    ``distributed_closure``'s check of the batch, ``same_batch``, one all-gather of a SHA-256 digest per rank)."""
     batch_size, world_size = check_count("batch_size", batch_size), check_count("world_size", world_size)
     num_params, bytes_per_value = check_int("num_params", num_params, 0), check_count("bytes_per_value", bytes_per_value)
     share = (world_size - 1) / world_size

@@ -548,3 +548,78 @@ def test_a_sampler_pickled_before_the_store_recorded_its_settings_still_draws_as
         (i, w), (j, v) = sampler.sample(8), twin.sample(8)
         assert torch.equal(i, j) and torch.equal(w, v)
     assert sampler.state_dict()["extra"] == twin.state_dict()["extra"]
+
+
+# --- 11. the distributed closure: every rank must hold the same global batch --------------------------------------
+def _two_ranks(monkeypatch, rank: int, others: list):
+    """Rank ``rank`` of a world of 2 whose other rank's indices are ``others`` (the all-gather simulated)."""
+    from sazo_lite import distributed
+
+    monkeypatch.setattr(distributed, "rank_and_world", lambda: (rank, 2))
+    digests = lambda mine, world: [distributed._batch_digest(others), mine][::1 if rank else -1]
+    monkeypatch.setattr(distributed, "_gathered", digests)
+    return distributed
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_that_drew_another_batch_is_refused_before_the_step(monkeypatch, rank):
+    """Each rank evaluated its shard of its own batch and the all-gather joined them: with a sampler seeded
+    differently on one rank, every rank took the losses of two batches as one, without a word."""
+    distributed = _two_ranks(monkeypatch, rank, others=[0, 1, 2, 4])
+    with pytest.raises(ValueError, match="Invalid indices: rank\\(s\\) \\[1\\] drew another global batch"):
+        distributed.distributed_closure(lambda idx: torch.zeros(len(idx)), torch.tensor([0, 1, 2, 3]))
+
+
+def test_ranks_that_drew_the_same_batch_get_their_shards(monkeypatch):
+    distributed = _two_ranks(monkeypatch, 1, others=np.array([5, 6, 7, 8]))
+    seen = []
+    closure = distributed.distributed_closure(lambda idx: seen.append(idx) or torch.zeros(len(idx)),
+                                              torch.tensor([5, 6, 7, 8]))
+    monkeypatch.setattr(distributed, "gather_losses", lambda losses: losses)
+    closure()
+    assert seen[0].tolist() == [7, 8]
+
+
+def test_one_process_gathers_nothing():
+    from sazo_lite import distributed
+
+    closure = distributed.distributed_closure(lambda idx: idx.double(), torch.tensor([3, 1]))
+    assert closure().tolist() == [3.0, 1.0]
+
+
+def _rank_main(rank: int, port: int, folder: str) -> None:
+    """One gloo rank: rank 1 draws another batch; each rank writes what distributed_closure did."""
+    import os
+
+    import torch.distributed as dist
+
+    from sazo_lite import distributed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        same = distributed.distributed_closure(lambda idx: idx.double(), torch.tensor([4, 5, 6, 7]))()
+        try:
+            distributed.distributed_closure(lambda idx: idx.double(), torch.tensor([4, 5, 6, 7 + rank]))
+            outcome = "ran"
+        except ValueError as error:
+            outcome = str(error)
+        with open(os.path.join(folder, f"rank{rank}.txt"), "w") as handle:
+            handle.write(json.dumps([same.tolist(), outcome]))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_gloo_ranks_with_different_batches_both_refuse_and_equal_ones_gather(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.spawn(_rank_main, args=(port, str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):
+        same, outcome = json.loads((tmp_path / f"rank{rank}.txt").read_text())
+        assert same == [4.0, 5.0, 6.0, 7.0]
+        assert "rank(s) [1] drew another global batch" in outcome
