@@ -75,6 +75,8 @@ class InformedSampler(Sampler):
     ``norms_at`` (stale only): ``indices → their true norms``, measured at each draw for the drawn
     examples alone, where all N norms a step cost too much (a language model); ``norms_fn`` is then unused.
     """
+    reads_parameters = True   # its norms read θ: under a folded MeZO, train flushes before its draws and updates
+
 
     def __init__(self, num_examples, norms_fn, *, stale: bool, prior="rms", uniform_mix: float = 0.1,
                  seed: int = 0, norms_at=None):
@@ -109,6 +111,8 @@ class NoiselessSAZO(SAZOSampler):
     """Diagnosis only: SAZO's rule fed E|d| = sqrt(2/π)·‖∇f_i‖ (the true norm at the draw) instead of
     |d|: the noise of single observations removed, the lag of the EMA over draws (and the level) kept.
     ``ema_decay`` shortens that memory (0: the last draw's norm, relative to the level)."""
+    reads_parameters = True   # its norms read θ: under a folded MeZO, train flushes before its draws and updates
+
 
     def __init__(self, num_examples, norms_fn, *, ema_decay: float = 0.9, seed: int = 0):
         super().__init__(num_examples, ema_decay=ema_decay, seed=seed)
@@ -128,6 +132,8 @@ class SmoothedOracle(Sampler):
     in steps of SAZO's EMA (β = 0.9: about ten draws of an example). What it measures: how fast the
     norms a sampler must know change, against how often a visit-based rule can observe them.
     """
+    reads_parameters = True   # its norms read θ: under a folded MeZO, train flushes before its draws and updates
+
 
     def __init__(self, num_examples, norms_fn, *, horizon: float, uniform_mix: float = 0.1, seed: int = 0):
         super().__init__(num_examples, seed=seed)
