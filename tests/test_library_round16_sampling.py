@@ -623,3 +623,10 @@ def test_two_gloo_ranks_with_different_batches_both_refuse_and_equal_ones_gather
         same, outcome = json.loads((tmp_path / f"rank{rank}.txt").read_text())
         assert same == [4.0, 5.0, 6.0, 7.0]
         assert "rank(s) [1] drew another global batch" in outcome
+
+
+def test_a_log_built_by_hand_still_serialises_and_is_refused_where_it_is_read():
+    """The digest reads the header as given: a header without directions made ``to_bytes`` raise KeyError."""
+    data = SeedLog({"format": 3}, []).to_bytes()
+    with pytest.raises(ValueError, match="Invalid seed log"):
+        SeedLog.from_bytes(data)
