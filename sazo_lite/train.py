@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 import random
 import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from .engine import FLAT_EXAMPLES, FLAT_STEPS, FlatLossCheck, FlatLossWarning, _booleans_or_complex
@@ -532,14 +534,28 @@ def past_edge(diverged: Sequence[bool]) -> bool:
     rate whose seeds cross a shallow target fast and then mostly diverge could win a grid on counts
     alone; a race does not choose such a rate (unless every rate is past it).
 
+    Each flag is a bool (Python's, numpy's or a one-element bool tensor) or the int 0 or 1; anything else is a
+    ValueError (``bool()`` read the string "False" and NaN as diverged: flags read from a CSV put every rate past
+    its edge, silently).
+
     Example:
         >>> past_edge([True, False, False]), past_edge([True, True, False, False])
         (False, True)
     """
-    flags = [bool(flag) for flag in diverged]
+    flags = [_flag("diverged", flag) for flag in diverged]
     if not flags:
         raise ValueError("Invalid diverged: expected one flag per seed, got none")
     return 2 * sum(flags) >= len(flags)
+
+
+def _flag(name: str, value) -> bool:
+    """A yes/no flag as a bool, or ValueError naming ``name``: a bool (Python's, numpy's, a one-element bool
+    tensor) or the int 0 or 1."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and value.dtype == torch.bool:
+        return bool(value)
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Integral) and value in (0, 1)):
+        return bool(value)
+    raise ValueError(f"Invalid {name}: {value!r} (expected a flag per seed: True/False, or 1/0)")
 
 
 def best_rate(per_rate: Mapping[float, Sequence[int | None]], tiebreak: Mapping[float, float] | None = None,

@@ -17,7 +17,7 @@ from sazo_lite.engine import MeZO
 from sazo_lite.samplers import OracleSampler, PlainSAZOSampler, Sampler, SAZOSampler, StaleCorrectedSAZOSampler
 from sazo_lite.seedlog import _LR, _RECORD, _STEP, SeedLog
 from sazo_lite.sumtree import SumTree
-from sazo_lite.train import best_rate, train
+from sazo_lite.train import best_rate, past_edge, train
 from sazo_lite.variance import distribution
 
 
@@ -630,3 +630,18 @@ def test_a_log_built_by_hand_still_serialises_and_is_refused_where_it_is_read():
     data = SeedLog({"format": 3}, []).to_bytes()
     with pytest.raises(ValueError, match="Invalid seed log"):
         SeedLog.from_bytes(data)
+
+
+# --- 12. past_edge's flags ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("flags", [["False", "False", "True"], [float("nan"), False, False], [None, False],
+                                   [0.0, 1.0], [2, 0]])
+def test_flags_that_are_not_yes_or_no_are_refused_not_read_as_diverged(flags):
+    """bool() read "False" (a flag read back from a CSV) and NaN as True: every such rate was past its edge, and the
+    grid rule skipped it without a word."""
+    with pytest.raises(ValueError, match="Invalid diverged"):
+        past_edge(flags)
+
+
+def test_flags_given_as_bools_of_any_library_or_zero_and_one_still_count():
+    assert past_edge([np.bool_(True), torch.tensor(True), False, 0]) and not past_edge([1, 0, np.bool_(False)])
+    assert past_edge(np.array([True, False])) and not past_edge(torch.tensor([True, False, False]))
