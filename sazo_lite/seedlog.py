@@ -298,8 +298,7 @@ class SeedLog:
                              f"with noise=sazo_lite.noise.source_for({self.header['directions']!r})")
         self._check_updates(optimizer)
         if self._altered:   # last: a crafted record is named by the checks above
-            raise _invalid("its records or eps do not match the SHA-256 the file was written with (changed since it "
-                           "was saved: a g, lr, weight decay or eps replays another θ); nothing replayed")
+            raise _altered_log()
         optimizer.flush()
         saved = _Saved(optimizer, backup)
         try:
@@ -332,7 +331,10 @@ class SeedLog:
     # -- bytes -------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
         """Serialise: a JSON header line (with the record count and a SHA-256, ``_digest``), then 17 bytes per
-        record."""
+        record. A log read from a file that missed its SHA-256 is refused (``ValueError``): written again, it would
+        carry a new one and replay as sound."""
+        if self._altered:
+            raise _altered_log()
         table = np.array(self.records, dtype=_RECORD).tobytes()
         header = {**self.header, "records": len(self.records), _DIGEST: _digest(self.header, table)}
         return json.dumps(header).encode() + b"\n" + table
@@ -405,6 +407,11 @@ class _Saved:
                         p.copy_(copy)
                 group.update(lr=lr, weight_decay=wd)
             optimizer.state[optimizer._first_param()].update(self.state)
+
+
+def _altered_log() -> ValueError:
+    return _invalid("its records or eps do not match the SHA-256 the file was written with (changed since it was "
+                    "saved: a g, lr, weight decay or eps replays another θ); nothing replayed or written")
 
 
 def _digest(header: dict, records: bytes) -> str:

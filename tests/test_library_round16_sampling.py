@@ -645,3 +645,13 @@ def test_flags_that_are_not_yes_or_no_are_refused_not_read_as_diverged(flags):
 def test_flags_given_as_bools_of_any_library_or_zero_and_one_still_count():
     assert past_edge([np.bool_(True), torch.tensor(True), False, 0]) and not past_edge([1, 0, np.bool_(False)])
     assert past_edge(np.array([True, False])) and not past_edge(torch.tensor([True, False, False]))
+
+
+def test_a_log_whose_file_missed_its_digest_is_not_written_again_as_sound(tmp_path):
+    """Loading a changed file and saving it gave it a new SHA-256: the copy replayed the changed records silently."""
+    start, _, log = _logged_run()
+    index = max(i for i, record in enumerate(log.records) if record[0] == _STEP)
+    altered = SeedLog.from_bytes(_with_value(log.to_bytes(), index, 2.0 * log.records[index][2]))
+    with pytest.raises(ValueError, match="its records or eps do not match"):
+        altered.save(tmp_path / "copy.seedlog")
+    assert not (tmp_path / "copy.seedlog").exists()
