@@ -11,6 +11,8 @@ lines where held unchanged, else to the end of the cell). Explore cells neither 
 """
 from __future__ import annotations
 
+import json
+
 import nbformat
 import pytest
 
@@ -85,6 +87,18 @@ def test_notebook_cells_and_owners_leave_out_the_copies(tmp_path):
         0: ["q1", "q2"], 1: ["q1"], 2: ["q2"], 3: ["q2"], 4: ["q2"]}
     assert grading.notebook_cells(notebook, {}) == [(0, nb.cells[0].source), (2, nb.cells[2].source),
                                                    (3, nb.cells[3].source)]
+
+
+def test_a_notebook_without_cell_ids_reads_every_cell_as_new(tmp_path):
+    """nbformat 4.4 (an older Jupyter, Colab) has no cell ids: a cell starting with the mark is a copy, skipped; an
+    explore cell merged below an answer is taken out of it."""
+    raw = {"cells": [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": source}
+                     for source in (ANSWER + EXPLORE, EXPLORE + "\nlab_x = 5", "lab_y = 1")],
+           "metadata": {}, "nbformat": 4, "nbformat_minor": 4}
+    path = tmp_path / "no_ids.ipynb"
+    path.write_text(json.dumps(raw))
+    explore = (frozenset({EXPLORE}), frozenset({"e1"}), frozenset({MARK}), frozenset({"answer1"}))
+    assert grading.notebook_cells(grading.read_notebook(path), {}, *explore) == [(0, ANSWER + "\n\n"), (2, "lab_y = 1")]
 
 
 # -- graded the project's way --------------------------------------------------------------------
