@@ -220,3 +220,46 @@ def test_zo_trainer_evaluates_a_cpt_model_on_its_own_positions(tmp_path):
         own = [float(F.cross_entropy(model(input_ids=torch.tensor([r["input_ids"]])).logits[0, 3:-1],
                                      torch.tensor(r["labels"][1:]), ignore_index=-100)) for r in rows]
     assert loss == pytest.approx(sum(own) / 3, rel=1e-5)
+
+
+# --- 6. a float64 model's losses in float64 -------------------------------------------------------------------------
+def test_causal_lm_losses_keep_float64_logits_in_float64():
+    # rounded to float32: on a float64 model the ZO difference at ε = 1e-5 was 3% off, at 1e-7 rounding noise
+    g = torch.Generator().manual_seed(0)
+    logits, labels = torch.randn(3, 5, 7, generator=g, dtype=torch.float64), torch.randint(0, 7, (3, 5), generator=g)
+    labels[0, :3] = -100
+    from sazo_lite.llm.losses import causal_lm_losses
+
+    got = causal_lm_losses(logits, labels)
+    exact = F.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, 1:], ignore_index=-100, reduction="none")
+    assert got.dtype == torch.float64
+    assert torch.allclose(got, exact.sum(1) / (labels[:, 1:] != -100).sum(1), rtol=1e-14, atol=0)
+    half = causal_lm_losses(logits.to(torch.bfloat16), labels)
+    assert half.dtype == torch.float32                 # half-precision logits are upcast, as before
+
+
+def float64_reference(outputs, inputs):
+    """The default loss written out in float64: one loss per example over its shifted labels."""
+    logits, labels = outputs.logits[:, :-1].double(), inputs["labels"][:, 1:]
+    ce = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
+    return ce.sum(1) / (labels != -100).sum(1).clamp_min(1)
+
+
+def test_zo_trainer_s_default_loss_of_a_float64_model_is_float64(tmp_path):
+    # the default loss rounded a float64 model's losses to float32 before MeZO read them in float64: at ε = 1e-7
+    # each f(θ+εz) − f(θ−εz) was float32 rounding (GPT-2 runs in float64 throughout; Llama's RMSNorm does not)
+    import transformers
+
+    from sazo_lite.hf import ZOTrainer
+
+    rows = [{"input_ids": [5 + k, 9, 11 + k, 4, 7], "labels": [-100, 9, 11 + k, 4, 7]} for k in range(6)]
+    runs = []
+    for loss in (None, float64_reference):
+        args = transformers.TrainingArguments(str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=3,
+                                              learning_rate=1e-2, logging_steps=1, save_strategy="no", report_to=[],
+                                              use_cpu=True, disable_tqdm=True, seed=0)
+        model = tiny_causal_lm("gpt2", vocab_size=VOCAB, dtype=torch.float64)
+        trainer = ZOTrainer(model, args, train_dataset=rows, method="mezo", eps=1e-7, per_example_loss=loss)
+        trainer.train()
+        runs.append(([e["zo_projected_grad"] for e in trainer.state.log_history if "loss" in e], flat(model)))
+    assert runs[0][0] == runs[1][0] and torch.equal(runs[0][1], runs[1][1])
