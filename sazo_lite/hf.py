@@ -90,7 +90,9 @@ are the Trainer's own. What differs:
   Trainer counts the checkpoint's steps as steps of the new B. A
   ``save_only_model=True`` checkpoint holds the weights only and cannot be resumed. Loads (a resume,
   ``load_best_model_at_end``) keep the model's trainable tensors, objects and dtypes: peft's
-  ``load_adapter`` replaces bfloat16/float16 adapters by new float32 tensors, which are put back.
+  ``load_adapter`` replaces bfloat16/float16 adapters by new float32 tensors, which are put back. peft saves a
+  p-tuning model's prompt encoder as its output only, so ``zo_state.pt`` then holds the tuned tensors, and
+  loads put them back (a p-tuning checkpoint without them is refused).
   ``zo_state.pt`` is read with ``torch.load(weights_only=True)`` (a file holding anything else, such as a
   pickled object, is refused and nothing in it runs) and checked in full before anything loads.
 - Seed logs: a ``SeedLog`` attached to ``trainer.zo_optimizer`` (a plain ``MeZO``; say in a
@@ -145,7 +147,7 @@ __all__ = ["ZOTrainer", "causal_lm_losses", "CausalLMCollator", "METHODS", "ZO_S
 METHODS = ("mezo", "uniform", "sazo", "sazo-plain")   # samplers by name; "mezo" = "uniform"
 ZO_STATE_NAME = "zo_state.pt"
 ZO_STATE_KEYS = {"method", "sampler", "master"}
-ZO_STATE_OPTIONAL = {"queries", "learning_rate", "batch_size"}   # written since rounds 10, 11 and 12
+ZO_STATE_OPTIONAL = {"queries", "learning_rate", "batch_size", "tuned"}   # written since rounds 10, 11, 12 and 16
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 PROBE_EXAMPLES = 2   # examples the pre-training check runs the model on
 FOLLOW_CHUNK = 1 << 20   # entries _follow_writes compares at a time: its buffers stay this small
@@ -897,6 +899,9 @@ class ZOTrainer(Trainer):
                      "batch_size": self.global_batch_size(),   # B of the steps so far (a resume may change it)
                      "learning_rate": float(self.args.learning_rate),   # a plateau schedule keeps no base lr
                      "master": None if self._master is None else [t.detach().cpu().clone() for t in self._master.tensors]}
+            if self._weights_not_in_checkpoint():     # the tuned tensors themselves: the model's files lack them
+                net = self.accelerator.unwrap_model(self.model)
+                state["tuned"] = [p.detach().cpu().clone() for p in net.parameters() if p.requires_grad]
             path = os.path.join(output_dir, ZO_STATE_NAME)
             atomic_write(path, lambda handle: torch.save(state, handle))  # never a half-written zo_state.pt
 
@@ -985,6 +990,16 @@ class ZOTrainer(Trainer):
             raise ValueError("Invalid checkpoint: its master weights do not match this model's trainable "
                              "parameters (finite tensors of the same shapes, float32 or the parameter's "
                              "wider dtype)")
+        tuned = state.get("tuned")
+        if tuned is None and self._weights_not_in_checkpoint():
+            raise ValueError(f"Invalid checkpoint: {path} holds no tuned tensors, and peft saves a p-tuning model's "
+                             f"prompt encoder as its output only (prompt_embeddings), which a resume loads as the "
+                             f"encoder's input: another prompt (checkpoints written before round 16 cannot continue)")
+        if tuned is not None and (not isinstance(tuned, list) or len(tuned) != len(params) or any(
+                not isinstance(t, torch.Tensor) or t.dtype != p.dtype or t.shape != p.shape
+                or not bool(torch.isfinite(t).all()) for t, p in zip(tuned, params))):
+            raise ValueError("Invalid checkpoint: its tuned tensors do not match this model's trainable parameters "
+                             "(finite tensors of the same shapes and dtypes)")
         try:  # the sampler checks every field; a copy, so nothing changes here
             copy.deepcopy(self.zo_sampler).load_state_dict(state["sampler"])
         except ValueError as error:
@@ -1084,6 +1099,8 @@ class ZOTrainer(Trainer):
         # weights back over the best ones.
         with self._tuned_tensors_kept():
             super()._load_best_model()
+        if self._weights_not_in_checkpoint():
+            self._load_tuned(self._read_zo_state(self.state.best_model_checkpoint))
         if self._master is not None:
             self._master_follows_model(self.state.best_model_checkpoint)
 
@@ -1138,9 +1155,28 @@ class ZOTrainer(Trainer):
                 master.copy_(saved[k] if exact else param.detach().to(master.dtype))
         self._master.sync()
 
+    def _weights_not_in_checkpoint(self) -> bool:
+        """Whether the Trainer's model files cannot give back the tuned tensors: peft saves a p-tuning model's
+        prompt encoder (an embedding under an MLP) as its output, ``prompt_embeddings``, and loading puts that
+        into the encoder's embedding, under the MLP's initial weights: a resumed run started from another prompt
+        (every tensor off, the embedding by 3.5 on a tiny Llama). ``zo_state.pt`` then holds the tensors."""
+        config = getattr(self.accelerator.unwrap_model(self.model), "active_peft_config", None)
+        return getattr(config, "peft_type", None) == "P_TUNING"
+
+    def _load_tuned(self, state: dict) -> None:
+        """The checkpoint's tuned tensors (``_weights_not_in_checkpoint``) into the model, where it holds them."""
+        if state.get("tuned") is None:
+            return
+        net = self.accelerator.unwrap_model(self.model)
+        with torch.no_grad():
+            for param, saved in zip([p for p in net.parameters() if p.requires_grad], state["tuned"]):
+                param.copy_(saved)
+
     def _apply_zo_state(self, state: dict) -> None:
-        """Load a checked ZO state: the sampler's, then the master weights into the model."""
+        """Load a checked ZO state: the sampler's, the tuned tensors the model files lack, then the master
+        weights into the model."""
         self.zo_sampler.load_state_dict(state["sampler"])
+        self._load_tuned(state)
         # an older checkpoint has no count: 2·B per step it took (right unless B changed before it)
         self._zo_queries = state.get("queries", 2 * self.global_batch_size() * self.state.global_step)
         if self._master is not None:

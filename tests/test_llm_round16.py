@@ -263,3 +263,60 @@ def test_zo_trainer_s_default_loss_of_a_float64_model_is_float64(tmp_path):
         trainer.train()
         runs.append(([e["zo_projected_grad"] for e in trainer.state.log_history if "loss" in e], flat(model)))
     assert runs[0][0] == runs[1][0] and torch.equal(runs[0][1], runs[1][1])
+
+
+# --- 7. p-tuning checkpoints: peft saves the prompt encoder's output, not its weights --------------------------------
+def p_tuned():
+    config = peft.PromptEncoderConfig(task_type="CAUSAL_LM", num_virtual_tokens=3, encoder_hidden_size=8)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return peft.get_peft_model(tiny_causal_lm("llama", vocab_size=VOCAB), config)
+
+
+def p_tuning_trainer(tmp_path, model, max_steps=4, **overrides):
+    import transformers
+
+    from sazo_lite.hf import ZOTrainer
+
+    rows = [{"input_ids": [5 + k, 9, 11 + k, 4], "labels": [-100, 9, 11 + k, 4]} for k in range(6)]
+    settings = dict(max_steps=max_steps, per_device_train_batch_size=2, learning_rate=1e-2, save_strategy="steps",
+                    save_steps=2, report_to=[], use_cpu=True, disable_tqdm=True, seed=0)
+    args = transformers.TrainingArguments(str(tmp_path / "out"), **{**settings, **overrides})
+    return ZOTrainer(model, args, train_dataset=rows, eval_dataset=rows[:3], eps=1e-2)
+
+
+def tuned(model):
+    return [p.detach().clone() for p in model.parameters() if p.requires_grad]
+
+
+def test_a_p_tuning_run_resumes_bit_for_bit(tmp_path):
+    # the resume loaded prompt_embeddings (the encoder's output) into the encoder's embedding, under the MLP's
+    # initial weights: every tuned tensor off (the embedding by 3.5), another run without a word
+    straight = p_tuned()
+    p_tuning_trainer(tmp_path, straight).train()
+    resumed = p_tuned()
+    p_tuning_trainer(tmp_path, resumed).train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    assert all(torch.equal(a, b) for a, b in zip(tuned(straight), tuned(resumed)))
+
+
+def test_load_best_model_at_end_of_a_p_tuning_run_holds_the_best_steps_tensors(tmp_path):
+    model = p_tuned()
+    trainer = p_tuning_trainer(tmp_path, model, eval_strategy="steps", eval_steps=2, load_best_model_at_end=True)
+    trainer.train()
+    best = int(trainer.state.best_model_checkpoint.rsplit("-", 1)[1])
+    shorter = p_tuned()
+    p_tuning_trainer(tmp_path / "short", shorter, max_steps=best).train()
+    assert all(torch.equal(a, b) for a, b in zip(tuned(model), tuned(shorter)))
+
+
+def test_a_p_tuning_checkpoint_without_its_tensors_is_refused(tmp_path):
+    p_tuning_trainer(tmp_path, p_tuned(), max_steps=2).train()
+    path = tmp_path / "out" / "checkpoint-2" / "zo_state.pt"
+    state = torch.load(path, weights_only=True)
+    del state["tuned"]                      # as written before round 16
+    torch.save(state, path)
+    model = p_tuned()
+    start = tuned(model)
+    with pytest.raises(ValueError, match="Invalid checkpoint: .*p-tuning"):
+        p_tuning_trainer(tmp_path, model).train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    assert all(torch.equal(a, b) for a, b in zip(tuned(model), start))
