@@ -58,3 +58,21 @@ def test_an_optimum_not_found_in_the_steps_allowed_is_a_value_error_naming_l2():
     problem = problems.LogisticRegression.from_sklearn("breast_cancer", l2=1e-9)
     with pytest.raises(ValueError, match="Invalid l2: 1e-09"):
         problem._newton(iters=2, most=2)
+
+
+def test_loss_grid_of_a_least_squares_subclass_uses_its_own_losses():
+    """``loss_grid`` took its batched least-squares path for any ``LeastSquares``, also a subclass whose ``losses``
+    differ: the grid (notebook 04's contours) was the parent's loss, 1.0 off here, without a word."""
+    import numpy as np
+
+    from sazo_lite.course import sazo_runs
+
+    class Shifted(problems.LeastSquares):
+        def losses(self, theta, indices=None):
+            return super().losses(theta, indices) + 1.0
+
+    for problem in (Shifted(16, 2, heterogeneity=1.0, seed=0), problems.LeastSquares(16, 2, heterogeneity=1.0)):
+        xs, ys = np.linspace(-1.0, 1.0, 3), np.linspace(-2.0, 1.0, 2)
+        plain = np.array([[float(problem.losses(torch.tensor([x, y], dtype=torch.float64)).mean()) for x in xs]
+                          for y in ys])
+        assert np.allclose(sazo_runs.loss_grid(problem, xs, ys), plain, rtol=1e-12, atol=1e-12)

@@ -476,7 +476,8 @@ def loss_grid(problem: FiniteSumProblem, xs, ys) -> np.ndarray:
             raise ValueError(f"Invalid {name}: shape {axis.shape} (expected a non-empty 1-D sequence of finite numbers)")
     xx, yy = np.meshgrid(xs, ys)
     points = torch.from_numpy(np.stack([xx.ravel(), yy.ravel()], axis=1))            # [G, 2]
-    if isinstance(problem, LeastSquares):  # one batched evaluation of f_i at every grid point, [G, N]
+    if type(problem).losses is LeastSquares.losses:  # one batched evaluation of f_i at every grid point, [G, N]
+        # (by its losses, not its class: a subclass with losses of its own got this grid of the parent's)
         residual = points @ problem.features.T - problem.responses
         losses = (0.5 * problem.scales * residual ** 2).mean(1)
     else:
