@@ -49,8 +49,8 @@ are the Trainer's own. What differs:
   examples, and refuses (``ValueError``) a model, collator or ``per_example_loss`` it cannot
   use: no ``labels`` in the batches, outputs without ``logits`` [B, T, V] (an attribute, or a
   dict's key), a loss that is not one float per example. Each step, before its first pass, an
-  example the collator refuses, a token id beyond the model's embeddings and (default loss) a label id
-  outside [0, V) other than −100 are refused (``ValueError``) naming the train_dataset indices and
+  example the collator refuses, a token id beyond the model's embeddings, a batch longer than its learned
+  positions (GPT-2, OPT) and (default loss) a label id outside [0, V) other than −100 are refused (``ValueError``) naming the train_dataset indices and
   the step. The per-example losses reach MeZO in float64 (a float64 loss keeps its precision; the default
   loss of a float64 model is computed in float64).
   ``evaluate`` refuses a ``per_example_loss`` that is not one float per example, as training does.
@@ -136,7 +136,7 @@ from .atomic import atomic_write
 from .distributed import gather_losses, rank_and_world, shard
 from .engine import MeZO
 from .interrupts import InterruptsDeferred
-from .llm.losses import IGNORE, _virtual_tokens, causal_lm_losses
+from .llm.losses import IGNORE, _position_tables, _virtual_tokens, causal_lm_losses
 from .llm.tuning import check_adapters_read
 from .precision import master_dtype
 from .samplers import make_sampler, sampler_name
@@ -413,6 +413,7 @@ class ZOTrainer(Trainer):
             # and end_positions: replacing them lost eval_loss).
             self.label_names = ["labels"]
         self._check_settings(ema_decay, uniform_mix)
+        self._sampler_seed_made = None   # the seed the sampler ZOTrainer made was given (None: none made)
         self.zo_sampler = self._make_sampler(ema_decay, uniform_mix) if train_dataset is not None else None
         self._master = None             # Float32Master when tuning half-precision weights
         self._zo_data = None            # (dataset, collator) used by training_step
@@ -509,7 +510,9 @@ class ZOTrainer(Trainer):
 
     def _make_sampler(self, ema_decay, uniform_mix):
         n, seed = len(self.train_dataset), self._sampler_seed()   # the same seed on every rank
-        return make_sampler(sampler_name(self.method), n, seed=seed, **_given(ema_decay, uniform_mix))
+        sampler = make_sampler(sampler_name(self.method), n, seed=seed, **_given(ema_decay, uniform_mix))
+        self._sampler_seed_made = seed      # the seed args gave (_follow_seeds: a sampler set by hand is kept)
+        return sampler
 
     def _sampler_seed(self) -> int:
         """``args.data_seed`` ("the seed of the data samplers") when set, else zo_seed + 1."""
@@ -933,13 +936,15 @@ class ZOTrainer(Trainer):
         ``args`` holds now, as the Trainer's ``set_seed(args.seed)`` does: ``zo_seed`` (unless given) and the
         sampler's (``data_seed``, else zo_seed + 1). They were read in ``__init__`` only, so a loop setting
         ``trainer.args.seed`` before each ``train()`` ran the same directions and batches every time. A MeZO that
-        goes on (a later ``train()`` without ``model_init``) keeps the seeds it runs with."""
+        goes on (a later ``train()`` without ``model_init``) keeps the seeds it runs with, and a sampler is made
+        again only when the seed args give it changed (one assigned to ``zo_sampler`` by hand is kept)."""
         if self.optimizer is not None and self.model_init is None:
             return
         before = self.zo_seed
         if self._zo_seed_given is None:
             self.zo_seed = self.args.seed
-        if self.zo_sampler is not None and self.zo_sampler.seed != self._sampler_seed():
+        made = self._sampler_seed_made
+        if self.zo_sampler is not None and made is not None and self._sampler_seed() != made:
             try:
                 sampler = self._make_sampler(*self._sampler_settings)
             except ValueError:
@@ -1260,6 +1265,28 @@ def _check_input_ids(model, batch, examples, step=None) -> None:
         raise ValueError(f"Invalid input_ids: {_named([examples[k] for k in rows], step)} hold token ids "
                          f"{sorted(set(ids[bad].tolist()))[:5]} outside the model's embedding table [0, {size}) "
                          f"(tokenised for another model?)")
+    _check_positions(model, ids, batch.get("attention_mask"), examples, step)
+
+
+def _check_positions(model, ids, mask, examples, step) -> None:
+    """A batch wider than the model's table of learned positions (GPT-2's ``wpe``, OPT's ``embed_positions``;
+    a prompt-tuned model's virtual tokens take positions too): the forward's IndexError ("index out of range in
+    self"; on a GPU a device-side assert) came mid-run and named neither the examples nor the limit. The tables
+    are the llm losses' (``losses._position_tables``); the examples named are those longer than it alone."""
+    tables = _position_tables(model, model.get_input_embeddings())
+    if not tables:
+        return
+    name, positions = min(tables, key=lambda table: table[1])
+    skip = _virtual_tokens(model)
+    if ids.shape[1] + skip <= positions:
+        return
+    lengths = mask.sum(1) if isinstance(mask, torch.Tensor) and mask.shape == ids.shape else None
+    rows = [] if lengths is None else ((lengths + skip) > positions).nonzero().flatten().tolist()
+    rows = rows or list(range(len(ids)))      # padded (on the left) past the table: the whole batch
+    after = f" after {skip} virtual tokens" if skip else ""
+    raise ValueError(f"Invalid input_ids: {_named([examples[k] for k in rows], step)} make a batch of "
+                     f"{ids.shape[1]} tokens{after}, past the model's {positions} learned positions ({name}); "
+                     f"truncate the rows (max_length)")
 
 
 def _config_token_ids(config) -> set:

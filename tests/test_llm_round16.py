@@ -182,6 +182,15 @@ def test_a_seed_set_on_args_before_the_first_train_is_the_runs(tmp_path):
     assert trainer.zo_optimizer.state_dict()["state"] == same.zo_optimizer.state_dict()["state"]
 
 
+def test_a_sampler_assigned_by_hand_is_kept(tmp_path):
+    from sazo_lite.samplers import SAZOSampler
+
+    trainer = seeded_trainer(tmp_path, 0, model=tiny_causal_lm("llama", vocab_size=VOCAB))
+    trainer.zo_sampler = mine = SAZOSampler(6, seed=3)
+    trainer.train()
+    assert trainer.zo_sampler is mine and int(mine.counts.sum()) > 0
+
+
 def test_a_given_zo_seed_is_kept_and_a_continuing_run_keeps_its_seeds(tmp_path):
     trainer = seeded_trainer(tmp_path, 0, model=tiny_causal_lm("llama", vocab_size=VOCAB), zo_seed=7)
     trainer.args.seed = 3
@@ -320,3 +329,22 @@ def test_a_p_tuning_checkpoint_without_its_tensors_is_refused(tmp_path):
     with pytest.raises(ValueError, match="Invalid checkpoint: .*p-tuning"):
         p_tuning_trainer(tmp_path, model).train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
     assert all(torch.equal(a, b) for a, b in zip(tuned(model), start))
+
+
+# --- 8. ZOTrainer rows longer than the learned positions ------------------------------------------------------------
+@pytest.mark.parametrize("family, table", [("gpt2", "transformer.wpe"), ("opt", "model.decoder.embed_positions")])
+def test_zo_trainer_names_a_row_longer_than_the_learned_positions_before_the_step(tmp_path, family, table):
+    # torch's IndexError ("index out of range in self") mid-run, naming nothing (on a GPU a device-side assert)
+    import transformers
+
+    from sazo_lite.hf import ZOTrainer
+
+    rows = [{"input_ids": [5 + k, 9, 11 + k, 4]} for k in range(6)]
+    rows[4] = {"input_ids": [5] * 130}                  # the tiny models hold 128 positions
+    args = transformers.TrainingArguments(str(tmp_path / "out"), max_steps=6, per_device_train_batch_size=2,
+                                          learning_rate=1e-2, save_strategy="no", report_to=[], use_cpu=True,
+                                          disable_tqdm=True, seed=0)
+    trainer = ZOTrainer(tiny_causal_lm(family, vocab_size=VOCAB), args, train_dataset=rows, eps=1e-2)
+    with pytest.raises(ValueError, match=rf"Invalid input_ids: train_dataset examples \[4\] at step \d make a batch "
+                                         rf"of 130 tokens, past the model's 128 learned positions \({table}\)"):
+        trainer.train()
