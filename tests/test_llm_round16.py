@@ -70,7 +70,8 @@ def test_top_blocks_of_a_prompt_tuned_model_score_the_last_prompt_token():
 def test_learned_positions_count_the_virtual_tokens():
     # GPT-2's 128 positions hold 126 tokens after 3 virtual ones, not 128 (torch's IndexError in the forward)
     model = prompt_tuned("gpt2", "prompt tuning")
-    long = TokenBatch([list(range(3, 63)) * 2 + [3, 4, 5, 6, 7, 8]], [126], 0, torch.tensor([0]), torch.tensor([11, 12]))
+    row = list(range(3, 63)) * 2 + [3, 4, 5, 6, 7, 8]
+    long = TokenBatch([row], [126], 0, torch.tensor([0]), torch.tensor([11, 12]))
     with pytest.raises(ValueError, match="Invalid batch: an example of 126 tokens after 3 virtual tokens"):
         classification_losses(model, long)
 

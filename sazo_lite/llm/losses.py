@@ -61,8 +61,8 @@ def causal_lm_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
         >>> causal_lm_losses(logits, labels)          # uniform logits: log 5 per scored token
         tensor([1.6094, 1.6094])
     """
-    # float32, or float64 logits' own dtype: rounded to float32, a float64 GPT-2's ZO difference f(θ+εz) − f(θ−εz)
-    # was 0.5% off at ε = 1e-5 and 30% at 1e-7 (ZOTrainer's default loss)
+    # float32, or float64 logits' own dtype: rounded to float32, a float64 GPT-2's ZO difference
+    # f(θ+εz) − f(θ−εz) was 0.5% off at ε = 1e-5 and 30% at 1e-7 (ZOTrainer's default loss)
     logits, targets = logits[:, :-1], labels[:, 1:]                            # [B, T-1, V], [B, T-1]
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     ce = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=IGNORE, reduction="none")
