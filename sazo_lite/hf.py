@@ -373,7 +373,10 @@ class ZOTrainer(Trainer):
         if kwargs.get("optimizers", (None, None)) != (None, None):
             raise ValueError("Invalid optimizers: ZOTrainer builds its own MeZO optimiser and lr schedule "
                              "from args (learning_rate, weight_decay, lr_scheduler_type)")
-        if master_weights not in ("auto", True, False):
+        # "auto" or a bool exactly: 1 passed `in ("auto", True, False)` and was then read as off (`is True`)
+        if isinstance(master_weights, str) and master_weights == "auto":
+            master_weights = "auto"       # a str subclass (numpy's str_) as the plain str
+        elif not isinstance(master_weights, bool):
             raise ValueError(f"Invalid master_weights: {master_weights!r} (expected 'auto', True or False)")
         if per_example_loss is not None and not callable(per_example_loss):
             raise ValueError(f"Invalid per_example_loss: {per_example_loss!r} (expected a callable)")

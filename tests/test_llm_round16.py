@@ -349,3 +349,17 @@ def test_zo_trainer_names_a_row_longer_than_the_learned_positions_before_the_ste
     with pytest.raises(ValueError, match=rf"Invalid input_ids: train_dataset examples \[4\] at step \d make a batch "
                                          rf"of 130 tokens, past the model's 128 learned positions \({table}\)"):
         trainer.train()
+
+
+# --- 9. master_weights read exactly ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", [1, 1.0, 0, "yes", None])
+def test_master_weights_other_than_auto_or_a_bool_are_refused(tmp_path, value):
+    # 1 passed the check (1 == True) and was then read as off (the rule asks `is True`): no master, silently
+    with pytest.raises(ValueError, match="Invalid master_weights: .*expected 'auto', True or False"):
+        seeded_trainer(tmp_path, 0, model=tiny_causal_lm("llama", vocab_size=VOCAB), master_weights=value)
+
+
+def test_master_weights_true_builds_a_master(tmp_path):
+    trainer = seeded_trainer(tmp_path, 0, model=tiny_causal_lm("llama", vocab_size=VOCAB), master_weights=True)
+    trainer.train()
+    assert trainer._master is not None
