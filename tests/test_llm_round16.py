@@ -363,3 +363,17 @@ def test_master_weights_true_builds_a_master(tmp_path):
     trainer = seeded_trainer(tmp_path, 0, model=tiny_causal_lm("llama", vocab_size=VOCAB), master_weights=True)
     trainer.train()
     assert trainer._master is not None
+
+
+# --- 10. query_run's step_rule read exactly ------------------------------------------------------------------------
+@pytest.mark.parametrize("value", [1, "no", None, 0.5])
+def test_query_run_refuses_a_step_rule_that_is_not_a_bool_or_a_rule(value):
+    # truthy values ran NoiseScaledStep (the string "no" too), while walk_pull's bound took them as no rule
+    from sazo_lite.llm.queries import query_run
+
+    model, batch = tiny_causal_lm("llama", vocab_size=VOCAB), classified(4)
+    params = top_block_parameters(model, 1)
+    start = [p.detach().clone() for p in params]
+    with pytest.raises(ValueError, match="Invalid step_rule: "):
+        query_run(model, params, batch, "uniform", lr=1e-2, steps=2, log_every=1, step_rule=value)
+    assert all(torch.equal(p, s) for p, s in zip(params, start))

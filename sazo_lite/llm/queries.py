@@ -409,6 +409,9 @@ def _check_run_settings(lr, test_batch, accuracy_at, stop_fraction, diagnose, di
         check_int("diagnose", diagnose, 0)
     # inf: never diverges; a factor ≤ 1 put θ₀'s own F at or past the limit (a run whose loss fell was "diverged")
     check_limit("diverge_factor", diverge_factor, 1.0, closed_low=False)
+    # a NoiseScaledStep or a bool exactly: 1 or "no" ran a rule (truthy) that the pull's bound below left out
+    if not isinstance(step_rule, (bool, NoiseScaledStep)):
+        raise ValueError(f"Invalid step_rule: {step_rule!r} (expected True, False or a NoiseScaledStep)")
     # the step rule may raise the rate up to max_scale × lr mid-run, where the pull raised after θ had moved
     top = (step_rule.max_scale if isinstance(step_rule, NoiseScaledStep)
            else NoiseScaledStep().max_scale if step_rule is True else 1.0)
