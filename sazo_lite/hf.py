@@ -476,6 +476,11 @@ class ZOTrainer(Trainer):
         if self.per_example_loss is _causal_lm_loss and "labels" not in self.label_names:
             raise ValueError(f"Invalid label_names: {self.label_names} (the default per_example_loss scores "
                              f"inputs['labels']; keep 'labels' or pass per_example_loss=(outputs, inputs) -> [B])")
+        if args.load_best_model_at_end and args.save_only_model and self._weights_not_in_checkpoint():
+            raise ValueError("Invalid save_only_model: True with load_best_model_at_end and a peft p-tuning model, "
+                             "whose saved weights are its prompt encoder's output only: the best checkpoint would "
+                             "load as another prompt (zo_state.pt, which holds the tensors, is not written with "
+                             "save_only_model)")
         if self.is_deepspeed_enabled or self.is_fsdp_enabled:
             raise ValueError("Invalid parallelism: ZOTrainer supports data parallel (DDP) launches only")
         dataset = self.train_dataset

@@ -377,3 +377,11 @@ def test_query_run_refuses_a_step_rule_that_is_not_a_bool_or_a_rule(value):
     with pytest.raises(ValueError, match="Invalid step_rule: "):
         query_run(model, params, batch, "uniform", lr=1e-2, steps=2, log_every=1, step_rule=value)
     assert all(torch.equal(p, s) for p, s in zip(params, start))
+
+
+def test_a_p_tuning_run_cannot_load_its_best_model_from_weights_only_checkpoints(tmp_path):
+    # save_only_model writes no zo_state.pt: the best checkpoint loaded as another prompt, without a word
+    with pytest.raises(ValueError, match="Invalid save_only_model: True with load_best_model_at_end and a peft"):
+        p_tuning_trainer(tmp_path, p_tuned(), eval_strategy="steps", eval_steps=2, load_best_model_at_end=True,
+                         save_only_model=True)
+    p_tuning_trainer(tmp_path, p_tuned(), save_only_model=True)      # without load_best_model_at_end: nothing loads
