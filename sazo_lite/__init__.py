@@ -8,7 +8,7 @@ The library is this package (engine, noise, samplers, train, seed log, distribut
 ``sazo_lite.course``, which nothing here imports.
 """
 from .directions import derive_seed, draw_direction
-from .engine import MeZO, StepEvent, ZOStep
+from .engine import MeZO, NoiseSourceWarning, StepEvent, ZOStep
 from .samplers import OracleSampler, PlainSAZOSampler, SAZOSampler, Sampler, UniformSampler
 from .train import FlatLossWarning, History, queries_to_target, train
 from .seedlog import SeedLog
@@ -17,6 +17,7 @@ from . import variance
 __version__ = "0.1.0"
 
 __all__ = ["MeZO", "ZOStep", "StepEvent", "derive_seed", "draw_direction", "Sampler", "UniformSampler",
-           "SAZOSampler", "PlainSAZOSampler", "OracleSampler", "History", "FlatLossWarning", "train",
+           "SAZOSampler", "PlainSAZOSampler", "OracleSampler", "History", "FlatLossWarning", "NoiseSourceWarning",
+           "train",
            "queries_to_target",
            "variance", "SeedLog"]

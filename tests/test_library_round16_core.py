@@ -529,3 +529,9 @@ def test_a_folded_sparse_mezo_copied_with_a_pending_update_applies_it(copier):
         optimiser.step(closure(tensors))
         optimiser.flush()
     assert all(torch.equal(a, b) for a, b in zip(params, twins))
+
+
+def test_the_noise_source_warning_is_exported_beside_the_flat_loss_warning():
+    """Users filter it as they filter FlatLossWarning: from the package itself."""
+    import sazo_lite
+    assert sazo_lite.NoiseSourceWarning is NoiseSourceWarning and "NoiseSourceWarning" in sazo_lite.__all__
