@@ -70,6 +70,11 @@ _RECORD = np.dtype([("kind", "u1"), ("seed", "<u8"), ("value", "<f8")])  # 17 by
 # the header field holding the SHA-256 of what replay reads from a log and checks against nothing else (``_digest``):
 # a g, lr, weight decay or eps changed on disk parses and replays another θ; replay refuses a log that misses it
 _DIGEST = "sha256"
+# Every header field and group field a log has ever been written with: a name outside them is a changed file (a
+# flipped byte in "sha256" or "devices" read as a log without that field, unchecked).
+_HEADER_FIELDS = frozenset({"format", "optimizer", "eps", "base_seed", "start_step", "directions", "groups",
+                            "mask_sizes", "mask_digests", "records", _DIGEST})
+_GROUP_FIELDS = frozenset({"perturbation", "shapes", "dtypes", "devices"})
 
 
 # The methods a step's and a replay's passes run: a subclass that overrides none of them steps as the library
@@ -431,6 +436,9 @@ def _check_header(header) -> None:
     if header.get("format") != FORMAT:
         raise _invalid(f"format {header.get('format')!r}, this version reads formats "
                        f"{', '.join(map(str, READABLE_FORMATS))}")
+    unknown = sorted(map(str, set(header) - _HEADER_FIELDS))
+    if unknown:
+        raise _invalid(f"unknown header field {', '.join(map(repr, unknown))[:80]} (changed since it was saved?)")
     try:
         source_for(header.get("directions"))
     except ValueError:
@@ -450,7 +458,7 @@ def _check_header(header) -> None:
     if not isinstance(groups, list) or not groups:
         raise _invalid("the header has no param groups")
     for spec in groups:
-        ok = (isinstance(spec, dict) and spec.get("perturbation") in PERTURBATIONS
+        ok = (isinstance(spec, dict) and set(spec) <= _GROUP_FIELDS and spec.get("perturbation") in PERTURBATIONS
               and isinstance(spec.get("shapes"), list) and isinstance(spec.get("dtypes"), list)
               and len(spec["shapes"]) == len(spec["dtypes"]) > 0
               and all(isinstance(s, list) and all(isinstance(n, int) and n >= 0 for n in s) for s in spec["shapes"])
