@@ -1,7 +1,7 @@
 """Batched per-example losses for any ``AutoModelForCausalLM``: the closures MeZO/SAZO call.
 
-Two forms, both returning a float32 tensor [B] (one loss per example) on the CPU side of
-``MeZO.step``:
+Two forms, both returning a float32 tensor [B] (one loss per example; float64 for a float64 model) on the
+CPU side of ``MeZO.step``:
 
 * ``answer_losses``: mean token cross-entropy over the answer tokens only,
 
@@ -49,6 +49,13 @@ __all__ = ["causal_lm_losses", "checked_indices", "check_deterministic", "check_
 IGNORE = -100  # a label that is not scored (prompt, padding): the Hugging Face convention
 
 
+def at_least_float32(logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` in float32, or in their own dtype where it is wider (float64): the dtype every loss here is
+    computed in. Half precision is upcast; rounded to float32, a float64 GPT-2's ZO difference f(θ+εz) − f(θ−εz)
+    was 0.5% off at ε = 1e-5 and 30% at 1e-7 (ZOTrainer's default loss)."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
 def causal_lm_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-example mean token cross-entropy of a causal LM: float32 [B] (float64 for float64 logits).
 
@@ -61,10 +68,7 @@ def causal_lm_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
         >>> causal_lm_losses(logits, labels)          # uniform logits: log 5 per scored token
         tensor([1.6094, 1.6094])
     """
-    # float32, or float64 logits' own dtype: rounded to float32, a float64 GPT-2's ZO difference
-    # f(θ+εz) − f(θ−εz) was 0.5% off at ε = 1e-5 and 30% at 1e-7 (ZOTrainer's default loss)
-    logits, targets = logits[:, :-1], labels[:, 1:]                            # [B, T-1, V], [B, T-1]
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    logits, targets = at_least_float32(logits[:, :-1]), labels[:, 1:]         # [B, T-1, V], [B, T-1]
     ce = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=IGNORE, reduction="none")
     counts = (targets != IGNORE).sum(1)                                       # [B]
     return ce.sum(1) / counts.clamp_min(1)
@@ -498,7 +502,7 @@ def _logits(model, inputs, autocast_dtype, grad: bool = False, positions=None) -
     extra = {} if kept is None else {"logits_to_keep": kept}
     with mode, _autocast(inputs["input_ids"].device, autocast_dtype):
         out = _model_forward(model, input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], **extra)
-    logits = out.logits.float()  # CE in float32 whatever the model dtype
+    logits = at_least_float32(out.logits)  # CE in float32, or float64 for a float64 model
     if positions is None:
         return logits[:, skip:]
     rows = torch.arange(len(logits), device=logits.device)
@@ -521,7 +525,7 @@ def _selection(batch: TokenBatch, indices) -> list[int] | range:
 
 
 def answer_losses(model, batch: TokenBatch, indices=None, *, autocast_dtype=None, grad: bool = False) -> torch.Tensor:
-    """Per-example mean token CE over answer tokens: float32 [B] (on the model's device).
+    """Per-example mean token CE over answer tokens: float32 [B] (float64 for a float64 model; on its device).
 
     ``grad=True`` records the autograd graph (for true per-example gradients); default: inference mode.
     """
@@ -545,7 +549,7 @@ def answer_losses(model, batch: TokenBatch, indices=None, *, autocast_dtype=None
 
 def classification_logits(model, batch: TokenBatch, indices=None, *, autocast_dtype=None,
                           grad: bool = False) -> torch.Tensor:
-    """Logits of the label words at each prompt's last position: float32 [B, C]."""
+    """Logits of the label words at each prompt's last position: float32 [B, C] (float64 for a float64 model)."""
     indices = _selection(batch, indices)
     if batch.label_ids is None:
         raise ValueError("Invalid batch: no label_ids (classification needs encode_classification's batch)")
@@ -559,7 +563,8 @@ def classification_logits(model, batch: TokenBatch, indices=None, *, autocast_dt
 
 def classification_losses(model, batch: TokenBatch, indices=None, *, autocast_dtype=None,
                           grad: bool = False) -> torch.Tensor:
-    """Per-example verbaliser cross-entropy: float32 [B] (``grad=True``: keep the autograd graph)."""
+    """Per-example verbaliser cross-entropy: float32 [B], float64 for a float64 model (``grad=True``: keep the
+    autograd graph)."""
     indices = _selection(batch, indices)
     check_labelled(batch)
     logits = classification_logits(model, batch, indices, autocast_dtype=autocast_dtype, grad=grad)

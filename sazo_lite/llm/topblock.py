@@ -55,8 +55,8 @@ import torch.nn.functional as F
 from ..engine import _caller_level
 from ..validation import check_count
 from .tuning import check_adapters_read
-from .losses import (TokenBatch, _check_vocabulary, check_deterministic, checked_indices, classification_losses,
-                     _model_forward, _rotary_width_dependence, _virtual_tokens)
+from .losses import (TokenBatch, _check_vocabulary, at_least_float32, check_deterministic, checked_indices,
+                     classification_losses, _model_forward, _rotary_width_dependence, _virtual_tokens)
 
 __all__ = ["TopBlocks", "decoder_layers", "top_layers", "top_block_parameters"]
 
@@ -226,8 +226,8 @@ class TopBlocks:
             family whose top blocks this mode cannot reproduce; costs one forward of the full model
             on those examples.
 
-    Call it with indices ([B]) for the losses [B] (float32, inference mode), as ``MeZO.step``'s closure
-    and ``sazo_lite.train``'s ``batch_losses`` want; ``losses(indices, grad=True)`` keeps the autograd
+    Call it with indices ([B]) for the losses [B] (float32, float64 for a float64 model; inference mode), as
+    ``MeZO.step``'s closure and ``sazo_lite.train``'s ``batch_losses`` want; ``losses(indices, grad=True)`` keeps the autograd
     graph. ``mean_loss()``, ``accuracy()`` and ``grad_norms(params)`` (true per-example norms by
     backprop) cover the split: its examples, labels and label words as ``batch`` held them at construction.
     Construct it again if weights below the top blocks change (the first call
@@ -352,7 +352,7 @@ class TopBlocks:
                 handle.remove()
         if self.check and len(head_out) == 1 and isinstance(head_out[0], torch.Tensor) \
                 and head_out[0].shape == logits.shape:
-            mapped, logits = self.logit_map(head_out[0]).float(), logits.float()      # [1, T, V]
+            mapped, logits = at_least_float32(self.logit_map(head_out[0])), at_least_float32(logits)   # [1, T, V]
             tolerance = 8 * torch.finfo(head_out[0].dtype).eps if head_out[0].is_floating_point() else 0.0
             gap = _relative_gap(mapped, logits)
             if not gap <= tolerance:
@@ -512,11 +512,12 @@ class TopBlocks:
                 bias = None if self.head.bias is None else self.head.bias[self.label_ids]
                 # in the head's dtype, as a model whose states run in another casts them (Mamba's float32 residual)
                 h = h.to(self.head.weight.dtype)
-                return self.logit_map(F.linear(h, self.head.weight[self.label_ids], bias)).float()   # [B, C]
-            return self.logit_map(self.head(h)[:, self.label_ids]).float()
+                return at_least_float32(self.logit_map(F.linear(h, self.head.weight[self.label_ids], bias)))   # [B, C]
+            return at_least_float32(self.logit_map(self.head(h)[:, self.label_ids]))
 
     def losses(self, indices, *, grad: bool = False) -> torch.Tensor:
-        """Per-example verbaliser cross-entropy: float32 [B] (``grad=True``: keep the autograd graph)."""
+        """Per-example verbaliser cross-entropy: float32 [B], float64 for a float64 model (``grad=True``: keep the
+        autograd graph)."""
         index = self._index(indices)        # once: a generator was spent by the logits ("Invalid indices")
         logits = self.logits(index, grad=grad)
         return F.cross_entropy(logits, self.labels.index_select(0, index), reduction="none")
