@@ -134,7 +134,7 @@ from transformers.utils import is_datasets_available
 
 from .atomic import atomic_write
 from .distributed import gather_losses, rank_and_world, shard
-from .engine import MeZO
+from .engine import MeZO, NoiseSourceWarning
 from .interrupts import InterruptsDeferred
 from .llm.losses import IGNORE, _position_tables, _virtual_tokens, causal_lm_losses
 from .llm.tuning import check_adapters_read
@@ -1100,7 +1100,9 @@ class ZOTrainer(Trainer):
         try:   # MeZO's own checks (step, seed, lr, eps, ...) on stand-ins: the Trainer loads this file after
             # the weights, the sampler and the master, and a refusal there left those loaded
             stand_ins = [{"params": [torch.zeros(1) for _ in g["params"]]} for g in groups]
-            MeZO(stand_ins, lr=0.0, noise=None).load_state_dict(state)
+            with warnings.catch_warnings():   # the stand-ins' noise source is not the run's: no resume is told
+                warnings.simplefilter("ignore", NoiseSourceWarning)
+                MeZO(stand_ins, lr=0.0, noise=None).load_state_dict(state)
         except (ValueError, TypeError) as error:
             raise ValueError(f"Invalid checkpoint: {checkpoint}/optimizer.pt holds a state MeZO "
                              f"refuses: {error}") from None
