@@ -34,6 +34,14 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: (item.path.name not in START_FIRST, -tests_in[item.path.name], item.path.name))
 
 
+@pytest.fixture(scope="module")
+def fast_mode():
+    """SAZO_FAST=1 for a module's tests (the labs' mutant tables run the fast cases)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SAZO_FAST", "1")
+        yield
+
+
 @pytest.fixture(scope="session")
 def assigned_labs(tmp_path_factory) -> Path:
     """Every lab master assigned once for the whole run (``otter assign``: ~50 CPU-seconds), shared

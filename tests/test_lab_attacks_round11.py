@@ -271,7 +271,7 @@ def test_answers_decorated_the_pytorch_way_keep_full_marks(graded):
 
 
 # -- mutants and variants, graded as the grader grades -------------------------------------------------------
-from test_lab_mutants import failed_cases, reference, run_question  # noqa: E402
+from test_lab_mutants import assert_mutant_loses_points, failed_cases, reference, run_question  # noqa: E402
 
 MUTANTS = {   # (lab, question): [(name, [(old, new)])]: each must fail a case of its question
     ("lab1", "q1"): [("eps·z rounded to float32", [
@@ -307,9 +307,7 @@ def fast_mode():
 
 @pytest.mark.parametrize("lab,question,name", [(*k, n) for k, items in MUTANTS.items() for n, _ in items])
 def test_each_new_mutant_loses_points_on_its_question(lab, question, name):
-    replacements = dict(MUTANTS[(lab, question)])[name]
-    want = reference(lab, question)
-    assert failed_cases(want, run_question(lab, question, replacements, until_failed=want)), f"{lab} {question}: {name}"
+    assert_mutant_loses_points(MUTANTS, lab, question, name)
 
 
 @pytest.mark.parametrize("lab,question,name", [(*k, n) for k, items in VARIANTS.items() for n, _ in items])

@@ -245,7 +245,7 @@ def test_documented_gap_a_forbidden_call_made_by_c_code_in_a_library_frame_is_un
 # -- mutants: off by one, a wrong sign or order, biased weights; each must fail a case of its question ---------------
 pytest.importorskip("otter")
 
-from test_lab_mutants import failed_cases, reference, run_question  # noqa: E402
+from test_lab_mutants import assert_mutant_loses_points  # noqa: E402
 
 LEVEL_LINE = ("        self.level, self.level_steps = lab3_level(self.level, self.level_steps, sizes, weights, "
               "self.level_decay)\n")
@@ -339,15 +339,6 @@ MUTANTS = {   # (lab, question): [(name, [(old, new)])]: plausible wrong answers
 }
 
 
-@pytest.fixture(scope="module")
-def fast_mode():
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SAZO_FAST", "1")
-        yield
-
-
 @pytest.mark.parametrize("lab,question,name", [(*k, n) for k, items in MUTANTS.items() for n, _ in items])
 def test_each_new_mutant_loses_points_on_its_question(fast_mode, lab, question, name):
-    replacements = dict(MUTANTS[(lab, question)])[name]
-    want = reference(lab, question)
-    assert failed_cases(want, run_question(lab, question, replacements, until_failed=want)), f"{lab} {question}: {name}"
+    assert_mutant_loses_points(MUTANTS, lab, question, name)

@@ -192,7 +192,7 @@ def test_copies_of_explore_cells_help_no_wrong_answer(graded, name):
 
 
 # -- mutants: plausible wrong answers not in earlier rounds; each must fail a case of its question -------------------
-from test_lab_mutants import failed_cases, reference, run_question  # noqa: E402
+from test_lab_mutants import assert_mutant_loses_points  # noqa: E402
 
 LAB1_SPREAD = ("    spread = [float((lab1_projected_grad(f, theta, z.to(theta.dtype), eps) * z - grad).norm() ** 2) "
                "for z in directions]\n")
@@ -229,15 +229,6 @@ MUTANTS = {   # (lab, question): [(name, [(old, new)])]
 }
 
 
-@pytest.fixture(scope="module")
-def fast_mode():
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SAZO_FAST", "1")
-        yield
-
-
 @pytest.mark.parametrize("lab,question,name", [(*k, n) for k, items in MUTANTS.items() for n, _ in items])
 def test_each_new_mutant_loses_points_on_its_question(fast_mode, lab, question, name):
-    replacements = dict(MUTANTS[(lab, question)])[name]
-    want = reference(lab, question)
-    assert failed_cases(want, run_question(lab, question, replacements, until_failed=want)), f"{lab} {question}: {name}"
+    assert_mutant_loses_points(MUTANTS, lab, question, name)

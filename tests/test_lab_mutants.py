@@ -216,6 +216,14 @@ def fast_and_single_threaded():
 _REFERENCES = {}
 
 
+def assert_mutant_loses_points(mutants, lab, question, name):
+    """The mutant ``name`` of ``mutants[(lab, question)]`` (a list of (name, replacements)) fails a case of the
+    question: the later rounds' mutant tables are checked by this one rule."""
+    replacements = dict(mutants[(lab, question)])[name]
+    want = reference(lab, question)
+    assert failed_cases(want, run_question(lab, question, replacements, until_failed=want)), f"{lab} {question}: {name}"
+
+
 def reference(lab, question):
     if (lab, question) not in _REFERENCES:
         _REFERENCES[(lab, question)] = run_question(lab, question)
