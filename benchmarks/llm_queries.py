@@ -398,6 +398,8 @@ def race_variant(setting: Setting, variant: str, model, params, train, test, arg
     except RunNotCached as missing:
         out.setdefault("incomplete", {})[variant] = f"stopped before {missing}"
         out["grid"][variant] = {lr: cell for lr, cell in out["grid"].get(variant, {}).items() if cell}   # no empty cell
+        for name in [name for name, runs in out["runs"].items() if not runs]:   # nor a sampler without a run: no median
+            del out["runs"][name]
         print(f"  [{setting.label}] {variant}: the race so far (next: {missing})", flush=True)
         restore_snapshot(params, theta0)
 

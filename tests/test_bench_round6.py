@@ -1,0 +1,41 @@
+"""The benchmark CLIs and reports as a user runs them (sixth round): a race read back from its cache before its
+chosen-rate seeds ran, ... Every test runs on fakes or tiny settings: seconds in all, no timing assertions."""
+import json
+
+import pytest
+
+from benchmarks import llm_queries, llm_report
+from test_bench_tables import patch_runs
+
+
+# -- make bench-llm --cached-only: the race so far, stopped between the grid and the chosen rate's seeds --------------
+def cached_race(monkeypatch, cache, extra=(), budget_runs=True, stale_every=0):
+    """race_variant on fake runs (1e-3 reaches 0.5·F₀, 1.41e-3 diverges) with a run cache; returns its output."""
+    patch_runs(monkeypatch, {1e-3: [1.0, 0.45, 0.4], 1.41e-3: [1.0, 2.0]})
+    args = llm_queries.parse_args(["--sets", "--tiny", "--targets", "0.5", "0.4", "--run-cache", str(cache), *extra])
+    setting = llm_queries.Setting("fake", None, {"oracle": 1e-3}, 1, 40, 10, variants=("oracle",), cells=3,
+                                  grid_seeds=3, seeds=4, budget_runs=budget_runs, stale_every=stale_every)
+    out = {"label": "fake", "heterogeneity_at_theta0": 2.0, "grid": {}, "chosen_lr": {}, "runs": {}}
+    llm_queries.race_variant(setting, "oracle", None, [], None, None, args, out)
+    return out
+
+
+@pytest.mark.parametrize("budget_runs, stale_every", [(True, 0), (False, 25)])
+def test_cached_only_between_the_grid_and_the_chosen_rates_seeds_reports_the_race_so_far(
+        monkeypatch, tmp_path, capsys, budget_runs, stale_every):
+    """A race whose chosen-rate seeds (budget runs, or the stale oracle's) were not run yet: --cached-only left an
+    empty list of runs for that sampler, and the report of the race so far (print_report, make bench's rows) ended
+    in a ValueError from the median of no seeds."""
+    whole = cached_race(monkeypatch, tmp_path, budget_runs=budget_runs, stale_every=stale_every)
+    later = "oracle k=25" if stale_every else "oracle"
+    assert whole["runs"][later]
+    for path in tmp_path.glob("run-*.json"):         # the race interrupted before the later runs
+        key = json.loads(path.read_text())["key"]
+        if (key["stop_fraction"] is None) if budget_runs else key["oracle_every"] == stale_every:
+            path.unlink()
+    part = cached_race(monkeypatch, tmp_path, ["--cached-only"], budget_runs=budget_runs, stale_every=stale_every)
+    assert "oracle" in part["incomplete"] and later not in part["runs"] and part["grid"] == whole["grid"]
+    report = {"args": {"eps": 1e-3, "targets": [0.5, 0.4]}, "date": "2026-12-07 19:00 UTC", "machine": "m",
+              "runtime_s": 1.0, "settings": [part]}
+    llm_report.print_report(report)
+    assert "oracle: INCOMPLETE" in capsys.readouterr().out
