@@ -243,7 +243,8 @@ def step_memory(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Ten
         loss().backward()
         with torch.no_grad():
             for p in params:
-                p -= lr * p.grad
+                if p.grad is not None:   # a trainable tensor the loss does not read (an unused head) gets no grad
+                    p -= lr * p.grad
         model.zero_grad(set_to_none=True)
 
     optimizer = MeZO(params, lr=lr, eps=eps, noise=noise)

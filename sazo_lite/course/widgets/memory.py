@@ -12,8 +12,8 @@ import plotly.graph_objects as go
 
 from .. import memory
 from ...validation import check_number
-from ._common import LiveFigure, Dashboard, captioned, int_slider, presets, require_keys, set_controls, \
-    shown_on_error, slider
+from ._common import LiveFigure, Dashboard, captioned, int_slider, off_log_axes, presets, require_keys, \
+    set_controls, shown_on_error, slider
 
 __all__ = ["memory_dashboard", "memory_bars", "fit_summary", "measured_vs_predicted_figure"]
 
@@ -233,8 +233,11 @@ def measured_vs_predicted_figure(rows: list[dict]) -> go.Figure:
         fig.add_scatter(x=[r["predicted"] / 1e6 for r in pts], y=[r["measured"] / 1e6 for r in pts],
                         mode="markers", name=f"{mode}, {attention}",
                         text=[f"n_ctx={r['context']}, error {100 * r['relative_error']:+.0f}%" for r in pts])
-    values = [v / 1e6 for r in rows for v in (r["predicted"], r["measured"])]
-    low, high = min(values) / 1.5, max(values) * 1.5
+    # the log axes cannot show 0: the reference lines span the positive values (from 0 they drew nothing) and the
+    # title counts the points left off
+    positive = [v / 1e6 for r in rows for v in (r["predicted"], r["measured"]) if v > 0]
+    low, high = (min(positive) / 1.5, max(positive) * 1.5) if positive else (0.1, 10.0)
+    fig.layout.title.text += off_log_axes([r["predicted"] for r in rows], [r["measured"] for r in rows])
     fig.add_scatter(x=[low, high], y=[low, high], mode="lines", name="measured = predicted",
                     line=dict(dash="dot", color="grey"))
     fig.add_scatter(x=[low, high], y=[1.25 * low, 1.25 * high], mode="lines", name="±25%",

@@ -1,0 +1,43 @@
+"""Round 16: the dashboards, their figures and notebook 02's instruments, given hostile data and settings."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from sazo_lite.course.instruments import step_memory
+from sazo_lite.course.widgets.memory import measured_vs_predicted_figure
+
+
+def _rows(measured_first: float) -> list[dict]:
+    return [dict(mode="zo", attention="fused", context=c, predicted=p, measured=m, relative_error=(m - p) / p)
+            for c, p, m in ((128, 2e6, measured_first), (256, 4e6, 3.9e6), (512, 8e6, 8.1e6))]
+
+
+def test_measured_vs_predicted_draws_its_reference_lines_with_a_zero_measurement():
+    # a measurement of 0 put the reference lines' left end at 0, which the log axes cannot draw: no line was shown
+    fig = measured_vs_predicted_figure(_rows(0.0))
+    lines = [trace for trace in fig.data if trace.mode == "lines"]
+    assert len(lines) == 3
+    for trace in lines:
+        assert all(value > 0 and math.isfinite(value) for value in (*trace.x, *trace.y))
+    positive = [v / 1e6 for r in _rows(0.0) for v in (r["predicted"], r["measured"]) if v > 0]
+    assert lines[0].x[0] <= min(positive) and lines[0].x[1] >= max(positive)
+    assert "1 of 3 points" in fig.layout.title.text   # the point left off the log axes is said
+
+
+def test_measured_vs_predicted_unchanged_without_zeros():
+    fig = measured_vs_predicted_figure(_rows(1.9e6))
+    values = [v / 1e6 for r in _rows(1.9e6) for v in (r["predicted"], r["measured"])]
+    assert list(fig.data[1].x) == [min(values) / 1.5, max(values) * 1.5]
+    assert "off the log axes" not in fig.layout.title.text
+
+
+def test_step_memory_measures_a_model_with_an_unused_trainable_tensor():
+    # a trainable tensor the loss never reads (an unused head) has no grad: the backprop step raised TypeError
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    model.unused = torch.nn.Parameter(torch.ones(4))
+    inputs, targets = torch.randn(5, 3), torch.randn(5, 2)
+    peaks = step_memory(model, inputs, targets, torch.nn.functional.mse_loss)
+    assert peaks["parameters"] == (6 + 2 + 4) * 4 and peaks["backprop step"] > 0
