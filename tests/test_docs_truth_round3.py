@@ -1,0 +1,172 @@
+"""What the README, docs/ and labs/README.md state about the code, checked against the code (third round).
+
+tests/test_docs_truth.py and tests/test_docs_truth_round2.py audit the README and docs/ pages; labs/README.md,
+the instructors' page, was in neither: its grading commands, what `make grade` prints, its folders, timeouts
+and sandbox caps are checked here, with the README's torch install and the data-parallel batch check.
+Nothing here grades a notebook: the grader's functions are swapped for stand-ins that record their arguments.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from test_docs_truth_round2 import flat, parses, read, stated
+
+ROOT = Path(__file__).resolve().parents[1]
+LABS_README = "labs/README.md"
+
+
+# -- labs/README.md: what `make grade` prints and where it writes -----------------------------------------
+def test_make_grade_prints_the_line_labs_readme_quotes(monkeypatch, capsys, tmp_path):
+    """labs/README.md quoted `alice.ipynb: 11 / 12 (ok)`; the command prints the sandbox too, then the paths of
+    results.json and score.json, into build/grades/<master's full name>/<hand-in's stem>/."""
+    from sazo_lite.course import labs
+
+    quoted, lab_folder = re.search(
+        r"`make grade` prints `([^`]+)` and the paths of `results\.json` and `score\.json`, which it writes, with "
+        r"`grade\.log`, in `build/grades/<lab>/<submission>/` \(`<lab>` the master's full name, `(\w+)`; "
+        r"`<submission>` the hand-in's name without `\.ipynb`\):",
+        flat(read(LABS_README))).groups()
+    name, total, possible, status, sandbox = re.fullmatch(
+        r"(\S+): (\d+) / (\d+) \((\w+), sandbox: (\w+)\)", quoted).groups()
+    build = tmp_path / "build" / "labs"
+    monkeypatch.setattr(labs, "BUILD_DIR", build)
+    monkeypatch.setattr(labs, "autograder_zip",
+                        lambda lab, build_dir: build / "lab1_two_point_estimator" / "autograder" / "x-autograder_1.zip")
+    calls = []
+
+    def fake_grade(submission, autograder, out, **timeouts):
+        calls.append(out)
+        return {"submission": submission.name, "status": status, "reason": None, "sandbox": sandbox,
+                "total": float(total), "possible": float(possible), "questions": {}}
+
+    monkeypatch.setattr(labs, "grade", fake_grade)
+    assert labs.main(["grade", "lab1", name]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == quoted
+    assert "results.json" in printed[1] and "score.json" in printed[1]
+    assert calls == [tmp_path / "build" / "grades" / lab_folder / Path(name).stem]
+
+
+def test_grade_all_folders_for_names_that_differ_only_in_case(monkeypatch, tmp_path):
+    """labs/README.md said `alice/` and `Alice-2/`; the hand-ins are sorted, so `Alice.ipynb` keeps its name."""
+    from sazo_lite.course import labs
+    from sazo_lite.course.labs import grading
+
+    first, second = re.search(r"distinct folders, `(\w+)/` and `([\w-]+)/` \(the name that sorts first keeps its own\)",
+                              flat(read(LABS_README))).groups()
+    hand_ins = tmp_path / "handins"
+    hand_ins.mkdir()
+    for stem in ("alice", "Alice"):
+        (hand_ins / f"{stem}.ipynb").write_text("{}")
+    if len(list(hand_ins.iterdir())) < 2:
+        pytest.skip("a case-insensitive file system keeps one of the two hand-ins")
+    monkeypatch.setattr(grading, "reference", lambda *args, **kwargs: {})
+    monkeypatch.setattr(grading, "load_tests", lambda autograder: ({}, {"q1": {"points": [1]}}))
+    folders = {}
+
+    def fake_grade(submission, autograder, out, **kwargs):
+        folders[submission.name] = out.name
+        return {"submission": submission.name, "status": "ok", "reason": None, "sandbox": "none",
+                "total": 0.0, "possible": 1.0, "questions": {"q1": {"score": 0.0, "possible": 1.0}}}
+
+    monkeypatch.setattr(labs, "grade", fake_grade)
+    labs.grade_all(tmp_path / "x.zip", hand_ins, tmp_path / "grades" / "lab1.csv")
+    assert folders == {"Alice.ipynb": first, "alice.ipynb": second}
+
+
+# -- labs/README.md: commands, timeouts and caps ----------------------------------------------------------
+def labs_commands() -> list[list[str]]:
+    """argv of each `python -m sazo_lite.course.labs …` line of the page's code blocks (continuations joined)."""
+    blocks = re.findall(r"```bash\n(.*?)```", read(LABS_README), re.S)
+    lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    return [shlex.split(line.split("#", 1)[0])[3:] for line in lines
+            if line.startswith("python -m sazo_lite.course.labs ")]
+
+
+def test_labs_readme_commands_parse_and_make_runs_them(monkeypatch):
+    from sazo_lite.course import labs
+
+    commands = labs_commands()
+    assert {argv[0] for argv in commands} == {"assign", "grade", "grade-all"}, commands
+    for argv in commands:
+        parses(monkeypatch, labs.main, argv)
+        monkeypatch.undo()
+    makefile = read("Makefile")
+    assert re.search(r"^make labs\s+# = python -m sazo_lite\.course\.labs assign\b", read(LABS_README), re.M)
+    assert re.search(r"^labs:.*\n\t\$\(PY\) -m sazo_lite\.course\.labs assign$", makefile, re.M)
+    assert "-m sazo_lite.course.labs grade $(LAB) $(SUBMISSION)" in makefile
+    assert "-m sazo_lite.course.labs grade-all $(LAB) $(SUBMISSIONS) --workers $(WORKERS)" in makefile
+
+
+def test_labs_readme_timeouts_are_the_graders(monkeypatch):
+    from sazo_lite.course import labs
+    from sazo_lite.course.labs import grading
+
+    args = parses(monkeypatch, labs.main, ["grade", "lab1", "x.ipynb"])
+    for flag in ("cell-timeout", "test-timeout", "notebook-timeout"):
+        assert int(stated(LABS_README, rf"- `--{flag}` \((\d+)\)")) == getattr(args, flag.replace("-", "_"))
+    assert float(stated(LABS_README, r"each in \(0, (1e\d+)\]")) == labs.MAX_TIMEOUT
+    assert float(stated(LABS_README, r"still running (\d+) s later, the sandbox is killed")) == grading.GRACE
+    assert "killed the same way after twice the limit plus those 5 s" in flat(read(LABS_README))
+    assert int(stated(LABS_README, r"restarts included \(at most (\d+)\)")) == grading.MAX_RESTARTS
+
+
+def test_labs_readme_sandbox_caps_are_the_sandboxes():
+    from sazo_lite.course import labs
+    from sazo_lite.course.labs import grading, sandbox, values
+
+    limits, text = sandbox.Limits(), flat(read(LABS_README))
+    assert int(stated(LABS_README, r"at most (\d+) processes and threads")) == limits.processes
+    assert int(stated(LABS_README, r"(\d+) GiB of memory in total")) * 1024 == limits.memory_mb
+    assert int(stated(LABS_README, r"always (\d+) GiB of address space per process")) * 1024 == limits.memory_mb
+    assert int(stated(LABS_README, r"scratch `/tmp` \((\d+) MiB\)")) == limits.scratch_mb
+    assert int(stated(LABS_README, r"`/dev/shm` \((\d+) MiB\)")) == limits.shm_mb
+    assert int(stated(LABS_README, r"no file may exceed (\d+) MiB")) == limits.file_mb
+    assert "and one core, in a cgroup" in text and limits.cpu_cores == 1.0
+    # "the notebook timeout plus a minute of CPU time per process"
+    assert "the notebook timeout plus a minute of CPU time per process" in text
+    assert "Limits(cpu_seconds=int(notebook_timeout) + 60)" in Path(grading.__file__).read_text()
+    assert float(stated(LABS_README, r"above the quota by more than (\d+)%")) == pytest.approx((sandbox.CPU_SLACK - 1) * 100)
+    assert int(stated(LABS_README, r"at most (\d+) MiB, JSON")) * 2 ** 20 == grading.MAX_LINE
+    assert int(stated(LABS_README, r"over (\d+ \d+) numbers fails its case").replace(" ", "")) == values.MAX_ITEMS
+    assert int(stated(LABS_README, r"a hand-in over (\d+) MiB is refused")) * 2 ** 20 == grading.MAX_NOTEBOOK_BYTES
+    assert "(first MiB;" in text and grading.LOG_BYTES == 2 ** 20
+    seed = int(stated(LABS_README, r"`lab_seed = (\d+)` is set as otter would"))
+    for master in sorted(labs.LABS_DIR.glob("lab*.ipynb")):
+        assert f"autograder_value: {seed}" in master.read_text(), master.name
+
+
+# -- docs/distributed.md: the batch check ---------------------------------------------------------------
+def test_distributed_batch_check_is_what_the_page_says():
+    """docs/distributed.md said `one all-gather of a 32-byte digest`: it gathers the hex string (64 characters)
+    with all_gather_object."""
+    import inspect
+
+    from sazo_lite import distributed
+
+    collective, characters = re.search(r"`same_batch`: one `(\w+)` of the batch's SHA-256 as a (\d+)-character hex",
+                                       flat(read("docs/distributed.md"))).groups()
+    assert f"dist.{collective}(" in inspect.getsource(distributed._gathered)
+    digest = distributed._batch_digest([3, 1, 2])
+    assert isinstance(digest, str) and len(digest) == int(characters)
+
+
+# -- README: which torch `make install` installs ----------------------------------------------------------
+def test_readme_torch_install_is_the_makefiles():
+    """README said `The default install is the CPU wheel`; the Makefile gives pip no index (TORCH_PIP_ARGS empty),
+    so PyPI's Linux build (CUDA) is what a plain pip installs."""
+    makefile, readme = read("Makefile"), flat(read("README.md"))
+    pip_args = re.search(r"^TORCH_PIP_ARGS \?=(.*)$", makefile, re.M).group(1).strip()
+    spec = re.search(r"^TORCH_SPEC \?= (\S+)$", makefile, re.M).group(1)
+    cpu_index = "https://download.pytorch.org/whl/cpu"
+    if cpu_index not in pip_args:
+        assert "The default install is the CPU wheel" not in readme
+        assert "(`TORCH_PIP_ARGS` is empty)" in readme if not pip_args else True
+    assert f"`make install` pins `{spec}`" in readme
+    assert f'`make install TORCH_PIP_ARGS="--index-url {cpu_index}"`' in readme
+    assert f'TORCH_SPEC="{spec}"' in readme
+    assert '$(TORCH_PIP_ARGS) "$(TORCH_SPEC)"' in makefile
