@@ -123,13 +123,22 @@ def main(argv=None) -> None:
     parser.add_argument("--summary", action="store_true", help="print the tables of an earlier run's --json")
     args = parser.parse_args(argv)
     if args.summary:
-        summarise(json.loads(args.json.read_text()))
+        try:
+            saved = json.loads(args.json.read_text())
+            assert isinstance(saved["runs"], list)
+        except (OSError, ValueError, KeyError, TypeError, AssertionError) as error:
+            parser.error(f"argument --json: cannot read an earlier run from {str(args.json)!r} ({type(error).__name__})")
+        summarise(saved)
         return
+    # a sampler or seed given twice is run once: twice, its run counted twice in every mean and interval
+    args.samplers, args.seeds = list(dict.fromkeys(args.samplers)), list(dict.fromkeys(args.seeds))
     check_output(parser, "--json", args.json)
-    print(measured_line(machine()), flush=True)
+    args.json.parent.mkdir(parents=True, exist_ok=True)     # a missing folder: made now, not a crash after the first run
+    info = machine()
+    print(measured_line(info), flush=True)
     torch.set_num_threads(1)
     start = top_start(TopSetting())
-    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(), "runs": []}
+    out = {"date": info["date"], "machine": info, "runs": []}
     for sampler in args.samplers:
         for seed in args.seeds:
             result = trace(start, sampler, lr=RATES[sampler] * args.lr_scale, seed=seed, steps=args.steps,

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from benchmarks import llm_queries, llm_report
+from benchmarks import llm_heldout_path, llm_queries, llm_report
+from test_bench_cli import refused
 from test_bench_tables import patch_runs
 
 
@@ -39,3 +40,49 @@ def test_cached_only_between_the_grid_and_the_chosen_rates_seeds_reports_the_rac
               "runtime_s": 1.0, "settings": [part]}
     llm_report.print_report(report)
     assert "oracle: INCOMPLETE" in capsys.readouterr().out
+
+
+# -- benchmarks.llm_heldout_path ------------------------------------------------------------------------------------
+def fake_traces(monkeypatch, calls):
+    """llm_heldout_path.main on fake runs (no model): each run's accuracy is its seed's tenth."""
+    def trace(start, sampler, *, lr, seed, steps, every, batch_size=4):
+        calls.append((sampler, seed))
+        points = [{"step": s, "queries": 8 * s, "F": 1.0 - s / 2000, "test_accuracy": seed / 10, "test_loss": 0.5,
+                   "second_label_share": 0.5, "F_assimilated": 0.5, "F_new": 1.0} for s in range(0, 1001, 1000)]
+        return {"sampler": sampler, "lr": lr, "seed": seed, "diverged": False, "steps_run": 1000, "points": points,
+                "seconds": 0.0, "test_labels_second_share": 0.5}
+    monkeypatch.setattr(llm_heldout_path, "top_start", lambda setting: None)
+    monkeypatch.setattr(llm_heldout_path, "trace", trace)
+
+
+def test_heldout_path_runs_a_sampler_or_seed_given_twice_once(monkeypatch, tmp_path, capsys):
+    """--seeds 0 0 1 ran seed 0 twice and counted it twice in every mean and interval (--samplers alike)."""
+    calls = []
+    fake_traces(monkeypatch, calls)
+    out = tmp_path / "path.json"
+    llm_heldout_path.main(["--samplers", "sazo", "uniform", "sazo", "--seeds", "0", "0", "1", "--json", str(out)])
+    assert calls == [("sazo", 0), ("sazo", 1), ("uniform", 0), ("uniform", 1)]
+    assert [(r["sampler"], r["seed"]) for r in json.loads(out.read_text())["runs"]] == calls
+    assert "8000 sazo     n=2: acc 0.050 ± 0.098" in capsys.readouterr().out     # seeds 0 and 1, each once
+
+
+def test_heldout_path_writes_into_a_missing_folder_and_its_json_carries_the_printed_date(monkeypatch, tmp_path, capsys):
+    """--json in a missing folder passed the checks, and the first run's write was a FileNotFoundError (after a
+    6,000-step run)."""
+    calls = []
+    fake_traces(monkeypatch, calls)
+    out = tmp_path / "new" / "path.json"
+    llm_heldout_path.main(["--samplers", "uniform", "--seeds", "0", "--json", str(out)])
+    saved = json.loads(out.read_text())
+    assert len(saved["runs"]) == 1 and saved["date"] == saved["machine"]["date"]
+    assert capsys.readouterr().out.startswith(saved["date"])
+
+
+@pytest.mark.parametrize("content", [None, "{", "[]", '{"date": "x"}'])
+def test_heldout_path_summary_of_a_missing_or_spoiled_json_is_a_usage_error(capsys, tmp_path, content):
+    """--summary of a missing, truncated or other JSON was a traceback (FileNotFoundError, JSONDecodeError,
+    KeyError)."""
+    path = tmp_path / "path.json"
+    if content is not None:
+        path.write_text(content)
+    refused(capsys, lambda: llm_heldout_path.main(["--summary", "--json", str(path)]), "--json", "cannot read")
