@@ -133,7 +133,8 @@ def main(argv=None) -> None:
     import transformers
 
     # what a family does depends on the transformers version: the outcomes carry it, with the date
-    print(f"llm_families, {measured_line(machine())}, transformers {transformers.__version__}", flush=True)
+    info = {**machine(), "transformers": transformers.__version__}
+    print(f"llm_families, {measured_line(info)}, transformers {info['transformers']}", flush=True)
     out = {}
     for family in args.families:
         every = FAMILIES[family].get("num_hidden_layers", SIZES["num_hidden_layers"])   # k = L: all its blocks
@@ -143,7 +144,7 @@ def main(argv=None) -> None:
         print(f"{family:15s} " + " | ".join(cells), flush=True)
     print("families: " + summary(out))
     if args.json:
-        write_text(args.json, json.dumps(out, indent=1))
+        write_text(args.json, json.dumps({"machine": info, **out}, indent=1))     # beside the families: when, where
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from benchmarks import llm_heldout_path, llm_queries, llm_report
-from test_bench_cli import refused
+from benchmarks import llm_families, llm_heldout_path, llm_queries, llm_report
+from test_bench_cli import fake_probe, refused
 from test_bench_tables import patch_runs
 
 
@@ -86,3 +86,18 @@ def test_heldout_path_summary_of_a_missing_or_spoiled_json_is_a_usage_error(caps
     if content is not None:
         path.write_text(content)
     refused(capsys, lambda: llm_heldout_path.main(["--summary", "--json", str(path)]), "--json", "cannot read")
+
+
+# -- benchmarks.llm_families ----------------------------------------------------------------------------------------
+def test_llm_families_json_carries_the_date_machine_and_transformers_it_prints(monkeypatch, tmp_path, capsys):
+    """--json held the outcomes alone: not the date, machine or transformers version the printout gives (what a
+    family does depends on that version), against "every benchmark stores them in its JSON"."""
+    monkeypatch.setattr(llm_families, "probe", fake_probe)
+    out = tmp_path / "families.json"
+    llm_families.main(["--families", "Llama", "Zamba2", "--json", str(out)])
+    saved = json.loads(out.read_text())
+    info = saved.pop("machine")
+    assert set(saved) == {"Llama", "Zamba2"} and saved["Zamba2"]["1"]["outcome"] == "refused"
+    import transformers
+    assert info["transformers"] == transformers.__version__ and info["date"].endswith(" UTC")
+    assert capsys.readouterr().out.startswith(f"llm_families, {info['date']}, ")
