@@ -41,3 +41,24 @@ def test_step_memory_measures_a_model_with_an_unused_trainable_tensor():
     inputs, targets = torch.randn(5, 3), torch.randn(5, 2)
     peaks = step_memory(model, inputs, targets, torch.nn.functional.mse_loss)
     assert peaks["parameters"] == (6 + 2 + 4) * 4 and peaks["backprop step"] > 0
+
+
+def test_estimator_dashboard_refuses_a_theta_whose_gradient_norm_underflows():
+    # θ = (1e-300, 0) is not θ = 0, but ‖∇f‖ = √(1e-600) is 0 in float64: the build raised ZeroDivisionError
+    import pytest
+    from sazo_lite.course.widgets import estimator_dashboard
+
+    for theta in ((1e-300, 0.0), (0.0, 1e-200), (0.0, 0.0)):
+        with pytest.raises(ValueError, match="Invalid theta"):
+            estimator_dashboard(theta=theta)
+    assert "relative error" in estimator_dashboard(theta=(1e-3, 0.0)).readout.value   # a small θ still draws
+
+
+def test_sazo_dashboard_refuses_a_negative_step_count_by_name():
+    # steps = -3 built the step slider first and raised traitlets' "setting min > max"
+    import pytest
+    from sazo_lite.course.widgets import sazo_dashboard
+
+    for steps in (-3, 0, 2.5, True):
+        with pytest.raises(ValueError, match="Invalid steps"):
+            sazo_dashboard(num_examples=16, dim=3, steps=steps)

@@ -72,15 +72,16 @@ def estimator_dashboard(theta=(1.2, 0.8), *, seed: int = 0) -> Dashboard:
         seed: seed of the first set of directions ("new directions" draws the next ones).
     """
     point = _point("theta", theta, 2)
-    if not bool(point.ne(0).any()):
-        raise ValueError(f"Invalid theta: {tuple(theta)!r} (∇f(θ) = 0 there: expected a point other than the "
-                         "minimum θ = (0, 0), the arrows are drawn relative to ‖∇f‖)")
     controls = {
         "q": int_slider("directions q", 4, 1, 400),
         "eps": log_slider("ε", 1e-3, -10, 0),
         "curvature": slider("curvature a₂", 4.0, 0.25, 20.0, 0.25),
         "precision": _precision_toggle(),
     }
+    # ‖∇f‖ is least at the smallest a₂; a θ so near 0 that its squares underflow has ‖∇f‖ = 0, as θ = 0 itself
+    if not float(two_point.bowl_grad(point, [1.0, controls["curvature"].min]).norm()) > 0:
+        raise ValueError(f"Invalid theta: {tuple(theta)!r} (‖∇f(θ)‖ = 0 there in float64: expected a point other "
+                         "than the minimum θ = (0, 0), the arrows are drawn relative to ‖∇f‖)")
     _in_float32("theta", point, two_point.bowl_loss(point, [1.0, controls["curvature"].max]))
     # the view holds θ and the true arrow (length 1) around it: a θ beyond ±2 was drawn off the plot
     span = max(2.0, float(point.abs().max()) + 1.0)

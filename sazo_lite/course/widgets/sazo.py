@@ -272,7 +272,7 @@ def sazo_dashboard(*, num_examples: int = 128, dim: int = 10, steps: int | None 
         >>> dash = sazo_dashboard(steps=30)
         >>> dash.controls["ema_decay"].value = 0.99   # retrains and redraws
     """
-    steps = steps if steps is not None else pick(150, 100)
+    steps = check_count("steps", steps) if steps is not None else pick(150, 100)   # before the step slider is built
     check_count("cache_size", cache_size)     # the run on screen is cached too
     check_count("log_every", log_every)
     controls = _controls(steps, log_every)
