@@ -96,7 +96,12 @@ def test_labs_readme_commands_parse_and_make_runs_them(monkeypatch):
         parses(monkeypatch, labs.main, argv)
         monkeypatch.undo()
     makefile = read("Makefile")
-    assert re.search(r"^make labs\s+# = python -m sazo_lite\.course\.labs assign\b", read(LABS_README), re.M)
+    workers = re.search(r"^make labs\s+# = python -m sazo_lite\.course\.labs assign  \((\w+) labs at a time\)$",
+                        read(LABS_README), re.M).group(1)
+    assert {"one": 1, "two": 2, "three": 3, "four": 4}[workers] == parses(monkeypatch, labs.main, ["assign"]).workers
+    monkeypatch.undo()
+    assert parses(monkeypatch, labs.main, ["grade", "lab1", "x.ipynb", "--sandbox", "bwrap"]).sandbox == "bwrap"
+    monkeypatch.undo()
     assert re.search(r"^labs:.*\n\t\$\(PY\) -m sazo_lite\.course\.labs assign$", makefile, re.M)
     assert "-m sazo_lite.course.labs grade $(LAB) $(SUBMISSION)" in makefile
     assert "-m sazo_lite.course.labs grade-all $(LAB) $(SUBMISSIONS) --workers $(WORKERS)" in makefile
@@ -170,3 +175,46 @@ def test_readme_torch_install_is_the_makefiles():
     assert f'`make install TORCH_PIP_ARGS="--index-url {cpu_index}"`' in readme
     assert f'TORCH_SPEC="{spec}"' in readme
     assert '$(TORCH_PIP_ARGS) "$(TORCH_SPEC)"' in makefile
+
+
+# -- labs/README.md and book/labs.md: the checks the other pages get ----------------------------------------
+@pytest.mark.parametrize("page", [LABS_README, "book/labs.md"])
+def test_lab_pages_name_what_exists(page):
+    """tests/test_docs_truth.py's make-target, dotted-name, file and link checks, on the two lab pages it omits."""
+    import test_docs_truth as first
+
+    first.test_every_make_target_a_page_names_exists(page)
+    first.test_every_dotted_library_name_resolves(page)
+    first.test_every_source_file_a_page_names_exists(page)
+    first.test_every_relative_link_and_anchor_resolves(page)
+
+
+def test_lab_pages_quote_only_defined_names_and_flags():
+    """Names in backticks are the library's or a master's (`Lab3Sampler`, the student's class); flags are the labs
+    command's or nbconvert's (the page's `jupyter nbconvert` line)."""
+    import test_docs_truth as first
+
+    from sazo_lite.course import labs
+
+    with pytest.raises(AssertionError) as missing:
+        first.test_every_class_name_a_page_quotes_is_defined(LABS_README)
+    names = set(re.findall(r"'(\w+)'", str(missing.value).split("quotes names nothing defines:", 1)[1]))
+    masters = "".join(path.read_text() for path in labs.LABS_DIR.glob("lab*.ipynb"))
+    assert names and all(f"class {name}" in masters for name in names), names
+    first.test_every_class_name_a_page_quotes_is_defined("book/labs.md")
+    flags = set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", " ".join(re.findall(r"`([^`]+)`", read(LABS_README)))))
+    flags |= set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", " ".join(re.findall(r"```bash\n(.*?)```", read(LABS_README), re.S))))
+    parser_flags = set(re.findall(r'add_argument\("(--[\w-]+)"', Path(labs.__file__).read_text()))
+    nbconvert = {"--clear-output", "--inplace", "--to"}
+    assert flags - parser_flags <= nbconvert, flags - parser_flags
+    assert "`jupyter nbconvert --clear-output --inplace labs/*.ipynb`" in read(LABS_README)
+
+
+def test_labs_readme_install_extras_exist():
+    """`pip install -e ".[notebooks,llm,labs]"` and Binder's `labs` extra: extras pyproject.toml defines."""
+    tomllib = pytest.importorskip("tomllib")   # Python 3.11+ (the package supports 3.10)
+    extras = tomllib.loads(read("pyproject.toml"))["project"]["optional-dependencies"]
+    named = stated(LABS_README, r'`pip install -e "\.\[([\w,]+)\]"`').split(",")
+    assert set(named) <= set(extras), named
+    assert any(name.startswith("otter-grader") for name in extras["labs"])
+    assert '".[notebooks,llm,labs]"' in read("binder/postBuild")
