@@ -218,3 +218,58 @@ def test_labs_readme_install_extras_exist():
     assert set(named) <= set(extras), named
     assert any(name.startswith("otter-grader") for name in extras["labs"])
     assert '".[notebooks,llm,labs]"' in read("binder/postBuild")
+
+
+def test_results_and_score_json_hold_what_labs_readme_lists(monkeypatch, tmp_path):
+    """labs/README.md listed `rule`, `caps` and `cell_errors` "per question"; `rule` is under each question that
+    broke the library rule, `caps` and `cell_errors` are the submission's. grade() runs with grading's steps stubbed."""
+    from sazo_lite.course import labs
+    from sazo_lite.course.labs import grading
+
+    text = flat(read(LABS_README))
+    per_question, whole = re.search(r"`results\.json` also lists, under each question that broke the lab's rule, (.*?); "
+                                    r"and for the whole submission (.*?) that failed raised", text).groups()
+    per_question, whole = set(re.findall(r"`(\w+)`:", per_question)), set(re.findall(r"`(\w+)`:", whole))
+    score_line = stated(LABS_README, r"- `score\.json`: (.*?) and the score per question")
+    score_keys = set(re.findall(r"`(\w+)`", re.sub(r"\([^)]*\)", "", score_line)))   # not the values in brackets
+    outcome = {"cases": {("q1", 0): {"error": None, "records": []}}, "skipped": [], "status": "ok", "sandbox": "none",
+               "rules": {"q1": ["sazo_lite.SAZOSampler"]}, "caps": {"uid": 1}, "cell_errors": {2: "NameError: x"}}
+    stubs = {"load_tests": lambda autograder: ({}, {"q1": {"points": [1], "cases": [{"hidden": False}]},
+                                                   "q2": {"points": [1], "cases": [{"hidden": True}]}}),
+             "reference": lambda *args, **kwargs: {("q1", 0): {"records": []}, ("q2", 0): {"records": []}},
+             "lab_rule": lambda config: None, "read_notebook": lambda submission, unreadable: object(),
+             "ignored": lambda autograder, config: (), "notebook_cells": lambda notebook, config, *explore: [],
+             "cell_questions": lambda *args, **kwargs: {}, "run": lambda *args, **kwargs: outcome}
+    for name, stub in stubs.items():
+        monkeypatch.setattr(grading, name, stub)
+    (tmp_path / "alice.ipynb").write_text("{}")
+    (tmp_path / "lab.zip").write_bytes(b"")
+    summary = labs.grade(tmp_path / "alice.ipynb", tmp_path / "lab.zip", tmp_path / "out", sandbox="none")
+    import json
+
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert per_question == {"rule"} and set(results["questions"]["q1"]) >= per_question
+    assert "rule" not in results["questions"]["q2"] and "rule" not in results
+    assert whole == {"caps", "cell_errors"} and whole <= set(results)
+    assert not whole & set(results["questions"]["q1"])
+    assert "killed" in results and "`killed`" in text
+    score = json.loads((tmp_path / "out" / "score.json").read_text())
+    assert score_keys == {"status", "reason", "sandbox", "total", "possible"} and score_keys <= set(score)
+    assert set(score["questions"]) == {"q1", "q2"} and summary == score
+
+
+def test_labs_readme_python_calls_bind():
+    """The page's Python block: labs.grade(submission, zip, out) and labs.grade_all(zip, folder, csv, workers=)."""
+    import ast
+    import inspect
+
+    from sazo_lite.course import labs
+
+    block = re.search(r"```python\n(.*?)```", read(LABS_README), re.S).group(1)
+    calls = [node for node in ast.walk(ast.parse(block)) if isinstance(node, ast.Call)
+             and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
+             and node.func.value.id == "labs"]
+    assert {call.func.attr for call in calls} == {"grade", "grade_all", "autograder_zip"}
+    for call in calls:
+        signature = inspect.signature(getattr(labs, call.func.attr))
+        signature.bind(*call.args, **{keyword.arg: None for keyword in call.keywords})
