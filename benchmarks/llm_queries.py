@@ -235,7 +235,7 @@ def settings(args) -> list[Setting]:
                                diagnose=args.diagnose_every, cost=4.0, budget_runs=not args.no_budget,
                                select_target=max(args.targets), accuracy_at=args.big_accuracy_at or None,
                                oracle_accuracy=False,    # an oracle refresh is one backprop over N (≈ 30 ZO steps)
-                               step_down=True))
+                               step_down=True, **rule_values(args, args.variants)))
         elif name == "homogeneous":  # SmolLM2's control: every example new and alike; SAZO must not lose
             out.append(Setting(f"SmolLM2 LoRA r{args.rank} homogeneous (N={args.num_train}, B={args.big_batch})",
                                lambda: smollm2_start("homogeneous", args), {"uniform": 1e-3, "sazo": 1e-3},
@@ -661,7 +661,8 @@ def parse_args(argv=None, *, run: bool = False):
     parser.add_argument("--step-cap", type=positive, default=None,
                         help="κ of the +cap variants: |ĝ| capped at κ × the running RMS of the capped ĝ (StepCap)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS[:6]), choices=VARIANTS,
-                        help="the samplers raced on the opposed and balanced sets (+rule: with the step rule)")
+                        help="the samplers raced on the opposed and balanced sets (+rule: with the step rule; +bound, "
+                             "+pull, +cap: with --walk-bound, --walk-pull, --step-cap as on the top-block sets)")
     parser.add_argument("--measure-sets", nargs="*", default=[], choices=SET_NAMES, metavar="SET",
                         help="sets whose θ₀ design (V(u)/V(p*), ‖∇F‖²/V(p*)) is measured without runs")
     parser.add_argument("--targets", type=fraction, nargs="+", default=None,
@@ -807,8 +808,9 @@ def parse_args(argv=None, *, run: bool = False):
         args.top_start = {**TOP_START, **{name: float(rate) for name, rate in (item.split("=") for item in args.top_start)}}
     except ValueError:
         parser.error(f"--top-start takes SAMPLER=RATE pairs, got {args.top_start}")
+    ruled = [*args.top_variants, *(args.variants if set(args.sets) & set(BIG_SETS) else ())]    # the variants raced
     for rule, name in RULE_SETTINGS.items():
-        if any(v.endswith(f"+{rule}") for v in args.top_variants) and not (getattr(args, name) or 0) > 0:
+        if any(v.endswith(f"+{rule}") for v in ruled) and not (getattr(args, name) or 0) > 0:
             parser.error(f"the +{rule} variants need --{name.replace('_', '-')} > 0")
     if not all(v in VARIANTS and math.isfinite(r) and r > 0 for v, r in args.variant_start.items()):
         parser.error(f"--variant-start: variants are {VARIANTS}, rates > 0 (got {args.variant_start})")

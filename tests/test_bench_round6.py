@@ -101,3 +101,26 @@ def test_llm_families_json_carries_the_date_machine_and_transformers_it_prints(m
     import transformers
     assert info["transformers"] == transformers.__version__ and info["date"].endswith(" UTC")
     assert capsys.readouterr().out.startswith(f"llm_families, {info['date']}, ")
+
+
+# -- make bench-llm --sets opposed/balanced with a shared rule in --variants ----------------------------------------
+def test_a_walk_rule_named_in_variants_applies_on_the_opposed_and_balanced_sets(monkeypatch, capsys):
+    """--sets opposed --variants uniform+bound sazo+bound raced both without the bound (the set's setting had no R:
+    query_run got walk_bound=None), under the +bound label and "with the walk bound" in the report; +pull without
+    --walk-pull was taken, and raced without a pull."""
+    import dataclasses
+    args = llm_queries.parse_args(["--sets", "balanced", "--variants", "uniform+bound", "sazo+bound",
+                                   "--walk-bound", "12", "--targets", "0.5"])
+    setting = llm_queries.settings(args)[0]
+    assert (setting.walk_bound, setting.walk_pull, setting.step_cap) == (12.0, None, None)
+    seen = []
+    patch_runs(monkeypatch, {1e-3: [1.0, 0.45, 0.4]}, lambda sampler, lr, seed, settings: seen.append(settings))
+    small = dataclasses.replace(setting, starts={"uniform+bound": 1e-3}, cells=1, grid_seeds=1, seeds=1, steps=40,
+                                log_every=10, step_down=False)
+    out = {"grid": {}, "chosen_lr": {}, "runs": {}}
+    llm_queries.race_variant(small, "uniform+bound", None, [], None, None, args, out)
+    assert seen and all(settings["walk_bound"] == 12.0 for settings in seen)
+    plain = llm_queries.settings(llm_queries.parse_args(["--sets", "opposed"]))[0]     # the default variants: no rule
+    assert (plain.walk_bound, plain.walk_pull, plain.step_cap) == (None, None, None)
+    for rule, option in (("uniform+pull", "--walk-pull"), ("sazo+cap", "--step-cap")):
+        refused(capsys, lambda: llm_queries.parse_args(["--sets", "opposed", "--variants", "uniform", rule]), option)
