@@ -62,3 +62,37 @@ def test_sazo_dashboard_refuses_a_negative_step_count_by_name():
     for steps in (-3, 0, 2.5, True):
         with pytest.raises(ValueError, match="Invalid steps"):
             sazo_dashboard(num_examples=16, dim=3, steps=steps)
+
+
+def test_race_presets_on_the_opening_problem_keep_the_rates_given():
+    # race_dashboard(lrs=race 1's tuned rates): "ε too small" set every η back to PROBLEM_DEFAULTS', so the preset
+    # changed four controls, and its race was not the opening one at a smaller ε
+    from sazo_lite.course.widgets.race import LR_CONTROLS, PRESETS, race_dashboard
+
+    lrs = {"uniform": 0.0025, "sazo": 0.04, "oracle": 0.04}
+    board = race_dashboard(seeds=1, steps=10, num_examples=16, dim=3, lrs=lrs, live_after=None)
+    buttons = board.children[1].buttons
+    for label, preset in PRESETS.items():
+        if label == "defaults":
+            continue
+        buttons[label].click()
+        shown = {name: control.value for name, control in board.controls.items()}
+        if preset["problem"] == "heterogeneous quadratic":   # the opening problem: its given rates
+            assert {m: shown[LR_CONTROLS[m]] for m in lrs} == lrs, label
+            assert board.result().lrs == lrs, label
+            changed = {name for name, value in preset.items() if shown[name] != buttons["defaults"].values[name]}
+            assert not any(name.startswith("lr_") for name in changed), label
+        else:   # another problem: its own default rates, as the dropdown loads them
+            assert all(shown[LR_CONTROLS[m]] == preset[LR_CONTROLS[m]] for m in lrs), label
+    buttons["defaults"].click()
+    assert board.result().lrs == lrs
+
+
+def test_race_presets_without_lrs_are_unchanged():
+    from sazo_lite.course.widgets.race import PRESETS, race_dashboard
+
+    board = race_dashboard(seeds=1, steps=10, num_examples=16, dim=3, live_after=None)
+    buttons = board.children[1].buttons
+    for label, preset in PRESETS.items():
+        if label != "defaults":
+            assert buttons[label].values == preset, label

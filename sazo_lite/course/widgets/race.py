@@ -434,7 +434,8 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
         seeds: seeds per method (default 3; 2 under ``SAZO_FAST=1``).
         steps: steps per run (default 200; 100 under ``SAZO_FAST=1``).
         lrs: method → learning rate to open with (e.g. a tuned race's ``result.lrs``), instead
-            of ``PROBLEM_DEFAULTS``; the opening headline then agrees with that race.
+            of ``PROBLEM_DEFAULTS``; the opening headline then agrees with that race, and the
+            presets on the opening problem keep these rates.
         dtype: θ's dtype (float32, as in a language model: a tiny ε shows its rounding).
         log_every: steps between evaluations of the gap.
         target_fraction: the table's target, as a fraction of the initial gap.
@@ -610,7 +611,11 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
                                          "4 new runs per method and seed (the status line counts them)")
     tune_button.on_click(shown_on_error(tune, readout))
     opening = {name: control.value for name, control in controls.items()}
-    choices = {"defaults": opening, **{label: values for label, values in PRESETS.items() if label != "defaults"}}
+    # a preset on the opening problem keeps the rates given in ``lrs`` (the "defaults" button's): with the problem's
+    # default rates, "ε too small" also changed every η, and its race was not the opening one with a smaller ε
+    given = {LR_CONTROLS[method]: opening[LR_CONTROLS[method]] for method in (lrs or {})}
+    choices = {"defaults": opening, **{label: {**values, **(given if values["problem"] == problem else {})}
+                                       for label, values in PRESETS.items() if label != "defaults"}}
     rows = [presets(choices, controls, shown_on_error(refresh, readout), hold, complete=False)]  # complete regimes
     rows += [captioned(control, _QUESTIONS[name]) for name, control in controls.items()]
     rows += [widgets.HBox([tune_button, status])]
