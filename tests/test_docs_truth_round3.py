@@ -273,3 +273,29 @@ def test_labs_readme_python_calls_bind():
     for call in calls:
         signature = inspect.signature(getattr(labs, call.func.attr))
         signature.bind(*call.args, **{keyword.arg: None for keyword in call.keywords})
+
+
+def test_grade_all_exit_codes_as_labs_readme_states(monkeypatch, tmp_path, capsys):
+    """`2, with the reason and no traceback, for a wrong lab or a folder with no hand-ins`."""
+    from sazo_lite.course import labs
+
+    assert "2, with the reason and no traceback, for a wrong lab or a folder with no hand-ins" in flat(read(LABS_README))
+    with pytest.raises(SystemExit) as wrong_lab:
+        labs.main(["grade-all", "lab9", str(tmp_path)])
+    monkeypatch.setattr(labs, "autograder_zip", lambda lab, build_dir: tmp_path / "lab1-autograder_1.zip")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as no_hand_ins:
+        labs.main(["grade-all", "lab1", str(tmp_path / "empty"), "--out", str(tmp_path / "x.csv")])
+    err = capsys.readouterr().err
+    assert wrong_lab.value.code == no_hand_ins.value.code == 2
+    assert "Invalid lab" in err and "no .ipynb files" in err and "Traceback" not in err
+
+
+def test_readme_quick_start_names_what_make_install_needs():
+    """The Makefile builds .venv with `$(PYTHON) -m venv` (PYTHON = python3): the README names venv, which Debian's
+    python3 lacks without python3-venv (`make install` then stopped at `ensurepip is not available`)."""
+    makefile, readme = read("Makefile"), flat(read("README.md"))
+    python = re.search(r"^PYTHON \?= (\S+)$", makefile, re.M).group(1)
+    venv = re.search(r"^VENV \?= (\S+)$", makefile, re.M).group(1)
+    assert "$(PYTHON) -m venv $(VENV)" in makefile
+    assert f"the Makefile runs `{python} -m venv {venv}`" in readme and "`python3-venv`" in readme
