@@ -299,3 +299,18 @@ def test_readme_quick_start_names_what_make_install_needs():
     venv = re.search(r"^VENV \?= (\S+)$", makefile, re.M).group(1)
     assert "$(PYTHON) -m venv $(VENV)" in makefile
     assert f"the Makefile runs `{python} -m venv {venv}`" in readme and "`python3-venv`" in readme
+
+
+def test_labs_readme_week_table_names_the_notebooks():
+    """The pairing table's notebook names (`01_zeroth_order_gradients`, …) are the notebooks in notebooks/."""
+    table = read(LABS_README).split("| week | notebooks | then |", 1)[1].split("\n\n", 1)[0]
+    named = re.findall(r"`(\d\d_\w+)`", table)
+    assert sorted(named) == sorted(path.stem for path in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+# -- docs/course.md: the race's axis ---------------------------------------------------------------------
+def test_course_md_race_axis_top():
+    """`the race's axis ends at 3× the starting gap`: widgets.race's _TOP."""
+    from sazo_lite.course.widgets import race
+
+    assert float(stated("docs/course.md", r"the race's axis ends at (\d+)× the starting gap")) == race._TOP
