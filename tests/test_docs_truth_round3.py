@@ -314,3 +314,25 @@ def test_course_md_race_axis_top():
     from sazo_lite.course.widgets import race
 
     assert float(stated("docs/course.md", r"the race's axis ends at (\d+)× the starting gap")) == race._TOP
+
+
+# -- docs/benchmarks.md: the README's former rows --------------------------------------------------------
+WORDS = {word: k for k, word in enumerate(("zero one two three four five six seven eight nine ten eleven twelve "
+                                           "thirteen fourteen fifteen sixteen seventeen eighteen nineteen twenty").split())}
+
+
+def table_rows(text: str) -> int:
+    """Data rows of the first markdown table in ``text`` (not its header or its |---| line)."""
+    table = re.search(r"(?:^\|.*\n?)+", text, re.M).group(0).splitlines()
+    return len(table) - 2
+
+
+def test_former_headline_rows_are_counted_right():
+    """benchmarks.md said the README's table `had the seventeen rows below`: the table below holds 18 (so did the
+    README before e6a9e12); `it now keeps eight`: the README's table."""
+    text = read("docs/benchmarks.md")
+    had, keeps = re.search(r"headline table had the (\w+) rows below; it now keeps (\w+),", flat(text)).groups()
+    section = text.split("## The README's former headline rows", 1)[1]
+    assert WORDS[had] == table_rows(section)
+    readme = read("README.md").split("## Measured results (headline)", 1)[1]
+    assert WORDS[keeps] == table_rows(readme)
