@@ -766,7 +766,10 @@ def parse_args(argv=None, *, run: bool = False):
     args = parser.parse_args(argv)
     quick_sets = ("sets", "grid_seeds", "seeds", "cells", "targets", "top_steps", "stale_every", "tiny", "measure_sets",
                   "full_start", "tiny_homogeneous", "top_select", "top_accuracy_at")
-    clashes = [f"--{name.replace('_', '-')}" for name in quick_sets if getattr(args, name) != parser.get_default(name)]
+    # given at all, even at its default value (--quick --seeds 5 ran 1 seed): argparse fills only what a namespace lacks
+    unset = object()
+    given = vars(parser.parse_args(argv, argparse.Namespace(**dict.fromkeys(quick_sets, unset))))
+    clashes = [f"--{name.replace('_', '-')}" for name in quick_sets if given[name] is not unset]
     if args.quick and clashes:      # the pilot's sizes would replace them without a word
         parser.error(f"--quick sets {', '.join(clashes)} itself (the pilot's sizes): drop --quick or drop them")
     if args.targets is None:

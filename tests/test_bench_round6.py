@@ -124,3 +124,16 @@ def test_a_walk_rule_named_in_variants_applies_on_the_opposed_and_balanced_sets(
     assert (plain.walk_bound, plain.walk_pull, plain.step_cap) == (None, None, None)
     for rule, option in (("uniform+pull", "--walk-pull"), ("sazo+cap", "--step-cap")):
         refused(capsys, lambda: llm_queries.parse_args(["--sets", "opposed", "--variants", "uniform", rule]), option)
+
+
+# -- make bench-llm --quick with an option it sets, given at its default value --------------------------------------
+@pytest.mark.parametrize("argv, option", [(["--seeds", "5"], "--seeds"), (["--top-steps", "6000"], "--top-steps"),
+                                          (["--sets", "top-opposed", "top-homogeneous"], "--sets"),
+                                          (["--grid-seeds", "3"], "--grid-seeds")])
+def test_quick_refuses_an_option_it_sets_even_at_that_options_default(capsys, argv, option):
+    """--quick refused --seeds 3 (it sets 1 seed itself) but took --seeds 5, the default, and ran 1 seed: the pilot's
+    sizes replaced what was asked, without a word, whenever it was asked at the default value."""
+    refused(capsys, lambda: llm_queries.parse_args(["--quick", *argv]), "--quick", option)
+    quick = llm_queries.parse_args(["--quick", "--eps", "1e-3", "--jobs", "1"])     # what it does not set: taken
+    assert quick.seeds == 1 and quick.sets == ["top-opposed"] and quick.eps == 1e-3
+    assert llm_queries.parse_args(argv).seeds == 5                                    # without --quick: as given
