@@ -336,3 +336,16 @@ def test_former_headline_rows_are_counted_right():
     assert WORDS[had] == table_rows(section)
     readme = read("README.md").split("## Measured results (headline)", 1)[1]
     assert WORDS[keeps] == table_rows(readme)
+
+
+def test_labs_readme_quoted_messages_are_the_graders():
+    """The grader's words the page quotes (statuses' reasons, log lines) are in the labs package's source."""
+    from sazo_lite.course import labs
+
+    source = "\n".join(path.read_text() for path in Path(labs.__file__).parent.glob("*.py"))
+    text = flat(read(LABS_README))
+    for message in ("not an nbformat-4 notebook", "clear its outputs", "too large to grade",
+                    "the solutions fail their own tests", "[grader] skipped", "[output] [grader]", "SandboxWarning",
+                    "not enforced"):
+        assert message in text and message in source, message
+    assert re.search(r"\[grader\] cell \{index\} raised: ", source) and "`[grader] cell N raised: ...`" in text
