@@ -110,3 +110,14 @@ def test_unbiased_histograms_count_every_estimate():
         board.controls["batch_size"].value = batch_size
         weighted, unweighted = board.figures["histogram"].data[:2]
         assert [sum(weighted.y), sum(unweighted.y)] == [trials, trials], (sigma, mix, batch_size)
+
+
+def test_dimension_dashboard_draws_each_dimension_once_left_to_right():
+    # dims = (512, 2, 8, 2): the theory line went 512 → 2 → 8 → 2 on the log axis (a zigzag) with a dot drawn twice
+    from sazo_lite.course.widgets import dimension_dashboard
+
+    board = dimension_dashboard(dims=(512, 2, 8, 2), directions_drawn=32)
+    for trace in board.figures["variance"].data:
+        assert list(trace.x) == [2, 8, 512]
+    theory = list(board.figures["variance"].data[1].y)
+    assert theory == sorted(theory) and len(theory) == 3   # (d + 1)/q grows with d

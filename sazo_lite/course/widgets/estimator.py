@@ -222,7 +222,7 @@ def dimension_dashboard(dims=(2, 4, 8, 16, 32, 64, 128, 256, 512), *, directions
 
     Each dot averages ``directions_drawn // q`` trials (at least 16), so redraws cost about the same for any q.
     """
-    dims = [check_count("dims", d) for d in dims]
+    dims = sorted(set(check_count("dims", d) for d in dims))   # the theory line runs left to right, each d once
     check_count("directions_drawn", directions_drawn)   # -5 or 2.5 drew 16 trials a dot without a word
     if not dims:
         raise ValueError("Invalid dims: expected at least one dimension to draw")
