@@ -389,6 +389,12 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.part != "speed":
         refuse_unused(parser, args, ("clock", "rounds", "bound"), f"to {args.part} (speed only)")
+    # positionals a part does not read: else taken without a word (memory smollm2 default measured every mode)
+    if args.part != "memory-child" and args.mode != parser.get_default("mode"):
+        parser.error(f"argument mode: {args.mode!r} does not apply to {args.part} (memory-child only; memory "
+                     f"measures every mode)")
+    if args.part == "sampler" and args.model != parser.get_default("model"):
+        parser.error(f"argument model: {args.model!r} does not apply to sampler (its samplers time no model)")
     if args.part == "memory-child":
         print(json.dumps(_memory_child(args.model, args.mode)))
         return

@@ -137,3 +137,16 @@ def test_quick_refuses_an_option_it_sets_even_at_that_options_default(capsys, ar
     quick = llm_queries.parse_args(["--quick", "--eps", "1e-3", "--jobs", "1"])     # what it does not set: taken
     assert quick.seeds == 1 and quick.sets == ["top-opposed"] and quick.eps == 1e-3
     assert llm_queries.parse_args(argv).seeds == 5                                    # without --quick: as given
+
+
+# -- benchmarks.engine_speed: positionals a part does not read -------------------------------------------------------
+@pytest.mark.parametrize("argv, word", [(["memory", "smollm2", "default"], "mode"),
+                                        (["speed", "gpt2-tiny", "noise_table"], "mode"),
+                                        (["sampler", "smollm2"], "model")])
+def test_engine_speed_refuses_a_positional_its_part_does_not_read(capsys, monkeypatch, argv, word):
+    """``memory smollm2 default`` measured every mode (the mode is memory-child's), ``sampler smollm2`` timed the
+    samplers alone: the extra positional was taken without a word."""
+    from benchmarks import engine_speed
+    for name in ("speed", "memory", "overhead", "sampler_cost"):
+        monkeypatch.setattr(engine_speed, name, lambda *a, **k: pytest.fail("the measurement started"))
+    refused(capsys, lambda: engine_speed.main(argv), f"argument {word}", "does not apply")
