@@ -121,3 +121,21 @@ def test_dimension_dashboard_draws_each_dimension_once_left_to_right():
         assert list(trace.x) == [2, 8, 512]
     theory = list(board.figures["variance"].data[1].y)
     assert theory == sorted(theory) and len(theory) == 3   # (d + 1)/q grows with d
+
+
+def test_loss_bands_count_a_nan_loss_as_above_every_seed_whatever_the_seed_order():
+    # a run that diverges logs its NaN loss (llm.queries.query_run) before it stops: statistics.median read the NaN
+    # by where it stood, so the median of three seeds at that query was the lowest survivor (0.5) or NaN
+    import itertools
+
+    from sazo_lite.course.widgets.llm import loss_bands
+
+    runs = [{"queries": [0, 10, 20], "train_loss": [1.0, 0.9, float("nan")], "diverged": True},
+            {"queries": [0, 10, 20], "train_loss": [1.0, 0.8, 0.5], "diverged": False},
+            {"queries": [0, 10, 20], "train_loss": [1.0, 0.7, 0.6], "diverged": False}]
+    for order in itertools.permutations(runs):
+        band, median = loss_bands({"uniform": list(order)}).data[:2]
+        assert list(median.y) == [1.0, 0.8, 0.6]   # as with an infinite loss there: the middle seed
+        assert all(math.isfinite(v) for v in band.y)
+    infinite = [{**runs[0], "train_loss": [1.0, 0.9, float("inf")]}, *runs[1:]]
+    assert list(loss_bands({"uniform": infinite}).data[1].y) == [1.0, 0.8, 0.6]

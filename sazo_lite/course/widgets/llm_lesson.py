@@ -72,15 +72,16 @@ def gain_figure(sets: dict[str, tuple[float, float]], batch_sizes=(1, 2, 4, 8, 1
 
 def _bands(runs: list[dict]) -> tuple[list[int], list[float], list[float], list[float]]:
     """Per logged query count: the median and min–max of F/F₀ over seeds, a diverged seed counting as +∞
-    after its stop (a seed that only ran out of budget is left out)."""
+    after its stop and a NaN loss as +∞ (a seed that only ran out of budget is left out)."""
     grid = sorted({q for r in runs for q in r["queries"]})
     rows = []
     for q in grid:
         row = []
         for r in runs:
             at = dict(zip(r["queries"], r["train_loss"]))
-            if q in at:
-                row.append(at[q] / r["train_loss"][0])
+            if q in at:   # a NaN loss (where a run diverged) is above every other too: statistics.median and
+                value = at[q] / r["train_loss"][0]   # min/max read NaN by where it stood among the seeds
+                row.append(math.inf if math.isnan(value) else value)
             elif r.get("diverged") and q > r["queries"][-1]:   # (a record without the flag: not known diverged)
                 row.append(math.inf)
         rows.append(row)
