@@ -139,3 +139,17 @@ def test_loss_bands_count_a_nan_loss_as_above_every_seed_whatever_the_seed_order
         assert all(math.isfinite(v) for v in band.y)
     infinite = [{**runs[0], "train_loss": [1.0, 0.9, float("inf")]}, *runs[1:]]
     assert list(loss_bands({"uniform": infinite}).data[1].y) == [1.0, 0.8, 0.6]
+
+
+def test_loss_vs_walk_draws_a_nan_loss_at_the_top_as_an_infinite_one():
+    from sazo_lite.course.llm_lesson import DIVERGE_FACTOR, Race
+    from sazo_lite.course.widgets.llm_lesson import loss_vs_walk_figure
+
+    def race(last):
+        run = {"queries": [0, 10, 20], "train_loss": [1.0, 0.9, last], "walk": [0.0, 1.0, 2.0], "diverged": True}
+        return Race(label="set", source="", date="", machine="", num_examples=3, batch_size=1, dim=2,
+                    targets=(0.5,), select_target=0.5, chosen_lr={"uniform": 0.1}, runs={"uniform": [run]}, design={})
+
+    for last in (float("nan"), float("inf")):
+        line = loss_vs_walk_figure(race(last)).data[0]
+        assert list(line.y) == [1.0, 0.9, DIVERGE_FACTOR], last

@@ -137,7 +137,8 @@ def loss_vs_walk_figure(race: Race) -> go.Figure:
     fig = go.Figure()
     for k, runs in race.runs.items():
         for j, r in enumerate(runs):
-            losses = [min(v / r["train_loss"][0], top) for v in r["train_loss"]]
+            # a NaN loss (where a run diverged) at the top, as an infinite one: min(nan, top) kept the NaN, a gap
+            losses = [top if math.isnan(v) else min(v / r["train_loss"][0], top) for v in r["train_loss"]]
             fig.add_scatter(x=r["walk"], y=losses, mode="lines", line=dict(color=SAMPLER_COLORS[k], width=1.5),
                             legendgroup=k, showlegend=j == 0, name=_name(race, k))
         lows = [turn(r) for r in runs]
