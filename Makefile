@@ -2,7 +2,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# CPU torch by default (a plain `torch` requirement can pull a multi-GB CUDA build).
+# torch pinned to 2.13.0; TORCH_PIP_ARGS is empty, so pip's own configuration picks the build (on x86-64 Linux
+# PyPI's is the multi-GB CUDA one). CPU wheel: TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu".
 # GPU users: make TORCH_SPEC="torch==2.13.0" TORCH_PIP_ARGS="--index-url <your CUDA wheel index>"
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=

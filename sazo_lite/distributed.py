@@ -88,7 +88,7 @@ def same_batch(indices) -> None:
     """ValueError on every rank unless every rank holds the same global batch ``indices``: the all-gathered losses
     are those of each rank's own shard, so a rank whose sampler had another seed or state evaluated other examples,
     and every rank took the losses of two batches as one (g, the update and the samplers' feedback wrong, without a
-    word). One all-gather of a 32-byte digest per call; nothing without a process group."""
+    word). One all-gather of the batch's SHA-256 (64 hex digits) per call; nothing without a process group."""
     _, world = rank_and_world()
     if world == 1:
         return
