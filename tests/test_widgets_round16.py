@@ -153,3 +153,17 @@ def test_loss_vs_walk_draws_a_nan_loss_at_the_top_as_an_infinite_one():
     for last in (float("nan"), float("inf")):
         line = loss_vs_walk_figure(race(last)).data[0]
         assert list(line.y) == [1.0, 0.9, DIVERGE_FACTOR], last
+
+
+def test_gain_vs_batch_figure_reads_each_batch_size_once_as_a_count():
+    import pytest
+    from sazo_lite.course.widgets.llm import gain_vs_batch_figure
+
+    # a JSON report's keys are strings: read as the ints they name, drawn in order of B
+    fig = gain_vs_batch_figure({"a": {"4": 3.0, "1": 5.0}}, {"a": {"1": 2.75}})
+    assert [list(t.x) for t in fig.data] == [[1, 4], [1]] and [list(t.y) for t in fig.data] == [[5.0, 3.0], [2.75]]
+    # B = 1.5 was drawn at B = 1 and then raised KeyError; B = 0 fell off the log axis; 1 and "1" drew one gain twice
+    for gains in ({1.5: 2.0}, {0: 1.0}, {-2: 1.0}, {"x": 1.0}, {True: 1.0}, {1: 5.0, "1": 3.0}):
+        with pytest.raises(ValueError, match="gains of 'a'"):
+            gain_vs_batch_figure({"a": gains})
+    assert len(gain_vs_batch_figure({"a": {1: 5.0}}, {"a": {}}).data) == 1   # no measurement: no markers, as before

@@ -455,6 +455,23 @@ def staleness_figure(runs_by_label: dict) -> go.Figure:
     return _nothing_drawn("runs_by_label", fig, "staleness records")
 
 
+def _by_batch(name: str, gains) -> dict[int, float]:
+    """``gains`` ({B: gain}, B an int or its digits, as a JSON report's keys) as {B: gain} sorted by B, or a ValueError
+    naming it: a B that is not a whole count ≥ 1 (1.5 was drawn at B = 1 and then raised KeyError; 0 fell off the log
+    axis without a word) or one B given twice (1 and "1": both points drawn at the first one's gain)."""
+    if not isinstance(gains, dict) or not gains:
+        raise ValueError(f"Invalid {name}: expected a non-empty {{B: gain}}, got {gains!r}")
+    values = number_list(name, gains.values(), low=0.0)
+    sizes = []
+    for b in gains:
+        text = b.strip() if isinstance(b, str) else None
+        size = int(text) if text is not None and text.isdigit() else b
+        sizes.append(check_int(f"{name}: batch size", size.item() if hasattr(size, "item") else size, 1))
+    if len(set(sizes)) < len(sizes):
+        raise ValueError(f"Invalid {name}: batch sizes {list(gains)} (expected each B once)")
+    return dict(sorted(zip(sizes, values)))
+
+
 def gain_vs_batch_figure(predicted: dict, measured: dict | None = None, *, title: str = "") -> go.Figure:
     """The oracle's gain over uniform against B: predicted from θ₀ ([V(u)+(B−1)‖∇F‖²]/[V(p*)+(B−1)‖∇F‖²]) per set,
     and measured ratios of median queries where given.
@@ -468,21 +485,19 @@ def gain_vs_batch_figure(predicted: dict, measured: dict | None = None, *, title
     """
     if not predicted or not all(predicted.values()):
         raise ValueError(f"Invalid predicted: expected set label -> a non-empty {{B: gain}}, got {predicted!r}")
-    for label, gains in [*predicted.items(), *(measured or {}).items()]:
-        number_list(f"gains of {label!r}", gains.values(), low=0.0)
-    alone = sorted(set(measured or {}) - set(predicted), key=str)   # drawn beside its predicted line, or not at all
+    predicted = {label: _by_batch(f"gains of {label!r}", gains) for label, gains in predicted.items()}
+    measured = {label: _by_batch(f"gains of {label!r}", gains) if gains else {} for label, gains in (measured or {}).items()}
+    alone = sorted(set(measured) - set(predicted), key=str)   # drawn beside its predicted line, or not at all
     if alone:
         raise ValueError(f"Invalid measured: {alone} have no predicted line (expected labels among {list(predicted)})")
     fig = go.Figure()
     palette = ["steelblue", "darkorange", "seagreen", "purple"]
     for k, (label, gains) in enumerate(predicted.items()):
-        bs = sorted(int(b) for b in gains)
-        fig.add_scatter(x=bs, y=[gains[b] if b in gains else gains[str(b)] for b in bs], mode="lines+markers",
+        fig.add_scatter(x=list(gains), y=list(gains.values()), mode="lines+markers",
                         line=dict(color=palette[k % 4]), name=f"{label}: predicted at θ₀")
-        for_label = (measured or {}).get(label) or {}
+        for_label = measured.get(label) or {}
         if for_label:
-            mb = sorted(int(b) for b in for_label)
-            fig.add_scatter(x=mb, y=[for_label[b] if b in for_label else for_label[str(b)] for b in mb], mode="markers",
+            fig.add_scatter(x=list(for_label), y=list(for_label.values()), mode="markers",
                             marker=dict(size=12, symbol="diamond", color=palette[k % 4]), name=f"{label}: measured")
     fig.add_hline(y=1.0, line=dict(dash="dot", color="gray"))
     fig.update_xaxes(type="log", title="batch size B")
