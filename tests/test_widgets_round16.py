@@ -167,3 +167,26 @@ def test_gain_vs_batch_figure_reads_each_batch_size_once_as_a_count():
         with pytest.raises(ValueError, match="gains of 'a'"):
             gain_vs_batch_figure({"a": gains})
     assert len(gain_vs_batch_figure({"a": {1: 5.0}}, {"a": {}}).data) == 1   # no measurement: no markers, as before
+
+
+def test_direction_counter_entered_twice_is_refused_and_leaves_the_optimiser_as_it_was():
+    # `with c: with c:` handed every job to itself (RecursionError) and left itself as the optimiser's source for good
+    import pytest
+    from sazo_lite.course.instruments import DirectionCounter
+    from sazo_lite.engine import MeZO
+
+    theta = torch.zeros(4)
+    optimizer = MeZO([theta], lr=0.1)
+    source = optimizer.noise
+    counter = DirectionCounter(optimizer)
+    with pytest.raises(ValueError, match="already counting"):
+        with counter:
+            with counter:
+                pass
+    assert optimizer.noise is source
+    optimizer.step(lambda: (theta ** 2).sum())   # steps as before
+    with counter:                                 # used again, one block at a time
+        optimizer.step(lambda: (theta ** 2).sum())
+    with DirectionCounter(optimizer) as outer, DirectionCounter(optimizer) as inner:   # two counters nest
+        optimizer.step(lambda: (theta ** 2).sum())
+    assert counter.passes == outer.passes == inner.passes == 3 and optimizer.noise is source

@@ -131,6 +131,11 @@ class DirectionCounter(NoiseSource):
         self.inner.undo(jobs)
 
     def __enter__(self) -> "DirectionCounter":
+        if self.optimizer is not None and self.optimizer.noise is self:
+            # entered again inside its own block: it would hand every job to itself (RecursionError), and its exit
+            # would leave itself as the optimiser's source for good
+            raise ValueError("Invalid DirectionCounter use: it is already counting this optimiser (a `with` of the "
+                             "same counter inside its own block); use one block, or a second DirectionCounter(opt)")
         self.calls = self.passes = self.largest_bytes = 0
         if self.optimizer is not None:
             self._saved = self.optimizer.noise
