@@ -8,6 +8,8 @@
 2. timing: one pass over SmolLM2-135M-shaped parameters (134.5M floats, synthetic values) with
    the plain torch loop (``noise=None``) and with ``TritonNoise``, plus a bare θ.add_(θ) pass
    (the memory-bandwidth floor), each the median of 10 after warm-up.
+
+It exits 1, after writing and printing the JSON, when a pass of 1. is past its tolerance.
 """
 from __future__ import annotations
 
@@ -94,6 +96,10 @@ def main(argv=None) -> dict:
     target.mkdir(parents=True, exist_ok=True)
     write_text(target / "gpu_check.json", json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
+    failed = [key for key, check in result["correctness"].items() if isinstance(check, dict) and not check["ok"]]
+    if failed:      # the JSON is written and printed first: a failed check exits 1, not 0 beside an "ok": false
+        raise SystemExit(f"gpu_check: FAILED {', '.join(failed)} (the kernel's pass off shrink·θ + c·z past its "
+                         f"tolerance; {target / 'gpu_check.json'})")
     return result
 
 

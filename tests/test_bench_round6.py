@@ -174,3 +174,27 @@ def test_make_bench_grades_the_toy_goals_at_their_targets_only(monkeypatch):
     assert full["quadratic σ=1.5 @ 0.02: uniform ÷ SAZO"] == ("0.67×", "≥ 3.5", "NO")
     assert full["logistic breast_cancer σ=0 @ 0.005: SAZO ÷ oracle"] == ("3.00×", "≤ 1.3", "NO")
     assert full["quadratic σ=0 @ 0.02: SAZO ÷ oracle"] == ("3.00×", "", "")       # the control: no oracle goal
+
+
+# -- benchmarks.gpu_check: a failed correctness check --------------------------------------------------------------
+@pytest.mark.parametrize("rel_err", [1e-9, 0.5])
+def test_gpu_check_exits_1_when_a_correctness_check_failed(monkeypatch, tmp_path, rel_err):
+    """A pass past its tolerance was recorded as "ok": false and the check exited 0, as a passing one does (the
+    device run's only verdict). It still writes and prints the JSON, then exits 1 naming the failed check."""
+    import torch
+    from benchmarks import gpu_check
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setattr(gpu_check, "triton_available", lambda: (True, ""))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake")
+    monkeypatch.setattr(gpu_check, "check_timing", lambda device: {"speedup": 1.0})
+    correctness = {"torch.float32/gaussian": {"rel_err": 1e-9, "ok": True, "z_mean": 0.0, "z_var": 1.0},
+                   "torch.bfloat16/gaussian": {"rel_err": rel_err, "ok": rel_err <= 1e-2, "z_mean": 0.0, "z_var": 1.0},
+                   "restore_max_abs": 0.0}
+    monkeypatch.setattr(gpu_check, "check_correctness", lambda device: correctness)
+    if rel_err <= 1e-2:
+        assert gpu_check.main([])["device"] == "fake"
+    else:
+        with pytest.raises(SystemExit, match="FAILED torch.bfloat16/gaussian"):
+            gpu_check.main([])
+    assert json.loads((tmp_path / "gpu_check.json").read_text())["correctness"] == correctness
