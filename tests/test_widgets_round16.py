@@ -213,3 +213,21 @@ def test_race_lower_bound_with_an_even_number_of_seeds_is_one_the_median_can_hav
     assert "> 11.0× fewer" in race_verdict(result)
     both_missed = _two_seed_race([None, None])   # every seed missed: above 1,000 queries, as before
     assert "> 20.0× fewer" in race_verdict(both_missed) and "> 20.0× (lower bound)" in race_table_html(both_missed)
+
+
+def test_benchmark_report_takes_a_file_name_only(tmp_path):
+    # "../reference/r.json" from results/ found the reference run and called it "this machine's latest run"; an
+    # absolute path returned any file under that label
+    import pytest
+    from sazo_lite.course.config import REFERENCE_RUN, benchmark_report
+
+    (tmp_path / "benchmarks" / "reference").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results").mkdir()
+    (tmp_path / "benchmarks" / "reference" / "r.json").write_text("{}")
+    elsewhere = tmp_path / "other.json"
+    elsewhere.write_text("{}")
+    for name in ("../reference/r.json", str(elsewhere), "reference\\r.json", "..", "", None):
+        with pytest.raises(ValueError, match="Invalid name"):
+            benchmark_report(name, start=tmp_path)
+    assert benchmark_report("r.json", start=tmp_path) == (tmp_path / "benchmarks" / "reference" / "r.json",
+                                                          REFERENCE_RUN)

@@ -54,6 +54,11 @@ def benchmark_report(name: str, start: Path | str | None = None) -> tuple[Path, 
         >>> benchmark_report("no_such_report.json", start="/") is None
         True
     """
+    # one file name in each folder: "../reference/x.json" read the reference run and called it this machine's latest,
+    # and an absolute path any file at all
+    if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+        raise ValueError(f"Invalid name: {name!r} (expected a report's file name, e.g. 'llm_continual_race.json', "
+                         "without '/', '\\' or NUL)")
     here = Path(start or Path.cwd()).resolve()
     root = next((folder for folder in (here, *here.parents) if (folder / "benchmarks" / "reference").is_dir()), None)
     if root is None:
