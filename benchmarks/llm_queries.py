@@ -841,6 +841,12 @@ def parse_args(argv=None, *, run: bool = False):
         parser.error(f"argument --merge: not reports of this benchmark ({type(error).__name__}: {error})")
     if clash:
         parser.error(f"argument --merge: {clash}")
+    kinds = {is_pilot(part) for part in merged}
+    if len(kinds) > 1:      # the merge takes the first part's args: a pilot's runs would be graded as the race's, or
+        pilots = [Path(p).name for p, part in zip(args.merge, merged) if is_pilot(part)]      # the race shown as one
+        what = "is a --quick pilot" if len(pilots) == 1 else "are --quick pilots"
+        parser.error(f"argument --merge: {', '.join(pilots)} {what} (1 seed, shown, never graded) and the other parts "
+                     "are not: merge pilots or races only")
     if args.cached_only and args.run_cache is not None and not args.run_cache.is_dir():
         parser.error(f"argument --run-cache: no such folder {str(args.run_cache)!r} (--cached-only reads a race "
                      "from it: a report of nothing would be written over --out)")

@@ -198,3 +198,20 @@ def test_gpu_check_exits_1_when_a_correctness_check_failed(monkeypatch, tmp_path
         with pytest.raises(SystemExit, match="FAILED torch.bfloat16/gaussian"):
             gpu_check.main([])
     assert json.loads((tmp_path / "gpu_check.json").read_text())["correctness"] == correctness
+
+
+# -- make bench-llm --merge of a pilot with a race -----------------------------------------------------------------
+def test_merge_refuses_a_pilot_beside_a_race(tmp_path, capsys):
+    """--merge race.json pilot.json took the first part's args (not a pilot): the pilot's one-seed runs were written
+    to llm_queries.json and graded by make bench as the race's (pilot first: the race shown as a pilot, not graded)."""
+    def part(name, quick, sampler):
+        path = tmp_path / name
+        path.write_text(json.dumps({"args": {"quick": quick, "eps": 1e-3}, "date": "d", "machine": "m", "runtime_s": 1,
+                                    "settings": [{"label": "s", "runs": {sampler: []}}]}))
+        return str(path)
+    race, pilot = part("race.json", False, "uniform"), part("pilot.json", True, "sazo")
+    for order in ([race, pilot], [pilot, race]):
+        refused(capsys, lambda: llm_queries.parse_args(["--merge", *order, "--out", str(tmp_path / "m.json")]),
+                "--merge", "pilot.json is a --quick pilot")
+    other = part("other.json", False, "sazo")
+    assert llm_queries.parse_args(["--merge", race, other, "--out", str(tmp_path / "m.json")]).merge
