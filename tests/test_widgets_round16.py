@@ -231,3 +231,27 @@ def test_benchmark_report_takes_a_file_name_only(tmp_path):
             benchmark_report(name, start=tmp_path)
     assert benchmark_report("r.json", start=tmp_path) == (tmp_path / "benchmarks" / "reference" / "r.json",
                                                           REFERENCE_RUN)
+
+
+def test_race_tune_says_when_it_stopped(monkeypatch):
+    # a kernel interrupt (or a failed run) mid-tuning left the status line at "tuning η per method… 3/12 runs" for good
+    import pytest
+    from sazo_lite.course.widgets import race as race_module
+
+    board = race_module.race_dashboard(seeds=1, steps=10, num_examples=16, dim=3, live_after=None)
+    rates = {name: control.value for name, control in board.controls.items() if name.startswith("lr_")}
+    real, calls = race_module.race, [0]
+
+    def interrupted(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(race_module, "race", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        board.tune()
+    texts = [w.value for box in board.children if hasattr(box, "children") for w in box.children
+             if hasattr(w, "value") and isinstance(w.value, str) and "tuning" in w.value]
+    assert texts and all("stopped after 2/" in text for text in texts)
+    assert {name: board.controls[name].value for name in rates} == rates

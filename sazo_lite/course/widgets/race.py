@@ -598,9 +598,14 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
             grids[method] = [rate for rate in (values[LR_CONTROLS[method]] * f for f in _GRID) if low <= rate <= high]
         todo = [(m, {**values, LR_CONTROLS[m]: rate}, s) for m in SAMPLERS for rate in grids[m] for s in seeds]
         todo = [job for job in todo if run_key(*job) not in runs]
-        for k, (method, job_values, seed) in enumerate(todo):   # a class-mode tuning trains for tens of seconds
-            status.value = f"tuning η per method… {k}/{len(todo)} runs ({_LABELS[method]})"
-            run_method(method, job_values, seed)
+        try:
+            for k, (method, job_values, seed) in enumerate(todo):   # a class-mode tuning trains for tens of seconds
+                status.value = f"tuning η per method… {k}/{len(todo)} runs ({_LABELS[method]})"
+                run_method(method, job_values, seed)
+        except BaseException:   # an interrupted kernel or a failed run: the line said "tuning…" for good
+            status.value = (f"tuning η per method stopped after {k}/{len(todo)} runs; the rates are unchanged "
+                            "(press the button again: finished runs are kept)")
+            raise
         best = {}
         for method in SAMPLERS:
             name = LR_CONTROLS[method]
