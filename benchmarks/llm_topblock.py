@@ -36,7 +36,7 @@ import torch
 import transformers
 
 from benchmarks.queries import InformedSampler
-from benchmarks.cli import check_output, count, fraction, machine, natural, non_negative, positive
+from benchmarks.cli import check_output, count, fraction, machine, natural, non_negative, positive, refuse_unused
 from sazo_lite.atomic import write_text
 from sazo_lite.llm import add_lora, load_smollm2, restore_snapshot, snapshot, trainable_parameters
 from sazo_lite.llm.landscape import random_walk_descent
@@ -169,6 +169,15 @@ def main(argv=None) -> None:
     parser.add_argument("--cost", action="store_true",
                         help="measure a step's cost instead: top-block against all-layer LoRA (ratio in one run)")
     args = parser.parse_args(argv)
+    # options the chosen mode does not read: else taken without a word (--walk-radii on a long run measured nothing)
+    run_only = ("factory", "seed", "diagnose", "oracle_every", "walk_bound", "walk_pull", "stop")
+    if args.cost:
+        refuse_unused(parser, args, (*run_only, "steps", "log_every", "set", "n", "pull_floor", "walk_radii"),
+                      "to --cost (a step's cost on the opposed set at --batch)")
+    elif args.pull_floor is not None:
+        refuse_unused(parser, args, (*run_only, "batch"), "to --pull-floor (full-batch GD)")
+    else:
+        refuse_unused(parser, args, ("walk_radii",), "without --pull-floor")
     check_output(parser, "--json", args.json)
     if args.pull_floor is not None:     # one run per λ (a λ given twice: once), one row per radius
         args.pull_floor, args.walk_radii = list(dict.fromkeys(args.pull_floor)), list(dict.fromkeys(args.walk_radii))

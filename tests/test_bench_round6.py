@@ -215,3 +215,20 @@ def test_merge_refuses_a_pilot_beside_a_race(tmp_path, capsys):
                 "--merge", "pilot.json is a --quick pilot")
     other = part("other.json", False, "sazo")
     assert llm_queries.parse_args(["--merge", race, other, "--out", str(tmp_path / "m.json")]).merge
+
+
+# -- benchmarks.llm_topblock: options its mode does not read -------------------------------------------------------
+@pytest.mark.parametrize("argv, option", [
+    (["sazo", "--lr", "1e-3", "--walk-radii", "3", "10"], "--walk-radii"),     # a long run: no displacement measured
+    (["gd", "--lr", "0.05", "--pull-floor", "0", "--walk-bound", "30"], "--walk-bound"),   # GD: no walk bound
+    (["gd", "--lr", "0.05", "--pull-floor", "0", "--seed", "3"], "--seed"),
+    (["cost", "--lr", "1", "--cost", "--steps", "100"], "--steps"),           # the cost: 8 steps, fixed
+    (["cost", "--lr", "1", "--cost", "--set", "homogeneous"], "--set"),      # the cost: the opposed set
+])
+def test_llm_topblock_refuses_an_option_its_mode_does_not_read(capsys, monkeypatch, argv, option):
+    """Each was taken without a word and not applied (--walk-radii 3 10 on a long run, --walk-bound on --pull-floor's
+    GD, --set homogeneous on --cost, which always times the opposed set)."""
+    from benchmarks import llm_topblock
+    for name in ("top_start", "step_cost", "long_run", "pull_floor"):
+        monkeypatch.setattr(llm_topblock, name, lambda *a, **k: pytest.fail("the run started"))
+    refused(capsys, lambda: llm_topblock.main(argv), option, "does not apply")
