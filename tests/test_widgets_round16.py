@@ -255,3 +255,28 @@ def test_race_tune_says_when_it_stopped(monkeypatch):
              if hasattr(w, "value") and isinstance(w.value, str) and "tuning" in w.value]
     assert texts and all("stopped after 2/" in text for text in texts)
     assert {name: board.controls[name].value for name in rates} == rates
+
+
+def test_race_title_says_when_a_change_stopped_part_way(monkeypatch):
+    # a change interrupted after its first partial draw kept the title "… first seed… (more seeds coming)" for good,
+    # over a plot of the new setting's first seeds and the previous setting's table
+    import pytest
+    from sazo_lite.course.widgets import race as race_module
+
+    board = race_module.race_dashboard(seeds=2, steps=10, num_examples=16, dim=3, live_after=None)
+    real, calls = race_module.race, [0]
+
+    def interrupted(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(race_module, "race", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        board.controls["lr_uniform"].value = 0.02   # uniform's first seed is drawn, its second interrupted
+    assert "stopped before every run finished" in board.figures["race"].layout.title.text
+    monkeypatch.setattr(race_module, "race", real)
+    board.refresh()                                 # the next redraw finishes and titles the race again
+    assert "stopped" not in board.figures["race"].layout.title.text
+    assert board.result().lrs["uniform"] == 0.02

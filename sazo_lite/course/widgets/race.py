@@ -481,6 +481,7 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
     status = widgets.HTML()
     problems, runs, hold = {}, {}, [False]
     draws, shown = [0], [None]
+    figure_result = [None]   # the result the figure was last drawn from (a partial one while runs train)
 
     def current_problem(values: dict):
         name, sigma = values["problem"], values["heterogeneity"]
@@ -526,6 +527,7 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
         with figures["race"].batch_update():   # one redraw
             _draw_race(figures["race"], result, logged=logged)
             figures["race"].layout.title.text = title
+        figure_result[0] = result
         if final:
             readout.value = (race_divergence(result, values["batch_size"], values["eps"])
                              + race_table_html(result, values["eps"]) + gains(values))
@@ -561,6 +563,16 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
         return seen
 
     def refresh() -> None:
+        try:
+            redraw()
+        except BaseException:   # an interrupted kernel or a failed run: the title said "training…" for good
+            if draws[0] and shown[0] is not figure_result[0]:   # a partial draw of this change is on screen
+                figures["race"].layout.title.text = (f"{current_values()['problem']}: stopped before every run "
+                                                     "finished (the plot shows the runs done; the table is the "
+                                                     "last finished race's)")
+            raise
+
+    def redraw() -> None:
         values, draws[0] = current_values(), 0
         due = [time.perf_counter() + (live_after if live_after is not None else np.inf)]
         stale = [m for m in SAMPLERS if any(run_key(m, values, s) not in runs for s in seeds)]
