@@ -6,8 +6,8 @@
 For each N: ``state_bytes / N`` of ``SAZOSampler`` and ``PlainSAZOSampler`` (per-example arrays
 and sum trees, as ``state_bytes`` counts them), the median time of one ``sample(B)`` +
 ``update(B)`` after a warm-up that has seen part of the data, and how far the tree's float32
-sums move the distribution from a float64 reference (max relative difference of p_i over the
-drawn indices and of Σp − 1).
+sums move the distribution from a float64 reference (max relative difference of p_i over all
+N examples and of Σp − 1).
 """
 from __future__ import annotations
 
