@@ -565,9 +565,10 @@ class RaceResult:
     def speedup(self, method: str, baseline: str = "uniform") -> float:
         """How many times fewer queries than ``baseline`` ``method`` needs (medians over seeds).
 
-        inf when only ``method`` reaches the target (the true factor is then above
-        ``queries[-1] / median_to_target(method)``); NaN when ``method`` does not reach it; 1 when both
-        are there at θ₀ (0 queries: an initial gap already at the target).
+        inf when only ``method`` reaches the target (the true factor is then above the median of the
+        baseline's seeds, each miss counted at ``queries[-1]``, over ``median_to_target(method)``; with an
+        even number of seeds that is less than ``queries[-1]`` over it); NaN when ``method`` does not reach it;
+        1 when both are there at θ₀ (0 queries: an initial gap already at the target).
         """
         self._raced("baseline", baseline)
         ours, theirs = self.median_to_target(method), self.median_to_target(baseline)
