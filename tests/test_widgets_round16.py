@@ -233,6 +233,20 @@ def test_benchmark_report_takes_a_file_name_only(tmp_path):
                                                           REFERENCE_RUN)
 
 
+def _interrupt_race_at(monkeypatch, race_module, call: int):
+    """race_module.race raises KeyboardInterrupt (Ctrl-C) at its ``call``-th call; returns the real race."""
+    real, calls = race_module.race, [0]
+
+    def interrupted(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == call:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(race_module, "race", interrupted)
+    return real
+
+
 def test_race_tune_says_when_it_stopped(monkeypatch):
     # a kernel interrupt (or a failed run) mid-tuning left the status line at "tuning η per method… 3/12 runs" for good
     import pytest
@@ -240,15 +254,7 @@ def test_race_tune_says_when_it_stopped(monkeypatch):
 
     board = race_module.race_dashboard(seeds=1, steps=10, num_examples=16, dim=3, live_after=None)
     rates = {name: control.value for name, control in board.controls.items() if name.startswith("lr_")}
-    real, calls = race_module.race, [0]
-
-    def interrupted(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] == 3:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(race_module, "race", interrupted)
+    _interrupt_race_at(monkeypatch, race_module, 3)
     with pytest.raises(KeyboardInterrupt):
         board.tune()
     texts = [w.value for box in board.children if hasattr(box, "children") for w in box.children
@@ -264,15 +270,7 @@ def test_race_title_says_when_a_change_stopped_part_way(monkeypatch):
     from sazo_lite.course.widgets import race as race_module
 
     board = race_module.race_dashboard(seeds=2, steps=10, num_examples=16, dim=3, live_after=None)
-    real, calls = race_module.race, [0]
-
-    def interrupted(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(race_module, "race", interrupted)
+    real = _interrupt_race_at(monkeypatch, race_module, 2)
     with pytest.raises(KeyboardInterrupt):
         board.controls["lr_uniform"].value = 0.02   # uniform's first seed is drawn, its second interrupted
     assert "stopped before every run finished" in board.figures["race"].layout.title.text
