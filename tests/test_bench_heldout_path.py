@@ -50,7 +50,7 @@ def test_the_summary_takes_each_budget_where_measured_and_skips_stopped_runs(cap
     summarise({"runs": runs})
     printed = capsys.readouterr().out
     assert "8000 uniform  n=1: acc 0.250" in printed and "8000 sazo     n=0: acc –" in printed
-    assert "F/F₀ in [0.9, 1.0): uniform n=2 acc 0.225" in printed and "sazo n=1 acc 0.200" in printed
+    assert "F/F₀ in [0.9, 1.01): uniform n=2 acc 0.225" in printed and "sazo n=1 acc 0.200" in printed
 
 
 def test_the_summary_prints_each_samplers_difference_from_uniform_with_its_interval(capsys):
