@@ -145,6 +145,24 @@ class NoiseScaledStep:
         else:
             self.mean = self.decay * self.mean + (1.0 - self.decay) * square
 
+    def state_dict(self) -> dict:
+        """The rule's settings and running values (plain numbers): a resumed run scales as the uninterrupted one."""
+        return {"decay": self.decay, "warmup": self.warmup, "max_scale": self.max_scale, "seen": self.seen,
+                "reference": self.reference, "mean": self.mean}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state_dict()``: ValueError, before anything changes, for a state of other settings (its
+        scales would not be this rule's) or with a count or mean out of range."""
+        if not isinstance(state, dict) or set(state) != set(self.state_dict()):
+            raise ValueError(f"Invalid state: {str(state)[:80]} (expected NoiseScaledStep.state_dict())")
+        mine = {"decay": self.decay, "warmup": self.warmup, "max_scale": self.max_scale}
+        if {key: state[key] for key in mine} != mine:
+            raise ValueError(f"Invalid state: settings {({key: state[key] for key in mine})} (this rule's: {mine})")
+        seen = check_int("seen", state["seen"], 0)
+        reference = check_number("reference", state["reference"], 0.0)
+        mean = check_number("mean", state["mean"], 0.0)
+        self.seen, self.reference, self.mean = seen, reference, mean
+
     def scale(self) -> float:
         """The factor on the base rate for the next step."""
         if self.seen <= self.warmup or self.reference <= 0.0:
