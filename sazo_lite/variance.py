@@ -106,24 +106,18 @@ def _nonnegative(name: str, x) -> torch.Tensor:
     return _vector(name, x, nonnegative=True)
 
 
-def _distribution(name: str, x) -> torch.Tensor:
-    """Probabilities: entries ≥ 0 summing to 1 (``_check_total``)."""
-    probs, given = _read(name, x, nonnegative=True)
-    _check_total(name, probs, given)
-    return probs
-
-
-def distribution(name: str, probs, num_examples: int) -> torch.Tensor:
-    """``probs`` as a float64 CPU vector of ``num_examples`` finite entries ≥ 0 summing to 1 (``_check_total``'s
-    tolerance), or ``ValueError("Invalid <name>: ...")``: the distribution a sampler draws from and weights by.
+def distribution(name: str, probs, num_examples: int | None = None) -> torch.Tensor:
+    """``probs`` as a float64 CPU vector of finite entries ≥ 0 summing to 1 (``_check_total``'s tolerance), of
+    ``num_examples`` entries if given, or ``ValueError("Invalid <name>: ...")``: the distribution a sampler draws
+    from and weights by, and the p ``mix_with_uniform`` takes.
 
     Example:
         >>> distribution("probs", [0.25, 0.75], 2).tolist()
         [0.25, 0.75]
     """
-    num_examples = check_count("num_examples", num_examples)
+    num_examples = None if num_examples is None else check_count("num_examples", num_examples)
     probs, given = _read(name, probs, nonnegative=True)
-    if probs.shape != (num_examples,):   # before the sum: a vector of another length is named by its shape
+    if num_examples is not None and probs.shape != (num_examples,):   # before the sum: named by its shape
         raise ValueError(f"Invalid {name}: shape {tuple(probs.shape)} (expected ({num_examples},), one probability "
                          f"per example)")
     _check_total(name, probs, given)
@@ -170,7 +164,7 @@ def oracle_probs(norms) -> torch.Tensor:
 
 def mix_with_uniform(probs, uniform_mix: float) -> torch.Tensor:
     """(1−λ)·p + λ/N for a distribution p (entries ≥ 0 summing to 1): ``mixed_probabilities`` with S = 1."""
-    probs = _distribution("probs", probs)
+    probs = distribution("probs", probs)
     uniform_mix = check_fraction("uniform_mix", uniform_mix, 0.0, 1.0, closed_low=True, closed_high=True)
     return mixed_probabilities(probs, 1.0, uniform_mix, len(probs))
 
