@@ -254,14 +254,14 @@ class TorchNoise(_Threaded):
         if chunk % 16:
             raise ValueError(f"Invalid chunk: {chunk} (expected a multiple of 16)")
 
-    def _generator(self, slot: int, term: int, device: torch.device) -> torch.Generator:
+    def _generator(self, term: int, device: torch.device) -> torch.Generator:
         """The calling thread's generator for a job's ``term`` (each thread runs one job at a time)."""
         generators = self._scratch().setdefault("generators", {})
         if (term, device) not in generators:
             generators[term, device] = torch.Generator(device=device)
         return generators[term, device]
 
-    def _buffer(self, slot: int, term: int, dtype: torch.dtype) -> torch.Tensor:
+    def _buffer(self, term: int, dtype: torch.dtype) -> torch.Tensor:
         buffers = self._scratch().setdefault("buffers", {})
         if (term, dtype) not in buffers:  # chunk + 15: room for a merged tail
             buffers[term, dtype] = torch.empty(self.chunk + 15, dtype=dtype)
@@ -273,16 +273,16 @@ class TorchNoise(_Threaded):
         if not chunked:
             shrink = job.shrink
             for term, (seed, coefficient, perturbation) in enumerate(terms):
-                z = draw_direction(p, seed, perturbation, self._generator(slot, term, p.device))
+                z = draw_direction(p, seed, perturbation, self._generator(term, p.device))
                 _add(p, z, coefficient, shrink)
                 shrink = 1.0
             return
         streams = []
         for term, (seed, coefficient, perturbation) in enumerate(terms):
             check_perturbation(perturbation)   # below, anything but "gaussian" draws signs
-            generator = self._generator(slot, term, p.device)
+            generator = self._generator(term, p.device)
             generator.manual_seed(seed)
-            streams.append((generator, self._buffer(slot, term, z_dtype(p)), coefficient, perturbation))
+            streams.append((generator, self._buffer(term, z_dtype(p)), coefficient, perturbation))
         flat = p.view(-1)
         for start, stop in chunk_bounds(p.numel(), self.chunk):  # chunk starts: multiples of 16
             shrink = job.shrink

@@ -483,7 +483,7 @@ def test_a_source_shared_by_two_threads_draws_each_step_its_own_z(make):
     source, seen = make(), []
     workers = [threading.Thread(target=lambda: seen.append(
         source._generator(torch.device("cpu")) if isinstance(source, PlainNoise)
-        else (source._generator(0, 0, torch.device("cpu")), source._buffer(0, 0, torch.float32)))) for _ in range(2)]
+        else (source._generator(0, torch.device("cpu")), source._buffer(0, torch.float32)))) for _ in range(2)]
     for thread in workers:
         thread.start()
     for thread in workers:
