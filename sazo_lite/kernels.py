@@ -74,7 +74,6 @@ def _kernel():
 
 def _launch(theta: torch.Tensor, seed: int, coefficient: float, shrink: float, perturbation: str,
             block: int) -> None:
-    check_perturbation(perturbation)   # the kernel draws Gaussian z for anything but "rademacher"
     numel = theta.numel()
     grid = (-(-numel // block),)
     _kernel()[grid](theta, numel, int(seed) % (2 ** 31), float(coefficient), float(shrink),
@@ -83,6 +82,7 @@ def _launch(theta: torch.Tensor, seed: int, coefficient: float, shrink: float, p
 
 def triton_direction(like: torch.Tensor, seed: int, perturbation: str, *, block: int = 1024) -> torch.Tensor:
     """The kernel's z for one tensor, materialised in float32 (tests and teaching)."""
+    check_perturbation(perturbation)   # the kernel draws Gaussian z for anything but "rademacher"
     z = torch.zeros(like.numel(), dtype=torch.float32, device=like.device)
     _launch(z, seed, 1.0, 1.0, perturbation, block)   # 0·1 + 1·z
     return z.view(like.shape)
@@ -122,8 +122,8 @@ class TritonNoise(_Threaded):
                 or padded > MAX_KERNEL_ENTRIES):
             self.fallback.apply([job])
             return
-        for _, _, perturbation in job.terms():   # every term checked before the first launch moves θ
-            check_perturbation(perturbation)
+        for _, _, perturbation in job.terms():   # every term checked before the first launch moves θ (the kernel
+            check_perturbation(perturbation)      # draws Gaussian z for anything but "rademacher")
         shrink = job.shrink
         for seed, coefficient, perturbation in job.terms():  # a folded job: two launches
             _launch(p, seed, coefficient, shrink, perturbation, self.block)

@@ -483,7 +483,8 @@ def _virtual_tokens(model) -> int:
 
 
 def _logits(model, inputs, autocast_dtype, grad: bool = False, positions=None) -> torch.Tensor:
-    """Float32 logits [B, T, V], or with ``positions`` [B] only row b's logits at positions[b]: [B, V].
+    """Logits [B, T, V] in float32 (float64 for a float64 model, ``at_least_float32``), or with ``positions`` [B]
+    only row b's logits at positions[b]: [B, V].
 
     A prompt-tuned model's logits cover its virtual tokens first (``_virtual_tokens``): they are dropped, so
     position t is the input's token t (the last prompt position scored the virtual tokens' logits instead,

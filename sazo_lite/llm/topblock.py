@@ -227,8 +227,8 @@ class TopBlocks:
             on those examples.
 
     Call it with indices ([B]) for the losses [B] (float32, float64 for a float64 model; inference mode), as
-    ``MeZO.step``'s closure and ``sazo_lite.train``'s ``batch_losses`` want; ``losses(indices, grad=True)`` keeps the autograd
-    graph. ``mean_loss()``, ``accuracy()`` and ``grad_norms(params)`` (true per-example norms by
+    ``MeZO.step``'s closure and ``sazo_lite.train``'s ``batch_losses`` want; ``losses(indices, grad=True)`` keeps
+    the autograd graph. ``mean_loss()``, ``accuracy()`` and ``grad_norms(params)`` (true per-example norms by
     backprop) cover the split: its examples, labels and label words as ``batch`` held them at construction.
     Construct it again if weights below the top blocks change (the first call
     after a change of their values warns, once: the losses still run on the cache). Every call
@@ -512,7 +512,8 @@ class TopBlocks:
                 bias = None if self.head.bias is None else self.head.bias[self.label_ids]
                 # in the head's dtype, as a model whose states run in another casts them (Mamba's float32 residual)
                 h = h.to(self.head.weight.dtype)
-                return at_least_float32(self.logit_map(F.linear(h, self.head.weight[self.label_ids], bias)))   # [B, C]
+                logits = self.logit_map(F.linear(h, self.head.weight[self.label_ids], bias))   # [B, C]
+                return at_least_float32(logits)
             return at_least_float32(self.logit_map(self.head(h)[:, self.label_ids]))
 
     def losses(self, indices, *, grad: bool = False) -> torch.Tensor:
