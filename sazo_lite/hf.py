@@ -50,9 +50,9 @@ are the Trainer's own. What differs:
   use: no ``labels`` in the batches, outputs without ``logits`` [B, T, V] (an attribute, or a
   dict's key), a loss that is not one float per example. Each step, before its first pass, an
   example the collator refuses, a token id beyond the model's embeddings, a batch longer than its learned
-  positions (GPT-2, OPT) and (default loss) a label id outside [0, V) other than −100 are refused (``ValueError``) naming the train_dataset indices and
-  the step. The per-example losses reach MeZO in float64 (a float64 loss keeps its precision; the default
-  loss of a float64 model is computed in float64).
+  positions (GPT-2, OPT) and (default loss) a label id outside [0, V) other than −100 are refused
+  (``ValueError``) naming the train_dataset indices and the step. The per-example losses reach MeZO in
+  float64 (a float64 loss keeps its precision; the default loss of a float64 model is computed in float64).
   ``evaluate`` refuses a ``per_example_loss`` that is not one float per example, as training does.
   The logged training loss is mean_k(w_k·(f_k(θ+εz) + f_k(θ−εz))/2); ``eval_loss`` is
   mean_i f_i over the eval set, averaged in float32 (not the token-weighted mean; under data

@@ -11,7 +11,8 @@ from sazo_lite.llm.topblock import TopBlocks, top_block_parameters
 
 def _batch(model) -> TokenBatch:
     generator = torch.Generator().manual_seed(0)
-    ids = [torch.randint(3, model.config.vocab_size, (length,), generator=generator).tolist() for length in (4, 7, 5, 6)]
+    ids = [torch.randint(3, model.config.vocab_size, (length,), generator=generator).tolist()
+           for length in (4, 7, 5, 6)]
     return TokenBatch(ids, [len(row) - 1 for row in ids], 0, torch.tensor([0, 1, 1, 0]), torch.tensor([5, 9]))
 
 

@@ -234,15 +234,16 @@ class LogisticRegression(FiniteSumProblem):
         # |θ| ~ 1e8 with ‖∇F‖ still ~2, and every gap was then measured from that wrong θ*.
         theta = torch.zeros(self.dim, dtype=torch.float64)
         eye = torch.eye(self.dim, dtype=torch.float64)
-        tolerance = max(1e-9 * float(self.gradient(theta).norm()), 1e-12)
+        grad = self.gradient(theta)
+        tolerance = max(1e-9 * float(grad.norm()), 1e-12)
         for k in range(most):
             prob = torch.sigmoid(self.labels * (self.features @ theta))
             curvature = self.scales * prob * (1 - prob)
             hessian = (self.features * curvature[:, None]).T @ self.features / self.num_examples + self.l2 * eye
-            step = self._descending(theta, torch.linalg.solve(hessian, self.gradient(theta)))
+            step = self._descending(theta, torch.linalg.solve(hessian, grad))
             theta = theta - step
-            if (k + 1 >= iters or float(step.norm()) < 1e-12) and \
-                    float(self.gradient(theta).norm()) <= tolerance:
+            grad = self.gradient(theta)   # the stopping test's, and the next step's
+            if (k + 1 >= iters or float(step.norm()) < 1e-12) and float(grad.norm()) <= tolerance:
                 return theta
         raise ValueError(f"Invalid l2: {self.l2} (Newton's method found no optimum within {most} steps: the "
                          f"examples are nearly separable and l2 too small to pin θ*; raise l2)")

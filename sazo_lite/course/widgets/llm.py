@@ -486,7 +486,8 @@ def gain_vs_batch_figure(predicted: dict, measured: dict | None = None, *, title
     if not predicted or not all(predicted.values()):
         raise ValueError(f"Invalid predicted: expected set label -> a non-empty {{B: gain}}, got {predicted!r}")
     predicted = {label: _by_batch(f"gains of {label!r}", gains) for label, gains in predicted.items()}
-    measured = {label: _by_batch(f"gains of {label!r}", gains) if gains else {} for label, gains in (measured or {}).items()}
+    measured = {label: _by_batch(f"gains of {label!r}", gains) if gains else {}
+                for label, gains in (measured or {}).items()}
     alone = sorted(set(measured) - set(predicted), key=str)   # drawn beside its predicted line, or not at all
     if alone:
         raise ValueError(f"Invalid measured: {alone} have no predicted line (expected labels among {list(predicted)})")
