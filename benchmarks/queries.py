@@ -77,7 +77,6 @@ class InformedSampler(Sampler):
     """
     reads_parameters = True   # its norms read θ: under a folded MeZO, train flushes before its draws and updates
 
-
     def __init__(self, num_examples, norms_fn, *, stale: bool, prior="rms", uniform_mix: float = 0.1,
                  seed: int = 0, norms_at=None):
         super().__init__(num_examples, seed=seed)
@@ -113,7 +112,6 @@ class NoiselessSAZO(SAZOSampler):
     ``ema_decay`` shortens that memory (0: the last draw's norm, relative to the level)."""
     reads_parameters = True   # its norms read θ: under a folded MeZO, train flushes before its draws and updates
 
-
     def __init__(self, num_examples, norms_fn, *, ema_decay: float = 0.9, seed: int = 0):
         super().__init__(num_examples, ema_decay=ema_decay, seed=seed)
         self.norms_fn = norms_fn
@@ -133,7 +131,6 @@ class SmoothedOracle(Sampler):
     norms a sampler must know change, against how often a visit-based rule can observe them.
     """
     reads_parameters = True   # its norms read θ: under a folded MeZO, train flushes before its draws and updates
-
 
     def __init__(self, num_examples, norms_fn, *, horizon: float, uniform_mix: float = 0.1, seed: int = 0):
         super().__init__(num_examples, seed=seed)
