@@ -74,7 +74,8 @@ are the Trainer's own. What differs:
   ``sazo_ess`` (mean Kish effective sample size (Σw)²/Σw² of the batches, as a fraction of B).
 - Data parallel (``torchrun --nproc_per_node=W script.py``, gloo on CPU): every rank draws the same
   global batch, evaluates its contiguous block of B/W examples and all-gathers the losses
-  (``sazo_lite.distributed``), so g, the update and the sampler stay identical on every rank.
+  (``sazo_lite.distributed``), so g, the update and the sampler stay identical on every rank. Each step
+  first checks that every rank drew the same batch (``same_batch``: ValueError on every rank, nothing moved).
 - Checkpoints add ``zo_state.pt`` (the sampler's state, any master weights, the query count, B and
   ``learning_rate``, which a plateau schedule keeps nowhere else: plain
   tensors, numbers and strings, written to a temporary file and renamed) to the Trainer's
@@ -91,8 +92,9 @@ are the Trainer's own. What differs:
   ``save_only_model=True`` checkpoint holds the weights only and cannot be resumed. Loads (a resume,
   ``load_best_model_at_end``) keep the model's trainable tensors, objects and dtypes: peft's
   ``load_adapter`` replaces bfloat16/float16 adapters by new float32 tensors, which are put back. peft saves a
-  p-tuning model's prompt encoder as its output only, so ``zo_state.pt`` then holds the tuned tensors, and
-  loads put them back (a p-tuning checkpoint without them is refused).
+  p-tuning model's prompt encoder (and a prefix-tuning one's with ``prefix_projection``, which peft's own load
+  refuses: the trainer skips it) as its output only, so ``zo_state.pt`` then holds the tuned tensors, and
+  loads put them back (such a checkpoint without them is refused).
   ``zo_state.pt`` is read with ``torch.load(weights_only=True)`` (a file holding anything else, such as a
   pickled object, is refused and nothing in it runs) and checked in full before anything loads.
 - Seed logs: a ``SeedLog`` attached to ``trainer.zo_optimizer`` (a plain ``MeZO``; say in a
@@ -133,7 +135,7 @@ from transformers.training_args import OptimizerNames
 from transformers.utils import is_datasets_available
 
 from .atomic import atomic_write
-from .distributed import gather_losses, rank_and_world, shard
+from .distributed import gather_losses, rank_and_world, same_batch, shard
 from .engine import MeZO, NoiseSourceWarning
 from .interrupts import InterruptsDeferred
 from .llm.losses import IGNORE, _position_tables, _virtual_tokens, causal_lm_losses
@@ -477,7 +479,8 @@ class ZOTrainer(Trainer):
             raise ValueError(f"Invalid label_names: {self.label_names} (the default per_example_loss scores "
                              f"inputs['labels']; keep 'labels' or pass per_example_loss=(outputs, inputs) -> [B])")
         if args.load_best_model_at_end and args.save_only_model and self._weights_not_in_checkpoint():
-            raise ValueError("Invalid save_only_model: True with load_best_model_at_end and a peft p-tuning model, "
+            raise ValueError("Invalid save_only_model: True with load_best_model_at_end and a peft p-tuning model "
+                             "(or prefix tuning with prefix_projection), "
                              "whose saved weights are its prompt encoder's output only: the best checkpoint would "
                              "load as another prompt (zo_state.pt, which holds the tensors, is not written with "
                              "save_only_model)")
@@ -726,6 +729,9 @@ class ZOTrainer(Trainer):
             self._master_follows_writes()
         self._check_logged_weights()
         indices, weights = self.zo_sampler.sample(self.global_batch_size())
+        # every rank must hold the same batch (a sampler of another seed or state drew another): the gather would
+        # join the losses of two batches as one, without a word; ValueError on every rank, before anything moves
+        same_batch(indices)
         rank, world = rank_and_world()
         batch_indices = shard(indices, rank, world)
         batch = self._collate(batch_indices)  # this rank's B/W examples
@@ -1006,8 +1012,10 @@ class ZOTrainer(Trainer):
         tuned = state.get("tuned")
         if tuned is None and self._weights_not_in_checkpoint():
             raise ValueError(f"Invalid checkpoint: {path} holds no tuned tensors, and peft saves a p-tuning model's "
-                             f"prompt encoder as its output only (prompt_embeddings), which a resume loads as the "
-                             f"encoder's input: another prompt (checkpoints written before round 16 cannot continue)")
+                             f"prompt encoder (or a prefix-tuning one's with prefix_projection) as its output only "
+                             f"(prompt_embeddings), which a resume loads as the encoder's input: another prompt, or "
+                             f"peft's size mismatch (checkpoints written before round 16, 17 for prefix tuning, "
+                             f"cannot continue)")
         if tuned is not None and (not isinstance(tuned, list) or len(tuned) != len(params) or any(
                 not isinstance(t, torch.Tensor) or t.dtype != p.dtype or t.shape != p.shape
                 or not bool(torch.isfinite(t).all()) for t, p in zip(tuned, params))):
@@ -1112,8 +1120,9 @@ class ZOTrainer(Trainer):
         # private, kept: where load_best_model_at_end puts the best weights into the model. The
         # master must follow them, or the next step (a later train()) would sync the last
         # weights back over the best ones.
-        with self._tuned_tensors_kept():
-            super()._load_best_model()
+        if not self._adapter_not_loadable():
+            with self._tuned_tensors_kept():
+                super()._load_best_model()
         if self._weights_not_in_checkpoint():
             self._load_tuned(self._read_zo_state(self.state.best_model_checkpoint))
         if self._master is not None:
@@ -1121,6 +1130,8 @@ class ZOTrainer(Trainer):
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None) -> None:
         # private, kept: where a resume loads the checkpoint's weights into the model (see _tuned_tensors_kept)
+        if self._adapter_not_loadable():
+            return   # the tuned tensors come from zo_state.pt (create_optimizer), checked by train() already
         with self._tuned_tensors_kept():
             super()._load_from_checkpoint(resume_from_checkpoint, model)
 
@@ -1174,9 +1185,19 @@ class ZOTrainer(Trainer):
         """Whether the Trainer's model files cannot give back the tuned tensors: peft saves a p-tuning model's
         prompt encoder (an embedding under an MLP) as its output, ``prompt_embeddings``, and loading puts that
         into the encoder's embedding, under the MLP's initial weights: a resumed run started from another prompt
-        (every tensor off, the embedding by 3.5 on a tiny Llama). ``zo_state.pt`` then holds the tensors."""
+        (every tensor off, the embedding by 3.5 on a tiny Llama). A prefix-tuning model with ``prefix_projection``
+        is saved the same way, and peft's load refuses it (``_adapter_not_loadable``). ``zo_state.pt`` then holds
+        the tensors."""
         config = getattr(self.accelerator.unwrap_model(self.model), "active_peft_config", None)
-        return getattr(config, "peft_type", None) == "P_TUNING"
+        return getattr(config, "peft_type", None) == "P_TUNING" or self._adapter_not_loadable()
+
+    def _adapter_not_loadable(self) -> bool:
+        """Whether peft cannot load the model's own checkpoint: a prefix-tuning model with ``prefix_projection``
+        saves the projected prefix [P, 2·layers·width], and its load into the embedding [P, width] raises (a
+        resume's RuntimeError "size mismatch", ``load_best_model_at_end``'s ValueError after the whole run). The
+        Trainer's load is skipped for it: the tuned tensors come from ``zo_state.pt``, the frozen ones never moved."""
+        config = getattr(self.accelerator.unwrap_model(self.model), "active_peft_config", None)
+        return getattr(config, "peft_type", None) == "PREFIX_TUNING" and bool(getattr(config, "prefix_projection", False))
 
     def _load_tuned(self, state: dict) -> None:
         """The checkpoint's tuned tensors (``_weights_not_in_checkpoint``) into the model, where it holds them."""

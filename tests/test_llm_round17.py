@@ -1,0 +1,120 @@
+"""Round 17 of the language-model package's and ZOTrainer's defects (sazo_lite.llm, sazo_lite.hf): each test
+fails on the code before its fix."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from sazo_lite import distributed, hf  # noqa: E402
+from sazo_lite.llm import tiny_causal_lm  # noqa: E402
+
+VOCAB = 64
+
+
+def rows_for(n=6):
+    return [{"input_ids": [5 + k, 9, 11 + k, 4], "labels": [-100, 9, 11 + k, 4]} for k in range(n)]
+
+
+def zo_trainer(tmp_path, model, max_steps=4, **overrides):
+    settings = dict(max_steps=max_steps, per_device_train_batch_size=2, learning_rate=1e-2, save_strategy="no",
+                    report_to=[], use_cpu=True, disable_tqdm=True, seed=0)
+    args = transformers.TrainingArguments(str(tmp_path / "out"), **{**settings, **overrides})
+    rows = rows_for()
+    return hf.ZOTrainer(model, args, train_dataset=rows, eval_dataset=rows[:3], eps=1e-2)
+
+
+def tuned(model):
+    return [p.detach().clone() for p in model.parameters() if p.requires_grad]
+
+
+# --- 1. ZOTrainer under data parallel: every rank must hold the same global batch ------------------------------------
+def as_rank_of_two(monkeypatch, rank, other_digest):
+    """This process as rank ``rank`` of 2 whose other rank's batch digest is ``other_digest`` (None: the same batch);
+    the other rank's losses are this rank's again (the all-gather simulated)."""
+    monkeypatch.setattr(distributed, "rank_and_world", lambda: (rank, 2))
+    monkeypatch.setattr(hf, "rank_and_world", lambda: (rank, 2))
+    digests = []
+
+    def gathered(mine, world):
+        digests.append(mine)
+        other = mine if other_digest is None else other_digest
+        return [mine, other] if rank == 0 else [other, mine]
+
+    monkeypatch.setattr(distributed, "_gathered", gathered)
+    monkeypatch.setattr(hf, "gather_losses", lambda mine: torch.cat([mine, mine]))
+    return digests
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_zo_trainer_refuses_a_step_whose_ranks_drew_other_batches(tmp_path, monkeypatch, rank):
+    # the Trainer's step sharded and gathered without the check distributed_closure makes: a rank whose sampler had
+    # another seed or state evaluated other examples, and the losses of two batches were taken as one, silently
+    model = tiny_causal_lm("llama", vocab_size=VOCAB)
+    trainer = zo_trainer(tmp_path, model)
+    as_rank_of_two(monkeypatch, rank, other_digest="0" * 64)
+    start = tuned(model)
+    with pytest.raises(ValueError, match=r"Invalid indices: rank\(s\) \[1\] drew another global batch"):
+        trainer.train()
+    assert trainer.zo_optimizer.step_count == 0
+    assert all(torch.equal(a, b) for a, b in zip(tuned(model), start))
+
+
+def test_zo_trainer_checks_the_batch_its_sampler_drew_and_steps_when_the_ranks_agree(tmp_path, monkeypatch):
+    model = tiny_causal_lm("llama", vocab_size=VOCAB)
+    trainer = zo_trainer(tmp_path, model, max_steps=2)
+    drawn, sample = [], trainer.zo_sampler.sample
+    trainer.zo_sampler.sample = lambda b: drawn.append(sample(b)) or drawn[-1]
+    digests = as_rank_of_two(monkeypatch, 1, other_digest=None)
+    trainer.train()
+    assert trainer.zo_optimizer.step_count == 2
+    assert digests == [distributed._batch_digest(indices) for indices, _ in drawn]
+
+
+# --- 2. peft prefix tuning with prefix_projection: peft's own load of its checkpoint raises --------------------------
+def prefix_tuned(family="llama"):
+    config = peft.PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=3, prefix_projection=True,
+                                     encoder_hidden_size=8)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return peft.get_peft_model(tiny_causal_lm(family, vocab_size=VOCAB), config)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_prefix_projection_run_resumes_bit_for_bit(tmp_path, family):
+    # peft saves the projected prefix [3, 2·layers·width] and its load into the embedding [3, width] raised
+    # (RuntimeError "size mismatch for weight"): such a run could not be resumed at all
+    straight = prefix_tuned(family)
+    zo_trainer(tmp_path, straight, save_strategy="steps", save_steps=2).train()
+    resumed = prefix_tuned(family)
+    zo_trainer(tmp_path, resumed, save_strategy="steps", save_steps=2).train(
+        resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    assert not all(torch.equal(a, b) for a, b in zip(tuned(straight), tuned(prefix_tuned(family))))
+    assert all(torch.equal(a, b) for a, b in zip(tuned(straight), tuned(resumed)))
+
+
+def test_load_best_model_at_end_of_a_prefix_projection_run_holds_the_best_steps_tensors(tmp_path):
+    # peft's load raised ValueError ("Cannot load flattened prompt embeddings") after the whole run
+    model = prefix_tuned()
+    trainer = zo_trainer(tmp_path, model, save_strategy="steps", save_steps=2, eval_strategy="steps", eval_steps=2,
+                         load_best_model_at_end=True)
+    trainer.train()
+    best = int(trainer.state.best_model_checkpoint.rsplit("-", 1)[1])
+    shorter = prefix_tuned()
+    zo_trainer(tmp_path / "short", shorter, max_steps=best).train()
+    assert all(torch.equal(a, b) for a, b in zip(tuned(model), tuned(shorter)))
+
+
+def test_a_prefix_projection_checkpoint_without_its_tensors_is_refused_before_anything_loads(tmp_path):
+    zo_trainer(tmp_path, prefix_tuned(), max_steps=2, save_strategy="steps", save_steps=2).train()
+    path = tmp_path / "out" / "checkpoint-2" / "zo_state.pt"
+    state = torch.load(path, weights_only=True)
+    del state["tuned"]                      # as written before round 17
+    torch.save(state, path)
+    model = prefix_tuned()
+    start = tuned(model)
+    with pytest.raises(ValueError, match="Invalid checkpoint: .*holds no tuned tensors.*prefix_projection"):
+        zo_trainer(tmp_path, model).train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    assert all(torch.equal(a, b) for a, b in zip(tuned(model), start))
