@@ -704,7 +704,9 @@ class PlainSAZOSampler(_ScoredSampler):
         return np.sqrt(self._g[indices].astype(np.float64))
 
     def decay(self, counts) -> np.ndarray:
-        """The EMA decay the next update applies: β for every example, whatever its count."""
+        """The EMA decay the next update applies: β for every example, whatever its count (checked as the update
+        checks it)."""
+        self._check_settings()
         return np.full(np.shape(counts), self.ema_decay, dtype=np.float64)
 
     def _unseen(self, indices: np.ndarray) -> np.ndarray:
@@ -837,12 +839,16 @@ class SAZOSampler(_ScoredSampler):
             >>> SAZOSampler(4, ema_decay=0.9, prior_strength=1.0).decay([0, 1, 20]).round(3).tolist()
             [0.0, 0.667, 0.9]
         """
+        self._check_settings()   # β and c set between steps: as the next update reads them (−0.5 was returned)
         counts = np.asarray(counts, dtype=np.float64)
         strength = np.where((counts > 0) | bool(self._seen_count), self.prior_strength, 0.0)
         return np.minimum((counts + strength) / (counts + strength + 1.0), self.ema_decay)
 
     def prior(self) -> float:
-        """The prior in G's units: s̄ ("abs") or s̄² ("square"), what an unseen example's G starts from."""
+        """The prior in G's units: s̄ ("abs") or s̄² ("square"), what an unseen example's G starts from, after
+        ``_check_settings`` (a statistic switched since the last draw read the running Σ s² of the old one: the
+        prior in the old units, once)."""
+        self._check_settings()
         prior = self._prior_score()
         return prior * prior if self.statistic == "square" else prior
 
