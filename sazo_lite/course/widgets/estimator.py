@@ -257,7 +257,8 @@ def dimension_dashboard(dims=(2, 4, 8, 16, 32, 64, 128, 256, 512), *, directions
             fig.layout.annotations = [dict(x=math.log10(d), y=0, xref="x", yref="paper", yanchor="bottom",
                                            showarrow=False, text="▼ 0: exact") for d in exact]
         threshold = q - 1 if perturbation == "gaussian" else q + 1   # where (d ± 1)/q = 1
-        when = f"once d ≈ {threshold}" if threshold >= 2 else "at every d ≥ 2"
+        # from the smallest d drawn: "every d ≥ 2" was said with d = 1 drawn too (Gaussian, q = 1: an error of 2)
+        when = f"once d ≈ {threshold}" if threshold > dims[0] else f"at every d drawn (d ≥ {dims[0]})"
         readout.value = (f"with q = {q}: the estimate is as noisy as the gradient is large {when}; "
                          "a 1B-parameter model has d = 10⁹")
         if exact:

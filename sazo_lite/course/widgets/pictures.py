@@ -11,6 +11,8 @@ The maths lives in ``sazo_lite.variance``, ``sazo_lite.course`` and ``sazo_lite.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import plotly.graph_objects as go
 import ipywidgets as widgets
@@ -177,9 +179,15 @@ def chi2_dashboard(*, examples: int | None = None, seed: int = 0) -> Dashboard:
             kept.clear()
             kept[n] = chi2_draws(examples, n, seed=seed)
         ema = ema_of_chi2(examples, observations=n, ema_decay=beta, seed=seed, draws=kept[n])
+        # plotly's "probability density" divides by the draws inside the bins, not by all: bins that stopped at
+        # the axis' 5 drew χ²₁'s 97.5% below 5 as 100%, every bar 2.6% too high. The bins now reach past the
+        # largest draw (the axis still ends at 5), so each bar is its draws ÷ (all draws × bin width).
+        edge = (math.floor(max(float(single.max()), float(ema.max()), 5.0) / bins["size"]) + 1) * bins["size"]
         with fig.batch_update():
             fig.data[0].x = single
             fig.data[1].x = ema
+            for trace in fig.data[:2]:
+                trace.xbins = dict(bins, end=edge)
         relative = float(ema.var() / ema.mean() ** 2)
         limit = 2 * (1 - beta) / (1 + beta)
         # var/mean² for both: the draws' mean is 1 only on average (0.835 for 500 examples at seed 1)

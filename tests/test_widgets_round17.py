@@ -1,0 +1,84 @@
+"""Round 17: the dashboards' figures and readouts against what they draw and compute."""
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ipywidgets")
+
+from sazo_lite.course import widgets  # noqa: E402
+
+
+def _text(html: str) -> str:
+    return re.sub(r"<[^>]+>", "", html)
+
+
+def _plotly_density(trace) -> tuple[np.ndarray, np.ndarray]:
+    """(left edges, heights) plotly.js draws for a histogram with histnorm="probability density" and explicit
+    xbins: bins start, start + size, … below end; each count ÷ (the draws inside the bins × size) (plotly.js
+    histogram/calc.js: its total adds only the points findBin puts in a bin)."""
+    assert trace.histnorm == "probability density"
+    x = np.asarray(trace.x, dtype=float)
+    start, end, size = float(trace.xbins.start), float(trace.xbins.end), float(trace.xbins.size)
+    nbins = int(math.ceil((end - size / 1e6 - start) / size))
+    k = np.floor((x - start) / size)
+    inside = (k >= 0) & (k < nbins)
+    counts = np.bincount(k[inside].astype(int), minlength=nbins)
+    return start + size * np.arange(nbins), counts / (inside.sum() * size)
+
+
+def _chi2_cdf(x):
+    return np.vectorize(lambda v: math.erf(math.sqrt(v / 2)))(x)   # χ²₁: P(z² ≤ x) = erf(√(x/2))
+
+
+def test_chi2_histograms_draw_the_density_of_all_draws():
+    # the bins ended at the axis' 5, and plotly divides by the draws inside them: χ²₁'s 97.5% below 5 was drawn as
+    # all of it, every bar 2.6% above the density (the shown mass below 5 was 1.000, χ²₁'s is 0.975)
+    board = widgets.chi2_dashboard(examples=200_000)
+    board.controls["ema_decay"].value = 0.0           # the EMA is then the last δ²: χ²₁ too
+    fig = board.figures["histogram"]
+    for trace in fig.data[:2]:
+        left, height = _plotly_density(trace)
+        x = np.asarray(trace.x, dtype=float)
+        size = float(trace.xbins.size)
+        shown = left < 5.0 - 1e-9
+        assert float((height[shown] * size).sum()) == pytest.approx(float(np.mean(x < 5.0)), abs=1e-9)
+        assert float((height[shown] * size).sum()) == pytest.approx(float(_chi2_cdf(5.0)), abs=0.004)
+        mid = (left >= 0.5 - 1e-9) & shown                  # against the analytic density, bin by bin, summed
+        analytic = (_chi2_cdf(left[mid] + size) - _chi2_cdf(left[mid])).sum()
+        assert float((height[mid] * size).sum()) / analytic == pytest.approx(1.0, abs=0.01)
+    assert list(fig.layout.xaxis.range) == [0, 5]          # the axis still shows 0–5
+
+
+def test_chi2_histograms_keep_every_draw_at_every_preset():
+    board = widgets.chi2_dashboard(examples=2000)
+    for values in ({"ema_decay": 0.0, "observations": 1}, {"ema_decay": 0.995, "observations": 200},
+                   {"ema_decay": 0.9, "observations": 1}):
+        for name, value in values.items():
+            board.controls[name].value = value
+        for trace in board.figures["histogram"].data[:2]:
+            x = np.asarray(trace.x, dtype=float)
+            assert np.isfinite(x).all() and x.max() < float(trace.xbins.end) - float(trace.xbins.size) / 1e6
+            assert x.min() >= float(trace.xbins.start)
+
+
+@pytest.mark.parametrize("dims, q, perturbation", [((1, 2, 4), 1, "gaussian"), ((1, 4, 16), 2, "gaussian"),
+                                                    ((8, 16), 3, "gaussian"), ((1, 2, 4), 1, "rademacher")])
+def test_dimension_readout_names_every_d_it_says_is_as_noisy_as_the_gradient(dims, q, perturbation):
+    # with d = 1 drawn, "at every d ≥ 2" left out d = 1, where the Gaussian error (d + 1)/q is 2 at q = 1
+    board = widgets.dimension_dashboard(dims, directions_drawn=32)
+    board.controls["perturbation"].value = perturbation
+    board.controls["q"].value = q
+    said = _text(board.readout.value)
+    every = re.search(r"at every d (?:drawn \(d )?≥ (\d+)", said)
+    once = re.search(r"once d ≈ (\d+)", said)
+    assert (every is None) != (once is None), said
+    theory = {d: (d + 1 if perturbation == "gaussian" else d - 1) / q for d in dims}
+    if every:   # every drawn d from the one named on has an error at least the gradient's, and none is left out
+        low = int(every.group(1))
+        assert low == min(dims) and all(theory[d] >= 1 for d in dims if d >= low)
+    else:       # where (d ± 1)/q = 1 is past the smallest d drawn, whose error is below the gradient's
+        assert theory[min(dims)] < 1 and (int(once.group(1)) + (1 if perturbation == "gaussian" else -1)) / q == 1
