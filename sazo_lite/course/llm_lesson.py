@@ -160,11 +160,10 @@ def set_table(race: Race) -> Table:
     d, b = race.design, race.batch_size
     norms, kinds = d["norms"], race.kinds
     spread = lambda kind: [a for a, k in zip(norms, kinds) if k == kind]
-    span = lambda v: f"{statistics.median(v):.3g} [{min(v):.3g}–{max(v):.3g}]"
     return Table(["at θ₀", "value"], [["N (new)", f"{race.num_examples} ({kinds.count('new')})"], ["B", str(b)],
             ["d (tuned parameters)", f"{race.dim:,}"], ["F₀", f"{d['F0']:.4f}"],
-            ["‖∇f_i‖ of the new examples, median [min–max]", span(spread("new"))],
-            ["‖∇f_i‖ of the assimilated examples", span(spread("assimilated"))],
+            ["‖∇f_i‖ of the new examples, median [min–max]", _span(spread("new"))],
+            ["‖∇f_i‖ of the assimilated examples", _span(spread("assimilated"))],
             ["V(u)/V(p*)", f"{d['v_uniform_ratio']:.2f}"], ["‖∇F‖²/V(p*)", f"{d['grad_sq_ratio']:.2f}"],
             [f"predicted uniform ÷ oracle at B = {b}", f"{d['gain'][str(b)]:.2f}"],
             [f"δ_k against autograd at ε = {d['eps']:g}, largest error", f"{max(d['eps_relative_error']):.1%}"]],
@@ -176,6 +175,9 @@ def _f0(run: dict) -> list[float]:
 
 
 def _span(values: list[float]) -> str:
+    """median [min–max] over seeds, a NaN (a run's walk or step size where it diverged) counting as +∞, above every
+    other: statistics.median and min/max read a NaN by where it stood among the seeds."""
+    values = [math.inf if math.isnan(v) else v for v in values]
     return f"{statistics.median(values):.3g} [{min(values):.3g}–{max(values):.3g}]" if values else "–"
 
 
