@@ -49,9 +49,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .directions import PERTURBATIONS, Z_BOUND, derive_seed, draw_direction, rademacher_signs
 from .interrupts import InterruptsDeferred as _InterruptsDeferred
-from .noise import GaussianTable, Job, NoiseSource, PlainNoise, check_source, describe
-from .validation import (check_bool, check_callable, check_choice, check_int, check_number, check_seed, non_real_kinds,
-                         not_dense, numpy_readable)
+from .noise import GaussianTable, Job, NoiseSource, PlainNoise, check_source, describe, drawn
+from .validation import (NotNumbersError, check_bool, check_callable, check_choice, check_int, check_number,
+                         check_numbers, check_seed, non_real_kinds, not_dense, not_numbers, numpy_readable)
 
 __all__ = ["MeZO", "ZOStep", "StepEvent", "FlatLossWarning", "FlatLossCheck", "NoiseSourceWarning", "derive_seed",
            "draw_direction", "rademacher_signs", "PERTURBATIONS"]
@@ -232,15 +232,35 @@ def _check_params(params) -> list[torch.Tensor]:
     return params
 
 
+# A tensor whose strides the quick test below cannot clear (an ``as_strided`` view whose dims interleave) is
+# decided by listing its offsets up to this many entries; a larger one is refused as not shown one-to-one.
+EXACT_OVERLAP_ENTRIES = 2 ** 22
+
+
 def _overlaps_itself(p: torch.Tensor) -> bool:
-    """True when two indices of ``p`` address one element (a zero or overlapping stride)."""
+    """True when two indices of ``p`` address one element (a zero or overlapping stride).
+
+    Strides that each step past everything the smaller ones reach show the map one-to-one at once (every
+    tensor torch's own views make). Other strides (``as_strided`` with shape (4, 3) and strides (5, 6): offsets
+    0..21, all distinct) are decided exactly by listing the offsets, for up to ``EXACT_OVERLAP_ENTRIES`` entries;
+    beyond that such a tensor counts as overlapping (refused: not shown one-to-one)."""
+    if p.numel() == 0:
+        return False   # no entry to move twice
     dims = sorted((abs(st), size) for st, size in zip(p.stride(), p.shape) if size > 1)
     reach = 1  # elements spanned by the dims so far: the next stride must step past them
     for stride, size in dims:
         if stride < reach:
-            return True
+            break
         reach = stride * (size - 1) + reach
-    return False
+    else:
+        return False
+    span = 1 + sum(stride * (size - 1) for stride, size in dims)   # locations from the first to the last entry
+    if dims[0][0] == 0 or span < p.numel() or p.numel() > EXACT_OVERLAP_ENTRIES:
+        return True   # a zero stride; fewer locations than entries; too many entries to list
+    offsets = torch.zeros(1, dtype=torch.int64)
+    for stride, size in dims:
+        offsets = (offsets[:, None] + stride * torch.arange(size, dtype=torch.int64)).view(-1)
+    return torch.unique(offsets).numel() < offsets.numel()
 
 
 def _extent(p: torch.Tensor) -> tuple:
@@ -494,13 +514,18 @@ class MeZO(torch.optim.Optimizer):
         parameters; as with torch.optim, loading leaves the parameters' values to the caller).
 
         Warns ``NoiseSourceWarning`` when the state records a noise source (``noise``, written since round 16)
-        that draws other z than this optimiser's (``noise.describe``: kind and parameters, not the device), before
-        anything loads; a state without the record loads without a word.
+        that draws other z than this optimiser's (``noise.describe``: kind and parameters, not the device; compared
+        by ``noise.drawn`` for the saved groups' perturbations), before anything loads; a state without the record
+        loads without a word.
         """
         self._refuse_in_step("load_state_dict")
         self._check_state_dict(state_dict)
         saved, current = state_dict.get("noise"), describe(self.noise_source)
-        if "noise" in state_dict and saved != current:
+        # compared by the z they draw for the saved groups' perturbations (the loaded run's): a Rademacher-only run
+        # draws the same signs from a GaussianTable as from the plain loop
+        perturbations = {check_choice("perturbation", group["perturbation"], PERTURBATIONS)
+                         for group in state_dict["param_groups"]}
+        if "noise" in state_dict and drawn(saved, perturbations) != drawn(current, perturbations):
             warnings.warn(f"the state was saved by a run drawing z from {saved!r}; this {type(self).__name__} draws "
                           f"from {current!r}, so the resumed run goes on along other directions than the saved run "
                           f"would have (build it with the saved run's noise source to resume bit for bit)",
@@ -800,6 +825,10 @@ class MeZO(torch.optim.Optimizer):
     @staticmethod
     def _losses(value, call: int) -> torch.Tensor:
         """The closure's result as float64 [B] or [] (numbers parsed in float64, never float32)."""
+        kind = not_numbers(value)   # a bytearray was read as its byte values, a str as "not a tensor" (ValueError)
+        if kind is not None:
+            raise NotNumbersError(f"Invalid closure result: {kind} (expected the losses: a tensor, a number or a list "
+                                  f"of numbers); parameters restored")
         try:   # a numpy array torch cannot view (reversed, byte-swapped) read as its values, a masked one refused
             value = numpy_readable("closure result", value)
         except ValueError as error:
@@ -924,8 +953,8 @@ class MeZO(torch.optim.Optimizer):
             _check_frozen(self.param_groups, frozen)
             self._in_step = False   # the closure is done: step hooks (run by _commit) may replay or shift θ
             self._check_shapes(plus, minus, weights)
-            diffs = (plus - minus) / (2.0 * eps)
-            g = float((diffs * weights).mean()) if weights is not None else float(diffs.mean())
+            diffs = _difference_quotient(plus, minus, eps)
+            g = _mean(diffs, weights)
             if not math.isfinite(g):
                 raise FloatingPointError(f"the projected gradient overflowed float64 ({g}): losses or "
                                          f"weights too large; parameters restored")
@@ -954,7 +983,7 @@ class MeZO(torch.optim.Optimizer):
     def _check_weights(weights) -> torch.Tensor | None:
         if weights is None:
             return None
-        weights = numpy_readable("weights", weights)   # as the closure's result
+        weights = numpy_readable("weights", check_numbers("weights", weights))   # as the closure's result
         if not isinstance(weights, torch.Tensor) and _booleans_or_complex(weights):   # float64 would read True as 1.0
             raise ValueError(f"Invalid weights: {weights!r} (expected real numbers, not booleans or complex numbers)")
         try:
@@ -1030,12 +1059,45 @@ def _thaw(groups: list, frozen: tuple) -> None:
 def _result(plus: torch.Tensor, minus: torch.Tensor, diffs: torch.Tensor, weights, g: float, seed: int) -> ZOStep:
     """What a step observed, built before it commits (``MeZO.last_step`` holds it even when a hook
     or a Ctrl-C raises once θ has moved)."""
-    mean_loss = (plus + minus) / 2.0
-    loss = float((mean_loss * weights).mean()) if weights is not None else float(mean_loss.mean())
+    mean_loss = _half_sum(plus, minus)
+    loss = _mean(mean_loss, weights)
     per_example = plus.dim() == 1
     empty = torch.empty(0, dtype=torch.float64)
     return ZOStep(loss=loss, projected_grad=g, seed=seed, directional_diffs=diffs if per_example else empty,
                   losses=mean_loss if per_example else empty)
+
+
+def _half_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(a + b)/2 of finite float64 tensors, finite wherever the true value is: where a + b overflows (losses
+    above ~9e307), a/2 + b/2 (elsewhere (a + b)/2, exact for subnormals, which a/2 would round)."""
+    total = a + b
+    return torch.where(torch.isinf(total), a / 2.0 + b / 2.0, total / 2.0)
+
+
+def _difference_quotient(plus: torch.Tensor, minus: torch.Tensor, eps: float) -> torch.Tensor:
+    """(plus − minus)/(2ε) of finite float64 tensors, finite wherever the true value is: where plus − minus
+    overflows, (plus/2 − minus/2)/ε."""
+    gap = plus - minus
+    return torch.where(torch.isinf(gap), (plus / 2.0 - minus / 2.0) / eps, gap / (2.0 * eps))
+
+
+def _mean(values: torch.Tensor, weights: torch.Tensor | None = None) -> float:
+    """mean(values · weights) (or of values) as a float, finite wherever the true value is: when the plain
+    mean overflows (a sum, or a product, past float64's range), it is taken again on values and weights
+    scaled by powers of two below their largest magnitudes (exact), and the scales put back (the plain mean
+    otherwise, bit for bit)."""
+    plain = float((values * weights).mean()) if weights is not None else float(values.mean())
+    if math.isfinite(plain) or not bool(torch.isfinite(values).all()):
+        return plain
+    exponent = math.frexp(float(values.abs().max()))[1]
+    scaled = values * math.ldexp(1.0, -exponent)
+    if weights is not None:
+        shift = math.frexp(float(weights.abs().max()))[1]
+        scaled, exponent = scaled * (weights * math.ldexp(1.0, -shift)), exponent + shift
+    try:
+        return math.ldexp(float(scaled.mean()), exponent)
+    except OverflowError:   # the true mean is past float64's range too
+        return math.copysign(math.inf, float(scaled.mean()))
 
 
 def _booleans_or_complex(value) -> bool:

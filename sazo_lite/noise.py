@@ -62,7 +62,7 @@ from .directions import Z_BOUND, check_perturbation, derive_seed, draw_direction
 from .validation import check_int, check_seed
 
 __all__ = ["Job", "NoiseSource", "PlainNoise", "TorchNoise", "NoiseTable", "GaussianTable",
-           "white_table", "source_for", "describe", "check_source", "split_jobs", "chunk_bounds", "z_dtype"]
+           "white_table", "source_for", "describe", "drawn", "check_source", "split_jobs", "chunk_bounds", "z_dtype"]
 
 
 class Job(NamedTuple):
@@ -572,6 +572,19 @@ def describe(source) -> str:
             return str(name)   # a plain str: a state holding it loads with torch.load(weights_only=True)
     kind = type(source)
     return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def drawn(description: str, perturbations) -> str:
+    """What decides the z a source described by ``description`` (``describe``) draws for a run whose param groups
+    use ``perturbations``: the description itself, except that a ``GaussianTable`` draws Rademacher z with
+    ``TorchNoise``'s signs, so a run with no Gaussian group draws the plain loop's z ("torch") under it.
+
+    Example:
+        >>> drawn(GaussianTable(size=64, chunk=16).directions, {"rademacher"}), drawn("torch", {"gaussian"})
+        ('torch', 'torch')
+    """
+    table = isinstance(description, str) and description.startswith("gaussian-table:")
+    return "torch" if table and "gaussian" not in set(perturbations) else description
 
 
 def check_source(name: str, value, *, also: str = ""):

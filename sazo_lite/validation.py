@@ -5,11 +5,13 @@ torch.optim convention) before the caller changes any state. Plain maths, no tor
 """
 from __future__ import annotations
 
+import collections.abc
 import math
 import numbers
 
 __all__ = ["check_int", "check_seed", "check_count", "check_real", "check_number", "check_limit", "check_fraction", "check_choice",
-           "check_bool", "check_callable", "not_dense", "numpy_readable", "dense_tensor", "non_real_kinds"]
+           "check_bool", "check_callable", "not_dense", "numpy_readable", "dense_tensor", "non_real_kinds",
+           "not_numbers", "check_numbers", "NotNumbersError"]
 
 
 def check_int(name: str, value, low: int | None = None, high: int | None = None) -> int:
@@ -122,11 +124,53 @@ def numpy_readable(name: str, value):
     return value
 
 
+class NotNumbersError(TypeError, ValueError):
+    """A value of a kind that holds no numbers (``not_numbers``) where numbers were expected. A TypeError, and a
+    ValueError as every other refusal of an argument (callers that catch ValueError keep working)."""
+
+
+# What torch.as_tensor reads an array-like object through (other libraries' arrays and tables).
+_ARRAY_PROTOCOLS = ("__array__", "__array_interface__", "__cuda_array_interface__", "__dlpack__")
+
+
+def not_numbers(value) -> str | None:
+    """None when ``value`` is of a kind that holds numbers (a tensor, a number, a numpy array or scalar, a list,
+    tuple or other sequence, an array-like object of another library); else what it is, for the caller's ``NotNumbersError``.
+
+    Bytes-like objects (bytes, bytearray, memoryview) are not numbers: ``torch.as_tensor`` read a bytearray's
+    bytes as its values (a closure returning ``bytearray(b"ab")`` gave losses 97 and 98). Neither are strings,
+    mappings, sets, None or iterators (a generator is spent by one read).
+    """
+    import numpy as np
+    import torch
+
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"an object of type {type(value).__name__} (bytes-like: torch would read its bytes as numbers)"
+    if isinstance(value, str) or value is None:
+        return repr(value)[:80]
+    if isinstance(value, (torch.Tensor, numbers.Number, np.ndarray, np.generic)):
+        return None
+    if isinstance(value, collections.abc.Sequence):
+        return None
+    if any(hasattr(value, protocol) for protocol in _ARRAY_PROTOCOLS):   # a pandas Series, a CuPy array ...
+        return None
+    return f"an object of type {type(value).__name__}"
+
+
+def check_numbers(name: str, value):
+    """``value``, or ``NotNumbersError("Invalid <name>: ...")`` when ``not_numbers`` finds it holds no numbers."""
+    kind = not_numbers(value)
+    if kind is not None:
+        raise NotNumbersError(f"Invalid {name}: {kind} (expected a tensor, a number or a list of numbers)")
+    return value
+
+
 def dense_tensor(name: str, value):
     """``value`` as a tensor with dense data on a real device, or ``ValueError("Invalid <name>: ...")``.
 
     Python floats (a number or a list of them) are read in float64: torch's default float32 rounded them
-    (0.1 read 0.10000000149) and turned |x| > 3.4e38 into inf. Strings, ints beyond float64, sparse, meta
+    (0.1 read 0.10000000149) and turned |x| > 3.4e38 into inf. Bytes-like objects (``not_numbers``) are refused
+    with ``NotNumbersError`` (torch read a bytearray's bytes as numbers). Strings, ints beyond float64, sparse, meta
     and nested tensors raised torch's own TypeError, OverflowError, NotImplementedError or internal errors.
     A list or tuple mixing bools (Python, numpy or 0-d tensors) with numbers is refused; numpy arrays are read
     as ``numpy_readable`` gives them.
@@ -134,7 +178,7 @@ def dense_tensor(name: str, value):
     import numpy as np
     import torch
 
-    value = numpy_readable(name, value)
+    value = numpy_readable(name, check_numbers(name, value))
     try:
         tensor = torch.as_tensor(value)
         if tensor.is_floating_point() and not isinstance(value, (torch.Tensor, np.ndarray, np.generic)):
