@@ -228,7 +228,6 @@ def print_report(report: dict) -> None:
             print("  random displacements from θ₀ (ΔF/F₀, mean over ± pairs): " + ", ".join(
                 f"‖Δθ‖ = {r:g}: {m:+.1%}" for r, m in zip(walk["radii"], walk["mean_change"])))
     print(f"\nratios of median queries ({GOALS}):")
-    fmt = lambda v: f"{v:.2f}" if v else "–"
     for s in report["settings"]:
         r, d = s["ratios"], s.get("design", {})
         print(f"  {s['label']}: V(u)/V(p*)@θ₀={s['heterogeneity_at_theta0']:.2f}"
@@ -240,8 +239,8 @@ def print_report(report: dict) -> None:
                 segments.append(f"uniform÷oracle={ratio_text(s, 'uniform', 'oracle', t)}, uniform÷SAZO="
                                 f"{ratio_text(s, 'uniform', 'sazo', t)}, SAZO÷oracle={ratio_text(s, 'sazo', 'oracle', t)}")
             if "sazo+rule" in s["runs"]:
-                segments.append(f"with the step rule: uniform÷SAZO={fmt(r.get(f'uniform/sazo+rule@{t}'))}, "
-                                f"SAZO÷SAZO+rule={fmt(r.get(f'sazo/sazo+rule@{t}'))}")
+                segments.append(f"with the step rule: uniform÷SAZO={ratio_text(s, 'uniform+rule', 'sazo+rule', t)}, "
+                                f"SAZO÷SAZO+rule={ratio_text(s, 'sazo', 'sazo+rule', t)}")
             for x, name in SHARED_RULES.items():
                 if any(k.endswith(x) for k in s["runs"]):
                     segments.append(f"with {name}: uniform÷SAZO={ratio_text(s, 'uniform' + x, 'sazo' + x, t)}, "
@@ -250,9 +249,13 @@ def print_report(report: dict) -> None:
                                         if v in s["runs"] and f"{v}{x}" in s["runs"]))
             print(f"    @{t:g}·F₀: " + " | ".join(segments))
             x = raced_suffix(s)
+            bound = s.get("ratio_bounds", {}).get(f"uniform/sazo{x}@{t}")
             if "homogeneous" in s["label"] and r.get(f"uniform/sazo{x}@{t}"):
                 print(f"      homogeneous: SAZO÷uniform={1 / r[f'uniform/sazo{x}@{t}']:.2f} "
                       f"(interval: 1 ÷ uniform÷SAZO's {ratio_text(s, 'uniform' + x, 'sazo' + x, t)})")
+            elif "homogeneous" in s["label"] and bound:     # a median run cut short: 1 ÷ the bound, the other way
+                print(f"      homogeneous: SAZO÷uniform {'>' if bound[0] == '<' else '<'} {1 / bound[1]:.2f} "
+                      "(a median run was cut short of the target)")
         budgets = sorted({r["budget_queries"] for runs in s["runs"].values() for r in runs if r.get("budget_queries")})
         if budgets:
             parts = [(f"with {SHARED_RULES[x]}: " if x else "")

@@ -42,7 +42,7 @@ from sazo_lite.validation import check_count, check_number
 from sazo_lite.variance import uniform_gain
 
 __all__ = ["BenchProblem", "TargetRun", "queries_to_reach", "best_learning_rate", "run_queries_benchmark",
-           "default_problems", "format_table", "grid_edge", "METHODS", "main"]
+           "default_problems", "format_table", "grid_edge", "ratio", "ratio_bound", "ratio_text", "METHODS", "main"]
 
 RESULTS = Path(__file__).parent / "results"
 CELLS = RESULTS / "queries_cells"     # a full run's finished cells: an interrupted run resumes from them
@@ -434,7 +434,9 @@ def best_learning_rate(make_run: Callable[[float, int], TargetRun], grid: list[f
 
     Returns:
         {target: dict with ``lr``, ``median``, ``min``, ``max`` (None if a seed never got there),
-        ``per_seed`` and ``grid`` (median per rate; None where it cannot beat the winner or is lost)};
+        ``per_seed`` and ``grid`` (median per rate; None where it cannot beat the winner or is lost); where no
+        rate reached the target, ``floor``: a lower bound on the median any rate the rule may choose would have
+        had with its runs continued (their queries so far; None where each such rate's median is a divergence)};
         without ``targets`` (runs with one target), that one target's dict.
     """
     if not grid or not seeds:
@@ -461,9 +463,11 @@ def best_learning_rate(make_run: Callable[[float, int], TargetRun], grid: list[f
     for target, best_lr in chosen.items():      # after every choice: a rate found lost shows no median
         at = {lr: median_queries([reached(run, target) for run in lr_runs]) for lr, lr_runs in runs.items()}
         grid_medians = {repr(lr): (None if math.isinf(m) or not alive(runs[lr]) else m) for lr, m in at.items()}
-        if best_lr is None:
-            out[target] = {"lr": None, "median": None, "min": None, "max": None,
-                           "per_seed": [None] * len(seeds), "grid": grid_medians}
+        if best_lr is None:     # the floor: no rate the rule may choose could have a median below it had its runs gone on
+            choosable = [lr_runs for lr_runs in runs.values() if alive(lr_runs)] or list(runs.values())
+            floor = min(median_queries([_floor(run, target, reached) for run in lr_runs]) for lr_runs in choosable)
+            out[target] = {"lr": None, "median": None, "min": None, "max": None, "per_seed": [None] * len(seeds),
+                           "grid": grid_medians, "floor": None if math.isinf(floor) else floor}
             continue
         per_seed = [reached(run, target) for run in runs[best_lr]]
         finite = [q for q in per_seed if q is not None]
@@ -478,8 +482,7 @@ def _settled(runs: dict, targets, reached, alive) -> bool:
     (over half of their seeds did: they are never lost). A run still racing counts the queries it has run (it
     crosses later, if ever): with an even number of seeds a median is the mean of two runs, and one of them can
     still be racing while the mean is below the winners' (that rate then races on)."""
-    floor = lambda run, target: (reached(run, target) if reached(run, target) is not None
-                                 else math.inf if run.failed else 2 * run.batch_size * run.steps)
+    floor = lambda run, target: _floor(run, target, reached)
     safe = [lr_runs for lr_runs in runs.values() if median_queries([run.queries for run in lr_runs]) < math.inf]
     if not safe:
         return False
@@ -490,6 +493,13 @@ def _settled(runs: dict, targets, reached, alive) -> bool:
                     and median_queries([floor(run, target) for run in lr_runs]) < bound):
                 return False
     return True
+
+
+def _floor(run: TargetRun, target, reached) -> float:
+    """A lower bound on a run's queries to ``target``: its count where it got there, the queries it has run where it
+    is still short of it (it crosses later, if ever), ∞ where it diverged."""
+    queries = reached(run, target)
+    return queries if queries is not None else math.inf if run.failed else 2 * run.batch_size * run.steps
 
 
 def _choose(runs: dict, grid, target, reached, alive, max_steps: int) -> float | None:
@@ -593,6 +603,32 @@ def ratio(row: dict, numerator: str, denominator: str, target: float):
     return a / b
 
 
+def ratio_bound(row: dict, numerator: str, denominator: str, target: float) -> tuple[str, float] | None:
+    """Where one side never reached ``target`` within its budget and the other did: ("<", a ÷ floor of b) or
+    (">", floor of a ÷ b), the floor being ``best_learning_rate``'s; None otherwise (both reached: ``ratio``;
+    neither; or no floor: every rate diverged, or a cell saved before floors were)."""
+    a, b = (row.get(m, {}).get(repr(target), {}) for m in (numerator, denominator))
+    reached = lambda cell: cell.get("median") is not None and math.isfinite(cell["median"])
+    floor = lambda cell: cell.get("floor") if cell.get("median") is None and cell.get("floor") else None
+    if reached(a) and floor(b) and a["median"] > 0:
+        return "<", a["median"] / floor(b)
+    if reached(b) and floor(a) and b["median"] > 0:
+        return ">", floor(a) / b["median"]
+    return None
+
+
+def ratio_text(row: dict, numerator: str, denominator: str, target: float, invert: bool = False) -> str:
+    """The table's ratio cell: "r×", a bound ("< r×", "> r×": ``ratio_bound``) or "–" where nothing is known;
+    ``invert``: of denominator ÷ numerator."""
+    value, bound = ratio(row, numerator, denominator, target), ratio_bound(row, numerator, denominator, target)
+    if invert:
+        value = None if value is None else 1 / value
+        bound = bound and ({"<": ">", ">": "<"}[bound[0]], 1 / bound[1])
+    if value is not None:
+        return f"{value:.2f}×"
+    return "–" if bound is None else f"{bound[0]} {bound[1]:.2f}×"
+
+
 def grid_edge(chosen: float, grid) -> str:
     """The table's mark for a rate chosen at the lowest or highest rate of its grid.
 
@@ -608,8 +644,8 @@ def grid_edge(chosen: float, grid) -> str:
 
 def _cell(result: dict) -> str:
     if result["median"] is None or math.isinf(result["median"]):
-        return "not reached"
-    top = "?" if result["max"] is None else f"{result['max']:.0f}"
+        return "not reached" + (f" (> {result['floor']:.0f})" if result.get("floor") else "")
+    top = "not reached" if result["max"] is None else f"{result['max']:.0f}"
     edge = grid_edge(result["lr"], result.get("grid", {}))
     return f"{result['median']:.0f} [{result['min']:.0f}–{top}] lr={result['lr']:g}{edge}"
 
@@ -627,11 +663,10 @@ def format_table(results: dict) -> str:
         for row in results["rows"]:
             cells = [row["problem"], f"{target:g}", f"{row['gain_at_optimum']:.2f}"]
             cells += [_cell(row[m][repr(target)]) for m in methods]
-            fmt = lambda r: "–" if r is None else f"{r:.2f}×"
             if "uniform" in methods:
-                cells += [fmt(ratio(row, "uniform", m, target)) for m in extra]
+                cells += [ratio_text(row, "uniform", m, target) for m in extra]
             if "oracle" in methods:
-                cells += [fmt(ratio(row, m, "oracle", target)) for m in extra]
+                cells += [ratio_text(row, m, "oracle", target) for m in extra]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     if results.get("resumed"):      # cells of an interrupted run of the same code and settings: their dates

@@ -170,14 +170,27 @@ def _fmt(value, spec=".2f", suffix="") -> str:
     return "–" if value is None else f"{value:{spec}}{suffix}"
 
 
-def _verdict(value, limit, higher_is_better=False) -> str:
+def _verdict(value, limit, higher_is_better=False, bound=None) -> str:
+    """"yes" / "NO" for ``value`` against ``limit``; where the value is unknown, by ``bound`` ("<" or ">", x: what
+    runs cut short of the target prove of it) when the bound decides, else "?"."""
+    if value is None and bound:
+        below = bound[0] == "<"
+        if below and bound[1] <= limit:
+            return "NO" if higher_is_better else "yes"
+        if not below and bound[1] >= limit:
+            return "yes" if higher_is_better else "NO"
     if value is None:
         return "?"
     return "yes" if (value >= limit if higher_is_better else value <= limit) else "NO"
 
 
+def _inverse(bound):
+    """The bound of 1 ÷ a ratio from the ratio's ("<" or ">", x)."""
+    return bound and ({"<": ">", ">": "<"}[bound[0]], 1 / bound[1])
+
+
 def _query_rows(result: dict) -> list[tuple]:
-    from benchmarks.queries import TARGETS as GOAL_TARGETS, ratio
+    from benchmarks.queries import TARGETS as GOAL_TARGETS, ratio, ratio_bound, ratio_text
 
     rows = []
     for target in result.get("targets", []):
@@ -185,27 +198,29 @@ def _query_rows(result: dict) -> list[tuple]:
         for row in result.get("rows", []):
             name = f"{row['problem']} @ {target:g}"
             gain, behind = ratio(row, "uniform", "sazo", target), ratio(row, "sazo", "oracle", target)
+            # a side that never reached the target within its budget: the ratio is a bound, graded where it decides
+            gain_bound, behind_bound = ratio_bound(row, "uniform", "sazo", target), ratio_bound(row, "sazo", "oracle", target)
             if "σ=0" in name and "quadratic" in name:
                 cost = None if gain is None else 1 / gain
-                rows.append(("1 queries", f"{name}: SAZO ÷ uniform", _fmt(cost, suffix="×"),
+                rows.append(("1 queries", f"{name}: SAZO ÷ uniform", ratio_text(row, "uniform", "sazo", target, invert=True),
                              f"≤ {TARGETS['sazo_cost_homogeneous']}" if goal else "",
-                             _verdict(cost, TARGETS["sazo_cost_homogeneous"]) if goal else ""))
+                             _verdict(cost, TARGETS["sazo_cost_homogeneous"], bound=_inverse(gain_bound)) if goal else ""))
             elif "quadratic" in name and target == 0.02:
-                rows.append(("1 queries", f"{name}: uniform ÷ SAZO", _fmt(gain, suffix="×"),
+                rows.append(("1 queries", f"{name}: uniform ÷ SAZO", ratio_text(row, "uniform", "sazo", target),
                              f"≥ {TARGETS['sazo_gain_heterogeneous']}",
-                             _verdict(gain, TARGETS["sazo_gain_heterogeneous"], higher_is_better=True)))
+                             _verdict(gain, TARGETS["sazo_gain_heterogeneous"], higher_is_better=True, bound=gain_bound)))
             else:
-                rows.append(("1 queries", f"{name}: uniform ÷ SAZO", _fmt(gain, suffix="×"), "", ""))
+                rows.append(("1 queries", f"{name}: uniform ÷ SAZO", ratio_text(row, "uniform", "sazo", target), "", ""))
             graded = goal and ("σ=0" not in name or "logistic" in name)
-            rows.append(("1 queries", f"{name}: SAZO ÷ oracle", _fmt(behind, suffix="×"),
+            rows.append(("1 queries", f"{name}: SAZO ÷ oracle", ratio_text(row, "sazo", "oracle", target),
                          f"≤ {TARGETS['sazo_over_oracle']}" if graded else "",
-                         _verdict(behind, TARGETS["sazo_over_oracle"]) if graded else ""))
+                         _verdict(behind, TARGETS["sazo_over_oracle"], bound=behind_bound) if graded else ""))
     return rows
 
 
 def _llm_rows(llm: dict) -> list[tuple]:
     """Rows for the language-model sets (``make bench-llm``'s report, with its date)."""
-    from benchmarks.llm_report import SHARED_RULES, ratio_pair
+    from benchmarks.llm_report import GOAL_CONTROL, SHARED_RULES, ratio_pair
 
     if "error" in llm or "missing" in llm:
         return [("1 queries", "language-model sets", llm.get("missing") or "failed", "", "")]
@@ -218,22 +233,18 @@ def _llm_rows(llm: dict) -> list[tuple]:
         def bound_of(ratio: str, target):      # ("<" or ">", value) where runs cut short bound the ratio
             return s.get("ratio_bounds", {}).get(f"{ratio}@{target}")
 
-        def grade(ratio: str, value, limit, higher_is_better=False, target=None) -> str:
+        def grade(ratio: str, value, limit, higher_is_better=False, target=None, invert=False) -> str:
             """A goal's verdict, or "not finished" while a sampler in the ratio has runs to go; a ratio
-            bounded by runs cut short of the target is graded by its bound where the bound decides."""
+            bounded by runs cut short of the target is graded by its bound where the bound decides (``invert``:
+            ``value`` is 1 ÷ the ratio, so is the bound)."""
             if any(sampler in unfinished for sampler in ratio_pair(ratio)):
                 return "? (race not finished)"
             bound = bound_of(ratio, target)
-            if value is None and bound:
-                below = bound[0] == "<"
-                if below and bound[1] <= limit:
-                    return "NO" if higher_is_better else "yes"
-                if not below and bound[1] >= limit:
-                    return "yes" if higher_is_better else "NO"
-            return _verdict(value, limit, higher_is_better)
+            return _verdict(value, limit, higher_is_better, bound=_inverse(bound) if invert else bound)
 
-        def shown(ratio: str, value, target) -> str:
+        def shown(ratio: str, value, target, invert=False) -> str:
             bound = bound_of(ratio, target)
+            bound = _inverse(bound) if invert else bound
             return f"{bound[0]} {bound[1]:.2f}× (cut short)" if value is None and bound else _fmt(value, suffix="×")
 
         source = ", reference run" if "reference" in llm.get("source", "") else ""
@@ -244,10 +255,11 @@ def _llm_rows(llm: dict) -> list[tuple]:
             name += f", with {SHARED_RULES[x]}"
         for t in llm.get("targets", (0.7, 0.5)):
             gain, behind = s["ratios"].get(f"uniform/sazo{x}@{t}"), s["ratios"].get(f"sazo/oracle{x}@{t}")
-            if "homogeneous" in s["label"]:
+            if "homogeneous" in s["label"]:     # SAZO ÷ uniform: the inverse of the ratio the report stores
                 cost = None if not gain else 1 / gain
-                rows.append(("1 queries", f"{name} @ {t}·F₀: SAZO ÷ uniform", _fmt(cost, suffix="×"),
-                             "" if llm.get("pilot") else "≤ 1.1", "" if llm.get("pilot") else _verdict(cost, 1.1)))
+                rows.append(("1 queries", f"{name} @ {t}·F₀: SAZO ÷ uniform", shown("uniform/sazo" + x, cost, t, invert=True),
+                             "" if llm.get("pilot") else f"≤ {GOAL_CONTROL:g}",
+                             "" if llm.get("pilot") else grade("uniform/sazo" + x, cost, GOAL_CONTROL, target=t, invert=True)))
                 continue
             # the issue's goals are at B ≥ 4, on the race itself (a --quick pilot's single seed grades nothing),
             # at the section's targets (the long-run race: ≤ 0.3·F₀; a shallower one is shown, not graded)

@@ -1,0 +1,148 @@
+"""The benchmark reports as a user reads them (seventh round): ratios bounded where one side never reached its
+target, a --cached-only race that loads no model, ... Every test runs on fakes or tiny settings: seconds in
+all, no timing assertions."""
+import json
+import math
+
+import pytest
+
+from benchmarks import queries, run
+
+
+# -- make bench's toy race: a ratio where one side never reached the target is a bound, not "?" -------------------
+class FakeRun:
+    """A TargetRun stand-in: it crosses ``target`` after ``at`` steps (None: never), diverges after ``diverge_at``
+    steps (None: never); 2 queries a step (B = 1)."""
+
+    def __init__(self, at, diverge_at=None, target=0.1):
+        self.at, self.diverge_at, self.target = at, diverge_at, target
+        self.batch_size, self.steps, self.failed, self.queries = 1, 0, False, None
+        self.reached = {target: None}
+
+    def extend_to(self, steps):
+        if self.failed or self.queries is not None or steps <= self.steps:
+            return self
+        if self.at is not None and self.at <= steps and (self.diverge_at is None or self.at < self.diverge_at):
+            self.steps, self.queries = self.at, 2 * self.at
+            self.reached[self.target] = self.queries
+        elif self.diverge_at is not None and self.diverge_at <= steps:
+            self.steps, self.failed = self.diverge_at, True
+        else:
+            self.steps = steps
+        return self
+
+
+def race(plan, max_steps=1000):
+    """best_learning_rate over fake runs: ``plan`` {lr: [(at, diverge_at) per seed]}."""
+    make = lambda lr, seed: FakeRun(*plan[lr][seed])
+    return queries.best_learning_rate(make, list(plan), list(range(len(next(iter(plan.values()))))), max_steps,
+                                      first_budget=100, targets=(0.1,))[0.1]
+
+
+def row_of(**cells):
+    return {"problem": "quadratic σ=1.5", "gain_at_optimum": 4.6, **{m: {repr(0.1): c} for m, c in cells.items()}}
+
+
+def test_a_method_that_never_reached_the_target_gets_a_floor_from_the_queries_its_runs_made():
+    """No rate's median reached the target within 1,000 steps: the cell's floor is the smallest median a choosable
+    rate could have had with its runs continued: at 1e-3 seeds (400, ≥ 2000, ≥ 2000) → 2000 queries."""
+    never = race({1e-3: [(400, None), (None, None), (None, None)], 2e-3: [(None, 50), (None, 60), (300, None)]})
+    assert never["median"] is None and never["floor"] == 2000      # 2e-3 is lost (two of three diverged)
+    assert race({1e-3: [(None, 50), (None, 60), (None, 70)]})["floor"] is None    # every rate diverged: no bound
+    assert "floor" not in race({1e-3: [(100, None)] * 3})            # reached: its median is known
+
+
+@pytest.mark.parametrize("numerator, denominator, text", [
+    ({"median": 5000, "lr": 1e-3, "grid": {}}, {"median": None, "floor": 40000}, "< 0.12×"),
+    ({"median": None, "floor": 40000}, {"median": 5000, "lr": 1e-3, "grid": {}}, "> 8.00×"),
+    ({"median": None, "floor": 40000}, {"median": None, "floor": 20000}, "–"),       # neither: nothing to say
+    ({"median": 5000, "lr": 1e-3, "grid": {}}, {"median": None}, "–"),                # a cell saved without floors
+    ({"median": 5000, "lr": 1e-3, "grid": {}}, {"median": None, "floor": None}, "–"),  # diverged at every rate
+])
+def test_a_ratio_with_one_side_never_reaching_the_target_prints_its_bound(numerator, denominator, text):
+    """The table printed "–" and make bench "?" for uniform ÷ SAZO where SAZO reached the target and uniform never
+    did within its 40,000 queries: the ratio is > 8× there, which grades the ≥ 3.5 goal."""
+    row = row_of(uniform=numerator, sazo=denominator)
+    assert queries.ratio_text(row, "uniform", "sazo", 0.1) == text
+    if text.startswith(">"):
+        assert queries.ratio_text(row, "uniform", "sazo", 0.1, invert=True) == "< 0.12×"
+
+
+def toy_results(uniform, sazo, oracle, target=0.02):
+    cells = {"uniform": uniform, "sazo": sazo, "oracle": oracle}
+    rows = [{"problem": name, "gain_at_optimum": 2.0, **{m: {repr(target): c} for m, c in cells.items()}}
+            for name in ("quadratic σ=1.5", "quadratic σ=0")]
+    return {"targets": [target], "methods": list(cells), "rows": rows}
+
+
+def reached(median):
+    return {"median": median, "min": median, "max": median, "lr": 1e-3, "grid": {"0.001": median, "0.002": None}}
+
+
+def test_make_bench_grades_a_goal_by_the_bound_a_missed_target_proves():
+    """uniform never reached 2% within 40,000 queries, SAZO in 5,000: "? " for the uniform ÷ SAZO ≥ 3.5 goal (it is
+    > 8×, met), and for the homogeneous control SAZO ÷ uniform ≤ 1 (it is < 0.125×, met). An oracle that never
+    reached it: SAZO ÷ oracle < 0.125, within ≤ 1.3 (met)."""
+    never = {"median": None, "min": None, "max": None, "lr": None, "per_seed": [None] * 5, "floor": 40000, "grid": {}}
+    rows = {r[1]: r[2:] for r in run._query_rows(toy_results(never, reached(5000), never))}
+    assert rows["quadratic σ=1.5 @ 0.02: uniform ÷ SAZO"] == ("> 8.00×", "≥ 3.5", "yes")
+    assert rows["quadratic σ=0 @ 0.02: SAZO ÷ uniform"] == ("< 0.12×", "≤ 1.0", "yes")
+    assert rows["quadratic σ=1.5 @ 0.02: SAZO ÷ oracle"] == ("< 0.12×", "≤ 1.3", "yes")
+    # SAZO never reached it, uniform did in 5,000: uniform ÷ SAZO < 0.125 misses ≥ 3.5; the control's cost is > 8
+    rows = {r[1]: r[2:] for r in run._query_rows(toy_results(reached(5000), never, reached(1000)))}
+    assert rows["quadratic σ=1.5 @ 0.02: uniform ÷ SAZO"] == ("< 0.12×", "≥ 3.5", "NO")
+    assert rows["quadratic σ=0 @ 0.02: SAZO ÷ uniform"] == ("> 8.00×", "≤ 1.0", "NO")
+    assert rows["quadratic σ=1.5 @ 0.02: SAZO ÷ oracle"] == ("> 40.00×", "≤ 1.3", "NO")
+    # a bound that does not decide: SAZO ÷ oracle > 0.8 against ≤ 1.3 stays "?"
+    rows = {r[1]: r[2:] for r in run._query_rows(toy_results(reached(5000), never, reached(50000)))}
+    assert rows["quadratic σ=1.5 @ 0.02: SAZO ÷ oracle"] == ("> 0.80×", "≤ 1.3", "?")
+    table = queries.format_table(toy_results(never, reached(5000), never))
+    assert "not reached (> 40000)" in table and "> 8.00×" in table
+
+
+# -- make bench's language-model rows and bench-llm's printout: the control graded as the other goals are ----------
+def control_section(ratio=None, bound=None, incomplete=None):
+    key = "uniform/sazo+bound@0.3"
+    setting = {"label": "SmolLM2 top-block (k=3) LoRA r4 homogeneous (N=32 alike, B=4)", "heterogeneity": 1.02,
+               "B": 4, "chosen_lr": {}, "ratios": {key: ratio}, "ratio_bounds": {key: bound} if bound else {},
+               "incomplete": incomplete or {}, "suffix": "+bound"}
+    return {"date": "2026-12-07 20:00 UTC", "settings": [setting], "targets": [0.3], "title": "bench-llm",
+            "pilot": False, "source": "this machine's latest llm_queries.json"}
+
+
+def control_row(section):
+    rows = [r for r in run._llm_rows(section) if "SAZO ÷ uniform" in r[1]]
+    assert len(rows) == 1
+    return rows[0][2:]
+
+
+def test_make_bench_grades_the_language_model_control_by_its_bound_and_not_before_its_race_ended():
+    """The homogeneous control's SAZO ÷ uniform ≤ 1.1 read "–" and "?" where uniform's median run was cut short
+    (uniform ÷ SAZO > 2: SAZO ÷ uniform < 0.5, met); and a race read back with --cached-only before SAZO's runs
+    ended was graded "yes" from the runs so far, where every other goal says the race is not finished."""
+    assert control_row(control_section(bound=(">", 2.0))) == ("< 0.50× (cut short)", "≤ 1.1", "yes")
+    assert control_row(control_section(bound=("<", 0.5))) == ("> 2.00× (cut short)", "≤ 1.1", "NO")
+    assert control_row(control_section(bound=(">", 0.5))) == ("< 2.00× (cut short)", "≤ 1.1", "?")
+    assert control_row(control_section(ratio=2.0)) == ("0.50×", "≤ 1.1", "yes")
+    unfinished = control_section(ratio=2.0, incomplete={"sazo+bound": "stopped before lr=0.006 seed=1"})
+    assert control_row(unfinished) == ("0.50×", "≤ 1.1", "? (race not finished)")
+
+
+def test_bench_llm_prints_the_bounds_of_the_step_rule_and_of_the_control(capsys):
+    """print_report's step-rule ratios and the control's SAZO ÷ uniform printed "–" (or nothing) where a median run
+    was cut short of the target, though summarise had stored the bound."""
+    from benchmarks import llm_report
+    from test_bench_tables import fake_run
+
+    slow, fast = [1.0, 0.8, 0.7, 0.6], [1.0, 0.45, 0.4]       # slow: cut at 30 queries short of 0.5·F₀
+    runs = {"sazo": [fake_run("sazo", fast)] * 3, "sazo+rule": [fake_run("sazo+rule", slow)] * 3,
+            "uniform": [fake_run("uniform", slow)] * 3, "uniform+rule": [fake_run("uniform+rule", fast)] * 3}
+    setting = {"label": "SmolLM2 LoRA r4 homogeneous (N=24, B=4)", "N": 24, "heterogeneity_at_theta0": 1.0,
+               "grid": {}, "chosen_lr": {v: 1e-3 for v in runs}, "runs": runs}
+    report = {"args": {"eps": 1e-3, "targets": [0.5]}, "date": "2026-12-07 20:00 UTC", "machine": "m",
+              "runtime_s": 1.0, "settings": [setting]}
+    llm_report.print_report(report)
+    out = capsys.readouterr().out
+    assert "with the step rule: uniform÷SAZO=< 0.33 (a median run" in out       # uniform+rule 10 vs SAZO+rule > 30
+    assert "SAZO÷SAZO+rule=< 0.33 (a median run" in out
+    assert "homogeneous: SAZO÷uniform < 0.33 (a median run was cut short" in out   # uniform > 30 against SAZO's 10
