@@ -6,6 +6,7 @@ import re
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("ipywidgets")
 
@@ -82,3 +83,27 @@ def test_dimension_readout_names_every_d_it_says_is_as_noisy_as_the_gradient(dim
         assert low == min(dims) and all(theory[d] >= 1 for d in dims if d >= low)
     else:       # where (d ± 1)/q = 1 is past the smallest d drawn, whose error is below the gradient's
         assert theory[min(dims)] < 1 and (int(once.group(1)) + (1 if perturbation == "gaussian" else -1)) / q == 1
+
+
+@pytest.mark.parametrize("rule, beta", [("prior", 0.9), ("prior", 0.3), ("blend", 0.3), ("robust", 0.4)])
+def test_decay_note_reads_the_decay_the_run_applies_after_its_first_step(rule, beta):
+    # the note asked a fresh sampler, which has seen nothing, so an unseen example's first update had no prior
+    # (decay 0): "+ prior" with β = 0.9, whose every update after the first step uses β (c = β/(1−β)), read "β is
+    # the decay in use for 48% of the examples"
+    from sazo_lite.course.sazo_runs import make_problem, rule_sampler, run_sazo_trace
+    from sazo_lite.course.widgets.sazo import decay_note
+
+    trace = run_sazo_trace(make_problem(num_examples=128, dim=10), rule=rule, steps=40, log_every=5, ema_decay=beta,
+                           batch_size=8)
+    index = next(k for k, counts in enumerate(trace.counts) if counts.any() and not counts.all())
+    counts = trace.counts[index]
+    sampler = rule_sampler(rule, 128, ema_decay=beta)
+    rows = np.arange(40) % 128                    # a run's sampler once it has observed examples
+    sampler.update(torch.as_tensor(rows), torch.ones(40))
+    applied = float(np.mean(sampler.decay(counts) >= beta))
+    note = decay_note(trace, beta, index)
+    if applied == 1.0:
+        assert "every update uses β" in note, note
+    else:
+        assert f"for {applied:.0%} of the examples" in note, note
+    assert "every update uses β" not in decay_note(trace, beta, 0) or beta == 0.0   # the first step: no prior yet

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 import ipywidgets as widgets
+import torch
 
 from ..config import pick
 from ...validation import check_count
@@ -126,6 +127,8 @@ def decay_note(trace: SAZOTrace, ema_decay: float, index: int = -1) -> str:
     """
     sampler = rule_sampler(_check_trace(trace).rule, 1, ema_decay=ema_decay)
     counts = trace.counts[_log_point(trace, index)]
+    if counts.any():   # the run had observed examples by then: an unseen one's first update takes the prior's
+        sampler.update(torch.tensor([0]), torch.tensor([1.0]))   # c pseudo-observations (a fresh sampler, none)
     decay = sampler.decay(counts)
     share = float(np.mean(decay >= ema_decay))
     if share == 1.0:
