@@ -35,6 +35,7 @@ import torch
 
 from .engine import FLAT_EXAMPLES, FLAT_STEPS, FlatLossCheck, FlatLossWarning, _booleans_or_complex
 from .interrupts import InterruptsDeferred
+from .samplers import Sampler
 from .validation import (check_bool, check_callable, check_count, check_fraction, check_int, check_limit, check_number,
                          check_real, dense_tensor)
 
@@ -205,7 +206,11 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
         history: an empty ``History`` to fill in place (default: a new one). Pass one to keep the
             record of the steps taken when ``train`` raises (Ctrl-C, a sampler that refuses its
             feedback): it holds every step the optimiser committed, since a step is recorded as
-            soon as θ has moved, before the sampler sees its feedback.
+            soon as θ has moved, before the sampler sees its feedback. A step that does not happen (the closure
+            raised, Ctrl-C in a forward pass, a refused non-finite loss) takes its draw back from a library
+            sampler (MeZO keeps its step count: the next step takes the same z), and a committed step that a
+            Ctrl-C or a step hook interrupts still feeds ``step_rule`` and the sampler: calling ``train`` again
+            with the same objects continues the uninterrupted run (θ to the rounding of MeZO's restore).
 
     Warns ``FlatLossWarning`` when the first steps of this call saw losses exactly equal at θ+εz and
     θ−εz (``engine.FLAT_STEPS``, ``engine.FLAT_EXAMPLES``): parameters that do not reach the loss make
@@ -247,34 +252,31 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
             if step_rule is not None:
                 for group, rate in zip(groups, base_rates):
                     group["lr"] = rate * scale
-            _flush_for(sampler, optimizer)
-            indices, weights = _drawn(sampler, batch_size)
-            rate = groups[0]["lr"] if groups else float("nan")   # as the step finds it (a step hook may set it)
-            before, recorded = _step_count(optimizer), len(history.loss)
+            point, before, recorded, fed = _draw_point(sampler), _step_count(optimizer), len(history.loss), []
             try:
+                _flush_for(sampler, optimizer)
+                indices, weights = _drawn(sampler, batch_size)
+                rate = groups[0]["lr"] if groups else float("nan")   # as the step finds it (a step hook may set it)
                 result = optimizer.step(lambda: batch_losses(_copy(indices)), weights)
                 # θ has moved: record the step before anything else can raise (the sampler may refuse
                 # its feedback), so the History never lags behind θ; inside the try, since a Ctrl-C may
                 # also arrive between step's return and the record
                 _record(history, result, queries + 2 * batch_size, weights, rate)
+                _feed(fed, result, indices, sampler, optimizer, step_rule, flat)
             except BaseException as error:
                 late = _committed(optimizer, before) if len(history.loss) == recorded else None
                 if late is not None:   # θ moved, then a step hook or a Ctrl-C raised: keep the record
                     _record(history, late, queries + 2 * batch_size, weights, rate)
                 if late is not None or len(history.loss) > recorded:
+                    if not fed:   # ... and the step rule and the sampler learn from it, as after any step
+                        _feed(fed, result if late is None else late, indices, sampler, optimizer, step_rule, flat)
                     raise
+                _rewind(point)   # no step: nor its draw, so a resumed run draws this step's batch again
                 if not isinstance(error, FloatingPointError) or diverge_above is None:
                     raise
                 history.diverged = True   # MeZO refused a non-finite loss and restored θ
                 break
             queries += 2 * batch_size
-            if step_rule is not None:
-                step_rule.observe(result.projected_grad)
-            if flat is not None:
-                flat.observe(result)
-            if result.directional_diffs.numel():
-                _flush_for(sampler, optimizer)
-                sampler.update(indices, result.directional_diffs)
             if (step + 1) % log_every == 0 or step + 1 == steps:
                 value = _log(history, optimizer, sampler, evaluate, step + 1, queries, record_probs)
                 if value is not None:
@@ -293,6 +295,39 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
         if flush is not None:  # the parameters are current when train returns or raises (Ctrl-C between steps)
             flush()
     return history
+
+
+def _feed(fed: list, result, indices, sampler, optimizer, step_rule, flat) -> None:
+    """What a committed step gives the step rule, the flat-loss check and the sampler, with Ctrl-C held so that
+    all of it is given or, if interrupted before it starts, ``train`` gives it on the way out: a Ctrl-C between
+    the step and the sampler's update left θ moved and the sampler without the step's diffs (and the rule
+    without its ĝ), so a run resumed from there parted from the uninterrupted one. ``fed`` records that it
+    started (a sampler that refuses its feedback is not fed twice)."""
+    with InterruptsDeferred():
+        fed.append(True)
+        if step_rule is not None:
+            step_rule.observe(result.projected_grad)
+        if flat is not None:
+            flat.observe(result)
+        if result.directional_diffs.numel():
+            _flush_for(sampler, optimizer)
+            sampler.update(indices, result.directional_diffs)
+
+
+def _draw_point(sampler):
+    """A library sampler's generator and its state before a draw (None for another sampler): ``_rewind`` puts it
+    back when the step does not happen."""
+    generator = getattr(sampler, "_generator", None) if isinstance(sampler, Sampler) else None
+    return (generator, generator.get_state()) if isinstance(generator, torch.Generator) else None
+
+
+def _rewind(point) -> None:
+    """The sampler's generator as before the draw of a step that did not happen (the closure raised, Ctrl-C during
+    the forward passes, a refused non-finite loss): MeZO puts θ back and keeps its step count, so the next step
+    takes the same z; without this the sampler's next draw was the one after the lost step's, and a run
+    interrupted and resumed drew other batches than the uninterrupted one."""
+    if point is not None:
+        point[0].set_state(point[1])
 
 
 def _flush_for(sampler, optimizer) -> None:
