@@ -306,17 +306,44 @@ def design_at_theta0(model, params, train, eps: float, cset=None) -> dict:
     return design
 
 
-def setting_header(setting: Setting, model, params, train, args, cset=None, *, announce: bool = True) -> dict:
-    """The setting's report header (its θ₀ design, cached in ``--run-cache``); ``announce``: print its line."""
-    design = cached_run(args.run_cache, {"design": setting.label, "theta0": theta0_key(args), "eps": args.eps},
-                        lambda: design_at_theta0(model, params, train, args.eps, cset))   # one backprop over N
-    out = {"label": setting.label, "N": len(train), "B": setting.batch, "heterogeneity_at_theta0": design["v_uniform_ratio"],
-           "design": design, "tuned_parameters": sum(p.numel() for p in params), "perturbation": setting.perturbation,
+class LazyStart:
+    """A setting's θ₀ (model, params, train, test, cset), built by ``build`` on first use, with a snapshot of its
+    parameters taken then: a race read wholly from its run cache (``--cached-only``) never loads the model."""
+
+    def __init__(self, build: Callable[[], tuple]):
+        self._build, self._parts, self.theta0 = build, None, None
+
+    @property
+    def built(self) -> bool:
+        return self._parts is not None
+
+    def parts(self) -> tuple:
+        if self._parts is None:
+            self._parts = tuple(self._build())
+            self.theta0 = snapshot(self._parts[1])
+        return self._parts
+
+
+def setting_header(setting: Setting, start: LazyStart, args, *, announce: bool = True) -> dict:
+    """The setting's report header (its θ₀ design and sizes, cached in ``--run-cache``; ``start`` is built only for
+    what the cache lacks); ``announce``: print its line."""
+    def design():       # one backprop over N
+        model, params, train, _, cset = start.parts()
+        return design_at_theta0(model, params, train, args.eps, cset)
+
+    def sizes():
+        _, params, train, _, _ = start.parts()
+        return {"N": len(train), "tuned_parameters": sum(p.numel() for p in params)}
+    theta0 = theta0_key(args)
+    design = cached_run(args.run_cache, {"design": setting.label, "theta0": theta0, "eps": args.eps}, design)
+    size = cached_run(args.run_cache, {"sizes": setting.label, "theta0": theta0}, sizes)
+    out = {"label": setting.label, "N": size["N"], "B": setting.batch, "heterogeneity_at_theta0": design["v_uniform_ratio"],
+           "design": design, "tuned_parameters": size["tuned_parameters"], "perturbation": setting.perturbation,
            "oracle_every": setting.oracle_every, "steps": setting.steps, "log_every": setting.log_every,
            "grid": {}, "chosen_lr": {}, "runs": {}}
     gains = ", ".join(f"B={b}: {g:.2f}" for b, g in design["gain"].items())
     if announce:
-        print(f"\n== {setting.label}: N={len(train)}, d={out['tuned_parameters']}, F₀={design['F0']:.4f}, "
+        print(f"\n== {setting.label}: N={out['N']}, d={out['tuned_parameters']}, F₀={design['F0']:.4f}, "
               f"V(u)/V(p*)={design['v_uniform_ratio']:.2f}, ‖∇F‖²/V(p*)={design['grad_sq_ratio']:.2f}; "
               f"predicted uniform÷oracle {gains}; δ_k error at ε={args.eps:g}: max {max(design['eps_relative_error']):.1%}",
               flush=True)
@@ -388,23 +415,34 @@ def computes(args, lr: float, seed: int) -> bool:
     return not args.only_run or (f"{lr:g}", seed) in args.only_run
 
 
-def race_variant(setting: Setting, variant: str, model, params, train, test, args, out: dict) -> None:
+def race_variant(setting: Setting, variant: str, model, params, train, test, args, out: dict,
+                 start: LazyStart | None = None) -> None:
     """One variant's protocol: climb the √2 grid (3 seeds per rate) to the edge, pick by the median rule,
     then the chosen rate on every seed (whole budget). With ``--cached-only`` it stops at the first run
-    the cache lacks (in a grid cell, after that cell's other finished seeds) and says so in ``out["incomplete"]``."""
-    theta0 = snapshot(params)
+    the cache lacks (in a grid cell, after that cell's other finished seeds) and says so in ``out["incomplete"]``.
+    ``start``: θ₀ built on the first run computed (``model`` … ``test`` are then unused)."""
+    if start is None:
+        start = LazyStart(lambda: (model, params, train, test, None))
+        start.parts()
     try:
-        _race_variant(setting, variant, model, params, train, test, args, out, theta0)
+        _race_variant(setting, variant, start, args, out)
     except RunNotCached as missing:
         out.setdefault("incomplete", {})[variant] = f"stopped before {missing}"
         out["grid"][variant] = {lr: cell for lr, cell in out["grid"].get(variant, {}).items() if cell}   # no empty cell
         for name in [name for name, runs in out["runs"].items() if not runs]:   # nor a sampler without a run: no median
             del out["runs"][name]
         print(f"  [{setting.label}] {variant}: the race so far (next: {missing})", flush=True)
-        restore_snapshot(params, theta0)
+        if start.built:
+            restore_snapshot(start.parts()[1], start.theta0)
 
 
-def _race_variant(setting: Setting, variant: str, model, params, train, test, args, out: dict, theta0) -> None:
+def _computed(start: LazyStart, sampler: str, settings: dict) -> dict:
+    """A run computed from θ₀ (``run_from``), the setting built first if it was not."""
+    model, params, train, test, _ = start.parts()
+    return run_from(start.theta0, model, params, train, test, sampler, **settings)
+
+
+def _race_variant(setting: Setting, variant: str, start: LazyStart, args, out: dict) -> None:
     sampler, _, rule = variant.partition("+")
     deepest = min(args.targets)
     select = out["select_target"] = setting.select_target or deepest      # what the median rule counts queries to
@@ -420,7 +458,7 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
             settings[RULE_SETTINGS[rule]] = getattr(setting, RULE_SETTINGS[rule])
         r = cached_run(args.run_cache, {"setting": setting.label, "theta0": theta0_key(args), "sampler": sampler,
                                         **settings},
-                       lambda: run_from(theta0, model, params, train, test, sampler, **settings),
+                       lambda: _computed(start, sampler, settings),
                        cached_only=args.cached_only or not computes(args, lr, seed))
         q = [queries_to(r, t) for t in args.targets]
         acc = f" acc={r['test_accuracy']:.3f}" if r.get("test_accuracy") is not None else ""
@@ -509,7 +547,8 @@ def _race_variant(setting: Setting, variant: str, model, params, train, test, ar
         stale = out["runs"][f"oracle k={setting.stale_every}"] = []
         for seed in range(setting.grid_seeds):
             stale.append(run(chosen, seed, oracle_every=setting.stale_every))
-    restore_snapshot(params, theta0)
+    if start.built:
+        restore_snapshot(start.parts()[1], start.theta0)
 
 
 def gd_reference(model, params, train, lrs: list[float], steps: int, log_every: int) -> dict:
@@ -577,14 +616,13 @@ def run_units(args, mine: list[tuple[int, str]], measure: bool, announce: set[in
     report = {"settings": [], "measured_only": {}}
     table = settings(args)
     for k in sorted({k for k, _ in mine}):
-        model, params, train, test, cset = table[k].build()
-        header = setting_header(table[k], model, params, train, args, cset,
-                                announce=announce is None or k in announce)
+        start = LazyStart(table[k].build)     # built when a run or the header needs it: never where all is cached
+        header = setting_header(table[k], start, args, announce=announce is None or k in announce)
         report["settings"].append(header)
         for _, variant in (u for u in mine if u[0] == k):
-            race_variant(table[k], variant, model, params, train, test, args, header)
+            race_variant(table[k], variant, None, None, None, None, args, header, start=start)
             yield_partial(args, report)
-        del model, params
+        del start
     if measure and args.gd_lrs:
         model, params, train, _, _ = smollm2_start("continual", args)
         report["gd_reference"] = gd_reference(model, params, train, args.gd_lrs, args.steps, args.log_every)
@@ -717,7 +755,9 @@ def parse_args(argv=None, *, run: bool = False):
     parser.add_argument("--run-cache", type=Path, default=None,
                         help="save every run here and reuse saved ones (an interrupted race resumes where it stopped)")
     parser.add_argument("--cached-only", action="store_true",
-                        help="with --run-cache: run nothing, report the race as far as the cache holds it")
+                        help="with --run-cache: run nothing, report the race as far as the cache holds it (in one "
+                             "process, whatever --jobs; the model is loaded only where the cache lacks a setting's θ₀ "
+                             "design or sizes)")
     parser.add_argument("--only-run", nargs="+", default=[], metavar="RATE:SEED",
                         help="with --run-cache: compute only these runs (others are read from the cache or, missing, "
                              "skipped as with --cached-only); processes side by side each take their own pairs")
@@ -803,6 +843,9 @@ def parse_args(argv=None, *, run: bool = False):
         parser.error(f"--variant-start takes VARIANT=RATE pairs, got {args.variant_start}")
     if (args.cached_only or args.only_run) and args.run_cache is None:
         parser.error("--cached-only and --only-run need --run-cache")
+    if args.cached_only and (args.gd_lrs or args.measure_sets):     # neither is kept in the run cache
+        parser.error("argument --cached-only: computes nothing, and --gd-lrs and --measure-sets would compute (the "
+                     "run cache does not hold them): drop them or --cached-only")
     try:
         args.only_run = sorted({(f"{float(rate):g}", int(seed)) for rate, seed in (item.split(":") for item in args.only_run)})
     except ValueError:
@@ -948,7 +991,7 @@ def main(argv=None) -> None:
         return
     started = time.perf_counter()
     try:
-        if args.jobs > 1:
+        if args.jobs > 1 and not args.cached_only:     # --cached-only reads files: no worker, no model loaded for them
             report = run_workers(args, argv, started)
         else:
             if args.threads:

@@ -146,3 +146,54 @@ def test_bench_llm_prints_the_bounds_of_the_step_rule_and_of_the_control(capsys)
     assert "with the step rule: uniform÷SAZO=< 0.33 (a median run" in out       # uniform+rule 10 vs SAZO+rule > 30
     assert "SAZO÷SAZO+rule=< 0.33 (a median run" in out
     assert "homogeneous: SAZO÷uniform < 0.33 (a median run was cut short" in out   # uniform > 30 against SAZO's 10
+
+
+# -- make bench-llm --cached-only: a race read from its cache loads no model -------------------------------------------
+def cached_main(monkeypatch, tmp_path, build, extra=()):
+    """llm_queries.main on one fake setting (patched runs and θ₀ design) with a run cache; returns the report."""
+    from benchmarks import llm_queries
+    from test_bench_tables import patch_runs
+
+    patch_runs(monkeypatch, {1e-3: [1.0, 0.45, 0.4], 1.41e-3: [1.0, 2.0]})
+    setting = llm_queries.Setting("tiny fake (B=1)", build, {"uniform": 1e-3}, 1, 40, 10, variants=("uniform",),
+                                  cells=3, grid_seeds=3, seeds=4, budget_runs=False)
+    monkeypatch.setattr(llm_queries, "settings", lambda args: [setting])
+    monkeypatch.setattr(llm_queries, "design_at_theta0", lambda *a, **k: {
+        "v_uniform_ratio": 1.5, "grad_sq_ratio": 0.5, "gain": {"1": 1.5}, "F0": 1.0, "eps_relative_error": [0.01]})
+    monkeypatch.setattr(llm_queries, "run_workers", lambda *a, **k: pytest.fail("workers started"))
+    out = tmp_path / "report.json"
+    llm_queries.main(["--sets", "--tiny", "llama", "--targets", "0.5", "0.4", "--run-cache", str(tmp_path / "cache"),
+                      "--out", str(out), *extra])
+    return json.loads(out.read_text())
+
+
+def test_cached_only_reads_a_race_without_loading_the_model(monkeypatch, tmp_path, capsys):
+    """--cached-only built every setting's θ₀ (SmolLM2 loaded, its first round and top-block activations) before
+    reading a single run from the cache, and started --jobs worker processes that each loaded it again."""
+    torch = pytest.importorskip("torch")
+    loads = []
+    build = lambda: loads.append(1) or (None, [torch.zeros(3)], [0] * 4, None, None)
+    whole = cached_main(monkeypatch, tmp_path, build, ["--jobs", "1"])
+    assert loads == [1] and whole["settings"][0]["N"] == 4 and whole["settings"][0]["tuned_parameters"] == 3
+    never = lambda: pytest.fail("the model was loaded")
+    again = cached_main(monkeypatch, tmp_path, never, ["--cached-only", "--jobs", "2"])
+    assert again["settings"] == whole["settings"]
+    assert "N=4, d=3" in capsys.readouterr().out
+    for path in (tmp_path / "cache").glob("run-*.json"):       # a cache written before the sizes were saved in it
+        if "sizes" in json.loads(path.read_text())["key"]:
+            path.unlink()
+    assert cached_main(monkeypatch, tmp_path, build, ["--cached-only"])["settings"] == whole["settings"]
+    assert loads == [1, 1]          # loaded for the sizes alone, which are saved now
+    assert cached_main(monkeypatch, tmp_path, never, ["--cached-only"])["settings"] == whole["settings"]
+
+
+@pytest.mark.parametrize("extra", [["--gd-lrs", "1e-3"], ["--measure-sets", "continual"]])
+def test_cached_only_refuses_options_that_would_compute(capsys, tmp_path, extra):
+    """--cached-only --gd-lrs 1e-3 ran full-batch GD on SmolLM2 (and --measure-sets a backprop over N): neither is in
+    the run cache, so a run that 'computes nothing' loaded the model and computed them."""
+    from benchmarks import llm_queries
+    from test_bench_cli import refused
+
+    (tmp_path / "cache").mkdir()
+    refused(capsys, lambda: llm_queries.parse_args(["--cached-only", "--run-cache", str(tmp_path / "cache"), *extra]),
+            "--cached-only", extra[0])
