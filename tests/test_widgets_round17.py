@@ -107,3 +107,31 @@ def test_decay_note_reads_the_decay_the_run_applies_after_its_first_step(rule, b
     else:
         assert f"for {applied:.0%} of the examples" in note, note
     assert "every update uses β" not in decay_note(trace, beta, 0) or beta == 0.0   # the first step: no prior yet
+
+
+def test_detector_precision_shares_the_places_at_a_tied_score():
+    # torch.argsort gave the places at a tied k-th score to the lowest indices: with every score equal (SAZO's
+    # unseen examples share one prior score) flagged [0, 1] read precision 1 at k = 2, and 0 with the order reversed
+    from sazo_lite.course.widgets.llm import detector_precision
+
+    assert detector_precision([1.0, 1.0, 1.0, 1.0], [0, 1], 2) == pytest.approx(0.5)
+    assert detector_precision([1.0, 1.0, 1.0, 1.0], [2, 3], 2) == pytest.approx(0.5)
+    assert detector_precision([5.0, 2.0, 2.0, 2.0, 0.0], [0, 3], 2) == pytest.approx((1 + 1 / 3) / 2)
+
+
+def test_detector_precision_does_not_depend_on_the_examples_order():
+    from sazo_lite.course.widgets.llm import detector_precision
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 12))
+        scores = rng.integers(0, 4, n).astype(float)        # few values: many ties
+        flagged = [i for i in range(n) if rng.random() < 0.4]
+        k = int(rng.integers(1, n + 1))
+        perm = rng.permutation(n)                            # example perm[j] becomes example j
+        where = {int(old): new for new, old in enumerate(perm)}
+        shuffled = detector_precision(scores[perm], [where[i] for i in flagged], k)
+        assert detector_precision(scores, flagged, k) == pytest.approx(shuffled)
+        ranked = np.argsort(-scores, kind="stable")         # without ties at the k-th score: the plain count
+        if k == n or scores[ranked[k - 1]] != scores[ranked[k]]:
+            assert detector_precision(scores, flagged, k) == pytest.approx(np.isin(ranked[:k], flagged).mean())

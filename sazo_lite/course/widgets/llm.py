@@ -325,6 +325,10 @@ def probs_vs_oracle(p_sazo, p_star, kinds=None) -> go.Figure:
 def detector_precision(ranking_scores, flagged, k: int) -> float:
     """Share of the k highest-scored examples that are in ``flagged`` (e.g. flipped labels).
 
+    Examples tied with the k-th highest score share the places left at that score: each counts its share of
+    them (the precision expected when ties are broken at random), so the result does not depend on the examples'
+    order.
+
     Example:
         >>> detector_precision([0.1, 5.0, 3.0, 0.2], flagged=[1, 3], k=2)
         0.5
@@ -340,8 +344,14 @@ def detector_precision(ranking_scores, flagged, k: int) -> float:
     flagged = set(check_int("flagged", i.item() if isinstance(i, torch.Tensor) else i) for i in flagged)   # 1.5 read as 1
     if any(not 0 <= i < len(scores) for i in flagged):
         raise ValueError(f"Invalid flagged: {sorted(flagged)} (expected example indices in [0, {len(scores)}))")
-    order = torch.argsort(scores, descending=True, stable=True)[:k]
-    return sum(int(i) in flagged for i in order) / k
+    # argsort gave the places at a tied k-th score to the lowest indices: flipped labels numbered first were "found"
+    # among equal scores (four equal scores, flagged [0, 1], k = 2: precision 1, and 0 with the examples reversed)
+    cut = torch.sort(scores, descending=True).values[k - 1]
+    above, tied = scores > cut, scores == cut
+    marked = torch.zeros(len(scores), dtype=torch.bool)
+    marked[sorted(flagged)] = True
+    places = k - int(above.sum())   # what the tied examples share
+    return (int((above & marked).sum()) + places * int((tied & marked).sum()) / int(tied.sum())) / k
 
 
 def detector_bars(precisions: dict[str, float], chance: float, k: int) -> go.Figure:
