@@ -197,3 +197,16 @@ def test_cached_only_refuses_options_that_would_compute(capsys, tmp_path, extra)
     (tmp_path / "cache").mkdir()
     refused(capsys, lambda: llm_queries.parse_args(["--cached-only", "--run-cache", str(tmp_path / "cache"), *extra]),
             "--cached-only", extra[0])
+
+
+# -- docs/benchmarks.md: every measured figure with its own date ---------------------------------------------------------
+@pytest.mark.parametrize("figure", ["`default_median_ratio` of 0.61 once", "at load 6 read 0.80"])
+def test_the_load_noise_figures_of_the_step_ratio_carry_their_own_date(figure):
+    """Two figures of the paragraph on how the step ratios are measured stood in the section dated 2026-12-04 with no
+    date of their own; they were measured the night of 2026-12-06 to 07 (git log -S, the session's note)."""
+    import re
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).parent.parent / "docs" / "benchmarks.md").read_text().split())
+    sentence = text[text.index(figure):].split(". ")[0]
+    assert re.search(r"2026-12-0[67]", sentence) and "2-core machine" in sentence, sentence
