@@ -123,16 +123,29 @@ class NoiseScaledStep:
         True
     """
 
+    # each setting's rule, written once: the constructor checks its arguments with it, and ``observe``, ``scale`` and
+    # ``state_dict`` check the settings again (``_check_settings``)
+    RULES = {"decay": lambda v: check_number("decay", v, 0.0, 1.0, closed_high=False),
+             "warmup": lambda v: check_count("warmup", v),
+             "max_scale": lambda v: check_number("max_scale", v, 1.0)}
+
     def __init__(self, *, decay: float = 0.95, warmup: int = 20, max_scale: float = 4.0):
-        self.decay = check_number("decay", decay, 0.0, 1.0, closed_high=False)
-        self.warmup = check_count("warmup", warmup)
-        self.max_scale = check_number("max_scale", max_scale, 1.0)
+        self.decay, self.warmup = self.RULES["decay"](decay), self.RULES["warmup"](warmup)
+        self.max_scale = self.RULES["max_scale"](max_scale)
         self.seen, self.reference, self.mean = 0, 0.0, 0.0
+
+    def _check_settings(self) -> None:
+        """Each setting as the constructor checks it, before it is read: set between steps, a max_scale of 0.5
+        halved every rate (the clip's bounds crossed), a decay of 1.5 or NaN drove the running mean off (NaN: the
+        scale stuck at 1/max_scale), without a word."""
+        for name, rule in self.RULES.items():
+            rule(getattr(self, name))
 
     def observe(self, projected_grad: float) -> None:
         """Feed one step's ĝ (a number or a one-element tensor). A non-finite ĝ is skipped; one whose square
         overflows float64 (|ĝ| > ~1.3e154), and anything ``_number`` refuses (a bool, a string, a tensor of
         several entries), is refused with ValueError before anything changes."""
+        self._check_settings()
         value = _number("projected_grad", projected_grad)   # float() read True as 1.0 and "2" as 2.0
         if not math.isfinite(value):
             return
@@ -148,6 +161,7 @@ class NoiseScaledStep:
 
     def state_dict(self) -> dict:
         """The rule's settings and running values (plain numbers): a resumed run scales as the uninterrupted one."""
+        self._check_settings()   # a state that would not load (settings out of range) is not written
         return {"decay": self.decay, "warmup": self.warmup, "max_scale": self.max_scale, "seen": self.seen,
                 "reference": self.reference, "mean": self.mean}
 
@@ -165,7 +179,9 @@ class NoiseScaledStep:
         self.seen, self.reference, self.mean = seen, reference, mean
 
     def scale(self) -> float:
-        """The factor on the base rate for the next step."""
+        """The factor on the base rate for the next step (after ``_check_settings``: ValueError for a setting set out
+        of its range)."""
+        self._check_settings()
         if self.seen <= self.warmup or self.reference <= 0.0:
             return 1.0
         if self.mean <= 0.0:

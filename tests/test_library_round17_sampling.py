@@ -165,3 +165,20 @@ def test_a_ctrl_c_during_the_update_pass_feeds_the_sampler_and_the_step_rule(nam
     assert len(history.loss) == run[1].step_count == 7 and run[3].seen == 7
     _train(run, lambda i: _PROBLEM.losses(run[0], i), 20 - 7)
     _same_run(run, reference)
+
+
+# --- 3. NoiseScaledStep: settings set between steps ---------------------------------------------------------------
+@pytest.mark.parametrize("name, value", [("max_scale", 0.5), ("decay", 1.5), ("decay", math.nan), ("warmup", 0),
+                                         ("decay", True)])
+def test_noise_scaled_step_checks_a_setting_set_between_steps_before_reading_it(name, value):
+    """The settings were checked at construction only: max_scale = 0.5 set later halved every rate (the clip's
+    bounds crossed), decay = 1.5 or NaN drove the running mean off (NaN: the scale stuck at 1/max_scale)."""
+    rule = NoiseScaledStep(warmup=2)
+    for g in (2.0, 2.0, 1.0, 1.0):
+        rule.observe(g)
+    before = rule.state_dict()
+    setattr(rule, name, value)
+    for call in (rule.scale, lambda: rule.observe(1.0), rule.state_dict):
+        with pytest.raises(ValueError, match=name):
+            call()
+    assert (rule.seen, rule.reference, rule.mean) == (before["seen"], before["reference"], before["mean"])
