@@ -135,3 +135,58 @@ def test_detector_precision_does_not_depend_on_the_examples_order():
         ranked = np.argsort(-scores, kind="stable")         # without ties at the k-th score: the plain count
         if k == n or scores[ranked[k - 1]] != scores[ranked[k]]:
             assert detector_precision(scores, flagged, k) == pytest.approx(np.isin(ranked[:k], flagged).mean())
+
+
+def _held_bands(runs, stop):
+    """Per query of the runs' union: the median and min of F/F₀ over seeds, a seed that ended (not diverged) at or
+    below ``stop`` held at its last value, one diverged counted as +inf, one out of budget left out."""
+    import statistics
+
+    grid = sorted({q for r in runs for q in r["queries"]})
+    medians, lows = [], []
+    for q in grid:
+        row = []
+        for r in runs:
+            at = dict(zip(r["queries"], r["train_loss"]))
+            last = r["train_loss"][-1] / r["train_loss"][0]
+            if q in at:
+                row.append(at[q] / r["train_loss"][0])
+            elif r.get("diverged"):
+                row.append(math.inf)
+            elif last <= stop:
+                row.append(last)
+        medians.append(statistics.median(row))
+        lows.append(min(row))
+    return grid, medians, lows
+
+
+def test_the_race_figure_keeps_a_seed_that_stopped_at_the_deepest_target():
+    # a race's runs stop once they reach its deepest target (query_run's stop_fraction); the figure left such a seed
+    # out after its stop, so the median and the band lost the best seeds: the stored race's SAZO median read 0.509 at
+    # 5,800 queries (0.462 with them) and its band's bottom jumped from 0.386 to 0.462
+    from sazo_lite.course import llm_lesson as lesson
+    from sazo_lite.course.widgets._common import SAMPLER_LABELS
+    from sazo_lite.course.widgets.llm_lesson import race_figure
+
+    race = lesson.load_race()
+    fig = race_figure(race)
+    for k, runs in race.runs.items():
+        grid, medians, lows = _held_bands(runs, min(race.targets))
+        at = next(j for j, t in enumerate(fig.data) if t.mode == "lines" and t.name.startswith(SAMPLER_LABELS[k] + ","))
+        line, band = fig.data[at], fig.data[at - 1]              # each sampler's band, then its median line
+        assert list(line.x) == grid and band.fill == "toself"
+        assert [v is None for v in line.y] == [not m < 1.5 for m in medians]
+        assert [v for v in line.y if v is not None] == pytest.approx([m for m in medians if m < 1.5])
+        assert list(band.y)[len(grid):][::-1] == pytest.approx([min(v, 1.5) for v in lows])
+
+
+def test_loss_bands_keep_a_seed_that_stopped_below_the_lowest_target():
+    from sazo_lite.course.widgets.llm import loss_bands
+
+    runs = [{"queries": [0, 10, 20, 30], "train_loss": [1.0, 0.8, 0.6, 0.5], "diverged": False},
+            {"queries": [0, 10, 20], "train_loss": [2.0, 1.2, 0.7], "diverged": False},      # stopped at 0.35 ≤ 0.5
+            {"queries": [0, 10, 20, 30], "train_loss": [1.0, 0.9, 0.8, 0.7], "diverged": False}]
+    median = list(loss_bands({"uniform": runs}).data[-1].y)
+    assert median == pytest.approx([1.0, 0.8, 0.6, 0.5])        # at 30: median(0.5, 0.35, 0.7), not (0.5, 0.7)
+    short = [runs[0], {"queries": [0, 10], "train_loss": [1.0, 0.9], "diverged": False}]   # out of budget: left out
+    assert list(loss_bands({"uniform": short}).data[-1].y)[2:] == pytest.approx([0.6, 0.5])

@@ -77,7 +77,8 @@ def loss_bands(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> go.Figure:
 
     A seed stopped as diverged (its ``diverged`` flag) counts as above every other after its stop, as in notebook
     06's race figure: where most seeds diverged the median is off the plot (a gap), not the survivors' median. A
-    seed that ran out of budget is left out after its end.
+    seed that ended at or below the lowest target (a race's runs stop at their deepest target) holds its last
+    value after its end; one that ran out of budget above it is left out after its end.
 
     Args:
         runs_by_sampler: sampler name → list of runs (``QueryRun`` or its dict), one per seed.
@@ -92,6 +93,7 @@ def loss_bands(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> go.Figure:
     from .llm_lesson import _bands   # (here: llm_lesson reads notebook 06's lesson, which this module need not)
 
     _check_runs("runs_by_sampler", runs_by_sampler, "sampler")
+    targets = tuple(targets)   # read twice: the stop rule, then the lines
     fig, shown = go.Figure(), []
     for sampler, runs in runs_by_sampler.items():
         runs = [_as_dict(r) for r in runs]
@@ -106,7 +108,7 @@ def loss_bands(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> go.Figure:
         shown.append(color)
         # a seed stopped as diverged counts as above everything after its stop (not left out: the median of the
         # seeds still running read 0.3 where two of three had diverged); one that ran out of budget is left out
-        grid, median, low, high = _bands(runs)
+        grid, median, low, high = _bands(runs, min(targets, default=None))
         top = max([v for v in high if math.isfinite(v)] + [1.0])   # the band of a diverged seed: to the plot's top
         fig.add_scatter(x=grid + grid[::-1], y=[min(v, top) for v in high] + [min(v, top) for v in low][::-1],
                         fill="toself", line=dict(width=0), opacity=0.2, fillcolor=color, showlegend=False,
