@@ -47,7 +47,7 @@ __all__ = ["BenchProblem", "TargetRun", "queries_to_reach", "best_learning_rate"
 RESULTS = Path(__file__).parent / "results"
 CELLS = RESULTS / "queries_cells"     # a full run's finished cells: an interrupted run resumes from them
 DEFAULT_METHODS = ("uniform", "sazo", "oracle")
-RACE_PROTOCOL = 2     # bump when the race's rules (first hits, lost rates, budgets) change what a saved cell would be
+RACE_PROTOCOL = 3     # bump when the race's rules (first hits, lost rates, budgets) change what a saved cell would be
 TARGETS = (0.02, 0.005)
 
 
@@ -506,7 +506,12 @@ def _choose(runs: dict, grid, target, reached, alive, max_steps: int) -> float |
     """The rate ``best_learning_rate`` picks at ``target`` (None: no rate reached it), its runs extended to
     ``max_steps``. A rate still racing at the budget's stop can have crossed a larger target and diverge later
     on half of its seeds: once run to the end it is lost, and the next best rate is chosen (unless every
-    rate is lost)."""
+    rate is lost). Where every rate is lost the rule chooses among them all, so their runs, stopped when their rate
+    was lost, are first run to the end (a seed still racing then would count as a miss)."""
+    if not any(alive(runs[lr]) for lr in grid):
+        for lr in grid:
+            for run in runs[lr]:
+                run.extend_to(max_steps)
     while True:
         lost = {lr for lr in grid if not alive(runs[lr])}
         best_lr = best_rate({lr: [reached(run, target) for run in runs[lr]] for lr in grid}, past_edges=lost)

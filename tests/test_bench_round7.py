@@ -100,6 +100,47 @@ def test_make_bench_grades_a_goal_by_the_bound_a_missed_target_proves():
     assert "not reached (> 40000)" in table and "> 8.00×" in table
 
 
+class TwoTargetRun:
+    """A TargetRun stand-in with targets 0.1 and 0.01: it crosses them after ``first`` and ``second`` steps (None:
+    never) and diverges after ``diverge`` steps (None: never); logged every 10 steps, 2 queries a step."""
+    targets = (0.1, 0.01)
+
+    def __init__(self, first, second, diverge):
+        self.first, self.second, self.diverge = first, second, diverge
+        self.batch_size, self.steps, self.failed = 1, 0, False
+        self.reached = {t: None for t in self.targets}
+
+    @property
+    def queries(self):
+        return self.reached[0.01]
+
+    def extend_to(self, steps):
+        for s in range(self.steps + 10, -(-steps // 10) * 10 + 10, 10):
+            if self.failed or self.queries is not None:
+                break
+            self.steps = s
+            if self.first is not None and s >= self.first and self.reached[0.1] is None:
+                self.reached[0.1] = 2 * s
+            if self.second is not None and s >= self.second:
+                self.reached[0.01] = 2 * s
+            elif self.diverge is not None and s >= self.diverge:
+                self.failed = True
+        return self
+
+
+def test_where_every_rate_is_lost_the_rule_chooses_among_whole_runs():
+    """A grid whose every rate lost half of its seeds (here one rate; 2 of 4 seeds diverged by step 870): the rule
+    then chooses among the lost rates, but their other seeds had stopped when the rate was lost (step ~870), so seeds
+    that cross 0.1 at steps 1280 and 1890 counted as misses and the cell read "not reached" (median ∞) where its
+    runs give (2560 + 3780) / 2 = 3170 queries."""
+    plan = [(1280, 2760, None), (1890, None, None), (470, 2520, 870), (1930, 4190, 670)]
+    result = queries.best_learning_rate(lambda lr, seed: TwoTargetRun(*plan[seed]), [1e-3], [0, 1, 2, 3], 3000,
+                                        first_budget=100, targets=(0.1, 0.01))
+    assert result[0.1]["lr"] == 1e-3 and result[0.1]["median"] == 3170
+    assert result[0.1]["per_seed"] == [2560, 3780, 940, None]
+    assert result[0.01]["median"] is None and result[0.01]["floor"] is None     # half of the seeds diverged: no bound
+
+
 # -- make bench's language-model rows and bench-llm's printout: the control graded as the other goals are ----------
 def control_section(ratio=None, bound=None, incomplete=None):
     key = "uniform/sazo+bound@0.3"
