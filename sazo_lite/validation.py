@@ -135,7 +135,7 @@ _ARRAY_PROTOCOLS = ("__array__", "__array_interface__", "__cuda_array_interface_
 
 def not_numbers(value) -> str | None:
     """None when ``value`` is of a kind that holds numbers (a tensor, a number, a numpy array or scalar, a list,
-    tuple or other sequence, an array-like object of another library); else what it is, for the caller's ``NotNumbersError``.
+    tuple or other sequence (indexable, with a length), an array-like object of another library); else what it is, for the caller's ``NotNumbersError``.
 
     Bytes-like objects (bytes, bytearray, memoryview) are not numbers: ``torch.as_tensor`` read a bytearray's
     bytes as its values (a closure returning ``bytearray(b"ab")`` gave losses 97 and 98). Neither are strings,
@@ -150,7 +150,8 @@ def not_numbers(value) -> str | None:
         return repr(value)[:80]
     if isinstance(value, (torch.Tensor, numbers.Number, np.ndarray, np.generic)):
         return None
-    if isinstance(value, collections.abc.Sequence):
+    kind = type(value)   # a sequence as torch reads one (indexable, with a length), registered as such or not
+    if hasattr(kind, "__getitem__") and hasattr(kind, "__len__") and not isinstance(value, collections.abc.Mapping):
         return None
     if any(hasattr(value, protocol) for protocol in _ARRAY_PROTOCOLS):   # a pandas Series, a CuPy array ...
         return None

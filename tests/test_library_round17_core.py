@@ -125,12 +125,22 @@ def test_dense_tensor_refuses_bytes_like_values_by_name():
             dense_tensor("indices", value)
 
 
-@pytest.mark.parametrize("value", [range(2), array.array("d", [0.5, 1.5]), (0.5, 1.5), np.float64(0.5)],
-                         ids=["range", "array.array", "tuple", "numpy float"])
+class _Losses:
+    """A sequence torch reads (indexable, with a length) that is not registered as collections.abc.Sequence."""
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, index):
+        return (0.5, 1.5)[index]
+
+
+@pytest.mark.parametrize("value", [range(2), array.array("d", [0.5, 1.5]), (0.5, 1.5), np.float64(0.5), _Losses()],
+                         ids=["range", "array.array", "tuple", "numpy float", "unregistered sequence"])
 def test_sequences_and_numbers_are_still_read(value):
     theta = torch.zeros(2, dtype=torch.float64)
     opt = MeZO([theta], lr=0.0, eps=1e-3, seed=0)
-    expected = np.atleast_1d(np.asarray(list(value) if isinstance(value, (range, array.array)) else value, float))
+    expected = np.atleast_1d(np.asarray(list(value) if not isinstance(value, (tuple, np.generic)) else value, float))
     assert opt.step(lambda: value).loss == pytest.approx(float(expected.mean()))
 
 
