@@ -219,3 +219,62 @@ def test_04_ladder_sentences_hold_in_both_modes(fast_ladder):
         assert all(hetero[rung] < hetero["uniform"] / 2 for rung in ("plain", "prior", "blend", "level", "robust"))
     class_homog = _class_ladder()["σ = 0"]
     assert class_homog["prior"] > class_homog["plain"]
+
+
+# -- the worked solutions: what their code prints ----------------------------------------------------------
+def solution(number: str, section: int) -> tuple[str, str]:
+    """(prose, code) of section ``section`` of notebook ``number``'s worked solutions: its text (line breaks
+    folded) and its first python block."""
+    page = next((ROOT / "notebooks" / "solutions").glob(f"{number}_*.md")).read_text()
+    part = re.split(r"^## ", page, flags=re.M)[section]
+    assert part.startswith(f"{section}."), part[:40]
+    code = re.search(r"```python\n(.*?)```", part, re.S).group(1)
+    prose = flat(re.sub(r"```.*?```", " ", part, flags=re.S)).translate(str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻", "0123456789-"))
+    return prose, code
+
+
+def run_printing(code: str, capsys) -> str:
+    exec(compile(code, "<solution>", "exec"), {"__name__": "solution"})
+    return capsys.readouterr().out
+
+
+def test_04_solution_1_says_down_to_which_eps_the_ranking_survives(capsys):
+    """It said ρ stays within 0.1 of its ε = 1e-3 value "down to about ε = 1e-6": its own scan keeps it at 1e-7."""
+    prose, code = solution("04", 1)
+    kept, lost_above, lost_below = (int(x) for x in re.search(
+        r"value down to ε = 10-(\d) and loses it between 10-(\d) and 10-(\d): from 10-\d on ρ ≈ 0", prose).groups())
+    rho = {int(exponent): float(value) for exponent, value in
+           re.findall(r"ε = 1e-0?(\d+): final ρ = (-?[\d.]+)", run_printing(code, capsys))}
+    assert (kept, lost_above) == (lost_above, lost_below - 1)
+    assert all(abs(rho[e] - rho[3]) <= 0.1 for e in rho if e <= kept), rho
+    assert all(abs(rho[e]) < 0.1 for e in rho if e >= lost_below), rho
+
+
+def test_04_solution_3_gives_the_observations_its_code_prints(capsys):
+    """It said ρ crosses 0.7 after "about 3–6" observations "whatever B": its run prints 3–4, and at B = 1 ρ never
+    gets there in its 300 steps."""
+    prose, code = solution("04", 3)
+    low, high, fewest, most = (int(x) for x in re.search(
+        r"from B = (\d+) to (\d+), ρ crosses 0\.7 once the typical example has been observed (\d) or (\d) times",
+        prose).groups())
+    printed = run_printing(code, capsys)
+    rows = {int(b): (step, seen) for b, step, seen in re.findall(
+        r"B = +(\d+): .*?ρ > 0\.7 first at step (\w+) \(median observations per example then: ([\w.]+)\)", printed)}
+    assert sorted(rows) == [1, 2, 4, 8, 16, 32], printed
+    assert rows[1][0] == "never" and "At B = 1" in prose and "never reaches 0.7" in prose
+    for b in (b for b in rows if low <= b <= high):
+        assert fewest <= float(rows[b][1]) <= most, (b, rows[b])
+
+
+def test_05_solution_1_races_race_1_at_the_rates_its_answer_discusses():
+    """It raced B = 2, but exercise 1 reruns race 1 (B = 4); and its answer reads "a single η at the oracle's best
+    rate", which its rates (0.0025, 0.005, 0.01) did not include."""
+    from sazo_lite.course.widgets.race import PROBLEM_DEFAULTS
+
+    prose, code = solution("05", 1)
+    race_1 = next(source for source in cells("05", "code") if "hetero = tuned_race(" in source)
+    assert re.search(r"batch_size=(\d+)", code).group(1) == re.search(r"batch_size=(\d+)", race_1).group(1)
+    rates = ast.literal_eval(re.search(r"for lr in (\([^)]*\))", code).group(1))
+    tuned = PROBLEM_DEFAULTS["heterogeneous quadratic"]          # race 1's class-mode tuned rates
+    assert "uniform's best rate" in prose and "oracle's best rate" in prose
+    assert {tuned["lr_uniform"], tuned["lr_oracle"]} <= set(rates), (rates, tuned)
