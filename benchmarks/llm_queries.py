@@ -652,6 +652,49 @@ def yield_partial(args, report: dict) -> None:
         write_json(args.partial, report, indent=1)
 
 
+# options that only some raced settings read: (their dests, whether this command's settings read them, which do)
+READ_BY = (
+    (("top_n", "top_new_fraction", "top_blocks", "top_batch", "top_log_every", "top_select", "top_accuracy_at",
+      "top_variants"), lambda a: set(a.sets) & set(TOP_SETS), "--sets top-opposed or top-homogeneous"),
+    (("top_steps", "top_oracle_every", "top_start"), lambda a: "top-opposed" in a.sets, "--sets top-opposed"),
+    (("top_control_steps", "top_control_start", "top_control_cells"), lambda a: "top-homogeneous" in a.sets,
+     "--sets top-homogeneous"),
+    (("variant_start",), lambda a: set(a.sets) & {*TOP_SETS, *BIG_SETS}, "the top-block, opposed and balanced sets"),
+    (("big_n", "big_new_fraction"), lambda a: (set(a.sets) | set(a.measure_sets)) & set(BIG_SETS),
+     "--sets (or --measure-sets) opposed or balanced"),
+    (("big_steps", "big_log_every", "big_start", "oracle_start_factor", "big_oracle_every", "variants",
+      "big_accuracy_at", "no_budget"), lambda a: set(a.sets) & set(BIG_SETS), "--sets opposed or balanced"),
+    (("big_batch",), lambda a: set(a.sets) & {*BIG_SETS, "homogeneous"}, "--sets opposed, balanced or homogeneous"),
+    (("stale_every", "oracle_cells", "accuracy_at"), lambda a: "continual" in a.sets, "--sets continual"),
+    (("steps",), lambda a: set(a.sets) & {"continual", "homogeneous"} or a.gd_lrs,
+     "--sets continual or homogeneous, or --gd-lrs"),
+    (("log_every",), lambda a: set(a.sets) & {"continual", "homogeneous"} or a.gd_lrs or a.full_start,
+     "--sets continual or homogeneous, --gd-lrs or --full-start"),
+    (("num_train", "new_fraction"), lambda a: (set(a.sets) & {"continual", "homogeneous"} or a.gd_lrs or a.full_start
+                                               or set(a.measure_sets) - set(BIG_SETS)),
+     "--sets continual or homogeneous, --gd-lrs, --full-start or --measure-sets of those sets"),
+    (("tiny_n", "tiny_steps", "tiny_variants", "tiny_start", "tiny_cells"), lambda a: a.tiny, "--tiny"),
+    (("tiny_homogeneous_n", "tiny_homogeneous_steps", "tiny_homogeneous_start", "control_seeds"),
+     lambda a: a.tiny_homogeneous, "--tiny-homogeneous"),
+    (("full_steps", "full_cells"), lambda a: a.full_start, "--full-start"),
+    (("walk_radii", "walk_draws"), lambda a: a.measure_sets, "--measure-sets"),
+    *(((name,), lambda a, rule=rule: any(v.endswith(f"+{rule}") for v in raced_variants(a)), f"a +{rule} variant raced")
+      for rule, name in RULE_SETTINGS.items()),
+)
+
+
+def raced_variants(args) -> list[str]:
+    """The variant names the command's top-block and opposed or balanced sets race."""
+    return [*(args.top_variants if set(args.sets) & set(TOP_SETS) else ()),
+            *(args.variants if set(args.sets) & set(BIG_SETS) else ())]
+
+
+def unread_options(args, given: set[str]) -> list[str]:
+    """Of the options ``given`` on the command line, those no setting of this command reads, each with what reads it."""
+    return [f"--{name.replace('_', '-')} (read with {reader})" for names, reads, reader in READ_BY
+            for name in names if name in given and not reads(args)]
+
+
 def parse_args(argv=None, *, run: bool = False):
     """The arguments; ``run``: also refuse a command line that races nothing (``main``)."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_queries", description=__doc__.splitlines()[0])
@@ -808,7 +851,7 @@ def parse_args(argv=None, *, run: bool = False):
                   "full_start", "tiny_homogeneous", "top_select", "top_accuracy_at")
     # given at all, even at its default value (--quick --seeds 5 ran 1 seed): argparse fills only what a namespace lacks
     unset = object()
-    given = vars(parser.parse_args(argv, argparse.Namespace(**dict.fromkeys(quick_sets, unset))))
+    given = vars(parser.parse_args(argv, argparse.Namespace(**dict.fromkeys(vars(args), unset))))
     clashes = [f"--{name.replace('_', '-')}" for name in quick_sets if given[name] is not unset]
     if args.quick and clashes:      # the pilot's sizes would replace them without a word
         parser.error(f"--quick sets {', '.join(clashes)} itself (the pilot's sizes): drop --quick or drop them")
@@ -829,6 +872,10 @@ def parse_args(argv=None, *, run: bool = False):
     for name in ("sets", "variants", "top_variants", "tiny", "tiny_variants", "tiny_homogeneous", "measure_sets",
                  "gd_lrs", "walk_radii"):     # a name given twice is raced once (not a second setting of hours)
         setattr(args, name, list(dict.fromkeys(getattr(args, name))))
+    unread = unread_options(args, {name for name, value in given.items() if value is not unset})
+    if unread and not (args.worker or args.merge):      # taken without a word, they changed nothing (workers: said once)
+        print(f"warning: no setting of this command reads {', '.join(unread)}: they change nothing in this run",
+              file=sys.stderr, flush=True)
     if set(args.sets) & set(TOP_SETS) and args.top_select < min(args.targets):
         parser.error(f"argument --top-select: {args.top_select:g}·F₀ is deeper than the deepest --targets "
                      f"{min(args.targets):g}·F₀, where every run stops: no run would reach it to pick a rate")

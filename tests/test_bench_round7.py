@@ -251,3 +251,39 @@ def test_the_load_noise_figures_of_the_step_ratio_carry_their_own_date(figure):
     text = " ".join((Path(__file__).parent.parent / "docs" / "benchmarks.md").read_text().split())
     sentence = text[text.index(figure):].split(". ")[0]
     assert re.search(r"2026-12-0[67]", sentence) and "2-core machine" in sentence, sentence
+
+
+# -- make bench-llm: an option no raced setting reads is said, not taken without a word ---------------------------------
+@pytest.mark.parametrize("argv, unread", [
+    (["--steps", "3000"], "--steps"),                       # the top-block race reads --top-steps
+    (["--big-n", "96"], "--big-n"),
+    (["--sets", "top-homogeneous", "--top-steps", "800"], "--top-steps"),
+    (["--walk-pull", "0.1"], "--walk-pull"),                # no +pull variant raced
+    (["--tiny-n", "8"], "--tiny-n"),
+    (["--stale-every", "5"], "--stale-every"),
+])
+def test_an_option_no_raced_setting_reads_is_named(capsys, argv, unread):
+    """`make bench-llm BENCH_LLM_ARGS="--steps 3000"` raced the default top-block runs of 6,000 steps without a word
+    (--steps sizes the continual set's runs): the hour's report looked like the one asked for."""
+    from benchmarks import llm_queries
+
+    llm_queries.parse_args(argv)
+    err = capsys.readouterr().err
+    assert "warning" in err and unread in err and "change nothing" in err, err
+    llm_queries.parse_args([*argv, "--worker", "0/2"])        # a worker re-reads the command: said once, by the parent
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("argv", [
+    ["--sets", "continual", "--steps", "30", "--num-train", "8", "--stale-every", "5"],
+    ["--sets", "opposed", "--big-n", "96", "--variants", "uniform+pull", "sazo", "--walk-pull", "0.1"],
+    ["--top-steps", "800", "--top-start", "sazo=1e-3", "--variant-start", "uniform+bound=1e-3"],
+    ["--sets", "--tiny", "llama", "--tiny-n", "8", "--measure-sets", "opposed", "--big-n", "96", "--walk-radii", "10"],
+    ["--sets", "--gd-lrs", "1e-3", "--steps", "30", "--log-every", "5"],
+    ["--quick"],
+])
+def test_options_a_raced_setting_reads_pass_without_a_warning(capsys, argv):
+    from benchmarks import llm_queries
+
+    llm_queries.parse_args(argv)
+    assert "warning" not in capsys.readouterr().err
