@@ -539,7 +539,7 @@ def _race_variant(setting: Setting, variant: str, start: LazyStart, args, out: d
     # the chosen cell's runs count as finals only if they had the whole budget: a capped cell stopped its runs
     # at the best median to the select target so far, which leaves the deeper targets unmeasured
     reuse = not setting.budget_runs and f"{chosen:g}" not in capped
-    runs = out["runs"][variant] = list(chosen_cell) if reuse else []
+    runs = out["runs"][variant] = list(chosen_cell)[:setting.seeds] if reuse else []     # --seeds below --grid-seeds: its count
     for seed in range(len(runs), setting.seeds):
         runs.append(run(chosen, seed, stop=not setting.budget_runs,
                         diagnose=setting.diagnose if (seed == 0 and sampler == "sazo" and setting.budget_runs) else 0))

@@ -287,3 +287,19 @@ def test_options_a_raced_setting_reads_pass_without_a_warning(capsys, argv):
 
     llm_queries.parse_args(argv)
     assert "warning" not in capsys.readouterr().err
+
+
+def test_the_chosen_rate_keeps_as_many_seeds_as_seeds_says(monkeypatch):
+    """With --seeds 2 below --grid-seeds 3 a race whose chosen cell's runs count as finals reported 3 seeds (the whole
+    cell), as if --seeds were not given; now its first 2, as --seeds says."""
+    from benchmarks import llm_queries
+    from test_bench_tables import patch_runs
+
+    patch_runs(monkeypatch, {1e-3: [1.0, 0.45, 0.4], 1.41e-3: [1.0, 2.0]})
+    args = llm_queries.parse_args(["--sets", "--tiny", "--targets", "0.5", "0.4"])
+    for seeds in (2, 3, 4):
+        setting = llm_queries.Setting("fake", None, {"uniform": 1e-3}, 1, 40, 10, variants=("uniform",), cells=3,
+                                      grid_seeds=3, seeds=seeds, budget_runs=False)
+        out = {"grid": {}, "chosen_lr": {}, "runs": {}}
+        llm_queries.race_variant(setting, "uniform", None, [], None, None, args, out)
+        assert [r["seed"] for r in out["runs"]["uniform"]] == list(range(seeds))
