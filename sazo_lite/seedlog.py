@@ -27,7 +27,11 @@ What a log refuses (ValueError, before anything changes):
       SHA-256 its header holds (``sha256``: changed since the file was written; checked after everything
       above, so a crafted record is named by its own check; logs written before it carry none);
     * ``replay_step`` or ``replay_failure`` through the optimiser it records (a hook such as
-      ``StepCap`` that takes part of a step back): the log would miss that shift.
+      ``StepCap`` that takes part of a step back): the log would miss that shift;
+    * a step after the tuned tensors were written since the last recorded step (or since ``attach``): a
+      ``clamp_``, a loaded checkpoint, a hook that moves θ after the log saw the step. Each tensor's Σθ and Σθ²
+      (float64, summed in chunks) after a step are compared before the next (not across a ``flush()`` of a
+      folded update); writes that keep both are not seen.
 
 Replay is all or nothing: ``replay_into`` keeps a copy of the parameters (``backup=True``) and
 puts them and the optimiser's lr, step and seed back if anything fails part-way (an
@@ -128,6 +132,31 @@ def _logged_directions(optimizer: MeZO) -> str | None:
     return name
 
 
+_CHUNK = 1 << 20   # entries summed at a time by ``_fingerprint``: an 8 MB float64 copy at most
+
+
+def _fingerprint(optimizer: MeZO) -> tuple[bool, torch.Tensor]:
+    """(whether a folded update waits, Σθ and Σθ² of each tuned tensor in float64 [T, 2] on the CPU): what
+    ``_check_weights`` compares. Summed in chunks of ``_CHUNK`` entries, so the float64 copy is bounded (a whole
+    tensor's ``sum(dtype=float64)`` made one as large as the tensor in float64)."""
+    tensors = [p for group in optimizer.param_groups for p in group["params"]]
+    sums = []
+    with torch.no_grad():
+        for p in tensors:
+            flat, total = p.detach().reshape(-1), torch.zeros(2, dtype=torch.float64, device=p.device)
+            for start in range(0, flat.numel(), _CHUNK):
+                part = flat[start:start + _CHUNK].to(torch.float64)
+                total += torch.stack((part.sum(), part.dot(part)))
+            sums.append(total)
+        by_device: dict = {}
+        for k, total in enumerate(sums):
+            by_device.setdefault(total.device, []).append(k)
+        out = torch.empty(len(sums), 2, dtype=torch.float64)
+        for ks in by_device.values():   # one read back per device
+            out[ks] = torch.stack([sums[k] for k in ks]).to("cpu")
+    return optimizer.pending, out
+
+
 def _mask_sizes(optimizer) -> list[int] | None:
     masks = getattr(optimizer, "masks", None)
     if masks is None:
@@ -163,6 +192,7 @@ class SeedLog:
     _handle: object = field(default=None, repr=False)
     _expected: tuple | None = field(default=None, repr=False)  # (step, seed) the next step must start at
     _altered: bool = field(default=False, repr=False)  # read from a file whose records miss their SHA-256
+    _weights: tuple | None = field(default=None, repr=False)  # _fingerprint(optimizer) where the last step left θ
 
     @classmethod
     def attach(cls, optimizer: MeZO) -> "SeedLog":
@@ -182,6 +212,7 @@ class SeedLog:
             header.update(mask_sizes=sizes, mask_digests=_mask_digests(optimizer))
         log = cls(header)
         log._expected = (state["step"], state["seed"])
+        log._weights = _fingerprint(optimizer)
         log._handle = optimizer.register_step_hook(log)
         return log
 
@@ -210,6 +241,22 @@ class SeedLog:
                              f"{state['seed']}) from the log's ({self._expected[0]}, {self._expected[1]}) "
                              f"(load_state_dict?); a seed log cannot record that: detach it and "
                              f"SeedLog.attach a new one for the resumed run")
+        self._check_weights(optimizer)
+
+    def _check_weights(self, optimizer: MeZO) -> None:
+        """Refuse a step when θ changed since the last step the log recorded (or since ``attach``): a log holds
+        steps only, so a write between steps (``theta.clamp_``, a loaded checkpoint, a hook that moves θ after
+        this log saw the step) was left out of its replay, which rebuilt another θ without a word. Compared only
+        when a folded update waits now as it did then (a ``flush()`` in between moves θ as the log replays it).
+        Writes that keep every tensor's Σθ and Σθ² are not seen."""
+        last = self._weights
+        if last is None or last[0] != optimizer.pending:
+            return
+        if not torch.equal(last[1], _fingerprint(optimizer)[1]):
+            raise ValueError("Invalid weights: the tuned tensors changed since the last step this SeedLog recorded "
+                             "(written between steps: the log holds steps only, so its replay would not rebuild "
+                             "them); nothing moved. Put the weights back, or detach this log and SeedLog.attach a "
+                             "new one from the weights as they are")
 
     def check_replay(self, optimizer: MeZO) -> None:
         """Refuse ``replay_step``/``replay_failure`` through the optimiser it records: a replay moves θ
@@ -220,6 +267,7 @@ class SeedLog:
                          "so replaying the log would not rebuild θ; detach the log or that hook")
 
     def __call__(self, optimizer: MeZO, event: StepEvent) -> None:
+        self._weights = _fingerprint(optimizer)   # where this step left θ (a failed one: put back, as replayed)
         if event.kind == "failure":
             self.records.append((_FAIL, event.seed, float(event.value)))
             return

@@ -182,3 +182,89 @@ def test_noise_scaled_step_checks_a_setting_set_between_steps_before_reading_it(
         with pytest.raises(ValueError, match=name):
             call()
     assert (rule.seen, rule.reference, rule.mean) == (before["seen"], before["reference"], before["mean"])
+
+
+# --- 4. SeedLog: weights written between recorded steps ------------------------------------------------------------
+from sazo_lite.seedlog import SeedLog  # noqa: E402
+
+
+def _writes():
+    def clamp(theta):
+        with torch.no_grad():
+            theta.clamp_(max=0.05)
+
+    def data(theta):
+        theta.data.copy_(theta.data * 0.5)   # .data: no version bump
+
+    def numpy(theta):
+        theta.detach().numpy()[1] += 1e-12   # one entry, a tiny change
+
+    return {"clamp_": clamp, ".data": data, "numpy": numpy}
+
+
+def _logged(fold=False):
+    theta = torch.linspace(-1.0, 1.0, 6, dtype=torch.float64)
+    start = theta.clone()
+    optimizer = MeZO([theta], lr=0.05, eps=1e-3, seed=3, fold_updates=fold, noise=PlainNoise())
+    return theta, start, optimizer, SeedLog.attach(optimizer)
+
+
+def _loss(theta):
+    return lambda: (theta - 0.3).pow(2)
+
+
+@pytest.mark.parametrize("write", list(_writes()))
+@pytest.mark.parametrize("when", ["after steps", "after attach"])
+def test_a_seed_log_refuses_a_step_after_the_weights_were_written_between_steps(write, when):
+    """A log records steps only: θ written between steps was left out, and the replay rebuilt another θ without
+    a word (a clamp_ between steps: replay 0.27 off). The next step is refused now, before anything moves."""
+    theta, start, optimizer, log = _logged()
+    if when == "after steps":
+        for _ in range(3):
+            optimizer.step(_loss(theta))
+    _writes()[write](theta)
+    written, steps = theta.clone(), optimizer.step_count
+    with pytest.raises(ValueError, match="Invalid weights"):
+        optimizer.step(_loss(theta))
+    assert torch.equal(theta, written) and optimizer.step_count == steps and log.num_steps == steps
+
+
+@pytest.mark.parametrize("fold", [False, True], ids=["plain", "folded"])
+def test_a_seed_log_still_records_flushes_failed_steps_and_train_runs_and_replays_them_bit_for_bit(fold):
+    """No step refused that the log can replay: a folded run flushed between steps (train's evaluate), steps whose
+    closure raised after one or two passes (θ put back, as replayed), a SAZO train run with a step rule."""
+    theta, start, optimizer, log = _logged(fold)
+    calls = []
+
+    def losses(indices):
+        calls.append(1)
+        if len(calls) in (7, 14):   # the 4th step's first pass, then (next call of train) its 4th step's second
+            raise RuntimeError("a failing forward")
+        return (theta - 0.3).pow(2)[indices % 6]
+
+    sampler, rule = SAZOSampler(6, seed=2), NoiseScaledStep(warmup=2)
+    for _ in range(3):
+        try:
+            train(optimizer, sampler, losses, 10, batch_size=2, progress=False, step_rule=rule,
+                  evaluate=lambda: float((theta - 0.3).pow(2).mean()), log_every=3)
+        except RuntimeError:
+            pass
+    optimizer.flush()
+    replayed = start.clone()
+    SeedLog.from_bytes(log.to_bytes()).replay([replayed])
+    assert optimizer.step_count == 3 + 3 + 10 and torch.equal(replayed, theta)
+
+
+def test_a_hook_that_moves_theta_after_the_log_saw_the_step_is_caught_at_the_next_step():
+    """A step hook registered after the log that writes θ (a projection onto a ball): the log recorded the step
+    before the write, and its replay missed every projection."""
+    theta, start, optimizer, log = _logged()
+
+    def project(optimizer, event):
+        with torch.no_grad():
+            theta.clamp_(-0.5, 0.5)
+
+    optimizer.register_step_hook(project)
+    optimizer.step(_loss(theta))
+    with pytest.raises(ValueError, match="Invalid weights"):
+        optimizer.step(_loss(theta))
