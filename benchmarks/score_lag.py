@@ -114,7 +114,8 @@ def race(problem_name: str, methods, grid, seeds, targets=(0.02, 0.005), max_ste
         make_run = lambda lr, seed: TargetRun(item.problem, method, lr, seed, tuple(targets))
         out[method] = best_learning_rate(make_run, list(grid), list(seeds), steps, targets=tuple(targets))
         for t, r in out[method].items():
-            median = "not reached" if r["median"] is None else f"{r['median']:g} lr {r['lr']:g}"
+            bound = f" (> {r['floor']:g})" if r.get("floor") else ""      # the queries its runs made: a lower bound
+            median = f"not reached{bound}" if r["median"] is None else f"{r['median']:g} lr {r['lr']:g}"
             print(f"{problem_name} | {method} | target {t:g} | median {median} "
                   f"per seed {['not reached' if q is None else q for q in r['per_seed']]} grid {r['grid']}", flush=True)
     return out

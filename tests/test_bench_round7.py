@@ -303,3 +303,15 @@ def test_the_chosen_rate_keeps_as_many_seeds_as_seeds_says(monkeypatch):
         out = {"grid": {}, "chosen_lr": {}, "runs": {}}
         llm_queries.race_variant(setting, "uniform", None, [], None, None, args, out)
         assert [r["seed"] for r in out["runs"]["uniform"]] == list(range(seeds))
+
+
+def test_score_lag_race_prints_the_floor_of_a_method_that_never_reached_the_target(monkeypatch, capsys):
+    """score_lag --race printed "median not reached" where the race knows the median is above the queries its
+    runs made (as make bench's table now says)."""
+    from benchmarks import score_lag
+
+    missed = {"lr": None, "median": None, "min": None, "max": None, "per_seed": [None] * 3, "grid": {"0.001": None},
+              "floor": 60000}
+    monkeypatch.setattr(queries, "best_learning_rate", lambda *a, targets, **k: {t: missed for t in targets})
+    score_lag.race("quadratic σ=1.5", ["sazo"], [0.001], [0, 1, 2], targets=(0.02,))
+    assert "median not reached (> 60000) per seed" in capsys.readouterr().out
