@@ -369,6 +369,12 @@ def grade(submission: Path, autograder: Path, output_dir: Path, *, cell_timeout:
             reason = f"grading stopped: {type(exc).__name__}: {str(exc)[:300]}"
             log.write(f"[grader] {reason}\n")
             outcome = {**outcome, "status": "error"}
+        else:
+            try:  # feedback only: the scores stand whatever it finds
+                for line in grading.explain_name_errors(outcome, notebook, cells):
+                    log.write(f"[grader] {_printable(line)}\n")
+            except Exception as exc:
+                log.write(f"[grader] could not explain the NameErrors ({type(exc).__name__})\n")
     try:
         scored = grading.score(questions, outcome, expected)
     except Exception as exc:

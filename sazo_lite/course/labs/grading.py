@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -416,6 +417,60 @@ def notebook_cells(notebook: Path, config: dict, ignored=frozenset(), ignored_id
     return cells
 
 
+_NAME_ERROR = re.compile(r"\ANameError: name '(\w+)' is not defined")
+
+
+def explain_name_errors(outcome: dict, notebook, cells: list[tuple[int, str]]) -> list[str]:
+    """Say why a name was missing where a case or a cell failed with ``NameError`` (``outcome`` from ``run``, its
+    errors extended in place; returns the notes for grade.log).
+
+    A name the hand-in binds only in code the grader does not run (``cells``, from ``notebook_cells``: explore and
+    check cells and their copies, otter's cells) existed in the student's kernel: the error says where it is
+    bound and that those cells are not run in grading. A name bound in a graded cell that raised (a graded
+    function defined below the line that failed) names that cell and what it raised. The scores do not change:
+    the error costs the questions it cost.
+    """
+    nb, ran = _notebook(notebook), dict(cells)
+    bound_ran = {index: bound_names(source) for index, source in cells}
+    everywhere = set().union(*bound_ran.values())
+    skipped: dict[str, list[int]] = {}
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and isinstance(cell.source, str):
+            for name in sorted(bound_names(without_magics(cell.source)) - bound_ran.get(index, set()) - everywhere):
+                skipped.setdefault(name, []).append(index)
+
+    def why(error: str, chained: bool = True) -> str | None:
+        found = _NAME_ERROR.search(error or "")
+        if not found:
+            return None
+        name = found.group(1)
+        if name in skipped:
+            return (f"{name!r} is bound only in cell {', '.join(map(str, skipped[name][:5]))}, which the grader does "
+                    f"not run (explore and check cells, copies of them and otter's cells are skipped in grading): "
+                    f"import or define it in a graded cell")
+        failed = [i for i in sorted(ran) if name in bound_ran[i] and i in (outcome.get("cell_errors") or {})]
+        if failed and chained:
+            error = outcome["cell_errors"][failed[0]]
+            return f"cell {failed[0]}, where {name!r} is bound, raised: {error[:300]}{note(error, False)}"
+        return None
+
+    def note(error: str, chained: bool = True) -> str:
+        text = why(error, chained)
+        return f" [grader: {text}]" if text else ""
+
+    notes = []
+    for index, error in sorted((outcome.get("cell_errors") or {}).items()):
+        text = why(error, False)
+        if text:   # one line: the error is the submission's text
+            notes.append(" | ".join(_as_output(f"cell {index}: {text}".encode()).splitlines()))
+    for case in (outcome.get("cases") or {}).values():
+        if isinstance(case, dict) and isinstance(case.get("error"), str):
+            case["error"] += note(case["error"])
+    for index, error in list((outcome.get("cell_errors") or {}).items()):
+        outcome["cell_errors"][index] = error + note(error, False)
+    return notes
+
+
 def ignored(autograder: Path, config: dict) -> tuple[frozenset, frozenset, frozenset, frozenset]:
     """(sources, ids, marks) of the cells the distributed notebook tags ``otter_ignore`` (explore and check cells,
     which may use the library), and the ids of its other code cells, read once from the solutions notebook next
@@ -431,28 +486,32 @@ def ignored(autograder: Path, config: dict) -> tuple[frozenset, frozenset, froze
         nb = _notebook(solutions_notebook(autograder, config))
     except (OSError, ValueError):
         return (frozenset(),) * 4
-    cells = _ignored_cells(nb)
-    others = [c for c in nb.cells if c.cell_type == "code" and c not in cells]
+    cells, others = _ignored_cells(nb)
     return (frozenset(_same_text(c.source) for c in cells if isinstance(c.source, str)),
-            frozenset(filter(None, map(_cell_id, cells))), explore_marks(nb),
+            frozenset(filter(None, map(_cell_id, cells))), _marks(cells, others),
             frozenset(filter(None, map(_cell_id, others))))
 
 
-def _ignored_cells(nb) -> list:
-    """The code cells a notebook tags ``otter_ignore`` (the solutions notebook next to the zip, whose cells keep
-    the master's ids as the student notebook's do)."""
-    return [c for c in nb.cells if c.cell_type == "code" and "otter_ignore" in (c.metadata.get("tags") or [])]
+def _ignored_cells(nb) -> tuple[list, list]:
+    """(the code cells a notebook tags ``otter_ignore``, its other code cells), from the solutions notebook next
+    to the zip, whose cells keep the master's ids as the student notebook's do."""
+    tagged = [c.cell_type == "code" and "otter_ignore" in (c.metadata.get("tags") or []) for c in nb.cells]
+    return ([c for c, t in zip(nb.cells, tagged) if t],
+            [c for c, t in zip(nb.cells, tagged) if c.cell_type == "code" and not t])
 
 
 def explore_marks(nb) -> frozenset:
     """The first lines of a notebook's ``otter_ignore`` code cells that are comments (``# explore (not graded):
     ...``), stripped, where no other code cell starts with the same line (an answer cell must never read as an
     explore cell's copy)."""
-    ignored = _ignored_cells(nb)
-    others = {_first_line(c.source) for c in nb.cells if c.cell_type == "code" and c not in ignored
-              and isinstance(c.source, str)}
+    return _marks(*_ignored_cells(nb))
+
+
+def _marks(ignored: list, others: list) -> frozenset:
+    """``explore_marks`` of a notebook's ``otter_ignore`` code cells and its other code cells."""
+    starts = {_first_line(c.source) for c in others if isinstance(c.source, str)}
     firsts = {_first_line(c.source) for c in ignored if isinstance(c.source, str)}
-    return frozenset(line for line in firsts - others if line.startswith("#") and line.lstrip("#").strip())
+    return frozenset(line for line in firsts - starts if line.startswith("#") and line.lstrip("#").strip())
 
 
 def _first_line(source: str) -> str:
@@ -466,8 +525,11 @@ def without_explore(source: str, ignored=frozenset(), marks=frozenset(), new: bo
     A ``new`` cell (not one of the distributed notebook's) that starts with one is that cell's copy, skipped
     whole (None) as the cell is, edited or not. Elsewhere (pasted into an answer cell, merged below one) the copy
     runs for that cell's lines where it holds them unchanged (``ignored``), else to the end of the cell (edited).
-    The lines taken out are left blank (line numbers stay); None where nothing is left. A line inside a statement
-    (a string, a function's body) starts nothing.
+    A copy without that first line is known by its code: a run of top-level statements that is one of those
+    cells' code whole (``_explore_shape``: comments, blank lines, layout and constants aside; not a cell of one
+    statement or of imports only) is taken out wherever it stands. The lines taken out are left blank (line
+    numbers stay); None where nothing is left. A line inside a statement (a string, a function's body) starts
+    nothing, and a statement a copy does not hold whole (an answer that shares a line with one) stays.
 
     Example:
         >>> mark = "# explore (not graded)"
@@ -477,15 +539,19 @@ def without_explore(source: str, ignored=frozenset(), marks=frozenset(), new: bo
         '\\n\\nx = 2'
         >>> without_explore(mark + "\\nplot(f)\\nx = 2", {mark + "\\nplot(f)"}, {mark}) is None
         True
+        >>> without_explore("x = 2\\nimport go\\ngo.plot(x, h=500)", {mark + "\\nimport go\\ngo.plot(x, h=350)"})
+        'x = 2\\n\\n'
     """
     lines = source_lines(source)
     starts = [i for i, line in enumerate(lines) if line.strip() in marks and not line[:1].isspace()]
-    if not starts:
+    shapes = [shape for shape in map(_explore_shape, ignored) if shape]
+    if not starts and not shapes:
         return source
-    if new and not any(line.strip() for line in lines[:starts[0]]):
+    if starts and new and not any(line.strip() for line in lines[:starts[0]]):
         return None
     tree = parsed_or_none(without_magics(source))
-    inside = {row for node in (tree.body if tree else []) for row in range(_first_row(node), node.end_lineno)}
+    body = tree.body if tree else []
+    inside = {row for node in body for row in range(_first_row(node), node.end_lineno)}
     cut = set()
     for i in starts:
         if i in cut or i in inside:
@@ -493,9 +559,61 @@ def without_explore(source: str, ignored=frozenset(), marks=frozenset(), new: bo
         held = [len(b) for b in map(_stripped_lines, ignored) if b[0] == lines[i].strip()
                 and [line.rstrip() for line in lines[i:i + len(b)]] == b]
         cut.update(range(i, i + held[0] if held else len(lines)))
+    cut.update(_copied_rows(body, shapes))
+    if not cut:
+        return source
     kept = ["\n" if i in cut and line.endswith(("\n", "\r")) else "" if i in cut else line
             for i, line in enumerate(lines)]
     return "".join(kept) if any(line.strip() for line in kept) else None
+
+
+def _copied_rows(body: list, shapes: list) -> set[int]:
+    """The 0-based rows of the runs of top-level statements in ``body`` that are an explore cell's code whole
+    (``_explore_shape``: its statements in its order, whatever the comments, blank lines, layout and constants)."""
+    if not shapes:
+        return set()
+    found, rows, k = [_shape(node) for node in body], set(), 0
+    while k < len(body):
+        size = next((len(shape) for shape in shapes if tuple(found[k:k + len(shape)]) == shape), 0)
+        for node in body[k:k + size]:
+            rows.update(range(_first_row(node) - 1, node.end_lineno))
+        k += size or 1
+    return rows
+
+
+@functools.lru_cache(maxsize=64)
+def _explore_shape(source: str) -> tuple[str, ...] | None:
+    """The statements of an explore or check cell as a copy of it holds them, whichever its first line, comments,
+    blank lines, layout and constants (``height=500``: other settings), each its ``_shape``; None for a cell too
+    small to tell from a student's own code (one statement, or imports only: a student's own ``import``)."""
+    tree = parsed_or_none(without_magics(source))
+    if tree is None or len(tree.body) < 2 or all(isinstance(n, (ast.Import, ast.ImportFrom)) for n in tree.body):
+        return None
+    shape = tuple(map(_shape, tree.body))
+    return None if None in shape else shape
+
+
+def _shape(node) -> str | None:
+    """A statement's tree written out as ``ast.dump`` would, less its constants (numbers, negative ones too, and
+    text; a list, tuple or set of them is one, whatever its length: a grid of other settings) and its positions;
+    None for a tree too deep to write (it matches no explore cell's)."""
+    def constant(item) -> bool:
+        return isinstance(item, ast.Constant) or (isinstance(item, ast.UnaryOp) and isinstance(item.op, ast.USub)
+                                                  and isinstance(item.operand, ast.Constant))
+
+    def text(item) -> str:
+        if constant(item) or (isinstance(item, (ast.List, ast.Tuple, ast.Set)) and all(map(constant, item.elts))):
+            return "Constant"
+        if isinstance(item, ast.AST):
+            return f"{type(item).__name__}({','.join(text(getattr(item, f, None)) for f in item._fields)})"
+        if isinstance(item, list):
+            return f"[{','.join(map(text, item))}]"
+        return repr(item)
+
+    try:
+        return text(node)
+    except RecursionError:
+        return None
 
 
 def _stripped_lines(source: str) -> list[str]:
