@@ -109,6 +109,7 @@ def _section_of(report: dict | None, source: str, title: str, name: str = "llm_q
                          "B": setting.get("B", 1), "chosen_lr": setting["chosen_lr"], "ratios": setting["ratios"],
                          "ratio_bounds": setting.get("ratio_bounds", {}),
                          "incomplete": setting.get("incomplete", {}),    # a race read from its cache before it ended
+                         "seeds": {variant: len(runs) for variant, runs in setting["runs"].items()},
                          "suffix": raced_suffix(setting)})               # "+bound": the race of make bench-llm's default
     pilot = bool(report.get("args", {}).get("quick"))     # a --quick pilot (1 seed, 800 steps): shown, not graded
     title = f"{title} --quick pilot" if pilot else title
@@ -239,6 +240,8 @@ def _llm_rows(llm: dict) -> list[tuple]:
             ``value`` is 1 ÷ the ratio, so is the bound)."""
             if any(sampler in unfinished for sampler in ratio_pair(ratio)):
                 return "? (race not finished)"
+            if any(s.get("seeds", {}).get(sampler, 2) < 2 for sampler in ratio_pair(ratio)):
+                return "not graded (one seed)"      # as a pilot's: no median over seeds to grade
             bound = bound_of(ratio, target)
             return _verdict(value, limit, higher_is_better, bound=_inverse(bound) if invert else bound)
 

@@ -315,3 +315,24 @@ def test_score_lag_race_prints_the_floor_of_a_method_that_never_reached_the_targ
     monkeypatch.setattr(queries, "best_learning_rate", lambda *a, targets, **k: {t: missed for t in targets})
     score_lag.race("quadratic σ=1.5", ["sazo"], [0.001], [0, 1, 2], targets=(0.02,))
     assert "median not reached (> 60000) per seed" in capsys.readouterr().out
+
+
+def test_make_bench_grades_no_language_model_goal_on_one_seed():
+    """A race run by hand with --grid-seeds 1 --seeds 1 (not --quick) was graded as the race: "yes" for
+    uniform ÷ SAZO ≥ 2 from a single pair of runs, where the --quick pilot's one seed is shown and never graded."""
+    section = control_section(ratio=2.0)
+    setting = section["settings"][0]
+    setting["label"] = setting["label"].replace("homogeneous (N=32 alike", "opposed (N=32, 4 new")
+    setting["ratios"] = {"uniform/sazo+bound@0.3": 2.5, "sazo/oracle+bound@0.3": 1.0, "uniform/oracle+bound@0.3": 2.5}
+    graded = {r[1].rsplit(": ", 1)[1]: r[4] for r in run._llm_rows(section)}
+    assert graded == {"uniform ÷ oracle": "NO", "uniform ÷ SAZO": "yes", "SAZO ÷ oracle": "yes"}
+    setting["seeds"] = {"uniform+bound": 1, "sazo+bound": 1, "oracle+bound": 5}
+    graded = {r[1].rsplit(": ", 1)[1]: r[4] for r in run._llm_rows(section)}
+    assert graded == {"uniform ÷ oracle": "not graded (one seed)", "uniform ÷ SAZO": "not graded (one seed)",
+                      "SAZO ÷ oracle": "not graded (one seed)"}
+    setting["seeds"]["sazo+bound"] = 3
+    assert {r[1].rsplit(": ", 1)[1]: r[4] for r in run._llm_rows(section)}["SAZO ÷ oracle"] == "yes"
+    from test_bench_tables import fake_setting
+    one = fake_setting("x", {"uniform": [[1.0, 0.4]], "sazo": [[1.0, 0.4]] * 3})
+    report = {"settings": [one], "args": {"targets": [0.5]}, "date": "d", "machine": "m"}
+    assert run._section_of(report, "s", "t")["settings"][0]["seeds"] == {"uniform": 1, "sazo": 3}
