@@ -268,7 +268,8 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
             if step_rule is not None:
                 for group, rate in zip(groups, base_rates):
                     group["lr"] = rate * scale
-            point, before, recorded, fed = _draw_point(sampler), _step_count(optimizer), len(history.loss), []
+            before, recorded, fed = _step_count(optimizer), len(history.loss), []
+            point = _draw_point(sampler) if before is not None else None   # an optimiser without a count: unknown
             try:
                 _flush_for(sampler, optimizer)
                 indices, weights = _drawn(sampler, batch_size)
@@ -332,7 +333,7 @@ def _feed(fed: list, result, indices, sampler, optimizer, step_rule, flat) -> No
 
 def _draw_point(sampler):
     """A library sampler's generator and its state before a draw (None for another sampler): ``_rewind`` puts it
-    back when the step does not happen."""
+    back when the step does not happen (known by the optimiser's step count, which a failed MeZO step keeps)."""
     generator = getattr(sampler, "_generator", None) if isinstance(sampler, Sampler) else None
     return (generator, generator.get_state()) if isinstance(generator, torch.Generator) else None
 
