@@ -38,3 +38,17 @@ def test_walk_table_reads_a_diverged_seed_as_above_every_other_in_any_seed_order
     median = (walks[len(walks) // 2] if len(walks) % 2 else (walks[len(walks) // 2 - 1] + walks[len(walks) // 2]) / 2)
     assert row[3] == f"{median:.3g} [{walks[0]:.3g}–inf]"
     assert row[2].endswith("–inf]")
+
+
+@pytest.mark.parametrize("norms, grad_sq", [([1.0, 1.0], 4.0), ([1.0, 3.0], 100.0), ([0.0, 2.0], 1.0 + 1e-6)])
+def test_gain_by_hand_refuses_a_full_gradient_longer_than_the_mean_norm(norms, grad_sq):
+    # ‖∇F‖ = ‖mean ∇f_i‖ <= mean ‖∇f_i‖: a larger ‖∇F‖² comes from no set of gradients, and the gain was returned as
+    # a number near 1 (1.0 and 1.0096 for the first two); minibatches.gain_vs_batch refuses the same input
+    from sazo_lite.course.minibatches import gain_vs_batch
+
+    with pytest.raises(ValueError, match="Invalid grad_sq"):
+        lesson.gain_by_hand(norms, grad_sq, 2)
+    with pytest.raises(ValueError, match="Invalid full_grad_norm"):
+        gain_vs_batch(norms, grad_sq ** 0.5, 3, [2])
+    mean = sum(norms) / len(norms)
+    assert lesson.gain_by_hand(norms, mean ** 2, 2) == pytest.approx(float(gain_vs_batch(norms, mean, 3, [2])[0]))

@@ -134,6 +134,11 @@ def gain_by_hand(norms, grad_sq: float, batch_size: int) -> float:
     n, total = len(norms), sum(norms)
     v_uniform = sum(a * a / (1 / n) for a in norms) / n ** 2          # p_i = 1/N
     v_oracle = sum(a * a / (a / total) for a in norms if a > 0) / n ** 2   # p_i = ‖∇f_i‖ / Σ‖∇f_j‖
+    # ‖∇F‖ = ‖mean ∇f_i‖ ≤ mean ‖∇f_i‖, so ‖∇F‖² ≤ V(p*): above it no set of gradients gives both (a gain near 1
+    # was returned without a word; minibatches.gain_vs_batch refuses the same)
+    if grad_sq > v_oracle * (1 + 1e-9):
+        raise ValueError(f"Invalid grad_sq: {grad_sq:.6g} (expected ‖∇F‖² <= (mean of the norms)² = {v_oracle:.6g}: "
+                         "‖mean ∇f_i‖ <= mean ‖∇f_i‖)")
     return (v_uniform + (batch_size - 1) * grad_sq) / (v_oracle + (batch_size - 1) * grad_sq)
 
 
