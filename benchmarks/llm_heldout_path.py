@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.cli import check_output, count, machine, measured_line, natural, positive
+from benchmarks.cli import check_output, count, machine, measured_line, natural, positive, refuse_unused
 from benchmarks.llm_report import difference_interval, mean_interval
 from benchmarks.llm_topblock import TopSetting, top_start
 from sazo_lite.atomic import write_text
@@ -122,7 +122,9 @@ def main(argv=None) -> None:
     parser.add_argument("--json", type=Path, required=True, help="the result (with --summary: read, not run)")
     parser.add_argument("--summary", action="store_true", help="print the tables of an earlier run's --json")
     args = parser.parse_args(argv)
-    if args.summary:
+    if args.summary:       # it reads the runs as they were made: a sampler, seed or size asked for here would not apply
+        refuse_unused(parser, args, ("samplers", "seeds", "steps", "every", "lr_scale"), "with --summary (it prints "
+                      "every run of --json as it was made)")
         try:
             saved = json.loads(args.json.read_text())
             assert isinstance(saved["runs"], list)

@@ -336,3 +336,16 @@ def test_make_bench_grades_no_language_model_goal_on_one_seed():
     one = fake_setting("x", {"uniform": [[1.0, 0.4]], "sazo": [[1.0, 0.4]] * 3})
     report = {"settings": [one], "args": {"targets": [0.5]}, "date": "d", "machine": "m"}
     assert run._section_of(report, "s", "t")["settings"][0]["seeds"] == {"uniform": 1, "sazo": 3}
+
+
+@pytest.mark.parametrize("extra", [["--samplers", "sazo"], ["--seeds", "0"], ["--lr-scale", "2"], ["--every", "250"]])
+def test_heldout_path_summary_refuses_the_options_it_does_not_apply(capsys, tmp_path, extra):
+    """llm_heldout_path --summary --samplers sazo printed every sampler's runs of the file, the option taken without a
+    word (--seeds, --steps, --every and --lr-scale alike)."""
+    from benchmarks import llm_heldout_path
+    from test_bench_cli import refused
+
+    saved = tmp_path / "path.json"
+    saved.write_text(json.dumps({"runs": []}))
+    refused(capsys, lambda: llm_heldout_path.main(["--json", str(saved), "--summary", *extra]), extra[0], "--summary")
+    llm_heldout_path.main(["--json", str(saved), "--summary"])
