@@ -190,3 +190,12 @@ def test_loss_bands_keep_a_seed_that_stopped_below_the_lowest_target():
     assert median == pytest.approx([1.0, 0.8, 0.6, 0.5])        # at 30: median(0.5, 0.35, 0.7), not (0.5, 0.7)
     short = [runs[0], {"queries": [0, 10], "train_loss": [1.0, 0.9], "diverged": False}]   # out of budget: left out
     assert list(loss_bands({"uniform": short}).data[-1].y)[2:] == pytest.approx([0.6, 0.5])
+
+
+def test_gain_figure_refuses_a_gradient_ratio_no_set_of_gradients_has():
+    # ‖∇F‖²/V(p*) = ‖mean ∇f_i‖² / (mean ‖∇f_i‖)² is at most 1; (2, 5) was drawn as a gain line near 1 without a word
+    from sazo_lite.course.widgets.llm_lesson import gain_figure
+
+    with pytest.raises(ValueError, match="Invalid ‖∇F‖²/V\\(p\\*\\) of 'a'"):
+        gain_figure({"a": (2.0, 5.0)})
+    assert list(gain_figure({"a": (2.0, 1.0)}, (1, 2)).data[0].y) == pytest.approx([2.0, 1.5])

@@ -55,6 +55,8 @@ def gain_figure(sets: dict[str, tuple[float, float]], batch_sizes=(1, 2, 4, 8, 1
     for label, (v_u, g2) in sets.items():   # ratios of variances: ‖∇F‖² < 0 could divide by 0
         check_number(f"V(u)/V(p*) of {label!r}", v_u, 1.0)   # p* minimises V: no p, uniform included, has less
         check_number(f"‖∇F‖²/V(p*) of {label!r}", g2, 0.0)
+        if g2 > 1 + 1e-9:   # ‖∇F‖ = ‖mean ∇f_i‖ ≤ mean ‖∇f_i‖ and V(p*) = (mean ‖∇f_i‖)²: no set of gradients gives it
+            raise ValueError(f"Invalid ‖∇F‖²/V(p*) of {label!r}: {g2} (expected at most 1: ‖mean ∇f_i‖ <= mean ‖∇f_i‖)")
     fig = go.Figure()
     dashes = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
     for k, (label, (v_u, g2)) in enumerate(sets.items()):   # (zip with three dashes dropped a fourth set's line)
