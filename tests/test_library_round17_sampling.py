@@ -268,3 +268,62 @@ def test_a_hook_that_moves_theta_after_the_log_saw_the_step_is_caught_at_the_nex
     optimizer.step(_loss(theta))
     with pytest.raises(ValueError, match="Invalid weights"):
         optimizer.step(_loss(theta))
+
+
+# --- guards (no defect found): plain references on random inputs ---------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from sazo_lite.sumtree import SumTree  # noqa: E402
+
+_SIZES = st.sampled_from([0.0, 1e-300, 1e-30, 1e-3, 1.0, 7.5, 1e30, 1e300])
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 40), data=st.data())
+def test_sum_tree_against_a_plain_array_under_random_updates(n, data):
+    """After every update (repeated indices: the last write wins, as numpy's), each internal node is the sum of its
+    children, the leaves are the array, and the tree equals one built from the array."""
+    weights = np.array(data.draw(st.lists(_SIZES, min_size=n, max_size=n)))
+    tree, plain = SumTree(torch.from_numpy(weights.copy())), weights.copy()
+    for _ in range(data.draw(st.integers(1, 5))):
+        indices = data.draw(st.lists(st.integers(0, n - 1), max_size=6))
+        values = data.draw(st.lists(_SIZES, min_size=len(indices), max_size=len(indices)))
+        tree.update(torch.tensor(indices, dtype=torch.long), torch.tensor(values, dtype=torch.float64))
+        for i, v in zip(indices, values):
+            plain[i] = v
+        nodes = tree.tree.numpy()
+        assert np.array_equal(nodes[n:], plain)
+        assert all(nodes[k] == nodes[2 * k] + nodes[2 * k + 1] for k in range(1, n))
+        assert np.array_equal(nodes[1:], SumTree(torch.from_numpy(plain.copy())).tree.numpy()[1:])
+
+
+_RULES_TO_FUZZ = {
+    "sazo": lambda n, tree, mix: SAZOSampler(n, sum_tree=tree, uniform_mix=mix, seed=n),
+    "sazo-square": lambda n, tree, mix: SAZOSampler(n, sum_tree=tree, uniform_mix=mix, statistic="square", seed=n),
+    "plain": lambda n, tree, mix: PlainSAZOSampler(n, sum_tree=tree, uniform_mix=mix, seed=n),
+    "stale": lambda n, tree, mix: StaleCorrectedSAZOSampler(n, uniform_mix=mix, seed=n),
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(list(_RULES_TO_FUZZ)), n=st.integers(1, 9), tree=st.booleans(),
+       mix=st.sampled_from([1e-6, 0.1, 1.0]), data=st.data())
+def test_sampler_probs_and_weights_against_a_plain_reference_on_random_feedback(name, n, tree, mix, data):
+    """p from the scores by the plain formula, weights 1/(N·p) of the drawn indices, and E_p[w·g] = mean(g) by
+    exact enumeration, after feedback of every size (zeros, 1e-300, 1e15, repeated indices)."""
+    sampler = _RULES_TO_FUZZ[name](n, tree, mix)
+    generator = np.random.default_rng(n)
+    for _ in range(data.draw(st.integers(0, 6))):
+        indices = data.draw(st.lists(st.integers(0, n - 1), max_size=5))
+        scale = data.draw(st.sampled_from([0.0, 1e-300, 1.0, 1e15]))   # the plain rule refuses d² past float32
+        diffs = torch.from_numpy(generator.normal(size=len(indices)) * scale)
+        sampler.update(torch.tensor(indices, dtype=torch.long), diffs)
+        probs, scores = sampler.probs.numpy(), sampler.scores().numpy()
+        total = scores.sum()
+        reference = (1 - mix) * scores / total + mix / n if total > 0 else np.full(n, 1.0 / n)
+        assert np.allclose(probs, reference, rtol=2e-6, atol=0)
+        g = generator.normal(size=n)
+        assert (probs * (1.0 / (n * probs)) * g).sum() == pytest.approx(g.mean(), abs=1e-12)
+        drawn, weights = sampler.sample(8)
+        assert torch.allclose(weights, 1.0 / (n * torch.from_numpy(probs)[drawn]), rtol=1e-12)
