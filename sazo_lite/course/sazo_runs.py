@@ -224,6 +224,15 @@ def feed_sampler(sampler, norms, *, steps: int, batch_size: int, shrink: float =
     return np.asarray(ratios, dtype=np.float64)
 
 
+def _once(name: str, values) -> tuple:
+    """``values`` as a tuple (read once), or a ValueError when one is given twice: a repeated seed, sampler or rule
+    would count its runs twice in every median over them."""
+    values = tuple(_sequence(name, values))
+    if len(set(values)) < len(values):
+        raise ValueError(f"Invalid {name}: {values!r} (expected each at most once)")
+    return values
+
+
 def rule_ladder(problem: FiniteSumProblem, *, steps: int, seeds=(0, 1, 2), rules=RULES, **trace_kwargs) -> dict:
     """Mean V(p)/V(p*) over a training run for each rule of the ladder (median over seeds).
 
@@ -240,7 +249,7 @@ def rule_ladder(problem: FiniteSumProblem, *, steps: int, seeds=(0, 1, 2), rules
         >>> sorted(table)
         ['plain', 'uniform']
     """
-    seeds, rules = tuple(_sequence("seeds", seeds)), tuple(_sequence("rules", rules))   # e.g. np.arange(3)
+    seeds, rules = _once("seeds", seeds), _once("rules", rules)   # e.g. np.arange(3)
     if not seeds or not rules:
         raise ValueError(f"Invalid seeds/rules: {seeds!r}, {rules!r} (expected at least one of each)")
     table, uniform = {}, []
@@ -609,12 +618,9 @@ def race(problem: FiniteSumProblem, *, samplers=SAMPLERS, seeds=(0, 1, 2), steps
     """
     from tqdm.auto import tqdm
 
-    samplers, seeds = tuple(_sequence("samplers", samplers)), tuple(_sequence("seeds", seeds))   # e.g. np.arange(3)
+    samplers, seeds = _once("samplers", samplers), _once("seeds", seeds)   # e.g. np.arange(3)
     if not samplers or not seeds:
         raise ValueError("Invalid samplers/seeds: need at least one of each")
-    for name, values in (("samplers", samplers), ("seeds", seeds)):   # a repeat would count its runs twice in
-        if len(set(values)) < len(values):                             # every median
-            raise ValueError(f"Invalid {name}: {values!r} (expected each at most once)")
     if isinstance(lr, dict) and not set(samplers) <= set(lr):
         raise ValueError(f"Invalid lr: {lr!r} (a dict needs a rate for each of {tuple(samplers)})")
     lrs = {m: check_number("lr", lr[m] if isinstance(lr, dict) else lr, 0.0) for m in samplers}   # MeZO's range
