@@ -243,3 +243,26 @@ def test_truly_overlapping_strides_are_still_refused():
         MeZO([torch.zeros(30).as_strided((4, 3), (2, 3))], lr=0.1)   # (3, 0) and (0, 2): offset 6
     with pytest.raises(ValueError, match="maps several entries"):
         MeZO([torch.zeros(3, 1).expand(3, 4)], lr=0.1)
+
+
+def test_subnormal_losses_keep_the_old_mean_bit_for_bit():
+    """L+/2 + L−/2 would round 5e-324 to 0; the fallback is used only where L+ + L− overflows."""
+    tiny = torch.tensor([5e-324, 1e-320], dtype=torch.float64)
+    result = _constant_step(tiny, tiny)
+    assert torch.equal(result.losses, tiny) and result.loss == float(tiny.mean())
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.floats(-1.7e308, 1.7e308), min_size=1, max_size=8),
+       st.lists(st.floats(0, 8.0), min_size=8, max_size=8))
+def test_the_weighted_loss_matches_an_exact_reference_on_huge_losses(losses, weights):
+    """mean(w · L) against math.fsum of each term over B: finite, and right within rounding, wherever the exact value
+    is below float64's max (it read inf once a product or the sum passed it)."""
+    plus = torch.tensor(losses, dtype=torch.float64)
+    w = torch.tensor(weights[:len(losses)], dtype=torch.float64)
+    terms = [wk * (lk / len(losses)) for wk, lk in zip(weights, losses)]   # each finite: |w/B·L| < 8·max/B
+    exact = math.fsum(terms) if all(math.isfinite(t) for t in terms) else None
+    result = _constant_step(plus, plus, w)
+    if exact is not None and abs(exact) < 1.7e308:
+        assert math.isfinite(result.loss)   # within rounding of the terms' size (they may cancel)
+        assert result.loss == pytest.approx(exact, rel=0, abs=1e-12 * math.fsum(map(abs, terms)) + 1e-300)
