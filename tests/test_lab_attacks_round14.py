@@ -262,3 +262,53 @@ def test_an_answer_using_go_loses_its_question_only_and_its_feedback_says_why(gr
     assert any(why in e["error"] for e in results["cell_errors"]), results["cell_errors"]
     log = (root / "lab1" / "go_in_answer" / "grade.log").read_text()
     assert any(line.startswith("[grader] cell ") and why in line for line in log.splitlines()), log[-2000:]
+
+
+# -- mutants: plausible wrong answers not in earlier rounds; each must fail a case of its question -------------------
+from test_lab_mutants import assert_mutant_loses_points  # noqa: E402
+
+LAB1_ERRORS = "errors = [abs(lab1_projected_grad(f, theta, z.to(theta.dtype), eps) - float(z @ grad)) for z in directions]"
+LAB3_BLEND = ("        self.estimates, self.counts = lab3_blend(self.estimates, self.counts, indices, sizes, self.level,\n"
+              "                                                 self.ema_decay, self.prior_strength, self.statistic)\n")
+LAB3_LEVEL = ("        self.level, self.level_steps = lab3_level(self.level, self.level_steps, sizes, weights, "
+              "self.level_decay)\n")
+MUTANTS = {   # (lab, question): [(name, [(old, new)])]
+    ("lab1", "q3"): [("error of the vector g·z, not of the scalar g", [(LAB1_ERRORS, (
+                         "errors = [float((lab1_projected_grad(f, theta, z.to(theta.dtype), eps) * z - (z @ grad) * z)"
+                         ".norm()) for z in directions]"))]),
+                     ("median error, not the mean", [("    return sum(errors) / len(errors)\n",
+                                                      "    return sorted(errors)[len(errors) // 2]\n")])],
+    ("lab1", "q4"): [("best ε by the variance", [(
+                         "errors = [lab1_fd_error(f, grad, theta, eps, directions) for eps in eps_grid]",
+                         "errors = [lab1_estimator_variance(f, grad, theta, eps, directions) for eps in eps_grid]")]),
+                     ("index into the sorted grid", [("return eps_grid[min(range(len(errors))",
+                                                      "return sorted(eps_grid)[min(range(len(errors))")])],
+    ("lab2", "q3"): [("V(p) as a mean: 1/N, not 1/N²", [("return float((norms ** 2 / probs).sum()) / len(norms) ** 2",
+                                                          "return float((norms ** 2 / probs).mean())")])],
+    ("lab3", "q1"): [("duplicates: the square of the mean d", [(
+                         "index_add_(0, inverse, diffs.double() ** 2)\n"
+                         "    squares /= torch.bincount(inverse, minlength=len(unique)).double()",
+                         "index_add_(0, inverse, diffs.double())\n"
+                         "    squares = (squares / torch.bincount(inverse, minlength=len(unique)).double()) ** 2")])],
+    ("lab3", "q2"): [("the RMS prior for \"square\" too", [("return float(estimates[seen].mean())",
+                                                             "return float((estimates[seen] ** 2).mean().sqrt())")])],
+    ("lab3", "q3"): [("the rate from the count before the step", [(
+                         "    steps += 1\n    rate = max(1.0 / steps, 1.0 - level_decay)",
+                         "    rate = max(1.0 / max(steps, 1), 1.0 - level_decay)\n    steps += 1")])],
+    ("lab3", "q4"): [("prior strength taken as 1", [("decay = ((n + strength) / (n + strength + 1.0))",
+                                                     "decay = ((n + 1.0) / (n + 2.0))")])],
+    ("lab3", "q5"): [("scores blended before the level moves", [(LAB3_LEVEL + LAB3_BLEND, LAB3_BLEND + LAB3_LEVEL)]),
+                     ("probs always for \"abs\"", [(
+                         "return lab3_probs(self.estimates, self.counts, self.uniform_mix, self.statistic)",
+                         "return lab3_probs(self.estimates, self.counts, self.uniform_mix)")])],
+    ("lab3", "q6"): [("one update fewer", [("    for _ in range(steps):\n        indices, _ = tracker.sample(8)",
+                                            "    for _ in range(steps - 1):\n        indices, _ = tracker.sample(8)")]),
+                     ("batches of 4", [("indices, _ = tracker.sample(8)", "indices, _ = tracker.sample(4)")])],
+    ("lab4", "q1"): [("the sampler built on a fresh θ (the oracle reads norms that never move)", [
+                         ("sampler = make_sampler(theta)", "sampler = make_sampler(problem.initial_theta())")])],
+}
+
+
+@pytest.mark.parametrize("lab,question,name", [(*k, n) for k, items in MUTANTS.items() for n, _ in items])
+def test_each_new_mutant_loses_points_on_its_question(fast_mode, lab, question, name):
+    assert_mutant_loses_points(MUTANTS, lab, question, name)
