@@ -132,20 +132,24 @@ def _logged_directions(optimizer: MeZO) -> str | None:
     return name
 
 
-_CHUNK = 1 << 20   # entries summed at a time by ``_fingerprint``: an 8 MB float64 copy at most
+_CHUNK = 1 << 20   # entries summed at a time by ``_fingerprint`` (whole rows: an 8 MB float64 copy, or one row)
 
 
 def _fingerprint(optimizer: MeZO) -> tuple[bool, torch.Tensor]:
     """(whether a folded update waits, Σθ and Σθ² of each tuned tensor in float64 [T, 2] on the CPU): what
-    ``_check_weights`` compares. Summed in chunks of ``_CHUNK`` entries, so the float64 copy is bounded (a whole
-    tensor's ``sum(dtype=float64)`` made one as large as the tensor in float64)."""
+    ``_check_weights`` compares. Summed in blocks of about ``_CHUNK`` entries (whole rows), so the float64 copy is
+    bounded (a whole tensor's ``sum(dtype=float64)`` made one as large as the tensor in float64)."""
     tensors = [p for group in optimizer.param_groups for p in group["params"]]
     sums = []
     with torch.no_grad():
         for p in tensors:
-            flat, total = p.detach().reshape(-1), torch.zeros(2, dtype=torch.float64, device=p.device)
-            for start in range(0, flat.numel(), _CHUNK):
-                part = flat[start:start + _CHUNK].to(torch.float64)
+            # in blocks of rows, not of a flattened tensor: a non-contiguous parameter (a column block of a fused
+            # weight, which MeZO tunes in place) would be copied whole by reshape(-1)
+            rows = p.detach().reshape(1) if p.dim() == 0 else p.detach()
+            step = max(1, _CHUNK // max(1, rows[0].numel())) if len(rows) else 1
+            total = torch.zeros(2, dtype=torch.float64, device=p.device)
+            for start in range(0, len(rows), step):
+                part = rows[start:start + step].to(torch.float64).reshape(-1)
                 total += torch.stack((part.sum(), part.dot(part)))
             sums.append(total)
         by_device: dict = {}
