@@ -349,3 +349,23 @@ def test_heldout_path_summary_refuses_the_options_it_does_not_apply(capsys, tmp_
     saved.write_text(json.dumps({"runs": []}))
     refused(capsys, lambda: llm_heldout_path.main(["--json", str(saved), "--summary", *extra]), extra[0], "--summary")
     llm_heldout_path.main(["--json", str(saved), "--summary"])
+
+
+# -- make bench's table: the step-cost goal says what the run's verdict says -----------------------------------------------
+def speed_section(ratio, median_ratio):
+    from benchmarks import engine_speed
+
+    r = {"model": "smollm2", "forward_s": 1.0, "default_noise": "GaussianTable"}
+    for variant in engine_speed.VARIANTS:
+        r[f"{variant}_ratio"], r[f"{variant}_median_ratio"] = 1.1, 1.1
+    r["default_ratio"], r["default_median_ratio"] = ratio, median_ratio
+    return {"speed/smollm2": r}
+
+
+@pytest.mark.parametrize("ratio, median_ratio, met", [(1.30, 0.80, "not judged (load)"), (1.30, 1.25, "NO"),
+                                                      (1.05, 0.80, "yes")])
+def test_the_tables_step_cost_verdict_is_the_runs(ratio, median_ratio, met):
+    """A default step past 1.15 in timings the load swamped: make bench printed "NOT JUDGED (load)" and exited 0, but
+    its table (printed and stored in bench.json) said the goal was not met ("NO")."""
+    rows = [r for r in run.table_rows(speed_section(ratio, median_ratio)) if "default (" in r[1]]
+    assert rows[0][3:] == ("≤ 1.15", met)
