@@ -141,6 +141,11 @@ def runs_by_rate(settings: list[dict]) -> dict[str, list[dict]]:
             for rate, cell in grid.items():
                 out.setdefault(f"{variant} η={rate}", []).extend(cell if isinstance(cell, list) else [cell])
     _check_runs("settings", out, "grid cell")      # no part, no grid or an empty cell: nothing to compare
+    for label, runs in out.items():   # a part given twice (or two parts of one cell's seeds) counted each run twice
+        seeds = [r["seed"] for r in runs if isinstance(r, dict) and r.get("seed") is not None]   # in every median
+        if len(set(seeds)) < len(seeds):
+            raise ValueError(f"Invalid settings: {label!r} holds seeds {sorted(seeds)} (expected each seed once: "
+                             "a report part given twice?)")
     return out
 
 
