@@ -51,6 +51,7 @@ def run(name: str) -> Path:
     with tempfile.TemporaryDirectory() as folder:
         copy = Path(folder) / source.name
         shutil.copy(source, copy)
+        ran = claims.code_digest(claims.load(copy))      # the code that prints (the notebook may be edited meanwhile)
         notebook = nbformat.read(copy, as_version=4)
         fast = os.environ.get("SAZO_FAST")
         os.environ["SAZO_FAST"] = "0"       # the kernel inherits it: class mode
@@ -63,8 +64,7 @@ def run(name: str) -> Path:
                 os.environ.pop("SAZO_FAST", None)
             else:
                 os.environ["SAZO_FAST"] = fast
-    committed = claims.load(source)
-    header = (f"notebook: {name}\ncode: {claims.code_digest(committed)}\n"
+    header = (f"notebook: {name}\ncode: {ran}\n"
               f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n"
               f"run: class mode (SAZO_FAST=0), {seconds:.0f} s, {platform.machine()} CPU, "
               f"{os.cpu_count()} cores, python {platform.python_version()}\n")

@@ -369,3 +369,36 @@ def test_the_tables_step_cost_verdict_is_the_runs(ratio, median_ratio, met):
     its table (printed and stored in bench.json) said the goal was not met ("NO")."""
     rows = [r for r in run.table_rows(speed_section(ratio, median_ratio)) if "default (" in r[1]]
     assert rows[0][3:] == ("≤ 1.15", met)
+
+
+# -- benchmarks.class_runs: a printout is stored under the digest of the code that printed it ------------------------------
+def test_class_run_stores_the_digest_of_the_code_that_ran(monkeypatch, tmp_path):
+    """The digest in a stored class run's header was taken from the notebook file after the run (minutes to an hour):
+    a code cell edited meanwhile labelled the old code's printout as the new code's, and the claims test then took
+    the printout as the current notebook's."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    from benchmarks import class_runs
+    from sazo_lite.course import claims
+
+    (tmp_path / "notebooks").mkdir()
+    source = tmp_path / "notebooks" / "demo.ipynb"
+    before = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(1)")])
+    nbformat.write(before, source)
+    after = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(2)")])
+
+    class EditedMeanwhile:      # runs the copy; the notebook's file is edited while it runs
+        def __init__(self, notebook, **kwargs):
+            self.notebook = notebook
+
+        def execute(self):
+            nbformat.write(after, source)
+            self.notebook.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="1\n")]
+
+    monkeypatch.setattr(nbclient, "NotebookClient", EditedMeanwhile)
+    monkeypatch.setattr(class_runs, "ROOT", tmp_path)
+    monkeypatch.setattr(class_runs, "STORE", tmp_path / "store")
+    class_runs.run("demo")
+    fields, body = class_runs.stored("demo")
+    assert body == "1\n" and fields["code"] == claims.code_digest(json.loads(nbformat.writes(before)))
+    assert fields["code"] != claims.code_digest(json.loads(nbformat.writes(after)))
