@@ -312,3 +312,14 @@ MUTANTS = {   # (lab, question): [(name, [(old, new)])]
 @pytest.mark.parametrize("lab,question,name", [(*k, n) for k, items in MUTANTS.items() for n, _ in items])
 def test_each_new_mutant_loses_points_on_its_question(fast_mode, lab, question, name):
     assert_mutant_loses_points(MUTANTS, lab, question, name)
+
+
+# -- odd JSON: an old notebook's minor version ------------------------------------------------------
+@pytest.mark.parametrize("minor", [1, 4, "5", 10 ** 20])
+def test_a_version_3_notebook_with_another_minor_is_read(minor):
+    """nbformat has one schema per old version (3.0): a v3 hand-in whose ``nbformat_minor`` was 1 or more stopped
+    at nbformat's KeyError (None, None) and was 'failed', every question 0."""
+    raw = {"metadata": {}, "nbformat": 3, "nbformat_minor": minor, "worksheets": [{"cells": [
+        {"cell_type": "code", "input": "lab_x = 1", "metadata": {}, "outputs": [], "language": "python"}]}]}
+    notebook = grading.parse_notebook(json.dumps(raw).encode())
+    assert grading.notebook_cells(notebook, {}) == [(0, "lab_x = 1")]

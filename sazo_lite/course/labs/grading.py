@@ -236,7 +236,8 @@ def _format_version(raw: dict) -> int:
 
     Without an ``nbformat`` key (a notebook a script wrote), a ``cells`` list is read as version 4 and a
     ``worksheets`` list as version 3 (nbformat itself would take version 1 and drop the code); the version as
-    text (``"4"``) or a whole float is that number. Raises ValueError for anything else (no cells, version 5).
+    text (``"4"``) or a whole float is that number; a version 2 or 3 minor is read as 0 (the only one they have).
+    Raises ValueError for anything else (no cells, version 5).
     """
     version = raw.get("nbformat")
     if version is None:
@@ -253,6 +254,8 @@ def _format_version(raw: dict) -> int:
     minor = _whole_number(raw.get("nbformat_minor"))
     if version == 4 and minor is None:   # cell ids came with 4.5
         minor = 5 if all(isinstance(c, dict) and "id" in c for c in raw.get("cells") or []) else 4
+    elif version in (2, 3) and minor is not None:   # each has one schema, minor 0: nbformat has none for 3.1
+        minor = 0
     if minor is not None:
         raw["nbformat_minor"] = minor
     return version
