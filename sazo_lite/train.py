@@ -135,11 +135,12 @@ class NoiseScaledStep:
         self.seen, self.reference, self.mean = 0, 0.0, 0.0
 
     def _check_settings(self) -> None:
-        """Each setting as the constructor checks it, before it is read: set between steps, a max_scale of 0.5
-        halved every rate (the clip's bounds crossed), a decay of 1.5 or NaN drove the running mean off (NaN: the
-        scale stuck at 1/max_scale), without a word."""
+        """Each setting as the constructor checks it, before it is read, and kept as the Python number the check
+        returns: set between steps, a max_scale of 0.5 halved every rate (the clip's bounds crossed), a decay of 1.5
+        or NaN drove the running mean off (NaN: the scale stuck at 1/max_scale), without a word; a numpy float32
+        decay ran the mean in float32 and wrote a state that ``torch.load`` refuses with ``weights_only=True``."""
         for name, rule in self.RULES.items():
-            rule(getattr(self, name))
+            setattr(self, name, rule(getattr(self, name)))
 
     def observe(self, projected_grad: float) -> None:
         """Feed one step's ĝ (a number or a one-element tensor). A non-finite ĝ is skipped; one whose square

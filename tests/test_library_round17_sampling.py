@@ -327,3 +327,20 @@ def test_sampler_probs_and_weights_against_a_plain_reference_on_random_feedback(
         assert (probs * (1.0 / (n * probs)) * g).sum() == pytest.approx(g.mean(), abs=1e-12)
         drawn, weights = sampler.sample(8)
         assert torch.allclose(weights, 1.0 / (n * torch.from_numpy(probs)[drawn]), rtol=1e-12)
+
+
+def test_noise_scaled_step_with_numpy_settings_set_between_steps_writes_a_state_torch_load_reads(tmp_path):
+    """A numpy float32 decay (a schedule computed with numpy) ran the mean in float32 (NumPy 2 keeps float32 ×
+    Python float in float32) and the state held numpy scalars, which torch.load(weights_only=True), its default,
+    refused. The settings are used and recorded as the Python numbers the checks return."""
+    rule, plain = NoiseScaledStep(warmup=2), NoiseScaledStep(warmup=2, decay=float(np.float32(0.9)))
+    rule.decay, rule.warmup = np.float32(0.9), np.int64(2)
+    for g in (2.0, 1.0, 0.3, 0.7, 1.9):
+        rule.observe(g)
+        plain.observe(g)
+    assert type(rule.mean) is float and rule.mean == plain.mean
+    torch.save(rule.state_dict(), tmp_path / "rule.pt")
+    state = torch.load(tmp_path / "rule.pt", weights_only=True)
+    resumed = NoiseScaledStep(warmup=2, decay=float(np.float32(0.9)))
+    resumed.load_state_dict(state)
+    assert resumed.scale() == plain.scale()
