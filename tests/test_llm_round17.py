@@ -118,3 +118,36 @@ def test_a_prefix_projection_checkpoint_without_its_tensors_is_refused_before_an
     with pytest.raises(ValueError, match="Invalid checkpoint: .*holds no tuned tensors.*prefix_projection"):
         zo_trainer(tmp_path, model).train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
     assert all(torch.equal(a, b) for a, b in zip(tuned(model), start))
+
+
+# --- 3. vmap_grad_norms of a float64 model --------------------------------------------------------------------------
+def float64_top_block():
+    from sazo_lite.llm.losses import TokenBatch
+    from sazo_lite.llm.topblock import top_block_parameters
+
+    model = tiny_causal_lm("llama", vocab_size=VOCAB, dtype=torch.float64)
+    params = top_block_parameters(model, 1)     # norms' weights too: not every tensor a Linear's
+    batch = TokenBatch([[5, 6, 7, 8], [9, 10, 11, 12], [3, 4, 5, 6]], [4, 4, 4], 0, torch.tensor([0, 1, 0]),
+                       torch.tensor([10, 11]))
+    return model, params, batch
+
+
+def test_vmap_norms_of_a_float64_model_are_float64_accurate():
+    # the loss was cast to float32 (.float()): the norms were 3e-8 off the exact loop's, as a float32 model's
+    from sazo_lite.llm.grad_norms import grad_norms
+
+    model, params, batch = float64_top_block()
+    vmapped, loop = grad_norms(model, batch, params, method="vmap"), grad_norms(model, batch, params, method="loop")
+    assert torch.allclose(vmapped, loop, rtol=1e-12, atol=0)
+
+
+def test_vmap_norms_count_a_float64_gradient_as_eight_bytes_an_entry():
+    # chunks were sized at 4 bytes an entry: a float64 model's per-example gradients took twice max_bytes
+    from sazo_lite.llm.grad_norms import vmap_grad_norms
+
+    model, params, batch = float64_top_block()
+    entries = sum(p.numel() for p in params)
+    chunks, select = [], batch.select
+    batch.select = lambda part, device: chunks.append(len(part)) or select(part, device)
+    vmap_grad_norms(model, batch, params, max_bytes=8 * entries)
+    assert chunks == [1, 1, 1]

@@ -43,8 +43,8 @@ import torch
 
 from ..engine import _check_disjoint
 from ..validation import check_count, check_number, check_seed
-from .losses import (TokenBatch, _check_vocabulary, answer_losses, check_deterministic, check_labelled,
-                     checked_indices, classification_losses)
+from .losses import (TokenBatch, _check_vocabulary, answer_losses, at_least_float32, check_deterministic,
+                     check_labelled, checked_indices, classification_losses)
 
 __all__ = ["loop_grad_norms", "linear_grad_norms", "vmap_grad_norms", "grad_norms", "example_losses", "RefreshingNorms",
            "linear_modules_for", "full_gradient_norm", "directional_error"]
@@ -269,7 +269,7 @@ def _device_of(params) -> torch.device:
     return params[0].device if params else torch.device("cpu")
 
 
-VMAP_BYTES = 256 * 2 ** 20      # per-example gradients held at once by ``vmap_grad_norms`` (float32)
+VMAP_BYTES = 256 * 2 ** 20      # bytes of per-example gradients held at once by ``vmap_grad_norms``
 _UNTRACEABLE: set[type] = set()  # model classes whose forward ``vmap`` could not trace (the loop serves them)
 
 
@@ -300,10 +300,11 @@ def vmap_grad_norms(model, batch: TokenBatch, params, indices=None, *, max_bytes
 
     def example_loss(weights, ids, label):        # ids [T], label []: one example, no batch dimension
         logits = functional_call(model, weights, (), {"input_ids": ids[None]}).logits[0, -1]      # [V]
-        return torch.nn.functional.cross_entropy(logits.index_select(0, label_ids)[None].float(), label[None])
+        # in float64 for a float64 model, as classification_losses: .float() left its norms float32-accurate (3e-8)
+        return torch.nn.functional.cross_entropy(at_least_float32(logits.index_select(0, label_ids))[None], label[None])
 
     per_example = vmap(grad(example_loss), in_dims=(None, 0, 0))
-    size = 4 * sum(p.numel() for p in params)
+    size = sum(p.numel() * p.element_size() for p in params)   # bytes of one example's gradients (float64: 8 an entry)
     chunk = max(1, min(len(indices), max_bytes // max(1, size)))
     out = []
     for start in range(0, len(indices), chunk):
