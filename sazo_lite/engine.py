@@ -144,13 +144,19 @@ class FlatLossCheck:
                 FlatLossWarning, stacklevel=_caller_level())
 
 
+def _frozen_mixed_in(params: list) -> bool:
+    """The tensors mix requires_grad=False with True."""
+    frozen = sum(not p.requires_grad for p in params)
+    return 0 < frozen < len(params)
+
+
 def _warn_if_frozen_mixed_in(param_groups: list[dict]) -> None:
     """UserWarning when the tensors mix requires_grad=False with True: torch.optim leaves the frozen ones
     alone (they get no gradient), but a ZO step perturbs and updates every tensor it is given, so
     ``MeZO(model.parameters())`` on a model with frozen weights (LoRA, a frozen base) tunes them all."""
     params = [p for group in param_groups for p in group["params"]]
     frozen = sum(not p.requires_grad for p in params)
-    if 0 < frozen < len(params):
+    if _frozen_mixed_in(params):
         warnings.warn(f"MeZO was given {frozen} tensors with requires_grad=False beside {len(params) - frozen} with "
                       f"requires_grad=True: it perturbs and updates all of them (a zeroth-order step ignores "
                       f"requires_grad). To tune only the trainable ones, pass "
@@ -425,6 +431,7 @@ class MeZO(torch.optim.Optimizer):
         self._step_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._plain = PlainNoise()
         self._in_step = False   # True while step() runs its closure (see _refuse_in_step)
+        self._built = False     # add_param_group's warning is the constructor's until it returns
         self.last_step: ZOStep | None = None   # the last committed step's ZOStep (see step())
         self.flat_check = FlatLossCheck()   # fed every committed step: warns when the first ones are exactly flat
         if isinstance(params, torch.Tensor):
@@ -441,6 +448,7 @@ class MeZO(torch.optim.Optimizer):
         self.noise = _auto_noise(self.param_groups) if auto else noise
         self.state[self._first_param()].update(step=0, seed=seed)
         _warn_if_frozen_mixed_in(self.param_groups)
+        self._built = True
 
     def add_param_group(self, param_group: dict) -> None:
         """Validate a group fully (tensors, hyperparameters, the shared eps), then add it. A group without
@@ -462,6 +470,10 @@ class MeZO(torch.optim.Optimizer):
             self.flush()  # pending jobs are indexed by the current groups
         param_group.update(cleaned, params=params)
         _undecorated(torch.optim.Optimizer.add_param_group)(self, param_group)
+        # a group added after construction (the constructor warns for its own groups, once): warned when it makes the
+        # tensors mix frozen with trainable ones (a frozen head added beside trainable adapters was tuned silently)
+        if getattr(self, "_built", True) and not _frozen_mixed_in(known) and _frozen_mixed_in(known + params):
+            _warn_if_frozen_mixed_in(self.param_groups)
 
     # -- state ---------------------------------------------------------------------------
     def _first_param(self) -> torch.Tensor:

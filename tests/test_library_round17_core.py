@@ -266,3 +266,34 @@ def test_the_weighted_loss_matches_an_exact_reference_on_huge_losses(losses, wei
     if exact is not None and abs(exact) < 1.7e308:
         assert math.isfinite(result.loss)   # within rounding of the terms' size (they may cancel)
         assert result.loss == pytest.approx(exact, rel=0, abs=1e-12 * math.fsum(map(abs, terms)) + 1e-300)
+
+
+# --- 5. a group of frozen tensors added after construction ---------------------------------------------------------
+def test_a_frozen_group_added_beside_trainable_tensors_warns_as_the_constructor_does():
+    """MeZO warns at construction when the tensors mix requires_grad=False with True (every tensor given is tuned);
+    a frozen group added later with add_param_group was tuned without a word."""
+    trainable, frozen = torch.zeros(3, requires_grad=True), torch.ones(2)
+    start = frozen.clone()
+    opt = MeZO([trainable], lr=0.1, eps=1e-3, noise=None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.add_param_group({"params": [frozen]})
+    told = [w for w in caught if "requires_grad=False" in str(w.message)]
+    assert len(told) == 1 and told[0].filename == __file__
+    opt.step(lambda: (trainable - 1).pow(2).sum() + (frozen - 1).pow(2).sum())
+    assert not torch.equal(frozen, start)   # what the warning says: the frozen tensor moves too
+
+
+def test_groups_that_keep_the_mix_as_it_was_are_not_warned_again():
+    """Trainable beside trainable, frozen beside frozen, or a mix the constructor already warned of: no new warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt = MeZO([torch.zeros(3, requires_grad=True)], lr=0.1)
+        opt.add_param_group({"params": [torch.zeros(2, requires_grad=True)]})
+        all_frozen = MeZO([torch.zeros(3)], lr=0.1)
+        all_frozen.add_param_group({"params": [torch.zeros(2)]})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mixed = MeZO([torch.zeros(3), torch.zeros(1, requires_grad=True)], lr=0.1)
+        mixed.add_param_group({"params": [torch.zeros(2)]})
+    assert len([w for w in caught if "requires_grad=False" in str(w.message)]) == 1   # the constructor's
