@@ -201,10 +201,10 @@ def test_gain_figure_refuses_a_gradient_ratio_no_set_of_gradients_has():
     assert list(gain_figure({"a": (2.0, 1.0)}, (1, 2)).data[0].y) == pytest.approx([2.0, 1.5])
 
 
-def test_runs_by_rate_refuses_a_part_given_twice():
+def test_runs_by_rate_and_the_run_tables_refuse_a_seed_given_twice():
     # the same part twice (or two parts holding one cell's seed) pooled every run twice: each median over seeds
     # counted them twice, and loss_bands said "median, 2 seeds" of one run
-    from sazo_lite.course.widgets.llm import loss_bands, runs_by_rate
+    from sazo_lite.course.widgets.llm import best_cells, loss_bands, queries_table_html, runs_by_rate
 
     part = {"grid": {"uniform": {"0.001": [{"seed": 0, "queries": [0, 8], "train_loss": [1.0, 0.9]}],
                                  "0.002": [{"seed": 1, "queries": [0, 8], "train_loss": [1.0, 0.7]}]}}}
@@ -214,3 +214,9 @@ def test_runs_by_rate_refuses_a_part_given_twice():
     runs = runs_by_rate([part, other])                      # one cell's seeds split between two parts: pooled
     assert [r["seed"] for r in runs["uniform η=0.001"]] == [0, 1]
     assert list(loss_bands({"u": runs["uniform η=0.001"]}).data[-1].y) == pytest.approx([1.0, 0.7])
+    twice = runs["uniform η=0.001"][:1] * 2                   # one run given twice to the figures and tables
+    for draw in (loss_bands, queries_table_html):
+        with pytest.raises(ValueError, match="Invalid runs_by_sampler: 'u'"):
+            draw({"u": twice})
+    with pytest.raises(ValueError, match="Invalid runs_by_label"):
+        best_cells({"uniform η=0.001": twice}, 0.5)

@@ -66,10 +66,18 @@ def _nothing_drawn(name: str, fig: go.Figure, what: str) -> go.Figure:
 
 
 def _check_runs(name: str, runs_by_key: dict, key: str) -> None:
-    """Refuse an empty ``key`` → runs mapping, or a key with no runs (an empty plot, table or choice)."""
+    """Refuse an empty ``key`` → runs mapping, a key with no runs (an empty plot, table or choice), or a key holding
+    one seed twice (the same run twice, e.g. a report part given twice: every median over its seeds counted it
+    twice; runs without a seed are not checked)."""
     if not isinstance(runs_by_key, dict) or not runs_by_key or not all(runs_by_key.values()):
         shown = {k: len(v) for k, v in runs_by_key.items()} if isinstance(runs_by_key, dict) else runs_by_key
         raise ValueError(f"Invalid {name}: expected {key} -> a non-empty list of runs, got {shown!r}")
+    for label, runs in runs_by_key.items():
+        seeds = [seed for seed in (r.get("seed") if isinstance(r, dict) else getattr(r, "seed", None) for r in runs)
+                 if seed is not None]
+        if len(set(seeds)) < len(seeds):
+            raise ValueError(f"Invalid {name}: {label!r} holds seeds {sorted(seeds)} (expected one run per seed: "
+                             "a run or a report part given twice?)")
 
 
 def loss_bands(runs_by_sampler: dict, *, targets=(0.7, 0.5)) -> go.Figure:
@@ -140,12 +148,7 @@ def runs_by_rate(settings: list[dict]) -> dict[str, list[dict]]:
         for variant, grid in setting.get("grid", {}).items():
             for rate, cell in grid.items():
                 out.setdefault(f"{variant} η={rate}", []).extend(cell if isinstance(cell, list) else [cell])
-    _check_runs("settings", out, "grid cell")      # no part, no grid or an empty cell: nothing to compare
-    for label, runs in out.items():   # a part given twice (or two parts of one cell's seeds) counted each run twice
-        seeds = [r["seed"] for r in runs if isinstance(r, dict) and r.get("seed") is not None]   # in every median
-        if len(set(seeds)) < len(seeds):
-            raise ValueError(f"Invalid settings: {label!r} holds seeds {sorted(seeds)} (expected each seed once: "
-                             "a report part given twice?)")
+    _check_runs("settings", out, "grid cell")      # no part, no grid or an empty cell, a part given twice
     return out
 
 
