@@ -151,3 +151,13 @@ def test_vmap_norms_count_a_float64_gradient_as_eight_bytes_an_entry():
     batch.select = lambda part, device: chunks.append(len(part)) or select(part, device)
     vmap_grad_norms(model, batch, params, max_bytes=8 * entries)
     assert chunks == [1, 1, 1]
+
+
+def test_save_only_model_with_load_best_model_at_end_is_refused_for_prefix_projection(tmp_path):
+    # the best checkpoint would hold the projected prefix only (no zo_state.pt): peft's load raised after the run
+    model = prefix_tuned()
+    start = tuned(model)
+    with pytest.raises(ValueError, match="Invalid save_only_model: .*prefix_projection"):
+        zo_trainer(tmp_path, model, save_strategy="steps", save_steps=2, eval_strategy="steps", eval_steps=2,
+                   load_best_model_at_end=True, save_only_model=True)
+    assert all(torch.equal(a, b) for a, b in zip(tuned(model), start))
