@@ -954,8 +954,9 @@ def parse_args(argv=None, *, run: bool = False):
 def stamp(report: dict, args, started: float) -> dict:
     """A report's header: when and where it ran, its arguments (no path of this machine), its run time."""
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    header = measured_on(f"{args.jobs} process(es) × {1 if args.jobs > 1 else torch.get_num_threads()} thread(s), "
-                         f"load average {load:.1f} at the end")
+    workers = (f"{args.jobs} process(es) × {1 if args.jobs > 1 else torch.get_num_threads()} thread(s)"
+               if not args.cached_only else "no run computed: every run read from --run-cache (measured earlier)")
+    header = measured_on(f"{workers}, load average {load:.1f} at the end")
     report.update(**header, args=relative_args(args), runtime_s=time.perf_counter() - started)
     return report
 

@@ -116,6 +116,8 @@ def _section_of(report: dict | None, source: str, title: str, name: str = "llm_q
     differ = [k for k in differing_args(report) if k not in PART_ONLY_ARGS]
     if differ:      # merged parts: its ratios compare samplers raced under different arguments
         title += f", merged parts differing in {', '.join(differ)}"
+    if report.get("args", {}).get("cached_only"):       # its date is the reading's: the runs were measured before it
+        title += " read from its run cache (--cached-only) on"
     return {"date": report["date"], "dates": measured_dates(report), "machine": report["machine"],
             "source": source, "settings": settings,
             "targets": targets, "title": title, "pilot": pilot}

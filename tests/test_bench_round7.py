@@ -402,3 +402,22 @@ def test_class_run_stores_the_digest_of_the_code_that_ran(monkeypatch, tmp_path)
     fields, body = class_runs.stored("demo")
     assert body == "1\n" and fields["code"] == claims.code_digest(json.loads(nbformat.writes(before)))
     assert fields["code"] != claims.code_digest(json.loads(nbformat.writes(after)))
+
+
+def test_a_report_read_with_cached_only_says_its_date_is_the_readings(tmp_path):
+    """A --cached-only report was stamped with the date and "2 process(es) × 1 thread(s)" of the reading, and make
+    bench showed it as "bench-llm <that date>", as if the race had been measured then by two workers."""
+    import time
+    from benchmarks import llm_queries
+    from test_bench_tables import fake_setting
+
+    (tmp_path / "cache").mkdir()
+    args = llm_queries.parse_args(["--cached-only", "--run-cache", str(tmp_path / "cache")])
+    report = llm_queries.stamp({"settings": []}, args, time.perf_counter())
+    assert "no run computed" in report["machine"] and "process(es)" not in report["machine"]
+    report["settings"] = [fake_setting("SmolLM2 x", {"uniform": [[1.0, 0.4]] * 3})]
+    section = run._section_of(report, "this machine's latest llm_queries.json", "bench-llm")
+    assert section["title"] == "bench-llm read from its run cache (--cached-only) on"
+    assert f"bench-llm read from its run cache (--cached-only) on {report['date']}" in run._llm_rows(section)[0][1]
+    plain = llm_queries.stamp({"settings": []}, llm_queries.parse_args(["--jobs", "2"]), time.perf_counter())
+    assert "2 process(es)" in plain["machine"]
