@@ -208,8 +208,8 @@ def second_moment_estimate(draws: torch.Tensor) -> tuple[float, float]:
 
 
 def norm_spread(norms) -> float:
-    """How many decades the middle 90% of the norms span: log10 of their 95th / 5th percentile (inf when the
-    5th percentile is a norm of 0).
+    """How many decades the middle 90% of the norms span: the 95th minus the 5th percentile of log10 ‖∇f_i‖ (each
+    interpolated between log10 values, not between norms), inf when the 5th percentile falls on a norm of 0.
 
     Example:
         >>> round(norm_spread(torch.logspace(0, 2, 101)), 2)
