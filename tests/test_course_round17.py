@@ -54,7 +54,8 @@ def test_gain_by_hand_refuses_a_full_gradient_longer_than_the_mean_norm(norms, g
     assert lesson.gain_by_hand(norms, mean ** 2, 2) == pytest.approx(float(gain_vs_batch(norms, mean, 3, [2])[0]))
 
 
-@pytest.mark.parametrize("seeds, rules, name", [((0, 0, 1), ("plain",), "seeds"), ((0, 1), ("plain", "plain"), "rules")])
+@pytest.mark.parametrize("seeds, rules, name", [((0, 0, 1), ("plain",), "seeds"),
+                                                ((0, 1), ("plain", "plain"), "rules")])
 def test_rule_ladder_refuses_a_seed_or_rule_given_twice(seeds, rules, name):
     # a repeated seed counted its run twice in the rule's median (seeds (0, 0, 1): seed 0's mean, not the median of
     # seeds 0 and 1), a repeated rule its runs twice in uniform's; race refuses repeats by the same rule
