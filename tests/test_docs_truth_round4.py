@@ -278,3 +278,167 @@ def test_05_solution_1_races_race_1_at_the_rates_its_answer_discusses():
     tuned = PROBLEM_DEFAULTS["heterogeneous quadratic"]          # race 1's class-mode tuned rates
     assert "uniform's best rate" in prose and "oracle's best rate" in prose
     assert {tuned["lr_uniform"], tuned["lr_oracle"]} <= set(rates), (rates, tuned)
+
+
+# -- the fast-mode comments of notebooks 04 and 05 ---------------------------------------------------------
+def comment(number: str, statement: str) -> str:
+    """The comment on notebook ``number``'s code line that starts with ``statement``."""
+    line = next(line for source in cells(number, "code") for line in source.splitlines()
+                if line.startswith(statement))
+    return line.split("#", 1)[1].strip()
+
+
+def test_04_fast_comment_says_which_runs_fast_mode_leaves_alone():
+    """It said "SAZO_FAST=1 shrinks every run": sections 6.1–6.4 feed the samplers 5 seeds of fixed step counts in
+    both modes (only their χ² draws shrink). The comment now names what shrinks and what stays."""
+    said_now = comment("04", "FAST = fast_mode()")
+    assert "every run" not in said_now and re.search(r"6\.1–6\.4's frozen-θ runs stay", said_now), said_now
+    code = "\n".join(cells("04", "code"))
+    helper = re.search(r"def after\(.*?\n\n\n", code, re.S).group(0)
+    assert "pick(" not in helper and "for s in range(5)" in helper
+    assert said("04", r"(Five) seeds each, medians printed")
+    calls = re.findall(r"(?<!def )\bafter\(([^()]*)\)", code)
+    assert calls and not any("pick" in call for call in calls), calls
+    kinds = {"steps": "ladder_steps", "seeds": "ladder_seeds", "draws": "zs = torch.randn(pick("}
+    for kind, fragment in kinds.items():       # each kind the comment names does shrink somewhere
+        assert kind in said_now
+        full, fast = picks("04", fragment)[-1 if kind == "seeds" else 0]
+        assert fast < full, (kind, full, fast)
+
+
+def test_05_fast_comments_name_every_kind_of_pick_and_the_seeds_each_race_runs():
+    """It said fast mode runs "fewer steps and seeds" (its grids shrink too) and that the races "then use all
+    SEEDS" (race 1 runs race1_seeds: 3 in fast mode, SEEDS 2)."""
+    fast = comment("05", "FAST = fast_mode()")
+    shrunk = {"grid points": any(isinstance(full, list) and len(fast_) < len(full)
+                                 for full, fast_ in picks("05", "pick([")),
+              "seeds": picks("05", "SEEDS = tuple(range(pick(")[0][1] < picks("05", "SEEDS = tuple(range(pick(")[0][0],
+              "steps": picks("05", "logistic_steps = pick(")[0][1] < picks("05", "logistic_steps = pick(")[0][0]}
+    assert all(shrunk.values()) and all(kind in fast for kind in shrunk), (fast, shrunk)
+    tuning = comment("05", "TUNING_SEEDS = ")
+    code = "\n".join(cells("05", "code"))
+    races = {name for line in code.splitlines() if "= tuned_race(" in line for name in re.findall(r"seeds=(\w+)", line)}
+    assert races == {"race1_seeds", "SEEDS"} and "seeds=seeds[:TUNING_SEEDS]" in code, races
+    assert "all SEEDS" not in tuning and "all its seeds" in tuning, tuning
+
+
+def test_03_solution_5_says_where_noisy_norms_fall_behind_uniform(capsys):
+    """It said V(p)/V(p*) "crosses uniform's 1 + CV² around τ ≈ 1.5": its own printout has 4.37 there (λ = 0)
+    against uniform's 10.51, and 25.7 at τ = 2."""
+    prose, code = solution("03", 5)
+    low, high = (float(x) for x in re.search(r"without a mix \(λ = 0\) it crosses uniform's 1 \+ CV. between "
+                                             r"τ = ([\d.]+) and τ = ([\d.]+) here", prose).groups())
+    printed = run_printing(code, capsys)
+    unmixed = {float(tau): float(ratio) for tau, ratio in
+               re.findall(r"τ = ([\d.]+), λ = 0\.0: V\(p\)/V\(p\*\) = ([\d.]+)", printed)}
+    uniform = float(re.search(r"uniform: ([\d.]+)", printed).group(1))
+    assert unmixed[low] < uniform < unmixed[high], (unmixed, uniform)
+    assert [tau for tau in sorted(unmixed) if low < tau < high] == []          # the two neighbouring τ printed
+
+
+# Draws whose values no printed number depends on (07: a random input whose saved-tensor sizes alone are read).
+SHAPE_ONLY = {("07", "saved = saved_activation_bytes(block, torch.randn(")}
+
+
+@pytest.mark.parametrize("number", sorted(NOTEBOOKS))
+def test_every_draw_a_printout_depends_on_is_seeded(number):
+    """04's sections 4 and 6.5 fed their samplers torch.randn(...) without a generator: the cells printed other
+    numbers on every run (a class run of the same code: 31 then 29 examples never observed)."""
+    for source in cells(number, "code"):
+        for line in source.splitlines():
+            draw = re.search(r"\btorch\.(randn|rand|randint|randperm|multinomial)\(|\bnp\.random\.\w+\(", line)
+            if not draw or any(number == n and fragment in line for n, fragment in SHAPE_ONLY):
+                continue
+            call = _call(source, source.index(line) + draw.start())
+            assert "generator=" in call or "manual_seed(" in source.split(line)[0], \
+                f"notebook {number}: an unseeded draw: {line.strip()}"
+
+
+def test_05_a_diverged_race_seed_runs_on_off_the_top_of_the_plot():
+    """05 said of a diverged method "its curves stop there": the race trains such a seed on (RACE_DIVERGE_FACTOR is
+    inf); its band leaves the plot at the axis' top, 3× the initial gap, and a mark sits where the median diverged."""
+    from sazo_lite.course.sazo_runs import RaceResult
+    from sazo_lite.course.widgets import race_figure
+
+    top = float(said("05", r"their band leaves the top of the plot \(its axis ends at (\d+)× the initial gap\), and a "
+                           r"method whose median run diverged gets a mark there")[0])
+    queries = np.arange(0, 100, 10)
+    calm = np.linspace(1.0, 0.05, len(queries))
+    runaway = np.array([1.0, 0.8, 5.0, 40.0, 300.0, 2e3, 1e4, 5e4, 2e5, 1e6])
+    result = RaceResult(queries=queries, initial_gap=1.0, target=0.1, lrs={}, to_target={
+        "uniform": [None, 80, None], "sazo": [80, 80, 80], "oracle": [90, 90, 90]},
+        gaps={"uniform": np.stack([runaway, calm, runaway * 2]), "sazo": np.stack([calm] * 3),
+              "oracle": np.stack([calm] * 3)})
+    figure = race_figure(result)
+    assert figure.layout.yaxis.range[1] == pytest.approx(np.log10(top))
+    uniform = [trace for trace in figure.data if trace.name and "uniform" in trace.name.lower()]
+    drawn = [np.asarray(trace.y, dtype=float) for trace in uniform]
+    assert any(np.isfinite(y[-1]) and y[-1] > top for y in drawn), "the diverged seeds' band stops"
+    assert any("uniform" in mark.text and "diverged" in mark.text for mark in figure.layout.annotations)
+
+
+# -- API names the course's prose quotes --------------------------------------------------------------------
+def _defined(codes: list[str]) -> set[str]:
+    """The names the code cells bind (assignments, imports, functions, loop variables)."""
+    names = set()
+    for source in codes:
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names.add(node.name)
+    return names
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``dotted`` names an object: a module (as written, or under sazo_lite, sazo_lite.course, its widgets or
+    sazo_lite.llm) then attributes, or an attribute of a name exported by sazo_lite."""
+    import importlib
+
+    import sazo_lite
+
+    parts = dotted.split(".")
+    for base in ("", "sazo_lite.", "sazo_lite.course.", "sazo_lite.course.widgets.", "sazo_lite.llm."):
+        for cut in range(len(parts), 0, -1):          # the longest importable module prefix
+            try:
+                obj = importlib.import_module(base + ".".join(parts[:cut]))
+            except ImportError:
+                continue
+            try:
+                for part in parts[cut:]:
+                    obj = getattr(obj, part)
+                return True
+            except AttributeError:
+                return False
+    return hasattr(sazo_lite, parts[0])
+
+
+COURSE_PAGES = ["notebooks/README.md", "notebooks/algorithm.md"] + \
+    sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks" / "solutions").glob("*.md"))
+
+
+@pytest.mark.parametrize("page", sorted(NOTEBOOKS) + COURSE_PAGES)
+def test_every_module_name_the_course_quotes_exists(page):
+    """04 said the histograms come from `experiments.ema_of_chi2`: there is no module `experiments`; it is
+    `sazo_runs.ema_of_chi2`. A `name.attr` the prose quotes is a library object or a name the notebook's code binds
+    (`hetero.lrs`, `race.design`)."""
+    if page in NOTEBOOKS:
+        text, codes = "\n".join(cells(page, "markdown")), cells(page, "code")
+    else:
+        text = (ROOT / page).read_text()
+        codes = re.findall(r"```python\n(.*?)```", text, re.S)
+        text = re.sub(r"```.*?```", " ", text, flags=re.S)
+    bound = _defined(codes) | {"sz", "lesson"}          # the course's aliases: sazo_lite, course.llm_lesson
+    aliases = {"sz": "sazo_lite", "lesson": "llm_lesson"}
+    for span in re.findall(r"`([^`\n]+)`", text):
+        dotted = re.match(r"([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?![\w.])", span)
+        if not dotted or re.search(r"\.(?:py|md|json|ipynb|txt|log|toml|stat|usage|pt)$", dotted.group(1)):
+            continue
+        first, _, rest = dotted.group(1).partition(".")
+        if first in aliases:
+            assert _resolves(f"{aliases[first]}.{rest}") or (first == "sz" and _resolves(rest)), \
+                f"{page}: `{dotted.group(1)}` is not in the library"
+        elif first not in bound:
+            assert _resolves(dotted.group(1)), f"{page}: `{dotted.group(1)}` names nothing the library or the code has"
