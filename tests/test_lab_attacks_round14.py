@@ -145,6 +145,25 @@ def test_the_note_in_grade_log_is_one_line_whatever_the_error_holds():
     assert "'go' is bound only in cell 0" in notes[0]
 
 
+# -- an answer written into a pasted copy of an explore cell (its tag came with it) ------------------
+def test_a_new_tagged_cell_that_binds_a_graded_name_is_run_the_others_stay_skipped():
+    """JupyterLab's paste copies a cell's tags: an answer written into a pasted explore cell carries
+    ``otter_ignore``. A new cell with the tag that binds a graded name runs (as an untagged cell: a copy still
+    starting with the mark is skipped); the distributed explore cell (its id or its source) stays skipped whatever
+    it binds, and so does a new tagged cell that binds no graded name."""
+    tag = ["otter_ignore"]
+    nb = _nb([("def lab2_weights(p, i):\n    return p[i]", "pasted", tag),            # the answer, tag copied
+              ("def lab2_weights(p, i):\n    return 0", "e1", tag),                   # the explore cell, edited
+              (EXPLORE, "other", tag),                                               # an unchanged copy
+              ("x = 1\nplot(x)", "scratch", tag),                                    # no graded name
+              (MARK + "\nlab2_weights = 2", "marked", tag),                          # a copy with its mark
+              ("lab2_norms = [1.0]", "answer4", tag)])                               # the student tagged it
+    explore = (frozenset({EXPLORE}), frozenset({"e1"}), frozenset({MARK}), frozenset({"answer4"}))
+    config = {"assignment_name": "lab2_importance_weights"}
+    assert grading.notebook_cells(nb, config, *explore) == [(0, nb.cells[0].source), (5, "lab2_norms = [1.0]")]
+    assert grading.notebook_cells(nb, {}, *explore) == [] == grading.notebook_cells(nb, config)
+
+
 # -- graded the project's way --------------------------------------------------------------------
 pytest.importorskip("otter")
 
@@ -183,6 +202,16 @@ def _edit(start, change_source):
     return change
 
 
+def _answer_in_pasted_copy(explore_start, answer_start):
+    """The explore cell copied and pasted in the answer's place (JupyterLab copies its tags), the answer written into
+    it, the answer cell deleted."""
+    def change(nb):
+        explore, answer = _cell(nb, explore_start), _cell(nb, answer_start)
+        pasted = nbformat.v4.new_code_cell(answer.source, metadata={"tags": list(explore.metadata["tags"])})
+        nb.cells[nb.cells.index(answer)] = pasted
+    return change
+
+
 def _hand_ins(assigned_labs, root) -> dict:
     folders = {}
     for lab, stem in STEMS.items():
@@ -207,6 +236,7 @@ def _hand_ins(assigned_labs, root) -> dict:
     hand_in("lab2", "wrong_answer_with_explore_lines", _edit("def lab2_weights", lambda s: (
         "import plotly.graph_objects as go\nsigmas = [0.0, 0.5]\n"
         + s.replace("return 1.0 / (len(probs) * probs[indices])", "return 1.0 / probs[indices]"))))
+    hand_in("lab2", "answer_in_a_pasted_explore_cell", _answer_in_pasted_copy(gain, "def lab2_weights"))
     hand_in("lab3", "check_copy_without_mark", _new_cell_after(
         "# check (not graded, skipped by the grader): your sampler next to sazo_lite.PlainSAZOSampler",
         lambda s: _body(s).replace("pick(100, 40)", "pick(10, 4)")))
@@ -235,6 +265,7 @@ def _scores(row) -> dict:
 
 @pytest.mark.parametrize("lab,name", [("lab2", "copy_without_mark"), ("lab2", "copy_without_mark_edited"),
                                       ("lab2", "merged_without_mark"), ("lab2", "answer_with_the_explore_import"),
+                                      ("lab2", "answer_in_a_pasted_explore_cell"),
                                       ("lab3", "check_copy_without_mark"), ("lab1", "go_imported_in_answer")])
 def test_copies_without_their_mark_cost_nothing(graded, lab, name):
     rows, _ = graded

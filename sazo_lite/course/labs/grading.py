@@ -397,11 +397,17 @@ def notebook_cells(notebook: Path, config: dict, ignored=frozenset(), ignored_id
     copies of those cells that a cell holds taken out (``without_explore``, by their first lines, ``marks``; a
     cell with one of ``kept_ids``, the distributed notebook's other code cells, is not a copy); not
     otter's own (otter's statements taken out of the others), IPython's magics made Python (``without_magics``);
-    the seed set as otter does."""
+    the seed set as otter does. A new cell tagged ``otter_ignore`` (not one of those cells by its id or source)
+    that binds one of the lab's graded names is the student's answer written into a pasted copy of an explore
+    cell (JupyterLab's paste keeps the tags): it is read as an untagged cell."""
     nb = _notebook(notebook)
     cells, seed_name = [], config.get("seed_variable")
+    graded = {name for names in ((lab_rule(config) or {}).get("graded") or {}).values() for name in names}
     for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code" or "otter_ignore" in (cell.metadata.get("tags") or []):
+        if cell.cell_type != "code":
+            continue
+        if "otter_ignore" in (cell.metadata.get("tags") or []) and not _answer_in_a_copy(cell, graded, ignored,
+                                                                                        ignored_ids):
             continue
         source = cell.source
         if not isinstance(source, str):
@@ -418,6 +424,18 @@ def notebook_cells(notebook: Path, config: dict, ignored=frozenset(), ignored_id
             source = with_seed(source, seed_name, config["seed"])
         cells.append((index, source))
     return cells
+
+
+def _answer_in_a_copy(cell, graded: set, ignored=frozenset(), ignored_ids=frozenset()) -> bool:
+    """Whether a cell tagged ``otter_ignore`` is a student's answer under a tag copied with the cell: a new cell
+    (neither the id nor the source of one of the distributed notebook's ``otter_ignore`` cells, which stay
+    skipped whatever the student wrote into them) that binds one of ``graded`` at its top level. Without those
+    cells (the solutions notebook itself, ``reference``) every tag holds."""
+    source = cell.source
+    if not (graded and (ignored or ignored_ids)) or not isinstance(source, str) or _cell_id(cell) in ignored_ids \
+            or _same_text(source) in ignored:
+        return False
+    return bool(bound_names(without_magics(source)) & graded)
 
 
 _NAME_ERROR = re.compile(r"\ANameError: name '(\w+)' is not defined")
