@@ -62,7 +62,8 @@ class ZOStep:
     """What one MeZO step observed.
 
     Attributes:
-        loss: weighted mean of (L+ + L−)/2, a float.
+        loss: weighted mean of (L+ + L−)/2, a float (finite wherever that mean is: losses near float64's
+            largest do not overflow it, see ``_mean``).
         projected_grad: g = mean(weights · directional_diffs), the scalar the update uses.
         directional_diffs: float64 tensor [B] of unweighted (f_k(θ+εz) − f_k(θ−εz))/(2ε);
             empty when the closure returned a scalar.
