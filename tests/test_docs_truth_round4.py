@@ -442,3 +442,24 @@ def test_every_module_name_the_course_quotes_exists(page):
                 f"{page}: `{dotted.group(1)}` is not in the library"
         elif first not in bound:
             assert _resolves(dotted.group(1)), f"{page}: `{dotted.group(1)}` names nothing the library or the code has"
+
+
+def test_06_says_how_gain_by_hand_writes_v_out():
+    """06 called `lesson.gain_by_hand` "ten lines": its body is 15 lines of checks and sums; what the text means
+    is that V(u) and V(p*) are written out, one sum each, which is what it says now."""
+    import inspect
+
+    from sazo_lite.course import llm_lesson
+
+    said("06", r"\(`lesson\.gain_by_hand`: the two sums of \$V\(p\)\$, one line each\)")
+    sums = [line.strip() for line in inspect.getsource(llm_lesson.gain_by_hand).splitlines()
+            if re.match(r"\s*v_(uniform|oracle) = sum\(.*\) / n \*\* 2", line)]
+    assert len(sums) == 2, sums
+
+
+def test_the_course_cites_the_on_device_paper_with_one_first_author():
+    """algorithm.md cited "S. Katti et al." for arXiv:2511.11362; notebooks 02 and 07 give "P. Katti, H. Sifaou, ...\""""
+    pages = {path.name: path.read_text() for path in [*NOTEBOOKS.values(), ROOT / "notebooks" / "algorithm.md"]}
+    authors = {name: re.findall(r"([A-Z]\. Katti)[^\n]*?2511\.11362", text) for name, text in pages.items()}
+    cited = {author for found in authors.values() for author in found}
+    assert len(cited) == 1 and authors["algorithm.md"], authors
