@@ -164,6 +164,22 @@ def test_a_new_tagged_cell_that_binds_a_graded_name_is_run_the_others_stay_skipp
     assert grading.notebook_cells(nb, {}, *explore) == [] == grading.notebook_cells(nb, config)
 
 
+def test_an_id_two_cells_share_names_neither():
+    """VS Code's paste keeps the copied cell's id: an explore cell pasted above itself, the answer written into the
+    paste. nbformat kept the id on the first cell (the answer, then taken for the explore cell and skipped) and gave
+    the second a random one; an id two cells share is now taken off both, so each is read by what it holds."""
+    cell = {"cell_type": "code", "metadata": {"tags": ["otter_ignore"]}, "execution_count": None, "outputs": []}
+    raw = {"cells": [{**cell, "id": "e1", "source": "def lab2_weights(p, i):\n    return p[i]"},
+                     {**cell, "id": "e1", "source": EXPLORE},
+                     {**cell, "id": "a1", "metadata": {}, "source": "lab_y = 1"}],
+           "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    notebook = grading.parse_notebook(json.dumps(raw).encode())
+    assert [c.get("id") for c in notebook.cells].count("e1") == 0 and notebook.cells[2].id == "a1"
+    explore = (frozenset({EXPLORE}), frozenset({"e1"}), frozenset({MARK}), frozenset({"a1"}))
+    assert grading.notebook_cells(notebook, {"assignment_name": "lab2_importance_weights"}, *explore) == [
+        (0, raw["cells"][0]["source"]), (2, "lab_y = 1")]
+
+
 # -- graded the project's way --------------------------------------------------------------------
 pytest.importorskip("otter")
 

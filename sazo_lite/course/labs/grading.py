@@ -16,6 +16,7 @@ not yet graded score 0 and the status says "timeout".
 from __future__ import annotations
 
 import ast
+import collections
 import contextlib
 import functools
 import hashlib
@@ -191,7 +192,7 @@ def parse_notebook(data: bytes, findings: list | None = None):
     nbformat on disk) is joined; a cell that is not an object, has no type, or whose source is neither text
     nor a list of text becomes an empty cell, and ``findings`` (a list, if given) gets one line naming it;
     metadata (the notebook's or a cell's) that is missing or not an object, or tags that are not a list, are
-    read as none. Outputs and attachments
+    read as none; an id two cells share is taken off both (``_without_shared_ids``). Outputs and attachments
     are dropped (grading never reads them; a hand-in with huge outputs costs no more than its code).
     """
     import nbformat
@@ -216,7 +217,21 @@ def parse_notebook(data: bytes, findings: list | None = None):
         for k, cell in enumerate(cells):
             cells[k] = _readable_cell(cell, index, found)
             index += 1
+    _without_shared_ids(raw.get("cells"))
     return nbformat.from_dict(nbformat.reads(json.dumps(raw), as_version=4))
+
+
+def _without_shared_ids(cells) -> None:
+    """Take the id off every cell whose id another cell has too (VS Code's paste keeps the copied cell's id):
+    such an id names neither cell, so each is read as a new cell. nbformat would keep the id on the first and
+    give the others random ones, so a copy pasted above an explore cell was taken for that cell."""
+    if not isinstance(cells, list):
+        return
+    ids = [cell.get("id") if isinstance(cell, dict) and isinstance(cell.get("id"), str) else None for cell in cells]
+    shared = {i for i, n in collections.Counter(ids).items() if i is not None and n > 1}
+    for cell, i in zip(cells, ids):
+        if i in shared:
+            del cell["id"]
 
 
 def _json_text(data: bytes) -> str:
