@@ -494,13 +494,17 @@ def queries_to_target(record, target: float) -> int | None:
     """First logged query count at which the metric is ≤ ``target`` (None if never).
 
     ``record`` is a ``History`` (its ``logged_queries`` and ``metrics``) or a pair of sequences
-    ``(queries, values)``.
+    ``(queries, values)`` of one length (ValueError otherwise; no values at all, as a run without
+    ``evaluate``, gives None).
 
     Example:
         >>> queries_to_target(([0, 10, 20], [1.0, 0.6, 0.4]), 0.5)
         20
     """
     queries, values = (record.logged_queries, record.metrics) if isinstance(record, History) else record
+    if len(values) and len(queries) != len(values):   # zip paired them by position, silently
+        raise ValueError(f"Invalid record: {len(queries)} query counts and {len(values)} values (expected one count "
+                         f"per logged value: a History's logged_queries, not its per-step queries)")
     for count, value in zip(queries, values):
         if reached(value, target):
             return count

@@ -344,3 +344,21 @@ def test_noise_scaled_step_with_numpy_settings_set_between_steps_writes_a_state_
     resumed = NoiseScaledStep(warmup=2, decay=float(np.float32(0.9)))
     resumed.load_state_dict(state)
     assert resumed.scale() == plain.scale()
+
+
+# --- 5. queries_to_target: counts and values of other lengths ---------------------------------------------------
+from sazo_lite.train import queries_to_target  # noqa: E402
+
+
+def test_queries_to_target_refuses_counts_and_values_of_other_lengths():
+    """(history.queries, history.metrics): per-step counts zipped with per-log-point values paired the k-th value
+    with the k-th step's count, so a target met at the 3rd log point (60 queries) read 6, silently."""
+    theta = _PROBLEM.initial_theta()
+    history = train(MeZO([theta], lr=0.05, eps=1e-4, seed=0), SAZOSampler(40, seed=0),
+                    lambda i: _PROBLEM.losses(theta, i), 30, batch_size=1, log_every=10, progress=False,
+                    evaluate=lambda: _PROBLEM.gap(theta))
+    target = history.metrics[-1]
+    assert queries_to_target(history, target) in history.logged_queries
+    with pytest.raises(ValueError, match="Invalid record"):
+        queries_to_target((history.queries, history.metrics), target)
+    assert queries_to_target(([0, 10], []), 1.0) is None   # no values: never reached, as before
