@@ -297,3 +297,18 @@ def test_groups_that_keep_the_mix_as_it_was_are_not_warned_again():
         mixed = MeZO([torch.zeros(3), torch.zeros(1, requires_grad=True)], lr=0.1)
         mixed.add_param_group({"params": [torch.zeros(2)]})
     assert len([w for w in caught if "requires_grad=False" in str(w.message)]) == 1   # the constructor's
+
+
+def test_a_tensor_living_between_an_interleaved_views_entries_is_its_own_parameter():
+    """base[1:5] lies in the gaps of as_strided((4, 3), (5, 6)) (offsets 0, 5, 6, 10, ...): both are accepted (no
+    common entry, checked entry by entry) and each steps as a copy of it would."""
+    base = torch.zeros(28, dtype=torch.float64)
+    p, q = base.as_strided((4, 3), (5, 6)), base[1:5]
+    copies = [p.clone(), q.clone()]
+    opt, twin = MeZO([p, q], lr=0.1, eps=1e-3, seed=5), MeZO(copies, lr=0.1, eps=1e-3, seed=5)
+    for _ in range(3):
+        opt.step(lambda: (p - 1).pow(2).sum() + (q + 1).pow(2).sum())
+        twin.step(lambda: (copies[0] - 1).pow(2).sum() + (copies[1] + 1).pow(2).sum())
+    assert torch.equal(p, copies[0]) and torch.equal(q, copies[1])
+    with pytest.raises(ValueError, match="share memory"):
+        MeZO([p, base[4:7]], lr=0.1)   # offset 5 is p's (1, 0) entry
