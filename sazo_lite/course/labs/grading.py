@@ -466,6 +466,10 @@ def explain_name_errors(outcome: dict, notebook, cells: list[tuple[int, str]]) -
     function defined below the line that failed) names that cell and what it raised. The scores do not change:
     the error costs the questions it cost.
     """
+    errors = [*(outcome.get("cell_errors") or {}).values(),
+              *(case.get("error") for case in (outcome.get("cases") or {}).values() if isinstance(case, dict))]
+    if not any(_NAME_ERROR.search(error) for error in errors if isinstance(error, str)):
+        return []   # nothing to explain: the cells are not parsed again
     nb, ran = _notebook(notebook), dict(cells)
     bound_ran = {index: bound_names(source) for index, source in cells}
     everywhere = set().union(*bound_ran.values())
