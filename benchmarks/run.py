@@ -116,8 +116,9 @@ def _section_of(report: dict | None, source: str, title: str, name: str = "llm_q
     differ = [k for k in differing_args(report) if k not in PART_ONLY_ARGS]
     if differ:      # merged parts: its ratios compare samplers raced under different arguments
         title += f", merged parts differing in {', '.join(differ)}"
-    if report.get("args", {}).get("cached_only"):       # its date is the reading's: the runs were measured before it
-        title += " read from its run cache (--cached-only) on"
+    parts = [report.get("args") or {}, *(report.get("part_args") or {}).values()]
+    if any((part or {}).get("cached_only") for part in parts):     # its date is the reading's: the runs are older
+        title += "; read from its run cache with --cached-only on"
     return {"date": report["date"], "dates": measured_dates(report), "machine": report["machine"],
             "source": source, "settings": settings,
             "targets": targets, "title": title, "pilot": pilot}

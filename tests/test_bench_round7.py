@@ -417,7 +417,9 @@ def test_a_report_read_with_cached_only_says_its_date_is_the_readings(tmp_path):
     assert "no run computed" in report["machine"] and "process(es)" not in report["machine"]
     report["settings"] = [fake_setting("SmolLM2 x", {"uniform": [[1.0, 0.4]] * 3})]
     section = run._section_of(report, "this machine's latest llm_queries.json", "bench-llm")
-    assert section["title"] == "bench-llm read from its run cache (--cached-only) on"
-    assert f"bench-llm read from its run cache (--cached-only) on {report['date']}" in run._llm_rows(section)[0][1]
+    assert section["title"] == "bench-llm; read from its run cache with --cached-only on"
+    assert f"bench-llm; read from its run cache with --cached-only on {report['date']}" in run._llm_rows(section)[0][1]
+    report["args"]["cached_only"], report["part_args"] = False, {"a.json": {"cached_only": True}, "b.json": {}}
+    assert "--cached-only" in run._section_of(report, "s", "bench-llm")["title"]      # a merged part read so
     plain = llm_queries.stamp({"settings": []}, llm_queries.parse_args(["--jobs", "2"]), time.perf_counter())
     assert "2 process(es)" in plain["machine"]
