@@ -256,7 +256,8 @@ class SeedLog:
         last = self._weights
         if last is None or last[0] != optimizer.pending:
             return
-        if not torch.equal(last[1], _fingerprint(optimizer)[1]):
+        # NaN equal to NaN: a θ holding NaN is MeZO's to refuse, by its own message
+        if not torch.allclose(last[1], _fingerprint(optimizer)[1], rtol=0.0, atol=0.0, equal_nan=True):
             raise ValueError("Invalid weights: the tuned tensors changed since the last step this SeedLog recorded "
                              "(written between steps: the log holds steps only, so its replay would not rebuild "
                              "them); nothing moved. Put the weights back, or detach this log and SeedLog.attach a "
