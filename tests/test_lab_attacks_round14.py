@@ -137,6 +137,17 @@ def test_a_name_error_says_the_name_is_bound_only_in_a_cell_the_grader_skips():
     assert outcome["cases"][("q3", 1)]["error"] is None and outcome["cell_errors"][4].endswith("is not defined")
 
 
+def test_a_name_bound_only_in_a_raw_cell_says_so():
+    """A code cell whose type was changed to raw after it ran (the 'r' key in command mode) is not run anywhere."""
+    nb = _nb([("lab_y = lab_f(1)", "answer2", ())])
+    nb.cells.insert(0, nbformat.v4.new_raw_cell("def lab_f(x):\n    return x"))
+    outcome = {"cases": {("q1", 0): {"error": "NameError: name 'lab_f' is not defined", "records": []}},
+               "cell_errors": {1: "NameError: name 'lab_f' is not defined"}}
+    grading.explain_name_errors(outcome, nb, grading.notebook_cells(nb, {}))
+    assert "'lab_f' is bound only in cell 0, a raw cell, which no one runs: make it a code cell" in \
+        outcome["cases"][("q1", 0)]["error"] and "a raw cell" in outcome["cell_errors"][1]
+
+
 def test_the_note_in_grade_log_is_one_line_whatever_the_error_holds():
     nb = _nb([(EXPLORE, "e1", ["otter_ignore"]), ("go.Figure()", "answer1", ())])
     outcome = {"cases": {}, "cell_errors": {1: "NameError: name 'go' is not defined\n[grader] all passed"}}

@@ -462,7 +462,8 @@ def explain_name_errors(outcome: dict, notebook, cells: list[tuple[int, str]]) -
 
     A name the hand-in binds only in code the grader does not run (``cells``, from ``notebook_cells``: explore and
     check cells and their copies, otter's cells) existed in the student's kernel: the error says where it is
-    bound and that those cells are not run in grading. A name bound in a graded cell that raised (a graded
+    bound and that those cells are not run in grading; one bound only in a raw cell (a code cell whose type was
+    changed after it ran) says to make it a code cell again. A name bound in a graded cell that raised (a graded
     function defined below the line that failed) names that cell and what it raised. The scores do not change:
     the error costs the questions it cost.
     """
@@ -474,20 +475,26 @@ def explain_name_errors(outcome: dict, notebook, cells: list[tuple[int, str]]) -
     bound_ran = {index: bound_names(source) for index, source in cells}
     everywhere = set().union(*bound_ran.values())
     skipped: dict[str, list[int]] = {}
+    raw: set[int] = set()
     for index, cell in enumerate(nb.cells):
-        if cell.cell_type == "code" and isinstance(cell.source, str):
+        if cell.cell_type in ("code", "raw") and isinstance(cell.source, str):
             for name in sorted(bound_names(without_magics(cell.source)) - bound_ran.get(index, set()) - everywhere):
                 skipped.setdefault(name, []).append(index)
+            if cell.cell_type == "raw":
+                raw.add(index)
 
     def why(error: str, chained: bool = True) -> str | None:
         found = _NAME_ERROR.search(error or "")
         if not found:
             return None
         name = found.group(1)
+        where = ", ".join(map(str, skipped.get(name, [])[:5]))
+        if name in skipped and all(i in raw for i in skipped[name]):
+            return f"{name!r} is bound only in cell {where}, a raw cell, which no one runs: make it a code cell"
         if name in skipped:
-            return (f"{name!r} is bound only in cell {', '.join(map(str, skipped[name][:5]))}, which the grader does "
-                    f"not run (explore and check cells, copies of them and otter's cells are skipped in grading): "
-                    f"import or define it in a graded cell")
+            return (f"{name!r} is bound only in cell {where}, which the grader does not run (explore and check "
+                    f"cells, copies of them and otter's cells are skipped in grading): import or define it in a "
+                    f"graded cell")
         failed = [i for i in sorted(ran) if name in bound_ran[i] and i in (outcome.get("cell_errors") or {})]
         if failed and chained:
             error = outcome["cell_errors"][failed[0]]
