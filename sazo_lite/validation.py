@@ -135,7 +135,8 @@ _ARRAY_PROTOCOLS = ("__array__", "__array_interface__", "__cuda_array_interface_
 
 def not_numbers(value) -> str | None:
     """None when ``value`` is of a kind that holds numbers (a tensor, a number, a numpy array or scalar, a list,
-    tuple or other sequence (indexable, with a length), an array-like object of another library); else what it is, for the caller's ``NotNumbersError``.
+    tuple or other sequence (indexable, with a length), an array-like object of another library); else what it
+    is, for the caller's ``NotNumbersError``.
 
     Bytes-like objects (bytes, bytearray, memoryview) are not numbers: ``torch.as_tensor`` read a bytearray's
     bytes as its values (a closure returning ``bytearray(b"ab")`` gave losses 97 and 98). Neither are strings,

@@ -56,15 +56,21 @@ def test_the_weighted_loss_is_finite_where_the_products_overflow():
 
 def test_the_projected_gradient_is_finite_where_the_difference_overflows():
     """L+ − L− overflowed (1.5e308 − (−1.5e308)) although (L+ − L−)/(2ε) is finite for ε = 1: FloatingPointError."""
-    result = _constant_step(torch.tensor([1.5e308], dtype=torch.float64), torch.tensor([-1.5e308], dtype=torch.float64), eps=1.0)
+    huge = torch.tensor([1.5e308], dtype=torch.float64)
+    result = _constant_step(huge, -huge, eps=1.0)
     assert result.projected_grad == 1.5e308 and result.directional_diffs.tolist() == [1.5e308]
     assert result.loss == 0.0
 
 
-def test_a_truly_infinite_gradient_is_still_refused():
+def test_a_truly_infinite_gradient_is_still_refused_with_theta_restored():
     """Where the true g is beyond float64 (ε small), the step still raises FloatingPointError, θ restored."""
+    huge = torch.tensor([1.5e308], dtype=torch.float64)
+    theta = torch.linspace(-1, 1, 3, dtype=torch.float64)
+    start, calls = theta.clone(), iter([huge, -huge])
+    opt = MeZO([theta], lr=0.1, eps=1e-3, seed=1)
     with pytest.raises(FloatingPointError):
-        _constant_step(torch.tensor([1.5e308], dtype=torch.float64), torch.tensor([-1.5e308], dtype=torch.float64), eps=1e-3)
+        opt.step(lambda: next(calls))
+    assert torch.allclose(theta, start, rtol=0, atol=1e-15) and opt.step_count == 0
 
 
 @settings(max_examples=60, deadline=None)
