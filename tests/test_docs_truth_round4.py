@@ -463,3 +463,42 @@ def test_the_course_cites_the_on_device_paper_with_one_first_author():
     authors = {name: re.findall(r"([A-Z]\. Katti)[^\n]*?2511\.11362", text) for name, text in pages.items()}
     cited = {author for found in authors.values() for author in found}
     assert len(cited) == 1 and authors["algorithm.md"], authors
+
+
+# -- the other fast-mode sentences, pinned to the code they describe --------------------------------------
+def test_02_memory_cell_batch_in_each_mode():
+    full, fast = (int(x) for x in said("02", r"with a batch of (\d+) \((\d+) in fast mode\)"))
+    assert picks("02", "width, depth, batch =") == [(full, fast)]
+
+
+def test_07_validation_points_in_each_mode():
+    """"Fast mode measures only the last two, at one context length (n_ctx = 512, fused attention", and the class
+    run's "18 points, n_ctx = 256–1024": the two halves of the cell's pick(default_points(...), ...)."""
+    from sazo_lite.course.memory_measure import default_points
+
+    context = int(said("07", r"Fast mode measures only the last two, at one context length \(\$n_\\text\{ctx\} = "
+                             r"(\d+)\$, fused attention")[0])
+    count, low, high = (int(x) for x in said("07", r"In the class-mode run \((\d+) points, \$n_\\text\{ctx\}\$ = "
+                                                   r"(\d+)–(\d+)\)"))
+    code = next(source for source in cells("07", "code") if "points = pick(" in source)
+    call = _call(code, code.index("pick("))
+    full, fast = ast.parse(call).body[0].value.args
+    namespace = {"default_points": default_points}
+    full_points, fast_points = (eval(compile(ast.Expression(arg), "<07>", "eval"), namespace) for arg in (full, fast))
+    assert len(full_points) == count and {s.context for s, _ in full_points} == {low, 512, high}
+    assert {(s.context, s.attention) for s, _ in fast_points} == {(context, "fused")}
+    assert {mode for _, mode in fast_points} == {"zo", "bp"}            # "the last two": a MeZO and a backprop step
+
+
+def test_05_paths_picture_runs_the_same_steps_in_both_modes(monkeypatch):
+    """05: "this picture runs the same 100 steps in fast and in class mode"."""
+    from sazo_lite.course.widgets import pictures
+
+    steps = int(said("05", r"this picture runs the same (\d+) steps in fast and in class mode")[0])
+    ran = []
+    real = pictures.sampler_paths
+    monkeypatch.setattr(pictures, "sampler_paths", lambda *a, **k: ran.append((mode, k["steps"])) or real(*a, **k))
+    for mode in ("1", "0"):
+        monkeypatch.setenv("SAZO_FAST", mode)
+        pictures.paths_dashboard()
+    assert {(mode, n) for mode, n in ran} == {("1", steps), ("0", steps)}, ran
