@@ -652,6 +652,8 @@ def _cell(result: dict) -> str:
         return "not reached" + (f" (> {result['floor']:.0f})" if result.get("floor") else "")
     top = "not reached" if result["max"] is None else f"{result['max']:.0f}"
     edge = grid_edge(result["lr"], result.get("grid", {}))
+    if repr(result["lr"]) in result.get("grid", {}) and result["grid"][repr(result["lr"])] is None:
+        edge += " (every rate lost: half or more of its seeds diverged)"    # the rule's last resort, not a rate to run
     return f"{result['median']:.0f} [{result['min']:.0f}–{top}] lr={result['lr']:g}{edge}"
 
 

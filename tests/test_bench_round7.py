@@ -139,6 +139,8 @@ def test_where_every_rate_is_lost_the_rule_chooses_among_whole_runs():
     assert result[0.1]["lr"] == 1e-3 and result[0.1]["median"] == 3170
     assert result[0.1]["per_seed"] == [2560, 3780, 940, None]
     assert result[0.01]["median"] is None and result[0.01]["floor"] is None     # half of the seeds diverged: no bound
+    assert queries._cell(result[0.1]).endswith("lr=0.001 (one rate) (every rate lost: half or more of its seeds diverged)")
+    assert "lost" not in queries._cell(race({1e-3: [(100, None)] * 3, 2e-3: [(None, 50)] * 3}))   # 2e-3 lost, not chosen
 
 
 # -- make bench's language-model rows and bench-llm's printout: the control graded as the other goals are ----------
