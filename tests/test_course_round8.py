@@ -114,11 +114,11 @@ def test_paths_readout_calls_a_tie_a_tie():
     board = sw.paths_dashboard(steps=20)
     board.controls["eps"].value = 1e-10
     shown = [f"{board.state['finals'][m]:.3g}" for m in board.state["order"]]
-    ranking = text(board.readout.value).split("closest to θ* first: ")[1]
+    ranking = text(board.readout.value).split("lowest gap F − F* first: ")[1]
     assert len(set(shown)) == 1 and ranking.count(" = ") == 2 and " < " not in ranking, ranking
     board.controls["eps"].value = 1e-3   # back to three different gaps: a strict order
     shown = [f"{board.state['finals'][m]:.3g}" for m in board.state["order"]]
-    ranking = text(board.readout.value).split("closest to θ* first: ")[1]
+    ranking = text(board.readout.value).split("lowest gap F − F* first: ")[1]
     assert ranking.count(" < ") == sum(a != b for a, b in zip(shown, shown[1:]))
 
 
@@ -197,3 +197,13 @@ def test_the_sazo_scatter_says_when_estimates_of_zero_fall_off_its_log_axis():
         assert ("off the log axis" in title) == zeros, title
         if zeros:
             assert f"{int((trace.sqrt_g[-1] <= 0).sum())} of {trace.sqrt_g.shape[1]} estimates are 0" in title
+
+
+def test_paths_readout_names_what_it_ranks_by():
+    """The readout ranks the paths by their final gap F(θ) − F(θ*): it said "closest to θ* first", which is another
+    order where a path ends nearer θ* with a larger gap."""
+    board = sw.paths_dashboard(steps=20)
+    shown = text(board.readout.value)
+    assert "lowest gap F − F* first: " in shown and "closest to θ*" not in shown
+    order = board.state["order"]
+    assert [board.state["finals"][m] for m in order] == sorted(board.state["finals"][m] for m in order)

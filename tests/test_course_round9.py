@@ -80,7 +80,7 @@ def test_paths_dashboard_names_diverged_paths_and_does_not_rank_them():
     shown = text(board.readout.value)
     assert "uniform MeZO, SAZO and oracle p* diverged" in shown, shown
     assert "η = 0.32" in shown and "lower η (try 0.1)" in shown, shown
-    assert "closest to θ* first" not in shown and set(board.state["diverged"]) == {"uniform", "sazo", "oracle"}
+    assert "lowest gap F − F* first" not in shown and set(board.state["diverged"]) == {"uniform", "sazo", "oracle"}
     for k, method in enumerate(("uniform", "sazo", "oracle")):
         at = board.state["diverged"][method][0]
         assert f"diverged at step {at}" in shown

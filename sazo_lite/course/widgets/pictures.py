@@ -321,7 +321,7 @@ def paths_dashboard(*, num_examples: int = 32, heterogeneity: float = 2.0, steps
         parts += [f"{_LABELS[m]}: <b>diverged at step {at}</b>" for m, (at, _gap) in diverged.items()]
         lines = f"after {steps} step{'' if steps == 1 else 's'}: " + "; ".join(parts)
         if order:
-            lines += "<br>closest to θ* first: " + _ranking(order, finals) + \
+            lines += "<br>lowest gap F − F* first: " + _ranking(order, finals) + \
                      (f" (the diverged {'path is' if len(diverged) == 1 else 'paths are'} not ranked)" if diverged else "")
         notes = ""
         if diverged:
