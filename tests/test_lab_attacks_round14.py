@@ -381,3 +381,13 @@ def test_a_version_3_notebook_with_another_minor_is_read(minor):
         {"cell_type": "code", "input": "lab_x = 1", "metadata": {}, "outputs": [], "language": "python"}]}]}
     notebook = grading.parse_notebook(json.dumps(raw).encode())
     assert grading.notebook_cells(notebook, {}) == [(0, "lab_x = 1")]
+
+
+def test_the_longest_explore_code_is_taken_out_whatever_the_order_of_the_explore_cells():
+    """Two explore cells whose code starts alike (a dashboard, and the dashboard then a plot): the run is the longer
+    one's, for every order of the set (a set of text iterates in another order in each process)."""
+    short, longer = DASH, DASH + "\nplot(lab_x)\nshow()"
+    source = "from w import dash\ndash()\nplot(lab_x)\nshow()\nlab_y = 1\n"
+    for sources in ([short, longer], [longer, short]):
+        assert grading._copied_rows(grading.parsed_or_none(source).body,
+                                    [grading._explore_shape(s) for s in sources]) == {0, 1, 2, 3}

@@ -616,12 +616,13 @@ def without_explore(source: str, ignored=frozenset(), marks=frozenset(), new: bo
 
 def _copied_rows(body: list, shapes: list) -> set[int]:
     """The 0-based rows of the runs of top-level statements in ``body`` that are an explore cell's code whole
-    (``_explore_shape``: its statements in its order, whatever the comments, blank lines, layout and constants)."""
+    (``_explore_shape``: its statements in its order, whatever the comments, blank lines, layout and constants);
+    where two cells' code starts at a statement, the longer is taken (whatever the order of ``shapes``)."""
     if not shapes:
         return set()
     found, rows, k = [_shape(node) for node in body], set(), 0
     while k < len(body):
-        size = next((len(shape) for shape in shapes if tuple(found[k:k + len(shape)]) == shape), 0)
+        size = max((len(shape) for shape in shapes if tuple(found[k:k + len(shape)]) == shape), default=0)
         for node in body[k:k + size]:
             rows.update(range(_first_row(node) - 1, node.end_lineno))
         k += size or 1
