@@ -391,3 +391,12 @@ def test_the_longest_explore_code_is_taken_out_whatever_the_order_of_the_explore
     for sources in ([short, longer], [longer, short]):
         assert grading._copied_rows(grading.parsed_or_none(source).body,
                                     [grading._explore_shape(s) for s in sources]) == {0, 1, 2, 3}
+
+
+def test_a_marked_copy_takes_out_the_longest_explore_cell_it_holds_whatever_the_order():
+    """Two explore cells with the same first line, one's lines the start of the other's: a copy of the longer merged
+    into an answer cell is taken out whole, for every order of the set (it took the first one's lines)."""
+    short, longer = MARK + "\nimport a", MARK + "\nimport a\nimport b"   # imports only: no shape (_explore_shape)
+    for sources in ([short, longer], [longer, short]):
+        assert grading.without_explore(ANSWER + longer + "\nlab_y = 1\n", sources, {MARK}) == \
+            ANSWER + "\n\n\nlab_y = 1\n"

@@ -605,7 +605,7 @@ def without_explore(source: str, ignored=frozenset(), marks=frozenset(), new: bo
             continue
         held = [len(b) for b in map(_stripped_lines, ignored) if b[0] == lines[i].strip()
                 and [line.rstrip() for line in lines[i:i + len(b)]] == b]
-        cut.update(range(i, i + held[0] if held else len(lines)))
+        cut.update(range(i, i + max(held) if held else len(lines)))   # the longest: a set has no fixed order
     cut.update(_copied_rows(body, shapes))
     if not cut:
         return source
