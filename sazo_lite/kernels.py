@@ -88,6 +88,13 @@ def triton_direction(like: torch.Tensor, seed: int, perturbation: str, *, block:
     return z.view(like.shape)
 
 
+def _block(block) -> int:
+    """Elements per Triton program: a power of two >= 16, as the int the kernel's constexpr takes (a numpy int)."""
+    if isinstance(block, bool) or not isinstance(block, numbers.Integral) or block < 16 or block & (block - 1):
+        raise ValueError(f"Invalid block: {block!r} (expected a power of two >= 16)")
+    return int(block)
+
+
 class TritonNoise(_Threaded):
     """MeZO passes through the Triton kernel; falls back to ``TorchNoise`` where it cannot run.
 
@@ -102,9 +109,7 @@ class TritonNoise(_Threaded):
 
     def __init__(self, block: int = 1024, fallback=None):
         super().__init__(workers=1)
-        if isinstance(block, bool) or not isinstance(block, numbers.Integral) or block < 16 or block & (block - 1):
-            raise ValueError(f"Invalid block: {block!r} (expected a power of two >= 16)")
-        self.block = int(block)   # a numpy int as the int the kernel's constexpr takes
+        self.block = _block(block)
         # checked here: a fallback without apply (a name, a class) raised from inside the first pass it took
         self.fallback = check_source("fallback", fallback, also="None or ") if fallback is not None else TorchNoise()
         self.usable, self.reason = triton_available()
@@ -115,8 +120,8 @@ class TritonNoise(_Threaded):
         return f"triton:fallback={describe(self.fallback)}"
 
     def _apply_one(self, job: Job, slot: int) -> None:
-        p = job.param
-        padded = -(-p.numel() // self.block) * self.block
+        p, block = job.param, _block(self.block)   # checked where it is read (an edited block reached the kernel)
+        padded = -(-p.numel() // block) * block
         elsewhere = self.reason == "cuda" and p.device.type != "cuda"   # the compiled kernel reads GPU memory only
         if (not self.usable or elsewhere or not p.is_contiguous() or p.dtype == torch.float64
                 or padded > MAX_KERNEL_ENTRIES):
@@ -126,5 +131,5 @@ class TritonNoise(_Threaded):
             check_perturbation(perturbation)      # draws Gaussian z for anything but "rademacher")
         shrink = job.shrink
         for seed, coefficient, perturbation in job.terms():  # a folded job: two launches
-            _launch(p, seed, coefficient, shrink, perturbation, self.block)
+            _launch(p, seed, coefficient, shrink, perturbation, block)
             shrink = 1.0

@@ -232,6 +232,14 @@ class _Threaded(NoiseSource):
         return {**super().__getstate__(), "_pool": None}
 
 
+def _torch_chunk(chunk) -> int:
+    """TorchNoise's chunk: an int >= 16, a multiple of 16 (randn's block), so chunks reproduce the one-shot draw."""
+    chunk = check_int("chunk", chunk, 16)
+    if chunk % 16:
+        raise ValueError(f"Invalid chunk: {chunk} (expected a multiple of 16)")
+    return chunk
+
+
 class TorchNoise(_Threaded):
     """The plain loop's z (``draw_direction``), drawn in chunks and on several threads.
 
@@ -250,9 +258,7 @@ class TorchNoise(_Threaded):
 
     def __init__(self, workers: int = 2, chunk: int = 2 ** 18):
         super().__init__(workers)
-        self.chunk = check_int("chunk", chunk, 16)
-        if chunk % 16:
-            raise ValueError(f"Invalid chunk: {chunk} (expected a multiple of 16)")
+        self.chunk = _torch_chunk(chunk)
 
     def _generator(self, term: int, device: torch.device) -> torch.Generator:
         """The calling thread's generator for a job's ``term`` (each thread runs one job at a time)."""
@@ -261,15 +267,18 @@ class TorchNoise(_Threaded):
             generators[term, device] = torch.Generator(device=device)
         return generators[term, device]
 
-    def _buffer(self, term: int, dtype: torch.dtype) -> torch.Tensor:
+    def _buffer(self, term: int, dtype: torch.dtype, chunk: int | None = None) -> torch.Tensor:
+        chunk = self.chunk if chunk is None else chunk
         buffers = self._scratch().setdefault("buffers", {})
-        if (term, dtype) not in buffers:  # chunk + 15: room for a merged tail
-            buffers[term, dtype] = torch.empty(self.chunk + 15, dtype=dtype)
+        if (term, dtype) not in buffers or buffers[term, dtype].numel() != chunk + 15:   # the chunk was edited
+            buffers[term, dtype] = torch.empty(chunk + 15, dtype=dtype)   # chunk + 15: room for a merged tail
         return buffers[term, dtype]
 
     def _apply_one(self, job: Job, slot: int) -> None:
         p, terms = job.param, job.terms()
-        chunked = p.device.type == "cpu" and p.is_contiguous() and p.numel() >= 2 * self.chunk
+        # checked where it is read: a chunk edited to 24 drew other z than the plain loop's (randn's 16-wide blocks)
+        chunk = _torch_chunk(self.chunk)
+        chunked = p.device.type == "cpu" and p.is_contiguous() and p.numel() >= 2 * chunk
         if not chunked:
             shrink = job.shrink
             for term, (seed, coefficient, perturbation) in enumerate(terms):
@@ -282,9 +291,9 @@ class TorchNoise(_Threaded):
             check_perturbation(perturbation)   # below, anything but "gaussian" draws signs
             generator = self._generator(term, p.device)
             generator.manual_seed(seed)
-            streams.append((generator, self._buffer(term, z_dtype(p)), coefficient, perturbation))
+            streams.append((generator, self._buffer(term, z_dtype(p), chunk), coefficient, perturbation))
         flat = p.view(-1)
-        for start, stop in chunk_bounds(p.numel(), self.chunk):  # chunk starts: multiples of 16
+        for start, stop in chunk_bounds(p.numel(), chunk):  # chunk starts: multiples of 16
             shrink = job.shrink
             for generator, buffer, coefficient, perturbation in streams:
                 if perturbation == "gaussian":
@@ -325,6 +334,7 @@ class NoiseTable(_Threaded):
         if chunk + 15 > size:
             raise ValueError(f"Invalid chunk: {chunk} (must be at most size − 15 = {size - 15})")
         self.seed = check_seed("seed", seed)
+        self._settings = (self.size, self.chunk, self.seed)
         self._tables: dict[tuple[torch.device, torch.dtype, str], torch.Tensor] = {}
 
     @property
@@ -339,6 +349,7 @@ class NoiseTable(_Threaded):
 
     def table(self, device, dtype: torch.dtype, perturbation: str) -> torch.Tensor:
         """The table [size] for this device/dtype: standardised normals, or exact ±1 signs."""
+        _check_fixed(self)
         key = (torch.device(device), dtype, check_perturbation(perturbation))   # a typo made a table of signs
         if key not in self._tables:
             generator = torch.Generator().manual_seed(self.seed)
@@ -385,6 +396,18 @@ class NoiseTable(_Threaded):
 
     def __getstate__(self):   # deepcopy/pickle: the tables are rebuilt from the seed (each was 4·size bytes copied)
         return {**super().__getstate__(), "_tables": {}}
+
+
+def _check_fixed(source) -> None:
+    """ValueError when a table source's size, chunk or seed was edited since construction (checked where a table is
+    read, before a pass moves anything): its tables and a pending folded update were made with the old ones, and
+    its ``directions`` or ``description`` (what a state or a seed log records) named the new ones while its z came
+    from the table built before."""
+    settings = (source.size, source.chunk, source.seed)
+    fixed = source.__dict__.setdefault("_settings", settings)   # a copy pickled before round 17 takes its own
+    if settings != fixed:
+        raise ValueError(f"Invalid settings: {type(source).__name__}'s (size, chunk, seed) are {fixed} since it was "
+                         f"built, not {settings}; build a new {type(source).__name__} for other ones")
 
 
 MAX_TABLE_SIZE = 2 ** 30  # 4 GiB of float32: a larger table is a typo (or a hostile seed log)
@@ -466,6 +489,7 @@ class GaussianTable(_Threaded):
         if chunk > size:
             raise ValueError(f"Invalid chunk: {chunk} (must be at most size = {size})")
         self.seed = check_seed("seed", seed, 0)
+        self._settings = (self.size, self.chunk, self.seed)
         self._tables: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
         self._signs = TorchNoise(workers=1)
 
@@ -475,6 +499,7 @@ class GaussianTable(_Threaded):
 
     def table(self, device, dtype: torch.dtype) -> torch.Tensor:
         """[size + chunk]: the white table followed by its first ``chunk`` entries (windows wrap)."""
+        _check_fixed(self)
         key = (torch.device(device), dtype)
         if key not in self._tables:
             values = white_table(self.size, self.seed).to(dtype)

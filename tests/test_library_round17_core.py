@@ -318,3 +318,66 @@ def test_a_tensor_living_between_an_interleaved_views_entries_is_its_own_paramet
     assert torch.equal(p, copies[0]) and torch.equal(q, copies[1])
     with pytest.raises(ValueError, match="share memory"):
         MeZO([p, base[4:7]], lr=0.1)   # offset 5 is p's (1, 0) entry
+
+
+# --- 6. a noise source's settings edited after construction -----------------------------------------------------
+@pytest.mark.parametrize("make, name, value", [
+    (lambda: GaussianTable(size=64, chunk=16), "seed", 1), (lambda: GaussianTable(size=64, chunk=16), "size", 128),
+    (lambda: GaussianTable(size=64, chunk=16), "chunk", 32), (lambda: NoiseTable(size=256, chunk=16), "seed", 1),
+    (lambda: NoiseTable(size=256, chunk=16), "size", 512)], ids=["table seed", "table size", "table chunk",
+                                                                 "noise table seed", "noise table size"])
+def test_a_table_source_edited_after_construction_is_refused_before_any_pass(make, name, value):
+    """A GaussianTable or NoiseTable whose seed was edited between steps went on drawing from the table built
+    before while its directions (what a state or a seed log records) named the new seed; an edited size raised from
+    inside a pass. Its settings are fixed at construction: a step after the edit is refused, θ unchanged."""
+    noise = make()
+    theta, before, opt = _edited_run_refused(noise, lambda n: setattr(n, name, value))
+    assert torch.equal(theta, before) and opt.step_count == 1
+
+
+def _edited_run_refused(noise, edit):
+    theta = torch.linspace(-1, 1, 200)
+    opt = MeZO([theta], lr=0.05, eps=1e-2, seed=4, noise=noise)
+    closure = lambda: (theta - 0.3).pow(2).reshape(4, 50).sum(1)   # noqa: E731
+    opt.step(closure)
+    edit(noise)
+    before = theta.clone()
+    with pytest.raises(ValueError, match="Invalid settings: .*since it was built"):
+        opt.step(closure)
+    return theta, before, opt
+
+
+def test_a_torch_noise_chunk_edited_to_a_non_multiple_of_16_is_refused_and_a_valid_one_draws_the_same_z():
+    """TorchNoise's chunk edited to 24 after construction drew other z than the plain loop's (randn's 16-wide
+    blocks): refused by name now; an edit to another multiple of 16 draws the plain loop's z (buffers follow)."""
+    noise = TorchNoise(workers=1, chunk=32)
+    theta = torch.linspace(-1, 1, 200)
+    opt = MeZO([theta], lr=0.05, eps=1e-2, seed=4, noise=noise)
+    closure = lambda: (theta - 0.3).pow(2).reshape(4, 50).sum(1)   # noqa: E731
+    opt.step(closure)
+    noise.chunk = 24
+    before = theta.clone()
+    with pytest.raises(ValueError, match="Invalid chunk: 24"):
+        opt.step(closure)
+    assert torch.equal(theta, before) and opt.step_count == 1
+    noise.chunk = 64
+    opt.step(closure)
+    reference = torch.linspace(-1, 1, 200)
+    plain = MeZO([reference], lr=0.05, eps=1e-2, seed=4, noise=None)
+    for _ in range(2):
+        plain.step(lambda: (reference - 0.3).pow(2).reshape(4, 50).sum(1))
+    assert torch.equal(theta, reference)
+
+
+def test_a_triton_block_edited_to_a_non_power_of_two_is_refused_by_name():
+    """TritonNoise checked its block at construction only: an edit reached the kernel (a compile error inside a
+    pass on a GPU), or was ignored where the kernel cannot run."""
+    from sazo_lite.kernels import TritonNoise
+
+    noise = TritonNoise(block=1024)
+    theta = torch.linspace(-1, 1, 8)
+    opt = MeZO([theta], lr=0.05, eps=1e-2, seed=4, noise=noise)
+    noise.block = 1000
+    with pytest.raises(ValueError, match="Invalid block: 1000"):
+        opt.step(lambda: (theta - 0.3).pow(2))
+    assert torch.equal(theta, torch.linspace(-1, 1, 8)) and opt.step_count == 0
