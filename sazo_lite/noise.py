@@ -318,7 +318,8 @@ class NoiseTable(_Threaded):
     Args:
         size: T, entries in the table (4·T bytes per device and perturbation).
         chunk: window length; smaller windows mean more independent offsets per z.
-        seed: seed of the table itself.
+        seed: seed of the table itself (size, chunk and seed are fixed at construction: a pass after an edit
+            is refused, ``_check_fixed``).
         workers: threads applying different tensors at once.
 
     Example:
@@ -471,7 +472,8 @@ class GaussianTable(_Threaded):
     Args:
         size: table entries, a power of two (4·size bytes per device and dtype).
         chunk: window length (≤ size).
-        seed: seed of the table.
+        seed: seed of the table (size, chunk and seed are fixed at construction: a pass after an edit is
+            refused, ``_check_fixed``).
         workers: threads applying different tensors at once.
 
     Example:
