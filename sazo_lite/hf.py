@@ -50,8 +50,10 @@ are the Trainer's own. What differs:
   use: no ``labels`` in the batches, outputs without ``logits`` [B, T, V] (an attribute, or a
   dict's key), a loss that is not one float per example. Each step, before its first pass, an
   example the collator refuses, a token id beyond the model's embeddings, a batch longer than its learned
-  positions (GPT-2, OPT) and (default loss) a label id outside [0, V) other than −100 are refused
-  (``ValueError``) naming the train_dataset indices and the step. The per-example losses reach MeZO in
+  positions (GPT-2, OPT) and (default loss) a label id outside [0, V) other than −100 or an example with no
+  scored token (every label −100, or only the first, which the causal shift never scores) are refused
+  (``ValueError``) naming the train_dataset indices and the step; ``evaluate`` refuses such an example too (its
+  loss 0 was counted in ``eval_loss``). The per-example losses reach MeZO in
   float64 (a float64 loss keeps its precision; the default loss of a float64 model is computed in float64).
   ``evaluate`` refuses a ``per_example_loss`` that is not one float per example, as training does.
   The logged training loss is mean_k(w_k·(f_k(θ+εz) + f_k(θ−εz))/2); ``eval_loss`` is
@@ -676,6 +678,7 @@ class ZOTrainer(Trainer):
                                      f"per_example_loss=(outputs, inputs) -> losses [B]")
                 self._zo_classes = logits.shape[-1]
                 _check_label_ids(self._zo_classes, batch["labels"], list(range(len(rows))))
+                _check_scored(batch["labels"], list(range(len(rows))), None, not _unshifted(net))
             try:
                 losses = self._per_example_losses(outputs, batch, list(range(len(rows))))
             except Exception as error:
@@ -704,6 +707,8 @@ class ZOTrainer(Trainer):
         _check_input_ids(self.accelerator.unwrap_model(self.model), batch, examples, self.state.global_step + 1)
         if self.per_example_loss is _causal_lm_loss:   # before any pass moves θ (the logits' size is the probe's)
             _check_label_ids(self._zo_classes, batch.get("labels"), examples, self.state.global_step + 1)
+            _check_scored(batch.get("labels"), examples, self.state.global_step + 1,
+                          not _unshifted(self.accelerator.unwrap_model(self.model)))
         return batch
 
     # -- the step ------------------------------------------------------------------------------
@@ -859,6 +864,8 @@ class ZOTrainer(Trainer):
         """Mean per-example loss (evaluation uses this; training steps use ``training_step``)."""
         if not self._label_columns() & set(inputs):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if self.per_example_loss is _causal_lm_loss:   # before the forward: an unscored example's 0 lowered eval_loss
+            _check_scored(inputs.get("labels"), None, None, not _unshifted(self.accelerator.unwrap_model(self.model)))
         outputs = model(**self._model_inputs(inputs))
         losses = self._per_example_losses(outputs, inputs)
         # checked as in training: evaluate() before train(), or without a train_dataset, never ran the probe,
@@ -1344,6 +1351,23 @@ def _check_label_ids(classes, labels, examples, step=None) -> None:
         named = _named(None if examples is None else [examples[k] for k in rows], step)
         raise ValueError(f"Invalid labels: {named} hold label ids {sorted(set(labels[bad].tolist()))[:5]} outside "
                          f"the model's [0, {classes}) (−100 marks a token that is not scored)")
+
+
+def _check_scored(labels, examples, step=None, shifted: bool = True) -> None:
+    """Refuse examples the default loss scores no token of: every label −100, or (causal shift) only the first,
+    which no position predicts (a one-token row, an answer truncated away). ``causal_lm_losses`` gives them 0,
+    which was averaged into ``eval_loss`` (a third of the set unscored lowered it by a third) and drawn into
+    training batches as a loss that never moves, without a word. ``examples`` None: an evaluation batch."""
+    if not isinstance(labels, torch.Tensor) or labels.dim() != 2 or labels.is_floating_point():
+        return
+    scored = (labels[:, 1:] if shifted else labels) != IGNORE
+    rows = (~scored.any(1)).nonzero().flatten().tolist()
+    if rows:
+        named = (f"rows {rows[:5]} of an evaluation batch" if examples is None
+                 else _named([examples[k] for k in rows], step))
+        first = ", or only the first token, which the causal shift never scores" if shifted else ""
+        raise ValueError(f"Invalid labels: {named} have no scored token (every label −100{first}), so their loss "
+                         f"would be 0 and count in the mean; drop them, or truncate so that the answer is kept")
 
 
 def _check_finite_losses(losses: torch.Tensor, indices: torch.Tensor, step: int) -> None:

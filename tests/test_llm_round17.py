@@ -161,3 +161,40 @@ def test_save_only_model_with_load_best_model_at_end_is_refused_for_prefix_proje
         zo_trainer(tmp_path, model, save_strategy="steps", save_steps=2, eval_strategy="steps", eval_steps=2,
                    load_best_model_at_end=True, save_only_model=True)
     assert all(torch.equal(a, b) for a, b in zip(tuned(model), start))
+
+
+# --- 4. examples the default loss scores no token of -----------------------------------------------------------------
+UNSCORED = [{"input_ids": [5, 9, 11], "labels": [-100, -100, -100]},     # the answer truncated away
+            {"input_ids": [7], "labels": [7]}]                           # one token: no position predicts it
+
+
+def test_evaluate_refuses_examples_with_no_scored_token(tmp_path):
+    # causal_lm_losses gives them 0: two of six such examples lowered eval_loss from 4.21 to 2.80, silently
+    model = tiny_causal_lm("llama", vocab_size=VOCAB)
+    trainer = zo_trainer(tmp_path, model, per_device_eval_batch_size=6)
+    trainer.eval_dataset = rows_for(4) + UNSCORED
+    with pytest.raises(ValueError, match=r"Invalid labels: rows \[4, 5\] of an evaluation batch have no scored token"):
+        trainer.evaluate()
+    trainer.eval_dataset = rows_for(4)
+    assert trainer.evaluate()["eval_loss"] > 3.0
+
+
+@pytest.mark.parametrize("unscored", UNSCORED)
+def test_training_refuses_a_batch_with_an_example_of_no_scored_token_before_it_moves(tmp_path, unscored):
+    model = tiny_causal_lm("llama", vocab_size=VOCAB)
+    settings = dict(max_steps=4, per_device_train_batch_size=2, learning_rate=1e-2, save_strategy="no", report_to=[],
+                    use_cpu=True, disable_tqdm=True, seed=0)
+    args = transformers.TrainingArguments(str(tmp_path / "out"), **settings)
+    trainer = hf.ZOTrainer(model, args, train_dataset=rows_for(2) + [unscored], eps=1e-2, method="mezo")
+    start = tuned(model)
+    with pytest.raises(ValueError, match=r"Invalid labels: train_dataset examples \[2\] at step \d+ have no scored"):
+        trainer.train()
+    moved = trainer.zo_optimizer.step_count
+    assert trainer.state.global_step == moved and (moved or all(torch.equal(a, b) for a, b in zip(tuned(model), start)))
+
+
+def test_a_first_label_is_scored_where_logits_at_t_score_label_t():
+    # a masked LM's (or seq2seq model's) logits at t score label t: its first label is scored, no shift
+    hf._check_scored(torch.tensor([[7, -100]]), [0], 1, shifted=False)
+    with pytest.raises(ValueError, match="Invalid labels"):
+        hf._check_scored(torch.tensor([[7, -100]]), [0], 1, shifted=True)
