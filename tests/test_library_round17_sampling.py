@@ -362,3 +362,41 @@ def test_queries_to_target_refuses_counts_and_values_of_other_lengths():
     with pytest.raises(ValueError, match="Invalid record"):
         queries_to_target((history.queries, history.metrics), target)
     assert queries_to_target(([0, 10], []), 1.0) is None   # no values: never reached, as before
+
+
+# --- 6. the distribution check's tolerance for half-precision vectors ----------------------------------------------
+from sazo_lite.samplers import Sampler  # noqa: E402
+from sazo_lite.variance import distribution, tv_distance, variance_ratio  # noqa: E402
+
+
+class _HalfProbs(Sampler):
+    """A sampler whose probs are a float16 vector summing to ``total``."""
+
+    def __init__(self, n, total):
+        super().__init__(n)
+        self.total = total
+
+    @property
+    def probs(self):
+        return torch.full((self.num_examples,), self.total / self.num_examples, dtype=torch.float16)
+
+
+@pytest.mark.parametrize("dtype, n", [(torch.bfloat16, 256), (torch.bfloat16, 4096), (torch.float16, 20_000)])
+def test_a_half_precision_vector_far_from_summing_to_1_is_no_distribution(dtype, n):
+    """8·sqrt(n)·eps passed 1 for half precision (bfloat16 from n = 256, float16 from 16,384), so a vector summing
+    to 1.9 was read as p: a TV of 0.45 against uniform, V(p)/V(p*) of 0.65 (below its minimum, 1)."""
+    scores = torch.full((n,), 1.9 / n, dtype=dtype)
+    with pytest.raises(ValueError, match="Invalid p: entries sum to"):
+        tv_distance(scores, torch.full((n,), 1.0 / n))
+    with pytest.raises(ValueError, match="Invalid probs: entries sum to"):
+        variance_ratio(torch.rand(n, dtype=torch.float64) + 0.1, scores)
+    softmax = torch.softmax(torch.randn(n, generator=torch.Generator().manual_seed(0)), 0).to(dtype)
+    assert distribution("probs", softmax, n).sum().item() == pytest.approx(1.0, abs=1e-2)   # rounding still passes
+
+
+def test_a_sampler_whose_float16_probs_sum_to_1_5_does_not_draw():
+    """multinomial normalised the float16 probs and the weights 1/(N·p) came out 2/3 of 1: E[w·f] = 2F/3."""
+    with pytest.raises(ValueError, match="Invalid probs"):
+        _HalfProbs(20_000, 1.5).sample(4)
+    indices, weights = _HalfProbs(20_000, 1.0).sample(4)
+    assert torch.allclose(weights, torch.ones(4, dtype=torch.float64), rtol=1e-3)
