@@ -222,6 +222,9 @@ def _check_params(params) -> list[torch.Tensor]:
     for p in params:
         if not isinstance(p, torch.Tensor):
             raise ValueError(f"Invalid params: expected tensors, got {type(p).__name__}")
+        if p.is_nested:   # its strides and shape raised torch's "Internal error: NestedTensorImpl doesn't support"
+            raise ValueError(f"Invalid params: MeZO perturbs dense floating-point tensors, got a nested {p.dtype} "
+                             f"tensor")
         if not p.is_floating_point() or p.layout != torch.strided:
             raise ValueError(f"Invalid params: MeZO perturbs dense floating-point tensors, got "
                              f"{p.dtype} ({p.layout}) of shape {tuple(p.shape)}")

@@ -381,3 +381,22 @@ def test_a_triton_block_edited_to_a_non_power_of_two_is_refused_by_name():
     with pytest.raises(ValueError, match="Invalid block: 1000"):
         opt.step(lambda: (theta - 0.3).pow(2))
     assert torch.equal(theta, torch.linspace(-1, 1, 8)) and opt.step_count == 0
+
+
+# --- 7. a nested tensor given as a parameter ------------------------------------------------------------------------
+def test_a_nested_tensor_parameter_is_refused_by_name():
+    """A (strided) nested tensor passed the layout check and raised torch's 'Internal error: NestedTensorImpl doesn't
+    support strides' from the overlap check, at construction, in add_param_group and between steps."""
+    with warnings.catch_warnings():   # torch: "the PyTorch API of nested tensors is in prototype stage"
+        warnings.simplefilter("ignore", UserWarning)
+        nested = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
+    with pytest.raises(ValueError, match="Invalid params: .*nested"):
+        MeZO([nested], lr=0.1)
+    theta = torch.zeros(2)
+    opt = MeZO([theta], lr=0.1)
+    with pytest.raises(ValueError, match="Invalid params: .*nested"):
+        opt.add_param_group({"params": [nested]})
+    opt.param_groups[0]["params"].append(nested)
+    with pytest.raises(ValueError, match="Invalid params: .*nested"):
+        opt.step(lambda: theta.sum())
+    assert torch.equal(theta, torch.zeros(2)) and opt.step_count == 0
