@@ -129,6 +129,7 @@ import warnings
 from collections.abc import Mapping
 
 import torch
+from accelerate.utils.memory import clear_device_cache
 from torch.utils.data import DataLoader
 from transformers import Trainer, TrainingArguments
 from transformers.trainer_callback import CallbackHandler, TrainerState
@@ -717,16 +718,24 @@ class ZOTrainer(Trainer):
 
         The passes run in eval mode; the model leaves the step in train mode, as the Trainer's own
         ``training_step`` leaves it (callbacks, evaluation and the code after ``train()`` see the
-        mode they would see with ``Trainer``; a model left in eval mode stayed there silently).
+        mode they would see with ``Trainer``; a model left in eval mode stayed there silently). Every
+        ``torch_empty_cache_steps`` steps it empties the device cache after the step, as the Trainer's does.
         """
         # the Trainer's callbacks see the weights the update starts from, as after its backward
         self.control = self.callback_handler.before_zo_update(self.args, self.state, self.control)
         net = self.accelerator.unwrap_model(model)
         net.eval()  # the + and − passes must see the same function
         try:
-            return self._zo_step(net)
+            loss = self._zo_step(net)
         finally:
             net.train()
+        steps = self.args.torch_empty_cache_steps
+        if steps is not None and self.state.global_step % steps == 0:
+            # as the Trainer's own training_step (this one replaces it): the setting was silently ignored
+            clear_device_cache()
+            if torch.backends.mps.is_available() and hasattr(torch.mps, "clear_graph_cache"):
+                torch.mps.clear_graph_cache()
+        return loss
 
     def _zo_step(self, net) -> torch.Tensor:
         self._check_tuned_tensors(net)

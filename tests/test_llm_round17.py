@@ -198,3 +198,13 @@ def test_a_first_label_is_scored_where_logits_at_t_score_label_t():
     hf._check_scored(torch.tensor([[7, -100]]), [0], 1, shifted=False)
     with pytest.raises(ValueError, match="Invalid labels"):
         hf._check_scored(torch.tensor([[7, -100]]), [0], 1, shifted=True)
+
+
+# --- 5. torch_empty_cache_steps: the Trainer's training_step honours it, ZOTrainer's replaced it ----------------------
+def test_torch_empty_cache_steps_empties_the_cache_as_the_trainer_does(tmp_path, monkeypatch):
+    # the setting was taken and ignored: ZOTrainer's training_step never emptied the device cache
+    emptied = []
+    monkeypatch.setattr(hf, "clear_device_cache", lambda: emptied.append(trainer.state.global_step))
+    trainer = zo_trainer(tmp_path, tiny_causal_lm("llama", vocab_size=VOCAB), torch_empty_cache_steps=2)
+    trainer.train()
+    assert emptied == [0, 2]      # the Trainer's rule: global_step (the steps done before this one) % 2 == 0
