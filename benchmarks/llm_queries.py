@@ -873,6 +873,8 @@ def parse_args(argv=None, *, run: bool = False):
                  "gd_lrs", "walk_radii"):     # a name given twice is raced once (not a second setting of hours)
         setattr(args, name, list(dict.fromkeys(getattr(args, name))))
     unread = unread_options(args, {name for name, value in given.items() if value is not unset})
+    unread += [f"--variant-start {item} (no {item.partition('=')[0]} raced)" for item in args.variant_start
+               if item.partition("=")[0] not in raced_variants(args) and set(args.sets) & {*TOP_SETS, *BIG_SETS}]
     if unread and not (args.worker or args.merge):      # taken without a word, they changed nothing (workers: said once)
         print(f"warning: no setting of this command reads {', '.join(unread)}: they change nothing in this run",
               file=sys.stderr, flush=True)

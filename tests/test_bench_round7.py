@@ -263,6 +263,8 @@ def test_the_load_noise_figures_of_the_step_ratio_carry_their_own_date(figure):
     (["--walk-pull", "0.1"], "--walk-pull"),                # no +pull variant raced
     (["--tiny-n", "8"], "--tiny-n"),
     (["--stale-every", "5"], "--stale-every"),
+    (["--variant-start", "oracle+cap=1e-3"], "--variant-start oracle+cap=1e-3"),       # no +cap variant raced
+    (["--sets", "opposed", "--variant-start", "uniform+bound=1e-3"], "uniform+bound"),
 ])
 def test_an_option_no_raced_setting_reads_is_named(capsys, argv, unread):
     """`make bench-llm BENCH_LLM_ARGS="--steps 3000"` raced the default top-block runs of 6,000 steps without a word
