@@ -341,7 +341,8 @@ class NoiseTable(_Threaded):
     @property
     def description(self) -> str:
         """What decides its z (``describe``): the table's size and seed and the window length."""
-        return f"noise-table:size={self.size},chunk={self.chunk},seed={self.seed}"
+        size, chunk, seed = _fixed(self)   # the table's, not an edit's (a pass after an edit is refused)
+        return f"noise-table:size={size},chunk={chunk},seed={seed}"
 
     @property
     def nbytes(self) -> int:
@@ -399,13 +400,17 @@ class NoiseTable(_Threaded):
         return {**super().__getstate__(), "_tables": {}}
 
 
+def _fixed(source) -> tuple:
+    """A table source's (size, chunk, seed) as built (a copy pickled before round 17: as it holds them now)."""
+    return source.__dict__.setdefault("_settings", (source.size, source.chunk, source.seed))
+
+
 def _check_fixed(source) -> None:
     """ValueError when a table source's size, chunk or seed was edited since construction (checked where a table is
     read, before a pass moves anything): its tables and a pending folded update were made with the old ones, and
     its ``directions`` or ``description`` (what a state or a seed log records) named the new ones while its z came
-    from the table built before."""
-    settings = (source.size, source.chunk, source.seed)
-    fixed = source.__dict__.setdefault("_settings", settings)   # a copy pickled before round 17 takes its own
+    from the table built before (they name the built ones now)."""
+    settings, fixed = (source.size, source.chunk, source.seed), _fixed(source)
     if settings != fixed:
         raise ValueError(f"Invalid settings: {type(source).__name__}'s (size, chunk, seed) are {fixed} since it was "
                          f"built, not {settings}; build a new {type(source).__name__} for other ones")
@@ -497,7 +502,8 @@ class GaussianTable(_Threaded):
 
     @property
     def directions(self) -> str:
-        return f"gaussian-table:size={self.size},chunk={self.chunk},seed={self.seed}"
+        size, chunk, seed = _fixed(self)   # the table's, not an edit's (a pass after an edit is refused)
+        return f"gaussian-table:size={size},chunk={chunk},seed={seed}"
 
     def table(self, device, dtype: torch.dtype) -> torch.Tensor:
         """[size + chunk]: the white table followed by its first ``chunk`` entries (windows wrap)."""

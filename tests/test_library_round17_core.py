@@ -400,3 +400,12 @@ def test_a_nested_tensor_parameter_is_refused_by_name():
     with pytest.raises(ValueError, match="Invalid params: .*nested"):
         opt.step(lambda: theta.sum())
     assert torch.equal(theta, torch.zeros(2)) and opt.step_count == 0
+
+
+def test_an_edited_table_source_still_describes_the_table_it_draws_from():
+    """After an edit, directions / describe (what state_dict and a seed log record) named the edited seed while the
+    z came from the table built with the old one."""
+    table, other = GaussianTable(size=64, chunk=16), NoiseTable(size=256, chunk=16)
+    names = table.directions, describe(other)
+    table.seed, other.seed = 1, 1
+    assert (table.directions, describe(other)) == names
