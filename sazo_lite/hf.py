@@ -1213,7 +1213,8 @@ class ZOTrainer(Trainer):
         resume's RuntimeError "size mismatch", ``load_best_model_at_end``'s ValueError after the whole run). The
         Trainer's load is skipped for it: the tuned tensors come from ``zo_state.pt``, the frozen ones never moved."""
         config = getattr(self.accelerator.unwrap_model(self.model), "active_peft_config", None)
-        return getattr(config, "peft_type", None) == "PREFIX_TUNING" and bool(getattr(config, "prefix_projection", False))
+        prefix = getattr(config, "peft_type", None) == "PREFIX_TUNING"
+        return prefix and bool(getattr(config, "prefix_projection", False))
 
     def _load_tuned(self, state: dict) -> None:
         """The checkpoint's tuned tensors (``_weights_not_in_checkpoint``) into the model, where it holds them."""
