@@ -254,7 +254,8 @@ def _hand_ins(assigned_labs, root) -> dict:
     gain = "# explore (not graded): how the gain grows"
     hand_in("lab2", "copy_without_mark", _new_cell_after(gain, _body))
     hand_in("lab2", "copy_without_mark_edited", _new_cell_after(
-        gain, lambda s: _body(s).replace("[0.0, 0.5, 1.0, 1.5, 2.0]", "[0.0, 3.0]").replace("height=350", "height=600")))
+        gain, lambda s: _body(s).replace("[0.0, 0.5, 1.0, 1.5, 2.0]", "[0.0, 3.0]")
+                                .replace("height=350", "height=600")))
     hand_in("lab2", "merged_without_mark", _edit("def lab2_weights", lambda s: s + "\n\n" + _body(
         _cell(nbformat.read(assigned_labs / STEMS["lab2"] / "autograder" / f"{STEMS['lab2']}.ipynb", as_version=4),
               gain).source)))
@@ -325,9 +326,11 @@ def test_an_answer_using_go_loses_its_question_only_and_its_feedback_says_why(gr
 # -- mutants: plausible wrong answers not in earlier rounds; each must fail a case of its question -------------------
 from test_lab_mutants import assert_mutant_loses_points  # noqa: E402
 
-LAB1_ERRORS = "errors = [abs(lab1_projected_grad(f, theta, z.to(theta.dtype), eps) - float(z @ grad)) for z in directions]"
-LAB3_BLEND = ("        self.estimates, self.counts = lab3_blend(self.estimates, self.counts, indices, sizes, self.level,\n"
-              "                                                 self.ema_decay, self.prior_strength, self.statistic)\n")
+LAB1_ERRORS = ("errors = [abs(lab1_projected_grad(f, theta, z.to(theta.dtype), eps) - float(z @ grad)) "
+               "for z in directions]")
+LAB3_BLEND = ("        self.estimates, self.counts = lab3_blend(self.estimates, self.counts, indices, sizes, "
+              "self.level,\n                                                 self.ema_decay, self.prior_strength, "
+              "self.statistic)\n")
 LAB3_LEVEL = ("        self.level, self.level_steps = lab3_level(self.level, self.level_steps, sizes, weights, "
               "self.level_decay)\n")
 MUTANTS = {   # (lab, question): [(name, [(old, new)])]
