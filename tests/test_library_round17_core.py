@@ -8,6 +8,7 @@ import array
 import itertools
 import math
 import warnings
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -262,16 +263,16 @@ def test_subnormal_losses_keep_the_old_mean_bit_for_bit():
 @given(st.lists(st.floats(-1.7e308, 1.7e308), min_size=1, max_size=8),
        st.lists(st.floats(0, 8.0), min_size=8, max_size=8))
 def test_the_weighted_loss_matches_an_exact_reference_on_huge_losses(losses, weights):
-    """mean(w · L) against math.fsum of each term over B: finite, and right within rounding, wherever the exact value
-    is below float64's max (it read inf once a product or the sum passed it)."""
+    """mean(w · L) against the exact rational mean: finite, and right within rounding of the terms' size, wherever
+    the exact value is below float64's max (it read inf once a product or the sum passed it)."""
     plus = torch.tensor(losses, dtype=torch.float64)
     w = torch.tensor(weights[:len(losses)], dtype=torch.float64)
-    terms = [wk * (lk / len(losses)) for wk, lk in zip(weights, losses)]   # each finite: |w/B·L| < 8·max/B
-    exact = math.fsum(terms) if all(math.isfinite(t) for t in terms) else None
+    terms = [Fraction(wk) * Fraction(lk) / len(losses) for wk, lk in zip(weights, losses)]
+    exact, size = sum(terms), sum(map(abs, terms))   # exact: no float on the way (fsum overflowed in between)
     result = _constant_step(plus, plus, w)
-    if exact is not None and abs(exact) < 1.7e308:
+    if abs(exact) < 1.7e308:
         assert math.isfinite(result.loss)   # within rounding of the terms' size (they may cancel)
-        assert result.loss == pytest.approx(exact, rel=0, abs=1e-12 * math.fsum(map(abs, terms)) + 1e-300)
+        assert abs(Fraction(result.loss) - exact) <= Fraction(1e-12) * size + Fraction(1e-300)
 
 
 # --- 5. a group of frozen tensors added after construction ---------------------------------------------------------
