@@ -427,3 +427,36 @@ def test_a_report_read_with_cached_only_says_its_date_is_the_readings(tmp_path):
     assert "--cached-only" in run._section_of(report, "s", "bench-llm")["title"]      # a merged part read so
     plain = llm_queries.stamp({"settings": []}, llm_queries.parse_args(["--jobs", "2"]), time.perf_counter())
     assert "2 process(es)" in plain["machine"]
+
+
+# -- benchmarks.gpu_check: the restore of a failed step is a check with a verdict ------------------------------------------
+@pytest.mark.parametrize("restores", [True, False])
+def test_gpu_check_judges_the_restore_of_a_failed_step(monkeypatch, restores):
+    """check_correctness recorded restore_max_abs and no verdict: a TritonNoise step that left θ moved after its
+    closure raised passed the device check (exit 0). Now "restore" is a check, within ``precision.restore_bound``
+    (here on the CPU, the kernel faked: a MeZO that restores, or one that leaves θ + εz)."""
+    torch = pytest.importorskip("torch")
+    from benchmarks import gpu_check
+    from sazo_lite.engine import MeZO
+
+    class FakeNoise:        # param ← shrink·param + coefficient·1 (z ≡ 1)
+        def apply(self, jobs):
+            for job in jobs:
+                job.param.mul_(job.shrink).add_(job.coefficient)
+
+    class Unrestored:       # shifts θ by +εz, then the closure raises: θ left there
+        def __init__(self, params, lr, eps, noise):
+            self.params, self.eps = params, eps
+
+        def step(self, closure):
+            for p in self.params:
+                p.add_(self.eps)
+            closure()
+
+    monkeypatch.setattr(gpu_check, "TritonNoise", FakeNoise)
+    monkeypatch.setattr(gpu_check, "triton_direction", lambda theta, seed, perturbation: torch.ones(theta.shape))
+    monkeypatch.setattr(gpu_check, "MeZO", (lambda params, lr, eps, noise: MeZO(params, lr=lr, eps=eps)) if restores
+                        else Unrestored)
+    out = gpu_check.check_correctness(torch.device("cpu"))
+    assert out["restore"]["ok"] is restores and out["restore_max_abs"] == out["restore"]["max_abs"]
+    assert (out["restore_max_abs"] > 1e-4) is not restores
