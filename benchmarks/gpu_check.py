@@ -56,7 +56,7 @@ def check_correctness(device) -> dict:
     gap = (theta - before).abs()
     out["restore_max_abs"] = float(gap.max())
     # a failed step restores θ within the rounding of its shifts (engine's contract, ``precision.restore_bound``);
-    # |z| ≤ 10 bounds the kernel's normals (Box–Muller from 24-bit uniforms: ≤ 5.8) and its ±1 signs
+    # |z| ≤ 10 bounds the kernel's normals (tl.randn's Box–Muller of 32-bit uniforms: below 7) and its ±1 signs
     bound = restore_bound(before, 1e-3, torch.full_like(before, 10.0))
     out["restore"] = dict(max_abs=out["restore_max_abs"], ok=bool((gap.double() <= bound).all()))
     return out
