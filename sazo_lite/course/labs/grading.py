@@ -409,8 +409,8 @@ def notebook_cells(notebook: Path, config: dict, ignored=frozenset(), ignored_id
     """The code cells to run: not tagged ``otter_ignore``, nor one of the distributed notebook's ``otter_ignore``
     cells whose tag an editor dropped: a cell with one of their ``ignored`` sources or with one of their ids
     (``ignored_ids``: the student edited the explore cell, its source is another; both from ``ignored``); the
-    copies of those cells that a cell holds taken out (``without_explore``, by their first lines, ``marks``; a
-    cell with one of ``kept_ids``, the distributed notebook's other code cells, is not a copy); not
+    copies of those cells that a cell holds taken out (``without_explore``, by their first lines, ``marks``, or
+    their code; a cell with one of ``kept_ids``, the distributed notebook's other code cells, is not a copy); not
     otter's own (otter's statements taken out of the others), IPython's magics made Python (``without_magics``);
     the seed set as otter does. A new cell tagged ``otter_ignore`` (not one of those cells by its id or source)
     that binds one of the lab's graded names is the student's answer written into a pasted copy of an explore
@@ -527,7 +527,8 @@ def ignored(autograder: Path, config: dict) -> tuple[frozenset, frozenset, froze
     notebook cleaners drop cell tags, and the cell would then cost its question (a library call, a widget
     import). A hand-in's cell with one of the ids is that explore or check cell, whatever the student changed in
     it (editors keep a cell's id as it is edited); it is skipped like the tagged cell it was, also where an
-    editor dropped the tag. A copy of one (a new id) is found by its first line (``without_explore``).
+    editor dropped the tag. A copy of one (a new id) is found by its first line or by its code
+    (``without_explore``).
     """
     try:
         nb = _notebook(solutions_notebook(autograder, config))
