@@ -141,7 +141,7 @@ from .atomic import atomic_write
 from .distributed import gather_losses, rank_and_world, same_batch, shard
 from .engine import MeZO, NoiseSourceWarning
 from .interrupts import InterruptsDeferred
-from .llm.losses import IGNORE, _position_tables, _virtual_tokens, causal_lm_losses
+from .llm.losses import IGNORE, _position_tables, _positions_before, _virtual_tokens, causal_lm_losses
 from .llm.tuning import check_adapters_read
 from .precision import master_dtype
 from .samplers import make_sampler, sampler_name
@@ -1318,14 +1318,15 @@ def _check_input_ids(model, batch, examples, step=None) -> None:
 
 def _check_positions(model, ids, mask, examples, step) -> None:
     """A batch wider than the model's table of learned positions (GPT-2's ``wpe``, OPT's ``embed_positions``;
-    a prompt-tuned model's virtual tokens take positions too): the forward's IndexError ("index out of range in
-    self"; on a GPU a device-side assert) came mid-run and named neither the examples nor the limit. The tables
-    are the llm losses' (``losses._position_tables``); the examples named are those longer than it alone."""
+    a prompt-tuned model's virtual tokens and a prefix-tuned one's prefix take positions too): the forward's
+    IndexError ("index out of range in self"; on a GPU a device-side assert) came mid-run and named neither the
+    examples nor the limit. The tables are the llm losses' (``losses._position_tables``); the examples named are
+    those longer than it alone."""
     tables = _position_tables(model, model.get_input_embeddings())
     if not tables:
         return
     name, positions = min(tables, key=lambda table: table[1])
-    skip = _virtual_tokens(model)
+    skip = _positions_before(model)     # a prefix-tuning model's prefix takes positions too
     if ids.shape[1] + skip <= positions:
         return
     lengths = mask.sum(1) if isinstance(mask, torch.Tensor) and mask.shape == ids.shape else None

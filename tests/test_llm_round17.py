@@ -208,3 +208,41 @@ def test_torch_empty_cache_steps_empties_the_cache_as_the_trainer_does(tmp_path,
     trainer = zo_trainer(tmp_path, tiny_causal_lm("llama", vocab_size=VOCAB), torch_empty_cache_steps=2)
     trainer.train()
     assert emptied == [0, 2]      # the Trainer's rule: global_step (the steps done before this one) % 2 == 0
+
+
+# --- 6. learned positions after a prefix-tuning model's prefix ------------------------------------------------------
+def gpt2_prefix_tuned():
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        config = peft.PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=3)
+        return peft.get_peft_model(tiny_causal_lm("gpt2", vocab_size=VOCAB), config).eval()
+
+
+def test_losses_count_a_prefix_in_the_learned_positions():
+    # the prefix's keys and values come first, so GPT-2's 128 positions hold 125 tokens: 126 were torch's
+    # IndexError ("index out of range in self") inside the forward, on a GPU a device-side assert
+    from sazo_lite.llm.losses import TokenBatch, classification_losses
+
+    model = gpt2_prefix_tuned()
+    rows = (list(range(3, 63)) * 3)[:126]
+    fits = TokenBatch([rows[:125]], [125], 0, torch.tensor([0]), torch.tensor([11, 12]))
+    assert torch.isfinite(classification_losses(model, fits)).all()
+    long = TokenBatch([rows], [126], 0, torch.tensor([0]), torch.tensor([11, 12]))
+    with pytest.raises(ValueError, match="Invalid batch: an example of 126 tokens after 3 virtual tokens"):
+        classification_losses(model, long)
+
+
+def test_zo_trainer_counts_a_prefix_in_the_learned_positions_before_the_step(tmp_path):
+    model = gpt2_prefix_tuned()
+    long = (list(range(3, 63)) * 3)[:126]
+    settings = dict(max_steps=8, per_device_train_batch_size=2, learning_rate=1e-2, save_strategy="no", report_to=[],
+                    use_cpu=True, disable_tqdm=True, seed=0)
+    args = transformers.TrainingArguments(str(tmp_path / "out"), **settings)
+    rows = rows_for(2) + [{"input_ids": long, "labels": long}]
+    trainer = hf.ZOTrainer(model, args, train_dataset=rows, eps=1e-2, method="mezo")
+    start = tuned(model)
+    with pytest.raises(ValueError, match=r"Invalid input_ids: train_dataset examples \[2\] at step \d+ make a batch "
+                                         r"of 126 tokens after 3 virtual tokens"):
+        trainer.train()
+    if trainer.zo_optimizer.step_count == 0:
+        assert all(torch.equal(a, b) for a, b in zip(tuned(model), start))

@@ -184,7 +184,7 @@ def _check_vocabulary(model, batch: TokenBatch, argument: str = "batch") -> None
     if rows is not None and batch.max_id >= rows:
         raise ValueError(f"Invalid {argument}: token id {batch.max_id} (ids, pad_id or label_ids) is past the "
                          f"model's vocabulary of {rows}")
-    skip = _virtual_tokens(model)      # a prompt-tuned model's virtual tokens take positions in front of each row
+    skip = _positions_before(model)    # a prompt-tuned model's virtual tokens take positions in front of each row
     for name, positions in _position_tables(model, embeddings):
         if batch.longest + skip > positions:
             after = f" after {skip} virtual tokens" if skip else ""
@@ -480,6 +480,18 @@ def _virtual_tokens(model) -> int:
             or config.peft_type in ("PREFIX_TUNING", "CARTRIDGE")):
         return 0
     return int(config.num_virtual_tokens)
+
+
+def _positions_before(model) -> int:
+    """Positions a peft causal-LM prompt-learning model takes in front of each row: its virtual tokens
+    (``_virtual_tokens``), and a prefix-tuning model's prefix too, whose keys and values come first (the input's
+    positions start after them: a GPT-2 of 128 learned positions holds 125 tokens after a prefix of 3; 126 were
+    torch's IndexError "index out of range in self" inside the forward)."""
+    config = getattr(model, "active_peft_config", None)
+    if (getattr(config, "is_prompt_learning", False) and config.task_type == "CAUSAL_LM"
+            and config.peft_type == "PREFIX_TUNING"):
+        return int(config.num_virtual_tokens)
+    return _virtual_tokens(model)
 
 
 def _logits(model, inputs, autocast_dtype, grad: bool = False, positions=None) -> torch.Tensor:
