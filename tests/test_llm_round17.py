@@ -246,3 +246,16 @@ def test_zo_trainer_counts_a_prefix_in_the_learned_positions_before_the_step(tmp
         trainer.train()
     if trainer.zo_optimizer.step_count == 0:
         assert all(torch.equal(a, b) for a, b in zip(tuned(model), start))
+
+
+def test_losses_count_a_cartridge_in_the_learned_positions():
+    from sazo_lite.llm.losses import TokenBatch, classification_losses
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        config = peft.CartridgeConfig(task_type="CAUSAL_LM", num_virtual_tokens=3)
+        model = peft.get_peft_model(tiny_causal_lm("gpt2", vocab_size=VOCAB), config).eval()
+    rows = (list(range(3, 63)) * 3)[:126]
+    long = TokenBatch([rows], [126], 0, torch.tensor([0]), torch.tensor([11, 12]))
+    with pytest.raises(ValueError, match="Invalid batch: an example of 126 tokens after 3 virtual tokens"):
+        classification_losses(model, long)

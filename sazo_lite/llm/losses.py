@@ -484,12 +484,12 @@ def _virtual_tokens(model) -> int:
 
 def _positions_before(model) -> int:
     """Positions a peft causal-LM prompt-learning model takes in front of each row: its virtual tokens
-    (``_virtual_tokens``), and a prefix-tuning model's prefix too, whose keys and values come first (the input's
-    positions start after them: a GPT-2 of 128 learned positions holds 125 tokens after a prefix of 3; 126 were
-    torch's IndexError "index out of range in self" inside the forward)."""
+    (``_virtual_tokens``), and a prefix-tuning (or cartridge) model's prefix too, whose keys and values come
+    first (the input's positions start after them: a GPT-2 of 128 learned positions holds 125 tokens after a
+    prefix of 3; 126 were torch's IndexError "index out of range in self" inside the forward)."""
     config = getattr(model, "active_peft_config", None)
     if (getattr(config, "is_prompt_learning", False) and config.task_type == "CAUSAL_LM"
-            and config.peft_type == "PREFIX_TUNING"):
+            and config.peft_type in ("PREFIX_TUNING", "CARTRIDGE")):
         return int(config.num_virtual_tokens)
     return _virtual_tokens(model)
 
