@@ -29,9 +29,9 @@ What a log refuses (ValueError, before anything changes):
     * ``replay_step`` or ``replay_failure`` through the optimiser it records (a hook such as
       ``StepCap`` that takes part of a step back): the log would miss that shift;
     * a step after the tuned tensors were written since the last recorded step (or since ``attach``): a
-      ``clamp_``, a loaded checkpoint, a hook that moves θ after the log saw the step. Each tensor's Σθ and Σθ²
-      (float64, summed in chunks) after a step are compared before the next (not across a ``flush()`` of a
-      folded update); writes that keep both are not seen.
+      ``clamp_``, a loaded checkpoint, a hook that moves θ after the log saw the step. The Σθ of each block of
+      1,024 entries (each row of a non-contiguous tensor) after a step is compared before the next (not across
+      a ``flush()`` of a folded update); writes that keep every block's sum are not seen.
 
 Replay is all or nothing: ``replay_into`` keeps a copy of the parameters (``backup=True``) and
 puts them and the optimiser's lr, step and seed back if anything fails part-way (an
@@ -132,33 +132,42 @@ def _logged_directions(optimizer: MeZO) -> str | None:
     return name
 
 
-_CHUNK = 1 << 20   # entries summed at a time by ``_fingerprint`` (whole rows: an 8 MB float64 copy, or one row)
+_BLOCK = 1024   # entries per block of ``_fingerprint``: a one-entry change shows in its block's sums
 
 
-def _fingerprint(optimizer: MeZO) -> tuple[bool, torch.Tensor]:
-    """(whether a folded update waits, Σθ and Σθ² of each tuned tensor in float64 [T, 2] on the CPU): what
-    ``_check_weights`` compares. Summed in blocks of about ``_CHUNK`` entries (whole rows), so the float64 copy is
-    bounded (a whole tensor's ``sum(dtype=float64)`` made one as large as the tensor in float64)."""
-    tensors = [p for group in optimizer.param_groups for p in group["params"]]
-    sums = []
+def _block_sums(p: torch.Tensor) -> torch.Tensor:
+    """Σθ of each block of ``_BLOCK`` entries of ``p`` (each row where ``p`` is not contiguous: a column block of a
+    fused weight, which MeZO tunes in place, is read where it lies), at least in float32: [blocks]. One reading
+    pass, no copy of ``p``."""
+    x = p.detach().reshape(1) if p.dim() == 0 else p.detach()
+    if x.is_contiguous():
+        flat = x.reshape(-1)
+        whole = flat.numel() // _BLOCK * _BLOCK
+        parts = [flat[:whole].view(-1, _BLOCK), flat[whole:].view(1, -1)]
+    else:
+        parts = [x.reshape(-1) if x.dim() == 1 else x]
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    return torch.cat([part.sum(-1, dtype=dtype).reshape(-1) for part in parts])
+
+
+def _fingerprint(optimizer: MeZO) -> tuple[bool, dict]:
+    """(whether a folded update waits, {device: Σθ of every block of every tuned tensor}): what ``_check_weights``
+    compares. Each block sum is read in the tensor's own precision (at least float32): one pass as cheap as a
+    sum, where float64 totals of whole tensors cost about a perturbation pass each step."""
+    by_device: dict = {}
     with torch.no_grad():
-        for p in tensors:
-            # in blocks of rows, not of a flattened tensor: a non-contiguous parameter (a column block of a fused
-            # weight, which MeZO tunes in place) would be copied whole by reshape(-1)
-            rows = p.detach().reshape(1) if p.dim() == 0 else p.detach()
-            step = max(1, _CHUNK // max(1, rows[0].numel())) if len(rows) else 1
-            total = torch.zeros(2, dtype=torch.float64, device=p.device)
-            for start in range(0, len(rows), step):
-                part = rows[start:start + step].to(torch.float64).reshape(-1)
-                total += torch.stack((part.sum(), part.dot(part)))
-            sums.append(total)
-        by_device: dict = {}
-        for k, total in enumerate(sums):
-            by_device.setdefault(total.device, []).append(k)
-        out = torch.empty(len(sums), 2, dtype=torch.float64)
-        for ks in by_device.values():   # one read back per device
-            out[ks] = torch.stack([sums[k] for k in ks]).to("cpu")
-    return optimizer.pending, out
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                by_device.setdefault(p.device, []).append(_block_sums(p))
+    return optimizer.pending, {device: torch.cat(sums) for device, sums in by_device.items()}
+
+
+def _same_weights(before: dict, now: dict) -> bool:
+    """Whether two ``_fingerprint`` sums agree bit for bit (NaN equal to NaN: a θ holding NaN is MeZO's to
+    refuse, by its own message)."""
+    return before.keys() == now.keys() and all(
+        before[d].shape == now[d].shape and torch.allclose(before[d], now[d], rtol=0.0, atol=0.0, equal_nan=True)
+        for d in before)
 
 
 def _mask_sizes(optimizer) -> list[int] | None:
@@ -252,12 +261,11 @@ class SeedLog:
         steps only, so a write between steps (``theta.clamp_``, a loaded checkpoint, a hook that moves θ after
         this log saw the step) was left out of its replay, which rebuilt another θ without a word. Compared only
         when a folded update waits now as it did then (a ``flush()`` in between moves θ as the log replays it).
-        Writes that keep every tensor's Σθ and Σθ² are not seen."""
+        Writes that keep the Σθ of every block of ``_BLOCK`` entries (or row) are not seen."""
         last = self._weights
         if last is None or last[0] != optimizer.pending:
             return
-        # NaN equal to NaN: a θ holding NaN is MeZO's to refuse, by its own message
-        if not torch.allclose(last[1], _fingerprint(optimizer)[1], rtol=0.0, atol=0.0, equal_nan=True):
+        if not _same_weights(last[1], _fingerprint(optimizer)[1]):
             raise ValueError("Invalid weights: the tuned tensors changed since the last step this SeedLog recorded "
                              "(written between steps: the log holds steps only, so its replay would not rebuild "
                              "them); nothing moved. Put the weights back, or detach this log and SeedLog.attach a "
