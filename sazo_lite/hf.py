@@ -801,31 +801,29 @@ class ZOTrainer(Trainer):
                          f"perturbing and updating the tensors it was built with. Set requires_grad before the "
                          f"first train(), or build a new ZOTrainer for the new set")
 
-    def _weights_checksum(self) -> tuple[set, torch.Tensor] | None:
-        """(ids of the SeedLogs recording MeZO, Σθ and ‖θ‖ of each tuned tensor in float64), or None
-        without a log: two reductions a tensor, no copy."""
-        from .seedlog import SeedLog
+    def _weights_checksum(self) -> tuple[set, dict] | None:
+        """(ids of the SeedLogs recording MeZO, the logs' own sums of the tuned tensors: ``seedlog._fingerprint``),
+        or None without a log."""
+        from .seedlog import SeedLog, _fingerprint
 
         logs = {id(hook) for hook in self.zo_optimizer._step_hooks.values() if isinstance(hook, SeedLog)}
         if not logs:
             return None
-        with torch.no_grad():
-            tensors = [p for group in self.zo_optimizer.param_groups for p in group["params"]]
-            return logs, torch.stack([torch.stack((p.sum(dtype=torch.float64),
-                                                   torch.linalg.vector_norm(p, dtype=torch.float64)))
-                                      for p in tensors])
+        return logs, _fingerprint(self.zo_optimizer)[1]
 
     def _check_logged_weights(self) -> None:
         """Refuse a step when θ changed since the last step (a callback wrote the weights, or code
         between ``train()`` calls) and a SeedLog recording both steps is attached: a log records
         steps only, so its replay silently rebuilt other weights. Nothing has moved yet."""
+        from .seedlog import _same_weights
+
         last = self._zo_logged_weights
         if last is None:   # no log recorded the last step: nothing to compare, no checksum taken
             return
         now = self._weights_checksum()
         if now is None or not last[0] & now[0]:
             return   # no log, or every log was attached since the last step (it starts from θ as it is)
-        if not torch.equal(last[1], now[1]):
+        if not _same_weights(last[1], now[1]):
             raise ValueError("Invalid weights: the tuned weights changed since the last MeZO step (a callback or "
                              "code between steps wrote them, or load_best_model_at_end or a resume loaded "
                              "others), and a SeedLog records this optimiser: it logs steps only, so replaying it "
