@@ -261,20 +261,25 @@ def _llm_rows(llm: dict) -> list[tuple]:
             name += f", with {SHARED_RULES[x]}"
         for t in llm.get("targets", (0.7, 0.5)):
             gain, behind = s["ratios"].get(f"uniform/sazo{x}@{t}"), s["ratios"].get(f"sazo/oracle{x}@{t}")
+            # the goals are graded at the section's targets (the long-run race: ≤ 0.3·F₀; a shallower one is shown)
+            deep = goals["deepest"] is None or t <= goals["deepest"]
             if "homogeneous" in s["label"]:     # SAZO ÷ uniform: the inverse of the ratio the report stores
                 cost = None if not gain else 1 / gain
+                judged = deep and not llm.get("pilot")
                 rows.append(("1 queries", f"{name} @ {t}·F₀: SAZO ÷ uniform", shown("uniform/sazo" + x, cost, t, invert=True),
-                             "" if llm.get("pilot") else f"≤ {GOAL_CONTROL:g}",
-                             "" if llm.get("pilot") else grade("uniform/sazo" + x, cost, GOAL_CONTROL, target=t, invert=True)))
+                             f"≤ {GOAL_CONTROL:g}" if judged else "",
+                             grade("uniform/sazo" + x, cost, GOAL_CONTROL, target=t, invert=True) if judged else ""))
                 continue
-            # the goals are at B ≥ 4, on the race itself (a --quick pilot's single seed grades nothing),
-            # at the section's targets (the long-run race: ≤ 0.3·F₀; a shallower one is shown, not graded)
+            # the goals are at B ≥ 4, on the race itself (a --quick pilot's single seed grades nothing)
             graded = s["label"].startswith("SmolLM2") and s.get("B", 1) >= 4 and not llm.get("pilot")
-            deep = goals["deepest"] is None or t <= goals["deepest"]
             if graded:
+                # the oracle's headroom: a goal of the earlier B = 4 race only (the long-run race's goals, its own
+                # section's, do not include it), shown for every race
+                earlier = goals["deepest"] is None
                 headroom = s["ratios"].get(f"uniform/oracle{x}@{t}")
-                rows.append(("1 queries", f"{name} @ {t}·F₀: uniform ÷ oracle", shown("uniform/oracle" + x, headroom, t), "≥ 3",
-                             grade("uniform/oracle" + x, headroom, 3.0, higher_is_better=True, target=t)))
+                rows.append(("1 queries", f"{name} @ {t}·F₀: uniform ÷ oracle", shown("uniform/oracle" + x, headroom, t),
+                             "≥ 3" if earlier else "",
+                             grade("uniform/oracle" + x, headroom, 3.0, higher_is_better=True, target=t) if earlier else ""))
             graded = graded and deep
             rows.append(("1 queries", f"{name} @ {t}·F₀: uniform ÷ SAZO", shown("uniform/sazo" + x, gain, t),
                          f"≥ {goals['uniform/sazo']:g}" if graded else "",
