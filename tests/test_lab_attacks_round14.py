@@ -19,6 +19,7 @@ import nbformat
 import pytest
 
 from sazo_lite.course.labs import grading
+from test_lab_attacks_round13 import _nb
 
 MARK = "# explore (not graded): the gain against σ"
 BODY = ("import plotly.graph_objects as go\nfrom sazo_lite import variance\nsigmas = [0.0, 0.5, 1.0]\n"
@@ -77,17 +78,6 @@ def test_a_statement_too_deep_to_compare_is_run_and_the_copy_after_it_still_take
     deep = "x = " + "-" * 1000 + "1\n"
     assert grading.parsed_or_none(deep) is not None and grading._shape(grading.parsed_or_none(deep).body[0]) is None
     assert grading.without_explore(deep + BODY, SOURCES) == deep + _blank(BODY)
-
-
-def _nb(cells) -> nbformat.NotebookNode:
-    nb = nbformat.v4.new_notebook()
-    for source, cell_id, tags in cells:
-        cell = nbformat.v4.new_code_cell(source)
-        cell.id = cell_id
-        if tags:
-            cell.metadata["tags"] = list(tags)
-        nb.cells.append(cell)
-    return nb
 
 
 def test_notebook_cells_and_owners_leave_out_copies_without_their_mark():

@@ -12,16 +12,7 @@ import pytest
 import torch
 
 from sazo_lite.samplers import PlainSAZOSampler, SAZOSampler, StaleCorrectedSAZOSampler
-
-
-def _trained(sampler, steps: int = 30, batch_size: int = 4, seed: int = 0):
-    """``sampler`` after ``steps`` draws and updates with diffs whose size grows with the index."""
-    generator = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        indices, _ = sampler.sample(batch_size)
-        scale = (1.0 + indices.double()) ** 2
-        sampler.update(indices, scale * torch.randn(batch_size, generator=generator, dtype=torch.float64))
-    return sampler
+from test_library_round16_sampling import _trained
 
 
 def _plain_prior(sampler) -> float:
@@ -63,6 +54,7 @@ import signal  # noqa: E402
 from sazo_lite.course.problems import LeastSquares  # noqa: E402
 from sazo_lite.engine import MeZO  # noqa: E402
 from sazo_lite.noise import PlainNoise  # noqa: E402
+from test_library_round8 import _InterruptedUpdate  # noqa: E402
 from sazo_lite.samplers import OracleSampler, UniformSampler  # noqa: E402
 from sazo_lite.train import History, NoiseScaledStep, train  # noqa: E402
 
@@ -75,20 +67,6 @@ _SAMPLERS = {
     "oracle": lambda theta: OracleSampler(40, lambda: _PROBLEM.norms(theta), uniform_mix=0.1, seed=4),
     "uniform": lambda theta: UniformSampler(40, seed=4),
 }
-
-
-class _SigintAtPass(PlainNoise):
-    """PlainNoise's z, with SIGINT sent while its ``at``-th pass is applied (a pass holds it until done)."""
-
-    def __init__(self, at=None):
-        super().__init__()
-        self.passes, self.at = 0, at
-
-    def apply(self, jobs, done=None):
-        self.passes += 1
-        if self.passes == self.at:
-            signal.raise_signal(signal.SIGINT)
-        return super().apply(jobs, done)
 
 
 def _run(name, *, fold=False, noise=None):
@@ -158,7 +136,7 @@ def test_a_ctrl_c_during_the_update_pass_feeds_the_sampler_and_the_step_rule(nam
     uninterrupted one (the sampler without that step's diffs)."""
     reference = _run(name)
     _train(reference, lambda i: _PROBLEM.losses(reference[0], i), 20)
-    run = _run(name, noise=_SigintAtPass(at=3 * 7))   # the 7th step's update pass
+    run = _run(name, noise=_InterruptedUpdate(at=3 * 7))   # the 7th step's update pass
     history = History()
     with pytest.raises(KeyboardInterrupt):
         _train(run, lambda i: _PROBLEM.losses(run[0], i), 20, history)
