@@ -79,7 +79,8 @@ class ModelShape:
         layers, hidden, heads, kv_heads, ffn, vocab: L, D, H, KV heads (GQA when < H), F, V.
         gated: SwiGLU FFN with three matrices (else a plain two-matrix GELU FFN).
         tied_embeddings: the LM head reuses the token embedding.
-        bias: every linear has a bias (GPT-2); ``qkv_bias``: only q/k/v do (Qwen2.5).
+        bias: every linear of the blocks has a bias (GPT-2; Llama's ``attention_bias`` and ``mlp_bias``),
+            the LM head none; ``qkv_bias``: only q/k/v do (Qwen2.5).
         norm_params: parameters per norm: D for RMSNorm, 2D for LayerNorm (pass 2).
 
     Example:
@@ -101,11 +102,13 @@ class ModelShape:
     norm_params: int = 1
 
     def __post_init__(self):
+        # stored as Python ints: numpy int32 sizes wrapped around (V·D of a 16384-wide model: a negative P)
         for key in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab"):
-            check_count(key, getattr(self, key))
+            object.__setattr__(self, key, check_count(key, getattr(self, key)))
         for key in ("gated", "tied_embeddings", "bias", "qkv_bias"):   # gated="no" was truthy: a gated FFN
             check_bool(key, getattr(self, key))
-        check_int("norm_params", self.norm_params, 0)   # -5 counted negative norm parameters
+        # -5 counted negative norm parameters
+        object.__setattr__(self, "norm_params", check_int("norm_params", self.norm_params, 0))
         if self.hidden % self.heads or self.heads % self.kv_heads:
             raise ValueError(f"Invalid heads/kv_heads: {self.heads}/{self.kv_heads} (expected heads to divide "
                              f"hidden {self.hidden} and KV heads to divide heads {self.heads})")
@@ -122,10 +125,11 @@ class ModelShape:
         return 2 * d * d + 2 * d * kv + biases
 
     def ffn_params(self) -> int:
-        """Gated: gate, up (D×F) and down (F×D); plain: fc1 and fc2."""
+        """Gated: gate, up (D×F) and down (F×D); plain: fc1 and fc2; with ``bias`` each has its bias."""
         d, f = self.hidden, self.ffn
         matrices = (3 if self.gated else 2) * d * f
-        return matrices + ((f + d) if self.bias and not self.gated else 0)
+        biases = ((2 * f if self.gated else f) + d) if self.bias else 0   # gate and up F each, down D
+        return matrices + biases
 
     def layer_params(self) -> int:
         """Parameters of one transformer block: attention + FFN + two norms."""
@@ -177,12 +181,14 @@ class TrainSetup:
     chunked_loss: bool = True
 
     def __post_init__(self):
+        # stored cleaned (Python ints, floats and strs): a numpy int32 context wrapped N² to 0 and
+        # B·N past 2³¹, and numpy values made ``memory_measure.measure``'s JSON spec fail
         for key in ("context", "batch", "zo_buffered_layers"):
-            check_count(key, getattr(self, key))
-        check_choice("dtype", self.dtype, DTYPE_BYTES)
-        check_choice("optimizer", self.optimizer, OPTIMISERS)
-        check_choice("attention", self.attention, ATTENTIONS)
-        check_fraction("trainable_fraction", self.trainable_fraction, 0.0, 1.0, closed_low=False, closed_high=True)
+            object.__setattr__(self, key, check_count(key, getattr(self, key)))
+        for key, choices in (("dtype", DTYPE_BYTES), ("optimizer", OPTIMISERS), ("attention", ATTENTIONS)):
+            object.__setattr__(self, key, check_choice(key, getattr(self, key), choices))
+        object.__setattr__(self, "trainable_fraction", check_fraction(
+            "trainable_fraction", self.trainable_fraction, 0.0, 1.0, closed_low=False, closed_high=True))
         for key in ("checkpointing", "chunked_loss"):
             check_bool(key, getattr(self, key))
 

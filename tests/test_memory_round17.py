@@ -1,0 +1,49 @@
+"""Round 17 (memory model, notebook 07): counts against first principles and real torch models, sizes given as
+numpy numbers, depths below the buffered layers, and measurements of what the setup asks for."""
+import json
+from dataclasses import asdict, replace
+
+import numpy as np
+import pytest
+import torch
+
+from sazo_lite.course import memory
+from sazo_lite.course.memory import LADDERS, ModelShape, TrainSetup
+
+
+# -- parameter counts -----------------------------------------------------------------------------------------
+def test_gated_ffn_with_biases_counts_its_gate_up_and_down_biases():
+    """Llama with attention_bias and mlp_bias: a gated FFN's biases (2F + D per layer) were left out."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, attention_bias=True,
+                                      mlp_bias=True, tie_word_embeddings=False)
+    model = transformers.LlamaForCausalLM(config)
+    shape = ModelShape("llama-bias", 2, 64, 4, 2, 96, 300, bias=True)
+    assert shape.param_count() == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("kind", [np.int32, np.int64, np.uint16])
+def test_numpy_sizes_are_stored_as_python_ints(kind):
+    """np.int32 sizes wrapped around: a 16384-wide model with V = 128256 had a negative parameter count."""
+    sizes = dict(layers=40, hidden=16384, heads=128, kv_heads=8, ffn=53248, vocab=128256)
+    if kind is np.uint16:
+        sizes.update(hidden=4096, heads=32, ffn=14336, vocab=32000)
+    plain = ModelShape("x", **sizes)
+    numpy = ModelShape("x", **{k: kind(v) for k, v in sizes.items()}, norm_params=kind(1))
+    assert numpy.param_count() == plain.param_count() > 0
+    assert all(type(getattr(numpy, k)) is int for k in (*sizes, "norm_params"))
+
+
+def test_numpy_context_and_batch_keep_the_mask_and_the_tokens():
+    """np.int32(65536)² is 0 in int32: the materialised causal mask vanished and B·N wrapped."""
+    shape = LADDERS["llama"][0]
+    plain = TrainSetup(context=65536, batch=4, attention="materialised")
+    numpy = TrainSetup(context=np.int32(65536), batch=np.int32(4), attention=np.str_("materialised"),
+                       dtype=np.str_("float32"), trainable_fraction=np.float32(0.5), zo_buffered_layers=np.int8(2))
+    for peak in (memory.bp_memory, memory.zo_memory):
+        assert peak(shape, replace(numpy, dtype="bfloat16", trainable_fraction=1.0, zo_buffered_layers=1)) \
+            == peak(shape, plain)
+    assert numpy.tokens == 65536 * 4 and type(numpy.context) is int and type(numpy.dtype) is str
+    assert type(numpy.trainable_fraction) is float and type(numpy.zo_buffered_layers) is int
+    json.dumps(dict(shape=asdict(ModelShape("t", np.int64(2), 64, 4, 2, 96, 50)), setup=asdict(numpy)))
