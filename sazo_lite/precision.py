@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from .engine import _check_disjoint, store_as
+from .interrupts import InterruptsDeferred
 from .validation import not_dense
 
 __all__ = ["Float32Master", "unit_roundoff", "restore_bound"]
@@ -47,6 +48,9 @@ class Float32Master:
     |x| ≤ 65504) before it commits, so a refused step (``ValueError``) leaves the master where it
     started and the step count unchanged; ``step`` (or ``sync()`` after a failed
     ``opt.step(master.wrap(...))``) then puts the model back too.
+
+    A checkpoint holds ``state_dict()`` beside the optimiser's: masters rebuilt from the half-precision
+    model would lack what the steps added below its last place.
 
     Example:
         >>> from sazo_lite import MeZO
@@ -85,6 +89,41 @@ class Float32Master:
     def __setstate__(self, state: dict) -> None:   # deepcopy/pickle: the copies are masters too
         self.__dict__.update(state)
         self._declare()
+
+    def state_dict(self) -> dict:
+        """``{"masters": [...]}``: a copy of each master, in parameter order. A checkpoint of a run needs them
+        beside the optimiser's state: the model holds them rounded to half precision, and masters rebuilt
+        from it lose what the steps added below one unit of its last place, so the resumed run parts from the
+        uninterrupted one. With ``fold_updates=True`` take it after ``optimizer.state_dict()`` (or
+        ``flush()``), which applies the pending update to the masters."""
+        return {"masters": [master.detach().clone() for master in self.tensors]}
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Copy a ``state_dict()``'s masters into this one's (in place: the optimiser tunes these tensors), then
+        ``sync()`` the model. ValueError, with nothing changed, unless it holds one dense tensor per master, of
+        its shape and dtype, finite and within its parameter's range."""
+        masters = state_dict.get("masters") if isinstance(state_dict, dict) else None
+        if not isinstance(masters, (list, tuple)) or len(masters) != len(self.tensors):
+            raise ValueError(f"Invalid state_dict: expected {{'masters': [{len(self.tensors)} tensors]}} as "
+                             f"Float32Master.state_dict() writes it")
+        for k, (p, master, saved) in enumerate(zip(self.params, self.tensors, masters)):
+            if not isinstance(saved, torch.Tensor) or not_dense(saved) is not None \
+                    or saved.shape != master.shape or saved.dtype != master.dtype:
+                described = (f"{saved.dtype} of shape {tuple(saved.shape)}" if isinstance(saved, torch.Tensor)
+                             else type(saved).__name__)
+                raise ValueError(f"Invalid state_dict: master {k} is {described}, expected {master.dtype} of shape "
+                                 f"{tuple(master.shape)}")
+            if saved.numel() and not bool(saved.isfinite().all()):
+                raise ValueError(f"Invalid state_dict: master {k} holds inf or NaN")
+            top = float(saved.abs().max()) if saved.numel() else 0.0
+            if top > torch.finfo(p.dtype).max:
+                raise ValueError(f"Invalid state_dict: master {k} holds a value of size {top:.4g}, beyond "
+                                 f"{p.dtype}'s largest {torch.finfo(p.dtype).max:.6g}")
+        with InterruptsDeferred():   # every master and the model, or (Ctrl-C before) none
+            for master, saved in zip(self.tensors, masters):
+                master.copy_(saved)
+            self.sync()
 
     def step(self, optimizer, closure, weights=None):
         """``optimizer.step(self.wrap(closure), weights)``, then the model synced from the master,
