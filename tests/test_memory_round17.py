@@ -47,3 +47,34 @@ def test_numpy_context_and_batch_keep_the_mask_and_the_tokens():
     assert numpy.tokens == 65536 * 4 and type(numpy.context) is int and type(numpy.dtype) is str
     assert type(numpy.trainable_fraction) is float and type(numpy.zo_buffered_layers) is int
     json.dumps(dict(shape=asdict(ModelShape("t", np.int64(2), 64, 4, 2, 96, 50)), setup=asdict(numpy)))
+
+
+# -- ZO buffering L' layers --------------------------------------------------------------------------------------
+def test_zo_buffers_at_most_as_many_layers_as_the_model_has():
+    """zo_buffered_layers = 36 counted 36 working sets in a 2-layer model (notebook 07's exercise 5: L' = L)."""
+    shape, setup = LADDERS["qwen2.5"][2].with_layers(2), TrainSetup(context=4096, batch=2)
+    two = memory.zo_memory(shape, replace(setup, zo_buffered_layers=2))
+    assert memory.zo_memory(shape, replace(setup, zo_buffered_layers=36)) == two
+    assert two.activations > memory.zo_memory(shape, setup).activations
+
+
+@pytest.mark.parametrize("budget_gb", [6.0, 15.0, 40.0, 100.0])
+def test_zo_depth_solved_for_a_budget_is_the_depth_that_fits(budget_gb):
+    """With L' = 8 the solver extrapolated from 1 and 2 layers that both held 8 working sets."""
+    shape, setup = LADDERS["qwen2.5"][2], TrainSetup(context=8192, batch=2, zo_buffered_layers=8)
+    depth = memory._max_layers(shape, setup, budget_gb * memory.GB, "zo")
+    fits = [layers for layers in range(1, 1500)
+            if memory.zo_memory(shape.with_layers(layers), setup).total <= budget_gb * memory.GB]
+    assert (max(fits) if fits else 0) == int(depth) if depth >= 1 else not fits
+    ratio = memory.size_ratio(shape, setup, budget_gb)
+    bp_depth = memory._max_layers(shape, setup, budget_gb * memory.GB, "bp")
+    if bp_depth >= 0 and depth >= 0:
+        expected = ((depth * shape.layer_params() + shape.embedding_params())
+                    / (bp_depth * shape.layer_params() + shape.embedding_params()))
+        assert ratio == pytest.approx(expected)
+
+
+def test_unbounded_size_ratio_is_the_cost_of_a_layer_beyond_the_buffered_ones():
+    shape, setup = LADDERS["llama"][0], TrainSetup(context=2048, zo_buffered_layers=4)
+    assert memory.size_ratio(shape, setup) == pytest.approx(memory.size_ratio(shape, replace(setup, zo_buffered_layers=1)))
+    assert memory.size_ratio(shape, setup, 1e7) == pytest.approx(memory.size_ratio(shape, setup), rel=0.01)

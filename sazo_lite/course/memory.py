@@ -35,7 +35,7 @@ Assumptions (printed as a footnote by ``python -m sazo_lite.course.memory``):
     e.g. input, residual, norm output, silu(gate), up, product), the same for BP's
     backward (3D + 3F per token for a gated FFN); with materialised attention two H·N
     score tensors;
-  * ZO keeps L' (``zo_buffered_layers``, default 1) such working sets, plus one z buffer: the
+  * ZO keeps min(L', L) (``zo_buffered_layers``, default 1) such working sets, plus one z buffer: the
     largest parameter tensor (float32 when weights are 16-bit, as ``sazo_lite.MeZO`` draws it);
   * the LM head: by default the loss is chunked (``chunked_loss=True``) so logits never exist
     for the whole sequence; otherwise BP stores log-softmax (V per token) and both methods hold
@@ -306,8 +306,10 @@ def _z_bytes(shape: ModelShape, setup: TrainSetup) -> float:
 
 
 def zo_memory(shape: ModelShape, setup: TrainSetup) -> Breakdown:
-    """MeZO peak: weights + one z buffer (under "optimiser") + L' layers' forward working set."""
-    acts = _transient_bytes(shape, setup, layers=setup.zo_buffered_layers) + _mask_bytes(setup)
+    """MeZO peak: weights + one z buffer (under "optimiser") + min(L', L) layers' forward working set."""
+    # a model of L layers holds at most L working sets (L' = 36 counted 36 of them in a 2-layer model)
+    buffered = min(setup.zo_buffered_layers, shape.layers)
+    acts = _transient_bytes(shape, setup, layers=buffered) + _mask_bytes(setup)
     return Breakdown(params=shape.param_count() * setup.bytes_per_value, grads=0.0,
                      optimiser=_z_bytes(shape, setup), activations=acts)
 
@@ -338,11 +340,28 @@ def largest_fitting(ladder, setup: TrainSetup, budget_gb: float, method: str) ->
     return max(fitting, key=ModelShape.param_count, default=None)
 
 
-def _max_layers(shape: ModelShape, setup: TrainSetup, budget: float, method: str) -> float:
-    """Real-valued depth L at which the peak reaches ``budget`` (memory is affine in L)."""
+def _affine_depth(shape: ModelShape, setup: TrainSetup, budget: float, method: str, depth: int) -> float:
+    """Depth at which the line through the peaks at ``depth`` and ``depth`` + 1 layers reaches ``budget``."""
     peak = bp_memory if method == "bp" else zo_memory
-    at1, at2 = peak(shape.with_layers(1), setup).total, peak(shape.with_layers(2), setup).total
-    return 1.0 + (budget - at1) / (at2 - at1)
+    at1, at2 = peak(shape.with_layers(depth), setup).total, peak(shape.with_layers(depth + 1), setup).total
+    return depth + (budget - at1) / (at2 - at1)
+
+
+def _max_layers(shape: ModelShape, setup: TrainSetup, budget: float, method: str) -> float:
+    """Real-valued depth L at which the peak reaches ``budget``.
+
+    BP's peak is affine in L. ZO's has two affine pieces: up to L' layers each adds its working
+    set, beyond L' only its weights (``zo_memory`` buffers min(L', L) layers).
+    """
+    buffered = setup.zo_buffered_layers if method == "zo" else 1
+    deep = _affine_depth(shape, setup, budget, method, buffered)
+    return deep if deep >= buffered else _affine_depth(shape, setup, budget, method, 1)
+
+
+def _per_layer_bytes(shape: ModelShape, setup: TrainSetup, method: str) -> float:
+    """What one more layer costs beyond L' layers (BP: at any depth)."""
+    peak, depth = (bp_memory, 1) if method == "bp" else (zo_memory, setup.zo_buffered_layers)
+    return peak(shape.with_layers(depth + 1), setup).total - peak(shape.with_layers(depth), setup).total
 
 
 def size_ratio(shape: ModelShape, setup: TrainSetup, budget_gb: float | None = None) -> float:
@@ -354,9 +373,7 @@ def size_ratio(shape: ModelShape, setup: TrainSetup, budget_gb: float | None = N
     if budget_gb is not None:
         budget_gb = check_number("budget_gb", budget_gb, 0.0, closed_low=False)
     else:
-        per_layer = {m: (peak(shape.with_layers(2), setup).total - peak(shape.with_layers(1), setup).total)
-                     for m, peak in (("bp", bp_memory), ("zo", zo_memory))}
-        return per_layer["bp"] / per_layer["zo"]
+        return _per_layer_bytes(shape, setup, "bp") / _per_layer_bytes(shape, setup, "zo")
     params = {}
     for method in ("bp", "zo"):
         layers = _max_layers(shape, setup, budget_gb * GB, method)
