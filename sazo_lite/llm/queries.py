@@ -469,7 +469,8 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
             the one given runs, so the object given is left as it was).
         accuracy_at: a fixed query budget: held-out accuracy on ``test_batch`` once the run has made
             this many queries (rounded up to a log point), and ``stop_fraction`` only stops the run
-            after it, so every run is compared at the same budget. A run that diverged before the
+            after it (a run that met the target at a log point before it stops at the budget), so every
+            run is compared at the same budget. A run that diverged before the
             budget is measured where it stopped (``budget_queries`` says where).
         walk_bound: R of ``WalkBound``: θ projected onto ‖θ − θ₀‖ ≤ R after every step (None: free).
         walk_pull: λ of ``WalkPull``: θ − θ₀ shrunk by 1 − η·λ after every step (None: no pull); η·λ < 1
@@ -567,7 +568,10 @@ def query_run(model, params, train_batch: TokenBatch | TopBlocks, sampler, *, lr
         budget = min(steps, log_every * -(-int(accuracy_at) // (2 * batch_size * log_every)))
         history = phase(budget, None)
         run.budget_accuracy, run.budget_queries = _accuracy(model, test_batch), 2 * batch_size * optimizer.step_count
-        if not history.diverged and steps > budget and not (stop_below is not None and reached(run.train_loss[-1], stop_below)):
+        # a target met at any log point before the budget stops the run there, as it would have stopped at once without
+        # a budget: reading the budget's point alone ran on a run that had bounced back above it (and could diverge)
+        met = stop_below is not None and any(reached(value, stop_below) for value in run.train_loss[1:])
+        if not history.diverged and steps > budget and not met:
             rest = phase(steps - budget, stop_below)
             history.projected_grad += rest.projected_grad
             history.max_weight += rest.max_weight

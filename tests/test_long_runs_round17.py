@@ -1,0 +1,54 @@
+"""Round 17 red team of the language-model long-run machinery: ``llm.queries`` (query_run, the walk rules) and the
+long-run benchmarks (``llm_topblock``, ``llm_long_runs``, ``llm_drift``, ``llm_kicks``). Each test failed on the code
+before its fix."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from sazo_lite.llm import add_lora, restore_snapshot, snapshot, tiny_causal_lm, top_layers, trainable_parameters
+from sazo_lite.llm.losses import TokenBatch
+from sazo_lite.llm.queries import query_run
+from sazo_lite.llm.topblock import TopBlocks
+
+VOCAB = 64
+
+
+def token_batch(n: int, seed: int) -> TokenBatch:
+    g = torch.Generator().manual_seed(seed)
+    ids = [torch.randint(3, VOCAB, (3 + (5 * k + seed) % 6,), generator=g).tolist() for k in range(n)]
+    return TokenBatch(ids, [len(r) for r in ids], 0, torch.randint(0, 2, (n,), generator=g), torch.tensor([5, 9]))
+
+
+def top_block_setting():
+    base = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    model = add_lora(base, rank=2, layers=top_layers(base, 1))
+    params = trainable_parameters(model)
+    return model, params, TopBlocks(model, token_batch(8, 0)), TopBlocks(model, token_batch(6, 1))
+
+
+# --- query_run: a target met before the accuracy budget stops the run at the budget -----------------------------
+def test_a_target_met_before_the_budget_stops_the_run_at_the_budget_even_if_f_rose_again():
+    model, params, train, test = top_block_setting()
+    theta0 = snapshot(params)
+    settings = dict(lr=0.5, steps=12, log_every=2, batch_size=2, seed=2)
+    free = query_run(None, params, train, "uniform", **settings)
+    ratios = [f / free.train_loss[0] for f in free.train_loss]
+    # the target is met at a log point before the budget (5 log points, 40 queries), and F is above it at the budget
+    target = min(ratios[1:5])
+    assert target < 1 and ratios[5] > target and ratios[-1] > max(ratios[5], target), ratios
+    budget = 2 * settings["batch_size"] * 10
+    restore_snapshot(params, theta0)
+    stopped = query_run(None, params, train, "uniform", stop_fraction=target, **settings)
+    assert stopped.queries[-1] < budget          # without a budget: stopped at the first point that met it
+    restore_snapshot(params, theta0)
+    # a divergence limit that the plain run's last point passes: the old code ran past the budget into it
+    limit = (ratios[-1] + max(ratios[:-1])) / 2
+    run = query_run(None, params, train, "uniform", stop_fraction=target, accuracy_at=budget, test_batch=test,
+                    diverge_factor=limit, **settings)
+    assert run.budget_queries == budget and run.queries[-1] == budget     # it ran on to 48 queries
+    assert not run.diverged and run.test_accuracy == run.budget_accuracy   # it was "diverged", with no accuracy
+    assert run.train_loss == free.train_loss[:len(run.train_loss)]
