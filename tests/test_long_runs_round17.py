@@ -52,3 +52,27 @@ def test_a_target_met_before_the_budget_stops_the_run_at_the_budget_even_if_f_ro
     assert run.budget_queries == budget and run.queries[-1] == budget     # it ran on to 48 queries
     assert not run.diverged and run.test_accuracy == run.budget_accuracy   # it was "diverged", with no accuracy
     assert run.train_loss == free.train_loss[:len(run.train_loss)]
+
+
+# --- llm_drift: each dtype's row starts from the loaded float32 weights ------------------------------------------
+def test_drift_measures_each_dtype_on_the_weights_rounded_once(monkeypatch, capsys):
+    from benchmarks import llm_drift
+
+    model = tiny_causal_lm("llama", vocab_size=VOCAB, seed=3)
+    loaded = [p.detach().clone() for p in model.parameters()]
+    monkeypatch.setattr(llm_drift, "load_smollm2", lambda: (model, None))
+    seen = {}
+    plain_report = llm_drift.drift_report
+
+    def recording(params, before, eps, seed):
+        seen.setdefault(before[0].dtype, [b.clone() for b in before])    # the plain pass's θ of each dtype
+        return plain_report(params, before, eps, seed)
+
+    monkeypatch.setattr(llm_drift, "drift_report", recording)
+    llm_drift.main([])
+    assert set(seen) == {torch.float32, torch.bfloat16, torch.float16}
+    for dtype, before in seen.items():
+        assert len(before) == len(loaded)
+        for b, w in zip(before, loaded):        # the float16 row held the bfloat16-rounded weights
+            assert torch.equal(b, w.to(dtype))
+    assert "float16" in capsys.readouterr().out
