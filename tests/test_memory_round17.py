@@ -78,3 +78,53 @@ def test_unbounded_size_ratio_is_the_cost_of_a_layer_beyond_the_buffered_ones():
     shape, setup = LADDERS["llama"][0], TrainSetup(context=2048, zo_buffered_layers=4)
     assert memory.size_ratio(shape, setup) == pytest.approx(memory.size_ratio(shape, replace(setup, zo_buffered_layers=1)))
     assert memory.size_ratio(shape, setup, 1e7) == pytest.approx(memory.size_ratio(shape, setup), rel=0.01)
+
+
+# -- measurements: what the child runs is what the model predicts ----------------------------------------------
+MEASURED = TrainSetup(context=512, batch=4, dtype="float32", chunked_loss=False)
+
+
+@pytest.mark.parametrize("mode,change", [
+    ("inference", dict(chunked_loss=True)), ("zo", dict(chunked_loss=True)), ("bp", dict(chunked_loss=True)),
+    ("bp", dict(optimizer="adam")), ("bp", dict(trainable_fraction=0.01)), ("bp", dict(checkpointing=True)),
+    ("zo", dict(zo_buffered_layers=2))])
+def test_measure_refuses_a_setup_its_child_does_not_run(mode, change, monkeypatch):
+    """These were ignored: the child measured full logits, SGD, every parameter, no checkpointing, L' = 1, and
+    ``compare`` set that beside the prediction for the setup asked (TrainSetup's default chunked_loss=True
+    predicted no logits)."""
+    from sazo_lite.course import memory_measure
+
+    def no_child(*args, **kwargs):
+        raise AssertionError("a child was started")
+    monkeypatch.setattr(memory_measure, "run_child", no_child)
+    with pytest.raises(ValueError, match=f"Invalid setup.{next(iter(change))}"):
+        memory_measure.compare(memory_measure.TINY, replace(MEASURED, **change), mode)
+
+
+def test_measure_accepts_settings_its_mode_does_not_read(monkeypatch):
+    from sazo_lite.course import memory_measure
+    specs = []
+    monkeypatch.setattr(memory_measure, "run_child", lambda module, args, **kw: specs.append(args) or {"rss_extra": 1})
+    memory_measure.measure(memory_measure.TINY, replace(MEASURED, optimizer="adam", checkpointing=True), "zo")
+    memory_measure.measure(memory_measure.TINY, replace(MEASURED, zo_buffered_layers=3), "bp")
+    assert len(specs) == 2
+
+
+@pytest.mark.parametrize("device,reply,key", [("cpu:0", {"rss_extra": 3e6}, "rss_extra"),
+                                              ("cuda:0", {"rss_extra": 9e6, "cuda_extra": 2e6}, "cuda_extra")])
+def test_compare_reads_the_peak_the_child_reported(device, reply, key, monkeypatch):
+    """device='cpu:0' read 'cuda_extra' (KeyError): the key was chosen by device != 'cpu'."""
+    from sazo_lite.course import memory_measure
+    monkeypatch.setattr(memory_measure, "measure", lambda *args, **kwargs: dict(reply, path="bp"))
+    row = memory_measure.compare(memory_measure.TINY, MEASURED, "bp", device)
+    assert row["measured"] == reply[key]
+
+
+@pytest.mark.slow
+def test_measure_runs_the_setups_dtype():
+    """The child built a float32 decoder whatever the setup's dtype: a bfloat16 point measured float32's bytes
+    against a prediction of half of them (+112% for inference at N = 512)."""
+    from sazo_lite.course.memory_measure import TINY, measure
+    peaks = {dtype: measure(TINY, replace(MEASURED, dtype=dtype), "inference")["rss_extra"]
+             for dtype in ("float32", "bfloat16")}
+    assert peaks["bfloat16"] < 0.85 * peaks["float32"]

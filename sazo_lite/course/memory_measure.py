@@ -2,7 +2,7 @@
 
 One fresh Python process per measurement (peak memory only ever grows within a process):
 
-    child: import torch; build a small Llama-style decoder (float32, seed 0); warm up at N=16;
+    child: import torch; build a small Llama-style decoder (the setup's dtype, seed 0); warm up at N=16;
            baseline = peak RSS so far;  run ONE step at the requested N;  extra = peak RSS − baseline
 
 (peak RSS = ``VmHWM`` on Linux, else ``getrusage(...).ru_maxrss``; see ``peak_rss_bytes``)
@@ -187,7 +187,7 @@ def _child(spec: dict) -> dict:
     torch.manual_seed(0)
     shape, setup, mode = ModelShape(**spec["shape"]), TrainSetup(**spec["setup"]), spec["mode"]
     device = torch.device(spec.get("device", "cpu"))
-    model = build_decoder(shape, setup.attention).to(device)
+    model = build_decoder(shape, setup.attention).to(device=device, dtype=getattr(torch, setup.dtype))
     optimiser = MeZO(model.parameters(), lr=1e-6) if mode == "zo" else torch.optim.SGD(model.parameters(), lr=1e-6)
     warm = torch.randint(shape.vocab, (setup.batch, 17), device=device)
     tokens = torch.randint(shape.vocab, (setup.batch, setup.context + 1), device=device)
@@ -208,15 +208,36 @@ def _child(spec: dict) -> dict:
     return out
 
 
+def _check_measurable(setup: TrainSetup, mode: str) -> None:
+    """ValueError for a setting the child does not run: it was ignored, and the step measured was set beside the
+    prediction for another setup (chunked_loss=True, TrainSetup's default, predicted no logits for a step that
+    made them; Adam's two moments, allocated by the warm-up, were predicted but never measured)."""
+    ran = dict(chunked_loss=False)   # the child's loss: full logits, one cross-entropy
+    if mode == "bp":                  # a plain SGD step on every parameter, no checkpointing
+        ran.update(optimizer="sgd", trainable_fraction=1.0, checkpointing=False)
+    if mode == "zo":                  # MeZO's layer-by-layer forward
+        ran.update(zo_buffered_layers=1)
+    for key, value in ran.items():
+        if getattr(setup, key) != value:
+            raise ValueError(f"Invalid setup.{key}: {getattr(setup, key)!r} (expected {value!r}: the measured "
+                             f"{mode} step runs {key}={value!r})")
+
+
 def measure(shape: ModelShape, setup: TrainSetup, mode: str, device: str = "cpu",
             timeout: float = 300.0) -> dict:
-    """Run one measurement in a fresh process.
+    """Run one measurement in a fresh process, the decoder in ``setup.dtype``.
+
+    The child runs full logits, backprop as plain SGD on every parameter without checkpointing, and
+    MeZO's layer-by-layer forward: a ``setup`` asking for another (``chunked_loss=True``; for "bp"
+    Adam, ``trainable_fraction`` < 1 or checkpointing; for "zo" ``zo_buffered_layers`` > 1) is a
+    ValueError naming the setting.
 
     Returns:
         {"rss_extra": bytes, "path": what ran ("inference", "bp", or for "zo" the MeZO noise
         source, e.g. "PlainNoise")[, "cuda_extra": bytes]}.
     """
     check_choice("mode", mode, MODES)
+    _check_measurable(setup, mode)
     spec = json.dumps(dict(shape=asdict(shape), setup=asdict(setup), mode=mode, device=device))
     return run_child("sazo_lite.course.memory_measure", [spec], timeout=timeout, env={"OMP_NUM_THREADS": "1"})
 
@@ -231,7 +252,7 @@ def predicted_extra(shape: ModelShape, setup: TrainSetup, mode: str) -> float:
 def compare(shape: ModelShape, setup: TrainSetup, mode: str, device: str = "cpu") -> dict:
     """Measure one point and set it beside the prediction (relative error = measured/predicted − 1)."""
     measured = measure(shape, setup, mode, device)
-    key = "cuda_extra" if device != "cpu" else "rss_extra"
+    key = "cuda_extra" if "cuda_extra" in measured else "rss_extra"   # the child reads CUDA's peak on any cuda device
     predicted = predicted_extra(shape, setup, mode)
     return dict(mode=mode, context=setup.context, batch=setup.batch, attention=setup.attention,
                 device=device, path=measured.get("path", mode), measured=float(measured[key]), predicted=predicted,
