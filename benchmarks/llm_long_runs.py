@@ -8,13 +8,14 @@ the sampler settings are those of ``llm_queries``' opposed and balanced sets (``
 96``: the same cached first round). Each run stops at ``--stop`` · F(θ₀) or after ``--steps`` steps,
 logs F every ``--log-every`` steps, and SAZO's runs record its scores against the true norms every 4th
 log point. One JSON per run in OUT_DIR (``QueryRun.to_dict()`` plus its wall time and the settings that
-made it, with ε, the oracle's mix, θ₀'s sizes and the run cache's protocol). A run whose JSON OUT_DIR already
+made it, with ε, the oracle's mix, θ₀'s sizes, a digest of the set's examples and the run cache's protocol). A run whose JSON OUT_DIR already
 holds with the same settings is kept, not rerun (the same command resumes an interrupted plan); a JSON there of
 other settings is refused before anything runs.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import json
 import time
@@ -28,6 +29,7 @@ from benchmarks import llm_queries
 from benchmarks.run_cache import RUN_PROTOCOL
 from sazo_lite.course.widgets.llm import run_summary
 from sazo_lite.llm import restore_snapshot, snapshot
+from sazo_lite.llm.continual import make_continual_set
 from sazo_lite.llm.queries import SAMPLERS
 
 
@@ -51,6 +53,18 @@ def parse_plan(specs: list[str]) -> list[tuple[str, float, int]]:
 def run_path(out: Path, sampler: str, rate: float, seed: int) -> Path:
     """Where a run's JSON goes in ``out``."""
     return out / f"{sampler}_{rate:g}_s{seed}.json"
+
+
+def set_digest(set_name: str, setup, *, num_train: int, new_fraction: float) -> str:
+    """12 hex digits of SHA-256 over the examples ``llm_queries.smollm2_start`` builds the set from (setup, train
+    and test prompts and labels, label words; "homogeneous": its pool), drawn without loading a model: the sets of
+    one size changed on 2026-12-07 (drawn without repeats), and their sizes alone named both."""
+    cset = make_continual_set(set_name, num_train=num_train, new_fraction=new_fraction, num_test=setup.num_test,
+                              seed=0, pool=2 * num_train if set_name == "homogeneous" else None)
+    examples = lambda split: [[e.prompt, e.label] for e in split]
+    text = json.dumps([examples(cset.setup), examples(cset.task.train), examples(cset.task.test),
+                       list(cset.task.label_words)])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def saved_run(path: Path) -> dict | None:
@@ -87,7 +101,8 @@ def main(argv=None) -> None:
     # what else makes a run: the race's ε, oracle mix and θ₀'s sizes, and the version of query_run's rules (the run
     # cache's protocol): a run saved under others is not kept, as the run cache recomputes its own
     common.update(protocol=RUN_PROTOCOL, eps=setup.eps, oracle_mix=setup.oracle_mix,
-                  theta0=llm_queries.theta0_key(setup))
+                  theta0=llm_queries.theta0_key(setup),
+                  examples=set_digest(args.set, setup, num_train=args.n, new_fraction=args.new_fraction))
     settings = {(sampler, rate, seed): {**common, "sampler": sampler, "lr": rate, "seed": seed}
                 for sampler, rate, seed in plan}
     names = {}

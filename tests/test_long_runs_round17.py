@@ -3,6 +3,8 @@ long-run benchmarks (``llm_topblock``, ``llm_long_runs``, ``llm_drift``, ``llm_k
 before its fix."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -76,3 +78,33 @@ def test_drift_measures_each_dtype_on_the_weights_rounded_once(monkeypatch, caps
         for b, w in zip(before, loaded):        # the float16 row held the bfloat16-rounded weights
             assert torch.equal(b, w.to(dtype))
     assert "float16" in capsys.readouterr().out
+
+
+# --- llm_long_runs: a saved run of another set of examples (same sizes) is not kept ------------------------------
+def test_long_runs_refuse_a_saved_run_of_other_examples_of_the_same_sizes(tmp_path, monkeypatch, capsys):
+    from benchmarks import llm_long_runs, llm_queries
+    from sazo_lite.llm import continual
+
+    base = tiny_causal_lm("llama", vocab_size=VOCAB, seed=1)
+    model = add_lora(base, rank=2)
+    params = trainable_parameters(model)
+    monkeypatch.setattr(llm_queries, "smollm2_start", lambda *a, **k: (model, params, token_batch(6, 0),
+                                                                       token_batch(4, 1), None))
+    argv = [str(tmp_path), "uniform:0.01:0", "--n", "16", "--steps", "2", "--log-every", "1"]
+    llm_long_runs.main(argv)
+    saved = llm_long_runs.run_path(tmp_path, "uniform", 0.01, 0)
+    assert saved.exists()
+    llm_long_runs.main(argv)            # the same examples: kept, not rerun
+    assert "(kept)" in capsys.readouterr().out
+    drawn = continual.make_continual_set
+
+    def other_examples(*args, **kwargs):     # the same sizes, other prompts (as the sets of 2026-12-07 against the earlier)
+        cset = drawn(*args, **kwargs)
+        cset.task.train[0] = dataclasses.replace(cset.task.train[0], prompt=cset.task.train[0].prompt + " really")
+        return cset
+
+    monkeypatch.setattr(llm_long_runs, "make_continual_set", other_examples, raising=False)
+    monkeypatch.setattr(continual, "make_continual_set", other_examples)
+    with pytest.raises(SystemExit):     # the earlier set's run was kept as this set's
+        llm_long_runs.main(argv)
+    assert "hold runs of other settings" in capsys.readouterr().err
