@@ -128,3 +128,23 @@ def test_measure_runs_the_setups_dtype():
     peaks = {dtype: measure(TINY, replace(MEASURED, dtype=dtype), "inference")["rss_extra"]
              for dtype in ("float32", "bfloat16")}
     assert peaks["bfloat16"] < 0.85 * peaks["float32"]
+
+
+# -- memory_probe ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs,name", [(dict(batch=True), "batch"), (dict(batch=0), "batch"),
+                                         (dict(batch=2.0), "batch"), (dict(model=None), "model"),
+                                         (dict(task=3), "task")])
+def test_probe_refuses_bad_arguments_before_a_child_starts(kwargs, name, monkeypatch):
+    """batch=True went to the child as JSON true and measured B = 1 (range(True))."""
+    from sazo_lite.course import memory_probe
+    monkeypatch.setattr(memory_probe, "run_child", lambda *a, **k: {"peak_rss": 1, "extra": 1, "baseline": 0})
+    with pytest.raises(ValueError, match=f"Invalid {name}"):
+        memory_probe.measure_step("zo", **kwargs)
+
+
+def test_probe_sends_numpy_batch_as_an_int(monkeypatch):
+    from sazo_lite.course import memory_probe
+    specs = []
+    monkeypatch.setattr(memory_probe, "run_child", lambda module, args, **k: specs.append(json.loads(args[0])) or {})
+    memory_probe.measure_step(np.str_("bp"), batch=np.int64(4), model=np.str_("tiny-llama"))
+    assert specs == [dict(mode="bp", model="tiny-llama", batch=4, task="sentiment")]

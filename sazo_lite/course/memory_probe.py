@@ -21,6 +21,7 @@ import json
 import sys
 
 from .memory_measure import run_child
+from ..validation import check_choice, check_count
 
 __all__ = ["MODES", "measure_step", "measure_all"]
 
@@ -85,9 +86,13 @@ def _child(spec: dict) -> dict:
 def measure_step(mode: str, *, model: str = "smollm2", batch: int = 8, task: str = "sentiment",
                  timeout: float = 600.0) -> dict:
     """One measurement in a fresh process: {"peak_rss", "extra", "baseline"} in bytes."""
-    if mode not in MODES:
-        raise ValueError(f"Invalid mode: {mode!r} (expected one of {MODES})")
-    spec = json.dumps(dict(mode=mode, model=model, batch=batch, task=task))
+    mode = check_choice("mode", mode, MODES)
+    # batch=True was sent as JSON true and measured B = 1; a numpy int made json.dumps raise TypeError
+    batch = check_count("batch", batch)
+    for name, value in (("model", model), ("task", task)):
+        if not isinstance(value, str):
+            raise ValueError(f"Invalid {name}: {value!r} (expected a name, a str)")
+    spec = json.dumps(dict(mode=mode, model=str(model), batch=batch, task=str(task)))
     return run_child("sazo_lite.course.memory_probe", [spec], timeout=timeout,
                      env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
 
