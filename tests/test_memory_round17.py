@@ -148,3 +148,20 @@ def test_probe_sends_numpy_batch_as_an_int(monkeypatch):
     monkeypatch.setattr(memory_probe, "run_child", lambda module, args, **k: specs.append(json.loads(args[0])) or {})
     memory_probe.measure_step(np.str_("bp"), batch=np.int64(4), model=np.str_("tiny-llama"))
     assert specs == [dict(mode="bp", model="tiny-llama", batch=4, task="sentiment")]
+
+
+def test_predicted_extra_names_a_bad_mode():
+    from sazo_lite.course.memory_measure import TINY, predicted_extra
+    with pytest.raises(ValueError, match="Invalid mode"):   # was KeyError: 'backprop'
+        predicted_extra(TINY, MEASURED, "backprop")
+
+
+def test_validate_checks_every_point_before_the_first_child(monkeypatch):
+    """A bad last point was found after every point before it had been measured (a child each)."""
+    from sazo_lite.course import memory_measure
+    started = []
+    monkeypatch.setattr(memory_measure, "run_child", lambda *a, **k: started.append(a) or {"rss_extra": 1})
+    for bad in [(MEASURED, "backprop"), (replace(MEASURED, chunked_loss=True), "zo")]:
+        with pytest.raises(ValueError, match="Invalid"):
+            memory_measure.validate([(MEASURED, "zo"), (MEASURED, "bp"), bad], progress=False)
+    assert started == []

@@ -245,6 +245,7 @@ def measure(shape: ModelShape, setup: TrainSetup, mode: str, device: str = "cpu"
 # -- prediction and comparison -----------------------------------------------------------
 def predicted_extra(shape: ModelShape, setup: TrainSetup, mode: str) -> float:
     """The model's peak minus the weights: what ``measure`` reads (bytes)."""
+    check_choice("mode", mode, MODES)   # a typo raised KeyError
     peak = {"inference": inference_memory, "zo": zo_memory, "bp": bp_memory}[mode](shape, setup)
     return peak.total - peak.params
 
@@ -270,6 +271,9 @@ def validate(points=None, shape: ModelShape = TINY, device: str = "cpu", progres
     """``compare`` for every (setup, mode) point, with a progress bar unless ``progress`` is False."""
     from tqdm.auto import tqdm
     points = points if points is not None else default_points()
+    for setup, mode in points:   # before the first child: a bad last point wasted every measurement before it
+        check_choice("mode", mode, MODES)
+        _check_measurable(setup, mode)
     return [compare(shape, setup, mode, device) for setup, mode in tqdm(points, desc="measuring", disable=not progress)]
 
 
