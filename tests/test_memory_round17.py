@@ -165,3 +165,24 @@ def test_validate_checks_every_point_before_the_first_child(monkeypatch):
         with pytest.raises(ValueError, match="Invalid"):
             memory_measure.validate([(MEASURED, "zo"), (MEASURED, "bp"), bad], progress=False)
     assert started == []
+
+
+@pytest.mark.parametrize("platform,unit", [("darwin", 1), ("freebsd14", 1024)])
+def test_peak_rss_without_proc_reads_ru_maxrss_in_its_units(platform, unit, monkeypatch):
+    """macOS reports ru_maxrss in bytes: the fallback multiplied it by 1024 (a 1 GB peak read as 1 TB)."""
+    import builtins
+    import resource
+    import sys
+    from types import SimpleNamespace
+    from sazo_lite.course import memory_measure
+
+    real_open = builtins.open
+
+    def no_proc(path, *args, **kwargs):
+        if str(path).startswith("/proc/"):
+            raise FileNotFoundError(path)
+        return real_open(path, *args, **kwargs)
+    monkeypatch.setattr(builtins, "open", no_proc)
+    monkeypatch.setattr(sys, "platform", platform)
+    monkeypatch.setattr(resource, "getrusage", lambda who: SimpleNamespace(ru_maxrss=123456))
+    assert memory_measure.peak_rss_bytes() == 123456 * unit

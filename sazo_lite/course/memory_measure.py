@@ -139,7 +139,7 @@ def peak_rss_bytes() -> int:
     Linux: ``VmHWM`` of /proc/self/status. ``getrusage(RUSAGE_SELF).ru_maxrss`` is not used
     there because it also remembers the peak of the image replaced by ``exec``: a child forked
     from a big parent (pytest with transformers loaded) starts with the parent's RSS as its
-    "peak", hiding everything below it.
+    "peak", hiding everything below it. Elsewhere ``ru_maxrss``: bytes on macOS, KiB on the BSDs.
     """
     try:
         with open("/proc/self/status") as status:
@@ -149,7 +149,8 @@ def peak_rss_bytes() -> int:
     except OSError:
         pass
     import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    unit = 1 if sys.platform == "darwin" else 1024   # ru_maxrss: bytes on macOS, KiB elsewhere (×1024 read 1024× high)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit
 
 
 def run_child(module: str, args, *, timeout: float = 300.0, env: dict | None = None) -> dict:
