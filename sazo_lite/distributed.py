@@ -71,32 +71,60 @@ def gather_losses(local_losses: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def distributed_closure(batch_losses, indices: torch.Tensor):
+def distributed_closure(batch_losses, indices: torch.Tensor, optimizer=None):
     """Wrap ``batch_losses(local_indices) -> [B/W]`` into a closure returning the global [B].
 
+    Given the ``optimizer`` that takes the step, the ranks also check that their optimisers agree (``same_batch``'s
+    ``optimizer``: a float64 sum of each tuned tensor, one read of the parameters per step).
+
     Raises:
-        ValueError: the ranks drew different global batches (``same_batch``, checked here, before the step),
-            or, when the closure runs, ``batch_losses`` returned anything but a tensor of one loss per local index.
+        ValueError: the ranks drew different global batches or their optimisers differ (``same_batch``, checked
+            here, before the step), or, when the closure runs, ``batch_losses`` returned anything but a tensor of
+            one loss per local index.
     """
-    same_batch(indices)   # first: every rank reaches the collective, even one whose batch has another size
+    same_batch(indices, optimizer)   # first: every rank reaches the collective, even one whose batch has another size
     rank, world = rank_and_world()
     mine = shard(indices, rank, world)
     return lambda: gather_losses(_local_losses(batch_losses(mine), len(mine)))
 
 
-def same_batch(indices) -> None:
+def same_batch(indices, optimizer=None) -> None:
     """ValueError on every rank unless every rank holds the same global batch ``indices``: the all-gathered losses
     are those of each rank's own shard, so a rank whose sampler had another seed or state evaluated other examples,
     and every rank took the losses of two batches as one (g, the update and the samplers' feedback wrong, without a
-    word). One all-gather of the batch's SHA-256 (64 hex digits) per call; nothing without a process group."""
+    word). One all-gather of the batch's SHA-256 (64 hex digits) per call; nothing without a process group.
+
+    With ``optimizer`` (a ``MeZO``) the same all-gather carries a second SHA-256 (``_optimizer_digest``): of its step
+    count, next seed, groups' settings and each tuned tensor's shape, dtype and float64 sum. A rank seeded apart
+    (``seed=rank``) perturbs along other z, and one whose weights or rate differ (a checkpoint loaded on rank 0
+    alone) moves other weights by the common g: either way the ranks part without a word."""
     _, world = rank_and_world()
     if world == 1:
         return
-    digests = _gathered(_batch_digest(indices), world)
-    if len(set(digests)) > 1:
-        ranks = [rank for rank, digest in enumerate(digests) if digest != digests[0]]
+    mine = _batch_digest(indices) + ("" if optimizer is None else ":" + _optimizer_digest(optimizer))
+    digests = _gathered(mine, world)
+    ranks = [rank for rank, digest in enumerate(digests) if digest[:64] != digests[0][:64]]
+    if ranks:
         raise ValueError(f"Invalid indices: rank(s) {ranks} drew another global batch than rank 0 (every rank must "
                          f"draw the same batch: give the samplers the same seed and state)")
+    ranks = [rank for rank, digest in enumerate(digests) if digest != digests[0]]
+    if ranks:
+        raise ValueError(f"Invalid optimizer: rank(s) {ranks} hold an optimiser at another step, seed, setting or "
+                         f"weights than rank 0 (build it on every rank with the same seed from the same weights, and "
+                         f"load a checkpoint on every rank)")
+
+
+def _optimizer_digest(optimizer) -> str:
+    """SHA-256 of what a step of ``optimizer`` reads besides the batch: its type, step count and next seed, each
+    group's lr, eps, weight decay and perturbation, each tuned tensor's shape, dtype and float64 sum."""
+    if not isinstance(optimizer, MeZO):
+        raise ValueError(f"Invalid optimizer: {type(optimizer).__name__} (expected a MeZO)")
+    parts = [type(optimizer).__name__, optimizer.step_count, optimizer.next_seed()]
+    for group in optimizer.param_groups:
+        parts.append([float(group[key]).hex() for key in ("lr", "eps", "weight_decay")] + [group["perturbation"]])
+        parts += [[list(p.shape), str(p.dtype), float(p.detach().sum(dtype=torch.float64)).hex()]
+                  for p in group["params"]]
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
 def _batch_digest(indices) -> str:
@@ -155,7 +183,7 @@ def run_demo(steps: int = 20, batch_size: int = 8, crash_rank: int = -1, crash_s
 
     for _ in range(steps):
         idx, w = sampler.sample(batch_size)
-        out = opt.step(distributed_closure(batch_losses, idx), w)
+        out = opt.step(distributed_closure(batch_losses, idx, opt), w)
         sampler.update(idx, out.directional_diffs)
     return {k: v.clone() for k, v in model.state_dict().items()}
 

@@ -283,21 +283,67 @@ def _distributed_run(dtype=torch.bfloat16, steps: int = 6, batch_size: int = 6) 
     return [p.detach().float().clone() for p in layer.parameters()]
 
 
-def _rank(rank: int, world: int, port: int, results) -> None:
+def _in_group(rank: int, world: int, port: int, results, job) -> None:
+    """Run ``job(rank)`` in a gloo group of ``world`` ranks; put (rank, "ok" | "skip" | "error", result or text)."""
     import datetime
+    import traceback
 
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
     try:
-        weights = _distributed_run()
-        if rank == 0:
-            results.put([w.numpy() for w in weights])
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=60))
+    except Exception as error:   # the port taken, no loopback: the machine's, not the library's
+        results.put((rank, "skip", repr(error)))
+        return
+    try:
+        results.put((rank, "ok", job(rank)))
         dist.barrier()
+    except BaseException:
+        results.put((rank, "error", traceback.format_exc()))
     finally:
         dist.destroy_process_group()
+
+
+def _spawned(job, world: int) -> dict:
+    """{rank: job(rank)} from ``world`` spawned gloo ranks on localhost; skipped where the group cannot form."""
+    import queue
+
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    port = _free_port()
+    if port is None:
+        pytest.skip("no local port to bind")
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    ranks = [context.Process(target=_in_group, args=(rank, world, port, results, job)) for rank in range(world)]
+    for process in ranks:
+        process.start()
+    got = []
+    try:
+        while len(got) < world:
+            try:
+                got.append(results.get(timeout=5))
+            except queue.Empty:
+                if not any(process.is_alive() for process in ranks):
+                    pytest.fail(f"the ranks ended without a result (exit codes {[p.exitcode for p in ranks]})")
+    finally:
+        for process in ranks:
+            process.join(60)
+            if process.is_alive():
+                process.kill()
+    if any(kind == "skip" for _, kind, _ in got):
+        pytest.skip(f"no gloo group on 127.0.0.1:{port}: {[text for _, kind, text in got if kind == 'skip']}")
+    errors = [text for _, kind, text in got if kind == "error"]
+    assert not errors, errors[0]
+    return {rank: value for rank, _, value in got}
+
+
+def _distributed_weights(rank: int) -> list:
+    return [w.numpy() for w in _distributed_run()]
 
 
 def _free_port() -> int | None:
@@ -310,30 +356,10 @@ def _free_port() -> int | None:
 
 
 def test_three_gloo_ranks_give_the_single_process_weights_bit_for_bit():
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
-    port = _free_port()
-    if port is None:
-        pytest.skip("no local port to bind")
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    ranks = [context.Process(target=_rank, args=(rank, 3, port, results)) for rank in range(3)]
-    for process in ranks:
-        process.start()
-    try:
-        gathered = results.get(timeout=180)
-    except Exception:
-        codes = [process.exitcode for process in ranks]
-        pytest.skip(f"the gloo ranks did not finish (port {port} taken? exit codes {codes})")
-    finally:
-        for process in ranks:
-            process.join(60)
-            if process.is_alive():
-                process.kill()
+    gathered = _spawned(_distributed_weights, 3)
     single = _distributed_run()
-    assert all(torch.equal(torch.from_numpy(a), b) for a, b in zip(gathered, single))
+    for rank in range(3):
+        assert all(torch.equal(torch.from_numpy(a), b) for a, b in zip(gathered[rank], single))
 
 
 # --- 6. Float32Master's masters in a checkpoint ------------------------------------------------------------------
@@ -409,3 +435,44 @@ def test_a_bad_float32_master_state_is_refused_with_nothing_changed(masters):
         master.load_state_dict(state)
     assert all(torch.equal(a, b) for a, b in zip(master.tensors, moved))
     assert all(torch.equal(a, b) for a, b in zip(layer.parameters(), model_before))
+
+
+# --- 7. distributed: ranks whose optimisers differ --------------------------------------------------------------
+def _parting_run(rank: int, case: str, check: bool):
+    """Two ranks, the same sampler and batches; the optimiser seeded by rank, or rank 0's weights loaded from
+    elsewhere. Returns the final weights, or the ValueError's message."""
+    from sazo_lite.distributed import distributed_closure
+
+    theta = PROBLEM.initial_theta().clone() + 0.1
+    if case == "weights" and rank == 0:
+        theta += 0.01   # a checkpoint loaded on rank 0 alone
+    opt = sz.MeZO([theta], lr=0.02, eps=1e-3, seed=rank if case == "seed" else 0, noise=None)
+    sampler = SAZOSampler(N, seed=1)
+    try:
+        for _ in range(5):
+            indices, weights = sampler.sample(B)
+            closure = distributed_closure(lambda mine: PROBLEM.losses(theta, mine), indices, opt if check else None)
+            out = opt.step(closure, weights)
+            sampler.update(indices, out.directional_diffs)
+    except ValueError as error:
+        return str(error)
+    return theta.numpy().copy()
+
+
+def _parting_runs(rank: int) -> dict:
+    return {(case, check): _parting_run(rank, case, check) for case in ("seed", "weights") for check in (False, True)}
+
+
+def test_ranks_whose_optimisers_differ_are_refused_when_the_closure_is_given_the_optimiser():
+    """Every rank checked its batch but nothing else: a rank seeded apart (``seed=rank``) perturbed along other z,
+    and a checkpoint loaded on rank 0 alone left the ranks at other weights; the gathered losses mixed them and
+    every rank took the same g, so the ranks parted without a word. ``distributed_closure(..., optimizer)`` now
+    compares a digest of each rank's step, seed, settings and weights in the same all-gather."""
+    got = _spawned(_parting_runs, 2)
+    for case in ("seed", "weights"):
+        unchecked = [got[rank][(case, False)] for rank in range(2)]
+        assert not any(isinstance(theta, str) for theta in unchecked)
+        assert not (unchecked[0] == unchecked[1]).all()   # the hazard: the ranks part silently
+        for rank in range(2):
+            message = got[rank][(case, True)]
+            assert isinstance(message, str) and "Invalid optimizer" in message, (case, rank, message)
