@@ -186,3 +186,23 @@ def test_peak_rss_without_proc_reads_ru_maxrss_in_its_units(platform, unit, monk
     monkeypatch.setattr(sys, "platform", platform)
     monkeypatch.setattr(resource, "getrusage", lambda who: SimpleNamespace(ru_maxrss=123456))
     assert memory_measure.peak_rss_bytes() == 123456 * unit
+
+
+# -- the calculator's readout ---------------------------------------------------------------------------------
+def test_calculator_reads_small_peaks_in_significant_digits():
+    """A 1-layer, 64-wide custom model read 'BP needs 0.0 GB, ZO needs 0.1 GB' (39 MB and 58 MB)."""
+    import re
+    from sazo_lite.course.widgets import memory_dashboard
+    board = memory_dashboard()
+    board.controls["preset"].value = "Qwen2.5-0.5B"
+    for key, value in dict(layers=1, hidden=64, heads=1, kv_heads=1, ffn=128, context=128, batch=1).items():
+        board.controls[key].value = value
+    bars = board.figures["bars"]
+    totals = [sum(trace.y[i] for trace in bars.data) for i in (0, 1)]
+    read = [float(x) for x in re.findall(r"needs <b>([\d.e-]+) GB", board.readout.value)]
+    assert len(read) == 2 and all(x > 0 for x in read)
+    for shown, total in zip(read, totals):
+        assert shown == pytest.approx(total, rel=0.05)
+    board.controls["preset"].value = "Qwen2.5-3B"
+    board.controls["context"].value, board.controls["batch"].value = 512, 2
+    assert "BP needs <b>16.9 GB</b>, ZO needs <b>7.5 GB</b>" in board.readout.value   # notebook 07's answer

@@ -39,6 +39,11 @@ def fit_summary(shape: memory.ModelShape, setup: memory.TrainSetup, budget_gb: f
                 zo_fits=fits["zo"].name if fits["zo"] else "nothing")
 
 
+def _gb(value: float) -> str:
+    """GB to one decimal, and to two significant digits below 1 GB (a 39 MB peak read "0.0 GB")."""
+    return f"{value:.1f}" if value >= 0.95 else f"{value:.2g}"
+
+
 def _readout_html(summary: dict, bp_gb: float, zo_gb: float, budget_gb: float) -> str:
     size = summary["size_ratio"]
     if math.isfinite(size) and size >= 1:
@@ -49,7 +54,7 @@ def _readout_html(summary: dict, bp_gb: float, zo_gb: float, budget_gb: float) -
         size_text = "BP cannot train any model of this width (not even its embeddings fit); ZO can"
     else:
         size_text = "neither BP nor ZO can train a model of this width (not even its embeddings fit)"
-    return (f"<div style='font-size:1.05em'>BP needs <b>{bp_gb:.1f} GB</b>, ZO needs <b>{zo_gb:.1f} GB</b>: "
+    return (f"<div style='font-size:1.05em'>BP needs <b>{_gb(bp_gb)} GB</b>, ZO needs <b>{_gb(zo_gb)} GB</b>: "
             f"BP/ZO memory ratio <b class='ratio'>{summary['memory_ratio']:.1f}×</b>. "
             f"In {budget_gb:g} GB, {size_text}.<br>"
             f"Largest of the family that fits {budget_gb:g} GB: BP → <b>{summary['bp_fits']}</b>, "
