@@ -17,6 +17,8 @@ refuses a shift or an update that would leave float16's range before it changes 
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from .engine import _check_disjoint, store_as
@@ -86,6 +88,9 @@ class Float32Master:
         for p, master in zip(self.params, self.tensors):
             store_as(master, p.dtype)
 
+    def __getstate__(self) -> dict:   # deepcopy/pickle: without the weak reference to the last optimiser
+        return {k: v for k, v in self.__dict__.items() if k != "_optimizer"}
+
     def __setstate__(self, state: dict) -> None:   # deepcopy/pickle: the copies are masters too
         self.__dict__.update(state)
         self._declare()
@@ -94,8 +99,14 @@ class Float32Master:
         """``{"masters": [...]}``: a copy of each master, in parameter order. A checkpoint of a run needs them
         beside the optimiser's state: the model holds them rounded to half precision, and masters rebuilt
         from it lose what the steps added below one unit of its last place, so the resumed run parts from the
-        uninterrupted one. With ``fold_updates=True`` take it after ``optimizer.state_dict()`` (or
-        ``flush()``), which applies the pending update to the masters."""
+        uninterrupted one. The optimiser last given to ``step`` is flushed first (and the model synced): with
+        ``fold_updates=True`` the masters hold θ − εz until then, and a checkpoint written as
+        ``{"master": master.state_dict(), "opt": opt.state_dict()}`` saved them so, with the update lost. After
+        steps taken otherwise (``opt.step(master.wrap(...))``), call ``opt.flush()`` first."""
+        optimizer = self._optimizer() if getattr(self, "_optimizer", None) is not None else None
+        if optimizer is not None and getattr(optimizer, "pending", False):
+            optimizer.flush()
+            self.sync()
         return {"masters": [master.detach().clone() for master in self.tensors]}
 
     @torch.no_grad()
@@ -131,6 +142,7 @@ class Float32Master:
         ``fold_updates=True`` that is θ − εz until ``optimizer.flush()``; call ``sync()`` after it
         before evaluating the model)."""
         self._check_tunes_masters(optimizer)
+        self._optimizer = weakref.ref(optimizer)   # state_dict() flushes it: a folded update waits in the masters
         try:
             return optimizer.step(self.wrap(closure), weights)
         finally:
