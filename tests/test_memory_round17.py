@@ -206,3 +206,34 @@ def test_calculator_reads_small_peaks_in_significant_digits():
     board.controls["preset"].value = "Qwen2.5-3B"
     board.controls["context"].value, board.controls["batch"].value = 512, 2
     assert "BP needs <b>16.9 GB</b>, ZO needs <b>7.5 GB</b>" in board.readout.value   # notebook 07's answer
+
+
+# -- the measured decoder is the shape it is given -------------------------------------------------------------
+@pytest.mark.parametrize("switches", [dict(gated=False), dict(bias=True), dict(qkv_bias=True),
+                                      dict(tied_embeddings=True), dict(norm_params=2), dict(norm_params=0),
+                                      dict(gated=False, bias=True, tied_embeddings=True, norm_params=2)])
+def test_measured_decoder_builds_the_shapes_switches(switches):
+    """build_decoder ignored gated, bias, qkv_bias, tied_embeddings and norm_params: measure() ran a SwiGLU, bias-free,
+    untied RMSNorm decoder and set it beside the prediction for the shape asked."""
+    from sazo_lite.course.memory_measure import build_decoder
+    shape = ModelShape("t", 2, 64, 4, 2, 96, 50, **switches)
+    assert sum(p.numel() for p in build_decoder(shape).parameters()) == shape.param_count()
+
+
+@pytest.mark.parametrize("attention", ["fused", "materialised"])
+def test_plain_ffn_decoder_saves_what_the_model_counts(attention):
+    from sazo_lite.course.memory_measure import build_decoder, saved_activation_bytes
+    shape, n, batch = ModelShape("g", 1, 64, 4, 4, 256, 50, gated=False), 96, 2
+    block = build_decoder(shape, attention).blocks[0]
+    saved = saved_activation_bytes(block, torch.randn(batch, n, shape.hidden, requires_grad=True))
+    setup = TrainSetup(context=n, batch=batch, dtype="float32", attention=attention)
+    predicted = memory.activation_elements_per_token(shape, setup) * n * batch * 4
+    assert saved == pytest.approx(predicted + (n * n if attention == "materialised" else 0), rel=0.01)
+
+
+def test_measured_decoder_refuses_an_attention_it_does_not_know():
+    from sazo_lite.course.memory_measure import build_decoder
+    with pytest.raises(ValueError, match="Invalid attention"):   # "materialized" built the materialised path
+        build_decoder(ModelShape("t", 1, 64, 4, 2, 96, 50), "materialized")
+    with pytest.raises(ValueError, match="Invalid shape.norm_params"):
+        build_decoder(ModelShape("t", 1, 64, 4, 2, 96, 50, norm_params=3))

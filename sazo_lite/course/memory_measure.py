@@ -31,7 +31,7 @@ import subprocess
 import sys
 from dataclasses import asdict
 
-from .memory import ModelShape, TrainSetup, bp_memory, inference_memory, zo_memory
+from .memory import ATTENTIONS, ModelShape, TrainSetup, bp_memory, inference_memory, zo_memory
 from ..validation import check_choice
 
 __all__ = ["MODES", "TINY", "build_decoder", "per_example_loss", "saved_activation_bytes",
@@ -44,22 +44,38 @@ TINY = ModelShape("tiny", 4, 128, 4, 2, 344, 512)  # D=128, GQA 4→2 heads, Swi
 
 # -- the decoder (torch imported lazily: sazo_lite.course.memory stays torch-free) ----------------
 def build_decoder(shape: ModelShape, attention: str = "fused"):
-    """A plain Llama-style decoder: pre-RMSNorm, GQA, SwiGLU, untied head, no dropout/rotary."""
+    """A plain Llama-style decoder: pre-norm, GQA, no dropout/rotary, with ``shape``'s switches.
+
+    SwiGLU FFN (``gated=False``: fc1, GELU, fc2); biases as ``bias`` / ``qkv_bias`` say; the LM head
+    tied to the embedding when ``tied_embeddings``; norms with ``norm_params`` per D: 1 RMSNorm, 2
+    LayerNorm, 0 RMSNorm without weight. Its parameter count is ``shape.param_count()``.
+    """
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
 
+    check_choice("attention", attention, ATTENTIONS)   # "materialized" built the materialised path silently
+    if shape.norm_params not in (0, 1, 2):
+        raise ValueError(f"Invalid shape.norm_params: {shape.norm_params} (expected 0, 1 (RMSNorm) or 2 (LayerNorm): "
+                         f"the decoder has no norm with {shape.norm_params} parameters per D)")
     heads, kv_heads, head_dim = shape.heads, shape.kv_heads, shape.hidden // shape.heads
+
+    def norm(d):
+        return nn.LayerNorm(d) if shape.norm_params == 2 else nn.RMSNorm(d, elementwise_affine=shape.norm_params == 1)
 
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
             d, kv, f = shape.hidden, shape.kv_dim, shape.ffn
-            self.norm1, self.norm2 = nn.RMSNorm(d), nn.RMSNorm(d)
-            self.q, self.k = nn.Linear(d, d, bias=False), nn.Linear(d, kv, bias=False)
-            self.v, self.o = nn.Linear(d, kv, bias=False), nn.Linear(d, d, bias=False)
-            self.gate, self.up = nn.Linear(d, f, bias=False), nn.Linear(d, f, bias=False)
-            self.down = nn.Linear(f, d, bias=False)
+            qkv_bias, bias = shape.bias or shape.qkv_bias, shape.bias
+            self.norm1, self.norm2 = norm(d), norm(d)
+            self.q, self.k = nn.Linear(d, d, bias=qkv_bias), nn.Linear(d, kv, bias=qkv_bias)
+            self.v, self.o = nn.Linear(d, kv, bias=qkv_bias), nn.Linear(d, d, bias=bias)
+            if shape.gated:
+                self.gate, self.up = nn.Linear(d, f, bias=bias), nn.Linear(d, f, bias=bias)
+            else:
+                self.fc1 = nn.Linear(d, f, bias=bias)
+            self.down = nn.Linear(f, d, bias=bias)
 
         def attend(self, q, k, v):  # q [B,H,N,hd], k/v [B,KV,N,hd]
             if attention == "fused":
@@ -82,7 +98,9 @@ def build_decoder(shape: ModelShape, attention: str = "fused"):
             return self.o(self.attend(q, k, v).transpose(1, 2).reshape(b, n, d))
 
         def mlp(self, h):
-            return self.down(F.silu(self.gate(h)) * self.up(h))
+            if shape.gated:
+                return self.down(F.silu(self.gate(h)) * self.up(h))
+            return self.down(F.gelu(self.fc1(h)))
 
         def forward(self, x):  # x [B,N,D]
             x = x + self.attention(self.norm1(x))
@@ -93,8 +111,10 @@ def build_decoder(shape: ModelShape, attention: str = "fused"):
             super().__init__()
             self.embed = nn.Embedding(shape.vocab, shape.hidden)
             self.blocks = nn.ModuleList(Block() for _ in range(shape.layers))
-            self.norm = nn.RMSNorm(shape.hidden)
+            self.norm = norm(shape.hidden)
             self.head = nn.Linear(shape.hidden, shape.vocab, bias=False)
+            if shape.tied_embeddings:
+                self.head.weight = self.embed.weight
 
         def forward(self, tokens):  # tokens [B,N] → logits [B,N,V]
             x = self.embed(tokens)
