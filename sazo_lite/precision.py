@@ -103,16 +103,22 @@ class Float32Master:
         ``fold_updates=True`` the masters hold θ − εz until then, and a checkpoint written as
         ``{"master": master.state_dict(), "opt": opt.state_dict()}`` saved them so, with the update lost. After
         steps taken otherwise (``opt.step(master.wrap(...))``), call ``opt.flush()`` first."""
-        optimizer = self._optimizer() if getattr(self, "_optimizer", None) is not None else None
-        if optimizer is not None and getattr(optimizer, "pending", False):
-            optimizer.flush()
+        if self._flush_last_optimizer():
             self.sync()
         return {"masters": [master.detach().clone() for master in self.tensors]}
+
+    def _flush_last_optimizer(self) -> bool:
+        """Apply the pending folded update of the optimiser last given to ``step``, if any (True if there was one)."""
+        optimizer = self._optimizer() if getattr(self, "_optimizer", None) is not None else None
+        if optimizer is None or not getattr(optimizer, "pending", False):
+            return False
+        optimizer.flush()
+        return True
 
     @torch.no_grad()
     def load_state_dict(self, state_dict: dict) -> None:
         """Copy a ``state_dict()``'s masters into this one's (in place: the optimiser tunes these tensors), then
-        ``sync()`` the model. ValueError, with nothing changed, unless it holds one dense tensor per master, of
+        ``sync()`` the model; a folded update pending in the optimiser last given to ``step`` is applied first. ValueError, with nothing changed, unless it holds one dense tensor per master, of
         its shape and dtype, finite and within its parameter's range."""
         masters = state_dict.get("masters") if isinstance(state_dict, dict) else None
         if not isinstance(masters, (list, tuple)) or len(masters) != len(self.tensors):
@@ -131,6 +137,9 @@ class Float32Master:
             if top > torch.finfo(p.dtype).max:
                 raise ValueError(f"Invalid state_dict: master {k} holds a value of size {top:.4g}, beyond "
                                  f"{p.dtype}'s largest {torch.finfo(p.dtype).max:.6g}")
+        # an update still pending in the optimiser last given to step would land on the loaded masters at its
+        # next pass (or at its own load_state_dict): applied now, to the masters about to be overwritten
+        self._flush_last_optimizer()
         with InterruptsDeferred():   # every master and the model, or (Ctrl-C before) none
             for master, saved in zip(self.tensors, masters):
                 master.copy_(saved)

@@ -508,3 +508,27 @@ def test_a_float32_master_checkpoint_taken_before_the_optimisers_holds_the_folde
     for clone in (copy.deepcopy(master), pickle.loads(pickle.dumps(master))):
         assert all(torch.equal(a, b) for a, b in zip(clone.tensors, master.tensors))
         assert clone.state_dict()["masters"][0] is not master.tensors[0]
+
+
+def test_loading_float32_masters_under_a_folded_optimiser_with_an_update_pending_keeps_the_loaded_masters():
+    """Loading a checkpoint into objects that have been stepping: the optimiser's pending folded update was applied
+    on top of the loaded masters by its own ``load_state_dict`` (which flushes first), moving them off the
+    checkpoint's by one update."""
+    whole = _half_run(True)
+    _half_steps(*whole, 12)
+    first = _half_run(True)
+    _half_steps(*first, 6)
+    saved = {"master": first[1].state_dict(), "opt": first[2].state_dict(), "model": first[0].state_dict(),
+             "sampler": first[3].state_dict()}
+    layer, master, opt, sampler = _half_run(True)
+    for _ in range(3):   # some other run, its last update pending
+        indices, weights = sampler.sample(B)
+        master.step(opt, lambda: ((layer(_X[indices].bfloat16()).float() - _Y[indices]) ** 2).sum(1), weights)
+    assert opt.pending
+    layer.load_state_dict(saved["model"])
+    master.load_state_dict(saved["master"])
+    opt.load_state_dict(saved["opt"])
+    sampler.load_state_dict(saved["sampler"])
+    assert all(torch.equal(a, b) for a, b in zip(master.tensors, saved["master"]["masters"]))
+    _half_steps(layer, master, opt, sampler, 6)
+    assert all(torch.equal(a, b) for a, b in zip(whole[1].tensors, master.tensors))
