@@ -237,3 +237,21 @@ def test_measured_decoder_refuses_an_attention_it_does_not_know():
         build_decoder(ModelShape("t", 1, 64, 4, 2, 96, 50), "materialized")
     with pytest.raises(ValueError, match="Invalid shape.norm_params"):
         build_decoder(ModelShape("t", 1, 64, 4, 2, 96, 50, norm_params=3))
+
+
+def test_measured_decoder_keeps_one_causal_mask_for_all_layers():
+    """Each layer built and kept its own N×N mask (L·N² bytes saved for backward) where the model counts one."""
+    from sazo_lite.course.memory_measure import build_decoder, per_example_loss, saved_activation_bytes
+    shape, n, batch = ModelShape("t", 3, 64, 4, 2, 160, 50), 96, 2
+    tokens = torch.randint(shape.vocab, (batch, n + 1))
+    saved, predicted = {}, {}
+    for attention in ("fused", "materialised"):
+        model = build_decoder(shape, attention)
+        loss = torch.nn.Module()
+        loss.forward = lambda t, model=model: per_example_loss(model, t)
+        loss.parameters = model.parameters
+        saved[attention] = saved_activation_bytes(loss, tokens)
+        setup = TrainSetup(context=n, batch=batch, dtype="float32", attention=attention, chunked_loss=False)
+        predicted[attention] = memory._stored_activation_bytes(shape, setup)
+    # the head and the token ids are the same under both attentions: the difference is attention's alone
+    assert saved["materialised"] - saved["fused"] == predicted["materialised"] - predicted["fused"]

@@ -60,6 +60,9 @@ def build_decoder(shape: ModelShape, attention: str = "fused"):
                          f"the decoder has no norm with {shape.norm_params} parameters per D)")
     heads, kv_heads, head_dim = shape.heads, shape.kv_heads, shape.hidden // shape.heads
 
+    def _future_mask(n, device):   # True where a query would see a later key
+        return ~torch.ones(n, n, dtype=torch.bool, device=device).tril()
+
     def norm(d):
         return nn.LayerNorm(d) if shape.norm_params == 2 else nn.RMSNorm(d, elementwise_affine=shape.norm_params == 1)
 
@@ -77,33 +80,32 @@ def build_decoder(shape: ModelShape, attention: str = "fused"):
                 self.fc1 = nn.Linear(d, f, bias=bias)
             self.down = nn.Linear(f, d, bias=bias)
 
-        def attend(self, q, k, v):  # q [B,H,N,hd], k/v [B,KV,N,hd]
+        def attend(self, q, k, v, masked=None):  # q [B,H,N,hd], k/v [B,KV,N,hd]; masked: [N,N] bool, True above
             if attention == "fused":
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             k = k.repeat_interleave(heads // kv_heads, 1)
             v = v.repeat_interleave(heads // kv_heads, 1)
-            n = q.shape[2]
-            causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+            masked = _future_mask(q.shape[2], q.device) if masked is None else masked
             # reassign like HF's eager attention: at most two [B,H,N,N] buffers alive at once
             scores = (q @ k.transpose(-1, -2)) * head_dim ** -0.5           # [B,H,N,N]
-            scores = scores.masked_fill(~causal, float("-inf"))
+            scores = scores.masked_fill(masked, float("-inf"))
             scores = scores.softmax(-1)
             return scores @ v
 
-        def attention(self, h):  # h [B,N,D]; q, k, v die when this returns (as in HF)
+        def attention(self, h, masked=None):  # h [B,N,D]; q, k, v die when this returns (as in HF)
             b, n, d = h.shape
             q = self.q(h).view(b, n, heads, head_dim).transpose(1, 2)
             k = self.k(h).view(b, n, kv_heads, head_dim).transpose(1, 2)
             v = self.v(h).view(b, n, kv_heads, head_dim).transpose(1, 2)
-            return self.o(self.attend(q, k, v).transpose(1, 2).reshape(b, n, d))
+            return self.o(self.attend(q, k, v, masked).transpose(1, 2).reshape(b, n, d))
 
         def mlp(self, h):
             if shape.gated:
                 return self.down(F.silu(self.gate(h)) * self.up(h))
             return self.down(F.gelu(self.fc1(h)))
 
-        def forward(self, x):  # x [B,N,D]
-            x = x + self.attention(self.norm1(x))
+        def forward(self, x, masked=None):  # x [B,N,D]
+            x = x + self.attention(self.norm1(x), masked)
             return x + self.mlp(self.norm2(x))
 
     class Decoder(nn.Module):
@@ -118,8 +120,11 @@ def build_decoder(shape: ModelShape, attention: str = "fused"):
 
         def forward(self, tokens):  # tokens [B,N] → logits [B,N,V]
             x = self.embed(tokens)
+            # one mask for all layers, as HF builds it (each layer's own copy was kept for backward: L·N² bytes,
+            # where the model counts N²)
+            masked = None if attention == "fused" else _future_mask(tokens.shape[1], tokens.device)
             for block in self.blocks:
-                x = block(x)
+                x = block(x, masked)
             return self.head(self.norm(x))
 
     return Decoder()
