@@ -31,6 +31,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from .atomic import atomic_write
 from .engine import MeZO
 from .samplers import SAZOSampler
+from .seedlog import _mask_digests
 from .validation import check_count, check_int
 
 __all__ = ["rank_and_world", "shard", "gather_losses", "distributed_closure", "same_batch", "communication_bytes",
@@ -115,11 +116,12 @@ def same_batch(indices, optimizer=None) -> None:
 
 
 def _optimizer_digest(optimizer) -> str:
-    """SHA-256 of what a step of ``optimizer`` reads besides the batch: its type, step count and next seed, each
-    group's lr, eps, weight decay and perturbation, each tuned tensor's shape, dtype and float64 sum."""
+    """SHA-256 of what a step of ``optimizer`` reads besides the batch: its type, step count and next seed, a
+    SparseMeZO's masks (``sparse_indices`` seeded by rank moves other entries on each rank), each group's lr, eps,
+    weight decay and perturbation, each tuned tensor's shape, dtype and float64 sum."""
     if not isinstance(optimizer, MeZO):
         raise ValueError(f"Invalid optimizer: {type(optimizer).__name__} (expected a MeZO)")
-    parts = [type(optimizer).__name__, optimizer.step_count, optimizer.next_seed()]
+    parts = [type(optimizer).__name__, optimizer.step_count, optimizer.next_seed(), _mask_digests(optimizer)]
     for group in optimizer.param_groups:
         parts.append([float(group[key]).hex() for key in ("lr", "eps", "weight_decay")] + [group["perturbation"]])
         parts += [[list(p.shape), str(p.dtype), float(p.detach().sum(dtype=torch.float64)).hex()]

@@ -532,3 +532,41 @@ def test_loading_float32_masters_under_a_folded_optimiser_with_an_update_pending
     assert all(torch.equal(a, b) for a, b in zip(master.tensors, saved["master"]["masters"]))
     _half_steps(layer, master, opt, sampler, 6)
     assert all(torch.equal(a, b) for a, b in zip(whole[1].tensors, master.tensors))
+
+
+def _as_rank_of_two(monkeypatch, other: str):
+    """Rank 0 of a world of two whose rank 1 gathers ``other`` as its digest (no process group needed)."""
+    from sazo_lite import distributed
+
+    monkeypatch.setattr(distributed, "rank_and_world", lambda: (0, 2))
+    monkeypatch.setattr(distributed, "_gathered", lambda mine, world: [mine, other])
+
+
+@pytest.mark.parametrize("change", ["masks", "seed", "lr", "weights", "step"])
+def test_same_batch_names_an_optimiser_that_differs_on_another_rank(monkeypatch, change):
+    """Per change, rank 1's optimiser differs in one thing from rank 0's; a SparseMeZO's masks were not in the
+    digest (``sparse_indices(..., seed=rank)``: each rank perturbed other entries, gathered as one)."""
+    from sazo_lite import distributed
+
+    def build(**changed):
+        theta = torch.linspace(-1, 1, 12)
+        if changed.get("weights"):
+            theta[3] += 1e-3
+        opt = SparseMeZO([theta], sparse_indices([theta], 0.5, seed=changed.get("masks", 0)), lr=changed.get("lr", 0.1),
+                         seed=changed.get("seed", 0))
+        if changed.get("step"):
+            opt.step(lambda: (theta ** 2).sum(0, keepdim=True))
+        return opt
+
+    indices = torch.arange(4)
+    mine = build()
+    other = build(**{change: {"masks": 1, "seed": 1, "lr": 0.2, "weights": True, "step": True}[change]})
+    batch = distributed._batch_digest(indices)
+    _as_rank_of_two(monkeypatch, batch + ":" + distributed._optimizer_digest(other))
+    with pytest.raises(ValueError, match=r"Invalid optimizer: rank\(s\) \[1\]"):
+        distributed.same_batch(indices, mine)
+    _as_rank_of_two(monkeypatch, batch + ":" + distributed._optimizer_digest(build()))
+    distributed.same_batch(indices, mine)   # the same optimiser on both ranks: no error
+    _as_rank_of_two(monkeypatch, distributed._batch_digest(indices + 1) + ":" + distributed._optimizer_digest(mine))
+    with pytest.raises(ValueError, match="Invalid indices"):
+        distributed.same_batch(indices, mine)
