@@ -171,7 +171,8 @@ class Float32Master:
         """Copy master → model parameters (cast to each parameter's dtype).
 
         Raises ``OverflowError``, with every model parameter left as it was, when a master value
-        lies outside its parameter's range (float16: |x| > 65504): the cast would write ±inf.
+        lies outside its parameter's range (float16: |x| > 65504): the cast would write ±inf. Ctrl-C is
+        held until every parameter is copied.
         """
         for k, (p, master) in enumerate(zip(self.params, self.tensors)):
             limit = torch.finfo(p.dtype).max if p.dtype.is_floating_point else None
@@ -180,8 +181,9 @@ class Float32Master:
                 if top > limit:
                     raise OverflowError(f"Float32Master.sync: parameter {k} has a master value of size {top:.4g}, "
                                         f"beyond {p.dtype}'s largest {limit:.6g}; the model was not changed")
-        for p, master in zip(self.params, self.tensors):
-            p.copy_(master)
+        with InterruptsDeferred():   # a Ctrl-C part-way left the model's tensors at two different steps
+            for p, master in zip(self.params, self.tensors):
+                p.copy_(master)
 
     def wrap(self, closure):
         """A closure that syncs first; after the last ``MeZO.step`` call ``sync()`` once more."""

@@ -570,3 +570,32 @@ def test_same_batch_names_an_optimiser_that_differs_on_another_rank(monkeypatch,
     _as_rank_of_two(monkeypatch, distributed._batch_digest(indices + 1) + ":" + distributed._optimizer_digest(mine))
     with pytest.raises(ValueError, match="Invalid indices"):
         distributed.same_batch(indices, mine)
+
+
+def test_ctrl_c_during_a_float32_master_sync_leaves_the_model_whole(monkeypatch):
+    """A Ctrl-C between two tensors' copies left the model's weights from two different steps (the weight synced,
+    the bias a step behind), which a model checkpoint written in the handler then saved."""
+    import os
+    import signal
+
+    layer, master, opt, sampler = _half_run(False)
+    _half_steps(layer, master, opt, sampler, 3)
+    with torch.no_grad():
+        for m in master.tensors:
+            m.add_(0.25)   # where the next sync must take the model
+    copy_ = torch.Tensor.copy_
+    calls = []
+
+    def interrupted_copy(self, *args, **kwargs):
+        out = copy_(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)   # delivered at the next bytecode, between the two copies
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "copy_", interrupted_copy)
+    with pytest.raises(KeyboardInterrupt):
+        master.sync()
+    monkeypatch.undo()
+    assert len(calls) == 2
+    assert all(torch.equal(p, m.to(p.dtype)) for p, m in zip(layer.parameters(), master.tensors))
