@@ -108,3 +108,23 @@ def test_long_runs_refuse_a_saved_run_of_other_examples_of_the_same_sizes(tmp_pa
     with pytest.raises(SystemExit):     # the earlier set's run was kept as this set's
         llm_long_runs.main(argv)
     assert "hold runs of other settings" in capsys.readouterr().err
+
+
+# --- the walk and WalkBound on float64 tensors whose squares leave float64 -------------------------------------
+@pytest.mark.parametrize("scale", [1e200, 1e-200, 1e-160, 1.0])
+def test_the_walk_and_its_bound_are_exact_where_squares_overflow_or_underflow(scale):
+    from sazo_lite.engine import MeZO, StepEvent
+    from sazo_lite.llm.queries import WalkBound, walk
+
+    start = [torch.full((3,), 7.0, dtype=torch.float64) * scale, torch.zeros(2, 2, dtype=torch.float64)]
+    theta = [start[0] + torch.tensor([3.0, 0.0, 0.0], dtype=torch.float64) * scale,
+             torch.tensor([[0.0, 4.0], [0.0, 0.0]], dtype=torch.float64) * scale]
+    assert walk(theta, start) == pytest.approx(5.0 * scale, rel=1e-12)     # inf at 1e200, 0 at 1e-200
+    bound = WalkBound(theta, radius=2.5 * scale, start=start)
+    bound(MeZO(theta, lr=0.0), StepEvent("step", 0, 0.0))
+    assert bound.count == 1       # 1e-200: a walk read as 0 was left at 5·scale
+    expected = [start[0] + torch.tensor([1.5, 0.0, 0.0], dtype=torch.float64) * scale,
+                torch.tensor([[0.0, 2.0], [0.0, 0.0]], dtype=torch.float64) * scale]
+    for t, e in zip(theta, expected):   # 1e200: θ was put back at θ₀ (shrunk by R/inf = 0)
+        assert torch.allclose(t, e, rtol=1e-12, atol=0.0)
+    assert walk(theta, start) == pytest.approx(2.5 * scale, rel=1e-12)

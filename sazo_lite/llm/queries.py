@@ -190,7 +190,17 @@ def _checked_start(params, start) -> tuple[list[torch.Tensor], list[torch.Tensor
 
 
 def _distance(params, start) -> float:
-    return float(sum(float((p.detach().double() - s.double()).pow(2).sum()) for p, s in zip(params, start)) ** 0.5)
+    """‖θ − θ₀‖ in float64, over all tensors."""
+    pairs = list(zip(params, start))
+    total = sum(float((p.detach().double() - s.double()).pow(2).sum()) for p, s in pairs)
+    if 1e-290 < total < math.inf or math.isnan(total):
+        return total ** 0.5
+    # entries past ~1e154 (or below ~1e-154) had squares that overflowed (underflowed): a walk of 1e200 read inf,
+    # and WalkBound, shrinking by R/inf = 0, put θ back at θ₀; scaled by the largest entry they do not
+    top = max((float((p.detach().double() - s.double()).abs().max()) for p, s in pairs if p.numel()), default=0.0)
+    if not 0.0 < top < math.inf:
+        return top
+    return top * sum(float(((p.detach().double() - s.double()) / top).pow(2).sum()) for p, s in pairs) ** 0.5
 
 
 @torch.no_grad()
