@@ -255,3 +255,13 @@ def test_measured_decoder_keeps_one_causal_mask_for_all_layers():
         predicted[attention] = memory._stored_activation_bytes(shape, setup)
     # the head and the token ids are the same under both attentions: the difference is attention's alone
     assert saved["materialised"] - saved["fused"] == predicted["materialised"] - predicted["fused"]
+
+
+# -- the headline table --------------------------------------------------------------------------------------------
+def test_headline_rows_say_what_they_compute_for_any_given_setup():
+    """headline_table(setup=... checkpointing=True) filled the 'no checkpointing' rows with checkpointed figures."""
+    plain = memory.headline_table()
+    ckpt = memory.headline_table(setup=replace(memory.HEADLINE_SETUP, checkpointing=True))
+    assert [row["ours"] for row in ckpt] == [row["ours"] for row in plain]
+    assert "no checkpointing" in ckpt[0]["label"] and ckpt[0]["memory_ratio"] == pytest.approx(
+        memory.memory_ratio(memory.HEADLINE_SHAPE, replace(memory.HEADLINE_SETUP, context=512)))
