@@ -73,12 +73,22 @@ def output_folder(out: str | None) -> str:
 HUB_TASKS = ("sst2", "boolq", "multirc")
 
 
+def at_least(low: int, text: str) -> int:
+    """``text`` as an integer ≥ ``low``, else an argparse usage error naming both."""
+    value = int(text)
+    if value < low:
+        raise argparse.ArgumentTypeError(f"{value} is not ≥ {low}")
+    return value
+
+
 def positive(text: str) -> int:
     """An argparse type: an integer ≥ 1 (--steps 0 became the Trainer's max_steps=0, which trains an epoch)."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not ≥ 1")
-    return value
+    return at_least(1, text)
+
+
+def non_negative(text: str) -> int:
+    """An argparse type: an integer ≥ 0 (--save-steps -2 reached the Trainer, which then saved no checkpoint)."""
+    return at_least(0, text)
 
 
 def main(argv=None) -> None:
@@ -95,7 +105,7 @@ def main(argv=None) -> None:
     parser.add_argument("--eps", type=float, default=1e-3)
     parser.add_argument("--lora-rank", type=positive, default=4)
     parser.add_argument("--out", default=None, help="checkpoints and logs (default: a temporary folder)")
-    parser.add_argument("--save-steps", type=int, default=0, help="checkpoint every this many steps (0: never)")
+    parser.add_argument("--save-steps", type=non_negative, default=0, help="checkpoint every this many steps (0: never)")
     parser.add_argument("--resume", default=None, help="a checkpoint folder to continue from")
     parser.add_argument("--seed", type=int, default=0)
     opts = parser.parse_args(argv)

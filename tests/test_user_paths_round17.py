@@ -1,0 +1,71 @@
+"""Round 17: what a new user runs from the README, the docs and the examples does what the text says."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from test_docs_truth import flat, read
+from test_examples_run import example
+
+
+class _ModelLoaded(Exception):
+    """Raised in place of loading SmolLM2: a bad argument got past the command line."""
+
+
+def test_a_negative_save_steps_is_a_usage_error_before_the_model_loads(monkeypatch, capsys):
+    # --save-steps -2 reached TrainingArguments (save_strategy "steps", save_steps -2), which counts a
+    # save_steps below 1 as a fraction of max_steps: a negative count, and the run saved no checkpoint.
+    import sazo_lite.llm
+
+    def refuse(*args, **kwargs):
+        raise _ModelLoaded
+    monkeypatch.setattr(sazo_lite.llm, "load_smollm2", refuse)
+    with pytest.raises(SystemExit) as stop:
+        example().main(["--save-steps", "-2", "--steps", "1"])
+    assert stop.value.code == 2 and "argument --save-steps: -2 is not ≥ 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("save_steps", ["0", "3"])
+def test_save_steps_zero_and_positive_still_reach_the_trainer(monkeypatch, save_steps):
+    import sazo_lite.llm
+
+    def refuse(*args, **kwargs):
+        raise _ModelLoaded
+    monkeypatch.setattr(sazo_lite.llm, "load_smollm2", refuse)
+    with pytest.raises(_ModelLoaded):
+        example().main(["--save-steps", save_steps, "--steps", "1"])
+
+
+def test_readme_llm_families_time_is_cpu_time_with_wall_time_and_date():
+    """The README said the probe took "15 s on the 2-core machine under load"; on 2026-12-07 it took 170 CPU-seconds
+    and 6 minutes wall (each family builds and runs three tiny models: 0.7-17 CPU-seconds a family, Qwen3Next the
+    slowest). One CPU-second per family is far below any measured run, so a stated total under it is a typo."""
+    pytest.importorskip("transformers")
+    from benchmarks.llm_families import FAMILIES
+
+    text = flat(read("README.md"))
+    stated = re.search(r"`python -m benchmarks\.llm_families` probes \d+ transformers families \(([^)]*)\)", text).group(1)
+    assert re.search(r"20\d\d-\d\d-\d\d", stated), stated
+    cpu = re.search(r"(\d+(?:\.\d+)?) CPU-(seconds|minutes)", stated)
+    assert cpu, f"no CPU time: {stated!r}"
+    seconds = float(cpu.group(1)) * (60 if cpu.group(2) == "minutes" else 1)
+    assert seconds >= len(FAMILIES), stated
+    assert re.search(r"\d+ (s|minutes?) wall", stated), stated
+
+
+@pytest.mark.xfail(strict=True, reason="sazo_lite.distributed.run_demo steps at lr=0.05, past MeZO's edge on its "
+                   "321-parameter MLP: the loss goes from 1.1 to 1e13 in 20 steps (helper 69's report; a rate of "
+                   "0.01 descends). Remove this mark with the fix.")
+def test_the_distributed_demo_lowers_its_loss():
+    # docs/distributed.md's demo (`torchrun ... -m sazo_lite.distributed --steps 20 --out weights.pt`) on one process:
+    # the same steps, since every rank draws the same batches and seeds.
+    import torch
+
+    from sazo_lite import distributed
+
+    model, x, y = distributed._demo_problem()
+    with torch.no_grad():
+        start = float(((model(x) - y) ** 2).mean())
+        model.load_state_dict(distributed.run_demo(20, 8))
+        end = float(((model(x) - y) ** 2).mean())
+    assert end < start, (start, end)
