@@ -265,3 +265,9 @@ def test_headline_rows_say_what_they_compute_for_any_given_setup():
     assert [row["ours"] for row in ckpt] == [row["ours"] for row in plain]
     assert "no checkpointing" in ckpt[0]["label"] and ckpt[0]["memory_ratio"] == pytest.approx(
         memory.memory_ratio(memory.HEADLINE_SHAPE, replace(memory.HEADLINE_SETUP, context=512)))
+
+
+def test_ladder_table_bp_column_is_without_checkpointing():
+    """ladder_table(setup with checkpointing=True) printed the checkpointed peak under 'BP' too."""
+    setup = TrainSetup(context=2048, batch=2)
+    assert memory.ladder_table(setup=replace(setup, checkpointing=True)) == memory.ladder_table(setup=setup)

@@ -485,7 +485,7 @@ def ladder_table(ladder_name: str = "qwen2.5", setup: TrainSetup = None) -> str:
     lines = [f"{ladder_name} ladder, N={setup.context}, B={setup.batch}, {setup.dtype}: peak GB",
              f"{'model':16s} {'params':>7s} {'BP':>8s} {'BP ckpt':>8s} {'ZO':>8s}"]
     for shape in LADDERS[ladder_name]:
-        bp = bp_memory(shape, setup).total / GB
+        bp = bp_memory(shape, replace(setup, checkpointing=False)).total / GB   # the column beside "BP ckpt"
         ck = bp_memory(shape, replace(setup, checkpointing=True)).total / GB
         zo = zo_memory(shape, setup).total / GB
         lines.append(f"{shape.name:16s} {shape.param_count() / 1e9:6.2f}B {bp:8.1f} {ck:8.1f} {zo:8.1f}")
