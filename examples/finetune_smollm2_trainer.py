@@ -114,6 +114,9 @@ def main(argv=None) -> None:
 
     if opts.task not in TASKS and opts.task not in HUB_TASKS:   # else a traceback naming the hub tasks only
         parser.error(f"argument --task: invalid choice: {opts.task!r} (choose from {', '.join([*TASKS, *HUB_TASKS])})")
+    # else a traceback, after the model loaded and the first evaluation ran
+    if opts.resume and not os.path.isfile(os.path.join(opts.resume, "trainer_state.json")):
+        parser.error(f"argument --resume: {opts.resume!r} is not a checkpoint folder (no trainer_state.json)")
 
     # Hub data first: load_smollm2 switches the process to offline mode.
     task = (make_task(opts.task, num_train=opts.num_train, num_test=opts.num_test, noise=opts.noise, seed=opts.seed)

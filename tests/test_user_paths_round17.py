@@ -25,6 +25,23 @@ def test_a_negative_save_steps_is_a_usage_error_before_the_model_loads(monkeypat
     assert stop.value.code == 2 and "argument --save-steps: -2 is not ≥ 0" in capsys.readouterr().err
 
 
+def test_a_resume_folder_without_a_checkpoint_is_a_usage_error_before_the_model_loads(monkeypatch, capsys, tmp_path):
+    # It loaded SmolLM2, ran the first evaluation, then raised FileNotFoundError on trainer_state.json.
+    import sazo_lite.llm
+
+    def refuse(*args, **kwargs):
+        raise _ModelLoaded
+    monkeypatch.setattr(sazo_lite.llm, "load_smollm2", refuse)
+    with pytest.raises(SystemExit) as stop:
+        example().main(["--resume", str(tmp_path / "checkpoint-2"), "--steps", "1"])
+    assert stop.value.code == 2
+    assert "argument --resume: " in (err := capsys.readouterr().err) and "is not a checkpoint folder" in err
+    (tmp_path / "checkpoint-2").mkdir()
+    (tmp_path / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    with pytest.raises(_ModelLoaded):                            # a checkpoint folder goes on to the model
+        example().main(["--resume", str(tmp_path / "checkpoint-2"), "--steps", "1"])
+
+
 @pytest.mark.parametrize("save_steps", ["0", "3"])
 def test_save_steps_zero_and_positive_still_reach_the_trainer(monkeypatch, save_steps):
     import sazo_lite.llm
