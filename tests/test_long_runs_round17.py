@@ -128,3 +128,20 @@ def test_the_walk_and_its_bound_are_exact_where_squares_overflow_or_underflow(sc
     for t, e in zip(theta, expected):   # 1e200: θ was put back at θ₀ (shrunk by R/inf = 0)
         assert torch.allclose(t, e, rtol=1e-12, atol=0.0)
     assert walk(theta, start) == pytest.approx(2.5 * scale, rel=1e-12)
+
+
+# --- the walk rules refuse θ₀ copies in a narrower dtype than their tensors ---------------------------------------
+def test_the_walk_and_its_rules_refuse_a_start_rounded_to_a_narrower_dtype():
+    from sazo_lite.llm.queries import AfterStep, WalkBound, WalkPull, walk
+
+    theta = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    for narrow in (torch.bfloat16, torch.float16, torch.int64):
+        start = [theta.detach().clone().to(narrow)]        # the walk read 0.054 at θ₀ in bfloat16
+        for make in (lambda: walk([theta], start), lambda: WalkBound([theta], 1.0, start=start),
+                     lambda: WalkPull([theta], 0.1, start=start), lambda: AfterStep([theta], start)):
+            with pytest.raises(ValueError, match=r"Invalid start: start\[0\]"):
+                make()
+    assert walk([theta], [theta.detach().clone()]) == 0.0
+    assert walk([theta], [theta.detach().double()]) == 0.0          # a wider copy is θ₀ exactly
+    half = theta.detach().clone().bfloat16()
+    assert walk([half], [half.clone()]) == 0.0 and walk([half], [half.float()]) == 0.0

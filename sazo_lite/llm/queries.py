@@ -179,6 +179,14 @@ def _checked_start(params, start) -> tuple[list[torch.Tensor], list[torch.Tensor
         # zip stopped at the shorter list and a [1] copy broadcast: a walk over part of θ, without a word
         raise ValueError(f"Invalid start: expected one tensor of each tuned tensor's shape ({len(params)} tensors), "
                          f"got {len(start)}")
+    # a copy in a narrower dtype is θ₀ rounded: the walk read its rounding at θ₀ (0.054 for 1,000 float32 normals in
+    # bfloat16) and WalkBound and WalkPull drew θ toward the rounded point, without a word
+    narrow = [k for k, (p, s) in enumerate(zip(params, start))
+              if not s.is_floating_point() or torch.promote_types(p.dtype, s.dtype) != s.dtype]
+    if narrow:
+        k = narrow[0]
+        raise ValueError(f"Invalid start: start[{k}] is {start[k].dtype} for a {params[k].dtype} tensor (expected a "
+                         "floating copy in the tensor's dtype or a wider one, e.g. snapshot(params))")
     # a tensor given twice counted twice in ‖θ − θ₀‖, and WalkBound shrank it twice (a walk of 5, R = 1: to 0.1)
     _check_disjoint(params)
     try:        # the tuned tensors themselves as θ₀ (not copies): the walk read 0 and the bound never acted
