@@ -271,3 +271,16 @@ def test_ladder_table_bp_column_is_without_checkpointing():
     """ladder_table(setup with checkpointing=True) printed the checkpointed peak under 'BP' too."""
     setup = TrainSetup(context=2048, batch=2)
     assert memory.ladder_table(setup=replace(setup, checkpointing=True)) == memory.ladder_table(setup=setup)
+
+
+def test_calculator_says_when_zo_fits_nothing_and_bp_does():
+    """Llama-3.2-3B at 2 GB: BP fits its embeddings (0.65 layers), ZO not (its float32 z of V×D is twice the bf16
+    grads BP adds there); the readout said 'ZO trains a smaller model of this width than BP (0.0× ...)'."""
+    from sazo_lite.course.widgets import memory_dashboard
+    board = memory_dashboard()
+    board.controls["preset"].value = "Llama-3.2-3B"
+    board.controls["budget"].value = 2.0
+    shape, setup = LADDERS["llama"][1], TrainSetup(context=512, batch=2)
+    assert memory.size_ratio(shape, setup, 2.0) == 0.0
+    assert "ZO cannot train any model of this width" in board.readout.value
+    assert "smaller model" not in board.readout.value

@@ -48,6 +48,9 @@ def _readout_html(summary: dict, bp_gb: float, zo_gb: float, budget_gb: float) -
     size = summary["size_ratio"]
     if math.isfinite(size) and size >= 1:
         size_text = f"ZO trains a {size:.1f}× larger model of this width"
+    elif size == 0:  # ``memory.size_ratio``: BP fits its embeddings, ZO not even its embeddings and z buffer
+        size_text = ("ZO cannot train any model of this width (not even its embeddings and float32 z buffer fit); "
+                     "BP can")
     elif math.isfinite(size):  # a tiny budget: ZO's one-off buffers outweigh BP's few layers
         size_text = f"ZO trains a smaller model of this width than BP ({size:.1f}× BP's parameters)"
     elif size == math.inf:  # ``memory.size_ratio``: BP cannot hold even the embeddings, ZO can
