@@ -118,8 +118,9 @@ class Float32Master:
     @torch.no_grad()
     def load_state_dict(self, state_dict: dict) -> None:
         """Copy a ``state_dict()``'s masters into this one's (in place: the optimiser tunes these tensors), then
-        ``sync()`` the model; a folded update pending in the optimiser last given to ``step`` is applied first. ValueError, with nothing changed, unless it holds one dense tensor per master, of
-        its shape and dtype, finite and within its parameter's range."""
+        ``sync()`` the model; a folded update pending in the optimiser last given to ``step`` is applied first.
+        ValueError, with nothing changed, unless it holds one dense tensor per master, of its shape and dtype,
+        finite and within its parameter's range."""
         masters = state_dict.get("masters") if isinstance(state_dict, dict) else None
         if not isinstance(masters, (list, tuple)) or len(masters) != len(self.tensors):
             raise ValueError(f"Invalid state_dict: expected {{'masters': [{len(self.tensors)} tensors]}} as "
