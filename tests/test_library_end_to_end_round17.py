@@ -605,3 +605,53 @@ def test_ctrl_c_during_a_float32_master_sync_leaves_the_model_whole(monkeypatch)
     monkeypatch.undo()
     assert len(calls) == 2
     assert all(torch.equal(p, m.to(p.dtype)) for p, m in zip(layer.parameters(), master.tensors))
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sparse=st.booleans(), fold=st.booleans(), seed=st.integers(0, 2 ** 32),
+       failures=st.lists(st.sampled_from([0, 0, 1, 2]), min_size=1, max_size=12),
+       rates=st.lists(st.sampled_from([1.0, 1.0, 0.5, 2.0]), min_size=12, max_size=12))
+def test_a_seed_log_rebuilds_an_fp16_master_run_with_failed_steps_and_rate_changes(sparse, fold, seed, failures,
+                                                                                    rates):
+    """Failed steps (the closure raising at the first or second forward) and lr changes between steps, through a
+    Float32Master over an fp16 layer: the log's replay rebuilds the masters and the model bit for bit."""
+    generator = torch.Generator().manual_seed(seed % 1000)
+    layer = torch.nn.Linear(6, 3).to(torch.float16)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator))
+    start = {k: v.clone() for k, v in layer.state_dict().items()}
+    x, y = torch.randn(10, 6, generator=generator), torch.randn(10, 3, generator=generator)
+    master = Float32Master(layer.parameters())
+    settings_ = dict(lr=0.01, eps=1e-2, seed=seed, fold_updates=fold)
+    masks = sparse_indices(master.tensors, 0.4, seed=seed)
+    opt = SparseMeZO(master.tensors, masks, **settings_) if sparse else sz.MeZO(master.tensors, noise=None, **settings_)
+    log = sz.SeedLog.attach(opt)
+    for fail_at, rate in zip(failures, rates):
+        calls = []
+
+        def closure():
+            calls.append(1)
+            if len(calls) == fail_at:
+                raise RuntimeError("a forward failed")
+            return ((layer(x.half()).float() - y) ** 2).sum(1)
+
+        try:
+            master.step(opt, closure)
+        except RuntimeError:
+            pass
+        opt.param_groups[0]["lr"] *= rate
+    opt.flush()
+    master.sync()
+
+    replayed = torch.nn.Linear(6, 3).to(torch.float16)
+    replayed.load_state_dict(start)
+    again = Float32Master(replayed.parameters())
+    log = sz.SeedLog.from_bytes(log.to_bytes())
+    if sparse:
+        log.replay_into(SparseMeZO(again.tensors, sparse_indices(again.tensors, 0.4, seed=seed), lr=0.0, eps=1e-2))
+    else:
+        log.replay(again.tensors)
+    again.sync()
+    assert all(torch.equal(a, b) for a, b in zip(master.tensors, again.tensors))
+    assert all(torch.equal(a, b) for a, b in zip(layer.parameters(), replayed.parameters()))
