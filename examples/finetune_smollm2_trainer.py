@@ -105,7 +105,8 @@ def main(argv=None) -> None:
     parser.add_argument("--eps", type=float, default=1e-3)
     parser.add_argument("--lora-rank", type=positive, default=4)
     parser.add_argument("--out", default=None, help="checkpoints and logs (default: a temporary folder)")
-    parser.add_argument("--save-steps", type=non_negative, default=0, help="checkpoint every this many steps (0: never)")
+    parser.add_argument("--save-steps", type=non_negative, default=0,
+                        help="checkpoint every this many steps (0: never)")
     parser.add_argument("--resume", default=None, help="a checkpoint folder to continue from")
     parser.add_argument("--seed", type=int, default=0)
     opts = parser.parse_args(argv)
