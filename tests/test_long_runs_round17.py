@@ -145,3 +145,29 @@ def test_the_walk_and_its_rules_refuse_a_start_rounded_to_a_narrower_dtype():
     assert walk([theta], [theta.detach().double()]) == 0.0          # a wider copy is θ₀ exactly
     half = theta.detach().clone().bfloat16()
     assert walk([half], [half.clone()]) == 0.0 and walk([half], [half.float()]) == 0.0
+
+
+# --- WalkBound and WalkPull on half-precision LoRA pairs: θ₀ + keep·(θ − θ₀), rounded once ----------------------
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_walk_rules_move_half_precision_lora_pairs_to_the_rounded_exact_point(dtype):
+    from sazo_lite.engine import MeZO, StepEvent
+    from sazo_lite.llm.queries import WalkBound, WalkPull, walk
+
+    g = torch.Generator().manual_seed(1)
+    for trial in range(20):
+        start = [torch.randn(16, 32, generator=g).to(dtype), torch.zeros(32, 16, dtype=dtype)]     # LoRA A, B at θ₀
+        theta = [(start[0].double() + 0.05 * torch.randn(16, 32, generator=g, dtype=torch.float64)).to(dtype),
+                 (0.05 * torch.randn(32, 16, generator=g, dtype=torch.float64)).to(dtype)]
+        radius = 0.5 * walk(theta, start)
+        optimizer = MeZO(theta, lr=0.25)
+        for rule, keep in ((WalkBound(theta, radius, start=start), lambda: radius / walk(theta, start)),
+                           (WalkPull(theta, 1.0, start=start), lambda: 0.75)):
+            k = keep()
+            expected = [(s.double() + k * (t.double() - s.double())).to(dtype) for t, s in zip(theta, start)]
+            rule(optimizer, StepEvent("step", 0, 0.0))
+            for t, e, s in zip(theta, expected, start):
+                if dtype in (torch.bfloat16, torch.float16):    # ~2% of the entries were an ulp off
+                    assert torch.equal(t, e)
+                else:       # in place: within a few ulps of θ₀'s scale
+                    scale = 4 * torch.finfo(dtype).eps * max(1.0, float(s.abs().max()))
+                    assert float((t.double() - e.double()).abs().max()) <= scale
