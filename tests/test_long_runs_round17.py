@@ -171,3 +171,35 @@ def test_walk_rules_move_half_precision_lora_pairs_to_the_rounded_exact_point(dt
                 else:       # in place: within a few ulps of θ₀'s scale
                     scale = 4 * torch.finfo(dtype).eps * max(1.0, float(s.abs().max()))
                     assert float((t.double() - e.double()).abs().max()) <= scale
+
+
+# --- StepCap: state_dict / load_state_dict, a resumed run caps as the uninterrupted one ----------------------------
+def test_a_step_cap_resumed_from_its_state_caps_as_the_uninterrupted_run():
+    from sazo_lite.engine import MeZO
+    from sazo_lite.llm.queries import StepCap
+
+    targets = torch.randn(12, 3, generator=torch.Generator().manual_seed(0)) * torch.logspace(0, 2, 12)[:, None]
+
+    def run(split=None):
+        theta = torch.zeros(3)
+        optimizer, cap = MeZO([theta], lr=0.01, eps=1e-3, seed=0), StepCap(kappa=1.0, warmup=3)
+        handle = optimizer.register_step_hook(cap)
+        for k, target in enumerate(targets):
+            if k == split:          # a new optimiser and a new cap, both loaded from the states saved here
+                state, saved = optimizer.state_dict(), cap.state_dict()
+                handle.remove()
+                optimizer, cap = MeZO([theta], lr=0.01, eps=1e-3, seed=0), StepCap(kappa=1.0, warmup=3)
+                optimizer.load_state_dict(state)
+                cap.load_state_dict(saved)
+                handle = optimizer.register_step_hook(cap)
+            optimizer.step(lambda: ((theta - target) ** 2).sum(0, keepdim=True))
+        return theta, cap
+
+    plain, plain_cap = run()
+    resumed, resumed_cap = run(split=6)
+    assert plain_cap.count > 0 and resumed_cap.count == plain_cap.count     # a fresh cap began its warmup again
+    assert torch.equal(resumed, plain)
+    saved = plain_cap.state_dict()
+    for bad in ({**saved, "kappa": 2.0}, {**saved, "seen": -1}, {**saved, "mean_sq": float("nan")}, {"seen": 1}):
+        with pytest.raises(ValueError, match="Invalid"):
+            StepCap(kappa=1.0, warmup=3).load_state_dict(bad)

@@ -364,6 +364,24 @@ class StepCap:
         self.kappa, self.ema_decay, self.warmup = kappa, ema_decay, warmup
         self.seen, self.mean_sq, self.count = 0, 0.0, 0
 
+    def state_dict(self) -> dict:
+        """The cap's settings and running values (plain numbers): a resumed run caps as the uninterrupted one (a new
+        ``StepCap`` began its warmup again, uncapped)."""
+        return {"kappa": self.kappa, "ema_decay": self.ema_decay, "warmup": self.warmup, "seen": self.seen,
+                "mean_sq": self.mean_sq, "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state_dict()``: ValueError, before anything changes, for a state of other settings (its
+        caps would not be this rule's) or with a count or mean out of range."""
+        if not isinstance(state, dict) or set(state) != set(self.state_dict()):
+            raise ValueError(f"Invalid state: {str(state)[:80]} (expected StepCap.state_dict())")
+        mine = {"kappa": self.kappa, "ema_decay": self.ema_decay, "warmup": self.warmup}
+        if {key: state[key] for key in mine} != mine:
+            raise ValueError(f"Invalid state: settings {({key: state[key] for key in mine})} (this cap's: {mine})")
+        seen, count = check_int("seen", state["seen"], 0), check_int("count", state["count"], 0)
+        mean_sq = check_number("mean_sq", state["mean_sq"], 0.0)
+        self.seen, self.mean_sq, self.count = seen, mean_sq, count
+
     def cap(self) -> float:
         """κ·r, the largest |ĝ| the next step keeps (∞ during the warmup)."""
         return math.inf if self.seen < self.warmup else self.kappa * math.sqrt(self.mean_sq)
