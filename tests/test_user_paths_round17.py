@@ -4,7 +4,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from test_docs_truth import flat, read
+import test_docs_truth
+from test_docs_truth import ROOT, flat, read
 from test_examples_run import example
 
 
@@ -98,3 +99,21 @@ def test_readme_says_to_remove_a_half_made_venv_while_make_only_checks_its_inter
         pytest.skip("the Makefile no longer decides by the interpreter alone")
     quick = flat(read("README.md").split("## Quick start", 1)[1].split("```", 1)[0])
     assert "python3-venv" in quick and "rm -rf .venv" in quick, quick
+
+
+# The pages a new user opens next, which test_docs_truth's PAGES leaves out: the same checks of links, anchors,
+# make targets, library names and files.
+COURSE_PAGES = ["notebooks/README.md", "labs/README.md", "notebooks/algorithm.md",
+                *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks" / "solutions").glob("*.md"))]
+PAGE_CHECKS = ["test_every_make_target_a_page_names_exists", "test_every_dotted_library_name_resolves",
+               "test_every_source_file_a_page_names_exists", "test_every_relative_link_and_anchor_resolves",
+               "test_every_class_name_a_page_quotes_is_defined"]
+
+
+@pytest.mark.parametrize("check", PAGE_CHECKS)
+@pytest.mark.parametrize("page", COURSE_PAGES)
+def test_course_pages_pass_the_reference_pages_checks(page, check, monkeypatch):
+    masters = "\n".join(p.read_text() for p in (ROOT / "labs").glob("*.ipynb"))
+    graded = set(re.findall(r"class (\w+)", masters))          # Lab3Sampler: a name students define
+    monkeypatch.setattr(test_docs_truth, "FOREIGN_NAMES", test_docs_truth.FOREIGN_NAMES | graded)
+    getattr(test_docs_truth, check)(page)
