@@ -74,6 +74,9 @@ def main(argv=None) -> None:
                **kicks(tracer, lr), "queries": run["queries"], "F_over_F0": [f / run["train_loss"][0] for f in run["train_loss"]],
                "log_walk": run["walk"]}
         report["runs"].append(out)
+        if not tracer.walk:     # no step committed (the first one refused a non-finite loss): the next runs still run
+            print(f"{sampler} lr={lr:g} seed={seed}: no step committed, diverged={out['diverged']}")
+            continue
         print(f"{sampler} lr={lr:g} seed={seed}: {out['steps']} steps, diverged={out['diverged']}, walk at the end "
               f"{tracer.walk[-1]:.1f}; the top 1% of steps carry {out['top1pct_share']:.0%} of Σĝ²")
         for k in out["largest"]:

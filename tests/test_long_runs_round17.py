@@ -203,3 +203,29 @@ def test_a_step_cap_resumed_from_its_state_caps_as_the_uninterrupted_run():
     for bad in ({**saved, "kappa": 2.0}, {**saved, "seen": -1}, {**saved, "mean_sq": float("nan")}, {"seen": 1}):
         with pytest.raises(ValueError, match="Invalid"):
             StepCap(kappa=1.0, warmup=3).load_state_dict(bad)
+
+
+# --- llm_kicks: a run that committed no step does not lose the report ----------------------------------------------
+def test_kicks_report_a_run_that_committed_no_step_and_go_on(tmp_path, monkeypatch, capsys):
+    import json
+
+    from benchmarks import llm_kicks
+
+    model, params, train, test = top_block_setting()
+    monkeypatch.setattr(llm_kicks, "top_start", lambda setting: (model, params, train, test, None))
+    plain = llm_kicks.query_run
+
+    def refused_at_once(model, params, train, sampler, *, lr, **kwargs):    # the first step's loss was not finite
+        if sampler == "uniform":
+            run = plain(model, params, train, sampler, lr=lr, **{**kwargs, "steps": 0, "step_hooks": []})
+            run.diverged = True
+            return run
+        return plain(model, params, train, sampler, lr=lr, **kwargs)
+
+    monkeypatch.setattr(llm_kicks, "query_run", refused_at_once)
+    out = tmp_path / "kicks.json"
+    llm_kicks.main(["uniform:0.01:0", "sazo:0.01:0", "--steps", "3", "--json", str(out)])     # IndexError
+    report = json.loads(out.read_text())
+    assert [r["sampler"] for r in report["runs"]] == ["uniform", "sazo"]
+    assert report["runs"][0]["steps"] == 0 and report["runs"][1]["steps"] == 3
+    assert "no step committed" in capsys.readouterr().out
