@@ -431,6 +431,7 @@ class MeZO(torch.optim.Optimizer):
             check_source("noise", noise, also="'auto', None or ")
         self.fold_updates = check_bool("fold_updates", fold_updates)
         self._pending = None  # (source, update jobs) of a folded step, applied by the next pass
+        self._pending_versions = None   # its tensors' version counters when it was held (see ``_hold``)
         self._offset = 0      # where θ stands in the step in flight: 0, +1 (θ+εz) or −1 (θ−εz)
         self._step_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._plain = PlainNoise()
@@ -527,7 +528,10 @@ class MeZO(torch.optim.Optimizer):
 
         A pending folded update is applied first (``flush``), as an unfolded run would have applied
         it: the parameters hold the last committed step, never θ − εz (the state describes flushed
-        parameters; as with torch.optim, loading leaves the parameters' values to the caller).
+        parameters; as with torch.optim, loading leaves the parameters' values to the caller). Where the
+        parameters were written in place since that step (weights loaded before the optimiser's state, as a
+        resume into objects that have been stepping does), the update is dropped and the written values stand:
+        applied on top of them, it moved the loaded weights off the checkpoint.
 
         Warns ``NoiseSourceWarning`` when the state records a noise source (``noise``, written since round 16)
         that draws other z than this optimiser's (``noise.describe``: kind and parameters, not the device; compared
@@ -546,7 +550,9 @@ class MeZO(torch.optim.Optimizer):
                           f"from {current!r}, so the resumed run goes on along other directions than the saved run "
                           f"would have (build it with the saved run's noise source to resume bit for bit)",
                           NoiseSourceWarning, stacklevel=_caller_level())
-        self.flush()   # dropping it left θ at θ − εz of the last step: neither that step's start nor its end
+        if self._written_since_held():   # the caller loaded weights (a checkpoint's) before this state: they stand
+            self._pending = None
+        self.flush()   # dropping it otherwise left θ at θ − εz of the last step: neither that step's start nor its end
         with _InterruptsDeferred():   # Ctrl-C held until the state is whole: its step and seed as Python ints
             _undecorated(torch.optim.Optimizer.load_state_dict)(self, state_dict)
             state = self.state[self._first_param()]   # numpy ints as Python ints: state_dict() loads with weights_only
@@ -590,7 +596,7 @@ class MeZO(torch.optim.Optimizer):
     def __getstate__(self) -> dict:
         """deepcopy/pickle keep the noise source, folding and a pending update; not the hooks."""
         return {**super().__getstate__(), "noise": self.noise, "fold_updates": self.fold_updates,
-                "_pending": self._pending, "_offset": 0, "_step_hooks": OrderedDict(), "_plain": self._plain,
+                "_pending": self._pending, "_pending_versions": None, "_offset": 0, "_step_hooks": OrderedDict(), "_plain": self._plain,
                 "_in_step": False}
 
     # -- hooks ---------------------------------------------------------------------------
@@ -669,7 +675,7 @@ class MeZO(torch.optim.Optimizer):
                 self._apply(jobs)
             except BaseException:
                 if fused:
-                    self._pending = pending  # the fused pass was undone: the update still waits
+                    self._hold(pending)  # the fused pass was undone: the update still waits
                 raise
             self._offset = offset
 
@@ -686,8 +692,21 @@ class MeZO(torch.optim.Optimizer):
         try:
             self._apply(pending[1], source)
         except BaseException:
-            self._pending = pending
+            self._hold(pending)
             raise
+
+    def _hold(self, pending) -> None:
+        """Hold a folded update until the next pass, with its tensors' version counters: ``load_state_dict``
+        reads from them whether the caller wrote the parameters since (``_written_since_held``)."""
+        self._pending = pending
+        self._pending_versions = tuple(job.param._version for job in pending[1])
+
+    def _written_since_held(self) -> bool:
+        """A tensor of the pending update was written in place since it was held (``copy_``, a module's
+        ``load_state_dict``: anything but a ``.data`` write bumps its version counter); False where unknown (a
+        copy or an unpickled optimiser: new tensors, new counters)."""
+        return (self._pending is not None and self._pending_versions is not None
+                and self._pending_versions != tuple(job.param._version for job in self._pending[1]))
 
     # no_grad: called outside a step too (state_dict, load_state_dict, train), where a source with a bare
     # apply(jobs) met tensors that require grad in grad mode and raised RuntimeError at every call
@@ -763,7 +782,7 @@ class MeZO(torch.optim.Optimizer):
         """Apply (or, folding, hold) the update, count the step, keep its result, tell the hooks."""
         with _InterruptsDeferred():
             if self.fold_updates:
-                self._pending = (self.noise_source, update)
+                self._hold((self.noise_source, update))
             else:
                 self._apply(update)
             self._offset = 0
