@@ -108,7 +108,8 @@ def long_run(sampler="sazo", *, lr: float, steps: int = 3000, seed: int = 0, bat
     ``queries_to``: {target: queries or None}, ``seconds``.
 
     ``sampler``: a name ("uniform", "sazo", "oracle") or a sampler object for N examples. ``start``:
-    ``top_start(setting)``'s tuple, to reuse θ₀ across calls (θ is restored to θ₀ first and after).
+    ``top_start(setting)``'s tuple, to reuse θ₀ across calls (the run starts from its tensors as they stand, θ₀ as
+    ``top_start`` made them, and puts them back after).
     ``diagnose``: true norms every n-th log point (each costs ≈ a dozen steps). Other keyword
     arguments go to ``query_run`` (e.g. ``oracle_every``, ``uniform_mix``, ``stop_fraction``).
     """
