@@ -117,3 +117,20 @@ def test_course_pages_pass_the_reference_pages_checks(page, check, monkeypatch):
     graded = set(re.findall(r"class (\w+)", masters))          # Lab3Sampler: a name students define
     monkeypatch.setattr(test_docs_truth, "FOREIGN_NAMES", test_docs_truth.FOREIGN_NAMES | graded)
     getattr(test_docs_truth, check)(page)
+
+
+def test_distributed_md_says_the_demo_runs_on_gloo_only_while_its_model_stays_on_the_cpu():
+    """docs/distributed.md showed `SAZO_BACKEND=nccl torchrun ...  # losses on CUDA` as the demo's second use, but only
+    the demo reads SAZO_BACKEND and it builds its model and losses on the CPU, which NCCL collectives refuse."""
+    import inspect
+
+    from sazo_lite import distributed
+
+    demo = inspect.getsource(distributed._demo_problem) + inspect.getsource(distributed.run_demo)
+    model, x, y = distributed._demo_problem()
+    if "cuda" in demo or ".to(" in demo or {p.device.type for p in model.parameters()} != {"cpu"}:
+        pytest.skip("the demo moves its model off the CPU now: say how to run it on nccl instead")
+    readers = [p for p in (ROOT / "sazo_lite").rglob("*.py") if "SAZO_BACKEND" in p.read_text()]
+    assert readers == [ROOT / "sazo_lite" / "distributed.py"]
+    text = flat(read("docs/distributed.md"))
+    assert "read by the demo alone" in text and "the demo runs on gloo only" in text
