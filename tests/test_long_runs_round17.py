@@ -229,3 +229,17 @@ def test_kicks_report_a_run_that_committed_no_step_and_go_on(tmp_path, monkeypat
     assert [r["sampler"] for r in report["runs"]] == ["uniform", "sazo"]
     assert report["runs"][0]["steps"] == 0 and report["runs"][1]["steps"] == 3
     assert "no step committed" in capsys.readouterr().out
+
+
+# --- StepCap after a warmup of flat steps --------------------------------------------------------------------------
+def test_a_step_cap_whose_warmup_saw_only_flat_steps_does_not_freeze_the_run():
+    from sazo_lite.engine import MeZO
+    from sazo_lite.llm.queries import StepCap
+
+    theta = torch.zeros(2)
+    optimizer, cap = MeZO([theta], lr=0.1, eps=1e-3, seed=0), StepCap(kappa=3.0, warmup=2)
+    optimizer.register_step_hook(cap)
+    for flat in (True, True, False, False, False):      # ĝ = 0 twice (a flat loss), then a real objective
+        optimizer.step(lambda: torch.zeros(1) if flat else ((theta - 5.0) ** 2).sum(0, keepdim=True))
+    # the cap was 0 after the flat warmup: every later step was taken back whole (θ stayed at 0, 3 steps capped)
+    assert float(theta.norm()) > 0.1 and cap.count == 0 and cap.cap() > 0

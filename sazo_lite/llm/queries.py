@@ -335,7 +335,8 @@ class StepCap:
 
         θ ← θ − η·clip(ĝ, −κ·r, κ·r)·z        r² = EMA (decay β) of the capped ĝ² of earlier steps
 
-    (r is the mean of the first ``warmup`` steps' ĝ², which are not capped). A kick η·|ĝ|·√d of a
+    (r is the mean of the first ``warmup`` steps' ĝ², which are not capped; a warmup whose ĝ were all 0 starts
+    over). A kick η·|ĝ|·√d of a
     heavy-tailed ĝ is what ends long top-block runs (docs/llm.md); the cap reads nothing but ĝ, so it is
     one rule for every sampler, and it biases ĝ where |ĝ| is largest. The excess is undone by
     ``MeZO.replay_step`` with −(ĝ − clip(ĝ)) (three passes over θ, only on capped steps); it needs
@@ -392,6 +393,10 @@ class StepCap:
             return
         if any(group["weight_decay"] for group in optimizer.param_groups):
             raise ValueError("Invalid optimizer: StepCap needs weight_decay = 0 (a replayed excess would decay θ twice)")
+        if self.seen >= self.warmup and self.mean_sq == 0.0:
+            # a warmup of flat steps (every ĝ = 0) measured no scale: its cap of 0 took every later step back whole,
+            # and the run never moved again; the warmup starts over
+            self.seen = 0
         g, cap = float(event.value), self.cap()
         kept = max(-cap, min(cap, g))
         if kept != g:
