@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import os
 import platform
 import time
@@ -41,7 +42,7 @@ from sazo_lite.atomic import write_text
 from sazo_lite.llm import add_lora, load_smollm2, restore_snapshot, snapshot, trainable_parameters
 from sazo_lite.llm.landscape import random_walk_descent
 from sazo_lite.llm.continual import cached_first_round, keep_alike, make_continual_set
-from sazo_lite.llm.queries import SAMPLERS, queries_to, query_run, walk
+from sazo_lite.llm.queries import SAMPLERS, _check_run_settings, queries_to, query_run, walk
 from sazo_lite.llm.topblock import TopBlocks, top_layers
 
 __all__ = ["TopSetting", "top_start", "long_run", "gd_steps", "pull_floor", "TARGETS"]
@@ -180,6 +181,11 @@ def main(argv=None) -> None:
     else:
         refuse_unused(parser, args, ("walk_radii",), "without --pull-floor")
     check_output(parser, "--json", args.json)
+    if args.walk_pull is not None:      # query_run's rule (lr·λ < 1), checked now: it refused once the setting was built
+        try:
+            _check_run_settings(args.lr, None, None, None, 0, math.inf, args.walk_pull, False)
+        except ValueError as error:
+            parser.error(f"argument --walk-pull: {error}")
     if args.pull_floor is not None:     # one run per λ (a λ given twice: once), one row per radius
         args.pull_floor, args.walk_radii = list(dict.fromkeys(args.pull_floor)), list(dict.fromkeys(args.walk_radii))
     if args.json is not None:

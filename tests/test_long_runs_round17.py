@@ -243,3 +243,16 @@ def test_a_step_cap_whose_warmup_saw_only_flat_steps_does_not_freeze_the_run():
         optimizer.step(lambda: torch.zeros(1) if flat else ((theta - 5.0) ** 2).sum(0, keepdim=True))
     # the cap was 0 after the flat warmup: every later step was taken back whole (θ stayed at 0, 3 steps capped)
     assert float(theta.norm()) > 0.1 and cap.count == 0 and cap.cap() > 0
+
+
+# --- llm_topblock: a pull that would carry θ past θ₀ is refused before the setting is built ----------------------
+def test_topblock_refuses_a_pull_past_theta0_before_building_the_setting(monkeypatch, capsys):
+    from benchmarks import llm_topblock
+
+    def built(*args, **kwargs):
+        raise AssertionError("the setting was built (minutes) before the refusal")
+
+    monkeypatch.setattr(llm_topblock, "top_start", built)
+    with pytest.raises(SystemExit):
+        llm_topblock.main(["uniform", "--lr", "2", "--walk-pull", "0.5", "--steps", "3"])
+    assert "Invalid walk_pull" in capsys.readouterr().err
