@@ -175,7 +175,7 @@ def run_demo(steps: int = 20, batch_size: int = 8, crash_rank: int = -1, crash_s
     """SAZO + MeZO for ``steps`` steps on the demo task, on however many ranks are running."""
     rank, _ = rank_and_world()
     model, x, y = _demo_problem()
-    opt = MeZO(model.parameters(), lr=0.05, eps=1e-3, seed=1)
+    opt = MeZO(model.parameters(), lr=0.01, eps=1e-3, seed=1)
     sampler = SAZOSampler(len(x), seed=2)  # same seed everywhere: same global batches
 
     def batch_losses(idx):
