@@ -37,7 +37,7 @@ from .engine import FLAT_EXAMPLES, FLAT_STEPS, FlatLossCheck, FlatLossWarning, _
 from .interrupts import InterruptsDeferred
 from .samplers import Sampler
 from .validation import (check_bool, check_callable, check_count, check_fraction, check_int, check_limit, check_number,
-                         check_real, dense_tensor)
+                         check_real, check_state_settings, dense_tensor)
 
 __all__ = ["History", "FlatLossWarning", "train", "queries_to_target", "diverged", "divergence_limit", "reached", "median_queries",
            "median_ratio_interval", "mean_difference_interval", "best_rate", "past_edge", "NoiseScaledStep"]
@@ -169,11 +169,8 @@ class NoiseScaledStep:
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state_dict()``: ValueError, before anything changes, for a state of other settings (its
         scales would not be this rule's) or with a count or mean out of range."""
-        if not isinstance(state, dict) or set(state) != set(self.state_dict()):
-            raise ValueError(f"Invalid state: {str(state)[:80]} (expected NoiseScaledStep.state_dict())")
-        mine = {"decay": self.decay, "warmup": self.warmup, "max_scale": self.max_scale}
-        if {key: state[key] for key in mine} != mine:
-            raise ValueError(f"Invalid state: settings {({key: state[key] for key in mine})} (this rule's: {mine})")
+        check_state_settings("NoiseScaledStep", state, self.state_dict(),
+                             {"decay": self.decay, "warmup": self.warmup, "max_scale": self.max_scale})
         seen = check_int("seen", state["seen"], 0)
         reference = check_number("reference", state["reference"], 0.0)
         mean = check_number("mean", state["mean"], 0.0)

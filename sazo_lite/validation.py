@@ -11,7 +11,7 @@ import numbers
 
 __all__ = ["check_int", "check_seed", "check_count", "check_real", "check_number", "check_limit", "check_fraction", "check_choice",
            "check_bool", "check_callable", "not_dense", "numpy_readable", "dense_tensor", "non_real_kinds",
-           "not_numbers", "check_numbers", "NotNumbersError"]
+           "not_numbers", "check_numbers", "NotNumbersError", "check_state_settings"]
 
 
 def check_int(name: str, value, low: int | None = None, high: int | None = None) -> int:
@@ -32,6 +32,17 @@ def check_seed(name: str, value, low: int = -2 ** 63) -> int:
 def check_count(name: str, value) -> int:
     """An int >= 1 (a number of examples, steps, directions ...)."""
     return check_int(name, value, 1)
+
+
+def check_state_settings(owner: str, state, keys, settings: dict) -> None:
+    """A step rule's state for ``load_state_dict``: a dict with exactly ``keys`` (its ``state_dict()``'s) whose
+    settings equal this rule's ``settings`` (a state of other settings would not be this rule's), else
+    ValueError naming ``owner``."""
+    if not isinstance(state, dict) or set(state) != set(keys):
+        raise ValueError(f"Invalid state: {str(state)[:80]} (expected {owner}.state_dict())")
+    given = {key: state[key] for key in settings}
+    if given != settings:
+        raise ValueError(f"Invalid state: settings {given} (this {owner}'s: {settings})")
 
 
 def check_real(name: str, value) -> float:

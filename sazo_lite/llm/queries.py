@@ -29,7 +29,8 @@ from ..engine import MeZO, StepEvent, _check_disjoint
 from ..samplers import RACED, make_sampler
 from ..train import NoiseScaledStep, divergence_limit, median_queries, queries_to_target, reached, train
 from ..variance import oracle_probs, paired_vectors as _paired, spearman, tv_distance, variance_ratio
-from ..validation import check_choice, check_count, check_int, check_limit, check_number, check_real
+from ..validation import (check_choice, check_count, check_int, check_limit, check_number, check_real,
+                          check_state_settings)
 from .finetune import check_params_in, mean_loss
 from .grad_norms import RefreshingNorms, grad_norms
 from .losses import TokenBatch, _check_vocabulary, accuracy, batched_closure, check_labelled
@@ -374,11 +375,8 @@ class StepCap:
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state_dict()``: ValueError, before anything changes, for a state of other settings (its
         caps would not be this rule's) or with a count or mean out of range."""
-        if not isinstance(state, dict) or set(state) != set(self.state_dict()):
-            raise ValueError(f"Invalid state: {str(state)[:80]} (expected StepCap.state_dict())")
-        mine = {"kappa": self.kappa, "ema_decay": self.ema_decay, "warmup": self.warmup}
-        if {key: state[key] for key in mine} != mine:
-            raise ValueError(f"Invalid state: settings {({key: state[key] for key in mine})} (this cap's: {mine})")
+        check_state_settings("StepCap", state, self.state_dict(),
+                             {"kappa": self.kappa, "ema_decay": self.ema_decay, "warmup": self.warmup})
         seen, count = check_int("seen", state["seen"], 0), check_int("count", state["count"], 0)
         mean_sq = check_number("mean_sq", state["mean_sq"], 0.0)
         self.seen, self.mean_sq, self.count = seen, mean_sq, count
