@@ -48,7 +48,7 @@ def build_decoder(shape: ModelShape, attention: str = "fused"):
 
     SwiGLU FFN (``gated=False``: fc1, GELU, fc2); biases as ``bias`` / ``qkv_bias`` say; the LM head
     tied to the embedding when ``tied_embeddings``; norms with ``norm_params`` per D: 1 RMSNorm, 2
-    LayerNorm, 0 RMSNorm without weight. Its parameter count is ``shape.param_count()``.
+    LayerNorm, 0 RMSNorm without weight. Its parameter count is ``ModelShape.param_count()`` of ``shape``.
     """
     import torch
     import torch.nn as nn
@@ -251,7 +251,7 @@ def _check_measurable(setup: TrainSetup, mode: str) -> None:
 
 def measure(shape: ModelShape, setup: TrainSetup, mode: str, device: str = "cpu",
             timeout: float = 300.0) -> dict:
-    """Run one measurement in a fresh process, the decoder in ``setup.dtype``.
+    """Run one measurement in a fresh process, the decoder in the setup's ``dtype``.
 
     The child runs full logits, backprop as plain SGD on every parameter without checkpointing, and
     MeZO's layer-by-layer forward: a ``setup`` asking for another (``chunked_loss=True``; for "bp"
