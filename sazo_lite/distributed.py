@@ -31,7 +31,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from .atomic import atomic_write
 from .engine import MeZO
 from .samplers import SAZOSampler
-from .seedlog import _mask_digests
+from .seedlog import _block_sums, _mask_digests
 from .validation import check_count, check_int
 
 __all__ = ["rank_and_world", "shard", "gather_losses", "distributed_closure", "same_batch", "communication_bytes",
@@ -76,7 +76,8 @@ def distributed_closure(batch_losses, indices: torch.Tensor, optimizer=None):
     """Wrap ``batch_losses(local_indices) -> [B/W]`` into a closure returning the global [B].
 
     Given the ``optimizer`` that takes the step, the ranks also check that their optimisers agree (``same_batch``'s
-    ``optimizer``: a float64 sum of each tuned tensor, one read of the parameters per step).
+    ``optimizer``: the sums a SeedLog checks, of each block of each tuned tensor, one read of the parameters per
+    step).
 
     Raises:
         ValueError: the ranks drew different global batches or their optimisers differ (``same_batch``, checked
@@ -96,7 +97,7 @@ def same_batch(indices, optimizer=None) -> None:
     word). One all-gather of the batch's SHA-256 (64 hex digits) per call; nothing without a process group.
 
     With ``optimizer`` (a ``MeZO``) the same all-gather carries a second SHA-256 (``_optimizer_digest``): of its step
-    count, next seed, groups' settings and each tuned tensor's shape, dtype and float64 sum. A rank seeded apart
+    count, next seed, groups' settings and each tuned tensor's shape, dtype and block sums. A rank seeded apart
     (``seed=rank``) perturbs along other z, and one whose weights or rate differ (a checkpoint loaded on rank 0
     alone) moves other weights by the common g: either way the ranks part without a word."""
     _, world = rank_and_world()
@@ -118,13 +119,14 @@ def same_batch(indices, optimizer=None) -> None:
 def _optimizer_digest(optimizer) -> str:
     """SHA-256 of what a step of ``optimizer`` reads besides the batch: its type, step count and next seed, a
     SparseMeZO's masks (``sparse_indices`` seeded by rank moves other entries on each rank), each group's lr, eps,
-    weight decay and perturbation, each tuned tensor's shape, dtype and float64 sum."""
+    weight decay and perturbation, each tuned tensor's shape, dtype and block sums (``seedlog._block_sums``: one
+    reading pass, no float64 copy of the tensor)."""
     if not isinstance(optimizer, MeZO):
         raise ValueError(f"Invalid optimizer: {type(optimizer).__name__} (expected a MeZO)")
     parts = [type(optimizer).__name__, optimizer.step_count, optimizer.next_seed(), _mask_digests(optimizer)]
     for group in optimizer.param_groups:
         parts.append([float(group[key]).hex() for key in ("lr", "eps", "weight_decay")] + [group["perturbation"]])
-        parts += [[list(p.shape), str(p.dtype), float(p.detach().sum(dtype=torch.float64)).hex()]
+        parts += [[list(p.shape), str(p.dtype), hashlib.sha256(_block_sums(p).cpu().numpy().tobytes()).hexdigest()]
                   for p in group["params"]]
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
