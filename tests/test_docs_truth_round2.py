@@ -892,8 +892,9 @@ def test_sampler_feedback_refusals_in_samplers_md():
             assert repr(sampler.state_dict()) == before, cls
 
 
-# Flags the pages quote that belong to pip, torchrun or pytest, not to this project's command lines.
-FOREIGN_FLAGS = {"--no-deps", "--index-url", "--extra-index-url", "--nproc_per_node", "--nbmake", "--overwrite"}
+# Flags the pages quote that belong to pip, torchrun, pytest or venv, not to this project's command lines.
+FOREIGN_FLAGS = {"--no-deps", "--index-url", "--extra-index-url", "--nproc_per_node", "--nbmake", "--overwrite",
+                 "--clear"}
 
 
 @pytest.mark.parametrize("page", PAGES)

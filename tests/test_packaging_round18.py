@@ -150,3 +150,41 @@ def test_readme_says_make_mends_a_half_made_venv_and_no_longer_asks_to_remove_it
     assert "$(PYTHON) -m venv --clear $(VENV)" in read("Makefile") and "ensurepip" in read("Makefile")
     assert "the Makefile runs `python3 -m venv --clear .venv` where `.venv` has no Python with pip" in quick
     assert "makes a half-made `.venv` anew by itself, and installs again a torch that does not import" in quick
+
+
+# -- the GitHub Pages workflow -----------------------------------------------------------------------------------
+def _workflow_make_lines() -> list[tuple[list[str], dict]]:
+    """(make's arguments, the step's env) for every `make` line of the Pages workflow's steps."""
+    import shlex
+
+    import yaml
+
+    found = []
+    for job in yaml.safe_load(read(".github/workflows/pages.yml"))["jobs"].values():
+        for step in job["steps"]:
+            for line in step.get("run", "").splitlines():
+                if line.strip().startswith("make "):
+                    found.append((shlex.split(line)[1:], {k: str(v) for k, v in step.get("env", {}).items()}))
+    return found
+
+
+def test_pages_workflow_installs_the_cpu_torch_wheel():
+    """`make book FULL=1` on ubuntu-latest gave pip no index, so `torch==2.13.0` came from PyPI: the multi-GB CUDA
+    build with its nvidia-* wheels, on a runner with no GPU. Every torch pip line make runs there names the CPU index."""
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    lines = _workflow_make_lines()
+    assert [args[0] for args, _ in lines] == ["book"]
+    args, env = lines[0]
+    env = {k: v for k, v in env.items() if not v.startswith("${{")}
+    done = subprocess.run(["make", "-n", "-B", *args], cwd=ROOT, capture_output=True, text=True, check=True,
+                          env=dict(os.environ, **env))
+    torch_lines = [line for line in done.stdout.splitlines() if '"torch==' in line]
+    assert torch_lines and all(f"--index-url {CPU_INDEX}" in line for line in torch_lines), torch_lines
+    assert "book/build.py --jobs 2 --full" in done.stdout
+
+
+def test_course_md_says_the_workflow_installs_the_cpu_wheel():
+    text = flat(read("docs/course.md"))
+    assert f'with the CPU torch wheel (`TORCH_PIP_ARGS="--index-url {CPU_INDEX}"`)' in text
+    assert f'TORCH_PIP_ARGS="--index-url {CPU_INDEX}"' in read(".github/workflows/pages.yml")
