@@ -83,6 +83,9 @@ def _launch(theta: torch.Tensor, seed: int, coefficient: float, shrink: float, p
 def triton_direction(like: torch.Tensor, seed: int, perturbation: str, *, block: int = 1024) -> torch.Tensor:
     """The kernel's z for one tensor, materialised in float32 (tests and teaching)."""
     check_perturbation(perturbation)   # the kernel draws Gaussian z for anything but "rademacher"
+    usable, reason = triton_available()   # else triton's own error: "No module named 'triton'", "0 active drivers"
+    if not usable:
+        raise RuntimeError(f"triton_direction cannot run here: {reason}")
     z = torch.zeros(like.numel(), dtype=torch.float32, device=like.device)
     _launch(z, seed, 1.0, 1.0, perturbation, block)   # 0·1 + 1·z
     return z.view(like.shape)

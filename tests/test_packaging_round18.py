@@ -188,3 +188,116 @@ def test_course_md_says_the_workflow_installs_the_cpu_wheel():
     text = flat(read("docs/course.md"))
     assert f'with the CPU torch wheel (`TORCH_PIP_ARGS="--index-url {CPU_INDEX}"`)' in text
     assert f'TORCH_PIP_ARGS="--index-url {CPU_INDEX}"' in read(".github/workflows/pages.yml")
+
+
+# -- triton: Linux wheels only -----------------------------------------------------------------------------------
+def _extras() -> dict[str, list]:
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads(read("pyproject.toml"))["project"]["optional-dependencies"]
+    return {name: [Requirement(spec) for spec in specs] for name, specs in extras.items()}
+
+
+def _installed_by(extra: str, environment: dict) -> set[str]:
+    """The names `pip install .[extra]` asks for in `environment` (self-references followed)."""
+    names = set()
+    for requirement in _extras()[extra]:
+        if requirement.marker is not None and not requirement.marker.evaluate(environment):
+            continue
+        if requirement.name == "sazo-lite":
+            for inner in requirement.extras:
+                names |= _installed_by(inner, environment)
+        else:
+            names.add(requirement.name)
+    return names
+
+
+PLATFORMS = {"linux": {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64"},
+             "linux-arm": {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": "aarch64"},
+             "macos": {"sys_platform": "darwin", "platform_system": "Darwin", "platform_machine": "arm64"},
+             "windows": {"sys_platform": "win32", "platform_system": "Windows", "platform_machine": "AMD64"}}
+
+
+@pytest.mark.parametrize("platform", sorted(PLATFORMS))
+def test_all_asks_for_triton_only_where_it_has_wheels(platform):
+    """triton publishes manylinux wheels (x86-64 and aarch64) and nothing else, no sdist: `pip install .[all]` on
+    macOS or Windows failed with "No matching distribution found for triton>=3.0"."""
+    wanted = _installed_by("all", PLATFORMS[platform])
+    assert ("triton" in wanted) == platform.startswith("linux"), (platform, sorted(wanted))
+    assert {"transformers", "jupyterlab", "pytest", "otter-grader"} <= wanted
+
+
+def test_no_module_imports_triton_outside_a_function_or_an_import_guard():
+    """Every `import triton` of the library, benchmarks, book, examples and tests is lazy (in a function) or
+    guarded by `except ImportError`: the repository imports where triton is not installed."""
+    import ast
+
+    def guarded(node, parents) -> bool:
+        for parent in parents:
+            if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                return True
+            if isinstance(parent, ast.Try) and node in [n for stmt in parent.body for n in ast.walk(stmt)] and any(
+                    isinstance(h.type, ast.Name) and h.type.id in {"ImportError", "ModuleNotFoundError", "Exception"}
+                    for h in parent.handlers):
+                return True
+        return False
+
+    def visit(node, parents, path, found):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if any(n == "triton" or n.startswith("triton.") for n in names) and not guarded(node, parents):
+                found.append(f"{path}:{node.lineno}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, [*parents, node], path, found)
+
+    found = []
+    for folder in ("sazo_lite", "benchmarks", "book", "examples", "tests"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            visit(ast.parse(path.read_text()), [], path.relative_to(ROOT), found)
+    assert not found, found
+
+
+def test_the_library_and_triton_noise_work_where_triton_is_not_installed():
+    """With triton unimportable: every sazo_lite module imports, TritonNoise falls back to TorchNoise and steps, and
+    triton_direction says why it cannot run (it raised ModuleNotFoundError from inside, or triton's
+    "0 active drivers" where triton was there without a GPU)."""
+    import sys
+
+    code = r"""
+import importlib, pkgutil, sys
+sys.modules["triton"] = None                      # `import triton` raises ImportError
+import torch, sazo_lite
+for info in pkgutil.walk_packages(sazo_lite.__path__, "sazo_lite."):
+    if not info.name.endswith(".__main__"):   # command lines: they run on import
+        importlib.import_module(info.name)
+from sazo_lite import MeZO
+from sazo_lite.kernels import TritonNoise, triton_direction
+noise = TritonNoise()
+assert not noise.usable and "not installed" in noise.reason, noise.reason
+theta = torch.zeros(64)
+MeZO([theta], lr=0.1, eps=1e-3, noise=noise, seed=0).step(lambda: (theta - 1).pow(2).sum())
+assert theta.abs().sum() > 0
+try:
+    triton_direction(torch.empty(8), 1, "gaussian")
+except RuntimeError as error:
+    print("refused:", error)
+"""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SAZO_FAST="1")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "refused: triton_direction cannot run here: triton is not installed (pip install triton)" in done.stdout
+
+
+def test_triton_direction_without_a_gpu_or_the_interpreter_says_why():
+    from sazo_lite.kernels import triton_available, triton_direction
+
+    usable, reason = triton_available()
+    if usable:
+        pytest.skip(f"triton runs here ({reason})")
+    import torch
+
+    with pytest.raises(RuntimeError, match=re.escape(f"triton_direction cannot run here: {reason}")):
+        triton_direction(torch.empty(8), 1, "gaussian")
