@@ -37,7 +37,8 @@ Assumptions (printed as a footnote by ``python -m sazo_lite.course.memory``):
     score tensors;
   * ZO keeps min(L', L) (``zo_buffered_layers``, default 1) such working sets, plus one z buffer: the
     largest parameter tensor (float32 when weights are 16-bit, as ``sazo_lite.MeZO`` draws it);
-  * the LM head: by default the loss is chunked (``chunked_loss=True``) so logits never exist
+  * the LM head: the final norm stores 2D + 1 and the head keeps its input (D per token) for its
+    weight's grad; by default the loss is chunked (``chunked_loss=True``) so logits never exist
     for the whole sequence; otherwise BP stores log-softmax (V per token) and both methods hold
     two V-sized transients (logits and log-softmax, or their grads);
   * the N×N bool causal mask (N² bytes, shared by all layers) is counted only for
@@ -257,7 +258,9 @@ def transient_elements_per_token(shape: ModelShape, setup: TrainSetup) -> float:
 
 def _head_elements(shape: ModelShape, setup: TrainSetup) -> tuple[float, float]:
     """(stored, transient) elements per token of the LM head and loss."""
-    stored_norm = 2 * shape.hidden + 1  # final norm: input and normalised input
+    # final norm: input, normalised input, 1/rms; and its output, the LM head's input, which the head's
+    # matmul keeps for its weight's grad, chunked loss or not
+    stored_norm = 3 * shape.hidden + 1
     if setup.chunked_loss:
         return float(stored_norm), 0.0
     # transient: logits and log-softmax (or their two grads), beside the final norm's D in/out
