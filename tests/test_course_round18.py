@@ -83,3 +83,46 @@ def test_07_calculator_answer_quotes_the_calculator():
     assert "BP {:.1f} GB against ZO {:.1f} GB ({:.1f}×)".format(*gb["short"]) in text
     assert "≈ {:.0f} GB against {:.1f} GB: {:.0f}×".format(*gb["long"]) in text
     assert "to ≈ {:.0f} GB: {:.1f}× in memory".format(gb["ckpt"][0], gb["ckpt"][2]) in text
+
+
+def _class_run_errors() -> tuple[str, dict[str, list[float]]]:
+    """(date, {mode: relative errors in %}) of notebook 07's stored class-mode run."""
+    text = (ROOT / "benchmarks" / "reference" / "class_runs" / "07_memory_on_device.txt").read_text()
+    date = re.search(r"^date: (\S+)", text, re.M).group(1)
+    errors: dict[str, list[float]] = {}
+    for mode, error in re.findall(r"n_ctx=\s*\d+ (\w+)\s+measured .* error\s+([+-][\d.]+)%", text):
+        errors.setdefault(mode, []).append(float(error))
+    return date, errors
+
+
+def _signed(value: float) -> str:
+    return f"{value:+.1f}".replace("-", "−")
+
+
+def test_docs_memory_validation_ranges_are_the_stored_class_run():
+    """docs/memory.md quoted the 2026-12-03 run (−0.2…+13.1%, −4.6…−14.6%), made before the shared causal mask
+    and the head's input: the stored class-mode run is the one it quotes, date and ranges."""
+    date, errors = _class_run_errors()
+    assert len(errors["bp"]) == 6 and len(errors["inference"]) == len(errors["zo"]) == 6
+    forward = errors["inference"] + errors["zo"]
+    bp = sorted(errors["bp"], key=abs)
+    doc = (ROOT / "docs" / "memory.md").read_text()
+    assert f"class-mode run of {date}" in doc
+    assert f"inference and ZO within {_signed(min(forward))}…{_signed(max(forward))}%" in doc
+    assert f"BP within {_signed(bp[0])}…{_signed(bp[-1])}%" in doc
+    assert f"({_signed(bp[0])} to {_signed(bp[-1])}% in the class-mode run)" in doc
+
+
+def test_07_class_mode_errors_are_the_stored_class_run():
+    """07's summary and its 'Predict first' answer quote the stored class-mode run's errors per context."""
+    _, errors = _class_run_errors()
+    text = (ROOT / "benchmarks" / "reference" / "class_runs" / "07_memory_on_device.txt").read_text()
+    rows = re.findall(r"n_ctx=\s*(\d+) (inference|zo)\s+measured .* error\s+([+-][\d.]+)%", text)
+    summary = _markdown("07_memory_on_device", "## Summary")
+    for context in (256, 512, 1024):
+        values = sorted(float(e) for n, _, e in rows if int(n) == context)
+        assert f"{_signed(values[0])} to {_signed(values[-1])}% at {context}" in summary
+    bp = sorted((abs(e) for e in errors["bp"]))
+    assert f"BP is measured {bp[0]:.1f}–{bp[-1]:.1f}% *below* the model" in summary
+    answer = _markdown("07_memory_on_device", "will the measurement be above or below")
+    assert f"by {bp[0]:.1f}–{bp[-1]:.1f}% in the class-mode run" in answer
