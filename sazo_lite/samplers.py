@@ -527,9 +527,14 @@ class _ScoredSampler(Sampler):
         """Each of ``SETTINGS`` as the constructor checks it, before a draw or an update reads it: they may be set
         between steps, and ema_decay = −0.5 made estimates and probabilities negative, a statistic "sqaure" was
         read as "abs", a level_decay of 2 turned the level negative, without a word. Then, if one of
-        ``SCORED_BY`` changed since the store last summed the scores, the store is rebuilt (``_rescore``)."""
+        ``SCORED_BY`` changed since the store last summed the scores, the store is rebuilt (``_rescore``).
+
+        Each is kept as the Python number (or plain str) the check returns, as the constructor and a loaded state
+        keep it: the rules' numpy arithmetic depends on a scalar's type (the plain rule's β·G ran in float64 for a
+        numpy β set by a schedule, in float32 for a Python float), so a run whose state recorded β as a Python
+        float resumed on other estimates."""
         for name in self.SETTINGS:
-            _RULES[name](getattr(self, name))
+            setattr(self, name, _RULES[name](getattr(self, name)))
         scored = self._scored_by()
         if scored != self.__dict__.setdefault("_scored_with", scored):   # one pickled before round 16 records none
             self._rescore()
