@@ -58,3 +58,80 @@ def test_a_setting_is_kept_as_the_python_number_its_check_returns():
     sampler.sample(2)
     assert [type(v) for v in (sampler.ema_decay, sampler.uniform_mix, sampler.prior_strength)] == [float] * 3
     assert (sampler.ema_decay, sampler.uniform_mix, sampler.prior_strength) == (0.5, float(np.float64(0.2)), 2.0)
+
+
+# --- 2. the variance helpers: against brute-force enumeration, and at the edges of float64 -----------------------
+import itertools  # noqa: E402
+import math  # noqa: E402
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from sazo_lite.variance import oracle_probs, sampling_variance, zo_second_moment  # noqa: E402
+
+
+def _enumerated_second_moment(gradients: np.ndarray, probs: np.ndarray, batch_size: int) -> float:
+    """E‖(1/B) Σ_k w_k a_{i_k}‖² over every B-tuple of draws (w = 1/(N·p_i)), summed term by term."""
+    n = len(gradients)
+    total = 0.0
+    for draw in itertools.product(range(n), repeat=batch_size):
+        estimate = sum(gradients[i] / (n * probs[i]) for i in draw) / batch_size
+        total += float(np.prod(probs[list(draw)])) * float(estimate @ estimate)
+    return total
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 4), batch_size=st.integers(1, 3), dim=st.integers(1, 3), seed=st.integers(0, 2 ** 16))
+def test_the_variance_formula_equals_brute_force_enumeration(n, batch_size, dim, seed):
+    """E‖ĝ‖² = (d+2)·[V(p)/B + (1−1/B)·‖∇F‖²] with V(p) = (1/N²) Σ ‖a_i‖²/p_i, and V(p*) = (mean ‖a_i‖)² is the
+    least V over p: every term against the enumeration of all Nᴮ batches (Gaussian z gives the factor d + 2)."""
+    rng = np.random.default_rng(seed)
+    gradients = rng.normal(size=(n, dim)) * rng.exponential(size=(n, 1))
+    probs = rng.random(n) + 0.05
+    probs /= probs.sum()
+    norms, mean_gradient = np.linalg.norm(gradients, axis=1), gradients.mean(axis=0)
+    exact = _enumerated_second_moment(gradients, probs, batch_size)
+    predicted = zo_second_moment(norms, probs, float(np.linalg.norm(mean_gradient)), dim, batch_size)
+    assert predicted == pytest.approx((dim + 2) * exact, rel=1e-10)
+    best = sampling_variance(norms, oracle_probs(norms))
+    assert best == pytest.approx(norms.mean() ** 2, rel=1e-12)
+    other = rng.random(n) + 1e-3
+    assert sampling_variance(norms, other / other.sum()) >= best * (1 - 1e-12)
+
+
+def test_a_norm_whose_square_overflows_still_gives_the_variance():
+    """V = (1/N²)·a²/p for one norm a = 1.5e154 among 100 zeros, p uniform: 2.25e306, which float64 holds; a² alone
+    overflowed and V was inf (zo_second_moment too)."""
+    norms, probs = [1.5e154] + [0.0] * 99, [0.01] * 100
+    assert sampling_variance(norms, probs) == pytest.approx(2.25e306, rel=1e-12)
+    assert zo_second_moment(norms, probs, 1.5e152, 3, 1) == pytest.approx(5 * 2.25e306, rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(power=st.integers(-500, 500), seed=st.integers(0, 2 ** 16))
+def test_the_variance_scales_with_the_square_of_the_norms(power, seed):
+    """V(c·a, p) = c²·V(a, p) for c a power of two, across float64's range (exact while c²·V is a normal number)."""
+    rng = np.random.default_rng(seed)
+    norms, probs = rng.exponential(size=6), rng.random(6) + 0.1
+    probs /= probs.sum()
+    expected = math.ldexp(sampling_variance(norms, probs), 2 * power)
+    if 1e-300 < expected < 1e300:
+        assert sampling_variance(norms * 2.0 ** power, probs) == expected
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_a_full_gradient_norm_whose_square_overflows_is_no_overflow_error(batch_size):
+    """full_grad_norm = 1e160 is a finite number check_number accepts; ``** 2`` raised OverflowError (unnamed), even
+    for B = 1, where the term is multiplied by 0: now (d+2)·V for B = 1 and +inf for B = 2 (beyond float64)."""
+    value = zo_second_moment([1.0, 1.0], [0.5, 0.5], 1e160, 3, batch_size)
+    assert value == (5.0 if batch_size == 1 else math.inf)
+
+
+def test_the_variance_is_the_plain_sum_bit_for_bit_on_ordinary_norms():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 30))
+        norms = torch.tensor(rng.exponential(size=n) * 10.0 ** rng.integers(-100, 100) * (rng.random(n) < 0.8))
+        probs = torch.tensor(rng.random(n) + 1e-3)
+        probs /= probs.sum()
+        plain = float(torch.where(norms > 0, norms ** 2 / probs, torch.zeros_like(norms)).sum()) / n ** 2
+        assert sampling_variance(norms, probs) == plain
