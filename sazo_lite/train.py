@@ -215,7 +215,8 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
             set, once ``evaluate()`` is not finite or exceeds this value, or when the optimiser
             refuses a non-finite loss. Without it a non-finite loss raises ``FloatingPointError``.
         step_rule: optional ``NoiseScaledStep``: every step's rate is the optimiser's base rate
-            times ``step_rule.scale()`` (the base rates are restored when ``train`` returns).
+            times ``step_rule.scale()`` (the base rates are restored when ``train`` returns); the optimiser
+            must have ``param_groups`` (ValueError otherwise: the rule would scale nothing).
         description: the progress bar's label.
         history: an empty ``History`` to fill in place (default: a new one). Pass one to keep the
             record of the steps taken when ``train`` raises (Ctrl-C, a sampler that refuses its
@@ -255,8 +256,10 @@ def train(optimizer, sampler, batch_losses: Callable[[torch.Tensor], torch.Tenso
     check_callable("batch_losses", batch_losses)
     check_callable("evaluate", evaluate, optional=True)
     history = _check_history(history)
-    flat = _flat_check(optimizer)
     groups = getattr(optimizer, "param_groups", [])
+    if step_rule is not None and not groups:   # the rule scales each group's lr: with none, it ran and changed nothing
+        raise ValueError(f"Invalid step_rule: {type(optimizer).__name__} has no param_groups whose lr it could scale")
+    flat = _flat_check(optimizer)
     base_rates = [group["lr"] for group in groups]
     queries = 0
     bar = tqdm(range(steps), desc=description, disable=not progress)

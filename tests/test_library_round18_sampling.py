@@ -135,3 +135,41 @@ def test_the_variance_is_the_plain_sum_bit_for_bit_on_ordinary_norms():
         probs /= probs.sum()
         plain = float(torch.where(norms > 0, norms ** 2 / probs, torch.zeros_like(norms)).sum()) / n ** 2
         assert sampling_variance(norms, probs) == plain
+
+
+# --- 3. train: a step rule that could scale nothing ------------------------------------------------------------
+import warnings  # noqa: E402
+
+from sazo_lite.engine import FlatLossWarning, MeZO  # noqa: E402
+from sazo_lite.samplers import UniformSampler  # noqa: E402
+from sazo_lite.train import NoiseScaledStep, train  # noqa: E402
+
+
+class _Wrapped:
+    """An optimiser train accepts (its step returns a ZOStep) that shows no param_groups."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def step(self, closure, weights=None):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FlatLossWarning)
+            return self.inner.step(closure, weights)
+
+
+def test_a_step_rule_with_an_optimiser_without_param_groups_is_refused_before_anything_moves():
+    """The rule scales each param group's lr; with none it observed every step and scaled nothing: the run was
+    the run without the rule, bit for bit, and history.lr read NaN."""
+    theta, data = torch.zeros(3), torch.randn(8)
+    optimizer, rule = _Wrapped(MeZO([theta], lr=0.01, seed=1)), NoiseScaledStep(warmup=2)
+    with pytest.raises(ValueError, match="step_rule.*param_groups"):
+        train(optimizer, UniformSampler(8), lambda idx: (data[idx] - theta.sum()) ** 2, 5, batch_size=4,
+              progress=False, step_rule=rule)
+    assert torch.equal(theta, torch.zeros(3)) and rule.state_dict()["seen"] == 0
+
+
+def test_the_same_optimiser_without_a_step_rule_still_trains():
+    theta, data = torch.zeros(3), torch.randn(8)
+    history = train(_Wrapped(MeZO([theta], lr=0.01, seed=1)), UniformSampler(8),
+                    lambda idx: (data[idx] - theta.sum()) ** 2, 5, batch_size=4, progress=False)
+    assert len(history.loss) == 5 and not torch.equal(theta, torch.zeros(3))
