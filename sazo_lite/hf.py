@@ -155,7 +155,6 @@ ZO_STATE_KEYS = {"method", "sampler", "master"}
 ZO_STATE_OPTIONAL = {"queries", "learning_rate", "batch_size", "tuned"}   # written since rounds 10, 11, 12 and 16
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 PROBE_EXAMPLES = 2   # examples the pre-training check runs the model on
-FOLLOW_CHUNK = 1 << 20   # entries _follow_writes compares at a time: its buffers stay this small
 
 
 class CausalLMCollator:
@@ -1175,12 +1174,10 @@ class ZOTrainer(Trainer):
 
     def _master_follows_writes(self) -> None:
         """Entries written into the model since the master was last synced into it (a callback,
-        code between ``train()`` calls) become the master's: the next pass syncs master → model,
-        which silently undid them (a float32 model keeps such a write). The other entries keep
-        the master's extra precision."""
-        with torch.no_grad():
-            for param, master in zip(self._master.params, self._master.tensors):
-                _follow_writes(param.detach(), master)
+        code between ``train()`` calls) become the master's (``Float32Master.follow_writes``): the next pass
+        syncs master → model, which silently undid them (a float32 model keeps such a write). The other entries
+        keep the master's extra precision."""
+        self._master.follow_writes()
 
     def _master_follows_model(self, checkpoint: str) -> None:
         """The master takes the weights the model holds now: the checkpoint's master where it
@@ -1235,34 +1232,6 @@ class ZOTrainer(Trainer):
                 for master, saved in zip(self._master.tensors, state["master"]):
                     master.copy_(saved)
             self._master.sync()
-
-
-def _follow_writes(param: torch.Tensor, master: torch.Tensor) -> None:
-    """``master`` takes ``param``'s entries where ``param`` differs from ``master`` rounded to
-    ``param``'s dtype (the entries written since the last sync), keeping the others.
-
-    Chunk by chunk, through two buffers of at most ``FOLLOW_CHUNK`` entries reused for every chunk:
-    rounding the whole master to compare (``param != master.to(param.dtype)``) allocated half a
-    master per tensor each step, plus a mask and a float32 ``torch.where`` on a write. An exact check
-    has to read both tensors anyway: writes through ``.data`` leave no trace (no version count), and
-    any checksum misses some. Tensors that are not both contiguous are compared whole.
-    """
-    if not (param.is_contiguous() and master.is_contiguous()):
-        written = param != master.to(param.dtype)
-        if bool(written.any()):
-            master[written] = param[written].to(master.dtype)
-        return
-    flat_param, flat_master = param.view(-1), master.view(-1)
-    size = min(FOLLOW_CHUNK, flat_param.numel())
-    rounded = torch.empty(size, dtype=param.dtype, device=param.device)
-    written = torch.empty(size, dtype=torch.bool, device=param.device)
-    for start in range(0, flat_param.numel(), FOLLOW_CHUNK):
-        chunk = flat_param[start:start + FOLLOW_CHUNK]
-        target, n = flat_master[start:start + FOLLOW_CHUNK], chunk.numel()
-        rounded[:n].copy_(target)   # the value the last sync wrote into the model
-        torch.ne(chunk, rounded[:n], out=written[:n])
-        if bool(written[:n].any()):
-            target[written[:n]] = chunk[written[:n]].to(target.dtype)
 
 
 def _check_loss_shape(losses, n: int, when: str) -> None:

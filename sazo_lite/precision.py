@@ -14,6 +14,8 @@ perturb the master, and copies it into the half-precision model before each forw
 For LoRA the master costs 4 bytes per adapter parameter; for full tuning it doubles memory.
 Each master tensor is declared stored as its parameter's dtype (``engine.store_as``), so MeZO
 refuses a shift or an update that would leave float16's range before it changes the master.
+Writes into the half-precision model between steps (a checkpoint loaded into it, an edited weight) become the
+masters' at the next ``step`` (``follow_writes``), as ZOTrainer's do.
 """
 from __future__ import annotations
 
@@ -25,7 +27,9 @@ from .engine import _check_disjoint, store_as
 from .interrupts import InterruptsDeferred
 from .validation import not_dense
 
-__all__ = ["Float32Master", "unit_roundoff", "restore_bound"]
+__all__ = ["Float32Master", "unit_roundoff", "restore_bound", "written_entries"]
+
+FOLLOW_CHUNK = 1 << 20   # entries written_entries compares at a time: its buffers stay this small
 
 
 def master_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -53,6 +57,13 @@ class Float32Master:
 
     A checkpoint holds ``state_dict()`` beside the optimiser's: masters rebuilt from the half-precision
     model would lack what the steps added below its last place.
+
+    Writes into the model between steps are kept: ``step`` and ``state_dict`` first call ``follow_writes``, which
+    makes every entry written since the last sync (``model.load_state_dict``, an in-place edit, a ``.data`` write)
+    its master's (the next pass overwrote them with the stale masters, silently). ``opt.step(master.wrap(f))``
+    refuses a step (ValueError, nothing moved) when a model tensor was written in place since the last sync: call
+    ``follow_writes()`` first (a ``.data`` write leaves no trace for it to see). ``sync()`` itself copies the
+    masters over whatever the model holds.
 
     Example:
         >>> from sazo_lite import MeZO
@@ -83,6 +94,7 @@ class Float32Master:
         # its low bits at the first sync)
         self.tensors = [p.detach().to(master_dtype(p.dtype)).clone() for p in self.params]
         self._declare()
+        self._record()
 
     def _declare(self) -> None:
         for p, master in zip(self.params, self.tensors):
@@ -94,6 +106,48 @@ class Float32Master:
     def __setstate__(self, state: dict) -> None:   # deepcopy/pickle: the copies are masters too
         self.__dict__.update(state)
         self._declare()
+        self._record()   # new tensors, new version counters
+
+    def _record(self) -> None:
+        """Where the model and the masters stand at a sync: each model tensor's (version, address) and each
+        master's version, which ``follow_writes`` and ``wrap`` compare with to see what moved since."""
+        self._synced = [(_written(p), _version(master)) for p, master in zip(self.params, self.tensors)]
+
+    def _written_in_place(self) -> list[int]:
+        """Indices of the model tensors written in place, or re-pointed, since the last sync."""
+        synced = getattr(self, "_synced", None) or [(None, None)] * len(self.params)
+        return [k for k, (p, (mark, _)) in enumerate(zip(self.params, synced)) if mark != _written(p)]
+
+    @torch.no_grad()
+    def follow_writes(self) -> None:
+        """Make the model's writes since the last sync the masters' (the next sync would undo them).
+
+        The masters the optimiser has not moved since the last sync take the model's entries that differ from them
+        rounded to the model's dtype (``written_entries``: writes through ``.data`` or numpy are seen too); the
+        other entries keep their extra precision. A folded update pending in the optimiser last given to ``step``
+        is applied first, on the masters, so the written entries stand (as in ``MeZO.load_state_dict``) and the
+        others take it. A master moved since the last sync (an ``opt.flush()`` or ``opt.state_dict()`` of a folded
+        run) takes its model tensor whole where that was written in place since, and is kept otherwise. Called by
+        ``step`` and ``state_dict``; ValueError, nothing changed, if a model tensor changed shape."""
+        synced = getattr(self, "_synced", None) or [(None, None)] * len(self.params)
+        for k, (p, master) in enumerate(zip(self.params, self.tensors)):
+            if p.shape != master.shape:
+                raise ValueError(f"Invalid params: model tensor {k} now has shape {tuple(p.shape)}, its master "
+                                 f"{tuple(master.shape)}; build a new Float32Master")
+        written = set(self._written_in_place())
+        masks = {k: written_entries(p.detach(), master)
+                 for k, (p, master, (_, moved)) in enumerate(zip(self.params, self.tensors, synced))
+                 if moved == _version(master)}
+        masks = {k: mask for k, mask in masks.items() if mask is not None}
+        with InterruptsDeferred():   # every write taken, or (Ctrl-C before) none
+            if masks:
+                self._flush_last_optimizer()   # its update lands where the model was not written
+            for k, (p, master) in enumerate(zip(self.params, self.tensors)):
+                if k in masks:
+                    master[masks[k]] = p.detach()[masks[k]].to(master.dtype)
+                elif k in written and synced[k][1] != _version(master):
+                    master.copy_(p.detach())
+            self._record()
 
     def state_dict(self) -> dict:
         """``{"masters": [...]}``: a copy of each master, in parameter order. A checkpoint of a run needs them
@@ -103,6 +157,7 @@ class Float32Master:
         ``fold_updates=True`` the masters hold θ − εz until then, and a checkpoint written as
         ``{"master": master.state_dict(), "opt": opt.state_dict()}`` saved them so, with the update lost. After
         steps taken otherwise (``opt.step(master.wrap(...))``), call ``opt.flush()`` first."""
+        self.follow_writes()   # the model's writes since the last step: the next step would start from them
         if self._flush_last_optimizer():
             self.sync()
         return {"masters": [master.detach().clone() for master in self.tensors]}
@@ -153,6 +208,7 @@ class Float32Master:
         before evaluating the model)."""
         self._check_tunes_masters(optimizer)
         self._optimizer = weakref.ref(optimizer)   # state_dict() flushes it: a folded update waits in the masters
+        self.follow_writes()   # a checkpoint loaded into the model, an edited weight: its passes start there
         try:
             return optimizer.step(self.wrap(closure), weights)
         finally:
@@ -185,13 +241,66 @@ class Float32Master:
         with InterruptsDeferred():   # a Ctrl-C part-way left the model's tensors at two different steps
             for p, master in zip(self.params, self.tensors):
                 p.copy_(master)
+            self._record()
 
     def wrap(self, closure):
-        """A closure that syncs first; after the last ``MeZO.step`` call ``sync()`` once more."""
+        """A closure that syncs first; after the last ``MeZO.step`` call ``sync()`` once more.
+
+        It raises ValueError (MeZO then puts the masters back; the model keeps the write) when a model tensor was
+        written in place since the last sync: the sync would overwrite the write. ``follow_writes()`` keeps it."""
         def synced():
+            written = self._written_in_place()
+            if written:
+                raise ValueError(f"Invalid model: tensor {written[0]} was written since the last sync (a checkpoint "
+                                 f"load, an edit), which this sync would overwrite; call master.follow_writes() "
+                                 f"before the step to keep it, or master.sync() to discard it; parameters restored")
             self.sync()
             return closure()
         return synced
+
+
+def _version(tensor: torch.Tensor):
+    """``tensor``'s version counter (bumped by every in-place write but ``.data``'s), None where it has none (an
+    inference tensor)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
+
+
+def _written(tensor: torch.Tensor) -> tuple:
+    """What changes when ``tensor`` is written in place or re-pointed (``p.data = q``): version and address."""
+    return _version(tensor), tensor.data_ptr()
+
+
+@torch.no_grad()
+def written_entries(param: torch.Tensor, master: torch.Tensor) -> torch.Tensor | None:
+    """Where ``param`` differs from ``master`` rounded to ``param``'s dtype (the entries written since the last
+    sync): a bool mask of ``param``'s shape, or None where no entry differs.
+
+    Chunk by chunk, through two buffers of at most ``FOLLOW_CHUNK`` entries reused for every chunk (the mask is
+    made only when an entry differs): rounding the whole master to compare (``param != master.to(param.dtype)``)
+    allocated half a master per tensor each step. An exact check has to read both tensors anyway: writes through
+    ``.data`` leave no trace (no version count), and any checksum misses some. Tensors that are not both
+    contiguous are compared whole.
+    """
+    if not (param.is_contiguous() and master.is_contiguous()):
+        written = param != master.to(param.dtype)
+        return written if bool(written.any()) else None
+    flat_param, flat_master = param.view(-1), master.view(-1)
+    size = min(FOLLOW_CHUNK, flat_param.numel())
+    rounded = torch.empty(size, dtype=param.dtype, device=param.device)
+    differs = torch.empty(size, dtype=torch.bool, device=param.device)
+    mask = None
+    for start in range(0, flat_param.numel(), FOLLOW_CHUNK):
+        chunk = flat_param[start:start + FOLLOW_CHUNK]
+        n = chunk.numel()
+        rounded[:n].copy_(flat_master[start:start + n])   # the value the last sync wrote into the model
+        torch.ne(chunk, rounded[:n], out=differs[:n])
+        if bool(differs[:n].any()):
+            mask = torch.zeros(flat_param.numel(), dtype=torch.bool, device=param.device) if mask is None else mask
+            mask[start:start + n] = differs[:n]
+    return None if mask is None else mask.view(param.shape)
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:

@@ -1,0 +1,129 @@
+"""Round 18 (library core): regression tests, each failing on the code before its fix."""
+import warnings
+
+import pytest
+import torch
+
+import sazo_lite as sz
+from sazo_lite.precision import Float32Master
+
+
+def _half_model(seed=0, n=64):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, generator=g).to(torch.float16), torch.randn(8, 4, generator=g).to(torch.bfloat16)]
+
+
+def _loss(model):
+    return lambda: sum((p.float() - 0.5).pow(2).sum() for p in model).reshape(1)
+
+
+# -- Float32Master keeps writes into the model made between steps ------------------------------------------------
+@pytest.mark.parametrize("how", ["copy", "load_state_dict", "data"])
+def test_master_follows_a_write_into_the_model_between_steps(how):
+    model = _half_model()
+    master = Float32Master(model)
+    opt = sz.MeZO(master.tensors, lr=1e-3, eps=1e-3, noise=None)
+    for _ in range(3):
+        master.step(opt, _loss(model))
+    new = [torch.full_like(p, 3.0) for p in model]
+    if how == "load_state_dict":   # a checkpoint loaded into the module holding the tensors
+        holder = torch.nn.Module()
+        for k, p in enumerate(model):
+            holder.register_buffer(f"t{k}", p)
+        holder.load_state_dict({f"t{k}": value for k, value in enumerate(new)})
+    with torch.no_grad():
+        for p, value in zip(model, new):
+            if how == "copy":
+                p.copy_(value)
+            elif how == "data":   # no version count: seen by the entry-wise compare
+                p.data[...] = value
+    seen = []
+    opt.param_groups[0]["lr"] = 0.0
+    master.step(opt, lambda: seen.append([p.float().clone() for p in model]) or _loss(model)())
+    # the first forward ran at the written weights + εz (it ran at the stale masters + εz before)
+    for p_seen, value in zip(seen[0], new):
+        assert float((p_seen - value.float()).abs().max()) < 0.05
+    for p, value in zip(model, new):   # lr = 0: the step leaves the written weights (within the shifts' rounding)
+        assert float((p.float() - value.float()).abs().max()) < 0.05
+
+
+def test_master_state_dict_holds_a_write_into_the_model():
+    model = _half_model()
+    master = Float32Master(model)
+    opt = sz.MeZO(master.tensors, lr=1e-3, noise=None)
+    master.step(opt, _loss(model))
+    with torch.no_grad():
+        model[0][:5] = 7.0
+    saved = master.state_dict()["masters"]
+    assert torch.equal(saved[0][:5], torch.full((5,), 7.0))
+    assert torch.equal(saved[0][5:], master.tensors[0][5:])
+
+
+def test_master_follow_keeps_the_precision_of_entries_not_written():
+    model = _half_model()
+    master = Float32Master(model)
+    opt = sz.MeZO(master.tensors, lr=1e-4, noise=None)
+    for _ in range(3):
+        master.step(opt, _loss(model))
+    before = [m.clone() for m in master.tensors]
+    with torch.no_grad():
+        model[1][0, 0] = 2.0
+    master.follow_writes()
+    assert master.tensors[1][0, 0] == 2.0
+    changed = master.tensors[1] != before[1]
+    assert int(changed.sum()) == 1 and torch.equal(master.tensors[0], before[0])
+
+
+def test_master_folded_write_stands_and_other_tensors_keep_the_pending_update():
+    model, reference_model = _half_model(), _half_model()
+    runs = []
+    for m in (model, reference_model):
+        master = Float32Master(m)
+        opt = sz.MeZO(master.tensors, lr=1e-2, noise=None, fold_updates=True)
+        for _ in range(3):
+            master.step(opt, _loss(m))
+        runs.append((master, opt))
+    (master, opt), (ref_master, ref_opt) = runs
+    with torch.no_grad():
+        model[0].copy_(torch.full_like(model[0], 2.0))
+    master.follow_writes()   # the pending update is applied first: tensor 1 gets it, tensor 0 keeps the write
+    ref_opt.flush()
+    assert torch.equal(master.tensors[0], torch.full_like(master.tensors[0], 2.0))
+    assert torch.equal(master.tensors[1], ref_master.tensors[1])
+    assert not opt.pending
+
+
+def test_master_flushed_by_the_optimiser_is_not_reverted_by_the_follow():
+    # opt.state_dict() flushes a folded update into the masters without syncing the model: the stale model is no write
+    runs = []
+    for save_between in (False, True):
+        model = _half_model()
+        master = Float32Master(model)
+        opt = sz.MeZO(master.tensors, lr=1e-2, noise=None, fold_updates=True)
+        for step in range(4):
+            if save_between and step == 2:
+                opt.state_dict()
+            master.step(opt, _loss(model))
+        opt.flush()
+        master.sync()
+        runs.append([m.clone() for m in master.tensors])
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+def test_master_wrap_refuses_a_step_over_a_write():
+    model = _half_model()
+    master = Float32Master(model)
+    opt = sz.MeZO(master.tensors, lr=1e-3, noise=None)
+    opt.step(master.wrap(_loss(model)))
+    master.sync()
+    before = [m.clone() for m in master.tensors]
+    with torch.no_grad():
+        model[0].fill_(1.5)
+    with pytest.raises(ValueError, match="written since the last sync"):
+        opt.step(master.wrap(_loss(model)))
+    assert all(torch.equal(a, b) for a, b in zip(before, master.tensors)) and opt.step_count == 1
+    assert bool((model[0] == 1.5).all())
+    master.follow_writes()
+    opt.step(master.wrap(_loss(model)))
+    assert opt.step_count == 2
