@@ -2,8 +2,8 @@
 
 For element i of a tensor with seed s (s = derive_seed(step seed, tensor index)):
 
-    z_i = tl.randn(s', i)             Philox normal, s' = s mod 2³¹ (Triton takes a 32-bit seed)
-    z_i = 1 − 2·(tl.randint(s', i) & 1)   for Rademacher
+    z_i = tl.randn(s, i)              Philox normal, keyed by all 63 bits of s
+    z_i = 1 − 2·(tl.randint(s, i) & 1)    for Rademacher
     θ_i ← shrink·θ_i + c·z_i          computed in float32, stored in θ's dtype
 
 z never exists in memory, so a pass costs one read and one write of θ, with no temporary of
@@ -12,7 +12,8 @@ any size. The directions differ from torch's ``randn`` (another generator): runs
 
 Triton is optional (``pip install triton``; it needs a CUDA GPU, or ``TRITON_INTERPRET=1`` set
 before the first import of triton to run the same kernel on CPU tensors, far slower than
-torch). Without it, ``TritonNoise`` falls back to ``TorchNoise`` and says so in ``fallback``.
+torch). Without it, ``TritonNoise`` sends every tensor to its fallback (``TorchNoise``) and says so in
+``usable``/``reason``; its ``description`` (what a ``MeZO`` state records) is then the fallback's.
 
 Example (on a GPU)::
 
@@ -76,7 +77,9 @@ def _launch(theta: torch.Tensor, seed: int, coefficient: float, shrink: float, p
             block: int) -> None:
     numel = theta.numel()
     grid = (-(-numel // block),)
-    _kernel()[grid](theta, numel, int(seed) % (2 ** 31), float(coefficient), float(shrink),
+    # the whole seed (< 2⁶³, an int64 argument): Philox takes a 64-bit key, and the seed reduced mod 2³¹ gave
+    # seeds s and s + 2³¹ the same z (two steps a run drew alike for a tensor, after about 2¹⁶ steps)
+    _kernel()[grid](theta, numel, int(seed), float(coefficient), float(shrink),
                     RADEMACHER=perturbation == "rademacher", BLOCK=block)
 
 
@@ -119,8 +122,17 @@ class TritonNoise(_Threaded):
 
     @property
     def description(self) -> str:
-        """What decides its z (``noise.describe``): the kernel's, and its fallback's where the kernel cannot run."""
-        return f"triton:fallback={describe(self.fallback)}"
+        """What decides its z (``noise.describe``): the kernel's (keyed by 63-bit seeds since round 18) and its
+        fallback's for the tensors the kernel cannot take; the fallback's alone where triton is unusable, since
+        every tensor then goes to it (a resume between the two was warned although the z were the same)."""
+        if not self.usable:
+            return describe(self.fallback)
+        return f"triton:seed-bits=63,fallback={describe(self.fallback)}"
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled (a checkpointed optimiser moved to another machine): whether triton runs is this machine's."""
+        self.__dict__.update(state)
+        self.usable, self.reason = triton_available()
 
     def _apply_one(self, job: Job, slot: int) -> None:
         p, block = job.param, _block(self.block)   # checked where it is read (an edited block reached the kernel)

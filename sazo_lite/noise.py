@@ -591,7 +591,8 @@ def source_for(directions: str):
 
 def describe(source) -> str:
     """What decides the z ``source`` draws, its kind and parameters but not its device, as a ``MeZO`` state
-    records it: its ``description`` where it has one (``NoiseTable``, ``TritonNoise``), else its ``directions``
+    records it: its ``description`` where it has one (``NoiseTable``, ``TritonNoise``: its fallback's where triton
+    cannot run), else its ``directions``
     when they are a name ("torch" for the plain loop and ``TorchNoise``, "gaussian-table:size=…,chunk=…,seed=…"),
     else its class's qualified name.
 

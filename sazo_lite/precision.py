@@ -27,7 +27,7 @@ from .engine import _check_disjoint, store_as
 from .interrupts import InterruptsDeferred
 from .validation import not_dense
 
-__all__ = ["Float32Master", "unit_roundoff", "restore_bound", "written_entries"]
+__all__ = ["Float32Master", "unit_roundoff", "restore_bound", "written_entries", "follow_entries"]
 
 FOLLOW_CHUNK = 1 << 20   # entries written_entries compares at a time: its buffers stay this small
 
@@ -135,16 +135,16 @@ class Float32Master:
                 raise ValueError(f"Invalid params: model tensor {k} now has shape {tuple(p.shape)}, its master "
                                  f"{tuple(master.shape)}; build a new Float32Master")
         written = set(self._written_in_place())
-        masks = {k: written_entries(p.detach(), master)
+        found = {k: written_entries(p.detach(), master)
                  for k, (p, master, (_, moved)) in enumerate(zip(self.params, self.tensors, synced))
                  if moved == _version(master)}
-        masks = {k: mask for k, mask in masks.items() if mask is not None}
+        found = {k: entries for k, entries in found.items() if entries is not None}
         with InterruptsDeferred():   # every write taken, or (Ctrl-C before) none
-            if masks:
+            if found:
                 self._flush_last_optimizer()   # its update lands where the model was not written
             for k, (p, master) in enumerate(zip(self.params, self.tensors)):
-                if k in masks:
-                    master[masks[k]] = p.detach()[masks[k]].to(master.dtype)
+                if k in found:
+                    put_entries(master, found[k])
                 elif k in written and synced[k][1] != _version(master):
                     master.copy_(p.detach())
             self._record()
@@ -274,33 +274,50 @@ def _written(tensor: torch.Tensor) -> tuple:
 
 
 @torch.no_grad()
-def written_entries(param: torch.Tensor, master: torch.Tensor) -> torch.Tensor | None:
-    """Where ``param`` differs from ``master`` rounded to ``param``'s dtype (the entries written since the last
-    sync): a bool mask of ``param``'s shape, or None where no entry differs.
+def written_entries(param: torch.Tensor, master: torch.Tensor):
+    """The entries of ``param`` that differ from ``master`` rounded to ``param``'s dtype (those written since the
+    last sync), as ``(where, values)`` for ``put_entries``, or None where none differs.
 
-    Chunk by chunk, through two buffers of at most ``FOLLOW_CHUNK`` entries reused for every chunk (the mask is
-    made only when an entry differs): rounding the whole master to compare (``param != master.to(param.dtype)``)
-    allocated half a master per tensor each step. An exact check has to read both tensors anyway: writes through
-    ``.data`` leave no trace (no version count), and any checksum misses some. Tensors that are not both
-    contiguous are compared whole.
+    Chunk by chunk, through two buffers of at most ``FOLLOW_CHUNK`` entries reused for every chunk; what it
+    returns holds the written entries only (their flat indices and values): rounding the whole master to compare
+    (``param != master.to(param.dtype)``) allocated half a master per tensor each step. An exact check has to read
+    both tensors anyway: writes through ``.data`` leave no trace (no version count), and any checksum misses
+    some. Tensors that are not both contiguous are compared whole (``where`` is then a mask).
     """
     if not (param.is_contiguous() and master.is_contiguous()):
         written = param != master.to(param.dtype)
-        return written if bool(written.any()) else None
+        return (written, param[written]) if bool(written.any()) else None
     flat_param, flat_master = param.view(-1), master.view(-1)
     size = min(FOLLOW_CHUNK, flat_param.numel())
     rounded = torch.empty(size, dtype=param.dtype, device=param.device)
     differs = torch.empty(size, dtype=torch.bool, device=param.device)
-    mask = None
+    where, values = [], []
     for start in range(0, flat_param.numel(), FOLLOW_CHUNK):
         chunk = flat_param[start:start + FOLLOW_CHUNK]
         n = chunk.numel()
         rounded[:n].copy_(flat_master[start:start + n])   # the value the last sync wrote into the model
         torch.ne(chunk, rounded[:n], out=differs[:n])
         if bool(differs[:n].any()):
-            mask = torch.zeros(flat_param.numel(), dtype=torch.bool, device=param.device) if mask is None else mask
-            mask[start:start + n] = differs[:n]
-    return None if mask is None else mask.view(param.shape)
+            where.append(differs[:n].nonzero().view(-1) + start)
+            values.append(chunk[differs[:n]])
+    return (torch.cat(where), torch.cat(values)) if where else None
+
+
+@torch.no_grad()
+def put_entries(master: torch.Tensor, entries) -> None:
+    """Write ``written_entries``' result into ``master`` (cast to its dtype)."""
+    where, values = entries
+    if where.dtype == torch.bool:
+        master[where] = values.to(master.dtype)
+    else:
+        master.view(-1)[where] = values.to(master.dtype)
+
+
+def follow_entries(param: torch.Tensor, master: torch.Tensor) -> None:
+    """``master`` takes ``param``'s written entries (``written_entries``), keeping the others."""
+    entries = written_entries(param, master)
+    if entries is not None:
+        put_entries(master, entries)
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:

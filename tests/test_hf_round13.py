@@ -64,8 +64,9 @@ def random_pair(seed, dtype, master_dtype, shape):
                                                  (torch.float32, torch.float32), (torch.float64, torch.float64)])
 @pytest.mark.parametrize("chunk", [1, 7, 1 << 20])
 def test_the_chunked_write_check_gives_the_old_rules_master_bit_for_bit(monkeypatch, dtype, master_dtype, chunk):
-    hf = hf_module()
-    monkeypatch.setattr(hf, "FOLLOW_CHUNK", chunk)
+    from sazo_lite import precision   # round 18: the rule moved to precision (Float32Master.follow_writes)
+
+    monkeypatch.setattr(precision, "FOLLOW_CHUNK", chunk)
     for seed in range(12):
         shape = [(0,), (1,), (13,), (5, 9), (3, 4, 7)][seed % 5]
         param, master = random_pair(seed, dtype, master_dtype, shape)
@@ -74,7 +75,7 @@ def test_the_chunked_write_check_gives_the_old_rules_master_bit_for_bit(monkeypa
         expected = master.clone()
         old_rule(param.clone(), expected)
         before = param.clone()
-        hf._follow_writes(param, master)
+        precision.follow_entries(param, master)
         assert torch.equal(bits(master), bits(expected)), (seed, shape)
         assert torch.equal(bits(param), bits(before))   # the model is only read
 
@@ -99,8 +100,9 @@ def test_the_masters_write_check_allocates_chunks_not_a_rounded_master(tmp_path,
     # before, each step rounded every master to the model's dtype to compare (half a master per tensor,
     # plus a mask, plus a float32 torch.where where a callback had written); now it reuses two small
     # buffers and copies only the written entries. Same masters (the test above).
-    hf = hf_module()
-    monkeypatch.setattr(hf, "FOLLOW_CHUNK", 64, raising=False)
+    from sazo_lite import precision   # round 18: the rule moved to precision (Float32Master.follow_writes)
+
+    monkeypatch.setattr(precision, "FOLLOW_CHUNK", 64)
     model = tiny_causal_lm("llama", vocab_size=VOCAB, dtype=torch.bfloat16)
     trainer = trainer_for(tmp_path, model=model, args=training_args(tmp_path, max_steps=1))
     trainer.train()

@@ -201,8 +201,10 @@ def test_the_description_ignores_the_device_and_the_threads():
     table.table("cpu", torch.float32)   # a table built on one device: the description does not name it
     assert describe(table) == describe(GaussianTable(size=64, chunk=16)) == table.directions
     assert describe(NoiseTable(size=64, chunk=16, seed=1)) != describe(NoiseTable(size=64, chunk=16))
-    assert describe(TritonNoise()) == "triton:fallback=torch"
-    assert describe(TritonNoise(fallback=GaussianTable(size=64, chunk=16))) == f"triton:fallback={table.directions}"
+    usable, with_table = TritonNoise(), TritonNoise(fallback=GaussianTable(size=64, chunk=16))
+    usable.usable = with_table.usable = True   # round 18: where triton cannot run, the fallback's description
+    assert describe(usable) == "triton:seed-bits=63,fallback=torch"
+    assert describe(with_table) == f"triton:seed-bits=63,fallback={table.directions}"
 
 
 @pytest.mark.parametrize("bad", [5, None, ["torch"], b"torch"])

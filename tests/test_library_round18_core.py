@@ -127,3 +127,50 @@ def test_master_wrap_refuses_a_step_over_a_write():
     master.follow_writes()
     opt.step(master.wrap(_loss(model)))
     assert opt.step_count == 2
+
+
+# -- TritonNoise says what runs --------------------------------------------------------------------------------
+def _quadratic(noise, steps=3, state=None):
+    theta = torch.linspace(-1, 1, 40, dtype=torch.float32)
+    opt = sz.MeZO([theta], lr=0.05, eps=1e-3, seed=4, noise=noise)
+    if state is not None:
+        opt.load_state_dict(state)
+    for _ in range(steps):
+        opt.step(lambda: (theta - 0.3).pow(2))
+    return theta, opt
+
+
+def test_triton_noise_that_cannot_run_describes_its_fallback(monkeypatch):
+    from sazo_lite import kernels
+    from sazo_lite.engine import NoiseSourceWarning
+
+    monkeypatch.setattr(kernels, "triton_available", lambda: (False, "no CUDA device and TRITON_INTERPRET is not 1"))
+    source = kernels.TritonNoise()
+    assert sz.noise.describe(source) == sz.noise.describe(source.fallback) == "torch"
+    _, plain = _quadratic(None)
+    state = plain.state_dict()
+    with warnings.catch_warnings():   # the same z: a resume through it is not warned
+        warnings.simplefilter("error", NoiseSourceWarning)
+        resumed, _ = _quadratic(source, state=state)
+    reference, _ = _quadratic(None, state=state)
+    assert torch.equal(resumed, reference)
+    assert sz.MeZO([torch.zeros(3)], lr=0.1, noise=source).state_dict()["noise"] == "torch"
+
+
+def test_triton_noise_that_runs_names_its_kernel(monkeypatch):
+    from sazo_lite import kernels
+
+    monkeypatch.setattr(kernels, "triton_available", lambda: (True, "cuda"))
+    assert sz.noise.describe(kernels.TritonNoise()).startswith("triton:")
+
+
+def test_triton_noise_reads_whether_triton_runs_where_it_is_unpickled(monkeypatch):
+    import pickle
+
+    from sazo_lite import kernels
+
+    monkeypatch.setattr(kernels, "triton_available", lambda: (True, "cuda"))
+    blob = pickle.dumps(kernels.TritonNoise())
+    monkeypatch.setattr(kernels, "triton_available", lambda: (False, "triton is not installed (pip install triton)"))
+    moved = pickle.loads(blob)
+    assert not moved.usable and sz.noise.describe(moved) == "torch"
