@@ -174,3 +174,51 @@ def test_triton_noise_reads_whether_triton_runs_where_it_is_unpickled(monkeypatc
     monkeypatch.setattr(kernels, "triton_available", lambda: (False, "triton is not installed (pip install triton)"))
     moved = pickle.loads(blob)
     assert not moved.usable and sz.noise.describe(moved) == "torch"
+
+
+def _has_triton() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@pytest.mark.skipif(not _has_triton(), reason="triton is not installed (optional: pip install triton)")
+def test_triton_kernel_keys_its_z_by_the_whole_seed():
+    """The kernel took seed mod 2³¹: step seeds s and s + 2³¹ (derive_seed gives 63 bits) drew one z."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import torch
+        from sazo_lite.kernels import triton_direction
+        like = torch.empty(256)
+        for pert in ["gaussian", "rademacher"]:
+            s = 123456789
+            base = triton_direction(like, s, pert, block=256)
+            for other in (s + 2 ** 31, s + 2 ** 32, s + 2 ** 62):
+                assert not torch.equal(base, triton_direction(like, other, pert, block=256)), (pert, other)
+            assert torch.equal(base, triton_direction(like, s, pert, block=256))
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, TRITON_INTERPRET="1"),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
+# -- seeds: what the CPU generator keeps (documented, docs/guarantees.md round 18) -----------------------------
+def test_cpu_directions_depend_on_the_low_32_bits_of_a_tensor_seed_as_documented():
+    from sazo_lite.directions import derive_seed, draw_direction
+
+    like = torch.empty(32)
+    a, b = derive_seed(derive_seed(0, 987), 0), derive_seed(derive_seed(0, 66010), 0)   # tensor 0 of steps 987, 66010
+    assert a != b and a % 2 ** 32 == b % 2 ** 32
+    for pert in ("gaussian", "rademacher"):
+        assert torch.equal(draw_direction(like, a, pert, torch.Generator()), draw_direction(like, b, pert,
+                                                                                             torch.Generator()))
+    text = open("docs/guarantees.md").read()
+    assert "steps 987 and 66,010" in text and "low 32 bits" in text
