@@ -2,7 +2,9 @@
 
 A step seed s = derive_seed(base seed, step); tensor k of a pass uses derive_seed(s, k);
 z for that tensor is regenerated from it with an explicit ``torch.Generator``, so z is
-never stored and does not depend on the global RNG.
+never stored and does not depend on the global RNG. torch's CPU generator (mt19937) keeps the low
+32 bits of a seed, so on the CPU z depends on derive_seed(s, k) mod 2³² (CUDA's Philox takes all
+64 bits): two steps repeat one tensor's z with probability 2⁻³² per pair (docs/guarantees.md).
 
 Example:
     >>> import torch
