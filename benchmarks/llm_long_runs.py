@@ -15,7 +15,6 @@ other settings is refused before anything runs.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import math
 import json
 import time
@@ -26,10 +25,10 @@ import torch
 from sazo_lite.atomic import write_text
 from benchmarks.cli import check_folder, count, fraction, natural, unit_fraction
 from benchmarks import llm_queries
-from benchmarks.run_cache import RUN_PROTOCOL
+from benchmarks.llm_queries import set_digest
+from benchmarks.run_cache import RUN_PROTOCOL, carried_over
 from sazo_lite.course.widgets.llm import run_summary
 from sazo_lite.llm import restore_snapshot, snapshot
-from sazo_lite.llm.continual import make_continual_set
 from sazo_lite.llm.queries import SAMPLERS
 
 
@@ -55,18 +54,6 @@ def run_path(out: Path, sampler: str, rate: float, seed: int) -> Path:
     return out / f"{sampler}_{rate:g}_s{seed}.json"
 
 
-def set_digest(set_name: str, setup, *, num_train: int, new_fraction: float) -> str:
-    """12 hex digits of SHA-256 over the examples ``llm_queries.smollm2_start`` builds the set from (setup, train
-    and test prompts and labels, label words; "homogeneous": its pool), drawn without loading a model: the sets of
-    one size changed on 2026-12-07 (drawn without repeats), and their sizes alone named both."""
-    cset = make_continual_set(set_name, num_train=num_train, new_fraction=new_fraction, num_test=setup.num_test,
-                              seed=0, pool=2 * num_train if set_name == "homogeneous" else None)
-    examples = lambda split: [[e.prompt, e.label] for e in split]
-    text = json.dumps([examples(cset.setup), examples(cset.task.train), examples(cset.task.test),
-                       list(cset.task.label_words)])
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
 def saved_run(path: Path) -> dict | None:
     """The run a JSON of this module holds, or None when it is not one (unreadable, other shape)."""
     try:
@@ -74,6 +61,16 @@ def saved_run(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return run if isinstance(run, dict) else None
+
+
+def same_settings(saved: dict, settings: dict) -> bool:
+    """Whether a saved run was made with ``settings``: the same in full, or but for an earlier run cache protocol
+    whose rules made this very run (``run_cache.carried_over``, read from the run's own log)."""
+    made = saved.get("settings")
+    if not isinstance(made, dict) or {**made, "protocol": settings["protocol"]} != settings:
+        return False
+    return made.get("protocol") == settings["protocol"] or carried_over(
+        made.get("protocol"), {"stop_fraction": settings["stop"], "accuracy_at": settings["accuracy_at"]}, saved)
 
 
 def main(argv=None) -> None:
@@ -116,7 +113,7 @@ def main(argv=None) -> None:
         path = run_path(args.out, *key)
         if path.exists():
             saved = saved_run(path)
-            if saved is not None and saved.get("settings") == settings[key]:
+            if saved is not None and same_settings(saved, settings[key]):
                 kept[key] = saved
             else:
                 clashes.append(path.name)

@@ -44,6 +44,8 @@ race only: 1 seed, 800-step runs, 2 rates for uniform and SAZO and 1 for the ora
 from __future__ import annotations
 
 import argparse
+import functools
+import hashlib
 import json
 import math
 import os
@@ -84,6 +86,24 @@ ROOT2 = 2 ** 0.5
 BIG_SETS = ("balanced", "opposed")   # the sets designed for B > 1: sized by --big-n / --big-new-fraction
 TOP_START = {"uniform": 6e-3, "sazo": 8.49e-3, "oracle": 1.2e-2}    # the top-block grids' first rates
 RACED_SETS = (*TOP_SETS, "continual", "homogeneous", *BIG_SETS)    # what --sets races (``settings``)
+
+
+def set_digest(set_name: str, setup, *, num_train: int, new_fraction: float) -> str:
+    """12 hex digits of SHA-256 over the examples ``smollm2_start`` (and ``top_start``) build the set from (setup,
+    train and test prompts and labels, label words; "homogeneous": its pool), drawn without loading a model: the
+    sets of one size changed on 2026-12-07 (drawn without repeats), and their sizes alone named both. The one
+    name of a set in the run cache's keys and ``llm_long_runs``' settings."""
+    return _set_digest(set_name, num_train, new_fraction, setup.num_test)
+
+
+@functools.lru_cache(maxsize=None)      # settings() is built many times a race; the set is drawn once
+def _set_digest(set_name: str, num_train: int, new_fraction: float, num_test: int) -> str:
+    cset = make_continual_set(set_name, num_train=num_train, new_fraction=new_fraction, num_test=num_test,
+                              seed=0, pool=2 * num_train if set_name == "homogeneous" else None)
+    examples = lambda split: [[e.prompt, e.label] for e in split]
+    text = json.dumps([examples(cset.setup), examples(cset.task.train), examples(cset.task.test),
+                       list(cset.task.label_words)])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def smollm2_start(set_name: str, args, *, full: bool = False, num_train: int | None = None,
@@ -175,6 +195,12 @@ class Setting:
     walk_bound: float | None = None      # R of the "+bound" variants (``query_run(walk_bound=R)``)
     walk_pull: float | None = None       # λ of the "+pull" variants (``query_run(walk_pull=λ)``)
     step_cap: float | None = None        # κ of the "+cap" variants (``query_run(step_cap=κ)``)
+    examples: Callable[[], str] | None = None   # its set's ``set_digest`` (None: the tiny sets, drawn from a fixed seed)
+
+    def key(self, args) -> dict:
+        """What names the setting's θ₀ and set in a run cache key: its label, ``theta0_key`` and its examples."""
+        return {"setting": self.label, "theta0": theta0_key(args),
+                **({"examples": self.examples()} if self.examples is not None else {})}
 
 
 def rule_values(args, variants) -> dict:
@@ -187,6 +213,7 @@ def rule_values(args, variants) -> dict:
 def settings(args) -> list[Setting]:
     """The benchmark's settings, in the order of the table."""
     out = []
+    continual = lambda: set_digest("continual", args, num_train=args.num_train, new_fraction=args.new_fraction)
     for name in args.sets:
         if name in TOP_SETS:        # the long-run race: SmolLM2 top block on cached activations, B = 4
             kind = name.split("-")[1]
@@ -208,7 +235,9 @@ def settings(args) -> list[Setting]:
                                seeds=args.seeds, oracle_every=args.top_oracle_every, diagnose=args.diagnose_every,
                                cost=1.0 if opposed else 0.6, oracle_cost=2.5, budget_runs=False,
                                select_target=args.top_select, accuracy_at=args.top_accuracy_at or None,
-                               step_down=True, **rule_values(args, variants)))
+                               step_down=True, **rule_values(args, variants),
+                               examples=lambda kind=kind: set_digest(kind, args, num_train=args.top_n,
+                                                                     new_fraction=args.top_new_fraction)))
         elif name == "continual":     # the documented case: N = 24, B = 1 (issue 28's diagnosis)
             out.append(Setting(f"SmolLM2 LoRA r{args.rank} continual (N={args.num_train}, B=1)",
                                lambda: smollm2_start("continual", args),
@@ -222,7 +251,7 @@ def settings(args) -> list[Setting]:
                                diagnose=args.diagnose_every, budget_runs=False,
                                select_target=None if args.quick else max(args.targets),   # the pilot: by 0.5·F₀
                                accuracy_at=None if args.quick else args.accuracy_at or None, cost=4.0,
-                               oracle_cost=5.0))    # measured: ≈ 5 s per refresh against 0.45 s per ZO step
+                               oracle_cost=5.0, examples=continual))    # measured: ≈ 5 s per refresh against 0.45 s per ZO step
         elif name in BIG_SETS:      # designed for B > 1; opt-in (--sets ...): hours on 2 CPU cores
             out.append(Setting(f"SmolLM2 LoRA r{args.rank} {name} (N={args.big_n}, B={args.big_batch})",
                                lambda name=name: smollm2_start(name, args, num_train=args.big_n,
@@ -235,18 +264,22 @@ def settings(args) -> list[Setting]:
                                diagnose=args.diagnose_every, cost=4.0, budget_runs=not args.no_budget,
                                select_target=max(args.targets), accuracy_at=args.big_accuracy_at or None,
                                oracle_accuracy=False,    # an oracle refresh is one backprop over N (≈ 30 ZO steps)
-                               step_down=True, **rule_values(args, args.variants)))
+                               step_down=True, **rule_values(args, args.variants),
+                               examples=lambda name=name: set_digest(name, args, num_train=args.big_n,
+                                                                     new_fraction=args.big_new_fraction)))
         elif name == "homogeneous":  # SmolLM2's control: every example new and alike; SAZO must not lose
             out.append(Setting(f"SmolLM2 LoRA r{args.rank} homogeneous (N={args.num_train}, B={args.big_batch})",
                                lambda: smollm2_start("homogeneous", args), {"uniform": 1e-3, "sazo": 1e-3},
                                args.big_batch, args.steps, max(1, args.log_every // 4), variants=("uniform", "sazo"),
-                               cells=args.cells, grid_seeds=args.grid_seeds, seeds=args.seeds, budget_runs=False))
+                               cells=args.cells, grid_seeds=args.grid_seeds, seeds=args.seeds, budget_runs=False,
+                               examples=lambda: set_digest("homogeneous", args, num_train=args.num_train,
+                                                           new_fraction=args.new_fraction)))
     if args.full_start:
         out.append(Setting("SmolLM2 full continual (Rademacher z, B=1)", lambda: smollm2_start("continual", args, full=True),
                            {"uniform": args.full_start, "sazo": args.full_start}, 1, args.full_steps, args.log_every,
                            variants=("uniform", "sazo"), cells=args.full_cells, grid_seeds=args.grid_seeds,
                            seeds=args.seeds, cost=6.0, perturbation="rademacher", budget_runs=False,
-                           select_target=max(args.targets)))
+                           select_target=max(args.targets), examples=continual))
     # the control on a tiny model: all examples new and alike at θ₀ (V(u)/V(p*) ≈ 1), N = 8, so the targets
     # are ~50–100 draws of each example away and SAZO's learning phase is a small part of the run
     out += [Setting(f"tiny {family} homogeneous (random init, full, N={args.tiny_homogeneous_n}, B=1)",
@@ -334,9 +367,10 @@ def setting_header(setting: Setting, start: LazyStart, args, *, announce: bool =
     def sizes():
         _, params, train, _, _ = start.parts()
         return {"N": len(train), "tuned_parameters": sum(p.numel() for p in params)}
-    theta0 = theta0_key(args)
-    design = cached_run(args.run_cache, {"design": setting.label, "theta0": theta0, "eps": args.eps}, design)
-    size = cached_run(args.run_cache, {"sizes": setting.label, "theta0": theta0}, sizes)
+    key = setting.key(args)
+    label = key.pop("setting")
+    design = cached_run(args.run_cache, {"design": label, **key, "eps": args.eps}, design)
+    size = cached_run(args.run_cache, {"sizes": label, **key}, sizes)
     out = {"label": setting.label, "N": size["N"], "B": setting.batch, "heterogeneity_at_theta0": design["v_uniform_ratio"],
            "design": design, "tuned_parameters": size["tuned_parameters"], "perturbation": setting.perturbation,
            "oracle_every": setting.oracle_every, "steps": setting.steps, "log_every": setting.log_every,
@@ -456,8 +490,7 @@ def _race_variant(setting: Setting, variant: str, start: LazyStart, args, out: d
                         perturbation=setting.perturbation, step_rule=rule == "rule", accuracy_at=accuracy_at)
         if rule in RULE_SETTINGS:   # only then in the key: the cached runs of every other variant keep theirs
             settings[RULE_SETTINGS[rule]] = getattr(setting, RULE_SETTINGS[rule])
-        r = cached_run(args.run_cache, {"setting": setting.label, "theta0": theta0_key(args), "sampler": sampler,
-                                        **settings},
+        r = cached_run(args.run_cache, {**setting.key(args), "sampler": sampler, **settings},
                        lambda: _computed(start, sampler, settings),
                        cached_only=args.cached_only or not computes(args, lr, seed))
         q = [queries_to(r, t) for t in args.targets]

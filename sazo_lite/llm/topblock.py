@@ -46,6 +46,7 @@ Example (a tiny random model; in practice SmolLM2 with ``blocks=1``):
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
 import warnings
 
@@ -428,6 +429,7 @@ class TopBlocks:
         except (RuntimeError, IndexError) as error:
             raise ValueError(f"Invalid model: {type(_base(self.model)).__name__}'s top blocks cannot be run on "
                              f"cached activations ({type(error).__name__}: {error})") from error
+        self._check_nan_is_the_models(indices, full)
         dtype = self.hidden.dtype if self.hidden.is_floating_point() else torch.float32
         tolerance = max(1e-4, 4 * torch.finfo(dtype).eps)
         gap = _relative_gap(top, full)
@@ -436,6 +438,20 @@ class TopBlocks:
                              f"full forward's (relative gap {gap:.2e} > {tolerance:.0e}): a family this mode does "
                              "not support (a step of its forward between its blocks, after the last one or after the "
                              "LM head that it does not know)")
+
+    def _check_nan_is_the_models(self, indices: list[int], full: torch.Tensor) -> None:
+        """A nan the model's forward gives an example in a padded batch counts as agreeing (``_relative_gap``) only
+        if the model gives it that example alone too (a non-finite weight): a float64 model with eager attention
+        gives nan where padding leaves a query row with no key (transformers softmaxes its float64 mask in
+        float32, where the mask's minimum is -inf), and the check compared nan with nan and passed."""
+        for k in dict.fromkeys(i for i, loss in zip(indices, full.tolist()) if math.isnan(loss)):
+            with torch.no_grad():
+                alone = float(classification_losses(self.model, self.batch, [k]))
+            if not math.isnan(alone):
+                raise ValueError(f"Invalid model: its loss of example {k} is nan in a padded batch but {alone:.4g} "
+                                 "alone (padding leaves a query row with no key to attend to: a float64 model with "
+                                 "eager attention gives nan there); load it in float32 or with "
+                                 "attn_implementation='sdpa'")
 
     def _layout(self) -> list[tuple]:
         """(dtype, device) of each weight that runs on the cache (top blocks, final norm, head): runs before
