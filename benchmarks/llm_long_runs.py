@@ -9,8 +9,9 @@ the sampler settings are those of ``llm_queries``' opposed and balanced sets (``
 logs F every ``--log-every`` steps, and SAZO's runs record its scores against the true norms every 4th
 log point. One JSON per run in OUT_DIR (``QueryRun.to_dict()`` plus its wall time and the settings that
 made it, with ε, the oracle's mix, θ₀'s sizes, a digest of the set's examples and the run cache's protocol). A run whose JSON OUT_DIR already
-holds with the same settings is kept, not rerun (the same command resumes an interrupted plan); a JSON there of
-other settings is refused before anything runs.
+holds with the same settings is kept, not rerun (the same command resumes an interrupted plan), as is one of an
+earlier protocol that ``run_cache.carried_over`` shows today's rules would make alike; a JSON there of other
+settings is refused before anything runs.
 """
 from __future__ import annotations
 
@@ -70,7 +71,8 @@ def same_settings(saved: dict, settings: dict) -> bool:
     if not isinstance(made, dict) or {**made, "protocol": settings["protocol"]} != settings:
         return False
     return made.get("protocol") == settings["protocol"] or carried_over(
-        made.get("protocol"), {"stop_fraction": settings["stop"], "accuracy_at": settings["accuracy_at"]}, saved)
+        made.get("protocol"), {"stop_fraction": settings["stop"], "accuracy_at": settings["accuracy_at"]}, saved,
+        to=settings["protocol"])
 
 
 def main(argv=None) -> None:

@@ -44,7 +44,6 @@ race only: 1 seed, 800-step runs, 2 rates for uniform and SAZO and 1 for the ora
 from __future__ import annotations
 
 import argparse
-import functools
 import hashlib
 import json
 import math
@@ -93,12 +92,7 @@ def set_digest(set_name: str, setup, *, num_train: int, new_fraction: float) -> 
     train and test prompts and labels, label words; "homogeneous": its pool), drawn without loading a model: the
     sets of one size changed on 2026-12-07 (drawn without repeats), and their sizes alone named both. The one
     name of a set in the run cache's keys and ``llm_long_runs``' settings."""
-    return _set_digest(set_name, num_train, new_fraction, setup.num_test)
-
-
-@functools.lru_cache(maxsize=None)      # settings() is built many times a race; the set is drawn once
-def _set_digest(set_name: str, num_train: int, new_fraction: float, num_test: int) -> str:
-    cset = make_continual_set(set_name, num_train=num_train, new_fraction=new_fraction, num_test=num_test,
+    cset = make_continual_set(set_name, num_train=num_train, new_fraction=new_fraction, num_test=setup.num_test,
                               seed=0, pool=2 * num_train if set_name == "homogeneous" else None)
     examples = lambda split: [[e.prompt, e.label] for e in split]
     text = json.dumps([examples(cset.setup), examples(cset.task.train), examples(cset.task.test),

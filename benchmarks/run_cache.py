@@ -47,11 +47,12 @@ CARRIED_OVER = {1: lambda key, run: budget_stop_agrees(run, stop_fraction=key.ge
                                                        accuracy_at=key.get("accuracy_at"))}
 
 
-def carried_over(protocol: int, key: dict, run: dict) -> bool:
-    """Whether a run saved under ``protocol`` is what a run under ``RUN_PROTOCOL`` would be (every step of
-    ``CARRIED_OVER`` between them says so); a protocol it does not know is not carried over."""
-    return (isinstance(protocol, int) and 1 <= protocol <= RUN_PROTOCOL
-            and all(CARRIED_OVER[p](key, run) for p in range(protocol, RUN_PROTOCOL)))
+def carried_over(protocol: int, key: dict, run: dict, to: int | None = None) -> bool:
+    """Whether a run saved under ``protocol`` is what a run under ``to`` (default ``RUN_PROTOCOL``) would be: every
+    step of ``CARRIED_OVER`` between them says so; a step it does not know carries nothing over."""
+    to = RUN_PROTOCOL if to is None else to
+    return (isinstance(protocol, int) and not isinstance(protocol, bool) and 1 <= protocol <= to
+            and all(p in CARRIED_OVER and CARRIED_OVER[p](key, run) for p in range(protocol, to)))
 
 
 class RunNotCached(LookupError):

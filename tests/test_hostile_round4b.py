@@ -7,7 +7,7 @@ import warnings
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from benchmarks.run_cache import cached_run
+from benchmarks.run_cache import RUN_PROTOCOL, cached_run
 from sazo_lite.llm.queries import median_floor, ratio_bound
 from sazo_lite.train import NoiseScaledStep, median_ratio_interval
 
@@ -32,7 +32,7 @@ def test_cache_write_that_fails_leaves_the_previous_entry(tmp_path, monkeypatch)
     cached_run(tmp_path, {"lr": 1e-3}, lambda: {"q": 1})
     (path,) = tmp_path.glob("run-*.json")
     before = path.read_bytes()
-    path.write_text(before.decode().replace('"q": 1', '"q": 1, "x": 0').replace('"protocol": 1', '"protocol": 0'))
+    path.write_text(before.decode().replace('"q": 1', '"q": 1, "x": 0').replace(f'"protocol": {RUN_PROTOCOL}', '"protocol": 0'))
     kept = path.read_bytes()
     monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
     with pytest.raises(OSError):

@@ -133,16 +133,7 @@ def fake_run(*_args, **_kwargs) -> dict:
             "max_step_scale": 1.0, "max_weight": 1.0, "test_accuracy": 0.5, "budget_accuracy": None}
 
 
-@pytest.fixture
-def fresh_digests():
-    """set_digest's drawn sets cleared before and after (a test draws a set otherwise under the same sizes)."""
-    clear = getattr(getattr(llm_queries, "_set_digest", None), "cache_clear", lambda: None)
-    clear()
-    yield
-    clear()
-
-
-def test_a_race_resumed_on_another_set_of_the_same_sizes_recomputes_its_runs(monkeypatch, tmp_path, fresh_digests):
+def test_a_race_resumed_on_another_set_of_the_same_sizes_recomputes_its_runs(monkeypatch, tmp_path):
     """Keys named a SmolLM2 set by its sizes: a race on a set drawn otherwise (the sets of 2026-12-07 against those
     drawn with repeats) read the other set's runs back."""
     calls = []
@@ -161,8 +152,6 @@ def test_a_race_resumed_on_another_set_of_the_same_sizes_recomputes_its_runs(mon
     assert calls and race() == first and len(calls) == (n := len(calls))       # the same set: read back
     real = llm_queries.make_continual_set
     monkeypatch.setattr(llm_queries, "make_continual_set", lambda *a, **k: real(*a, **{**k, "seed": 1}))
-    if hasattr(llm_queries, "_set_digest"):      # the digests drawn so far are of the real sets
-        llm_queries._set_digest.cache_clear()
     race()
     assert len(calls) == 2 * n                                                  # another set: recomputed
 

@@ -104,6 +104,7 @@ def test_long_runs_refuse_a_saved_run_of_other_examples_of_the_same_sizes(tmp_pa
         return cset
 
     monkeypatch.setattr(llm_long_runs, "make_continual_set", other_examples, raising=False)
+    monkeypatch.setattr(llm_queries, "make_continual_set", other_examples)     # set_digest's rule lives there
     monkeypatch.setattr(continual, "make_continual_set", other_examples)
     with pytest.raises(SystemExit):     # the earlier set's run was kept as this set's
         llm_long_runs.main(argv)

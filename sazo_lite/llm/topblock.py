@@ -225,7 +225,8 @@ class TopBlocks:
         check: compare ``logit_map`` of the head's output with the model's logits (one example) and
             the losses with the model's own forward on up to 4 examples, and refuse (ValueError) a
             family whose top blocks this mode cannot reproduce; costs one forward of the full model
-            on those examples.
+            on those examples (and one an example whose loss is nan there: a nan that the example alone
+            does not give, from padding, is refused).
 
     Call it with indices ([B]) for the losses [B] (float32, float64 for a float64 model; inference mode), as
     ``MeZO.step``'s closure and ``sazo_lite.train``'s ``batch_losses`` want; ``losses(indices, grad=True)`` keeps
