@@ -28,6 +28,12 @@ import tempfile
 from typing import Any, Callable, IO
 
 
+# the characters of the file's name its temporary file's name starts with: the whole name, with mkstemp's random
+# part and ".tmp", went past the system's limit on a name (255 bytes) for a name near it (OSError "File name too
+# long" for a file open() writes); 32 characters are at most 128 bytes
+_TMP_NAME_CHARS = 32
+
+
 def atomic_write(path, write: Callable[[IO[bytes]], Any]) -> int:
     """Call ``write(handle)`` on a temporary binary file beside ``path``, then move it into place.
 
@@ -36,7 +42,8 @@ def atomic_write(path, write: Callable[[IO[bytes]], Any]) -> int:
     """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    prefix = f".{os.path.basename(path)[:_TMP_NAME_CHARS]}."
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as handle:
             os.chmod(tmp, _mode_for(path))   # mkstemp makes 0600: the file lost the reads open() gives

@@ -173,3 +173,31 @@ def test_the_same_optimiser_without_a_step_rule_still_trains():
     history = train(_Wrapped(MeZO([theta], lr=0.01, seed=1)), UniformSampler(8),
                     lambda idx: (data[idx] - theta.sum()) ** 2, 5, batch_size=4, progress=False)
     assert len(history.loss) == 5 and not torch.equal(theta, torch.zeros(3))
+
+
+# --- 4. atomic writes of a file whose name is near the system's limit -------------------------------------------
+import os  # noqa: E402
+
+from sazo_lite import atomic  # noqa: E402
+
+
+@pytest.mark.parametrize("name", ["r" * 250 + ".json", "é" * 120 + ".pt"], ids=["ascii", "two-byte"])
+def test_a_file_name_near_the_limit_is_written_atomically(tmp_path, name):
+    """A 255-byte name open() writes: the temporary name was '.' + the whole name + a random part + '.tmp', past
+    the limit, and atomic_write raised OSError 'File name too long' (a report or checkpoint could not be saved)."""
+    path = tmp_path / name
+    path.write_text("old")
+    assert atomic.write_text(path, "new") == 3
+    assert path.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def test_the_temporary_file_still_sits_beside_the_file_and_is_gone_after_a_failed_write(tmp_path):
+    path, seen = tmp_path / "report.json", []
+
+    def write(handle):
+        seen.extend(p.name for p in tmp_path.iterdir())
+        raise RuntimeError("serialiser failed")
+
+    with pytest.raises(RuntimeError):
+        atomic.atomic_write(path, write)
+    assert seen[0].startswith(".report.json.") and seen[0].endswith(".tmp") and not list(tmp_path.iterdir())
