@@ -976,16 +976,19 @@ class MeZO(torch.optim.Optimizer):
         eps = self.param_groups[0]["eps"]
         self._offset = 0
         frozen = _freeze(self.param_groups, self._checked_memory)
+        noise = self.noise   # the source of every pass of this step, its undo included
         self._in_step = True
         try:
             self._move(seed, +1.0, +1)
             plus = self._losses(closure(), 1)
             _check_frozen(self.param_groups, frozen)
+            self._check_noise_kept(noise)
             if weights is not None and weights.shape != plus.shape:  # known now: undo 1 pass, not 2
                 self._check_shapes(plus, plus, weights)
             self._move(seed, -2.0, -1)
             minus = self._losses(closure(), 2)
             _check_frozen(self.param_groups, frozen)
+            self._check_noise_kept(noise)
             self._in_step = False   # the closure is done: step hooks (run by _commit) may replay or shift θ
             self._check_shapes(plus, minus, weights)
             diffs = _difference_quotient(plus, minus, eps)
@@ -998,6 +1001,7 @@ class MeZO(torch.optim.Optimizer):
         except BaseException:
             if self._offset:   # θ is shifted: the undo must reach the tensors, ε and z the passes used
                 _thaw(self.param_groups, frozen)
+                self.noise = noise
             self._abandon(seed)
             raise
         finally:
@@ -1006,6 +1010,13 @@ class MeZO(torch.optim.Optimizer):
         if flat is not None:
             flat.observe(result)
         return result
+
+    def _check_noise_kept(self, noise) -> None:
+        """ValueError if the closure replaced ``noise`` (the step's source): the next pass, the update or the undo
+        drew other z than the passes before it (a failed step left θ 0.06 off, a committed one was no ZO step)."""
+        if self.noise is not noise:
+            raise ValueError("Invalid noise: replaced inside the step's closure; set opt.noise between steps. "
+                             "Parameters restored")
 
     def _refuse_in_step(self, name: str) -> None:
         """ValueError when called from a step's closure: θ stands at θ ± εz and the step's passes are

@@ -222,3 +222,27 @@ def test_cpu_directions_depend_on_the_low_32_bits_of_a_tensor_seed_as_documented
                                                                                              torch.Generator()))
     text = open("docs/guarantees.md").read()
     assert "steps 987 and 66,010" in text and "low 32 bits" in text
+
+
+# -- a closure that replaces the noise source ------------------------------------------------------------------
+@pytest.mark.parametrize("raises", [False, True])
+def test_a_closure_that_replaces_the_noise_source_is_refused_and_theta_restored(raises):
+    """The passes after the swap, the update and the undo drew the new source's z: a failed step left θ 0.06 off
+    (float64, ε = 1e-2), a committed one moved θ along no ZO direction."""
+    theta = torch.randn(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    before = theta.clone()
+    opt = sz.MeZO([theta], lr=0.1, eps=1e-2, noise=None)
+    calls = []
+
+    def closure():
+        calls.append(1)
+        if len(calls) == 1:
+            opt.noise = sz.noise.GaussianTable(size=1024, chunk=256)
+            if raises:
+                raise RuntimeError("the closure failed")
+        return theta.pow(2).sum()
+
+    with pytest.raises(RuntimeError if raises else ValueError, match="closure"):
+        opt.step(closure)
+    assert opt.noise is None and opt.step_count == 0
+    assert float((theta - before).abs().max()) < 1e-12
