@@ -126,3 +126,18 @@ def test_07_class_mode_errors_are_the_stored_class_run():
     assert f"BP is measured {bp[0]:.1f}–{bp[-1]:.1f}% *below* the model" in summary
     answer = _markdown("07_memory_on_device", "will the measurement be above or below")
     assert f"by {bp[0]:.1f}–{bp[-1]:.1f}% in the class-mode run" in answer
+
+
+@pytest.mark.parametrize("attention", ["fused", "materialised"])
+def test_07_activation_formula_is_the_models_count(attention):
+    """07 §'The maths' wrote a_layer = 6D + 2D + 2D_kv + 4D_ff [+ H·n_ctx materialised] as the count the tests
+    check against autograd: the count has the norms' two 1/rms and the log-sum-exp per head (+ H + 2), and the
+    materialised attention term is 4D + H·n_ctx instead of 2D + 2D_kv + H, as the text now writes."""
+    text = _markdown("07_memory_on_device", "Activations stored by backprop")
+    assert "\\underbrace{6D + 2}" in text and "\\underbrace{2D + 2D_{kv} + H}" in text
+    assert "materialised the attention term is $4D + Hn_\\text{ctx}$ instead" in text
+    for shape in (ModelShape("a", 1, 64, 4, 2, 160, 50), ModelShape("b", 1, 96, 6, 3, 200, 50, gated=True)):
+        d, kv, f, h, n = shape.hidden, shape.kv_dim, shape.ffn, shape.heads, 128
+        attention_term = 2 * d + 2 * kv + h if attention == "fused" else 4 * d + h * n
+        count = memory.activation_elements_per_token(shape, TrainSetup(context=n, attention=attention))
+        assert count == 6 * d + 2 + attention_term + 4 * f
