@@ -141,3 +141,43 @@ def test_07_activation_formula_is_the_models_count(attention):
         attention_term = 2 * d + 2 * kv + h if attention == "fused" else 4 * d + h * n
         count = memory.activation_elements_per_token(shape, TrainSetup(context=n, attention=attention))
         assert count == 6 * d + 2 + attention_term + 4 * f
+
+
+# -- hostile values: a clear message, never NaN or a torch TypeError ----------------------------------------
+@pytest.mark.parametrize("eps, why", [(1e-300, "rounds to 0"), (1e300, "not finite")])
+def test_two_point_estimate_refuses_an_eps_its_dtype_cannot_hold(eps, why):
+    """ε = 1e-300 is 0 in float32: every g was 0/0 = NaN (notebook 01 says a too-small ε gives ĝ = 0); ε = 1e300
+    overflowed f(θ ± εz) to inf and g to inf − inf = NaN. Both are a ValueError naming ε now."""
+    from sazo_lite.course import two_point
+
+    theta = torch.tensor([1.0, 0.5])                         # float32
+    bowl = lambda x: two_point.bowl_loss(x, [1.0, 4.0])     # noqa: E731
+    with pytest.raises(ValueError, match=f"Invalid eps: .*{why}"):
+        two_point.zo_gradient(bowl, theta, eps, 4)
+    grad = two_point.bowl_grad(theta.double(), [1.0, 4.0])
+    with pytest.raises(ValueError, match=f"Invalid eps: .*{why}"):
+        two_point.error_vs_eps(bowl, grad, theta, [1e-3, eps])
+    tiny = two_point.zo_gradient(bowl, theta, 1e-12, 4)      # representable, below float32's rounding step: ĝ = 0
+    assert torch.equal(tiny, torch.zeros(2))
+
+
+@pytest.mark.parametrize("dtype", ["float32", torch.int64, 0])
+def test_a_problem_refuses_a_dtype_that_is_not_a_float_dtype(dtype):
+    """race(dtype="float32") raised torch's "zeros(): argument 'dtype' must be torch.dtype, not str"."""
+    from sazo_lite.course import problems, sazo_runs
+
+    problem = problems.LeastSquares(num_examples=8, dim=3, seed=0)
+    with pytest.raises(ValueError, match="Invalid dtype"):
+        problem.initial_theta(dtype)
+    with pytest.raises(ValueError, match="Invalid dtype"):
+        sazo_runs.race(problem, seeds=(0,), steps=2, dtype=dtype)
+
+
+@pytest.mark.parametrize("lrs", [-1, 0.01])
+def test_race_dashboard_refuses_rates_that_are_not_a_dict(lrs):
+    """lrs=-1 raised "'int' object is not iterable"; lrs=0.0 was read as no rates at all."""
+    pytest.importorskip("ipywidgets")
+    from sazo_lite.course.widgets import race_dashboard
+
+    with pytest.raises(ValueError, match="Invalid lrs"):
+        race_dashboard(seeds=1, steps=10, lrs=lrs)

@@ -92,7 +92,10 @@ class FiniteSumProblem:
         return self.full_loss(theta) - self.optimal_loss
 
     def initial_theta(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-        """The starting point θ₀ = 0."""
+        """The starting point θ₀ = 0, in ``dtype`` (a floating-point torch.dtype)."""
+        # every run starts here: a str or an int dtype failed inside torch, or ran MeZO on integers
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"Invalid dtype: {dtype!r} (expected a floating-point torch.dtype, e.g. torch.float32)")
         return torch.zeros(self.dim, dtype=dtype)
 
     def _theta(self, theta) -> torch.Tensor:

@@ -106,7 +106,13 @@ def two_point_estimates(fn, theta: torch.Tensor, directions: torch.Tensor, eps: 
     if z.dim() != 2 or z.shape[1] != theta.numel():
         raise ValueError(f"Invalid directions: shape {tuple(z.shape)} (expected [q, d] with d = {theta.numel()}, "
                          "θ's size)")
-    g = (fn(theta + eps * z) - fn(theta - eps * z)) / (2 * eps)  # [q]
+    if float(torch.tensor(2 * eps, dtype=theta.dtype)) == 0:   # 0/0: every g was NaN, where a tiny ε gives g = 0
+        raise ValueError(f"Invalid eps: {eps!r} (2ε rounds to 0 in {theta.dtype}, θ's dtype: expected a larger ε)")
+    plus, minus = fn(theta + eps * z), fn(theta - eps * z)
+    if not bool(torch.isfinite(plus).all() and torch.isfinite(minus).all()):   # inf − inf: NaN without a word
+        raise ValueError(f"Invalid eps: {eps!r} (f(θ ± εz) is not finite in {theta.dtype} at this ε: take a "
+                         "smaller ε)")
+    g = (plus - minus) / (2 * eps)  # [q]
     return g, g[:, None] * z
 
 

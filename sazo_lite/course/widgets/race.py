@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 
 import numpy as np
@@ -468,6 +469,8 @@ def race_dashboard(*, problem: str = "heterogeneous quadratic", num_examples: in
     check_count("cache_size", cache_size)     # the runs on screen are cached too
     if live_after is not None:
         check_number("live_after", live_after, 0.0)
+    if lrs is not None and not isinstance(lrs, Mapping):   # -1 raised "not iterable"; 0.0 read as no rates
+        raise ValueError(f"Invalid lrs: {lrs!r} (expected a dict method → rate, e.g. a tuned race's result.lrs)")
     unknown = set(lrs or {}) - set(LR_CONTROLS)
     if unknown:
         raise ValueError(f"Invalid lrs: {sorted(unknown)} (expected methods among {tuple(LR_CONTROLS)})")
