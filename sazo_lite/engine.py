@@ -207,6 +207,20 @@ def _check_ordered(params) -> None:
         raise ValueError("Invalid params: a set of tensors has no order (pass a list)")
 
 
+def _split_names(params) -> tuple[list | None, list]:
+    """``(names, tensors)`` of a group given as ``(name, tensor)`` pairs (``model.named_parameters()``, which
+    torch.optim takes since 2.6 and records as the group's ``param_names``), else ``(None, params)``; they were
+    refused as "expected tensors, got tuple"."""
+    _check_ordered(params)
+    params = [params] if isinstance(params, torch.Tensor) else list(params)
+    named = [isinstance(p, tuple) for p in params]
+    if not any(named):
+        return None, params
+    if not all(named) or not all(len(p) == 2 and isinstance(p[0], str) for p in params):
+        raise ValueError("Invalid params: give every tensor of a group a name, as (name, tensor) pairs, or none")
+    return [name for name, _ in params], [tensor for _, tensor in params]
+
+
 # The dtypes a pass can move in place: torch has no aminmax (the overflow guard) or in-place add for the float8
 # types, which raised NotImplementedError from inside the first step.
 PASS_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -461,7 +475,8 @@ class MeZO(torch.optim.Optimizer):
         self._refuse_in_step("add_param_group")
         if not isinstance(param_group, dict) or "params" not in param_group:
             raise ValueError(f"Invalid param_group: expected a dict with 'params', got {param_group!r}")
-        params = _check_params(param_group["params"])
+        names, params = _split_names(param_group["params"])
+        params = _check_params(params)
         # a group without an eps takes the one all groups share: the constructor's may have been changed since
         shared = {"eps": self.param_groups[0]["eps"]} if self.param_groups and "eps" not in param_group else {}
         cleaned = _check_group({**param_group, **shared}, self.defaults)
@@ -473,7 +488,7 @@ class MeZO(torch.optim.Optimizer):
         _check_disjoint(known + params)
         if getattr(self, "_pending", None) is not None:
             self.flush()  # pending jobs are indexed by the current groups
-        param_group.update(cleaned, params=params)
+        param_group.update(cleaned, params=params, **({"param_names": names} if names is not None else {}))
         _undecorated(torch.optim.Optimizer.add_param_group)(self, param_group)
         # a group added after construction (the constructor warns for its own groups, once): warned when it makes the
         # tensors mix frozen with trainable ones (a frozen head added beside trainable adapters was tuned silently)

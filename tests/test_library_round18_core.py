@@ -246,3 +246,34 @@ def test_a_closure_that_replaces_the_noise_source_is_refused_and_theta_restored(
         opt.step(closure)
     assert opt.noise is None and opt.step_count == 0
     assert float((theta - before).abs().max()) < 1e-12
+
+
+# -- named parameters, as torch.optim takes them ----------------------------------------------------------------
+def test_mezo_takes_named_parameters_as_torch_optim_does():
+    """``MeZO(model.named_parameters(), ...)`` was refused ("expected tensors, got tuple"); torch.optim takes the
+    pairs and records ``param_names``. The run equals the unnamed one bit for bit, and its state loads."""
+    torch.manual_seed(0)
+    named, plain = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    plain.load_state_dict(named.state_dict())
+    x = torch.randn(5, 3)
+    opt = sz.MeZO(named.named_parameters(), lr=0.1, noise=None, seed=2)
+    reference = sz.MeZO(plain.parameters(), lr=0.1, noise=None, seed=2)
+    assert opt.param_groups[0]["param_names"] == ["weight", "bias"]
+    for _ in range(3):
+        opt.step(lambda: named(x).pow(2).mean(1))
+        reference.step(lambda: plain(x).pow(2).mean(1))
+    assert torch.equal(named.weight, plain.weight) and torch.equal(named.bias, plain.bias)
+    state = opt.state_dict()
+    assert state["param_groups"][0]["param_names"] == ["weight", "bias"]
+    resumed = torch.nn.Linear(3, 2)
+    resumed.load_state_dict(named.state_dict())
+    again = sz.MeZO(resumed.named_parameters(), lr=0.5, noise=None)
+    again.load_state_dict(state)
+    opt.step(lambda: named(x).pow(2).mean(1))
+    again.step(lambda: resumed(x).pow(2).mean(1))
+    assert torch.equal(named.weight, resumed.weight)
+
+
+def test_mezo_refuses_a_group_that_names_some_tensors_only():
+    with pytest.raises(ValueError, match="Invalid params: give every tensor"):
+        sz.MeZO([("a", torch.zeros(2)), torch.zeros(3)], lr=0.1)
