@@ -77,7 +77,8 @@ are the Trainer's own. What differs:
 - Data parallel (``torchrun --nproc_per_node=W script.py``, gloo on CPU): every rank draws the same
   global batch, evaluates its contiguous block of B/W examples and all-gathers the losses
   (``sazo_lite.distributed``), so g, the update and the sampler stay identical on every rank. Each step
-  first checks that every rank drew the same batch (``same_batch``: ValueError on every rank, nothing moved).
+  first checks that every rank drew the same batch (``same_batch``: ValueError on every rank, nothing moved);
+  with ``check_ranks=True`` also that every rank's MeZO holds the same step, seed, settings and weights.
 - Checkpoints add ``zo_state.pt`` (the sampler's state, any master weights, the query count, B and
   ``learning_rate``, which a plateau schedule keeps nowhere else: plain
   tensors, numbers and strings, written to a temporary file and renamed) to the Trainer's
@@ -355,6 +356,10 @@ class ZOTrainer(Trainer):
             ``outputs.logits`` and ``inputs["labels"]``.
         master_weights: "auto" (a float32 master copy when a trainable tensor is bf16/fp16),
             True (always; a float64 tensor's master is float64, ``precision.master_dtype``) or False.
+        check_ranks: under data parallel, each step also checks that every rank's MeZO holds the same step,
+            seed, settings and weights (``distributed.same_batch``'s ``optimizer``: one read of the tuned
+            tensors per step), so a rank resumed from other weights is a ValueError on every rank before the
+            step. Off by default; without a process group it does nothing.
         **kwargs: the Trainer's other arguments (compute_metrics, callbacks, ...). ``optimizers``
             is refused (the optimiser is MeZO), and so are ``compute_loss_func`` and a subclass's
             ``compute_loss`` (steps need per-example losses: use ``per_example_loss``).
@@ -372,8 +377,12 @@ class ZOTrainer(Trainer):
     def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
                  processing_class=None, *, method: str = "sazo", eps: float = 1e-3,
                  perturbation: str = "gaussian", ema_decay: float | None = None, uniform_mix: float | None = None,
-                 zo_seed: int | None = None, per_example_loss=None, master_weights="auto", **kwargs):
+                 zo_seed: int | None = None, per_example_loss=None, master_weights="auto",
+                 check_ranks: bool = False, **kwargs):
         self.method = check_choice("method", method, METHODS)
+        if not isinstance(check_ranks, bool):   # an int or a string read as "on" or "off" by truthiness
+            raise ValueError(f"Invalid check_ranks: {check_ranks!r} (expected True or False)")
+        self.check_ranks = check_ranks
         if kwargs.get("optimizers", (None, None)) != (None, None):
             raise ValueError("Invalid optimizers: ZOTrainer builds its own MeZO optimiser and lr schedule "
                              "from args (learning_rate, weight_decay, lr_scheduler_type)")
@@ -744,7 +753,7 @@ class ZOTrainer(Trainer):
         indices, weights = self.zo_sampler.sample(self.global_batch_size())
         # every rank must hold the same batch (a sampler of another seed or state drew another): the gather would
         # join the losses of two batches as one, without a word; ValueError on every rank, before anything moves
-        same_batch(indices)
+        same_batch(indices, self.zo_optimizer if self.check_ranks else None)   # check_ranks: MeZO's weights too
         rank, world = rank_and_world()
         batch_indices = shard(indices, rank, world)
         batch = self._collate(batch_indices)  # this rank's B/W examples
