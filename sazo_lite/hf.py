@@ -39,7 +39,9 @@ are the Trainer's own. What differs:
   ``sazo_lite.llm.losses.causal_lm_losses``), or ``per_example_loss(outputs, inputs) -> [B]``.
   The label columns ("labels" and ``label_names``: the Trainer's own, such as a QA model's
   start_positions and end_positions, or ["labels"] when it finds none) are held out of the
-  model's forwards and read by the loss. An encoder-decoder model (T5, BART), a masked LM or a token
+  model's forwards and read by the loss. A sequence classifier (logits [B, C], integer labels [B]) is scored by
+  each row's cross-entropy, as its own single-label loss (float labels, regression or multi-label, need a
+  ``per_example_loss``; ``CausalLMCollator`` collates token rows: pass a data_collator). An encoder-decoder model (T5, BART), a masked LM or a token
   classifier is scored without the shift (its logits at t score label t, as its own loss reads them);
   an encoder-decoder model gets ``decoder_input_ids`` built from the labels as its forward builds
   them when the batch has none. A peft prompt-tuning, p-tuning or CPT model's logits cover its virtual
@@ -677,13 +679,16 @@ class ZOTrainer(Trainer):
             with torch.no_grad(), self.compute_loss_context_manager():
                 outputs = net(**self._model_inputs(batch))
             if default:
-                logits, (b, t), skip = _logits(outputs), batch["labels"].shape, _virtual_tokens(net)
-                if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != (b, t + skip):
+                logits, labels, skip = _logits(outputs), batch["labels"], _virtual_tokens(net)
+                shape = [*labels.shape[:1], labels.shape[1] + skip] if labels.dim() == 2 else None
+                if not _class_rows(logits, labels) and (not isinstance(logits, torch.Tensor) or logits.dim() != 3
+                                                        or list(logits.shape[:2]) != shape):
                     got = (f"outputs of type {type(outputs).__name__}" if logits is None
                            else f"logits of shape {tuple(getattr(logits, 'shape', ()))}")
                     over = f" ({skip} virtual tokens + T)" if skip else ""
                     raise ValueError(f"Invalid model: the default per_example_loss needs a causal LM's outputs.logits "
-                                     f"[B, T, V] over labels [B, T] = {[b, t]}{over}, got {got}; pass "
+                                     f"[B, T, V] over labels [B, T]{over}, or a classifier's logits [B, C] over integer "
+                                     f"labels [B]; the labels are {labels.dtype} {list(labels.shape)}, got {got}; pass "
                                      f"per_example_loss=(outputs, inputs) -> losses [B]")
                 self._zo_classes = logits.shape[-1]
                 _check_label_ids(self._zo_classes, batch["labels"], list(range(len(rows))))
@@ -850,6 +855,8 @@ class ZOTrainer(Trainer):
         logits = _logits(outputs)
         classes = logits.shape[-1] if isinstance(logits, torch.Tensor) else None
         _check_label_ids(classes, inputs["labels"], examples, step)
+        if _class_rows(logits, inputs["labels"]):   # a sequence classifier's logits [B, C], one class id per example
+            return _unshifted_loss({"logits": logits[:, None]}, {"labels": inputs["labels"][:, None]})
         if _unshifted(net):
             return _unshifted_loss(outputs, inputs)
         skip = _virtual_tokens(net)
@@ -1345,6 +1352,8 @@ def _check_scored(labels, examples, step=None, shifted: bool = True) -> None:
     which no position predicts (a one-token row, an answer truncated away). ``causal_lm_losses`` gives them 0,
     which was averaged into ``eval_loss`` (a third of the set unscored lowered it by a third) and drawn into
     training batches as a loss that never moves, without a word. ``examples`` None: an evaluation batch."""
+    if isinstance(labels, torch.Tensor) and labels.dim() == 1:   # a class id per example: −100 scores nothing
+        labels, shifted = labels[:, None], False
     if not isinstance(labels, torch.Tensor) or labels.dim() != 2 or labels.is_floating_point():
         return
     scored = (labels[:, 1:] if shifted else labels) != IGNORE
@@ -1415,6 +1424,14 @@ def _datasets():
 def _causal_lm_loss(outputs, inputs) -> torch.Tensor:
     """The default per_example_loss: ``causal_lm_losses(outputs.logits, inputs["labels"])``."""
     return causal_lm_losses(_logits(outputs), inputs["labels"])
+
+
+def _class_rows(logits, labels) -> bool:
+    """A sequence classifier's batch (BERT's ``ForSequenceClassification``): logits [B, C] and one integer class id
+    per example, labels [B]. Its loss is each row's cross-entropy, as the model's single-label loss reads them
+    (regression's and multi-label's float labels are not this)."""
+    return (isinstance(logits, torch.Tensor) and isinstance(labels, torch.Tensor) and logits.dim() == 2
+            and labels.dim() == 1 and not labels.is_floating_point() and len(logits) == len(labels))
 
 
 def _unshifted_loss(outputs, inputs) -> torch.Tensor:

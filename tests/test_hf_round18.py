@@ -124,3 +124,51 @@ def test_check_ranks_in_a_gloo_run_refuses_a_rank_with_other_weights(tmp_path):
         assert result["steps"] == 2
         assert result["error"] is not None and "Invalid optimizer: rank(s) [1]" in result["error"]
         assert result["apart_steps"] == 1   # the step after the write was refused on both ranks
+
+
+# -- sequence classification (BERT-style) ---------------------------------------------------------
+def _classifier(num_labels=3):
+    config = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, num_labels=num_labels)
+    torch.manual_seed(0)
+    return transformers.BertForSequenceClassification(config).eval()
+
+
+def _class_rows(n=8, label=lambda i: i % 3):
+    return [{"input_ids": [1, 5 + i, 7, 9, 2][: 2 + i % 4], "labels": label(i)} for i in range(n)]
+
+
+def _pad_rows(rows):
+    """Right-pads token rows; one label per example (what DataCollatorWithPadding gives, without a tokenizer)."""
+    n = max(len(r["input_ids"]) for r in rows)
+    return {"input_ids": torch.tensor([r["input_ids"] + [0] * (n - len(r["input_ids"])) for r in rows]),
+            "attention_mask": torch.tensor([[1] * len(r["input_ids"]) + [0] * (n - len(r["input_ids"])) for r in rows]),
+            "labels": torch.tensor([r["labels"] for r in rows])}
+
+
+def test_a_sequence_classifier_is_scored_by_each_examples_cross_entropy(tmp_path):
+    """The default loss refused a BERT classifier's logits [B, C] with Python's "not enough values to unpack
+    (expected 2, got 1)" (labels [B] read as [B, T]); each example's loss is now the model's own single-label
+    cross-entropy, in training and in eval_loss."""
+    rows = _class_rows()
+    trainer = hf.ZOTrainer(_classifier(), training_args(tmp_path), train_dataset=rows, eval_dataset=rows,
+                           data_collator=_pad_rows)
+    expected = []
+    for row in rows:   # the model's own loss, one example at a time
+        with torch.no_grad():
+            expected.append(float(trainer.model(**_pad_rows([row])).loss))
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(sum(expected) / len(expected), rel=1e-5)
+    before = weights(trainer.model)
+    trainer.train()
+    assert trainer.zo_optimizer.step_count == 4
+    assert any(not torch.equal(before[k], v) for k, v in weights(trainer.model).items())
+
+
+def test_a_classifier_with_float_labels_or_an_unscored_example_is_refused_by_name(tmp_path):
+    regression = _class_rows(label=lambda i: float(i))
+    with pytest.raises(ValueError, match=r"Invalid model: .*classifier's logits \[B, C\] over integer labels"):
+        hf.ZOTrainer(_classifier(1), training_args(tmp_path), train_dataset=regression,
+                     data_collator=_pad_rows).train()
+    unscored = _class_rows(label=lambda i: -100 if i == 1 else i % 3)
+    with pytest.raises(ValueError, match=r"Invalid labels: train_dataset examples \[1\] .*no scored token"):
+        hf.ZOTrainer(_classifier(), training_args(tmp_path), train_dataset=unscored, data_collator=_pad_rows).train()
