@@ -14,8 +14,10 @@ adding a difference, so a tree rebuilt from the same leaves has the very same su
 Drawing: u ~ U[0, 1); at node k go left if u < value(2k) / (value(2k) + value(2k + 1)), and rescale
 u to the fraction of the child chosen, until a leaf (leaves sit at two depths, ⌊log₂N⌋ and ⌈log₂N⌉).
 Each split uses the children's own sums, so with float32 sums every leaf's probability is its weight's
-share to the rounding of the sums on its path (a relative error, however small the weight). All B draws
-descend together.
+share to the rounding of the sums on its path (a relative error, however small the weight), and to the
+resolution of u, a float64 of 53 bits rescaled at each level: an absolute error of at most about
+⌈log₂N⌉·2⁻⁵³ of Σw, which is a relative error only for shares well above that (a share of 2⁻⁴⁵ is drawn
+about 10⁻³ off, relative; any draw from one 53-bit uniform has this limit). All B draws descend together.
 
 Example:
     >>> tree = SumTree(torch.tensor([1.0, 0.0, 3.0]))
