@@ -181,3 +181,23 @@ def test_race_dashboard_refuses_rates_that_are_not_a_dict(lrs):
 
     with pytest.raises(ValueError, match="Invalid lrs"):
         race_dashboard(seeds=1, steps=10, lrs=lrs)
+
+
+def test_memory_footnote_states_the_counts_the_model_uses():
+    """The printed footnote gave 8D + 2D_kv + 4F + H per layer (the count has + 2: the norms' 1/rms), '+H·N' for
+    materialised scores (the attention term is 4D + H·N instead) and nothing for the final norm and head."""
+    flat = " ".join(memory.FOOTNOTE.split())
+    formulas = {"fused": "8D + 2D_kv + 4F + H + 2", "materialised": "10D + 4F + H·N + 2", "head": "3D + 1"}
+    for formula in formulas.values():
+        assert formula in flat, formula
+    shape, n = memory.HEADLINE_SHAPE, 4096
+    names = dict(D=shape.hidden, D_kv=shape.kv_dim, F=shape.ffn, H=shape.heads, N=n)
+
+    def evaluate(formula: str) -> int:
+        terms = [re.fullmatch(r"(\d*)([A-Z_kv]+)(?:·(\w))?|(\d+)", t.strip()).groups() for t in formula.split("+")]
+        return sum(int(c) if c else (int(k or 1) * names[a] * (names[b] if b else 1)) for k, a, b, c in terms)
+
+    for attention in ("fused", "materialised"):
+        count = memory.activation_elements_per_token(shape, TrainSetup(context=n, attention=attention))
+        assert evaluate(formulas[attention]) == count
+    assert evaluate(formulas["head"]) == memory._head_elements(shape, TrainSetup(context=n))[0]

@@ -452,9 +452,10 @@ def headline_table(shape: ModelShape = None, setup: TrainSetup = None,
 FOOTNOTE = """Assumptions: one dtype end to end (bfloat16: 2 bytes per weight, grad and activation;
 no fp32 master weights); SGD is stateless (Adam: +2 bytes·2 per trained parameter);
 BP = weights + grads + stored activations + one layer's transient working set (the sum is the
-peak when grads persist across steps); activations per layer per token = 8D + 2D_kv + 4F + H
-elements with fused attention (+H·N with materialised scores), counted tensor by tensor and
-checked against autograd's saved tensors; checkpointing stores D per layer per token and
+peak when grads persist across steps); activations per layer per token = 8D + 2D_kv + 4F + H + 2
+elements with fused attention (materialised: 10D + 4F + H·N + 2, the scores kept), and 3D + 1 for
+the final norm and LM head, counted tensor by tensor and checked against autograd's saved
+tensors; checkpointing stores D per layer per token and
 recomputes one layer; ZO = weights + one z buffer (largest tensor, float32) + the forward
 working set of L' = 1 layer (3D + 3F per token); the loss is chunked (no full logits);
 not counted: framework runtime / CUDA context, allocator fragmentation, token ids, rotary tables.
