@@ -117,7 +117,9 @@ are the Trainer's own. What differs:
   ``load_best_model_at_end`` the master follows the best weights loaded at the end (that
   checkpoint's float32 master), so a later ``train()`` continues from them. ``bf16=True``
   with a float32 model only autocasts the forwards; the weights stay float32. ``fp16=True``
-  without an accelerator is refused: accelerate autocasts float16 on accelerators only.
+  without an accelerator is refused: accelerate autocasts float16 on accelerators only. ``bf16_full_eval`` or
+  ``fp16_full_eval`` with a model of another float dtype is refused: ``evaluate()`` outside ``train()`` casts the
+  model in place (the Trainer's), rounding its weights for good.
 """
 from __future__ import annotations
 
@@ -488,6 +490,7 @@ class ZOTrainer(Trainer):
         if args.neftune_noise_alpha is not None:
             raise ValueError("Invalid neftune_noise_alpha: ZO steps run the model in eval mode (both passes must "
                              "see the same function), where NEFTune adds no noise")
+        self._check_full_eval()
         if self.per_example_loss is _causal_lm_loss and "labels" not in self.label_names:
             raise ValueError(f"Invalid label_names: {self.label_names} (the default per_example_loss scores "
                              f"inputs['labels']; keep 'labels' or pass per_example_loss=(outputs, inputs) -> [B])")
@@ -508,6 +511,23 @@ class ZOTrainer(Trainer):
                                  "dataset with a length (not an IterableDataset)")
             if len(dataset) == 0:
                 raise ValueError("Invalid train_dataset: it is empty")
+
+    def _check_full_eval(self) -> None:
+        """``bf16_full_eval`` / ``fp16_full_eval`` with a model of another float dtype: an ``evaluate()`` outside
+        ``train()`` (a baseline before training, or one after) casts the model in place (the Trainer's
+        ``evaluation_loop``), so the float32 weights, frozen and tuned, were rounded to half precision for good and
+        the next ``train()`` tuned a half-precision model (through a master started from the rounded weights)."""
+        args = self.args
+        dtype = torch.float16 if args.fp16_full_eval else torch.bfloat16 if args.bf16_full_eval else None
+        if dtype is None or self.model is None:
+            return
+        other = sorted({str(p.dtype) for p in self.model.parameters() if p.is_floating_point() and p.dtype != dtype})
+        if other:
+            name = "fp16_full_eval" if args.fp16_full_eval else "bf16_full_eval"
+            raise ValueError(f"Invalid {name}: True with a model in {', '.join(other)}: evaluate() outside train() "
+                             f"casts the model to {dtype} in place, rounding its weights for good (the next train() "
+                             f"tunes the rounded model); use {name[:4]}=True (autocast, the weights stay as they are) "
+                             f"or load the model in {dtype}")
 
     def create_accelerator_and_postprocess(self) -> None:
         # Loss scaling exists for backward passes; ZO has none (and GradScaler.step asserts on

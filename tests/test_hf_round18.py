@@ -172,3 +172,25 @@ def test_a_classifier_with_float_labels_or_an_unscored_example_is_refused_by_nam
     unscored = _class_rows(label=lambda i: -100 if i == 1 else i % 3)
     with pytest.raises(ValueError, match=r"Invalid labels: train_dataset examples \[1\] .*no scored token"):
         hf.ZOTrainer(_classifier(), training_args(tmp_path), train_dataset=unscored, data_collator=_pad_rows).train()
+
+
+# -- full half-precision evaluation ---------------------------------------------------------------
+@pytest.mark.parametrize("name", ["bf16_full_eval", "fp16_full_eval"])
+def test_full_half_precision_eval_of_a_float32_model_is_refused(tmp_path, name):
+    """A baseline ``evaluate()`` before ``train()`` cast the float32 model to bfloat16 in place (the Trainer's
+    evaluation_loop outside training): its weights were rounded for good and training tuned the rounded model."""
+    from sazo_lite.llm.models import tiny_causal_lm
+
+    model = tiny_causal_lm("llama", vocab_size=64)
+    before = weights(model)
+    with pytest.raises(ValueError, match=f"Invalid {name}: True with a model in torch.float32"):
+        trainer_for(tmp_path, model=model, args=training_args(tmp_path, **{name: True}))
+    assert all(v.dtype == torch.float32 and torch.equal(before[k], v) for k, v in weights(model).items())
+
+
+def test_full_bf16_eval_of_a_bf16_model_still_evaluates(tmp_path):
+    from sazo_lite.llm.models import tiny_causal_lm
+
+    trainer = trainer_for(tmp_path, model=tiny_causal_lm("llama", vocab_size=64, dtype=torch.bfloat16),
+                          args=training_args(tmp_path, bf16_full_eval=True))
+    assert torch.isfinite(torch.tensor(trainer.evaluate()["eval_loss"]))
