@@ -139,15 +139,18 @@ class Float32Master:
                  for k, (p, master, (_, moved)) in enumerate(zip(self.params, self.tensors, synced))
                  if moved == _version(master)}
         found = {k: entries for k, entries in found.items() if entries is not None}
+        moved = any(was != _version(master) for master, (_, was) in zip(self.tensors, synced))
         with InterruptsDeferred():   # every write taken, or (Ctrl-C before) none
-            if found:
-                self._flush_last_optimizer()   # its update lands where the model was not written
+            flushed = bool(found) and self._flush_last_optimizer()   # its update lands where the model was not written
             for k, (p, master) in enumerate(zip(self.params, self.tensors)):
                 if k in found:
                     put_entries(master, found[k])
                 elif k in written and synced[k][1] != _version(master):
                     master.copy_(p.detach())
-            self._record()
+            if flushed or moved:   # the model shows the masters the optimiser moved (else a later call took the
+                self.sync()        # stale entries for writes and put them back: the update was lost)
+            else:
+                self._record()
 
     def state_dict(self) -> dict:
         """``{"masters": [...]}``: a copy of each master, in parameter order. A checkpoint of a run needs them

@@ -277,3 +277,21 @@ def test_mezo_takes_named_parameters_as_torch_optim_does():
 def test_mezo_refuses_a_group_that_names_some_tensors_only():
     with pytest.raises(ValueError, match="Invalid params: give every tensor"):
         sz.MeZO([("a", torch.zeros(2)), torch.zeros(3)], lr=0.1)
+
+
+def test_master_follow_after_a_flush_leaves_no_stale_model_behind():
+    """follow_writes after ``opt.flush()`` (masters moved, model not synced) and a write recorded the masters as
+    synced: a second follow (``state_dict()`` then ``step``) took the stale model for writes and undid the update."""
+    model = _half_model()
+    master = Float32Master(model)
+    opt = sz.MeZO(master.tensors, lr=1e-1, noise=None, fold_updates=True)
+    for _ in range(2):
+        master.step(opt, _loss(model))
+    opt.flush()
+    flushed = master.tensors[1].clone()
+    with torch.no_grad():
+        model[0].fill_(2.0)
+    master.state_dict()
+    master.follow_writes()
+    assert torch.equal(master.tensors[1], flushed)
+    assert torch.equal(model[1], flushed.to(model[1].dtype)) and bool((master.tensors[0] == 2.0).all())
