@@ -201,3 +201,16 @@ def test_memory_footnote_states_the_counts_the_model_uses():
         count = memory.activation_elements_per_token(shape, TrainSetup(context=n, attention=attention))
         assert evaluate(formulas[attention]) == count
     assert evaluate(formulas["head"]) == memory._head_elements(shape, TrainSetup(context=n))[0]
+
+
+def test_07_solution_4_extra_elements_are_the_models():
+    """Solution 4 put the materialised point at H·n_ctx on top of the fused count (8192); the model adds 8316: the
+    attention term is 4D + H·n_ctx in place of 2D + 2D_kv + H."""
+    from sazo_lite.course.memory_measure import TINY
+
+    text = " ".join((ROOT / "notebooks" / "solutions" / "07_memory_on_device.md").read_text().split())
+    fused, materialised = (memory.activation_elements_per_token(TINY, TrainSetup(context=2048, attention=a))
+                           for a in ("fused", "materialised"))
+    d, kv, h = TINY.hidden, TINY.kv_dim, TINY.heads
+    assert f"H·n_ctx = {h}·2048 = {h * 2048}" in text and f"2D − 2D_kv − H = {2 * d - 2 * kv - h}" in text
+    assert f"{materialised - fused:.0f} on top of the fused count" in text
