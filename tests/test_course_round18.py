@@ -214,3 +214,16 @@ def test_07_solution_4_extra_elements_are_the_models():
     d, kv, h = TINY.hidden, TINY.kv_dim, TINY.heads
     assert f"H·n_ctx = {h}·2048 = {h * 2048}" in text and f"2D − 2D_kv − H = {2 * d - 2 * kv - h}" in text
     assert f"{materialised - fused:.0f} on top of the fused count" in text
+
+
+def test_07_solution_5_ratio_at_every_layer_buffered_is_the_models():
+    """Solution 5 said ZO's advantage with L' = L shrinks to a_layer/t ≈ 2–3×: the model gives 1.6–1.9× (BP/ZO memory
+    at n_ctx = 32768, B = 2, over the ladders), a_layer/t ≈ 1.6 for Qwen2.5-3B."""
+    text = " ".join((ROOT / "notebooks" / "solutions" / "07_memory_on_device.md").read_text().split())
+    ratios = [memory.memory_ratio(s, TrainSetup(context=32768, batch=2, zo_buffered_layers=s.layers))
+              for ladder in memory.LADDERS.values() for s in ladder]
+    assert f"gives {min(ratios):.1f}–{max(ratios):.1f}× across the ladders' models" in text
+    setup = TrainSetup(context=32768, batch=2)
+    per_token = (memory.activation_elements_per_token(memory.HEADLINE_SHAPE, setup)
+                 / memory.transient_elements_per_token(memory.HEADLINE_SHAPE, setup))
+    assert f"a_layer/t ≈ {per_token:.1f} for Qwen2.5-3B" in text
