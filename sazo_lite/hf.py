@@ -346,7 +346,7 @@ class ZOTrainer(Trainer):
     Args:
         model, args, data_collator, train_dataset, eval_dataset, processing_class: as for
             ``Trainer``. ``train_dataset`` must be map-style with a length (the sampler draws
-            indices). With no ``data_collator``, ``CausalLMCollator`` right-pads (pad id from
+            indices), one split: a dict of splits (a ``DatasetDict``) is refused. With no ``data_collator``, ``CausalLMCollator`` right-pads (pad id from
             ``processing_class``, else the model config, else 0).
         method: a sampler by name: "mezo" or "uniform" (uniform minibatches), "sazo" or "sazo-plain"
             (importance sampling from the diffs; ``sazo_lite.samplers.make_sampler``).
@@ -506,6 +506,10 @@ class ZOTrainer(Trainer):
         if dataset is not None:   # without one nothing trains: a frozen model may be evaluated
             if self.model is not None and not any(p.requires_grad for p in self.model.parameters()):
                 raise ValueError("Invalid model: no parameter requires grad, so there is nothing to tune")
+            if isinstance(dataset, Mapping):   # load_dataset(...)'s DatasetDict: its length counts the splits
+                raise ValueError(f"Invalid train_dataset: a {type(dataset).__name__} keyed {sorted(map(str, dataset))[:5]} "
+                                 f"(its length {len(dataset)} counts its entries, not examples, and the sampler draws "
+                                 f"integer indices); pass one split, such as train_dataset=data['train']")
             if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
                 raise ValueError("Invalid train_dataset: ZO sampling draws indices, so it needs a map-style "
                                  "dataset with a length (not an IterableDataset)")

@@ -194,3 +194,17 @@ def test_full_bf16_eval_of_a_bf16_model_still_evaluates(tmp_path):
     trainer = trainer_for(tmp_path, model=tiny_causal_lm("llama", vocab_size=64, dtype=torch.bfloat16),
                           args=training_args(tmp_path, bf16_full_eval=True))
     assert torch.isfinite(torch.tensor(trainer.evaluate()["eval_loss"]))
+
+
+# -- a dataset of splits --------------------------------------------------------------------------
+def test_a_dict_of_splits_as_train_dataset_is_refused_by_name(tmp_path):
+    """``load_dataset(...)`` without ``["train"]`` (a DatasetDict) was accepted with a sampler over 2 "examples"
+    (its splits), and train() then failed with datasets' KeyError "Invalid key: 0" from inside the first check."""
+    rows = memorisable_rows()
+    splits = [{"train": rows, "test": rows}]
+    datasets = pytest.importorskip("datasets")
+    splits.append(datasets.DatasetDict({"train": datasets.Dataset.from_list(rows),
+                                        "test": datasets.Dataset.from_list(rows)}))
+    for data in splits:
+        with pytest.raises(ValueError, match=r"Invalid train_dataset: a \w+ keyed \['test', 'train'\].*data\['train'\]"):
+            trainer_for(tmp_path, rows=data)
