@@ -711,8 +711,8 @@ class ZOTrainer(Trainer):
                            else f"logits of shape {tuple(getattr(logits, 'shape', ()))}")
                     over = f" ({skip} virtual tokens + T)" if skip else ""
                     raise ValueError(f"Invalid model: the default per_example_loss needs a causal LM's outputs.logits "
-                                     f"[B, T, V] over labels [B, T]{over}, or a classifier's logits [B, C] over integer "
-                                     f"labels [B]; the labels are {labels.dtype} {list(labels.shape)}, got {got}; pass "
+                                     f"[B, T, V] over labels [B, T]{over}, or a classifier's logits [B, C >= 2] over "
+                                     f"integer labels [B]; the labels are {labels.dtype} {list(labels.shape)}, got {got}; pass "
                                      f"per_example_loss=(outputs, inputs) -> losses [B]")
                 self._zo_classes = logits.shape[-1]
                 _check_label_ids(self._zo_classes, batch["labels"], list(range(len(rows))))
@@ -1452,10 +1452,12 @@ def _causal_lm_loss(outputs, inputs) -> torch.Tensor:
 
 def _class_rows(logits, labels) -> bool:
     """A sequence classifier's batch (BERT's ``ForSequenceClassification``): logits [B, C] and one integer class id
-    per example, labels [B]. Its loss is each row's cross-entropy, as the model's single-label loss reads them
-    (regression's and multi-label's float labels are not this)."""
+    per example, labels [B], over C >= 2 classes. Its loss is each row's cross-entropy, as the model's single-label
+    loss reads them (regression's and multi-label's float labels are not this, nor one logit: transformers regresses
+    on it, and a cross-entropy over one class is 0 whatever the weights)."""
     return (isinstance(logits, torch.Tensor) and isinstance(labels, torch.Tensor) and logits.dim() == 2
-            and labels.dim() == 1 and not labels.is_floating_point() and len(logits) == len(labels))
+            and logits.shape[1] >= 2 and labels.dim() == 1 and not labels.is_floating_point()
+            and len(logits) == len(labels))
 
 
 def _unshifted_loss(outputs, inputs) -> torch.Tensor:

@@ -166,9 +166,12 @@ def test_a_sequence_classifier_is_scored_by_each_examples_cross_entropy(tmp_path
 
 def test_a_classifier_with_float_labels_or_an_unscored_example_is_refused_by_name(tmp_path):
     regression = _class_rows(label=lambda i: float(i))
-    with pytest.raises(ValueError, match=r"Invalid model: .*classifier's logits \[B, C\] over integer labels"):
+    with pytest.raises(ValueError, match=r"Invalid model: .*classifier's logits \[B, C >= 2\] over integer labels"):
         hf.ZOTrainer(_classifier(1), training_args(tmp_path), train_dataset=regression,
                      data_collator=_pad_rows).train()
+    one_logit = _class_rows(label=lambda i: 0)   # transformers regresses on one logit; its cross-entropy is 0
+    with pytest.raises(ValueError, match=r"Invalid model: .*classifier's logits \[B, C >= 2\]"):
+        hf.ZOTrainer(_classifier(1), training_args(tmp_path), train_dataset=one_logit, data_collator=_pad_rows).train()
     unscored = _class_rows(label=lambda i: -100 if i == 1 else i % 3)
     with pytest.raises(ValueError, match=r"Invalid labels: train_dataset examples \[1\] .*no scored token"):
         hf.ZOTrainer(_classifier(), training_args(tmp_path), train_dataset=unscored, data_collator=_pad_rows).train()
