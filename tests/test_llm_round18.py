@@ -201,3 +201,15 @@ def test_top_blocks_take_the_sliding_window_model_where_padding_gives_no_nan(dty
     top = TopBlocks(model, PADDED)
     alone = torch.stack([classification_losses(model, PADDED, [k])[0] for k in range(len(PADDED))])
     assert torch.allclose(top(range(len(PADDED))), alone.to(top(range(1)).dtype), atol=1e-5)
+
+
+def test_top_blocks_refuse_a_padding_nan_outside_the_checked_examples():
+    """The check compares the last four examples: a short example before them, the only one padded past the window,
+    was scored nan on the cache while the model gives it a loss alone."""
+    model = sliding_window_model(torch.float64, "eager")
+    split = TokenBatch([[8, 9], *[[5, 6, 7, 8, 9, 10, 11, 12]] * 5], [2, *[8] * 5], 0, torch.tensor([1, 0, 1, 0, 1, 0]),
+                       torch.tensor([3, 4]))
+    assert bool(classification_losses(model, split, [0, 1]).isnan().any())
+    assert bool(classification_losses(model, split, [0]).isfinite().all())
+    with pytest.raises(ValueError, match="Invalid model: its loss of example 0 is nan in a padded batch"):
+        TopBlocks(model, split)

@@ -225,8 +225,8 @@ class TopBlocks:
         check: compare ``logit_map`` of the head's output with the model's logits (one example) and
             the losses with the model's own forward on up to 4 examples, and refuse (ValueError) a
             family whose top blocks this mode cannot reproduce; costs one forward of the full model
-            on those examples (and one an example whose loss is nan there: a nan that the example alone
-            does not give, from padding, is refused).
+            on those examples and one of the top blocks over the split (and a forward of an example the
+            model or the cache scores nan: a nan that the example alone does not give, padding's, is refused).
 
     Call it with indices ([B]) for the losses [B] (float32, float64 for a float64 model; inference mode), as
     ``MeZO.step``'s closure and ``sazo_lite.train``'s ``batch_losses`` want; ``losses(indices, grad=True)`` keeps
@@ -430,7 +430,6 @@ class TopBlocks:
         except (RuntimeError, IndexError) as error:
             raise ValueError(f"Invalid model: {type(_base(self.model)).__name__}'s top blocks cannot be run on "
                              f"cached activations ({type(error).__name__}: {error})") from error
-        self._check_nan_is_the_models(indices, full)
         dtype = self.hidden.dtype if self.hidden.is_floating_point() else torch.float32
         tolerance = max(1e-4, 4 * torch.finfo(dtype).eps)
         gap = _relative_gap(top, full)
@@ -439,13 +438,22 @@ class TopBlocks:
                              f"full forward's (relative gap {gap:.2e} > {tolerance:.0e}): a family this mode does "
                              "not support (a step of its forward between its blocks, after the last one or after the "
                              "LM head that it does not know)")
+        self._check_nan_is_the_models(indices, full)
 
     def _check_nan_is_the_models(self, indices: list[int], full: torch.Tensor) -> None:
         """A nan the model's forward gives an example in a padded batch counts as agreeing (``_relative_gap``) only
         if the model gives it that example alone too (a non-finite weight): a float64 model with eager attention
         gives nan where padding leaves a query row with no key (transformers softmaxes its float64 mask in
-        float32, where the mask's minimum is -inf), and the check compared nan with nan and passed."""
-        for k in dict.fromkeys(i for i, loss in zip(indices, full.tolist()) if math.isnan(loss)):
+        float32, where the mask's minimum is -inf), and the check compared nan with nan and passed. Checked on
+        the examples compared and on the shortest example the cache scores nan (the most padded: where padding
+        leaves a row with no key, it does there first)."""
+        suspects = [i for i, loss in zip(indices, full.tolist()) if math.isnan(loss)]
+        with torch.no_grad():
+            scored = torch.cat([self.losses(range(s, min(s + 64, len(self)))) for s in range(0, len(self), 64)])
+        nan = scored.isnan().nonzero().flatten().tolist()
+        if nan:
+            suspects.append(min(nan, key=lambda i: (int(self.lengths[i]), i)))
+        for k in dict.fromkeys(suspects):
             with torch.no_grad():
                 alone = float(classification_losses(self.model, self.batch, [k]))
             if not math.isnan(alone):
