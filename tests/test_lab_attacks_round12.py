@@ -26,7 +26,7 @@ reference cache after an upgrade, failed cells' errors, a gap pinned, new mutant
 - What a failed cell raised reached neither results.json nor grade.log (a cell's error was read and dropped): the
   reason for a 0 (a SyntaxError of Python 3.12's syntax on the grader's 3.11, a NameError) was unknown. Now
   results.json lists ``cell_errors`` and grade.log has a line per failed cell.
-- Found, not closed (pinned as a documented gap): a forbidden function that C code calls while allowed library code
+- Found, not closed here (closed in round 18, tests/test_lab_attacks_round15.py): a forbidden function that C code calls while allowed library code
   is the running Python frame (a ``__del__`` that is a ``partial`` of ``list.extend`` over a ``map`` of it, on an
   object that dies as the student's ``_observe`` returns into ``Sampler.update``) counts as the library's own call.
 - New mutants (off by one, a wrong order or sign, biased weights) in labs 1-4: each loses points on its question
@@ -213,7 +213,7 @@ def test_what_a_failed_cell_raised_is_in_results_json_and_grade_log(tmp_path):
     assert "[grader] cell 2 raised: ValueError: two | [output] [grader] lines" in lines, lines
     assert not any(line.startswith("[grader] lines") for line in lines), lines   # one line per cell
 
-# -- a documented gap: a forbidden call C code makes while allowed library code is the running frame ----------------
+# -- a gap found here, closed in round 18: a forbidden call C code makes while allowed library code runs ---------
 DYING_IN_THE_LIBRARY = """import functools as _ft
 class Lab9K(sazo_lite.Sampler):
     def _observe(self, indices, diffs):
@@ -224,23 +224,7 @@ class Lab9K(sazo_lite.Sampler):
 """
 
 
-def test_documented_gap_a_forbidden_call_made_by_c_code_in_a_library_frame_is_uncharged():
-    """Found in round 12, not closed (see the report): the guard takes a forbidden function's caller to be the library
-    calling itself when the running Python frame is allowed library code, whoever set the call up. The student's
-    ``_observe`` (called by the allowed ``Sampler.update``) leaves an object whose ``__del__`` is a ``partial`` of
-    ``list.extend`` over a ``map`` of the forbidden function: it dies as the method returns, in ``Sampler.update``'s
-    frame, and C code calls the library there. Lab 3's rule: ``oracle_probs`` answers, nothing is charged. If this
-    fails, the gap was closed: say so in labs/README.md."""
-    from sazo_lite.course.labs.rules import RULES
-    from test_lab_attacks_round11 import _guarded
-
-    rule = RULES["lab3_sazo_sampler"]
-    case = ("_k = Lab9K(3)\n_k.update(torch.tensor([0, 1, 2]), torch.tensor([1.0, -3.0, 4.0]))\n"
-            "record(_k.found[0].tolist())")
-    result = _guarded([["dying", DYING_IN_THE_LIBRARY, case]], [list(rule["modules"]), list(rule["names"])])["dying"]
-    assert result["error"] is None and result["records"] == [{"t": "seq", "v": [
-        {"t": "float", "v": v} for v in (0.125, 0.375, 0.5)]}], result   # |d| / sum |d|: the library's answer
-    assert result["found"] == [] and result["check"] == [], result
+# closed in round 18: tests/test_lab_attacks_round15.py charges the object above
 
 # -- mutants: off by one, a wrong sign or order, biased weights; each must fail a case of its question ---------------
 pytest.importorskip("otter")

@@ -39,6 +39,8 @@ from sazo_lite.course.labs.values import ATOL, MAX_ITEMS, RTOL, check_encoded, c
 
 GRACE = 5.0          # seconds past a unit's own limit before the sandbox is killed
 MAX_RESTARTS = 3     # fresh sandboxes after a kill; then what is left scores 0
+IDLE_LIMIT = 30.0    # seconds the worker may take between two units, or after its last one before 'done': it only
+                     # reports there, so longer is the submission's (a __del__ or a stream's flush that never returns)
 LOG_BYTES = 2 ** 20  # of the submission's output kept in grade.log
 MAX_NOTEBOOK_BYTES = 512 * 2 ** 20   # a hand-in's size; past it, it is not read (status "failed", with the reason)
 ENV_PASSED = ("SAZO_FAST",)  # environment the sandboxed worker inherits (besides its own)
@@ -904,10 +906,10 @@ def _attempt(job: dict, limits: dict, deadline: float, require: str, log, test_t
         open_streams = 2
         while open_streams and not protocol.finished:
             now = time.monotonic()
-            unit_deadline = protocol.started + limits[protocol.current[0]] if protocol.current else None
+            unit_deadline = protocol.started + limits[protocol.current[0]] if protocol.current else protocol.idle_until()
             limit = min(deadline, unit_deadline or deadline)
             if now >= limit:
-                protocol.stuck = protocol.current
+                protocol.stuck = protocol.current if protocol.current or now >= deadline else protocol.idle()
                 break
             box.sample()  # the CPU the sandbox used, from its cgroup (is the quota holding?)
             for key, _ in selector.select(timeout=min(1.0, limit - now)):
@@ -974,7 +976,7 @@ class _Protocol:
     def __init__(self, job: dict):
         self.units = [["cell", i] for i, _ in job["cells"]] + [["case", q, k] for q, k, _ in job["cases"]]
         self.position = 0                      # index of the next unit to start
-        self.current, self.started, self.last = None, 0.0, None
+        self.current, self.started, self.last, self.ended_at = None, 0.0, None, 0.0
         self.cases: dict = {}
         self.cell_errors: dict = {}            # cell index -> what it raised (at most MAX_NOTES cells)
         self.rules: list = []
@@ -1062,7 +1064,21 @@ class _Protocol:
                 self.cases[key] = {"error": f"the grader rejected what this case recorded: {why}", "records": []}
             else:
                 self.cases[key] = {"error": error[:2000] if error else None, "records": records}
-        self.last, self.current = unit, None
+        self.last, self.current, self.ended_at = unit, None, time.monotonic()
+
+    def idle_until(self) -> float | None:
+        """When the worker, between units, has taken too long (None: no unit ended yet; it may still be loading)."""
+        return None if self.last is None else self.ended_at + IDLE_LIMIT
+
+    def idle(self) -> list | None:
+        """The worker hung between units: after the last one, every result stands (as if it had said 'done');
+        before, the unit that ended last left what hangs (its garbage's ``__del__``, a thread), and is blamed."""
+        if self.position == len(self.units):
+            self.finished = True
+            self.note(f"the worker did not end within {IDLE_LIMIT:g} s of its last unit: stopped, every result stands")
+            return None
+        self.note(f"the worker hung for {IDLE_LIMIT:g} s after {_short(self.last)}")
+        return self.last
 
     def malformed(self, why: str) -> None:
         unit = self.current if self.current is not None else self.last

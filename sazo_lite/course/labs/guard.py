@@ -210,6 +210,7 @@ class Guard:
         self._originals: dict = {}
         self._made: set[int] = set()       # ids of library code: loaded before the student's, or compiled by the guard
         self._genuine: dict = {}           # id(code) -> (code, whether it is what its file holds)
+        self._named: dict = {}             # id(library code) -> (code, the names it holds): ``_names_callee``
         self._files: dict = {}             # real file -> {(qualname, first line): {_signature}} (None: unreadable)
 
     # -- what is allowed -----------------------------------------------------------------
@@ -430,17 +431,16 @@ class Guard:
     def _check(self) -> None:
         """The first statement of every guarded library function: report a call from the student's code."""
         frame = sys._getframe(1)
-        caller = frame.f_back
-        if caller is None or (id(caller.f_globals) in self._library_globals and _is_library_file(caller.f_code.co_filename)
-                              and self._is_genuine(caller.f_code)):
-            return  # the library calling itself (most calls): no walk
-        code = frame.f_code
+        caller, code = frame.f_back, frame.f_code
         name = self.code_names.get(id(code))
         # what the running test case must name for the call to be its own: a copy is never the library's own
         callee = ("", None) if name is None else (code.co_qualname, self.owners.get(id(code)))
+        if caller is None or (id(caller.f_globals) in self._library_globals and _is_library_file(caller.f_code.co_filename)
+                              and self._names_callee(caller, callee, code) and self._is_genuine(caller.f_code)):
+            return  # the library calling itself (most calls): no walk
         if name is None:   # only guarded code holds the check: this is a copy of it (code.replace, FunctionType)
             name = self.copy_of(code) or f"{LIBRARY} (a copy of {code.co_qualname})"
-        if self._from_student(caller, callee=callee):
+        if self._from_student(caller, callee=callee, target=code):
             self._found(name, "called")
 
     def _wrapper(self, fn, name: str, qualname: str, owner: type | None = None):
@@ -502,7 +502,7 @@ class Guard:
         threading._start_new_thread = start_new_thread
 
     # -- who is calling --------------------------------------------------------------------
-    def _from_student(self, frame, verify: bool = True, callee: tuple | None = None) -> bool:
+    def _from_student(self, frame, verify: bool = True, callee: tuple | None = None, target=None) -> bool:
         """Whether the nearest caller that is not the library, Python or an installed package is the student's
         (or the bottom of a thread the student's code started).
 
@@ -519,6 +519,7 @@ class Guard:
         """
         namespace, trusted, modules, roots = self.namespace, self.trusted, sys.modules, self._roots
         passed = [] if verify else None   # the code of the frames taken as Python's: checked before a "no"
+        library_below = False   # a library frame that does not name ``callee`` was passed
         for _ in range(300):
             if frame is None:
                 return not self._all_genuine(passed)
@@ -538,14 +539,45 @@ class Guard:
                 module = modules.get(name) if isinstance(name, str) else None
                 if module is not None and getattr(module, "__dict__", None) is globals_ and \
                         (_is_library_name(name) or filename.startswith(GRADER_DIR)):
-                    # the library (or the grader) calling itself, if that frame and those above are what they say
-                    return passed is not None and not self._all_genuine([*passed, code])
+                    if callee is None or library_below or self._names_callee(frame, callee, target):
+                        # the library (or the grader) calling itself, if that frame and those above are what they say
+                        return passed is not None and not self._all_genuine([*passed, code])
+                    # a frame that does not name it, called by the student's or a test's code: C code called it while
+                    # the frame ran, or the student's code put it where the frame looks (the library's own calls
+                    # through stored callbacks are made a library call or more below the student's)
+                    library_below = True
+                    if passed is not None:
+                        passed.append(code)
+                    frame = frame.f_back
+                    continue
             if not (filename.startswith(_NEUTRAL_PREFIXES) or filename.startswith("<frozen ")):
                 return True   # code from a cell, an exec-ed string or a file the submission wrote
             if passed is not None:
                 passed.append(code)
             frame = frame.f_back
         return not self._all_genuine(passed)
+
+    def _names_callee(self, frame, callee: tuple, target: types.CodeType | None) -> bool:
+        """Whether the library code running in ``frame`` names the function ``callee`` calls (its name, or a
+        global of the frame's module bound to it: ``_paired = paired_vectors``; a dunder, which Python calls
+        implicitly, needs none): only then is it the library calling itself. A call that C code makes while such a
+        frame runs (an object's ``__del__`` as the student's method returns into it, a function the student
+        grafted where the frame calls another name) is not that frame's own (``_from_student``)."""
+        last = callee[0].rpartition(".")[2]
+        if len(last) > 4 and last.startswith("__") and last.endswith("__"):
+            return True
+        code = frame.f_code
+        known = self._named.get(id(code))
+        if known is None or known[0] is not code:
+            known = (code, frozenset((*code.co_names, *code.co_varnames, *code.co_cellvars, *code.co_freevars)))
+            self._named[id(code)] = known
+        names = known[1]
+        # a private name is mangled in a class body (``self.__f`` reads ``_Class__f``)
+        if last and (last in names or (last.startswith("__") and any(n.endswith(last) for n in names))):
+            return True
+        globals_ = frame.f_globals
+        return target is not None and any(type(globals_.get(n)) is types.FunctionType and globals_[n].__code__ is target
+                                          for n in code.co_names)
 
     def _all_genuine(self, codes) -> bool:
         return codes is None or all(self._is_genuine(code) for code in codes)
