@@ -97,3 +97,14 @@ def test_a_worker_that_hangs_after_its_last_unit_is_not_waited_for_and_its_grade
     assert time.monotonic() - started < 60, "waited for the notebook timeout"
     assert row["status"] == "ok" and row["total"] == 1.0, row
     assert "did not end" in (tmp_path / "out" / "grade.log").read_text()
+
+
+def test_the_readme_states_the_idle_limit_the_grader_uses():
+    import re
+    from pathlib import Path
+
+    from sazo_lite.course.labs import grading
+
+    text = (Path(__file__).resolve().parent.parent / "labs" / "README.md").read_text()
+    stated = re.search(r"a worker silent there for (\d+) s \(`grading\.IDLE_LIMIT`", text)
+    assert stated and float(stated.group(1)) == grading.IDLE_LIMIT

@@ -16,7 +16,8 @@ which scores the question concerned 0 with the finding as the reason:
    a function or class defined in one, code ``exec``-ed from it, a thread the student's code
    started, a process it forked) is reported; a caller counts as Python's, a package's or the
    library's only where its code is what the file it names holds (``_is_genuine``), so code compiled
-   under such a file name is the student's. Functions without source (``dataclass``-made
+   under such a file name is the student's; a library frame the student's or a test's code called counts as
+   the caller only where its code names the function (``_names_callee``). Functions without source (``dataclass``-made
    ``__init__``) get a wrapper instead;
 3. **definitions** (``check``, before each test case): a question's graded functions and classes
    must be defined in the notebook, must not inherit from a forbidden class, and what their code
