@@ -108,3 +108,18 @@ def test_the_readme_states_the_idle_limit_the_grader_uses():
     text = (Path(__file__).resolve().parent.parent / "labs" / "README.md").read_text()
     stated = re.search(r"a worker silent there for (\d+) s \(`grading\.IDLE_LIMIT`", text)
     assert stated and float(stated.group(1)) == grading.IDLE_LIMIT
+
+
+def test_a_worker_idle_between_two_units_blames_the_unit_that_ended_last():
+    """Between two units the grader restarts without the unit that ended last (its garbage or thread hangs the
+    worker); before the first unit (the worker still loading) there is no idle limit."""
+    import json
+
+    from sazo_lite.course.labs import grading
+
+    protocol = grading._Protocol({"cells": [[0, "a = 1"], [1, "b = 2"]], "cases": [["q1", 0, "record(a)"]]})
+    assert protocol.idle_until() is None
+    protocol.feed(b"".join(json.dumps(e).encode() + b"\n" for e in (
+        {"unit": ["cell", 0], "phase": "start"}, {"unit": ["cell", 0], "phase": "end", "error": None})))
+    assert protocol.idle_until() == protocol.ended_at + grading.IDLE_LIMIT
+    assert protocol.idle() == ["cell", 0] and not protocol.finished
