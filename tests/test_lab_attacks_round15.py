@@ -43,13 +43,23 @@ def lab3():
     case_honest = ("_k = Lab9K(3)\n_i, _w = _k.sample(2)\n_k.update(torch.tensor([0, 2]), torch.tensor([2.0, -6.0]))\n"
                    "record(_k.probs.tolist())\n_s = sazo_lite.SAZOSampler(3, seed=0)\n_i, _w = _s.sample(2)\n"
                    "_s.update(_i, torch.ones(2))\nrecord(_s.probs.tolist())")
-    return _guarded([["dying", DYING_IN_THE_LIBRARY, case_dying], ["honest", HONEST_SAMPLER, case_honest]],
-                    _rule("lab3_sazo_sampler"))
+    # the student binds the function, in Sampler.update's module, to a name update's code holds (an attribute's)
+    aliased = ("import sazo_lite.samplers as _sm\n"
+               "_sm._observe = getattr(getattr(sazo_lite, 'vari' + 'ance'), 'oracle_' + 'probs')\n")
+    return _guarded([["dying", DYING_IN_THE_LIBRARY, case_dying], ["honest", HONEST_SAMPLER, case_honest],
+                     ["aliased", aliased + DYING_IN_THE_LIBRARY, case_dying]], _rule("lab3_sazo_sampler"))
 
 
 def test_a_forbidden_call_c_code_makes_while_allowed_library_code_runs_is_charged(lab3):
     """Round 12's gap: the library answered (the records hold |d| / sum |d|) and nothing was charged."""
     result = lab3["dying"]
+    assert ["sazo_lite.variance.oracle_probs", "called"] in result["found"], result
+
+
+def test_a_name_the_student_binds_in_a_library_module_does_not_make_the_library_name_it(lab3):
+    """A library frame names a function through its module's globals as the guard loaded them (``_paired =
+    paired_vectors``), not through a global the student's code adds there."""
+    result = lab3["aliased"]
     assert ["sazo_lite.variance.oracle_probs", "called"] in result["found"], result
 
 

@@ -211,7 +211,8 @@ class Guard:
         self._originals: dict = {}
         self._made: set[int] = set()       # ids of library code: loaded before the student's, or compiled by the guard
         self._genuine: dict = {}           # id(code) -> (code, whether it is what its file holds)
-        self._named: dict = {}             # id(library code) -> (code, the names it holds): ``_names_callee``
+        self._aliases: dict = {}           # (id(library module's globals), name) -> the code of the function it held
+        self._named: dict = {}             # (id(library code), id(callee's code), its name) -> (code, callee's, named)
         self._files: dict = {}             # real file -> {(qualname, first line): {_signature}} (None: unreadable)
 
     # -- what is allowed -----------------------------------------------------------------
@@ -339,6 +340,9 @@ class Guard:
                     if not self.is_allowed(fn):
                         self._guard_function(fn, name, module)
             self._loaded(vars(module).get(attr))   # after guarding: the code that runs now, never an unguarded original
+        for attr, value in list(vars(module).items()):   # its names for its functions, as loaded (``_names_callee``)
+            if type(value) is types.FunctionType:
+                self._aliases[(id(module.__dict__), attr)] = value.__code__
 
     def _loaded(self, value) -> None:
         """The code of a function or class the library defines, taken as genuine by identity (it was loaded before
@@ -433,12 +437,12 @@ class Guard:
         """The first statement of every guarded library function: report a call from the student's code."""
         frame = sys._getframe(1)
         caller, code = frame.f_back, frame.f_code
-        name = self.code_names.get(id(code))
+        name = self.code_names.get(id(code))   # None: a copy of guarded code, which no library code names
+        if caller is None or (id(caller.f_globals) in self._library_globals and _is_library_file(caller.f_code.co_filename)
+                              and self._names_callee(caller, code, None if name else "") and self._is_genuine(caller.f_code)):
+            return  # the library calling itself (most calls): no walk
         # what the running test case must name for the call to be its own: a copy is never the library's own
         callee = ("", None) if name is None else (code.co_qualname, self.owners.get(id(code)))
-        if caller is None or (id(caller.f_globals) in self._library_globals and _is_library_file(caller.f_code.co_filename)
-                              and self._names_callee(caller, callee, code) and self._is_genuine(caller.f_code)):
-            return  # the library calling itself (most calls): no walk
         if name is None:   # only guarded code holds the check: this is a copy of it (code.replace, FunctionType)
             name = self.copy_of(code) or f"{LIBRARY} (a copy of {code.co_qualname})"
         if self._from_student(caller, callee=callee, target=code):
@@ -540,7 +544,7 @@ class Guard:
                 module = modules.get(name) if isinstance(name, str) else None
                 if module is not None and getattr(module, "__dict__", None) is globals_ and \
                         (_is_library_name(name) or filename.startswith(GRADER_DIR)):
-                    if callee is None or library_below or self._names_callee(frame, callee, target):
+                    if callee is None or library_below or self._names_callee(frame, target, callee[0]):
                         # the library (or the grader) calling itself, if that frame and those above are what they say
                         return passed is not None and not self._all_genuine([*passed, code])
                     # a frame that does not name it, called by the student's or a test's code: C code called it while
@@ -558,27 +562,35 @@ class Guard:
             frame = frame.f_back
         return not self._all_genuine(passed)
 
-    def _names_callee(self, frame, callee: tuple, target: types.CodeType | None) -> bool:
-        """Whether the library code running in ``frame`` names the function ``callee`` calls (its name, or a
-        global of the frame's module bound to it: ``_paired = paired_vectors``; a dunder, which Python calls
-        implicitly, needs none): only then is it the library calling itself. A call that C code makes while such a
-        frame runs (an object's ``__del__`` as the student's method returns into it, a function the student
-        grafted where the frame calls another name) is not that frame's own (``_from_student``)."""
-        last = callee[0].rpartition(".")[2]
-        if len(last) > 4 and last.startswith("__") and last.endswith("__"):
-            return True
+    def _names_callee(self, frame, target: types.CodeType | None, qualname: str | None = None) -> bool:
+        """Whether the library code running in ``frame`` names the function called (``target``, its code, None for
+        one without source; ``qualname``: its name, "" for a copy of guarded code): its name, or a global its module bound to it when loaded
+        (``_paired = paired_vectors``); a dunder, which Python calls implicitly, needs none. Only then is it the
+        library calling itself: a call that C code makes while such a frame runs (an object's ``__del__`` as the
+        student's method returns into it, a function the student grafted where the frame calls another name) is
+        not that frame's own (``_from_student``)."""
         code = frame.f_code
-        known = self._named.get(id(code))
-        if known is None or known[0] is not code:
-            known = (code, frozenset((*code.co_names, *code.co_varnames, *code.co_cellvars, *code.co_freevars)))
-            self._named[id(code)] = known
-        names = known[1]
-        # a private name is mangled in a class body (``self.__f`` reads ``_Class__f``)
-        if last and (last in names or (last.startswith("__") and any(n.endswith(last) for n in names))):
-            return True
-        globals_ = frame.f_globals
-        return target is not None and any(type(globals_.get(n)) is types.FunctionType and globals_[n].__code__ is target
-                                          for n in code.co_names)
+        key = (id(code), id(target)) if target is not None else (id(code), qualname)
+        known = self._named.get(key)
+        if known is not None and known[0] is code and known[1] is target:
+            return known[2]
+        named = self._named_here(frame, target, target.co_qualname if qualname is None else qualname)
+        self._named[key] = (code, target, named)
+        return named
+
+    def _named_here(self, frame, target: types.CodeType | None, qualname: str) -> bool:
+        code = frame.f_code
+        if code.co_filename.startswith(GRADER_DIR):
+            return True   # the grader's own code (the wrappers of code without source call what they wrap as ``fn``)
+        last = qualname.rpartition(".")[2]
+        names = {*code.co_names, *code.co_varnames, *code.co_cellvars, *code.co_freevars}
+        # a dunder is called implicitly; a private name is mangled in a class body (``self.__f`` reads ``_Class__f``)
+        named = (len(last) > 4 and last.startswith("__") and last.endswith("__")) or (bool(last) and (
+            last in names or (last.startswith("__") and any(n.endswith(last) for n in names))))
+        if not named and target is not None:   # the module's names as the guard loaded it: the student may add some
+            where, aliases = id(frame.f_globals), self._aliases
+            named = any(aliases.get((where, n)) is target for n in code.co_names)
+        return named
 
     def _all_genuine(self, codes) -> bool:
         return codes is None or all(self._is_genuine(code) for code in codes)
