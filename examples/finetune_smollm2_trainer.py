@@ -32,6 +32,8 @@ import time
 
 import torch
 
+from sazo_lite.validation import check_int, check_number
+
 
 def row(tokenizer, prompt: str, answer: str) -> dict:
     """One training row: the answer's tokens are scored, the prompt's are masked with −100."""
@@ -91,6 +93,18 @@ def non_negative(text: str) -> int:
     return at_least(0, text)
 
 
+def library_rule(name: str, check, *bounds, **options):
+    """An argparse type that reads a number and applies the library's own check (``sazo_lite.validation``) to it:
+    --eps 0, --lr -1 or --seed -1 were refused only after SmolLM2 had loaded (eps and lr by MeZO, the seed by
+    numpy's np.random.seed inside the Trainer)."""
+    def parse(text: str):
+        try:
+            return check(name, (int if check is check_int else float)(text), *bounds, **options)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+    return parse
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", default="sentiment",
@@ -101,14 +115,15 @@ def main(argv=None) -> None:
     parser.add_argument("--noise", type=float, default=0.0, help="fraction of flipped train labels")
     parser.add_argument("--steps", type=positive, default=100)
     parser.add_argument("--batch-size", type=positive, default=8, help="per process")
-    parser.add_argument("--lr", type=float, default=3e-4)
-    parser.add_argument("--eps", type=float, default=1e-3)
+    parser.add_argument("--lr", type=library_rule("lr", check_number, 0.0), default=3e-4)   # MeZO's rules
+    parser.add_argument("--eps", type=library_rule("eps", check_number, 0.0, closed_low=False), default=1e-3)
     parser.add_argument("--lora-rank", type=positive, default=4)
     parser.add_argument("--out", default=None, help="checkpoints and logs (default: a temporary folder)")
     parser.add_argument("--save-steps", type=non_negative, default=0,
                         help="checkpoint every this many steps (0: never)")
     parser.add_argument("--resume", default=None, help="a checkpoint folder to continue from")
-    parser.add_argument("--seed", type=int, default=0)
+    # the Trainer seeds numpy with it: np.random.seed takes [0, 2**32 - 1]
+    parser.add_argument("--seed", type=library_rule("seed", check_int, 0, 2 ** 32 - 1), default=0)
     opts = parser.parse_args(argv)
 
     from sazo_lite.llm.tasks import TASKS, load_hf_task, make_task
@@ -120,9 +135,15 @@ def main(argv=None) -> None:
         parser.error(f"argument --resume: {opts.resume!r} is not a checkpoint folder (no trainer_state.json)")
 
     # Hub data first: load_smollm2 switches the process to offline mode.
-    task = (make_task(opts.task, num_train=opts.num_train, num_test=opts.num_test, noise=opts.noise, seed=opts.seed)
-            if opts.task in TASKS else
-            load_hf_task(opts.task, num_train=opts.num_train, num_test=opts.num_test, noise=opts.noise, seed=opts.seed))
+    if opts.task in TASKS:
+        try:   # its checks (--noise in [0, 0.5), the sizes) as usage errors, not a traceback
+            task = make_task(opts.task, num_train=opts.num_train, num_test=opts.num_test, noise=opts.noise,
+                             seed=opts.seed)
+        except ValueError as error:
+            parser.error(str(error))
+    else:
+        task = load_hf_task(opts.task, num_train=opts.num_train, num_test=opts.num_test, noise=opts.noise,
+                            seed=opts.seed)
 
     from transformers import TrainingArguments
 

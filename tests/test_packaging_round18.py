@@ -301,3 +301,41 @@ def test_triton_direction_without_a_gpu_or_the_interpreter_says_why():
 
     with pytest.raises(RuntimeError, match=re.escape(f"triton_direction cannot run here: {reason}")):
         triton_direction(torch.empty(8), 1, "gaussian")
+
+
+# -- examples/finetune_smollm2_trainer.py: bad arguments are usage errors before SmolLM2 loads --------------------
+class _ModelLoaded(Exception):
+    """Raised in place of loading SmolLM2: a bad argument got past the command line."""
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--eps", "0"], "argument --eps: Invalid eps: 0.0"), (["--eps", "nan"], "argument --eps: Invalid eps: nan"),
+    (["--lr", "-1"], "argument --lr: Invalid lr: -1.0"), (["--lr", "inf"], "argument --lr: Invalid lr: inf"),
+    (["--seed", "-1"], "argument --seed: Invalid seed: -1"), (["--seed", str(2 ** 32)], "Invalid seed: 4294967296"),
+    (["--seed", "1.5"], "argument --seed: "), (["--noise", "0.7"], "error: Invalid noise: 0.7"),
+])
+def test_example_refuses_bad_numbers_before_the_model_loads(args, message, monkeypatch, capsys):
+    """--eps 0 and --lr -1 were refused by MeZO, and --seed -1 by numpy inside the Trainer, each as a traceback after
+    SmolLM2 had loaded (30-60 s); --noise 0.7 was a traceback. Each is now a usage error (exit 2) naming it."""
+    import sazo_lite.llm
+    from test_examples_run import example
+
+    def refuse(*args, **kwargs):
+        raise _ModelLoaded
+    monkeypatch.setattr(sazo_lite.llm, "load_smollm2", refuse)
+    with pytest.raises(SystemExit) as stop:
+        example().main([*args, "--steps", "1"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and message in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("args", [["--eps", "1e-4", "--lr", "0"], ["--seed", str(2 ** 32 - 1)], ["--noise", "0.2"]])
+def test_example_takes_the_numbers_the_library_takes(args, monkeypatch):
+    import sazo_lite.llm
+    from test_examples_run import example
+
+    def refuse(*args, **kwargs):
+        raise _ModelLoaded
+    monkeypatch.setattr(sazo_lite.llm, "load_smollm2", refuse)
+    with pytest.raises(_ModelLoaded):
+        example().main([*args, "--steps", "1"])
