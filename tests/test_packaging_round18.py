@@ -339,3 +339,47 @@ def test_example_takes_the_numbers_the_library_takes(args, monkeypatch):
     monkeypatch.setattr(sazo_lite.llm, "load_smollm2", refuse)
     with pytest.raises(_ModelLoaded):
         example().main([*args, "--steps", "1"])
+
+
+# -- pyproject.toml: every import of the library and the course is a declared requirement with a lower bound ----------
+def _third_party_imports() -> dict[str, set[str]]:
+    """{top-level module: files} for the imports of sazo_lite/ (library and course) and the course's notebooks."""
+    import ast
+    import json
+    import sys
+
+    sources = {str(p.relative_to(ROOT)): p.read_text() for p in (ROOT / "sazo_lite").rglob("*.py")}
+    for notebook in [*(ROOT / "notebooks").glob("*.ipynb"), *(ROOT / "labs").glob("*.ipynb")]:
+        cells = json.loads(notebook.read_text())["cells"]
+        code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        sources[str(notebook.relative_to(ROOT))] = "\n".join(
+            line for line in code.splitlines() if not line.lstrip().startswith(("%", "!")))
+    found: dict[str, set[str]] = {}
+    for name, text in sources.items():
+        for node in ast.walk(ast.parse(text)):
+            modules = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                       [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+            for module in modules:
+                top = module.split(".")[0]
+                if top not in sys.stdlib_module_names and top != "sazo_lite":
+                    found.setdefault(top, set()).add(name)
+    return found
+
+
+def test_every_module_the_library_and_course_import_is_required_with_a_lower_bound():
+    """sazo_lite.course.labs imports yaml (PyYAML) and the notebooks import IPython, neither named in pyproject.toml
+    (they came with otter-grader and ipykernel); every other import has a requirement with a lower bound."""
+    import importlib.metadata
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads(read("pyproject.toml"))["project"]
+    specs = [*project["dependencies"], *(s for extra in project["optional-dependencies"].values() for s in extra)]
+    bounded = {canonicalize_name(r.name) for r in map(Requirement, specs)
+               if any(s.operator in (">=", "==", "~=") for s in r.specifier)}
+    distributions = importlib.metadata.packages_distributions()
+    missing = {module: sorted(files)[:2] for module, files in _third_party_imports().items()
+               if not {canonicalize_name(d) for d in distributions.get(module, [module])} & bounded}
+    assert not missing, f"imported without a bounded requirement in pyproject.toml: {missing}"
