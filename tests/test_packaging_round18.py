@@ -382,3 +382,22 @@ def test_every_module_the_library_and_course_import_is_required_with_a_lower_bou
     missing = {module: sorted(files)[:2] for module, files in _third_party_imports().items()
                if not {canonicalize_name(d) for d in distributions.get(module, [module])} & bounded}
     assert not missing, f"imported without a bounded requirement in pyproject.toml: {missing}"
+
+
+def test_transformers_lower_bound_has_what_the_library_reads():
+    """pyproject said transformers>=4.46; on 4.46 (and 4.57) `tiny_causal_lm` failed (`from_config(dtype=)`: "unexpected
+    keyword argument 'dtype'") and ZOTrainer on `args.train_sampling_strategy`, a TrainingArguments field new in
+    5.2.0 (absent from 5.1.0's training_args.py). tests/test_hf.py passed on 5.2.0 (2026-12-08)."""
+    import dataclasses
+    import inspect
+
+    from packaging.version import Version
+    from transformers import TrainingArguments
+
+    import sazo_lite.hf
+
+    [spec] = [s for s in _extras()["llm"] if s.name == "transformers"]
+    [low] = [Version(s.version) for s in spec.specifier if s.operator == ">="]
+    assert "args.train_sampling_strategy" in inspect.getsource(sazo_lite.hf)
+    assert "train_sampling_strategy" in {f.name for f in dataclasses.fields(TrainingArguments)}
+    assert low >= Version("5.2"), spec
