@@ -385,8 +385,8 @@ def test_every_module_the_library_and_course_import_is_required_with_a_lower_bou
 
 
 def test_transformers_lower_bound_has_what_the_library_reads():
-    """pyproject said transformers>=4.46; on 4.46 (and 4.57) `tiny_causal_lm` failed (`from_config(dtype=)`: "unexpected
-    keyword argument 'dtype'") and ZOTrainer on `args.train_sampling_strategy`, a TrainingArguments field new in
+    """pyproject said transformers>=4.46; on 4.46 `tiny_causal_lm` failed (`from_config(dtype=)`: "unexpected keyword
+    argument 'dtype'"), and on 4.57 ZOTrainer on `args.train_sampling_strategy`, a TrainingArguments field new in
     5.2.0 (absent from 5.1.0's training_args.py). tests/test_hf.py passed on 5.2.0 (2026-12-08)."""
     import dataclasses
     import inspect
