@@ -63,7 +63,9 @@ def check_number(name: str, value, low: float = -math.inf, high: float = math.in
     above = value >= low if closed_low else value > low
     below = value <= high if closed_high else value < high
     if not (math.isfinite(value) and above and below):
-        interval = f"{'[' if closed_low else '('}{low}, {high}{']' if closed_high else ')'}"
+        # an infinite end is never in the interval: '(0.0, inf)', not '(0.0, inf]' beside "finite"
+        interval = (f"{'[' if closed_low and math.isfinite(low) else '('}{low}, "
+                    f"{high}{']' if closed_high and math.isfinite(high) else ')'}")
         raise ValueError(f"Invalid {name}: {value} (expected a finite number in {interval})")
     return value
 
