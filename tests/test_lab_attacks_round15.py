@@ -46,8 +46,9 @@ def lab3():
     # the student binds the function, in Sampler.update's module, to a name update's code holds (an attribute's)
     aliased = ("import sazo_lite.samplers as _sm\n"
                "_sm._observe = getattr(getattr(sazo_lite, 'vari' + 'ance'), 'oracle_' + 'probs')\n")
-    return _guarded([["dying", DYING_IN_THE_LIBRARY, case_dying], ["honest", HONEST_SAMPLER, case_honest],
-                     ["aliased", aliased + DYING_IN_THE_LIBRARY, case_dying]], _rule("lab3_sazo_sampler"))
+    # the aliased case first: the guard remembers what a library frame names once it has looked
+    return _guarded([["aliased", aliased + DYING_IN_THE_LIBRARY, case_dying], ["dying", DYING_IN_THE_LIBRARY, case_dying],
+                     ["honest", HONEST_SAMPLER, case_honest]], _rule("lab3_sazo_sampler"))
 
 
 def test_a_forbidden_call_c_code_makes_while_allowed_library_code_runs_is_charged(lab3):
