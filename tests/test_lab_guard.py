@@ -59,7 +59,10 @@ CLEAN = {"honest thread": "", "honest fork": ""}
 # and a stand-in for the library helper it calls (whose call would be reported)
 COPY = ("import types\n_sv = sazo_lite.variance.sampling_variance.__code__\n"
         "_noop_check = lambda c: c.replace(co_consts=tuple((lambda: None) if callable(x) else x for x in c.co_consts))\n"
-        "_mine = lambda x: torch.as_tensor(x).double()\n_pair = lambda _a, a, _b, b, _m=_mine: (_m(a), _m(b))\n")
+        "_mine = lambda x: torch.as_tensor(x).double()\n_pair = lambda _a, a, _b, b, _m=_mine: (_m(a), _m(b))\n"
+        # the other globals sampling_variance reads since it scales the norms by a power of two
+        "import math as _math\n_NEW = {'math': _math, '_SCALE_MAX': sazo_lite.variance._SCALE_MAX,\n"
+        "        '_times_power_of_two': lambda x, e: x * 2.0 ** e}\n")
 ATTACKS = [
     # name, cell source, the test case's call (None: nothing)
     ("honest thread", N + "import concurrent.futures\ndef f(x):\n    return float(x.sum())\n"
@@ -114,8 +117,9 @@ ATTACKS = [
      "'_as64' else x for x in _sv.co_names)), dict(vars(sazo_lite.variance), _as64x=_mine))\n"
      "def f(a, b):\n    return _raw7(a, b)", "f(n, n / n.sum())"),
     ("code.replace of the file", N + COPY + "_raw8 = types.FunctionType(_noop_check(_sv).replace(co_filename='<cell>'), "
-     "{'torch': torch, '_as64': _mine, '_paired': _pair, 'float': float, 'len': len})\ndef f(a, b):\n    return _raw8(a, b)", "f(n, n / n.sum())"),
-    ("exec of the source", N + COPY + "import inspect\n_g9 = {'torch': torch, '_as64': _mine, '_paired': _pair}\n"
+     "{'torch': torch, '_as64': _mine, '_paired': _pair, 'float': float, 'len': len, 'max': max, 'min': min, **_NEW})\n"
+     "def f(a, b):\n    return _raw8(a, b)", "f(n, n / n.sum())"),
+    ("exec of the source", N + COPY + "import inspect\n_g9 = {'torch': torch, '_as64': _mine, '_paired': _pair, **_NEW}\n"
      "exec(inspect.getsource(sazo_lite.variance.sampling_variance), _g9)\ndef f(a, b):\n    return _g9['sampling_variance'](a, b)",
      "f(n, n / n.sum())"),
     ("a module registered in sys.modules", N + COPY + "import sys\n_m10 = types.ModuleType('mymod10')\n"

@@ -211,7 +211,7 @@ class Guard:
         self._originals: dict = {}
         self._made: set[int] = set()       # ids of library code: loaded before the student's, or compiled by the guard
         self._genuine: dict = {}           # id(code) -> (code, whether it is what its file holds)
-        self._aliases: dict = {}           # (id(library module's globals), name) -> the code of the function it held
+        self._aliases: dict = {}           # (id(library module's globals), name) -> the function it held when loaded
         self._named: dict = {}             # (id(library code), id(callee's code), its name) -> (code, callee's, named)
         self._files: dict = {}             # real file -> {(qualname, first line): {_signature}} (None: unreadable)
 
@@ -341,8 +341,8 @@ class Guard:
                         self._guard_function(fn, name, module)
             self._loaded(vars(module).get(attr))   # after guarding: the code that runs now, never an unguarded original
         for attr, value in list(vars(module).items()):   # its names for its functions, as loaded (``_names_callee``)
-            if type(value) is types.FunctionType:
-                self._aliases[(id(module.__dict__), attr)] = value.__code__
+            if type(value) is types.FunctionType:   # the function: one imported from a module guarded later
+                self._aliases[(id(module.__dict__), attr)] = value   # gets its checked code then
 
     def _loaded(self, value) -> None:
         """The code of a function or class the library defines, taken as genuine by identity (it was loaded before
@@ -589,7 +589,7 @@ class Guard:
             last in names or (last.startswith("__") and any(n.endswith(last) for n in names))))
         if not named and target is not None:   # the module's names as the guard loaded it: the student may add some
             where, aliases = id(frame.f_globals), self._aliases
-            named = any(aliases.get((where, n)) is target for n in code.co_names)
+            named = any(getattr(aliases.get((where, n)), "__code__", None) is target for n in code.co_names)
         return named
 
     def _all_genuine(self, codes) -> bool:
