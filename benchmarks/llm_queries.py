@@ -28,7 +28,8 @@ accuracy after ``--top-accuracy-at`` queries) and its homogeneous control (``top
 sampler with the same walk bound (``+bound`` variants, ``--walk-bound`` R = 30; plain names in
 ``--top-variants`` race the free walk). Opt-in: ``--sets continual`` (SmolLM2 + all-layer LoRA at B = 1,
 with the stale k = 25 oracle), ``--tiny ...`` (the four tiny families) and ``--tiny-homogeneous``,
-``--sets opposed`` / ``balanced`` (all-layer LoRA, B = 4, N = 192: hours), ``--sets homogeneous``,
+``--sets opposed`` / ``balanced`` (all-layer LoRA, B = 4, N = 96: hours; at most N = 183, their setups' 160 distinct
+questions), ``--sets homogeneous``,
 ``--full-start`` (full-parameter SmolLM2), ``--measure-sets``.
 
 JSON goes to ``benchmarks/results/llm_queries.json`` (not in git; a ``--quick`` pilot's to
@@ -722,6 +723,19 @@ def unread_options(args, given: set[str]) -> list[str]:
             for name in names if name in given and not reads(args)]
 
 
+def _undrawable_big_set(args) -> str | None:
+    """Why an opposed or balanced set asked for (``--sets``, ``--measure-sets``) cannot be drawn at ``--big-n``,
+    ``--big-new-fraction`` and ``--num-test`` (the builder's own message), or None: ``--sets opposed`` at the old
+    default N = 192 asked for 168 distinct setup questions of 160 and failed only after SmolLM2 had loaded."""
+    for name in sorted((set(args.sets) | set(args.measure_sets)) & set(BIG_SETS)):
+        try:
+            make_continual_set(name, num_train=args.big_n, new_fraction=args.big_new_fraction,
+                               num_test=args.num_test, seed=0)
+        except ValueError as error:
+            return f"the {name} set cannot be drawn at N = {args.big_n}: {error}"
+    return None
+
+
 def parse_args(argv=None, *, run: bool = False):
     """The arguments; ``run``: also refuse a command line that races nothing (``main``)."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_queries", description=__doc__.splitlines()[0])
@@ -732,7 +746,7 @@ def parse_args(argv=None, *, run: bool = False):
     parser.add_argument("--sets", nargs="*", default=list(TOP_SETS), choices=RACED_SETS, metavar="SET",
                         help="raced SmolLM2 sets: the default is the long-run race on the top block (top-opposed) and "
                              "its homogeneous control (top-homogeneous); opt-in: 'continual' (B = 1, all-layer LoRA), "
-                             "'homogeneous', 'opposed' or 'balanced' (all-layer LoRA, B = 4, N = 192: hours on 2 CPU cores)")
+                             "'homogeneous', 'opposed' or 'balanced' (all-layer LoRA, B = 4, N = 96: hours on 2 CPU cores)")
     parser.add_argument("--top-n", type=count, default=TopSetting.num_train, help="N of the top-block sets")
     parser.add_argument("--top-new-fraction", type=unit_fraction, default=TopSetting.new_fraction,
                         help="top-block sets: the share of new examples (the opposed set; the first round of both)")
@@ -799,7 +813,7 @@ def parse_args(argv=None, *, run: bool = False):
     parser.add_argument("--stale-every", type=natural, default=25,
                         help="continual set: also race the old benchmark's stale oracle (norms refreshed every k steps)")
     parser.add_argument("--oracle-mix", type=cli_mix, default=0.0, help="the oracle's uniform mix λ (0: exact p*)")
-    parser.add_argument("--big-n", type=count, default=192, help="N of the opposed and balanced sets")
+    parser.add_argument("--big-n", type=count, default=96, help="N of the opposed and balanced sets (at most 183 at the default --big-new-fraction and --num-test: their setups hold 160 distinct questions)")
     parser.add_argument("--big-new-fraction", type=unit_fraction, default=0.125,
                         help="opposed and balanced sets: the share of new examples")
     parser.add_argument("--big-batch", type=count, default=4,
@@ -944,6 +958,9 @@ def parse_args(argv=None, *, run: bool = False):
                                        or (args.tiny_homogeneous and args.tiny_homogeneous_n)):
         parser.error("nothing to run: --sets is empty and no --measure-sets, --tiny, --tiny-homogeneous, "
                      "--full-start or --gd-lrs (the report would be empty)")
+    undrawable = _undrawable_big_set(args)
+    if undrawable:
+        parser.error(f"argument --big-n: {undrawable}")
     missing = [str(path) for path in args.merge or () if not Path(path).is_file()]
     if missing:
         parser.error(f"argument --merge: no such report {missing}")

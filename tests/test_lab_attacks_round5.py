@@ -27,11 +27,14 @@ def lab2_oracle_probs(norms):
 '''
 # the library's code; its constants (the guard's check among them) swapped for no-ops; a stand-in for the
 # library helper it calls (whose own call would be reported)
-COPY = '''import types, inspect, sys
+COPY = '''import types, inspect, sys, math
 _code = sazo_lite.variance.sampling_variance.__code__
 _no_check = lambda c: c.replace(co_consts=tuple((lambda: None) if callable(x) else x for x in c.co_consts))
 _mine = lambda x: torch.as_tensor(x).detach().to("cpu", torch.float64)
 _pair = lambda _a, a, _b, b, _m=_mine: (_m(a), _m(b))
+_scaled_back = lambda value, exponent: math.ldexp(value, exponent)
+_own = {'torch': torch, 'math': math, '_as64': _mine, '_paired': _pair, '_times_power_of_two': _scaled_back,
+        '_SCALE_MAX': 1000}
 '''
 ANSWER = "\ndef lab2_sampling_variance(norms, probs):\n    return {call}(norms, probs)\n"
 
@@ -41,14 +44,15 @@ ATTACKS = {
     "name_replaced": ("_copy = types.FunctionType(_no_check(_code).replace(co_names=tuple('_as64x' if x == '_as64' else x "
                       "for x in _code.co_names)), dict(vars(sazo_lite.variance), _as64x=_mine))\n", "_copy"),
     "file_replaced": ("_copy = types.FunctionType(_no_check(_code).replace(co_filename='<cell>'), "
-                      "{'torch': torch, '_as64': _mine, '_paired': _pair, 'float': float, 'len': len})\n", "_copy"),
-    "exec_of_the_source": ("_g = {'torch': torch, '_as64': _mine, '_paired': _pair}\n"
+                      "dict(_own, float=float, len=len, min=min, max=max))\n", "_copy"),
+    "exec_of_the_source": ("_g = dict(_own)\n"
                            "exec(inspect.getsource(sazo_lite.variance.sampling_variance), _g)\n", "_g['sampling_variance']"),
     "registered_module": ("_m = types.ModuleType('lab_helpers')\nsys.modules['lab_helpers'] = _m\n"
                           "_m.variance = types.FunctionType(_no_check(_code), vars(sazo_lite.variance))\n",
                           "__import__('lab_helpers').variance"),
-    "copy_keeping_the_check": ("_copy = types.FunctionType(_code.replace(co_consts=tuple(2.0 if type(x) is int and x == 2 "
-                               "else x for x in _code.co_consts)), vars(sazo_lite.variance))\n", "_copy"),
+    "copy_keeping_the_check": ("_copy = types.FunctionType(_code.replace(co_consts=tuple(x + ' ' if type(x) is str "
+                               "and x.startswith('V(p)') else x for x in _code.co_consts)), vars(sazo_lite.variance))\n",
+                               "_copy"),
     "inspect_unwrap": ("", "inspect.unwrap(sazo_lite.variance.sampling_variance)"),
     "plain_delegate": ("", "sazo_lite.variance.sampling_variance"),
 }
