@@ -150,7 +150,7 @@ from .llm.losses import IGNORE, _position_tables, _positions_before, _virtual_to
 from .llm.tuning import check_adapters_read
 from .precision import master_dtype
 from .samplers import make_sampler, sampler_name
-from .validation import check_choice, check_int
+from .validation import check_bool, check_choice, check_int
 
 __all__ = ["ZOTrainer", "causal_lm_losses", "CausalLMCollator", "METHODS", "ZO_STATE_NAME"]
 
@@ -384,9 +384,7 @@ class ZOTrainer(Trainer):
                  zo_seed: int | None = None, per_example_loss=None, master_weights="auto",
                  check_ranks: bool = False, **kwargs):
         self.method = check_choice("method", method, METHODS)
-        if not isinstance(check_ranks, bool):   # an int or a string read as "on" or "off" by truthiness
-            raise ValueError(f"Invalid check_ranks: {check_ranks!r} (expected True or False)")
-        self.check_ranks = check_ranks
+        self.check_ranks = check_ranks   # checked by its setter, below
         if kwargs.get("optimizers", (None, None)) != (None, None):
             raise ValueError("Invalid optimizers: ZOTrainer builds its own MeZO optimiser and lr schedule "
                              "from args (learning_rate, weight_decay, lr_scheduler_type)")
@@ -446,6 +444,16 @@ class ZOTrainer(Trainer):
         self._zo_classes = None         # the logits' last size in the check before training (label ids' range)
 
     # -- settings ----------------------------------------------------------------------------
+    @property
+    def check_ranks(self) -> bool:
+        """Whether each data-parallel step also checks that every rank's MeZO holds the same step, seed, settings
+        and weights (``distributed.same_batch(..., optimizer)``)."""
+        return self._check_ranks
+
+    @check_ranks.setter
+    def check_ranks(self, value) -> None:   # set after construction too: an int or a string read as on/off by truthiness
+        self._check_ranks = check_bool("check_ranks", value)
+
     def _check_settings(self, ema_decay, uniform_mix) -> None:
         """Every bad setting fails here, in ``__init__`` and again in ``train()`` (args edited since), before a
         single step."""

@@ -24,7 +24,7 @@ __all__ = ["mixed_probabilities", "relative_scores", "importance_weights", "dist
 
 
 def mixed_probabilities(scores, total: float, uniform_mix: float, num_examples: int):
-    """p_i = (1−λ)·s_i/S + λ/N for scores s_i ≥ 0 (uniform 1/N when S ≤ 0 or not finite).
+    """p_i = (1−λ)·s_i/S + λ/N for scores s_i ≥ 0 (uniform 1/N when S ≤ 0 or not finite), λ ∈ [0, 1].
 
     ``scores`` (a float64 numpy array or torch tensor, returned in kind) may be a subset of the
     N scores (e.g. the sampled ones); ``total`` is S = Σ_j s_j over all N.
@@ -33,11 +33,15 @@ def mixed_probabilities(scores, total: float, uniform_mix: float, num_examples: 
         >>> mixed_probabilities(torch.tensor([1.0, 3.0], dtype=torch.float64), 4.0, 0.5, 2).tolist()
         [0.375, 0.625]
     """
+    num_examples = check_count("num_examples", num_examples)
+    # a Python float: a numpy float32 λ computed 1 − λ in float32, not the λ a state reloads
+    uniform_mix = check_fraction("uniform_mix", uniform_mix, 0.0, 1.0, closed_low=True, closed_high=True)
+    if 0.0 < uniform_mix and uniform_mix / num_examples == 0.0:   # the mix would no longer keep every p_i > 0
+        raise ValueError(f"Invalid uniform_mix: {uniform_mix!r} (λ/N underflows to 0 at N = {num_examples})")
     if not (total > 0 and math.isfinite(total)):
         if isinstance(scores, torch.Tensor):
             return torch.full_like(scores, 1.0 / num_examples)
         return np.full(np.shape(scores), 1.0 / num_examples)
-    uniform_mix = float(uniform_mix)   # a numpy float32 λ computed 1 − λ in float32: not the λ a state reloads
     return (1.0 - uniform_mix) * (scores / total) + uniform_mix / num_examples
 
 

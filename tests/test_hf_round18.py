@@ -211,3 +211,14 @@ def test_a_dict_of_splits_as_train_dataset_is_refused_by_name(tmp_path):
     for data in splits:
         with pytest.raises(ValueError, match=r"Invalid train_dataset: a \w+ keyed \['test', 'train'\].*data\['train'\]"):
             trainer_for(tmp_path, rows=data)
+
+
+@pytest.mark.parametrize("value", [1, 0, "yes", None])
+def test_check_ranks_set_after_construction_is_checked_too(tmp_path, value):
+    """``trainer.check_ranks = 1`` was taken and read by truthiness at each step: only the constructor checked it."""
+    trainer = trainer_for(tmp_path, args=training_args(tmp_path, max_steps=1))
+    with pytest.raises(ValueError, match="check_ranks"):
+        trainer.check_ranks = value
+    assert trainer.check_ranks is False
+    trainer.check_ranks = True
+    assert trainer.check_ranks is True
