@@ -27,7 +27,7 @@ from .engine import _check_disjoint, store_as
 from .interrupts import InterruptsDeferred
 from .validation import not_dense
 
-__all__ = ["Float32Master", "unit_roundoff", "restore_bound", "written_entries", "follow_entries"]
+__all__ = ["Float32Master", "unit_roundoff", "restore_bound", "written_entries", "put_entries"]
 
 FOLLOW_CHUNK = 1 << 20   # entries written_entries compares at a time: its buffers stay this small
 
@@ -314,13 +314,6 @@ def put_entries(master: torch.Tensor, entries) -> None:
         master[where] = values.to(master.dtype)
     else:
         master.view(-1)[where] = values.to(master.dtype)
-
-
-def follow_entries(param: torch.Tensor, master: torch.Tensor) -> None:
-    """``master`` takes ``param``'s written entries (``written_entries``), keeping the others."""
-    entries = written_entries(param, master)
-    if entries is not None:
-        put_entries(master, entries)
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:

@@ -75,7 +75,9 @@ def test_the_chunked_write_check_gives_the_old_rules_master_bit_for_bit(monkeypa
         expected = master.clone()
         old_rule(param.clone(), expected)
         before = param.clone()
-        precision.follow_entries(param, master)
+        entries = precision.written_entries(param, master)
+        if entries is not None:
+            precision.put_entries(master, entries)
         assert torch.equal(bits(master), bits(expected)), (seed, shape)
         assert torch.equal(bits(param), bits(before))   # the model is only read
 
